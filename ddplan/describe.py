@@ -1,0 +1,95 @@
+"""What `ddplan specs` shows: one line per built-in, and the figures derived from one spec."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+from ddplan import params, registry, units
+from ddplan.errors import SpecError
+from ddplan.specs import HardwareSpec, ModelSpec, nanochat_depth
+
+Derived = list[tuple[str, float | int | str, str, str]]  # (figure, value, unit, where it comes from)
+
+
+def list_rows() -> list[dict[str, str]]:
+    rows = []
+    for name in registry.builtin_names("hardware"):
+        hw = registry.load_hardware(name)
+        rows.append({"kind": "hardware", "name": hw.name, "aliases": ", ".join(hw.aliases),
+                     "summary": f"{hw.display_name}: {hw.peak.bf16_tflops.value:g} bf16 TFLOP/s dense, "
+                                f"{hw.memory.usable_gib.value:g} GiB, {hw.memory.hbm_tbyte_per_s.value:g} TB/s, "
+                                f"${hw.price.usd_per_gpu_hour:g}/GPU-h ({hw.price.provider}, {hw.price.date})"})
+    for name in registry.builtin_names("models"):
+        m = registry.load_model(name)
+        a = m.architecture
+        rows.append({"kind": "model", "name": m.name, "aliases": ", ".join(m.aliases),
+                     "summary": f"{params.total_params(a) / 1e6:,.0f}M params, {a.num_layers} layers x {a.d_model}, "
+                                f"{a.num_heads} heads ({a.num_kv_heads} kv), vocab {a.vocab_size}"})
+    rows.append({"kind": "model", "name": "nanochat-dN", "aliases": "dN",
+                 "summary": "any nanochat depth N, by nanochat's depth rule (e.g. d12, d30)"})
+    return rows
+
+
+def load_any(name: str) -> HardwareSpec | ModelSpec:
+    """A spec of either kind by name or path (a path's `kind:` key decides)."""
+    if name.endswith((".yaml", ".yml")) or "/" in name:
+        path = Path(name)
+        data = registry.read_yaml(path) if path.is_file() else None
+        kind = data.get("kind") if isinstance(data, dict) else None
+        if kind == "hardware":
+            return registry.load_hardware(name)
+        if kind == "model":
+            return registry.load_model(name)
+        if not path.is_file():
+            raise SpecError("no such file", file=name)
+        raise SpecError("need `kind: hardware` or `kind: model`", file=name, field="kind")
+    key = name.lower()
+    models, hardware = registry._builtins("models"), registry._builtins("hardware")
+    if key in models or nanochat_depth(key) is not None:
+        return registry.load_model(name)
+    if key in hardware:
+        return registry.load_hardware(name)
+    close = difflib.get_close_matches(key, [*models, *hardware], n=3, cutoff=0.5)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    raise SpecError(f"unknown spec {name!r}; {hint}see `ddplan specs list` (or give a path to a YAML file)",
+                    field="NAME")
+
+
+def describe(name: str) -> tuple[HardwareSpec | ModelSpec, Derived]:
+    spec = load_any(name)
+    return spec, (hardware_figures(spec) if isinstance(spec, HardwareSpec) else model_figures(spec))
+
+
+def hardware_figures(hw: HardwareSpec) -> Derived:
+    best = hw.efficiency.gemm.best
+    peak = hw.peak.bf16_tflops.value
+    out: Derived = [
+        ("best bf16 GEMM", best.value * peak, "TFLOP/s",
+         f"efficiency.gemm.best {best.value:.3f} ({best.basis}) x dense peak {peak:g}"),
+        ("achievable HBM bandwidth", hw.efficiency.hbm.value * hw.memory.hbm_tbyte_per_s.value, "TB/s",
+         f"efficiency.hbm {hw.efficiency.hbm.value:.3f} ({hw.efficiency.hbm.basis}) x peak"),
+        ("usable memory", hw.memory.usable_bytes / units.GB, "GB", "usable_gib x 2^30 / 1e9"),
+        ("node NIC bandwidth", hw.inter_node.node_bytes_per_s / units.GB, "GB/s",
+         f"{hw.inter_node.nics_per_node} NICs x {hw.inter_node.nic_gbit_per_s.value:g} Gbit/s / 8"),
+        ("ridge point (bf16 GEMM / HBM)", best.value * peak * units.TFLOPS
+         / (hw.efficiency.hbm.value * hw.memory.hbm_bytes_per_s), "FLOP/byte",
+         "ops below this arithmetic intensity are memory-bound"),
+    ]
+    if hw.price.billing == "per_node":
+        out.append(("node price", hw.price.usd_per_gpu_hour * hw.gpus_per_node, "USD/h", "billed per node"))
+    return out
+
+
+def model_figures(m: ModelSpec) -> Derived:
+    a = m.architecture
+    counts = params.param_counts(a)
+    out: Derived = [(f"params: {g}", n, "params", "ddplan.params.param_counts") for g, n in counts.items() if n]
+    out += [
+        ("params: total", params.total_params(a), "params", "sum of the groups"),
+        ("params: scaling (nanochat)", params.scaling_params(a), "params", "transformer matrices + lm_head"),
+        ("params: non-embedding", params.non_embedding_params(a), "params", "total - wte - wpe - value embeddings"),
+        ("windows per layer", " ".join(str(w) for w in a.windows(m.recipe.seq_len)), "tokens",
+         f"pattern {a.window_pattern!r} tiled, last layer full"),
+    ]
+    return out

@@ -1,0 +1,159 @@
+"""Find, read and validate specs: built-in names, aliases, nanochat's `dN`, or a path to a user's YAML.
+
+Every failure becomes a SpecError that names the file, the line or field path, and the allowed
+values, so the CLI can print it on one line.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from importlib import resources
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from ddplan.errors import SpecError
+from ddplan.specs import HardwareSpec, ModelSpec, nanochat_depth
+
+T = TypeVar("T", bound=BaseModel)
+
+
+def builtin_dir(kind: str) -> Path:
+    """The folder of built-in specs: inside the wheel (ddplan/_specs/KIND) or, from a checkout, the top-level KIND/."""
+    packaged = Path(str(resources.files("ddplan"))) / "_specs" / kind
+    if packaged.is_dir():
+        return packaged
+    checkout = Path(__file__).resolve().parent.parent / kind
+    if checkout.is_dir():
+        return checkout
+    raise SpecError(f"built-in {kind} specs not found (looked in {packaged} and {checkout}); reinstall ddplan")
+
+
+def read_yaml(path: Path) -> Any:
+    """Parse a YAML file with safe_load; a syntax error names the file and line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise SpecError(f"cannot read: {e.strerror}", file=str(path)) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise SpecError(f"YAML syntax error: {problem}", file=str(path), field=where) from None
+
+
+def validate(schema: type[T], data: Any, source: str) -> T:
+    """Validate data against a schema; the first error names the field path and what is allowed."""
+    if not isinstance(data, dict):
+        raise SpecError(f"expected a mapping of keys to values, got {type(data).__name__}", file=source)
+    try:
+        return schema.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(_describe(schema, e.errors()[0]), file=source,
+                        field=".".join(str(p) for p in e.errors()[0]["loc"]) or None) from None
+
+
+def _describe(schema: type[BaseModel], err: dict) -> str:
+    """One sentence for a pydantic error, with the allowed keys for an unknown one."""
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        allowed = _fields_at(schema, err["loc"][:-1])
+        if allowed:
+            close = difflib.get_close_matches(str(err["loc"][-1]), allowed, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            return f"unknown key{hint} allowed keys: {', '.join(allowed)}"
+        return "unknown key"
+    if err["type"] == "missing":
+        return "missing required field"
+    if err["type"] not in {"value_error", "assertion_error"} and "input" in err:
+        return f"{msg} (got {err['input']!r})"
+    return msg.removeprefix("Value error, ")
+
+
+def _fields_at(schema: type[BaseModel], loc: tuple) -> list[str]:
+    """Field names of the sub-model at a location path, following nested models, lists and dicts."""
+    model: Any = schema
+    for part in loc:
+        if isinstance(part, int) or model is None:
+            continue  # list index or dict key: the element type is handled below
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            if isinstance(part, str) and model is not None:
+                continue  # a dict key (e.g. a collective name)
+            return []
+        model = _model_in(field.annotation)
+    return list(getattr(model, "model_fields", {}))
+
+
+def _model_in(annotation: Any) -> Any:
+    """The first BaseModel class inside an annotation such as `X | None`, `list[X]`, `dict[str, X]`."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _builtins(kind: str) -> dict[str, Path]:
+    """Map every built-in name and alias of a kind to its file (names are file stems)."""
+    table: dict[str, Path] = {}
+    for path in sorted(builtin_dir(kind).glob("*.yaml")):
+        table[path.stem] = path
+        data = read_yaml(path)
+        for alias in (data or {}).get("aliases", []) if isinstance(data, dict) else []:
+            table.setdefault(str(alias).lower(), path)
+    return table
+
+
+def builtin_names(kind: str) -> list[str]:
+    return sorted(p.stem for p in set(_builtins(kind).values()))
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.endswith((".yaml", ".yml")) or "/" in name or "\\" in name
+
+
+def _resolve(kind: str, name: str, flag: str) -> Path:
+    if _looks_like_path(name):
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise SpecError(f"no such file for {flag}", file=name)
+        return path
+    table = _builtins(kind)
+    key = name.lower()
+    if key in table:
+        return table[key]
+    close = difflib.get_close_matches(key, list(table), n=3, cutoff=0.5)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    raise SpecError(f"unknown {kind[:-1] if kind.endswith('s') else kind} {name!r}; {hint}"
+                    f"built-ins: {', '.join(builtin_names(kind))} (or a path to a YAML file)", field=flag)
+
+
+@functools.lru_cache(maxsize=64)
+def load_hardware(name: str) -> HardwareSpec:
+    """A hardware spec by built-in name, alias, or YAML path."""
+    path = _resolve("hardware", name, "--hardware")
+    return validate(HardwareSpec, read_yaml(path), str(path))
+
+
+@functools.lru_cache(maxsize=64)
+def load_model(name: str) -> ModelSpec:
+    """A model spec by built-in name, alias, nanochat `dN`/`nanochat-dN` (any depth), or YAML path."""
+    depth = nanochat_depth(name.lower())
+    if depth is not None and name.lower() not in _builtins("models"):
+        from ddplan.nanochat import nanochat_spec  # the depth rule, for depths not shipped
+
+        return nanochat_spec(depth)
+    path = _resolve("models", name, "--model")
+    return validate(ModelSpec, read_yaml(path), str(path))

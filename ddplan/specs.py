@@ -1,0 +1,439 @@
+"""Spec schemas (pydantic v2): hardware, model and training recipe.
+
+Conventions, enforced here so the rest of ddplan can rely on them:
+- unknown keys are rejected (extra="forbid"); specs are immutable (frozen);
+- every field name that holds a quantity carries its unit, bits and bytes spelled out
+  (`nic_gbit_per_s`, `hbm_tbyte_per_s`, `usable_gib`); the SI value is a derived property;
+- every number a plan rests on carries a `source`, and every efficiency says whether it is
+  `assumed` or `measured` and may carry a low-high range, which the time model turns into a band.
+
+Loading and name resolution live in `ddplan.registry`; this module has no I/O.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ddplan import units
+
+Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
+PositiveInt = Annotated[int, Field(gt=0)]
+GroupSize = Annotated[int, Field(ge=2)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Sourced(Strict):
+    """A positive number with the place it comes from (paper and table, datasheet URL, or measurement)."""
+
+    value: float = Field(gt=0)
+    source: str = Field(min_length=3)
+
+
+class Efficiency(Strict):
+    """A fraction of a hardware peak that real kernels reach, with its basis and plausible range.
+
+    `value` is the central estimate; `low`/`high` bound it (default: the value itself). The
+    time model uses the range to put a band around every prediction.
+    """
+
+    value: float = Field(gt=0, le=1.5)  # NVLS all-reduce busbw exceeds the per-direction link spec
+    low: float | None = Field(default=None, gt=0, le=1.5)
+    high: float | None = Field(default=None, gt=0, le=1.5)
+    basis: Literal["assumed", "measured"]
+    source: str = Field(min_length=3)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Efficiency:
+        if not self.range[0] <= self.value <= self.range[1]:
+            raise ValueError(f"need low <= value <= high, got {self.range[0]} <= {self.value} <= {self.range[1]}")
+        return self
+
+    @property
+    def range(self) -> tuple[float, float]:
+        return (self.low if self.low is not None else self.value, self.high if self.high is not None else self.value)
+
+
+# --------------------------------------------------------------------------------------------
+# Hardware
+
+
+class PeakCompute(Strict):
+    """Dense (no 2:4 sparsity) peak throughput per dtype, TFLOP/s. None: the dtype has no such unit."""
+
+    bf16_tflops: Sourced
+    fp8_tflops: Sourced | None
+    tf32_tflops: Sourced | None
+    fp32_vector_tflops: Sourced
+
+    def flops_per_s(self, dtype: str) -> float:
+        """Dense peak FLOP/s for a compute dtype (fp16 runs at the bf16 rate on every shipped part)."""
+        key = {"bf16": "bf16_tflops", "fp16": "bf16_tflops", "fp8": "fp8_tflops", "tf32": "tf32_tflops",
+               "fp32": "fp32_vector_tflops"}[dtype]
+        peak = getattr(self, key)
+        if peak is None:
+            raise ValueError(f"this device has no {dtype} tensor units")
+        return peak.value * units.TFLOPS
+
+
+class Memory(Strict):
+    usable_gib: Sourced  # total as the driver reports it (nvidia-smi MiB, rocm-smi bytes)
+    vendor_label_gb: float = Field(gt=0)  # the marketing figure ("192 GB"), for display only
+    hbm_tbyte_per_s: Sourced  # peak HBM bandwidth, decimal TB/s
+
+    @property
+    def usable_bytes(self) -> float:
+        return self.usable_gib.value * units.GiB
+
+    @property
+    def hbm_bytes_per_s(self) -> float:
+        return self.hbm_tbyte_per_s.value * units.TB
+
+
+Collective = Literal["all_reduce", "reduce_scatter", "all_gather"]
+
+
+class IntraNode(Strict):
+    """The fabric between the GPUs of one node and what collectives achieve over it.
+
+    `busbw_gbyte_per_s[collective][group_size]`: achievable bus bandwidth (nccl-tests convention,
+    large messages) for a group of that many GPUs inside the node. Group sizes in between use the
+    nearest listed size at or below (a smaller group on a mesh owns fewer links).
+    """
+
+    topology: Literal["full_mesh", "switch", "pcie"]
+    links_per_gpu: PositiveInt
+    link_gbyte_per_s_per_direction: Sourced
+    busbw_gbyte_per_s: dict[Collective, dict[GroupSize, Sourced]]
+    latency_us: Sourced  # per ring step (alpha)
+
+    @model_validator(mode="after")
+    def _all_collectives(self) -> IntraNode:
+        missing = {"all_reduce", "reduce_scatter", "all_gather"} - set(self.busbw_gbyte_per_s)
+        if missing:
+            raise ValueError(f"busbw_gbyte_per_s needs every collective; missing: {', '.join(sorted(missing))}")
+        if any(not points for points in self.busbw_gbyte_per_s.values()):
+            raise ValueError("busbw_gbyte_per_s: each collective needs at least one group size")
+        return self
+
+
+class InterNode(Strict):
+    nics_per_node: PositiveInt
+    nic_gbit_per_s: Sourced  # per NIC, gigabits (not bytes) per second
+    fabric: Literal["infiniband", "roce", "efa", "ethernet"]
+    busbw_fraction_of_nics: Efficiency  # achievable ring busbw / total NIC bandwidth of a node
+    latency_us: Sourced
+
+    @property
+    def node_bytes_per_s(self) -> float:
+        return self.nics_per_node * self.nic_gbit_per_s.value * units.GBIT
+
+
+class Price(Strict):
+    usd_per_gpu_hour: float = Field(gt=0)
+    billing: Literal["per_gpu", "per_node"]  # per_node: you pay for whole nodes
+    provider: str = Field(min_length=2)
+    date: _dt.date
+    source: str = Field(min_length=3)
+
+
+class GemmEfficiency(Strict):
+    """Fraction of dense peak a GEMM reaches, as a function of its shape (curve in ddplan.roofline).
+
+    eff(m, n, k) = best x prod over d in (m, n, k) of d / (d + half_dim): the best measured rate
+    (MAMF, best shape) scaled down for small dimensions, which tile poorly.
+    """
+
+    best: Efficiency
+    half_dim: Sourced  # dimension at which that dimension alone halves the efficiency
+
+
+class Efficiencies(Strict):
+    gemm: GemmEfficiency
+    hbm: Efficiency  # achievable fraction of peak HBM bandwidth (STREAM-like copy)
+    kernel_overhead_us: Sourced  # launch + tail per kernel, added to each op
+
+
+class AttentionImpl(Strict):
+    """One attention implementation available on this hardware's software stack.
+
+    kind: `unfused_math` materialises the s x s scores and probabilities (and saves them);
+    `fused_sdpa` is PyTorch's fused kernel (flash / memory-efficient; AOTriton on ROCm), saving
+    only O(s) statistics; `flash_package` is a flash-attention package (FA2/FA3, CK on ROCm).
+    windows: `native` skips the masked-out blocks; `mask` needs an explicit mask, computes and keeps
+    what a full window would (nanochat's SDPA fallback), and rules out PyTorch's flash kernel.
+    """
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
+    kind: Literal["unfused_math", "fused_sdpa", "flash_package"]
+    windows: Literal["native", "mask"]
+    efficiency_fwd: Efficiency  # fraction of bf16 peak on attention FLOPs, forward
+    efficiency_bwd: Efficiency  # same, backward
+    description: str = Field(min_length=3)
+
+
+class HardwareSpec(Strict):
+    kind: Literal["hardware"]
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
+    aliases: list[str] = []
+    display_name: str
+    vendor: Literal["nvidia", "amd"]
+    software_stack: Literal["cuda", "rocm"]
+    peak: PeakCompute
+    memory: Memory
+    gpus_per_node: PositiveInt
+    intra_node: IntraNode
+    inter_node: InterNode
+    prices: list[Price] = Field(min_length=1)
+    efficiency: Efficiencies
+    attention: list[AttentionImpl] = Field(min_length=1)
+    default_attention: str
+    tdp_watts: Sourced | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> HardwareSpec:
+        names = [a.name for a in self.attention]
+        if len(set(names)) != len(names):
+            raise ValueError(f"attention: duplicate implementation names in {names}")
+        if self.default_attention not in names:
+            raise ValueError(f"default_attention {self.default_attention!r} is not one of {names}")
+        for collective, points in self.intra_node.busbw_gbyte_per_s.items():
+            too_big = [n for n in points if n > self.gpus_per_node]
+            if too_big:
+                raise ValueError(f"intra_node.busbw_gbyte_per_s.{collective}: group sizes {too_big} exceed "
+                                 f"gpus_per_node={self.gpus_per_node}")
+        return self
+
+    def attention_impl(self, name: str) -> AttentionImpl:
+        for impl in self.attention:
+            if impl.name == name:
+                return impl
+        raise KeyError(name)
+
+    @property
+    def price(self) -> Price:
+        """The default price: the first listed."""
+        return self.prices[0]
+
+
+# --------------------------------------------------------------------------------------------
+# Model
+
+ParamGroup = Literal[
+    "wte", "wpe", "value_embeddings", "lm_head", "block_matrices", "ve_gates", "smear_gate", "norms",
+    "biases", "scalars",
+]
+PARAM_GROUPS: tuple[str, ...] = ParamGroup.__args__  # type: ignore[attr-defined]
+
+
+class ValueEmbeddings(Strict):
+    """nanochat's ResFormer-style value embeddings: a vocab x (n_kv_head*head_dim) table on some layers.
+
+    Layer i has one when i % 2 == (num_layers - 1) % 2 (alternating, last layer always included),
+    mixed into v through a gate Linear(gate_in_features -> n_kv_head). Ref: nanochat gpt.py l.53-55, 81-97.
+    """
+
+    layers: Literal["alternate_including_last"] = "alternate_including_last"
+    gate_in_features: PositiveInt = 12
+
+
+class ShortWindow(Strict):
+    """Length of an `S` window: ceil(seq_len / divisor / round_to) * round_to (nanochat gpt.py:287-314)."""
+
+    divisor: PositiveInt = 4
+    round_to: PositiveInt = 128
+
+    def tokens(self, seq_len: int) -> int:
+        return -(-seq_len // self.divisor // self.round_to) * self.round_to
+
+
+class Architecture(Strict):
+    num_layers: PositiveInt
+    d_model: PositiveInt
+    num_heads: PositiveInt
+    num_kv_heads: PositiveInt
+    head_dim: PositiveInt
+    vocab_size: PositiveInt
+    max_seq_len: PositiveInt  # longest context the model supports (learned positions: table size)
+    mlp: Literal["relu2", "gelu", "swiglu"]
+    mlp_hidden_dim: PositiveInt
+    norm: Literal["rmsnorm", "layernorm"]
+    norm_learnable: bool  # False: RMSNorm without weights (nanochat)
+    linear_bias: bool
+    tied_embeddings: bool
+    position: Literal["rope", "learned"]
+    qk_norm: bool = False
+    value_embeddings: ValueEmbeddings | None = None
+    smear_gate_in_features: PositiveInt | None = None  # nanochat's smear: Linear(24 -> 1)
+    backout: bool = False  # nanochat: subtract lambda * x at layer L//2 before the final norm
+    scalars_per_layer: int = Field(default=0, ge=0)  # nanochat: resid_lambdas, x0_lambdas
+    scalars_global: int = Field(default=0, ge=0)  # nanochat: smear_lambda, backout_lambda
+    window_pattern: str = Field(default="L", pattern=r"^[SL]+$")
+    short_window: ShortWindow = ShortWindow()
+    logit_softcap: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Architecture:
+        if self.num_heads * self.head_dim != self.d_model:
+            raise ValueError(f"num_heads x head_dim = {self.num_heads} x {self.head_dim} "
+                             f"= {self.num_heads * self.head_dim} != d_model = {self.d_model}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        return self
+
+    def windows(self, seq_len: int) -> list[int]:
+        """Attention window (tokens) of each layer: the pattern tiled, last layer forced to full.
+
+        Ref: nanochat gpt.py:287-314 (`_compute_window_sizes`).
+        """
+        pattern = self.window_pattern
+        full, short = seq_len, min(seq_len, self.short_window.tokens(seq_len))
+        out = [full if pattern[i % len(pattern)] == "L" else short for i in range(self.num_layers)]
+        out[-1] = full
+        return out
+
+    def value_embedding_layers(self) -> list[int]:
+        if self.value_embeddings is None:
+            return []
+        return [i for i in range(self.num_layers) if i % 2 == (self.num_layers - 1) % 2]
+
+
+class Dtypes(Strict):
+    """Storage dtype per parameter group (the master copy) and the compute dtype.
+
+    nanochat: Linear weights are fp32 masters cast to bf16 in forward (so their grads are fp32);
+    wte and value embeddings are stored in bf16; logits are cast to fp32 for softcap and loss.
+    """
+
+    compute: Dtype
+    params: dict[ParamGroup, Dtype]
+    logits: Dtype = "fp32"
+
+
+class Optimizer(Strict):
+    """Which algorithm updates each parameter group, and in what dtype it keeps its state.
+
+    AdamW keeps m and v; Muon keeps a momentum buffer and (NorMuon) a factored second moment.
+    adamw_state_dtype `param`: same dtype as the parameter (nanochat: bf16 for embeddings).
+    """
+
+    name: str
+    algorithm: dict[ParamGroup, Literal["adamw", "muon"]]
+    adamw_state_dtype: Literal["param", "fp32"] = "fp32"
+    muon_ns_steps: PositiveInt = 5
+    source: str = Field(min_length=3)
+
+
+class Budget(Strict):
+    """Training length: exactly one of steps, tokens, or a tokens:params ratio."""
+
+    steps: PositiveInt | None = None
+    tokens: PositiveInt | None = None
+    param_data_ratio: float | None = Field(default=None, gt=0)
+    ratio_params: Literal["scaling", "total", "non_embedding"] = "scaling"
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Budget:
+        given = [k for k in ("steps", "tokens", "param_data_ratio") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of steps, tokens, param_data_ratio (got {given or 'none'})")
+        return self
+
+
+class Evaluation(Strict):
+    """Periodic work outside training steps, at the recipe's cadence."""
+
+    every_steps: int = Field(default=0, ge=0)  # 0: never
+    tokens: int = Field(default=0, ge=0)  # tokens evaluated each time (forward only)
+    source: str = Field(min_length=3)
+
+
+Distribution = Literal["sharded_optimizer", "ddp", "zero1", "zero2", "fsdp"]
+
+
+class Recipe(Strict):
+    seq_len: PositiveInt
+    device_batch_size: PositiveInt  # sequences per GPU per micro-batch
+    total_batch_tokens: PositiveInt  # tokens per optimizer step, all GPUs together
+    budget: Budget
+    optimizer: Optimizer
+    distribution: Distribution  # the native data-parallel setup (sharded_optimizer: nanochat's)
+    world_size_rule: Literal["any", "power_of_two"] = "any"
+    evaluation: Evaluation | None = None
+    source: str = Field(min_length=3)
+
+
+class ModelSpec(Strict):
+    kind: Literal["model"]
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
+    aliases: list[str] = []
+    family: Literal["nanochat", "gpt2", "llama"]
+    description: str
+    source: str = Field(min_length=3)
+    architecture: Architecture
+    dtypes: Dtypes
+    recipe: Recipe
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelSpec:
+        arch, recipe = self.architecture, self.recipe
+        if recipe.seq_len > arch.max_seq_len:
+            raise ValueError(f"recipe.seq_len {recipe.seq_len} exceeds architecture.max_seq_len {arch.max_seq_len}")
+        if recipe.total_batch_tokens % recipe.seq_len:
+            raise ValueError(f"recipe.total_batch_tokens {recipe.total_batch_tokens} is not a multiple of "
+                             f"recipe.seq_len {recipe.seq_len}")
+        present = set(present_param_groups(arch))
+        missing = present - set(self.dtypes.params)
+        if missing:
+            raise ValueError(f"dtypes.params: no dtype for parameter groups {sorted(missing)}")
+        missing = present - set(recipe.optimizer.algorithm)
+        if missing:
+            raise ValueError(f"recipe.optimizer.algorithm: no algorithm for parameter groups {sorted(missing)}")
+        return self
+
+
+def present_param_groups(arch: Architecture) -> list[str]:
+    """Parameter groups this architecture has (in PARAM_GROUPS order)."""
+    has = {
+        "wte": True,
+        "wpe": arch.position == "learned",
+        "value_embeddings": arch.value_embeddings is not None,
+        "lm_head": not arch.tied_embeddings,
+        "block_matrices": True,
+        "ve_gates": arch.value_embeddings is not None,
+        "smear_gate": arch.smear_gate_in_features is not None,
+        "norms": arch.norm_learnable,
+        "biases": arch.linear_bias,
+        "scalars": arch.scalars_per_layer + arch.scalars_global > 0,
+    }
+    return [g for g in PARAM_GROUPS if has[g]]
+
+
+# --------------------------------------------------------------------------------------------
+# nanochat's depth rule
+
+_NANOCHAT_NAME = re.compile(r"^(?:nanochat-)?d(\d+)$")
+
+
+def nanochat_depth(name: str) -> int | None:
+    """The depth in a nanochat model name (`d24`, `nanochat-d24`), or None if it is not one."""
+    m = _NANOCHAT_NAME.match(name)
+    return int(m.group(1)) if m else None
+
+
+def nanochat_dims(depth: int, aspect_ratio: int = 64, head_dim: int = 128) -> tuple[int, int]:
+    """(d_model, num_heads) for a nanochat depth: d_model = ceil(depth*aspect/head_dim)*head_dim.
+
+    Ref: nanochat scripts/base_train.py `build_model_meta` (aspect_ratio 64, head_dim 128).
+    """
+    if depth <= 0:
+        raise ValueError(f"depth must be positive, got {depth}")
+    d_model = math.ceil(depth * aspect_ratio / head_dim) * head_dim
+    return d_model, d_model // head_dim
