@@ -19,7 +19,7 @@ def list_rows() -> list[dict[str, str]]:
         rows.append({"kind": "hardware", "name": hw.name, "aliases": ", ".join(hw.aliases),
                      "summary": f"{hw.display_name}: {hw.peak.bf16_tflops.value:g} bf16 TFLOP/s dense, "
                                 f"{hw.memory.usable_gib.value:g} GiB, {hw.memory.hbm_tbyte_per_s.value:g} TB/s, "
-                                f"${hw.price.usd_per_gpu_hour:g}/GPU-h ({hw.price.provider}, {hw.price.date})"})
+                                f"${hw.price.usd_per_gpu_hour:.2f}/GPU-h"})  # provider, date: `specs show`
     for name in registry.builtin_names("models"):
         m = registry.load_model(name)
         a = m.architecture

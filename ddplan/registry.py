@@ -54,8 +54,15 @@ def validate(schema: type[T], data: Any, source: str) -> T:
     try:
         return schema.model_validate(data)
     except ValidationError as e:
-        raise SpecError(_describe(schema, e.errors()[0]), file=source,
-                        field=".".join(str(p) for p in e.errors()[0]["loc"]) or None) from None
+        err = _first_error(e.errors())
+        raise SpecError(_describe(schema, err), file=source,
+                        field=".".join(str(p) for p in err["loc"]) or None) from None
+
+
+def _first_error(errors: list[dict]) -> dict:
+    """The error to report: an unknown key before anything else, since a misspelled key
+    (`num_layer`) also makes the real one (`num_layers`) missing, and the typo is the cause."""
+    return next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
 
 
 def _describe(schema: type[BaseModel], err: dict) -> str:

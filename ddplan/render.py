@@ -30,7 +30,10 @@ def rich_table(columns: list[str], rows: list[list[Any]], title: str | None = No
         table.add_column(col)
     for row in rows:
         table.add_row(*(_fmt(v) for v in row))
-    console = Console(width=width or 160, force_terminal=False, color_system=None)
+    if width is None:  # wide enough that no header or cell is cut: output must not depend on the terminal
+        cells = [columns, *([_fmt(v) for v in row] for row in rows)]
+        width = max(80, sum(max(len(str(r[i])) for r in cells) + 3 for i in range(len(columns))) + 1)
+    console = Console(width=width, force_terminal=False, color_system=None)
     with console.capture() as cap:
         console.print(table)
     return cap.get()
@@ -52,3 +55,48 @@ def spec_json(spec: Any, derived: list[tuple]) -> str:
     return json.dumps({"spec": spec.model_dump(mode="json", exclude_none=True),
                        "derived": [{"figure": f, "value": v, "unit": u, "from": s} for f, v, u, s in derived]},
                       indent=2)
+
+
+def table(rows: list[dict], fmt: str, title: str | None = None, digits: int = 2, width: int | None = None) -> str:
+    """Rows of dicts (same keys, units in the keys) as a rich table, markdown, csv or json.
+
+    csv and json carry full precision; table and markdown round floats to `digits` decimals.
+    """
+    if not rows:
+        return ""
+    columns = list(rows[0])
+    if fmt == "json":
+        return json.dumps(rows, indent=2)
+    if fmt == "csv":
+        import csv
+        import io
+
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        return buf.getvalue()
+    cells = [[_cell(r[c], digits) for c in columns] for r in rows]
+    if fmt == "markdown":
+        lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+        lines += ["| " + " | ".join(row) + " |" for row in cells]
+        return ("**" + title + "**\n\n" if title else "") + "\n".join(lines) + "\n"
+    return rich_table(columns, cells, title=title, width=width)
+
+
+def _cell(value: Any, digits: int) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def lines(text_lines: list[str], fmt: str) -> str:
+    """Verdict lines under a table: plain for table/markdown; empty for csv/json (data only)."""
+    if fmt in ("csv", "json") or not text_lines:
+        return ""
+    prefix = "- " if fmt == "markdown" else ""
+    return "\n".join(prefix + t for t in text_lines) + "\n"

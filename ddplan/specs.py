@@ -366,6 +366,7 @@ class Recipe(Strict):
     optimizer: Optimizer
     distribution: Distribution  # the native data-parallel setup (sharded_optimizer: nanochat's)
     world_size_rule: Literal["any", "power_of_two"] = "any"
+    compiled: bool = True  # torch.compile on the model (nanochat, nanoGPT default): changes what is saved
     evaluation: Evaluation | None = None
     source: str = Field(min_length=3)
 

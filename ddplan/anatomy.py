@@ -1,0 +1,447 @@
+"""Anatomy: the operations one training micro-batch runs, with FLOPs, bytes moved and bytes saved.
+
+One source of truth: FLOP counts, the roofline time model and activation memory all read this list,
+so they cannot disagree. The list follows PyTorch eager semantics of the reference model in
+ddplan/calibrate/reference.py (checked by tests with FlopCounterMode and saved_tensors_hooks);
+`compiled=True` applies what torch.compile's min-cut partitioner does to saved tensors (pointwise
+results are recomputed in backward instead of kept), documented at `SAVE_TAGS`.
+
+Conventions:
+- GEMM (m x k) @ (k x n): 2mkn FLOPs forward, 4mkn backward (dX and dW).
+- Attention on `pairs` (query, key) pairs per head: 4 x pairs x head_dim forward (QK^T, PV),
+  8 x pairs x head_dim backward (dV, dP, dQ, dK); flash kernels also recompute QK^T in backward
+  (2 x pairs x head_dim, reported as `recompute_flops_bwd`, hardware FLOPs only).
+- Which pairs an implementation computes (`attention_pairs`): unfused math computes all s^2 and
+  masks after; PyTorch's fused SDPA skips the upper triangle only under is_causal (a sliding window
+  needs an explicit mask, so it computes all s^2); flash packages skip everything outside the window.
+- Bytes: every tensor read or written once per pass (no cache reuse), in its dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ddplan.params import param_counts
+from ddplan.specs import ModelSpec
+from ddplan.units import dtype_bytes
+
+OpKind = Literal["gemm", "attention", "elementwise", "reduction", "embedding", "optimizer"]
+AttentionKind = Literal["unfused_math", "fused_sdpa", "flash_package"]
+WindowSupport = Literal["native", "mask"]
+Recompute = Literal["none", "selective", "full"]
+RECOMPUTE_POLICIES: tuple[str, ...] = ("none", "selective", "full")
+
+# Tags on saved tensors, deciding what each policy keeps:
+#   "input"     a block's input: kept by every policy (full recompute keeps only these);
+#   "core"      inside the attention core (scores, probabilities, q/k/v as the kernel saved them):
+#               dropped by selective recompute (Korthikanti et al. 2022, arXiv 2205.05198 Sec. 4.1);
+#   "core_in"   the inputs of the attention core (q, k, v after projection): saved only under
+#               selective recompute, where the core is checkpointed and these are its inputs;
+#   "pointwise" the output of a cheap pointwise op that the compiler recomputes from other saved
+#               tensors in backward (torch.compile min-cut partitioner, AOTAutograd): eager only;
+#   "compiled"  saved only when compiled (what the partitioner keeps instead, e.g. bf16 logits);
+#   "keep"      anything else (GEMM inputs, norm statistics).
+SaveTag = Literal["input", "core", "core_in", "pointwise", "compiled", "keep"]
+
+
+@dataclass(frozen=True)
+class Saved:
+    """A tensor kept from forward to backward. Ops that save the same tensor use the same name."""
+
+    name: str
+    bytes: float
+    tag: SaveTag = "keep"
+    tp_sharded: bool = True  # split across tensor-parallel ranks (False: norm inputs, residual stream)
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operation of a micro-batch (whole micro-batch, one GPU, no parallelism applied)."""
+
+    name: str
+    kind: OpKind
+    layer: int | None  # block index; None for embeddings, head, loss, optimizer
+    shape: tuple[int, ...]  # gemm (m, n, k); attention (batch, heads, seq, window, head_dim); else (elements,)
+    flops_fwd: float
+    flops_bwd: float
+    bytes_fwd: float  # read + written, forward
+    bytes_bwd: float  # read + written, backward
+    saves: tuple[Saved, ...] = ()
+    recompute_flops_bwd: float = 0.0  # kernel-internal recompute (flash backward), hardware FLOPs only
+    attention_core: bool = False  # inside the attention core: recomputed under selective recompute
+    transient_bytes: float = 0.0  # gradient buffers alive during this op's backward, beyond saved tensors
+
+
+@dataclass(frozen=True)
+class Anatomy:
+    """The ops of one micro-batch for one configuration, plus what it needs to interpret them."""
+
+    model: str
+    batch: int
+    seq_len: int
+    attention: AttentionKind
+    windows: WindowSupport
+    recompute: Recompute
+    compiled: bool
+    ops: tuple[Op, ...]
+    optimizer_ops: tuple[Op, ...] = field(default=())
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq_len
+
+    def saved_tensors(self) -> dict[str, Saved]:
+        """Unique tensors kept for backward under this recompute policy and compile mode."""
+        kept: dict[str, Saved] = {}
+        for op in self.ops:
+            for s in op.saves:
+                if _kept(s, op, self.recompute, self.compiled):
+                    kept[s.name] = s
+        return kept
+
+    def saved_bytes(self) -> float:
+        """Bytes saved for backward by one micro-batch (activation memory at the end of forward)."""
+        return sum(s.bytes for s in self.saved_tensors().values())
+
+    def transient_bytes(self) -> float:
+        """Largest working set of gradients during backward, on top of the saved tensors.
+
+        Backward starts at the loss with every activation still saved, so the step's activation
+        peak is saved_bytes() + this (the loss and softcap gradients for small models with large
+        vocabularies, a block's widest gradients otherwise). Allocator slack is not included.
+        """
+        return max((op.transient_bytes for op in self.ops), default=0.0)
+
+    def flops_fwd(self) -> float:
+        return sum(op.flops_fwd for op in self.ops)
+
+    def flops_bwd(self) -> float:
+        """Model FLOPs of backward (no recompute)."""
+        return sum(op.flops_bwd for op in self.ops)
+
+    def recompute_flops(self) -> float:
+        """FLOPs re-run in backward: the recompute policy's forward re-runs plus kernel-internal recompute."""
+        total = sum(op.recompute_flops_bwd for op in self.ops)
+        if self.recompute == "full":
+            total += sum(op.flops_fwd for op in self.ops if op.layer is not None)
+        elif self.recompute == "selective":
+            total += sum(op.flops_fwd for op in self.ops if op.attention_core)
+        return total
+
+
+def _kept(s: Saved, op: Op, recompute: str, compiled: bool) -> bool:
+    if s.tag == "pointwise" and compiled or s.tag == "compiled" and not compiled:
+        return False
+    if op.layer is None or s.tag == "input":
+        return True
+    if recompute == "full":
+        return False
+    if recompute == "selective":
+        return s.tag != "core"
+    return s.tag != "core_in"
+
+
+def attention_pairs(seq_len: int, window: int, kind: AttentionKind, windows: WindowSupport) -> int:
+    """(query, key) pairs per head and sequence that an attention implementation computes.
+
+    Causal with window w: query i attends keys max(0, i-w+1)..i, so pairs = sum_i min(i+1, w)
+    = w(w+1)/2 + (s-w)w for w <= s. Unfused math computes all s^2 scores and masks after; fused
+    SDPA skips the masked triangle only under is_causal (full window): a sliding window needs an
+    explicit mask and computes s^2; flash packages skip every block outside the window (block
+    granularity ignored). Ref: FlashAttention-2 (arXiv 2307.08691) Sec. 3.1 on causal block skipping.
+    """
+    if seq_len <= 0 or window <= 0:
+        raise ValueError(f"seq_len and window must be positive, got {seq_len}, {window}")
+    w = min(window, seq_len)
+    exact = w * (w + 1) // 2 + (seq_len - w) * w
+    if kind == "unfused_math":
+        return seq_len * seq_len
+    if kind == "fused_sdpa" and (w < seq_len or windows == "mask" and w < seq_len):
+        return seq_len * seq_len
+    return exact
+
+
+# --------------------------------------------------------------------------------------------
+
+
+class _Builder:
+    """Accumulates ops for one model and micro-batch; one method per kind of operation."""
+
+    def __init__(self, spec: ModelSpec, batch: int, seq_len: int):
+        self.spec, self.a = spec, spec.architecture
+        self.b, self.s, self.t = batch, seq_len, batch * seq_len
+        self.e = dtype_bytes(spec.dtypes.compute)  # activation element size
+        self.ops: list[Op] = []
+
+    def gemm(self, name: str, layer: int | None, k: int, n: int, x: str, weight_group: str,
+             *, x_saved_tag: SaveTag = "keep", m: int | None = None) -> None:
+        """y = x @ W^T: x (m x k) saved as `x`; the weight is cast from its master dtype to compute dtype.
+
+        A cast weight (fp32 master -> bf16) is a new tensor that the matmul saves; a weight already in
+        compute dtype is saved by reference (no new bytes).
+        """
+        m = self.t if m is None else m
+        e, w_master = self.e, dtype_bytes(self.spec.dtypes.params.get(weight_group, self.spec.dtypes.compute))
+        saves = [Saved(x, m * k * e, x_saved_tag)]
+        cast = w_master != e
+        if cast:
+            saves.append(Saved(f"{name}.weight_cast", k * n * e, "pointwise"))
+        self.ops.append(Op(
+            name=name, kind="gemm", layer=layer, shape=(m, n, k),
+            flops_fwd=2.0 * m * n * k, flops_bwd=4.0 * m * n * k,
+            # forward reads x, W (and the master for the cast), writes y; backward reads dY, x, W,
+            # writes dX and dW (accumulated into the master-dtype grad)
+            bytes_fwd=m * k * e + k * n * e + m * n * e + (k * n * (w_master + e) if cast else 0),
+            bytes_bwd=m * n * e * 2 + m * k * e * 2 + k * n * e * 2 + (k * n * w_master * 2 if cast else 0),
+            saves=tuple(saves),
+        ))
+
+    def pointwise(self, name: str, layer: int | None, numel: int, *, reads: int, writes: int = 1,
+                  saves: tuple[Saved, ...] = (), flops_per_element: float = 1.0, bwd_reads: int | None = None,
+                  bwd_writes: int | None = None, elem_bytes: int | None = None, kind: OpKind = "elementwise",
+                  core: bool = False, transient: float = 0.0) -> None:
+        e = self.e if elem_bytes is None else elem_bytes
+        bwd_reads = reads + 1 if bwd_reads is None else bwd_reads
+        bwd_writes = reads if bwd_writes is None else bwd_writes
+        self.ops.append(Op(
+            name=name, kind=kind, layer=layer, shape=(numel,),
+            flops_fwd=flops_per_element * numel, flops_bwd=2 * flops_per_element * numel,
+            bytes_fwd=(reads + writes) * numel * e, bytes_bwd=(bwd_reads + bwd_writes) * numel * e,
+            saves=saves, attention_core=core, transient_bytes=transient,
+        ))
+
+    def norm(self, name: str, layer: int | None, x: str, learnable: bool, tag: SaveTag = "keep",
+             core: bool = False) -> None:
+        """RMSNorm / LayerNorm over d_model: saves its input and per-row statistics (fp32)."""
+        a, t = self.a, self.t
+        stats = 2 if a.norm == "layernorm" else 1
+        saves = (Saved(x, t * a.d_model * self.e, tag, tp_sharded=core),
+                 Saved(f"{name}.stats", t * stats * 4, "keep", tp_sharded=core))
+        self.pointwise(name, layer, t * a.d_model, reads=1, saves=saves, flops_per_element=4.0,
+                       bwd_reads=2, bwd_writes=1, kind="reduction", core=core)
+
+
+def build_anatomy(spec: ModelSpec, *, batch: int, seq_len: int | None = None,
+                  attention: AttentionKind = "flash_package", windows: WindowSupport = "native",
+                  recompute: Recompute = "none", compiled: bool = False,
+                  window_pattern: str | None = None) -> Anatomy:
+    """The ops of one forward+backward of `batch` sequences of `seq_len` tokens (default: the recipe's)."""
+    if batch <= 0:
+        raise ValueError(f"batch must be positive, got {batch}")
+    s = spec.recipe.seq_len if seq_len is None else seq_len
+    if s <= 0 or s > spec.architecture.max_seq_len:
+        raise ValueError(f"seq_len must be in 1..{spec.architecture.max_seq_len}, got {s}")
+    if recompute not in RECOMPUTE_POLICIES:
+        raise ValueError(f"recompute must be one of {RECOMPUTE_POLICIES}, got {recompute!r}")
+    if window_pattern is not None:
+        spec = spec.model_copy(update={"architecture": spec.architecture.model_copy(
+            update={"window_pattern": window_pattern})})
+    bld = _Builder(spec, batch, s)
+    _embeddings(bld)
+    for i, window in enumerate(spec.architecture.windows(s)):
+        _block(bld, i, window, attention, windows)
+    _head(bld)
+    return Anatomy(model=spec.name, batch=batch, seq_len=s, attention=attention, windows=windows,
+                   recompute=recompute, compiled=compiled, ops=tuple(bld.ops),
+                   optimizer_ops=tuple(optimizer_ops(spec)))
+
+
+def _embeddings(bld: _Builder) -> None:
+    a, t, e = bld.a, bld.t, bld.e
+    w_e = dtype_bytes(bld.spec.dtypes.params["wte"])
+    # lookup: gather t rows; backward scatter-adds into a dense vocab x d_model gradient
+    bld.ops.append(Op(name="wte", kind="embedding", layer=None, shape=(t, a.d_model), flops_fwd=0.0,
+                      flops_bwd=float(t * a.d_model), bytes_fwd=t * a.d_model * (w_e + e) + t * 8,
+                      bytes_bwd=t * a.d_model * e + a.vocab_size * a.d_model * w_e * 2,
+                      saves=(Saved("idx", t * 8, "keep"),)))
+    if a.position == "learned":
+        bld.pointwise("wpe_add", None, t * a.d_model, reads=2, flops_per_element=1.0)
+    if bld.spec.family == "nanochat":
+        bld.norm("embed_norm", None, "emb", learnable=False)  # x = norm(wte(idx))
+    if a.smear_gate_in_features:
+        # smear: x[:, 1:] += lambda * sigmoid(smear_gate(x[:, 1:, :24])) * x[:, :-1]
+        bld.gemm("smear_gate", None, a.smear_gate_in_features, 1, "x_embnorm", "smear_gate")
+        bld.pointwise("smear_mix", None, t * a.d_model, reads=2, flops_per_element=3.0,
+                      saves=(Saved("smear.gate", t * bld.e, "pointwise", tp_sharded=False),
+                             Saved("x_embnorm", t * a.d_model * bld.e, tp_sharded=False)))
+
+
+def _block(bld: _Builder, i: int, window: int, kind: AttentionKind, windows: WindowSupport) -> None:
+    a, spec, t, e = bld.a, bld.spec, bld.t, bld.e
+    c, hd = a.d_model, a.head_dim
+    q_w, kv_w = a.num_heads * hd, a.num_kv_heads * hd
+    p = f"h{i}"
+    x_in = f"{p}.x_in"
+    if a.scalars_per_layer:
+        # x = resid_lambda * x + x0_lambda * x0: saves x (for the lambda grad) and x0 (shared by all layers)
+        bld.pointwise(f"{p}.resid_mix", i, t * c, reads=2, flops_per_element=3.0,
+                      saves=(Saved(x_in, t * c * e, "input", tp_sharded=False),
+                             Saved("x0", t * c * e, "input", tp_sharded=False)))
+        normed_in = f"{p}.x_mixed"
+    else:
+        normed_in = x_in
+    bld.norm(f"{p}.norm1", i, normed_in, a.norm_learnable, tag="input" if normed_in == x_in else "keep")
+    xn = f"{p}.xn1"
+    bld.gemm(f"{p}.attn.c_q", i, c, q_w, xn, "block_matrices", x_saved_tag="pointwise")
+    bld.gemm(f"{p}.attn.c_k", i, c, kv_w, xn, "block_matrices", x_saved_tag="pointwise")
+    bld.gemm(f"{p}.attn.c_v", i, c, kv_w, xn, "block_matrices", x_saved_tag="pointwise")
+    if i in a.value_embedding_layers():
+        gate_in = a.value_embeddings.gate_in_features
+        bld.ops.append(Op(name=f"{p}.ve", kind="embedding", layer=i, shape=(t, kv_w), flops_fwd=0.0,
+                          flops_bwd=float(t * kv_w), bytes_fwd=t * kv_w * 2 * e,
+                          bytes_bwd=t * kv_w * e + a.vocab_size * kv_w * e * 2))
+        bld.gemm(f"{p}.attn.ve_gate", i, gate_in, a.num_kv_heads, f"{xn}[:{gate_in}]", "ve_gates")
+        bld.pointwise(f"{p}.attn.ve_mix", i, t * kv_w, reads=3, flops_per_element=3.0,
+                      saves=(Saved(f"{p}.ve_out", t * kv_w * e), Saved(f"{p}.ve_gate_sig", t * a.num_kv_heads * e)))
+    # the attention core (checkpointed under selective recompute): rotary, QK-norm, attention
+    if a.position == "rope":
+        bld.pointwise(f"{p}.attn.rope", i, t * (q_w + kv_w), reads=1, flops_per_element=3.0, bwd_reads=1,
+                      core=True)
+    if a.qk_norm:
+        bld.norm(f"{p}.attn.q_norm", i, f"{p}.q_rope", learnable=False, tag="core", core=True)
+        bld.norm(f"{p}.attn.k_norm", i, f"{p}.k_rope", learnable=False, tag="core", core=True)
+    _attention(bld, i, window, kind, windows)
+    bld.gemm(f"{p}.attn.c_proj", i, q_w, c, f"{p}.attn_out", "block_matrices")
+    bld.pointwise(f"{p}.resid_add1", i, t * c, reads=2, flops_per_element=1.0, bwd_reads=1, bwd_writes=1)
+    bld.norm(f"{p}.norm2", i, f"{p}.x_mid", a.norm_learnable)
+    f = a.mlp_hidden_dim
+    if a.mlp == "swiglu":
+        bld.gemm(f"{p}.mlp.gate", i, c, f, f"{p}.xn2", "block_matrices", x_saved_tag="pointwise")
+        bld.gemm(f"{p}.mlp.up", i, c, f, f"{p}.xn2", "block_matrices", x_saved_tag="pointwise")
+        # silu(g) * u: silu saves g, mul saves silu(g) and u
+        bld.pointwise(f"{p}.mlp.act", i, t * f, reads=2, flops_per_element=5.0,
+                      saves=(Saved(f"{p}.mlp.g", t * f * e), Saved(f"{p}.mlp.u", t * f * e),
+                             Saved(f"{p}.mlp.silu_g", t * f * e, "pointwise")))
+    else:
+        bld.gemm(f"{p}.mlp.c_fc", i, c, f, f"{p}.xn2", "block_matrices", x_saved_tag="pointwise")
+        if a.mlp == "relu2":
+            # relu saves its output, square saves its input: the same tensor
+            acts = (Saved(f"{p}.mlp.relu", t * f * e, "pointwise"),)
+        else:  # gelu (tanh) saves its input
+            acts = (Saved(f"{p}.mlp.h", t * f * e),)
+        bld.pointwise(f"{p}.mlp.act", i, t * f, reads=1, flops_per_element=2.0 if a.mlp == "relu2" else 8.0,
+                      saves=acts)
+    bld.gemm(f"{p}.mlp.c_proj", i, f, c, f"{p}.mlp.act_out", "block_matrices")
+    bld.pointwise(f"{p}.resid_add2", i, t * c, reads=2, flops_per_element=1.0, bwd_reads=1, bwd_writes=1)
+
+
+def _attention(bld: _Builder, i: int, window: int, kind: AttentionKind, windows: WindowSupport) -> None:
+    a, b, s, e = bld.a, bld.b, bld.s, bld.e
+    h, hkv, hd = a.num_heads, a.num_kv_heads, a.head_dim
+    pairs = attention_pairs(s, window, kind, windows)
+    p = f"h{i}"
+    qkv = (Saved(f"{p}.q", b * s * h * hd * e, "core"), Saved(f"{p}.k", b * s * hkv * hd * e, "core"),
+           Saved(f"{p}.v", b * s * hkv * hd * e, "core"),
+           # the checkpoint's inputs under selective recompute: q, k, v as the projections made them
+           Saved(f"{p}.q_proj", b * s * h * hd * e, "core_in"), Saved(f"{p}.k_proj", b * s * hkv * hd * e, "core_in"),
+           Saved(f"{p}.v_proj", b * s * hkv * hd * e, "core_in"))
+    flops_fwd, flops_bwd = 4.0 * b * h * pairs * hd, 8.0 * b * h * pairs * hd
+    io = b * s * (2 * h + 2 * hkv) * hd * e  # read q, k, v, write o
+    if kind == "unfused_math":
+        # scores -> mask -> softmax -> @v: the b x h x s x s probabilities are written, read and saved
+        sq = b * h * s * s * e
+        saves = (*qkv, Saved(f"{p}.probs", sq, "core"), Saved(f"{p}.attn_out", b * s * h * hd * e, "keep"))
+        bld.ops.append(Op(name=f"{p}.attn.core", kind="attention", layer=i, shape=(b, h, s, window, hd),
+                          flops_fwd=flops_fwd, flops_bwd=flops_bwd, bytes_fwd=io + 5 * sq,
+                          bytes_bwd=2 * io + 9 * sq, saves=saves, attention_core=True))
+    else:
+        lse = b * h * s * 4  # fp32 log-sum-exp per row
+        mask = s * s if (kind == "fused_sdpa" and window < s) else 0  # explicit boolean mask
+        saves = (*qkv, Saved(f"{p}.lse", lse, "core"), Saved(f"{p}.attn_out", b * s * h * hd * e, "keep"))
+        if mask:
+            saves = (*saves, Saved(f"{p}.mask", mask, "keep"))
+        bld.ops.append(Op(name=f"{p}.attn.core", kind="attention", layer=i, shape=(b, h, s, window, hd),
+                          flops_fwd=flops_fwd, flops_bwd=flops_bwd, bytes_fwd=io + lse + mask,
+                          bytes_bwd=2 * io + lse + mask, saves=saves,
+                          recompute_flops_bwd=2.0 * b * h * pairs * hd, attention_core=True))
+
+
+def _head(bld: _Builder) -> None:
+    a, t, e = bld.a, bld.t, bld.e
+    v = a.vocab_size
+    if a.backout:
+        # nanochat: x = x - backout_lambda * x_half, x_half the input of block L//2 (saved already)
+        half = f"h{a.num_layers // 2}.x_in"
+        bld.pointwise("backout", None, t * a.d_model, reads=2, flops_per_element=2.0,
+                      saves=(Saved(half, t * a.d_model * e, "input", tp_sharded=False),
+                             Saved("x_final", t * a.d_model * e, tp_sharded=False)))
+    bld.norm("norm_f", None, "x_final", a.norm_learnable)
+    group = "wte" if a.tied_embeddings else "lm_head"
+    bld.gemm("lm_head", None, a.d_model, v, "xn_f", group, x_saved_tag="pointwise")
+    le = dtype_bytes(bld.spec.dtypes.logits)
+    tv = t * v
+    # The compiled graph keeps the logits as the GEMM wrote them and recomputes the fp32 softcap and
+    # log-softmax in backward; eager keeps the fp32 intermediates below.
+    compiled_logits = Saved("logits", tv * e, "compiled")
+    if le != e:
+        bld.pointwise("logits_cast", None, tv, reads=1, writes=1, flops_per_element=0.0, elem_bytes=(e + le) // 2,
+                      saves=(compiled_logits,), transient=tv * (le + e))
+    if a.logit_softcap:
+        # softcap * tanh(logits / softcap): tanh saves its output
+        bld.pointwise("logits_softcap", None, tv, reads=1, writes=3, flops_per_element=4.0, elem_bytes=le,
+                      saves=(Saved("logits_tanh", tv * le, "pointwise"), compiled_logits), transient=2 * tv * le)
+    # cross-entropy: log_softmax saves its output; nll_loss reads one entry per row. Backward builds
+    # the dense gradient of the log-probabilities, then of the logits: two vocab-wide fp32 buffers.
+    bld.pointwise("cross_entropy", None, tv, reads=1, writes=1, flops_per_element=5.0, elem_bytes=le,
+                  saves=(Saved("log_probs", tv * le, "pointwise"), Saved("targets", t * 8), compiled_logits),
+                  bwd_reads=1, bwd_writes=1, kind="reduction", transient=2 * tv * le)
+
+
+# --------------------------------------------------------------------------------------------
+# Optimizer
+
+
+def muon_flops(rows: int, cols: int, ns_steps: int = 5) -> float:
+    """FLOPs of Muon's Newton-Schulz orthogonalisation of one rows x cols matrix.
+
+    Per iteration, with m = min(rows, cols), n = max: A = X X^T (2 m^2 n), B = bA + cA^2 (2 m^3),
+    X' = aX + BX (2 m^2 n): 4 m^2 n + 2 m^3. Ref: Jordan et al., "Muon" (2024), and DESIGN.md sec. 4.
+    """
+    if rows <= 0 or cols <= 0 or ns_steps <= 0:
+        raise ValueError(f"rows, cols and ns_steps must be positive, got {rows}, {cols}, {ns_steps}")
+    m, n = min(rows, cols), max(rows, cols)
+    return ns_steps * (4.0 * m * m * n + 2.0 * m**3)
+
+
+def adamw_bytes(numel: int, param_bytes: int, grad_bytes: int, state_bytes: int) -> float:
+    """HBM traffic of one AdamW update: read p, g, m, v; write p, m, v (memory-bound)."""
+    return numel * (2 * param_bytes + grad_bytes + 4 * state_bytes)
+
+
+def optimizer_ops(spec: ModelSpec) -> list[Op]:
+    """One op per parameter group: AdamW elementwise, or Muon's momentum + Newton-Schulz per matrix."""
+    a, opt, dt = spec.architecture, spec.recipe.optimizer, spec.dtypes
+    counts = param_counts(a)
+    ops: list[Op] = []
+    for group, algo in opt.algorithm.items():
+        n = counts[group]
+        if n == 0:
+            continue
+        pb = dtype_bytes(dt.params[group])
+        sb = pb if opt.adamw_state_dtype == "param" else 4
+        if algo == "adamw":
+            ops.append(Op(name=f"adamw.{group}", kind="optimizer", layer=None, shape=(n,), flops_fwd=12.0 * n,
+                          flops_bwd=0.0, bytes_fwd=adamw_bytes(n, pb, pb, sb), bytes_bwd=0.0))
+        else:
+            flops = sum(muon_flops(r, c, opt.muon_ns_steps) for r, c in muon_matrices(spec, group))
+            # momentum (read g, m; write m), NS in bf16 on the update, write p: ~6 passes of fp32
+            ops.append(Op(name=f"muon.{group}", kind="optimizer", layer=None, shape=(n,), flops_fwd=flops,
+                          flops_bwd=0.0, bytes_fwd=n * (3 * pb + 3 * pb + 2 * 2 * opt.muon_ns_steps),
+                          bytes_bwd=0.0))
+    return ops
+
+
+def muon_matrices(spec: ModelSpec, group: str) -> list[tuple[int, int]]:
+    """(rows, cols) of every matrix that Muon updates in a group (nanochat: whole matrices)."""
+    a = spec.architecture
+    c, q_w, kv_w = a.d_model, a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+    if group == "block_matrices":
+        per_layer = [(q_w, c), (kv_w, c), (kv_w, c), (c, q_w)]
+        per_layer += [(a.mlp_hidden_dim, c)] * (2 if a.mlp == "swiglu" else 1) + [(c, a.mlp_hidden_dim)]
+        return per_layer * a.num_layers
+    if group == "ve_gates" and a.value_embeddings:
+        return [(a.num_kv_heads, a.value_embeddings.gate_in_features)] * len(a.value_embedding_layers())
+    if group == "lm_head":
+        return [(a.vocab_size, c)]
+    raise ValueError(f"Muon needs matrices; group {group!r} has none")

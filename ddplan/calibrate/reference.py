@@ -1,0 +1,455 @@
+"""Reference torch model built from a ModelSpec: one code path for nanochat, GPT-2 and Llama.
+
+Every feature is switched on by an `Architecture` field (value embeddings, smear, backout, x0 mixing,
+QK norm, rotary vs learned positions, norm kind, MLP kind, biases, tying, softcap), so the model is
+what the spec says, and what ddplan's analytical anatomy must account for. It exists to check the
+anatomy: FLOPs with `torch.utils.flop_counter.FlopCounterMode` and activation memory with
+`torch.autograd.graph.saved_tensors_hooks` (`measure`), on CPU with tiny shapes or on the meta device.
+
+nanochat follows github.com/karpathy/nanochat nanochat/gpt.py @92d63d4 as summarised in
+shared/reference/nanochat.md (line numbers below are gpt.py lines from there):
+  wte (l.173) -> rms_norm, no weight (l.42-43) -> smear (l.185-186, 479-480) -> x0 = x ->
+  per layer i: x = resid_lambdas[i]*x + x0_lambdas[i]*x0 (l.500); x += attn(norm(x)); x += mlp(norm(x))
+    attn: c_q, c_k, c_v (l.77-80); on value-embedding layers v += 3*sigmoid(ve_gate(x[..., :12])) * ve
+    (l.81-82, 93-97); rotary, theta 100000 (l.270); QK rms_norm; q, k *= 1.2 (l.102-104); causal
+    attention with the layer's window (l.110, 287-314); c_proj.  mlp: c_fc C->4C, relu^2, c_proj (l.134-141)
+  -> backout: x -= backout_lambda * (x after layer L//2) (l.188, 497, 503-507) -> rms_norm -> lm_head
+  (untied) -> logits.float() -> 15*tanh(logits/15) -> cross-entropy, fp32, mean (l.511-520).
+nanochat's `Linear` keeps an fp32 master weight and casts it to the activation dtype in forward
+(`F.linear(x, self.weight.to(x.dtype))`); wte and value embeddings are stored in the compute dtype.
+
+Deliberate differences, none of which changes FLOPs or saved bytes: the vocab is not padded to a
+multiple of 64 (a no-op for nanochat's 32768; ddplan.params counts the unpadded table); the rotary
+cache covers seq_len, not 10 x seq_len; weights are initialised for a finite, attention-sensitive loss
+(nanochat zero-inits c_proj and smear_lambda), not for training.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.autograd.graph import saved_tensors_hooks
+from torch.utils.checkpoint import checkpoint
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+from ddplan.specs import PARAM_GROUPS, Architecture, ModelSpec
+
+ATTENTION = ("sdpa-math", "sdpa-fused")  # names shared with hardware/*.yaml `attention`
+RECOMPUTE = ("none", "selective", "full")
+DTYPE_POLICIES = ("spec", "fp32")
+_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+# Facts of a family that the Architecture schema does not (yet) carry.
+# rope_theta: nanochat gpt.py l.270 (100000); Llama 3 config.json rope_theta 500000.
+# norm_eps: nanochat's F.rms_norm(x, (C,)) uses eps=None (torch.finfo(dtype).eps); GPT-2 and Llama 1e-5.
+# embed_norm: nanochat normalises the token embedding before the first block (gpt.py l.42-43).
+_FAMILY = {
+    "nanochat": {"rope_theta": 100_000.0, "norm_eps": None, "embed_norm": True},
+    "gpt2": {"rope_theta": None, "norm_eps": 1e-5, "embed_norm": False},
+    "llama": {"rope_theta": 500_000.0, "norm_eps": 1e-5, "embed_norm": False},
+}
+QK_GAIN = 1.2  # nanochat gpt.py l.102-104: q, k *= 1.2 after QK norm ("sharper attention")
+VE_GATE_RANGE = 3.0  # nanochat gpt.py l.96: gate = 3 * sigmoid(ve_gate(x[..., :12])), in (0, 3)
+
+# Parameter name -> ddplan.params group; the first matching rule wins (norm biases are norms).
+_GROUP_RULES = (
+    (r"wte\.weight", "wte"),
+    (r"wpe\.weight", "wpe"),
+    (r"value_embeds\.\d+\.weight", "value_embeddings"),
+    (r"lm_head\.weight", "lm_head"),
+    (r"(blocks\.\d+\.)?norm_\w+\.(weight|bias)", "norms"),
+    (r"blocks\.\d+\.attn\.ve_gate\.weight", "ve_gates"),
+    (r"smear_gate\.weight", "smear_gate"),
+    (r"blocks\.\d+\.(attn|mlp)\.c_\w+\.weight", "block_matrices"),
+    (r"blocks\.\d+\.(attn|mlp)\.c_\w+\.bias", "biases"),
+    (r"resid_lambdas|x0_lambdas|smear_lambda|backout_lambda", "scalars"),
+)
+
+
+def param_group(name: str) -> str:
+    """The ddplan.params group of a reference-model parameter, from its qualified name."""
+    for pattern, group in _GROUP_RULES:
+        if re.fullmatch(pattern, name):
+            return group
+    raise ValueError(f"parameter {name!r} matches no group rule")
+
+
+def count_params(model: nn.Module) -> dict[str, int]:
+    """Parameters per ddplan.params group (every group present, zero where absent); a tied table counts once."""
+    counts = dict.fromkeys(PARAM_GROUPS, 0)
+    for name, p in model.named_parameters():
+        counts[param_group(name)] += p.numel()
+    return counts
+
+
+class Linear(nn.Linear):
+    """nanochat's Linear (gpt.py): the stored (fp32 master) weight is cast to the input dtype in forward.
+
+    Under bf16 compute the cast is a new tensor, saved by the matmul in its place; when the dtypes
+    already agree `.to` returns the parameter itself, which the matmul then saves by reference.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(x, self.weight.to(x.dtype), bias)
+
+
+class Norm(nn.Module):
+    """RMSNorm or LayerNorm over the last dim; weight only if learnable, bias only for LayerNorm with biases."""
+
+    def __init__(self, arch: Architecture, eps: float | None):
+        super().__init__()
+        self.kind, self.eps, self.shape = arch.norm, eps, (arch.d_model,)
+        self.weight = nn.Parameter(torch.ones(arch.d_model)) if arch.norm_learnable else None
+        has_bias = arch.norm_learnable and arch.norm == "layernorm" and arch.linear_bias
+        self.bias = nn.Parameter(torch.zeros(arch.d_model)) if has_bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = None if self.weight is None else self.weight.to(x.dtype)
+        if self.kind == "rmsnorm":
+            return F.rms_norm(x, self.shape, w, self.eps)
+        b = None if self.bias is None else self.bias.to(x.dtype)
+        return F.layer_norm(x, self.shape, w, b, self.eps or 1e-5)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding on (B, T, H, D), halves convention: nanochat gpt.py `apply_rotary_emb`.
+
+    (HF Llama rotates the other way, y1 = x1 cos - x2 sin: the same ops, sin negated.)
+    """
+    d = x.shape[3] // 2
+    x1, x2 = x[..., :d], x[..., d:]
+    return torch.cat([x1 * cos + x2 * sin, x1 * (-sin) + x2 * cos], 3)
+
+
+def window_masks(windows: list[int], seq_len: int, attention: str, device) -> list[torch.Tensor | None]:
+    """The attention mask argument of each layer, one tensor per distinct window (shared by layers).
+
+    Query i sees key j when 0 <= i - j <= window: FA3's window_size=(window, 0), as nanochat's SDPA
+    fallback builds it (nanochat/flash_attention.py `_sdpa_attention`), so an S window of w tokens
+    sees w + 1 keys. sdpa-math gets the *blocked* positions for masked_fill, every layer;
+    sdpa-fused gets the allowed positions, or None (is_causal=True) where the window covers seq_len.
+    """
+    i = torch.arange(seq_len, device=device)[:, None]
+    j = torch.arange(seq_len, device=device)[None, :]
+    cache: dict[int, torch.Tensor | None] = {}
+    for w in set(windows):
+        if attention == "sdpa-fused" and w >= seq_len:
+            cache[w] = None
+            continue
+        allowed = (j <= i) & (i - j <= w)
+        cache[w] = ~allowed if attention == "sdpa-math" else allowed
+    return [cache[w] for w in windows]
+
+
+class Attention(nn.Module):
+    def __init__(self, arch: Architecture, family: dict, has_ve: bool, attention: str, selective: bool):
+        super().__init__()
+        self.h, self.h_kv, self.d = arch.num_heads, arch.num_kv_heads, arch.head_dim
+        self.qk_norm, self.attention, self.selective = arch.qk_norm, attention, selective
+        c, bias = arch.d_model, arch.linear_bias
+        self.c_q = Linear(c, self.h * self.d, bias=bias)
+        self.c_k = Linear(c, self.h_kv * self.d, bias=bias)
+        self.c_v = Linear(c, self.h_kv * self.d, bias=bias)
+        self.c_proj = Linear(self.h * self.d, c, bias=bias)
+        gate_in = arch.value_embeddings.gate_in_features if has_ve else 0
+        self.ve_gate = Linear(gate_in, self.h_kv, bias=False) if has_ve else None
+
+    def forward(self, x, ve, cos, sin, mask):
+        """nanochat CausalSelfAttention.forward (gpt.py l.77-110), with GPT-2/Llama as the features switch off."""
+        b, t, _ = x.shape
+        q = self.c_q(x).view(b, t, self.h, self.d)
+        k = self.c_k(x).view(b, t, self.h_kv, self.d)
+        v = self.c_v(x).view(b, t, self.h_kv, self.d)
+        if self.ve_gate is not None:  # ResFormer value embedding, one gate per kv head
+            gate = VE_GATE_RANGE * torch.sigmoid(self.ve_gate(x[..., : self.ve_gate.in_features]))
+            v = v + gate.unsqueeze(-1) * ve.view(b, t, self.h_kv, self.d)
+        if cos is not None:
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if self.qk_norm:  # weightless rms_norm over head_dim, after rotary, then the 1.2 gain
+            q, k = F.rms_norm(q, (self.d,)), F.rms_norm(k, (self.d,))
+            q, k = q * QK_GAIN, k * QK_GAIN
+        if self.selective:  # Korthikanti et al. 2022 (arXiv 2205.05198) Sec. 4.2: recompute the attention core
+            y = checkpoint(self.core, q, k, v, mask, use_reentrant=False)
+        else:
+            y = self.core(q, k, v, mask)
+        return self.c_proj(y)
+
+    def core(self, q, k, v, mask):
+        """(B, T, H, D) q, k, v -> (B, T, H*D): softmax(q k^T / sqrt(D), causal + window) v."""
+        b, t = q.shape[:2]
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if self.attention == "sdpa-fused":
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                               enable_gqa=self.h_kv != self.h)
+        else:  # unfused: materialises (and saves) the B x H x T x T probabilities
+            if self.h_kv != self.h:
+                k = k.repeat_interleave(self.h // self.h_kv, dim=1)
+                v = v.repeat_interleave(self.h // self.h_kv, dim=1)
+            scores = (q @ k.transpose(-2, -1)) * self.d**-0.5
+            y = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ v
+        return y.transpose(1, 2).reshape(b, t, self.h * self.d)
+
+
+class MLP(nn.Module):
+    """relu2: nanochat (gpt.py l.134-141); gelu (tanh): GPT-2; swiglu: Llama (c_gate, c_fc = up, c_proj = down)."""
+
+    def __init__(self, arch: Architecture):
+        super().__init__()
+        self.kind = arch.mlp
+        c, hidden, bias = arch.d_model, arch.mlp_hidden_dim, arch.linear_bias
+        self.c_fc = Linear(c, hidden, bias=bias)
+        self.c_gate = Linear(c, hidden, bias=bias) if arch.mlp == "swiglu" else None
+        self.c_proj = Linear(hidden, c, bias=bias)
+
+    def forward(self, x):
+        if self.kind == "relu2":
+            h = F.relu(self.c_fc(x)).square()
+        elif self.kind == "gelu":
+            h = F.gelu(self.c_fc(x), approximate="tanh")
+        else:
+            h = F.silu(self.c_gate(x)) * self.c_fc(x)
+        return self.c_proj(h)
+
+
+class Block(nn.Module):
+    def __init__(self, arch, family, layer, attention, selective):
+        super().__init__()
+        self.norm_attn = Norm(arch, family["norm_eps"])
+        self.attn = Attention(arch, family, layer in arch.value_embedding_layers(), attention, selective)
+        self.norm_mlp = Norm(arch, family["norm_eps"])
+        self.mlp = MLP(arch)
+
+    def forward(self, x, ve, cos, sin, mask):
+        x = x + self.attn(self.norm_attn(x), ve, cos, sin, mask)
+        return x + self.mlp(self.norm_mlp(x))
+
+
+class Transformer(nn.Module):
+    """The model of a spec; `model(idx, targets)` returns the mean cross-entropy, `model(idx)` the logits."""
+
+    def __init__(self, spec: ModelSpec, *, attention: str, recompute: str, seq_len: int, compute_dtype,
+                 logits_fp32: bool):
+        super().__init__()
+        arch, family = spec.architecture, _FAMILY[spec.family]
+        self.arch, self.attention, self.recompute, self.seq_len = arch, attention, recompute, seq_len
+        self.compute_dtype, self.logits_fp32 = compute_dtype, logits_fp32
+        self.windows = arch.windows(seq_len)
+        c = arch.d_model
+        self.wte = nn.Embedding(arch.vocab_size, c)
+        self.wpe = nn.Embedding(arch.max_seq_len, c) if arch.position == "learned" else None
+        self.norm_embed = Norm(arch, family["norm_eps"]) if family["embed_norm"] else None
+        self.smear_gate = (Linear(arch.smear_gate_in_features, 1, bias=False)
+                           if arch.smear_gate_in_features else None)
+        self.smear_lambda = nn.Parameter(torch.zeros(1)) if arch.smear_gate_in_features else None
+        self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(arch.vocab_size, arch.num_kv_heads * arch.head_dim)
+                                           for i in arch.value_embedding_layers()})
+        mix = arch.scalars_per_layer == 2
+        self.resid_lambdas = nn.Parameter(torch.ones(arch.num_layers)) if mix else None
+        self.x0_lambdas = nn.Parameter(torch.zeros(arch.num_layers)) if mix else None
+        self.blocks = nn.ModuleList([Block(arch, family, i, attention, recompute == "selective")
+                                     for i in range(arch.num_layers)])
+        self.backout_lambda = nn.Parameter(torch.zeros(1)) if arch.backout else None
+        self.norm_f = Norm(arch, family["norm_eps"])
+        self.lm_head = None if arch.tied_embeddings else Linear(c, arch.vocab_size, bias=False)
+        if arch.position == "rope":  # nanochat gpt.py `_precompute_rotary_embeddings`, cached in compute dtype
+            inv_freq = family["rope_theta"] ** (-torch.arange(0, arch.head_dim, 2, dtype=torch.float32) / arch.head_dim)
+            freqs = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
+            self.register_buffer("cos", freqs.cos().to(compute_dtype)[None, :, None, :], persistent=False)
+            self.register_buffer("sin", freqs.sin().to(compute_dtype)[None, :, None, :], persistent=False)
+        else:
+            self.cos = self.sin = None
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """nanochat GPT.forward (gpt.py l.479-520)."""
+        b, t = idx.shape
+        if t > self.seq_len:
+            raise ValueError(f"sequence of {t} tokens exceeds the model's seq_len {self.seq_len}")
+        x = self.wte(idx).to(self.compute_dtype)
+        if self.wpe is not None:
+            x = x + self.wpe(torch.arange(t, device=idx.device)).to(self.compute_dtype)
+        if self.norm_embed is not None:
+            x = self.norm_embed(x)
+        if self.smear_gate is not None:  # previous token's embedding mixed into the current one (l.479-480)
+            n = self.smear_gate.in_features
+            gate = self.smear_lambda.to(x.dtype) * torch.sigmoid(self.smear_gate(x[:, 1:, :n]))
+            x = torch.cat([x[:, :1], x[:, 1:] + gate * x[:, :-1]], dim=1)
+        x0 = x
+        cos = sin = None
+        if self.cos is not None:
+            cos, sin = self.cos[:, :t], self.sin[:, :t]
+        masks = window_masks(self.windows, t, self.attention, idx.device)
+        backout_layer, x_backout = self.arch.num_layers // 2, None
+        for i in range(self.arch.num_layers):
+            if self.recompute == "full":  # only the layer's inputs are saved
+                x = checkpoint(self.layer, i, x, x0, idx, cos, sin, masks[i], use_reentrant=False)
+            else:
+                x = self.layer(i, x, x0, idx, cos, sin, masks[i])
+            if i == backout_layer:
+                x_backout = x
+        if self.backout_lambda is not None:
+            x = x - self.backout_lambda.to(x.dtype) * x_backout
+        x = self.norm_f(x)
+        logits = self.lm_head(x) if self.lm_head is not None else F.linear(x, self.wte.weight.to(x.dtype))
+        if self.logits_fp32:
+            logits = logits.float()
+        if self.arch.logit_softcap is not None:
+            cap = self.arch.logit_softcap
+            logits = cap * torch.tanh(logits / cap)
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1), ignore_index=-1)
+
+    def layer(self, i, x, x0, idx, cos, sin, mask):
+        """One layer: nanochat's x0 mixing (l.500) and value-embedding lookup, then the block."""
+        if self.resid_lambdas is not None:
+            x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
+        ve = self.value_embeds[str(i)](idx).to(x.dtype) if str(i) in self.value_embeds else None
+        return self.blocks[i](x, ve, cos, sin, mask)
+
+
+def _check_supported(spec: ModelSpec, dtype_policy: str) -> None:
+    arch = spec.architecture
+    if arch.scalars_per_layer not in (0, 2):
+        raise ValueError(f"scalars_per_layer={arch.scalars_per_layer}: the reference knows 0 or 2 "
+                         f"(nanochat's resid_lambdas, x0_lambdas)")
+    known_globals = (arch.smear_gate_in_features is not None) + arch.backout
+    if arch.scalars_global != known_globals:
+        raise ValueError(f"scalars_global={arch.scalars_global}, but smear and backout account for {known_globals}")
+    if dtype_policy == "spec":
+        used = {spec.dtypes.compute, *spec.dtypes.params.values()}
+        if not used <= set(_TORCH_DTYPES):
+            raise ValueError(f"dtypes {sorted(used - set(_TORCH_DTYPES))} are not supported by the reference model "
+                             f"(use dtype_policy='fp32')")
+
+
+def build_model(spec: ModelSpec, *, attention: str, recompute: str, seq_len: int | None = None,
+                device: str | torch.device = "cpu", dtype_policy: str = "spec") -> Transformer:
+    """The reference model of a spec, parameters in their storage dtypes, on `device` ("meta" allocates nothing).
+
+    attention: "sdpa-math" (unfused, saves the T x T probabilities) or "sdpa-fused"
+    (F.scaled_dot_product_attention; is_causal for full windows, an explicit mask for sliding ones).
+    recompute: "none", "selective" (checkpoint the attention core) or "full" (checkpoint every layer).
+    dtype_policy: "spec" stores each parameter group in spec.dtypes.params and computes in
+    spec.dtypes.compute; "fp32" stores and computes everything in fp32.
+    """
+    for name, value, allowed in (("attention", attention, ATTENTION), ("recompute", recompute, RECOMPUTE),
+                                 ("dtype_policy", dtype_policy, DTYPE_POLICIES)):
+        if value not in allowed:
+            raise ValueError(f"{name}={value!r}; allowed: {', '.join(allowed)}")
+    seq_len = seq_len or spec.recipe.seq_len
+    if seq_len > spec.architecture.max_seq_len:
+        raise ValueError(f"seq_len {seq_len} exceeds architecture.max_seq_len {spec.architecture.max_seq_len}")
+    _check_supported(spec, dtype_policy)
+    fp32 = dtype_policy == "fp32"
+    compute = torch.float32 if fp32 else _TORCH_DTYPES[spec.dtypes.compute]
+    with torch.device(device):
+        model = Transformer(spec, attention=attention, recompute=recompute, seq_len=seq_len,
+                            compute_dtype=compute, logits_fp32=fp32 or spec.dtypes.logits == "fp32")
+        _init_weights(model)
+    if not fp32:
+        for name, p in model.named_parameters():
+            p.data = p.data.to(_TORCH_DTYPES[spec.dtypes.params[param_group(name)]])
+    return model
+
+
+@torch.no_grad()
+def _init_weights(model: Transformer) -> None:
+    """Weights for a finite loss that depends on every parameter (not nanochat's training init)."""
+    for name, p in model.named_parameters():
+        group = param_group(name)
+        if group in ("wte", "wpe", "value_embeddings"):
+            nn.init.normal_(p, std=0.02)
+        elif p.ndim == 2:
+            nn.init.normal_(p, std=p.shape[1] ** -0.5)
+        elif name.endswith("bias"):
+            nn.init.zeros_(p)
+    for name, value in (("x0_lambdas", 0.1), ("smear_lambda", 0.1), ("backout_lambda", 0.2)):
+        if getattr(model, name) is not None:
+            getattr(model, name).fill_(value)
+
+
+# --------------------------------------------------------------------------------------------
+# Measurement
+
+
+def _cpu_flash_fwd_flop(query, key, value, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(query, key, value)
+
+
+def _cpu_flash_bwd_flop(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_backward_flop_count(grad_out, query, key, value)
+
+
+# FlopCounterMode has formulas for the CUDA SDPA kernels but not for the CPU flash kernel; these apply
+# the same (non-causal, full T x T) count to it. Its backward includes recomputing the scores: 5 bmm-sized
+# products against 4 for an unfused backward.
+_CPU_FLASH_FLOPS = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_fwd_flop,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_bwd_flop,
+}
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    # The StorageImpl address: shared by all views, distinct for meta and zero-size storages
+    # (where data_ptr() is 0). The hooks keep every saved tensor alive, so keys are never reused.
+    return t.untyped_storage()._cdata
+
+
+def measure(spec: ModelSpec, *, batch: int, seq_len: int, attention: str, recompute: str,
+            dtype_policy: str = "fp32", device: str = "cpu", seed: int = 0) -> dict:
+    """FLOPs of one forward+backward and the bytes saved for backward, for a micro-batch of batch x seq_len.
+
+    flops_fwd_bwd: FlopCounterMode total (matmuls and attention only; recomputation included);
+    flops_by_op: the same by aten op. Saved tensors are counted once per storage (a view keeps its whole
+    storage alive): saved_bytes for activations (including weight copies made by a dtype cast),
+    saved_param_bytes for parameters saved by reference, saved_buffer_bytes for buffers (rotary cache);
+    saved_by_shape lists the activation storages as (shape, dtype, bytes) in the order forward saved
+    them, and saved_detail adds the producing op and the kind. On "meta", sdpa-fused runs the math
+    decomposition, so its saved bytes are those of sdpa-math.
+    """
+    torch.manual_seed(seed)
+    model = build_model(spec, attention=attention, recompute=recompute, seq_len=seq_len, device=device,
+                        dtype_policy=dtype_policy)
+    vocab = spec.architecture.vocab_size
+    idx = torch.randint(0, vocab, (batch, seq_len), device=device)
+    targets = torch.randint(0, vocab, (batch, seq_len), device=device)
+    kinds = {_storage_key(p): "param" for p in model.parameters()}
+    kinds.update({_storage_key(b): "buffer" for b in model.buffers()})
+    saved: dict[int, dict] = {}
+    keep: list[torch.Tensor] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = _storage_key(t)
+        if key not in saved:
+            keep.append(t)
+            producer = type(t.grad_fn).__name__ if t.grad_fn is not None else "leaf"
+            saved[key] = {"shape": tuple(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
+                          "bytes": t.untyped_storage().nbytes(), "kind": kinds.get(key, "activation"),
+                          "producer": producer}
+        return t
+
+    with FlopCounterMode(display=False, custom_mapping=_CPU_FLASH_FLOPS) as counter:
+        with saved_tensors_hooks(pack, lambda t: t):
+            loss = model(idx, targets)
+        loss.backward()
+    detail = list(saved.values())
+
+    def total(kind: str) -> int:
+        return sum(d["bytes"] for d in detail if d["kind"] == kind)
+
+    return {
+        "batch": batch, "seq_len": seq_len, "attention": attention, "recompute": recompute,
+        "dtype_policy": dtype_policy, "device": str(device),
+        "loss": None if device == "meta" else loss.item(),
+        "flops_fwd_bwd": counter.get_total_flops(),
+        "flops_by_op": {str(op): n for op, n in counter.get_flop_counts().get("Global", {}).items()},
+        "saved_bytes": total("activation"),
+        "saved_param_bytes": total("param"),
+        "saved_buffer_bytes": total("buffer"),
+        "saved_by_shape": [(d["shape"], d["dtype"], d["bytes"]) for d in detail if d["kind"] == "activation"],
+        "saved_detail": detail,
+    }

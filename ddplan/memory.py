@@ -1,0 +1,199 @@
+"""Memory per GPU for a parallel layout: model states by group and dtype, activations, buffers, overhead.
+
+Model states follow ZeRO (Rajbhandari et al., arXiv 1910.02054, sec. 5): stage 1 shards optimizer
+state over dp, stage 2 also gradients, stage 3 also parameters. ddplan generalises the paper's
+(2 + 2 + K) Psi to per-group dtypes: each group keeps its master dtype for parameters and gradients
+(nanochat: fp32 matrices, bf16 embeddings) and its optimizer's state. nanochat's own optimizer
+shards state by whole matrices (ceil(K/N) per rank per shape group) and keeps full gradients:
+ZeRO-1 in memory. Activations come from the anatomy (ddplan.anatomy), so memory and FLOPs agree.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+from ddplan.anatomy import Anatomy, muon_matrices
+from ddplan.params import param_counts
+from ddplan.specs import ModelSpec
+from ddplan.layout import Layout
+from ddplan.units import GiB, MB, dtype_bytes
+
+EMBEDDING_GROUPS = ("wte", "wpe", "smear_gate")  # live on the first pipeline stage
+HEAD_GROUPS = ("lm_head",)  # lives on the last pipeline stage
+
+
+@dataclass(frozen=True)
+class MemoryAssumptions:
+    """Terms that are not in the model: each is a stated assumption, replaceable from the CLI.
+
+    framework_gib: CUDA/HIP context, BLAS workspaces and loaded kernels, ~0.5-1.5 GiB per process
+      (assumed; PyTorch docs "CUDA semantics: memory management" note the context is outside the
+      caching allocator's statistics). allocator_fraction: caching-allocator rounding and
+      fragmentation as a fraction of the activation peak (assumed 5%; expandable_segments, which
+      nanochat sets, keeps it low). bucket_mb: DDP gradient bucket, torch DDP `bucket_cap_mb`
+      default 25 (torch.nn.parallel.DistributedDataParallel docs); two buckets in flight.
+      comm_gib: NCCL/RCCL internal buffers when dp > 1 (assumed: NCCL_BUFFSIZE 4 MiB x channels x peers).
+    """
+
+    framework_gib: float = 1.0
+    allocator_fraction: float = 0.05
+    bucket_mb: float = 25.0
+    comm_gib: float = 0.25
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes per GPU by term; `total` is the peak over the step."""
+
+    terms: dict[str, float]
+    by_group: dict[str, dict[str, float]] = field(default_factory=dict)  # params/grads/optimizer per group
+    capacity: float = 0.0
+    notes: tuple[str, ...] = ()
+
+    @property
+    def total(self) -> float:
+        return sum(self.terms.values())
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.capacity
+
+    @property
+    def headroom(self) -> float:
+        return self.capacity - self.total
+
+
+def _stage_share(group: str, layout: Layout) -> float:
+    """Fraction of a group's parameters on the most loaded pipeline stage, per tensor-parallel rank.
+
+    Block groups split over tp x pp; embeddings live on the first stage and lm_head on the last,
+    each split over tp (vocab-parallel). With pp > 1 the worst stage is taken by the caller.
+    """
+    if group in EMBEDDING_GROUPS or group in HEAD_GROUPS:
+        return 1.0 / layout.tp
+    return 1.0 / (layout.tp * layout.pp)
+
+
+def model_states(spec: ModelSpec, layout: Layout) -> dict[str, dict[str, float]]:
+    """Parameters, gradients and optimizer state per group, bytes on one GPU of the worst stage.
+
+    Ref: ZeRO (arXiv 1910.02054) sec. 5.1-5.3 for stages 0-3; nanochat optim.py @92d63d4 l.203-207,
+    337-382 for its sharded Muon/AdamW state (whole matrices per rank) and full gradients.
+    """
+    counts = param_counts(spec.architecture)
+    opt, dp, zero = spec.recipe.optimizer, layout.dp, layout.zero
+    native_sharding = spec.recipe.distribution == "sharded_optimizer" and zero == 1
+    out: dict[str, dict[str, float]] = {"params": {}, "gradients": {}, "optimizer": {}}
+    groups = [g for g, n in counts.items() if n and g in opt.algorithm]
+    for g in groups:
+        share = _stage_share(g, layout)
+        pb = dtype_bytes(spec.dtypes.params[g])
+        n = counts[g] * share
+        algo = opt.algorithm[g]
+        if algo == "adamw":
+            sb = pb if opt.adamw_state_dtype == "param" else 4
+            state = 2 * sb * n
+        else:  # Muon: momentum in the param dtype + factored second moment (max(rows, cols) fp32 per matrix)
+            mats = muon_matrices(spec, g)
+            state = (pb * n + 4 * sum(max(r, c) for r, c in mats) * share)
+        if native_sharding and algo == "muon":
+            state *= _muon_chunk_fraction(spec, g, dp)
+        elif native_sharding and algo == "adamw":
+            state = state / dp if counts[g] >= 1024 else state  # small AdamW params are all-reduced, not sharded
+        elif zero >= 1:
+            state /= dp
+        out["params"][g] = pb * n / (dp if zero >= 3 else 1)
+        out["gradients"][g] = pb * n / (dp if zero >= 2 else 1)
+        out["optimizer"][g] = state
+    if layout.pp > 1:  # keep the worse of the first (embeddings) and last (lm_head) stage
+        first = sum(v for k in out for g, v in out[k].items() if g not in HEAD_GROUPS)
+        last = sum(v for k in out for g, v in out[k].items() if g not in EMBEDDING_GROUPS)
+        drop = HEAD_GROUPS if first >= last else EMBEDDING_GROUPS
+        for k in out:
+            out[k] = {g: v for g, v in out[k].items() if g not in drop}
+    return out
+
+
+def _muon_chunk_fraction(spec: ModelSpec, group: str, dp: int) -> float:
+    """Share of a Muon group's state on the busiest rank: ceil(K/N)/K per stack of K same-shape matrices.
+
+    Ref: nanochat optim.py @92d63d4 l.214-246 (grads stacked by shape, zero-padded to ceil(K/N) N).
+    """
+    mats = Counter(muon_matrices(spec, group))
+    total = sum(r * c * k for (r, c), k in mats.items())
+    busiest = sum(r * c * math.ceil(k / dp) for (r, c), k in mats.items())
+    return busiest / total
+
+
+def in_flight_micro_batches(layout: Layout) -> float:
+    """Micro-batches whose activations the first pipeline stage holds at once.
+
+    1F1B: min(p, m). Interleaved with v chunks: x (1 + (p-1)/(p v)).
+    Ref: Korthikanti et al., arXiv 2205.05198, sec. 4.2.3; Narayanan et al., arXiv 2104.04473, sec. 2.2.
+    """
+    p, m = layout.pp, layout.grad_accum
+    if p == 1:
+        return 1.0
+    held = float(min(p, m))
+    if layout.pp_schedule == "interleaved":
+        held *= 1 + (p - 1) / (p * layout.pp_virtual_stages)
+    return held
+
+
+def activation_bytes(anatomy: Anatomy, layout: Layout) -> tuple[float, float]:
+    """(saved, transient) activation bytes on one GPU: the anatomy split over tp and pp.
+
+    Tensor-parallel ranks hold 1/tp of every head- or hidden-split tensor; norm inputs and the
+    residual stream are replicated (no sequence parallelism). A pipeline stage holds its L/pp layers
+    for each in-flight micro-batch, plus the embeddings (first stage) or head (last stage).
+    """
+    saved = anatomy.saved_tensors()
+    owner = {s.name: op for op in anatomy.ops for s in op.saves if s.name in saved}
+    layer_bytes = sum(s.bytes / (layout.tp if s.tp_sharded else 1) for n, s in saved.items()
+                      if owner[n].layer is not None)
+    other = sum(s.bytes / (layout.tp if s.tp_sharded else 1) for n, s in saved.items() if owner[n].layer is None)
+    per_stage = layer_bytes / layout.pp + other
+    return per_stage * in_flight_micro_batches(layout), anatomy.transient_bytes() / layout.tp
+
+
+def memory_per_gpu(spec: ModelSpec, layout: Layout, anatomy: Anatomy, capacity_bytes: float,
+                   assumptions: MemoryAssumptions = MemoryAssumptions()) -> MemoryBreakdown:
+    """Peak bytes per GPU over a training step, by term.
+
+    Peak = params + gradients + optimizer state + max(activations saved + gradient transients,
+    optimizer-step transients) + communication buffers + framework overhead + allocator slack.
+    Gradients count in full from the first micro-batch on (accumulation keeps them live).
+    """
+    states = model_states(spec, layout)
+    saved, transient = activation_bytes(anatomy, layout)
+    terms = {
+        "params": sum(states["params"].values()),
+        "gradients": sum(states["gradients"].values()),
+        "optimizer": sum(states["optimizer"].values()),
+        "activations": saved,
+        "activation_transient": transient,
+    }
+    notes = []
+    if spec.recipe.distribution == "sharded_optimizer" and layout.dp > 1:
+        # nanochat stacks each Muon group's gradients into one fp32 buffer for reduce_scatter (optim.py
+        # l.214-246): about one more copy of the Muon gradients, alive during step() only.
+        stacked = sum(v for g, v in states["gradients"].items() if spec.recipe.optimizer.algorithm[g] == "muon")
+        if stacked > saved + transient:
+            notes.append("peak is in the optimizer step (stacked Muon gradients), not in backward")
+        terms["activation_transient"] = max(transient, stacked - saved)
+    comm = 0.0
+    if layout.dp > 1 or layout.tp > 1 or layout.pp > 1:
+        comm += assumptions.comm_gib * GiB
+    if layout.dp > 1 and layout.zero <= 1 and spec.recipe.distribution in ("ddp", "zero1"):
+        comm += 2 * assumptions.bucket_mb * MB
+    if layout.zero == 3:
+        # two FSDP units (the current layer and the prefetched next) gathered in compute dtype
+        per_layer = sum(states["params"].values()) * layout.dp / max(1, spec.architecture.num_layers)
+        comm += 2 * per_layer * dtype_bytes(spec.dtypes.compute) / 4
+    terms["comm_buffers"] = comm
+    terms["framework"] = assumptions.framework_gib * GiB
+    terms["allocator_slack"] = assumptions.allocator_fraction * (saved + transient)
+    by_group = {k: dict(v) for k, v in states.items()}
+    return MemoryBreakdown(terms=terms, by_group=by_group, capacity=capacity_bytes, notes=tuple(notes))
