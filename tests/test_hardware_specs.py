@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import BaseModel
 
 from ddplan.specs import Efficiency, HardwareSpec
 
@@ -36,7 +37,7 @@ def efficiencies(obj, path: str = ""):
     elif isinstance(obj, list):
         for i, item in enumerate(obj):
             yield from efficiencies(item, f"{path}[{getattr(item, 'name', i)}]")
-    elif hasattr(obj, "model_fields"):
+    elif isinstance(obj, BaseModel):
         for field in type(obj).model_fields:
             yield from efficiencies(getattr(obj, field), f"{path}.{field}" if path else field)
 
@@ -49,7 +50,7 @@ def sources(obj, path: str = ""):
     elif isinstance(obj, list):
         for i, item in enumerate(obj):
             yield from sources(item, f"{path}[{i}]")
-    elif hasattr(obj, "model_fields"):
+    elif isinstance(obj, BaseModel):
         for field in type(obj).model_fields:
             value = getattr(obj, field)
             if field == "source":

@@ -146,7 +146,7 @@ def window_masks(windows: list[int], seq_len: int, attention: str, device) -> li
 
 
 class Attention(nn.Module):
-    def __init__(self, arch: Architecture, family: dict, has_ve: bool, attention: str, selective: bool):
+    def __init__(self, arch: Architecture, has_ve: bool, attention: str, selective: bool):
         super().__init__()
         self.h, self.h_kv, self.d = arch.num_heads, arch.num_kv_heads, arch.head_dim
         self.qk_norm, self.attention, self.selective = arch.qk_norm, attention, selective
@@ -159,7 +159,8 @@ class Attention(nn.Module):
         self.ve_gate = Linear(gate_in, self.h_kv, bias=False) if has_ve else None
 
     def forward(self, x, ve, cos, sin, mask):
-        """nanochat CausalSelfAttention.forward (gpt.py l.77-110), with GPT-2/Llama as the features switch off."""
+        """nanochat CausalSelfAttention (gpt.py: Linears l.77-82, value embedding l.93-97, QK norm l.102-104,
+        attention l.110); GPT-2 and Llama are the same path with those features switched off."""
         b, t, _ = x.shape
         q = self.c_q(x).view(b, t, self.h, self.d)
         k = self.c_k(x).view(b, t, self.h_kv, self.d)
@@ -219,7 +220,7 @@ class Block(nn.Module):
     def __init__(self, arch, family, layer, attention, selective):
         super().__init__()
         self.norm_attn = Norm(arch, family["norm_eps"])
-        self.attn = Attention(arch, family, layer in arch.value_embedding_layers(), attention, selective)
+        self.attn = Attention(arch, layer in arch.value_embedding_layers(), attention, selective)
         self.norm_mlp = Norm(arch, family["norm_eps"])
         self.mlp = MLP(arch)
 
@@ -408,9 +409,12 @@ def measure(spec: ModelSpec, *, batch: int, seq_len: int, attention: str, recomp
     storage alive): saved_bytes for activations (including weight copies made by a dtype cast),
     saved_param_bytes for parameters saved by reference, saved_buffer_bytes for buffers (rotary cache);
     saved_by_shape lists the activation storages as (shape, dtype, bytes) in the order forward saved
-    them, and saved_detail adds the producing op and the kind. On "meta", sdpa-fused runs the math
-    decomposition, so its saved bytes are those of sdpa-math.
+    them, and saved_detail adds the producing op and the kind. "meta" allocates nothing (any size
+    runs in about a second) but has no fused attention kernel, so it measures sdpa-math only.
     """
+    if device == "meta" and attention == "sdpa-fused":
+        raise ValueError("attention='sdpa-fused' on the meta device runs torch's math decomposition, "
+                         "not a fused kernel; measure it on cpu or cuda, or use sdpa-math")
     torch.manual_seed(seed)
     model = build_model(spec, attention=attention, recompute=recompute, seq_len=seq_len, device=device,
                         dtype_policy=dtype_policy)

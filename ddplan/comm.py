@@ -1,0 +1,326 @@
+"""Collective communication: nccl-tests bus bandwidth, ring alpha-beta times, DDP overlap, Megatron TP.
+
+Convention (nccl-tests doc/PERFORMANCE.md): S is the whole buffer -- the all-reduce size, the
+reduce-scatter input, the all-gather output. algbw = S / t; busbw = algbw x factor, with factor
+2(n-1)/n for all-reduce and (n-1)/n for reduce-scatter and all-gather. Times come either from the
+uncalibrated ring model t = alpha x steps + S x factor / busbw (`collective_time_s`) or from a
+measured t(S) curve (`interpolate_time_s`) -- never both, or latency is counted twice.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from ddplan import units
+from ddplan.specs import HardwareSpec
+
+Collective = Literal["all_reduce", "reduce_scatter", "all_gather"]
+COLLECTIVES: tuple[str, ...] = ("all_reduce", "reduce_scatter", "all_gather")
+EfficiencyPoint = Literal["value", "low", "high"]
+
+# PyTorch DDP's bucket_cap_mb=25 is 25 x 2**20 bytes (reducer: bucket_cap_mb * 1024 * 1024).
+DDP_DEFAULT_BUCKET_BYTES = 25 * units.MiB
+
+
+def _check_collective(collective: str) -> None:
+    if collective not in COLLECTIVES:
+        raise ValueError(f"unknown collective {collective!r}; allowed: {', '.join(COLLECTIVES)}")
+
+
+def _check_n(n: int) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"group size n must be an integer >= 1, got n={n!r}")
+
+
+def _check_nonneg(**values: float) -> None:
+    bad = {k: v for k, v in values.items() if not (v >= 0 and math.isfinite(v))}
+    if bad:
+        raise ValueError("must be finite and >= 0: " + ", ".join(f"{k}={v!r}" for k, v in bad.items()))
+
+
+def _check_pos(**values: float) -> None:
+    bad = {k: v for k, v in values.items() if not (v > 0 and math.isfinite(v))}
+    if bad:
+        raise ValueError("must be finite and > 0: " + ", ".join(f"{k}={v!r}" for k, v in bad.items()))
+
+
+# --------------------------------------------------------------------------------------------
+# nccl-tests conventions
+
+
+def bus_factor(collective: Collective, n: int) -> float:
+    """busbw / algbw for a collective over n ranks (dimensionless): the bytes each rank moves per byte of S.
+
+    all_reduce: 2(n-1)/n; reduce_scatter, all_gather: (n-1)/n; n = 1 moves nothing: 0.
+    e.g. all_reduce on 8 ranks: 2 x 7 / 8 = 1.75; all_gather on 8: 7/8 = 0.875.
+    Ref: NVIDIA nccl-tests doc/PERFORMANCE.md, "Bus bandwidth" (AllReduce, ReduceScatter, AllGather).
+    """
+    _check_collective(collective)
+    _check_n(n)
+    steps = ring_latency_steps(collective, n)
+    return steps / n
+
+
+def bytes_per_rank(collective: Collective, size_bytes: float, n: int) -> float:
+    """Bytes each rank sends (and receives) in a bandwidth-optimal ring collective of buffer S, bytes.
+
+    bytes = S x bus_factor: 2(n-1)/n S for all-reduce (so S <= bytes < 2S for n >= 2), (n-1)/n S
+    for reduce-scatter / all-gather. e.g. all-reduce of 1 GB on 8 ranks: 1.75 GB per rank.
+    Ref: Patarasuk & Yuan, J. Parallel Distrib. Comput. 69(2), 2009 (lower bound 2(n-1)/n S, met by
+    the ring); nccl-tests doc/PERFORMANCE.md.
+    """
+    _check_nonneg(size_bytes=size_bytes)
+    return size_bytes * bus_factor(collective, n)
+
+
+def busbw_from_algbw(collective: Collective, algbw_bytes_per_s: float, n: int) -> float:
+    """Bus bandwidth, bytes/s, from algorithm bandwidth: busbw = algbw x bus_factor(collective, n).
+
+    e.g. all_reduce on 8 ranks at algbw 100 GB/s: busbw = 175 GB/s.
+    Ref: nccl-tests doc/PERFORMANCE.md.
+    """
+    _check_nonneg(algbw_bytes_per_s=algbw_bytes_per_s)
+    return algbw_bytes_per_s * bus_factor(collective, n)
+
+
+def algbw_from_busbw(collective: Collective, busbw_bytes_per_s: float, n: int) -> float:
+    """Algorithm bandwidth S/t, bytes/s, from bus bandwidth: algbw = busbw / bus_factor(collective, n).
+
+    e.g. all_reduce on 8 ranks at busbw 312.9 GB/s: algbw = 312.9 / 1.75 = 178.8 GB/s.
+    Undefined for n = 1 (busbw is 0 whatever the algbw): ValueError.
+    Ref: nccl-tests doc/PERFORMANCE.md.
+    """
+    _check_nonneg(busbw_bytes_per_s=busbw_bytes_per_s)
+    factor = bus_factor(collective, n)
+    if factor == 0:
+        raise ValueError(f"algbw is undefined for n={n}: a single rank's busbw is 0 for any algbw")
+    return busbw_bytes_per_s / factor
+
+
+def busbw_from_time(collective: Collective, size_bytes: float, n: int, time_s: float) -> float:
+    """Bus bandwidth, bytes/s, of a measured collective: busbw = (S / t) x bus_factor(collective, n).
+
+    S is the whole buffer (all-reduce size, reduce-scatter input, all-gather output).
+    e.g. all_reduce of 4 GiB on 8 ranks in 24 ms: 4 x 2**30 / 0.024 x 1.75 = 313.2 GB/s.
+    Ref: nccl-tests doc/PERFORMANCE.md.
+    """
+    _check_nonneg(size_bytes=size_bytes)
+    _check_pos(time_s=time_s)
+    return size_bytes / time_s * bus_factor(collective, n)
+
+
+def ring_latency_steps(collective: Collective, n: int) -> int:
+    """Sequential message steps of a ring collective over n ranks (count; each costs one alpha).
+
+    all_reduce: 2(n-1) (reduce-scatter then all-gather); reduce_scatter, all_gather: n-1.
+    e.g. all_reduce on 8 ranks: 14 steps.
+    Ref: Patarasuk & Yuan 2009 (ring all-reduce, 2(n-1) steps); Thakur, Rabenseifner & Gropp,
+    IJHPCA 19(1), 2005 (ring allgather (n-1) alpha + (n-1)/n S beta).
+    """
+    _check_collective(collective)
+    _check_n(n)
+    return 2 * (n - 1) if collective == "all_reduce" else n - 1
+
+
+# --------------------------------------------------------------------------------------------
+# Which link a group runs over
+
+
+@dataclass(frozen=True)
+class Tier:
+    """The fabric a collective group runs over: achievable large-message busbw and per-step latency."""
+
+    name: Literal["intra_node", "inter_node"]
+    busbw_bytes_per_s: float
+    latency_s: float
+
+    def __post_init__(self) -> None:
+        if self.name not in ("intra_node", "inter_node"):
+            raise ValueError(f"Tier.name must be 'intra_node' or 'inter_node', got {self.name!r}")
+        _check_pos(busbw_bytes_per_s=self.busbw_bytes_per_s)
+        _check_nonneg(latency_s=self.latency_s)
+
+
+def _intra_busbw_bytes_per_s(hw: HardwareSpec, collective: str, n: int) -> float:
+    points = hw.intra_node.busbw_gbyte_per_s[collective]
+    sizes = sorted(points)
+    at_or_below = [s for s in sizes if s <= n]
+    if at_or_below:
+        return points[at_or_below[-1]].value * units.GB
+    size = sizes[0]
+    busbw = points[size].value * units.GB
+    if n >= 2 and hw.intra_node.topology == "full_mesh":
+        # A k-GPU group on a full mesh owns k-1 links per GPU, so busbw scales with (n-1)/(size-1)
+        # (MI300X: 312.9 GB/s at 8 x 1/7 = 44.7, measured 47.7 at 2). A switch gives any group all links.
+        busbw *= (n - 1) / (size - 1)
+    return busbw
+
+
+def tier_for(hw: HardwareSpec, collective: Collective, n: int, *, efficiency: EfficiencyPoint = "value") -> Tier:
+    """The tier (busbw bytes/s, latency s) a group of n GPUs runs `collective` over.
+
+    n <= gpus_per_node, intra-node: busbw = hw.intra_node.busbw_gbyte_per_s[collective] at the largest
+    listed group size <= n (a conservative step: a mesh group between sizes owns the links of the
+    smaller); below every listed size, the smallest listed size's value, x (n-1)/(size-1) on a
+    `full_mesh` (a k-GPU mesh group owns k-1 links per GPU; on a switch any group reaches all
+    links); latency = intra_node.latency_us. n = 1 moves no data; its tier is the smallest size's.
+    n > gpus_per_node, inter-node (the group assumed to span ceil(n / gpus_per_node) whole nodes):
+    busbw = min(intra busbw at gpus_per_node, node NIC bytes/s x busbw_fraction_of_nics.<efficiency>),
+    latency = inter_node.latency_us. NCCL/RCCL run one channel per NIC, so a ring crossing nodes is
+    bounded by the node's total NIC bandwidth, not one GPU's NIC (H200: 8 x 400 Gb/s = 400 GB/s x 0.91
+    = 364 GB/s; 32 ranks over EFA measured 364.7 GB/s).
+    `efficiency` picks value/low/high of busbw_fraction_of_nics (the band); intra-node busbw values
+    are single sourced numbers and do not vary with it.
+    Ref: DESIGN.md sec. 4 (Collectives); stas00/ml-engineering network/README.md (MI300X 2 vs 8 GPUs,
+    32x H200 EFA); nccl-tests doc/PERFORMANCE.md.
+    """
+    _check_collective(collective)
+    _check_n(n)
+    if efficiency not in ("value", "low", "high"):
+        raise ValueError(f"efficiency must be 'value', 'low' or 'high', got {efficiency!r}")
+    if n <= hw.gpus_per_node:
+        return Tier("intra_node", _intra_busbw_bytes_per_s(hw, collective, n), hw.intra_node.latency_us.value * units.US)
+    frac = hw.inter_node.busbw_fraction_of_nics
+    fraction = {"value": frac.value, "low": frac.range[0], "high": frac.range[1]}[efficiency]
+    nic_bound = hw.inter_node.node_bytes_per_s * fraction
+    intra = _intra_busbw_bytes_per_s(hw, collective, hw.gpus_per_node)
+    return Tier("inter_node", min(intra, nic_bound), hw.inter_node.latency_us.value * units.US)
+
+
+# --------------------------------------------------------------------------------------------
+# Times
+
+
+def collective_time_s(collective: Collective, size_bytes: float, n: int, tier: Tier) -> float:
+    """Uncalibrated time of one ring collective, seconds: t = alpha x steps + S x bus_factor / busbw.
+
+    steps = ring_latency_steps (2(n-1) all-reduce, n-1 RS/AG); alpha = tier.latency_s; 0 for n = 1
+    or S = 0. e.g. all_reduce of 1 GB on 8 GPUs at busbw 312.9 GB/s, alpha 8 us:
+    14 x 8e-6 + 1e9 x 1.75 / 312.9e9 = 1.12e-4 + 5.5928e-3 = 5.7048e-3 s.
+    Replaced by `interpolate_time_s` once a measured t(S) exists (never add the two).
+    Ref: Patarasuk & Yuan 2009; Thakur, Rabenseifner & Gropp 2005; nccl-tests doc/PERFORMANCE.md.
+    """
+    _check_nonneg(size_bytes=size_bytes)
+    steps = ring_latency_steps(collective, n)
+    if n == 1 or size_bytes == 0:
+        return 0.0
+    return tier.latency_s * steps + size_bytes * bus_factor(collective, n) / tier.busbw_bytes_per_s
+
+
+def interpolate_time_s(points: Sequence[tuple[float, float]], size_bytes: float) -> float:
+    """Calibrated collective time, seconds, at buffer S bytes, from measured (S_i bytes, t_i s) points.
+
+    Between points: log-log linear, log t = log t_i + (log S - log S_i) x (log t_j - log t_i) /
+    (log S_j - log S_i). Above the largest: t = t_n + (S - S_n) x (t_n - t_{n-1}) / (S_n - S_{n-1}),
+    the last two points' marginal bandwidth (the alpha-beta slope; with one point, or a flat last
+    segment, the largest point's algbw S_n / t_n). Below the smallest: t_1, the latency floor.
+    S = 0: 0 (nothing is sent). e.g. [(1e6, 1e-4), (1e8, 1e-3)] at 1e7: sqrt(1e-4 x 1e-3) = 3.162e-4 s;
+    at 2e8: 1e-3 + 1e8 x 9e-4 / 9.9e7 = 1.909e-3 s.
+    Ref: DESIGN.md sec. 4 (calibrated t(S) replaces alpha-beta); nccl-tests size sweeps (-b/-e/-f).
+    """
+    if not points:
+        raise ValueError("interpolate_time_s needs at least one measured (size_bytes, time_s) point, got none")
+    _check_nonneg(size_bytes=size_bytes)
+    pts = sorted((float(s), float(t)) for s, t in points)
+    for s, t in pts:
+        _check_pos(point_size_bytes=s, point_time_s=t)
+    sizes = [s for s, _ in pts]
+    dup = sorted({s for s in sizes if sizes.count(s) > 1})
+    if dup:
+        raise ValueError(f"measured points repeat sizes {dup}; give one time per size")
+    if size_bytes == 0:
+        return 0.0
+    if size_bytes <= sizes[0]:
+        return pts[0][1]
+    if size_bytes >= sizes[-1]:
+        s_n, t_n = pts[-1]
+        if len(pts) >= 2 and pts[-1][1] > pts[-2][1]:
+            s_p, t_p = pts[-2]
+            return t_n + (size_bytes - s_n) * (t_n - t_p) / (s_n - s_p)
+        return t_n * size_bytes / s_n
+    j = bisect.bisect_left(sizes, size_bytes)
+    (s_i, t_i), (s_j, t_j) = pts[j - 1], pts[j]
+    if size_bytes == s_j:
+        return t_j
+    w = (math.log(size_bytes) - math.log(s_i)) / (math.log(s_j) - math.log(s_i))
+    return math.exp(math.log(t_i) + w * (math.log(t_j) - math.log(t_i)))
+
+
+# --------------------------------------------------------------------------------------------
+# Overlap: DDP gradient buckets
+
+
+def ddp_exposed_s(grad_bytes: float, bucket_bytes: float, n: int, tier: Tier, overlap_window_s: float) -> float:
+    """Gradient all-reduce time DDP leaves exposed after backward, seconds.
+
+    DDP all-reduces a bucket (bucket_cap_mb, default 25 MiB) as soon as backward fills it, so the
+    reduction overlaps backward, except the last bucket, which is launched when backward ends:
+    exposed = max(t_AR(grad_bytes) - overlap_window, t_AR(min(bucket_bytes, grad_bytes))), t_AR from
+    `collective_time_s`; 0 for n = 1. The last bucket is taken as full (an upper bound: it holds the
+    remainder). Under no_sync this happens once per optimizer step, after the last micro-batch.
+    e.g. 1 GB of grads, 25 MB buckets, 8 GPUs at 312.9 GB/s and 8 us, window 3 ms:
+    max(5.7048e-3 - 3e-3, 1.12e-4 + 25e6 x 1.75 / 312.9e9) = max(2.7048e-3, 2.518e-4) = 2.7048e-3 s.
+    Ref: Li et al., "PyTorch Distributed", VLDB 2020, sec. 3.2 (bucketing, overlap); PyTorch DDP
+    design notes and DistributedDataParallel docs (bucket_cap_mb=25).
+    """
+    _check_nonneg(grad_bytes=grad_bytes, overlap_window_s=overlap_window_s)
+    _check_pos(bucket_bytes=bucket_bytes)
+    _check_n(n)
+    if n == 1 or grad_bytes == 0:
+        return 0.0
+    total = collective_time_s("all_reduce", grad_bytes, n, tier)
+    last = collective_time_s("all_reduce", min(bucket_bytes, grad_bytes), n, tier)
+    return max(total - overlap_window_s, last)
+
+
+# --------------------------------------------------------------------------------------------
+# Tensor parallelism (Megatron)
+
+TP_ALLREDUCES_PER_LAYER_FWD = 2  # after attention and after the MLP (operator g)
+TP_ALLREDUCES_PER_LAYER_BWD = 2  # their conjugates before attention and the MLP (operator f)
+
+
+def _check_tp_shape(batch: int, seq: int, hidden: int, elem_bytes: float) -> None:
+    _check_pos(batch=batch, seq=seq, hidden=hidden, elem_bytes=elem_bytes)
+
+
+def tp_allreduce_size_bytes(batch: int, seq: int, hidden: int, elem_bytes: float) -> float:
+    """Buffer of one Megatron tensor-parallel all-reduce, bytes: S = b x s x h x elem_bytes.
+
+    The full (unsharded) activation of one micro-batch of b sequences of s tokens, hidden h.
+    e.g. b=1, s=2048, h=4096, bf16: 16.78 MB. Ref: Shoeybi et al., arXiv 1909.08053, sec. 3 (Fig. 3).
+    """
+    _check_tp_shape(batch, seq, hidden, elem_bytes)
+    return float(batch) * seq * hidden * elem_bytes
+
+
+def tp_allreduce_bytes_per_layer(batch: int, seq: int, hidden: int, elem_bytes: float) -> float:
+    """All-reduce buffer bytes per transformer layer, forward + backward: 4 x b s h x elem_bytes.
+
+    Megatron TP runs 2 all-reduces of b s h in forward (g after attention and MLP) and 2 in backward
+    (f), all on the critical path. Counts S (buffer) per the nccl-tests convention, not bytes on the
+    wire (x 2(t-1)/t, see `bytes_per_rank`). With sequence parallelism each all-reduce becomes a
+    reduce-scatter + all-gather of the same S, same bytes. Full recompute repeats the forward pair.
+    e.g. b=1, s=2048, h=4096, bf16: 4 x 16.78 MB = 67.1 MB.
+    Ref: Shoeybi et al., arXiv 1909.08053, sec. 3; Korthikanti et al., arXiv 2205.05198, sec. 4.2.2.
+    """
+    per = tp_allreduce_size_bytes(batch, seq, hidden, elem_bytes)
+    return (TP_ALLREDUCES_PER_LAYER_FWD + TP_ALLREDUCES_PER_LAYER_BWD) * per
+
+
+def tp_comm_time_per_layer_s(batch: int, seq: int, hidden: int, elem_bytes: float, tp: int,
+                             tier: Tier) -> tuple[float, float]:
+    """(forward, backward) tensor-parallel all-reduce time per layer, seconds, uncalibrated.
+
+    fwd = bwd = 2 x collective_time_s("all_reduce", b s h elem_bytes, tp, tier); (0, 0) for tp = 1.
+    e.g. b=1, s=2048, h=4096, bf16, tp=8 at 312.9 GB/s, 8 us: 2 x (1.12e-4 + 16.78e6 x 1.75 / 312.9e9)
+    = 2 x 2.0583e-4 = 4.1166e-4 s each way.
+    Ref: Shoeybi et al., arXiv 1909.08053, sec. 3; Korthikanti et al., arXiv 2205.05198, sec. 4.2.2.
+    """
+    size = tp_allreduce_size_bytes(batch, seq, hidden, elem_bytes)
+    one = collective_time_s("all_reduce", size, tp, tier)
+    return TP_ALLREDUCES_PER_LAYER_FWD * one, TP_ALLREDUCES_PER_LAYER_BWD * one

@@ -1,0 +1,71 @@
+"""Pipeline parallelism: the bubble under its two conventions, and point-to-point activation bytes.
+
+p pipeline stages (devices), m micro-batches per step, v model chunks per device (interleaved
+schedule; v = 1 is GPipe / 1F1B). Two conventions for the same bubble, named in every function:
+- fraction of step: bubble / (ideal + bubble) = (p-1) / (v m + p - 1), always in [0, 1);
+- over ideal (Megatron's): bubble / ideal = (p-1) / (v m), unbounded for small m.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def _check_pmv(p: int, m: int, v: int) -> None:
+    bad = {k: x for k, x in (("p", p), ("m", m), ("v", v))
+           if isinstance(x, bool) or not isinstance(x, int) or x < 1}
+    if bad:
+        raise ValueError("pipeline degrees must be integers >= 1: " + ", ".join(f"{k}={x!r}" for k, x in bad.items()))
+
+
+def bubble_fraction_of_step(p: int, m: int, v: int = 1) -> float:
+    """Share of a step's time that pipeline stages sit idle (fraction of the whole step, in [0, 1)).
+
+    fraction = (p-1) / (v m + p - 1): bubble (p-1)/v micro-batch slots over a step of m + (p-1)/v
+    slots. Convention: fraction of the step (bubble / (ideal + bubble)); `bubble_over_ideal` gives
+    Megatron's bubble / ideal. p = 1: 0. e.g. p=4, m=8: 3/11 = 0.2727; v=2: 3/19 = 0.1579.
+    Ref: GPipe, Huang et al., arXiv 1811.06965, sec. 2.3 ((K-1)/(M+K-1)); 1F1B (PipeDream-Flush,
+    Narayanan et al., arXiv 2006.09503) has the same bubble; interleaved: Narayanan et al.,
+    arXiv 2104.04473, sec. 2.2.2 (bubble / ideal = (1/v)(p-1)/m, rewritten as a fraction of step).
+    """
+    _check_pmv(p, m, v)
+    return (p - 1) / (v * m + p - 1)
+
+
+def bubble_over_ideal(p: int, m: int, v: int = 1) -> float:
+    """Pipeline bubble time relative to the ideal (bubble-free) compute time (ratio, >= 0, may exceed 1).
+
+    ratio = (p-1) / (v m). Convention: Megatron's "bubble time fraction", bubble / ideal -- not a share
+    of the step (that is `bubble_fraction_of_step` = ratio / (1 + ratio)). p = 1: 0.
+    e.g. p=4, m=8: 3/8 = 0.375; v=2: 3/16 = 0.1875.
+    Ref: Narayanan et al., arXiv 2104.04473, sec. 2.2.1 ((p-1)/m) and sec. 2.2.2 ((1/v)(p-1)/m).
+    """
+    _check_pmv(p, m, v)
+    return (p - 1) / (v * m)
+
+
+def bubble_time_s(ideal_compute_s: float, p: int, m: int, v: int = 1) -> float:
+    """Idle time the pipeline bubble adds to a step, seconds: ideal_compute_s x (p-1) / (v m).
+
+    ideal_compute_s is the bubble-free time of one stage over all m micro-batches (m x (t_f + t_b)).
+    Step time = ideal + bubble. e.g. ideal 8 s, p=4, m=8: 3 s (step 11 s, 3/11 of it idle).
+    Ref: Narayanan et al., arXiv 2104.04473, sec. 2.2.1-2.2.2 (bubble = (p-1)/v x (t_f + t_b)).
+    """
+    if not (ideal_compute_s >= 0 and math.isfinite(ideal_compute_s)):
+        raise ValueError(f"ideal_compute_s must be finite and >= 0, got {ideal_compute_s!r}")
+    return ideal_compute_s * bubble_over_ideal(p, m, v)
+
+
+def p2p_bytes_per_microbatch(batch: int, seq: int, hidden: int, elem_bytes: float) -> float:
+    """Activation bytes one stage boundary carries per micro-batch in each direction: b x s x h x elem_bytes.
+
+    Forward sends the b s h output activation to the next stage; backward returns its gradient of
+    the same size. With tensor parallelism t, Megatron's scatter/gather splits it into t pieces of
+    b s h / t per link. e.g. b=1, s=2048, h=4096, bf16: 16.78 MB each way.
+    Ref: Narayanan et al., arXiv 2104.04473, sec. 3.2 and 4.1 (b s h per micro-batch; scatter/gather).
+    """
+    bad = {k: x for k, x in (("batch", batch), ("seq", seq), ("hidden", hidden), ("elem_bytes", elem_bytes))
+           if not (x > 0 and math.isfinite(x))}
+    if bad:
+        raise ValueError("must be finite and > 0: " + ", ".join(f"{k}={x!r}" for k, x in bad.items()))
+    return float(batch) * seq * hidden * elem_bytes

@@ -1,0 +1,177 @@
+"""Roofline time of each op: the longer of its compute time and its memory time, plus launch overhead.
+
+    t(op) = max(FLOPs / (peak x efficiency(kind, shape)), bytes / (HBM bandwidth x HBM efficiency))
+            + kernel overhead
+
+Ref: Williams, Waterman & Patterson, "Roofline", CACM 2009. Efficiencies come from the hardware spec
+(assumed or measured, each with a low-high range) or from a calibration file; `Rates` resolves them
+for one scenario so the same code gives the central prediction and both ends of its band.
+
+Attention convention (shared with the hardware specs' efficiencies, see hardware/*.yaml headers):
+the efficiency is a fraction of dense bf16 peak on the *causal* FLOPs of the window the kernel
+processes (4 b h d pairs forward, 8 b h d pairs backward, pairs = causal pairs within that window);
+work a kernel wastes on masked-out entries (unfused math computes all s^2; a sliding window given as
+an explicit mask processes the full window) and flash's backward recompute are inside the efficiency.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ddplan.anatomy import Anatomy, Op, attention_pairs
+from ddplan.specs import Efficiency, HardwareSpec
+from ddplan.units import US
+
+Scenario = str  # "value" (central), "low" (every efficiency at its low end: slow), "high" (fast)
+SCENARIOS = ("value", "low", "high")
+
+# torch.compile fuses chains of pointwise ops into single kernels that read their inputs and write
+# their outputs once: assumed to halve pointwise/reduction traffic and kernel launches (Inductor
+# fuses e.g. RMSNorm + residual + cast; a measured profile replaces this once calibrated).
+COMPILED_POINTWISE_FRACTION = 0.5
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Resolved hardware rates and efficiencies for one scenario (SI units)."""
+
+    peak_flops_per_s: float  # dense bf16 (or the compute dtype's) peak
+    vector_flops_per_s: float  # fp32 non-tensor peak, for pointwise math
+    hbm_bytes_per_s: float
+    gemm_best: float
+    gemm_half_dim: float
+    hbm: float
+    attn_fwd: float
+    attn_bwd: float
+    kernel_overhead_s: float
+
+    def scaled(self, knob: str, factor: float) -> Rates:
+        """These rates with one knob's efficiency multiplied by factor (the calibration fit)."""
+        if knob == "gemm":
+            return replace(self, gemm_best=self.gemm_best * factor)
+        if knob == "attention":
+            return replace(self, attn_fwd=self.attn_fwd * factor, attn_bwd=self.attn_bwd * factor)
+        if knob == "compute":
+            return replace(self, gemm_best=self.gemm_best * factor, attn_fwd=self.attn_fwd * factor,
+                           attn_bwd=self.attn_bwd * factor)
+        raise ValueError(f"unknown knob {knob!r}; allowed: gemm, attention, compute")
+
+
+def pick(eff: Efficiency, scenario: Scenario) -> float:
+    """One end of an efficiency's range: value, low or high."""
+    if scenario == "value":
+        return eff.value
+    lo, hi = eff.range
+    return lo if scenario == "low" else hi
+
+
+def rates(hw: HardwareSpec, attention: str, scenario: Scenario = "value", dtype: str = "bf16") -> Rates:
+    """Rates for the named attention implementation on this hardware, at one end of the ranges."""
+    if scenario not in SCENARIOS:
+        raise ValueError(f"scenario must be one of {SCENARIOS}, got {scenario!r}")
+    impl = hw.attention_impl(attention)
+    e = hw.efficiency
+    return Rates(
+        peak_flops_per_s=hw.peak.flops_per_s(dtype),
+        vector_flops_per_s=hw.peak.fp32_vector_tflops.value * 1e12,
+        hbm_bytes_per_s=hw.memory.hbm_bytes_per_s,
+        gemm_best=pick(e.gemm.best, scenario),
+        gemm_half_dim=e.gemm.half_dim.value,
+        hbm=pick(e.hbm, scenario),
+        attn_fwd=pick(impl.efficiency_fwd, scenario),
+        attn_bwd=pick(impl.efficiency_bwd, scenario),
+        kernel_overhead_s=e.kernel_overhead_us.value * US,
+    )
+
+
+def gemm_efficiency(m: int, n: int, k: int, best: float, half_dim: float) -> float:
+    """Fraction of peak a GEMM of shape (m x k) @ (k x n) reaches: best x prod_d d / (d + half_dim).
+
+    A saturating curve: large dimensions reach the device's best measured rate (MAMF, best shape);
+    a dimension equal to half_dim halves it (tile quantisation and too few tiles to fill the device).
+    Ref: the shape dependence measured by stas00 ml-engineering MAMF finder (compute/accelerator
+    README) and Azure's GEMM sweeps (hardware.md 2.1); the curve itself is ddplan's assumption,
+    replaced by measured points once `ddplan calibrate` has run.
+    """
+    if min(m, n, k) <= 0 or best <= 0 or half_dim <= 0:
+        raise ValueError(f"need positive m, n, k, best, half_dim; got {m}, {n}, {k}, {best}, {half_dim}")
+    shape = 1.0
+    for d in (m, n, k):
+        shape *= d / (d + half_dim)
+    return best * shape
+
+
+def roofline_s(flops: float, bytes_moved: float, flops_per_s: float, bytes_per_s: float) -> float:
+    """max(FLOPs / FLOP rate, bytes / byte rate), seconds. Ref: Williams et al., CACM 2009."""
+    if flops < 0 or bytes_moved < 0 or flops_per_s <= 0 or bytes_per_s <= 0:
+        raise ValueError(f"need flops, bytes >= 0 and rates > 0; got {flops}, {bytes_moved}, {flops_per_s}, "
+                         f"{bytes_per_s}")
+    return max(flops / flops_per_s, bytes_moved / bytes_per_s)
+
+
+def attention_efficiency_flops(op: Op, anatomy: Anatomy) -> tuple[float, float]:
+    """(forward, backward) attention FLOPs in the efficiency convention: causal pairs of the processed window."""
+    b, h, s, window, hd = op.shape
+    processed = s if (anatomy.attention == "unfused_math" or anatomy.windows == "mask") else window
+    pairs = attention_pairs(s, processed, "flash_package", "native")
+    return 4.0 * b * h * pairs * hd, 8.0 * b * h * pairs * hd
+
+
+def op_time_s(op: Op, anatomy: Anatomy, r: Rates) -> tuple[float, float]:
+    """(forward, backward) seconds of one op on one GPU."""
+    bw = r.hbm_bytes_per_s * r.hbm
+    if op.kind == "gemm":
+        m, n, k = op.shape
+        rate = r.peak_flops_per_s * gemm_efficiency(m, n, k, r.gemm_best, r.gemm_half_dim)
+        # backward is two GEMMs (dX, dW): two launches
+        return (roofline_s(op.flops_fwd, op.bytes_fwd, rate, bw) + r.kernel_overhead_s,
+                roofline_s(op.flops_bwd, op.bytes_bwd, rate, bw) + 2 * r.kernel_overhead_s)
+    if op.kind == "attention":
+        f, b = attention_efficiency_flops(op, anatomy)
+        return (roofline_s(f, op.bytes_fwd, r.peak_flops_per_s * r.attn_fwd, bw) + r.kernel_overhead_s,
+                roofline_s(b, op.bytes_bwd, r.peak_flops_per_s * r.attn_bwd, bw) + r.kernel_overhead_s)
+    fused = COMPILED_POINTWISE_FRACTION if anatomy.compiled else 1.0
+    overhead = r.kernel_overhead_s * fused
+    return (roofline_s(op.flops_fwd, op.bytes_fwd * fused, r.vector_flops_per_s, bw) + overhead,
+            roofline_s(op.flops_bwd, op.bytes_bwd * fused, r.vector_flops_per_s, bw) + overhead)
+
+
+@dataclass(frozen=True)
+class MicroBatchTime:
+    """Seconds of one micro-batch's forward and backward, and how they split by op kind."""
+
+    fwd_s: float
+    bwd_s: float
+    by_kind_s: dict[str, float]
+    recompute_s: float  # part of bwd_s spent re-running forward ops (recompute policy)
+
+    @property
+    def total_s(self) -> float:
+        return self.fwd_s + self.bwd_s
+
+
+def micro_batch_time(anatomy: Anatomy, r: Rates, layer_fraction: float = 1.0,
+                     include_embeddings: bool = True, include_head: bool = True) -> MicroBatchTime:
+    """Forward + backward of one micro-batch; a pipeline stage takes a fraction of the layers.
+
+    Recompute re-runs forward ops inside backward: the whole block under full recompute, the
+    attention core under selective (Korthikanti et al., arXiv 2205.05198, sec. 5).
+    """
+    fwd = bwd = rec = 0.0
+    by_kind: dict[str, float] = {}
+    for op in anatomy.ops:
+        if op.layer is None:
+            is_head = op.name in ("backout", "norm_f", "lm_head", "logits_cast", "logits_softcap", "cross_entropy")
+            if (is_head and not include_head) or (not is_head and not include_embeddings):
+                continue
+            share = 1.0
+        else:
+            share = layer_fraction
+        f, b = op_time_s(op, anatomy, r)
+        again = f if (anatomy.recompute == "full" and op.layer is not None) or (
+            anatomy.recompute == "selective" and op.attention_core) else 0.0
+        fwd += share * f
+        bwd += share * (b + again)
+        rec += share * again
+        by_kind[op.kind] = by_kind.get(op.kind, 0.0) + share * (f + b + again)
+    return MicroBatchTime(fwd_s=fwd, bwd_s=bwd, by_kind_s=by_kind, recompute_s=rec)

@@ -1,0 +1,196 @@
+"""One training step of a layout: compute + exposed communication + pipeline bubble + optimizer.
+
+    step = accum x (forward + backward [+ TP all-reduces]) + exposed data-parallel communication
+           + pipeline bubble + optimizer (the part not hidden under communication)
+
+Each term is reported. Communication follows DESIGN.md sec. 4: DDP buckets overlap backward except
+the last; nanochat's optimizer reduce-scatters and all-gathers once per step after the last
+micro-batch, overlapping only optimizer math; ZeRO-2 reduce-scatters every micro-batch; FSDP
+all-gathers parameters in every micro-batch's forward and backward.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+from ddplan import comm, pipeline
+from ddplan.anatomy import Anatomy, muon_matrices
+from ddplan.layout import NATIVE_ZERO, Layout
+from ddplan.memory import _stage_share
+from ddplan.params import param_counts
+from ddplan.roofline import Rates, gemm_efficiency, micro_batch_time, roofline_s
+from ddplan.specs import HardwareSpec, ModelSpec
+from ddplan.units import MB, dtype_bytes
+
+DDP_BUCKET_BYTES = 25 * MB  # torch DDP bucket_cap_mb default (DistributedDataParallel docs)
+ZERO_POLICY = {0: "ddp", 1: "zero1", 2: "zero2", 3: "fsdp"}
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds of one optimizer step on one GPU, by term (all GPUs run in lockstep)."""
+
+    fwd_s: float  # one micro-batch's forward
+    bwd_s: float  # one micro-batch's backward (recompute included)
+    accum: int
+    compute_s: float  # accum x (fwd + bwd)
+    tp_comm_s: float  # tensor-parallel all-reduces, on the critical path
+    dp_comm_total_s: float  # data-parallel communication, all of it
+    dp_comm_exposed_s: float  # the part not hidden under compute or optimizer math
+    bubble_s: float
+    optimizer_s: float
+    by_kind_s: dict[str, float]
+    policy: str  # the data-parallel policy modelled (ddp, sharded_optimizer, zero1, zero2, fsdp)
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.tp_comm_s + self.dp_comm_exposed_s + self.bubble_s + self.optimizer_s
+
+
+def dp_policy(spec: ModelSpec, layout: Layout) -> str:
+    """The communication policy of a layout: the model's native one at its native ZeRO stage."""
+    native = spec.recipe.distribution
+    return native if layout.zero == NATIVE_ZERO[native] else ZERO_POLICY[layout.zero]
+
+
+def grad_sync_buffers(spec: ModelSpec, layout: Layout) -> list[tuple[str, float]]:
+    """(collective, bytes) of one gradient synchronisation, per GPU's share of the model.
+
+    nanochat (sharded_optimizer): per Muon shape group, a reduce-scatter of the K stacked gradients
+    zero-padded to ceil(K/N) N matrices; AdamW params of >= 1024 elements reduce-scatter, smaller ones
+    all-reduce (optim.py @92d63d4 l.214-246). Then the same sizes all-gathered (the updated params).
+    Generic ZeRO: one reduce-scatter of all gradients (+ all-gather of params); DDP: all-reduce.
+    """
+    counts, dt, opt = param_counts(spec.architecture), spec.dtypes, spec.recipe.optimizer
+    policy, n = dp_policy(spec, layout), layout.dp
+    out: list[tuple[str, float]] = []
+    for group, algo in opt.algorithm.items():
+        if not counts[group]:
+            continue
+        gb = dtype_bytes(dt.params[group])
+        share = _stage_share(group, layout)
+        if policy == "sharded_optimizer" and algo == "muon":
+            stacks = Counter(muon_matrices(spec, group))
+            padded = sum(r * c * math.ceil(k / n) * n for (r, c), k in stacks.items())
+            out += [("reduce_scatter", padded * gb * share), ("all_gather", padded * gb * share)]
+        elif policy == "sharded_optimizer":
+            if counts[group] >= 1024:
+                out += [("reduce_scatter", counts[group] * gb * share), ("all_gather", counts[group] * gb * share)]
+            else:
+                out.append(("all_reduce", counts[group] * gb * share))
+        elif policy == "ddp":
+            out.append(("all_reduce", counts[group] * gb * share))
+        else:
+            out += [("reduce_scatter", counts[group] * gb * share), ("all_gather", counts[group] * gb * share)]
+    return out
+
+
+def optimizer_time_s(spec: ModelSpec, layout: Layout, r: Rates) -> float:
+    """Optimizer step on the busiest rank: AdamW memory-bound, Muon's Newton-Schulz at GEMM efficiency.
+
+    Sharding: nanochat gives each rank ceil(K/N) whole matrices per Muon shape group and 1/N of each
+    AdamW tensor; ZeRO >= 1 splits everything by dp; DDP (ZeRO-0) updates everything on every rank.
+    AdamW traffic: read p, g, m, v and write p, m, v (ddplan.anatomy.adamw_bytes).
+    Muon: 5 Newton-Schulz iterations, 4 m^2 n + 2 m^3 FLOPs each (ddplan.anatomy.muon_flops).
+    """
+    from ddplan.anatomy import adamw_bytes, muon_flops
+
+    counts, dt, opt = param_counts(spec.architecture), spec.dtypes, spec.recipe.optimizer
+    policy, n = dp_policy(spec, layout), layout.dp
+    bw = r.hbm_bytes_per_s * r.hbm
+    total = 0.0
+    for group, algo in opt.algorithm.items():
+        if not counts[group]:
+            continue
+        share = _stage_share(group, layout)
+        pb = dtype_bytes(dt.params[group])
+        sb = pb if opt.adamw_state_dtype == "param" else 4
+        if algo == "adamw":
+            split = n if policy != "ddp" and (policy != "sharded_optimizer" or counts[group] >= 1024) else 1
+            total += adamw_bytes(counts[group], pb, pb, sb) * share / split / bw + r.kernel_overhead_s
+            continue
+        stacks = Counter(muon_matrices(spec, group))
+        for (rows, cols), k in stacks.items():
+            owned = math.ceil(k / n) if policy == "sharded_optimizer" else (k / n if policy != "ddp" else k)
+            m, big = min(rows, cols), max(rows, cols)
+            eff = gemm_efficiency(m, m, big, r.gemm_best, r.gemm_half_dim)
+            flops = muon_flops(rows, cols, opt.muon_ns_steps) * owned * share
+            moved = owned * share * rows * cols * (6 * pb + 4 * opt.muon_ns_steps)
+            total += roofline_s(flops, moved, r.peak_flops_per_s * eff, bw) \
+                + 3 * opt.muon_ns_steps * r.kernel_overhead_s
+    return total
+
+
+def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatomy, r: Rates,
+              comm_efficiency: str = "value") -> StepTime:
+    """Seconds of one optimizer step for a layout, by term."""
+    p, accum = layout.pp, layout.grad_accum
+    mbt = micro_batch_time(anatomy, r, layer_fraction=1.0 / p, include_embeddings=True, include_head=(p == 1))
+    if p > 1:  # the busiest stage: its layers plus the heavier of embeddings and head
+        head = micro_batch_time(anatomy, r, layer_fraction=0.0, include_embeddings=False, include_head=True)
+        emb = micro_batch_time(anatomy, r, layer_fraction=0.0, include_embeddings=True, include_head=False)
+        if head.total_s > emb.total_s:
+            mbt = micro_batch_time(anatomy, r, layer_fraction=1.0 / p, include_embeddings=False, include_head=True)
+    compute = accum * mbt.total_s
+    a, e = spec.architecture, dtype_bytes(spec.dtypes.compute)
+
+    tp_s = 0.0
+    if layout.tp > 1:
+        tier = comm.tier_for(hw, "all_reduce", layout.tp, efficiency=comm_efficiency)
+        f, b = comm.tp_comm_time_per_layer_s(layout.micro_batch, anatomy.seq_len, a.d_model, e, layout.tp, tier)
+        tp_s = accum * (a.num_layers / p) * (f + b)
+
+    bubble = pipeline.bubble_time_s(compute + tp_s, p, accum, layout.pp_virtual_stages) if p > 1 else 0.0
+    if p > 1:  # activations to the next stage and gradients back, per micro-batch, not overlapped
+        tier = comm.tier_for(hw, "all_gather", 2, efficiency=comm_efficiency)
+        sent = pipeline.p2p_bytes_per_microbatch(layout.micro_batch, anatomy.seq_len, a.d_model, e) / layout.tp
+        bubble += accum * 2 * (sent / tier.busbw_bytes_per_s + tier.latency_s)
+
+    opt_s = optimizer_time_s(spec, layout, r)
+    policy = dp_policy(spec, layout)
+    total_comm, exposed = _dp_comm(spec, hw, layout, policy, mbt.bwd_s, mbt.total_s, opt_s, comm_efficiency)
+    if policy == "sharded_optimizer":  # communication overlaps optimizer math only
+        hidden = min(opt_s, total_comm)
+        exposed = total_comm - hidden
+    return StepTime(fwd_s=mbt.fwd_s, bwd_s=mbt.bwd_s, accum=accum, compute_s=compute, tp_comm_s=tp_s,
+                    dp_comm_total_s=total_comm, dp_comm_exposed_s=exposed, bubble_s=bubble, optimizer_s=opt_s,
+                    by_kind_s={k: v * accum for k, v in mbt.by_kind_s.items()}, policy=policy)
+
+
+def _dp_comm(spec: ModelSpec, hw: HardwareSpec, layout: Layout, policy: str, bwd_s: float, mb_s: float,
+             opt_s: float, eff: str) -> tuple[float, float]:
+    """(total, exposed) seconds of data-parallel communication in one step."""
+    n = layout.dp
+    if n == 1:
+        return 0.0, 0.0
+    # a data-parallel group spans nodes once dp x tp x pp exceeds a node (tp and pp kept inside)
+    span = n * layout.tp * layout.pp
+
+    def t(collective: str, size: float) -> float:
+        tier = comm.tier_for(hw, collective, n if span <= hw.gpus_per_node else span, efficiency=eff)
+        return comm.collective_time_s(collective, size, n, tier)
+
+    buffers = grad_sync_buffers(spec, layout)
+    if policy == "ddp":
+        size = sum(s for _, s in buffers)
+        tier = comm.tier_for(hw, "all_reduce", n if span <= hw.gpus_per_node else span, efficiency=eff)
+        total = comm.collective_time_s("all_reduce", size, n, tier)
+        return total, comm.ddp_exposed_s(size, DDP_BUCKET_BYTES, n, tier, bwd_s)
+    rs = sum(t(c, s) for c, s in buffers if c == "reduce_scatter")
+    ag = sum(t(c, s) for c, s in buffers if c == "all_gather")
+    ar = sum(t(c, s) for c, s in buffers if c == "all_reduce")
+    if policy == "sharded_optimizer":
+        return rs + ag + ar, rs + ag + ar  # overlap with optimizer math applied by the caller
+    last_bucket = t("reduce_scatter", min(DDP_BUCKET_BYTES, sum(s for c, s in buffers if c == "reduce_scatter")))
+    if policy == "zero1":  # reduce-scatter in the last micro-batch's backward, all-gather after the step
+        return rs + ag, max(rs - bwd_s, last_bucket) + ag
+    if policy == "zero2":  # reduce-scatter in every micro-batch's backward
+        per_mb = max(rs - bwd_s, last_bucket)
+        return layout.grad_accum * rs + ag, layout.grad_accum * per_mb + ag
+    # fsdp: all-gather params in forward and again in backward, reduce-scatter grads, every micro-batch,
+    # prefetched under compute; the first gather of each pass is exposed
+    per_mb = 2 * ag + rs
+    first = 2 * ag / max(1, spec.architecture.num_layers)
+    return layout.grad_accum * per_mb, layout.grad_accum * (max(0.0, per_mb - mb_s) + first)

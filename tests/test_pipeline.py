@@ -1,0 +1,96 @@
+"""ddplan.pipeline: the bubble under both conventions (fraction of step, Megatron's over-ideal) and p2p bytes."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ddplan import pipeline
+
+degree = st.integers(1, 512)
+
+
+def test_bubble_hand_cases():
+    """p=4, m=8: fraction of step 3/11, over ideal 3/8; interleaved v=2: 3/19 and 3/16."""
+    assert pipeline.bubble_fraction_of_step(4, 8) == pytest.approx(3 / 11)
+    assert pipeline.bubble_over_ideal(4, 8) == pytest.approx(3 / 8)
+    assert pipeline.bubble_fraction_of_step(4, 8, 2) == pytest.approx(3 / 19)
+    assert pipeline.bubble_over_ideal(4, 8, 2) == pytest.approx(3 / 16)
+    assert pipeline.bubble_fraction_of_step(1, 1) == 0.0
+    assert pipeline.bubble_over_ideal(1, 7, 3) == 0.0
+
+
+def test_gpipe_fraction_of_step():
+    """GPipe (arXiv 1811.06965 sec. 2.3): bubble (K-1)/(M+K-1); with M >= 4K it is small (K=4, M=16: 3/19)."""
+    assert pipeline.bubble_fraction_of_step(4, 16) == pytest.approx(3 / 19)
+    assert pipeline.bubble_fraction_of_step(4, 16) < 0.16
+
+
+def test_megatron_over_ideal():
+    """Narayanan et al. arXiv 2104.04473 sec. 2.2: (p-1)/m, and (1/v)(p-1)/m interleaved.
+    p=8, m=8: 7/8 of the ideal time; v=4: 7/32."""
+    assert pipeline.bubble_over_ideal(8, 8) == pytest.approx(0.875)
+    assert pipeline.bubble_over_ideal(8, 8, 4) == pytest.approx(7 / 32)
+
+
+def test_bubble_time_hand():
+    """ideal 8 s, p=4, m=8: 3 s of bubble; the step is 11 s, of which 3/11 idle."""
+    t = pipeline.bubble_time_s(8.0, 4, 8)
+    assert t == pytest.approx(3.0)
+    assert t / (8.0 + t) == pytest.approx(pipeline.bubble_fraction_of_step(4, 8))
+    assert pipeline.bubble_time_s(0.0, 4, 8) == 0.0
+
+
+def test_p2p_bytes_hand():
+    """b=1, s=2048, h=4096, bf16: 16,777,216 B each direction per micro-batch."""
+    assert pipeline.p2p_bytes_per_microbatch(1, 2048, 4096, 2) == 16_777_216
+
+
+@given(p=degree, m=degree, v=st.integers(1, 16))
+def test_bubble_in_unit_interval_and_conventions_agree(p, m, v):
+    frac = pipeline.bubble_fraction_of_step(p, m, v)
+    ratio = pipeline.bubble_over_ideal(p, m, v)
+    assert 0 <= frac < 1
+    assert frac == pytest.approx(ratio / (1 + ratio), rel=1e-12, abs=1e-15)
+
+
+@given(p=degree, m=degree, v=st.integers(1, 16))
+def test_bubble_non_increasing_in_microbatches(p, m, v):
+    assert pipeline.bubble_fraction_of_step(p, m + 1, v) <= pipeline.bubble_fraction_of_step(p, m, v)
+    assert pipeline.bubble_over_ideal(p, m + 1, v) <= pipeline.bubble_over_ideal(p, m, v)
+
+
+@given(p=degree, m=degree, v=st.integers(1, 16))
+def test_interleaving_never_increases_bubble(p, m, v):
+    assert pipeline.bubble_fraction_of_step(p, m, v + 1) <= pipeline.bubble_fraction_of_step(p, m, v)
+    assert pipeline.bubble_over_ideal(p, m, v + 1) <= pipeline.bubble_over_ideal(p, m, v)
+
+
+@given(p=degree, m=degree)
+def test_bubble_non_decreasing_in_stages(p, m):
+    assert pipeline.bubble_fraction_of_step(p + 1, m) >= pipeline.bubble_fraction_of_step(p, m)
+
+
+@pytest.mark.parametrize("args, named", [
+    ((0, 8, 1), "p=0"),
+    ((4, 0, 1), "m=0"),
+    ((4, 8, 0), "v=0"),
+    ((4, 8.0, 1), "m=8.0"),
+    ((True, 8, 1), "p=True"),
+    ((-1, -2, 1), "p=-1, m=-2"),
+])
+def test_rejects_bad_degrees(args, named):
+    for fn in (pipeline.bubble_fraction_of_step, pipeline.bubble_over_ideal):
+        with pytest.raises(ValueError) as e:
+            fn(*args)
+        assert named in str(e.value)
+    with pytest.raises(ValueError, match=named.split(",")[0]):
+        pipeline.bubble_time_s(1.0, *args)
+
+
+def test_rejects_bad_times_and_shapes():
+    with pytest.raises(ValueError, match="ideal_compute_s"):
+        pipeline.bubble_time_s(-1.0, 4, 8)
+    with pytest.raises(ValueError, match="hidden=0"):
+        pipeline.p2p_bytes_per_microbatch(1, 2048, 0, 2)
