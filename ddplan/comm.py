@@ -183,7 +183,8 @@ def tier_for(hw: HardwareSpec, collective: Collective, n: int, *, efficiency: Ef
     if efficiency not in ("value", "low", "high"):
         raise ValueError(f"efficiency must be 'value', 'low' or 'high', got {efficiency!r}")
     if n <= hw.gpus_per_node:
-        return Tier("intra_node", _intra_busbw_bytes_per_s(hw, collective, n), hw.intra_node.latency_us.value * units.US)
+        busbw = _intra_busbw_bytes_per_s(hw, collective, n)
+        return Tier("intra_node", busbw, hw.intra_node.latency_us.value * units.US)
     frac = hw.inter_node.busbw_fraction_of_nics
     fraction = {"value": frac.value, "low": frac.range[0], "high": frac.range[1]}[efficiency]
     nic_bound = hw.inter_node.node_bytes_per_s * fraction

@@ -1,0 +1,130 @@
+"""The calibration file: measurements that replace a hardware spec's assumptions.
+
+One format for both a measurement a user states (`--measured-step-time`, or a file written by hand)
+and `ddplan calibrate`'s output. YAML, `kind: calibration`, `version: 1`:
+
+    kind: calibration
+    version: 1
+    hardware: mi300x                  # the hardware spec these measurements refine
+    provenance: {device_name: ..., device_count: 1, torch: ..., hip: ..., date: 2026-06-01, ...}
+    hbm_tbyte_per_s: 4.1              # measured copy bandwidth (read + write), optional
+    gemm: [{m: 65536, n: 1536, k: 1536, dtype: bf16, tflops: 480.0}, ...]
+    attention: [{implementation: sdpa-fused, batch: 32, heads: 12, seq_len: 2048, window: 2048,
+                 head_dim: 128, fwd_tflops: 250.0, bwd_tflops: 70.0}, ...]
+    collectives: [{collective: all_reduce, group_size: 8, size_bytes: 1e9, time_s: 0.0056}, ...]
+    step_times: [{model: nanochat-d24, gpus: 1, step_time_s: 7.7, device_batch_size: 32,
+                  total_batch_tokens: 524288, attention: sdpa-fused, window_pattern: L,
+                  source: "stated by the user (seed note)"}]
+    failures: ["collectives: torch.distributed not initialised", ...]
+
+Attention TFLOP/s follow the hardware specs' convention (causal FLOPs of the processed window;
+see ddplan.roofline). How the planner uses each figure: ddplan.roofline and ddplan.plan.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from typing import Callable, Literal
+
+from pydantic import Field
+
+from ddplan.specs import Strict
+
+Knob = Literal["gemm", "attention", "compute"]
+KNOBS: tuple[str, ...] = ("gemm", "attention", "compute")
+
+
+class Provenance(Strict):
+    device_name: str
+    device_count: int = Field(ge=1)
+    backend: Literal["cuda", "rocm", "cpu"]
+    torch: str
+    cuda: str | None = None
+    hip: str | None = None
+    driver: str | None = None
+    tunableop: str | None = None  # PYTORCH_TUNABLEOP_ENABLED on ROCm
+    date: _dt.datetime | _dt.date
+    host: str | None = None
+
+
+class GemmPoint(Strict):
+    m: int = Field(gt=0)
+    n: int = Field(gt=0)
+    k: int = Field(gt=0)
+    dtype: Literal["bf16", "fp16", "fp8", "fp32", "tf32"] = "bf16"
+    tflops: float = Field(gt=0)
+    label: str | None = None  # which Linear of the model (e.g. "c_fc fwd")
+
+
+class AttentionPoint(Strict):
+    implementation: str
+    batch: int = Field(gt=0)
+    heads: int = Field(gt=0)
+    seq_len: int = Field(gt=0)
+    window: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    fwd_tflops: float = Field(gt=0)
+    bwd_tflops: float = Field(gt=0)
+
+
+class CollectivePoint(Strict):
+    collective: Literal["all_reduce", "reduce_scatter", "all_gather"]
+    group_size: int = Field(ge=2)
+    size_bytes: float = Field(gt=0)
+    time_s: float = Field(gt=0)
+    tier: Literal["intra_node", "inter_node"] = "intra_node"
+
+
+class StepMeasurement(Strict):
+    """One measured training step and the layout it ran with."""
+
+    model: str
+    gpus: int = Field(ge=1)
+    step_time_s: float = Field(gt=0)
+    device_batch_size: int = Field(gt=0)
+    total_batch_tokens: int = Field(gt=0)
+    attention: str
+    window_pattern: str | None = Field(default=None, pattern=r"^[SL]+$")
+    seq_len: int | None = Field(default=None, gt=0)
+    compiled: bool = True
+    recompute: Literal["none", "selective", "full"] = "none"
+    peak_memory_gb: float | None = Field(default=None, gt=0)
+    source: str = Field(min_length=3)
+
+
+class CalibrationSpec(Strict):
+    kind: Literal["calibration"]
+    version: Literal[1] = 1
+    hardware: str
+    provenance: Provenance | None = None
+    hbm_tbyte_per_s: float | None = Field(default=None, gt=0)
+    gemm: list[GemmPoint] = []
+    attention: list[AttentionPoint] = []
+    collectives: list[CollectivePoint] = []
+    step_times: list[StepMeasurement] = []
+    failures: list[str] = []
+
+
+def fit_factor(predict_s: Callable[[float], float], measured_s: float, lo: float = 1e-3, hi: float = 1e3,
+               rel_tol: float = 1e-6) -> float:
+    """The efficiency multiplier f with predict_s(f) = measured_s, by bisection in log space.
+
+    predict_s must decrease as f grows (a faster kernel, a shorter step). Raises ValueError when the
+    measurement lies outside [predict_s(hi), predict_s(lo)]: no multiplier in range explains it.
+    """
+    if measured_s <= 0:
+        raise ValueError(f"measured time must be positive, got {measured_s}")
+    slow, fast = predict_s(lo), predict_s(hi)
+    if not fast <= measured_s <= slow:
+        raise ValueError(f"measured {measured_s:.4g} s is outside what any multiplier in [{lo}, {hi}] gives "
+                         f"({fast:.4g}..{slow:.4g} s): another term must be wrong")
+    a, b = lo, hi
+    for _ in range(200):
+        mid = (a * b) ** 0.5
+        if predict_s(mid) > measured_s:
+            a = mid
+        else:
+            b = mid
+        if b / a - 1 < rel_tol:
+            break
+    return (a * b) ** 0.5

@@ -1,0 +1,370 @@
+"""Decision tables: scenarios (GPU count x attention x window) -> rows with time, cost, MFU, memory, band.
+
+Pure: builds rows (dicts, units in the keys), the verdict and the warnings; never prints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from ddplan import run
+from ddplan.anatomy import build_anatomy
+from ddplan.calibration import CalibrationSpec, StepMeasurement, fit_factor
+from ddplan.errors import UsageError
+from ddplan.fit import Setup, breakdown
+from ddplan.flops import nanochat_flops_per_token
+from ddplan.layout import NATIVE_ZERO, Layout
+from ddplan.roofline import SCENARIOS, Rates, rates
+from ddplan.specs import Budget, HardwareSpec, ModelSpec, Price
+from ddplan.step import StepTime, step_time
+from ddplan.units import GiB
+
+CRITICAL_BATCH_WARN = 2.0  # warn when a layout forces the global batch past 2x the recipe's
+MFU_CONVENTION = "6N + 12 h q min(window, T) per layer (nanochat / PaLM App. B), dense bf16 peak"
+
+
+@dataclass(frozen=True)
+class TableRequest:
+    model: ModelSpec
+    hardware: HardwareSpec
+    gpus: tuple[int, ...]
+    attentions: tuple[str, ...] = ()  # () = every implementation on the hardware
+    windows: tuple[str, ...] = ()  # () = the model's pattern, and L when it differs
+    device_batch_size: int | None = None
+    total_batch_tokens: int | None = None
+    budget: Budget | None = None
+    price: Price | None = None
+    overheads: run.RunOverheads = run.RunOverheads()
+    compiled: bool | None = None
+    recompute: str = "none"
+    measurement: StepMeasurement | None = None
+    knob: str = "auto"
+    calibration: CalibrationSpec | None = None
+
+
+@dataclass
+class Table:
+    rows: list[dict]
+    verdict: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    assumptions: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Scenario:
+    gpus: int
+    attention: str
+    window: str
+
+
+def build_table(req: TableRequest) -> Table:
+    spec, hw = req.model, req.hardware
+    seq = spec.recipe.seq_len
+    total_batch = req.total_batch_tokens or spec.recipe.total_batch_tokens
+    if total_batch % seq:
+        raise UsageError(f"{total_batch} is not a multiple of the sequence length {seq}", field="--total-batch-size")
+    mb = req.device_batch_size or spec.recipe.device_batch_size
+    budget = req.budget or spec.recipe.budget
+    steps = run.steps_for(spec, budget, total_batch)
+    compiled = spec.recipe.compiled if req.compiled is None else req.compiled
+    attentions = req.attentions or tuple(a.name for a in hw.attention)
+    for name in attentions:
+        if name not in {a.name for a in hw.attention}:
+            raise UsageError(f"{name!r} is not available on {hw.name}; allowed: "
+                             f"{', '.join(a.name for a in hw.attention)}", field="--attention")
+    pattern = spec.architecture.window_pattern
+    windows = req.windows or ((pattern, "L") if pattern != "L" else ("L",))
+    price = req.price or hw.price
+    table = Table(rows=[])
+    factors, knob = _fit(req, spec, hw, compiled, total_batch, mb, table)
+    for g in req.gpus:
+        for att in attentions:
+            for win in windows:
+                table.rows.append(_row(req, _Scenario(g, att, win), total_batch, mb, steps, compiled, price,
+                                       factors, knob, table))
+    _verdict(req, table, price)
+    table.assumptions += _assumptions(req, hw, compiled, steps, total_batch, budget, price, knob, factors)
+    return table
+
+
+def _layout(spec: ModelSpec, gpus: int, mb: int, total_batch: int, table: Table | None) -> tuple[int, int, int, str]:
+    """(micro_batch, accum, global batch tokens, note) for pure data parallelism over `gpus`.
+
+    When gpus x micro-batch x seq exceeds the total batch, accumulation would fall below 1: the way
+    out that keeps the recipe's batch (and loss curve) is a smaller micro-batch, slower per GPU; the
+    other is a larger global batch, past the critical batch size eventually (McCandlish et al.,
+    arXiv 1812.06162). ddplan takes the first and names the second.
+    """
+    seq = spec.recipe.seq_len
+    per_step = gpus * mb * seq
+    if total_batch % per_step == 0:
+        return mb, total_batch // per_step, total_batch, ""
+    if per_step > total_batch and total_batch % (gpus * seq) == 0:
+        small = total_batch // (gpus * seq)
+        bigger = per_step
+        note = (f"{gpus} GPUs x device batch {mb} x {seq} = {per_step:,} tokens > total batch {total_batch:,}: "
+                f"device batch {small} keeps the batch (slower per GPU); keeping device batch {mb} means a "
+                f"{bigger / total_batch:.0f}x global batch ({bigger:,} tokens)")
+        if bigger > CRITICAL_BATCH_WARN * total_batch:
+            note += ", past the recipe's batch: beware the critical batch size (McCandlish et al. 2018)"
+        return small, 1, total_batch, note
+    accum = -(-total_batch // per_step)
+    return mb, accum, accum * per_step, (f"total batch {total_batch:,} does not split over {gpus} GPUs x {mb} x "
+                                          f"{seq}: rounded up to {accum * per_step:,} tokens")
+
+
+def _config_rates(hw: HardwareSpec, attention: str, scenario: str, calibration: CalibrationSpec | None) -> Rates:
+    """Rates for a scenario, with calibrated measurements replacing the spec's assumptions."""
+    r = rates(hw, attention, scenario)
+    if calibration is None:
+        return r
+    if calibration.hbm_tbyte_per_s:
+        r = replace(r, hbm=calibration.hbm_tbyte_per_s * 1e12 / r.hbm_bytes_per_s)
+    if calibration.gemm:
+        r = replace(r, gemm_best=max(p.tflops for p in calibration.gemm if p.dtype == "bf16") * 1e12
+                    / r.peak_flops_per_s)
+    points = [p for p in calibration.attention if p.implementation == attention]
+    if points:
+        best = max(points, key=lambda p: p.batch * p.seq_len)
+        r = replace(r, attn_fwd=best.fwd_tflops * 1e12 / r.peak_flops_per_s,
+                    attn_bwd=best.bwd_tflops * 1e12 / r.peak_flops_per_s)
+    return r
+
+
+def _step(req: TableRequest, sc: _Scenario, mb: int, accum: int, compiled: bool, scenario: str,
+          factor: float | None, knob: str | None, measured_attention: str | None,
+          seq_len: int | None = None) -> tuple[StepTime, Layout]:
+    spec, hw = req.model, req.hardware
+    impl = hw.attention_impl(sc.attention)
+    layout = Layout(dp=sc.gpus, zero=NATIVE_ZERO[spec.recipe.distribution], micro_batch=mb, grad_accum=accum,
+                    attention=sc.attention, recompute=req.recompute, compiled=compiled)
+    anatomy = build_anatomy(spec, batch=mb, seq_len=seq_len, attention=impl.kind, windows=impl.windows,
+                            recompute=req.recompute, compiled=compiled, window_pattern=sc.window)
+    r = _config_rates(hw, sc.attention, scenario, req.calibration)
+    if factor is not None and knob is not None:
+        if knob == "gemm" or sc.attention == measured_attention:
+            r = r.scaled(knob, factor)
+        elif knob == "compute":
+            r = r.scaled("gemm", factor)
+    return step_time(spec, hw, layout, anatomy, r, comm_efficiency=scenario), layout
+
+
+def _measurement(req: TableRequest) -> StepMeasurement | None:
+    if req.measurement is not None:
+        return req.measurement
+    if req.calibration is None:
+        return None
+    names = {req.model.name, *req.model.aliases}
+    found = [m for m in req.calibration.step_times if m.model in names]
+    return found[0] if found else None
+
+
+def _fit(req: TableRequest, spec: ModelSpec, hw: HardwareSpec, compiled: bool, total_batch: int, mb: int,
+         table: Table) -> tuple[dict[str, float], str | None]:
+    """Fit one knob to a measured step, separately in each scenario, so the band carries the other terms.
+
+    In the 'low' scenario every other efficiency sits at its slow end, so the fitted knob comes out
+    faster, and vice versa: each derived row's band is the spread of its predictions over scenarios.
+    """
+    m = _measurement(req)
+    if m is None:
+        return {}, None
+    if m.total_batch_tokens != total_batch:
+        table.warnings.append(f"the measurement used total batch {m.total_batch_tokens:,}, the table "
+                              f"{total_batch:,}: rows are derived at the table's batch")
+    sc = _Scenario(m.gpus, m.attention, m.window_pattern or spec.architecture.window_pattern)
+    if m.attention not in {a.name for a in hw.attention}:
+        raise UsageError(f"measured attention {m.attention!r} is not available on {hw.name}",
+                         field="--measured-attention")
+    mmb, accum, _, _ = _layout(spec, m.gpus, m.device_batch_size, m.total_batch_tokens, None)
+    knob = req.knob
+    if knob == "auto":
+        widths = {}
+        for k in ("gemm", "attention"):
+            lo, hi = (_config_rates(hw, m.attention, s, req.calibration) for s in ("low", "high"))
+            base = _config_rates(hw, m.attention, "value", req.calibration)
+            times = []
+            for end in (lo, hi):
+                r = replace(base, gemm_best=end.gemm_best) if k == "gemm" else replace(
+                    base, attn_fwd=end.attn_fwd, attn_bwd=end.attn_bwd)
+                times.append(_step_with_rates(req, sc, mmb, accum, compiled, r, m.seq_len).total_s)
+            widths[k] = max(times) - min(times)
+        knob = max(widths, key=widths.get)
+    factors = {}
+    for scen in SCENARIOS:
+        def predict(f: float, scen: str = scen) -> float:
+            return _step(req, sc, mmb, accum, m.compiled, scen, f, knob, m.attention, m.seq_len)[0].total_s
+        try:
+            factors[scen] = fit_factor(predict, m.step_time_s)
+        except ValueError as e:
+            raise UsageError(f"cannot fit {knob} efficiency to the measured {m.step_time_s} s: {e}",
+                             field="--measured-step-time") from None
+    return factors, knob
+
+
+def _step_with_rates(req: TableRequest, sc: _Scenario, mb: int, accum: int, compiled: bool, r: Rates,
+                     seq_len: int | None) -> StepTime:
+    spec, hw = req.model, req.hardware
+    impl = hw.attention_impl(sc.attention)
+    layout = Layout(dp=sc.gpus, zero=NATIVE_ZERO[spec.recipe.distribution], micro_batch=mb, grad_accum=accum,
+                    attention=sc.attention, recompute=req.recompute, compiled=compiled)
+    anatomy = build_anatomy(spec, batch=mb, seq_len=seq_len, attention=impl.kind, windows=impl.windows,
+                            recompute=req.recompute, compiled=compiled, window_pattern=sc.window)
+    return step_time(spec, hw, layout, anatomy, r)
+
+
+def _row(req: TableRequest, sc: _Scenario, total_batch: int, mb0: int, steps: int, compiled: bool, price: Price,
+         factors: dict[str, float], knob: str | None, table: Table) -> dict:
+    spec, hw = req.model, req.hardware
+    mb, accum, batch, note = _layout(spec, sc.gpus, mb0, total_batch, table)
+    flags = []
+    if note:
+        table.warnings.append(note)
+    if spec.recipe.world_size_rule == "power_of_two" and sc.gpus & (sc.gpus - 1):
+        flags.append("world size not a power of two (nanochat needs one)")
+    measured = _measurement(req)
+    m_att = measured.attention if measured else None
+    times = {s: _step(req, sc, mb, accum, compiled, s, factors.get(s), knob, m_att) for s in SCENARIOS}
+    st, layout = times["value"]
+    step_s = st.total_s
+    lo_s, hi_s = min(t[0].total_s for t in times.values()), max(t[0].total_s for t in times.values())
+    basis = "model"
+    if factors:
+        basis = "fitted"
+        if (measured and sc.gpus == measured.gpus and sc.attention == measured.attention
+                and sc.window == (measured.window_pattern or spec.architecture.window_pattern)
+                and mb == measured.device_batch_size):
+            basis, step_s, lo_s, hi_s = "measured", measured.step_time_s, measured.step_time_s, measured.step_time_s
+    mem = breakdown(spec, hw, Setup(layout=layout, window_pattern=sc.window))
+    if not mem.fits:
+        flags.append(f"does not fit: {mem.total / GiB:.0f} of {mem.capacity / GiB:.0f} GiB")
+    # implausible: the whole step sustaining more than the device's best measured GEMM rate
+    impl = hw.attention_impl(sc.attention)
+    anatomy = build_anatomy(spec, batch=mb, attention=impl.kind, windows=impl.windows, recompute=req.recompute,
+                            compiled=compiled, window_pattern=sc.window)
+    executed = accum * (anatomy.flops_fwd() + anatomy.flops_bwd())
+    best = hw.efficiency.gemm.best.range[1] * hw.peak.flops_per_s(spec.dtypes.compute)
+    if executed / step_s > best:
+        flags.append(f"implausible: sustains {executed / step_s / 1e12:.0f} TFLOP/s, above the best measured "
+                     f"GEMM rate {best / 1e12:.0f}")
+    arch = spec.architecture.model_copy(update={"window_pattern": sc.window})
+    fpt = nanochat_flops_per_token(arch, spec.recipe.seq_len)
+    peak = hw.peak.flops_per_s(spec.dtypes.compute)
+    o = req.overheads
+    every = spec.recipe.evaluation.every_steps if (o.eval_every_steps is None and spec.recipe.evaluation) else (
+        o.eval_every_steps or 0)
+    eval_tokens = o.eval_tokens if o.eval_tokens is not None else (
+        spec.recipe.evaluation.tokens if spec.recipe.evaluation else 0)
+    eval_s = run.evaluations(steps, every) * -(-eval_tokens // (sc.gpus * mb * spec.recipe.seq_len)) * st.fwd_s
+    ckpt_bytes = (mem.terms["params"] + mem.terms["optimizer"]) * sc.gpus
+    n_ckpt = 1 + (steps // o.checkpoint_every_steps if o.checkpoint_every_steps else 0)
+    ckpt_s = n_ckpt * ckpt_bytes / (o.checkpoint_gbyte_per_s * 1e9 * -(-sc.gpus // hw.gpus_per_node))
+    outside = o.startup_s + eval_s + ckpt_s
+    wall = {k: steps * v + outside for k, v in (("value", step_s), ("low", lo_s), ("high", hi_s))}
+    cost = {k: run.cost_usd(price, sc.gpus, hw.gpus_per_node, run.hours(v)) for k, v in wall.items()}
+    return {
+        "config": f"{sc.gpus}x {hw.name}, {sc.attention}, {sc.window}",
+        "gpus": sc.gpus, "attention": sc.attention, "window": sc.window,
+        "device_batch": mb, "accum": accum, "global_batch_tokens": batch,
+        "step_s": step_s, "step_low_s": lo_s, "step_high_s": hi_s,
+        "compute_s": st.compute_s, "dp_comm_exposed_s": st.dp_comm_exposed_s, "tp_comm_s": st.tp_comm_s,
+        "bubble_s": st.bubble_s, "optimizer_s": st.optimizer_s,
+        "attention_s": st.by_kind_s.get("attention", 0.0), "gemm_s": st.by_kind_s.get("gemm", 0.0),
+        "mfu_pct": 100 * fpt * batch / step_s / (peak * sc.gpus),
+        "tokens_per_s": batch / step_s, "steps": steps,
+        "train_h": run.hours(steps * step_s), "outside_steps_h": run.hours(outside),
+        "wall_clock_h": run.hours(wall["value"]), "wall_low_h": run.hours(wall["high"]),
+        "wall_high_h": run.hours(wall["low"]),
+        "cost_usd": cost["value"], "cost_low_usd": cost["high"], "cost_high_usd": cost["low"],
+        "memory_gib": mem.total / GiB, "fits": mem.fits, "basis": basis, "flags": "; ".join(flags),
+    }
+
+
+def _verdict(req: TableRequest, table: Table, price: Price) -> None:
+    rows = [r for r in table.rows if r["fits"] and "implausible" not in r["flags"]
+            and "power of two" not in r["flags"]]
+    if not rows:
+        table.verdict.append("No row fits in memory and is plausible: see `ddplan memory` for what would fit.")
+        return
+    g0 = min(r["gpus"] for r in rows)
+    base = _baseline(req, rows, g0)
+    one = [r for r in rows if r["gpus"] == g0]
+    best_kernel = min(one, key=lambda r: r["wall_clock_h"])
+    fastest = min(rows, key=lambda r: r["wall_clock_h"])
+    cheapest = min(rows, key=lambda r: r["cost_usd"])
+    v = table.verdict
+    v.append(f"Baseline: {base['config']}: {base['step_s']:.2f} s/step, MFU {base['mfu_pct']:.1f}%, "
+             f"{base['wall_clock_h']:.1f} h, ${base['cost_usd']:,.0f} ({base['basis']}).")
+    if best_kernel is not base and best_kernel["wall_clock_h"] < 0.95 * base["wall_clock_h"]:
+        gain = 1 - best_kernel["wall_clock_h"] / base["wall_clock_h"]
+        v.append(f"Fix the kernel first: {best_kernel['attention']} with window {best_kernel['window']} on the same "
+                 f"{g0} GPU(s) cuts wall-clock by {100 * gain:.0f}% ({best_kernel['wall_clock_h']:.1f} h) and cost "
+                 f"by the same share (${best_kernel['cost_usd']:,.0f}): per-FLOP efficiency is a kernel problem "
+                 f"that more GPUs cannot fix.")
+    else:
+        v.append(f"No attention implementation on {req.hardware.name} beats the baseline by 5% or more: the step is "
+                 f"dominated by GEMMs ({base['gemm_s']:.2f} of {base['step_s']:.2f} s).")
+    more = [r for r in rows if r["gpus"] > g0 and r["attention"] == base["attention"]
+            and r["window"] == base["window"]]
+    if more:
+        r8 = max(more, key=lambda r: r["gpus"])
+        speedup = base["wall_clock_h"] / r8["wall_clock_h"]
+        v.append(f"Then add GPUs: {r8['gpus']} GPUs run {speedup:.1f}x faster ({r8['wall_clock_h']:.1f} h) for "
+                 f"{r8['cost_usd'] / base['cost_usd']:.2f}x the cost: data parallelism removes the serial "
+                 f"accumulation ({base['accum']} -> {r8['accum']} micro-batches) but multiplies whatever per-GPU "
+                 f"efficiency you have (exposed communication {1000 * r8['dp_comm_exposed_s']:.0f} ms/step).")
+    v.append(f"Fastest: {fastest['config']} ({fastest['wall_clock_h']:.1f} h, ${fastest['cost_usd']:,.0f}). "
+             f"Cheapest: {cheapest['config']} (${cheapest['cost_usd']:,.0f}, {cheapest['wall_clock_h']:.1f} h).")
+    worst_mem = max(table.rows, key=lambda r: r["memory_gib"] if r["fits"] else 0)
+    cap = req.hardware.memory.usable_gib.value
+    if all(r["fits"] for r in table.rows if r["attention"] == base["attention"]):
+        v.append(f"TP/PP and higher ZeRO stages are not needed: the largest fitting row uses "
+                 f"{worst_mem['memory_gib']:.0f} of {cap:.0f} GiB per GPU; they would only add communication.")
+    else:
+        v.append("Some rows do not fit in memory: run `ddplan memory` for the setup that would (ZeRO, recompute, "
+                 "TP/PP).")
+    for r in table.rows:
+        if r["flags"]:
+            table.warnings.append(f"{r['config']}: {r['flags']}")
+
+
+def _baseline(req: TableRequest, rows: list[dict], g0: int) -> dict:
+    measured = [r for r in rows if r["basis"] == "measured"]
+    if measured:
+        return measured[0]
+    default = req.hardware.default_attention
+    pattern = req.model.architecture.window_pattern
+    cands = [r for r in rows if r["gpus"] == g0 and r["attention"] == default and r["window"] == pattern]
+    return cands[0] if cands else min((r for r in rows if r["gpus"] == g0), key=lambda r: -r["wall_clock_h"])
+
+
+def _assumptions(req: TableRequest, hw: HardwareSpec, compiled: bool, steps: int, total_batch: int,
+                 budget: Budget, price: Price, knob: str | None, factors: dict[str, float]) -> list[str]:
+    spec, o = req.model, req.overheads
+    how = (f"{budget.steps} steps (given)" if budget.steps else f"{budget.tokens:,} tokens" if budget.tokens
+           else f"param:data ratio {budget.param_data_ratio:g} x {budget.ratio_params} params")
+    out = [
+        f"Model {spec.name}: recipe from {spec.recipe.source}.",
+        f"Run: {steps:,} steps ({how}) of {total_batch:,} tokens; {'compiled' if compiled else 'eager'}; "
+        f"recompute {req.recompute}; native data-parallel setup: {spec.recipe.distribution}.",
+        f"Hardware {hw.name}: dense bf16 peak {hw.peak.bf16_tflops.value:g} TFLOP/s; best GEMM efficiency "
+        f"{hw.efficiency.gemm.best.value:.3f} ({hw.efficiency.gemm.best.basis}, range "
+        f"{hw.efficiency.gemm.best.range[0]:.3f}-{hw.efficiency.gemm.best.range[1]:.3f}); HBM efficiency "
+        f"{hw.efficiency.hbm.value:.2f} ({hw.efficiency.hbm.basis}). `ddplan specs show {hw.name}` lists every figure "
+        f"and its source.",
+        f"Price: ${price.usd_per_gpu_hour:g}/GPU-h, billed {price.billing.replace('_', ' ')} ({price.provider}, "
+        f"{price.date}).",
+        f"Outside steps: start-up {o.startup_s:g} s, evaluation as the recipe says unless overridden, checkpoints "
+        f"{'at the end' if not o.checkpoint_every_steps else f'every {o.checkpoint_every_steps} steps'} "
+        f"at {o.checkpoint_gbyte_per_s:g} GB/s.",
+        f"MFU convention: {MFU_CONVENTION}, at each row's window pattern.",
+        "Band (low-high): every efficiency at the fast and slow ends of its range in the hardware spec.",
+    ]
+    m = _measurement(req)
+    if m is not None:
+        out.append(f"Measured: {m.step_time_s:g} s/step on {m.gpus} GPU(s), {m.attention}, window "
+                   f"{m.window_pattern or spec.architecture.window_pattern}, device batch {m.device_batch_size} "
+                   f"({m.source}). Fitted knob: {knob} efficiency x{factors['value']:.3f} (band "
+                   f"x{min(factors.values()):.3f}-x{max(factors.values()):.3f}); other rows derive from it, the "
+                   f"other terms stay assumptions with their ranges.")
+    return out
