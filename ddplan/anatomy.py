@@ -33,16 +33,18 @@ Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_POLICIES: tuple[str, ...] = ("none", "selective", "full")
 
 # Tags on saved tensors, deciding what each policy keeps:
-#   "input"     a block's input: kept by every policy (full recompute keeps only these);
-#   "core"      inside the attention core (scores, probabilities, q/k/v as the kernel saved them):
-#               dropped by selective recompute (Korthikanti et al. 2022, arXiv 2205.05198 Sec. 4.1);
-#   "core_in"   the inputs of the attention core (q, k, v after projection): saved only under
-#               selective recompute, where the core is checkpointed and these are its inputs;
+#   "input"     a checkpoint region's input (a block's input, x0, the attention masks): kept by every
+#               policy (full recompute keeps only these in the blocks);
+#   "core"      made inside the attention core (probabilities, log-sum-exp): dropped by selective
+#               recompute, which checkpoints the core q, k, v -> output (Korthikanti et al. 2022,
+#               arXiv 2205.05198, sec. 4.1) and keeps its inputs q, k, v;
+#   "ckpt_input" an input of a checkpointed region that nothing else saves: kept only under recompute;
+#   "core_input" an input of the attention core that nothing else saves: kept only under selective;
 #   "pointwise" the output of a cheap pointwise op that the compiler recomputes from other saved
 #               tensors in backward (torch.compile min-cut partitioner, AOTAutograd): eager only;
 #   "compiled"  saved only when compiled (what the partitioner keeps instead, e.g. bf16 logits);
 #   "keep"      anything else (GEMM inputs, norm statistics).
-SaveTag = Literal["input", "core", "core_in", "pointwise", "compiled", "keep"]
+SaveTag = Literal["input", "core", "ckpt_input", "core_input", "pointwise", "compiled", "keep"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,10 @@ class Op:
     saves: tuple[Saved, ...] = ()
     recompute_flops_bwd: float = 0.0  # kernel-internal recompute (flash backward), hardware FLOPs only
     attention_core: bool = False  # inside the attention core: recomputed under selective recompute
+    # torch's non-reentrant checkpoint stops recomputing once every saved tensor backward needs is
+    # back, so the last op of a region is not re-run: the PV product under selective recompute (its
+    # inputs, the probabilities and v, are already regenerated), a block's last GEMM under full.
+    recompute_skip: tuple[str, ...] = ()
     transient_bytes: float = 0.0  # gradient buffers alive during this op's backward, beyond saved tensors
 
 
@@ -123,41 +129,57 @@ class Anatomy:
     def recompute_flops(self) -> float:
         """FLOPs re-run in backward: the recompute policy's forward re-runs plus kernel-internal recompute."""
         total = sum(op.recompute_flops_bwd for op in self.ops)
+        return total + sum(op.flops_fwd for op in self.ops if self.recomputes(op))
+
+    def recomputes(self, op: Op) -> bool:
+        """Whether the recompute policy re-runs this op's forward inside backward."""
+        if self.recompute in op.recompute_skip:
+            return False
         if self.recompute == "full":
-            total += sum(op.flops_fwd for op in self.ops if op.layer is not None)
-        elif self.recompute == "selective":
-            total += sum(op.flops_fwd for op in self.ops if op.attention_core)
+            return op.layer is not None
+        return self.recompute == "selective" and op.attention_core
+
+    def matmul_flops(self) -> float:
+        """FLOPs of GEMMs and attention only, forward + backward + recompute, excluding flash's internal
+        recompute: what torch.utils.flop_counter.FlopCounterMode counts with the math attention backend."""
+        total = 0.0
+        for op in self.ops:
+            if op.kind in ("gemm", "attention"):
+                total += op.flops_fwd + op.flops_bwd + (op.flops_fwd if self.recomputes(op) else 0.0)
         return total
 
 
 def _kept(s: Saved, op: Op, recompute: str, compiled: bool) -> bool:
     if s.tag == "pointwise" and compiled or s.tag == "compiled" and not compiled:
         return False
-    if op.layer is None or s.tag == "input":
+    if s.tag == "ckpt_input":
+        return recompute != "none"
+    if s.tag == "core_input":
+        return recompute == "selective"
+    if op.layer is None or s.tag == "input" or recompute == "none":
         return True
     if recompute == "full":
         return False
-    if recompute == "selective":
-        return s.tag != "core"
-    return s.tag != "core_in"
+    return s.tag != "core"  # selective
 
 
 def attention_pairs(seq_len: int, window: int, kind: AttentionKind, windows: WindowSupport) -> int:
     """(query, key) pairs per head and sequence that an attention implementation computes.
 
-    Causal with window w: query i attends keys max(0, i-w+1)..i, so pairs = sum_i min(i+1, w)
-    = w(w+1)/2 + (s-w)w for w <= s. Unfused math computes all s^2 scores and masks after; fused
+    Causal with a window of w tokens to the left (flash-attention's window_size=(w, 0), which nanochat
+    passes): query i attends keys max(0, i-w)..i, w+1 keys, so pairs = sum_i min(i+1, w+1); a full
+    window (w >= s) gives s(s+1)/2. Unfused math computes all s^2 scores and masks after; fused
     SDPA skips the masked triangle only under is_causal (full window): a sliding window needs an
     explicit mask and computes s^2; flash packages skip every block outside the window (block
     granularity ignored). Ref: FlashAttention-2 (arXiv 2307.08691) Sec. 3.1 on causal block skipping.
     """
     if seq_len <= 0 or window <= 0:
         raise ValueError(f"seq_len and window must be positive, got {seq_len}, {window}")
-    w = min(window, seq_len)
-    exact = w * (w + 1) // 2 + (seq_len - w) * w
+    k = min(window + 1, seq_len)  # keys per query once the window is full
+    exact = k * (k + 1) // 2 + (seq_len - k) * k
     if kind == "unfused_math":
         return seq_len * seq_len
-    if kind == "fused_sdpa" and (w < seq_len or windows == "mask" and w < seq_len):
+    if kind == "fused_sdpa" and window < seq_len:
         return seq_len * seq_len
     return exact
 
@@ -175,7 +197,7 @@ class _Builder:
         self.ops: list[Op] = []
 
     def gemm(self, name: str, layer: int | None, k: int, n: int, x: str, weight_group: str,
-             *, x_saved_tag: SaveTag = "keep", m: int | None = None) -> None:
+             *, x_saved_tag: SaveTag = "keep", m: int | None = None, x_bytes: float | None = None) -> None:
         """y = x @ W^T: x (m x k) saved as `x`; the weight is cast from its master dtype to compute dtype.
 
         A cast weight (fp32 master -> bf16) is a new tensor that the matmul saves; a weight already in
@@ -183,7 +205,7 @@ class _Builder:
         """
         m = self.t if m is None else m
         e, w_master = self.e, dtype_bytes(self.spec.dtypes.params.get(weight_group, self.spec.dtypes.compute))
-        saves = [Saved(x, m * k * e, x_saved_tag)]
+        saves = [Saved(x, m * k * e if x_bytes is None else x_bytes, x_saved_tag)]
         cast = w_master != e
         if cast:
             saves.append(Saved(f"{name}.weight_cast", k * n * e, "pointwise"))
@@ -212,12 +234,15 @@ class _Builder:
         ))
 
     def norm(self, name: str, layer: int | None, x: str, learnable: bool, tag: SaveTag = "keep",
-             core: bool = False) -> None:
+             core: bool = False, rows_per_token: int = 1) -> None:
         """RMSNorm / LayerNorm over d_model: saves its input and per-row statistics (fp32)."""
         a, t = self.a, self.t
         stats = 2 if a.norm == "layernorm" else 1
         saves = (Saved(x, t * a.d_model * self.e, tag, tp_sharded=core),
-                 Saved(f"{name}.stats", t * stats * 4, "keep", tp_sharded=core))
+                 Saved(f"{name}.stats", t * rows_per_token * stats * 4, "keep", tp_sharded=core))
+        if learnable and a.norm == "rmsnorm":
+            # x * rstd * weight: the weight's gradient needs the normalised x, a tensor of its own
+            saves = (*saves, Saved(f"{name}.normed", t * a.d_model * self.e, "pointwise", tp_sharded=core))
         self.pointwise(name, layer, t * a.d_model, reads=1, saves=saves, flops_per_element=4.0,
                        bwd_reads=2, bwd_writes=1, kind="reduction", core=core)
 
@@ -254,25 +279,30 @@ def _embeddings(bld: _Builder) -> None:
     bld.ops.append(Op(name="wte", kind="embedding", layer=None, shape=(t, a.d_model), flops_fwd=0.0,
                       flops_bwd=float(t * a.d_model), bytes_fwd=t * a.d_model * (w_e + e) + t * 8,
                       bytes_bwd=t * a.d_model * e + a.vocab_size * a.d_model * w_e * 2,
-                      saves=(Saved("idx", t * 8, "keep"),)))
+                      saves=(Saved("idx", t * 8, "input", tp_sharded=False),)))
     if a.position == "learned":
         bld.pointwise("wpe_add", None, t * a.d_model, reads=2, flops_per_element=1.0)
     if bld.spec.family == "nanochat":
         bld.norm("embed_norm", None, "emb", learnable=False)  # x = norm(wte(idx))
     if a.smear_gate_in_features:
-        # smear: x[:, 1:] += lambda * sigmoid(smear_gate(x[:, 1:, :24])) * x[:, :-1]
-        bld.gemm("smear_gate", None, a.smear_gate_in_features, 1, "x_embnorm", "smear_gate")
+        # smear: gate = lambda * sigmoid(smear_gate(x[:, 1:, :24])); x = cat(x[:, :1], x[:, 1:] + gate * x[:, :-1])
+        n_in, tm = a.smear_gate_in_features, t - bld.b  # the gate sees every position but the first
+        bld.gemm("smear_gate", None, n_in, 1, "smear.gate_in", "smear_gate", m=tm)
         bld.pointwise("smear_mix", None, t * a.d_model, reads=2, flops_per_element=3.0,
-                      saves=(Saved("smear.gate", t * bld.e, "pointwise", tp_sharded=False),
-                             Saved("x_embnorm", t * a.d_model * bld.e, tp_sharded=False)))
+                      saves=(Saved("smear.sigmoid", tm * e, "pointwise", tp_sharded=False),
+                             Saved("smear.gate", tm * e, "pointwise", tp_sharded=False),
+                             Saved("x_embnorm", t * a.d_model * e, tp_sharded=False)))
+    if bld.spec.family == "nanochat":
+        pass  # x0 = x is saved by every block's residual mix
 
 
 def _block(bld: _Builder, i: int, window: int, kind: AttentionKind, windows: WindowSupport) -> None:
-    a, spec, t, e = bld.a, bld.spec, bld.t, bld.e
+    """One transformer block, op by op as the reference model runs it (ddplan/calibrate/reference.py)."""
+    a, t, e = bld.a, bld.t, bld.e
     c, hd = a.d_model, a.head_dim
     q_w, kv_w = a.num_heads * hd, a.num_kv_heads * hd
     p = f"h{i}"
-    x_in = f"{p}.x_in"
+    x_in = "x0" if (i == 0 and a.scalars_per_layer) else f"{p}.x_in"  # block 0's input is x0 itself
     if a.scalars_per_layer:
         # x = resid_lambda * x + x0_lambda * x0: saves x (for the lambda grad) and x0 (shared by all layers)
         bld.pointwise(f"{p}.resid_mix", i, t * c, reads=2, flops_per_element=3.0,
@@ -287,20 +317,28 @@ def _block(bld: _Builder, i: int, window: int, kind: AttentionKind, windows: Win
     bld.gemm(f"{p}.attn.c_k", i, c, kv_w, xn, "block_matrices", x_saved_tag="pointwise")
     bld.gemm(f"{p}.attn.c_v", i, c, kv_w, xn, "block_matrices", x_saved_tag="pointwise")
     if i in a.value_embedding_layers():
-        gate_in = a.value_embeddings.gate_in_features
+        gate_in, heads = a.value_embeddings.gate_in_features, a.num_kv_heads
         bld.ops.append(Op(name=f"{p}.ve", kind="embedding", layer=i, shape=(t, kv_w), flops_fwd=0.0,
                           flops_bwd=float(t * kv_w), bytes_fwd=t * kv_w * 2 * e,
                           bytes_bwd=t * kv_w * e + a.vocab_size * kv_w * e * 2))
-        bld.gemm(f"{p}.attn.ve_gate", i, gate_in, a.num_kv_heads, f"{xn}[:{gate_in}]", "ve_gates")
+        # the gate reads xn[..., :12], a view of xn: no new storage
+        bld.gemm(f"{p}.attn.ve_gate", i, gate_in, heads, xn, "ve_gates", x_saved_tag="pointwise", x_bytes=t * c * e)
+        # v = v + 3 * sigmoid(gate) * ve: sigmoid saves its output, the product saves both factors
         bld.pointwise(f"{p}.attn.ve_mix", i, t * kv_w, reads=3, flops_per_element=3.0,
-                      saves=(Saved(f"{p}.ve_out", t * kv_w * e), Saved(f"{p}.ve_gate_sig", t * a.num_kv_heads * e)))
-    # the attention core (checkpointed under selective recompute): rotary, QK-norm, attention
+                      saves=(Saved(f"{p}.ve_out", t * kv_w * e), Saved(f"{p}.ve_sigmoid", t * heads * e, "pointwise"),
+                             Saved(f"{p}.ve_gate", t * heads * e, "pointwise")))
     if a.position == "rope":
+        # nanochat's rotary: y1 = x1 cos + x2 sin, y2 = x1 (-sin) + x2 cos; -sin is made per call and saved
+        half = bld.s * hd // 2 * e
         bld.pointwise(f"{p}.attn.rope", i, t * (q_w + kv_w), reads=1, flops_per_element=3.0, bwd_reads=1,
-                      core=True)
+                      saves=(Saved(f"{p}.rope_q_sin", half, "pointwise", tp_sharded=False),
+                             Saved(f"{p}.rope_k_sin", half, "pointwise", tp_sharded=False)))
     if a.qk_norm:
-        bld.norm(f"{p}.attn.q_norm", i, f"{p}.q_rope", learnable=False, tag="core", core=True)
-        bld.norm(f"{p}.attn.k_norm", i, f"{p}.k_rope", learnable=False, tag="core", core=True)
+        # per-head norms: one statistic per (token, head)
+        bld.norm(f"{p}.attn.q_norm", i, f"{p}.q_rope", learnable=False, tag="pointwise", core=True,
+                 rows_per_token=a.num_heads)
+        bld.norm(f"{p}.attn.k_norm", i, f"{p}.k_rope", learnable=False, tag="pointwise", core=True,
+                 rows_per_token=a.num_kv_heads)
     _attention(bld, i, window, kind, windows)
     bld.gemm(f"{p}.attn.c_proj", i, q_w, c, f"{p}.attn_out", "block_matrices")
     bld.pointwise(f"{p}.resid_add1", i, t * c, reads=2, flops_per_element=1.0, bwd_reads=1, bwd_writes=1)
@@ -309,60 +347,83 @@ def _block(bld: _Builder, i: int, window: int, kind: AttentionKind, windows: Win
     if a.mlp == "swiglu":
         bld.gemm(f"{p}.mlp.gate", i, c, f, f"{p}.xn2", "block_matrices", x_saved_tag="pointwise")
         bld.gemm(f"{p}.mlp.up", i, c, f, f"{p}.xn2", "block_matrices", x_saved_tag="pointwise")
-        # silu(g) * u: silu saves g, mul saves silu(g) and u
+        # silu(g) * u: silu saves g, the product saves silu(g) and u
         bld.pointwise(f"{p}.mlp.act", i, t * f, reads=2, flops_per_element=5.0,
                       saves=(Saved(f"{p}.mlp.g", t * f * e), Saved(f"{p}.mlp.u", t * f * e),
                              Saved(f"{p}.mlp.silu_g", t * f * e, "pointwise")))
     else:
         bld.gemm(f"{p}.mlp.c_fc", i, c, f, f"{p}.xn2", "block_matrices", x_saved_tag="pointwise")
-        if a.mlp == "relu2":
-            # relu saves its output, square saves its input: the same tensor
-            acts = (Saved(f"{p}.mlp.relu", t * f * e, "pointwise"),)
-        else:  # gelu (tanh) saves its input
-            acts = (Saved(f"{p}.mlp.h", t * f * e),)
+        # relu^2: relu saves its output and square saves its input, the same tensor; gelu saves its input
+        acts = (Saved(f"{p}.mlp.h", t * f * e, "pointwise"),)
         bld.pointwise(f"{p}.mlp.act", i, t * f, reads=1, flops_per_element=2.0 if a.mlp == "relu2" else 8.0,
                       saves=acts)
     bld.gemm(f"{p}.mlp.c_proj", i, f, c, f"{p}.mlp.act_out", "block_matrices")
+    bld.ops[-1] = _replace(bld.ops[-1], recompute_skip=("full",))
     bld.pointwise(f"{p}.resid_add2", i, t * c, reads=2, flops_per_element=1.0, bwd_reads=1, bwd_writes=1)
+    bld.ops[-1] = _replace(bld.ops[-1], recompute_skip=("full",))
+
+
+def _replace(op: Op, **changes) -> Op:
+    from dataclasses import replace
+
+    return replace(op, **changes)
 
 
 def _attention(bld: _Builder, i: int, window: int, kind: AttentionKind, windows: WindowSupport) -> None:
+    """The attention core, q, k, v -> output; q, k, v are saved (the checkpoint inputs under selective)."""
     a, b, s, e = bld.a, bld.b, bld.s, bld.e
     h, hkv, hd = a.num_heads, a.num_kv_heads, a.head_dim
     pairs = attention_pairs(s, window, kind, windows)
     p = f"h{i}"
-    qkv = (Saved(f"{p}.q", b * s * h * hd * e, "core"), Saved(f"{p}.k", b * s * hkv * hd * e, "core"),
-           Saved(f"{p}.v", b * s * hkv * hd * e, "core"),
-           # the checkpoint's inputs under selective recompute: q, k, v as the projections made them
-           Saved(f"{p}.q_proj", b * s * h * hd * e, "core_in"), Saved(f"{p}.k_proj", b * s * hkv * hd * e, "core_in"),
-           Saved(f"{p}.v_proj", b * s * hkv * hd * e, "core_in"))
-    flops_fwd, flops_bwd = 4.0 * b * h * pairs * hd, 8.0 * b * h * pairs * hd
+    qkv = (Saved(f"{p}.q", b * s * h * hd * e), Saved(f"{p}.k", b * s * hkv * hd * e),
+           Saved(f"{p}.v", b * s * hkv * hd * e))
+    out = Saved(f"{p}.attn_out", b * s * h * hd * e)
     io = b * s * (2 * h + 2 * hkv) * hd * e  # read q, k, v, write o
+    half_fwd, half_bwd = 2.0 * b * h * pairs * hd, 4.0 * b * h * pairs * hd
     if kind == "unfused_math":
-        # scores -> mask -> softmax -> @v: the b x h x s x s probabilities are written, read and saved
+        if hkv != h:  # grouped-query: the math path repeats k and v to every query head and saves the copies;
+            # under selective recompute the checkpoint keeps the un-repeated k and v instead
+            qkv = (qkv[0], Saved(f"{p}.k_rep", b * s * h * hd * e, "core"), Saved(f"{p}.v_rep", b * s * h * hd * e, "core"))
+            bld.ops.append(Op(name=f"{p}.attn.repeat_kv", kind="elementwise", layer=i, shape=(b * s * h * hd,),
+                              flops_fwd=0.0, flops_bwd=float(b * s * h * hd), bytes_fwd=b * s * (hkv + h) * hd * e * 2,
+                              bytes_bwd=b * s * (hkv + h) * hd * e * 2, attention_core=True,
+                              saves=(Saved(f"{p}.k", b * s * hkv * hd * e, "core_input"),
+                                     Saved(f"{p}.v", b * s * hkv * hd * e, "core_input"))))
+        # scores = q k^T, masked_fill (a boolean s x s mask per distinct window, made once per forward),
+        # softmax (saves the b x h x s x s probabilities), then probabilities @ v
         sq = b * h * s * s * e
-        saves = (*qkv, Saved(f"{p}.probs", sq, "core"), Saved(f"{p}.attn_out", b * s * h * hd * e, "keep"))
-        bld.ops.append(Op(name=f"{p}.attn.core", kind="attention", layer=i, shape=(b, h, s, window, hd),
-                          flops_fwd=flops_fwd, flops_bwd=flops_bwd, bytes_fwd=io + 5 * sq,
-                          bytes_bwd=2 * io + 9 * sq, saves=saves, attention_core=True))
-    else:
-        lse = b * h * s * 4  # fp32 log-sum-exp per row
-        mask = s * s if (kind == "fused_sdpa" and window < s) else 0  # explicit boolean mask
-        saves = (*qkv, Saved(f"{p}.lse", lse, "core"), Saved(f"{p}.attn_out", b * s * h * hd * e, "keep"))
-        if mask:
-            saves = (*saves, Saved(f"{p}.mask", mask, "keep"))
-        bld.ops.append(Op(name=f"{p}.attn.core", kind="attention", layer=i, shape=(b, h, s, window, hd),
-                          flops_fwd=flops_fwd, flops_bwd=flops_bwd, bytes_fwd=io + lse + mask,
-                          bytes_bwd=2 * io + lse + mask, saves=saves,
-                          recompute_flops_bwd=2.0 * b * h * pairs * hd, attention_core=True))
+        mask = Saved(f"mask.{min(window, s)}", s * s, "input", tp_sharded=False)
+        bld.ops.append(Op(name=f"{p}.attn.scores", kind="attention", layer=i, shape=(b, h, s, window, hd),
+                          flops_fwd=half_fwd, flops_bwd=half_bwd, bytes_fwd=b * s * (h + hkv) * hd * e + 4 * sq,
+                          bytes_bwd=b * s * (h + hkv) * hd * e * 2 + 6 * sq, attention_core=True,
+                          saves=(qkv[0], qkv[1], mask, Saved(f"{p}.probs", sq, "core"))))
+        bld.ops.append(Op(name=f"{p}.attn.pv", kind="attention", layer=i, shape=(b, h, s, window, hd),
+                          flops_fwd=half_fwd, flops_bwd=half_bwd, bytes_fwd=b * s * (h + hkv) * hd * e + sq,
+                          bytes_bwd=b * s * (h + hkv) * hd * e * 2 + 3 * sq, attention_core=True,
+                          saves=(qkv[2], Saved(f"{p}.probs", sq, "core"), out), recompute_skip=("selective",)))
+        return
+    saves = (*qkv, Saved(f"{p}.lse", b * h * s * 4, "core"), out)
+    mask_bytes = 0
+    if kind == "fused_sdpa" and window < s:
+        # a sliding window needs an explicit boolean mask, which SDPA converts to an additive mask in the
+        # query's dtype and saves; under recompute the boolean mask is the checkpoint's input instead
+        mask_bytes = s * s * e
+        saves = (*saves, Saved(f"{p}.mask_additive", mask_bytes, "core", tp_sharded=False),
+                 Saved(f"mask.{window}", s * s, "ckpt_input", tp_sharded=False))
+    bld.ops.append(Op(name=f"{p}.attn.core", kind="attention", layer=i, shape=(b, h, s, window, hd),
+                      flops_fwd=2 * half_fwd, flops_bwd=2 * half_bwd, bytes_fwd=io + b * h * s * 4 + mask_bytes,
+                      bytes_bwd=2 * io + b * h * s * 4 + mask_bytes, saves=saves,
+                      recompute_flops_bwd=half_fwd, attention_core=True))
 
 
 def _head(bld: _Builder) -> None:
     a, t, e = bld.a, bld.t, bld.e
     v = a.vocab_size
     if a.backout:
-        # nanochat: x = x - backout_lambda * x_half, x_half the input of block L//2 (saved already)
-        half = f"h{a.num_layers // 2}.x_in"
+        # nanochat: x = x - backout_lambda * x_half, x_half the residual stream after block L//2
+        # (the next block's input, saved already, or a tensor of its own when that block is the last)
+        nxt = a.num_layers // 2 + 1
+        half = f"h{nxt}.x_in" if nxt < a.num_layers else "x_last_out"
         bld.pointwise("backout", None, t * a.d_model, reads=2, flops_per_element=2.0,
                       saves=(Saved(half, t * a.d_model * e, "input", tp_sharded=False),
                              Saved("x_final", t * a.d_model * e, tp_sharded=False)))
