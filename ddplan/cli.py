@@ -148,6 +148,133 @@ def memory_cmd(
         render.echo(render.lines(words, format.value))
 
 
+class Knob(str, Enum):
+    auto = "auto"
+    gemm = "gemm"
+    attention = "attention"
+    compute = "compute"
+
+
+@app.command("table")
+def table_cmd(
+    model: str = ModelOpt,
+    hardware: str = HardwareOpt,
+    gpus: str = typer.Option("1,8", "--gpus", help="GPU counts, comma-separated (pure data parallelism)."),
+    attention: str = typer.Option(None, "--attention", help="Attention implementations, comma-separated "
+                                  "(default: every one on the hardware)."),
+    window: str = typer.Option(None, "--window", help="Window patterns, comma-separated, e.g. L,SSSL (default: the "
+                               "model's, and L when it differs)."),
+    price: float = typer.Option(None, "--price", help="USD per GPU-hour (default: the hardware spec's first price)."),
+    steps: int = typer.Option(None, "--steps", help="Optimizer steps (overrides the recipe's budget)."),
+    tokens: float = typer.Option(None, "--tokens", help="Training tokens (overrides the recipe's budget)."),
+    param_data_ratio: float = typer.Option(None, "--param-data-ratio", help="Tokens per parameter (overrides the "
+                                           "recipe's budget)."),
+    total_batch_size: int = typer.Option(None, "--total-batch-size", help="Tokens per optimizer step (default: the "
+                                         "recipe's)."),
+    device_batch_size: int = typer.Option(None, "--device-batch-size", help="Sequences per GPU per micro-batch."),
+    recompute: Recompute = typer.Option(Recompute.none, "--recompute", help="Activation recompute policy."),
+    compiled: bool = typer.Option(None, "--compile/--no-compile", help="torch.compile'd model (default: recipe)."),
+    calibration: str = typer.Option(None, "--calibration", help="A calibration file (from `ddplan calibrate` or "
+                                    "written by hand): measurements replace assumptions."),
+    measured_step_time: float = typer.Option(None, "--measured-step-time", help="A step time you measured, "
+                                             "seconds; ddplan fits one knob to it and derives the other rows."),
+    measured_gpus: int = typer.Option(None, "--measured-gpus", help="GPUs of the measured run (default: the "
+                                      "smallest of --gpus)."),
+    measured_attention: str = typer.Option(None, "--measured-attention", help="Attention of the measured run "
+                                           "(default: the hardware's default)."),
+    measured_window: str = typer.Option(None, "--measured-window", help="Window pattern of the measured run "
+                                        "(default: the first of --window)."),
+    fit: Knob = typer.Option(Knob.auto, "--fit", help="Which efficiency the measurement calibrates; auto picks "
+                             "the one whose range moves the measured row most."),
+    startup_min: float = typer.Option(5.0, "--startup-min", help="Minutes outside steps at start (launch, "
+                                      "compile warm-up)."),
+    eval_every: int = typer.Option(None, "--eval-every", help="Evaluate every N steps (0: never; default: the "
+                                   "recipe's)."),
+    eval_tokens: int = typer.Option(None, "--eval-tokens", help="Tokens per evaluation (default: the recipe's)."),
+    checkpoint_every: int = typer.Option(0, "--checkpoint-every", help="Checkpoint every N steps (0: at the end "
+                                         "only)."),
+    format: Format = FormatOpt,
+) -> None:
+    """The decision table: time, cost, MFU and memory for each GPU count, attention and window, explained."""
+    import datetime as dt
+
+    from ddplan import render
+    from ddplan.calibration import StepMeasurement
+    from ddplan.errors import UsageError
+    from ddplan.plan import TableRequest, build_table
+    from ddplan.registry import load_calibration, load_hardware, load_model
+    from ddplan.run import RunOverheads
+    from ddplan.specs import Budget, Price
+
+    for value, flag in ((price, "--price"), (steps, "--steps"), (tokens, "--tokens"),
+                        (param_data_ratio, "--param-data-ratio"), (total_batch_size, "--total-batch-size"),
+                        (device_batch_size, "--device-batch-size"), (measured_step_time, "--measured-step-time"),
+                        (measured_gpus, "--measured-gpus"), (eval_tokens, "--eval-tokens")):
+        _positive(value, flag)
+    for value, flag in ((startup_min, "--startup-min"), (eval_every, "--eval-every"),
+                        (checkpoint_every, "--checkpoint-every")):
+        if value is not None and value < 0:
+            raise UsageError(f"must be >= 0, got {value}", field=flag)
+    gpu_list = tuple(_int_list(gpus, "--gpus"))
+    windows = tuple(w.strip() for w in window.split(",")) if window else ()
+    for w in windows:
+        _check_pattern(w)
+    given = [f for f, v in (("--steps", steps), ("--tokens", tokens), ("--param-data-ratio", param_data_ratio)) if v]
+    if len(given) > 1:
+        raise UsageError(f"give at most one of --steps, --tokens, --param-data-ratio (got {', '.join(given)})",
+                         field=given[1])
+    spec, hw = load_model(model), load_hardware(hardware)
+    budget = None
+    if given:
+        budget = Budget(steps=steps, tokens=int(tokens) if tokens else None, param_data_ratio=param_data_ratio,
+                        ratio_params=spec.recipe.budget.ratio_params)
+    price_spec = None
+    if price is not None:
+        price_spec = Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price", date=dt.date.today(),
+                           source="given on the command line")
+    cal = load_calibration(calibration) if calibration else None
+    if cal is not None and cal.hardware not in (hw.name, *hw.aliases):
+        raise UsageError(f"calibration file is for {cal.hardware!r}, the table for {hw.name!r}", field="--calibration")
+    measurement = None
+    if measured_step_time is not None:
+        if measured_window:
+            _check_pattern(measured_window)
+        measurement = StepMeasurement(
+            model=spec.name, gpus=measured_gpus or min(gpu_list), step_time_s=measured_step_time,
+            device_batch_size=device_batch_size or spec.recipe.device_batch_size,
+            total_batch_tokens=total_batch_size or spec.recipe.total_batch_tokens,
+            attention=measured_attention or hw.default_attention,
+            window_pattern=measured_window or (windows[0] if windows else spec.architecture.window_pattern),
+            compiled=spec.recipe.compiled if compiled is None else compiled, recompute=recompute.value,
+            source="stated with --measured-step-time")
+    elif any(v is not None for v in (measured_gpus, measured_attention, measured_window)):
+        raise UsageError("needs --measured-step-time", field="--measured-gpus/--measured-attention/--measured-window")
+    req = TableRequest(
+        model=spec, hardware=hw, gpus=gpu_list,
+        attentions=tuple(a.strip() for a in attention.split(",")) if attention else (), windows=windows,
+        device_batch_size=device_batch_size, total_batch_tokens=total_batch_size, budget=budget, price=price_spec,
+        overheads=RunOverheads(startup_s=startup_min * 60, eval_every_steps=eval_every, eval_tokens=eval_tokens,
+                               checkpoint_every_steps=checkpoint_every),
+        compiled=compiled, recompute=recompute.value, measurement=measurement, knob=fit.value, calibration=cal)
+    result = build_table(req)
+    title = (f"{spec.name} on {hw.name}: decision table (steps {result.rows[0]['steps']:,}, "
+             f"{result.rows[0]['global_batch_tokens']:,} tokens/step)")
+    if format is Format.json:
+        import json
+
+        render.echo(json.dumps({"title": title, "rows": result.rows, "verdict": result.verdict,
+                                "warnings": result.warnings, "assumptions": result.assumptions}, indent=2))
+        return
+    if format is Format.csv:
+        render.echo(render.table(result.rows, "csv"))
+        return
+    render.echo(render.table(render.decision_rows(result.rows), format.value, title=title))
+    render.echo(render.lines(["Verdict:"] + result.verdict, format.value))
+    if result.warnings:
+        render.echo(render.lines(["Warnings:"] + sorted(set(result.warnings)), format.value))
+    render.echo(render.lines(["Assumptions:"] + result.assumptions, format.value))
+
+
 def _int_list(text: str, flag: str, allowed: tuple[int, ...] | None = None) -> list[int]:
     from ddplan.errors import UsageError
 

@@ -251,16 +251,13 @@ def _row(req: TableRequest, sc: _Scenario, total_batch: int, mb0: int, steps: in
     fpt = nanochat_flops_per_token(arch, spec.recipe.seq_len)
     peak = hw.peak.flops_per_s(spec.dtypes.compute)
     o = req.overheads
-    every = spec.recipe.evaluation.every_steps if (o.eval_every_steps is None and spec.recipe.evaluation) else (
-        o.eval_every_steps or 0)
-    eval_tokens = o.eval_tokens if o.eval_tokens is not None else (
-        spec.recipe.evaluation.tokens if spec.recipe.evaluation else 0)
+    every, eval_tokens = _eval_cadence(spec, o)
     eval_s = run.evaluations(steps, every) * -(-eval_tokens // (sc.gpus * mb * spec.recipe.seq_len)) * st.fwd_s
     ckpt_bytes = (mem.terms["params"] + mem.terms["optimizer"]) * sc.gpus
     n_ckpt = 1 + (steps // o.checkpoint_every_steps if o.checkpoint_every_steps else 0)
     ckpt_s = n_ckpt * ckpt_bytes / (o.checkpoint_gbyte_per_s * 1e9 * -(-sc.gpus // hw.gpus_per_node))
     outside = o.startup_s + eval_s + ckpt_s
-    wall = {k: steps * v + outside for k, v in (("value", step_s), ("low", lo_s), ("high", hi_s))}
+    wall = {k: steps * v + outside for k, v in (("value", step_s), ("low", lo_s), ("high", hi_s))}  # low: fast end
     cost = {k: run.cost_usd(price, sc.gpus, hw.gpus_per_node, run.hours(v)) for k, v in wall.items()}
     return {
         "config": f"{sc.gpus}x {hw.name}, {sc.attention}, {sc.window}",
@@ -273,11 +270,19 @@ def _row(req: TableRequest, sc: _Scenario, total_batch: int, mb0: int, steps: in
         "mfu_pct": 100 * fpt * batch / step_s / (peak * sc.gpus),
         "tokens_per_s": batch / step_s, "steps": steps,
         "train_h": run.hours(steps * step_s), "outside_steps_h": run.hours(outside),
-        "wall_clock_h": run.hours(wall["value"]), "wall_low_h": run.hours(wall["high"]),
-        "wall_high_h": run.hours(wall["low"]),
-        "cost_usd": cost["value"], "cost_low_usd": cost["high"], "cost_high_usd": cost["low"],
+        "wall_clock_h": run.hours(wall["value"]), "wall_low_h": run.hours(wall["low"]),
+        "wall_high_h": run.hours(wall["high"]),
+        "cost_usd": cost["value"], "cost_low_usd": cost["low"], "cost_high_usd": cost["high"],
         "memory_gib": mem.total / GiB, "fits": mem.fits, "basis": basis, "flags": "; ".join(flags),
     }
+
+
+def _eval_cadence(spec: ModelSpec, o: run.RunOverheads) -> tuple[int, int]:
+    """(every N steps, tokens per evaluation): the flags' values, else the recipe's."""
+    ev = spec.recipe.evaluation
+    every = o.eval_every_steps if o.eval_every_steps is not None else (ev.every_steps if ev else 0)
+    tokens = o.eval_tokens if o.eval_tokens is not None else (ev.tokens if ev else 0)
+    return every, tokens
 
 
 def _verdict(req: TableRequest, table: Table, price: Price) -> None:
@@ -341,8 +346,11 @@ def _baseline(req: TableRequest, rows: list[dict], g0: int) -> dict:
 def _assumptions(req: TableRequest, hw: HardwareSpec, compiled: bool, steps: int, total_batch: int,
                  budget: Budget, price: Price, knob: str | None, factors: dict[str, float]) -> list[str]:
     spec, o = req.model, req.overheads
-    how = (f"{budget.steps} steps (given)" if budget.steps else f"{budget.tokens:,} tokens" if budget.tokens
+    how = ("given" if budget.steps else f"{budget.tokens:,} tokens" if budget.tokens
            else f"param:data ratio {budget.param_data_ratio:g} x {budget.ratio_params} params")
+    every, tokens = _eval_cadence(spec, o)
+    evals = f"evaluation every {every:,} steps of {tokens:,} tokens (forward only)" if every and tokens else \
+        "no evaluation"
     out = [
         f"Model {spec.name}: recipe from {spec.recipe.source}.",
         f"Run: {steps:,} steps ({how}) of {total_batch:,} tokens; {'compiled' if compiled else 'eager'}; "
@@ -354,7 +362,7 @@ def _assumptions(req: TableRequest, hw: HardwareSpec, compiled: bool, steps: int
         f"and its source.",
         f"Price: ${price.usd_per_gpu_hour:g}/GPU-h, billed {price.billing.replace('_', ' ')} ({price.provider}, "
         f"{price.date}).",
-        f"Outside steps: start-up {o.startup_s:g} s, evaluation as the recipe says unless overridden, checkpoints "
+        f"Outside steps: start-up {o.startup_s:g} s, {evals}, checkpoints "
         f"{'at the end' if not o.checkpoint_every_steps else f'every {o.checkpoint_every_steps} steps'} "
         f"at {o.checkpoint_gbyte_per_s:g} GB/s.",
         f"MFU convention: {MFU_CONVENTION}, at each row's window pattern.",

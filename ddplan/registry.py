@@ -164,3 +164,13 @@ def load_model(name: str) -> ModelSpec:
         return nanochat_spec(depth)
     path = _resolve("models", name, "--model")
     return validate(ModelSpec, read_yaml(path), str(path))
+
+
+def load_calibration(path: str):
+    """A calibration file (YAML, `kind: calibration`): see ddplan.calibration."""
+    from ddplan.calibration import CalibrationSpec
+
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise SpecError("no such file for --calibration", file=path)
+    return validate(CalibrationSpec, read_yaml(p), str(p))

@@ -100,3 +100,24 @@ def lines(text_lines: list[str], fmt: str) -> str:
         return ""
     prefix = "- " if fmt == "markdown" else ""
     return "\n".join(prefix + t for t in text_lines) + "\n"
+
+
+def decision_rows(rows: list[dict]) -> list[dict]:
+    """The decision table as people read it: bands inline, a few columns; csv/json keep every column."""
+    out = []
+    for r in rows:
+        out.append({
+            "config": r["config"],
+            "accum": r["accum"],
+            "step_s (band)": f"{r['step_s']:.2f} ({r['step_low_s']:.2f}-{r['step_high_s']:.2f})",
+            "compute_s": f"{r['compute_s']:.2f}",
+            "attn_s": f"{r['attention_s']:.2f}",
+            "comm_s": f"{r['dp_comm_exposed_s'] + r['tp_comm_s']:.3f}",
+            "optim_s": f"{r['optimizer_s']:.3f}",
+            "MFU %": f"{r['mfu_pct']:.1f}",
+            "wall-clock h (band)": f"{r['wall_clock_h']:.1f} ({r['wall_low_h']:.1f}-{r['wall_high_h']:.1f})",
+            "cost $ (band)": f"{r['cost_usd']:,.0f} ({r['cost_low_usd']:,.0f}-{r['cost_high_usd']:,.0f})",
+            "mem GiB": f"{r['memory_gib']:.0f}" + ("" if r["fits"] else " (OOM)"),
+            "basis": r["basis"] + (" !" if r["flags"] else ""),
+        })
+    return out
