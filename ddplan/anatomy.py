@@ -281,7 +281,9 @@ def _embeddings(bld: _Builder) -> None:
                       bytes_bwd=t * a.d_model * e + a.vocab_size * a.d_model * w_e * 2,
                       saves=(Saved("idx", t * 8, "input", tp_sharded=False),)))
     if a.position == "learned":
-        bld.pointwise("wpe_add", None, t * a.d_model, reads=2, flops_per_element=1.0)
+        # the position lookup wpe(arange(s)) saves its int64 indices for the embedding backward
+        bld.pointwise("wpe_add", None, t * a.d_model, reads=2, flops_per_element=1.0,
+                      saves=(Saved("pos_idx", bld.s * 8, "input", tp_sharded=False),))
     if bld.spec.family == "nanochat":
         bld.norm("embed_norm", None, "emb", learnable=False)  # x = norm(wte(idx))
     if a.smear_gate_in_features:
@@ -445,7 +447,8 @@ def _head(bld: _Builder) -> None:
     # cross-entropy: log_softmax saves its output; nll_loss reads one entry per row. Backward builds
     # the dense gradient of the log-probabilities, then of the logits: two vocab-wide fp32 buffers.
     bld.pointwise("cross_entropy", None, tv, reads=1, writes=1, flops_per_element=5.0, elem_bytes=le,
-                  saves=(Saved("log_probs", tv * le, "pointwise"), Saved("targets", t * 8), compiled_logits),
+                  saves=(Saved("log_probs", tv * le, "pointwise"), Saved("targets", t * 8),
+                         Saved("loss_total_weight", 4, tp_sharded=False), compiled_logits),  # nll_loss's 0-d fp32
                   bwd_reads=1, bwd_writes=1, kind="reduction", transient=2 * tv * le)
 
 

@@ -313,13 +313,16 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # typer/click usage errors carry exit_code and format_message
         if debug:
             raise
+        if type(e).__name__ == "NoArgsIsHelpError":  # a bare `ddplan` / `ddplan specs`: the help was shown
+            return 0
         if hasattr(e, "format_message") and hasattr(e, "exit_code"):
             print("error: " + " ".join(e.format_message().split()), file=sys.stderr)
             return int(e.exit_code)
         if type(e).__name__ == "Abort":
             print("error: aborted", file=sys.stderr)
             return 1
-        print(f"error: internal error: {type(e).__name__}: {e} (set DDPLAN_DEBUG=1 for the traceback)",
+        message = " ".join(str(e).split())
+        print(f"error: internal error: {type(e).__name__}: {message} (set DDPLAN_DEBUG=1 for the traceback)",
               file=sys.stderr)
         return 1
 

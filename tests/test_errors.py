@@ -286,9 +286,6 @@ def test_unknown_command(capsys):
     assert "frobnicate" in line
 
 
-@pytest.mark.xfail(strict=True, reason="bare `ddplan` prints the help on stdout and then an empty "
-                   "`error: ` line on stderr, exit 2 (typer's NoArgsIsHelpError has an empty message); "
-                   "cli.main should treat it like --help")
 @pytest.mark.parametrize("argv", [[], ["specs"]], ids=["ddplan", "ddplan-specs"])
 def test_bare_command_shows_help_without_an_empty_error(capsys, argv):
     code, out, err = run(capsys, *argv)
@@ -315,8 +312,6 @@ def test_internal_error_is_one_line(capsys, monkeypatch):
     assert line == "error: internal error: RuntimeError: something broke (set DDPLAN_DEBUG=1 for the traceback)"
 
 
-@pytest.mark.xfail(strict=True, reason="cli.main prints an internal error's message as is; a multi-line "
-                   "message (pydantic, numpy) breaks the one-line rule: collapse whitespace as one_line() does")
 def test_internal_error_with_newlines_is_one_line(capsys, monkeypatch):
     _raise_in_describe(monkeypatch, RuntimeError("something\nbroke"))
     fails(capsys, "specs", "show", "d24")
