@@ -193,6 +193,8 @@ def table_cmd(
     eval_tokens: int = typer.Option(None, "--eval-tokens", help="Tokens per evaluation (default: the recipe's)."),
     checkpoint_every: int = typer.Option(0, "--checkpoint-every", help="Checkpoint every N steps (0: at the end "
                                          "only)."),
+    fp8: bool = typer.Option(False, "--fp8", help="Run eligible GEMMs in fp8 (refused where the model's fp8 format "
+                             "does not run on the hardware)."),
     format: Format = FormatOpt,
 ) -> None:
     """The decision table: time, cost, MFU and memory for each GPU count, attention and window, explained."""
@@ -255,7 +257,8 @@ def table_cmd(
         device_batch_size=device_batch_size, total_batch_tokens=total_batch_size, budget=budget, price=price_spec,
         overheads=RunOverheads(startup_s=startup_min * 60, eval_every_steps=eval_every, eval_tokens=eval_tokens,
                                checkpoint_every_steps=checkpoint_every),
-        compiled=compiled, recompute=recompute.value, measurement=measurement, knob=fit.value, calibration=cal)
+        compiled=compiled, recompute=recompute.value, measurement=measurement, knob=fit.value, calibration=cal,
+        fp8=fp8)
     result = build_table(req)
     title = (f"{spec.name} on {hw.name}: decision table (steps {result.rows[0]['steps']:,}, "
              f"{result.rows[0]['global_batch_tokens']:,} tokens/step)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
-from ddplan import params, registry, units
+from ddplan import flops, params, registry, run, units
 from ddplan.errors import SpecError
 from ddplan.specs import HardwareSpec, ModelSpec, nanochat_depth
 
@@ -89,7 +89,29 @@ def model_figures(m: ModelSpec) -> Derived:
         ("params: total", params.total_params(a), "params", "sum of the groups"),
         ("params: scaling (nanochat)", params.scaling_params(a), "params", "transformer matrices + lm_head"),
         ("params: non-embedding", params.non_embedding_params(a), "params", "total - wte - wpe - value embeddings"),
-        ("windows per layer", " ".join(str(w) for w in a.windows(m.recipe.seq_len)), "tokens",
+        ("windows per layer", _windows_text(a.windows(m.recipe.seq_len)), "tokens",
          f"pattern {a.window_pattern!r} tiled, last layer full"),
     ]
+    t = m.recipe.seq_len
+    names = {"nanochat": "6N + 12 h q min(window, T) per layer (nanochat gpt.py estimate_flops)",
+             "palm": "6N + 12 L H Q T (PaLM arXiv 2204.02311 App. B)",
+             "exact": "6N + exact causal/windowed attention pairs",
+             "korthikanti": "72 B L s h^2 (1 + s/6h + V/12hL) / (B s) (arXiv 2205.05198 Eq. 7; GPT layer)",
+             "megatron_hfu": "96 B s l h^2 (1 + s/6h + V/16lh) / (B s), full recompute (arXiv 2104.04473 Eq. 3)"}
+    for conv, source in names.items():
+        out.append((f"FLOPs/token: {conv}", flops.flops_per_token(a, t, conv), "FLOP", source))
+    tokens = m.recipe.total_batch_tokens
+    out.append(("steps (recipe budget)", run.steps_for(m, m.recipe.budget, tokens), "steps",
+                f"{m.recipe.budget.model_dump(exclude_none=True)} at {tokens:,} tokens/step"))
     return out
+
+
+def _windows_text(windows: list[int]) -> str:
+    """Run-length text of per-layer windows, e.g. '512 x3, 2048, 512 x3, 2048'."""
+    runs: list[list[int]] = []
+    for w in windows:
+        if runs and runs[-1][0] == w:
+            runs[-1][1] += 1
+        else:
+            runs.append([w, 1])
+    return ", ".join(f"{w} x{n}" if n > 1 else f"{w}" for w, n in runs)

@@ -83,6 +83,7 @@ def nanochat_spec(depth: int) -> ModelSpec:
                 "source": "nanochat/optim.py @92d63d4 l.337-382 (state dtypes), gpt.py l.419-457 (groups)",
             },
             "distribution": "sharded_optimizer",
+            "fp8_formats": ["e4m3fn", "e5m2"],  # nanochat/fp8.py: torch._scaled_mm, e4m3fn x/w, e5m2 grads
             "world_size_rule": "power_of_two",
             "evaluation": {"every_steps": 250, "tokens": 80 * 524288,
                            "source": "base_train.py @00255c1 --eval-every 250, --eval-tokens 80*524288 "

@@ -40,6 +40,7 @@ class TableRequest:
     measurement: StepMeasurement | None = None
     knob: str = "auto"
     calibration: CalibrationSpec | None = None
+    fp8: bool = False  # eligible GEMMs in fp8 (MFU stays against the bf16 peak, nanochat's convention)
 
 
 @dataclass
@@ -75,6 +76,8 @@ def build_table(req: TableRequest) -> Table:
     pattern = spec.architecture.window_pattern
     windows = req.windows or ((pattern, "L") if pattern != "L" else ("L",))
     price = req.price or hw.price
+    if req.fp8:
+        check_fp8(spec, hw)
     table = Table(rows=[])
     factors, knob = _fit(req, spec, hw, compiled, total_batch, mb, table)
     for g in req.gpus:
@@ -83,8 +86,23 @@ def build_table(req: TableRequest) -> Table:
                 table.rows.append(_row(req, _Scenario(g, att, win), total_batch, mb, steps, compiled, price,
                                        factors, knob, table))
     _verdict(req, table, price)
+    small = [g for g in req.gpus if g % hw.gpus_per_node]
+    if price.billing == "per_node" and small:
+        table.warnings.append(f"the price ({price.provider}) bills whole {hw.gpus_per_node}-GPU nodes: rows with "
+                              f"{', '.join(map(str, small))} GPU(s) pay for full nodes; give --price for a per-GPU offer")
     table.assumptions += _assumptions(req, hw, compiled, steps, total_batch, budget, price, knob, factors)
     return table
+
+
+def check_fp8(spec: ModelSpec, hw: HardwareSpec) -> None:
+    """Raise UsageError when the model's fp8 training path cannot run on this hardware, saying why."""
+    if hw.peak.fp8_tflops is None or not hw.fp8_formats:
+        raise UsageError(f"{hw.name} has no fp8 tensor units; drop --fp8", field="--fp8")
+    need = spec.recipe.fp8_formats
+    if need and not set(need) <= set(hw.fp8_formats):
+        raise UsageError(f"{spec.name}'s fp8 path needs {'/'.join(need)}, but {hw.name}'s tensor units take "
+                         f"{'/'.join(hw.fp8_formats)} (e.g. nanochat's torch._scaled_mm with float8_e4m3fn does "
+                         f"not run on MI300X, which has the fnuz formats)", field="--fp8")
 
 
 def _layout(spec: ModelSpec, gpus: int, mb: int, total_batch: int, table: Table | None) -> tuple[int, int, int, str]:
@@ -113,9 +131,10 @@ def _layout(spec: ModelSpec, gpus: int, mb: int, total_batch: int, table: Table 
                                           f"{seq}: rounded up to {accum * per_step:,} tokens")
 
 
-def _config_rates(hw: HardwareSpec, attention: str, scenario: str, calibration: CalibrationSpec | None) -> Rates:
+def _config_rates(hw: HardwareSpec, attention: str, scenario: str, calibration: CalibrationSpec | None,
+                  fp8: bool = False) -> Rates:
     """Rates for a scenario, with calibrated measurements replacing the spec's assumptions."""
-    r = rates(hw, attention, scenario)
+    r = rates(hw, attention, scenario, fp8=fp8)
     if calibration is None:
         return r
     if calibration.hbm_tbyte_per_s:
@@ -140,7 +159,7 @@ def _step(req: TableRequest, sc: _Scenario, mb: int, accum: int, compiled: bool,
                     attention=sc.attention, recompute=req.recompute, compiled=compiled)
     anatomy = build_anatomy(spec, batch=mb, seq_len=seq_len, attention=impl.kind, windows=impl.windows,
                             recompute=req.recompute, compiled=compiled, window_pattern=sc.window)
-    r = _config_rates(hw, sc.attention, scenario, req.calibration)
+    r = _config_rates(hw, sc.attention, scenario, req.calibration, req.fp8)
     if factor is not None and knob is not None:
         if knob == "gemm" or sc.attention == measured_attention:
             r = r.scaled(knob, factor)
@@ -181,8 +200,8 @@ def _fit(req: TableRequest, spec: ModelSpec, hw: HardwareSpec, compiled: bool, t
     if knob == "auto":
         widths = {}
         for k in ("gemm", "attention"):
-            lo, hi = (_config_rates(hw, m.attention, s, req.calibration) for s in ("low", "high"))
-            base = _config_rates(hw, m.attention, "value", req.calibration)
+            lo, hi = (_config_rates(hw, m.attention, s, req.calibration, req.fp8) for s in ("low", "high"))
+            base = _config_rates(hw, m.attention, "value", req.calibration, req.fp8)
             times = []
             for end in (lo, hi):
                 r = replace(base, gemm_best=end.gemm_best) if k == "gemm" else replace(
@@ -220,6 +239,13 @@ def _row(req: TableRequest, sc: _Scenario, total_batch: int, mb0: int, steps: in
     flags = []
     if note:
         table.warnings.append(note)
+    if req.device_batch_size is None:  # not pinned by the user: the largest device batch that fits
+        fitted = _largest_fitting_micro_batch(req, sc, mb, compiled)
+        if fitted != mb:
+            table.warnings.append(f"{sc.gpus}x {hw.name}, {sc.attention}, {sc.window}: device batch {mb} does not fit "
+                                  f"in {hw.memory.usable_gib.value:g} GiB; using {fitted} (accumulation x{mb // fitted}"
+                                  f", same total batch). Pin it with --device-batch-size.")
+            accum, mb = accum * (mb // fitted), fitted
     if spec.recipe.world_size_rule == "power_of_two" and sc.gpus & (sc.gpus - 1):
         flags.append("world size not a power of two (nanochat needs one)")
     measured = _measurement(req)
@@ -244,6 +270,8 @@ def _row(req: TableRequest, sc: _Scenario, total_batch: int, mb0: int, steps: in
                             compiled=compiled, window_pattern=sc.window)
     executed = accum * (anatomy.flops_fwd() + anatomy.flops_bwd())
     best = hw.efficiency.gemm.best.range[1] * hw.peak.flops_per_s(spec.dtypes.compute)
+    if req.fp8:
+        best = (hw.efficiency.gemm.best_fp8 or hw.efficiency.gemm.best).range[1] * hw.peak.flops_per_s("fp8")
     if executed / step_s > best:
         flags.append(f"implausible: sustains {executed / step_s / 1e12:.0f} TFLOP/s, above the best measured "
                      f"GEMM rate {best / 1e12:.0f}")
@@ -285,7 +313,24 @@ def _eval_cadence(spec: ModelSpec, o: run.RunOverheads) -> tuple[int, int]:
     return every, tokens
 
 
+def _largest_fitting_micro_batch(req: TableRequest, sc: _Scenario, mb: int, compiled: bool) -> int:
+    """Halve the micro-batch until memory fits (down to 1); the total batch is kept by accumulation."""
+    spec, hw = req.model, req.hardware
+    while mb > 1:
+        layout = Layout(dp=sc.gpus, zero=NATIVE_ZERO[spec.recipe.distribution], micro_batch=mb,
+                        attention=sc.attention, recompute=req.recompute, compiled=compiled)
+        if breakdown(spec, hw, Setup(layout=layout, window_pattern=sc.window)).fits:
+            return mb
+        if mb % 2:
+            return mb
+        mb //= 2
+    return mb
+
+
 def _verdict(req: TableRequest, table: Table, price: Price) -> None:
+    for r in table.rows:
+        if r["flags"]:
+            table.warnings.append(f"{r['config']}: {r['flags']}")
     rows = [r for r in table.rows if r["fits"] and "implausible" not in r["flags"]
             and "power of two" not in r["flags"]]
     if not rows:
@@ -328,9 +373,6 @@ def _verdict(req: TableRequest, table: Table, price: Price) -> None:
     else:
         v.append("Some rows do not fit in memory: run `ddplan memory` for the setup that would (ZeRO, recompute, "
                  "TP/PP).")
-    for r in table.rows:
-        if r["flags"]:
-            table.warnings.append(f"{r['config']}: {r['flags']}")
 
 
 def _baseline(req: TableRequest, rows: list[dict], g0: int) -> dict:
@@ -366,6 +408,10 @@ def _assumptions(req: TableRequest, hw: HardwareSpec, compiled: bool, steps: int
         f"{'at the end' if not o.checkpoint_every_steps else f'every {o.checkpoint_every_steps} steps'} "
         f"at {o.checkpoint_gbyte_per_s:g} GB/s.",
         f"MFU convention: {MFU_CONVENTION}, at each row's window pattern.",
+        *(["fp8: GEMMs with every dim a multiple of 16 and min(k, n) >= 128 at the dense fp8 peak x "
+           f"{(hw.efficiency.gemm.best_fp8 or hw.efficiency.gemm.best).value:.3f}"
+           f"{'' if hw.efficiency.gemm.best_fp8 else ' (the bf16 fraction: no fp8 measurement)'}, plus "
+           "quantisation casts; attention stays bf16; MFU still against the bf16 peak."] if req.fp8 else []),
         "Band (low-high): every efficiency at the fast and slow ends of its range in the hardware spec.",
     ]
     m = _measurement(req)

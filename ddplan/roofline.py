@@ -44,16 +44,18 @@ class Rates:
     attn_fwd: float
     attn_bwd: float
     kernel_overhead_s: float
+    fp8_flops_per_s: float | None = None  # set when eligible GEMMs run in fp8
+    gemm_best_fp8: float = 0.0
 
     def scaled(self, knob: str, factor: float) -> Rates:
         """These rates with one knob's efficiency multiplied by factor (the calibration fit)."""
         if knob == "gemm":
-            return replace(self, gemm_best=self.gemm_best * factor)
+            return replace(self, gemm_best=self.gemm_best * factor, gemm_best_fp8=self.gemm_best_fp8 * factor)
         if knob == "attention":
             return replace(self, attn_fwd=self.attn_fwd * factor, attn_bwd=self.attn_bwd * factor)
         if knob == "compute":
-            return replace(self, gemm_best=self.gemm_best * factor, attn_fwd=self.attn_fwd * factor,
-                           attn_bwd=self.attn_bwd * factor)
+            return replace(self, gemm_best=self.gemm_best * factor, gemm_best_fp8=self.gemm_best_fp8 * factor,
+                           attn_fwd=self.attn_fwd * factor, attn_bwd=self.attn_bwd * factor)
         raise ValueError(f"unknown knob {knob!r}; allowed: gemm, attention, compute")
 
 
@@ -65,12 +67,18 @@ def pick(eff: Efficiency, scenario: Scenario) -> float:
     return lo if scenario == "low" else hi
 
 
-def rates(hw: HardwareSpec, attention: str, scenario: Scenario = "value", dtype: str = "bf16") -> Rates:
-    """Rates for the named attention implementation on this hardware, at one end of the ranges."""
+def rates(hw: HardwareSpec, attention: str, scenario: Scenario = "value", dtype: str = "bf16",
+          fp8: bool = False) -> Rates:
+    """Rates for the named attention implementation on this hardware, at one end of the ranges.
+
+    fp8: eligible GEMMs run at the dense fp8 peak x the fp8 GEMM efficiency (the bf16 fraction where no
+    fp8 measurement exists); attention and everything else stay in the compute dtype.
+    """
     if scenario not in SCENARIOS:
         raise ValueError(f"scenario must be one of {SCENARIOS}, got {scenario!r}")
     impl = hw.attention_impl(attention)
     e = hw.efficiency
+    fp8_best = e.gemm.best_fp8 or e.gemm.best
     return Rates(
         peak_flops_per_s=hw.peak.flops_per_s(dtype),
         vector_flops_per_s=hw.peak.fp32_vector_tflops.value * 1e12,
@@ -81,7 +89,19 @@ def rates(hw: HardwareSpec, attention: str, scenario: Scenario = "value", dtype:
         attn_fwd=pick(impl.efficiency_fwd, scenario),
         attn_bwd=pick(impl.efficiency_bwd, scenario),
         kernel_overhead_s=e.kernel_overhead_us.value * US,
+        fp8_flops_per_s=hw.peak.flops_per_s("fp8") if fp8 else None,
+        gemm_best_fp8=pick(fp8_best, scenario),
     )
+
+
+def fp8_eligible(op: Op) -> bool:
+    """GEMMs that an fp8 recipe converts: every dim a multiple of 16 and the smaller weight dim >= 128.
+
+    Ref: nanochat scripts/base_train.py @00255c1 `fp8_module_filter` (same rule as torchao's default);
+    the value-embedding and smear gates stay in bf16.
+    """
+    m, n, k = op.shape
+    return op.kind == "gemm" and n % 16 == 0 and k % 16 == 0 and min(n, k) >= 128
 
 
 def gemm_efficiency(m: int, n: int, k: int, best: float, half_dim: float) -> float:
@@ -122,6 +142,12 @@ def op_time_s(op: Op, anatomy: Anatomy, r: Rates) -> tuple[float, float]:
     bw = r.hbm_bytes_per_s * r.hbm
     if op.kind == "gemm":
         m, n, k = op.shape
+        if r.fp8_flops_per_s and fp8_eligible(op):
+            # quantise x and W (fwd) and dY (bwd) to fp8: one extra read + narrow write each, one launch each
+            rate = r.fp8_flops_per_s * gemm_efficiency(m, n, k, r.gemm_best_fp8, r.gemm_half_dim)
+            cast_fwd, cast_bwd = (m * k + k * n) * 3, m * n * 3
+            return (roofline_s(op.flops_fwd, op.bytes_fwd + cast_fwd, rate, bw) + 3 * r.kernel_overhead_s,
+                    roofline_s(op.flops_bwd, op.bytes_bwd + cast_bwd, rate, bw) + 3 * r.kernel_overhead_s)
         rate = r.peak_flops_per_s * gemm_efficiency(m, n, k, r.gemm_best, r.gemm_half_dim)
         # backward is two GEMMs (dX, dW): two launches
         return (roofline_s(op.flops_fwd, op.bytes_fwd, rate, bw) + r.kernel_overhead_s,

@@ -98,6 +98,7 @@ class Memory(Strict):
 
 
 Collective = Literal["all_reduce", "reduce_scatter", "all_gather"]
+Fp8Format = Literal["e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz"]
 
 
 class IntraNode(Strict):
@@ -153,6 +154,7 @@ class GemmEfficiency(Strict):
 
     best: Efficiency
     half_dim: Sourced  # dimension at which that dimension alone halves the efficiency
+    best_fp8: Efficiency | None = None  # fraction of the dense fp8 peak (None: assume the bf16 fraction)
 
 
 class Efficiencies(Strict):
@@ -195,6 +197,9 @@ class HardwareSpec(Strict):
     efficiency: Efficiencies
     attention: list[AttentionImpl] = Field(min_length=1)
     default_attention: str
+    # fp8 element formats the tensor units take: OCP (e4m3fn, e5m2; H100+, MI355X) or AMD's
+    # "fnuz" variants (MI300X, MI325X); empty when there is no fp8 (A100)
+    fp8_formats: list[Fp8Format] = []
     tdp_watts: Sourced | None = None
 
     @model_validator(mode="after")
@@ -367,6 +372,9 @@ class Recipe(Strict):
     distribution: Distribution  # the native data-parallel setup (sharded_optimizer: nanochat's)
     world_size_rule: Literal["any", "power_of_two"] = "any"
     compiled: bool = True  # torch.compile on the model (nanochat, nanoGPT default): changes what is saved
+    # fp8 formats the model's fp8 training path needs (nanochat fp8.py: e4m3fn forward, e5m2 grads);
+    # None: any fp8 the hardware has (torchao picks the platform's format)
+    fp8_formats: list[Fp8Format] | None = None
     evaluation: Evaluation | None = None
     source: str = Field(min_length=3)
 

@@ -1,0 +1,274 @@
+"""ddplan.anatomy against the reference torch model, against hand computations, and its properties.
+
+The reference comparisons run tiny models on CPU in fp32 (`dtype_policy="fp32"`, where weights are
+saved by reference and no cast copies exist) and take a few seconds in all; measurements are cached
+per (model, attention, recompute) for the module.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ddplan.anatomy import (
+    adamw_bytes,
+    attention_pairs,
+    build_anatomy,
+    muon_flops,
+)
+from ddplan.registry import load_model
+from ddplan.specs import ModelSpec
+
+# --------------------------------------------------------------------------------------------
+# Tiny models
+
+
+def _tiny(name: str, seq_len: int, compute: str = "fp32", params: str | None = "fp32", **arch) -> ModelSpec:
+    """A copy of a shipped spec with architecture fields replaced, the recipe's sequence set to seq_len and
+    (by default) every dtype fp32; re-validated, since model_copy(update=...) does not validate."""
+    spec = load_model(name)
+    dtypes = spec.dtypes.model_copy(update={
+        "compute": compute, **({"params": dict.fromkeys(spec.dtypes.params, params)} if params else {})})
+    recipe = spec.recipe.model_copy(update={"seq_len": seq_len, "total_batch_tokens": 8 * seq_len})
+    spec = spec.model_copy(update={"architecture": spec.architecture.model_copy(update=arch),
+                                   "dtypes": dtypes, "recipe": recipe})
+    return ModelSpec.model_validate(spec.model_dump())
+
+
+def nanochat_tiny(depth: int, **kw) -> ModelSpec:
+    """nanochat at `depth` (pattern SSSL: layer 0 gets a 128-token window at seq 256), vocab 512, seq 256."""
+    return _tiny(f"d{depth}", 256, vocab_size=512, max_seq_len=256, **kw)
+
+
+def gpt2_tiny(**kw) -> ModelSpec:
+    return _tiny("gpt2-124m", 128, num_layers=2, d_model=128, num_heads=2, num_kv_heads=2, head_dim=64,
+                 vocab_size=512, max_seq_len=128, mlp_hidden_dim=512, **kw)
+
+
+def llama_gqa_tiny(**kw) -> ModelSpec:
+    return _tiny("llama-3-8b", 128, num_layers=2, d_model=128, num_heads=4, num_kv_heads=2, head_dim=32,
+                 vocab_size=512, max_seq_len=128, mlp_hidden_dim=384, **kw)
+
+
+TINY = {
+    "nanochat-d2": lambda: nanochat_tiny(2),
+    "nanochat-d3": lambda: nanochat_tiny(3),
+    "gpt2": gpt2_tiny,
+    "llama-gqa": llama_gqa_tiny,
+}
+BATCH = 2
+# reference attention name -> (anatomy attention kind, window support)
+ATTENTION = {"sdpa-math": ("unfused_math", "mask"), "sdpa-fused": ("fused_sdpa", "mask")}
+RECOMPUTE = ("none", "selective", "full")
+
+# Saved-for-backward bytes as measured with torch 2.13 on CPU (fp32), batch 2; the anatomy gives the
+# same figure to the byte for every one of them (the test asserts 5% and prints both):
+#
+#   model        attention   none        selective   full
+#   nanochat-d2  sdpa-math   15,159,092  14,110,516  4,128,564
+#   nanochat-d2  sdpa-fused  14,245,684  14,044,980  4,063,028
+#   nanochat-d3  sdpa-math   38,915,892  35,770,164  5,963,572
+#   nanochat-d3  sdpa-fused  36,175,668  35,704,628  5,898,036
+#   gpt2         sdpa-math    5,536,772   5,012,484  1,072,132
+#   gpt2         sdpa-fused   5,000,196   4,996,100  1,055,748
+#   llama-gqa    sdpa-math    7,791,620   6,480,900  1,201,156
+#   llama-gqa    sdpa-fused   6,472,708   6,464,516  1,184,772
+SAVED_TOLERANCE = 0.05
+FLOPS_TOLERANCE = 0.01
+
+CASES = [pytest.param(m, a, rc, id=f"{m}-{a}-{rc}") for m in TINY for a in ATTENTION for rc in RECOMPUTE]
+
+
+@functools.cache
+def _spec(model: str) -> ModelSpec:
+    return TINY[model]()
+
+
+@functools.cache
+def _measured(model: str, attention: str, recompute: str) -> dict:
+    from ddplan.calibrate.reference import measure
+
+    spec = _spec(model)
+    return measure(spec, batch=BATCH, seq_len=spec.recipe.seq_len, attention=attention, recompute=recompute,
+                   dtype_policy="fp32")
+
+
+def _anatomy(model: str, attention: str, recompute: str):
+    spec = _spec(model)
+    kind, windows = ATTENTION[attention]
+    return build_anatomy(spec, batch=BATCH, seq_len=spec.recipe.seq_len, attention=kind, windows=windows,
+                         recompute=recompute)
+
+
+# --------------------------------------------------------------------------------------------
+# Against the reference model
+
+
+@pytest.mark.parametrize(("model", "attention", "recompute"),
+                         [c for c in CASES if c.values[1] == "sdpa-math"])
+def test_matmul_flops_match_flop_counter_with_math_attention(model, attention, recompute):
+    """anatomy.matmul_flops() == FlopCounterMode's total within 1%, recompute included (agrees exactly today).
+
+    Only with the math backend: FlopCounterMode's formula for the CPU flash kernel (the one sdpa-fused
+    runs on CPU) counts the full s x s product whatever the causal mask, plus the kernel's recompute of
+    the scores in backward, so it is not comparable with the anatomy's model FLOPs (it reads 4-11% above
+    them on these models).
+    """
+    pytest.importorskip("torch")
+    measured = _measured(model, attention, recompute)["flops_fwd_bwd"]
+    predicted = _anatomy(model, attention, recompute).matmul_flops()
+    print(f"{model} {attention} {recompute}: FLOPs measured {measured:,} anatomy {predicted:,.0f}")
+    assert predicted == pytest.approx(measured, rel=FLOPS_TOLERANCE)
+
+
+@pytest.mark.parametrize(("model", "attention", "recompute"), CASES)
+def test_saved_bytes_match_saved_tensors_hooks(model, attention, recompute):
+    """anatomy.saved_bytes() == the reference's saved activation storages within 5% (exact figures in the
+    table above). Weights that the reference saves by reference (fp32 policy: the parameters themselves)
+    are reported apart and not counted as activations."""
+    pytest.importorskip("torch")
+    m = _measured(model, attention, recompute)
+    predicted = _anatomy(model, attention, recompute).saved_bytes()
+    print(f"{model} {attention} {recompute}: saved measured {m['saved_bytes']:,} anatomy {predicted:,.0f} "
+          f"(diff {predicted - m['saved_bytes']:+,.0f} B); weights saved by reference {m['saved_param_bytes']:,}")
+    assert predicted == pytest.approx(m["saved_bytes"], rel=SAVED_TOLERANCE)
+    assert m["saved_param_bytes"] > 0
+
+
+# --------------------------------------------------------------------------------------------
+# Hand computations
+
+
+def test_attention_pairs_full_causal_is_the_triangle():
+    """A window covering the sequence: query i sees i+1 keys, s(s+1)/2 in all."""
+    assert attention_pairs(8, 8, "flash_package", "native") == 8 * 9 // 2 == 36
+    assert attention_pairs(2048, 2048, "flash_package", "native") == 2048 * 2049 // 2
+    assert attention_pairs(2048, 2048, "fused_sdpa", "mask") == 2048 * 2049 // 2  # is_causal skips the triangle
+    assert attention_pairs(8, 100, "flash_package", "native") == 36
+
+
+def test_attention_pairs_sliding_window_sees_w_plus_one_keys():
+    """s = 8, w = 2: queries 0, 1 see 1 and 2 keys, the other 6 see 3: 1 + 2 + 3 x 6 = 21."""
+    assert attention_pairs(8, 2, "flash_package", "native") == 1 + 2 + 3 * 6 == 21
+    # nanochat d24's S window at T = 2048: 512 + 1 keys once full
+    assert attention_pairs(2048, 512, "flash_package", "native") == 513 * 514 // 2 + (2048 - 513) * 513
+
+
+def test_attention_pairs_math_always_computes_s_squared_and_fused_with_a_mask_too():
+    for w in (1, 2, 7, 8, 100):
+        assert attention_pairs(8, w, "unfused_math", "mask") == 64
+    assert attention_pairs(8, 2, "fused_sdpa", "mask") == 64  # explicit mask: no block skipping
+    assert attention_pairs(8, 7, "fused_sdpa", "mask") == 64  # window 7 < s = 8 still needs the mask
+    with pytest.raises(ValueError, match="positive"):
+        attention_pairs(0, 2, "flash_package", "native")
+
+
+def test_gemm_op_flops_are_2mnk_forward_and_4mnk_backward():
+    """d24's h0.mlp.c_fc at device batch 32 x 2048: m = 65,536 tokens, k = 1536, n = 6144.
+
+    forward 2mnk = 2 x 65,536 x 6144 x 1536 = 1,236,950,581,248; backward 4mnk = 2,473,901,162,496.
+    """
+    a = build_anatomy(load_model("d24"), batch=32, seq_len=2048)
+    op = next(o for o in a.ops if o.name == "h0.mlp.c_fc")
+    m, n, k = 32 * 2048, 6144, 1536
+    assert op.kind == "gemm" and op.shape == (m, n, k)
+    assert op.flops_fwd == 2 * m * n * k == 1_236_950_581_248
+    assert op.flops_bwd == 4 * m * n * k == 2_473_901_162_496
+
+
+def test_muon_flops_by_hand():
+    """Newton-Schulz on 1536 x 6144, 5 steps, m = 1536, n = 6144: 5 x (4 m^2 n + 2 m^3)
+    = 5 x (57,982,058,496 + 7,247,757,312) = 326,149,079,040; the transpose costs the same."""
+    m, n = 1536, 6144
+    assert muon_flops(m, n) == 5 * (4 * m * m * n + 2 * m**3) == 326_149_079_040
+    assert muon_flops(n, m) == muon_flops(m, n)
+    assert muon_flops(m, m, ns_steps=1) == 6 * m**3
+    with pytest.raises(ValueError, match="positive"):
+        muon_flops(0, 5)
+
+
+def test_adamw_bytes_by_hand():
+    """Read p, g, m, v and write p, m, v: numel x (2 p + g + 4 s).
+    d24's lm_head, fp32 everything: 50,331,648 x (8 + 4 + 16) = 1,409,286,144 bytes;
+    wte, bf16 params, grads and state: 50,331,648 x (4 + 2 + 8) = 704,643,072 bytes."""
+    assert adamw_bytes(50_331_648, 4, 4, 4) == 1_409_286_144
+    assert adamw_bytes(50_331_648, 2, 2, 2) == 704_643_072
+    assert adamw_bytes(10, 2, 4, 4) == 10 * (4 + 4 + 16)
+
+
+# --------------------------------------------------------------------------------------------
+# Properties
+
+KINDS = [("unfused_math", "mask"), ("fused_sdpa", "mask"), ("flash_package", "native")]
+
+
+@functools.cache
+def _property_spec(name: str, pattern: str, shipped_dtypes: bool) -> ModelSpec:
+    """A tiny model in fp32, or in its shipped dtypes computing in bf16 (nanochat: fp32 masters, bf16 tables)."""
+    dtypes = {"compute": "bf16", "params": None} if shipped_dtypes else {}
+    if name == "nanochat":
+        return nanochat_tiny(2, window_pattern=pattern, **dtypes)
+    return (gpt2_tiny if name == "gpt2" else llama_gqa_tiny)(**dtypes)
+
+
+configs = st.fixed_dictionaries({
+    "spec": st.builds(_property_spec, st.sampled_from(["nanochat", "gpt2", "llama"]),
+                      st.sampled_from(["L", "SSSL", "SL"]), st.booleans()),
+    "batch": st.integers(1, 4),
+    # nanochat's S window is 128 tokens up to seq 512, so only 200 and 256 give it short windows
+    "seq_len": st.sampled_from([16, 64, 100, 128, 200, 256]),
+    "compiled": st.booleans(),
+}).map(lambda c: {**c, "seq_len": min(c["seq_len"], c["spec"].architecture.max_seq_len)})
+
+
+def _saved(cfg, kind, windows, recompute, **over):
+    args = {**cfg, **over}
+    return build_anatomy(args["spec"], batch=args["batch"], seq_len=args["seq_len"], attention=kind,
+                         windows=windows, recompute=recompute, compiled=args["compiled"]).saved_bytes()
+
+
+@settings(max_examples=60, deadline=None)
+@given(configs)
+def test_saved_bytes_non_increasing_none_selective_full(cfg):
+    for kind, windows in KINDS:
+        none, sel, full = (_saved(cfg, kind, windows, rc) for rc in RECOMPUTE)
+        assert none >= sel >= full > 0, (kind, none, sel, full)
+
+
+@settings(max_examples=60, deadline=None)
+@given(configs, st.sampled_from(RECOMPUTE))
+def test_fused_attention_never_saves_more_than_math(cfg, recompute):
+    math = _saved(cfg, "unfused_math", "mask", recompute)
+    assert _saved(cfg, "fused_sdpa", "mask", recompute) <= math
+    assert _saved(cfg, "flash_package", "native", recompute) <= math
+
+
+@settings(max_examples=60, deadline=None)
+@given(configs, st.sampled_from(KINDS), st.sampled_from(RECOMPUTE))
+def test_saved_bytes_are_linear_in_batch_but_for_masks_and_rope(cfg, kind, recompute):
+    """saved(b) = A b + C, C the batch-independent tensors: the boolean masks (one per distinct window),
+    SDPA's additive masks, rotary's -sin tables, the learned-position indices and the loss's 0-d total weight."""
+    b = cfg["batch"]
+    spec = cfg["spec"]
+
+    def anatomy(batch):
+        return build_anatomy(spec, batch=batch, seq_len=cfg["seq_len"], attention=kind[0], windows=kind[1],
+                             recompute=recompute, compiled=cfg["compiled"])
+
+    one, two, three = (anatomy(k * b).saved_bytes() for k in (1, 2, 3))
+    assert three - two == two - one  # affine in batch
+    constant = 2 * one - two
+    independent = sum(s.bytes for n, s in anatomy(b).saved_tensors().items()
+                      if n.startswith("mask.") or "mask_additive" in n or "rope_" in n
+                      or n in ("pos_idx", "loss_total_weight"))
+    assert constant == independent
+    assert 2 * one - independent <= two <= 2 * one
+
+
+@settings(max_examples=60, deadline=None)
+@given(configs, st.sampled_from(KINDS), st.sampled_from(RECOMPUTE))
+def test_compiled_never_saves_more_than_eager(cfg, kind, recompute):
+    assert _saved(cfg, *kind, recompute, compiled=True) <= _saved(cfg, *kind, recompute, compiled=False)
