@@ -98,6 +98,8 @@ class CalibrationSpec(Strict):
     hardware: str
     provenance: Provenance | None = None
     hbm_tbyte_per_s: float | None = Field(default=None, gt=0)
+    kernel_overhead_us: float | None = Field(default=None, gt=0)  # time of an empty-ish kernel launch
+    peak_gemm_tflops: float | None = Field(default=None, gt=0)  # best of a short bf16 GEMM sweep
     gemm: list[GemmPoint] = []
     attention: list[AttentionPoint] = []
     collectives: list[CollectivePoint] = []

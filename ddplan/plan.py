@@ -134,19 +134,33 @@ def _layout(spec: ModelSpec, gpus: int, mb: int, total_batch: int, table: Table 
 def _config_rates(hw: HardwareSpec, attention: str, scenario: str, calibration: CalibrationSpec | None,
                   fp8: bool = False) -> Rates:
     """Rates for a scenario, with calibrated measurements replacing the spec's assumptions."""
-    r = rates(hw, attention, scenario, fp8=fp8)
+    return calibrated_rates(rates(hw, attention, scenario, fp8=fp8), attention, calibration)
+
+
+def calibrated_rates(r: Rates, attention: str, calibration: CalibrationSpec | None) -> Rates:
+    """Rates with every measured figure in a calibration file replacing its assumption.
+
+    GEMMs: each op takes the efficiency of the nearest measured shape (log distance over m, n, k);
+    attention: the nearest measured (batch x heads, seq, window, head_dim) of the same implementation;
+    HBM: the measured copy bandwidth; kernel overhead: the measured launch time. A measured figure has
+    no range: in every scenario it is the same.
+    """
     if calibration is None:
         return r
     if calibration.hbm_tbyte_per_s:
         r = replace(r, hbm=calibration.hbm_tbyte_per_s * 1e12 / r.hbm_bytes_per_s)
-    if calibration.gemm:
-        r = replace(r, gemm_best=max(p.tflops for p in calibration.gemm if p.dtype == "bf16") * 1e12
-                    / r.peak_flops_per_s)
-    points = [p for p in calibration.attention if p.implementation == attention]
-    if points:
-        best = max(points, key=lambda p: p.batch * p.seq_len)
-        r = replace(r, attn_fwd=best.fwd_tflops * 1e12 / r.peak_flops_per_s,
-                    attn_bwd=best.bwd_tflops * 1e12 / r.peak_flops_per_s)
+    if calibration.kernel_overhead_us:
+        r = replace(r, kernel_overhead_s=calibration.kernel_overhead_us * 1e-6)
+    gemm = [p for p in calibration.gemm if p.dtype in ("bf16", "fp16", "fp32")]
+    if gemm:
+        r = replace(r, gemm_points=tuple((p.m, p.n, p.k, p.tflops * 1e12 / r.peak_flops_per_s) for p in gemm))
+    if calibration.peak_gemm_tflops:
+        r = replace(r, gemm_best=calibration.peak_gemm_tflops * 1e12 / r.peak_flops_per_s)
+    attn = [p for p in calibration.attention if p.implementation == attention]
+    if attn:
+        r = replace(r, attention_points=tuple(
+            (p.batch * p.heads, p.seq_len, p.window, p.head_dim, p.fwd_tflops * 1e12 / r.peak_flops_per_s,
+             p.bwd_tflops * 1e12 / r.peak_flops_per_s) for p in attn))
     return r
 
 
@@ -165,7 +179,8 @@ def _step(req: TableRequest, sc: _Scenario, mb: int, accum: int, compiled: bool,
             r = r.scaled(knob, factor)
         elif knob == "compute":
             r = r.scaled("gemm", factor)
-    return step_time(spec, hw, layout, anatomy, r, comm_efficiency=scenario), layout
+    return step_time(spec, hw, layout, anatomy, r, comm_efficiency=scenario,
+                     comm_points=comm_points(req.calibration)), layout
 
 
 def _measurement(req: TableRequest) -> StepMeasurement | None:
@@ -229,7 +244,17 @@ def _step_with_rates(req: TableRequest, sc: _Scenario, mb: int, accum: int, comp
                     attention=sc.attention, recompute=req.recompute, compiled=compiled)
     anatomy = build_anatomy(spec, batch=mb, seq_len=seq_len, attention=impl.kind, windows=impl.windows,
                             recompute=req.recompute, compiled=compiled, window_pattern=sc.window)
-    return step_time(spec, hw, layout, anatomy, r)
+    return step_time(spec, hw, layout, anatomy, r, comm_points=comm_points(req.calibration))
+
+
+def comm_points(calibration: CalibrationSpec | None) -> dict[tuple[str, int], list[tuple[float, float]]] | None:
+    """Measured collective times by (collective, group size), for ddplan.step.collective_s."""
+    if calibration is None or not calibration.collectives:
+        return None
+    out: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for p in calibration.collectives:
+        out.setdefault((p.collective, p.group_size), []).append((p.size_bytes, p.time_s))
+    return {k: sorted(v) for k, v in out.items()}
 
 
 def _row(req: TableRequest, sc: _Scenario, total_batch: int, mb0: int, steps: int, compiled: bool, price: Price,
@@ -414,6 +439,19 @@ def _assumptions(req: TableRequest, hw: HardwareSpec, compiled: bool, steps: int
            "quantisation casts; attention stays bf16; MFU still against the bf16 peak."] if req.fp8 else []),
         "Band (low-high): every efficiency at the fast and slow ends of its range in the hardware spec.",
     ]
+    cal = req.calibration
+    if cal is not None:
+        measured = [name for name, present in (
+            (f"GEMM efficiency at {len(cal.gemm)} shapes (nearest shape per op)", cal.gemm),
+            (f"attention at {len(cal.attention)} points", cal.attention),
+            (f"HBM {cal.hbm_tbyte_per_s} TB/s", cal.hbm_tbyte_per_s),
+            (f"kernel overhead {cal.kernel_overhead_us} us", cal.kernel_overhead_us),
+            (f"collectives at {len(cal.collectives)} points (interpolated t(S))", cal.collectives)) if present]
+        where = cal.provenance.device_name if cal.provenance else "no provenance"
+        out.append(f"Calibration ({where}): measured {'; '.join(measured) or 'nothing but step times'}; "
+                   f"everything else assumed from the hardware spec.")
+        if cal.failures:
+            out.append("Calibration failures: " + "; ".join(cal.failures))
     m = _measurement(req)
     if m is not None:
         out.append(f"Measured: {m.step_time_s:g} s/step on {m.gpus} GPU(s), {m.attention}, window "

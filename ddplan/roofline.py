@@ -46,16 +46,25 @@ class Rates:
     kernel_overhead_s: float
     fp8_flops_per_s: float | None = None  # set when eligible GEMMs run in fp8
     gemm_best_fp8: float = 0.0
+    # measured points from a calibration file replace the curves: (m, n, k, fraction of peak) and
+    # (batch x heads, seq, processed window, head_dim, fwd fraction, bwd fraction)
+    gemm_points: tuple[tuple[int, int, int, float], ...] = ()
+    attention_points: tuple[tuple[int, int, int, int, float, float], ...] = ()
+    gemm_scale: float = 1.0  # the fitted knob's factor when the GEMM efficiency comes from points
+    attention_scale: float = 1.0
 
     def scaled(self, knob: str, factor: float) -> Rates:
         """These rates with one knob's efficiency multiplied by factor (the calibration fit)."""
+        gemm = dict(gemm_best=self.gemm_best * factor, gemm_best_fp8=self.gemm_best_fp8 * factor,
+                    gemm_scale=self.gemm_scale * factor)
+        attn = dict(attn_fwd=self.attn_fwd * factor, attn_bwd=self.attn_bwd * factor,
+                    attention_scale=self.attention_scale * factor)
         if knob == "gemm":
-            return replace(self, gemm_best=self.gemm_best * factor, gemm_best_fp8=self.gemm_best_fp8 * factor)
+            return replace(self, **gemm)
         if knob == "attention":
-            return replace(self, attn_fwd=self.attn_fwd * factor, attn_bwd=self.attn_bwd * factor)
+            return replace(self, **attn)
         if knob == "compute":
-            return replace(self, gemm_best=self.gemm_best * factor, gemm_best_fp8=self.gemm_best_fp8 * factor,
-                           attn_fwd=self.attn_fwd * factor, attn_bwd=self.attn_bwd * factor)
+            return replace(self, **gemm, **attn)
         raise ValueError(f"unknown knob {knob!r}; allowed: gemm, attention, compute")
 
 
@@ -121,6 +130,23 @@ def gemm_efficiency(m: int, n: int, k: int, best: float, half_dim: float) -> flo
     return best * shape
 
 
+def nearest(points: tuple[tuple, ...], key: tuple[int, ...]) -> tuple:
+    """The measured point whose leading coordinates are closest to key in log space (shapes scale)."""
+    import math
+
+    def dist(p: tuple) -> float:
+        return sum((math.log(a) - math.log(b)) ** 2 for a, b in zip(p[:len(key)], key))
+
+    return min(points, key=dist)
+
+
+def gemm_fraction(m: int, n: int, k: int, r: Rates) -> float:
+    """Fraction of peak for a GEMM shape: the nearest measured shape if calibrated, else the curve."""
+    if r.gemm_points:
+        return nearest(r.gemm_points, (m, n, k))[3] * r.gemm_scale
+    return gemm_efficiency(m, n, k, r.gemm_best, r.gemm_half_dim)
+
+
 def roofline_s(flops: float, bytes_moved: float, flops_per_s: float, bytes_per_s: float) -> float:
     """max(FLOPs / FLOP rate, bytes / byte rate), seconds. Ref: Williams et al., CACM 2009."""
     if flops < 0 or bytes_moved < 0 or flops_per_s <= 0 or bytes_per_s <= 0:
@@ -148,14 +174,24 @@ def op_time_s(op: Op, anatomy: Anatomy, r: Rates) -> tuple[float, float]:
             cast_fwd, cast_bwd = (m * k + k * n) * 3, m * n * 3
             return (roofline_s(op.flops_fwd, op.bytes_fwd + cast_fwd, rate, bw) + 3 * r.kernel_overhead_s,
                     roofline_s(op.flops_bwd, op.bytes_bwd + cast_bwd, rate, bw) + 3 * r.kernel_overhead_s)
-        rate = r.peak_flops_per_s * gemm_efficiency(m, n, k, r.gemm_best, r.gemm_half_dim)
-        # backward is two GEMMs (dX, dW): two launches
-        return (roofline_s(op.flops_fwd, op.bytes_fwd, rate, bw) + r.kernel_overhead_s,
-                roofline_s(op.flops_bwd, op.bytes_bwd, rate, bw) + 2 * r.kernel_overhead_s)
+        # backward is two GEMMs, dX (m x n @ n x k) and dW (k x m @ m x n): two launches, own shapes
+        fwd_rate = r.peak_flops_per_s * gemm_fraction(m, n, k, r)
+        dx_rate = r.peak_flops_per_s * gemm_fraction(m, k, n, r)
+        dw_rate = r.peak_flops_per_s * gemm_fraction(k, n, m, r)
+        half = op.flops_bwd / 2
+        bwd_compute = half / dx_rate + half / dw_rate
+        return (roofline_s(op.flops_fwd, op.bytes_fwd, fwd_rate, bw) + r.kernel_overhead_s,
+                max(bwd_compute, op.bytes_bwd / bw) + 2 * r.kernel_overhead_s)
     if op.kind == "attention":
         f, b = attention_efficiency_flops(op, anatomy)
-        return (roofline_s(f, op.bytes_fwd, r.peak_flops_per_s * r.attn_fwd, bw) + r.kernel_overhead_s,
-                roofline_s(b, op.bytes_bwd, r.peak_flops_per_s * r.attn_bwd, bw) + r.kernel_overhead_s)
+        eff_f, eff_b = r.attn_fwd, r.attn_bwd
+        if r.attention_points:
+            bb, h, s, window, hd = op.shape
+            processed = s if (anatomy.attention == "unfused_math" or anatomy.windows == "mask") else window
+            point = nearest(r.attention_points, (bb * h, s, processed, hd))
+            eff_f, eff_b = point[4] * r.attention_scale, point[5] * r.attention_scale
+        return (roofline_s(f, op.bytes_fwd, r.peak_flops_per_s * eff_f, bw) + r.kernel_overhead_s,
+                roofline_s(b, op.bytes_bwd, r.peak_flops_per_s * eff_b, bw) + r.kernel_overhead_s)
     fused = COMPILED_POINTWISE_FRACTION if anatomy.compiled else 1.0
     overhead = r.kernel_overhead_s * fused
     return (roofline_s(op.flops_fwd, op.bytes_fwd * fused, r.vector_flops_per_s, bw) + overhead,
@@ -194,8 +230,7 @@ def micro_batch_time(anatomy: Anatomy, r: Rates, layer_fraction: float = 1.0,
         else:
             share = layer_fraction
         f, b = op_time_s(op, anatomy, r)
-        again = f if (anatomy.recompute == "full" and op.layer is not None) or (
-            anatomy.recompute == "selective" and op.attention_core) else 0.0
+        again = f if anatomy.recomputes(op) else 0.0
         fwd += share * f
         bwd += share * (b + again)
         rec += share * again

@@ -123,8 +123,27 @@ def optimizer_time_s(spec: ModelSpec, layout: Layout, r: Rates) -> float:
     return total
 
 
+CommPoints = dict[tuple[str, int], list[tuple[float, float]]]  # (collective, group size) -> [(bytes, s)]
+
+
+def collective_s(hw: HardwareSpec, collective: str, size: float, n: int, span: int, eff: str,
+                 points: CommPoints | None) -> float:
+    """Seconds of one collective over n ranks: the measured t(S) curve when calibrated, else the model.
+
+    Calibrated: log-log interpolation of measured (S, t) at this group size; uncalibrated: alpha x ring
+    steps + S x factor / busbw, the group spanning nodes once span (dp x tp x pp) exceeds a node.
+    Never both: the measured time already holds the latency. Ref: DESIGN.md sec. 4.
+    """
+    if n <= 1 or size <= 0:
+        return 0.0
+    if points and (collective, n) in points:
+        return comm.interpolate_time_s(points[(collective, n)], size)
+    tier = comm.tier_for(hw, collective, n if span <= hw.gpus_per_node else span, efficiency=eff)
+    return comm.collective_time_s(collective, size, n, tier)
+
+
 def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatomy, r: Rates,
-              comm_efficiency: str = "value") -> StepTime:
+              comm_efficiency: str = "value", comm_points: CommPoints | None = None) -> StepTime:
     """Seconds of one optimizer step for a layout, by term."""
     p, accum = layout.pp, layout.grad_accum
     mbt = micro_batch_time(anatomy, r, layer_fraction=1.0 / p, include_embeddings=True, include_head=(p == 1))
@@ -137,10 +156,10 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
     a, e = spec.architecture, dtype_bytes(spec.dtypes.compute)
 
     tp_s = 0.0
-    if layout.tp > 1:
-        tier = comm.tier_for(hw, "all_reduce", layout.tp, efficiency=comm_efficiency)
-        f, b = comm.tp_comm_time_per_layer_s(layout.micro_batch, anatomy.seq_len, a.d_model, e, layout.tp, tier)
-        tp_s = accum * (a.num_layers / p) * (f + b)
+    if layout.tp > 1:  # Megatron: 2 all-reduces of b s h forward and 2 backward per layer
+        size = comm.tp_allreduce_size_bytes(layout.micro_batch, anatomy.seq_len, a.d_model, e)
+        per = collective_s(hw, "all_reduce", size, layout.tp, layout.tp, comm_efficiency, comm_points)
+        tp_s = accum * (a.num_layers / p) * 4 * per
 
     bubble = pipeline.bubble_time_s(compute + tp_s, p, accum, layout.pp_virtual_stages) if p > 1 else 0.0
     if p > 1:  # activations to the next stage and gradients back, per micro-batch, not overlapped
@@ -150,7 +169,7 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
 
     opt_s = optimizer_time_s(spec, layout, r)
     policy = dp_policy(spec, layout)
-    total_comm, exposed = _dp_comm(spec, hw, layout, policy, mbt.bwd_s, mbt.total_s, opt_s, comm_efficiency)
+    total_comm, exposed = _dp_comm(spec, hw, layout, policy, mbt.bwd_s, mbt.total_s, comm_efficiency, comm_points)
     if policy == "sharded_optimizer":  # communication overlaps optimizer math only
         hidden = min(opt_s, total_comm)
         exposed = total_comm - hidden
@@ -160,7 +179,7 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
 
 
 def _dp_comm(spec: ModelSpec, hw: HardwareSpec, layout: Layout, policy: str, bwd_s: float, mb_s: float,
-             opt_s: float, eff: str) -> tuple[float, float]:
+             eff: str, points: CommPoints | None) -> tuple[float, float]:
     """(total, exposed) seconds of data-parallel communication in one step."""
     n = layout.dp
     if n == 1:
@@ -169,15 +188,14 @@ def _dp_comm(spec: ModelSpec, hw: HardwareSpec, layout: Layout, policy: str, bwd
     span = n * layout.tp * layout.pp
 
     def t(collective: str, size: float) -> float:
-        tier = comm.tier_for(hw, collective, n if span <= hw.gpus_per_node else span, efficiency=eff)
-        return comm.collective_time_s(collective, size, n, tier)
+        return collective_s(hw, collective, size, n, span, eff, points)
 
     buffers = grad_sync_buffers(spec, layout)
     if policy == "ddp":
+        # buckets all-reduce while backward runs; the last bucket is always exposed (comm.ddp_exposed_s)
         size = sum(s for _, s in buffers)
-        tier = comm.tier_for(hw, "all_reduce", n if span <= hw.gpus_per_node else span, efficiency=eff)
-        total = comm.collective_time_s("all_reduce", size, n, tier)
-        return total, comm.ddp_exposed_s(size, DDP_BUCKET_BYTES, n, tier, bwd_s)
+        total, last = t("all_reduce", size), t("all_reduce", min(DDP_BUCKET_BYTES, size))
+        return total, max(total - bwd_s, last)
     rs = sum(t(c, s) for c, s in buffers if c == "reduce_scatter")
     ag = sum(t(c, s) for c, s in buffers if c == "all_gather")
     ar = sum(t(c, s) for c, s in buffers if c == "all_reduce")
