@@ -92,6 +92,7 @@ class Anatomy:
     compiled: bool
     ops: tuple[Op, ...]
     optimizer_ops: tuple[Op, ...] = field(default=())
+    tp: int = 1  # the ops are one tensor-parallel rank's share
 
     @property
     def tokens(self) -> int:
@@ -205,7 +206,9 @@ class _Builder:
         """
         m = self.t if m is None else m
         e, w_master = self.e, dtype_bytes(self.spec.dtypes.params.get(weight_group, self.spec.dtypes.compute))
-        saves = [Saved(x, m * k * e if x_bytes is None else x_bytes, x_saved_tag)]
+        # a column-parallel GEMM reads the replicated input; a row-parallel one its shard
+        saves = [Saved(x, m * k * e if x_bytes is None else x_bytes, x_saved_tag,
+                       tp_sharded=tp_split(name, "gemm") == "k")]
         cast = w_master != e
         if cast:
             saves.append(Saved(f"{name}.weight_cast", k * n * e, "pointwise"))
@@ -250,8 +253,15 @@ class _Builder:
 def build_anatomy(spec: ModelSpec, *, batch: int, seq_len: int | None = None,
                   attention: AttentionKind = "flash_package", windows: WindowSupport = "native",
                   recompute: Recompute = "none", compiled: bool = False,
-                  window_pattern: str | None = None) -> Anatomy:
-    """The ops of one forward+backward of `batch` sequences of `seq_len` tokens (default: the recipe's)."""
+                  window_pattern: str | None = None, tp: int = 1) -> Anatomy:
+    """The ops of one forward+backward of `batch` sequences of `seq_len` tokens (default: the recipe's).
+
+    tp > 1: one tensor-parallel rank's share (Megatron: Q/K/V, MLP-in and lm_head split by columns,
+    the output projections by rows, heads split, norms and the residual stream replicated, no sequence
+    parallelism). Ref: Shoeybi et al., arXiv 1909.08053, sec. 3; Korthikanti et al., arXiv 2205.05198, sec. 4.
+    """
+    if tp < 1:
+        raise ValueError(f"tp must be >= 1, got {tp}")
     if batch <= 0:
         raise ValueError(f"batch must be positive, got {batch}")
     s = spec.recipe.seq_len if seq_len is None else seq_len
@@ -267,9 +277,51 @@ def build_anatomy(spec: ModelSpec, *, batch: int, seq_len: int | None = None,
     for i, window in enumerate(spec.architecture.windows(s)):
         _block(bld, i, window, attention, windows)
     _head(bld)
+    ops = tuple(bld.ops) if tp == 1 else tuple(_tp_share(op, tp) for op in bld.ops)
     return Anatomy(model=spec.name, batch=batch, seq_len=s, attention=attention, windows=windows,
-                   recompute=recompute, compiled=compiled, ops=tuple(bld.ops),
-                   optimizer_ops=tuple(optimizer_ops(spec)))
+                   recompute=recompute, compiled=compiled, ops=ops, optimizer_ops=tuple(optimizer_ops(spec)), tp=tp)
+
+
+_COL = (".c_q", ".c_k", ".c_v", ".ve_gate", ".mlp.c_fc", ".mlp.gate", ".mlp.up")
+_ROW = (".attn.c_proj", ".mlp.c_proj")
+_NUMEL = (".attn.rope", ".attn.q_norm", ".attn.k_norm", ".attn.ve_mix", ".ve", ".mlp.act", ".attn.repeat_kv")
+_HEAD = ("logits_cast", "logits_softcap", "cross_entropy")
+
+
+def tp_split(name: str, kind: str) -> str | None:
+    """How tensor parallelism splits an op: 'n' (column-parallel GEMM), 'k' (row-parallel), 'numel'
+    (elementwise on a split tensor), or None (replicated: norms, residual stream, embeddings, gates)."""
+    if kind == "attention":
+        return "numel"
+    if name == "lm_head" or name.endswith(_COL):
+        return "n"
+    if name.endswith(_ROW):
+        return "k"
+    if name in _HEAD or name.endswith(_NUMEL):
+        return "numel"
+    return None
+
+
+def _tp_share(op: Op, tp: int) -> Op:
+    """One tensor-parallel rank's share of an op: FLOPs, bytes and sharded saved tensors / tp."""
+    from dataclasses import replace
+
+    how = tp_split(op.name, op.kind)
+    saves = tuple(replace(sv, bytes=sv.bytes / tp) if sv.tp_sharded else sv for sv in op.saves)
+    if how is None:
+        return replace(op, saves=saves)
+    shape = op.shape
+    if op.kind == "gemm":
+        m, n, k = shape
+        shape = (m, max(1, n // tp), k) if how == "n" else (m, n, max(1, k // tp))
+    elif op.kind == "attention":
+        b, h, s, w, hd = shape
+        shape = (b, max(1, h // tp), s, w, hd)
+    else:
+        shape = (max(1, shape[0] // tp), *shape[1:])
+    return replace(op, shape=shape, flops_fwd=op.flops_fwd / tp, flops_bwd=op.flops_bwd / tp,
+                   bytes_fwd=op.bytes_fwd / tp, bytes_bwd=op.bytes_bwd / tp, saves=saves,
+                   recompute_flops_bwd=op.recompute_flops_bwd / tp, transient_bytes=op.transient_bytes / tp)
 
 
 def _embeddings(bld: _Builder) -> None:
@@ -447,7 +499,7 @@ def _head(bld: _Builder) -> None:
     # cross-entropy: log_softmax saves its output; nll_loss reads one entry per row. Backward builds
     # the dense gradient of the log-probabilities, then of the logits: two vocab-wide fp32 buffers.
     bld.pointwise("cross_entropy", None, tv, reads=1, writes=1, flops_per_element=5.0, elem_bytes=le,
-                  saves=(Saved("log_probs", tv * le, "pointwise"), Saved("targets", t * 8),
+                  saves=(Saved("log_probs", tv * le, "pointwise"), Saved("targets", t * 8, tp_sharded=False),
                          Saved("loss_total_weight", 4, tp_sharded=False), compiled_logits),  # nll_loss's 0-d fp32
                   bwd_reads=1, bwd_writes=1, kind="reduction", transient=2 * tv * le)
 

@@ -278,6 +278,134 @@ def table_cmd(
     render.echo(render.lines(["Assumptions:"] + result.assumptions, format.value))
 
 
+@app.command("calibrate")
+def calibrate_cmd(
+    model: str = ModelOpt,
+    hardware: str = typer.Option(None, "--hardware", help="The hardware spec these measurements refine (default: "
+                                 "guessed from the device name; on CPU a spec is built from the measurements)."),
+    device: str = typer.Option("auto", "--device", help="auto (a GPU if torch sees one), cuda (NVIDIA or ROCm), "
+                               "or cpu (small shapes, for tests)."),
+    quick: bool = typer.Option(False, "--quick", help="Fewer shapes and repeats (a short run)."),
+    out: str = typer.Option("calibration.yaml", "--out", help="Where to write the calibration file."),
+    nproc: int = typer.Option(None, "--nproc", help="GPUs on this box for the collectives (default: all visible; "
+                              "launches itself under torchrun)."),
+    micro_batches: str = typer.Option(None, "--micro-batches", help="Micro-batch sizes for the GEMM shapes, "
+                                      "comma-separated (default: the recipe's device batch, /2 and /4)."),
+    device_batch_size: int = typer.Option(None, "--device-batch-size", help="Micro-batch of the held-out training "
+                                          "step and the attention benchmark (default: the recipe's)."),
+    seq_len: int = typer.Option(None, "--seq-len", help="Sequence length (default: the recipe's)."),
+    attention: str = typer.Option(None, "--attention", help="Attention implementations to time, comma-separated "
+                                  "(default: every one in the hardware spec)."),
+    from_log: str = typer.Option(None, "--from-log", help="Read step times from a training log (nanochat's format) "
+                                 "instead of running benchmarks."),
+    gpus: int = typer.Option(1, "--gpus", help="--from-log: GPUs of the logged run."),
+    total_batch_size: int = typer.Option(None, "--total-batch-size", help="--from-log: tokens per step (default: "
+                                         "from tok/sec x dt)."),
+    log_attention: str = typer.Option(None, "--log-attention", help="--from-log: attention implementation of the "
+                                      "logged run (default: the hardware's default)."),
+    window: str = typer.Option(None, "--window", help="--from-log: window pattern of the logged run."),
+) -> None:
+    """Measure what the planner otherwise assumes, on this machine, and write a calibration file."""
+    from ddplan.registry import load_hardware, load_model
+
+    for value, flag in ((nproc, "--nproc"), (device_batch_size, "--device-batch-size"), (seq_len, "--seq-len"),
+                        (gpus, "--gpus"), (total_batch_size, "--total-batch-size")):
+        _positive(value, flag)
+    spec = load_model(model)
+    hw = load_hardware(hardware) if hardware else None
+    if from_log:
+        _calibrate_from_log(spec, hw, from_log, out, gpus, device_batch_size, total_batch_size, log_attention, window)
+        return
+    _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_batch_size, seq_len, attention)
+
+
+def _calibrate_from_log(spec, hw, path, out, gpus, device_batch_size, total_batch_size, attention, window) -> None:
+    from pathlib import Path
+
+    import yaml
+
+    from ddplan import render
+    from ddplan.calibrate.fromlog import measurement_from_log
+    from ddplan.calibrate.runner import atomic_write
+    from ddplan.calibration import CalibrationSpec
+    from ddplan.errors import SpecError, UsageError
+
+    if hw is None:
+        raise UsageError("--from-log needs --hardware (the GPU the log was written on)", field="--hardware")
+    if window:
+        _check_pattern(window)
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise SpecError(f"cannot read: {e.strerror}", file=path) from None
+    try:
+        m = measurement_from_log(text, model=spec.name, gpus=gpus,
+                                 device_batch_size=device_batch_size or spec.recipe.device_batch_size,
+                                 total_batch_tokens=total_batch_size, attention=attention or hw.default_attention,
+                                 window_pattern=window or spec.architecture.window_pattern,
+                                 source=f"training log {Path(path).name}")
+    except ValueError as e:
+        raise SpecError(str(e), file=path) from None
+    data = {"kind": "calibration", "version": 1, "hardware": hw.name, "step_times": [m.model_dump(mode="json")]}
+    CalibrationSpec.model_validate(data)
+    atomic_write(Path(out), "# written by `ddplan calibrate --from-log`\n" + yaml.safe_dump(data, sort_keys=False))
+    render.echo(f"{m.step_time_s:.4g} s/step (median over the logged steps after step 10), {m.gpus} GPU(s), "
+                f"{m.total_batch_tokens:,} tokens/step -> {out}")
+
+
+def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_batch_size, seq_len, attention) -> None:
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from ddplan import render
+    from ddplan.errors import UsageError
+
+    try:
+        import torch
+    except ImportError:
+        raise UsageError("needs torch: pip install 'ddplan[calibrate]' (a CUDA or ROCm build on a GPU box)",
+                         field="calibrate") from None
+    from ddplan.calibrate.runner import CalibrateRequest, check_step, run
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise UsageError(f"must be auto, cuda or cpu, got {device!r}", field="--device")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("torch sees no GPU (CUDA or ROCm); use --device cpu for a test run", field="--device")
+    if nproc is None:
+        nproc = torch.cuda.device_count() if device == "cuda" else 1
+    req = CalibrateRequest(
+        model=spec, hardware=hw, device=device, out=Path(out), quick=quick,
+        micro_batches=tuple(_int_list(micro_batches, "--micro-batches")) if micro_batches else (),
+        attention=tuple(a.strip() for a in attention.split(",")) if attention else (), nproc=nproc,
+        seq_len=seq_len, step_batch=device_batch_size)
+    console = Console(stderr=True)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                  transient=True) as bar:
+        task = bar.add_task("calibrate", total=7)
+
+        def progress(msg: str) -> None:
+            bar.update(task, description=msg, advance=1)
+
+        cal, hw_used, held_out = run(req, progress)
+    rows = [{"figure": "peak GEMM", "value": cal.peak_gemm_tflops, "unit": "TFLOP/s"},
+            {"figure": "GEMM shapes measured", "value": len(cal.gemm), "unit": "shapes"},
+            {"figure": "attention points", "value": len(cal.attention), "unit": "points"},
+            {"figure": "HBM copy", "value": cal.hbm_tbyte_per_s, "unit": "TB/s"},
+            {"figure": "kernel overhead", "value": cal.kernel_overhead_us, "unit": "us"},
+            {"figure": "collective points", "value": len(cal.collectives), "unit": "points"}]
+    render.echo(render.table(rows, "table", title=f"calibration of {hw_used.name} -> {out}", digits=4))
+    check = check_step(spec, hw_used, cal, held_out, device)
+    if check:
+        render.echo(render.table(check, "table", title="held-out training step: measured vs predicted "
+                                 "(before = hardware spec, after = micro-benchmarks)", digits=4))
+    for failure in cal.failures:
+        console.print(f"note: {failure}", highlight=False)
+
+
 def _int_list(text: str, flag: str, allowed: tuple[int, ...] | None = None) -> list[int]:
     from ddplan.errors import UsageError
 

@@ -49,7 +49,7 @@ def breakdown(spec: ModelSpec, hw: HardwareSpec, setup: Setup,
     kind, windows = attention_mode(hw, layout.attention)
     anatomy = build_anatomy(spec, batch=layout.micro_batch, seq_len=setup.seq_len, attention=kind,
                             windows=windows, recompute=layout.recompute, compiled=layout.compiled,
-                            window_pattern=setup.window_pattern)
+                            window_pattern=setup.window_pattern, tp=layout.tp)
     return memory_per_gpu(spec, layout, anatomy, hw.memory.usable_bytes, assumptions)
 
 

@@ -143,19 +143,19 @@ def in_flight_micro_batches(layout: Layout) -> float:
 
 
 def activation_bytes(anatomy: Anatomy, layout: Layout) -> tuple[float, float]:
-    """(saved, transient) activation bytes on one GPU: the anatomy split over tp and pp.
+    """(saved, transient) activation bytes on one GPU: the anatomy (already one tp rank's share) over pp.
 
-    Tensor-parallel ranks hold 1/tp of every head- or hidden-split tensor; norm inputs and the
-    residual stream are replicated (no sequence parallelism). A pipeline stage holds its L/pp layers
-    for each in-flight micro-batch, plus the embeddings (first stage) or head (last stage).
+    A pipeline stage holds its L/pp layers for each in-flight micro-batch, plus the embeddings (first
+    stage) or head (last stage): both counted, a slight overestimate for pp > 1.
     """
+    if anatomy.tp != layout.tp:
+        raise ValueError(f"the anatomy is for tp={anatomy.tp}, the layout has tp={layout.tp}")
     saved = anatomy.saved_tensors()
     owner = {s.name: op for op in anatomy.ops for s in op.saves if s.name in saved}
-    layer_bytes = sum(s.bytes / (layout.tp if s.tp_sharded else 1) for n, s in saved.items()
-                      if owner[n].layer is not None)
-    other = sum(s.bytes / (layout.tp if s.tp_sharded else 1) for n, s in saved.items() if owner[n].layer is None)
+    layer_bytes = sum(s.bytes for n, s in saved.items() if owner[n].layer is not None)
+    other = sum(s.bytes for n, s in saved.items() if owner[n].layer is None)
     per_stage = layer_bytes / layout.pp + other
-    return per_stage * in_flight_micro_batches(layout), anatomy.transient_bytes() / layout.tp
+    return per_stage * in_flight_micro_batches(layout), anatomy.transient_bytes()
 
 
 def memory_per_gpu(spec: ModelSpec, layout: Layout, anatomy: Anatomy, capacity_bytes: float,

@@ -160,7 +160,10 @@ def attention_efficiency_flops(op: Op, anatomy: Anatomy) -> tuple[float, float]:
     b, h, s, window, hd = op.shape
     processed = s if (anatomy.attention == "unfused_math" or anatomy.windows == "mask") else window
     pairs = attention_pairs(s, processed, "flash_package", "native")
-    return 4.0 * b * h * pairs * hd, 8.0 * b * h * pairs * hd
+    # the unfused core is two ops (scores, probabilities @ v): each carries its share of the FLOPs
+    executed = 4.0 * b * h * attention_pairs(s, window, anatomy.attention, anatomy.windows) * hd
+    share = op.flops_fwd / executed if executed else 1.0
+    return share * 4.0 * b * h * pairs * hd, share * 8.0 * b * h * pairs * hd
 
 
 def op_time_s(op: Op, anatomy: Anatomy, r: Rates) -> tuple[float, float]:

@@ -22,9 +22,9 @@ from ddplan.memory import _stage_share
 from ddplan.params import param_counts
 from ddplan.roofline import Rates, gemm_efficiency, micro_batch_time, roofline_s
 from ddplan.specs import HardwareSpec, ModelSpec
-from ddplan.units import MB, dtype_bytes
+from ddplan.units import dtype_bytes
 
-DDP_BUCKET_BYTES = 25 * MB  # torch DDP bucket_cap_mb default (DistributedDataParallel docs)
+DDP_BUCKET_BYTES = comm.DDP_DEFAULT_BUCKET_BYTES  # torch DDP bucket_cap_mb=25, in MiB
 ZERO_POLICY = {0: "ddp", 1: "zero1", 2: "zero2", 3: "fsdp"}
 
 
@@ -82,8 +82,9 @@ def grad_sync_buffers(spec: ModelSpec, layout: Layout) -> list[tuple[str, float]
                 out.append(("all_reduce", counts[group] * gb * share))
         elif policy == "ddp":
             out.append(("all_reduce", counts[group] * gb * share))
-        else:
-            out += [("reduce_scatter", counts[group] * gb * share), ("all_gather", counts[group] * gb * share)]
+        else:  # ZeRO / FSDP gather the parameters in the compute dtype (mixed precision), not the masters
+            cb = dtype_bytes(dt.compute)
+            out += [("reduce_scatter", counts[group] * gb * share), ("all_gather", counts[group] * cb * share)]
     return out
 
 
@@ -144,7 +145,9 @@ def collective_s(hw: HardwareSpec, collective: str, size: float, n: int, span: i
 
 def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatomy, r: Rates,
               comm_efficiency: str = "value", comm_points: CommPoints | None = None) -> StepTime:
-    """Seconds of one optimizer step for a layout, by term."""
+    """Seconds of one optimizer step for a layout, by term. The anatomy is one tp rank's share."""
+    if anatomy.tp != layout.tp:
+        raise ValueError(f"the anatomy is for tp={anatomy.tp}, the layout has tp={layout.tp}")
     p, accum = layout.pp, layout.grad_accum
     mbt = micro_batch_time(anatomy, r, layer_fraction=1.0 / p, include_embeddings=True, include_head=(p == 1))
     if p > 1:  # the busiest stage: its layers plus the heavier of embeddings and head
@@ -156,10 +159,12 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
     a, e = spec.architecture, dtype_bytes(spec.dtypes.compute)
 
     tp_s = 0.0
-    if layout.tp > 1:  # Megatron: 2 all-reduces of b s h forward and 2 backward per layer
+    if layout.tp > 1:
+        # Megatron: 2 all-reduces of b s h forward and 2 backward per layer; full recompute repeats the
+        # forward pair (Korthikanti et al., arXiv 2205.05198, sec. 4.2.2)
         size = comm.tp_allreduce_size_bytes(layout.micro_batch, anatomy.seq_len, a.d_model, e)
         per = collective_s(hw, "all_reduce", size, layout.tp, layout.tp, comm_efficiency, comm_points)
-        tp_s = accum * (a.num_layers / p) * 4 * per
+        tp_s = accum * (a.num_layers / p) * (6 if anatomy.recompute == "full" else 4) * per
 
     bubble = pipeline.bubble_time_s(compute + tp_s, p, accum, layout.pp_virtual_stages) if p > 1 else 0.0
     if p > 1:  # activations to the next stage and gradients back, per micro-batch, not overlapped

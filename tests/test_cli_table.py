@@ -96,8 +96,8 @@ def test_golden_seed_rich_table(capsys, snapshot, frozen_today):
     assert "2026-06-01" in out
 
 
-def test_frozen_date_is_the_only_difference(capsys, frozen_today):
-    """The golden's date is the frozen one; csv carries no date at all."""
+def test_price_flag_dates_the_markdown_only(capsys, frozen_today):
+    """--price is dated today (frozen here) in the assumptions; csv is data only and carries no date."""
     md = run_ok(capsys, [*SEED, "--format", "markdown"])
     assert "Price: $2/GPU-h, billed per gpu (--price, 2026-06-01)." in md
     assert not re.search(r"\d{4}-\d{2}-\d{2}", run_ok(capsys, [*SEED, "--format", "csv"]))
@@ -176,16 +176,19 @@ def test_gpt2_h100_by_hand(capsys):
 # properties of the step model behind the table (few examples: each builds a whole table)
 
 D24, MI300X = load_model("d24"), load_hardware("mi300x")
-FAST = settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def _table(gpus, total_batch, mb, recompute, compiled, windows=("L", "SSSL")):
-    return build_table(TableRequest(model=D24, hardware=MI300X, gpus=gpus, windows=windows,
-                                    total_batch_tokens=total_batch, device_batch_size=mb, recompute=recompute,
-                                    compiled=compiled, overheads=RunOverheads(startup_s=0, eval_every_steps=0)))
+def _table(gpus, attention, window, total_batch, mb, recompute, compiled):
+    return build_table(TableRequest(model=D24, hardware=MI300X, gpus=gpus, attentions=(attention,),
+                                    windows=(window,), total_batch_tokens=total_batch, device_batch_size=mb,
+                                    recompute=recompute, compiled=compiled,
+                                    overheads=RunOverheads(startup_s=0, eval_every_steps=0)))
 
 
 tables = st.builds(_table, gpus=st.just((1, 2, 4, 8)),
+                   attention=st.sampled_from(["sdpa-math", "sdpa-fused", "flash-attn-ck"]),
+                   window=st.sampled_from(["L", "SSSL", "SL"]),
                    total_batch=st.sampled_from([131_072, 262_144, 524_288, 1_048_576]),
                    mb=st.sampled_from([4, 8, 16, 32]), recompute=st.sampled_from(["none", "selective", "full"]),
                    compiled=st.booleans())

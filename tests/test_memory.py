@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from ddplan.anatomy import build_anatomy
@@ -100,7 +100,7 @@ def test_nanochat_d24_native_optimizer_state_on_8_gpus_by_hand():
     muon_blocks = 4 * (12 * c * c + 3 * f * c + 3 * c * f) + 4 * (12 * c + 3 * f + 3 * f)
     muon_gates = 4 * 2 * 12 * 12 + 4 * 2 * 12
     expected = {
-        "block_matrices": muon_blocks,  # 4 x 42,467,328 + 4 x 55,296 = 170,090,496
+        "block_matrices": muon_blocks,  # 4 x 84,934,656 (= 679,477,248 / 8) + 4 x 55,296 = 339,959,808
         "ve_gates": muon_gates,  # 1,152 + 96
         "wte": 2 * 2 * vc / 8,
         "value_embeddings": 2 * 2 * 12 * vc / 8,
@@ -108,7 +108,7 @@ def test_nanochat_d24_native_optimizer_state_on_8_gpus_by_hand():
         "smear_gate": 2 * 4 * 24,
         "scalars": 2 * 4 * (2 * 24 + 2),
     }
-    assert muon_blocks == 170_090_496
+    assert muon_blocks == 339_959_808
     assert set(states["optimizer"]) == set(expected)
     for group, value in expected.items():
         assert states["optimizer"][group] == pytest.approx(value, rel=1e-12), group
@@ -161,8 +161,11 @@ kinds = st.sampled_from([("unfused_math", "mask"), ("fused_sdpa", "mask"), ("fla
 
 
 def _anatomy(spec, layout, kind, recompute, compiled, seq_len):
+    """One tensor-parallel rank's anatomy; layouts whose tp does not divide the heads are skipped."""
+    a = spec.architecture
+    assume(a.num_heads % layout.tp == 0 and a.num_kv_heads % layout.tp == 0)
     return build_anatomy(spec, batch=layout.micro_batch, seq_len=seq_len, attention=kind[0], windows=kind[1],
-                         recompute=recompute, compiled=compiled)
+                         recompute=recompute, compiled=compiled, tp=layout.tp)
 
 
 @settings(max_examples=40, deadline=None)

@@ -12,16 +12,16 @@ from dataclasses import replace
 from functools import lru_cache
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from ddplan.anatomy import attention_pairs, build_anatomy
 from ddplan.registry import builtin_names, load_hardware, load_model
 from ddplan.roofline import (
     SCENARIOS,
-    Rates,
     attention_efficiency_flops,
     gemm_efficiency,
+    gemm_fraction,
     micro_batch_time,
     op_time_s,
     rates,
@@ -180,8 +180,6 @@ def test_unfused_math_splits_attention_into_scores_and_pv():
     assert sum(op.flops_fwd for op in ops) == 4 * 32 * 12 * 2048**2 * 128
 
 
-@pytest.mark.xfail(strict=True, reason="unfused math has two attention ops (scores, pv) and each is charged "
-                   "the whole attention's convention FLOPs: attention time is counted twice")
 def test_op_time_unfused_math_charges_the_convention_flops_once_per_layer(mi300x):
     """The efficiency is defined on the whole attention's causal FLOPs of the processed window
     (hardware/mi300x.yaml header: sdpa-math 0.10 fwd is 0.9 x the measured 145.9 TFLOP/s fwd+bwd rate
@@ -190,7 +188,9 @@ def test_op_time_unfused_math_charges_the_convention_flops_once_per_layer(mi300x
     an = d24_anatomy("unfused_math")
     r = replace(rates(mi300x, "sdpa-math"), hbm_bytes_per_s=1e30, kernel_overhead_s=0.0)
     ops = [op for op in an.ops if op.kind == "attention" and op.layer == 0]  # h0.attn.scores, h0.attn.pv
-    conv_fwd, conv_bwd = attention_efficiency_flops(ops[0], an)
+    conv_fwd, conv_bwd = (sum(x) for x in zip(*(attention_efficiency_flops(op, an) for op in ops)))
+    b, h, s, w, hd = ops[0].shape
+    assert conv_fwd == 4 * b * h * (s * (s + 1) // 2) * hd  # the whole layer's causal count, once
     assert sum(op_time_s(op, an, r)[0] for op in ops) == pytest.approx(conv_fwd / (1307.4e12 * 0.10), rel=1e-6)
     assert sum(op_time_s(op, an, r)[1] for op in ops) == pytest.approx(conv_bwd / (1307.4e12 * 0.09), rel=1e-6)
 
@@ -204,6 +204,38 @@ def test_op_time_pointwise_compiled_halves_traffic_and_launch(mi300x):
     assert fwd == pytest.approx(max(op.flops_fwd / 163.4e12, op.bytes_fwd / bw) + 8e-6)
     fwd_c, _ = op_time_s(op, compiled, r)
     assert fwd_c == pytest.approx(max(op.flops_fwd / 163.4e12, op.bytes_fwd * 0.5 / bw) + 4e-6)
+
+
+def test_gemm_fraction_curve_when_uncalibrated(mi300x):
+    r = rates(mi300x, "sdpa-fused")
+    assert gemm_fraction(65536, 1536, 1536, r) == gemm_efficiency(65536, 1536, 1536, 0.511, 256)
+
+
+def test_gemm_fraction_nearest_measured_shape_in_log_space(mi300x):
+    pts = ((1024, 1024, 1024, 0.2), (8192, 8192, 8192, 0.5))
+    r = replace(rates(mi300x, "sdpa-fused"), gemm_points=pts)
+    assert gemm_fraction(1500, 1024, 1024, r) == 0.2
+    assert gemm_fraction(4096, 4096, 4096, r) == 0.5  # log distance 3 x ln2^2 < 3 x (2 ln2)^2
+    assert gemm_fraction(65536, 8192, 8192, r) == 0.5
+    assert r.scaled("gemm", 1.2).gemm_points == pts
+    assert gemm_fraction(1024, 1024, 1024, r.scaled("gemm", 1.2)) == pytest.approx(0.24)
+
+
+def test_op_time_gemm_backward_times_dx_and_dw_at_their_own_shapes(mi300x):
+    """Backward is dX = dY W^T ((m x n) @ (n x k): shape (m, k, n)) and dW = X^T dY ((k x m) @ (m x n):
+    shape (k, n, m)), each half of the 4 m n k FLOPs. With measured fractions 0.5 (forward shape),
+    0.25 (dX) and 0.125 (dW) at peak 1e15: fwd 2mnk / 5e14, bwd 2mnk / 2.5e14 + 2mnk / 1.25e14."""
+    an = d24_anatomy("fused_sdpa")
+    op = op_named(an, "h0.mlp.c_fc")
+    m, n, k = op.shape
+    assert (m, n, k) == (65536, 6144, 1536)
+    pts = ((m, n, k, 0.5), (m, k, n, 0.25), (k, n, m, 0.125))
+    r = replace(rates(mi300x, "sdpa-fused"), peak_flops_per_s=1e15, hbm_bytes_per_s=1e30, kernel_overhead_s=0.0,
+                gemm_points=pts)
+    fwd, bwd = op_time_s(op, an, r)
+    two_mnk = 2.0 * m * n * k
+    assert fwd == pytest.approx(two_mnk / 5e14, rel=1e-12)
+    assert bwd == pytest.approx(two_mnk / 2.5e14 + two_mnk / 1.25e14, rel=1e-12)
 
 
 # --------------------------------------------------------------------------------------------
@@ -232,11 +264,16 @@ def test_attention_efficiency_flops_convention(kind):
     assert short.shape[3] == 512 and long_.shape[3] == 2048
     full = 4 * 32 * 12 * 2_098_176 * 128
     assert full == 412_518_187_008
-    assert attention_efficiency_flops(long_, an) == (full, 2 * full)
+    total_long = [sum(x) for x in zip(*(attention_efficiency_flops(op, an) for op in an.ops
+                                        if op.kind == "attention" and op.layer == 3))]
+    assert total_long == [full, 2 * full]
     windowed = 4 * 32 * 12 * 919_296 * 128
     assert windowed == 180_740_947_968
     expect = windowed if kind == "flash_package" else full
-    assert attention_efficiency_flops(short, an) == (expect, 2 * expect)
+    # the unfused core is two ops (scores, probabilities @ v), each carrying half of the FLOPs
+    total = [sum(x) for x in zip(*(attention_efficiency_flops(op, an) for op in an.ops
+                                   if op.kind == "attention" and op.layer == 0))]
+    assert total == [expect, 2 * expect]
 
 
 def test_attention_efficiency_flops_full_window_equals_flash_model_flops():
@@ -289,13 +326,17 @@ def test_rates_rejects_unknown_scenario(mi300x):
 def test_rates_scaled_each_knob(mi300x):
     r = rates(mi300x, "sdpa-fused")
     assert r.gemm_best_fp8 > 0
-    g = r.scaled("gemm", 1.5)
-    assert g == replace(r, gemm_best=r.gemm_best * 1.5, gemm_best_fp8=r.gemm_best_fp8 * 1.5)
-    a = r.scaled("attention", 0.5)
-    assert a == replace(r, attn_fwd=r.attn_fwd * 0.5, attn_bwd=r.attn_bwd * 0.5)
-    c = r.scaled("compute", 2.0)
-    assert c == replace(r, gemm_best=r.gemm_best * 2, gemm_best_fp8=r.gemm_best_fp8 * 2, attn_fwd=r.attn_fwd * 2,
-                        attn_bwd=r.attn_bwd * 2)
+    assert (r.gemm_scale, r.attention_scale) == (1.0, 1.0)
+
+    def gemm(f):
+        return dict(gemm_best=r.gemm_best * f, gemm_best_fp8=r.gemm_best_fp8 * f, gemm_scale=f)
+
+    def attn(f):
+        return dict(attn_fwd=r.attn_fwd * f, attn_bwd=r.attn_bwd * f, attention_scale=f)
+
+    assert r.scaled("gemm", 1.5) == replace(r, **gemm(1.5))
+    assert r.scaled("attention", 0.5) == replace(r, **attn(0.5))
+    assert r.scaled("compute", 2.0) == replace(r, **gemm(2.0), **attn(2.0))
     assert r.scaled("gemm", 1.0) == r
 
 
@@ -345,13 +386,15 @@ def test_micro_batch_time_selective_adds_attention_core_forward(mi300x, kind):
     assert m.recompute_s == pytest.approx(_fwd(an, r, an.recomputes), rel=1e-12)
 
 
-@pytest.mark.xfail(strict=True, reason="micro_batch_time ignores Op.recompute_skip: under selective recompute "
-                   "it re-runs unfused math's PV product, which anatomy.recomputes() skips")
 def test_micro_batch_time_selective_unfused_skips_pv(mi300x):
+    """Selective recompute of unfused math re-runs the scores and softmax but not the PV product
+    (its inputs, the probabilities and v, are back once the scores are)."""
     an = d24_anatomy("unfused_math", "selective")
     r = rates(mi300x, "sdpa-math")
+    assert not an.recomputes(op_named(an, "h0.attn.pv")) and an.recomputes(op_named(an, "h0.attn.scores"))
     m = micro_batch_time(an, r)
     assert m.recompute_s == pytest.approx(_fwd(an, r, an.recomputes), rel=1e-9)
+    assert m.recompute_s < _fwd(an, r, lambda op: op.attention_core)
 
 
 FULL_SKIPPED = {f"h{i}.{n}" for i in range(24) for n in ("mlp.c_proj", "resid_add2")}
@@ -366,9 +409,7 @@ def test_anatomy_full_recompute_reruns_every_block_op_but_the_last_gemm_and_resi
     assert rerun == {op.name for op in an.ops if op.layer is not None} - FULL_SKIPPED
 
 
-@pytest.mark.xfail(strict=True, reason="micro_batch_time ignores Op.recompute_skip: under full recompute it "
-                   "re-runs each block's last GEMM (mlp.c_proj) and residual add, which anatomy.recomputes() skips")
-@pytest.mark.parametrize("kind", ["fused_sdpa", "flash_package"])
+@pytest.mark.parametrize("kind", ["unfused_math", "fused_sdpa", "flash_package"])
 def test_micro_batch_time_full_recompute_skips_last_gemm_and_residual(mi300x, kind):
     """Full recompute adds the forward time of every block op except the block's last GEMM and residual."""
     an = d24_anatomy(kind, "full")

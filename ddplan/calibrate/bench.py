@@ -1,0 +1,452 @@
+"""Micro-benchmarks for `ddplan calibrate`: GEMMs, attention, HBM copy and one real training step.
+
+Timing: `time_s` warms up, then takes the median of torch.utils.benchmark.Timer.blocked_autorange,
+which synchronises the accelerator around each block (CUDA and ROCm alike: torch.cuda is HIP on
+ROCm) and keeps torch's CPU thread count as it is (Timer would otherwise pin it to 1). The training
+step splits forward, backward and optimizer with CUDA events on GPUs (perf_counter on CPU, where ops
+are synchronous). Inputs are random (torch.randn), never zeros, and GEMM inputs rotate over buffers
+larger than the last-level cache so the cache does not flatter them.
+
+Units: TFLOP/s are 1e12 FLOP/s, TB/s 1e12 bytes/s, GB 1e9 bytes (ddplan.units).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import gc
+import os
+import platform
+import re
+import socket
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch.utils.benchmark import Timer
+
+from ddplan.anatomy import attention_pairs, build_anatomy
+from ddplan.calibrate.optim import build_optimizer
+from ddplan.calibrate.reference import build_model, window_masks
+from ddplan.specs import ModelSpec
+from ddplan.units import GB, MiB, TB, TFLOPS
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "tf32": torch.float32}
+# Rotated GEMM inputs total at least this on a GPU: 3 x the largest last-level cache among the targets
+# (MI300X Infinity Cache 256 MiB; H100/H200 L2 50 MiB, B200 126 MB).
+GPU_ROTATE_BYTES = 3 * 256 * MiB
+CPU_ROTATE_SETS = 4  # on CPU a few input sets (tests use tiny shapes)
+MAX_ROTATE_SETS = 4096
+ATTENTION_IMPLS = ("sdpa-math", "sdpa-fused", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "fa2",
+                   "flash-attn-ck", "fa3")
+FLASH_PACKAGES = ("fa2", "flash-attn-ck", "fa3")  # native windows: FLOPs counted on the window only
+
+
+def _device(device) -> torch.device:
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return d
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _torch_dtype(dtype: str) -> torch.dtype:
+    if dtype not in TORCH_DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not benchmarked; allowed: {', '.join(TORCH_DTYPES)}")
+    return TORCH_DTYPES[dtype]
+
+
+# --------------------------------------------------------------------------------------------
+# Provenance and timing
+
+
+def device_provenance(device: str) -> dict:
+    """The calibration file's provenance (ddplan.calibration.Provenance keys) for this device and stack."""
+    d = torch.device(device)
+    gpu = d.type == "cuda"
+    hip = getattr(torch.version, "hip", None)
+    return {
+        "device_name": torch.cuda.get_device_name(_device(d)) if gpu else _cpu_name(),
+        "device_count": torch.cuda.device_count() if gpu else 1,
+        "backend": ("rocm" if hip else "cuda") if gpu else "cpu",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda if gpu and not hip else None,
+        "hip": hip if gpu else None,
+        "driver": _driver_version(bool(hip)) if gpu else None,
+        "tunableop": os.environ.get("PYTORCH_TUNABLEOP_ENABLED"),
+        "date": dt.datetime.now(dt.timezone.utc),
+        "host": socket.gethostname(),
+    }
+
+
+def _cpu_name() -> str:
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def _driver_version(rocm: bool) -> str | None:
+    """The kernel driver's version from files the driver exposes (no subprocess that could hang)."""
+    if rocm:
+        with contextlib.suppress(OSError):
+            with open("/sys/module/amdgpu/version") as f:
+                return f"amdgpu {f.read().strip()}"
+        return None
+    with contextlib.suppress(OSError):
+        with open("/proc/driver/nvidia/version") as f:
+            m = re.search(r"Kernel Module(?: for \S+)?\s+(\d+(?:\.\d+)+)", f.read())
+            if m:
+                return m.group(1)
+    return None
+
+
+def time_s(fn: Callable[[], object], device, *, min_run_time: float = 0.2, warmup: int = 2) -> float:
+    """Median seconds of one fn() call: warm-up, then Timer.blocked_autorange (it synchronises the device)."""
+    d = _device(device)
+    ctx = torch.cuda.device(d) if d.type == "cuda" else contextlib.nullcontext()
+    with ctx:
+        for _ in range(warmup):
+            fn()
+        _sync(d)
+        timer = Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+        return timer.blocked_autorange(min_run_time=min_run_time).median
+
+
+def _min_run_time(quick: bool) -> float:
+    return 0.05 if quick else 0.2
+
+
+# --------------------------------------------------------------------------------------------
+# GEMMs
+
+
+def gemm_shapes(spec: ModelSpec, micro_batches: list[int], seq_len: int | None = None
+                ) -> list[tuple[int, int, int, str]]:
+    """Every distinct GEMM (m, n, k, label) of a training step at each micro-batch size.
+
+    From the anatomy's GEMM ops, each y = x W^T with x (m x k), W (n x k): forward (m, n, k), backward
+    dX = dY W (m, k, n) and dW = x^T dY (k, n, m). Layers are collapsed ("h3.mlp.c_fc" -> "h*.mlp.c_fc");
+    a shape shared by several GEMMs keeps the first label and says how many others share it.
+    """
+    if not micro_batches or any(b <= 0 for b in micro_batches):
+        raise ValueError(f"micro_batches must be positive, got {micro_batches}")
+    labels: dict[tuple[int, int, int], list[str]] = {}
+    for mb in micro_batches:
+        for op in build_anatomy(spec, batch=mb, seq_len=seq_len).ops:
+            if op.kind != "gemm":
+                continue
+            m, n, k = op.shape
+            name = re.sub(r"^h\d+\.", "h*.", op.name)
+            for shape, role in (((m, n, k), "fwd"), ((m, k, n), "dX"), ((k, n, m), "dW")):
+                seen = labels.setdefault(shape, [])
+                if f"{name} {role}" not in seen:
+                    seen.append(f"{name} {role}")
+    return [(*shape, names[0] if len(names) == 1 else f"{names[0]} (+{len(names) - 1} same shape)")
+            for shape, names in labels.items()]
+
+
+def bench_gemm(m: int, n: int, k: int, *, dtype: str = "bf16", device="cuda", quick: bool = False) -> float:
+    """TFLOP/s of an (m x k) @ (k x n) GEMM: 2 m n k / median time.
+
+    The weight is stored (n x k) and used transposed, as F.linear does. Inputs are views into one
+    random buffer, rotated so that the inputs touched between two uses of the same view exceed the
+    last-level cache (GPU_ROTATE_BYTES; a few sets on CPU). tf32: fp32 storage, TF32 tensor cores.
+    """
+    if min(m, n, k) <= 0:
+        raise ValueError(f"GEMM dimensions must be positive, got m={m}, n={n}, k={k}")
+    d, tdtype = _device(device), _torch_dtype(dtype)
+    elem = torch.empty((), dtype=tdtype).element_size()
+    align = 128  # start every view on a 256-byte boundary (bf16), as tensor cores prefer
+    a_len, w_len = -(-m * k // align) * align, -(-n * k // align) * align
+    set_len = a_len + w_len
+    if d.type == "cuda":
+        sets = 1 if set_len * elem >= GPU_ROTATE_BYTES else min(-(-GPU_ROTATE_BYTES // (set_len * elem)),
+                                                               MAX_ROTATE_SETS)
+    else:
+        sets = CPU_ROTATE_SETS
+    buf = torch.randn(sets * set_len, device=d, dtype=tdtype)
+    pairs = [(buf[i * set_len: i * set_len + m * k].view(m, k),
+              buf[i * set_len + a_len: i * set_len + a_len + n * k].view(n, k).t()) for i in range(sets)]
+    out = torch.empty(m, n, device=d, dtype=tdtype)
+    state = {"i": 0}
+
+    def fn():
+        a, b = pairs[state["i"]]
+        state["i"] = (state["i"] + 1) % sets
+        torch.mm(a, b, out=out)
+
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if dtype == "tf32" else "highest")
+    try:
+        t = time_s(fn, d, min_run_time=_min_run_time(quick))
+    finally:
+        torch.set_float32_matmul_precision(precision)
+    return 2.0 * m * n * k / t / TFLOPS
+
+
+def bench_peak_gemm(*, dtype: str = "bf16", device="cuda", quick: bool = False
+                    ) -> tuple[float, tuple[int, int, int]]:
+    """(best TFLOP/s, its (m, n, k)) over a short sweep of square and rectangular shapes.
+
+    GPU: 4096..16384 squares and wide/deep rectangles (quick: 3 shapes); CPU: sizes <= 1024.
+    Ref for the approach: stas00 ml-engineering, "MAMF finder" (compute/accelerator).
+    """
+    if _device(device).type == "cuda":
+        shapes = [(8192, 8192, 8192), (4096, 4096, 4096), (16384, 8192, 8192)] if quick else [
+            (4096, 4096, 4096), (8192, 8192, 8192), (16384, 16384, 16384), (8192, 8192, 4096),
+            (16384, 8192, 8192), (8192, 16384, 4096), (65536, 4096, 4096), (32768, 8192, 2048)]
+    else:
+        shapes = [(256, 256, 256), (512, 512, 512)] if quick else [
+            (256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (1024, 512, 1024), (1024, 1024, 512),
+            (512, 1024, 1024), (768, 768, 768), (1024, 256, 1024)]
+    results = [(bench_gemm(*s, dtype=dtype, device=device, quick=quick), s) for s in shapes]
+    return max(results)
+
+
+# --------------------------------------------------------------------------------------------
+# Attention
+
+
+def attention_flops(*, batch: int, heads: int, seq_len: int, window: int, head_dim: int, impl: str
+                    ) -> tuple[float, float]:
+    """(forward, backward) FLOPs in the attention efficiency convention of ddplan.roofline.
+
+    4 b h d pairs forward, 8 b h d pairs backward, pairs = causal pairs of the processed window (w + 1
+    keys per query): the window itself for flash packages (native windows), the full sequence for
+    every SDPA path (unfused math computes all of it; a window there is an explicit mask).
+    """
+    processed = min(window, seq_len) if impl in FLASH_PACKAGES else seq_len
+    pairs = attention_pairs(seq_len, processed, "flash_package", "native")
+    return 4.0 * batch * heads * pairs * head_dim, 8.0 * batch * heads * pairs * head_dim
+
+
+def _sdpa_backend(impl: str):
+    from torch.nn.attention import SDPBackend
+
+    name = {"sdpa-math": "MATH", "sdpa-flash": "FLASH_ATTENTION", "sdpa-efficient": "EFFICIENT_ATTENTION",
+            "sdpa-cudnn": "CUDNN_ATTENTION"}[impl]
+    return getattr(SDPBackend, name, None)
+
+
+def _attention_fn(impl: str, seq_len: int, window: int, head_dim: int, device: torch.device, rocm: bool):
+    """(function of q, k, v, layout "bhsd" or "bshd", context) for an implementation, or None if unavailable."""
+    if impl == "sdpa-math":  # the reference model's unfused path (reference.Attention.core)
+        mask = window_masks([window], seq_len, "sdpa-math", device)[0]
+        scale = head_dim**-0.5
+
+        def unfused(q, k, v):
+            return torch.softmax(((q @ k.transpose(-2, -1)) * scale).masked_fill(mask, float("-inf")), dim=-1) @ v
+        return unfused, "bhsd", contextlib.nullcontext()
+    if impl.startswith("sdpa-"):
+        mask = window_masks([window], seq_len, "sdpa-fused", device)[0]
+        ctx = contextlib.nullcontext()
+        if impl != "sdpa-fused":
+            from torch.nn.attention import sdpa_kernel
+
+            backend = _sdpa_backend(impl)
+            if backend is None:
+                return None
+            ctx = sdpa_kernel(backend)
+        return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None),
+                "bhsd", ctx)
+    if device.type != "cuda" or (impl == "flash-attn-ck") != rocm:
+        return None  # flash-attn-ck is the ROCm build of flash_attn, fa2 the CUDA one
+    try:
+        if impl == "fa3":
+            from flash_attn_interface import flash_attn_func
+        else:
+            from flash_attn import flash_attn_func
+    except ImportError:
+        return None
+    size = (window if window < seq_len else -1, 0)
+
+    def flash(q, k, v):
+        out = flash_attn_func(q, k, v, causal=True, window_size=size)
+        return out[0] if isinstance(out, tuple) else out  # some FA3 versions return (out, lse)
+    return flash, "bshd", contextlib.nullcontext()
+
+
+def bench_attention(impl: str, *, batch: int, heads: int, seq_len: int, window: int, head_dim: int,
+                    dtype: str = "bf16", device="cuda", quick: bool = False) -> tuple[float, float] | None:
+    """(forward, backward) TFLOP/s of causal attention with a window of `window` tokens, or None.
+
+    None when the implementation is not available here (package not installed, SDPA backend not
+    built for or not usable on this device, dtype or window unsupported). FLOPs: `attention_flops`.
+    sdpa-math is the unfused path of the reference model; sdpa-fused is SDPA's own backend choice with
+    is_causal for a full window and an explicit boolean mask for a sliding one (nanochat's fallback);
+    sdpa-flash/-efficient/-cudnn force that backend; fa2/flash-attn-ck/fa3 pass window_size=(w, 0).
+    Backward is timed as autograd.grad of the output, graph retained.
+    """
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"attention implementation {impl!r}; allowed: {', '.join(ATTENTION_IMPLS)}")
+    if min(batch, heads, seq_len, window, head_dim) <= 0:
+        raise ValueError(f"need positive batch, heads, seq_len, window, head_dim; got {batch}, {heads}, "
+                         f"{seq_len}, {window}, {head_dim}")
+    d, tdtype = _device(device), _torch_dtype(dtype)
+    found = _attention_fn(impl, seq_len, window, head_dim, d, bool(getattr(torch.version, "hip", None)))
+    if found is None:
+        return None
+    fn, layout, ctx = found
+    shape = (batch, heads, seq_len, head_dim) if layout == "bhsd" else (batch, seq_len, heads, head_dim)
+    q, k, v = (torch.randn(shape, device=d, dtype=tdtype, requires_grad=True) for _ in range(3))
+    with ctx:
+        try:
+            with warnings.catch_warnings():  # SDPA warns about every backend it rules out
+                warnings.simplefilter("ignore")
+                out = fn(q, k, v)
+        except (RuntimeError, NotImplementedError):
+            return None  # "No available kernel", or the package refuses this dtype/shape/device
+        grad = torch.randn_like(out)
+        t_fwd = time_s(lambda: fn(q, k, v), d, min_run_time=_min_run_time(quick))
+        t_bwd = time_s(lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True), d,
+                       min_run_time=_min_run_time(quick))
+    f_fwd, f_bwd = attention_flops(batch=batch, heads=heads, seq_len=seq_len, window=window, head_dim=head_dim,
+                                   impl=impl)
+    return f_fwd / t_fwd / TFLOPS, f_bwd / t_bwd / TFLOPS
+
+
+# --------------------------------------------------------------------------------------------
+# Memory bandwidth and launch overhead
+
+
+def bench_hbm(device="cuda", *, nbytes: int | None = None, quick: bool = False) -> float:
+    """TB/s of a device-to-device copy of nbytes, counting read plus write: 2 nbytes / median time.
+
+    Default size: 1 GiB on a GPU (far beyond any cache), 64 MiB on CPU.
+    """
+    d = _device(device)
+    nbytes = nbytes or (1024 * MiB if d.type == "cuda" else 64 * MiB)
+    if nbytes < 4:
+        raise ValueError(f"nbytes must be at least 4, got {nbytes}")
+    src = torch.randn(nbytes // 4, device=d)
+    dst = torch.empty_like(src)
+    t = time_s(lambda: dst.copy_(src), d, min_run_time=_min_run_time(quick))
+    return 2.0 * src.numel() * 4 / t / TB
+
+
+def bench_kernel_overhead_us(device="cuda", *, quick: bool = False) -> float:
+    """Microseconds per launch of a tiny kernel (an in-place add on 1024 elements): the per-op floor."""
+    d = _device(device)
+    x = torch.randn(1024, device=d)
+    return time_s(lambda: x.add_(1.0), d, min_run_time=_min_run_time(quick)) * 1e6
+
+
+# --------------------------------------------------------------------------------------------
+# One training step
+
+
+class _Marks:
+    """Timestamps between phases: CUDA events on GPUs (recorded on the stream), perf_counter on CPU."""
+
+    def __init__(self, device: torch.device):
+        self.gpu = device.type == "cuda"
+        self.marks: list = []
+
+    def mark(self) -> None:
+        if self.gpu:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self.marks.append(e)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def intervals_s(self) -> list[float]:
+        if self.gpu:
+            self.marks[-1].synchronize()
+            return [a.elapsed_time(b) * 1e-3 for a, b in zip(self.marks, self.marks[1:])]
+        return [b - a for a, b in zip(self.marks, self.marks[1:])]
+
+
+def bench_train_step(spec: ModelSpec, *, batch: int, seq_len: int | None = None, attention: str = "sdpa-fused",
+                     device="cuda", dtype_policy: str = "spec", steps: int = 5, warmup: int = 2,
+                     recompute: str = "none", seed: int = 0) -> dict:
+    """One real training step of the reference model: forward, backward, the spec's optimizer (eager).
+
+    Returns step_time_s (median over `steps` steps after `warmup`), fwd_s, bwd_s, optimizer_s (medians
+    of each phase; they need not add up to the step's median), peak_memory_bytes and peak_memory_gb
+    (torch.cuda.max_memory_allocated over model, optimizer and activations; None on CPU), the loss, and
+    the StepMeasurement fields (device_batch_size, total_batch_tokens = batch x seq_len: one micro-batch,
+    no accumulation, compiled False). If it does not fit: {"skipped": "does not fit: <message>"}.
+    """
+    if batch <= 0 or steps <= 0 or warmup < 0:
+        raise ValueError(f"need batch > 0, steps > 0, warmup >= 0; got {batch}, {steps}, {warmup}")
+    d = _device(device)
+    s = seq_len or spec.recipe.seq_len
+    try:
+        with torch.cuda.device(d) if d.type == "cuda" else contextlib.nullcontext():
+            result = _train_step(spec, batch, s, attention, d, dtype_policy, steps, warmup, recompute, seed)
+    except (torch.cuda.OutOfMemoryError, MemoryError, RuntimeError) as e:
+        if not _out_of_memory(e):
+            raise
+        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    else:
+        return result
+    gc.collect()  # the exception and its frames are gone: free what the step held
+    if d.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"skipped": f"does not fit: {message}"}
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """CUDA/HIP out of memory, or the CPU allocator's failure (a plain RuntimeError)."""
+    if isinstance(e, (torch.cuda.OutOfMemoryError, MemoryError)):
+        return True
+    text = str(e)
+    return "DefaultCPUAllocator" in text or "not enough memory" in text
+
+
+def _train_step(spec, batch, seq_len, attention, d, dtype_policy, steps, warmup, recompute, seed) -> dict:
+    torch.manual_seed(seed)
+    gpu = d.type == "cuda"
+    if gpu:
+        torch.cuda.reset_peak_memory_stats(d)
+    model = build_model(spec, attention=attention, recompute=recompute, seq_len=seq_len, device=d,
+                        dtype_policy=dtype_policy)
+    optimizer = build_optimizer(model, spec)
+    vocab = spec.architecture.vocab_size
+    idx = torch.randint(0, vocab, (batch, seq_len), device=d)
+    targets = torch.randint(0, vocab, (batch, seq_len), device=d)
+    phases: list[list[float]] = []
+    loss = None
+    for i in range(warmup + steps):
+        marks = _Marks(d)
+        marks.mark()
+        loss = model(idx, targets)
+        marks.mark()
+        loss.backward()
+        marks.mark()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        marks.mark()
+        if i >= warmup:
+            phases.append(marks.intervals_s())
+    _sync(d)
+    peak = torch.cuda.max_memory_allocated(d) if gpu else None
+    return {
+        "step_time_s": statistics.median(sum(p) for p in phases),
+        "fwd_s": statistics.median(p[0] for p in phases),
+        "bwd_s": statistics.median(p[1] for p in phases),
+        "optimizer_s": statistics.median(p[2] for p in phases),
+        "steps": steps,
+        "loss": float(loss.item()),
+        "peak_memory_bytes": peak,
+        "peak_memory_gb": None if peak is None else peak / GB,
+        "device_batch_size": batch,
+        "seq_len": seq_len,
+        "total_batch_tokens": batch * seq_len,
+        "attention": attention,
+        "recompute": recompute,
+        "dtype_policy": dtype_policy,
+        "compiled": False,
+        "device": str(d),
+    }

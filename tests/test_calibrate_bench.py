@@ -1,0 +1,149 @@
+"""ddplan.calibrate.bench and .optim on CPU with tiny shapes: the benchmarks run and return sane numbers.
+
+No timed assertions (only positive and finite); GPU-only backends must answer None here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from ddplan.calibrate import bench  # noqa: E402
+from ddplan.calibrate.optim import Muon, build_optimizer, newton_schulz  # noqa: E402
+from ddplan.calibrate.reference import build_model  # noqa: E402
+from ddplan.calibration import Provenance  # noqa: E402
+from ddplan.nanochat import nanochat_spec  # noqa: E402
+from ddplan.registry import load_model  # noqa: E402
+from ddplan.specs import ModelSpec  # noqa: E402
+
+SEQ = 128
+
+
+def shrink(spec: ModelSpec, **arch) -> ModelSpec:
+    data = spec.model_dump()
+    data["architecture"].update(arch)
+    data["recipe"].update(seq_len=SEQ, total_batch_tokens=8 * SEQ)
+    return ModelSpec.model_validate(data)
+
+
+def nanochat_tiny() -> ModelSpec:
+    return shrink(nanochat_spec(2), vocab_size=512)
+
+
+def gpt2_tiny() -> ModelSpec:
+    return shrink(load_model("gpt2-124m"), num_layers=2, d_model=64, num_heads=4, num_kv_heads=4, head_dim=16,
+                  vocab_size=512, max_seq_len=SEQ, mlp_hidden_dim=256)
+
+
+def positive(x: float) -> bool:
+    return math.isfinite(x) and x > 0
+
+
+def test_provenance_validates_on_cpu():
+    p = Provenance.model_validate(bench.device_provenance("cpu"))
+    assert p.backend == "cpu" and p.device_count == 1 and p.torch == torch.__version__
+    assert p.date.tzinfo is not None
+
+
+def test_gemm_shapes_d24_cover_every_linear_forward_and_backward():
+    spec = load_model("nanochat-d24")
+    shapes = bench.gemm_shapes(spec, [32])
+    by_shape = {(m, n, k): label for m, n, k, label in shapes}
+    t = 32 * 2048
+    assert by_shape[(t, 6144, 1536)] == "h*.mlp.c_fc fwd (+1 same shape)"  # and h*.mlp.c_proj dX
+    assert by_shape[(t, 32768, 1536)] == "lm_head fwd"
+    assert by_shape[(t, 1536, 32768)] == "lm_head dX"
+    assert by_shape[(1536, 32768, t)] == "lm_head dW"
+    assert (1536, 6144, t) in by_shape and (t, 1536, 6144) in by_shape  # c_fc dW; c_fc dX = c_proj fwd
+    assert len(by_shape) == len(shapes)  # distinct
+    assert all("h*" in label or not label.startswith("h") for label in by_shape.values())
+    two = bench.gemm_shapes(spec, [16, 32])
+    assert (16 * 2048, 6144, 1536, "h*.mlp.c_fc fwd (+1 same shape)") in two and len(two) == 2 * len(shapes)
+
+
+def test_bench_gemm_cpu():
+    assert positive(bench.bench_gemm(64, 64, 64, dtype="fp32", device="cpu", quick=True))
+    assert positive(bench.bench_gemm(48, 80, 24, dtype="bf16", device="cpu", quick=True))
+
+
+def test_bench_peak_gemm_cpu_quick():
+    tflops, shape = bench.bench_peak_gemm(dtype="fp32", device="cpu", quick=True)
+    assert positive(tflops) and max(shape) <= 1024
+
+
+@pytest.mark.parametrize("impl", ["sdpa-math", "sdpa-fused"])
+@pytest.mark.parametrize("window", [128, 32])
+def test_bench_attention_cpu(impl, window):
+    out = bench.bench_attention(impl, batch=1, heads=2, seq_len=128, window=window, head_dim=32, dtype="fp32",
+                                device="cpu", quick=True)
+    assert out is not None and all(positive(x) for x in out)
+
+
+@pytest.mark.parametrize("impl", ["sdpa-cudnn", "fa2", "flash-attn-ck", "fa3"])
+def test_bench_attention_unavailable_on_cpu_is_none(impl):
+    assert bench.bench_attention(impl, batch=1, heads=2, seq_len=64, window=64, head_dim=32, dtype="fp32",
+                                 device="cpu", quick=True) is None
+
+
+def test_attention_flops_convention():
+    # full window: s(s+1)/2 causal pairs for every implementation
+    f, b = bench.attention_flops(batch=2, heads=3, seq_len=8, window=8, head_dim=4, impl="sdpa-fused")
+    assert (f, b) == (4.0 * 2 * 3 * 36 * 4, 8.0 * 2 * 3 * 36 * 4)
+    # window 2 (3 keys per query): flash packages count 1 + 2 + 3 * 6 = 21 pairs; SDPA (a mask) the full 36
+    assert bench.attention_flops(batch=1, heads=1, seq_len=8, window=2, head_dim=1, impl="fa3")[0] == 4.0 * 21
+    assert bench.attention_flops(batch=1, heads=1, seq_len=8, window=2, head_dim=1, impl="sdpa-math")[0] == 4.0 * 36
+
+
+def test_bench_attention_rejects_unknown_impl():
+    with pytest.raises(ValueError, match="allowed"):
+        bench.bench_attention("xformers", batch=1, heads=1, seq_len=8, window=8, head_dim=8, device="cpu")
+
+
+def test_bench_hbm_and_overhead_cpu():
+    assert positive(bench.bench_hbm("cpu", nbytes=4 * 2**20, quick=True))
+    assert positive(bench.bench_kernel_overhead_us("cpu", quick=True))
+
+
+@pytest.mark.parametrize("make", [nanochat_tiny, gpt2_tiny], ids=["nanochat-d2", "gpt2"])
+def test_bench_train_step_cpu(make):
+    r = bench.bench_train_step(make(), batch=2, seq_len=SEQ, attention="sdpa-fused", device="cpu",
+                               dtype_policy="fp32", steps=2, warmup=1)
+    assert positive(r["step_time_s"]) and all(positive(r[k]) for k in ("fwd_s", "bwd_s", "optimizer_s"))
+    assert r["peak_memory_gb"] is None and math.isfinite(r["loss"])
+    assert (r["device_batch_size"], r["total_batch_tokens"], r["compiled"]) == (2, 2 * SEQ, False)
+
+
+def test_newton_schulz_orthogonalises():
+    g = torch.randn(64, 128, generator=torch.Generator().manual_seed(0))
+    sv = torch.linalg.svdvals(newton_schulz(g, 5).float())
+    assert sv.min() >= 0.5 and sv.max() <= 1.5
+    sv_tall = torch.linalg.svdvals(newton_schulz(g.T, 5).float())
+    assert sv_tall.min() >= 0.5 and sv_tall.max() <= 1.5
+
+
+def test_muon_refuses_non_matrices():
+    with pytest.raises(ValueError, match="matrices"):
+        Muon([torch.nn.Parameter(torch.zeros(3))])
+
+
+def test_build_optimizer_follows_the_spec_groups():
+    spec = nanochat_tiny()
+    model = build_model(spec, attention="sdpa-fused", recompute="none", seq_len=SEQ, dtype_policy="fp32")
+    opt = build_optimizer(model, spec)
+    kinds = {type(o).__name__: sum(p.numel() for g in o.param_groups for p in g["params"]) for o in opt.optimizers}
+    muon_groups = [g for g, a in spec.recipe.optimizer.algorithm.items() if a == "muon"]
+    from ddplan.calibrate.reference import count_params
+
+    counts = count_params(model)
+    assert kinds["Muon"] == sum(counts[g] for g in muon_groups)
+    assert kinds["AdamW"] == sum(counts.values()) - kinds["Muon"]
+    idx = torch.randint(0, 512, (1, SEQ))
+    before = [p.detach().clone() for p in model.parameters()]
+    model(idx, idx).backward()
+    opt.step()
+    opt.zero_grad()
+    assert all(p.grad is None for p in model.parameters())
+    assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))

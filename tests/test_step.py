@@ -1,0 +1,403 @@
+"""ddplan.step: optimizer time, gradient-sync buffers and the step's terms (DESIGN.md sec. 4).
+
+nanochat's sharded optimizer (nanochat/optim.py @92d63d4 l.214-246, summarised in
+/work/shared/reference/nanochat.md sec. 4): per Muon shape group the K stacked gradients are
+zero-padded to ceil(K/N) N matrices and reduce-scattered, each rank owning ceil(K/N) whole matrices;
+AdamW params of >= 1024 elements reduce-scatter, smaller ones all-reduce; then the updated params are
+all-gathered. nanochat-d24: 24 layers of 1536-wide blocks, 4 square (1536 x 1536) attention matrices
+and two 6144 x 1536 / 1536 x 6144 MLP matrices per layer, 12 value-embedding gates of 12 x 12.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from functools import lru_cache
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ddplan import comm, step
+from ddplan.anatomy import build_anatomy, muon_flops
+from ddplan.layout import Layout, check_layout
+from ddplan.registry import load_hardware, load_model
+from ddplan.roofline import Rates, rates
+from ddplan.step import collective_s, grad_sync_buffers, optimizer_time_s, step_time
+
+SQ, MLP_IN, MLP_OUT, VE = (1536, 1536), (6144, 1536), (1536, 6144), (12, 12)
+
+
+@lru_cache(maxsize=None)
+def _spec(name):
+    return load_model(name)
+
+
+@lru_cache(maxsize=None)
+def _hw(name="mi300x"):
+    return load_hardware(name)
+
+
+@lru_cache(maxsize=None)
+def _anatomy(model, micro_batch, attention, recompute="none", compiled=True, tp=1):
+    impl = _hw().attention_impl(attention)
+    return build_anatomy(_spec(model), batch=micro_batch, attention=impl.kind, windows=impl.windows,
+                         recompute=recompute, compiled=compiled, tp=tp)
+
+
+def run_step(model, layout, scenario="value"):
+    spec, hw = _spec(model), _hw()
+    an = _anatomy(model, layout.micro_batch, layout.attention, layout.recompute, layout.compiled, layout.tp)
+    return step_time(spec, hw, layout, an, rates(hw, layout.attention, scenario), comm_efficiency=scenario)
+
+
+def d24(dp=8, zero=1, micro_batch=32, **kw):
+    kw.setdefault("grad_accum", max(1, 512 // (dp * micro_batch)))
+    return Layout(dp=dp, zero=zero, micro_batch=micro_batch, attention="sdpa-fused", compiled=True, **kw)
+
+
+def gpt2(dp=2, zero=0, micro_batch=12, grad_accum=8, **kw):
+    return Layout(dp=dp, zero=zero, micro_batch=micro_batch, grad_accum=grad_accum, attention="sdpa-fused",
+                  compiled=True, **kw)
+
+
+# compute-only rates: unbounded HBM and no launch overhead, GEMMs at `best` for any shape
+FLOPS_ONLY = Rates(peak_flops_per_s=1e15, vector_flops_per_s=1e14, hbm_bytes_per_s=1e30, gemm_best=0.5,
+                   gemm_half_dim=1e-9, hbm=1.0, attn_fwd=0.5, attn_bwd=0.5, kernel_overhead_s=0.0)
+
+
+# --------------------------------------------------------------------------------------------
+# optimizer_time_s
+
+
+@pytest.mark.parametrize("model", ["d24", "gpt2-124m", "llama-3-8b"])
+@pytest.mark.parametrize("dp", [2, 4, 8, 16])
+def test_optimizer_ddp_not_faster_than_sharded(model, dp):
+    """DDP (ZeRO-0) updates every parameter on every rank; ZeRO-1 / nanochat's sharding splits the work."""
+    r = rates(_hw(), "sdpa-fused")
+    lay = Layout(dp=dp, zero=0)
+    assert optimizer_time_s(_spec(model), lay, r) >= optimizer_time_s(_spec(model), replace(lay, zero=1), r)
+
+
+def test_optimizer_dp1_sharded_equals_ddp():
+    r = rates(_hw(), "sdpa-fused")
+    spec = _spec("d24")
+    assert optimizer_time_s(spec, Layout(dp=1, zero=1), r) == pytest.approx(
+        optimizer_time_s(spec, Layout(dp=1, zero=0), r), rel=1e-12)
+
+
+def test_muon_flops_on_busiest_rank_d24_dp8_by_hand():
+    """nanochat-d24 on 8 GPUs: each rank Newton-Schulz-orthogonalises ceil(K/8) matrices per shape group.
+
+    muon_flops(m x n, 5 steps) = 5 (4 m^2 n + 2 m^3), m <= n:
+      1536 x 1536: 30 x 1536^3 = 108,716,359,680;  K = 96 -> 12 per rank
+      6144 x 1536 and 1536 x 6144: 5 (4 x 1536^2 x 6144 + 2 x 1536^3) = 326,149,079,040; K = 24 -> 3 each
+      12 x 12 ve gates: 30 x 12^3 = 51,840; K = 12 -> ceil(1.5) = 2
+    busiest rank: 12 x 108,716,359,680 + 6 x 326,149,079,040 + 2 x 51,840 = 3,261,490,894,080 FLOPs.
+    Rates: HBM unbounded, no launch overhead, every GEMM at best = 0.5 of 1e15: time x 5e14 = FLOPs.
+    """
+    assert muon_flops(*SQ) == 108_716_359_680
+    assert muon_flops(*MLP_IN) == muon_flops(*MLP_OUT) == 326_149_079_040
+    assert muon_flops(*VE) == 51_840
+    hand = 12 * 108_716_359_680 + 6 * 326_149_079_040 + 2 * 51_840
+    assert hand == 3_261_490_894_080
+    t = optimizer_time_s(_spec("d24"), d24(dp=8, zero=1), FLOPS_ONLY)
+    assert t * 0.5e15 == pytest.approx(hand, rel=1e-9)
+
+
+@pytest.mark.parametrize("dp, owned", [(1, (96, 24, 12)), (16, (6, 2, 1)), (32, (3, 1, 1)), (128, (1, 1, 1))])
+def test_muon_busiest_rank_owns_ceil_k_over_n(dp, owned):
+    sq, mlp, ve = owned
+    hand = sq * muon_flops(*SQ) + 2 * mlp * muon_flops(*MLP_IN) + ve * muon_flops(*VE)
+    t = optimizer_time_s(_spec("d24"), Layout(dp=dp, zero=1), FLOPS_ONLY)
+    assert t * 0.5e15 == pytest.approx(hand, rel=1e-9)
+
+
+def test_muon_ddp_every_rank_orthogonalises_everything():
+    hand = 96 * muon_flops(*SQ) + 48 * muon_flops(*MLP_IN) + 12 * muon_flops(*VE)
+    t = optimizer_time_s(_spec("d24"), Layout(dp=8, zero=0), FLOPS_ONLY)
+    assert t * 0.5e15 == pytest.approx(hand, rel=1e-9)
+
+
+def test_adamw_ddp_time_is_memory_bound_by_hand():
+    """GPT-2 124M, fp32 params/grads/states, DDP: every rank reads p, g, m, v and writes p, m, v:
+    124,439,808 x 7 x 4 B = 3,484,314,624 B at 5.3e12 x 0.775 B/s, plus one 8 us launch per group (5)."""
+    r = rates(_hw(), "sdpa-fused")
+    t = optimizer_time_s(_spec("gpt2-124m"), Layout(dp=8, zero=0), r)
+    assert t == pytest.approx(3_484_314_624 / (5.3e12 * 0.775) + 5 * 8e-6, rel=1e-9)
+
+
+# --------------------------------------------------------------------------------------------
+# grad_sync_buffers
+
+
+def test_grad_sync_buffers_nanochat_d24_dp8():
+    """Muon groups padded to ceil(K/8) x 8 matrices (96 -> 96, 24 -> 24, 12 -> 16), in the master dtype;
+    AdamW tables reduce-scatter then all-gather; smear gate (24) and scalars (50) all-reduce."""
+    block = (96 * 1536 * 1536 + 24 * 6144 * 1536 + 24 * 1536 * 6144) * 4  # fp32
+    assert block == 679_477_248 * 4 == 2_717_908_992
+    ve_gates = 16 * 12 * 12 * 4  # K = 12 padded to 16, fp32: 9,216 B
+    lm_head = 32768 * 1536 * 4  # fp32
+    wte = 32768 * 1536 * 2  # bf16
+    value_embeddings = 12 * 32768 * 1536 * 2  # 12 tables, bf16
+    expect = [("reduce_scatter", block), ("all_gather", block), ("reduce_scatter", ve_gates),
+              ("all_gather", ve_gates), ("reduce_scatter", lm_head), ("all_gather", lm_head),
+              ("reduce_scatter", wte), ("all_gather", wte), ("reduce_scatter", value_embeddings),
+              ("all_gather", value_embeddings), ("all_reduce", 24 * 4), ("all_reduce", 50 * 4)]
+    assert sorted(grad_sync_buffers(_spec("d24"), d24(dp=8, zero=1))) == sorted(expect)
+
+
+def test_grad_sync_buffers_nanochat_d26_padding():
+    """nanochat.md sec. 4: d26 MLP groups K = 26 over N = 8 pad to 32; the 13 ve gates (13 x 12) pad to 16."""
+    buffers = grad_sync_buffers(_spec("d26"), Layout(dp=8, zero=1))
+    rs = [s for c, s in buffers if c == "reduce_scatter"]
+    assert (104 * 1664 * 1664 + 2 * 32 * 6656 * 1664) * 4 in rs
+    assert 16 * 13 * 12 * 4 in rs
+    assert [c for c, s in buffers].count("all_reduce") == 2
+
+
+def test_grad_sync_buffers_ddp_gpt2_one_all_reduce_per_group():
+    """DDP all-reduces every gradient: GPT-2 124M has 124,439,808 parameters (HF gpt2), fp32 grads."""
+    buffers = grad_sync_buffers(_spec("gpt2-124m"), gpt2(dp=8, zero=0))
+    assert [c for c, _ in buffers] == ["all_reduce"] * 5  # wte, wpe, block matrices, norms, biases
+    assert sum(s for _, s in buffers) == 124_439_808 * 4
+
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_grad_sync_buffers_generic_zero_reduce_scatter_and_gather_everything(zero):
+    buffers = grad_sync_buffers(_spec("gpt2-124m"), gpt2(dp=8, zero=zero))
+    assert sum(s for c, s in buffers if c == "reduce_scatter") == 124_439_808 * 4  # fp32 gradients
+    assert sum(s for c, s in buffers if c == "all_gather") == 124_439_808 * 2  # params gathered in bf16
+    assert not [c for c, _ in buffers if c == "all_reduce"]
+
+
+# --------------------------------------------------------------------------------------------
+# step_time
+
+
+STEP_CASES = [
+    ("d24", d24(dp=1, zero=1)),
+    ("d24", d24(dp=8, zero=1)),
+    ("d24", d24(dp=8, zero=0)),
+    ("d24", d24(dp=16, zero=2, micro_batch=16)),
+    ("gpt2-124m", gpt2(dp=1)),
+    ("gpt2-124m", gpt2(dp=8, zero=0)),
+    ("gpt2-124m", gpt2(dp=8, zero=1)),
+    ("gpt2-124m", gpt2(dp=8, zero=2)),
+    ("gpt2-124m", gpt2(dp=8, zero=3)),
+    ("gpt2-124m", gpt2(dp=2, tp=2, pp=2)),
+    ("gpt2-124m", gpt2(dp=4, tp=2, pp=2, recompute="full")),
+]
+
+
+@pytest.mark.parametrize("model, layout", STEP_CASES)
+def test_step_total_is_sum_of_terms(model, layout):
+    s = run_step(model, layout)
+    assert s.total_s == pytest.approx(s.compute_s + s.tp_comm_s + s.dp_comm_exposed_s + s.bubble_s + s.optimizer_s,
+                                      rel=1e-12)
+    assert s.compute_s == pytest.approx(layout.grad_accum * (s.fwd_s + s.bwd_s), rel=1e-12)
+    assert sum(s.by_kind_s.values()) == pytest.approx(s.compute_s, rel=1e-12)
+    assert 0 <= s.dp_comm_exposed_s <= s.dp_comm_total_s + 1e-15
+    assert min(s.tp_comm_s, s.bubble_s, s.optimizer_s) >= 0
+
+
+@pytest.mark.parametrize("model, layout", [("d24", d24(dp=1, zero=1)), ("d24", d24(dp=1, zero=0)),
+                                           ("gpt2-124m", gpt2(dp=1, zero=3))])
+def test_step_dp1_has_no_communication(model, layout):
+    s = run_step(model, layout)
+    assert s.dp_comm_total_s == s.dp_comm_exposed_s == s.tp_comm_s == s.bubble_s == 0.0
+    assert s.total_s == pytest.approx(s.compute_s + s.optimizer_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("dp", [2, 4, 8, 16, 32])
+def test_step_sharded_optimizer_hides_comm_under_optimizer_math_only(dp):
+    s = run_step("d24", d24(dp=dp, zero=1))
+    assert s.policy == "sharded_optimizer"
+    assert s.dp_comm_total_s > 0
+    assert s.dp_comm_exposed_s == pytest.approx(max(0.0, s.dp_comm_total_s - s.optimizer_s), rel=1e-12, abs=1e-15)
+
+
+def test_step_d24_dp8_sharded_comm_total_by_hand():
+    """Once per step, after the last micro-batch: the buffers of test_grad_sync_buffers_nanochat_d24_dp8
+    through the ring model at the MI300X 8-GPU tier (RS/AG busbw 309.8 GB/s, AR 312.9 GB/s, alpha 5 us)."""
+    spec, hw = _spec("d24"), _hw()
+    total = 0.0
+    for c, size in grad_sync_buffers(spec, d24(dp=8)):
+        tier = comm.tier_for(hw, c, 8)
+        total += comm.collective_time_s(c, size, 8, tier)
+    # the big block-matrix pair alone: 2 x (7 x 5 us + 2,717,908,992 x 7/8 / 309.8e9) = 15.422 ms
+    assert 2 * (7 * 5e-6 + 2_717_908_992 * 0.875 / 309.8e9) == pytest.approx(15.4222e-3, rel=1e-4)
+    assert run_step("d24", d24(dp=8)).dp_comm_total_s == pytest.approx(total, rel=1e-12)
+
+
+def test_step_ddp_exposes_at_least_the_last_bucket():
+    s = run_step("gpt2-124m", gpt2(dp=8, zero=0))
+    assert s.policy == "ddp"
+    tier = comm.tier_for(_hw(), "all_reduce", 8)
+    last = comm.collective_time_s("all_reduce", step.DDP_BUCKET_BYTES, 8, tier)
+    assert s.dp_comm_exposed_s >= last - 1e-15
+    assert s.dp_comm_total_s == pytest.approx(
+        comm.collective_time_s("all_reduce", 124_439_808 * 4, 8, tier), rel=1e-12)
+
+
+def test_ddp_bucket_matches_torch_default():
+    assert step.DDP_BUCKET_BYTES == comm.DDP_DEFAULT_BUCKET_BYTES == 25 * 2**20
+
+
+def test_step_tp2_adds_megatron_all_reduces_by_hand():
+    """GPT-2 124M, tp = 2 (12 heads / 2), micro-batch 12 x 1024, bf16: each all-reduce is
+    S = 12 x 1024 x 768 x 2 = 18,874,368 B; on an MI300X pair (47.7 GB/s busbw, 5 us):
+    t = 2 x 1 x 5 us + S x 1 / 47.7e9 = 10 us + 395.689 us = 405.689 us. Megatron: 2 forward + 2 backward
+    per layer, 12 layers, 8 micro-batches: 8 x 12 x 4 x 405.689 us = 0.155785 s."""
+    lay = gpt2(dp=1, tp=2, grad_accum=8)
+    check_layout(lay, _spec("gpt2-124m"))
+    one = 2 * 5e-6 + 18_874_368 / 47.7e9
+    assert one == pytest.approx(405.689e-6, rel=1e-6)
+    s = run_step("gpt2-124m", lay)
+    assert s.tp_comm_s > 0
+    assert s.tp_comm_s == pytest.approx(8 * 12 * 4 * one, rel=1e-9)
+    assert s.tp_comm_s == pytest.approx(0.155785, rel=1e-5)
+    assert run_step("gpt2-124m", gpt2(dp=1, tp=1, grad_accum=8)).tp_comm_s == 0.0
+
+
+def test_step_tp2_halves_the_per_gpu_gemm_time():
+    """Megatron TP splits every block GEMM and the attention heads over the tp ranks: per-GPU compute
+    must drop (GEMM time roughly halves, a little less for the smaller shapes)."""
+    one = run_step("gpt2-124m", gpt2(dp=1, tp=1))
+    two = run_step("gpt2-124m", gpt2(dp=1, tp=2))
+    assert two.compute_s < 0.75 * one.compute_s
+
+
+def test_step_tp_full_recompute_repeats_the_forward_all_reduces():
+    none = run_step("gpt2-124m", gpt2(dp=1, tp=2))
+    full = run_step("gpt2-124m", gpt2(dp=1, tp=2, recompute="full"))
+    assert full.tp_comm_s == pytest.approx(1.5 * none.tp_comm_s, rel=1e-9)
+
+
+def _p2p_s(model, layout):
+    spec, hw = _spec(model), _hw()
+    a = spec.architecture
+    tier = comm.tier_for(hw, "all_gather", 2)
+    sent = layout.micro_batch * spec.recipe.seq_len * a.d_model * 2 / layout.tp
+    return layout.grad_accum * 2 * (sent / tier.busbw_bytes_per_s + tier.latency_s)
+
+
+@pytest.mark.parametrize("pp, m, v, tp", [(2, 8, 1, 1), (4, 8, 1, 1), (2, 4, 1, 2), (2, 8, 2, 1), (3, 6, 1, 1)])
+def test_step_pipeline_bubble_is_megatron_bubble_over_ideal(pp, m, v, tp):
+    """bubble / (compute + tp) = (p - 1) / (v m) (Narayanan et al., arXiv 2104.04473, sec. 2.2), once the
+    stage-boundary sends (b s h / tp bf16 each way per micro-batch, MI300X pair link) are taken out."""
+    lay = gpt2(dp=1, pp=pp, tp=tp, grad_accum=m, pp_virtual_stages=v,
+               pp_schedule="interleaved" if v > 1 else "1f1b")
+    check_layout(lay, _spec("gpt2-124m"))
+    s = run_step("gpt2-124m", lay)
+    assert s.bubble_s > 0
+    ideal = s.compute_s + s.tp_comm_s
+    assert (s.bubble_s - _p2p_s("gpt2-124m", lay)) / ideal == pytest.approx((pp - 1) / (v * m), rel=1e-9)
+
+
+def test_step_pipeline_stage_holds_a_fraction_of_the_layers():
+    one = run_step("gpt2-124m", gpt2(dp=1, pp=1))
+    two = run_step("gpt2-124m", gpt2(dp=1, pp=2))
+    assert two.compute_s < one.compute_s
+
+
+def test_step_fsdp_llama_exposes_at_least_the_first_gather_per_micro_batch():
+    """Llama-3-8B's native setup is FSDP (ZeRO-3): parameters all-gathered in every micro-batch's forward
+    and backward, prefetched layer by layer, so at least one layer's gather per pass is exposed."""
+    spec = _spec("llama-3-8b")
+    assert spec.recipe.distribution == "fsdp"
+    lay = Layout(dp=8, zero=3, micro_batch=1, grad_accum=64, attention="sdpa-fused", compiled=True)
+    check_layout(lay, spec, spec.recipe.total_batch_tokens)
+    s = run_step("llama-3-8b", lay)
+    assert s.policy == "fsdp"
+    hw = _hw()
+    ag = sum(comm.collective_time_s(c, size, 8, comm.tier_for(hw, c, 8))
+             for c, size in grad_sync_buffers(spec, lay) if c == "all_gather")
+    first = 2 * ag / spec.architecture.num_layers
+    assert s.dp_comm_exposed_s >= 64 * first * (1 - 1e-12)
+    assert s.dp_comm_exposed_s <= s.dp_comm_total_s
+
+
+def test_step_zero2_reduce_scatters_every_micro_batch():
+    z1 = run_step("gpt2-124m", gpt2(dp=8, zero=1, grad_accum=8))
+    z2 = run_step("gpt2-124m", gpt2(dp=8, zero=2, grad_accum=8))
+    assert z2.dp_comm_total_s > z1.dp_comm_total_s
+    assert z2.dp_comm_exposed_s >= z1.dp_comm_exposed_s
+
+
+def test_collective_s_measured_curve_replaces_the_model_never_both():
+    """Calibrated: log-log interpolation of measured t(S) (comm.interpolate_time_s), no latency added;
+    otherwise the ring model at the tier; nothing for one rank or an empty buffer."""
+    hw = _hw()
+    pts = {("all_reduce", 8): [(1e6, 1e-4), (1e8, 1e-3)]}
+    assert collective_s(hw, "all_reduce", 1e7, 8, 8, "value", pts) == pytest.approx(math.sqrt(1e-4 * 1e-3))
+    model = comm.collective_time_s("all_reduce", 1e7, 8, comm.tier_for(hw, "all_reduce", 8))
+    assert collective_s(hw, "all_reduce", 1e7, 8, 8, "value", None) == pytest.approx(model)
+    assert collective_s(hw, "reduce_scatter", 1e7, 8, 8, "value", pts) == pytest.approx(
+        comm.collective_time_s("reduce_scatter", 1e7, 8, comm.tier_for(hw, "reduce_scatter", 8)))  # no points
+    assert collective_s(hw, "all_reduce", 1e7, 1, 1, "value", pts) == 0.0
+    assert collective_s(hw, "all_reduce", 0.0, 8, 8, "value", pts) == 0.0
+
+
+def test_collective_s_spanning_nodes_uses_the_inter_node_tier():
+    hw = _hw()
+    inter = comm.tier_for(hw, "all_reduce", 16)
+    assert inter.name == "inter_node"
+    assert collective_s(hw, "all_reduce", 1e9, 2, 16, "value", None) == pytest.approx(
+        comm.collective_time_s("all_reduce", 1e9, 2, inter))
+
+
+def test_step_ddp_with_measured_all_reduce_curve():
+    """GPT-2 124M DDP on 8 GPUs with a measured all-reduce curve: the total is the curve at 497,759,232 B
+    (124,439,808 fp32 grads), above its largest point: t_n + (S - S_n) x slope of the last segment."""
+    pts = {("all_reduce", 8): [(1e6, 1e-4), (1e8, 1e-3)]}
+    spec, hw, lay = _spec("gpt2-124m"), _hw(), gpt2(dp=8, zero=0)
+    an = _anatomy("gpt2-124m", lay.micro_batch, lay.attention)
+    s = step_time(spec, hw, lay, an, rates(hw, lay.attention), comm_points=pts)
+    size = 124_439_808 * 4
+    assert s.dp_comm_total_s == pytest.approx(1e-3 + (size - 1e8) * 9e-4 / 9.9e7, rel=1e-12)
+    assert s.dp_comm_exposed_s <= s.dp_comm_total_s
+
+
+# --------------------------------------------------------------------------------------------
+# properties
+
+GPT2_ATTENTION = ["sdpa-math", "sdpa-fused", "flash-attn-ck"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(dp=st.sampled_from([1, 2, 4, 8, 16]), tp=st.sampled_from([1, 2, 3, 4]), pp=st.sampled_from([1, 2, 3, 4]),
+       zero=st.integers(0, 3), micro_batch=st.integers(1, 4), grad_accum=st.integers(1, 8),
+       recompute=st.sampled_from(["none", "selective", "full"]), attention=st.sampled_from(GPT2_ATTENTION),
+       scenario=st.sampled_from(["value", "low", "high"]))
+def test_step_at_least_compute_for_random_small_layouts(dp, tp, pp, zero, micro_batch, grad_accum, recompute,
+                                                       attention, scenario):
+    lay = Layout(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=micro_batch, grad_accum=grad_accum,
+                 attention=attention, recompute=recompute, compiled=True)
+    check_layout(lay, _spec("gpt2-124m"))
+    s = run_step("gpt2-124m", lay, scenario)
+    assert math.isfinite(s.total_s)
+    assert s.total_s >= s.compute_s > 0
+    assert 0 <= s.dp_comm_exposed_s <= s.dp_comm_total_s * (1 + 1e-12)
+    if dp == 1:
+        assert s.dp_comm_total_s == 0.0
+    if pp == 1:
+        assert s.bubble_s == 0.0
+    if tp == 1:
+        assert s.tp_comm_s == 0.0
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(log_dp=st.integers(0, 8), attention=st.sampled_from(["sdpa-fused", "flash-attn-ck"]))
+def test_d24_per_gpu_compute_non_increasing_in_dp_at_fixed_total_batch(log_dp, attention):
+    """nanochat-d24's 1,048,576-token batch = 512 sequences of 2048: device batch min(32, 512 / dp),
+    accumulation 512 / (dp x device batch). Doubling dp never adds per-GPU compute."""
+
+    def compute(dp):
+        mb = min(32, 512 // dp)
+        lay = Layout(dp=dp, zero=1, micro_batch=mb, grad_accum=512 // (dp * mb), attention=attention, compiled=True)
+        check_layout(lay, _spec("d24"), 1_048_576)
+        return run_step("d24", lay).compute_s
+
+    dp = 2**log_dp
+    assert compute(2 * dp) <= compute(dp)
