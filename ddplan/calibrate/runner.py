@@ -69,9 +69,10 @@ class Recorder:
         self.flush()
 
     def flush(self) -> None:
-        CalibrationSpec.model_validate(self.data)  # never write a file ddplan could not read back
+        # validate first: never write a file ddplan could not read back; dump plain JSON types
+        plain = CalibrationSpec.model_validate(self.data).model_dump(mode="json", exclude_none=True)
         atomic_write(self.path, "# written by `ddplan calibrate`; see ddplan/calibration.py for the format\n"
-                     + yaml.safe_dump(self.data, sort_keys=False, width=110))
+                     + yaml.safe_dump(plain, sort_keys=False, width=110))
 
 
 def cpu_hardware(peak: float, hbm: float, overhead_us: float, src: str, provenance: dict) -> HardwareSpec:
@@ -174,10 +175,10 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None) -> tuple[C
         for impl in names:
             for w in windows:
                 got = bench.bench_attention(impl, batch=mb0, heads=a.num_heads, seq_len=seq, window=w,
-                                            head_dim=a.head_dim, dtype=gemm_dtype, device=device)
-                if got is None:
-                    missing.append(impl)
-                    break
+                                            head_dim=a.head_dim, dtype=gemm_dtype, device=device, quick=req.quick)
+                if got is None:  # this backend cannot run this window here (e.g. flash with a mask)
+                    missing.append(f"{impl} (window {w})")
+                    continue
                 points.append({"implementation": impl, "batch": mb0, "heads": a.num_heads, "seq_len": seq,
                                "window": w if _native(hw, impl) else seq, "head_dim": a.head_dim,
                                "fwd_tflops": round(got[0], 4), "bwd_tflops": round(got[1], 4)})
@@ -190,7 +191,7 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None) -> tuple[C
         rec.set("hbm_tbyte_per_s", round(bench.bench_hbm(device, nbytes=(64 if device == "cpu" else 1024) * 2**20), 4))
 
     def overhead() -> None:
-        rec.set("kernel_overhead_us", round(kernel_overhead_us(device), 3))
+        rec.set("kernel_overhead_us", round(bench.bench_kernel_overhead_us(device), 3))
 
     def collectives() -> None:
         if req.nproc < 2:
@@ -205,9 +206,14 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None) -> tuple[C
         if device == "cpu":
             sizes = coll.cap_sizes(sizes, 16 * 2**20)
         with tempfile.TemporaryDirectory() as tmp:
-            points = coll.launch(req.nproc, sizes_bytes=sizes, quick=req.quick, out_path=Path(tmp) / "c.json")
-        rec.append("collectives", [{k: p[k] for k in ("collective", "group_size", "size_bytes", "time_s", "tier")}
-                                   for p in points])
+            points = coll.launch(req.nproc, sizes_bytes=sizes, quick=req.quick, out_path=Path(tmp) / "c.json",
+                                 device=device)
+        kept = coll.to_collective_points(points)  # emulated points (gloo's reduce-scatter) are left out
+        rec.append("collectives", [p.model_dump() for p in kept])
+        if len(kept) < len(points):
+            rec.data.setdefault("failures", []).append(
+                f"collectives: {len(points) - len(kept)} emulated point(s) left out (gloo has no real reduce-scatter)")
+            rec.flush()
 
     held_out: dict = {}
 
@@ -255,16 +261,6 @@ def _native(hw: HardwareSpec | None, impl: str) -> bool:
 def _ref_attention(name: str) -> str:
     """The reference model's attention for a hardware implementation name (flash packages -> fused SDPA)."""
     return "sdpa-math" if name == "sdpa-math" else "sdpa-fused"
-
-
-def kernel_overhead_us(device: str) -> float:
-    """Microseconds of a launch that does no work (an in-place add on one element): the per-op floor."""
-    import torch
-
-    from ddplan.calibrate import bench
-
-    x = torch.zeros(1, device=device)
-    return bench.time_s(lambda: x.add_(1.0), device) * 1e6
 
 
 # --------------------------------------------------------------------------------------------
