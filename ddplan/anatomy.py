@@ -171,17 +171,15 @@ def attention_pairs(seq_len: int, window: int, kind: AttentionKind, windows: Win
     passes): query i attends keys max(0, i-w)..i, w+1 keys, so pairs = sum_i min(i+1, w+1); a full
     window (w >= s) gives s(s+1)/2. Unfused math computes all s^2 scores and masks after; fused
     SDPA skips the masked triangle only under is_causal (full window): a sliding window needs an
-    explicit mask and computes s^2; flash packages skip every block outside the window (block
-    granularity ignored). Ref: FlashAttention-2 (arXiv 2307.08691) Sec. 3.1 on causal block skipping.
+    explicit mask and computes s^2 (so does any implementation whose windows need a mask); flash
+    packages skip every block outside the window (block granularity ignored). Ref: FlashAttention-2 (arXiv 2307.08691) Sec. 3.1 on causal block skipping.
     """
     if seq_len <= 0 or window <= 0:
         raise ValueError(f"seq_len and window must be positive, got {seq_len}, {window}")
     k = min(window + 1, seq_len)  # keys per query once the window is full
     exact = k * (k + 1) // 2 + (seq_len - k) * k
-    if kind == "unfused_math":
-        return seq_len * seq_len
-    if kind == "fused_sdpa" and window < seq_len:
-        return seq_len * seq_len
+    if kind == "unfused_math" or windows == "mask" and window < seq_len:
+        return seq_len * seq_len  # all scores computed, the masked ones thrown away
     return exact
 
 

@@ -121,7 +121,11 @@ def memory_cmd(
     layout = Layout(dp=dp, tp=tp, pp=pp, micro_batch=mb, grad_accum=accum,
                     attention=attention or hw.default_attention, recompute=recompute.value,
                     compiled=spec.recipe.compiled if compiled is None else compiled)
-    check_layout(layout, spec)
+    try:
+        check_layout(layout, spec)
+    except DdplanError as e:
+        e.field = e.field or "--gpus/--tp/--pp"
+        raise
     setup = Setup(layout=layout, window_pattern=window_pattern)
     rows = zero_rows(spec, hw, setup, stages)
     alts = alternatives(spec, hw, setup) if not any(r["fits"] and r["setup"] == "native" for r in rows) else []
@@ -220,7 +224,7 @@ def table_cmd(
     gpu_list = tuple(_int_list(gpus, "--gpus"))
     windows = tuple(w.strip() for w in window.split(",")) if window else ()
     for w in windows:
-        _check_pattern(w)
+        _check_pattern(w, "--window")
     given = [f for f, v in (("--steps", steps), ("--tokens", tokens), ("--param-data-ratio", param_data_ratio)) if v]
     if len(given) > 1:
         raise UsageError(f"give at most one of --steps, --tokens, --param-data-ratio (got {', '.join(given)})",
@@ -240,7 +244,7 @@ def table_cmd(
     measurement = None
     if measured_step_time is not None:
         if measured_window:
-            _check_pattern(measured_window)
+            _check_pattern(measured_window, "--measured-window")
         measurement = StepMeasurement(
             model=spec.name, gpus=measured_gpus or min(gpu_list), step_time_s=measured_step_time,
             device_batch_size=device_batch_size or spec.recipe.device_batch_size,
@@ -333,7 +337,7 @@ def _calibrate_from_log(spec, hw, path, out, gpus, device_batch_size, total_batc
     if hw is None:
         raise UsageError("--from-log needs --hardware (the GPU the log was written on)", field="--hardware")
     if window:
-        _check_pattern(window)
+        _check_pattern(window, "--window")
     try:
         text = Path(path).read_text(encoding="utf-8", errors="replace")
     except OSError as e:
@@ -422,12 +426,11 @@ def _int_list(text: str, flag: str, allowed: tuple[int, ...] | None = None) -> l
     return values
 
 
-def _check_pattern(pattern: str | None) -> None:
+def _check_pattern(pattern: str | None, flag: str = "--window-pattern") -> None:
     from ddplan.errors import UsageError
 
     if pattern is not None and (not pattern or set(pattern) - {"S", "L"}):
-        raise UsageError(f"window pattern must be letters S and L only (e.g. L, SSSL), got {pattern!r}",
-                         field="--window-pattern")
+        raise UsageError(f"window pattern must be letters S and L only (e.g. L, SSSL), got {pattern!r}", field=flag)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,8 +48,9 @@ def palm_flops_per_token(arch: Architecture, seq_len: int) -> float:
 def exact_flops_per_token(arch: Architecture, seq_len: int) -> float:
     """Matmul FLOPs per token of an exact causal (and windowed) attention: no FLOPs on masked pairs.
 
-    6 N + sum over layers of 12 h q pairs(window)/T, pairs = w(w+1)/2 + (T - w) w: the FLOPs a
-    flash kernel with native windows needs. Ref: ddplan.anatomy.attention_pairs.
+    6 N + sum over layers of 12 h q pairs(window)/T, pairs = k(k+1)/2 + (T - k) k with k = min(w+1, T)
+    keys per query (a left window of w tokens plus the query itself): the FLOPs a flash kernel with
+    native windows needs. Ref: ddplan.anatomy.attention_pairs.
     """
     _check_seq(seq_len)
     from ddplan.anatomy import attention_pairs

@@ -41,6 +41,11 @@ class Layout:
             raise LayoutError("must be >= 1: " + ", ".join(f"{k}={v}" for k, v in bad.items()))
         if self.zero not in ZERO_STAGES:
             raise LayoutError(f"zero stage must be one of {ZERO_STAGES}, got {self.zero}")
+        if self.pp_schedule not in ("1f1b", "interleaved"):
+            raise LayoutError(f"pipeline schedule must be 1f1b or interleaved, got {self.pp_schedule!r}")
+        if (self.pp_schedule == "interleaved") != (self.pp_virtual_stages > 1):
+            raise LayoutError(f"interleaved schedules need pp_virtual_stages > 1 and 1f1b exactly 1; got "
+                              f"{self.pp_schedule} with {self.pp_virtual_stages}")
         if self.recompute not in ("none", "selective", "full"):
             raise LayoutError(f"recompute must be none, selective or full, got {self.recompute!r}")
 

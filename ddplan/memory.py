@@ -188,7 +188,7 @@ def memory_per_gpu(spec: ModelSpec, layout: Layout, anatomy: Anatomy, capacity_b
         comm += assumptions.comm_gib * GiB
     if layout.dp > 1 and layout.zero <= 1 and spec.recipe.distribution in ("ddp", "zero1"):
         comm += 2 * assumptions.bucket_mb * MB
-    if layout.zero == 3:
+    if layout.zero == 3 and layout.dp > 1:
         # two FSDP units (the current layer and the prefetched next) gathered in compute dtype
         per_layer = sum(states["params"].values()) * layout.dp / max(1, spec.architecture.num_layers)
         comm += 2 * per_layer * dtype_bytes(spec.dtypes.compute) / 4

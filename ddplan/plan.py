@@ -14,7 +14,7 @@ from ddplan.errors import UsageError
 from ddplan.fit import Setup, breakdown
 from ddplan.flops import nanochat_flops_per_token
 from ddplan.layout import NATIVE_ZERO, Layout
-from ddplan.roofline import SCENARIOS, Rates, rates
+from ddplan.roofline import FIT_SCENARIOS, SCENARIOS, Rates, comm_end, rates
 from ddplan.specs import Budget, HardwareSpec, ModelSpec, Price
 from ddplan.step import StepTime, step_time
 from ddplan.units import GiB
@@ -179,7 +179,7 @@ def _step(req: TableRequest, sc: _Scenario, mb: int, accum: int, compiled: bool,
             r = r.scaled(knob, factor)
         elif knob == "compute":
             r = r.scaled("gemm", factor)
-    return step_time(spec, hw, layout, anatomy, r, comm_efficiency=scenario,
+    return step_time(spec, hw, layout, anatomy, r, comm_efficiency=comm_end(scenario),
                      comm_points=comm_points(req.calibration)), layout
 
 
@@ -225,7 +225,7 @@ def _fit(req: TableRequest, spec: ModelSpec, hw: HardwareSpec, compiled: bool, t
             widths[k] = max(times) - min(times)
         knob = max(widths, key=widths.get)
     factors = {}
-    for scen in SCENARIOS:
+    for scen in FIT_SCENARIOS:
         def predict(f: float, scen: str = scen) -> float:
             return _step(req, sc, mmb, accum, m.compiled, scen, f, knob, m.attention, m.seq_len)[0].total_s
         try:
@@ -233,6 +233,24 @@ def _fit(req: TableRequest, spec: ModelSpec, hw: HardwareSpec, compiled: bool, t
         except ValueError as e:
             raise UsageError(f"cannot fit {knob} efficiency to the measured {m.step_time_s} s: {e}",
                              field="--measured-step-time") from None
+    # a fit that needs a kernel faster than the device's best measured GEMM is not a plausible world
+    ceiling = hw.efficiency.gemm.best.range[1]
+    dropped: list[str] = []
+    for scen in list(factors):
+        r = _config_rates(hw, m.attention, scen, req.calibration, req.fp8).scaled(knob, factors[scen])
+        implied = max(r.gemm_best, r.attn_fwd, r.attn_bwd) if knob == "compute" else (
+            r.gemm_best if knob == "gemm" else max(r.attn_fwd, r.attn_bwd))
+        if implied > ceiling and scen != "value":
+            dropped.append(f"{scen:g}")
+            del factors[scen]
+        elif implied > ceiling:
+            table.warnings.append(f"fit: the measured {m.step_time_s:g} s needs {knob} efficiency {implied:.2f} of "
+                                  f"peak, above the best measured GEMM ({ceiling:.2f}): check the stated configuration")
+    if dropped:
+        table.warnings.append(
+            f"fit: with the other efficiencies at {', '.join(dropped)} of their ranges (0 = slow end), the measured "
+            f"step would need {knob} efficiency above the best measured GEMM ({ceiling:.2f} of peak): those worlds are "
+            f"ruled out, and the bands use the rest")
     return factors, knob
 
 
@@ -275,7 +293,8 @@ def _row(req: TableRequest, sc: _Scenario, total_batch: int, mb0: int, steps: in
         flags.append("world size not a power of two (nanochat needs one)")
     measured = _measurement(req)
     m_att = measured.attention if measured else None
-    times = {s: _step(req, sc, mb, accum, compiled, s, factors.get(s), knob, m_att) for s in SCENARIOS}
+    scenarios = list(factors) if factors else list(SCENARIOS)
+    times = {s: _step(req, sc, mb, accum, compiled, s, factors.get(s), knob, m_att) for s in scenarios}
     st, layout = times["value"]
     step_s = st.total_s
     lo_s, hi_s = min(t[0].total_s for t in times.values()), max(t[0].total_s for t in times.values())
@@ -456,7 +475,7 @@ def _assumptions(req: TableRequest, hw: HardwareSpec, compiled: bool, steps: int
     if m is not None:
         out.append(f"Measured: {m.step_time_s:g} s/step on {m.gpus} GPU(s), {m.attention}, window "
                    f"{m.window_pattern or spec.architecture.window_pattern}, device batch {m.device_batch_size} "
-                   f"({m.source}). Fitted knob: {knob} efficiency x{factors['value']:.3f} (band "
-                   f"x{min(factors.values()):.3f}-x{max(factors.values()):.3f}); other rows derive from it, the "
-                   f"other terms stay assumptions with their ranges.")
+                   f"({m.source}). Fitted knob: {knob} efficiency x{factors['value']:.3f} (x{min(factors.values()):.3f}-"
+                   f"x{max(factors.values()):.3f} as the other efficiencies sweep their ranges); other rows derive from "
+                   f"it, the other terms stay assumptions with their ranges.")
     return out

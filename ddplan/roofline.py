@@ -22,8 +22,18 @@ from ddplan.anatomy import Anatomy, Op, attention_pairs
 from ddplan.specs import Efficiency, HardwareSpec
 from ddplan.units import US
 
-Scenario = str  # "value" (central), "low" (every efficiency at its low end: slow), "high" (fast)
+# "value" (central), "low" (every efficiency at its low end: slow), "high" (fast), or a float t in [0, 1]:
+# every efficiency at low + t (high - low), for finer bands when a measurement rules out an end
+Scenario = str | float
 SCENARIOS = ("value", "low", "high")
+FIT_SCENARIOS = ("value", 0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def comm_end(scenario: Scenario) -> str:
+    """The communication efficiency end matching a scenario (comm.tier_for takes value/low/high)."""
+    if isinstance(scenario, str):
+        return scenario
+    return "low" if scenario < 0.5 else "high" if scenario > 0.5 else "value"
 
 # torch.compile fuses chains of pointwise ops into single kernels that read their inputs and write
 # their outputs once: assumed to halve pointwise/reduction traffic and kernel launches (Inductor
@@ -73,6 +83,10 @@ def pick(eff: Efficiency, scenario: Scenario) -> float:
     if scenario == "value":
         return eff.value
     lo, hi = eff.range
+    if isinstance(scenario, (int, float)):
+        if not 0 <= scenario <= 1:
+            raise ValueError(f"a fractional scenario must be in [0, 1], got {scenario}")
+        return lo + scenario * (hi - lo)
     return lo if scenario == "low" else hi
 
 
@@ -83,8 +97,8 @@ def rates(hw: HardwareSpec, attention: str, scenario: Scenario = "value", dtype:
     fp8: eligible GEMMs run at the dense fp8 peak x the fp8 GEMM efficiency (the bf16 fraction where no
     fp8 measurement exists); attention and everything else stay in the compute dtype.
     """
-    if scenario not in SCENARIOS:
-        raise ValueError(f"scenario must be one of {SCENARIOS}, got {scenario!r}")
+    if scenario not in SCENARIOS and not isinstance(scenario, (int, float)):
+        raise ValueError(f"scenario must be one of {SCENARIOS} or a fraction in [0, 1], got {scenario!r}")
     impl = hw.attention_impl(attention)
     e = hw.efficiency
     fp8_best = e.gemm.best_fp8 or e.gemm.best

@@ -89,11 +89,19 @@ def _spec(model: str) -> ModelSpec:
 
 @functools.cache
 def _measured(model: str, attention: str, recompute: str) -> dict:
+    torch = pytest.importorskip("torch")
     from ddplan.calibrate.reference import measure
 
     spec = _spec(model)
-    return measure(spec, batch=BATCH, seq_len=spec.recipe.seq_len, attention=attention, recompute=recompute,
-                   dtype_policy="fp32")
+    # one thread: these tiny matmuls gain nothing from more, and on a busy CPU (tests run in parallel)
+    # multi-threaded torch measured 5-15x slower here
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return measure(spec, batch=BATCH, seq_len=spec.recipe.seq_len, attention=attention, recompute=recompute,
+                       dtype_policy="fp32")
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _anatomy(model: str, attention: str, recompute: str):

@@ -145,9 +145,6 @@ def test_llama_70b_on_8_h100_fits_nowhere(capsys):
         t.startswith("- Nothing tried alone fits") for t in verdict), verdict
 
 
-@pytest.mark.xfail(strict=True, reason="with one data-parallel rank ZeRO has nothing to shard, but memory_per_gpu "
-                   "still adds ZeRO-3's two gathered FSDP units (0.16 GiB at dp=1), so fit.verdict misses its "
-                   "'nothing to shard' case and prints 'would save up to 0.0 GiB'")
 def test_one_rank_verdict_says_stages_do_not_differ(capsys):
     out = run_ok(capsys, ["memory", "--model", "d24", "--format", "markdown"])
     assert "nothing to shard" in out

@@ -279,8 +279,6 @@ def test_bad_window_is_one_line(capsys):
     assert "'SXL'" in line and "S and L" in line
 
 
-@pytest.mark.xfail(strict=True, reason="cli._check_pattern always reports field --window-pattern (the `memory` "
-                   "flag); `table --window SXL` and `--measured-window SXL` should name the flag the user gave")
 @pytest.mark.parametrize("flag", ["--window", "--measured-window"])
 def test_bad_window_names_its_own_flag(capsys, flag):
     extra = ["--measured-step-time", "7.7"] if flag == "--measured-window" else []
