@@ -99,6 +99,8 @@ class CalibrationSpec(Strict):
     provenance: Provenance | None = None
     hbm_tbyte_per_s: float | None = Field(default=None, gt=0)
     kernel_overhead_us: float | None = Field(default=None, gt=0)  # time of an empty-ish kernel launch
+    pointwise_tbyte_per_s: float | None = Field(default=None, gt=0)  # eager elementwise chain at the model's logits
+    optimizer_tbyte_per_s: float | None = Field(default=None, gt=0)  # AdamW step, bytes as ddplan.anatomy.adamw_bytes
     peak_gemm_tflops: float | None = Field(default=None, gt=0)  # best of a short bf16 GEMM sweep
     gemm: list[GemmPoint] = []
     attention: list[AttentionPoint] = []

@@ -101,6 +101,8 @@ def memory_cmd(
                                   "saved for backward; default: the recipe's)."),
     measured_peak: float = typer.Option(None, "--measured-peak", help="A measured peak in GB (1e9 bytes): say which "
                                         "attention and recompute setups it is consistent with."),
+    calibration: str = typer.Option(None, "--calibration", help="A calibration file: its measured peak memory for "
+                                    "this model (if any) is used as --measured-peak."),
     format: Format = FormatOpt,
 ) -> None:
     """Memory per GPU by ZeRO stage: each term, the total against usable memory, and the verdict."""
@@ -114,6 +116,13 @@ def memory_cmd(
         _positive(value, flag)
     stages = _int_list(zero, "--zero", allowed=(0, 1, 2, 3))
     spec, hw = load_model(model), load_hardware(hardware)
+    if calibration and measured_peak is None:
+        from ddplan.registry import load_calibration
+
+        names = {spec.name, *spec.aliases}
+        peaks = [m.peak_memory_gb for m in load_calibration(calibration).step_times
+                 if m.model in names and m.peak_memory_gb]
+        measured_peak = peaks[0] if peaks else None
     _check_pattern(window_pattern)
     mb = device_batch_size or spec.recipe.device_batch_size
     dp = gpus
@@ -389,7 +398,7 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
     console = Console(stderr=True)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
                   transient=True) as bar:
-        task = bar.add_task("calibrate", total=7)
+        task = bar.add_task("calibrate", total=9)
 
         def progress(msg: str) -> None:
             bar.update(task, description=msg, advance=1)
@@ -399,6 +408,8 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
             {"figure": "GEMM shapes measured", "value": len(cal.gemm), "unit": "shapes"},
             {"figure": "attention points", "value": len(cal.attention), "unit": "points"},
             {"figure": "HBM copy", "value": cal.hbm_tbyte_per_s, "unit": "TB/s"},
+            {"figure": "elementwise ops", "value": cal.pointwise_tbyte_per_s, "unit": "TB/s"},
+            {"figure": "AdamW step", "value": cal.optimizer_tbyte_per_s, "unit": "TB/s"},
             {"figure": "kernel overhead", "value": cal.kernel_overhead_us, "unit": "us"},
             {"figure": "collective points", "value": len(cal.collectives), "unit": "points"}]
     render.echo(render.table(rows, "table", title=f"calibration of {hw_used.name} -> {out}", digits=4))

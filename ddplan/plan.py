@@ -151,6 +151,10 @@ def calibrated_rates(r: Rates, attention: str, calibration: CalibrationSpec | No
         r = replace(r, hbm=calibration.hbm_tbyte_per_s * 1e12 / r.hbm_bytes_per_s)
     if calibration.kernel_overhead_us:
         r = replace(r, kernel_overhead_s=calibration.kernel_overhead_us * 1e-6)
+    if calibration.pointwise_tbyte_per_s:
+        r = replace(r, pointwise_bytes_per_s=calibration.pointwise_tbyte_per_s * 1e12)
+    if calibration.optimizer_tbyte_per_s:
+        r = replace(r, optimizer_bytes_per_s=calibration.optimizer_tbyte_per_s * 1e12)
     gemm = [p for p in calibration.gemm if p.dtype in ("bf16", "fp16", "fp32")]
     if gemm:
         r = replace(r, gemm_points=tuple((p.m, p.n, p.k, p.tflops * 1e12 / r.peak_flops_per_s) for p in gemm))
@@ -465,6 +469,8 @@ def _assumptions(req: TableRequest, hw: HardwareSpec, compiled: bool, steps: int
             (f"attention at {len(cal.attention)} points", cal.attention),
             (f"HBM {cal.hbm_tbyte_per_s} TB/s", cal.hbm_tbyte_per_s),
             (f"kernel overhead {cal.kernel_overhead_us} us", cal.kernel_overhead_us),
+            (f"elementwise {cal.pointwise_tbyte_per_s} TB/s", cal.pointwise_tbyte_per_s),
+            (f"AdamW {cal.optimizer_tbyte_per_s} TB/s", cal.optimizer_tbyte_per_s),
             (f"collectives at {len(cal.collectives)} points (interpolated t(S))", cal.collectives)) if present]
         where = cal.provenance.device_name if cal.provenance else "no provenance"
         out.append(f"Calibration ({where}): measured {'; '.join(measured) or 'nothing but step times'}; "

@@ -62,6 +62,8 @@ class Rates:
     attention_points: tuple[tuple[int, int, int, int, float, float], ...] = ()
     gemm_scale: float = 1.0  # the fitted knob's factor when the GEMM efficiency comes from points
     attention_scale: float = 1.0
+    pointwise_bytes_per_s: float | None = None  # measured rate of eager elementwise ops (replaces HBM x eff)
+    optimizer_bytes_per_s: float | None = None  # measured AdamW rate (replaces HBM x eff for the optimizer)
 
     def scaled(self, knob: str, factor: float) -> Rates:
         """These rates with one knob's efficiency multiplied by factor (the calibration fit)."""
@@ -211,6 +213,9 @@ def op_time_s(op: Op, anatomy: Anatomy, r: Rates) -> tuple[float, float]:
                 roofline_s(b, op.bytes_bwd, r.peak_flops_per_s * eff_b, bw) + r.kernel_overhead_s)
     fused = COMPILED_POINTWISE_FRACTION if anatomy.compiled else 1.0
     overhead = r.kernel_overhead_s * fused
+    if r.pointwise_bytes_per_s:  # measured: the rate already holds the ops' arithmetic
+        return (op.bytes_fwd * fused / r.pointwise_bytes_per_s + overhead,
+                op.bytes_bwd * fused / r.pointwise_bytes_per_s + overhead)
     return (roofline_s(op.flops_fwd, op.bytes_fwd * fused, r.vector_flops_per_s, bw) + overhead,
             roofline_s(op.flops_bwd, op.bytes_bwd * fused, r.vector_flops_per_s, bw) + overhead)
 

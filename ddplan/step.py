@@ -100,7 +100,7 @@ def optimizer_time_s(spec: ModelSpec, layout: Layout, r: Rates) -> float:
 
     counts, dt, opt = param_counts(spec.architecture), spec.dtypes, spec.recipe.optimizer
     policy, n = dp_policy(spec, layout), layout.dp
-    bw = r.hbm_bytes_per_s * r.hbm
+    bw = r.optimizer_bytes_per_s or r.hbm_bytes_per_s * r.hbm  # measured AdamW rate when calibrated
     total = 0.0
     for group, algo in opt.algorithm.items():
         if not counts[group]:

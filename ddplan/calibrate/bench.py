@@ -334,6 +334,38 @@ def bench_hbm(device="cuda", *, nbytes: int | None = None, quick: bool = False) 
     return 2.0 * src.numel() * 4 / t / TB
 
 
+def bench_loss_head_s(device="cuda", *, rows: int, vocab: int, softcap: float | None, dtype: str = "fp32",
+                      quick: bool = False) -> float:
+    """Seconds of the eager elementwise chain after the lm_head, forward and backward: the fp32 logits,
+    the softcap (if any) and the cross-entropy, with fresh outputs as in training (allocation, page
+    faults and transcendentals included). The runner divides the anatomy's bytes for the same ops by
+    this time, so elementwise ops get the rate measured at the model's own largest elementwise shape.
+    """
+    d = _device(device)
+    x = torch.randn(rows, vocab, device=d, dtype=_torch_dtype(dtype), requires_grad=True)
+    targets = torch.randint(0, vocab, (rows,), device=d)
+
+    def chain() -> None:
+        logits = x.float()
+        if softcap:
+            logits = softcap * torch.tanh(logits / softcap)
+        loss = torch.nn.functional.cross_entropy(logits, targets)
+        torch.autograd.grad(loss, x)
+
+    return time_s(chain, d, min_run_time=_min_run_time(quick))
+
+
+def bench_adamw_s(device="cuda", *, numel: int, dtype: str = "fp32", quick: bool = False) -> float:
+    """Seconds of one torch.optim.AdamW step on a single parameter of numel elements (fused on GPU, the
+    default foreach/for-loop path on CPU), gradient present: the optimizer's own memory-bound rate."""
+    d = _device(device)
+    p = torch.nn.Parameter(torch.randn(numel, device=d, dtype=_torch_dtype(dtype)))
+    p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW([p], lr=1e-4, fused=d.type == "cuda")
+    opt.step()  # create the state
+    return time_s(opt.step, d, min_run_time=_min_run_time(quick))
+
+
 def bench_kernel_overhead_us(device="cuda", *, quick: bool = False) -> float:
     """Microseconds per launch of a tiny kernel (an in-place add on 1024 elements): the per-op floor."""
     d = _device(device)

@@ -188,7 +188,24 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None) -> tuple[C
         rec.flush()
 
     def hbm() -> None:
-        rec.set("hbm_tbyte_per_s", round(bench.bench_hbm(device, nbytes=(64 if device == "cpu" else 1024) * 2**20), 4))
+        rec.set("hbm_tbyte_per_s", round(bench.bench_hbm(device, nbytes=(64 if device == "cpu" else 1024) * 2**20), 6))
+
+    def pointwise() -> None:
+        from ddplan.anatomy import build_anatomy
+
+        run_spec = spec_for_device(spec, device)
+        head = [op for op in build_anatomy(run_spec, batch=mb0, seq_len=seq).ops
+                if op.name in ("logits_cast", "logits_softcap", "cross_entropy")]
+        t = bench.bench_loss_head_s(device, rows=mb0 * seq, vocab=spec.architecture.vocab_size,
+                                    softcap=spec.architecture.logit_softcap, dtype="fp32", quick=req.quick)
+        rec.set("pointwise_tbyte_per_s", round(sum(op.bytes_fwd + op.bytes_bwd for op in head) / t / 1e12, 6))
+
+    def optimizer() -> None:
+        from ddplan.anatomy import adamw_bytes
+
+        n = spec.architecture.vocab_size * spec.architecture.d_model  # an embedding-sized tensor
+        t = bench.bench_adamw_s(device, numel=n, dtype="fp32", quick=req.quick)
+        rec.set("optimizer_tbyte_per_s", round(adamw_bytes(n, 4, 4, 4) / t / 1e12, 6))
 
     def overhead() -> None:
         rec.set("kernel_overhead_us", round(bench.bench_kernel_overhead_us(device), 3))
@@ -234,7 +251,9 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None) -> tuple[C
             "source": f"ddplan calibrate: reference model, one micro-batch, eager, {prov.get('device_name')}"}])
 
     for name, fn in (("GEMMs at the model's shapes", gemms), ("peak GEMM sweep", peak), ("attention", attention),
-                     ("HBM bandwidth", hbm), ("kernel overhead", overhead), ("collectives", collectives),
+                     ("HBM bandwidth", hbm), ("elementwise ops", pointwise), ("optimizer", optimizer),
+                     ("kernel overhead", overhead),
+                     ("collectives", collectives),
                      ("training step (held out)", train_step)):
         stage(name, fn)
     cal = CalibrationSpec.model_validate(rec.data)

@@ -1,0 +1,149 @@
+"""`ddplan calibrate` end to end on the CPU, and its file round-tripping through --calibration.
+
+The micro-benchmarks run with tiny shapes; the collectives (torchrun + gloo) are tested in
+test_calibrate_collectives.py. Timings on a shared CPU are noisy, so these tests check structure and
+consistency, not speed; benchmarks/bench_calibrate_cpu.py reports the prediction errors.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ddplan import cli
+from ddplan.registry import load_calibration
+
+LOG = Path(__file__).parent / "data" / "nanochat_train.log"
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def cpu_calibration(tmp_path_factory) -> tuple[Path, str]:
+    """One quick CPU calibration of nanochat d2 (seq 128, micro-batch 2), against mi300x's spec."""
+    out = tmp_path_factory.mktemp("cal") / "cal.yaml"
+    import contextlib
+    import io as _io
+
+    buf_out, buf_err = _io.StringIO(), _io.StringIO()
+    with contextlib.redirect_stdout(buf_out), contextlib.redirect_stderr(buf_err):
+        code = cli.main(["calibrate", "--model", "d2", "--hardware", "mi300x", "--device", "cpu", "--quick",
+                         "--seq-len", "128", "--device-batch-size", "2", "--micro-batches", "2",
+                         "--attention", "sdpa-math,sdpa-fused", "--out", str(out)])
+    assert code == 0, buf_err.getvalue()
+    return out, buf_out.getvalue()
+
+
+def test_cpu_calibration_writes_every_section(cpu_calibration):
+    path, stdout = cpu_calibration
+    cal = load_calibration(str(path))
+    assert cal.hardware == "mi300x" and cal.provenance.backend == "cpu"
+    assert cal.gemm and all(p.tflops > 0 for p in cal.gemm)
+    # every GEMM of the model at micro-batch 2 x 128: c_fc forward is (256, 512, 128) for d2 (d_model 128)
+    assert any((p.m, p.n, p.k) == (256, 512, 128) for p in cal.gemm)
+    assert {p.implementation for p in cal.attention} == {"sdpa-math", "sdpa-fused"}
+    assert cal.hbm_tbyte_per_s > 0 and cal.pointwise_tbyte_per_s > 0 and cal.optimizer_tbyte_per_s > 0
+    assert cal.kernel_overhead_us > 0 and cal.peak_gemm_tflops > 0
+    step = cal.step_times[0]
+    assert step.model == "nanochat-d2" and step.step_time_s > 0 and step.device_batch_size == 2
+    assert any("collectives: skipped" in f for f in cal.failures)  # one device: said, not silent
+
+
+def test_cpu_calibration_prints_the_held_out_step(cpu_calibration):
+    _, stdout = cpu_calibration
+    assert "held-out training step" in stdout
+    for term in ("forward", "backward", "optimizer", "step"):
+        assert term in stdout
+
+
+def test_calibration_file_round_trips_through_table(cpu_calibration, capsys):
+    path, _ = cpu_calibration
+    code, out, err = run(capsys, "table", "--model", "d2", "--hardware", "mi300x", "--gpus", "1",
+                         "--attention", "sdpa-fused", "--window", "SSSL", "--calibration", str(path),
+                         "--format", "json")
+    assert code == 0, err
+    result = json.loads(out)
+    text = " ".join(result["assumptions"])
+    assert "Calibration (" in text and "GEMM efficiency at" in text and "measured" in text
+    # the step calibrate measured (held out there) is the table's measurement: one knob is fitted to it
+    # (at its own micro-batch 2 x 128), and the table's rows (the recipe's 32 x 2048) derive from it
+    assert "Measured:" in text and all(r["basis"] == "fitted" for r in result["rows"])
+
+
+def test_calibration_written_atomically_is_valid_yaml(cpu_calibration):
+    path, _ = cpu_calibration
+    data = yaml.safe_load(path.read_text())
+    assert data["kind"] == "calibration" and data["version"] == 1
+    assert not list(path.parent.glob(".*.tmp"))  # no temporary file left behind
+
+
+def test_from_log_reads_nanochat_lines(tmp_path, capsys):
+    """Median dt over steps > 10 (7700, 7690, 7720 ms -> 7.7 s); batch from tok/sec x dt = 68,089 x 7.7
+    = 524,285 -> 524,288 (nearest multiple of 1024)."""
+    out = tmp_path / "log.yaml"
+    code, stdout, err = run(capsys, "calibrate", "--model", "d24", "--hardware", "mi300x", "--from-log", str(LOG),
+                            "--gpus", "1", "--window", "L", "--log-attention", "sdpa-fused", "--out", str(out))
+    assert code == 0, err
+    cal = load_calibration(str(out))
+    m = cal.step_times[0]
+    assert m.step_time_s == pytest.approx(7.7)
+    assert m.total_batch_tokens == 524_288
+    assert m.window_pattern == "L" and m.attention == "sdpa-fused"
+
+
+def test_from_log_round_trip_gives_the_seed_row(tmp_path, capsys):
+    out = tmp_path / "log.yaml"
+    assert run(capsys, "calibrate", "--model", "d24", "--hardware", "mi300x", "--from-log", str(LOG),
+               "--window", "L", "--out", str(out))[0] == 0
+    code, stdout, err = run(capsys, "table", "--model", "d24", "--gpus", "1,8", "--total-batch-size", "524288",
+                            "--steps", "29000", "--price", "2", "--window", "L,SSSL", "--eval-every", "0",
+                            "--startup-min", "0", "--calibration", str(out), "--format", "csv")
+    assert code == 0, err
+    rows = list(csv.DictReader(io.StringIO(stdout)))
+    measured = [r for r in rows if r["basis"] == "measured"]
+    assert len(measured) == 1 and measured[0]["config"] == "1x mi300x, sdpa-fused, L"
+    assert float(measured[0]["step_s"]) == pytest.approx(7.7)
+    assert float(measured[0]["mfu_pct"]) == pytest.approx(27.5, abs=0.05)
+
+
+def test_from_log_without_step_lines_is_one_line_error(tmp_path, capsys):
+    log = tmp_path / "empty.log"
+    log.write_text("nothing to see\n")
+    code, out, err = run(capsys, "calibrate", "--model", "d24", "--hardware", "mi300x", "--from-log", str(log),
+                         "--out", str(tmp_path / "x.yaml"))
+    assert code == 1 and err.count("\n") == 1 and err.startswith("error:") and "empty.log" in err
+
+
+def test_from_log_needs_hardware(capsys):
+    code, out, err = run(capsys, "calibrate", "--model", "d24", "--from-log", str(LOG))
+    assert code == 2 and "--hardware" in err and err.count("\n") == 1
+
+
+def test_calibrate_cuda_without_gpu_says_so(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    code, out, err = run(capsys, "calibrate", "--model", "d2", "--device", "cuda")
+    assert code == 2 and "no GPU" in err and err.count("\n") == 1
+
+
+def test_memory_takes_the_measured_peak_from_a_calibration_file(tmp_path, capsys):
+    cal = tmp_path / "cal.yaml"
+    cal.write_text(yaml.safe_dump({"kind": "calibration", "version": 1, "hardware": "mi300x", "step_times": [{
+        "model": "nanochat-d24", "gpus": 1, "step_time_s": 7.7, "device_batch_size": 32,
+        "total_batch_tokens": 524288, "attention": "sdpa-fused", "window_pattern": "L", "peak_memory_gb": 105,
+        "source": "the seed note"}]}))
+    code, out, err = run(capsys, "memory", "--model", "d24", "--window-pattern", "L", "--calibration", str(cal),
+                         "--format", "markdown")
+    assert code == 0, err
+    assert "Measured 105 GB is consistent with: sdpa-fused, recompute none, compiled" in out
