@@ -171,20 +171,15 @@ def calibrated_rates(r: Rates, attention: str, calibration: CalibrationSpec | No
 def _step(req: TableRequest, sc: _Scenario, mb: int, accum: int, compiled: bool, scenario: str,
           factor: float | None, knob: str | None, measured_attention: str | None,
           seq_len: int | None = None) -> tuple[StepTime, Layout]:
-    spec, hw = req.model, req.hardware
-    impl = hw.attention_impl(sc.attention)
-    layout = Layout(dp=sc.gpus, zero=NATIVE_ZERO[spec.recipe.distribution], micro_batch=mb, grad_accum=accum,
-                    attention=sc.attention, recompute=req.recompute, compiled=compiled)
-    anatomy = build_anatomy(spec, batch=mb, seq_len=seq_len, attention=impl.kind, windows=impl.windows,
-                            recompute=req.recompute, compiled=compiled, window_pattern=sc.window)
-    r = _config_rates(hw, sc.attention, scenario, req.calibration, req.fp8)
+    """One scenario's step time; the fitted knob applies to the GEMMs everywhere and to attention only
+    in rows that use the measured implementation."""
+    r = _config_rates(req.hardware, sc.attention, scenario, req.calibration, req.fp8)
     if factor is not None and knob is not None:
         if knob == "gemm" or sc.attention == measured_attention:
             r = r.scaled(knob, factor)
         elif knob == "compute":
             r = r.scaled("gemm", factor)
-    return step_time(spec, hw, layout, anatomy, r, comm_efficiency=comm_end(scenario),
-                     comm_points=comm_points(req.calibration)), layout
+    return _step_with_rates(req, sc, mb, accum, compiled, r, seq_len, comm_end(scenario))
 
 
 def _measurement(req: TableRequest) -> StepMeasurement | None:
@@ -225,7 +220,7 @@ def _fit(req: TableRequest, spec: ModelSpec, hw: HardwareSpec, compiled: bool, t
             for end in (lo, hi):
                 r = replace(base, gemm_best=end.gemm_best) if k == "gemm" else replace(
                     base, attn_fwd=end.attn_fwd, attn_bwd=end.attn_bwd)
-                times.append(_step_with_rates(req, sc, mmb, accum, compiled, r, m.seq_len).total_s)
+                times.append(_step_with_rates(req, sc, mmb, accum, m.compiled, r, m.seq_len)[0].total_s)
             widths[k] = max(times) - min(times)
         knob = max(widths, key=widths.get)
     factors = {}
@@ -259,14 +254,16 @@ def _fit(req: TableRequest, spec: ModelSpec, hw: HardwareSpec, compiled: bool, t
 
 
 def _step_with_rates(req: TableRequest, sc: _Scenario, mb: int, accum: int, compiled: bool, r: Rates,
-                     seq_len: int | None) -> StepTime:
+                     seq_len: int | None, comm_eff: str = "value") -> tuple[StepTime, Layout]:
+    """Step time of a row's pure data-parallel layout at the given rates."""
     spec, hw = req.model, req.hardware
     impl = hw.attention_impl(sc.attention)
     layout = Layout(dp=sc.gpus, zero=NATIVE_ZERO[spec.recipe.distribution], micro_batch=mb, grad_accum=accum,
                     attention=sc.attention, recompute=req.recompute, compiled=compiled)
     anatomy = build_anatomy(spec, batch=mb, seq_len=seq_len, attention=impl.kind, windows=impl.windows,
                             recompute=req.recompute, compiled=compiled, window_pattern=sc.window)
-    return step_time(spec, hw, layout, anatomy, r, comm_points=comm_points(req.calibration))
+    return step_time(spec, hw, layout, anatomy, r, comm_efficiency=comm_eff,
+                     comm_points=comm_points(req.calibration)), layout
 
 
 def comm_points(calibration: CalibrationSpec | None) -> dict[tuple[str, int], list[tuple[float, float]]] | None:
