@@ -19,6 +19,7 @@ Conventions:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -109,7 +110,15 @@ class Anatomy:
 
     def saved_bytes(self) -> float:
         """Bytes saved for backward by one micro-batch (activation memory at the end of forward)."""
-        return sum(s.bytes for s in self.saved_tensors().values())
+        return sum(self.saved_split)
+
+    @functools.cached_property
+    def saved_split(self) -> tuple[float, float]:
+        """(bytes saved by block ops, bytes saved by embedding/head ops), each storage once; cached."""
+        saved = self.saved_tensors()
+        owner = {s.name: op for op in self.ops for s in op.saves if s.name in saved}
+        layers = sum(s.bytes for n, s in saved.items() if owner[n].layer is not None)
+        return layers, sum(s.bytes for s in saved.values()) - layers
 
     def transient_bytes(self) -> float:
         """Largest working set of gradients during backward, on top of the saved tensors.
@@ -118,6 +127,10 @@ class Anatomy:
         peak is saved_bytes() + this (the loss and softcap gradients for small models with large
         vocabularies, a block's widest gradients otherwise). Allocator slack is not included.
         """
+        return self._transient
+
+    @functools.cached_property
+    def _transient(self) -> float:
         return max((op.transient_bytes for op in self.ops), default=0.0)
 
     def flops_fwd(self) -> float:
@@ -134,11 +147,7 @@ class Anatomy:
 
     def recomputes(self, op: Op) -> bool:
         """Whether the recompute policy re-runs this op's forward inside backward."""
-        if self.recompute in op.recompute_skip:
-            return False
-        if self.recompute == "full":
-            return op.layer is not None
-        return self.recompute == "selective" and op.attention_core
+        return recomputed_under(op, self.recompute)
 
     def matmul_flops(self) -> float:
         """FLOPs of GEMMs and attention only, forward + backward + recompute, excluding flash's internal
@@ -148,6 +157,16 @@ class Anatomy:
             if op.kind in ("gemm", "attention"):
                 total += op.flops_fwd + op.flops_bwd + (op.flops_fwd if self.recomputes(op) else 0.0)
         return total
+
+
+def recomputed_under(op: Op, policy: str) -> bool:
+    """Whether a recompute policy re-runs an op's forward in backward (torch's non-reentrant checkpoint
+    stops early: the region's last op is not re-run, see Op.recompute_skip)."""
+    if policy in op.recompute_skip:
+        return False
+    if policy == "full":
+        return op.layer is not None
+    return policy == "selective" and op.attention_core
 
 
 def _kept(s: Saved, op: Op, recompute: str, compiled: bool) -> bool:
@@ -300,10 +319,27 @@ def tp_split(name: str, kind: str) -> str | None:
     return None
 
 
+def _with(obj, **changes):
+    """A copy of a frozen dataclass with some fields changed (dataclasses.replace without re-validating:
+    ~5x faster, which matters when a layout search derives thousands of ops)."""
+    new = object.__new__(type(obj))
+    new.__dict__.update(obj.__dict__)
+    new.__dict__.update(changes)
+    return new
+
+
+def for_tp(base: Anatomy, tp: int) -> Anatomy:
+    """One tensor-parallel rank's share of a tp=1 anatomy (same as build_anatomy(..., tp=tp), cheaper)."""
+    if base.tp != 1:
+        raise ValueError(f"need a tp=1 anatomy, got tp={base.tp}")
+    if tp == 1:
+        return base
+    return _with(base, ops=tuple(_tp_share(op, tp) for op in base.ops), tp=tp)
+
+
 def _tp_share(op: Op, tp: int) -> Op:
     """One tensor-parallel rank's share of an op: FLOPs, bytes and sharded saved tensors / tp."""
-    from dataclasses import replace
-
+    replace = _with
     how = tp_split(op.name, op.kind)
     saves = tuple(replace(sv, bytes=sv.bytes / tp) if sv.tp_sharded else sv for sv in op.saves)
     if how is None:

@@ -103,6 +103,7 @@ def memory_cmd(
                                         "attention and recompute setups it is consistent with."),
     calibration: str = typer.Option(None, "--calibration", help="A calibration file: its measured peak memory for "
                                     "this model (if any) is used as --measured-peak."),
+    plot: str = typer.Option(None, "--plot", help="Also write the memory per GPU, stacked by term (PNG or SVG)."),
     format: Format = FormatOpt,
 ) -> None:
     """Memory per GPU by ZeRO stage: each term, the total against usable memory, and the verdict."""
@@ -136,7 +137,13 @@ def memory_cmd(
         e.field = e.field or "--gpus/--tp/--pp"
         raise
     setup = Setup(layout=layout, window_pattern=window_pattern)
+    _check_plot_path(plot)
     rows = zero_rows(spec, hw, setup, stages)
+    if plot:
+        from ddplan.plot import plot_memory
+
+        plot_memory(rows, plot, title=f"{spec.name} on {gpus * tp * pp} x {hw.name}",
+                    capacity_gib=hw.memory.usable_gib.value)
     alts = alternatives(spec, hw, setup) if not any(r["fits"] and r["setup"] == "native" for r in rows) else []
     words = verdict(spec, hw, rows, alts)
     matches = consistent_with(spec, hw, setup, measured_peak) if measured_peak else []
@@ -208,6 +215,7 @@ def table_cmd(
                                          "only)."),
     fp8: bool = typer.Option(False, "--fp8", help="Run eligible GEMMs in fp8 (refused where the model's fp8 format "
                              "does not run on the hardware)."),
+    plot: str = typer.Option(None, "--plot", help="Also write wall-clock and cost against GPU count (PNG or SVG)."),
     format: Format = FormatOpt,
 ) -> None:
     """The decision table: time, cost, MFU and memory for each GPU count, attention and window, explained."""
@@ -272,7 +280,12 @@ def table_cmd(
                                checkpoint_every_steps=checkpoint_every),
         compiled=compiled, recompute=recompute.value, measurement=measurement, knob=fit.value, calibration=cal,
         fp8=fp8)
+    _check_plot_path(plot)
     result = build_table(req)
+    if plot:
+        from ddplan.plot import plot_scenarios
+
+        plot_scenarios(result.rows, plot, title=f"{spec.name} on {hw.name}")
     title = (f"{spec.name} on {hw.name}: decision table (steps {result.rows[0]['steps']:,}, "
              f"{result.rows[0]['global_batch_tokens']:,} tokens/step)")
     if format is Format.json:
@@ -421,6 +434,101 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
         console.print(f"note: {failure}", highlight=False)
 
 
+class Objective(str, Enum):
+    time = "time"
+    cost = "cost"
+
+
+@app.command("plan")
+def plan_cmd(
+    model: str = ModelOpt,
+    hardware: str = typer.Option(DEFAULT_HARDWARE, "--hardware", help="One or more GPUs, comma-separated "
+                                 "(built-in names or YAML paths)."),
+    gpus: str = typer.Option("8", "--gpus", help="GPU counts to search, comma-separated (e.g. 8,16,64)."),
+    objective: Objective = typer.Option(Objective.time, "--objective", help="Rank by wall-clock or by cost."),
+    deadline: float = typer.Option(None, "--deadline", help="Hours: the cheapest layout that finishes in time."),
+    budget: float = typer.Option(None, "--budget", help="USD: the fastest layout within the budget."),
+    calibration: str = typer.Option(None, "--calibration", help="A calibration file (measurements replace "
+                                    "assumptions)."),
+    price: float = typer.Option(None, "--price", help="USD per GPU-hour (default: each hardware's first price)."),
+    total_batch_size: int = typer.Option(None, "--total-batch-size", help="Tokens per optimizer step."),
+    tp_across_nodes: bool = typer.Option(False, "--tp-across-nodes", help="Allow tensor parallelism beyond one "
+                                         "node (kept inside a node by default)."),
+    top: int = typer.Option(10, "--top", help="How many layouts to list."),
+    headroom: float = typer.Option(0.05, "--headroom", help="Fraction of usable memory a layout must leave free."),
+    startup_min: float = typer.Option(5.0, "--startup-min", help="Minutes outside steps at start."),
+    plot: str = typer.Option(None, "--plot", help="Also write a plot (PNG or SVG) of the Pareto layouts."),
+    format: Format = FormatOpt,
+) -> None:
+    """Search the layouts (dp, tp, pp, ZeRO, micro-batch, attention, recompute, schedule) and recommend one."""
+    import datetime as dt
+
+    from ddplan import render
+    from ddplan.errors import UsageError
+    from ddplan.registry import load_calibration, load_hardware, load_model
+    from ddplan.run import RunOverheads
+    from ddplan.search import PlanRequest, describe, search
+    from ddplan.specs import Price
+
+    for value, flag in ((deadline, "--deadline"), (budget, "--budget"), (price, "--price"),
+                        (total_batch_size, "--total-batch-size"), (top, "--top")):
+        _positive(value, flag)
+    if startup_min < 0:
+        raise UsageError(f"must be >= 0, got {startup_min}", field="--startup-min")
+    if not 0 <= headroom < 1:
+        raise UsageError(f"must be in [0, 1), got {headroom}", field="--headroom")
+    _check_plot_path(plot)
+    spec = load_model(model)
+    hws = tuple(load_hardware(h.strip()) for h in hardware.split(",") if h.strip())
+    price_spec = None if price is None else Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price",
+                                                  date=dt.date.today(), source="given on the command line")
+    req = PlanRequest(model=spec, hardware=hws, gpus=tuple(_int_list(gpus, "--gpus")), objective=objective.value,
+                      deadline_h=deadline, budget_usd=budget, top=top,
+                      calibration=load_calibration(calibration) if calibration else None, price=price_spec,
+                      overheads=RunOverheads(startup_s=startup_min * 60), total_batch_tokens=total_batch_size,
+                      tp_across_nodes=tp_across_nodes, headroom=headroom)
+    result = search(req)
+    columns = ["hardware", "gpus", "dp", "tp", "pp", "zero", "micro_batch", "accum", "attention", "recompute",
+               "schedule", "family", "step_s", "wall_clock_h", "cost_usd", "mfu_pct", "memory_gib"]
+    shown = [{c: r[c] for c in columns} for r in result.rows[:top]]
+    if format is Format.json:
+        import json
+
+        render.echo(json.dumps({"rows": result.rows[:top], "pareto": result.pareto, "reasons": result.reasons,
+                                "warnings": result.warnings, "considered": result.considered,
+                                "rejected": result.rejected}, indent=2, default=str))
+    elif format is Format.csv:
+        render.echo(render.table([{c: r[c] for c in columns} for r in result.rows], "csv"))
+    else:
+        title = (f"{spec.name}: best {min(top, len(result.rows))} of {len(result.rows):,} layouts that fit "
+                 f"({result.considered:,} considered; rejected: {result.rejected['memory']:,} memory "
+                 f"(> {100 * (1 - headroom):.0f}% of usable), "
+                 f"{result.rejected['divisibility']:,} divisibility, {result.rejected['dominated']:,} dominated "
+                 f"by less recompute), by {objective.value}")
+        if shown:
+            render.echo(render.table(shown, format.value, title=title, digits=3))
+        render.echo(render.lines(["Why:"] + result.reasons, format.value))
+        if result.pareto:
+            render.echo(render.lines(["Pareto front (time vs cost):"] + [
+                f"{describe(r)}: {r['wall_clock_h']:.1f} h, ${r['cost_usd']:,.0f}" for r in result.pareto[:8]],
+                format.value))
+        if result.warnings:
+            render.echo(render.lines(["Warnings:"] + result.warnings, format.value))
+    if plot and result.pareto:
+        from ddplan.plot import plot_scenarios
+
+        plot_scenarios(_best_per_family_and_gpus(result.rows), plot, title=f"{spec.name}: best layout per family")
+
+
+def _best_per_family_and_gpus(rows: list[dict]) -> list[dict]:
+    best: dict = {}
+    for r in rows:
+        key = (r["family"], r["gpus"], r["hardware"])
+        if key not in best or r["wall_clock_h"] < best[key]["wall_clock_h"]:
+            best[key] = r
+    return list(best.values())
+
+
 def _int_list(text: str, flag: str, allowed: tuple[int, ...] | None = None) -> list[int]:
     from ddplan.errors import UsageError
 
@@ -435,6 +543,24 @@ def _int_list(text: str, flag: str, allowed: tuple[int, ...] | None = None) -> l
         allowed_text = ", ".join(map(str, allowed)) if allowed else "positive integers"
         raise UsageError(f"invalid values {bad}; allowed: {allowed_text}", field=flag)
     return values
+
+
+def _check_plot_path(path: str | None) -> None:
+    """A plot path must end in .png or .svg and its folder must exist: say so before any work."""
+    from pathlib import Path
+
+    from ddplan.errors import UsageError
+
+    if path is None:
+        return
+    if Path(path).suffix.lower() not in (".png", ".svg"):
+        raise UsageError(f"must end in .png or .svg, got {path!r}", field="--plot")
+    if not Path(path).expanduser().resolve().parent.is_dir():
+        raise UsageError(f"folder does not exist: {Path(path).parent}", field="--plot")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError("needs matplotlib: pip install 'ddplan[plot]'", field="--plot") from None
 
 
 def _check_pattern(pattern: str | None, flag: str = "--window-pattern") -> None:

@@ -150,23 +150,21 @@ def activation_bytes(anatomy: Anatomy, layout: Layout) -> tuple[float, float]:
     """
     if anatomy.tp != layout.tp:
         raise ValueError(f"the anatomy is for tp={anatomy.tp}, the layout has tp={layout.tp}")
-    saved = anatomy.saved_tensors()
-    owner = {s.name: op for op in anatomy.ops for s in op.saves if s.name in saved}
-    layer_bytes = sum(s.bytes for n, s in saved.items() if owner[n].layer is not None)
-    other = sum(s.bytes for n, s in saved.items() if owner[n].layer is None)
+    layer_bytes, other = anatomy.saved_split
     per_stage = layer_bytes / layout.pp + other
     return per_stage * in_flight_micro_batches(layout), anatomy.transient_bytes()
 
 
 def memory_per_gpu(spec: ModelSpec, layout: Layout, anatomy: Anatomy, capacity_bytes: float,
-                   assumptions: MemoryAssumptions = MemoryAssumptions()) -> MemoryBreakdown:
+                   assumptions: MemoryAssumptions = MemoryAssumptions(),
+                   states: dict[str, dict[str, float]] | None = None) -> MemoryBreakdown:
     """Peak bytes per GPU over a training step, by term.
 
     Peak = params + gradients + optimizer state + max(activations saved + gradient transients,
     optimizer-step transients) + communication buffers + framework overhead + allocator slack.
     Gradients count in full from the first micro-batch on (accumulation keeps them live).
     """
-    states = model_states(spec, layout)
+    states = model_states(spec, layout) if states is None else states  # a search passes them cached
     saved, transient = activation_bytes(anatomy, layout)
     terms = {
         "params": sum(states["params"].values()),

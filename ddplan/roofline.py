@@ -234,27 +234,70 @@ class MicroBatchTime:
         return self.fwd_s + self.bwd_s
 
 
+HEAD_OPS = ("backout", "norm_f", "lm_head", "logits_cast", "logits_softcap", "cross_entropy")
+
+
+@dataclass(frozen=True)
+class OpTimes:
+    """Every op's time summed by part of the model (layers, embeddings, head), once per anatomy and
+    rates: pipeline stages and recompute policies then combine sums instead of re-walking the ops."""
+
+    fwd: dict[str, float]
+    bwd: dict[str, float]
+    again: dict[tuple[str, str], float]  # (part, policy) -> forward time re-run in backward
+    by_kind: dict[tuple[str, str], float]  # (part, kind) -> forward + backward
+    again_by_kind: dict[tuple[str, str, str], float]  # (part, policy, kind)
+
+
+def _part(op: Op) -> str:
+    if op.layer is not None:
+        return "layers"
+    return "head" if op.name in HEAD_OPS else "embeddings"
+
+
+def op_times(anatomy: Anatomy, r: Rates) -> OpTimes:
+    """Per-part sums of op times (the recompute policy of the anatomy is not applied here)."""
+    from ddplan.anatomy import recomputed_under
+
+    fwd: dict[str, float] = {}
+    bwd: dict[str, float] = {}
+    again: dict[tuple[str, str], float] = {}
+    by_kind: dict[tuple[str, str], float] = {}
+    again_by_kind: dict[tuple[str, str, str], float] = {}
+    for op in anatomy.ops:
+        part = _part(op)
+        f, b = op_time_s(op, anatomy, r)
+        fwd[part] = fwd.get(part, 0.0) + f
+        bwd[part] = bwd.get(part, 0.0) + b
+        by_kind[(part, op.kind)] = by_kind.get((part, op.kind), 0.0) + f + b
+        for policy in ("selective", "full"):
+            if recomputed_under(op, policy):
+                again[(part, policy)] = again.get((part, policy), 0.0) + f
+                key = (part, policy, op.kind)
+                again_by_kind[key] = again_by_kind.get(key, 0.0) + f
+    return OpTimes(fwd=fwd, bwd=bwd, again=again, by_kind=by_kind, again_by_kind=again_by_kind)
+
+
 def micro_batch_time(anatomy: Anatomy, r: Rates, layer_fraction: float = 1.0,
-                     include_embeddings: bool = True, include_head: bool = True) -> MicroBatchTime:
+                     include_embeddings: bool = True, include_head: bool = True,
+                     parts: OpTimes | None = None) -> MicroBatchTime:
     """Forward + backward of one micro-batch; a pipeline stage takes a fraction of the layers.
 
     Recompute re-runs forward ops inside backward: the whole block under full recompute, the
-    attention core under selective (Korthikanti et al., arXiv 2205.05198, sec. 5).
+    attention core under selective (Korthikanti et al., arXiv 2205.05198, sec. 5). `parts` (from
+    op_times, for these rates and ops) skips walking the ops again.
     """
-    fwd = bwd = rec = 0.0
+    parts = op_times(anatomy, r) if parts is None else parts
+    shares = {"layers": layer_fraction, "embeddings": 1.0 if include_embeddings else 0.0,
+              "head": 1.0 if include_head else 0.0}
+    policy = anatomy.recompute
+    fwd = sum(sh * parts.fwd.get(p, 0.0) for p, sh in shares.items())
+    rec = sum(sh * parts.again.get((p, policy), 0.0) for p, sh in shares.items())
+    bwd = sum(sh * parts.bwd.get(p, 0.0) for p, sh in shares.items()) + rec
     by_kind: dict[str, float] = {}
-    for op in anatomy.ops:
-        if op.layer is None:
-            is_head = op.name in ("backout", "norm_f", "lm_head", "logits_cast", "logits_softcap", "cross_entropy")
-            if (is_head and not include_head) or (not is_head and not include_embeddings):
-                continue
-            share = 1.0
-        else:
-            share = layer_fraction
-        f, b = op_time_s(op, anatomy, r)
-        again = f if anatomy.recomputes(op) else 0.0
-        fwd += share * f
-        bwd += share * (b + again)
-        rec += share * again
-        by_kind[op.kind] = by_kind.get(op.kind, 0.0) + share * (f + b + again)
+    for (p, kind), v in parts.by_kind.items():
+        by_kind[kind] = by_kind.get(kind, 0.0) + shares[p] * v
+    for (p, pol, kind), v in parts.again_by_kind.items():
+        if pol == policy:
+            by_kind[kind] = by_kind.get(kind, 0.0) + shares[p] * v
     return MicroBatchTime(fwd_s=fwd, bwd_s=bwd, by_kind_s=by_kind, recompute_s=rec)

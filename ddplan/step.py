@@ -20,7 +20,7 @@ from ddplan.anatomy import Anatomy, muon_matrices
 from ddplan.layout import NATIVE_ZERO, Layout
 from ddplan.memory import _stage_share
 from ddplan.params import param_counts
-from ddplan.roofline import Rates, gemm_efficiency, micro_batch_time, roofline_s
+from ddplan.roofline import Rates, gemm_efficiency, micro_batch_time, op_times, roofline_s
 from ddplan.specs import HardwareSpec, ModelSpec
 from ddplan.units import dtype_bytes
 
@@ -128,7 +128,7 @@ CommPoints = dict[tuple[str, int], list[tuple[float, float]]]  # (collective, gr
 
 
 def collective_s(hw: HardwareSpec, collective: str, size: float, n: int, span: int, eff: str,
-                 points: CommPoints | None) -> float:
+                 points: CommPoints | None, memo: dict | None = None) -> float:
     """Seconds of one collective over n ranks: the measured t(S) curve when calibrated, else the model.
 
     Calibrated: log-log interpolation of measured (S, t) at this group size; uncalibrated: alpha x ring
@@ -137,24 +137,44 @@ def collective_s(hw: HardwareSpec, collective: str, size: float, n: int, span: i
     """
     if n <= 1 or size <= 0:
         return 0.0
+    key = ("coll", id(hw), collective, size, n, span, eff, id(points))
+    if memo is not None and key in memo:
+        return memo[key]
     if points and (collective, n) in points:
-        return comm.interpolate_time_s(points[(collective, n)], size)
-    tier = comm.tier_for(hw, collective, n if span <= hw.gpus_per_node else span, efficiency=eff)
-    return comm.collective_time_s(collective, size, n, tier)
+        t = comm.interpolate_time_s(points[(collective, n)], size)
+    else:
+        tier = comm.tier_for(hw, collective, n if span <= hw.gpus_per_node else span, efficiency=eff)
+        t = comm.collective_time_s(collective, size, n, tier)
+    if memo is not None:
+        memo[key] = t
+    return t
 
 
 def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatomy, r: Rates,
-              comm_efficiency: str = "value", comm_points: CommPoints | None = None) -> StepTime:
-    """Seconds of one optimizer step for a layout, by term. The anatomy is one tp rank's share."""
+              comm_efficiency: str = "value", comm_points: CommPoints | None = None,
+              memo: dict | None = None) -> StepTime:
+    """Seconds of one optimizer step for a layout, by term. The anatomy is one tp rank's share.
+
+    memo: a dict the caller keeps across many layouts that share anatomy and rate objects (a layout
+    search); the per-micro-batch times and the optimizer time are computed once per key.
+    """
     if anatomy.tp != layout.tp:
         raise ValueError(f"the anatomy is for tp={anatomy.tp}, the layout has tp={layout.tp}")
+    memo = {} if memo is None else memo
     p, accum = layout.pp, layout.grad_accum
-    mbt = micro_batch_time(anatomy, r, layer_fraction=1.0 / p, include_embeddings=True, include_head=(p == 1))
+
+    parts_key = ("ops", id(anatomy.ops), id(r))  # recompute variants share their ops tuple
+    if parts_key not in memo:
+        memo[parts_key] = op_times(anatomy, r)
+
+    def mb_time(fraction: float, emb: bool, head: bool):
+        return micro_batch_time(anatomy, r, layer_fraction=fraction, include_embeddings=emb, include_head=head,
+                                parts=memo[parts_key])
+
+    mbt = mb_time(1.0 / p, True, p == 1)
     if p > 1:  # the busiest stage: its layers plus the heavier of embeddings and head
-        head = micro_batch_time(anatomy, r, layer_fraction=0.0, include_embeddings=False, include_head=True)
-        emb = micro_batch_time(anatomy, r, layer_fraction=0.0, include_embeddings=True, include_head=False)
-        if head.total_s > emb.total_s:
-            mbt = micro_batch_time(anatomy, r, layer_fraction=1.0 / p, include_embeddings=False, include_head=True)
+        if mb_time(0.0, False, True).total_s > mb_time(0.0, True, False).total_s:
+            mbt = mb_time(1.0 / p, False, True)
     compute = accum * mbt.total_s
     a, e = spec.architecture, dtype_bytes(spec.dtypes.compute)
 
@@ -163,7 +183,7 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
         # Megatron: 2 all-reduces of b s h forward and 2 backward per layer; full recompute repeats the
         # forward pair (Korthikanti et al., arXiv 2205.05198, sec. 4.2.2)
         size = comm.tp_allreduce_size_bytes(layout.micro_batch, anatomy.seq_len, a.d_model, e)
-        per = collective_s(hw, "all_reduce", size, layout.tp, layout.tp, comm_efficiency, comm_points)
+        per = collective_s(hw, "all_reduce", size, layout.tp, layout.tp, comm_efficiency, comm_points, memo)
         tp_s = accum * (a.num_layers / p) * (6 if anatomy.recompute == "full" else 4) * per
 
     bubble = pipeline.bubble_time_s(compute + tp_s, p, accum, layout.pp_virtual_stages) if p > 1 else 0.0
@@ -172,9 +192,13 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
         sent = pipeline.p2p_bytes_per_microbatch(layout.micro_batch, anatomy.seq_len, a.d_model, e) / layout.tp
         bubble += accum * 2 * (sent / tier.busbw_bytes_per_s + tier.latency_s)
 
-    opt_s = optimizer_time_s(spec, layout, r)
+    opt_key = ("opt", id(r), dp_policy(spec, layout), layout.dp, layout.tp, layout.pp)
+    if opt_key not in memo:
+        memo[opt_key] = optimizer_time_s(spec, layout, r)
+    opt_s = memo[opt_key]
     policy = dp_policy(spec, layout)
-    total_comm, exposed = _dp_comm(spec, hw, layout, policy, mbt.bwd_s, mbt.total_s, comm_efficiency, comm_points)
+    total_comm, exposed = _dp_comm(spec, hw, layout, policy, mbt.bwd_s, mbt.total_s, comm_efficiency, comm_points,
+                                   memo)
     if policy == "sharded_optimizer":  # communication overlaps optimizer math only
         hidden = min(opt_s, total_comm)
         exposed = total_comm - hidden
@@ -184,7 +208,7 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
 
 
 def _dp_comm(spec: ModelSpec, hw: HardwareSpec, layout: Layout, policy: str, bwd_s: float, mb_s: float,
-             eff: str, points: CommPoints | None) -> tuple[float, float]:
+             eff: str, points: CommPoints | None, memo: dict | None = None) -> tuple[float, float]:
     """(total, exposed) seconds of data-parallel communication in one step."""
     n = layout.dp
     if n == 1:
@@ -193,9 +217,15 @@ def _dp_comm(spec: ModelSpec, hw: HardwareSpec, layout: Layout, policy: str, bwd
     span = n * layout.tp * layout.pp
 
     def t(collective: str, size: float) -> float:
-        return collective_s(hw, collective, size, n, span, eff, points)
+        return collective_s(hw, collective, size, n, span, eff, points, memo)
 
-    buffers = grad_sync_buffers(spec, layout)
+    bkey = ("buffers", policy, n, layout.tp, layout.pp)
+    if memo is not None and bkey in memo:
+        buffers = memo[bkey]
+    else:
+        buffers = grad_sync_buffers(spec, layout)
+        if memo is not None:
+            memo[bkey] = buffers
     if policy == "ddp":
         # buckets all-reduce while backward runs; the last bucket is always exposed (comm.ddp_exposed_s)
         size = sum(s for _, s in buffers)
