@@ -94,7 +94,7 @@ def model_states(spec: ModelSpec, layout: Layout) -> dict[str, dict[str, float]]
         algo = opt.algorithm[g]
         if algo == "adamw":
             sb = pb if opt.adamw_state_dtype == "param" else 4
-            state = 2 * sb * n
+            state = (2 * sb + (4 if opt.master_weights else 0)) * n
         else:  # Muon: momentum in the param dtype + factored second moment (max(rows, cols) fp32 per matrix)
             mats = muon_matrices(spec, g)
             state = (pb * n + 4 * sum(max(r, c) for r, c in mats) * share)
@@ -105,7 +105,7 @@ def model_states(spec: ModelSpec, layout: Layout) -> dict[str, dict[str, float]]
         elif zero >= 1:
             state /= dp
         out["params"][g] = pb * n / (dp if zero >= 3 else 1)
-        out["gradients"][g] = pb * n / (dp if zero >= 2 else 1)
+        out["gradients"][g] = spec.dtypes.grad_bytes(g) * n / (dp if zero >= 2 else 1)
         out["optimizer"][g] = state
     if layout.pp > 1:  # keep the worse of the first (embeddings) and last (lm_head) stage
         first = sum(v for k in out for g, v in out[k].items() if g not in HEAD_GROUPS)

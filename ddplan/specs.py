@@ -320,6 +320,12 @@ class Dtypes(Strict):
     compute: Dtype
     params: dict[ParamGroup, Dtype]
     logits: Dtype = "fp32"
+    # gradient storage: the parameter's dtype (PyTorch default) or fp32 accumulation buffers
+    # (Megatron-LM's main_grad with fp16/bf16 params)
+    grads: Literal["param", "fp32"] = "param"
+
+    def grad_bytes(self, group: str) -> int:
+        return 4 if self.grads == "fp32" else units.dtype_bytes(self.params[group])
 
 
 class Optimizer(Strict):
@@ -332,6 +338,8 @@ class Optimizer(Strict):
     name: str
     algorithm: dict[ParamGroup, Literal["adamw", "muon"]]
     adamw_state_dtype: Literal["param", "fp32"] = "fp32"
+    # an fp32 master copy of 16-bit params kept in the optimizer state (Megatron-LM, apex O2, DeepSpeed)
+    master_weights: bool = False
     muon_ns_steps: PositiveInt = 5
     source: str = Field(min_length=3)
 

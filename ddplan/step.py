@@ -69,7 +69,7 @@ def grad_sync_buffers(spec: ModelSpec, layout: Layout) -> list[tuple[str, float]
     for group, algo in opt.algorithm.items():
         if not counts[group]:
             continue
-        gb = dtype_bytes(dt.params[group])
+        gb = dt.grad_bytes(group)
         share = _stage_share(group, layout)
         if policy == "sharded_optimizer" and algo == "muon":
             stacks = Counter(muon_matrices(spec, group))
@@ -110,7 +110,10 @@ def optimizer_time_s(spec: ModelSpec, layout: Layout, r: Rates) -> float:
         sb = pb if opt.adamw_state_dtype == "param" else 4
         if algo == "adamw":
             split = n if policy != "ddp" and (policy != "sharded_optimizer" or counts[group] >= 1024) else 1
-            total += adamw_bytes(counts[group], pb, pb, sb) * share / split / bw + r.kernel_overhead_s
+            moved = adamw_bytes(counts[group], pb, dt.grad_bytes(group), sb)
+            if opt.master_weights:  # read and write the fp32 master copy as well
+                moved += counts[group] * 8
+            total += moved * share / split / bw + r.kernel_overhead_s
             continue
         stacks = Counter(muon_matrices(spec, group))
         for (rows, cols), k in stacks.items():
