@@ -454,7 +454,7 @@ def plan_cmd(
     total_batch_size: int = typer.Option(None, "--total-batch-size", help="Tokens per optimizer step."),
     tp_across_nodes: bool = typer.Option(False, "--tp-across-nodes", help="Allow tensor parallelism beyond one "
                                          "node (kept inside a node by default)."),
-    top: int = typer.Option(10, "--top", help="How many layouts to list."),
+    top: int = typer.Option(10, "--top", help="How many layouts to list (table, markdown, json; csv lists all)."),
     headroom: float = typer.Option(0.05, "--headroom", help="Fraction of usable memory a layout must leave free."),
     startup_min: float = typer.Option(5.0, "--startup-min", help="Minutes outside steps at start."),
     plot: str = typer.Option(None, "--plot", help="Also write a plot (PNG or SVG) of the Pareto layouts."),
@@ -497,7 +497,7 @@ def plan_cmd(
         render.echo(json.dumps({"rows": result.rows[:top], "pareto": result.pareto, "reasons": result.reasons,
                                 "warnings": result.warnings, "considered": result.considered,
                                 "rejected": result.rejected}, indent=2, default=str))
-    elif format is Format.csv:
+    elif format is Format.csv:  # data: every kept layout, ranked (--top limits the human formats)
         render.echo(render.table([{c: r[c] for c in columns} for r in result.rows], "csv"))
     else:
         title = (f"{spec.name}: best {min(top, len(result.rows))} of {len(result.rows):,} layouts that fit "
@@ -514,6 +514,9 @@ def plan_cmd(
                 format.value))
         if result.warnings:
             render.echo(render.lines(["Warnings:"] + result.warnings, format.value))
+    if format in (Format.csv, Format.json):  # data on stdout; warnings still reach the user
+        for w in result.warnings:
+            print(f"warning: {w}", file=sys.stderr)
     if plot and result.pareto:
         from ddplan.plot import plot_scenarios
 

@@ -196,6 +196,10 @@ def search(req: PlanRequest) -> PlanResult:
         raise UsageError(f"must be one of {', '.join(OBJECTIVES)}, got {req.objective!r}", field="--objective")
     spec = req.model
     total_batch = req.total_batch_tokens or spec.recipe.total_batch_tokens
+    seq = spec.recipe.seq_len
+    if total_batch < seq or total_batch % seq:
+        raise UsageError(f"{total_batch:,} tokens is not a positive multiple of the sequence length {seq:,}",
+                         field="--total-batch-size")
     steps = run.steps_for(spec, spec.recipe.budget, total_batch)
     rows, rejected, considered = [], {"memory": 0, "divisibility": 0, "dominated": 0}, 0
     evaluators = {}
@@ -265,8 +269,35 @@ def search(req: PlanRequest) -> PlanResult:
         r.pop("_layout", None)
     result.rows = ordered
     result.pareto = [r for r in ordered if any(r is p for p in result.pareto)]
-    result.reasons = reasons(result.rows, spec)
+    result.reasons = reasons(result.rows, spec) + memory_reasons(ordered[0], evaluators[ordered[0]["hardware"]])
     return result
+
+
+def memory_reasons(top: dict, ev: _Evaluator) -> list[str]:
+    """What memory forces: the choice's layout with less recompute, and with less sharding, in GiB."""
+    layout = _layout_of(top, ev.spec)
+    limit = (1 - ev.req.headroom) * ev.hw.memory.usable_gib.value
+    out = []
+    if layout.recompute != "none":
+        lighter = [rc for rc in ("none", "selective") if rc != layout.recompute][: 1 if layout.recompute ==
+                                                                                   "selective" else 2]
+        figures = ", ".join(f"recompute {rc} needs {ev.mem_gib(replace(layout, recompute=rc)):.0f} GiB"
+                            for rc in lighter)
+        out.append(f"Memory forces recompute {layout.recompute}: with the same layout, {figures}, against "
+                   f"{limit:.0f} GiB usable ({100 * (1 - ev.req.headroom):.0f}% of {ev.hw.memory.usable_gib.value:.0f}).")
+    if layout.zero > 0 and layout.dp > 1:
+        less = [z for z in range(layout.zero) if z in ev.req.zero_stages]
+        if less and all(ev.mem_gib(replace(layout, zero=z)) > limit for z in less):
+            out.append("Memory forces ZeRO-" + str(layout.zero) + ": " + ", ".join(
+                f"ZeRO-{z} would need {ev.mem_gib(replace(layout, zero=z)):.0f} GiB" for z in less) + ".")
+    return out
+
+
+def _layout_of(r: dict, spec: ModelSpec) -> Layout:
+    return Layout(dp=r["dp"], tp=r["tp"], pp=r["pp"], zero=r["zero"], micro_batch=r["micro_batch"],
+                  grad_accum=r["accum"], attention=r["attention"], recompute=r["recompute"],
+                  compiled=spec.recipe.compiled, pp_schedule="1f1b" if r["schedule"] in ("-", "1f1b") else
+                  r["schedule"], pp_virtual_stages=1 if r["schedule"] in ("-", "1f1b") else 2)
 
 
 TIE = 0.02  # layouts within 2% of the best are equivalent: far inside the model's band
@@ -324,14 +355,26 @@ def reasons(rows: list[dict], spec: ModelSpec) -> list[str]:
                + (f"{max((k for k in t if k != 'compute'), key=t.get)} "
                   f"({1000 * max(v for k, v in t.items() if k != 'compute'):.0f} ms)." if main == "compute"
                   else f"{main} ({1000 * t[main]:.0f} ms)."))
+    native_zero = NATIVE_ZERO[spec.recipe.distribution]
     for fam in FAMILIES:
         cands = [r for r in rows if r["family"] == fam and r["gpus"] == top["gpus"] and r["hardware"] == top["hardware"]]
         if fam == top["family"] or not cands:
-            if not cands and fam != top["family"]:
+            if fam == "+ZeRO/FSDP" and native_zero == 3:
+                out.append(f"{fam}: the model's own setup already shards everything (ZeRO-3 / FSDP); those "
+                           f"layouts count as pure DP here.")
+            elif not cands and fam != top["family"]:
                 out.append(f"{fam}: no layout of this family fits and divides on {top['gpus']} GPUs.")
             continue
         best = cands[0]
         dt, dc = best["wall_clock_h"] - top["wall_clock_h"], best["cost_usd"] - top["cost_usd"]
+        key = "wall_clock_h"
+        if best[key] >= top[key] * (1 - TIE) and best[key] <= top[key] * (1 + TIE):
+            out.append(f"{fam} ties: best is {describe(best)}: {best['wall_clock_h']:.1f} h ({dt:+.2f} h), "
+                       f"${best['cost_usd']:,.0f} ({dc:+,.0f}), within {100 * TIE:.0f}% of the choice, inside the "
+                       f"model's error: the simpler setup is kept"
+                       + (f"; it would save {top['memory_gib'] - best['memory_gib']:.0f} GiB per GPU, not needed"
+                          if best["memory_gib"] < top["memory_gib"] else "") + ".")
+            continue
         diffs = {k: v - t[k] for k, v in _terms(best).items()}
         worst = max(diffs, key=diffs.get)
         why = (f"{worst} +{1000 * diffs[worst]:.0f} ms/step" if diffs[worst] > 0 else "no single term")

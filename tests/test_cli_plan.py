@@ -1,0 +1,274 @@
+"""`ddplan plan`: reviewed goldens, hand facts about them, the --deadline and --budget filters, every error
+path, --plot and --format json; the bugs found, as strict xfails.
+
+Goldens live in tests/golden/ (STYLE.md); regenerate with `pytest --snapshot-update` and review every
+diff as a change of behaviour. The plan output carries no date unless --price is given; the one test that
+gives --price freezes `datetime.date.today` as tests/test_cli_table.py does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import datetime
+import io
+import json
+
+import pytest
+from syrupy.extensions.amber import AmberSnapshotExtension
+
+from ddplan import cli
+from ddplan.search import TIE
+
+D24_MI300X = ["plan", "--model", "d24", "--hardware", "mi300x", "--gpus", "8"]
+GPT2_H100_COST = ["plan", "--model", "gpt2", "--hardware", "h100-sxm", "--gpus", "8,16", "--objective", "cost",
+                  "--top", "5"]
+LAYOUT = ("hardware", "gpus", "dp", "tp", "pp", "zero", "micro_batch", "accum", "attention", "recompute", "schedule")
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+class Golden(AmberSnapshotExtension):
+    snapshot_dirname = "golden"
+
+
+@pytest.fixture
+def snapshot(snapshot):
+    return snapshot.use_extension(Golden)
+
+
+class _FrozenDate(datetime.date):
+    @classmethod
+    def today(cls) -> datetime.date:
+        return cls(2026, 6, 1)
+
+
+@pytest.fixture
+def frozen_today(monkeypatch):
+    monkeypatch.setattr(datetime, "date", _FrozenDate)
+
+
+def run(capsys, argv: list[str]) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_ok(capsys, argv: list[str]) -> str:
+    code, out, err = run(capsys, argv)
+    assert code == 0, err
+    assert err == ""
+    return out
+
+
+def csv_rows(out: str) -> list[dict[str, str]]:
+    return list(csv.DictReader(io.StringIO(out)))
+
+
+def f(row: dict[str, str], key: str) -> float:
+    return float(row[key])
+
+
+def layout_key(row: dict[str, str]) -> tuple[str, ...]:
+    return tuple(row[c] for c in LAYOUT)
+
+
+# --------------------------------------------------------------------------------------------
+# goldens
+
+
+@pytest.mark.parametrize("fmt", ["csv", "markdown"])
+@pytest.mark.parametrize("argv", [D24_MI300X, GPT2_H100_COST], ids=["d24-mi300x-8", "gpt2-h100-8-16-cost"])
+def test_golden_plan(capsys, snapshot, argv, fmt):
+    assert run_ok(capsys, [*argv, "--format", fmt]) == snapshot
+
+
+# --------------------------------------------------------------------------------------------
+# hand facts about the goldens
+
+
+def test_d24_top_row_is_dp8_zero1_native(capsys):
+    """d24 on 8 MI300X: 1,048,576 tokens/step = 512 sequences of 2048; dp 8 -> 64 each, micro-batch 64 x 1;
+    nanochat's sharded optimizer is ZeRO-1 memory, so the top row is pure DP at ZeRO-1 (the native setup)."""
+    rows = csv_rows(run_ok(capsys, [*D24_MI300X, "--format", "csv"]))
+    top = rows[0]
+    assert (top["gpus"], top["dp"], top["tp"], top["pp"], top["zero"], top["family"]) == ("8", "8", "1", "1", "1",
+                                                                                        "pure DP")
+    assert (top["micro_batch"], top["accum"], top["recompute"], top["schedule"]) == ("64", "1", "none", "-")
+    for r in rows:
+        assert int(r["dp"]) * int(r["micro_batch"]) * int(r["accum"]) * 2048 == 1_048_576
+        assert int(r["dp"]) * int(r["tp"]) * int(r["pp"]) == 8
+        assert f(r, "memory_gib") <= 0.95 * 192  # mi300x usable memory, default headroom
+    # 12 heads, 24 layers: tp in {1, 2, 4}; pp in {1, 2, 4, 8}
+    assert {r["tp"] for r in rows} == {"1", "2", "4"}
+    assert {r["pp"] for r in rows} == {"1", "2", "4", "8"}
+    # the markdown title counts the csv's rows; its choice is the csv's first row
+    md = run_ok(capsys, [*D24_MI300X, "--format", "markdown"])
+    assert f"best 10 of {len(rows):,} layouts that fit" in md
+    assert "- Choice: 8x mi300x, dp 8, ZeRO-1 (native), micro-batch 64 x 1, flash-attn-ck:" in md
+    assert "- +TP loses:" in md and "tensor-parallel all-reduces" in md and "- +PP loses:" in md
+
+
+def test_gpt2_cost_top_row_is_within_the_tie_of_the_cheapest(capsys):
+    """gpt2 (nanoGPT recipe: 491,520 tokens/step = 480 sequences of 1024; DDP native) on 8 and 16 H100,
+    ranked by cost: the first row is within 2% of the cheapest, and the simplest among those."""
+    rows = csv_rows(run_ok(capsys, [*GPT2_H100_COST, "--format", "csv"]))
+    assert {r["gpus"] for r in rows} == {"8", "16"}
+    cheapest = min(f(r, "cost_usd") for r in rows)
+    top = rows[0]
+    assert f(top, "cost_usd") <= cheapest * (1 + TIE)
+    assert (top["gpus"], top["dp"], top["tp"], top["pp"], top["zero"], top["family"]) == ("8", "8", "1", "1", "0",
+                                                                                        "pure DP")
+    for r in rows:
+        assert int(r["dp"]) * int(r["micro_batch"]) * int(r["accum"]) * 1024 == 491_520
+    near = [r for r in rows if f(r, "cost_usd") <= cheapest * (1 + TIE)]
+    rest = [f(r, "cost_usd") for r in rows[len(near):]]
+    assert rows[:len(near)] == near and rest == sorted(rest)
+    md = run_ok(capsys, [*GPT2_H100_COST, "--format", "markdown"])
+    assert "best 5 of" in md and md.count("\n| h100-sxm |") == 5
+
+
+def test_price_flag_bills_per_gpu(capsys, frozen_today):
+    """--price 2: every row costs 2 x GPUs x wall-clock hours (billed per GPU); no date in the csv."""
+    out = run_ok(capsys, [*D24_MI300X, "--price", "2", "--format", "csv"])
+    for r in csv_rows(out):
+        assert f(r, "cost_usd") == pytest.approx(2 * 8 * f(r, "wall_clock_h"), rel=1e-12)
+    assert "2026-06-01" not in out
+
+
+# --------------------------------------------------------------------------------------------
+# --deadline and --budget
+
+
+@pytest.fixture(scope="module")
+def d24_rows() -> list[dict[str, str]]:
+    """Every kept layout of D24_MI300X (a module fixture cannot use capsys)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main([*D24_MI300X, "--format", "csv"]) == 0
+    return csv_rows(out.getvalue())
+
+
+def test_budget_keeps_rows_within_it_ranked_by_time(capsys, d24_rows):
+    costs = sorted(f(r, "cost_usd") for r in d24_rows)
+    budget = costs[len(costs) // 2]
+    rows = csv_rows(run_ok(capsys, [*D24_MI300X, "--budget", repr(budget), "--format", "csv"]))
+    assert 0 < len(rows) < len(d24_rows)
+    assert all(f(r, "cost_usd") <= budget for r in rows)
+    assert {layout_key(r) for r in rows} == {layout_key(r) for r in d24_rows if f(r, "cost_usd") <= budget}
+    fastest = min(f(r, "wall_clock_h") for r in rows)
+    assert f(rows[0], "wall_clock_h") <= fastest * (1 + TIE)
+
+
+def test_deadline_keeps_rows_within_it_ranked_by_cost(capsys, d24_rows):
+    hours = sorted(f(r, "wall_clock_h") for r in d24_rows)
+    deadline = hours[len(hours) // 2]
+    rows = csv_rows(run_ok(capsys, [*D24_MI300X, "--deadline", repr(deadline), "--format", "csv"]))
+    assert 0 < len(rows) < len(d24_rows)
+    assert all(f(r, "wall_clock_h") <= deadline for r in rows)
+    cheapest = min(f(r, "cost_usd") for r in rows)
+    assert f(rows[0], "cost_usd") <= cheapest * (1 + TIE)
+
+
+def test_deadline_below_every_layout_warns_and_still_ranks(capsys, d24_rows):
+    fastest = min(f(r, "wall_clock_h") for r in d24_rows)
+    deadline = fastest / 10
+    code, out, err = run(capsys, [*D24_MI300X, "--deadline", repr(deadline), "--format", "markdown"])
+    assert code == 0
+    assert f"no layout finishes within {deadline:g} h; ranked by time instead" in out + err
+    assert "- Choice: 8x mi300x, dp 8, ZeRO-1 (native)" in out
+    code, out, err = run(capsys, [*D24_MI300X, "--deadline", repr(deadline), "--format", "csv"])
+    assert code == 0 and err.startswith("warning: no layout finishes")  # data on stdout, the warning on stderr
+    rows = csv_rows(out)
+    assert len(rows) == len(d24_rows)
+    assert f(rows[0], "wall_clock_h") <= fastest * (1 + TIE)
+
+
+def test_budget_below_every_layout_warns_and_ranks_by_cost(capsys, d24_rows):
+    code, out, err = run(capsys, [*D24_MI300X, "--budget", "1", "--format", "markdown"])
+    assert code == 0
+    assert "no layout costs at most $1; ranked by cost instead" in out + err
+    code, out, err = run(capsys, [*D24_MI300X, "--budget", "1", "--format", "csv"])
+    assert code == 0 and err.startswith("warning: no layout costs")
+    rows = csv_rows(out)
+    assert len(rows) == len(d24_rows)
+    assert f(rows[0], "cost_usd") <= min(f(r, "cost_usd") for r in rows) * (1 + TIE)
+
+
+# --------------------------------------------------------------------------------------------
+# errors: one line on stderr, `error: ...`, naming the flag; exit 1 (ddplan error) or 2 (usage)
+
+
+def fails(capsys, argv: list[str]) -> tuple[int, str]:
+    code, out, err = run(capsys, argv)
+    assert code in (1, 2), (code, err)
+    assert out == ""
+    assert "Traceback" not in err and "internal error" not in err
+    assert err.endswith("\n") and err.count("\n") == 1, f"not one line: {err!r}"
+    assert err.startswith("error: ")
+    return code, err.rstrip("\n")
+
+
+@pytest.mark.parametrize("extra, flag, code", [
+    (["--gpus", "0"], "--gpus", 2),
+    (["--objective", "speed"], "--objective", 2),
+    (["--headroom", "1.5"], "--headroom", 2),
+    (["--plot", "out.jpg"], "--plot", 2),
+    (["--hardware", "mi300x,h999"], "--hardware", 1),
+    (["--top", "0"], "--top", 2),
+    (["--budget", "-3"], "--budget", 2),
+], ids=["gpus-0", "objective-speed", "headroom-1.5", "plot-jpg", "hardware-unknown-in-list", "top-0", "budget-neg"])
+def test_errors_name_the_flag(capsys, extra, flag, code):
+    got, line = fails(capsys, ["plan", "--model", "d24", *extra])
+    assert got == code
+    assert flag in line
+
+
+def test_unknown_hardware_in_a_list_is_named(capsys):
+    _, line = fails(capsys, ["plan", "--model", "d24", "--hardware", "mi300x,h999"])
+    assert "'h999'" in line and "mi300x" in line  # the built-ins are listed
+
+
+def test_plot_jpg_refused_before_any_work(capsys, tmp_path):
+    _, line = fails(capsys, ["plan", "--model", "d24", "--plot", str(tmp_path / "out.jpg")])
+    assert ".png or .svg" in line
+    assert not (tmp_path / "out.jpg").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# --plot and --format json
+
+
+def test_plot_writes_a_png(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "plan.png"
+    run_ok(capsys, ["plan", "--model", "d24", "--gpus", "4,8", "--format", "csv", "--plot", str(path)])
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_json_has_rows_pareto_reasons(capsys, d24_rows):
+    data = json.loads(run_ok(capsys, [*D24_MI300X, "--top", "3", "--format", "json"]))
+    assert {"rows", "pareto", "reasons", "warnings", "considered", "rejected"} <= set(data)
+    assert len(data["rows"]) == 3
+    top = data["rows"][0]
+    assert (top["dp"], top["tp"], top["pp"], top["zero"], top["native"]) == (8, 1, 1, 1, True)
+    assert data["pareto"] and all({"wall_clock_h", "cost_usd"} <= set(p) for p in data["pareto"])
+    assert data["reasons"][0].startswith("Choice: 8x mi300x, dp 8, ZeRO-1 (native)")
+    assert data["warnings"] == []
+    assert data["considered"] == len(d24_rows) + sum(data["rejected"].values())  # rows: the top 3 of all kept
+    for p in data["pareto"]:  # nothing on the front is beaten on both axes by a listed row
+        assert not any(r["wall_clock_h"] < p["wall_clock_h"] and r["cost_usd"] < p["cost_usd"] for r in data["rows"])
+
+
+# --------------------------------------------------------------------------------------------
+# bugs found (strict xfails)
+
+
+def test_total_batch_below_seq_len_is_a_usage_error(capsys):
+    _, line = fails(capsys, ["plan", "--model", "d24", "--gpus", "1,2", "--total-batch-size", "1000"])
+    assert "--total-batch-size" in line
+
+
+def test_csv_deadline_warning_reaches_stderr(capsys):
+    code, _, err = run(capsys, [*D24_MI300X, "--deadline", "0.1", "--format", "csv"])
+    assert code == 0
+    assert "no layout finishes within 0.1 h" in err
