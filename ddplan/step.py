@@ -191,7 +191,9 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
 
     bubble = pipeline.bubble_time_s(compute + tp_s, p, accum, layout.pp_virtual_stages) if p > 1 else 0.0
     if p > 1:  # activations to the next stage and gradients back, per micro-batch, not overlapped
-        tier = comm.tier_for(hw, "all_gather", 2, efficiency=comm_efficiency)
+        # stages sit in one node while tp x pp fits in it, else neighbouring stages cross the NICs
+        crosses = layout.tp * layout.pp > hw.gpus_per_node
+        tier = comm.tier_for(hw, "all_gather", hw.gpus_per_node + 1 if crosses else 2, efficiency=comm_efficiency)
         sent = pipeline.p2p_bytes_per_microbatch(layout.micro_batch, anatomy.seq_len, a.d_model, e) / layout.tp
         bubble += accum * 2 * (sent / tier.busbw_bytes_per_s + tier.latency_s)
 
