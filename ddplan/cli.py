@@ -156,7 +156,8 @@ def memory_cmd(
             f"{matches[0]['attention']}, {matches[0]['recompute']}, {matches[0]['predicted_gb']:.1f} GB)") + ".")
     title = (f"{spec.name} on {gpus * tp * pp} x {hw.name} (dp {dp}, tp {tp}, pp {pp}), device batch {mb} x "
              f"{spec.recipe.seq_len}, {layout.attention}, recompute {layout.recompute}, "
-             f"{'compiled' if layout.compiled else 'eager'}: memory per GPU (GiB = 2^30 bytes)")
+             f"{'compiled' if layout.compiled else 'eager'}: memory per GPU (GiB = 2^30 bytes; fits = at most "
+             f"95% of usable)")
     if format is Format.json:
         import json
 
@@ -296,11 +297,16 @@ def table_cmd(
         return
     if format is Format.csv:
         render.echo(render.table(result.rows, "csv"))
+        _warn(sorted(set(result.warnings)))
         return
     render.echo(render.table(render.decision_rows(result.rows), format.value, title=title))
+    render.echo(render.lines([
+        "Columns: step_s = compute_s (attention included: attn_s) + exposed comm_s + optim_s (+ pipeline bubble); "
+        "band = every efficiency at the slow and fast ends of its range; basis: measured | fitted (derived from "
+        "a measurement) | model (assumptions only); '!' = flagged, see the warnings on stderr."], format.value))
     render.echo(render.lines(["Verdict:"] + result.verdict, format.value))
     if result.warnings:
-        render.echo(render.lines(["Warnings:"] + sorted(set(result.warnings)), format.value))
+        _warn(sorted(set(result.warnings)))
     render.echo(render.lines(["Assumptions:"] + result.assumptions, format.value))
 
 
@@ -506,17 +512,16 @@ def plan_cmd(
                  f"{result.rejected['divisibility']:,} divisibility, {result.rejected['dominated']:,} dominated "
                  f"by less recompute), by {objective.value}")
         if shown:
-            render.echo(render.table(shown, format.value, title=title, digits=3))
+            render.echo(render.table(shown, format.value, title=title, digits=2))
         render.echo(render.lines(["Why:"] + result.reasons, format.value))
         if result.pareto:
             render.echo(render.lines(["Pareto front (time vs cost):"] + [
                 f"{describe(r)}: {r['wall_clock_h']:.1f} h, ${r['cost_usd']:,.0f}" for r in result.pareto[:8]],
                 format.value))
         if result.warnings:
-            render.echo(render.lines(["Warnings:"] + result.warnings, format.value))
+            _warn(result.warnings)
     if format in (Format.csv, Format.json):  # data on stdout; warnings still reach the user
-        for w in result.warnings:
-            print(f"warning: {w}", file=sys.stderr)
+        _warn(result.warnings)
     if plot and result.pareto:
         from ddplan.plot import plot_scenarios
 
@@ -546,6 +551,12 @@ def _int_list(text: str, flag: str, allowed: tuple[int, ...] | None = None) -> l
         allowed_text = ", ".join(map(str, allowed)) if allowed else "positive integers"
         raise UsageError(f"invalid values {bad}; allowed: {allowed_text}", field=flag)
     return values
+
+
+def _warn(warnings: list[str]) -> None:
+    """Warnings go to stderr, one line each: stdout carries the result only."""
+    for w in warnings:
+        print("warning: " + " ".join(w.split()), file=sys.stderr)
 
 
 def _check_plot_path(path: str | None) -> None:

@@ -209,6 +209,12 @@ def collective_time_s(collective: Collective, size_bytes: float, n: int, tier: T
     steps = ring_latency_steps(collective, n)
     if n == 1 or size_bytes == 0:
         return 0.0
+    if tier.name == "inter_node":
+        # across nodes NCCL/RCCL do not pay 2(n-1) network latencies: they switch to trees (all-reduce)
+        # and logarithmic algorithms (PAT for reduce-scatter/all-gather) when latency dominates, so the
+        # latency term is capped at 2 ceil(log2 n) steps (NCCL src/graph/tuning.cc picks the algorithm
+        # by this kind of alpha-beta cost; the bandwidth term keeps the ring's factor)
+        steps = min(steps, 2 * math.ceil(math.log2(n)))
     return tier.latency_s * steps + size_bytes * bus_factor(collective, n) / tier.busbw_bytes_per_s
 
 

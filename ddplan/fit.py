@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from ddplan.anatomy import build_anatomy
 from ddplan.errors import LayoutError, UsageError
 from ddplan.layout import NATIVE_ZERO, Layout, check_layout
-from ddplan.memory import MemoryAssumptions, MemoryBreakdown, memory_per_gpu
+from ddplan.memory import HEADROOM, MemoryAssumptions, MemoryBreakdown, memory_per_gpu
 from ddplan.specs import HardwareSpec, ModelSpec
 from ddplan.units import GB, GiB
 
@@ -79,28 +79,31 @@ def alternatives(spec: ModelSpec, hw: HardwareSpec, setup: Setup,
     out = []
     base = setup.layout
 
+    limit = (1 - HEADROOM) * hw.memory.usable_bytes
+
     def total(layout: Layout) -> float:
         return breakdown(spec, hw, replace(setup, layout=layout), assumptions).total
 
     mb = base.micro_batch // 2
     while mb >= 1:
         t = total(replace(base, micro_batch=mb, grad_accum=base.grad_accum * base.micro_batch // mb))
-        if t <= hw.memory.usable_bytes or mb == 1:
+        if t <= limit or mb == 1:
             out.append((f"device batch {mb} (accumulation x{base.micro_batch // mb})", t / GiB,
-                        t <= hw.memory.usable_bytes))
+                        t <= limit))
             break
         mb //= 2
     for rc in ("selective", "full"):
         if rc != base.recompute:
             t = total(replace(base, recompute=rc))
-            out.append((f"recompute {rc}", t / GiB, t <= hw.memory.usable_bytes))
+            out.append((f"recompute {rc}", t / GiB, t <= limit))
     for impl in hw.attention:
         if impl.name != base.attention:
             t = total(replace(base, attention=impl.name))
-            out.append((f"attention {impl.name}", t / GiB, t <= hw.memory.usable_bytes))
+            out.append((f"attention {impl.name}", t / GiB, t <= limit))
     if base.zero != 3 and base.dp > 1:
         t = total(replace(base, zero=3))
-        out.append(("ZeRO-3 / FSDP", t / GiB, t <= hw.memory.usable_bytes))
+        other = "" if NATIVE_ZERO[spec.recipe.distribution] == 3 else " (needs another training setup)"
+        out.append((f"ZeRO-3 / FSDP{other}", t / GiB, t <= limit))
     for axis in ("tp", "pp"):
         degree = 2
         while degree <= hw.gpus_per_node:
@@ -110,7 +113,7 @@ def alternatives(spec: ModelSpec, hw: HardwareSpec, setup: Setup,
             except LayoutError:
                 break
             t = total(layout)
-            if t <= hw.memory.usable_bytes:
+            if t <= limit:
                 out.append((f"{axis}={degree}", t / GiB, True))
                 break
             degree *= 2

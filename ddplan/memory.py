@@ -18,8 +18,9 @@ from ddplan.anatomy import Anatomy, muon_matrices
 from ddplan.params import param_counts
 from ddplan.specs import ModelSpec
 from ddplan.layout import Layout
-from ddplan.units import GiB, MB, dtype_bytes
+from ddplan.units import GiB, MiB, dtype_bytes
 
+HEADROOM = 0.05  # a setup "fits" when it leaves 5% of usable memory free (assumed; --headroom in plan)
 EMBEDDING_GROUPS = ("wte", "wpe", "smear_gate")  # live on the first pipeline stage
 HEAD_GROUPS = ("lm_head",)  # lives on the last pipeline stage
 
@@ -32,8 +33,8 @@ class MemoryAssumptions:
       (assumed; PyTorch docs "CUDA semantics: memory management" note the context is outside the
       caching allocator's statistics). allocator_fraction: caching-allocator rounding and
       fragmentation as a fraction of the activation peak (assumed 5%; expandable_segments, which
-      nanochat sets, keeps it low). bucket_mb: DDP gradient bucket, torch DDP `bucket_cap_mb`
-      default 25 (torch.nn.parallel.DistributedDataParallel docs); two buckets in flight.
+      nanochat sets, keeps it low). bucket_mb: a ZeRO-1 reduce bucket in MiB (25, as torch DDP's
+      `bucket_cap_mb`); two in flight. DDP itself holds a full bucket copy of the gradients.
       comm_gib: NCCL/RCCL internal buffers when dp > 1 (assumed: NCCL_BUFFSIZE 4 MiB x channels x peers).
     """
 
@@ -58,7 +59,8 @@ class MemoryBreakdown:
 
     @property
     def fits(self) -> bool:
-        return self.total <= self.capacity
+        """Fits with HEADROOM of usable memory left free (fragmentation, spikes, other processes)."""
+        return self.total <= (1 - HEADROOM) * self.capacity
 
     @property
     def headroom(self) -> float:
@@ -184,8 +186,12 @@ def memory_per_gpu(spec: ModelSpec, layout: Layout, anatomy: Anatomy, capacity_b
     comm = 0.0
     if layout.dp > 1 or layout.tp > 1 or layout.pp > 1:
         comm += assumptions.comm_gib * GiB
-    if layout.dp > 1 and layout.zero <= 1 and spec.recipe.distribution in ("ddp", "zero1"):
-        comm += 2 * assumptions.bucket_mb * MB
+    if layout.dp > 1 and layout.zero == 0:
+        # torch DDP's reducer keeps its buckets apart from .grad (gradient_as_bucket_view=False, the
+        # default): one more copy of every gradient (DistributedDataParallel docs)
+        comm += sum(states["gradients"].values())
+    elif layout.dp > 1 and layout.zero == 1 and spec.recipe.distribution == "zero1":
+        comm += 2 * assumptions.bucket_mb * MiB
     if layout.zero == 3 and layout.dp > 1:
         # two FSDP units (the current layer and the prefetched next) gathered in compute dtype
         per_layer = sum(states["params"].values()) * layout.dp / max(1, spec.architecture.num_layers)

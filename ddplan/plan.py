@@ -126,9 +126,15 @@ def _layout(spec: ModelSpec, gpus: int, mb: int, total_batch: int, table: Table 
         if bigger > CRITICAL_BATCH_WARN * total_batch:
             note += ", past the recipe's batch: beware the critical batch size (McCandlish et al. 2018)"
         return small, 1, total_batch, note
+    if per_step > total_batch:  # even one sequence per GPU overshoots: the smallest device batch that covers it
+        mb = max(1, -(-total_batch // (gpus * seq)))
+        per_step = gpus * mb * seq
     accum = -(-total_batch // per_step)
-    return mb, accum, accum * per_step, (f"total batch {total_batch:,} does not split over {gpus} GPUs x {mb} x "
-                                          f"{seq}: rounded up to {accum * per_step:,} tokens")
+    note = (f"total batch {total_batch:,} does not split over {gpus} GPUs x {mb} x {seq}: rounded up to "
+            f"{accum * per_step:,} tokens (a token budget then takes fewer steps)")
+    if accum * per_step > CRITICAL_BATCH_WARN * total_batch:
+        note += "; far past the recipe's batch: beware the critical batch size (McCandlish et al. 2018)"
+    return mb, accum, accum * per_step, note
 
 
 def _config_rates(hw: HardwareSpec, attention: str, scenario: str, calibration: CalibrationSpec | None,
@@ -283,6 +289,9 @@ def _row(req: TableRequest, sc: _Scenario, total_batch: int, mb0: int, steps: in
     flags = []
     if note:
         table.warnings.append(note)
+    budget = req.budget or spec.recipe.budget
+    if batch != total_batch and budget.steps is None:  # a token budget: a larger batch means fewer steps
+        steps = run.steps_for(spec, budget, batch)
     if req.device_batch_size is None:  # not pinned by the user: the largest device batch that fits
         fitted = _largest_fitting_micro_batch(req, sc, mb, compiled)
         if fitted != mb:
@@ -304,7 +313,7 @@ def _row(req: TableRequest, sc: _Scenario, total_batch: int, mb0: int, steps: in
         basis = "fitted"
         if (measured and sc.gpus == measured.gpus and sc.attention == measured.attention
                 and sc.window == (measured.window_pattern or spec.architecture.window_pattern)
-                and mb == measured.device_batch_size):
+                and mb == measured.device_batch_size and batch == measured.total_batch_tokens):
             basis, step_s, lo_s, hi_s = "measured", measured.step_time_s, measured.step_time_s, measured.step_time_s
     mem = breakdown(spec, hw, Setup(layout=layout, window_pattern=sc.window))
     if not mem.fits:
@@ -323,13 +332,11 @@ def _row(req: TableRequest, sc: _Scenario, total_batch: int, mb0: int, steps: in
     arch = spec.architecture.model_copy(update={"window_pattern": sc.window})
     fpt = nanochat_flops_per_token(arch, spec.recipe.seq_len)
     peak = hw.peak.flops_per_s(spec.dtypes.compute)
-    o = req.overheads
-    every, eval_tokens = _eval_cadence(spec, o)
-    eval_s = run.evaluations(steps, every) * -(-eval_tokens // (sc.gpus * mb * spec.recipe.seq_len)) * st.fwd_s
-    ckpt_bytes = (mem.terms["params"] + mem.terms["optimizer"]) * sc.gpus
-    n_ckpt = 1 + (steps // o.checkpoint_every_steps if o.checkpoint_every_steps else 0)
-    ckpt_s = n_ckpt * ckpt_bytes / (o.checkpoint_gbyte_per_s * 1e9 * -(-sc.gpus // hw.gpus_per_node))
-    outside = o.startup_s + eval_s + ckpt_s
+    every, eval_tokens = _eval_cadence(spec, req.overheads)
+    outside = run.outside_steps_s(req.overheads, steps=steps, eval_every=every, eval_tokens=eval_tokens,
+                                  tokens_per_forward=sc.gpus * mb * spec.recipe.seq_len, forward_s=st.fwd_s,
+                                  checkpoint_bytes=(mem.terms["params"] + mem.terms["optimizer"]) * sc.gpus,
+                                  nodes=-(-sc.gpus // hw.gpus_per_node))
     wall = {k: steps * v + outside for k, v in (("value", step_s), ("low", lo_s), ("high", hi_s))}  # low: fast end
     cost = {k: run.cost_usd(price, sc.gpus, hw.gpus_per_node, run.hours(v)) for k, v in wall.items()}
     return {
@@ -379,7 +386,14 @@ def _verdict(req: TableRequest, table: Table, price: Price) -> None:
     rows = [r for r in table.rows if r["fits"] and "implausible" not in r["flags"]
             and "power of two" not in r["flags"]]
     if not rows:
-        table.verdict.append("No row fits in memory and is plausible: see `ddplan memory` for what would fit.")
+        why = []
+        if any("power of two" in r["flags"] for r in table.rows):
+            why.append(f"{req.model.name} needs a power-of-two world size")
+        if any(not r["fits"] for r in table.rows):
+            why.append("some rows do not fit in memory (see `ddplan memory`)")
+        if any("implausible" in r["flags"] for r in table.rows):
+            why.append("some rows are implausible")
+        table.verdict.append("No row can run as given: " + "; ".join(why or ["see the warnings"]) + ".")
         return
     g0 = min(r["gpus"] for r in rows)
     base = _baseline(req, rows, g0)
@@ -433,7 +447,8 @@ def _baseline(req: TableRequest, rows: list[dict], g0: int) -> dict:
 def _assumptions(req: TableRequest, hw: HardwareSpec, compiled: bool, steps: int, total_batch: int,
                  budget: Budget, price: Price, knob: str | None, factors: dict[str, float]) -> list[str]:
     spec, o = req.model, req.overheads
-    how = ("given" if budget.steps else f"{budget.tokens:,} tokens" if budget.tokens
+    how = ("given" if req.budget and req.budget.steps else "the recipe's step budget" if budget.steps
+           else f"{budget.tokens:,} tokens" if budget.tokens
            else f"param:data ratio {budget.param_data_ratio:g} x {budget.ratio_params} params")
     every, tokens = _eval_cadence(spec, o)
     evals = f"evaluation every {every:,} steps of {tokens:,} tokens (forward only)" if every and tokens else \

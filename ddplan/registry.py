@@ -161,6 +161,8 @@ def load_model(name: str) -> ModelSpec:
     if depth is not None and name.lower() not in _builtins("models"):
         from ddplan.nanochat import nanochat_spec  # the depth rule, for depths not shipped
 
+        if depth < 1:
+            raise SpecError(f"nanochat depth must be at least 1, got {name!r}", field="--model")
         return nanochat_spec(depth)
     path = _resolve("models", name, "--model")
     return validate(ModelSpec, read_yaml(path), str(path))

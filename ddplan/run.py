@@ -59,3 +59,19 @@ def cost_usd(price: Price, num_gpus: int, gpus_per_node: int, hours: float) -> f
 
 def hours(seconds: float) -> float:
     return seconds / HOUR
+
+
+def outside_steps_s(o: RunOverheads, *, steps: int, eval_every: int, eval_tokens: int, tokens_per_forward: int,
+                    forward_s: float, checkpoint_bytes: float, nodes: int) -> float:
+    """Seconds outside training steps: start-up + evaluations (forward only) + checkpoints.
+
+    Evaluations: as many forward micro-batches as the eval tokens need, at the step's forward time;
+    checkpoints: model + optimizer state written at checkpoint_gbyte_per_s per node (every node writes
+    its share), at the end and every checkpoint_every_steps.
+    """
+    if tokens_per_forward <= 0 or nodes <= 0:
+        raise ValueError(f"tokens_per_forward and nodes must be positive, got {tokens_per_forward}, {nodes}")
+    eval_s = evaluations(steps, eval_every) * -(-eval_tokens // tokens_per_forward) * forward_s
+    n_ckpt = 1 + (steps // o.checkpoint_every_steps if o.checkpoint_every_steps else 0)
+    ckpt_s = n_ckpt * checkpoint_bytes / (o.checkpoint_gbyte_per_s * 1e9 * nodes)
+    return o.startup_s + eval_s + ckpt_s

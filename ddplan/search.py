@@ -18,7 +18,7 @@ from ddplan.errors import LayoutError, UsageError
 from ddplan.flops import nanochat_flops_per_token
 from ddplan.layout import NATIVE_ZERO, Layout, check_layout
 from ddplan.memory import MemoryAssumptions, memory_per_gpu, model_states
-from ddplan.plan import calibrated_rates, comm_points
+from ddplan.plan import _eval_cadence, calibrated_rates, comm_points
 from ddplan.roofline import Rates, rates
 from ddplan.specs import HardwareSpec, ModelSpec, Price
 from ddplan.step import step_time
@@ -165,7 +165,13 @@ class _Evaluator:
                                     comm_efficiency=scen, comm_points=self.points, memo=self.memo)
         st = times["value"]
         o = self.req.overheads
-        outside = o.startup_s
+        every, eval_tokens = _eval_cadence(self.spec, o)
+        states = self.states[(layout.dp, layout.tp, layout.pp, layout.zero)]  # filled by mem_gib
+        outside = run.outside_steps_s(
+            o, steps=steps, eval_every=every, eval_tokens=eval_tokens,
+            tokens_per_forward=layout.dp * layout.micro_batch * self.spec.recipe.seq_len, forward_s=st.fwd_s,
+            checkpoint_bytes=(sum(states["params"].values()) + sum(states["optimizer"].values())) * gpus,
+            nodes=-(-gpus // self.hw.gpus_per_node))
         wall = {k: run.hours(steps * v.total_s + outside) for k, v in times.items()}
         cost = {k: run.cost_usd(self.price, gpus, self.hw.gpus_per_node, h) for k, h in wall.items()}
         peak = self.hw.peak.flops_per_s(self.spec.dtypes.compute)

@@ -85,6 +85,8 @@ def grad_sync_buffers(spec: ModelSpec, layout: Layout) -> list[tuple[str, float]
         else:  # ZeRO / FSDP gather the parameters in the compute dtype (mixed precision), not the masters
             cb = dtype_bytes(dt.compute)
             out += [("reduce_scatter", counts[group] * gb * share), ("all_gather", counts[group] * cb * share)]
+            if algo == "muon":  # Newton-Schulz needs whole matrices: gather the reduced gradient shards back
+                out.append(("all_gather", counts[group] * gb * share))
     return out
 
 
@@ -195,7 +197,9 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
         crosses = layout.tp * layout.pp > hw.gpus_per_node
         tier = comm.tier_for(hw, "all_gather", hw.gpus_per_node + 1 if crosses else 2, efficiency=comm_efficiency)
         sent = pipeline.p2p_bytes_per_microbatch(layout.micro_batch, anatomy.seq_len, a.d_model, e) / layout.tp
-        bubble += accum * 2 * (sent / tier.busbw_bytes_per_s + tier.latency_s)
+        # interleaving multiplies the stage boundaries each micro-batch crosses by v (Narayanan et al.
+        # arXiv 2104.04473 sec. 2.2.2)
+        bubble += accum * 2 * layout.pp_virtual_stages * (sent / tier.busbw_bytes_per_s + tier.latency_s)
 
     opt_key = ("opt", id(r), dp_policy(spec, layout), layout.dp, layout.tp, layout.pp)
     if opt_key not in memo:

@@ -279,7 +279,8 @@ def _p2p_s(model, layout):
     a = spec.architecture
     tier = comm.tier_for(hw, "all_gather", 2)
     sent = layout.micro_batch * spec.recipe.seq_len * a.d_model * 2 / layout.tp
-    return layout.grad_accum * 2 * (sent / tier.busbw_bytes_per_s + tier.latency_s)
+    # interleaving: each micro-batch crosses v times as many stage boundaries (Narayanan et al. sec. 2.2.2)
+    return layout.grad_accum * 2 * layout.pp_virtual_stages * (sent / tier.busbw_bytes_per_s + tier.latency_s)
 
 
 @pytest.mark.parametrize("pp, m, v, tp", [(2, 8, 1, 1), (4, 8, 1, 1), (2, 4, 1, 2), (2, 8, 2, 1), (3, 6, 1, 1)])
