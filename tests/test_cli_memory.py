@@ -7,40 +7,16 @@ diff as a change of behaviour.
 
 from __future__ import annotations
 
-import csv
-import io
 
 import pytest
-from syrupy.extensions.amber import AmberSnapshotExtension
 
-from ddplan import cli
+
+from cli_helpers import run_ok, fails, csv_rows
 
 D24_8 = ["memory", "--model", "d24", "--gpus", "8"]
 D24_PEAK = ["memory", "--model", "d24", "--window-pattern", "L", "--measured-peak", "105"]
 LLAMA70_H100 = ["memory", "--model", "llama-3-70b", "--hardware", "h100-sxm", "--gpus", "8"]
 MODEL_STATES = ("params_gib", "gradients_gib", "optimizer_gib")
-
-
-class Golden(AmberSnapshotExtension):
-    snapshot_dirname = "golden"
-
-
-@pytest.fixture
-def snapshot(snapshot):
-    return snapshot.use_extension(Golden)
-
-
-def run_ok(capsys, argv: list[str]) -> str:
-    code = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    assert code == 0, err
-    # a successful run prints its result on stdout; stderr holds at most warnings, one line each
-    assert all(line.startswith("warning: ") for line in err.splitlines()), err
-    return out
-
-
-def csv_rows(out: str) -> list[dict[str, str]]:
-    return list(csv.DictReader(io.StringIO(out)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -156,17 +132,6 @@ def test_one_rank_verdict_says_stages_do_not_differ(capsys):
 # errors: one line on stderr, exit 1 (ddplan error) or 2 (usage)
 
 
-def fails(capsys, argv: list[str]) -> str:
-    code = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    assert code in (1, 2), (code, err)
-    assert out == ""
-    assert "Traceback" not in err
-    assert err.endswith("\n") and err.count("\n") == 1, f"not one line: {err!r}"
-    assert err.startswith("error: ")
-    return err.rstrip("\n")
-
-
 @pytest.mark.parametrize("extra, words", [
     (["--zero", "5"], ("--zero", "0, 1, 2, 3")),
     (["--gpus", "-1"], ("--gpus", "-1")),
@@ -174,6 +139,6 @@ def fails(capsys, argv: list[str]) -> str:
     (["--tp", "5"], ("tp=5", "num_heads=12")),
 ], ids=["zero-5", "gpus-negative", "attention-unknown", "tp-not-dividing-heads"])
 def test_errors_are_one_line(capsys, extra, words):
-    line = fails(capsys, ["memory", "--model", "d24", *extra])
+    _, line = fails(capsys, ["memory", "--model", "d24", *extra])
     for w in words:
         assert w in line, line

@@ -9,64 +9,21 @@ gives --price freezes `datetime.date.today` as tests/test_cli_table.py does.
 from __future__ import annotations
 
 import contextlib
-import csv
-import datetime
 import io
 import json
 
 import pytest
-from syrupy.extensions.amber import AmberSnapshotExtension
 
 from ddplan import cli
 from ddplan.search import TIE
+
+from cli_helpers import run, run_ok, fails, csv_rows, f
 
 D24_MI300X = ["plan", "--model", "d24", "--hardware", "mi300x", "--gpus", "8"]
 GPT2_H100_COST = ["plan", "--model", "gpt2", "--hardware", "h100-sxm", "--gpus", "8,16", "--objective", "cost",
                   "--top", "5"]
 LAYOUT = ("hardware", "gpus", "dp", "tp", "pp", "zero", "micro_batch", "accum", "attention", "recompute", "schedule")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-class Golden(AmberSnapshotExtension):
-    snapshot_dirname = "golden"
-
-
-@pytest.fixture
-def snapshot(snapshot):
-    return snapshot.use_extension(Golden)
-
-
-class _FrozenDate(datetime.date):
-    @classmethod
-    def today(cls) -> datetime.date:
-        return cls(2026, 6, 1)
-
-
-@pytest.fixture
-def frozen_today(monkeypatch):
-    monkeypatch.setattr(datetime, "date", _FrozenDate)
-
-
-def run(capsys, argv: list[str]) -> tuple[int, str, str]:
-    code = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def run_ok(capsys, argv: list[str]) -> str:
-    code, out, err = run(capsys, argv)
-    assert code == 0, err
-    # a successful run prints its result on stdout; stderr holds at most warnings, one line each
-    assert all(line.startswith("warning: ") for line in err.splitlines()), err
-    return out
-
-
-def csv_rows(out: str) -> list[dict[str, str]]:
-    return list(csv.DictReader(io.StringIO(out)))
-
-
-def f(row: dict[str, str], key: str) -> float:
-    return float(row[key])
 
 
 def layout_key(row: dict[str, str]) -> tuple[str, ...]:
@@ -197,16 +154,6 @@ def test_budget_below_every_layout_warns_and_ranks_by_cost(capsys, d24_rows):
 
 # --------------------------------------------------------------------------------------------
 # errors: one line on stderr, `error: ...`, naming the flag; exit 1 (ddplan error) or 2 (usage)
-
-
-def fails(capsys, argv: list[str]) -> tuple[int, str]:
-    code, out, err = run(capsys, argv)
-    assert code in (1, 2), (code, err)
-    assert out == ""
-    assert "Traceback" not in err and "internal error" not in err
-    assert err.endswith("\n") and err.count("\n") == 1, f"not one line: {err!r}"
-    assert err.startswith("error: ")
-    return code, err.rstrip("\n")
 
 
 @pytest.mark.parametrize("extra, flag, code", [

@@ -8,9 +8,6 @@ print them freeze `datetime.date.today` (the only clock the command reads).
 
 from __future__ import annotations
 
-import csv
-import datetime
-import io
 import re
 from itertools import groupby
 
@@ -18,9 +15,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from syrupy.extensions.amber import AmberSnapshotExtension
 
-from ddplan import cli
 from ddplan.anatomy import build_anatomy
 from ddplan.layout import Layout
 from ddplan.plan import TableRequest, build_table
@@ -29,51 +24,14 @@ from ddplan.roofline import rates
 from ddplan.run import RunOverheads
 from ddplan.step import step_time
 
-FROZEN_TODAY = datetime.date(2026, 6, 1)
+from cli_helpers import run_ok, fails, csv_rows, f
+
 
 BARE = ["table", "--model", "d24", "--gpus", "1,8"]
 SEED = ["table", "--model", "d24", "--gpus", "1,8", "--total-batch-size", "524288", "--device-batch-size", "32",
         "--steps", "29000", "--price", "2", "--measured-step-time", "7.7", "--measured-window", "L",
         "--window", "L,SSSL", "--eval-every", "0", "--startup-min", "0"]
 GPT2_H100 = ["table", "--model", "gpt2", "--hardware", "h100-sxm", "--gpus", "1,8"]
-
-
-class Golden(AmberSnapshotExtension):
-    snapshot_dirname = "golden"
-
-
-@pytest.fixture
-def snapshot(snapshot):
-    return snapshot.use_extension(Golden)
-
-
-class _FrozenDate(datetime.date):
-    @classmethod
-    def today(cls) -> datetime.date:
-        return cls(FROZEN_TODAY.year, FROZEN_TODAY.month, FROZEN_TODAY.day)
-
-
-@pytest.fixture
-def frozen_today(monkeypatch):
-    """cli.table_cmd calls `datetime.date.today()` through the module at call time: swap the class."""
-    monkeypatch.setattr(datetime, "date", _FrozenDate)
-
-
-def run_ok(capsys, argv: list[str]) -> str:
-    code = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    assert code == 0, err
-    # a successful run prints its result on stdout; stderr holds at most warnings, one line each
-    assert all(line.startswith("warning: ") for line in err.splitlines()), err
-    return out
-
-
-def csv_rows(out: str) -> list[dict[str, str]]:
-    return list(csv.DictReader(io.StringIO(out)))
-
-
-def f(row: dict[str, str], key: str) -> float:
-    return float(row[key])
 
 
 # --------------------------------------------------------------------------------------------
@@ -236,17 +194,6 @@ def test_pipeline_step_has_a_bubble_shorter_than_the_step(pp, accum, mb, attenti
 
 # --------------------------------------------------------------------------------------------
 # errors: one line on stderr, `error: ...`, naming the flag; exit 1 (ddplan error) or 2 (usage)
-
-
-def fails(capsys, argv: list[str]) -> tuple[int, str]:
-    code = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    assert code in (1, 2), (code, err)
-    assert out == ""
-    assert "Traceback" not in err
-    assert err.endswith("\n") and err.count("\n") == 1, f"not one line: {err!r}"
-    assert err.startswith("error: ")
-    return code, err.rstrip("\n")
 
 
 @pytest.mark.parametrize("extra, flag", [
