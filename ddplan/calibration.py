@@ -109,6 +109,11 @@ class CalibrationSpec(Strict):
     failures: list[str] = []
 
 
+def steps_for_model(calibration: CalibrationSpec, names: set[str]) -> list[StepMeasurement]:
+    """The measured steps of a model, by any of its names (spec name or alias), in file order."""
+    return [m for m in calibration.step_times if m.model in names]
+
+
 def fit_factor(predict_s: Callable[[float], float], measured_s: float, lo: float = 1e-3, hi: float = 1e3,
                rel_tol: float = 1e-6) -> float:
     """The efficiency multiplier f with predict_s(f) = measured_s, by bisection in log space.

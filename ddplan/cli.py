@@ -120,9 +120,10 @@ def memory_cmd(
     if calibration and measured_peak is None:
         from ddplan.registry import load_calibration
 
-        names = {spec.name, *spec.aliases}
-        peaks = [m.peak_memory_gb for m in load_calibration(calibration).step_times
-                 if m.model in names and m.peak_memory_gb]
+        from ddplan.calibration import steps_for_model
+
+        peaks = [m.peak_memory_gb for m in steps_for_model(load_calibration(calibration), {spec.name, *spec.aliases})
+                 if m.peak_memory_gb]
         measured_peak = peaks[0] if peaks else None
     _check_pattern(window_pattern)
     mb = device_batch_size or spec.recipe.device_batch_size
@@ -473,7 +474,7 @@ def plan_cmd(
     from ddplan.errors import UsageError
     from ddplan.registry import load_calibration, load_hardware, load_model
     from ddplan.run import RunOverheads
-    from ddplan.search import PlanRequest, describe, search
+    from ddplan.search import PlanRequest, best_per_family, describe, search
     from ddplan.specs import Price
 
     for value, flag in ((deadline, "--deadline"), (budget, "--budget"), (price, "--price"),
@@ -525,16 +526,7 @@ def plan_cmd(
     if plot and result.pareto:
         from ddplan.plot import plot_scenarios
 
-        plot_scenarios(_best_per_family_and_gpus(result.rows), plot, title=f"{spec.name}: best layout per family")
-
-
-def _best_per_family_and_gpus(rows: list[dict]) -> list[dict]:
-    best: dict = {}
-    for r in rows:
-        key = (r["family"], r["gpus"], r["hardware"])
-        if key not in best or r["wall_clock_h"] < best[key]["wall_clock_h"]:
-            best[key] = r
-    return list(best.values())
+        plot_scenarios(best_per_family(result.rows), plot, title=f"{spec.name}: best layout per family")
 
 
 def _int_list(text: str, flag: str, allowed: tuple[int, ...] | None = None) -> list[int]:

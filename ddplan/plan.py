@@ -9,10 +9,10 @@ from dataclasses import dataclass, field, replace
 
 from ddplan import run
 from ddplan.anatomy import build_anatomy
-from ddplan.calibration import CalibrationSpec, StepMeasurement, fit_factor
+from ddplan.calibration import CalibrationSpec, StepMeasurement, fit_factor, steps_for_model
 from ddplan.errors import UsageError
 from ddplan.fit import Setup, breakdown
-from ddplan.flops import nanochat_flops_per_token
+from ddplan.flops import mfu, nanochat_flops_per_token
 from ddplan.layout import NATIVE_ZERO, Layout
 from ddplan.roofline import FIT_SCENARIOS, SCENARIOS, Rates, comm_end, rates
 from ddplan.specs import Budget, HardwareSpec, ModelSpec, Price
@@ -193,8 +193,7 @@ def _measurement(req: TableRequest) -> StepMeasurement | None:
         return req.measurement
     if req.calibration is None:
         return None
-    names = {req.model.name, *req.model.aliases}
-    found = [m for m in req.calibration.step_times if m.model in names]
+    found = steps_for_model(req.calibration, {req.model.name, *req.model.aliases})
     return found[0] if found else None
 
 
@@ -347,7 +346,7 @@ def _row(req: TableRequest, sc: _Scenario, total_batch: int, mb0: int, steps: in
         "compute_s": st.compute_s, "dp_comm_exposed_s": st.dp_comm_exposed_s, "tp_comm_s": st.tp_comm_s,
         "bubble_s": st.bubble_s, "optimizer_s": st.optimizer_s,
         "attention_s": st.by_kind_s.get("attention", 0.0), "gemm_s": st.by_kind_s.get("gemm", 0.0),
-        "mfu_pct": 100 * fpt * batch / step_s / (peak * sc.gpus),
+        "mfu_pct": 100 * mfu(fpt, batch / step_s, peak, sc.gpus),
         "tokens_per_s": batch / step_s, "steps": steps,
         "train_h": run.hours(steps * step_s), "outside_steps_h": run.hours(outside),
         "wall_clock_h": run.hours(wall["value"]), "wall_low_h": run.hours(wall["low"]),

@@ -15,7 +15,7 @@ from ddplan import run
 from ddplan.anatomy import build_anatomy, for_tp
 from ddplan.calibration import CalibrationSpec
 from ddplan.errors import LayoutError, UsageError
-from ddplan.flops import nanochat_flops_per_token
+from ddplan.flops import mfu, nanochat_flops_per_token
 from ddplan.layout import NATIVE_ZERO, Layout, check_layout
 from ddplan.memory import MemoryAssumptions, memory_per_gpu, model_states
 from ddplan.plan import _eval_cadence, calibrated_rates, comm_points
@@ -186,7 +186,7 @@ class _Evaluator:
             "step_high_s": max(t.total_s for t in times.values()),
             "compute_s": st.compute_s, "dp_comm_exposed_s": st.dp_comm_exposed_s, "tp_comm_s": st.tp_comm_s,
             "bubble_s": st.bubble_s, "optimizer_s": st.optimizer_s,
-            "mfu_pct": 100 * self.mfu_fpt * total_batch / st.total_s / (peak * gpus),
+            "mfu_pct": 100 * mfu(self.mfu_fpt, total_batch / st.total_s, peak, gpus),
             "wall_clock_h": wall["value"], "wall_low_h": min(wall.values()), "wall_high_h": max(wall.values()),
             "cost_usd": cost["value"], "cost_low_usd": min(cost.values()), "cost_high_usd": max(cost.values()),
             "memory_gib": self.mem_gib(layout), "usable_gib": self.hw.memory.usable_gib.value,
@@ -390,3 +390,13 @@ def reasons(rows: list[dict], spec: ModelSpec) -> list[str]:
         out.append(f"{fam} loses: best is {describe(best)}: {best['wall_clock_h']:.1f} h ({dt:+.1f} h), "
                    f"${best['cost_usd']:,.0f} ({dc:+,.0f}); {why}{extra}.")
     return out
+
+
+def best_per_family(rows: list[dict]) -> list[dict]:
+    """The fastest layout of each family at each GPU count and hardware (what the plan plot draws)."""
+    best: dict = {}
+    for r in rows:
+        key = (r["family"], r["gpus"], r["hardware"])
+        if key not in best or r["wall_clock_h"] < best[key]["wall_clock_h"]:
+            best[key] = r
+    return list(best.values())
