@@ -522,7 +522,7 @@ def plan_cmd(
         if result.warnings:
             _warn(result.warnings)
     if format in (Format.csv, Format.json):  # data on stdout; warnings still reach the user
-        _warn(result.warnings)
+        _warn(result.warnings + ([] if result.rows else result.reasons))
     if plot and result.pareto:
         from ddplan.plot import plot_scenarios
 

@@ -8,8 +8,9 @@ from typing import Any
 
 
 def echo(text: str) -> None:
-    """Write a result to stdout (results only; messages go to stderr)."""
-    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    """Write a result to stdout (results only; messages go to stderr); nothing for an empty result."""
+    if text:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
 def _fmt(value: Any) -> str:

@@ -208,6 +208,7 @@ def search(req: PlanRequest) -> PlanResult:
                          field="--total-batch-size")
     steps = run.steps_for(spec, spec.recipe.budget, total_batch)
     rows, rejected, considered = [], {"memory": 0, "divisibility": 0, "dominated": 0}, 0
+    why_not: dict[str, str] = {}
     evaluators = {}
     for hw in req.hardware:
         ev = evaluators[hw.name] = _Evaluator(req, spec, hw)
@@ -218,8 +219,9 @@ def search(req: PlanRequest) -> PlanResult:
                 considered += n
                 try:
                     check_layout(group[0][0], spec)
-                except LayoutError:
+                except LayoutError as e:
                     rejected["divisibility"] += n
+                    why_not.setdefault("divisibility", e.message)
                     continue
                 for i, by_rc in enumerate(group):  # micro-batch ascending
                     fitting = [lay for lay in by_rc if ev.mem_gib(lay) <= limit]
@@ -232,8 +234,14 @@ def search(req: PlanRequest) -> PlanResult:
                     rows.append(ev.row(fitting[0], gpus, steps, total_batch))
     result = PlanResult(rows=[], pareto=[], considered=considered, rejected=rejected)
     if not rows:
-        result.reasons.append("No layout fits in memory and divides evenly: more GPUs, a smaller model or a "
-                              "larger-memory GPU.")
+        if rejected["memory"]:
+            result.reasons.append(f"No layout fits in memory ({rejected['memory']:,} tried): more GPUs, a smaller "
+                                  f"model or a larger-memory GPU.")
+        if rejected["divisibility"]:
+            result.reasons.append(f"{rejected['divisibility']:,} layouts do not divide evenly, e.g. "
+                                  f"{why_not['divisibility']}.")
+        if not considered:
+            result.reasons.append("No candidate layout: check --gpus against the heads, layers and batch.")
         return result
     df = pd.DataFrame(rows)
     # simpler first among near-equals: the native setup, fewer parallel dimensions, no recompute
