@@ -29,7 +29,7 @@ TARGET_S = 2.0
 
 
 def search_once(model, hardware, gpus: tuple[int, ...]):
-    from ddplan.search import PlanRequest, search
+    from ddplan.plan import PlanRequest, search
 
     t0 = time.perf_counter()
     result = search(PlanRequest(model=model, hardware=(hardware,), gpus=gpus))

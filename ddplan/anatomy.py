@@ -334,7 +334,10 @@ def for_tp(base: Anatomy, tp: int) -> Anatomy:
         raise ValueError(f"need a tp=1 anatomy, got tp={base.tp}")
     if tp == 1:
         return base
-    return _with(base, ops=tuple(_tp_share(op, tp) for op in base.ops), tp=tp)
+    share = _with(base, ops=tuple(_tp_share(op, tp) for op in base.ops), tp=tp)
+    for name in ("saved_split", "_transient"):  # cached on base from its own ops: not this share's
+        share.__dict__.pop(name, None)
+    return share
 
 
 def _tp_share(op: Op, tp: int) -> Op:

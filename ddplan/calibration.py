@@ -18,17 +18,22 @@ and `ddplan calibrate`'s output. YAML, `kind: calibration`, `version: 1`:
     failures: ["collectives: torch.distributed not initialised", ...]
 
 Attention TFLOP/s follow the hardware specs' convention (causal FLOPs of the processed window;
-see ddplan.roofline). How the planner uses each figure: ddplan.roofline and ddplan.plan.
+see ddplan.roofline). How the planner uses each figure: `calibrated_rates` below, ddplan.roofline and ddplan.comm.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-from typing import Callable, Literal
+from dataclasses import replace
+from typing import TYPE_CHECKING, Callable, Literal
 
 from pydantic import Field
 
 from ddplan.specs import Strict
+
+if TYPE_CHECKING:
+    from ddplan.comm import CommPoints
+    from ddplan.roofline import Rates
 
 Knob = Literal["gemm", "attention", "compute"]
 KNOBS: tuple[str, ...] = ("gemm", "attention", "compute")
@@ -79,10 +84,14 @@ class StepMeasurement(Strict):
     """One measured training step and the layout it ran with."""
 
     model: str
-    gpus: int = Field(ge=1)
+    gpus: int = Field(ge=1)  # total GPUs of the run: dp x tp x pp
     step_time_s: float = Field(gt=0)
-    device_batch_size: int = Field(gt=0)
+    device_batch_size: int = Field(gt=0)  # sequences per GPU per micro-batch
     total_batch_tokens: int = Field(gt=0)
+    tp: int = Field(default=1, ge=1)
+    pp: int = Field(default=1, ge=1)
+    pp_virtual_stages: int = Field(default=1, ge=1)  # interleaved chunks per pipeline stage
+    zero: Literal[0, 1, 2, 3] | None = None  # None: the model's native data-parallel setup
     attention: str
     window_pattern: str | None = Field(default=None, pattern=r"^[SL]+$")
     seq_len: int | None = Field(default=None, gt=0)
@@ -137,3 +146,44 @@ def fit_factor(predict_s: Callable[[float], float], measured_s: float, lo: float
         if b / a - 1 < rel_tol:
             break
     return (a * b) ** 0.5
+
+
+def calibrated_rates(r: Rates, attention: str, calibration: CalibrationSpec | None) -> Rates:
+    """Rates with every measured figure in a calibration file replacing its assumption.
+
+    GEMMs: each op takes the efficiency of the nearest measured shape (log distance over m, n, k);
+    attention: the nearest measured (batch x heads, seq, window, head_dim) of the same implementation;
+    HBM: the measured copy bandwidth; kernel overhead: the measured launch time. A measured figure has
+    no range: in every scenario it is the same.
+    """
+    if calibration is None:
+        return r
+    if calibration.hbm_tbyte_per_s:
+        r = replace(r, hbm=calibration.hbm_tbyte_per_s * 1e12 / r.hbm_bytes_per_s)
+    if calibration.kernel_overhead_us:
+        r = replace(r, kernel_overhead_s=calibration.kernel_overhead_us * 1e-6)
+    if calibration.pointwise_tbyte_per_s:
+        r = replace(r, pointwise_bytes_per_s=calibration.pointwise_tbyte_per_s * 1e12)
+    if calibration.optimizer_tbyte_per_s:
+        r = replace(r, optimizer_bytes_per_s=calibration.optimizer_tbyte_per_s * 1e12)
+    gemm = [p for p in calibration.gemm if p.dtype in ("bf16", "fp16", "fp32")]
+    if gemm:
+        r = replace(r, gemm_points=tuple((p.m, p.n, p.k, p.tflops * 1e12 / r.peak_flops_per_s) for p in gemm))
+    if calibration.peak_gemm_tflops:
+        r = replace(r, gemm_best=calibration.peak_gemm_tflops * 1e12 / r.peak_flops_per_s)
+    attn = [p for p in calibration.attention if p.implementation == attention]
+    if attn:
+        r = replace(r, attention_points=tuple(
+            (p.batch * p.heads, p.seq_len, p.window, p.head_dim, p.fwd_tflops * 1e12 / r.peak_flops_per_s,
+             p.bwd_tflops * 1e12 / r.peak_flops_per_s) for p in attn))
+    return r
+
+
+def comm_points(calibration: CalibrationSpec | None) -> CommPoints | None:
+    """Measured collective times by (collective, group size), for ddplan.comm.GroupTimer."""
+    if calibration is None or not calibration.collectives:
+        return None
+    out: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for p in calibration.collectives:
+        out.setdefault((p.collective, p.group_size), []).append((p.size_bytes, p.time_s))
+    return {k: sorted(v) for k, v in out.items()}

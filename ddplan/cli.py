@@ -51,6 +51,11 @@ ModelOpt = typer.Option(..., "--model", "-m", help="Model: a built-in (d24, nano
 HardwareOpt = typer.Option(DEFAULT_HARDWARE, "--hardware", help="GPU: a built-in (mi300x, h100-sxm, h200, b200, "
                            "...) or a YAML path. Default mi300x, the canonical case.")
 FormatOpt = typer.Option(Format.table, "--format", help="Output format; csv and json are data only.")
+SeqLenOpt = typer.Option(None, "--seq-len", help="Sequence length in tokens (default: the recipe's; at most the "
+                         "model's max_seq_len).")
+DtypeOpt = typer.Option(None, "--dtype", help="Compute dtype: bf16, fp16 or fp32 (fp32: everything in fp32, as "
+                        "`ddplan calibrate` runs on a CPU; default: the model spec's).")
+HeadroomOpt = typer.Option(0.05, "--headroom", help="Fraction of usable memory a layout must leave free.")
 
 
 def _positive(value: int | float | None, flag: str) -> None:
@@ -58,6 +63,35 @@ def _positive(value: int | float | None, flag: str) -> None:
 
     if value is not None and value <= 0:
         raise UsageError(f"must be positive, got {value}", field=flag)
+
+
+def _variant(spec, seq_len: int | None, dtype: str | None):
+    """The model at the run's sequence length and compute dtype (ddplan.specs.run_variant)."""
+    from ddplan.errors import UsageError
+    from ddplan.specs import run_variant
+
+    _positive(seq_len, "--seq-len")
+    try:
+        return run_variant(spec, seq_len=seq_len, dtype=dtype)
+    except ValueError as e:
+        raise UsageError(str(e), field="--dtype" if "dtype" in str(e) else "--seq-len") from None
+
+
+def _check_headroom(headroom: float) -> None:
+    from ddplan.errors import UsageError
+
+    if not 0 <= headroom < 1:
+        raise UsageError(f"must be in [0, 1), got {headroom}", field="--headroom")
+
+
+def _choices(text: str, flag: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    from ddplan.errors import UsageError
+
+    values = tuple(v.strip() for v in text.split(",") if v.strip())
+    bad = [v for v in values if v not in allowed]
+    if bad or not values:
+        raise UsageError(f"invalid values {bad or [text]}; allowed: {', '.join(allowed)}", field=flag)
+    return values
 
 
 @specs_app.command("list")
@@ -87,18 +121,21 @@ def specs_show(
 def memory_cmd(
     model: str = ModelOpt,
     hardware: str = HardwareOpt,
-    gpus: int = typer.Option(1, "--gpus", help="GPUs in the data-parallel group (x tp x pp)."),
+    gpus: int = typer.Option(1, "--gpus", help="GPUs in total: dp x tp x pp."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree."),
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel degree."),
     zero: str = typer.Option("0,1,2,3", "--zero", help="ZeRO stages to show, comma-separated."),
     device_batch_size: int = typer.Option(None, "--device-batch-size", help="Sequences per GPU per micro-batch "
                                           "(default: the recipe's)."),
+    seq_len: int = SeqLenOpt,
+    dtype: str = DtypeOpt,
     attention: str = typer.Option(None, "--attention", help="Attention implementation (default: the hardware's "
                                   "default; see `ddplan specs show HARDWARE`)."),
     recompute: Recompute = typer.Option(Recompute.none, "--recompute", help="Activation recompute policy."),
     window_pattern: str = typer.Option(None, "--window-pattern", help="Override the window pattern (e.g. L, SSSL)."),
     compiled: bool = typer.Option(None, "--compile/--no-compile", help="torch.compile'd model (changes what is "
                                   "saved for backward; default: the recipe's)."),
+    headroom: float = HeadroomOpt,
     measured_peak: float = typer.Option(None, "--measured-peak", help="A measured peak in GB (1e9 bytes): say which "
                                         "attention and recompute setups it is consistent with."),
     calibration: str = typer.Option(None, "--calibration", help="A calibration file: its measured peak memory for "
@@ -107,58 +144,39 @@ def memory_cmd(
     format: Format = FormatOpt,
 ) -> None:
     """Memory per GPU by ZeRO stage: each term, the total against usable memory, and the verdict."""
-    from ddplan import render
-    from ddplan.fit import Setup, alternatives, consistent_with, verdict, zero_rows
-    from ddplan.layout import Layout, check_layout
+    from ddplan import render, verdicts
     from ddplan.registry import load_hardware, load_model
+    from ddplan.sizing import alternatives, consistent_with, memory_setup, zero_rows
 
     for value, flag in ((gpus, "--gpus"), (tp, "--tp"), (pp, "--pp"), (device_batch_size, "--device-batch-size"),
                         (measured_peak, "--measured-peak")):
         _positive(value, flag)
+    _check_headroom(headroom)
     stages = _int_list(zero, "--zero", allowed=(0, 1, 2, 3))
-    spec, hw = load_model(model), load_hardware(hardware)
+    spec, hw = _variant(load_model(model), seq_len, dtype), load_hardware(hardware)
     if calibration and measured_peak is None:
-        from ddplan.registry import load_calibration
-
         from ddplan.calibration import steps_for_model
+        from ddplan.registry import load_calibration
 
         peaks = [m.peak_memory_gb for m in steps_for_model(load_calibration(calibration), {spec.name, *spec.aliases})
                  if m.peak_memory_gb]
         measured_peak = peaks[0] if peaks else None
     _check_pattern(window_pattern)
-    mb = device_batch_size or spec.recipe.device_batch_size
-    dp = gpus
-    accum = max(1, spec.recipe.total_batch_tokens // (dp * mb * spec.recipe.seq_len))
-    layout = Layout(dp=dp, tp=tp, pp=pp, micro_batch=mb, grad_accum=accum,
-                    attention=attention or hw.default_attention, recompute=recompute.value,
-                    compiled=spec.recipe.compiled if compiled is None else compiled)
-    try:
-        check_layout(layout, spec)
-    except DdplanError as e:
-        e.field = e.field or "--gpus/--tp/--pp"
-        raise
-    setup = Setup(layout=layout, window_pattern=window_pattern)
+    setup = memory_setup(spec, hw, gpus=gpus, tp=tp, pp=pp, micro_batch=device_batch_size, attention=attention,
+                         recompute=recompute.value, compiled=compiled, window_pattern=window_pattern,
+                         headroom=headroom)
     _check_plot_path(plot)
     rows = zero_rows(spec, hw, setup, stages)
     if plot:
         from ddplan.plot import plot_memory
 
-        plot_memory(rows, plot, title=f"{spec.name} on {gpus * tp * pp} x {hw.name}",
-                    capacity_gib=hw.memory.usable_gib.value)
+        plot_memory(rows, plot, title=f"{spec.name} on {gpus} x {hw.name}", capacity_gib=hw.memory.usable_gib.value)
     alts = alternatives(spec, hw, setup) if not any(r["fits"] and r["setup"] == "native" for r in rows) else []
-    words = verdict(spec, hw, rows, alts)
+    words = verdicts.memory_verdict(spec, hw, rows, alts)
     matches = consistent_with(spec, hw, setup, measured_peak) if measured_peak else []
     if measured_peak:
-        ok = [m for m in matches if m["consistent"]]
-        words.append(f"Measured {measured_peak:g} GB is consistent with: " + (
-            "; ".join(f"{m['attention']}, recompute {m['recompute']}, {'compiled' if m['compiled'] else 'eager'} "
-                      f"({m['predicted_gb']:.1f} GB, {m['error_pct']:+.0f}%)" for m in ok[:4])
-            if ok else "none of the configurations within 10% (closest: "
-            f"{matches[0]['attention']}, {matches[0]['recompute']}, {matches[0]['predicted_gb']:.1f} GB)") + ".")
-    title = (f"{spec.name} on {gpus * tp * pp} x {hw.name} (dp {dp}, tp {tp}, pp {pp}), device batch {mb} x "
-             f"{spec.recipe.seq_len}, {layout.attention}, recompute {layout.recompute}, "
-             f"{'compiled' if layout.compiled else 'eager'}: memory per GPU (GiB = 2^30 bytes; fits = at most "
-             f"95% of usable)")
+        words.append(verdicts.peak_matches(measured_peak, matches))
+    title = verdicts.memory_title(spec, hw, setup)
     if format is Format.json:
         import json
 
@@ -181,11 +199,22 @@ class Knob(str, Enum):
 def table_cmd(
     model: str = ModelOpt,
     hardware: str = HardwareOpt,
-    gpus: str = typer.Option("1,8", "--gpus", help="GPU counts, comma-separated (pure data parallelism)."),
+    gpus: str = typer.Option("1,8", "--gpus", help="GPUs in total per row (dp x tp x pp), comma-separated."),
+    tp: str = typer.Option("1", "--tp", help="Tensor-parallel degrees, comma-separated (one row each)."),
+    pp: str = typer.Option("1", "--pp", help="Pipeline-parallel degrees, comma-separated."),
+    vp: str = typer.Option("1", "--vp", help="Interleaved chunks per pipeline stage (1: 1F1B), comma-separated."),
+    zero: str = typer.Option(None, "--zero", help="ZeRO stages 0-3 (3 = FSDP), comma-separated (default: the "
+                             "model's native data-parallel setup)."),
+    device_batch_size: str = typer.Option(None, "--device-batch-size", help="Sequences per GPU per micro-batch, "
+                                          "comma-separated (default: the recipe's, made smaller until it fits)."),
+    recompute: str = typer.Option("none", "--recompute", help="Activation recompute: none, selective, full; "
+                                  "comma-separated."),
     attention: str = typer.Option(None, "--attention", help="Attention implementations, comma-separated "
                                   "(default: every one on the hardware)."),
     window: str = typer.Option(None, "--window", help="Window patterns, comma-separated, e.g. L,SSSL (default: the "
                                "model's, and L when it differs)."),
+    seq_len: int = SeqLenOpt,
+    dtype: str = DtypeOpt,
     price: float = typer.Option(None, "--price", help="USD per GPU-hour (default: the hardware spec's first price)."),
     steps: int = typer.Option(None, "--steps", help="Optimizer steps (overrides the recipe's budget)."),
     tokens: float = typer.Option(None, "--tokens", help="Training tokens (overrides the recipe's budget)."),
@@ -193,17 +222,20 @@ def table_cmd(
                                            "recipe's budget)."),
     total_batch_size: int = typer.Option(None, "--total-batch-size", help="Tokens per optimizer step (default: the "
                                          "recipe's)."),
-    device_batch_size: int = typer.Option(None, "--device-batch-size", help="Sequences per GPU per micro-batch."),
-    recompute: Recompute = typer.Option(Recompute.none, "--recompute", help="Activation recompute policy."),
     compiled: bool = typer.Option(None, "--compile/--no-compile", help="torch.compile'd model (default: recipe)."),
+    headroom: float = HeadroomOpt,
     calibration: str = typer.Option(None, "--calibration", help="A calibration file (from `ddplan calibrate` or "
                                     "written by hand): measurements replace assumptions."),
     measured_step_time: float = typer.Option(None, "--measured-step-time", help="A step time you measured, "
                                              "seconds; ddplan fits one knob to it and derives the other rows."),
-    measured_gpus: int = typer.Option(None, "--measured-gpus", help="GPUs of the measured run (default: the "
-                                      "smallest of --gpus)."),
+    measured_gpus: int = typer.Option(None, "--measured-gpus", help="GPUs in total of the measured run (default: "
+                                      "the first of --gpus)."),
+    measured_tp: int = typer.Option(None, "--measured-tp", help="Tensor-parallel degree of the measured run "
+                                    "(default: the first of --tp)."),
+    measured_pp: int = typer.Option(None, "--measured-pp", help="Pipeline-parallel degree of the measured run "
+                                    "(default: the first of --pp)."),
     measured_attention: str = typer.Option(None, "--measured-attention", help="Attention of the measured run "
-                                           "(default: the hardware's default)."),
+                                           "(default: the first of --attention, else the hardware's default)."),
     measured_window: str = typer.Option(None, "--measured-window", help="Window pattern of the measured run "
                                         "(default: the first of --window)."),
     fit: Knob = typer.Option(Knob.auto, "--fit", help="Which efficiency the measurement calibrates; auto picks "
@@ -220,27 +252,32 @@ def table_cmd(
     plot: str = typer.Option(None, "--plot", help="Also write wall-clock and cost against GPU count (PNG or SVG)."),
     format: Format = FormatOpt,
 ) -> None:
-    """The decision table: time, cost, MFU and memory for each GPU count, attention and window, explained."""
+    """The decision table: time, cost, MFU and memory for each layout, attention and window, explained."""
     import datetime as dt
 
-    from ddplan import render
+    from ddplan import render, verdicts
     from ddplan.calibration import StepMeasurement
     from ddplan.errors import UsageError
-    from ddplan.plan import TableRequest, build_table
     from ddplan.registry import load_calibration, load_hardware, load_model
     from ddplan.run import RunOverheads
     from ddplan.specs import Budget, Price
+    from ddplan.table import TableRequest, build_table
 
     for value, flag in ((price, "--price"), (steps, "--steps"), (tokens, "--tokens"),
                         (param_data_ratio, "--param-data-ratio"), (total_batch_size, "--total-batch-size"),
-                        (device_batch_size, "--device-batch-size"), (measured_step_time, "--measured-step-time"),
-                        (measured_gpus, "--measured-gpus"), (eval_tokens, "--eval-tokens")):
+                        (measured_step_time, "--measured-step-time"), (measured_gpus, "--measured-gpus"),
+                        (measured_tp, "--measured-tp"), (measured_pp, "--measured-pp"), (eval_tokens, "--eval-tokens")):
         _positive(value, flag)
     for value, flag in ((startup_min, "--startup-min"), (eval_every, "--eval-every"),
                         (checkpoint_every, "--checkpoint-every")):
         if value is not None and value < 0:
             raise UsageError(f"must be >= 0, got {value}", field=flag)
+    _check_headroom(headroom)
     gpu_list = tuple(_int_list(gpus, "--gpus"))
+    tps, pps, vps = (tuple(_int_list(v, f)) for v, f in ((tp, "--tp"), (pp, "--pp"), (vp, "--vp")))
+    zeros = tuple(_int_list(zero, "--zero", allowed=(0, 1, 2, 3))) if zero else ()
+    mbs = tuple(_int_list(device_batch_size, "--device-batch-size")) if device_batch_size else ()
+    recomputes = _choices(recompute, "--recompute", ("none", "selective", "full"))
     windows = tuple(w.strip() for w in window.split(",")) if window else ()
     for w in windows:
         _check_pattern(w, "--window")
@@ -248,7 +285,7 @@ def table_cmd(
     if len(given) > 1:
         raise UsageError(f"give at most one of --steps, --tokens, --param-data-ratio (got {', '.join(given)})",
                          field=given[1])
-    spec, hw = load_model(model), load_hardware(hardware)
+    spec, hw = _variant(load_model(model), seq_len, dtype), load_hardware(hardware)
     budget = None
     if given:
         budget = Budget(steps=steps, tokens=int(tokens) if tokens else None, param_data_ratio=param_data_ratio,
@@ -265,50 +302,49 @@ def table_cmd(
         if measured_window:
             _check_pattern(measured_window, "--measured-window")
         measurement = StepMeasurement(
-            model=spec.name, gpus=measured_gpus or min(gpu_list), step_time_s=measured_step_time,
-            device_batch_size=device_batch_size or spec.recipe.device_batch_size,
+            model=spec.name, gpus=measured_gpus or gpu_list[0], step_time_s=measured_step_time,
+            device_batch_size=mbs[0] if mbs else spec.recipe.device_batch_size,
             total_batch_tokens=total_batch_size or spec.recipe.total_batch_tokens,
-            attention=measured_attention or hw.default_attention,
+            tp=measured_tp or tps[0], pp=measured_pp or pps[0], pp_virtual_stages=vps[0],
+            zero=zeros[0] if zeros else None,
+            attention=measured_attention or (attention.split(",")[0].strip() if attention else hw.default_attention),
             window_pattern=measured_window or (windows[0] if windows else spec.architecture.window_pattern),
-            compiled=spec.recipe.compiled if compiled is None else compiled, recompute=recompute.value,
+            compiled=spec.recipe.compiled if compiled is None else compiled, recompute=recomputes[0],
             source="stated with --measured-step-time")
-    elif any(v is not None for v in (measured_gpus, measured_attention, measured_window)):
-        raise UsageError("needs --measured-step-time", field="--measured-gpus/--measured-attention/--measured-window")
+    elif any(v is not None for v in (measured_gpus, measured_tp, measured_pp, measured_attention, measured_window)):
+        raise UsageError("needs --measured-step-time",
+                         field="--measured-gpus/--measured-tp/--measured-pp/--measured-attention/--measured-window")
     req = TableRequest(
-        model=spec, hardware=hw, gpus=gpu_list,
-        attentions=tuple(a.strip() for a in attention.split(",")) if attention else (), windows=windows,
-        device_batch_size=device_batch_size, total_batch_tokens=total_batch_size, budget=budget, price=price_spec,
+        model=spec, hardware=hw, gpus=gpu_list, tps=tps, pps=pps, vps=vps, zeros=zeros, micro_batches=mbs,
+        recomputes=recomputes, attentions=tuple(a.strip() for a in attention.split(",")) if attention else (),
+        windows=windows, total_batch_tokens=total_batch_size, budget=budget, price=price_spec,
         overheads=RunOverheads(startup_s=startup_min * 60, eval_every_steps=eval_every, eval_tokens=eval_tokens,
                                checkpoint_every_steps=checkpoint_every),
-        compiled=compiled, recompute=recompute.value, measurement=measurement, knob=fit.value, calibration=cal,
-        fp8=fp8)
+        compiled=compiled, measurement=measurement, knob=fit.value, calibration=cal, fp8=fp8, headroom=headroom)
     _check_plot_path(plot)
     result = build_table(req)
+    rows = render.table_data(result)
     if plot:
         from ddplan.plot import plot_scenarios
 
-        plot_scenarios(result.rows, plot, title=f"{spec.name} on {hw.name}")
-    title = (f"{spec.name} on {hw.name}: decision table (steps {result.rows[0]['steps']:,}, "
-             f"{result.rows[0]['global_batch_tokens']:,} tokens/step)")
+        plot_scenarios(rows, plot, title=f"{spec.name} on {hw.name}")
+    warnings = verdicts.table_notes(result) + verdicts.row_warnings(result)
     if format is Format.json:
         import json
 
-        render.echo(json.dumps({"title": title, "rows": result.rows, "verdict": result.verdict,
-                                "warnings": result.warnings, "assumptions": result.assumptions}, indent=2))
+        render.echo(json.dumps({"title": verdicts.table_title(result), "rows": rows,
+                                "verdict": verdicts.table_verdict(result), "warnings": warnings,
+                                "assumptions": verdicts.table_assumptions(result)}, indent=2))
         return
     if format is Format.csv:
-        render.echo(render.table(result.rows, "csv"))
-        _warn(sorted(set(result.warnings)))
+        render.echo(render.table(rows, "csv"))
+        _warn(warnings)
         return
-    render.echo(render.table(render.decision_rows(result.rows), format.value, title=title))
-    render.echo(render.lines([
-        "Columns: step_s = compute_s (attention included: attn_s) + exposed comm_s + optim_s (+ pipeline bubble); "
-        "band = every efficiency at the slow and fast ends of its range; basis: measured | fitted (derived from "
-        "a measurement) | model (assumptions only); '!' = flagged, see the warnings on stderr."], format.value))
-    render.echo(render.lines(["Verdict:"] + result.verdict, format.value))
-    if result.warnings:
-        _warn(sorted(set(result.warnings)))
-    render.echo(render.lines(["Assumptions:"] + result.assumptions, format.value))
+    render.echo(render.table(render.decision_rows(rows), format.value, title=verdicts.table_title(result)))
+    render.echo(render.lines([render.DECISION_COLUMNS_NOTE], format.value))
+    render.echo(render.lines(["Verdict:"] + verdicts.table_verdict(result), format.value))
+    _warn(warnings)
+    render.echo(render.lines(["Assumptions:"] + verdicts.table_assumptions(result), format.value))
 
 
 @app.command("calibrate")
@@ -451,7 +487,7 @@ def plan_cmd(
     model: str = ModelOpt,
     hardware: str = typer.Option(DEFAULT_HARDWARE, "--hardware", help="One or more GPUs, comma-separated "
                                  "(built-in names or YAML paths)."),
-    gpus: str = typer.Option("8", "--gpus", help="GPU counts to search, comma-separated (e.g. 8,16,64)."),
+    gpus: str = typer.Option("8", "--gpus", help="GPUs in total to search, comma-separated (e.g. 8,16,64)."),
     objective: Objective = typer.Option(Objective.time, "--objective", help="Rank by wall-clock or by cost."),
     deadline: float = typer.Option(None, "--deadline", help="Hours: the cheapest layout that finishes in time."),
     budget: float = typer.Option(None, "--budget", help="USD: the fastest layout within the budget."),
@@ -459,10 +495,12 @@ def plan_cmd(
                                     "assumptions)."),
     price: float = typer.Option(None, "--price", help="USD per GPU-hour (default: each hardware's first price)."),
     total_batch_size: int = typer.Option(None, "--total-batch-size", help="Tokens per optimizer step."),
+    seq_len: int = SeqLenOpt,
+    dtype: str = DtypeOpt,
     tp_across_nodes: bool = typer.Option(False, "--tp-across-nodes", help="Allow tensor parallelism beyond one "
                                          "node (kept inside a node by default)."),
     top: int = typer.Option(10, "--top", help="How many layouts to list (table, markdown, json; csv lists all)."),
-    headroom: float = typer.Option(0.05, "--headroom", help="Fraction of usable memory a layout must leave free."),
+    headroom: float = HeadroomOpt,
     startup_min: float = typer.Option(5.0, "--startup-min", help="Minutes outside steps at start."),
     plot: str = typer.Option(None, "--plot", help="Also write a plot (PNG or SVG) of the Pareto layouts."),
     format: Format = FormatOpt,
@@ -470,11 +508,11 @@ def plan_cmd(
     """Search the layouts (dp, tp, pp, ZeRO, micro-batch, attention, recompute, schedule) and recommend one."""
     import datetime as dt
 
-    from ddplan import render
+    from ddplan import render, verdicts
     from ddplan.errors import UsageError
+    from ddplan.plan import PlanRequest, best_per_family, search
     from ddplan.registry import load_calibration, load_hardware, load_model
     from ddplan.run import RunOverheads
-    from ddplan.search import PlanRequest, best_per_family, describe, search
     from ddplan.specs import Price
 
     for value, flag in ((deadline, "--deadline"), (budget, "--budget"), (price, "--price"),
@@ -482,10 +520,9 @@ def plan_cmd(
         _positive(value, flag)
     if startup_min < 0:
         raise UsageError(f"must be >= 0, got {startup_min}", field="--startup-min")
-    if not 0 <= headroom < 1:
-        raise UsageError(f"must be in [0, 1), got {headroom}", field="--headroom")
+    _check_headroom(headroom)
     _check_plot_path(plot)
-    spec = load_model(model)
+    spec = _variant(load_model(model), seq_len, dtype)
     hws = tuple(load_hardware(h.strip()) for h in hardware.split(",") if h.strip())
     price_spec = None if price is None else Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price",
                                                   date=dt.date.today(), source="given on the command line")
@@ -495,38 +532,37 @@ def plan_cmd(
                       overheads=RunOverheads(startup_s=startup_min * 60), total_batch_tokens=total_batch_size,
                       tp_across_nodes=tp_across_nodes, headroom=headroom)
     result = search(req)
+    reasons = verdicts.plan_reasons(result)
+    warnings = verdicts.plan_warnings(result)
     columns = ["hardware", "gpus", "dp", "tp", "pp", "zero", "micro_batch", "accum", "attention", "recompute",
                "schedule", "family", "step_s", "wall_clock_h", "cost_usd", "mfu_pct", "memory_gib"]
-    shown = [{c: r[c] for c in columns} for r in result.rows[:top]]
+    data = [{k: v for k, v in r.items() if k != "_priced"} for r in result.rows]
+    shown = [{c: r[c] for c in columns} for r in data[:top]]
     if format is Format.json:
         import json
 
-        render.echo(json.dumps({"rows": result.rows[:top], "pareto": result.pareto, "reasons": result.reasons,
-                                "warnings": result.warnings, "considered": result.considered,
+        render.echo(json.dumps({"rows": data[:top], "pareto": [{k: v for k, v in r.items() if k != "_priced"}
+                                                               for r in result.pareto],
+                                "reasons": reasons, "warnings": warnings, "considered": result.considered,
                                 "rejected": result.rejected}, indent=2, default=str))
     elif format is Format.csv:  # data: every kept layout, ranked (--top limits the human formats)
-        render.echo(render.table([{c: r[c] for c in columns} for r in result.rows], "csv"))
+        render.echo(render.table([{c: r[c] for c in columns} for r in data], "csv"))
     else:
-        title = (f"{spec.name}: best {min(top, len(result.rows))} of {len(result.rows):,} layouts that fit "
-                 f"({result.considered:,} considered; rejected: {result.rejected['memory']:,} memory "
-                 f"(> {100 * (1 - headroom):.0f}% of usable), "
-                 f"{result.rejected['divisibility']:,} divisibility, {result.rejected['dominated']:,} dominated "
-                 f"by less recompute), by {objective.value}")
         if shown:
-            render.echo(render.table(shown, format.value, title=title, digits=2))
-        render.echo(render.lines(["Why:"] + result.reasons, format.value))
+            render.echo(render.table(shown, format.value, title=verdicts.plan_title(spec, result, top, headroom,
+                                                                                     objective.value), digits=2))
+        render.echo(render.lines(["Why:"] + reasons, format.value))
         if result.pareto:
             render.echo(render.lines(["Pareto front (time vs cost):"] + [
-                f"{describe(r)}: {r['wall_clock_h']:.1f} h, ${r['cost_usd']:,.0f}" for r in result.pareto[:8]],
+                f"{verdicts.describe(r)}: {r['wall_clock_h']:.1f} h, ${r['cost_usd']:,.0f}" for r in result.pareto[:8]],
                 format.value))
-        if result.warnings:
-            _warn(result.warnings)
+        _warn(warnings)
     if format in (Format.csv, Format.json):  # data on stdout; warnings still reach the user
-        _warn(result.warnings + ([] if result.rows else result.reasons))
+        _warn(warnings + ([] if result.rows else reasons))
     if plot and result.pareto:
         from ddplan.plot import plot_scenarios
 
-        plot_scenarios(best_per_family(result.rows), plot, title=f"{spec.name}: best layout per family")
+        plot_scenarios(best_per_family(data), plot, title=f"{spec.name}: best layout per family")
 
 
 def _int_list(text: str, flag: str, allowed: tuple[int, ...] | None = None) -> list[int]:
@@ -546,8 +582,8 @@ def _int_list(text: str, flag: str, allowed: tuple[int, ...] | None = None) -> l
 
 
 def _warn(warnings: list[str]) -> None:
-    """Warnings go to stderr, one line each: stdout carries the result only."""
-    for w in warnings:
+    """Warnings go to stderr, one line each (each once): stdout carries the result only."""
+    for w in dict.fromkeys(warnings):
         print("warning: " + " ".join(w.split()), file=sys.stderr)
 
 

@@ -13,7 +13,7 @@ import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from ddplan import units
 from ddplan.specs import HardwareSpec
@@ -144,6 +144,10 @@ class Tier:
         _check_pos(busbw_bytes_per_s=self.busbw_bytes_per_s)
         _check_nonneg(latency_s=self.latency_s)
 
+    def time_s(self, collective: Collective, size_bytes: float, n: int) -> float:
+        """Uncalibrated seconds of one collective over this tier (`collective_time_s`)."""
+        return collective_time_s(collective, size_bytes, n, self)
+
 
 def _intra_busbw_bytes_per_s(hw: HardwareSpec, collective: str, n: int) -> float:
     points = hw.intra_node.busbw_gbyte_per_s[collective]
@@ -257,11 +261,45 @@ def interpolate_time_s(points: Sequence[tuple[float, float]], size_bytes: float)
     return math.exp(math.log(t_i) + w * (math.log(t_j) - math.log(t_i)))
 
 
+class Timer(Protocol):
+    """Anything that times a collective: a `Tier` (the alpha-beta model) or a `GroupTimer`."""
+
+    def time_s(self, collective: Collective, size_bytes: float, n: int) -> float: ...
+
+
+CommPoints = dict[tuple[str, int], list[tuple[float, float]]]  # (collective, group size) -> [(bytes, s)]
+
+
+@dataclass(frozen=True)
+class GroupTimer:
+    """Times collectives of one group: the measured t(S) curve where calibrated, else the tier model.
+
+    span: GPUs the group's job covers (dp x tp x pp for a data-parallel group): the group runs over the
+    NICs once span exceeds a node. efficiency: which end of the inter-node efficiency range (the band).
+    Never both measured and modelled for one time: the measured curve already holds the latency.
+    Ref: DESIGN.md sec. 4 (Collectives).
+    """
+
+    hw: HardwareSpec
+    span: int
+    efficiency: EfficiencyPoint = "value"
+    points: CommPoints | None = None
+
+    def time_s(self, collective: Collective, size_bytes: float, n: int) -> float:
+        if n <= 1 or size_bytes <= 0:
+            return 0.0
+        if self.points and (collective, n) in self.points:
+            return interpolate_time_s(self.points[(collective, n)], size_bytes)
+        group = n if self.span <= self.hw.gpus_per_node else self.span
+        return collective_time_s(collective, size_bytes, n, tier_for(self.hw, collective, group,
+                                                                     efficiency=self.efficiency))
+
+
 # --------------------------------------------------------------------------------------------
 # Overlap: DDP gradient buckets
 
 
-def ddp_exposed_s(grad_bytes: float, bucket_bytes: float, n: int, tier: Tier, overlap_window_s: float) -> float:
+def ddp_exposed_s(grad_bytes: float, bucket_bytes: float, n: int, tier: Timer, overlap_window_s: float) -> float:
     """Gradient all-reduce time DDP leaves exposed after backward, seconds.
 
     DDP all-reduces a bucket (bucket_cap_mb, default 25 MiB) as soon as backward fills it, so the
@@ -279,9 +317,59 @@ def ddp_exposed_s(grad_bytes: float, bucket_bytes: float, n: int, tier: Tier, ov
     _check_n(n)
     if n == 1 or grad_bytes == 0:
         return 0.0
-    total = collective_time_s("all_reduce", grad_bytes, n, tier)
-    last = collective_time_s("all_reduce", min(bucket_bytes, grad_bytes), n, tier)
+    total = tier.time_s("all_reduce", grad_bytes, n)
+    last = tier.time_s("all_reduce", min(bucket_bytes, grad_bytes), n)
     return max(total - overlap_window_s, last)
+
+
+# --------------------------------------------------------------------------------------------
+# Overlap: sharded data parallelism (ZeRO-1/2, FSDP), from the times of its collectives
+
+
+def zero1_comm_s(rs_s: float, ag_s: float, last_bucket_s: float, backward_s: float) -> tuple[float, float]:
+    """(total, exposed) seconds of ZeRO-1 communication per optimizer step.
+
+    Gradients are reduce-scattered in buckets during the last micro-batch's backward (the earlier
+    ones accumulate locally under no_sync); the updated parameter shards are all-gathered after the
+    optimizer step, exposed: exposed = max(rs - backward, last bucket) + ag.
+    e.g. rs 30 ms, ag 20 ms, bucket 1 ms, backward 100 ms: total 50 ms, exposed 1 + 20 = 21 ms.
+    Ref: Rajbhandari et al., arXiv 1910.02054, sec. 5.1; DeepSpeed stage 1 (reduce in backward).
+    """
+    _check_nonneg(rs_s=rs_s, ag_s=ag_s, last_bucket_s=last_bucket_s, backward_s=backward_s)
+    return rs_s + ag_s, max(rs_s - backward_s, last_bucket_s) + ag_s
+
+
+def zero2_comm_s(rs_s: float, ag_s: float, last_bucket_s: float, backward_s: float,
+                 accum: int) -> tuple[float, float]:
+    """(total, exposed) seconds of ZeRO-2 communication per optimizer step.
+
+    Gradient shards are kept, not whole gradients, so every micro-batch's backward reduce-scatters
+    (overlapped except the last bucket); the parameter all-gather after the step is exposed:
+    total = accum x rs + ag; exposed = accum x max(rs - backward, last bucket) + ag.
+    e.g. rs 30 ms, ag 20 ms, bucket 1 ms, backward 100 ms, accum 4: total 140 ms, exposed 24 ms.
+    Ref: Rajbhandari et al., arXiv 1910.02054, sec. 5.2.
+    """
+    _check_nonneg(rs_s=rs_s, ag_s=ag_s, last_bucket_s=last_bucket_s, backward_s=backward_s)
+    if accum < 1:
+        raise ValueError(f"accum must be >= 1, got {accum}")
+    return accum * rs_s + ag_s, accum * max(rs_s - backward_s, last_bucket_s) + ag_s
+
+
+def fsdp_comm_s(rs_s: float, ag_s: float, micro_batch_s: float, accum: int, num_units: int) -> tuple[float, float]:
+    """(total, exposed) seconds of FSDP / ZeRO-3 communication per optimizer step.
+
+    Each micro-batch all-gathers the parameters in forward and again in backward and reduce-scatters
+    the gradients, prefetched one unit (layer) ahead under compute; what exceeds the micro-batch's
+    compute is exposed, and so is the first unit's gather of each pass:
+    per micro-batch = 2 ag + rs; exposed = accum x (max(0, 2 ag + rs - micro_batch) + 2 ag / units).
+    e.g. rs 30, ag 20, micro-batch 50 ms, accum 2, 10 units: total 140 ms, exposed 2 x (20 + 4) = 48 ms.
+    Ref: Zhao et al., "PyTorch FSDP", VLDB 2023, sec. 3.3-3.4 (prefetch, overlap); ZeRO sec. 5.3.
+    """
+    _check_nonneg(rs_s=rs_s, ag_s=ag_s, micro_batch_s=micro_batch_s)
+    if accum < 1 or num_units < 1:
+        raise ValueError(f"accum and num_units must be >= 1, got {accum}, {num_units}")
+    per_mb = 2 * ag_s + rs_s
+    return accum * per_mb, accum * (max(0.0, per_mb - micro_batch_s) + 2 * ag_s / num_units)
 
 
 # --------------------------------------------------------------------------------------------
@@ -320,7 +408,7 @@ def tp_allreduce_bytes_per_layer(batch: int, seq: int, hidden: int, elem_bytes: 
 
 
 def tp_comm_time_per_layer_s(batch: int, seq: int, hidden: int, elem_bytes: float, tp: int,
-                             tier: Tier) -> tuple[float, float]:
+                             tier: Timer) -> tuple[float, float]:
     """(forward, backward) tensor-parallel all-reduce time per layer, seconds, uncalibrated.
 
     fwd = bwd = 2 x collective_time_s("all_reduce", b s h elem_bytes, tp, tier); (0, 0) for tp = 1.
@@ -329,5 +417,5 @@ def tp_comm_time_per_layer_s(batch: int, seq: int, hidden: int, elem_bytes: floa
     Ref: Shoeybi et al., arXiv 1909.08053, sec. 3; Korthikanti et al., arXiv 2205.05198, sec. 4.2.2.
     """
     size = tp_allreduce_size_bytes(batch, seq, hidden, elem_bytes)
-    one = collective_time_s("all_reduce", size, tp, tier)
+    one = tier.time_s("all_reduce", size, tp)
     return TP_ALLREDUCES_PER_LAYER_FWD * one, TP_ALLREDUCES_PER_LAYER_BWD * one

@@ -57,8 +57,13 @@ class Layout:
         return self.micro_batch * self.grad_accum * self.dp
 
 
-def check_layout(layout: Layout, spec: ModelSpec, total_batch_tokens: int | None = None) -> None:
-    """Raise LayoutError naming every factor that does not divide (heads by tp, layers by pp, batch by dp)."""
+def check_layout(layout: Layout, spec: ModelSpec, total_batch_tokens: int | None = None,
+                 world_size_rule: bool = True) -> None:
+    """Raise LayoutError naming every factor that does not divide (heads by tp, layers by pp, batch by dp).
+
+    world_size_rule=False leaves the model's world-size rule (nanochat: a power of two) to the caller,
+    which flags it on a priced row instead of refusing the layout.
+    """
     a = spec.architecture
     problems = []
     if a.num_heads % layout.tp or a.num_kv_heads % layout.tp:
@@ -66,7 +71,7 @@ def check_layout(layout: Layout, spec: ModelSpec, total_batch_tokens: int | None
     if a.num_layers % (layout.pp * layout.pp_virtual_stages):
         problems.append(f"pp x virtual stages = {layout.pp * layout.pp_virtual_stages} must divide "
                         f"num_layers={a.num_layers}")
-    if spec.recipe.world_size_rule == "power_of_two" and layout.num_gpus & (layout.num_gpus - 1):
+    if world_size_rule and breaks_world_size_rule(layout, spec):
         problems.append(f"{spec.name} needs a power-of-two world size, got {layout.num_gpus}")
     if total_batch_tokens is not None:
         tokens = layout.sequences_per_step() * spec.recipe.seq_len
@@ -75,3 +80,40 @@ def check_layout(layout: Layout, spec: ModelSpec, total_batch_tokens: int | None
                             f"x seq {spec.recipe.seq_len} = {tokens:,} tokens != total batch {total_batch_tokens:,}")
     if problems:
         raise LayoutError("; ".join(problems))
+
+
+def breaks_world_size_rule(layout: Layout, spec: ModelSpec) -> bool:
+    """Whether the layout's world size breaks the model's rule (nanochat: a power of two)."""
+    return spec.recipe.world_size_rule == "power_of_two" and bool(layout.num_gpus & (layout.num_gpus - 1))
+
+
+@dataclass(frozen=True)
+class BatchSplit:
+    """How one optimizer step's sequences split over data-parallel ranks and micro-batches.
+
+    sequences = dp x micro_batch x accum. change: "" (as asked), "micro_batch" (a smaller micro-batch
+    keeps the total batch) or "rounded_up" (dp does not divide the batch: it grows to the next multiple).
+    """
+
+    micro_batch: int
+    accum: int
+    sequences: int
+    change: str = ""
+
+
+def split_batch(total_sequences: int, dp: int, micro_batch: int) -> BatchSplit:
+    """The one gradient-accumulation rule: keep the total batch; shrink the micro-batch if it must.
+
+    Each data-parallel rank gets total / dp sequences; the micro-batch is the largest divisor of that
+    not above the one asked for, and accumulation makes up the rest, so the batch (and the loss curve)
+    stays the recipe's. Only when dp does not divide the batch does it grow, to ceil(total / dp) x dp
+    sequences: a different run, flagged. e.g. 512 sequences, dp 8, micro-batch 32: 64 per rank,
+    32 x 2. 512 over dp 8 at micro-batch 48: 64 per rank, 32 x 2 ("micro_batch"). 1536 over dp 1024:
+    2 per rank, 2,048 sequences ("rounded_up").
+    """
+    if min(total_sequences, dp, micro_batch) < 1:
+        raise LayoutError(f"need positive sequences, dp and micro-batch; got {total_sequences}, {dp}, {micro_batch}")
+    per_rank = -(-total_sequences // dp)
+    mb = max(d for d in range(1, min(micro_batch, per_rank) + 1) if per_rank % d == 0)
+    change = "rounded_up" if total_sequences % dp else ("micro_batch" if mb != micro_batch else "")
+    return BatchSplit(micro_batch=mb, accum=per_rank // mb, sequences=per_rank * dp, change=change)

@@ -20,7 +20,7 @@ from ddplan.specs import ModelSpec
 from ddplan.layout import Layout
 from ddplan.units import GiB, MiB, dtype_bytes
 
-HEADROOM = 0.05  # a setup "fits" when it leaves 5% of usable memory free (assumed; --headroom in plan)
+HEADROOM = 0.05  # a setup fits when it leaves 5% of usable memory free (assumed; --headroom replaces it)
 EMBEDDING_GROUPS = ("wte", "wpe", "smear_gate")  # live on the first pipeline stage
 HEAD_GROUPS = ("lm_head",)  # lives on the last pipeline stage
 
@@ -52,15 +52,21 @@ class MemoryBreakdown:
     by_group: dict[str, dict[str, float]] = field(default_factory=dict)  # params/grads/optimizer per group
     capacity: float = 0.0
     notes: tuple[str, ...] = ()
+    headroom_fraction: float = HEADROOM  # of capacity kept free (fragmentation, spikes, other processes)
 
     @property
     def total(self) -> float:
         return sum(self.terms.values())
 
     @property
+    def limit(self) -> float:
+        """Bytes a setup may use: capacity less the headroom fraction."""
+        return (1 - self.headroom_fraction) * self.capacity
+
+    @property
     def fits(self) -> bool:
-        """Fits with HEADROOM of usable memory left free (fragmentation, spikes, other processes)."""
-        return self.total <= (1 - HEADROOM) * self.capacity
+        """Fits with headroom_fraction of usable memory left free."""
+        return self.total <= self.limit
 
     @property
     def headroom(self) -> float:
@@ -159,7 +165,7 @@ def activation_bytes(anatomy: Anatomy, layout: Layout) -> tuple[float, float]:
 
 def memory_per_gpu(spec: ModelSpec, layout: Layout, anatomy: Anatomy, capacity_bytes: float,
                    assumptions: MemoryAssumptions = MemoryAssumptions(),
-                   states: dict[str, dict[str, float]] | None = None) -> MemoryBreakdown:
+                   states: dict[str, dict[str, float]] | None = None, headroom: float = HEADROOM) -> MemoryBreakdown:
     """Peak bytes per GPU over a training step, by term.
 
     Peak = params + gradients + optimizer state + max(activations saved + gradient transients,
@@ -200,4 +206,5 @@ def memory_per_gpu(spec: ModelSpec, layout: Layout, anatomy: Anatomy, capacity_b
     terms["framework"] = assumptions.framework_gib * GiB
     terms["allocator_slack"] = assumptions.allocator_fraction * (saved + transient)
     by_group = {k: dict(v) for k, v in states.items()}
-    return MemoryBreakdown(terms=terms, by_group=by_group, capacity=capacity_bytes, notes=tuple(notes))
+    return MemoryBreakdown(terms=terms, by_group=by_group, capacity=capacity_bytes, notes=tuple(notes),
+                           headroom_fraction=headroom)

@@ -103,22 +103,50 @@ def lines(text_lines: list[str], fmt: str) -> str:
     return "\n".join(prefix + t for t in text_lines) + "\n"
 
 
+def _sig(x: float) -> str:
+    """4 significant figures without exponents: 0.1234, 12.34, 1,234, 123,457."""
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
+
+
+def table_data(table) -> list[dict]:
+    """Decision-table rows as data: the row's name first, then every figure (units in the keys)."""
+    from ddplan.layout import NATIVE_ZERO
+    from ddplan.verdicts import config_label
+
+    native = NATIVE_ZERO[table.request.model.recipe.distribution]
+    return [{"config": config_label(p, native), **p.row()} for p in table.rows]
+
+
+DECISION_COLUMNS_NOTE = (
+    "Columns: step_s = compute_s (attention included: attn_s) + exposed comm_s (data- and tensor-parallel) + "
+    "optim_s + bubble_s (pipeline, with its sends); band = every efficiency at the slow and fast ends of its range; "
+    "basis: measured | fitted (derived from a measurement) | model (assumptions only); '!' = flagged, see the "
+    "warnings on stderr.")
+
+
 def decision_rows(rows: list[dict]) -> list[dict]:
-    """The decision table as people read it: bands inline, a few columns; csv/json keep every column."""
+    """The decision table as people read it: bands inline, a few columns; csv/json keep every column.
+    Floats to 3-4 significant figures; the bubble column only where a row has a pipeline."""
+    piped = any(r["pp"] > 1 for r in rows)
     out = []
     for r in rows:
-        out.append({
+        row = {
             "config": r["config"],
-            "accum": r["accum"],
-            "step_s (band)": f"{r['step_s']:.2f} ({r['step_low_s']:.2f}-{r['step_high_s']:.2f})",
-            "compute_s": f"{r['compute_s']:.2f}",
-            "attn_s": f"{r['attention_s']:.2f}",
-            "comm_s": f"{r['dp_comm_exposed_s'] + r['tp_comm_s']:.3f}",
-            "optim_s": f"{r['optimizer_s']:.3f}",
+            "micro-batch x accum": f"{r['micro_batch']} x {r['accum']}",
+            "step_s (band)": f"{r['step_s']:.4g} ({r['step_low_s']:.4g}-{r['step_high_s']:.4g})",
+            "compute_s": f"{r['compute_s']:.4g}",
+            "attn_s": f"{r['attention_s']:.3g}",
+            "comm_s": f"{r['dp_comm_exposed_s'] + r['tp_comm_s']:.3g}",
+            "optim_s": f"{r['optimizer_s']:.3g}",
+        }
+        if piped:
+            row["bubble_s"] = f"{r['bubble_s']:.3g}"
+        row.update({
             "MFU %": f"{r['mfu_pct']:.1f}",
-            "wall-clock h (band)": f"{r['wall_clock_h']:.1f} ({r['wall_low_h']:.1f}-{r['wall_high_h']:.1f})",
+            "wall-clock h (band)": f"{_sig(r['wall_clock_h'])} ({_sig(r['wall_low_h'])}-{_sig(r['wall_high_h'])})",
             "cost $ (band)": f"{r['cost_usd']:,.0f} ({r['cost_low_usd']:,.0f}-{r['cost_high_usd']:,.0f})",
             "mem GiB": f"{r['memory_gib']:.0f}" + ("" if r["fits"] else " (OOM)"),
             "basis": r["basis"] + (" !" if r["flags"] else ""),
         })
+        out.append(row)
     return out

@@ -75,3 +75,11 @@ def outside_steps_s(o: RunOverheads, *, steps: int, eval_every: int, eval_tokens
     n_ckpt = 1 + (steps // o.checkpoint_every_steps if o.checkpoint_every_steps else 0)
     ckpt_s = n_ckpt * checkpoint_bytes / (o.checkpoint_gbyte_per_s * 1e9 * nodes)
     return o.startup_s + eval_s + ckpt_s
+
+
+def eval_cadence(spec: ModelSpec, o: RunOverheads) -> tuple[int, int]:
+    """(every N steps, tokens per evaluation): the overheads' values where given, else the recipe's."""
+    ev = spec.recipe.evaluation
+    every = o.eval_every_steps if o.eval_every_steps is not None else (ev.every_steps if ev else 0)
+    tokens = o.eval_tokens if o.eval_tokens is not None else (ev.tokens if ev else 0)
+    return every, tokens

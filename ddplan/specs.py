@@ -454,3 +454,28 @@ def nanochat_dims(depth: int, aspect_ratio: int = 64, head_dim: int = 128) -> tu
         raise ValueError(f"depth must be positive, got {depth}")
     d_model = math.ceil(depth * aspect_ratio / head_dim) * head_dim
     return d_model, d_model // head_dim
+
+
+def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | None = None) -> ModelSpec:
+    """The model as one run trains it: another sequence length and/or compute dtype.
+
+    seq_len: the recipe's sequence length (at most architecture.max_seq_len); the total batch in tokens
+    stays the recipe's where it divides, else the nearest whole number of sequences. dtype: bf16/fp16
+    change the compute dtype only (master weights keep theirs); fp32 runs everything in fp32 (what
+    `ddplan calibrate` measures on a CPU). Raises ValueError naming the value when it cannot be.
+    """
+    if seq_len is not None and seq_len != spec.recipe.seq_len:
+        if not 0 < seq_len <= spec.architecture.max_seq_len:
+            raise ValueError(f"sequence length must be in 1..{spec.architecture.max_seq_len} "
+                             f"({spec.name}'s max_seq_len), got {seq_len}")
+        tokens = max(1, round(spec.recipe.total_batch_tokens / seq_len)) * seq_len
+        spec = spec.model_copy(update={"recipe": spec.recipe.model_copy(
+            update={"seq_len": seq_len, "total_batch_tokens": tokens})})
+    if dtype is not None and dtype != spec.dtypes.compute:
+        if dtype not in ("bf16", "fp16", "fp32"):
+            raise ValueError(f"compute dtype must be bf16, fp16 or fp32, got {dtype!r}")
+        update: dict = {"compute": dtype}
+        if dtype == "fp32":
+            update.update(logits="fp32", params={g: "fp32" for g in spec.dtypes.params})
+        spec = spec.model_copy(update={"dtypes": spec.dtypes.model_copy(update=update)})
+    return spec

@@ -20,7 +20,8 @@ from ddplan.anatomy import Anatomy, muon_matrices
 from ddplan.layout import NATIVE_ZERO, Layout
 from ddplan.memory import _stage_share
 from ddplan.params import param_counts
-from ddplan.roofline import Rates, gemm_efficiency, micro_batch_time, op_times, roofline_s
+from ddplan.comm import CommPoints, GroupTimer
+from ddplan.roofline import OpTimes, Rates, gemm_efficiency, micro_batch_time, op_times, roofline_s
 from ddplan.specs import HardwareSpec, ModelSpec
 from ddplan.units import dtype_bytes
 
@@ -129,52 +130,27 @@ def optimizer_time_s(spec: ModelSpec, layout: Layout, r: Rates) -> float:
     return total
 
 
-CommPoints = dict[tuple[str, int], list[tuple[float, float]]]  # (collective, group size) -> [(bytes, s)]
-
-
-def collective_s(hw: HardwareSpec, collective: str, size: float, n: int, span: int, eff: str,
-                 points: CommPoints | None, memo: dict | None = None) -> float:
-    """Seconds of one collective over n ranks: the measured t(S) curve when calibrated, else the model.
-
-    Calibrated: log-log interpolation of measured (S, t) at this group size; uncalibrated: alpha x ring
-    steps + S x factor / busbw, the group spanning nodes once span (dp x tp x pp) exceeds a node.
-    Never both: the measured time already holds the latency. Ref: DESIGN.md sec. 4.
-    """
-    if n <= 1 or size <= 0:
-        return 0.0
-    key = ("coll", id(hw), collective, size, n, span, eff, id(points))
-    if memo is not None and key in memo:
-        return memo[key]
-    if points and (collective, n) in points:
-        t = comm.interpolate_time_s(points[(collective, n)], size)
-    else:
-        tier = comm.tier_for(hw, collective, n if span <= hw.gpus_per_node else span, efficiency=eff)
-        t = comm.collective_time_s(collective, size, n, tier)
-    if memo is not None:
-        memo[key] = t
-    return t
+Cache = dict  # value-keyed results a caller keeps across layouts of one (model, hardware, calibration)
 
 
 def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatomy, r: Rates,
               comm_efficiency: str = "value", comm_points: CommPoints | None = None,
-              memo: dict | None = None) -> StepTime:
+              parts: OpTimes | None = None, optimizer_s: float | None = None, cache: Cache | None = None) -> StepTime:
     """Seconds of one optimizer step for a layout, by term. The anatomy is one tp rank's share.
 
-    memo: a dict the caller keeps across many layouts that share anatomy and rate objects (a layout
-    search); the per-micro-batch times and the optimizer time are computed once per key.
+    parts (op_times of this anatomy at these rates) and optimizer_s (optimizer_time_s at these rates)
+    may be passed precomputed; cache: a dict the caller keeps across layouts of the same model,
+    hardware and calibration (ddplan.price.Pricer), keyed by values, for collective times and buffers.
     """
     if anatomy.tp != layout.tp:
         raise ValueError(f"the anatomy is for tp={anatomy.tp}, the layout has tp={layout.tp}")
-    memo = {} if memo is None else memo
+    cache = {} if cache is None else cache
     p, accum = layout.pp, layout.grad_accum
-
-    parts_key = ("ops", id(anatomy.ops), id(r))  # recompute variants share their ops tuple
-    if parts_key not in memo:
-        memo[parts_key] = op_times(anatomy, r)
+    parts = op_times(anatomy, r) if parts is None else parts
 
     def mb_time(fraction: float, emb: bool, head: bool):
         return micro_batch_time(anatomy, r, layer_fraction=fraction, include_embeddings=emb, include_head=head,
-                                parts=memo[parts_key])
+                                parts=parts)
 
     mbt = mb_time(1.0 / p, True, p == 1)
     if p > 1:  # the busiest stage: its layers plus the heavier of embeddings and head
@@ -187,9 +163,10 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
     if layout.tp > 1:
         # Megatron: 2 all-reduces of b s h forward and 2 backward per layer; full recompute repeats the
         # forward pair (Korthikanti et al., arXiv 2205.05198, sec. 4.2.2)
-        size = comm.tp_allreduce_size_bytes(layout.micro_batch, anatomy.seq_len, a.d_model, e)
-        per = collective_s(hw, "all_reduce", size, layout.tp, layout.tp, comm_efficiency, comm_points, memo)
-        tp_s = accum * (a.num_layers / p) * (6 if anatomy.recompute == "full" else 4) * per
+        timer = _Cached(GroupTimer(hw, layout.tp, comm_efficiency, comm_points), cache)
+        fwd, bwd = comm.tp_comm_time_per_layer_s(layout.micro_batch, anatomy.seq_len, a.d_model, e, layout.tp, timer)
+        per_layer = fwd + bwd + (fwd if anatomy.recompute == "full" else 0.0)
+        tp_s = accum * (a.num_layers / p) * per_layer
 
     bubble = pipeline.bubble_time_s(compute + tp_s, p, accum, layout.pp_virtual_stages) if p > 1 else 0.0
     if p > 1:  # activations to the next stage and gradients back, per micro-batch, not overlapped
@@ -197,62 +174,63 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
         crosses = layout.tp * layout.pp > hw.gpus_per_node
         tier = comm.tier_for(hw, "all_gather", hw.gpus_per_node + 1 if crosses else 2, efficiency=comm_efficiency)
         sent = pipeline.p2p_bytes_per_microbatch(layout.micro_batch, anatomy.seq_len, a.d_model, e) / layout.tp
-        # interleaving multiplies the stage boundaries each micro-batch crosses by v (Narayanan et al.
-        # arXiv 2104.04473 sec. 2.2.2)
-        bubble += accum * 2 * layout.pp_virtual_stages * (sent / tier.busbw_bytes_per_s + tier.latency_s)
+        bubble += pipeline.p2p_time_s(sent, tier.busbw_bytes_per_s, tier.latency_s, accum, layout.pp_virtual_stages)
 
-    opt_key = ("opt", id(r), dp_policy(spec, layout), layout.dp, layout.tp, layout.pp)
-    if opt_key not in memo:
-        memo[opt_key] = optimizer_time_s(spec, layout, r)
-    opt_s = memo[opt_key]
+    opt_s = optimizer_time_s(spec, layout, r) if optimizer_s is None else optimizer_s
     policy = dp_policy(spec, layout)
-    total_comm, exposed = _dp_comm(spec, hw, layout, policy, mbt.bwd_s, mbt.total_s, comm_efficiency, comm_points,
-                                   memo)
+    total_comm, exposed = dp_comm_s(spec, hw, layout, mbt.bwd_s, mbt.total_s, comm_efficiency, comm_points, cache)
     if policy == "sharded_optimizer":  # communication overlaps optimizer math only
-        hidden = min(opt_s, total_comm)
-        exposed = total_comm - hidden
+        exposed = total_comm - min(opt_s, total_comm)
     return StepTime(fwd_s=mbt.fwd_s, bwd_s=mbt.bwd_s, accum=accum, compute_s=compute, tp_comm_s=tp_s,
                     dp_comm_total_s=total_comm, dp_comm_exposed_s=exposed, bubble_s=bubble, optimizer_s=opt_s,
                     by_kind_s={k: v * accum for k, v in mbt.by_kind_s.items()}, policy=policy)
 
 
-def _dp_comm(spec: ModelSpec, hw: HardwareSpec, layout: Layout, policy: str, bwd_s: float, mb_s: float,
-             eff: str, points: CommPoints | None, memo: dict | None = None) -> tuple[float, float]:
-    """(total, exposed) seconds of data-parallel communication in one step."""
+@dataclass(frozen=True)
+class _Cached:
+    """A collective timer whose results are kept in the caller's value-keyed cache."""
+
+    timer: GroupTimer
+    cache: Cache
+
+    def time_s(self, collective: str, size_bytes: float, n: int) -> float:
+        t = self.timer
+        key = ("collective", collective, size_bytes, n, t.span, t.efficiency)
+        if key not in self.cache:
+            self.cache[key] = t.time_s(collective, size_bytes, n)
+        return self.cache[key]
+
+
+def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, mb_s: float,
+              efficiency: str = "value", points: CommPoints | None = None,
+              cache: Cache | None = None) -> tuple[float, float]:
+    """(total, exposed) seconds of data-parallel communication in one step, by the layout's policy.
+
+    DDP: comm.ddp_exposed_s; ZeRO-1/2 and FSDP: comm.zero1_comm_s, zero2_comm_s, fsdp_comm_s; nanochat's
+    sharded optimizer: everything after the last micro-batch (the caller hides it under optimizer math).
+    """
     n = layout.dp
     if n == 1:
         return 0.0, 0.0
+    cache = {} if cache is None else cache
+    policy = dp_policy(spec, layout)
     # a data-parallel group spans nodes once dp x tp x pp exceeds a node (tp and pp kept inside)
-    span = n * layout.tp * layout.pp
-
-    def t(collective: str, size: float) -> float:
-        return collective_s(hw, collective, size, n, span, eff, points, memo)
-
+    timer = _Cached(GroupTimer(hw, n * layout.tp * layout.pp, efficiency, points), cache)
     bkey = ("buffers", policy, n, layout.tp, layout.pp)
-    if memo is not None and bkey in memo:
-        buffers = memo[bkey]
-    else:
-        buffers = grad_sync_buffers(spec, layout)
-        if memo is not None:
-            memo[bkey] = buffers
+    if bkey not in cache:
+        cache[bkey] = grad_sync_buffers(spec, layout)
+    buffers = cache[bkey]
     if policy == "ddp":
-        # buckets all-reduce while backward runs; the last bucket is always exposed (comm.ddp_exposed_s)
         size = sum(s for _, s in buffers)
-        total, last = t("all_reduce", size), t("all_reduce", min(DDP_BUCKET_BYTES, size))
-        return total, max(total - bwd_s, last)
-    rs = sum(t(c, s) for c, s in buffers if c == "reduce_scatter")
-    ag = sum(t(c, s) for c, s in buffers if c == "all_gather")
-    ar = sum(t(c, s) for c, s in buffers if c == "all_reduce")
+        return timer.time_s("all_reduce", size, n), comm.ddp_exposed_s(size, DDP_BUCKET_BYTES, n, timer, bwd_s)
+    rs, ag, ar = (sum(timer.time_s(c, s, n) for c, s in buffers if c == kind)
+                  for kind in ("reduce_scatter", "all_gather", "all_reduce"))
     if policy == "sharded_optimizer":
         return rs + ag + ar, rs + ag + ar  # overlap with optimizer math applied by the caller
-    last_bucket = t("reduce_scatter", min(DDP_BUCKET_BYTES, sum(s for c, s in buffers if c == "reduce_scatter")))
-    if policy == "zero1":  # reduce-scatter in the last micro-batch's backward, all-gather after the step
-        return rs + ag, max(rs - bwd_s, last_bucket) + ag
-    if policy == "zero2":  # reduce-scatter in every micro-batch's backward
-        per_mb = max(rs - bwd_s, last_bucket)
-        return layout.grad_accum * rs + ag, layout.grad_accum * per_mb + ag
-    # fsdp: all-gather params in forward and again in backward, reduce-scatter grads, every micro-batch,
-    # prefetched under compute; the first gather of each pass is exposed
-    per_mb = 2 * ag + rs
-    first = 2 * ag / max(1, spec.architecture.num_layers)
-    return layout.grad_accum * per_mb, layout.grad_accum * (max(0.0, per_mb - mb_s) + first)
+    last = timer.time_s("reduce_scatter", min(DDP_BUCKET_BYTES, sum(s for c, s in buffers if c == "reduce_scatter")),
+                        n)
+    if policy == "zero1":
+        return comm.zero1_comm_s(rs, ag, last, bwd_s)
+    if policy == "zero2":
+        return comm.zero2_comm_s(rs, ag, last, bwd_s, layout.grad_accum)
+    return comm.fsdp_comm_s(rs, ag, mb_s, layout.grad_accum, max(1, spec.architecture.num_layers))

@@ -43,3 +43,23 @@ def csv_rows(out: str) -> list[dict[str, str]]:
 
 def f(row: dict[str, str], key: str) -> float:
     return float(row[key])
+
+
+def readable(csv_text: str, rows: int | None = None) -> str:
+    """A CSV output as a reviewer reads a golden: floats to 4 significant figures, at most `rows` rows.
+
+    Goldens pin what a person checks; properties of the whole layout space are property tests.
+    """
+    def short(cell: str) -> str:
+        if any(c in cell for c in ".e") and cell.replace(".", "", 1).replace("e", "", 1).replace("-", "").replace(
+                "+", "").isdigit():
+            return f"{float(cell):.4g}"
+        return cell
+
+    lines = list(csv.reader(io.StringIO(csv_text)))
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(lines[0])
+    for line in lines[1:][:rows]:
+        writer.writerow([short(c) for c in line])
+    return buf.getvalue()

@@ -136,8 +136,9 @@ def test_one_rank_verdict_says_stages_do_not_differ(capsys):
     (["--zero", "5"], ("--zero", "0, 1, 2, 3")),
     (["--gpus", "-1"], ("--gpus", "-1")),
     (["--attention", "nope"], ("--attention", "'nope'", "sdpa-fused")),
-    (["--tp", "5"], ("tp=5", "num_heads=12")),
-], ids=["zero-5", "gpus-negative", "attention-unknown", "tp-not-dividing-heads"])
+    (["--gpus", "5", "--tp", "5"], ("tp=5", "num_heads=12")),
+    (["--gpus", "4", "--tp", "8"], ("--gpus/--tp/--pp", "tp x pp = 8", "4 GPUs")),
+], ids=["zero-5", "gpus-negative", "attention-unknown", "tp-not-dividing-heads", "tp-above-gpus"])
 def test_errors_are_one_line(capsys, extra, words):
     _, line = fails(capsys, ["memory", "--model", "d24", *extra])
     for w in words:

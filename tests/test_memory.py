@@ -10,7 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from ddplan.anatomy import build_anatomy
-from ddplan.fit import Setup, breakdown, consistent_with
+from ddplan.sizing import Setup, breakdown, consistent_with
 from ddplan.layout import Layout
 from ddplan.memory import activation_bytes, in_flight_micro_batches, memory_per_gpu, model_states
 from ddplan.registry import load_hardware, load_model

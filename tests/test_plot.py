@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from ddplan import cli, plot
-from ddplan.fit import Setup, zero_rows
+from ddplan.sizing import Setup, zero_rows
 from ddplan.layout import Layout
 from ddplan.registry import load_hardware, load_model
 

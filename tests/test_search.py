@@ -16,10 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ddplan.errors import DdplanError, LayoutError
-from ddplan.fit import Setup, breakdown
+from ddplan.sizing import Setup, breakdown
 from ddplan.layout import NATIVE_ZERO, Layout, check_layout
 from ddplan.registry import load_hardware, load_model
-from ddplan.search import FAMILIES, TIE, PlanRequest, _Evaluator, family, layouts_for, pareto_front, search
+from ddplan.plan import FAMILIES, TIE, PlanRequest, family, layouts_for, pareto_front, pricer_for, search
+from ddplan.verdicts import plan_reasons
 from ddplan.units import GiB
 
 MODELS = {name: load_model(name) for name in ("d12", "d24", "gpt2-124m", "llama-3-8b", "llama-3-70b")}
@@ -36,6 +37,22 @@ FEW = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck
 
 
 @functools.lru_cache(maxsize=None)
+
+class Mem:
+    """GiB per GPU of a layout at the model's window, from the search's own pricer."""
+
+    def __init__(self, pricer):
+        self.pricer = pricer
+
+    def mem_gib(self, layout):
+        return self.pricer.memory(layout, self.pricer.spec.architecture.window_pattern).total / GiB
+
+
+def reasons_of(result):
+    return plan_reasons(result)
+
+
+
 def cached_search(model: str, hardware: str, gpus: tuple[int, ...], objective: str = "time",
                   headroom: float = 0.05):
     return search(PlanRequest(model=MODELS[model], hardware=(HARDWARE[hardware],), gpus=gpus,
@@ -61,7 +78,7 @@ def show(title: str, result, n: int = 3) -> None:
     print(" | ".join(COLUMNS))
     for r in result.rows[:n]:
         print(" | ".join(f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in COLUMNS))
-    print("\n".join(result.reasons))
+    print("\n".join(reasons_of(result)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -134,7 +151,7 @@ def test_search_keeps_every_layout_that_fits(case):
     model, hardware, gpus = case
     spec, hw = MODELS[model], HARDWARE[hardware]
     req = PlanRequest(model=spec, hardware=(hw,), gpus=(gpus,))
-    ev, expected = _Evaluator(req, spec, hw), set()
+    ev, expected = Mem(pricer_for(req, hw, spec.recipe.total_batch_tokens)), set()
     for group in layouts_for(spec, hw, gpus, spec.recipe.total_batch_tokens, req):
         for by_rc in group:
             try:
@@ -243,10 +260,10 @@ def test_d24_on_8_gpus_is_plain_dp_with_nanochats_sharded_optimizer(hardware):
     assert top["native"] is True and top["family"] == "pure DP"
     assert top["recompute"] == "none"
     assert top["memory_gib"] <= limit_gib(hardware)
-    assert result.reasons[0].startswith("Choice: 8x ") and "ZeRO-1 (native)" in result.reasons[0]
-    tp_line = next(line for line in result.reasons if line.startswith("+TP loses"))
+    assert reasons_of(result)[0].startswith("Choice: 8x ") and "ZeRO-1 (native)" in reasons_of(result)[0]
+    tp_line = next(line for line in reasons_of(result) if line.startswith("+TP loses"))
     assert "tensor-parallel all-reduces" in tp_line
-    pp_line = next(line for line in result.reasons if line.startswith("+PP loses"))
+    pp_line = next(line for line in reasons_of(result) if line.startswith("+PP loses"))
     assert "ms/step" in pp_line
     # the TP and PP layouts are slower by more than the tie, so they lose on figures, not on simplicity
     best = {f: next(r for r in result.rows if r["family"] == f) for f in ("+TP", "+PP")}
@@ -266,9 +283,9 @@ def test_llama_3_70b_on_64_h100_is_forced_by_memory():
     assert top["memory_gib"] <= limit_gib(hardware)
     assert top["zero"] == 3 or top["recompute"] != "none" or top["tp"] > 1 or top["pp"] > 1
     layout = layout_of(top, model)
-    # the search's cached memory is `ddplan memory`'s (ddplan.fit) for the same layout
+    # the search's cached memory is `ddplan memory`'s (ddplan.sizing) for the same layout
     assert breakdown(spec, hw, Setup(layout=layout)).total / GiB == pytest.approx(top["memory_gib"], rel=1e-9)
-    ev = _Evaluator(PlanRequest(model=spec, hardware=(hw,), gpus=(64,)), spec, hw)
+    ev = Mem(pricer_for(PlanRequest(model=spec, hardware=(hw,), gpus=(64,)), hw, spec.recipe.total_batch_tokens))
     if top["recompute"] != "none":
         no_recompute = ev.mem_gib(replace(layout, recompute="none"))
         print(f"same layout, recompute none: {no_recompute:.1f} GiB > limit {limit_gib(hardware):.1f} GiB")
@@ -276,7 +293,7 @@ def test_llama_3_70b_on_64_h100_is_forced_by_memory():
         assert breakdown(spec, hw, Setup(layout=replace(layout, recompute="none"))).total / GiB > limit_gib(hardware)
     if top["zero"] == 3:  # and less sharding does not fit either
         assert all(ev.mem_gib(replace(layout, zero=z)) > limit_gib(hardware) for z in (0, 1, 2))
-    choice = result.reasons[0]
+    choice = reasons_of(result)[0]
     assert f"{top['memory_gib']:.0f} of 80 GiB per GPU" in choice
 
 
@@ -299,16 +316,16 @@ def test_llama_reasons_show_the_memory_that_forces_recompute():
     top = result.rows[0]
     assert top["recompute"] != "none"
     spec, hw = MODELS["llama-3-70b"], HARDWARE["h100-sxm"]
-    ev = _Evaluator(PlanRequest(model=spec, hardware=(hw,), gpus=(64,)), spec, hw)
+    ev = Mem(pricer_for(PlanRequest(model=spec, hardware=(hw,), gpus=(64,)), hw, spec.recipe.total_batch_tokens))
     no_recompute = ev.mem_gib(replace(layout_of(top, "llama-3-70b"), recompute="none"))
-    text = "\n".join(result.reasons[1:])
+    text = "\n".join(reasons_of(result)[1:])
     assert f"{no_recompute:.0f} GiB" in text or f"{no_recompute:.1f} GiB" in text
 
 
 def test_fsdp_native_model_does_not_claim_zero_family_does_not_fit():
     result = cached_search("llama-3-70b", "h100-sxm", (64,))
     assert NATIVE_ZERO[MODELS["llama-3-70b"].recipe.distribution] == 3
-    assert not any(line.startswith("+ZeRO/FSDP: no layout of this family fits") for line in result.reasons)
+    assert not any(line.startswith("+ZeRO/FSDP: no layout of this family fits") for line in reasons_of(result))
 
 
 def test_a_family_within_the_tie_is_not_said_to_lose_on_figures():
@@ -316,5 +333,5 @@ def test_a_family_within_the_tie_is_not_said_to_lose_on_figures():
     top = result.rows[0]
     zero = next(r for r in result.rows if r["family"] == "+ZeRO/FSDP" and r["gpus"] == top["gpus"])
     assert zero["wall_clock_h"] < top["wall_clock_h"]  # the setup of the bug: it is faster, within TIE
-    line = next(line for line in result.reasons if line.startswith("+ZeRO/FSDP"))
+    line = next(line for line in reasons_of(result) if line.startswith("+ZeRO/FSDP"))
     assert "2%" in line or "simpler" in line

@@ -23,7 +23,7 @@ from ddplan.anatomy import build_anatomy, muon_flops
 from ddplan.layout import Layout, check_layout
 from ddplan.registry import load_hardware, load_model
 from ddplan.roofline import Rates, rates
-from ddplan.step import collective_s, grad_sync_buffers, optimizer_time_s, step_time
+from ddplan.step import grad_sync_buffers, optimizer_time_s, step_time
 
 SQ, MLP_IN, MLP_OUT, VE = (1536, 1536), (6144, 1536), (1536, 6144), (12, 12)
 
@@ -326,25 +326,25 @@ def test_step_zero2_reduce_scatters_every_micro_batch():
     assert z2.dp_comm_exposed_s >= z1.dp_comm_exposed_s
 
 
-def test_collective_s_measured_curve_replaces_the_model_never_both():
+def test_group_timer_measured_curve_replaces_the_model_never_both():
     """Calibrated: log-log interpolation of measured t(S) (comm.interpolate_time_s), no latency added;
     otherwise the ring model at the tier; nothing for one rank or an empty buffer."""
     hw = _hw()
     pts = {("all_reduce", 8): [(1e6, 1e-4), (1e8, 1e-3)]}
-    assert collective_s(hw, "all_reduce", 1e7, 8, 8, "value", pts) == pytest.approx(math.sqrt(1e-4 * 1e-3))
+    assert comm.GroupTimer(hw, 8, "value", pts).time_s("all_reduce", 1e7, 8) == pytest.approx(math.sqrt(1e-4 * 1e-3))
     model = comm.collective_time_s("all_reduce", 1e7, 8, comm.tier_for(hw, "all_reduce", 8))
-    assert collective_s(hw, "all_reduce", 1e7, 8, 8, "value", None) == pytest.approx(model)
-    assert collective_s(hw, "reduce_scatter", 1e7, 8, 8, "value", pts) == pytest.approx(
+    assert comm.GroupTimer(hw, 8, "value", None).time_s("all_reduce", 1e7, 8) == pytest.approx(model)
+    assert comm.GroupTimer(hw, 8, "value", pts).time_s("reduce_scatter", 1e7, 8) == pytest.approx(
         comm.collective_time_s("reduce_scatter", 1e7, 8, comm.tier_for(hw, "reduce_scatter", 8)))  # no points
-    assert collective_s(hw, "all_reduce", 1e7, 1, 1, "value", pts) == 0.0
-    assert collective_s(hw, "all_reduce", 0.0, 8, 8, "value", pts) == 0.0
+    assert comm.GroupTimer(hw, 1, "value", pts).time_s("all_reduce", 1e7, 1) == 0.0
+    assert comm.GroupTimer(hw, 8, "value", pts).time_s("all_reduce", 0.0, 8) == 0.0
 
 
-def test_collective_s_spanning_nodes_uses_the_inter_node_tier():
+def test_group_timer_spanning_nodes_uses_the_inter_node_tier():
     hw = _hw()
     inter = comm.tier_for(hw, "all_reduce", 16)
     assert inter.name == "inter_node"
-    assert collective_s(hw, "all_reduce", 1e9, 2, 16, "value", None) == pytest.approx(
+    assert comm.GroupTimer(hw, 16, "value", None).time_s("all_reduce", 1e9, 2) == pytest.approx(
         comm.collective_time_s("all_reduce", 1e9, 2, inter))
 
 

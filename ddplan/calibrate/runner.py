@@ -292,25 +292,23 @@ def check_step(spec: ModelSpec, hw: HardwareSpec, cal: CalibrationSpec, held_out
 
     Before: the hardware spec's assumptions. After: the calibration's micro-benchmarks (GEMMs at the
     model's shapes, attention, HBM, launch overhead) with the step time itself left out of the fit.
+    Both are ddplan.price.Pricer's step, the one every planning command uses.
     """
-    from ddplan.anatomy import build_anatomy
     from ddplan.layout import NATIVE_ZERO, Layout
-    from ddplan.plan import calibrated_rates
-    from ddplan.roofline import rates
-    from ddplan.step import step_time
+    from ddplan.price import Pricer, RunPlan
+    from ddplan.specs import run_variant
 
     if not held_out or "skipped" in held_out:
         return []
-    run_spec = spec_for_device(spec, device)
+    run_spec = run_variant(spec_for_device(spec, device), seq_len=held_out["seq_len"])
     impl = hw.attention_impl(held_out["attention"])
     layout = Layout(dp=1, zero=NATIVE_ZERO[spec.recipe.distribution], micro_batch=held_out["batch"],
                     grad_accum=1, attention=impl.name, compiled=False)
-    anatomy = build_anatomy(run_spec, batch=held_out["batch"], seq_len=held_out["seq_len"], attention=impl.kind,
-                            windows=impl.windows, compiled=False)
-    base = rates(hw, impl.name)
+    plan = RunPlan(layout.micro_batch * held_out["seq_len"], run_spec.recipe.budget, hw.price)
     after_cal = cal.model_copy(update={"step_times": []})  # held out
-    before = step_time(run_spec, hw, layout, anatomy, base)
-    after = step_time(run_spec, hw, layout, anatomy, calibrated_rates(base, impl.name, after_cal))
+    window = run_spec.architecture.window_pattern
+    before = Pricer(run_spec, hw, plan).step(layout, window)
+    after = Pricer(run_spec, hw, plan, after_cal).step(layout, window)
     rows = []
     for term, key, pick in (("forward", "fwd_s", lambda st: st.fwd_s), ("backward", "bwd_s", lambda st: st.bwd_s),
                             ("optimizer", "optimizer_s", lambda st: st.optimizer_s),
@@ -326,9 +324,8 @@ def check_step(spec: ModelSpec, hw: HardwareSpec, cal: CalibrationSpec, held_out
 
 
 def spec_for_device(spec: ModelSpec, device: str) -> ModelSpec:
-    """The model as it runs in the benchmark: on CPU everything is fp32 (dtype_policy='fp32')."""
-    if device != "cpu":
-        return spec
-    dtypes = spec.dtypes.model_copy(update={"compute": "fp32", "logits": "fp32",
-                                            "params": {g: "fp32" for g in spec.dtypes.params}})
-    return spec.model_copy(update={"dtypes": dtypes})
+    """The model as it runs in the benchmark: on CPU everything is fp32 (dtype_policy='fp32'), as
+    `--dtype fp32` asks the planning commands for it (ddplan.specs.run_variant)."""
+    from ddplan.specs import run_variant
+
+    return spec if device != "cpu" else run_variant(spec, dtype="fp32")

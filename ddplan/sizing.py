@@ -1,17 +1,18 @@
-"""Does it fit? Memory rows per ZeRO stage, the verdict, and what a measured peak is consistent with.
+"""Does it fit? Memory rows per ZeRO stage, what else would fit, and what a measured peak matches.
 
-Pure functions over specs: rows are plain dicts (units in the keys), rendered by ddplan.render.
+Every figure is the pricer's (ddplan.price.Pricer.memory), so `ddplan memory`, `table` and `plan` agree
+about one layout. Rows are plain dicts (units in the keys); ddplan.verdicts words the conclusion.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ddplan.anatomy import build_anatomy
 from ddplan.errors import LayoutError, UsageError
 from ddplan.layout import NATIVE_ZERO, Layout, check_layout
-from ddplan.memory import HEADROOM, MemoryAssumptions, MemoryBreakdown, memory_per_gpu
-from ddplan.specs import HardwareSpec, ModelSpec
+from ddplan.memory import HEADROOM, MemoryAssumptions, MemoryBreakdown
+from ddplan.price import Pricer, RunPlan
+from ddplan.specs import HardwareSpec, ModelSpec, run_variant
 from ddplan.units import GB, GiB
 
 TERM_COLUMNS = {
@@ -19,10 +20,6 @@ TERM_COLUMNS = {
     "activations": "activations_gib", "activation_transient": "transient_gib", "comm_buffers": "buffers_gib",
     "framework": "framework_gib", "allocator_slack": "allocator_gib",
 }
-DISTRIBUTION_NAMES = {"sharded_optimizer": "nanochat's sharded optimizer (ZeRO-1 memory)", "ddp": "DDP",
-                      "zero1": "ZeRO-1", "zero2": "ZeRO-2", "fsdp": "FSDP (ZeRO-3)"}
-
-
 @dataclass(frozen=True)
 class Setup:
     """Everything memory depends on besides the specs."""
@@ -30,6 +27,7 @@ class Setup:
     layout: Layout
     window_pattern: str | None = None
     seq_len: int | None = None
+    headroom: float = HEADROOM
 
 
 def attention_mode(hw: HardwareSpec, name: str) -> tuple[str, str]:
@@ -43,23 +41,31 @@ def attention_mode(hw: HardwareSpec, name: str) -> tuple[str, str]:
     return impl.kind, impl.windows
 
 
+def memory_pricer(spec: ModelSpec, hw: HardwareSpec, setup: Setup,
+                  assumptions: MemoryAssumptions = MemoryAssumptions()) -> Pricer:
+    """A pricer for memory questions about one setup (the recipe's run; memory does not depend on it)."""
+    attention_mode(hw, setup.layout.attention)  # an unknown implementation is a usage error, said once
+    spec = run_variant(spec, seq_len=setup.seq_len)
+    plan = RunPlan(spec.recipe.total_batch_tokens, spec.recipe.budget, hw.price, headroom=setup.headroom)
+    return Pricer(spec, hw, plan, assumptions=assumptions)
+
+
 def breakdown(spec: ModelSpec, hw: HardwareSpec, setup: Setup,
-              assumptions: MemoryAssumptions = MemoryAssumptions()) -> MemoryBreakdown:
-    layout = setup.layout
-    kind, windows = attention_mode(hw, layout.attention)
-    anatomy = build_anatomy(spec, batch=layout.micro_batch, seq_len=setup.seq_len, attention=kind,
-                            windows=windows, recompute=layout.recompute, compiled=layout.compiled,
-                            window_pattern=setup.window_pattern, tp=layout.tp)
-    return memory_per_gpu(spec, layout, anatomy, hw.memory.usable_bytes, assumptions)
+              assumptions: MemoryAssumptions = MemoryAssumptions(), pricer: Pricer | None = None) -> MemoryBreakdown:
+    """Memory per GPU of a setup, by term (the pricer's; pass one to share its cache)."""
+    pricer = pricer or memory_pricer(spec, hw, setup, assumptions)
+    attention_mode(hw, setup.layout.attention)
+    return pricer.memory(setup.layout, setup.window_pattern or pricer.spec.architecture.window_pattern)
 
 
 def zero_rows(spec: ModelSpec, hw: HardwareSpec, setup: Setup, stages: list[int],
               assumptions: MemoryAssumptions = MemoryAssumptions()) -> list[dict]:
     """One row per ZeRO stage: each term in GiB, total against usable memory, the native stage marked."""
     native = NATIVE_ZERO[spec.recipe.distribution]
+    pricer = memory_pricer(spec, hw, setup, assumptions)
     rows = []
     for z in stages:
-        mb = breakdown(spec, hw, replace(setup, layout=replace(setup.layout, zero=z)), assumptions)
+        mb = breakdown(spec, hw, replace(setup, layout=replace(setup.layout, zero=z)), assumptions, pricer)
         row = {"zero": z, "setup": "native" if z == native else "what-if"}
         row.update({TERM_COLUMNS[k]: v / GiB for k, v in mb.terms.items()})
         row.update({"total_gib": mb.total / GiB, "usable_gib": mb.capacity / GiB,
@@ -79,10 +85,11 @@ def alternatives(spec: ModelSpec, hw: HardwareSpec, setup: Setup,
     out = []
     base = setup.layout
 
-    limit = (1 - HEADROOM) * hw.memory.usable_bytes
+    limit = (1 - setup.headroom) * hw.memory.usable_bytes
+    pricer = memory_pricer(spec, hw, setup, assumptions)
 
     def total(layout: Layout) -> float:
-        return breakdown(spec, hw, replace(setup, layout=layout), assumptions).total
+        return breakdown(spec, hw, replace(setup, layout=layout), assumptions, pricer).total
 
     mb = base.micro_batch // 2
     while mb >= 1:
@@ -120,39 +127,6 @@ def alternatives(spec: ModelSpec, hw: HardwareSpec, setup: Setup,
     return out
 
 
-def verdict(spec: ModelSpec, hw: HardwareSpec, rows: list[dict], alts: list[tuple[str, float, bool]]) -> list[str]:
-    """Plain-words conclusion: the smallest setup that fits, with headroom, or what would."""
-    native = next((r for r in rows if r["setup"] == "native"), None)
-    fitting = [r for r in rows if r["fits"]]
-    name = DISTRIBUTION_NAMES[spec.recipe.distribution]
-    lines = []
-    if native and native["fits"]:
-        lines.append(f"Fits with the model's native setup ({name}, ZeRO-{native['zero']}): "
-                     f"{native['total_gib']:.1f} of {native['usable_gib']:.1f} GiB, "
-                     f"{native['headroom_gib']:.1f} GiB headroom.")
-        more = [r for r in rows if r["zero"] > native["zero"]]
-        if more and len({round(r["total_gib"], 2) for r in rows}) == 1:
-            lines.append("ZeRO stages do not differ here: with one data-parallel rank there is nothing to shard.")
-        elif more:
-            saved = native["total_gib"] - min(r["total_gib"] for r in more)
-            lines.append(f"Higher ZeRO stages would save up to {saved:.1f} GiB per GPU: not needed while "
-                         f"memory is not the limit (they need another training setup and add communication).")
-    elif fitting:
-        best = min(fitting, key=lambda r: r["zero"])
-        lines.append(f"The native setup ({name}) does not fit; ZeRO-{best['zero']} is the smallest stage that "
-                     f"does: {best['total_gib']:.1f} of {best['usable_gib']:.1f} GiB.")
-    else:
-        lines.append("No ZeRO stage fits at this micro-batch.")
-    if not (native and native["fits"]):
-        ok = [a for a in alts if a[2]]
-        for desc, gib, _ in ok:
-            lines.append(f"Would fit: {desc}: {gib:.1f} GiB.")
-        if not ok:
-            lines.append("Nothing tried alone fits: combine a smaller device batch with recompute, or add GPUs "
-                         "with TP/PP.")
-    return lines
-
-
 def consistent_with(spec: ModelSpec, hw: HardwareSpec, setup: Setup, measured_gb: float, tolerance: float = 0.10,
                     assumptions: MemoryAssumptions = MemoryAssumptions()) -> list[dict]:
     """Every (attention, recompute, compiled) combination, its predicted peak, and whether it matches.
@@ -164,12 +138,37 @@ def consistent_with(spec: ModelSpec, hw: HardwareSpec, setup: Setup, measured_gb
     if measured_gb <= 0:
         raise UsageError(f"must be positive, got {measured_gb}", field="--measured-peak")
     out = []
+    pricer = memory_pricer(spec, hw, setup, assumptions)
     for impl in hw.attention:
         for rc in ("none", "selective", "full"):
             for compiled in (True, False):
                 layout = replace(setup.layout, attention=impl.name, recompute=rc, compiled=compiled)
-                t = breakdown(spec, hw, replace(setup, layout=layout), assumptions).total / GB
+                t = breakdown(spec, hw, replace(setup, layout=layout), assumptions, pricer).total / GB
                 err = (t - measured_gb) / measured_gb
                 out.append({"attention": impl.name, "recompute": rc, "compiled": compiled, "predicted_gb": t,
                             "error_pct": 100 * err, "consistent": abs(err) <= tolerance})
     return sorted(out, key=lambda r: abs(r["error_pct"]))
+
+
+def memory_setup(spec: ModelSpec, hw: HardwareSpec, *, gpus: int, tp: int = 1, pp: int = 1,
+                 micro_batch: int | None = None, attention: str | None = None, recompute: str = "none",
+                 compiled: bool | None = None, window_pattern: str | None = None,
+                 headroom: float = HEADROOM) -> Setup:
+    """The setup `ddplan memory` asks about: gpus in total (dp = gpus / (tp x pp)), the recipe's batch split
+    by the one rule (ddplan.layout.split_batch)."""
+    from ddplan.layout import split_batch
+
+    if gpus % (tp * pp):
+        raise UsageError(f"tp x pp = {tp * pp} does not divide {gpus} GPUs", field="--gpus/--tp/--pp")
+    dp = gpus // (tp * pp)
+    split = split_batch(spec.recipe.total_batch_tokens // spec.recipe.seq_len, dp,
+                        micro_batch or spec.recipe.device_batch_size)
+    layout = Layout(dp=dp, tp=tp, pp=pp, micro_batch=split.micro_batch if micro_batch is None else micro_batch,
+                    grad_accum=split.accum, attention=attention or hw.default_attention, recompute=recompute,
+                    compiled=spec.recipe.compiled if compiled is None else compiled)
+    try:
+        check_layout(layout, spec)
+    except LayoutError as e:
+        e.field = e.field or "--gpus/--tp/--pp"
+        raise
+    return Setup(layout=layout, window_pattern=window_pattern, headroom=headroom)

@@ -1,0 +1,146 @@
+"""Fit one efficiency knob to a measured training step, so every other layout is derived from it.
+
+A measurement pins exactly what was measured: its GPUs, layout (tp, pp, ZeRO), device batch, total
+batch, attention, window, recompute and compile mode. If that configuration cannot be priced as given
+(the batch does not split over its ranks), it is an error naming the flags, never a silent rounding.
+
+The fit is done separately in each scenario of the other efficiencies (their low end, their high end
+and points between), so a derived row's band carries what the measurement did not pin down. Scenarios
+that would need the fitted kernel faster than the device's best measured GEMM are ruled out; when
+even the central fit needs that, the measurement is implausible as stated, and the band falls back to
+the model's own.
+
+"fit" in ddplan means this (a measurement's fit); memory is said to fit or not in ddplan.memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ddplan.calibration import StepMeasurement, fit_factor
+from ddplan.errors import UsageError
+from ddplan.layout import NATIVE_ZERO, Layout, check_layout
+from ddplan.roofline import FIT_SCENARIOS, Rates, Scenario
+from ddplan.specs import ModelSpec
+
+KNOB_FLAGS = "--measured-gpus/--measured-tp/--measured-pp/--device-batch-size/--total-batch-size"
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A knob's efficiency factor per scenario, fitted to one measured step."""
+
+    knob: str  # gemm | attention | compute
+    factors: dict  # scenario -> factor; "value" first
+    measurement: StepMeasurement
+    layout: Layout  # the measured layout, exactly
+    window: str
+    seq_len: int
+    implied: float  # the fitted knob's efficiency at the central fit, fraction of peak
+    ceiling: float  # the best measured GEMM efficiency (top of its range)
+    dropped: tuple[Scenario, ...] = ()  # scenarios ruled out (they would need more than the ceiling)
+
+    @property
+    def implausible(self) -> bool:
+        """The central fit needs the knob faster than the best measured GEMM: check the measurement."""
+        return self.implied > self.ceiling
+
+    def apply(self, r: Rates, attention: str, scenario: Scenario) -> Rates:
+        """Rates with this fit's factor: GEMMs everywhere; attention only in the measured implementation."""
+        f = self.factors.get(scenario, self.factors["value"])
+        return scale(r, self.knob, f, attention == self.measurement.attention)
+
+    def is_measured(self, layout: Layout, window: str, batch_tokens: int, seq_len: int) -> bool:
+        return (layout == self.layout and window == self.window and seq_len == self.seq_len
+                and batch_tokens == self.measurement.total_batch_tokens)
+
+
+def scale(r: Rates, knob: str, factor: float, measured_attention: bool) -> Rates:
+    """Rates with the knob scaled: gemm always; attention and compute fully only where the measured
+    implementation runs (elsewhere compute scales the GEMMs alone)."""
+    if knob == "gemm" or measured_attention:
+        return r.scaled(knob, factor)
+    if knob == "compute":
+        return r.scaled("gemm", factor)
+    return r
+
+
+def measured_layout(spec: ModelSpec, m: StepMeasurement) -> Layout:
+    """The layout a measurement ran with, exactly; UsageError naming the flags when it cannot exist."""
+    seq = m.seq_len or spec.recipe.seq_len
+    problems = []
+    if m.gpus % (m.tp * m.pp):
+        problems.append(f"tp {m.tp} x pp {m.pp} does not divide {m.gpus} GPUs")
+    elif m.total_batch_tokens % seq:
+        problems.append(f"total batch {m.total_batch_tokens:,} tokens is not a multiple of the sequence length {seq}")
+    else:
+        dp = m.gpus // (m.tp * m.pp)
+        sequences = m.total_batch_tokens // seq
+        if sequences % (dp * m.device_batch_size):
+            problems.append(f"{sequences:,} sequences do not split into dp {dp} x device batch {m.device_batch_size} "
+                            f"x whole micro-batches")
+    if problems:
+        raise UsageError(f"the measured configuration cannot be priced as given: {problems[0]}; state what ran",
+                         field=KNOB_FLAGS)
+    dp = m.gpus // (m.tp * m.pp)
+    layout = Layout(dp=dp, tp=m.tp, pp=m.pp, zero=NATIVE_ZERO[spec.recipe.distribution] if m.zero is None else m.zero,
+                    micro_batch=m.device_batch_size,
+                    grad_accum=m.total_batch_tokens // seq // (dp * m.device_batch_size), attention=m.attention,
+                    recompute=m.recompute, compiled=m.compiled,
+                    pp_schedule="interleaved" if m.pp_virtual_stages > 1 else "1f1b",
+                    pp_virtual_stages=m.pp_virtual_stages)
+    try:
+        check_layout(layout, spec, world_size_rule=False)
+    except UsageError:
+        raise
+    except Exception as e:  # a LayoutError: name the measurement flags
+        raise UsageError(f"the measured layout cannot exist: {getattr(e, 'message', e)}", field=KNOB_FLAGS) from None
+    return layout
+
+
+def fit_measurement(pricer, m: StepMeasurement, knob: str = "auto") -> Fit:
+    """Fit `knob` (or, with auto, the one whose assumed range moves the measured step most) to m.
+
+    pricer: an unfitted ddplan.price.Pricer for the measured model (at the measured sequence length).
+    """
+    hw, spec = pricer.hw, pricer.spec
+    if m.attention not in {a.name for a in hw.attention}:
+        raise UsageError(f"measured attention {m.attention!r} is not available on {hw.name}; allowed: "
+                         f"{', '.join(a.name for a in hw.attention)}", field="--measured-attention")
+    layout = measured_layout(spec, m)
+    window = m.window_pattern or spec.architecture.window_pattern
+
+    def predict(scenario: Scenario, k: str, f: float) -> float:
+        r = scale(pricer.rates(m.attention, scenario, fitted=False), k, f, True)
+        return pricer.step(layout, window, scenario, r=r).total_s
+
+    if knob == "auto":
+        widths = {}
+        base = pricer.rates(m.attention, "value", fitted=False)
+        for k in ("gemm", "attention"):
+            ends = []
+            for end in ("low", "high"):
+                e = pricer.rates(m.attention, end, fitted=False)
+                r = replace(base, gemm_best=e.gemm_best) if k == "gemm" else replace(
+                    base, attn_fwd=e.attn_fwd, attn_bwd=e.attn_bwd)
+                ends.append(pricer.step(layout, window, "value", r=r).total_s)
+            widths[k] = max(ends) - min(ends)
+        knob = max(widths, key=widths.get)
+    factors = {}
+    for scen in FIT_SCENARIOS:
+        try:
+            factors[scen] = fit_factor(lambda f, s=scen: predict(s, knob, f), m.step_time_s)
+        except ValueError as e:
+            raise UsageError(f"cannot fit {knob} efficiency to the measured {m.step_time_s} s: {e}",
+                             field="--measured-step-time") from None
+    ceiling = hw.efficiency.gemm.best.range[1]
+
+    def implied(scen: Scenario) -> float:
+        r = pricer.rates(m.attention, scen, fitted=False).scaled(knob, factors[scen])
+        return (max(r.gemm_best, r.attn_fwd, r.attn_bwd) if knob == "compute" else
+                r.gemm_best if knob == "gemm" else max(r.attn_fwd, r.attn_bwd))
+
+    dropped = tuple(s for s in FIT_SCENARIOS if s != "value" and implied(s) > ceiling)
+    kept = {s: f for s, f in factors.items() if s not in dropped}
+    return Fit(knob=knob, factors=kept, measurement=m, layout=layout, window=window, seq_len=spec.recipe.seq_len,
+               implied=implied("value"), ceiling=ceiling, dropped=dropped)

@@ -1,0 +1,282 @@
+"""Price one layout: step time by term, memory per GPU, wall-clock, cost, MFU/HFU, band and basis.
+
+The only pricer. `ddplan table`, `ddplan plan`, `ddplan memory`'s what-ifs and calibrate's held-out
+check all call `Pricer.price` (or its parts), so two commands can never disagree about one layout:
+
+    layout -> anatomy (ops of one micro-batch, one tp rank) -> rates (hardware spec, calibration, fit)
+           -> step time (ddplan.step) and memory (ddplan.memory) -> run (steps, outside-step time)
+           -> PricedLayout (frozen)
+
+A Pricer serves one (model, hardware, run, calibration, fit) and keeps one value-keyed cache of what
+layouts share: anatomies, rates, per-part op times, optimizer times, collective times, model states and
+memory. Nothing here formats a number or words a sentence (ddplan.render does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from ddplan import run
+from ddplan.anatomy import Anatomy, build_anatomy, for_tp
+from ddplan.calibration import CalibrationSpec, calibrated_rates, comm_points
+from ddplan.flops import mfu, nanochat_flops_per_token
+from ddplan.layout import Layout, breaks_world_size_rule
+from ddplan.memory import HEADROOM, MemoryAssumptions, MemoryBreakdown, memory_per_gpu, model_states
+from ddplan.roofline import SCENARIOS, Rates, Scenario, comm_end, op_times, rates
+from ddplan.specs import Budget, HardwareSpec, ModelSpec, Price
+from ddplan.step import StepTime, optimizer_time_s, step_time
+from ddplan.units import GiB
+
+if TYPE_CHECKING:
+    from ddplan.fitting import Fit
+
+MFU_CONVENTION = "6N + 12 h q min(window, T) per layer (nanochat / PaLM App. B), dense peak of the compute dtype"
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What the run is, besides the layout: batch, length, price, time outside steps, memory headroom."""
+
+    total_batch_tokens: int
+    budget: Budget
+    price: Price
+    overheads: run.RunOverheads = run.RunOverheads()
+    headroom: float = HEADROOM
+
+
+@dataclass(frozen=True)
+class Flag:
+    """Something about a priced layout a user must see, as data: `kind` plus its figures (SI units).
+
+    Kinds: "memory" (total_bytes, limit_bytes): does not fit; "world_size" (gpus): breaks the model's
+    world-size rule; "implausible" (sustained_flops_per_s, best_flops_per_s): the step would sustain
+    more than the best measured GEMM; "batch" (change, sequences, asked_micro_batch): the batch split
+    changed what was asked (ddplan.layout.split_batch). ddplan.render words them.
+    """
+
+    kind: str
+    values: tuple[tuple[str, float | int | str], ...] = ()
+
+    def get(self, key: str):
+        return dict(self.values)[key]
+
+
+@dataclass(frozen=True)
+class PricedLayout:
+    """One layout, priced. Times in seconds, wall-clock in hours, cost in USD, memory in bytes."""
+
+    layout: Layout
+    window: str
+    hardware: str
+    global_batch_tokens: int
+    steps: int
+    step: StepTime  # the central prediction, by term (a measured row keeps the model's terms)
+    step_s: float  # the row's step time: the prediction, or the measurement on a measured row
+    step_low_s: float  # band: every efficiency at its fast end (or the fit's range)
+    step_high_s: float
+    memory: MemoryBreakdown
+    outside_s: float  # start-up, evaluation and checkpoints
+    wall_clock_h: float
+    wall_low_h: float
+    wall_high_h: float
+    cost_usd: float
+    cost_low_usd: float
+    cost_high_usd: float
+    mfu_pct: float  # MFU_CONVENTION
+    hfu_pct: float  # MFU with recomputed FLOPs counted too (policy and flash's backward recompute), same convention
+    basis: str  # "model" (assumptions), "fitted" (derived from a measurement), "measured"
+    flags: tuple[Flag, ...] = ()
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.global_batch_tokens / self.step_s
+
+    def flag(self, kind: str) -> Flag | None:
+        return next((f for f in self.flags if f.kind == kind), None)
+
+    @property
+    def runnable(self) -> bool:
+        """Fits in memory, keeps the model's world-size rule, and needs no kernel faster than the best GEMM."""
+        return not any(f.kind in ("memory", "world_size", "implausible") for f in self.flags)
+
+    def row(self) -> dict:
+        """Flat data for tables (csv/json): units in the keys, no words."""
+        lay, st = self.layout, self.step
+        return {
+            "hardware": self.hardware, "gpus": lay.num_gpus, "dp": lay.dp, "tp": lay.tp, "pp": lay.pp,
+            "vp": lay.pp_virtual_stages, "zero": lay.zero, "micro_batch": lay.micro_batch, "accum": lay.grad_accum,
+            "attention": lay.attention, "window": self.window, "recompute": lay.recompute,
+            "global_batch_tokens": self.global_batch_tokens, "steps": self.steps,
+            "step_s": self.step_s, "step_low_s": self.step_low_s, "step_high_s": self.step_high_s,
+            "compute_s": st.compute_s, "attention_s": st.by_kind_s.get("attention", 0.0),
+            "gemm_s": st.by_kind_s.get("gemm", 0.0), "dp_comm_exposed_s": st.dp_comm_exposed_s,
+            "dp_comm_total_s": st.dp_comm_total_s, "tp_comm_s": st.tp_comm_s, "bubble_s": st.bubble_s,
+            "optimizer_s": st.optimizer_s, "mfu_pct": self.mfu_pct, "hfu_pct": self.hfu_pct,
+            "tokens_per_s": self.tokens_per_s, "train_h": run.hours(self.steps * self.step_s),
+            "outside_steps_h": run.hours(self.outside_s), "wall_clock_h": self.wall_clock_h,
+            "wall_low_h": self.wall_low_h, "wall_high_h": self.wall_high_h, "cost_usd": self.cost_usd,
+            "cost_low_usd": self.cost_low_usd, "cost_high_usd": self.cost_high_usd,
+            "memory_gib": self.memory.total / GiB, "fits": self.memory.fits, "basis": self.basis,
+            "flags": ";".join(f.kind for f in self.flags),
+        }
+
+
+@dataclass
+class _Caches:
+    """Value-keyed caches. `shared` does not depend on rates (anatomies, memory, collective times,
+    buffers) and survives a new fit; `rated` does (rates, op times, optimizer and step times)."""
+
+    shared: dict = field(default_factory=dict)
+    rated: dict = field(default_factory=dict)
+
+
+class Pricer:
+    """Prices layouts of one model on one hardware for one run (see the module docstring)."""
+
+    def __init__(self, spec: ModelSpec, hw: HardwareSpec, plan: RunPlan, calibration: CalibrationSpec | None = None,
+                 fp8: bool = False, fit: Fit | None = None, assumptions: MemoryAssumptions = MemoryAssumptions(),
+                 _caches: _Caches | None = None):
+        self.spec, self.hw, self.plan = spec, hw, plan
+        self.calibration, self.fp8, self.fit, self.assumptions = calibration, fp8, fit, assumptions
+        self.points = comm_points(calibration)
+        self._caches = _caches or _Caches()
+        self._shared, self._rated = self._caches.shared, self._caches.rated
+
+    def with_fit(self, fit: Fit | None) -> Pricer:
+        """The same pricer with a measurement's fit applied; anatomies and memory stay cached."""
+        return Pricer(self.spec, self.hw, self.plan, self.calibration, self.fp8, fit, self.assumptions,
+                      _Caches(shared=self._shared))
+
+    # ---- the parts, each cached by value
+
+    def anatomy(self, layout: Layout, window: str) -> Anatomy:
+        """One tp rank's ops of one micro-batch; recompute policies share one ops tuple."""
+        key = ("anatomy", layout.micro_batch, layout.attention, window, layout.compiled, layout.tp, layout.recompute)
+        if key not in self._shared:
+            base_key = key[:5] + (1, "none")
+            if base_key not in self._shared:
+                impl = self.hw.attention_impl(layout.attention)
+                self._shared[base_key] = build_anatomy(self.spec, batch=layout.micro_batch, attention=impl.kind,
+                                                       windows=impl.windows, compiled=layout.compiled,
+                                                       window_pattern=window)
+            an = for_tp(self._shared[base_key], layout.tp)
+            self._shared[key] = an if layout.recompute == "none" else replace(an, recompute=layout.recompute)
+        return self._shared[key]
+
+    def rates(self, attention: str, scenario: Scenario, fitted: bool = True) -> Rates:
+        """Rates at one end of the ranges: the hardware spec's, measured figures from the calibration
+        replacing them, and the fit's factor on its knob (the GEMMs everywhere, attention only in the
+        measured implementation)."""
+        key = ("rates", attention, scenario, fitted)
+        if key not in self._rated:
+            r = calibrated_rates(rates(self.hw, attention, scenario, dtype=self.spec.dtypes.compute, fp8=self.fp8),
+                                 attention, self.calibration)
+            if fitted and self.fit is not None:
+                r = self.fit.apply(r, attention, scenario)
+            self._rated[key] = r
+        return self._rated[key]
+
+    def step(self, layout: Layout, window: str, scenario: Scenario = "value", fitted: bool = True,
+             r: Rates | None = None) -> StepTime:
+        """One optimizer step of the layout at one scenario's rates (or at the rates given)."""
+        key = ("step", layout, window, scenario, fitted)
+        if r is None and key in self._rated:
+            return self._rated[key]
+        an = self.anatomy(layout, window)
+        rated = r is None
+        r = self.rates(layout.attention, scenario, fitted) if rated else r
+        parts_key = ("parts", layout.micro_batch, layout.attention, window, layout.compiled, layout.tp, scenario,
+                     fitted)
+        opt_key = ("optimizer", layout.attention, scenario, fitted, layout.dp, layout.tp, layout.pp, layout.zero)
+        if rated:
+            if parts_key not in self._rated:
+                self._rated[parts_key] = op_times(an, r)
+            if opt_key not in self._rated:
+                self._rated[opt_key] = optimizer_time_s(self.spec, layout, r)
+        st = step_time(self.spec, self.hw, layout, an, r, comm_efficiency=comm_end(scenario), comm_points=self.points,
+                       parts=self._rated[parts_key] if rated else None,
+                       optimizer_s=self._rated[opt_key] if rated else None, cache=self._shared)
+        if rated:
+            self._rated[key] = st
+        return st
+
+    def memory(self, layout: Layout, window: str) -> MemoryBreakdown:
+        """Peak memory per GPU of the layout (ddplan.memory.memory_per_gpu), against the run's headroom."""
+        key = ("memory", layout, window)
+        if key not in self._shared:
+            skey = ("states", layout.dp, layout.tp, layout.pp, layout.zero)
+            if skey not in self._shared:
+                self._shared[skey] = model_states(self.spec, layout)
+            self._shared[key] = memory_per_gpu(self.spec, layout, self.anatomy(layout, window),
+                                               self.hw.memory.usable_bytes, self.assumptions,
+                                               states=self._shared[skey], headroom=self.plan.headroom)
+        return self._shared[key]
+
+    def scenarios(self) -> tuple[Scenario, ...]:
+        """The band's scenarios: value, low, high; or, under a fit, the efficiency sweeps it kept."""
+        return tuple(self.fit.factors) if self.fit is not None else SCENARIOS
+
+    # ---- the priced layout
+
+    def price(self, layout: Layout, window: str | None = None, bands: bool = True,
+              flags: tuple[Flag, ...] = ()) -> PricedLayout:
+        """Price one layout. bands=False skips the band's extra step models (a search ranks on the value)."""
+        spec, hw, plan = self.spec, self.hw, self.plan
+        window = window or spec.architecture.window_pattern
+        mem = self.memory(layout, window)
+        st = self.step(layout, window, "value")
+        times = [st.total_s]
+        if bands:
+            times += [self.step(layout, window, s).total_s for s in self.scenarios() if s != "value"]
+            if self.fit is not None and self.fit.implausible:  # a fit outside physics pins no band
+                times += [self.step(layout, window, s, fitted=False).total_s for s in ("low", "high")]
+        step_s, low_s, high_s = st.total_s, min(times), max(times)
+        basis = "model" if self.fit is None else "fitted"
+        batch = layout.sequences_per_step() * spec.recipe.seq_len
+        if self.fit is not None and self.fit.is_measured(layout, window, batch, spec.recipe.seq_len):
+            basis, step_s = "measured", self.fit.measurement.step_time_s
+            low_s, high_s = (min(low_s, step_s), max(high_s, step_s)) if self.fit.implausible else (step_s, step_s)
+        steps = run.steps_for(spec, plan.budget, batch)
+        an = self.anatomy(layout, window)
+        gpus = layout.num_gpus
+        model_flops = an.flops_fwd() + an.flops_bwd()
+        executed = layout.grad_accum * (model_flops + an.recompute_flops()) / layout.pp  # per GPU
+        peak = hw.peak.flops_per_s(spec.dtypes.compute)
+        out = list(flags) + self._flags(layout, mem, executed / step_s)
+        every, eval_tokens = run.eval_cadence(spec, plan.overheads)
+        outside = run.outside_steps_s(plan.overheads, steps=steps, eval_every=every, eval_tokens=eval_tokens,
+                                      tokens_per_forward=layout.dp * layout.micro_batch * spec.recipe.seq_len,
+                                      forward_s=st.fwd_s,
+                                      checkpoint_bytes=(mem.terms["params"] + mem.terms["optimizer"]) * gpus,
+                                      nodes=-(-gpus // hw.gpus_per_node))
+        wall = [run.hours(steps * t + outside) for t in (step_s, low_s, high_s)]
+        cost = [run.cost_usd(plan.price, gpus, hw.gpus_per_node, h) for h in wall]
+        arch = spec.architecture.model_copy(update={"window_pattern": window})
+        fpt = nanochat_flops_per_token(arch, spec.recipe.seq_len)
+        mfu_pct = 100 * mfu(fpt, batch / step_s, peak, gpus)
+        return PricedLayout(
+            layout=layout, window=window, hardware=hw.name, global_batch_tokens=batch, steps=steps, step=st,
+            step_s=step_s, step_low_s=low_s, step_high_s=high_s, memory=mem, outside_s=outside,
+            wall_clock_h=wall[0], wall_low_h=wall[1], wall_high_h=wall[2],
+            cost_usd=cost[0], cost_low_usd=cost[1], cost_high_usd=cost[2],
+            mfu_pct=mfu_pct, hfu_pct=mfu_pct * (1 + an.recompute_flops() / model_flops),
+            basis=basis, flags=tuple(out))
+
+    def best_flops_per_s(self) -> float:
+        """The device's best measured GEMM rate (top of its range): no whole step can sustain more."""
+        e = self.hw.efficiency.gemm
+        if self.fp8:
+            return (e.best_fp8 or e.best).range[1] * self.hw.peak.flops_per_s("fp8")
+        return e.best.range[1] * self.hw.peak.flops_per_s(self.spec.dtypes.compute)
+
+    def _flags(self, layout: Layout, mem: MemoryBreakdown, sustained: float) -> list[Flag]:
+        out = []
+        if not mem.fits:
+            out.append(Flag("memory", (("total_bytes", mem.total), ("limit_bytes", mem.limit))))
+        if breaks_world_size_rule(layout, self.spec):
+            out.append(Flag("world_size", (("gpus", layout.num_gpus),)))
+        best = self.best_flops_per_s()
+        if sustained > best:
+            out.append(Flag("implausible", (("sustained_flops_per_s", sustained), ("best_flops_per_s", best))))
+        return out

@@ -1,0 +1,222 @@
+"""The decision table: the layouts a user names -> priced rows (ddplan.price) and what they decide.
+
+Rows are every combination of the lists given (GPUs x tp x pp x interleave x ZeRO x micro-batch x
+recompute x attention x window); the default is the model's native data-parallel layout. Pure: returns
+priced rows and facts (which row is the baseline, the fastest, ...); ddplan.render words them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field, replace
+
+from ddplan import run
+from ddplan.calibration import CalibrationSpec, StepMeasurement, steps_for_model
+from ddplan.errors import LayoutError, UsageError
+from ddplan.fitting import Fit, fit_measurement
+from ddplan.layout import NATIVE_ZERO, Layout, check_layout, split_batch
+from ddplan.memory import HEADROOM
+from ddplan.price import Flag, PricedLayout, Pricer, RunPlan
+from ddplan.specs import Budget, HardwareSpec, ModelSpec, Price, run_variant
+
+CRITICAL_BATCH_WARN = 2.0  # flag a layout that forces the global batch past 2x the recipe's (McCandlish et al.)
+
+
+@dataclass(frozen=True)
+class TableRequest:
+    model: ModelSpec  # at the run's sequence length and dtype (ddplan.specs.run_variant)
+    hardware: HardwareSpec
+    gpus: tuple[int, ...]  # total GPUs per row: dp x tp x pp
+    tps: tuple[int, ...] = (1,)
+    pps: tuple[int, ...] = (1,)
+    vps: tuple[int, ...] = (1,)  # interleaved chunks per pipeline stage (1: 1F1B)
+    zeros: tuple[int, ...] = ()  # () = the model's native data-parallel setup
+    micro_batches: tuple[int, ...] = ()  # () = the recipe's, halved until it fits in memory
+    recomputes: tuple[str, ...] = ("none",)
+    attentions: tuple[str, ...] = ()  # () = every implementation on the hardware
+    windows: tuple[str, ...] = ()  # () = the model's pattern, and L when it differs
+    total_batch_tokens: int | None = None
+    budget: Budget | None = None
+    price: Price | None = None
+    overheads: run.RunOverheads = run.RunOverheads()
+    compiled: bool | None = None
+    measurement: StepMeasurement | None = None
+    knob: str = "auto"
+    calibration: CalibrationSpec | None = None
+    fp8: bool = False  # eligible GEMMs in fp8 (MFU stays against the compute dtype's peak)
+    headroom: float = HEADROOM
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the table decides, as rows; None where there is nothing to say."""
+
+    baseline: PricedLayout | None = None
+    best_kernel: PricedLayout | None = None  # the fastest attention/window at the baseline's layout
+    more_gpus: PricedLayout | None = None  # the baseline's kernel on the most GPUs
+    fastest: PricedLayout | None = None
+    cheapest: PricedLayout | None = None
+    largest_fitting: PricedLayout | None = None
+    all_fit: bool = True  # every row with the baseline's attention fits in memory
+    kernel_choices: int = 1  # runnable rows at the baseline's layout (attention x window) compared
+    runnable: int = 0
+    model_parallel: bool = False  # some row already uses tensor or pipeline parallelism
+    blocked: tuple[str, ...] = ()  # when no row is runnable: the flag kinds that block them
+
+
+@dataclass
+class Table:
+    request: TableRequest
+    rows: list[PricedLayout]
+    steps: int  # at the recipe's batch
+    total_batch_tokens: int
+    budget: Budget
+    price: Price
+    compiled: bool
+    fit: Fit | None = None
+    verdict: Verdict = Verdict()
+    notes: list[Flag] = field(default_factory=list)  # about the whole table (ddplan.render words them)
+
+
+def check_fp8(spec: ModelSpec, hw: HardwareSpec) -> None:
+    """Raise UsageError when the model's fp8 training path cannot run on this hardware, saying why."""
+    if hw.peak.fp8_tflops is None or not hw.fp8_formats:
+        raise UsageError(f"{hw.name} has no fp8 tensor units; drop --fp8", field="--fp8")
+    need = spec.recipe.fp8_formats
+    if need and not set(need) <= set(hw.fp8_formats):
+        raise UsageError(f"{spec.name}'s fp8 path needs {'/'.join(need)}, but {hw.name}'s tensor units take "
+                         f"{'/'.join(hw.fp8_formats)} (e.g. nanochat's torch._scaled_mm with float8_e4m3fn does "
+                         f"not run on MI300X, which has the fnuz formats)", field="--fp8")
+
+
+def measurement_of(req: TableRequest) -> StepMeasurement | None:
+    """The measurement behind the table: the flags', else the calibration file's for this model."""
+    if req.measurement is not None:
+        return req.measurement
+    if req.calibration is None:
+        return None
+    found = steps_for_model(req.calibration, {req.model.name, *req.model.aliases})
+    return found[0] if found else None
+
+
+def build_table(req: TableRequest) -> Table:
+    spec, hw = req.model, req.hardware
+    seq = spec.recipe.seq_len
+    total_batch = req.total_batch_tokens or spec.recipe.total_batch_tokens
+    if total_batch % seq:
+        raise UsageError(f"{total_batch:,} is not a multiple of the sequence length {seq}", field="--total-batch-size")
+    budget = req.budget or spec.recipe.budget
+    compiled = spec.recipe.compiled if req.compiled is None else req.compiled
+    names = [a.name for a in hw.attention]
+    attentions = req.attentions or tuple(names)
+    for name in attentions:
+        if name not in names:
+            raise UsageError(f"{name!r} is not available on {hw.name}; allowed: {', '.join(names)}",
+                             field="--attention")
+    pattern = spec.architecture.window_pattern
+    windows = req.windows or ((pattern, "L") if pattern != "L" else ("L",))
+    price = req.price or hw.price
+    if req.fp8:
+        check_fp8(spec, hw)
+    pricer = Pricer(spec, hw, RunPlan(total_batch, budget, price, req.overheads, req.headroom), req.calibration,
+                    req.fp8)
+    table = Table(request=req, rows=[], steps=run.steps_for(spec, budget, total_batch), total_batch_tokens=total_batch,
+                  budget=budget, price=price, compiled=compiled)
+    m = measurement_of(req)
+    if m is not None:
+        measured_pricer = pricer
+        if m.seq_len and m.seq_len != seq:
+            measured_pricer = Pricer(run_variant(spec, seq_len=m.seq_len), hw, pricer.plan, req.calibration, req.fp8)
+        table.fit = fit_measurement(measured_pricer, m, req.knob)
+        pricer = pricer.with_fit(table.fit)
+        if m.total_batch_tokens != total_batch:
+            table.notes.append(Flag("measured_batch", (("measured_tokens", m.total_batch_tokens),
+                                                       ("table_tokens", total_batch))))
+    native = NATIVE_ZERO[spec.recipe.distribution]
+    skipped: list[str] = []
+    for gpus, tp, pp, vp, zero, asked_mb, rc, att, win in itertools.product(
+            req.gpus, req.tps, req.pps, req.vps, req.zeros or (native,),
+            req.micro_batches or (spec.recipe.device_batch_size,), req.recomputes, attentions, windows):
+        try:
+            layout, flags = _layout(pricer, total_batch // seq, gpus, tp, pp, vp, zero, asked_mb, rc, att, win,
+                                    compiled, pinned=bool(req.micro_batches))
+        except LayoutError as e:
+            skipped.append(f"{gpus} GPUs, tp {tp}, pp {pp}, interleave {vp}: {e.message}")
+            continue
+        table.rows.append(pricer.price(layout, win, flags=flags))
+    if not table.rows:
+        raise UsageError(f"no layout can exist: {skipped[0]}", field="--gpus/--tp/--pp/--vp")
+    if skipped:
+        table.notes.append(Flag("skipped", tuple((f"layout {i}", s) for i, s in enumerate(dict.fromkeys(skipped)))))
+    small = [g for g in req.gpus if g % hw.gpus_per_node]
+    if price.billing == "per_node" and small:
+        table.notes.append(Flag("per_node", (("provider", price.provider), ("gpus_per_node", hw.gpus_per_node),
+                                             ("gpus", ", ".join(map(str, small))))))
+    table.verdict = decide(table.rows, hw.default_attention, pattern)
+    return table
+
+
+def _layout(pricer: Pricer, sequences: int, gpus: int, tp: int, pp: int, vp: int, zero: int, asked_mb: int, rc: str,
+            attention: str, window: str, compiled: bool, pinned: bool) -> tuple[Layout, tuple[Flag, ...]]:
+    """The layout of one row, its batch split by the one rule (ddplan.layout.split_batch), and what changed."""
+    spec = pricer.spec
+    if gpus % (tp * pp):
+        raise LayoutError(f"tp x pp = {tp * pp} does not divide {gpus} GPUs")
+    dp = gpus // (tp * pp)
+    split = split_batch(sequences, dp, asked_mb)
+    layout = Layout(dp=dp, tp=tp, pp=pp, zero=zero if dp > 1 else NATIVE_ZERO[spec.recipe.distribution],
+                    micro_batch=split.micro_batch, grad_accum=split.accum, attention=attention, recompute=rc,
+                    compiled=compiled, pp_schedule="interleaved" if vp > 1 else "1f1b", pp_virtual_stages=vp)
+    check_layout(layout, spec, world_size_rule=False)
+    flags = []
+    if split.change:
+        flags.append(Flag("batch", (("change", split.change), ("asked_micro_batch", asked_mb),
+                                    ("micro_batch", split.micro_batch), ("sequences", split.sequences),
+                                    ("recipe_sequences", sequences),
+                                    ("past_critical", int(split.sequences > CRITICAL_BATCH_WARN * sequences)))))
+    if not pinned and not pricer.memory(layout, window).fits:  # the largest micro-batch that fits
+        per_rank = split.accum * split.micro_batch
+        for mb in sorted((d for d in range(1, split.micro_batch) if per_rank % d == 0), reverse=True):
+            smaller = replace(layout, micro_batch=mb, grad_accum=per_rank // mb)
+            if pricer.memory(smaller, window).fits or mb == 1:
+                flags.append(Flag("micro_batch", (("asked", split.micro_batch), ("used", mb),
+                                                  ("usable_gib", pricer.hw.memory.usable_gib.value))))
+                layout = smaller
+                break
+    return layout, tuple(flags)
+
+
+def decide(rows: list[PricedLayout], default_attention: str, pattern: str) -> Verdict:
+    """Baseline, the kernel fix on its layout, more GPUs with its kernel, fastest and cheapest runnable rows."""
+    ok = [r for r in rows if r.runnable]
+    if not ok:
+        return Verdict(blocked=tuple(sorted({f.kind for r in rows for f in r.flags
+                                             if f.kind in ("memory", "world_size", "implausible")})))
+    g0 = min(r.layout.num_gpus for r in ok)
+    measured = [r for r in ok if r.basis == "measured"]
+    first = [r for r in ok if r.layout.num_gpus == g0 and r.layout.attention == default_attention
+             and r.window == pattern]
+    base = (measured or first or [max((r for r in ok if r.layout.num_gpus == g0), key=lambda r: r.wall_clock_h)])[0]
+    same = _shape(base)
+    kernels = [r for r in ok if _shape(r) == same]
+    best_kernel = min(kernels, key=lambda r: r.wall_clock_h)
+    more = [r for r in ok if r.layout.num_gpus > base.layout.num_gpus and r.layout.attention == base.layout.attention
+            and r.window == base.window]
+    more_gpus = None
+    if more:
+        top = max(r.layout.num_gpus for r in more)
+        more_gpus = min((r for r in more if r.layout.num_gpus == top), key=lambda r: r.wall_clock_h)
+    fitting = [r for r in rows if r.memory.fits]
+    return Verdict(
+        baseline=base, best_kernel=best_kernel if best_kernel is not base else None, more_gpus=more_gpus,
+        fastest=min(ok, key=lambda r: r.wall_clock_h), cheapest=min(ok, key=lambda r: r.cost_usd),
+        largest_fitting=max(fitting, key=lambda r: r.memory.total) if fitting else None,
+        all_fit=all(r.memory.fits for r in rows if r.layout.attention == base.layout.attention),
+        kernel_choices=len(kernels), runnable=len(ok),
+        model_parallel=any(r.layout.tp > 1 or r.layout.pp > 1 for r in rows))
+
+
+def _shape(r: PricedLayout) -> tuple:
+    """A row's layout apart from its kernel choices (attention, window) and the micro-batch that follows."""
+    lay = r.layout
+    return (lay.num_gpus, lay.dp, lay.tp, lay.pp, lay.pp_virtual_stages, lay.zero, lay.recompute)

@@ -1,0 +1,397 @@
+"""Every sentence ddplan prints about a result: verdicts, reasons, flags, notes and assumptions.
+
+The rendering layer's words (ddplan.render formats tables): the logic modules (table, plan, sizing,
+price, fitting) return rows and facts with numbers in SI units; this module turns them into lines.
+"""
+
+from __future__ import annotations
+
+from ddplan.layout import NATIVE_ZERO
+from ddplan.plan import FAMILIES, TIE
+from ddplan.price import MFU_CONVENTION, Flag, PricedLayout
+from ddplan.specs import HardwareSpec, ModelSpec
+from ddplan.units import GiB
+
+DISTRIBUTION_NAMES = {"sharded_optimizer": "nanochat's sharded optimizer (ZeRO-1 memory)", "ddp": "DDP",
+                      "zero1": "ZeRO-1", "zero2": "ZeRO-2", "fsdp": "FSDP (ZeRO-3)"}
+
+
+# --------------------------------------------------------------------------------------------
+# ddplan table
+
+
+def config_label(p: PricedLayout, native_zero: int | None = None) -> str:
+    """A row's name: GPUs and hardware, any model parallelism, ZeRO if not the model's native stage,
+    recompute if any, then attention and window."""
+    lay = p.layout
+    parts = [f"{lay.num_gpus}x {p.hardware}"]
+    if lay.tp > 1:
+        parts.append(f"tp {lay.tp}")
+    if lay.pp > 1:
+        parts.append(f"pp {lay.pp}" + (f" x{lay.pp_virtual_stages} interleaved" if lay.pp_virtual_stages > 1 else ""))
+    if native_zero is not None and lay.dp > 1 and lay.zero != native_zero:
+        parts.append(f"ZeRO-{lay.zero}")
+    if lay.recompute != "none":
+        parts.append(f"recompute {lay.recompute}")
+    return ", ".join(parts + [lay.attention, p.window])
+
+
+_label = config_label
+
+
+def flag_text(f: Flag) -> str:
+    """One flag in words."""
+    v = dict(f.values)
+    if f.kind == "memory":
+        return f"does not fit: {v['total_bytes'] / GiB:.0f} of {v['limit_bytes'] / GiB:.0f} GiB usable"
+    if f.kind == "world_size":
+        return f"world size {v['gpus']} is not a power of two (nanochat needs one)"
+    if f.kind == "implausible":
+        return (f"implausible: sustains {v['sustained_flops_per_s'] / 1e12:.0f} TFLOP/s, above the best measured "
+                f"GEMM rate {v['best_flops_per_s'] / 1e12:.0f}")
+    if f.kind == "micro_batch":
+        return (f"device batch {v['asked']} does not fit in {v['usable_gib']:g} GiB; using {v['used']} (accumulation "
+                f"x{v['asked'] // v['used']} more, same total batch). Pin it with --device-batch-size.")
+    if f.kind == "batch" and v["change"] == "micro_batch":
+        return (f"device batch {v['asked_micro_batch']} does not divide the sequences per data-parallel rank: "
+                f"device batch {v['micro_batch']} keeps the total batch ({v['recipe_sequences']:,} sequences)")
+    if f.kind == "batch":
+        text = (f"the total batch of {v['recipe_sequences']:,} sequences does not split over the data-parallel "
+                f"ranks: rounded up to {v['sequences']:,} (a token budget then takes fewer steps)")
+        return text + ("; far past the recipe's batch: beware the critical batch size (McCandlish et al. 2018)"
+                       if v["past_critical"] else "")
+    return f.kind
+
+
+def row_warnings(table) -> list[str]:
+    native = NATIVE_ZERO[table.request.model.recipe.distribution]
+    return [f"{config_label(p, native)}: {'; '.join(flag_text(f) for f in p.flags)}" for p in table.rows if p.flags]
+
+
+def table_notes(table) -> list[str]:
+    """The table's own notes and the fit's, in words."""
+    out = []
+    for n in table.notes:
+        v = dict(n.values)
+        if n.kind == "measured_batch":
+            out.append(f"the measurement used total batch {v['measured_tokens']:,}, the table {v['table_tokens']:,}: "
+                       f"rows are derived at the table's batch")
+        elif n.kind == "per_node":
+            out.append(f"the price ({v['provider']}) bills whole {v['gpus_per_node']}-GPU nodes: rows with "
+                       f"{v['gpus']} GPU(s) pay for full nodes; give --price for a per-GPU offer")
+        elif n.kind == "skipped":
+            out += [f"skipped: {s}" for s in v.values()]
+    fit = table.fit
+    if fit is not None and fit.dropped:
+        ends = ", ".join(f"{s:g}" for s in fit.dropped)
+        out.append(f"fit: with the other efficiencies at {ends} of their ranges (0 = slow end), the measured step "
+                   f"would need {fit.knob} efficiency above the best measured GEMM ({fit.ceiling:.2f} of peak): "
+                   f"those worlds are ruled out, and the bands use the rest")
+    return out
+
+
+def table_title(table) -> str:
+    spec, hw = table.request.model, table.request.hardware
+    gpus = ", ".join(str(g) for g in table.request.gpus)
+    return (f"{spec.name} on {hw.name}: decision table ({gpus} GPUs in total; {table.steps:,} steps of "
+            f"{table.total_batch_tokens:,} tokens at the recipe's batch; sequence {spec.recipe.seq_len}, "
+            f"{spec.dtypes.compute})")
+
+
+def table_verdict(table) -> list[str]:
+    """The decision in words: baseline, fix the kernel first, then add GPUs, fastest and cheapest."""
+    v, hw, spec = table.verdict, table.request.hardware, table.request.model
+    native = NATIVE_ZERO[spec.recipe.distribution]
+
+    def config_label(p: PricedLayout) -> str:
+        return _label(p, native)
+
+    out = []
+    fit = table.fit
+    if fit is not None and fit.implausible:
+        m = fit.measurement
+        out.append(f"The measured {m.step_time_s:g} s/step needs {fit.knob} efficiency {fit.implied:.2f} of peak, above "
+                   f"the best measured GEMM on {hw.name} ({fit.ceiling:.2f}): check the stated configuration; the "
+                   f"bands fall back to the model's own.")
+    if v.baseline is None:
+        why = {"world_size": f"{spec.name} needs a power-of-two world size",
+               "memory": "some rows do not fit in memory (see `ddplan memory`)",
+               "implausible": "some rows are implausible"}
+        return out + ["No row can run as given: " + "; ".join(why[k] for k in v.blocked or ()) + "."]
+    base = v.baseline
+    out.append(f"Baseline: {config_label(base)}: {base.step_s:.4g} s/step, MFU {base.mfu_pct:.1f}%, "
+               f"{_hours(base.wall_clock_h)}, ${base.cost_usd:,.0f} ({base.basis}).")
+    g0 = base.layout.num_gpus
+    bk = v.best_kernel
+    if bk is not None and bk.wall_clock_h < 0.95 * base.wall_clock_h:
+        gain = 1 - bk.wall_clock_h / base.wall_clock_h
+        out.append(f"Fix the kernel first: {bk.layout.attention} with window {bk.window} on the same {g0} GPU(s) "
+                   f"cuts wall-clock by {100 * gain:.0f}% ({_hours(bk.wall_clock_h)}) and cost by the same share "
+                   f"(${bk.cost_usd:,.0f}): per-FLOP efficiency is a kernel problem that more GPUs cannot fix.")
+    elif v.kernel_choices > 1:
+        gemm = base.step.by_kind_s.get("gemm", 0.0)
+        out.append(f"No attention implementation on {hw.name} beats the baseline by 5% or more: the step is dominated "
+                   f"by GEMMs ({gemm:.3g} of {base.step_s:.3g} s).")
+    if v.more_gpus is not None:
+        r = v.more_gpus
+        out.append(f"Then add GPUs: {config_label(r)} runs {base.wall_clock_h / r.wall_clock_h:.1f}x faster "
+                   f"({_hours(r.wall_clock_h)}) for {r.cost_usd / base.cost_usd:.2f}x the cost: data parallelism "
+                   f"removes the serial accumulation ({base.layout.grad_accum} -> {r.layout.grad_accum} micro-batches) "
+                   f"but multiplies whatever per-GPU efficiency you have (exposed communication "
+                   f"{1000 * (r.step.dp_comm_exposed_s + r.step.tp_comm_s):.0f} ms/step"
+                   + (f", pipeline bubble {1000 * r.step.bubble_s:.0f} ms/step)." if r.step.bubble_s else ")."))
+    f, c = v.fastest, v.cheapest
+    if v.runnable > 1:
+        out.append(f"Fastest: {config_label(f)} ({_hours(f.wall_clock_h)}, ${f.cost_usd:,.0f}). "
+                   f"Cheapest: {config_label(c)} (${c.cost_usd:,.0f}, {_hours(c.wall_clock_h)}).")
+    cap = hw.memory.usable_gib.value
+    if v.all_fit and v.largest_fitting is not None and v.model_parallel:
+        out.append(f"Every row fits in memory: the largest uses {v.largest_fitting.memory.total / GiB:.0f} of "
+                   f"{cap:.0f} GiB per GPU.")
+    elif v.all_fit and v.largest_fitting is not None:
+        out.append(f"TP/PP and higher ZeRO stages are not needed for memory: the largest fitting row uses "
+                   f"{v.largest_fitting.memory.total / GiB:.0f} of {cap:.0f} GiB per GPU; they would only add "
+                   f"communication.")
+    elif not v.all_fit:
+        out.append("Some rows do not fit in memory: run `ddplan memory` for the setup that would (ZeRO, recompute, "
+                   "TP/PP).")
+    return out
+
+
+def _hours(h: float) -> str:
+    """Hours, with days beside them once a run is longer than two days."""
+    return f"{h:,.1f} h" + (f" ({h / 24:,.1f} days)" if h > 48 else "")
+
+
+def table_assumptions(table) -> list[str]:
+    req = table.request
+    spec, hw, o, price, budget = req.model, req.hardware, req.overheads, table.price, table.budget
+    how = ("given" if req.budget and req.budget.steps else "the recipe's step budget" if budget.steps
+           else f"{budget.tokens:,} tokens" if budget.tokens
+           else f"param:data ratio {budget.param_data_ratio:g} x {budget.ratio_params} params")
+    from ddplan.run import eval_cadence
+
+    every, tokens = eval_cadence(spec, o)
+    evals = f"evaluation every {every:,} steps of {tokens:,} tokens (forward only)" if every and tokens else \
+        "no evaluation"
+    e = hw.efficiency
+    out = [
+        f"Model {spec.name}: recipe from {spec.recipe.source}.",
+        f"Run: {table.steps:,} steps ({how}) of {table.total_batch_tokens:,} tokens; sequence {spec.recipe.seq_len}; "
+        f"compute dtype {spec.dtypes.compute}; {'compiled' if table.compiled else 'eager'}; native data-parallel "
+        f"setup: {spec.recipe.distribution}.",
+        f"Hardware {hw.name}: dense bf16 peak {hw.peak.bf16_tflops.value:g} TFLOP/s; best GEMM efficiency "
+        f"{e.gemm.best.value:.3f} ({e.gemm.best.basis}, range {e.gemm.best.range[0]:.3f}-{e.gemm.best.range[1]:.3f}); "
+        f"HBM efficiency {e.hbm.value:.2f} ({e.hbm.basis}). `ddplan specs show {hw.name}` lists every figure and its "
+        f"source.",
+        f"Price: ${price.usd_per_gpu_hour:g}/GPU-h, billed {price.billing.replace('_', ' ')} ({price.provider}, "
+        f"{price.date}).",
+        f"Outside steps: start-up {o.startup_s:g} s, {evals}, checkpoints "
+        f"{'at the end' if not o.checkpoint_every_steps else f'every {o.checkpoint_every_steps} steps'} "
+        f"at {o.checkpoint_gbyte_per_s:g} GB/s.",
+        f"Memory: a row fits when it leaves {100 * req.headroom:.0f}% of usable memory free.",
+        f"MFU convention: {MFU_CONVENTION}, at each row's window pattern.",
+        *(["fp8: GEMMs with every dim a multiple of 16 and min(k, n) >= 128 at the dense fp8 peak x "
+           f"{(e.gemm.best_fp8 or e.gemm.best).value:.3f}"
+           f"{'' if e.gemm.best_fp8 else ' (the bf16 fraction: no fp8 measurement)'}, plus "
+           "quantisation casts; attention stays bf16; MFU still against the bf16 peak."] if req.fp8 else []),
+        "Band (low-high): every efficiency at the fast and slow ends of its range in the hardware spec.",
+    ]
+    cal = req.calibration
+    if cal is not None:
+        measured = [name for name, present in (
+            (f"GEMM efficiency at {len(cal.gemm)} shapes (nearest shape per op)", cal.gemm),
+            (f"attention at {len(cal.attention)} points", cal.attention),
+            (f"HBM {cal.hbm_tbyte_per_s} TB/s", cal.hbm_tbyte_per_s),
+            (f"kernel overhead {cal.kernel_overhead_us} us", cal.kernel_overhead_us),
+            (f"elementwise {cal.pointwise_tbyte_per_s} TB/s", cal.pointwise_tbyte_per_s),
+            (f"AdamW {cal.optimizer_tbyte_per_s} TB/s", cal.optimizer_tbyte_per_s),
+            (f"collectives at {len(cal.collectives)} points (interpolated t(S))", cal.collectives)) if present]
+        where = cal.provenance.device_name if cal.provenance else "no provenance"
+        out.append(f"Calibration ({where}): measured {'; '.join(measured) or 'nothing but step times'}; "
+                   f"everything else assumed from the hardware spec.")
+        if cal.failures:
+            out.append("Calibration failures: " + "; ".join(cal.failures))
+    fit = table.fit
+    if fit is not None:
+        m, lay = fit.measurement, fit.layout
+        shape = f"dp {lay.dp}" + (f" x tp {lay.tp}" if lay.tp > 1 else "") + (f" x pp {lay.pp}" if lay.pp > 1 else "")
+        out.append(f"Measured: {m.step_time_s:g} s/step on {m.gpus} GPU(s) ({shape}), {m.attention}, window "
+                   f"{fit.window}, device batch {m.device_batch_size} x {lay.grad_accum} micro-batches, "
+                   f"{m.total_batch_tokens:,} tokens/step ({m.source}). Fitted knob: {fit.knob} efficiency "
+                   f"x{fit.factors['value']:.3f} (x{min(fit.factors.values()):.3f}-x{max(fit.factors.values()):.3f} "
+                   f"as the other efficiencies sweep their ranges); other rows derive from it, the other terms stay "
+                   f"assumptions with their ranges.")
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# ddplan plan
+
+
+def describe(r: dict) -> str:
+    parts = [f"{r['gpus']}x {r['hardware']}", f"dp {r['dp']}"]
+    if r["tp"] > 1:
+        parts.append(f"tp {r['tp']}")
+    if r["pp"] > 1:
+        parts.append(f"pp {r['pp']} ({r['schedule']})")
+    parts += [f"ZeRO-{r['zero']}{' (native)' if r['native'] else ''}", f"micro-batch {r['micro_batch']} x "
+              f"{r['accum']}", r["attention"]]
+    if r["recompute"] != "none":
+        parts.append(f"recompute {r['recompute']}")
+    return ", ".join(parts)
+
+
+def _terms(r: dict) -> dict[str, float]:
+    return {"compute": r["compute_s"], "data-parallel communication": r["dp_comm_exposed_s"],
+            "tensor-parallel all-reduces": r["tp_comm_s"], "pipeline bubble": r["bubble_s"],
+            "optimizer": r["optimizer_s"]}
+
+
+def reasons(rows: list[dict], spec: ModelSpec) -> list[str]:
+    """The top choice in plain words, and for the best of each other family why it loses, in figures."""
+    top = rows[0]
+    out = [f"Choice: {describe(top)}{'' if top['native'] else ' (needs another training setup than the model ships)'}"
+           f": {top['step_s']:.3f} s/step, {top['wall_clock_h']:.1f} h, "
+           f"${top['cost_usd']:,.0f}, MFU {top['mfu_pct']:.1f}%, {top['memory_gib']:.0f} of "
+           f"{top['usable_gib']:.0f} GiB per GPU."]
+    t = _terms(top)
+    main = max(t, key=t.get)
+    out.append(f"Its step is {100 * t['compute'] / top['step_s']:.0f}% compute; the largest other term is "
+               + (f"{max((k for k in t if k != 'compute'), key=t.get)} "
+                  f"({1000 * max(v for k, v in t.items() if k != 'compute'):.0f} ms)." if main == "compute"
+                  else f"{main} ({1000 * t[main]:.0f} ms)."))
+    native_zero = NATIVE_ZERO[spec.recipe.distribution]
+    for fam in FAMILIES:
+        cands = [r for r in rows if r["family"] == fam and r["gpus"] == top["gpus"] and r["hardware"] == top["hardware"]]
+        if fam == top["family"] or not cands:
+            if fam == "+ZeRO/FSDP" and native_zero == 3:
+                out.append(f"{fam}: the model's own setup already shards everything (ZeRO-3 / FSDP); those "
+                           f"layouts count as pure DP here.")
+            elif not cands and fam != top["family"]:
+                out.append(f"{fam}: no layout of this family fits and divides on {top['gpus']} GPUs.")
+            continue
+        best = cands[0]
+        dt, dc = best["wall_clock_h"] - top["wall_clock_h"], best["cost_usd"] - top["cost_usd"]
+        key = "wall_clock_h"
+        if best[key] >= top[key] * (1 - TIE) and best[key] <= top[key] * (1 + TIE):
+            out.append(f"{fam} ties: best is {describe(best)}: {best['wall_clock_h']:.1f} h ({dt:+.2f} h), "
+                       f"${best['cost_usd']:,.0f} ({dc:+,.0f}), within {100 * TIE:.0f}% of the choice, inside the "
+                       f"model's error: the simpler setup is kept"
+                       + (f"; it would save {top['memory_gib'] - best['memory_gib']:.0f} GiB per GPU, not needed"
+                          if best["memory_gib"] < top["memory_gib"] else "") + ".")
+            continue
+        diffs = {k: v - t[k] for k, v in _terms(best).items()}
+        worst = max(diffs, key=diffs.get)
+        why = (f"{worst} +{1000 * diffs[worst]:.0f} ms/step" if diffs[worst] > 0 else "no single term")
+        extra = ""
+        if fam == "+ZeRO/FSDP" and best["memory_gib"] < top["memory_gib"]:
+            extra = f"; it saves {top['memory_gib'] - best['memory_gib']:.0f} GiB per GPU, which the choice does not need"
+        out.append(f"{fam} loses: best is {describe(best)}: {best['wall_clock_h']:.1f} h ({dt:+.1f} h), "
+                   f"${best['cost_usd']:,.0f} ({dc:+,.0f}); {why}{extra}.")
+    return out
+
+
+def plan_no_rows(result) -> list[str]:
+    """Why a search kept nothing."""
+    out = []
+    if result.rejected.get("memory"):
+        out.append(f"No layout fits in memory ({result.rejected['memory']:,} tried): more GPUs, a smaller model or a "
+                   f"larger-memory GPU.")
+    if result.rejected.get("divisibility"):
+        out.append(f"{result.rejected['divisibility']:,} layouts do not divide evenly, e.g. "
+                   f"{result.why_not['divisibility']}.")
+    if not result.considered:
+        out.append("No candidate layout: check --gpus against the heads, layers and batch.")
+    return out
+
+
+def plan_reasons(result) -> list[str]:
+    """The choice, why each other family loses, and what memory forces."""
+    if not result.rows:
+        return plan_no_rows(result)
+    headroom = result.request.headroom
+    out = reasons(result.rows, result.request.model)
+    top = result.rows[0]
+    forced = result.memory_forces
+    if "recompute" in forced:
+        figures = ", ".join(f"recompute {rc} needs {gib:.0f} GiB" for rc, gib in forced["recompute"])
+        out.append(f"Memory forces recompute {top['recompute']}: with the same layout, {figures}, against "
+                   f"{(1 - headroom) * top['usable_gib']:.0f} GiB usable ({100 * (1 - headroom):.0f}% of "
+                   f"{top['usable_gib']:.0f}).")
+    if "zero" in forced:
+        out.append(f"Memory forces ZeRO-{top['zero']}: " + ", ".join(f"{name} would need {gib:.0f} GiB"
+                                                                  for name, gib in forced["zero"]) + ".")
+    return out
+
+
+def plan_warnings(result) -> list[str]:
+    words = {"deadline": "no layout finishes within {:g} h; ranked by time instead",
+             "budget": "no layout costs at most ${:,.0f}; ranked by cost instead"}
+    return [words[k].format(v) for k, v in result.missed]
+
+
+# --------------------------------------------------------------------------------------------
+# ddplan memory
+
+
+def memory_verdict(spec: ModelSpec, hw: HardwareSpec, rows: list[dict], alts: list[tuple[str, float, bool]]) -> list[str]:
+    """Plain-words conclusion: the smallest setup that fits, with headroom, or what would."""
+    native = next((r for r in rows if r["setup"] == "native"), None)
+    fitting = [r for r in rows if r["fits"]]
+    name = DISTRIBUTION_NAMES[spec.recipe.distribution]
+    lines = []
+    if native and native["fits"]:
+        lines.append(f"Fits with the model's native setup ({name}, ZeRO-{native['zero']}): "
+                     f"{native['total_gib']:.1f} of {native['usable_gib']:.1f} GiB, "
+                     f"{native['headroom_gib']:.1f} GiB headroom.")
+        more = [r for r in rows if r["zero"] > native["zero"]]
+        if more and len({round(r["total_gib"], 2) for r in rows}) == 1:
+            lines.append("ZeRO stages do not differ here: with one data-parallel rank there is nothing to shard.")
+        elif more:
+            saved = native["total_gib"] - min(r["total_gib"] for r in more)
+            lines.append(f"Higher ZeRO stages would save up to {saved:.1f} GiB per GPU: not needed while "
+                         f"memory is not the limit (they need another training setup and add communication).")
+    elif fitting:
+        best = min(fitting, key=lambda r: r["zero"])
+        lines.append(f"The native setup ({name}) does not fit; ZeRO-{best['zero']} is the smallest stage that "
+                     f"does: {best['total_gib']:.1f} of {best['usable_gib']:.1f} GiB.")
+    else:
+        lines.append("No ZeRO stage fits at this micro-batch.")
+    if not (native and native["fits"]):
+        ok = [a for a in alts if a[2]]
+        for desc, gib, _ in ok:
+            lines.append(f"Would fit: {desc}: {gib:.1f} GiB.")
+        if not ok:
+            lines.append("Nothing tried alone fits: combine a smaller device batch with recompute, or add GPUs "
+                         "with TP/PP.")
+    return lines
+
+
+def peak_matches(measured_gb: float, matches: list[dict]) -> str:
+    """Which setups a measured peak is consistent with (ddplan.sizing.consistent_with rows)."""
+    ok = [m for m in matches if m["consistent"]]
+    if ok:
+        listed = "; ".join(f"{m['attention']}, recompute {m['recompute']}, {'compiled' if m['compiled'] else 'eager'} "
+                           f"({m['predicted_gb']:.1f} GB, {m['error_pct']:+.0f}%)" for m in ok[:4])
+    else:
+        c = matches[0]
+        listed = (f"none of the configurations within 10% (closest: {c['attention']}, {c['recompute']}, "
+                  f"{c['predicted_gb']:.1f} GB)")
+    return f"Measured {measured_gb:g} GB is consistent with: {listed}."
+
+
+def memory_title(spec: ModelSpec, hw: HardwareSpec, setup) -> str:
+    lay = setup.layout
+    return (f"{spec.name} on {lay.num_gpus} x {hw.name} in total (dp {lay.dp}, tp {lay.tp}, pp {lay.pp}), device "
+            f"batch {lay.micro_batch} x {spec.recipe.seq_len}, {spec.dtypes.compute}, {lay.attention}, recompute "
+            f"{lay.recompute}, {'compiled' if lay.compiled else 'eager'}: memory per GPU (GiB = 2^30 bytes; fits = "
+            f"at most {100 * (1 - setup.headroom):.0f}% of usable)")
+
+
+def plan_title(spec: ModelSpec, result, top: int, headroom: float, objective: str) -> str:
+    rej = result.rejected
+    return (f"{spec.name}: best {min(top, len(result.rows))} of {len(result.rows):,} layouts that fit "
+            f"({result.considered:,} considered; rejected: {rej['memory']:,} memory (> {100 * (1 - headroom):.0f}% "
+            f"of usable), {rej['divisibility']:,} divisibility, {rej['dominated']:,} dominated by less recompute), "
+            f"by {objective}")
