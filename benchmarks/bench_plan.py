@@ -3,7 +3,7 @@
     python benchmarks/bench_plan.py [--runs 3] [--max-gpus 512]
 
 Prints one small table per case, (nanochat d24, mi300x) and (llama-3-70b, h100-sxm):
-  - `ddplan.search.search` over GPU counts 1, 2, 4, ..., --max-gpus in one request (median of --runs,
+  - `ddplan.plan.search` over GPU counts 1, 2, 4, ..., --max-gpus in one request (median of --runs,
     specs loaded once beforehand): layouts considered, kept (fit, divide, least recompute), seconds,
     layouts considered per second;
   - the same search per GPU count alone (one run each), to see where the time goes;
@@ -54,6 +54,8 @@ def print_table(rows: list[tuple[str, ...]]) -> None:
 
 
 def main() -> None:
+    from ddplan.verdicts import plan_reasons
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--max-gpus", type=int, default=512)
@@ -81,11 +83,11 @@ def main() -> None:
         argv = [*cmd, "plan", "--model", model_name, "--hardware", hw_name, "--gpus", ",".join(map(str, gpus)),
                 "--format", "csv"]
         e2e = median_subprocess_s(argv, args.runs)
-        print(f"\nddplan.search.search: {model.name} on {hw.name}, GPU counts {gpus[0]}..{gpus[-1]}")
+        print(f"\nddplan.plan.search: {model.name} on {hw.name}, GPU counts {gpus[0]}..{gpus[-1]}")
         print_table(rows)
         verdict = "within" if seconds <= TARGET_S else "OVER"
         print(f"one search over {gpus[0]}-{gpus[-1]} GPUs: {seconds:.2f} s ({verdict} the {TARGET_S:g} s target); "
-              f"choice: {result.reasons[0] if result.reasons else '-'}")
+              f"choice: {plan_reasons(result)[0] if result.rows else '-'}")
         print(f"end to end: `ddplan plan --model {model_name} --hardware {hw_name} --gpus {gpus[0]},...,{gpus[-1]} "
               f"--format csv` (subprocess, median of {args.runs}): {e2e:.2f} s")
     print(f"\n(python {sys.version.split()[0]}, {'`ddplan` console script' if ddplan else 'python -m ddplan.cli'})")

@@ -124,6 +124,7 @@ def memory_cmd(
     gpus: int = typer.Option(1, "--gpus", help="GPUs in total: dp x tp x pp."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree."),
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel degree."),
+    vp: int = typer.Option(1, "--vp", help="Interleaved chunks per pipeline stage (1: 1F1B)."),
     zero: str = typer.Option("0,1,2,3", "--zero", help="ZeRO stages to show, comma-separated."),
     device_batch_size: int = typer.Option(None, "--device-batch-size", help="Sequences per GPU per micro-batch "
                                           "(default: the recipe's)."),
@@ -148,8 +149,8 @@ def memory_cmd(
     from ddplan.registry import load_hardware, load_model
     from ddplan.sizing import alternatives, consistent_with, memory_setup, zero_rows
 
-    for value, flag in ((gpus, "--gpus"), (tp, "--tp"), (pp, "--pp"), (device_batch_size, "--device-batch-size"),
-                        (measured_peak, "--measured-peak")):
+    for value, flag in ((gpus, "--gpus"), (tp, "--tp"), (pp, "--pp"), (vp, "--vp"),
+                        (device_batch_size, "--device-batch-size"), (measured_peak, "--measured-peak")):
         _positive(value, flag)
     _check_headroom(headroom)
     stages = _int_list(zero, "--zero", allowed=(0, 1, 2, 3))
@@ -162,7 +163,7 @@ def memory_cmd(
                  if m.peak_memory_gb]
         measured_peak = peaks[0] if peaks else None
     _check_pattern(window_pattern)
-    setup = memory_setup(spec, hw, gpus=gpus, tp=tp, pp=pp, micro_batch=device_batch_size, attention=attention,
+    setup = memory_setup(spec, hw, gpus=gpus, tp=tp, pp=pp, vp=vp, micro_batch=device_batch_size, attention=attention,
                          recompute=recompute.value, compiled=compiled, window_pattern=window_pattern,
                          headroom=headroom)
     _check_plot_path(plot)

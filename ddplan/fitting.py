@@ -18,12 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ddplan.calibration import StepMeasurement, fit_factor
-from ddplan.errors import UsageError
+from ddplan.errors import LayoutError, UsageError
 from ddplan.layout import NATIVE_ZERO, Layout, check_layout
 from ddplan.roofline import FIT_SCENARIOS, Rates, Scenario
 from ddplan.specs import ModelSpec
 
-KNOB_FLAGS = "--measured-gpus/--measured-tp/--measured-pp/--device-batch-size/--total-batch-size"
+MEASURED_FLAGS = "--measured-gpus/--measured-tp/--measured-pp/--device-batch-size/--total-batch-size"
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def measured_layout(spec: ModelSpec, m: StepMeasurement) -> Layout:
                             f"x whole micro-batches")
     if problems:
         raise UsageError(f"the measured configuration cannot be priced as given: {problems[0]}; state what ran",
-                         field=KNOB_FLAGS)
+                         field=MEASURED_FLAGS)
     dp = m.gpus // (m.tp * m.pp)
     layout = Layout(dp=dp, tp=m.tp, pp=m.pp, zero=NATIVE_ZERO[spec.recipe.distribution] if m.zero is None else m.zero,
                     micro_batch=m.device_batch_size,
@@ -91,10 +91,8 @@ def measured_layout(spec: ModelSpec, m: StepMeasurement) -> Layout:
                     pp_virtual_stages=m.pp_virtual_stages)
     try:
         check_layout(layout, spec, world_size_rule=False)
-    except UsageError:
-        raise
-    except Exception as e:  # a LayoutError: name the measurement flags
-        raise UsageError(f"the measured layout cannot exist: {getattr(e, 'message', e)}", field=KNOB_FLAGS) from None
+    except LayoutError as e:
+        raise UsageError(f"the measured layout cannot exist: {e.message}", field=MEASURED_FLAGS) from None
     return layout
 
 

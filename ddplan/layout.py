@@ -49,6 +49,14 @@ class Layout:
         if self.recompute not in ("none", "selective", "full"):
             raise LayoutError(f"recompute must be none, selective or full, got {self.recompute!r}")
 
+    def __hash__(self) -> int:  # layouts key caches across a search: hash the fields once
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.dp, self.tp, self.pp, self.zero, self.micro_batch, self.grad_accum, self.attention,
+                      self.recompute, self.compiled, self.pp_schedule, self.pp_virtual_stages))
+            object.__setattr__(self, "_hash", h)
+        return h
+
     @property
     def num_gpus(self) -> int:
         return self.dp * self.tp * self.pp

@@ -205,6 +205,6 @@ def memory_per_gpu(spec: ModelSpec, layout: Layout, anatomy: Anatomy, capacity_b
     terms["comm_buffers"] = comm
     terms["framework"] = assumptions.framework_gib * GiB
     terms["allocator_slack"] = assumptions.allocator_fraction * (saved + transient)
-    by_group = {k: dict(v) for k, v in states.items()}
-    return MemoryBreakdown(terms=terms, by_group=by_group, capacity=capacity_bytes, notes=tuple(notes),
+    # by_group is the states mapping itself (a search shares it across layouts): read it, never write it
+    return MemoryBreakdown(terms=terms, by_group=states, capacity=capacity_bytes, notes=tuple(notes),
                            headroom_fraction=headroom)

@@ -8,6 +8,8 @@ the family); ranking and the Pareto front use pandas. Reasons are facts; ddplan.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 from dataclasses import dataclass, field, replace
 
@@ -118,8 +120,30 @@ def plan_row(p: PricedLayout, native_zero: int, usable_gib: float) -> dict:
             "native": lay.zero == native_zero, "usable_gib": usable_gib, "_priced": p}
 
 
+@contextlib.contextmanager
+def _no_cycle_collection():
+    """Pause Python's cyclic garbage collector for a search.
+
+    A search allocates hundreds of thousands of small acyclic objects (priced layouts, dicts, tuples;
+    reference counting frees them) while holding large anatomies; the collector's full passes over those
+    cost about a quarter of the search (benchmarks/bench_plan.py) and find nothing to free.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def search(req: PlanRequest) -> PlanResult:
     """Every layout of every hardware and GPU count that fits and divides, ranked by the objective."""
+    with _no_cycle_collection():
+        return _search(req)
+
+
+def _search(req: PlanRequest) -> PlanResult:
     import pandas as pd
 
     if req.objective not in OBJECTIVES:
@@ -160,7 +184,8 @@ def search(req: PlanRequest) -> PlanResult:
     result = PlanResult(rows=[], pareto=[], request=req, considered=considered, rejected=rejected, why_not=why_not)
     if not rows:
         return result
-    df = pd.DataFrame(rows)
+    ranking = ("wall_clock_h", "cost_usd", "native", "tp", "pp", "recompute", "gpus", "hardware")
+    df = pd.DataFrame({c: [r[c] for r in rows] for c in ranking})  # what ranking reads; rows stay dicts
     # simpler first among near-equals: the native setup, fewer parallel dimensions, no recompute
     df["_simplicity"] = (~df["native"]).astype(int) * 4 + (df["tp"] > 1) + (df["pp"] > 1) * 2 + (
         df["recompute"] != "none") * 1
@@ -180,7 +205,7 @@ def search(req: PlanRequest) -> PlanResult:
             key = "cost_usd"
         else:
             pool, key = ok, "wall_clock_h"
-    ordered = _rank(pool, key).drop(columns=["_simplicity"]).to_dict("records")
+    ordered = [rows[i] for i in _rank(pool, key).index]
     front = pareto_front(ordered)
     # bands for what is shown: the top rows, the Pareto front and each family's best (what the plot draws)
     shown = {id(r) for r in ordered[:req.top]} | {id(r) for r in front} | {id(r) for r in best_per_family(ordered)}
@@ -199,7 +224,6 @@ def search(req: PlanRequest) -> PlanResult:
 def memory_forces(top: dict, pricer: Pricer, req: PlanRequest) -> dict[str, list[tuple[str, float]]]:
     """What memory forces on the choice: GiB per GPU of its layout with less recompute, and with less
     sharding (only where every lighter option is over the limit). Keys: "recompute", "zero"."""
-    from dataclasses import replace
 
     layout, window = top["_priced"].layout, top["window"]
     out: dict[str, list[tuple[str, float]]] = {}

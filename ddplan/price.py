@@ -14,6 +14,7 @@ memory. Nothing here formats a number or words a sentence (ddplan.render does).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -22,7 +23,8 @@ from ddplan.anatomy import Anatomy, build_anatomy, for_tp
 from ddplan.calibration import CalibrationSpec, calibrated_rates, comm_points
 from ddplan.flops import mfu, nanochat_flops_per_token
 from ddplan.layout import Layout, breaks_world_size_rule
-from ddplan.memory import HEADROOM, MemoryAssumptions, MemoryBreakdown, memory_per_gpu, model_states
+from ddplan.memory import (HEADROOM, MemoryAssumptions, MemoryBreakdown, in_flight_micro_batches, memory_per_gpu,
+                           model_states)
 from ddplan.roofline import SCENARIOS, Rates, Scenario, comm_end, op_times, rates
 from ddplan.specs import Budget, HardwareSpec, ModelSpec, Price
 from ddplan.step import StepTime, optimizer_time_s, step_time
@@ -154,14 +156,33 @@ class Pricer:
         """One tp rank's ops of one micro-batch; recompute policies share one ops tuple."""
         key = ("anatomy", layout.micro_batch, layout.attention, window, layout.compiled, layout.tp, layout.recompute)
         if key not in self._shared:
-            base_key = key[:5] + (1, "none")
-            if base_key not in self._shared:
-                impl = self.hw.attention_impl(layout.attention)
-                self._shared[base_key] = build_anatomy(self.spec, batch=layout.micro_batch, attention=impl.kind,
-                                                       windows=impl.windows, compiled=layout.compiled,
-                                                       window_pattern=window)
-            an = for_tp(self._shared[base_key], layout.tp)
-            self._shared[key] = an if layout.recompute == "none" else replace(an, recompute=layout.recompute)
+            share_key = key[:6] + ("none",)  # one tp share per (micro-batch, attention, window, compile, tp)
+            if share_key not in self._shared:
+                base_key = key[:5] + (1, "none")
+                if base_key not in self._shared:
+                    impl = self.hw.attention_impl(layout.attention)
+                    self._shared[base_key] = build_anatomy(self.spec, batch=layout.micro_batch, attention=impl.kind,
+                                                           windows=impl.windows, compiled=layout.compiled,
+                                                           window_pattern=window)
+                self._shared[share_key] = for_tp(self._shared[base_key], layout.tp)
+            if layout.recompute != "none":
+                self._shared[key] = replace(self._shared[share_key], recompute=layout.recompute)
+        return self._shared[key]
+
+    def flops(self, layout: Layout, window: str) -> tuple[float, float]:
+        """(model FLOPs, recomputed FLOPs) of one micro-batch on one tp rank, summed once per anatomy."""
+        key = ("flops", layout.micro_batch, layout.attention, window, layout.compiled, layout.tp, layout.recompute)
+        if key not in self._shared:
+            an = self.anatomy(layout, window)
+            self._shared[key] = (an.flops_fwd() + an.flops_bwd(), an.recompute_flops())
+        return self._shared[key]
+
+    def flops_per_token(self, window: str) -> float:
+        """MFU_CONVENTION's FLOPs per token at a window pattern."""
+        key = ("flops_per_token", window)
+        if key not in self._shared:
+            arch = self.spec.architecture.model_copy(update={"window_pattern": window})
+            self._shared[key] = nanochat_flops_per_token(arch, self.spec.recipe.seq_len)
         return self._shared[key]
 
     def rates(self, attention: str, scenario: Scenario, fitted: bool = True) -> Rates:
@@ -179,31 +200,36 @@ class Pricer:
 
     def step(self, layout: Layout, window: str, scenario: Scenario = "value", fitted: bool = True,
              r: Rates | None = None) -> StepTime:
-        """One optimizer step of the layout at one scenario's rates (or at the rates given)."""
-        key = ("step", layout, window, scenario, fitted)
-        if r is None and key in self._rated:
-            return self._rated[key]
+        """One optimizer step of the layout at one scenario's rates (or at the rates given).
+
+        Not cached itself (a search prices each layout once); what layouts share is: op times per
+        anatomy and rates, optimizer time, collective times, gradient buffers.
+        """
         an = self.anatomy(layout, window)
-        rated = r is None
-        r = self.rates(layout.attention, scenario, fitted) if rated else r
+        if r is not None:
+            return step_time(self.spec, self.hw, layout, an, r, comm_efficiency=comm_end(scenario),
+                             comm_points=self.points, cache=self._shared)
+        r = self.rates(layout.attention, scenario, fitted)
         parts_key = ("parts", layout.micro_batch, layout.attention, window, layout.compiled, layout.tp, scenario,
                      fitted)
+        if parts_key not in self._rated:
+            self._rated[parts_key] = op_times(an, r)
         opt_key = ("optimizer", layout.attention, scenario, fitted, layout.dp, layout.tp, layout.pp, layout.zero)
-        if rated:
-            if parts_key not in self._rated:
-                self._rated[parts_key] = op_times(an, r)
-            if opt_key not in self._rated:
-                self._rated[opt_key] = optimizer_time_s(self.spec, layout, r)
-        st = step_time(self.spec, self.hw, layout, an, r, comm_efficiency=comm_end(scenario), comm_points=self.points,
-                       parts=self._rated[parts_key] if rated else None,
-                       optimizer_s=self._rated[opt_key] if rated else None, cache=self._shared)
-        if rated:
-            self._rated[key] = st
-        return st
+        if opt_key not in self._rated:
+            self._rated[opt_key] = optimizer_time_s(self.spec, layout, r)
+        return step_time(self.spec, self.hw, layout, an, r, comm_efficiency=comm_end(scenario),
+                         comm_points=self.points, parts=self._rated[parts_key], optimizer_s=self._rated[opt_key],
+                         cache=self._shared)
 
     def memory(self, layout: Layout, window: str) -> MemoryBreakdown:
-        """Peak memory per GPU of the layout (ddplan.memory.memory_per_gpu), against the run's headroom."""
-        key = ("memory", layout, window)
+        """Peak memory per GPU of the layout (ddplan.memory.memory_per_gpu), against the run's headroom.
+
+        Cached by what memory depends on: accumulation only through the micro-batches a pipeline
+        stage holds (ddplan.memory.in_flight_micro_batches).
+        """
+        key = ("memory", window, layout.dp, layout.tp, layout.pp, layout.zero, layout.micro_batch, layout.attention,
+               layout.recompute, layout.compiled, layout.pp_schedule, layout.pp_virtual_stages,
+               in_flight_micro_batches(layout))
         if key not in self._shared:
             skey = ("states", layout.dp, layout.tp, layout.pp, layout.zero)
             if skey not in self._shared:
@@ -211,6 +237,13 @@ class Pricer:
             self._shared[key] = memory_per_gpu(self.spec, layout, self.anatomy(layout, window),
                                                self.hw.memory.usable_bytes, self.assumptions,
                                                states=self._shared[skey], headroom=self.plan.headroom)
+        return self._shared[key]
+
+    def steps(self, batch_tokens: int) -> int:
+        """Optimizer steps of the run's budget at this global batch (ddplan.run.steps_for)."""
+        key = ("steps", batch_tokens)
+        if key not in self._shared:
+            self._shared[key] = run.steps_for(self.spec, self.plan.budget, batch_tokens)
         return self._shared[key]
 
     def scenarios(self) -> tuple[Scenario, ...]:
@@ -237,11 +270,10 @@ class Pricer:
         if self.fit is not None and self.fit.is_measured(layout, window, batch, spec.recipe.seq_len):
             basis, step_s = "measured", self.fit.measurement.step_time_s
             low_s, high_s = (min(low_s, step_s), max(high_s, step_s)) if self.fit.implausible else (step_s, step_s)
-        steps = run.steps_for(spec, plan.budget, batch)
-        an = self.anatomy(layout, window)
+        steps = self.steps(batch)
         gpus = layout.num_gpus
-        model_flops = an.flops_fwd() + an.flops_bwd()
-        executed = layout.grad_accum * (model_flops + an.recompute_flops()) / layout.pp  # per GPU
+        model_flops, recompute_flops = self.flops(layout, window)
+        executed = layout.grad_accum * (model_flops + recompute_flops) / layout.pp  # per GPU
         peak = hw.peak.flops_per_s(spec.dtypes.compute)
         out = list(flags) + self._flags(layout, mem, executed / step_s)
         every, eval_tokens = run.eval_cadence(spec, plan.overheads)
@@ -252,17 +284,16 @@ class Pricer:
                                       nodes=-(-gpus // hw.gpus_per_node))
         wall = [run.hours(steps * t + outside) for t in (step_s, low_s, high_s)]
         cost = [run.cost_usd(plan.price, gpus, hw.gpus_per_node, h) for h in wall]
-        arch = spec.architecture.model_copy(update={"window_pattern": window})
-        fpt = nanochat_flops_per_token(arch, spec.recipe.seq_len)
-        mfu_pct = 100 * mfu(fpt, batch / step_s, peak, gpus)
+        mfu_pct = 100 * mfu(self.flops_per_token(window), batch / step_s, peak, gpus)
         return PricedLayout(
             layout=layout, window=window, hardware=hw.name, global_batch_tokens=batch, steps=steps, step=st,
             step_s=step_s, step_low_s=low_s, step_high_s=high_s, memory=mem, outside_s=outside,
             wall_clock_h=wall[0], wall_low_h=wall[1], wall_high_h=wall[2],
             cost_usd=cost[0], cost_low_usd=cost[1], cost_high_usd=cost[2],
-            mfu_pct=mfu_pct, hfu_pct=mfu_pct * (1 + an.recompute_flops() / model_flops),
+            mfu_pct=mfu_pct, hfu_pct=mfu_pct * (1 + recompute_flops / model_flops),
             basis=basis, flags=tuple(out))
 
+    @functools.cached_property
     def best_flops_per_s(self) -> float:
         """The device's best measured GEMM rate (top of its range): no whole step can sustain more."""
         e = self.hw.efficiency.gemm
@@ -276,7 +307,7 @@ class Pricer:
             out.append(Flag("memory", (("total_bytes", mem.total), ("limit_bytes", mem.limit))))
         if breaks_world_size_rule(layout, self.spec):
             out.append(Flag("world_size", (("gpus", layout.num_gpus),)))
-        best = self.best_flops_per_s()
+        best = self.best_flops_per_s
         if sustained > best:
             out.append(Flag("implausible", (("sustained_flops_per_s", sustained), ("best_flops_per_s", best))))
         return out

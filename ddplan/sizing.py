@@ -150,7 +150,7 @@ def consistent_with(spec: ModelSpec, hw: HardwareSpec, setup: Setup, measured_gb
     return sorted(out, key=lambda r: abs(r["error_pct"]))
 
 
-def memory_setup(spec: ModelSpec, hw: HardwareSpec, *, gpus: int, tp: int = 1, pp: int = 1,
+def memory_setup(spec: ModelSpec, hw: HardwareSpec, *, gpus: int, tp: int = 1, pp: int = 1, vp: int = 1,
                  micro_batch: int | None = None, attention: str | None = None, recompute: str = "none",
                  compiled: bool | None = None, window_pattern: str | None = None,
                  headroom: float = HEADROOM) -> Setup:
@@ -165,10 +165,11 @@ def memory_setup(spec: ModelSpec, hw: HardwareSpec, *, gpus: int, tp: int = 1, p
                         micro_batch or spec.recipe.device_batch_size)
     layout = Layout(dp=dp, tp=tp, pp=pp, micro_batch=split.micro_batch if micro_batch is None else micro_batch,
                     grad_accum=split.accum, attention=attention or hw.default_attention, recompute=recompute,
-                    compiled=spec.recipe.compiled if compiled is None else compiled)
+                    compiled=spec.recipe.compiled if compiled is None else compiled,
+                    pp_schedule="interleaved" if vp > 1 else "1f1b", pp_virtual_stages=vp)
     try:
         check_layout(layout, spec)
     except LayoutError as e:
-        e.field = e.field or "--gpus/--tp/--pp"
+        e.field = e.field or "--gpus/--tp/--pp/--vp"
         raise
     return Setup(layout=layout, window_pattern=window_pattern, headroom=headroom)

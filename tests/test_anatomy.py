@@ -281,3 +281,19 @@ def test_saved_bytes_are_linear_in_batch_but_for_masks_and_rope(cfg, kind, recom
 @given(configs, st.sampled_from(KINDS), st.sampled_from(RECOMPUTE))
 def test_compiled_never_saves_more_than_eager(cfg, kind, recompute):
     assert _saved(cfg, *kind, recompute, compiled=True) <= _saved(cfg, *kind, recompute, compiled=False)
+
+
+def test_for_tp_does_not_inherit_the_base_cached_activation_sums():
+    """Regression: for_tp copied the tp=1 anatomy's cached saved_split/_transient when memory had already
+    been asked of it, so a tp share reported the whole model's activations (found by the pricing-core
+    refactor, 3x memory for tp 4)."""
+    from ddplan.anatomy import for_tp
+
+    spec = load_model("d24")
+    base = build_anatomy(spec, batch=4, attention="unfused_math", windows="mask")
+    _ = base.saved_split, base.transient_bytes()  # fill the caches
+    share = for_tp(base, 4)
+    direct = build_anatomy(spec, batch=4, attention="unfused_math", windows="mask", tp=4)
+    assert share.saved_split == pytest.approx(direct.saved_split)
+    assert share.transient_bytes() == pytest.approx(direct.transient_bytes())
+    assert share.saved_split[0] < base.saved_split[0]

@@ -307,3 +307,43 @@ def test_tp_time_hand():
 def test_tp_rejects_bad_shape():
     with pytest.raises(ValueError, match="seq=0"):
         comm.tp_allreduce_bytes_per_layer(1, 0, 4096, 2)
+
+
+# --------------------------------------------------------------------------------------------
+# sharded data parallelism: exposure from the collectives' times (the docstrings' hand examples)
+
+
+def test_zero1_by_hand():
+    """rs 30 ms, ag 20 ms, last bucket 1 ms, backward 100 ms: rs hides under backward except the last
+    bucket; the all-gather after the step is exposed: total 50 ms, exposed 21 ms."""
+    assert comm.zero1_comm_s(0.030, 0.020, 0.001, 0.100) == pytest.approx((0.050, 0.021))
+    # backward shorter than the reduce-scatter: the rest shows
+    assert comm.zero1_comm_s(0.030, 0.020, 0.001, 0.010) == pytest.approx((0.050, 0.040))
+
+
+def test_zero2_reduce_scatters_every_micro_batch_by_hand():
+    """accum 4: total 4 x 30 + 20 = 140 ms; exposed 4 x max(30 - 100, 1) + 20 = 24 ms."""
+    assert comm.zero2_comm_s(0.030, 0.020, 0.001, 0.100, 4) == pytest.approx((0.140, 0.024))
+    assert comm.zero2_comm_s(0.030, 0.020, 0.001, 0.100, 1) == pytest.approx(comm.zero1_comm_s(0.030, 0.020, 0.001,
+                                                                                              0.100))
+
+
+def test_fsdp_by_hand():
+    """2 ag + rs = 70 ms per micro-batch against 50 ms of compute: 20 ms shows, plus the first of 10 units'
+    gathers (2 x 20 / 10 = 4 ms): accum 2 -> total 140 ms, exposed 48 ms."""
+    assert comm.fsdp_comm_s(0.030, 0.020, 0.050, 2, 10) == pytest.approx((0.140, 0.048))
+    # fully hidden under a long micro-batch: only the first gather of each pass remains
+    assert comm.fsdp_comm_s(0.030, 0.020, 1.0, 1, 10)[1] == pytest.approx(0.004)
+
+
+@pytest.mark.parametrize("fn, args", [(comm.zero1_comm_s, (-1.0, 0.0, 0.0, 0.0)),
+                                      (comm.zero2_comm_s, (0.0, 0.0, 0.0, 0.0, 0)),
+                                      (comm.fsdp_comm_s, (0.0, 0.0, 0.0, 1, 0))])
+def test_sharded_comm_refuses_impossible_input(fn, args):
+    with pytest.raises(ValueError):
+        fn(*args)
+
+
+def test_tier_time_is_the_alpha_beta_model():
+    """Tier.time_s is collective_time_s: the timer ddp_exposed_s and tp_comm_time_per_layer_s take."""
+    assert T8.time_s("all_reduce", 1e9, 8) == comm.collective_time_s("all_reduce", 1e9, 8, T8)

@@ -94,3 +94,16 @@ def test_rejects_bad_times_and_shapes():
         pipeline.bubble_time_s(-1.0, 4, 8)
     with pytest.raises(ValueError, match="hidden=0"):
         pipeline.p2p_bytes_per_microbatch(1, 2048, 0, 2)
+
+
+def test_p2p_time_by_hand():
+    """16.78 MB at 100 GB/s and 5 us, 8 micro-batches: 8 x 2 x (1.678e-4 + 5e-6) = 2.765e-3 s; interleaving
+    v = 2 crosses twice the boundaries (Narayanan et al. 2021 sec. 2.2.2)."""
+    sent = pipeline.p2p_bytes_per_microbatch(1, 2048, 4096, 2)
+    assert sent == 16_777_216
+    t = pipeline.p2p_time_s(sent, 100e9, 5e-6, 8)
+    assert t == pytest.approx(8 * 2 * (16_777_216 / 100e9 + 5e-6), rel=1e-12)
+    assert round(t, 6) == 0.002764
+    assert pipeline.p2p_time_s(sent, 100e9, 5e-6, 8, v=2) == pytest.approx(2 * t)
+    with pytest.raises(ValueError):
+        pipeline.p2p_time_s(sent, 0.0, 5e-6, 8)

@@ -167,3 +167,25 @@ def test_names_and_aliases_are_unambiguous():
                     f"{key!r} names both {owner[key]} and {kind}/{path.name}"
                 if kind == "hardware":
                     assert registry.nanochat_depth(key) is None, f"hardware name {key!r} looks like a nanochat depth"
+
+
+def test_run_variant_sequence_length_and_dtype():
+    """--seq-len keeps the total batch in tokens where it divides; --dtype fp32 puts everything in fp32
+    (calibrate's CPU run), bf16/fp16 change the compute dtype only."""
+    from ddplan.specs import run_variant
+
+    d24 = registry.load_model("d24")
+    short = run_variant(d24, seq_len=256)
+    assert short.recipe.seq_len == 256 and short.recipe.total_batch_tokens == d24.recipe.total_batch_tokens
+    odd = run_variant(d24, seq_len=1000)
+    assert odd.recipe.total_batch_tokens % 1000 == 0
+    assert abs(odd.recipe.total_batch_tokens - d24.recipe.total_batch_tokens) <= 500
+    f32 = run_variant(d24, dtype="fp32")
+    assert f32.dtypes.compute == "fp32" and set(f32.dtypes.params.values()) == {"fp32"}
+    f16 = run_variant(d24, dtype="fp16")
+    assert f16.dtypes.compute == "fp16" and f16.dtypes.params == d24.dtypes.params
+    assert run_variant(d24) is d24
+    with pytest.raises(ValueError, match="1..2048"):
+        run_variant(d24, seq_len=4096)
+    with pytest.raises(ValueError, match="bf16, fp16 or fp32"):
+        run_variant(d24, dtype="fp64")

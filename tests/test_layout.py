@@ -1,0 +1,52 @@
+"""ddplan.layout: the one batch-split rule, and the world-size rule a priced row flags."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ddplan.errors import LayoutError
+from ddplan.layout import Layout, breaks_world_size_rule, check_layout, split_batch
+from ddplan.registry import load_model
+
+
+@pytest.mark.parametrize("total, dp, mb, expected", [
+    (512, 8, 32, (32, 2, 512, "")),  # 64 per rank: 32 x 2
+    (512, 8, 48, (32, 2, 512, "micro_batch")),  # 48 does not divide 64: the largest divisor below it
+    (512, 32, 32, (16, 1, 512, "micro_batch")),  # 16 per rank: the micro-batch shrinks, the batch stays
+    (1536, 1024, 1, (1, 2, 2048, "rounded_up")),  # GPT-3's 1,536 over dp 1,024: 2 per rank, 2,048 sequences
+    (1536, 16, 1, (1, 96, 1536, "")),  # Megatron's tp 8 x pp 8 on 1,024 GPUs: dp 16
+    (61, 1, 32, (1, 61, 61, "micro_batch")),  # a prime: micro-batch 1
+])
+def test_split_batch_by_hand(total, dp, mb, expected):
+    s = split_batch(total, dp, mb)
+    assert (s.micro_batch, s.accum, s.sequences, s.change) == expected
+
+
+@given(total=st.integers(1, 4096), dp=st.integers(1, 512), mb=st.integers(1, 64))
+def test_split_batch_properties(total, dp, mb):
+    """dp x micro-batch x accum is the step's sequences; the batch only grows when dp does not divide it,
+    and then by less than one sequence per rank; the micro-batch never exceeds the one asked."""
+    s = split_batch(total, dp, mb)
+    assert s.sequences == dp * s.micro_batch * s.accum
+    assert 1 <= s.micro_batch <= mb
+    if total % dp == 0:
+        assert s.sequences == total and s.change in ("", "micro_batch")
+    else:
+        assert total < s.sequences < total + dp and s.change == "rounded_up"
+
+
+def test_split_batch_refuses_zero():
+    with pytest.raises(LayoutError):
+        split_batch(0, 8, 1)
+
+
+def test_world_size_rule_is_flagged_not_refused_when_asked():
+    spec = load_model("d24")
+    six = Layout(dp=6, zero=1, micro_batch=1)
+    assert breaks_world_size_rule(six, spec)
+    check_layout(six, spec, world_size_rule=False)  # the table prices it and flags it
+    with pytest.raises(LayoutError, match="power-of-two"):
+        check_layout(six, spec)
+    assert not breaks_world_size_rule(Layout(dp=8, zero=1), spec)
