@@ -54,7 +54,7 @@ def print_table(rows: list[tuple[str, ...]]) -> None:
 
 
 def main() -> None:
-    from ddplan.verdicts import plan_reasons
+    from ddplan.reasons import plan_reasons
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)

@@ -419,8 +419,9 @@ def _calibrate_from_log(spec, hw, path, out, gpus, device_batch_size, total_batc
     data = {"kind": "calibration", "version": 1, "hardware": hw.name, "step_times": [m.model_dump(mode="json")]}
     CalibrationSpec.model_validate(data)
     atomic_write(Path(out), "# written by `ddplan calibrate --from-log`\n" + yaml.safe_dump(data, sort_keys=False))
-    render.echo(f"{m.step_time_s:.4g} s/step (median over the logged steps after step 10), {m.gpus} GPU(s), "
-                f"{m.total_batch_tokens:,} tokens/step -> {out}")
+    from ddplan.verdicts import from_log_line
+
+    render.echo(from_log_line(m, out))
 
 
 def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_batch_size, seq_len, attention) -> None:
@@ -509,7 +510,8 @@ def plan_cmd(
     """Search the layouts (dp, tp, pp, ZeRO, micro-batch, attention, recompute, schedule) and recommend one."""
     import datetime as dt
 
-    from ddplan import render, verdicts
+    from ddplan import reasons as words
+    from ddplan import render
     from ddplan.errors import UsageError
     from ddplan.plan import PlanRequest, best_per_family, search
     from ddplan.registry import load_calibration, load_hardware, load_model
@@ -533,8 +535,8 @@ def plan_cmd(
                       overheads=RunOverheads(startup_s=startup_min * 60), total_batch_tokens=total_batch_size,
                       tp_across_nodes=tp_across_nodes, headroom=headroom)
     result = search(req)
-    reasons = verdicts.plan_reasons(result)
-    warnings = verdicts.plan_warnings(result)
+    why = words.plan_reasons(result)
+    warnings = words.plan_warnings(result)
     columns = ["hardware", "gpus", "dp", "tp", "pp", "zero", "micro_batch", "accum", "attention", "recompute",
                "schedule", "family", "step_s", "wall_clock_h", "cost_usd", "mfu_pct", "memory_gib"]
     data = [{k: v for k, v in r.items() if k != "_priced"} for r in result.rows]
@@ -544,22 +546,20 @@ def plan_cmd(
 
         render.echo(json.dumps({"rows": data[:top], "pareto": [{k: v for k, v in r.items() if k != "_priced"}
                                                                for r in result.pareto],
-                                "reasons": reasons, "warnings": warnings, "considered": result.considered,
+                                "reasons": why, "warnings": warnings, "considered": result.considered,
                                 "rejected": result.rejected}, indent=2, default=str))
     elif format is Format.csv:  # data: every kept layout, ranked (--top limits the human formats)
         render.echo(render.table([{c: r[c] for c in columns} for r in data], "csv"))
     else:
         if shown:
-            render.echo(render.table(shown, format.value, title=verdicts.plan_title(spec, result, top, headroom,
+            render.echo(render.table(shown, format.value, title=words.plan_title(spec, result, top, headroom,
                                                                                      objective.value), digits=2))
-        render.echo(render.lines(["Why:"] + reasons, format.value))
+        render.echo(render.lines(["Why:"] + why, format.value))
         if result.pareto:
-            render.echo(render.lines(["Pareto front (time vs cost):"] + [
-                f"{verdicts.describe(r)}: {r['wall_clock_h']:.1f} h, ${r['cost_usd']:,.0f}" for r in result.pareto[:8]],
-                format.value))
+            render.echo(render.lines(["Pareto front (time vs cost):"] + words.pareto_lines(result), format.value))
         _warn(warnings)
     if format in (Format.csv, Format.json):  # data on stdout; warnings still reach the user
-        _warn(warnings + ([] if result.rows else reasons))
+        _warn(warnings + ([] if result.rows else why))
     if plot and result.pareto:
         from ddplan.plot import plot_scenarios
 

@@ -7,7 +7,6 @@ price, fitting) return rows and facts with numbers in SI units; this module turn
 from __future__ import annotations
 
 from ddplan.layout import NATIVE_ZERO
-from ddplan.plan import FAMILIES, TIE
 from ddplan.price import MFU_CONVENTION, Flag, PricedLayout
 from ddplan.specs import HardwareSpec, ModelSpec
 from ddplan.units import GiB
@@ -226,112 +225,6 @@ def table_assumptions(table) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------
-# ddplan plan
-
-
-def describe(r: dict) -> str:
-    parts = [f"{r['gpus']}x {r['hardware']}", f"dp {r['dp']}"]
-    if r["tp"] > 1:
-        parts.append(f"tp {r['tp']}")
-    if r["pp"] > 1:
-        parts.append(f"pp {r['pp']} ({r['schedule']})")
-    parts += [f"ZeRO-{r['zero']}{' (native)' if r['native'] else ''}", f"micro-batch {r['micro_batch']} x "
-              f"{r['accum']}", r["attention"]]
-    if r["recompute"] != "none":
-        parts.append(f"recompute {r['recompute']}")
-    return ", ".join(parts)
-
-
-def _terms(r: dict) -> dict[str, float]:
-    return {"compute": r["compute_s"], "data-parallel communication": r["dp_comm_exposed_s"],
-            "tensor-parallel all-reduces": r["tp_comm_s"], "pipeline bubble": r["bubble_s"],
-            "optimizer": r["optimizer_s"]}
-
-
-def reasons(rows: list[dict], spec: ModelSpec) -> list[str]:
-    """The top choice in plain words, and for the best of each other family why it loses, in figures."""
-    top = rows[0]
-    out = [f"Choice: {describe(top)}{'' if top['native'] else ' (needs another training setup than the model ships)'}"
-           f": {top['step_s']:.3f} s/step, {top['wall_clock_h']:.1f} h, "
-           f"${top['cost_usd']:,.0f}, MFU {top['mfu_pct']:.1f}%, {top['memory_gib']:.0f} of "
-           f"{top['usable_gib']:.0f} GiB per GPU."]
-    t = _terms(top)
-    main = max(t, key=t.get)
-    out.append(f"Its step is {100 * t['compute'] / top['step_s']:.0f}% compute; the largest other term is "
-               + (f"{max((k for k in t if k != 'compute'), key=t.get)} "
-                  f"({1000 * max(v for k, v in t.items() if k != 'compute'):.0f} ms)." if main == "compute"
-                  else f"{main} ({1000 * t[main]:.0f} ms)."))
-    native_zero = NATIVE_ZERO[spec.recipe.distribution]
-    for fam in FAMILIES:
-        cands = [r for r in rows if r["family"] == fam and r["gpus"] == top["gpus"] and r["hardware"] == top["hardware"]]
-        if fam == top["family"] or not cands:
-            if fam == "+ZeRO/FSDP" and native_zero == 3:
-                out.append(f"{fam}: the model's own setup already shards everything (ZeRO-3 / FSDP); those "
-                           f"layouts count as pure DP here.")
-            elif not cands and fam != top["family"]:
-                out.append(f"{fam}: no layout of this family fits and divides on {top['gpus']} GPUs.")
-            continue
-        best = cands[0]
-        dt, dc = best["wall_clock_h"] - top["wall_clock_h"], best["cost_usd"] - top["cost_usd"]
-        key = "wall_clock_h"
-        if best[key] >= top[key] * (1 - TIE) and best[key] <= top[key] * (1 + TIE):
-            out.append(f"{fam} ties: best is {describe(best)}: {best['wall_clock_h']:.1f} h ({dt:+.2f} h), "
-                       f"${best['cost_usd']:,.0f} ({dc:+,.0f}), within {100 * TIE:.0f}% of the choice, inside the "
-                       f"model's error: the simpler setup is kept"
-                       + (f"; it would save {top['memory_gib'] - best['memory_gib']:.0f} GiB per GPU, not needed"
-                          if best["memory_gib"] < top["memory_gib"] else "") + ".")
-            continue
-        diffs = {k: v - t[k] for k, v in _terms(best).items()}
-        worst = max(diffs, key=diffs.get)
-        why = (f"{worst} +{1000 * diffs[worst]:.0f} ms/step" if diffs[worst] > 0 else "no single term")
-        extra = ""
-        if fam == "+ZeRO/FSDP" and best["memory_gib"] < top["memory_gib"]:
-            extra = f"; it saves {top['memory_gib'] - best['memory_gib']:.0f} GiB per GPU, which the choice does not need"
-        out.append(f"{fam} loses: best is {describe(best)}: {best['wall_clock_h']:.1f} h ({dt:+.1f} h), "
-                   f"${best['cost_usd']:,.0f} ({dc:+,.0f}); {why}{extra}.")
-    return out
-
-
-def plan_no_rows(result) -> list[str]:
-    """Why a search kept nothing."""
-    out = []
-    if result.rejected.get("memory"):
-        out.append(f"No layout fits in memory ({result.rejected['memory']:,} tried): more GPUs, a smaller model or a "
-                   f"larger-memory GPU.")
-    if result.rejected.get("divisibility"):
-        out.append(f"{result.rejected['divisibility']:,} layouts do not divide evenly, e.g. "
-                   f"{result.why_not['divisibility']}.")
-    if not result.considered:
-        out.append("No candidate layout: check --gpus against the heads, layers and batch.")
-    return out
-
-
-def plan_reasons(result) -> list[str]:
-    """The choice, why each other family loses, and what memory forces."""
-    if not result.rows:
-        return plan_no_rows(result)
-    headroom = result.request.headroom
-    out = reasons(result.rows, result.request.model)
-    top = result.rows[0]
-    forced = result.memory_forces
-    if "recompute" in forced:
-        figures = ", ".join(f"recompute {rc} needs {gib:.0f} GiB" for rc, gib in forced["recompute"])
-        out.append(f"Memory forces recompute {top['recompute']}: with the same layout, {figures}, against "
-                   f"{(1 - headroom) * top['usable_gib']:.0f} GiB usable ({100 * (1 - headroom):.0f}% of "
-                   f"{top['usable_gib']:.0f}).")
-    if "zero" in forced:
-        out.append(f"Memory forces ZeRO-{top['zero']}: " + ", ".join(f"{name} would need {gib:.0f} GiB"
-                                                                  for name, gib in forced["zero"]) + ".")
-    return out
-
-
-def plan_warnings(result) -> list[str]:
-    words = {"deadline": "no layout finishes within {:g} h; ranked by time instead",
-             "budget": "no layout costs at most ${:,.0f}; ranked by cost instead"}
-    return [words[k].format(v) for k, v in result.missed]
-
-
-# --------------------------------------------------------------------------------------------
 # ddplan memory
 
 
@@ -389,9 +282,11 @@ def memory_title(spec: ModelSpec, hw: HardwareSpec, setup) -> str:
             f"at most {100 * (1 - setup.headroom):.0f}% of usable)")
 
 
-def plan_title(spec: ModelSpec, result, top: int, headroom: float, objective: str) -> str:
-    rej = result.rejected
-    return (f"{spec.name}: best {min(top, len(result.rows))} of {len(result.rows):,} layouts that fit "
-            f"({result.considered:,} considered; rejected: {rej['memory']:,} memory (> {100 * (1 - headroom):.0f}% "
-            f"of usable), {rej['divisibility']:,} divisibility, {rej['dominated']:,} dominated by less recompute), "
-            f"by {objective}")
+# --------------------------------------------------------------------------------------------
+# ddplan calibrate
+
+
+def from_log_line(m, out: str) -> str:
+    """What `calibrate --from-log` read from a training log."""
+    return (f"{m.step_time_s:.4g} s/step (median over the logged steps after step 10), {m.gpus} GPU(s), "
+            f"{m.total_batch_tokens:,} tokens/step -> {out}")

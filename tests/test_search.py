@@ -20,7 +20,7 @@ from ddplan.sizing import Setup, breakdown
 from ddplan.layout import NATIVE_ZERO, Layout, check_layout
 from ddplan.registry import load_hardware, load_model
 from ddplan.plan import FAMILIES, TIE, PlanRequest, family, layouts_for, pareto_front, pricer_for, search
-from ddplan.verdicts import plan_reasons
+from ddplan.reasons import plan_reasons
 from ddplan.units import GiB
 
 MODELS = {name: load_model(name) for name in ("d12", "d24", "gpt2-124m", "llama-3-8b", "llama-3-70b")}
