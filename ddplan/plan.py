@@ -107,9 +107,9 @@ def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, 
                                for mb in mbs]
 
 
-def pricer_for(req: PlanRequest, hw: HardwareSpec, total_batch: int) -> Pricer:
+def pricer_for(req: PlanRequest, hw: HardwareSpec) -> Pricer:
     """The pricer of one hardware in a search: the model's budget, the request's price and overheads."""
-    plan = RunPlan(total_batch, req.model.recipe.budget, req.price or hw.price, req.overheads, req.headroom)
+    plan = RunPlan(req.model.recipe.budget, req.price or hw.price, req.overheads, req.headroom)
     return Pricer(req.model, hw, plan, req.calibration)
 
 
@@ -160,7 +160,7 @@ def _search(req: PlanRequest) -> PlanResult:
     why_not: dict[str, str] = {}
     pricers = {}
     for hw in req.hardware:
-        pricer = pricers[hw.name] = pricer_for(req, hw, total_batch)
+        pricer = pricers[hw.name] = pricer_for(req, hw)
         usable = hw.memory.usable_gib.value
         for gpus in req.gpus:
             for group in layouts_for(spec, hw, gpus, total_batch, req):

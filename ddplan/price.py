@@ -9,7 +9,7 @@ check all call `Pricer.price` (or its parts), so two commands can never disagree
 
 A Pricer serves one (model, hardware, run, calibration, fit) and keeps one value-keyed cache of what
 layouts share: anatomies, rates, per-part op times, optimizer times, collective times, model states and
-memory. Nothing here formats a number or words a sentence (ddplan.render does).
+memory. Nothing here formats a number or words a sentence (ddplan.render and ddplan.verdicts do).
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ MFU_CONVENTION = "6N + 12 h q min(window, T) per layer (nanochat / PaLM App. B),
 
 @dataclass(frozen=True)
 class RunPlan:
-    """What the run is, besides the layout: batch, length, price, time outside steps, memory headroom."""
+    """What the run is, besides the layout (which carries its batch): length, price, time outside steps,
+    memory headroom."""
 
-    total_batch_tokens: int
     budget: Budget
     price: Price
     overheads: run.RunOverheads = run.RunOverheads()
@@ -54,7 +54,8 @@ class Flag:
     Kinds: "memory" (total_bytes, limit_bytes): does not fit; "world_size" (gpus): breaks the model's
     world-size rule; "implausible" (sustained_flops_per_s, best_flops_per_s): the step would sustain
     more than the best measured GEMM; "batch" (change, sequences, asked_micro_batch): the batch split
-    changed what was asked (ddplan.layout.split_batch). ddplan.render words them.
+    changed what was asked (ddplan.layout.split_batch); "micro_batch" (asked, used, usable_gib): a smaller
+    micro-batch was taken to fit. ddplan.verdicts words them.
     """
 
     kind: str

@@ -46,7 +46,7 @@ def memory_pricer(spec: ModelSpec, hw: HardwareSpec, setup: Setup,
     """A pricer for memory questions about one setup (the recipe's run; memory does not depend on it)."""
     attention_mode(hw, setup.layout.attention)  # an unknown implementation is a usage error, said once
     spec = run_variant(spec, seq_len=setup.seq_len)
-    plan = RunPlan(spec.recipe.total_batch_tokens, spec.recipe.budget, hw.price, headroom=setup.headroom)
+    plan = RunPlan(spec.recipe.budget, hw.price, headroom=setup.headroom)
     return Pricer(spec, hw, plan, assumptions=assumptions)
 
 

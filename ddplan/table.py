@@ -118,9 +118,9 @@ def build_table(req: TableRequest) -> Table:
     price = req.price or hw.price
     if req.fp8:
         check_fp8(spec, hw)
-    pricer = Pricer(spec, hw, RunPlan(total_batch, budget, price, req.overheads, req.headroom), req.calibration,
+    pricer = Pricer(spec, hw, RunPlan(budget, price, req.overheads, req.headroom), req.calibration,
                     req.fp8)
-    table = Table(request=req, rows=[], steps=run.steps_for(spec, budget, total_batch), total_batch_tokens=total_batch,
+    table = Table(request=req, rows=[], steps=pricer.steps(total_batch), total_batch_tokens=total_batch,
                   budget=budget, price=price, compiled=compiled)
     m = measurement_of(req)
     if m is not None:

@@ -223,7 +223,7 @@ def test_korthikanti_table5_within_15_percent(capsys, r):
 
 def test_pricer_price_holds_its_terms():
     spec, hw = load_model("d24"), load_hardware("mi300x")
-    pricer = Pricer(spec, hw, RunPlan(spec.recipe.total_batch_tokens, spec.recipe.budget, hw.price))
+    pricer = Pricer(spec, hw, RunPlan(spec.recipe.budget, hw.price))
     from ddplan.layout import Layout
 
     lay = Layout(dp=8, zero=NATIVE_ZERO[spec.recipe.distribution], micro_batch=32, grad_accum=2,

@@ -151,7 +151,7 @@ def test_search_keeps_every_layout_that_fits(case):
     model, hardware, gpus = case
     spec, hw = MODELS[model], HARDWARE[hardware]
     req = PlanRequest(model=spec, hardware=(hw,), gpus=(gpus,))
-    ev, expected = Mem(pricer_for(req, hw, spec.recipe.total_batch_tokens)), set()
+    ev, expected = Mem(pricer_for(req, hw)), set()
     for group in layouts_for(spec, hw, gpus, spec.recipe.total_batch_tokens, req):
         for by_rc in group:
             try:
@@ -285,7 +285,7 @@ def test_llama_3_70b_on_64_h100_is_forced_by_memory():
     layout = layout_of(top, model)
     # the search's cached memory is `ddplan memory`'s (ddplan.sizing) for the same layout
     assert breakdown(spec, hw, Setup(layout=layout)).total / GiB == pytest.approx(top["memory_gib"], rel=1e-9)
-    ev = Mem(pricer_for(PlanRequest(model=spec, hardware=(hw,), gpus=(64,)), hw, spec.recipe.total_batch_tokens))
+    ev = Mem(pricer_for(PlanRequest(model=spec, hardware=(hw,), gpus=(64,)), hw))
     if top["recompute"] != "none":
         no_recompute = ev.mem_gib(replace(layout, recompute="none"))
         print(f"same layout, recompute none: {no_recompute:.1f} GiB > limit {limit_gib(hardware):.1f} GiB")
@@ -316,7 +316,7 @@ def test_llama_reasons_show_the_memory_that_forces_recompute():
     top = result.rows[0]
     assert top["recompute"] != "none"
     spec, hw = MODELS["llama-3-70b"], HARDWARE["h100-sxm"]
-    ev = Mem(pricer_for(PlanRequest(model=spec, hardware=(hw,), gpus=(64,)), hw, spec.recipe.total_batch_tokens))
+    ev = Mem(pricer_for(PlanRequest(model=spec, hardware=(hw,), gpus=(64,)), hw))
     no_recompute = ev.mem_gib(replace(layout_of(top, "llama-3-70b"), recompute="none"))
     text = "\n".join(reasons_of(result)[1:])
     assert f"{no_recompute:.0f} GiB" in text or f"{no_recompute:.1f} GiB" in text

@@ -304,7 +304,7 @@ def check_step(spec: ModelSpec, hw: HardwareSpec, cal: CalibrationSpec, held_out
     impl = hw.attention_impl(held_out["attention"])
     layout = Layout(dp=1, zero=NATIVE_ZERO[spec.recipe.distribution], micro_batch=held_out["batch"],
                     grad_accum=1, attention=impl.name, compiled=False)
-    plan = RunPlan(layout.micro_batch * held_out["seq_len"], run_spec.recipe.budget, hw.price)
+    plan = RunPlan(run_spec.recipe.budget, hw.price)
     after_cal = cal.model_copy(update={"step_times": []})  # held out
     window = run_spec.architecture.window_pattern
     before = Pricer(run_spec, hw, plan).step(layout, window)
