@@ -123,6 +123,14 @@ def steps_for_model(calibration: CalibrationSpec, names: set[str]) -> list[StepM
     return [m for m in calibration.step_times if m.model in names]
 
 
+def measurement_for(calibration: CalibrationSpec | None, spec) -> StepMeasurement | None:
+    """The first measured step of this model (by name or alias) in a calibration file, if any."""
+    if calibration is None:
+        return None
+    found = steps_for_model(calibration, {spec.name, *spec.aliases})
+    return found[0] if found else None
+
+
 def fit_factor(predict_s: Callable[[float], float], measured_s: float, lo: float = 1e-3, hi: float = 1e3,
                rel_tol: float = 1e-6) -> float:
     """The efficiency multiplier f with predict_s(f) = measured_s, by bisection in log space.

@@ -38,10 +38,7 @@ class Format(str, Enum):
     json = "json"
 
 
-class Recompute(str, Enum):
-    none = "none"
-    selective = "selective"
-    full = "full"
+RECOMPUTE = ("none", "selective", "full")
 
 
 DEFAULT_HARDWARE = "mi300x"  # the canonical case (shared/seed): nanochat d24 on AMD MI300X
@@ -58,11 +55,12 @@ DtypeOpt = typer.Option(None, "--dtype", help="Compute dtype: bf16, fp16 or fp32
 HeadroomOpt = typer.Option(0.05, "--headroom", help="Fraction of usable memory a layout must leave free.")
 
 
-def _positive(value: int | float | None, flag: str) -> None:
-    from ddplan.errors import UsageError
+def _check(*pairs: tuple[int | float | None, str]) -> None:
+    """Every (value, flag) finite and in the flag's range (ddplan.bounds.RANGES); None means not given."""
+    from ddplan import bounds
 
-    if value is not None and value <= 0:
-        raise UsageError(f"must be positive, got {value}", field=flag)
+    for value, flag in pairs:
+        bounds.check(flag, value)
 
 
 def _variant(spec, seq_len: int | None, dtype: str | None):
@@ -70,18 +68,13 @@ def _variant(spec, seq_len: int | None, dtype: str | None):
     from ddplan.errors import UsageError
     from ddplan.specs import run_variant
 
-    _positive(seq_len, "--seq-len")
+    _check((seq_len, "--seq-len"))
+    if dtype is not None and dtype not in ("bf16", "fp16", "fp32"):
+        raise UsageError(f"must be bf16, fp16 or fp32, got {dtype!r}", field="--dtype")
     try:
         return run_variant(spec, seq_len=seq_len, dtype=dtype)
     except ValueError as e:
-        raise UsageError(str(e), field="--dtype" if "dtype" in str(e) else "--seq-len") from None
-
-
-def _check_headroom(headroom: float) -> None:
-    from ddplan.errors import UsageError
-
-    if not 0 <= headroom < 1:
-        raise UsageError(f"must be in [0, 1), got {headroom}", field="--headroom")
+        raise UsageError(str(e), field="--seq-len") from None
 
 
 def _choices(text: str, flag: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
@@ -132,7 +125,7 @@ def memory_cmd(
     dtype: str = DtypeOpt,
     attention: str = typer.Option(None, "--attention", help="Attention implementation (default: the hardware's "
                                   "default; see `ddplan specs show HARDWARE`)."),
-    recompute: Recompute = typer.Option(Recompute.none, "--recompute", help="Activation recompute policy."),
+    recompute: str = typer.Option("none", "--recompute", help="Activation recompute: none, selective or full."),
     window_pattern: str = typer.Option(None, "--window-pattern", help="Override the window pattern (e.g. L, SSSL)."),
     compiled: bool = typer.Option(None, "--compile/--no-compile", help="torch.compile'd model (changes what is "
                                   "saved for backward; default: the recipe's)."),
@@ -147,12 +140,10 @@ def memory_cmd(
     """Memory per GPU by ZeRO stage: each term, the total against usable memory, and the verdict."""
     from ddplan import render, verdicts
     from ddplan.registry import load_hardware, load_model
-    from ddplan.sizing import alternatives, consistent_with, memory_setup, zero_rows
+    from ddplan.sizing import PEAK_TOLERANCE, alternatives, consistent_with, memory_setup, zero_rows
 
-    for value, flag in ((gpus, "--gpus"), (tp, "--tp"), (pp, "--pp"), (vp, "--vp"),
-                        (device_batch_size, "--device-batch-size"), (measured_peak, "--measured-peak")):
-        _positive(value, flag)
-    _check_headroom(headroom)
+    _check((gpus, "--gpus"), (tp, "--tp"), (pp, "--pp"), (vp, "--vp"), (device_batch_size, "--device-batch-size"),
+           (measured_peak, "--measured-peak"), (headroom, "--headroom"))
     stages = _int_list(zero, "--zero", allowed=(0, 1, 2, 3))
     spec, hw = _variant(load_model(model), seq_len, dtype), load_hardware(hardware)
     if calibration and measured_peak is None:
@@ -164,7 +155,8 @@ def memory_cmd(
         measured_peak = peaks[0] if peaks else None
     _check_pattern(window_pattern)
     setup = memory_setup(spec, hw, gpus=gpus, tp=tp, pp=pp, vp=vp, micro_batch=device_batch_size, attention=attention,
-                         recompute=recompute.value, compiled=compiled, window_pattern=window_pattern,
+                         recompute=_choices(recompute, "--recompute", RECOMPUTE)[0], compiled=compiled,
+                         window_pattern=window_pattern,
                          headroom=headroom)
     _check_plot_path(plot)
     rows = zero_rows(spec, hw, setup, stages)
@@ -173,10 +165,10 @@ def memory_cmd(
 
         plot_memory(rows, plot, title=f"{spec.name} on {gpus} x {hw.name}", capacity_gib=hw.memory.usable_gib.value)
     alts = alternatives(spec, hw, setup) if not any(r["fits"] and r["setup"] == "native" for r in rows) else []
-    words = verdicts.memory_verdict(spec, hw, rows, alts)
+    words = verdicts.memory_verdict(spec, hw, rows, alts, setup.layout)
     matches = consistent_with(spec, hw, setup, measured_peak) if measured_peak else []
     if measured_peak:
-        words.append(verdicts.peak_matches(measured_peak, matches))
+        words.append(verdicts.peak_matches(measured_peak, matches, PEAK_TOLERANCE))
     title = verdicts.memory_title(spec, hw, setup)
     if format is Format.json:
         import json
@@ -264,21 +256,16 @@ def table_cmd(
     from ddplan.specs import Budget, Price
     from ddplan.table import TableRequest, build_table
 
-    for value, flag in ((price, "--price"), (steps, "--steps"), (tokens, "--tokens"),
-                        (param_data_ratio, "--param-data-ratio"), (total_batch_size, "--total-batch-size"),
-                        (measured_step_time, "--measured-step-time"), (measured_gpus, "--measured-gpus"),
-                        (measured_tp, "--measured-tp"), (measured_pp, "--measured-pp"), (eval_tokens, "--eval-tokens")):
-        _positive(value, flag)
-    for value, flag in ((startup_min, "--startup-min"), (eval_every, "--eval-every"),
-                        (checkpoint_every, "--checkpoint-every")):
-        if value is not None and value < 0:
-            raise UsageError(f"must be >= 0, got {value}", field=flag)
-    _check_headroom(headroom)
+    _check((price, "--price"), (steps, "--steps"), (tokens, "--tokens"), (param_data_ratio, "--param-data-ratio"),
+           (total_batch_size, "--total-batch-size"), (measured_step_time, "--measured-step-time"),
+           (measured_gpus, "--measured-gpus"), (measured_tp, "--measured-tp"), (measured_pp, "--measured-pp"),
+           (eval_tokens, "--eval-tokens"), (startup_min, "--startup-min"), (eval_every, "--eval-every"),
+           (checkpoint_every, "--checkpoint-every"), (headroom, "--headroom"))
     gpu_list = tuple(_int_list(gpus, "--gpus"))
     tps, pps, vps = (tuple(_int_list(v, f)) for v, f in ((tp, "--tp"), (pp, "--pp"), (vp, "--vp")))
     zeros = tuple(_int_list(zero, "--zero", allowed=(0, 1, 2, 3))) if zero else ()
     mbs = tuple(_int_list(device_batch_size, "--device-batch-size")) if device_batch_size else ()
-    recomputes = _choices(recompute, "--recompute", ("none", "selective", "full"))
+    recomputes = _choices(recompute, "--recompute", RECOMPUTE)
     windows = tuple(w.strip() for w in window.split(",")) if window else ()
     for w in windows:
         _check_pattern(w, "--window")
@@ -321,7 +308,8 @@ def table_cmd(
         windows=windows, total_batch_tokens=total_batch_size, budget=budget, price=price_spec,
         overheads=RunOverheads(startup_s=startup_min * 60, eval_every_steps=eval_every, eval_tokens=eval_tokens,
                                checkpoint_every_steps=checkpoint_every),
-        compiled=compiled, measurement=measurement, knob=fit.value, calibration=cal, fp8=fp8, headroom=headroom)
+        compiled=compiled, measurement=measurement, knob=fit.value, calibration=cal, calibration_path=calibration,
+        fp8=fp8, headroom=headroom)
     _check_plot_path(plot)
     result = build_table(req)
     rows = render.table_data(result)
@@ -378,9 +366,8 @@ def calibrate_cmd(
     """Measure what the planner otherwise assumes, on this machine, and write a calibration file."""
     from ddplan.registry import load_hardware, load_model
 
-    for value, flag in ((nproc, "--nproc"), (device_batch_size, "--device-batch-size"), (seq_len, "--seq-len"),
-                        (gpus, "--gpus"), (total_batch_size, "--total-batch-size")):
-        _positive(value, flag)
+    _check((nproc, "--nproc"), (device_batch_size, "--device-batch-size"), (seq_len, "--seq-len"), (gpus, "--gpus"),
+           (total_batch_size, "--total-batch-size"))
     spec = load_model(model)
     hw = load_hardware(hardware) if hardware else None
     if from_log:
@@ -512,18 +499,13 @@ def plan_cmd(
 
     from ddplan import reasons as words
     from ddplan import render
-    from ddplan.errors import UsageError
     from ddplan.plan import PlanRequest, best_per_family, search
     from ddplan.registry import load_calibration, load_hardware, load_model
     from ddplan.run import RunOverheads
     from ddplan.specs import Price
 
-    for value, flag in ((deadline, "--deadline"), (budget, "--budget"), (price, "--price"),
-                        (total_batch_size, "--total-batch-size"), (top, "--top")):
-        _positive(value, flag)
-    if startup_min < 0:
-        raise UsageError(f"must be >= 0, got {startup_min}", field="--startup-min")
-    _check_headroom(headroom)
+    _check((deadline, "--deadline"), (budget, "--budget"), (price, "--price"), (total_batch_size, "--total-batch-size"),
+           (top, "--top"), (startup_min, "--startup-min"), (headroom, "--headroom"))
     _check_plot_path(plot)
     spec = _variant(load_model(model), seq_len, dtype)
     hws = tuple(load_hardware(h.strip()) for h in hardware.split(",") if h.strip())
@@ -531,25 +513,23 @@ def plan_cmd(
                                                   date=dt.date.today(), source="given on the command line")
     req = PlanRequest(model=spec, hardware=hws, gpus=tuple(_int_list(gpus, "--gpus")), objective=objective.value,
                       deadline_h=deadline, budget_usd=budget, top=top,
-                      calibration=load_calibration(calibration) if calibration else None, price=price_spec,
+                      calibration=load_calibration(calibration) if calibration else None,
+                      calibration_path=calibration, price=price_spec,
                       overheads=RunOverheads(startup_s=startup_min * 60), total_batch_tokens=total_batch_size,
                       tp_across_nodes=tp_across_nodes, headroom=headroom)
     result = search(req)
     why = words.plan_reasons(result)
     warnings = words.plan_warnings(result)
-    columns = ["hardware", "gpus", "dp", "tp", "pp", "zero", "micro_batch", "accum", "attention", "recompute",
-               "schedule", "family", "step_s", "wall_clock_h", "cost_usd", "mfu_pct", "memory_gib"]
-    data = [{k: v for k, v in r.items() if k != "_priced"} for r in result.rows]
-    shown = [{c: r[c] for c in columns} for r in data[:top]]
+    data = render.plan_data(result.rows)
+    shown = render.plan_columns(data[:top])
     if format is Format.json:
         import json
 
-        render.echo(json.dumps({"rows": data[:top], "pareto": [{k: v for k, v in r.items() if k != "_priced"}
-                                                               for r in result.pareto],
+        render.echo(json.dumps({"rows": data[:top], "pareto": render.plan_data(result.pareto),
                                 "reasons": why, "warnings": warnings, "considered": result.considered,
                                 "rejected": result.rejected}, indent=2, default=str))
     elif format is Format.csv:  # data: every kept layout, ranked (--top limits the human formats)
-        render.echo(render.table([{c: r[c] for c in columns} for r in data], "csv"))
+        render.echo(render.table(render.plan_columns(data), "csv"))
     else:
         if shown:
             render.echo(render.table(shown, format.value, title=words.plan_title(spec, result, top, headroom,
@@ -567,18 +547,21 @@ def plan_cmd(
 
 
 def _int_list(text: str, flag: str, allowed: tuple[int, ...] | None = None) -> list[int]:
+    """Comma-separated integers, each once (in the order given), each allowed or within the flag's range."""
+    from ddplan import bounds
     from ddplan.errors import UsageError
 
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise UsageError(f"expected comma-separated integers, got {text!r}", field=flag) from None
-    if not values:
-        raise UsageError("expected at least one value", field=flag)
-    bad = [v for v in values if (allowed is not None and v not in allowed) or v <= 0 and allowed is None]
-    if bad:
-        allowed_text = ", ".join(map(str, allowed)) if allowed else "positive integers"
-        raise UsageError(f"invalid values {bad}; allowed: {allowed_text}", field=flag)
+    parts = [v.strip() for v in text.split(",") if v.strip()]
+    if not parts or any(len(v) > 50 or not v.lstrip("+-").isdigit() for v in parts):
+        raise UsageError(f"expected comma-separated integers, got {text!r}", field=flag)
+    values = list(dict.fromkeys(int(v) for v in parts))
+    if allowed is not None:
+        bad = [v for v in values if v not in allowed]
+        if bad:
+            raise UsageError(f"invalid values {bad}; allowed: {', '.join(map(str, allowed))}", field=flag)
+    else:
+        for v in values:
+            bounds.check(flag, v)
     return values
 
 

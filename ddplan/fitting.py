@@ -19,11 +19,12 @@ from dataclasses import dataclass, replace
 
 from ddplan.calibration import StepMeasurement, fit_factor
 from ddplan.errors import LayoutError, UsageError
-from ddplan.layout import NATIVE_ZERO, Layout, check_layout
+from ddplan.layout import Layout, check_layout, layout_for
 from ddplan.roofline import FIT_SCENARIOS, Rates, Scenario
-from ddplan.specs import ModelSpec
+from ddplan.specs import ModelSpec, run_variant
 
-MEASURED_FLAGS = "--measured-gpus/--measured-tp/--measured-pp/--device-batch-size/--total-batch-size"
+MEASURED_FLAGS = ("--measured-gpus/--measured-tp/--measured-pp/--vp/--zero/--device-batch-size/--total-batch-size/"
+                  "--recompute")
 
 
 @dataclass(frozen=True)
@@ -65,38 +66,48 @@ def scale(r: Rates, knob: str, factor: float, measured_attention: bool) -> Rates
     return r
 
 
-def measured_layout(spec: ModelSpec, m: StepMeasurement) -> Layout:
-    """The layout a measurement ran with, exactly; UsageError naming the flags when it cannot exist."""
+def measured_layout(spec: ModelSpec, m: StepMeasurement, where: str = MEASURED_FLAGS) -> Layout:
+    """The layout a measurement ran with, exactly; a one-line error naming `where` (the flags, or the
+    calibration file's entry) when it cannot exist or its batch does not split into whole micro-batches."""
     seq = m.seq_len or spec.recipe.seq_len
-    problems = []
+    problem = ""
     if m.gpus % (m.tp * m.pp):
-        problems.append(f"tp {m.tp} x pp {m.pp} does not divide {m.gpus} GPUs")
+        problem = f"tp {m.tp} x pp {m.pp} does not divide {m.gpus} GPUs"
     elif m.total_batch_tokens % seq:
-        problems.append(f"total batch {m.total_batch_tokens:,} tokens is not a multiple of the sequence length {seq}")
-    else:
-        dp = m.gpus // (m.tp * m.pp)
-        sequences = m.total_batch_tokens // seq
-        if sequences % (dp * m.device_batch_size):
-            problems.append(f"{sequences:,} sequences do not split into dp {dp} x device batch {m.device_batch_size} "
-                            f"x whole micro-batches")
-    if problems:
-        raise UsageError(f"the measured configuration cannot be priced as given: {problems[0]}; state what ran",
-                         field=MEASURED_FLAGS)
+        problem = f"total batch {m.total_batch_tokens:,} tokens is not a multiple of the sequence length {seq}"
+    elif (m.total_batch_tokens // seq) % (m.gpus // (m.tp * m.pp) * m.device_batch_size):
+        problem = (f"{m.total_batch_tokens // seq:,} sequences do not split into dp {m.gpus // (m.tp * m.pp)} x device "
+                   f"batch {m.device_batch_size} x whole micro-batches")
+    if problem:
+        raise UsageError(f"the measured configuration cannot be priced as given: {problem}; state what ran",
+                         field=where)
     dp = m.gpus // (m.tp * m.pp)
-    layout = Layout(dp=dp, tp=m.tp, pp=m.pp, zero=NATIVE_ZERO[spec.recipe.distribution] if m.zero is None else m.zero,
-                    micro_batch=m.device_batch_size,
-                    grad_accum=m.total_batch_tokens // seq // (dp * m.device_batch_size), attention=m.attention,
-                    recompute=m.recompute, compiled=m.compiled,
-                    pp_schedule="interleaved" if m.pp_virtual_stages > 1 else "1f1b",
-                    pp_virtual_stages=m.pp_virtual_stages)
     try:
+        layout = layout_for(spec, gpus=m.gpus, tp=m.tp, pp=m.pp, vp=m.pp_virtual_stages, zero=m.zero,
+                            micro_batch=m.device_batch_size,
+                            grad_accum=m.total_batch_tokens // seq // (dp * m.device_batch_size),
+                            attention=m.attention, recompute=m.recompute, compiled=m.compiled)
         check_layout(layout, spec, world_size_rule=False)
     except LayoutError as e:
-        raise UsageError(f"the measured layout cannot exist: {e.message}", field=MEASURED_FLAGS) from None
+        raise UsageError(f"the measured layout cannot exist: {e.message}", field=where) from None
     return layout
 
 
-def fit_measurement(pricer, m: StepMeasurement, knob: str = "auto") -> Fit:
+def fitted(pricer, m: StepMeasurement, knob: str = "auto", where: str = MEASURED_FLAGS):
+    """(the pricer with m's fit applied, the Fit). A measurement at another sequence length is fitted
+    on the model at that length; the fitted efficiencies then serve every row."""
+    measured_pricer = pricer
+    if m.seq_len and m.seq_len != pricer.spec.recipe.seq_len:
+        try:
+            spec = run_variant(pricer.spec, seq_len=m.seq_len)
+        except ValueError as e:
+            raise UsageError(f"the measured sequence length: {e}", field=where) from None
+        measured_pricer = type(pricer)(spec, pricer.hw, pricer.plan, pricer.calibration, pricer.fp8)
+    fit = fit_measurement(measured_pricer, m, knob, where)
+    return pricer.with_fit(fit), fit
+
+
+def fit_measurement(pricer, m: StepMeasurement, knob: str = "auto", where: str = MEASURED_FLAGS) -> Fit:
     """Fit `knob` (or, with auto, the one whose assumed range moves the measured step most) to m.
 
     pricer: an unfitted ddplan.price.Pricer for the measured model (at the measured sequence length).
@@ -104,8 +115,9 @@ def fit_measurement(pricer, m: StepMeasurement, knob: str = "auto") -> Fit:
     hw, spec = pricer.hw, pricer.spec
     if m.attention not in {a.name for a in hw.attention}:
         raise UsageError(f"measured attention {m.attention!r} is not available on {hw.name}; allowed: "
-                         f"{', '.join(a.name for a in hw.attention)}", field="--measured-attention")
-    layout = measured_layout(spec, m)
+                         f"{', '.join(a.name for a in hw.attention)}",
+                         field="--measured-attention" if where == MEASURED_FLAGS else where)
+    layout = measured_layout(spec, m, where)
     window = m.window_pattern or spec.architecture.window_pattern
 
     def predict(scenario: Scenario, k: str, f: float) -> float:
@@ -130,7 +142,7 @@ def fit_measurement(pricer, m: StepMeasurement, knob: str = "auto") -> Fit:
             factors[scen] = fit_factor(lambda f, s=scen: predict(s, knob, f), m.step_time_s)
         except ValueError as e:
             raise UsageError(f"cannot fit {knob} efficiency to the measured {m.step_time_s} s: {e}",
-                             field="--measured-step-time") from None
+                             field="--measured-step-time" if where == MEASURED_FLAGS else where) from None
     ceiling = hw.efficiency.gemm.best.range[1]
 
     def implied(scen: Scenario) -> float:

@@ -46,6 +46,9 @@ class Layout:
         if (self.pp_schedule == "interleaved") != (self.pp_virtual_stages > 1):
             raise LayoutError(f"interleaved schedules need pp_virtual_stages > 1 and 1f1b exactly 1; got "
                               f"{self.pp_schedule} with {self.pp_virtual_stages}")
+        if self.pp_virtual_stages > 1 and self.pp == 1:
+            raise LayoutError(f"interleaving ({self.pp_virtual_stages} chunks per stage) needs pipeline parallelism "
+                              f"(pp > 1), got pp 1")
         if self.recompute not in ("none", "selective", "full"):
             raise LayoutError(f"recompute must be none, selective or full, got {self.recompute!r}")
 
@@ -63,6 +66,22 @@ class Layout:
 
     def sequences_per_step(self) -> int:
         return self.micro_batch * self.grad_accum * self.dp
+
+
+def layout_for(spec: ModelSpec, *, gpus: int, tp: int = 1, pp: int = 1, vp: int = 1, zero: int | None = None,
+               micro_batch: int, grad_accum: int, attention: str, recompute: str = "none",
+               compiled: bool | None = None) -> Layout:
+    """The layout of `gpus` GPUs in total: dp = gpus / (tp x pp); the model's native ZeRO stage unless one is
+    given (and always at dp 1, where there is nothing to shard); interleaved when vp > 1. The one place
+    `table`, `memory` and a measurement turn GPU counts into a layout."""
+    if gpus % (tp * pp):
+        raise LayoutError(f"tp x pp = {tp * pp} does not divide {gpus} GPUs")
+    dp = gpus // (tp * pp)
+    native = NATIVE_ZERO[spec.recipe.distribution]
+    return Layout(dp=dp, tp=tp, pp=pp, zero=native if zero is None or dp == 1 else zero, micro_batch=micro_batch,
+                  grad_accum=grad_accum, attention=attention, recompute=recompute,
+                  compiled=spec.recipe.compiled if compiled is None else compiled,
+                  pp_schedule="interleaved" if vp > 1 else "1f1b", pp_virtual_stages=vp)
 
 
 def check_layout(layout: Layout, spec: ModelSpec, total_batch_tokens: int | None = None,

@@ -14,8 +14,9 @@ import math
 from dataclasses import dataclass, field, replace
 
 from ddplan import run
-from ddplan.calibration import CalibrationSpec
+from ddplan.calibration import CalibrationSpec, measurement_for
 from ddplan.errors import LayoutError, UsageError
+from ddplan.fitting import fitted
 from ddplan.layout import NATIVE_ZERO, Layout, check_layout
 from ddplan.memory import HEADROOM
 from ddplan.price import PricedLayout, Pricer, RunPlan
@@ -35,7 +36,8 @@ class PlanRequest:
     deadline_h: float | None = None
     budget_usd: float | None = None
     top: int = 10
-    calibration: CalibrationSpec | None = None
+    calibration: CalibrationSpec | None = None  # applies to the hardware it names
+    calibration_path: str | None = None
     price: Price | None = None
     overheads: run.RunOverheads = run.RunOverheads()
     total_batch_tokens: int | None = None
@@ -108,9 +110,13 @@ def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, 
 
 
 def pricer_for(req: PlanRequest, hw: HardwareSpec) -> Pricer:
-    """The pricer of one hardware in a search: the model's budget, the request's price and overheads."""
+    """The pricer of one hardware in a search: the model's budget, the request's price and overheads, and
+    the calibration when it is for this hardware, with its measured step fitted as `table` fits it."""
     plan = RunPlan(req.model.recipe.budget, req.price or hw.price, req.overheads, req.headroom)
-    return Pricer(req.model, hw, plan, req.calibration)
+    cal = req.calibration if req.calibration and req.calibration.hardware in (hw.name, *hw.aliases) else None
+    pricer = Pricer(req.model, hw, plan, cal)
+    m = measurement_for(cal, req.model)
+    return fitted(pricer, m, "auto", f"{req.calibration_path or 'calibration'}: step_times")[0] if m else pricer
 
 
 def plan_row(p: PricedLayout, native_zero: int, usable_gib: float) -> dict:

@@ -49,20 +49,21 @@ class RunPlan:
 
 @dataclass(frozen=True)
 class Flag:
-    """Something about a priced layout a user must see, as data: `kind` plus its figures (SI units).
+    """Something a user must see about a priced layout or a table, as data: `kind` plus its figures (SI
+    units); ddplan.verdicts words each kind.
 
-    Kinds: "memory" (total_bytes, limit_bytes): does not fit; "world_size" (gpus): breaks the model's
-    world-size rule; "implausible" (sustained_flops_per_s, best_flops_per_s): the step would sustain
-    more than the best measured GEMM; "batch" (change, sequences, asked_micro_batch): the batch split
-    changed what was asked (ddplan.layout.split_batch); "micro_batch" (asked, used, usable_gib): a smaller
-    micro-batch was taken to fit. ddplan.verdicts words them.
+    On a priced layout: "memory" (total_bytes, limit_bytes): does not fit; "memory_vs_measured" (same): a
+    measured row the memory model says does not fit; "world_size" (gpus): breaks the model's world-size
+    rule; "implausible" (sustained_flops_per_s, best_flops_per_s): the step would sustain more than the
+    best measured GEMM; "batch" (change, asked_micro_batch, micro_batch, sequences, recipe_sequences,
+    past_critical): the batch split changed what was asked (ddplan.layout.split_batch); "micro_batch"
+    (asked, used, accum_before, accum_after, usable_gib): a smaller micro-batch was taken to fit.
+    On a table (ddplan.table): "measured_batch" (measured_tokens, table_tokens), "per_node" (provider,
+    gpus_per_node, gpus), "skipped" (one layout that cannot exist and why, per entry).
     """
 
     kind: str
     values: tuple[tuple[str, float | int | str], ...] = ()
-
-    def get(self, key: str):
-        return dict(self.values)[key]
 
 
 @dataclass(frozen=True)
@@ -94,9 +95,6 @@ class PricedLayout:
     @property
     def tokens_per_s(self) -> float:
         return self.global_batch_tokens / self.step_s
-
-    def flag(self, kind: str) -> Flag | None:
-        return next((f for f in self.flags if f.kind == kind), None)
 
     @property
     def runnable(self) -> bool:
@@ -276,7 +274,7 @@ class Pricer:
         model_flops, recompute_flops = self.flops(layout, window)
         executed = layout.grad_accum * (model_flops + recompute_flops) / layout.pp  # per GPU
         peak = hw.peak.flops_per_s(spec.dtypes.compute)
-        out = list(flags) + self._flags(layout, mem, executed / step_s)
+        out = list(flags) + self._flags(layout, mem, executed / step_s, measured=basis == "measured")
         every, eval_tokens = run.eval_cadence(spec, plan.overheads)
         outside = run.outside_steps_s(plan.overheads, steps=steps, eval_every=every, eval_tokens=eval_tokens,
                                       tokens_per_forward=layout.dp * layout.micro_batch * spec.recipe.seq_len,
@@ -302,10 +300,11 @@ class Pricer:
             return (e.best_fp8 or e.best).range[1] * self.hw.peak.flops_per_s("fp8")
         return e.best.range[1] * self.hw.peak.flops_per_s(self.spec.dtypes.compute)
 
-    def _flags(self, layout: Layout, mem: MemoryBreakdown, sustained: float) -> list[Flag]:
+    def _flags(self, layout: Layout, mem: MemoryBreakdown, sustained: float, measured: bool) -> list[Flag]:
         out = []
-        if not mem.fits:
-            out.append(Flag("memory", (("total_bytes", mem.total), ("limit_bytes", mem.limit))))
+        if not mem.fits:  # a measured row ran: there the memory model is what is wrong
+            kind = "memory_vs_measured" if measured else "memory"
+            out.append(Flag(kind, (("total_bytes", mem.total), ("limit_bytes", mem.limit))))
         if breaks_world_size_rule(layout, self.spec):
             out.append(Flag("world_size", (("gpus", layout.num_gpus),)))
         best = self.best_flops_per_s

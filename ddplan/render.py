@@ -103,6 +103,20 @@ def lines(text_lines: list[str], fmt: str) -> str:
     return "\n".join(prefix + t for t in text_lines) + "\n"
 
 
+PLAN_COLUMNS = ("hardware", "gpus", "dp", "tp", "pp", "zero", "micro_batch", "accum", "attention", "recompute",
+                "schedule", "family", "step_s", "wall_clock_h", "cost_usd", "mfu_pct", "memory_gib")
+
+
+def plan_data(rows: list[dict]) -> list[dict]:
+    """Plan rows as data (every figure; the priced object left out)."""
+    return [{k: v for k, v in r.items() if k != "_priced"} for r in rows]
+
+
+def plan_columns(rows: list[dict]) -> list[dict]:
+    """The plan table's columns, in order."""
+    return [{c: r[c] for c in PLAN_COLUMNS} for r in rows]
+
+
 def _sig(x: float) -> str:
     """4 significant figures without exponents: 0.1234, 12.34, 1,234, 123,457."""
     return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"

@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ddplan.errors import LayoutError, UsageError
-from ddplan.layout import NATIVE_ZERO, Layout, check_layout
+from ddplan.layout import NATIVE_ZERO, Layout, check_layout, layout_for, split_batch
 from ddplan.memory import HEADROOM, MemoryAssumptions, MemoryBreakdown
 from ddplan.price import Pricer, RunPlan
-from ddplan.specs import HardwareSpec, ModelSpec, run_variant
+from ddplan.specs import HardwareSpec, ModelSpec
 from ddplan.units import GB, GiB
 
 TERM_COLUMNS = {
@@ -26,8 +26,8 @@ class Setup:
 
     layout: Layout
     window_pattern: str | None = None
-    seq_len: int | None = None
     headroom: float = HEADROOM
+    asked_micro_batch: int | None = None  # when the batch split took a smaller one (ddplan.layout.split_batch)
 
 
 def attention_mode(hw: HardwareSpec, name: str) -> tuple[str, str]:
@@ -44,8 +44,6 @@ def attention_mode(hw: HardwareSpec, name: str) -> tuple[str, str]:
 def memory_pricer(spec: ModelSpec, hw: HardwareSpec, setup: Setup,
                   assumptions: MemoryAssumptions = MemoryAssumptions()) -> Pricer:
     """A pricer for memory questions about one setup (the recipe's run; memory does not depend on it)."""
-    attention_mode(hw, setup.layout.attention)  # an unknown implementation is a usage error, said once
-    spec = run_variant(spec, seq_len=setup.seq_len)
     plan = RunPlan(spec.recipe.budget, hw.price, headroom=setup.headroom)
     return Pricer(spec, hw, plan, assumptions=assumptions)
 
@@ -53,8 +51,8 @@ def memory_pricer(spec: ModelSpec, hw: HardwareSpec, setup: Setup,
 def breakdown(spec: ModelSpec, hw: HardwareSpec, setup: Setup,
               assumptions: MemoryAssumptions = MemoryAssumptions(), pricer: Pricer | None = None) -> MemoryBreakdown:
     """Memory per GPU of a setup, by term (the pricer's; pass one to share its cache)."""
+    attention_mode(hw, setup.layout.attention)  # an unknown implementation: one line naming --attention
     pricer = pricer or memory_pricer(spec, hw, setup, assumptions)
-    attention_mode(hw, setup.layout.attention)
     return pricer.memory(setup.layout, setup.window_pattern or pricer.spec.architecture.window_pattern)
 
 
@@ -84,50 +82,53 @@ def alternatives(spec: ModelSpec, hw: HardwareSpec, setup: Setup,
     """
     out = []
     base = setup.layout
-
-    limit = (1 - setup.headroom) * hw.memory.usable_bytes
     pricer = memory_pricer(spec, hw, setup, assumptions)
 
-    def total(layout: Layout) -> float:
-        return breakdown(spec, hw, replace(setup, layout=layout), assumptions, pricer).total
+    def mem(layout: Layout) -> MemoryBreakdown:
+        return breakdown(spec, hw, replace(setup, layout=layout), assumptions, pricer)
 
-    mb = base.micro_batch // 2
-    while mb >= 1:
-        t = total(replace(base, micro_batch=mb, grad_accum=base.grad_accum * base.micro_batch // mb))
-        if t <= limit or mb == 1:
-            out.append((f"device batch {mb} (accumulation x{base.micro_batch // mb})", t / GiB,
-                        t <= limit))
+    per_rank = base.micro_batch * base.grad_accum
+    for mb in sorted((d for d in range(1, base.micro_batch) if per_rank % d == 0), reverse=True):
+        m = mem(replace(base, micro_batch=mb, grad_accum=per_rank // mb))
+        if m.fits or mb == 1:
+            out.append((f"device batch {mb} (accumulation {base.grad_accum} -> {per_rank // mb})", m.total / GiB,
+                        m.fits))
             break
-        mb //= 2
     for rc in ("selective", "full"):
         if rc != base.recompute:
-            t = total(replace(base, recompute=rc))
-            out.append((f"recompute {rc}", t / GiB, t <= limit))
+            m = mem(replace(base, recompute=rc))
+            out.append((f"recompute {rc}", m.total / GiB, m.fits))
     for impl in hw.attention:
         if impl.name != base.attention:
-            t = total(replace(base, attention=impl.name))
-            out.append((f"attention {impl.name}", t / GiB, t <= limit))
+            m = mem(replace(base, attention=impl.name))
+            out.append((f"attention {impl.name}", m.total / GiB, m.fits))
     if base.zero != 3 and base.dp > 1:
-        t = total(replace(base, zero=3))
+        m = mem(replace(base, zero=3))
         other = "" if NATIVE_ZERO[spec.recipe.distribution] == 3 else " (needs another training setup)"
-        out.append((f"ZeRO-3 / FSDP{other}", t / GiB, t <= limit))
-    for axis in ("tp", "pp"):
+        out.append((f"ZeRO-3 / FSDP{other}", m.total / GiB, m.fits))
+    for axis in ("tp", "pp"):  # on the same GPUs: dp shrinks by the degree, accumulation grows by it
         degree = 2
-        while degree <= hw.gpus_per_node:
+        while degree <= hw.gpus_per_node and base.dp % degree == 0:
             try:
-                layout = replace(base, **{axis: degree})
-                check_layout(layout, spec)
+                layout = replace(base, **{axis: getattr(base, axis) * degree}, dp=base.dp // degree,
+                                 grad_accum=base.grad_accum * degree)
+                check_layout(layout, spec, world_size_rule=False)
             except LayoutError:
                 break
-            t = total(layout)
-            if t <= limit:
-                out.append((f"{axis}={degree}", t / GiB, True))
+            m = mem(layout)
+            if m.fits:
+                out.append((f"{axis}={getattr(layout, axis)} (dp {layout.dp}, same {base.num_gpus} GPUs)",
+                            m.total / GiB, True))
                 break
             degree *= 2
     return out
 
 
-def consistent_with(spec: ModelSpec, hw: HardwareSpec, setup: Setup, measured_gb: float, tolerance: float = 0.10,
+PEAK_TOLERANCE = 0.10  # a measured peak matches a configuration predicted within +-10%
+
+
+def consistent_with(spec: ModelSpec, hw: HardwareSpec, setup: Setup, measured_gb: float,
+                    tolerance: float = PEAK_TOLERANCE,
                     assumptions: MemoryAssumptions = MemoryAssumptions()) -> list[dict]:
     """Every (attention, recompute, compiled) combination, its predicted peak, and whether it matches.
 
@@ -154,22 +155,19 @@ def memory_setup(spec: ModelSpec, hw: HardwareSpec, *, gpus: int, tp: int = 1, p
                  micro_batch: int | None = None, attention: str | None = None, recompute: str = "none",
                  compiled: bool | None = None, window_pattern: str | None = None,
                  headroom: float = HEADROOM) -> Setup:
-    """The setup `ddplan memory` asks about: gpus in total (dp = gpus / (tp x pp)), the recipe's batch split
-    by the one rule (ddplan.layout.split_batch)."""
-    from ddplan.layout import split_batch
-
-    if gpus % (tp * pp):
-        raise UsageError(f"tp x pp = {tp * pp} does not divide {gpus} GPUs", field="--gpus/--tp/--pp")
-    dp = gpus // (tp * pp)
-    split = split_batch(spec.recipe.total_batch_tokens // spec.recipe.seq_len, dp,
-                        micro_batch or spec.recipe.device_batch_size)
-    layout = Layout(dp=dp, tp=tp, pp=pp, micro_batch=split.micro_batch if micro_batch is None else micro_batch,
-                    grad_accum=split.accum, attention=attention or hw.default_attention, recompute=recompute,
-                    compiled=spec.recipe.compiled if compiled is None else compiled,
-                    pp_schedule="interleaved" if vp > 1 else "1f1b", pp_virtual_stages=vp)
+    """The setup `ddplan memory` asks about: gpus in total (ddplan.layout.layout_for), the recipe's batch split
+    by the one rule (ddplan.layout.split_batch), as `table` splits it."""
+    attention = attention or hw.default_attention
+    asked = micro_batch or spec.recipe.device_batch_size
     try:
-        check_layout(layout, spec)
+        if gpus % (tp * pp):
+            raise LayoutError(f"tp x pp = {tp * pp} does not divide {gpus} GPUs")
+        split = split_batch(spec.recipe.total_batch_tokens // spec.recipe.seq_len, gpus // (tp * pp), asked)
+        layout = layout_for(spec, gpus=gpus, tp=tp, pp=pp, vp=vp, micro_batch=split.micro_batch,
+                            grad_accum=split.accum, attention=attention, recompute=recompute, compiled=compiled)
+        check_layout(layout, spec, world_size_rule=False)
     except LayoutError as e:
         e.field = e.field or "--gpus/--tp/--pp/--vp"
         raise
-    return Setup(layout=layout, window_pattern=window_pattern, headroom=headroom)
+    return Setup(layout=layout, window_pattern=window_pattern, headroom=headroom,
+                 asked_micro_batch=asked if split.micro_batch != asked else None)

@@ -460,7 +460,8 @@ def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | Non
     """The model as one run trains it: another sequence length and/or compute dtype.
 
     seq_len: the recipe's sequence length (at most architecture.max_seq_len); the total batch in tokens
-    stays the recipe's where it divides, else the nearest whole number of sequences. dtype: bf16/fp16
+    stays the recipe's where it divides, else the nearest whole number of device batches (d24 at 1,000
+    tokens: 1,056,000 = 33 x 32 sequences, not 1,049, a prime). dtype: bf16/fp16
     change the compute dtype only (master weights keep theirs); fp32 runs everything in fp32 (what
     `ddplan calibrate` measures on a CPU). Raises ValueError naming the value when it cannot be.
     """
@@ -468,7 +469,10 @@ def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | Non
         if not 0 < seq_len <= spec.architecture.max_seq_len:
             raise ValueError(f"sequence length must be in 1..{spec.architecture.max_seq_len} "
                              f"({spec.name}'s max_seq_len), got {seq_len}")
-        tokens = max(1, round(spec.recipe.total_batch_tokens / seq_len)) * seq_len
+        tokens = spec.recipe.total_batch_tokens
+        if tokens % seq_len:  # the nearest whole number of device batches of the new length
+            unit = seq_len * spec.recipe.device_batch_size
+            tokens = max(1, round(tokens / unit)) * unit
         spec = spec.model_copy(update={"recipe": spec.recipe.model_copy(
             update={"seq_len": seq_len, "total_batch_tokens": tokens})})
     if dtype is not None and dtype != spec.dtypes.compute:

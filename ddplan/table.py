@@ -11,13 +11,13 @@ import itertools
 from dataclasses import dataclass, field, replace
 
 from ddplan import run
-from ddplan.calibration import CalibrationSpec, StepMeasurement, steps_for_model
+from ddplan.calibration import CalibrationSpec, StepMeasurement, measurement_for
 from ddplan.errors import LayoutError, UsageError
-from ddplan.fitting import Fit, fit_measurement
-from ddplan.layout import NATIVE_ZERO, Layout, check_layout, split_batch
+from ddplan.fitting import MEASURED_FLAGS, Fit, fitted
+from ddplan.layout import NATIVE_ZERO, Layout, check_layout, layout_for, split_batch
 from ddplan.memory import HEADROOM
 from ddplan.price import Flag, PricedLayout, Pricer, RunPlan
-from ddplan.specs import Budget, HardwareSpec, ModelSpec, Price, run_variant
+from ddplan.specs import Budget, HardwareSpec, ModelSpec, Price
 
 CRITICAL_BATCH_WARN = 2.0  # flag a layout that forces the global batch past 2x the recipe's (McCandlish et al.)
 
@@ -43,6 +43,7 @@ class TableRequest:
     measurement: StepMeasurement | None = None
     knob: str = "auto"
     calibration: CalibrationSpec | None = None
+    calibration_path: str | None = None  # where the calibration came from, for error messages
     fp8: bool = False  # eligible GEMMs in fp8 (MFU stays against the compute dtype's peak)
     headroom: float = HEADROOM
 
@@ -82,6 +83,9 @@ def check_fp8(spec: ModelSpec, hw: HardwareSpec) -> None:
     """Raise UsageError when the model's fp8 training path cannot run on this hardware, saying why."""
     if hw.peak.fp8_tflops is None or not hw.fp8_formats:
         raise UsageError(f"{hw.name} has no fp8 tensor units; drop --fp8", field="--fp8")
+    if spec.dtypes.compute not in ("bf16", "fp16"):
+        raise UsageError(f"fp8 GEMMs come with a bf16 or fp16 run, not {spec.dtypes.compute}: drop --fp8 or --dtype",
+                         field="--fp8")
     need = spec.recipe.fp8_formats
     if need and not set(need) <= set(hw.fp8_formats):
         raise UsageError(f"{spec.name}'s fp8 path needs {'/'.join(need)}, but {hw.name}'s tensor units take "
@@ -91,12 +95,7 @@ def check_fp8(spec: ModelSpec, hw: HardwareSpec) -> None:
 
 def measurement_of(req: TableRequest) -> StepMeasurement | None:
     """The measurement behind the table: the flags', else the calibration file's for this model."""
-    if req.measurement is not None:
-        return req.measurement
-    if req.calibration is None:
-        return None
-    found = steps_for_model(req.calibration, {req.model.name, *req.model.aliases})
-    return found[0] if found else None
+    return req.measurement or measurement_for(req.calibration, req.model)
 
 
 def build_table(req: TableRequest) -> Table:
@@ -124,16 +123,14 @@ def build_table(req: TableRequest) -> Table:
                   budget=budget, price=price, compiled=compiled)
     m = measurement_of(req)
     if m is not None:
-        measured_pricer = pricer
-        if m.seq_len and m.seq_len != seq:
-            measured_pricer = Pricer(run_variant(spec, seq_len=m.seq_len), hw, pricer.plan, req.calibration, req.fp8)
-        table.fit = fit_measurement(measured_pricer, m, req.knob)
-        pricer = pricer.with_fit(table.fit)
+        where = MEASURED_FLAGS if req.measurement is not None else f"{req.calibration_path or 'calibration'}: step_times"
+        pricer, table.fit = fitted(pricer, m, req.knob, where)
         if m.total_batch_tokens != total_batch:
             table.notes.append(Flag("measured_batch", (("measured_tokens", m.total_batch_tokens),
                                                        ("table_tokens", total_batch))))
     native = NATIVE_ZERO[spec.recipe.distribution]
     skipped: list[str] = []
+    seen: set = set()
     for gpus, tp, pp, vp, zero, asked_mb, rc, att, win in itertools.product(
             req.gpus, req.tps, req.pps, req.vps, req.zeros or (native,),
             req.micro_batches or (spec.recipe.device_batch_size,), req.recomputes, attentions, windows):
@@ -143,6 +140,9 @@ def build_table(req: TableRequest) -> Table:
         except LayoutError as e:
             skipped.append(f"{gpus} GPUs, tp {tp}, pp {pp}, interleave {vp}: {e.message}")
             continue
+        if (layout, win) in seen:  # e.g. --zero 0,3 on one GPU: the same layout twice
+            continue
+        seen.add((layout, win))
         table.rows.append(pricer.price(layout, win, flags=flags))
     if not table.rows:
         raise UsageError(f"no layout can exist: {skipped[0]}", field="--gpus/--tp/--pp/--vp")
@@ -158,15 +158,17 @@ def build_table(req: TableRequest) -> Table:
 
 def _layout(pricer: Pricer, sequences: int, gpus: int, tp: int, pp: int, vp: int, zero: int, asked_mb: int, rc: str,
             attention: str, window: str, compiled: bool, pinned: bool) -> tuple[Layout, tuple[Flag, ...]]:
-    """The layout of one row, its batch split by the one rule (ddplan.layout.split_batch), and what changed."""
+    """The layout of one row, its batch split by the one rule (ddplan.layout.split_batch), and what changed.
+
+    Unless the micro-batch is pinned, the largest divisor of the sequences per rank that fits in memory
+    is taken; a measured layout is never reshaped (it ran).
+    """
     spec = pricer.spec
     if gpus % (tp * pp):
         raise LayoutError(f"tp x pp = {tp * pp} does not divide {gpus} GPUs")
-    dp = gpus // (tp * pp)
-    split = split_batch(sequences, dp, asked_mb)
-    layout = Layout(dp=dp, tp=tp, pp=pp, zero=zero if dp > 1 else NATIVE_ZERO[spec.recipe.distribution],
-                    micro_batch=split.micro_batch, grad_accum=split.accum, attention=attention, recompute=rc,
-                    compiled=compiled, pp_schedule="interleaved" if vp > 1 else "1f1b", pp_virtual_stages=vp)
+    split = split_batch(sequences, gpus // (tp * pp), asked_mb)
+    layout = layout_for(spec, gpus=gpus, tp=tp, pp=pp, vp=vp, zero=zero, micro_batch=split.micro_batch,
+                        grad_accum=split.accum, attention=attention, recompute=rc, compiled=compiled)
     check_layout(layout, spec, world_size_rule=False)
     flags = []
     if split.change:
@@ -174,12 +176,14 @@ def _layout(pricer: Pricer, sequences: int, gpus: int, tp: int, pp: int, vp: int
                                     ("micro_batch", split.micro_batch), ("sequences", split.sequences),
                                     ("recipe_sequences", sequences),
                                     ("past_critical", int(split.sequences > CRITICAL_BATCH_WARN * sequences)))))
-    if not pinned and not pricer.memory(layout, window).fits:  # the largest micro-batch that fits
+    measured = pricer.fit is not None and pricer.fit.layout == layout and pricer.fit.window == window
+    if not pinned and not measured and not pricer.memory(layout, window).fits:
         per_rank = split.accum * split.micro_batch
         for mb in sorted((d for d in range(1, split.micro_batch) if per_rank % d == 0), reverse=True):
             smaller = replace(layout, micro_batch=mb, grad_accum=per_rank // mb)
             if pricer.memory(smaller, window).fits or mb == 1:
                 flags.append(Flag("micro_batch", (("asked", split.micro_batch), ("used", mb),
+                                                  ("accum_before", split.accum), ("accum_after", per_rank // mb),
                                                   ("usable_gib", pricer.hw.memory.usable_gib.value))))
                 layout = smaller
                 break

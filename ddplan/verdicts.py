@@ -6,7 +6,7 @@ price, fitting) return rows and facts with numbers in SI units; this module turn
 
 from __future__ import annotations
 
-from ddplan.layout import NATIVE_ZERO
+from ddplan.layout import NATIVE_ZERO, breaks_world_size_rule
 from ddplan.price import MFU_CONVENTION, Flag, PricedLayout
 from ddplan.specs import HardwareSpec, ModelSpec
 from ddplan.units import GiB
@@ -35,9 +35,6 @@ def config_label(p: PricedLayout, native_zero: int | None = None) -> str:
     return ", ".join(parts + [lay.attention, p.window])
 
 
-_label = config_label
-
-
 def flag_text(f: Flag) -> str:
     """One flag in words."""
     v = dict(f.values)
@@ -50,13 +47,18 @@ def flag_text(f: Flag) -> str:
                 f"GEMM rate {v['best_flops_per_s'] / 1e12:.0f}")
     if f.kind == "micro_batch":
         return (f"device batch {v['asked']} does not fit in {v['usable_gib']:g} GiB; using {v['used']} (accumulation "
-                f"x{v['asked'] // v['used']} more, same total batch). Pin it with --device-batch-size.")
+                f"{v['accum_before']} -> {v['accum_after']}, same total batch). Pin it with --device-batch-size.")
+    if f.kind == "memory_vs_measured":
+        return (f"measured running, yet the memory model puts it at {v['total_bytes'] / GiB:.0f} GiB, over the "
+                f"{v['limit_bytes'] / GiB:.0f} GiB limit: the memory model overestimates this configuration")
     if f.kind == "batch" and v["change"] == "micro_batch":
         return (f"device batch {v['asked_micro_batch']} does not divide the sequences per data-parallel rank: "
                 f"device batch {v['micro_batch']} keeps the total batch ({v['recipe_sequences']:,} sequences)")
     if f.kind == "batch":
         text = (f"the total batch of {v['recipe_sequences']:,} sequences does not split over the data-parallel "
-                f"ranks: rounded up to {v['sequences']:,} (a token budget then takes fewer steps)")
+                f"ranks: rounded up to {v['sequences']:,} (a token budget then takes fewer steps)"
+                + (f"; device batch {v['micro_batch']}, not {v['asked_micro_batch']}"
+                   if v["micro_batch"] != v["asked_micro_batch"] else ""))
         return text + ("; far past the recipe's batch: beware the critical batch size (McCandlish et al. 2018)"
                        if v["past_critical"] else "")
     return f.kind
@@ -102,23 +104,23 @@ def table_verdict(table) -> list[str]:
     v, hw, spec = table.verdict, table.request.hardware, table.request.model
     native = NATIVE_ZERO[spec.recipe.distribution]
 
-    def config_label(p: PricedLayout) -> str:
-        return _label(p, native)
+    def label(p: PricedLayout) -> str:
+        return config_label(p, native)
 
     out = []
     fit = table.fit
     if fit is not None and fit.implausible:
         m = fit.measurement
         out.append(f"The measured {m.step_time_s:g} s/step needs {fit.knob} efficiency {fit.implied:.2f} of peak, above "
-                   f"the best measured GEMM on {hw.name} ({fit.ceiling:.2f}): check the stated configuration; the "
-                   f"bands fall back to the model's own.")
+                   f"the best measured GEMM on {hw.name} ({fit.ceiling:.2f}): check the stated configuration; every "
+                   f"band is widened to the model's own range.")
     if v.baseline is None:
         why = {"world_size": f"{spec.name} needs a power-of-two world size",
                "memory": "some rows do not fit in memory (see `ddplan memory`)",
                "implausible": "some rows are implausible"}
         return out + ["No row can run as given: " + "; ".join(why[k] for k in v.blocked or ()) + "."]
     base = v.baseline
-    out.append(f"Baseline: {config_label(base)}: {base.step_s:.4g} s/step, MFU {base.mfu_pct:.1f}%, "
+    out.append(f"Baseline: {label(base)}: {base.step_s:.4g} s/step, MFU {base.mfu_pct:.1f}%, "
                f"{_hours(base.wall_clock_h)}, ${base.cost_usd:,.0f} ({base.basis}).")
     g0 = base.layout.num_gpus
     bk = v.best_kernel
@@ -133,7 +135,7 @@ def table_verdict(table) -> list[str]:
                    f"by GEMMs ({gemm:.3g} of {base.step_s:.3g} s).")
     if v.more_gpus is not None:
         r = v.more_gpus
-        out.append(f"Then add GPUs: {config_label(r)} runs {base.wall_clock_h / r.wall_clock_h:.1f}x faster "
+        out.append(f"Then add GPUs: {label(r)} runs {base.wall_clock_h / r.wall_clock_h:.1f}x faster "
                    f"({_hours(r.wall_clock_h)}) for {r.cost_usd / base.cost_usd:.2f}x the cost: data parallelism "
                    f"removes the serial accumulation ({base.layout.grad_accum} -> {r.layout.grad_accum} micro-batches) "
                    f"but multiplies whatever per-GPU efficiency you have (exposed communication "
@@ -141,8 +143,8 @@ def table_verdict(table) -> list[str]:
                    + (f", pipeline bubble {1000 * r.step.bubble_s:.0f} ms/step)." if r.step.bubble_s else ")."))
     f, c = v.fastest, v.cheapest
     if v.runnable > 1:
-        out.append(f"Fastest: {config_label(f)} ({_hours(f.wall_clock_h)}, ${f.cost_usd:,.0f}). "
-                   f"Cheapest: {config_label(c)} (${c.cost_usd:,.0f}, {_hours(c.wall_clock_h)}).")
+        out.append(f"Fastest: {label(f)} ({_hours(f.wall_clock_h)}, ${f.cost_usd:,.0f}). "
+                   f"Cheapest: {label(c)} (${c.cost_usd:,.0f}, {_hours(c.wall_clock_h)}).")
     cap = hw.memory.usable_gib.value
     if v.all_fit and v.largest_fitting is not None and v.model_parallel:
         out.append(f"Every row fits in memory: the largest uses {v.largest_fitting.memory.total / GiB:.0f} of "
@@ -179,7 +181,8 @@ def table_assumptions(table) -> list[str]:
         f"Run: {table.steps:,} steps ({how}) of {table.total_batch_tokens:,} tokens; sequence {spec.recipe.seq_len}; "
         f"compute dtype {spec.dtypes.compute}; {'compiled' if table.compiled else 'eager'}; native data-parallel "
         f"setup: {spec.recipe.distribution}.",
-        f"Hardware {hw.name}: dense bf16 peak {hw.peak.bf16_tflops.value:g} TFLOP/s; best GEMM efficiency "
+        f"Hardware {hw.name}: dense {spec.dtypes.compute} peak {hw.peak.flops_per_s(spec.dtypes.compute) / 1e12:g} "
+        f"TFLOP/s; best GEMM efficiency "
         f"{e.gemm.best.value:.3f} ({e.gemm.best.basis}, range {e.gemm.best.range[0]:.3f}-{e.gemm.best.range[1]:.3f}); "
         f"HBM efficiency {e.hbm.value:.2f} ({e.hbm.basis}). `ddplan specs show {hw.name}` lists every figure and its "
         f"source.",
@@ -193,7 +196,8 @@ def table_assumptions(table) -> list[str]:
         *(["fp8: GEMMs with every dim a multiple of 16 and min(k, n) >= 128 at the dense fp8 peak x "
            f"{(e.gemm.best_fp8 or e.gemm.best).value:.3f}"
            f"{'' if e.gemm.best_fp8 else ' (the bf16 fraction: no fp8 measurement)'}, plus "
-           "quantisation casts; attention stays bf16; MFU still against the bf16 peak."] if req.fp8 else []),
+           f"quantisation casts; attention stays {spec.dtypes.compute}; MFU still against the dense "
+           f"{spec.dtypes.compute} peak."] if req.fp8 else []),
         "Band (low-high): every efficiency at the fast and slow ends of its range in the hardware spec.",
     ]
     cal = req.calibration
@@ -228,7 +232,8 @@ def table_assumptions(table) -> list[str]:
 # ddplan memory
 
 
-def memory_verdict(spec: ModelSpec, hw: HardwareSpec, rows: list[dict], alts: list[tuple[str, float, bool]]) -> list[str]:
+def memory_verdict(spec: ModelSpec, hw: HardwareSpec, rows: list[dict], alts: list[tuple[str, float, bool]],
+                   layout=None) -> list[str]:
     """Plain-words conclusion: the smallest setup that fits, with headroom, or what would."""
     native = next((r for r in rows if r["setup"] == "native"), None)
     fitting = [r for r in rows if r["fits"]]
@@ -258,10 +263,12 @@ def memory_verdict(spec: ModelSpec, hw: HardwareSpec, rows: list[dict], alts: li
         if not ok:
             lines.append("Nothing tried alone fits: combine a smaller device batch with recompute, or add GPUs "
                          "with TP/PP.")
+    if layout is not None and breaks_world_size_rule(layout, spec):
+        lines.append(f"{spec.name} needs a power-of-two world size: it cannot run on {layout.num_gpus} GPUs as is.")
     return lines
 
 
-def peak_matches(measured_gb: float, matches: list[dict]) -> str:
+def peak_matches(measured_gb: float, matches: list[dict], tolerance: float) -> str:
     """Which setups a measured peak is consistent with (ddplan.sizing.consistent_with rows)."""
     ok = [m for m in matches if m["consistent"]]
     if ok:
@@ -269,15 +276,18 @@ def peak_matches(measured_gb: float, matches: list[dict]) -> str:
                            f"({m['predicted_gb']:.1f} GB, {m['error_pct']:+.0f}%)" for m in ok[:4])
     else:
         c = matches[0]
-        listed = (f"none of the configurations within 10% (closest: {c['attention']}, {c['recompute']}, "
+        listed = (f"none of the configurations within {100 * tolerance:.0f}% (closest: {c['attention']}, {c['recompute']}, "
                   f"{c['predicted_gb']:.1f} GB)")
     return f"Measured {measured_gb:g} GB is consistent with: {listed}."
 
 
 def memory_title(spec: ModelSpec, hw: HardwareSpec, setup) -> str:
     lay = setup.layout
-    return (f"{spec.name} on {lay.num_gpus} x {hw.name} in total (dp {lay.dp}, tp {lay.tp}, pp {lay.pp}), device "
-            f"batch {lay.micro_batch} x {spec.recipe.seq_len}, {spec.dtypes.compute}, {lay.attention}, recompute "
+    vp = f" x{lay.pp_virtual_stages} interleaved" if lay.pp_virtual_stages > 1 else ""
+    asked = f" (asked {setup.asked_micro_batch}: it does not divide the sequences per rank)" \
+        if setup.asked_micro_batch else ""
+    return (f"{spec.name} on {lay.num_gpus} x {hw.name} in total (dp {lay.dp}, tp {lay.tp}, pp {lay.pp}{vp}), device "
+            f"batch {lay.micro_batch}{asked} x {spec.recipe.seq_len}, {spec.dtypes.compute}, {lay.attention}, recompute "
             f"{lay.recompute}, {'compiled' if lay.compiled else 'eager'}: memory per GPU (GiB = 2^30 bytes; fits = "
             f"at most {100 * (1 - setup.headroom):.0f}% of usable)")
 

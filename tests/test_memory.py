@@ -154,8 +154,9 @@ def test_model_states_non_increasing_in_dp(spec, dp, extra, zero, tp):
 
 
 schedules = st.sampled_from([("1f1b", 1), ("interleaved", 2), ("interleaved", 4)])  # Layout rejects other pairs
-layouts = st.builds(
-    lambda schedule, **kw: Layout(pp_schedule=schedule[0], pp_virtual_stages=schedule[1], **kw),
+layouts = st.builds(  # interleaving only with a pipeline (Layout refuses it at pp 1)
+    lambda schedule, pp, **kw: Layout(pp_schedule=schedule[0] if pp > 1 else "1f1b",
+                                      pp_virtual_stages=schedule[1] if pp > 1 else 1, pp=pp, **kw),
     schedule=schedules, dp=st.sampled_from([1, 2, 8, 64]), tp=degrees, pp=st.sampled_from([1, 2, 4]),
     zero=st.sampled_from([0, 1, 2, 3]), micro_batch=st.integers(1, 4), grad_accum=st.integers(1, 16))
 kinds = st.sampled_from([("unfused_math", "mask"), ("fused_sdpa", "mask"), ("flash_package", "native")])
@@ -188,10 +189,11 @@ def test_memory_per_gpu_terms_are_all_non_negative(spec, layout, kind, recompute
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(1, 64), st.integers(1, 256), st.sampled_from([2, 3, 4, 8]))
+@given(st.integers(2, 64), st.integers(1, 256), st.sampled_from([2, 3, 4, 8]))
 def test_in_flight_micro_batches_bounds(p, m, v):
     """1F1B holds min(p, m) micro-batches: in [1, p]. Interleaved with v chunks holds that times
-    (1 + (p-1)/(p v)) stages' worth (Korthikanti et al. sec. 4.2.3): up to p + (p-1)/v, above p."""
+    (1 + (p-1)/(p v)) stages' worth (Korthikanti et al. sec. 4.2.3): up to p + (p-1)/v, above p.
+    p >= 2: interleaving needs a pipeline."""
     one_f_one_b = in_flight_micro_batches(Layout(pp=p, grad_accum=m))
     assert 1 <= one_f_one_b <= p and one_f_one_b == min(p, m)
     interleaved = in_flight_micro_batches(Layout(pp=p, grad_accum=m, pp_schedule="interleaved", pp_virtual_stages=v))

@@ -236,3 +236,79 @@ def test_pricer_price_holds_its_terms():
     assert p.hfu_pct >= p.mfu_pct
     assert p.basis == "model" and p.runnable
     assert pricer.price(lay) == p  # cached parts, same result
+
+
+# --------------------------------------------------------------------------------------------
+# review findings, kept as tests
+
+
+def test_plan_fits_a_calibration_measurement_as_table_does(capsys, tmp_path):
+    """A calibration file with a measured step: `plan` and `table` give the same fitted figures."""
+    cal = tmp_path / "cal.yaml"
+    cal.write_text(yaml.safe_dump({"kind": "calibration", "version": 1, "hardware": "mi300x", "step_times": [
+        {"model": "nanochat-d24", "gpus": 1, "step_time_s": 7.7, "device_batch_size": 32, "total_batch_tokens": 524288,
+         "attention": "sdpa-fused", "window_pattern": "L", "source": "the seed note"}]}), encoding="utf-8")
+    (t,) = csv_rows(run_ok(capsys, ["table", "-m", "d24", "--gpus", "8", "--device-batch-size", "32", "--attention",
+                                    "sdpa-fused", "--window", "SSSL", "--calibration", str(cal), "--format", "csv"]))
+    import json
+
+    rows = json.loads(run_ok(capsys, ["plan", "-m", "d24", "--gpus", "8", "--calibration", str(cal), "--top", "100000",
+                                      "--format", "json"]))["rows"]
+    (p,) = [r for r in rows if (r["dp"], r["tp"], r["pp"], r["zero"], r["micro_batch"], r["attention"], r["recompute"])
+            == (8, 1, 1, 1, 32, "sdpa-fused", "none")]
+    assert t["basis"] == p["basis"] == "fitted"
+    assert f(t, "step_s") == p["step_s"] and f(t, "wall_clock_h") == p["wall_clock_h"]
+
+
+def test_memory_and_table_split_a_device_batch_alike(capsys):
+    """48 does not divide the 64 sequences per rank: both take 32 x 2, and agree on the memory."""
+    (m,) = csv_rows(run_ok(capsys, ["memory", "-m", "d24", "--gpus", "8", "--device-batch-size", "48", "--zero", "1",
+                                    "--format", "csv"]))
+    (t,) = csv_rows(run_ok(capsys, ["table", "-m", "d24", "--gpus", "8", "--device-batch-size", "48", "--attention",
+                                    "sdpa-fused", "--window", "SSSL", "--format", "csv"]))
+    assert (t["micro_batch"], t["accum"]) == ("32", "2")
+    assert f(m, "total_gib") == pytest.approx(f(t, "memory_gib"), rel=1e-12)
+
+
+def test_the_measured_row_is_never_reshaped_and_says_when_memory_disagrees(capsys):
+    """d24 at micro-batch 32 on H100 is over the memory model's limit, but it was measured: the row keeps
+    32 x 2, is `measured`, and the flag blames the memory model, not the run."""
+    rows = csv_rows(run_ok(capsys, ["table", "-m", "d24", "--hardware", "h100-sxm", "--gpus", "8",
+                                    "--measured-step-time", "1.5", "--attention", "fa3", "--window", "L",
+                                    "--format", "csv"]))
+    (r,) = rows
+    assert (r["basis"], r["micro_batch"], r["flags"]) == ("measured", "32", "memory_vs_measured")
+
+
+def test_a_measured_single_gpu_row_is_measured_whatever_zero_says(capsys):
+    rows = csv_rows(run_ok(capsys, ["table", "-m", "d24", "--gpus", "1", "--zero", "3", "--measured-step-time", "8",
+                                    "--attention", "flash-attn-ck", "--window", "L", "--format", "csv"]))
+    assert [r["basis"] for r in rows] == ["measured"]
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["table", "-m", "d24", "--hardware", "h100-sxm", "--dtype", "fp32", "--fp8"], "--fp8"),
+    (["table", "-m", "d24", "--vp", "2"], "--gpus/--tp/--pp/--vp"),
+    (["memory", "-m", "d24", "--vp", "2"], "--gpus/--tp/--pp/--vp"),
+    (["table", "-m", "d24", "--measured-step-time", "nan"], "--measured-step-time"),
+    (["table", "-m", "d24", "--price", "inf"], "--price"),
+    (["memory", "-m", "d24", "--measured-peak", "nan"], "--measured-peak"),
+    (["table", "-m", "d24", "--gpus", "99999999999999999999"], "--gpus"),
+    (["plan", "-m", "d24", "--headroom", "1"], "--headroom"),
+])
+def test_review_errors_are_one_line(capsys, argv, flag):
+    _, line = fails(capsys, argv)
+    assert line.startswith(f"error: {flag}: ")
+
+
+def test_duplicate_layouts_give_one_row(capsys):
+    rows = csv_rows(run_ok(capsys, ["table", "-m", "d24", "--gpus", "1,1", "--zero", "0,3", "--attention", "sdpa-fused",
+                                    "--window", "L", "--format", "csv"]))
+    assert len(rows) == 1
+
+
+def test_memory_suggests_tp_and_pp_on_the_same_gpus(capsys):
+    out = run_ok(capsys, ["memory", "-m", "d24", "--gpus", "8", "--hardware", "h100-sxm", "--zero", "1",
+                          "--device-batch-size", "64", "--format", "markdown"])
+    lines = [line for line in out.splitlines() if line.startswith(("- Would fit: tp=", "- Would fit: pp="))]
+    assert lines and all("same 8 GPUs" in line for line in lines), lines
