@@ -1,8 +1,10 @@
 """A real install: build the wheel, install it into a fresh venv, run `ddplan` from elsewhere and check
 that the built-in specs come from the wheel (ddplan/_specs/ in site-packages), not from a checkout.
 
-The venv uses --system-site-packages so that the dependencies (typer, pydantic, ...) and pip are
-already there: no network needed once the wheel is built.
+The venv sees the packages of the interpreter running the tests (a `.pth` file naming its
+site-packages), so that the dependencies (typer, pydantic, ...) and pip are already there with no
+network, whether the tests run under a system Python or inside a venv (where --system-site-packages
+alone would expose the base interpreter's packages, not the venv's).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -44,6 +47,10 @@ def installed(tmp_path_factory) -> tuple[Path, Path]:
     if made.returncode != 0:
         pytest.skip(f"cannot create a venv here: {made.stderr.strip()[-500:]}")
     py = venv / "bin" / "python"
+    site = sh(py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", cwd=tmp)
+    assert site.returncode == 0, site.stderr
+    ours = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
+    (Path(site.stdout.strip()) / "_running_interpreter.pth").write_text("\n".join(ours) + "\n", encoding="utf-8")
     pip = sh(py, "-m", "pip", "--version", cwd=tmp)
     if pip.returncode != 0:
         pytest.skip("no pip visible from the venv (system site-packages without pip)")
