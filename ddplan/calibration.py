@@ -41,7 +41,7 @@ KNOBS: tuple[str, ...] = ("gemm", "attention", "compute")
 
 class Provenance(Strict):
     device_name: str
-    device_count: int = Field(ge=1)
+    device_count: int = Field(ge=1, le=10**6)
     backend: Literal["cuda", "rocm", "cpu"]
     torch: str
     cuda: str | None = None
@@ -53,30 +53,30 @@ class Provenance(Strict):
 
 
 class GemmPoint(Strict):
-    m: int = Field(gt=0)
-    n: int = Field(gt=0)
-    k: int = Field(gt=0)
+    m: int = Field(gt=0, le=10**9)
+    n: int = Field(gt=0, le=10**9)
+    k: int = Field(gt=0, le=10**9)
     dtype: Literal["bf16", "fp16", "fp8", "fp32", "tf32"] = "bf16"
-    tflops: float = Field(gt=0)
+    tflops: float = Field(gt=0, le=1e5)
     label: str | None = None  # which Linear of the model (e.g. "c_fc fwd")
 
 
 class AttentionPoint(Strict):
     implementation: str
-    batch: int = Field(gt=0)
-    heads: int = Field(gt=0)
-    seq_len: int = Field(gt=0)
-    window: int = Field(gt=0)
-    head_dim: int = Field(gt=0)
-    fwd_tflops: float = Field(gt=0)
-    bwd_tflops: float = Field(gt=0)
+    batch: int = Field(gt=0, le=10**6)
+    heads: int = Field(gt=0, le=10**5)
+    seq_len: int = Field(gt=0, le=10**7)
+    window: int = Field(gt=0, le=10**7)
+    head_dim: int = Field(gt=0, le=10**4)
+    fwd_tflops: float = Field(gt=0, le=1e5)
+    bwd_tflops: float = Field(gt=0, le=1e5)
 
 
 class CollectivePoint(Strict):
     collective: Literal["all_reduce", "reduce_scatter", "all_gather"]
-    group_size: int = Field(ge=2)
-    size_bytes: float = Field(gt=0)
-    time_s: float = Field(gt=0)
+    group_size: int = Field(ge=2, le=10**6)
+    size_bytes: float = Field(gt=0, le=1e15)
+    time_s: float = Field(gt=0, le=1e6)
     tier: Literal["intra_node", "inter_node"] = "intra_node"
 
 
@@ -84,20 +84,20 @@ class StepMeasurement(Strict):
     """One measured training step and the layout it ran with."""
 
     model: str
-    gpus: int = Field(ge=1)  # total GPUs of the run: dp x tp x pp
-    step_time_s: float = Field(gt=0)
-    device_batch_size: int = Field(gt=0)  # sequences per GPU per micro-batch
-    total_batch_tokens: int = Field(gt=0)
-    tp: int = Field(default=1, ge=1)
-    pp: int = Field(default=1, ge=1)
-    pp_virtual_stages: int = Field(default=1, ge=1)  # interleaved chunks per pipeline stage
+    gpus: int = Field(ge=1, le=10**6)  # total GPUs of the run: dp x tp x pp
+    step_time_s: float = Field(gt=0, le=1e6)
+    device_batch_size: int = Field(gt=0, le=65536)  # sequences per GPU per micro-batch
+    total_batch_tokens: int = Field(gt=0, le=10**12)
+    tp: int = Field(default=1, ge=1, le=1024)
+    pp: int = Field(default=1, ge=1, le=1024)
+    pp_virtual_stages: int = Field(default=1, ge=1, le=64)  # interleaved chunks per pipeline stage
     zero: Literal[0, 1, 2, 3] | None = None  # None: the model's native data-parallel setup
     attention: str
     window_pattern: str | None = Field(default=None, pattern=r"^[SL]+$")
-    seq_len: int | None = Field(default=None, gt=0)
+    seq_len: int | None = Field(default=None, gt=0, le=10**7)
     compiled: bool = True
     recompute: Literal["none", "selective", "full"] = "none"
-    peak_memory_gb: float | None = Field(default=None, gt=0)
+    peak_memory_gb: float | None = Field(default=None, gt=0, le=1e6)
     source: str = Field(min_length=3)
 
 
@@ -106,11 +106,11 @@ class CalibrationSpec(Strict):
     version: Literal[1] = 1
     hardware: str
     provenance: Provenance | None = None
-    hbm_tbyte_per_s: float | None = Field(default=None, gt=0)
-    kernel_overhead_us: float | None = Field(default=None, gt=0)  # time of an empty-ish kernel launch
-    pointwise_tbyte_per_s: float | None = Field(default=None, gt=0)  # eager elementwise chain at the model's logits
-    optimizer_tbyte_per_s: float | None = Field(default=None, gt=0)  # AdamW step, bytes as ddplan.anatomy.adamw_bytes
-    peak_gemm_tflops: float | None = Field(default=None, gt=0)  # best of a short bf16 GEMM sweep
+    hbm_tbyte_per_s: float | None = Field(default=None, gt=0, le=1e3)
+    kernel_overhead_us: float | None = Field(default=None, gt=0, le=1e6)  # time of an empty-ish kernel launch
+    pointwise_tbyte_per_s: float | None = Field(default=None, gt=0, le=1e3)  # eager elementwise chain at the model's logits
+    optimizer_tbyte_per_s: float | None = Field(default=None, gt=0, le=1e3)  # AdamW step, bytes as ddplan.anatomy.adamw_bytes
+    peak_gemm_tflops: float | None = Field(default=None, gt=0, le=1e5)  # best of a short bf16 GEMM sweep
     gemm: list[GemmPoint] = []
     attention: list[AttentionPoint] = []
     collectives: list[CollectivePoint] = []

@@ -517,7 +517,7 @@ def plan_cmd(
                       calibration_path=calibration, price=price_spec,
                       overheads=RunOverheads(startup_s=startup_min * 60), total_batch_tokens=total_batch_size,
                       tp_across_nodes=tp_across_nodes, headroom=headroom)
-    result = search(req)
+    result = search(req, _progress("plan") if len(hws) * len(req.gpus) > 4 else None)
     why = words.plan_reasons(result)
     warnings = words.plan_warnings(result)
     data = render.plan_data(result.rows)
@@ -565,6 +565,18 @@ def _int_list(text: str, flag: str, allowed: tuple[int, ...] | None = None) -> l
     return values
 
 
+def _progress(command: str):
+    """A progress callback on stderr: one line per step, so it shows in a terminal and in a log alike."""
+    import time
+
+    start = time.monotonic()
+
+    def report(what: str, done: int, total: int) -> None:
+        print(f"{command}: {what} ({done + 1}/{total}, {time.monotonic() - start:.1f} s)", file=sys.stderr, flush=True)
+
+    return report
+
+
 def _warn(warnings: list[str]) -> None:
     """Warnings go to stderr, one line each (each once): stdout carries the result only."""
     for w in dict.fromkeys(warnings):
@@ -610,6 +622,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # typer/click usage errors carry exit_code and format_message
         if debug:
             raise
+        if type(e).__name__ == "ValidationError" and hasattr(e, "errors"):  # pydantic, from values built here
+            err = e.errors()[0]
+            where = ".".join(str(p) for p in err.get("loc", ())) or "value"
+            print(f"error: {where}: {' '.join(str(err.get('msg', e)).split())}", file=sys.stderr)
+            return 2
         if type(e).__name__ == "NoArgsIsHelpError":  # a bare `ddplan` / `ddplan specs`: the help was shown
             return 0
         if hasattr(e, "format_message") and hasattr(e, "exit_code"):

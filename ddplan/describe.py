@@ -35,14 +35,14 @@ def load_any(name: str) -> HardwareSpec | ModelSpec:
     """A spec of either kind by name or path (a path's `kind:` key decides)."""
     if name.endswith((".yaml", ".yml")) or "/" in name:
         path = Path(name)
-        data = registry.read_yaml(path) if path.is_file() else None
+        if not path.exists():
+            raise SpecError("no such file", file=name)
+        data = registry.read_yaml(path)  # a folder, an unreadable or malformed file: one line naming it
         kind = data.get("kind") if isinstance(data, dict) else None
         if kind == "hardware":
             return registry.load_hardware(name)
         if kind == "model":
             return registry.load_model(name)
-        if not path.is_file():
-            raise SpecError("no such file", file=name)
         raise SpecError("need `kind: hardware` or `kind: model`", file=name, field="kind")
     key = name.lower()
     models, hardware = registry._builtins("models"), registry._builtins("hardware")

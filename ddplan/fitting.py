@@ -108,7 +108,8 @@ def fitted(pricer, m: StepMeasurement, knob: str = "auto", where: str = MEASURED
 
 
 def fit_measurement(pricer, m: StepMeasurement, knob: str = "auto", where: str = MEASURED_FLAGS) -> Fit:
-    """Fit `knob` (or, with auto, the one whose assumed range moves the measured step most) to m.
+    """Fit `knob` to m; with auto, the one whose assumed range moves the measured step most, else (when
+    no factor of it can reach the measurement) the other, else both GEMMs and attention together.
 
     pricer: an unfitted ddplan.price.Pricer for the measured model (at the measured sequence length).
     """
@@ -124,7 +125,8 @@ def fit_measurement(pricer, m: StepMeasurement, knob: str = "auto", where: str =
         r = scale(pricer.rates(m.attention, scenario, fitted=False), k, f, True)
         return pricer.step(layout, window, scenario, r=r).total_s
 
-    if knob == "auto":
+    candidates = [knob]
+    if knob == "auto":  # the knob whose range moves the step most; then the other, then both together
         widths = {}
         base = pricer.rates(m.attention, "value", fitted=False)
         for k in ("gemm", "attention"):
@@ -135,14 +137,16 @@ def fit_measurement(pricer, m: StepMeasurement, knob: str = "auto", where: str =
                     base, attn_fwd=e.attn_fwd, attn_bwd=e.attn_bwd)
                 ends.append(pricer.step(layout, window, "value", r=r).total_s)
             widths[k] = max(ends) - min(ends)
-        knob = max(widths, key=widths.get)
-    factors = {}
-    for scen in FIT_SCENARIOS:
+        candidates = [*sorted(widths, key=widths.get, reverse=True), "compute"]
+    for i, knob in enumerate(candidates):
         try:
-            factors[scen] = fit_factor(lambda f, s=scen: predict(s, knob, f), m.step_time_s)
+            factors = {scen: fit_factor(lambda f, s=scen: predict(s, knob, f), m.step_time_s)
+                       for scen in FIT_SCENARIOS}
+            break
         except ValueError as e:
-            raise UsageError(f"cannot fit {knob} efficiency to the measured {m.step_time_s} s: {e}",
-                             field="--measured-step-time" if where == MEASURED_FLAGS else where) from None
+            if i + 1 == len(candidates):
+                raise UsageError(f"cannot fit {knob} efficiency to the measured {m.step_time_s} s: {e}",
+                                 field="--measured-step-time" if where == MEASURED_FLAGS else where) from None
     ceiling = hw.efficiency.gemm.best.range[1]
 
     def implied(scen: Scenario) -> float:

@@ -9,6 +9,7 @@ the family); ranking and the Pareto front use pandas. Reasons are facts; ddplan.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 import gc
 import math
 from dataclasses import dataclass, field, replace
@@ -23,6 +24,7 @@ from ddplan.price import PricedLayout, Pricer, RunPlan
 from ddplan.specs import HardwareSpec, ModelSpec, Price
 from ddplan.units import GiB
 
+MAX_SEARCHES = 64  # (hardware, GPU count) pairs one search covers, checked before any work
 FAMILIES = ("pure DP", "+ZeRO/FSDP", "+TP", "+PP")
 OBJECTIVES = ("time", "cost")
 
@@ -143,13 +145,20 @@ def _no_cycle_collection():
             gc.enable()
 
 
-def search(req: PlanRequest) -> PlanResult:
-    """Every layout of every hardware and GPU count that fits and divides, ranked by the objective."""
+def search(req: PlanRequest, progress: Callable[[str, int, int], None] | None = None) -> PlanResult:
+    """Every layout of every hardware and GPU count that fits and divides, ranked by the objective.
+
+    progress(what, done, total) is called before each (hardware, GPU count) pair is searched.
+    """
+    pairs = len(req.hardware) * len(req.gpus)
+    if pairs > MAX_SEARCHES:
+        raise UsageError(f"{pairs} (hardware, GPU count) pairs asked; one search covers at most {MAX_SEARCHES}",
+                         field="--hardware/--gpus")
     with _no_cycle_collection():
-        return _search(req)
+        return _search(req, progress or (lambda what, done, total: None))
 
 
-def _search(req: PlanRequest) -> PlanResult:
+def _search(req: PlanRequest, progress: Callable[[str, int, int], None]) -> PlanResult:
     import pandas as pd
 
     if req.objective not in OBJECTIVES:
@@ -165,10 +174,13 @@ def _search(req: PlanRequest) -> PlanResult:
     rows, rejected, considered = [], {"memory": 0, "divisibility": 0, "dominated": 0}, 0
     why_not: dict[str, str] = {}
     pricers = {}
+    done = 0
     for hw in req.hardware:
         pricer = pricers[hw.name] = pricer_for(req, hw)
         usable = hw.memory.usable_gib.value
         for gpus in req.gpus:
+            progress(f"{gpus}x {hw.name}", done, len(req.hardware) * len(req.gpus))
+            done += 1
             for group in layouts_for(spec, hw, gpus, total_batch, req):
                 n = sum(len(by_rc) for by_rc in group)
                 considered += n

@@ -19,6 +19,7 @@ from ddplan.errors import SpecError
 from ddplan.specs import HardwareSpec, ModelSpec, nanochat_depth
 
 T = TypeVar("T", bound=BaseModel)
+MAX_NANOCHAT_DEPTH = 256
 
 
 def builtin_dir(kind: str) -> Path:
@@ -32,19 +33,79 @@ def builtin_dir(kind: str) -> Path:
     raise SpecError(f"built-in {kind} specs not found (looked in {packaged} and {checkout}); reinstall ddplan")
 
 
+MAX_SPEC_BYTES = 1_000_000  # a spec or calibration file is kilobytes; a megabyte is a mistake
+MAX_DEPTH = 32  # nesting levels of a spec (the deepest built-in has 5)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping (YAML would silently keep the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:  # an unhashable key: SafeLoader's own error says so
+                continue
+            if first != key_node.start_mark.line + 1:
+                raise _DuplicateKey(f"duplicate key {key!r} on lines {first} and {key_node.start_mark.line + 1}",
+                                    key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, problem: str, mark):
+        super().__init__(problem)
+        self.problem, self.problem_mark = problem, mark
+
+
+def _depth(data: Any, limit: int) -> int:
+    """Nesting depth of parsed YAML, stopping at limit + 1 (no recursion: safe on any input)."""
+    deepest, stack = 0, [(data, 1)]
+    while stack:
+        node, d = stack.pop()
+        deepest = max(deepest, d)
+        if deepest > limit:
+            break
+        if isinstance(node, dict):
+            stack += [(v, d + 1) for v in node.values()]
+        elif isinstance(node, list):
+            stack += [(v, d + 1) for v in node]
+    return deepest
+
+
 def read_yaml(path: Path) -> Any:
-    """Parse a YAML file with safe_load; a syntax error names the file and line."""
+    """Parse a YAML file with a safe loader; every failure names the file (and the line where known):
+    unreadable, a folder, over MAX_SPEC_BYTES, not UTF-8, a syntax error, a duplicate key, too deep, or a
+    number Python refuses (an integer of more than 4,300 digits)."""
+    if path.is_dir():
+        raise SpecError("is a folder, not a YAML file", file=str(path))
     try:
-        text = path.read_text(encoding="utf-8")
+        size = path.stat().st_size
+        if size > MAX_SPEC_BYTES:
+            raise SpecError(f"{size:,} bytes: a spec is at most {MAX_SPEC_BYTES:,}", file=str(path))
+        text = path.read_bytes().decode("utf-8")
     except OSError as e:
         raise SpecError(f"cannot read: {e.strerror}", file=str(path)) from None
+    except UnicodeDecodeError as e:
+        raise SpecError(f"not UTF-8 text (byte {e.start}: {e.reason})", file=str(path)) from None
     try:
-        return yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 -- a SafeLoader subclass
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise SpecError(f"YAML syntax error: {problem}", file=str(path), field=where) from None
+        what = problem if isinstance(e, _DuplicateKey) else f"YAML syntax error: {problem}"
+        raise SpecError(what, file=str(path), field=where) from None
+    except RecursionError:
+        raise SpecError(f"nested too deeply (a spec has at most {MAX_DEPTH} levels)", file=str(path)) from None
+    except ValueError as e:  # int() of a number over 4,300 digits (Python's limit), or the like
+        what = "an integer of more than 4,300 digits" if "digits" in str(e) else " ".join(str(e).split())[:100]
+        raise SpecError(f"a value Python cannot read: {what}", file=str(path)) from None
+    if _depth(data, MAX_DEPTH) > MAX_DEPTH:
+        raise SpecError(f"nested too deeply (a spec has at most {MAX_DEPTH} levels)", file=str(path))
+    return data
 
 
 def validate(schema: type[T], data: Any, source: str) -> T:
@@ -78,7 +139,8 @@ def _describe(schema: type[BaseModel], err: dict) -> str:
     if err["type"] == "missing":
         return "missing required field"
     if err["type"] not in {"value_error", "assertion_error"} and "input" in err:
-        return f"{msg} (got {err['input']!r})"
+        got = repr(err["input"])
+        return f"{msg} (got {got if len(got) <= 80 else got[:77] + '...'})"
     return msg.removeprefix("Value error, ")
 
 
@@ -134,6 +196,8 @@ def _looks_like_path(name: str) -> bool:
 def _resolve(kind: str, name: str, flag: str) -> Path:
     if _looks_like_path(name):
         path = Path(name).expanduser()
+        if path.is_dir():
+            raise SpecError(f"is a folder, not a YAML file, for {flag}", file=name)
         if not path.is_file():
             raise SpecError(f"no such file for {flag}", file=name)
         return path
@@ -161,8 +225,9 @@ def load_model(name: str) -> ModelSpec:
     if depth is not None and name.lower() not in _builtins("models"):
         from ddplan.nanochat import nanochat_spec  # the depth rule, for depths not shipped
 
-        if depth < 1:
-            raise SpecError(f"nanochat depth must be at least 1, got {name!r}", field="--model")
+        if not 1 <= depth <= MAX_NANOCHAT_DEPTH:
+            raise SpecError(f"nanochat depth must be in 1..{MAX_NANOCHAT_DEPTH} (d{MAX_NANOCHAT_DEPTH}: "
+                            f"width {MAX_NANOCHAT_DEPTH * 64}, about 0.8 T parameters), got {name!r}", field="--model")
         return nanochat_spec(depth)
     path = _resolve("models", name, "--model")
     return validate(ModelSpec, read_yaml(path), str(path))
@@ -173,6 +238,8 @@ def load_calibration(path: str):
     from ddplan.calibration import CalibrationSpec
 
     p = Path(path).expanduser()
+    if p.is_dir():
+        raise SpecError("is a folder, not a YAML file, for --calibration", file=path)
     if not p.is_file():
         raise SpecError("no such file for --calibration", file=path)
     return validate(CalibrationSpec, read_yaml(p), str(p))

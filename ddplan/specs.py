@@ -22,18 +22,23 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ddplan import units
 
 Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
-PositiveInt = Annotated[int, Field(gt=0)]
+# Upper bounds: far past any real device or model, so that a typo (10^30) is an error, not a
+# 10^22-hour plan, and so that the work a command does stays bounded (README, "Input ranges").
+PositiveInt = Annotated[int, Field(gt=0, le=10**7)]
+Count = Annotated[int, Field(gt=0, le=1024)]  # layers, heads, GPUs or NICs per node, links
+Tokens = Annotated[int, Field(gt=0, le=10**16)]
 GroupSize = Annotated[int, Field(ge=2)]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # every float finite: `.inf` and `.nan` in a spec are errors, not numbers (`gt=0` alone admits inf)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Sourced(Strict):
     """A positive number with the place it comes from (paper and table, datasheet URL, or measurement)."""
 
-    value: float = Field(gt=0)
+    value: float = Field(gt=0, le=1e7)  # in the unit its key names (TFLOP/s, GiB, TB/s, us, Gbit/s, ...)
     source: str = Field(min_length=3)
 
 
@@ -85,7 +90,7 @@ class PeakCompute(Strict):
 
 class Memory(Strict):
     usable_gib: Sourced  # total as the driver reports it (nvidia-smi MiB, rocm-smi bytes)
-    vendor_label_gb: float = Field(gt=0)  # the marketing figure ("192 GB"), for display only
+    vendor_label_gb: float = Field(gt=0, le=1e6)  # the marketing figure ("192 GB"), for display only
     hbm_tbyte_per_s: Sourced  # peak HBM bandwidth, decimal TB/s
 
     @property
@@ -110,7 +115,7 @@ class IntraNode(Strict):
     """
 
     topology: Literal["full_mesh", "switch", "pcie"]
-    links_per_gpu: PositiveInt
+    links_per_gpu: Count
     link_gbyte_per_s_per_direction: Sourced
     busbw_gbyte_per_s: dict[Collective, dict[GroupSize, Sourced]]
     latency_us: Sourced  # per ring step (alpha)
@@ -126,7 +131,7 @@ class IntraNode(Strict):
 
 
 class InterNode(Strict):
-    nics_per_node: PositiveInt
+    nics_per_node: Count
     nic_gbit_per_s: Sourced  # per NIC, gigabits (not bytes) per second
     fabric: Literal["infiniband", "roce", "efa", "ethernet"]
     busbw_fraction_of_nics: Efficiency  # achievable ring busbw / total NIC bandwidth of a node
@@ -138,7 +143,7 @@ class InterNode(Strict):
 
 
 class Price(Strict):
-    usd_per_gpu_hour: float = Field(gt=0)
+    usd_per_gpu_hour: float = Field(gt=0, le=10_000)
     billing: Literal["per_gpu", "per_node"]  # per_node: you pay for whole nodes
     provider: str = Field(min_length=2)
     date: _dt.date
@@ -190,7 +195,7 @@ class HardwareSpec(Strict):
     software_stack: Literal["cuda", "rocm"]
     peak: PeakCompute
     memory: Memory
-    gpus_per_node: PositiveInt
+    gpus_per_node: Count
     intra_node: IntraNode
     inter_node: InterNode
     prices: list[Price] = Field(min_length=1)
@@ -260,10 +265,10 @@ class ShortWindow(Strict):
 
 
 class Architecture(Strict):
-    num_layers: PositiveInt
+    num_layers: Count
     d_model: PositiveInt
-    num_heads: PositiveInt
-    num_kv_heads: PositiveInt
+    num_heads: Annotated[int, Field(gt=0, le=16384)]
+    num_kv_heads: Annotated[int, Field(gt=0, le=16384)]
     head_dim: PositiveInt
     vocab_size: PositiveInt
     max_seq_len: PositiveInt  # longest context the model supports (learned positions: table size)
@@ -278,11 +283,11 @@ class Architecture(Strict):
     value_embeddings: ValueEmbeddings | None = None
     smear_gate_in_features: PositiveInt | None = None  # nanochat's smear: Linear(24 -> 1)
     backout: bool = False  # nanochat: subtract lambda * x at layer L//2 before the final norm
-    scalars_per_layer: int = Field(default=0, ge=0)  # nanochat: resid_lambdas, x0_lambdas
-    scalars_global: int = Field(default=0, ge=0)  # nanochat: smear_lambda, backout_lambda
+    scalars_per_layer: int = Field(default=0, ge=0, le=10**6)  # nanochat: resid_lambdas, x0_lambdas
+    scalars_global: int = Field(default=0, ge=0, le=10**6)  # nanochat: smear_lambda, backout_lambda
     window_pattern: str = Field(default="L", pattern=r"^[SL]+$")
     short_window: ShortWindow = ShortWindow()
-    logit_softcap: float | None = Field(default=None, gt=0)
+    logit_softcap: float | None = Field(default=None, gt=0, le=1e6)
 
     @model_validator(mode="after")
     def _consistent(self) -> Architecture:
@@ -347,9 +352,9 @@ class Optimizer(Strict):
 class Budget(Strict):
     """Training length: exactly one of steps, tokens, or a tokens:params ratio."""
 
-    steps: PositiveInt | None = None
-    tokens: PositiveInt | None = None
-    param_data_ratio: float | None = Field(default=None, gt=0)
+    steps: Annotated[int, Field(gt=0, le=10**9)] | None = None
+    tokens: Tokens | None = None
+    param_data_ratio: float | None = Field(default=None, gt=0, le=1e6)
     ratio_params: Literal["scaling", "total", "non_embedding"] = "scaling"
 
     @model_validator(mode="after")
@@ -363,8 +368,8 @@ class Budget(Strict):
 class Evaluation(Strict):
     """Periodic work outside training steps, at the recipe's cadence."""
 
-    every_steps: int = Field(default=0, ge=0)  # 0: never
-    tokens: int = Field(default=0, ge=0)  # tokens evaluated each time (forward only)
+    every_steps: int = Field(default=0, ge=0, le=10**9)  # 0: never
+    tokens: int = Field(default=0, ge=0, le=10**15)  # tokens evaluated each time (forward only)
     source: str = Field(min_length=3)
 
 
@@ -373,8 +378,8 @@ Distribution = Literal["sharded_optimizer", "ddp", "zero1", "zero2", "fsdp"]
 
 class Recipe(Strict):
     seq_len: PositiveInt
-    device_batch_size: PositiveInt  # sequences per GPU per micro-batch
-    total_batch_tokens: PositiveInt  # tokens per optimizer step, all GPUs together
+    device_batch_size: Annotated[int, Field(gt=0, le=65536)]  # sequences per GPU per micro-batch
+    total_batch_tokens: Annotated[int, Field(gt=0, le=10**12)]  # tokens per optimizer step, all GPUs together
     budget: Budget
     optimizer: Optimizer
     distribution: Distribution  # the native data-parallel setup (sharded_optimizer: nanochat's)

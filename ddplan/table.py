@@ -8,6 +8,7 @@ priced rows and facts (which row is the baseline, the fastest, ...); ddplan.rend
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field, replace
 
 from ddplan import run
@@ -19,6 +20,7 @@ from ddplan.memory import HEADROOM
 from ddplan.price import Flag, PricedLayout, Pricer, RunPlan
 from ddplan.specs import Budget, HardwareSpec, ModelSpec, Price
 
+MAX_ROWS = 1000  # rows one table builds (the product of its lists), checked before any work
 CRITICAL_BATCH_WARN = 2.0  # flag a layout that forces the global batch past 2x the recipe's (McCandlish et al.)
 
 
@@ -114,6 +116,11 @@ def build_table(req: TableRequest) -> Table:
                              field="--attention")
     pattern = spec.architecture.window_pattern
     windows = req.windows or ((pattern, "L") if pattern != "L" else ("L",))
+    rows = math.prod(len(x) for x in (req.gpus, req.tps, req.pps, req.vps, req.zeros or (0,),
+                                      req.micro_batches or (0,), req.recomputes, attentions, windows))
+    if rows > MAX_ROWS:
+        raise UsageError(f"{rows:,} rows asked (the product of the lists); a table has at most {MAX_ROWS:,}: "
+                         f"shorten a list, or use `ddplan plan` to search", field="--gpus/--tp/--pp/--zero/...")
     price = req.price or hw.price
     if req.fp8:
         check_fp8(spec, hw)

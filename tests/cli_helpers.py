@@ -19,10 +19,10 @@ def run(capsys, argv: list[str]) -> tuple[int, str, str]:
 
 
 def run_ok(capsys, argv: list[str]) -> str:
-    """stdout of a successful run; stderr may hold warnings only, one line each."""
+    """stdout of a successful run; stderr may hold warnings and progress lines only, one line each."""
     code, out, err = run(capsys, argv)
     assert code == 0, err
-    assert all(line.startswith("warning: ") for line in err.splitlines()), err
+    assert all(line.startswith(("warning: ", "plan: ")) for line in err.splitlines()), err
     return out
 
 
