@@ -311,7 +311,7 @@ def table_cmd(
         compiled=compiled, measurement=measurement, knob=fit.value, calibration=cal, calibration_path=calibration,
         fp8=fp8, headroom=headroom)
     _check_plot_path(plot)
-    result = build_table(req)
+    result = build_table(req, _progress("table"))
     rows = render.table_data(result)
     if plot:
         from ddplan.plot import plot_scenarios
@@ -517,7 +517,7 @@ def plan_cmd(
                       calibration_path=calibration, price=price_spec,
                       overheads=RunOverheads(startup_s=startup_min * 60), total_batch_tokens=total_batch_size,
                       tp_across_nodes=tp_across_nodes, headroom=headroom)
-    result = search(req, _progress("plan") if len(hws) * len(req.gpus) > 4 else None)
+    result = search(req, _progress("plan"))
     why = words.plan_reasons(result)
     warnings = words.plan_warnings(result)
     data = render.plan_data(result.rows)
@@ -566,13 +566,18 @@ def _int_list(text: str, flag: str, allowed: tuple[int, ...] | None = None) -> l
 
 
 def _progress(command: str):
-    """A progress callback on stderr: one line per step, so it shows in a terminal and in a log alike."""
+    """A progress callback on stderr, one line at a time, so that it shows in a terminal and in a log
+    alike: silent for the first 2 s (most commands are done by then), then at most one line a second."""
     import time
 
-    start = time.monotonic()
+    start = last = time.monotonic()
 
     def report(what: str, done: int, total: int) -> None:
-        print(f"{command}: {what} ({done + 1}/{total}, {time.monotonic() - start:.1f} s)", file=sys.stderr, flush=True)
+        nonlocal last
+        now = time.monotonic()
+        if now - start >= 2.0 and now - last >= 1.0:
+            last = now
+            print(f"{command}: {what} ({done + 1}/{total}, {now - start:.0f} s)", file=sys.stderr, flush=True)
 
     return report
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from ddplan import run
@@ -100,7 +101,8 @@ def measurement_of(req: TableRequest) -> StepMeasurement | None:
     return req.measurement or measurement_for(req.calibration, req.model)
 
 
-def build_table(req: TableRequest) -> Table:
+def build_table(req: TableRequest, progress: Callable[[str, int, int], None] | None = None) -> Table:
+    """Price the rows the request names; progress(what, done, total) is called before each row."""
     spec, hw = req.model, req.hardware
     seq = spec.recipe.seq_len
     total_batch = req.total_batch_tokens or spec.recipe.total_batch_tokens
@@ -138,9 +140,11 @@ def build_table(req: TableRequest) -> Table:
     native = NATIVE_ZERO[spec.recipe.distribution]
     skipped: list[str] = []
     seen: set = set()
-    for gpus, tp, pp, vp, zero, asked_mb, rc, att, win in itertools.product(
+    for i, (gpus, tp, pp, vp, zero, asked_mb, rc, att, win) in enumerate(itertools.product(
             req.gpus, req.tps, req.pps, req.vps, req.zeros or (native,),
-            req.micro_batches or (spec.recipe.device_batch_size,), req.recomputes, attentions, windows):
+            req.micro_batches or (spec.recipe.device_batch_size,), req.recomputes, attentions, windows)):
+        if progress:
+            progress(f"{gpus} GPUs, tp {tp}, pp {pp}, {att}, {win}", i, rows)
         try:
             layout, flags = _layout(pricer, total_batch // seq, gpus, tp, pp, vp, zero, asked_mb, rc, att, win,
                                     compiled, pinned=bool(req.micro_batches))
