@@ -45,14 +45,34 @@ DEFAULT_HARDWARE = "mi300x"  # the canonical case (shared/seed): nanochat d24 on
 
 ModelOpt = typer.Option(..., "--model", "-m", help="Model: a built-in (d24, nanochat-d24, gpt2, llama-3-8b), "
                         "any nanochat dN, or a YAML path.")
-HardwareOpt = typer.Option(DEFAULT_HARDWARE, "--hardware", help="GPU: a built-in (mi300x, h100-sxm, h200, b200, "
-                           "...) or a YAML path. Default mi300x, the canonical case.")
+HardwareOpt = typer.Option(None, "--hardware", help="GPU: a built-in (mi300x, h100-sxm, h200, b200, ...) or a "
+                           "YAML path. Default: the calibration's hardware, else mi300x (the canonical case).")
 FormatOpt = typer.Option(Format.table, "--format", help="Output format; csv and json are data only.")
 SeqLenOpt = typer.Option(None, "--seq-len", help="Sequence length in tokens (default: the recipe's; at most the "
                          "model's max_seq_len).")
 DtypeOpt = typer.Option(None, "--dtype", help="Compute dtype: bf16, fp16 or fp32 (fp32: everything in fp32, as "
                         "`ddplan calibrate` runs on a CPU; default: the model spec's).")
 HeadroomOpt = typer.Option(0.05, "--headroom", help="Fraction of usable memory a layout must leave free.")
+
+
+def _inputs(model: str, hardware: str | None, calibration: str | None, seq_len: int | None, dtype: str | None):
+    """(model spec, hardware spec, calibration or None). A calibration file supplies what is not given:
+    its hardware (the spec it carries, or the built-in it names), its sequence length and compute dtype."""
+    from ddplan.errors import UsageError
+    from ddplan.registry import calibration_hardware, load_calibration, load_hardware, load_model
+
+    cal = load_calibration(calibration) if calibration else None
+    if hardware:
+        hw = load_hardware(hardware)
+        if cal is not None and cal.hardware not in (hw.name, *hw.aliases):
+            raise UsageError(f"calibration file is for {cal.hardware!r}, the command for {hw.name!r}; drop --hardware "
+                             f"to use the calibration's", field="--calibration")
+    else:
+        hw = calibration_hardware(cal, calibration) if cal is not None else load_hardware(DEFAULT_HARDWARE)
+    if cal is not None:
+        seq_len = seq_len if seq_len is not None else cal.seq_len
+        dtype = dtype if dtype is not None else cal.dtype
+    return _variant(load_model(model), seq_len, dtype), hw, cal
 
 
 def _check(*pairs: tuple[int | float | None, str]) -> None:
@@ -139,19 +159,16 @@ def memory_cmd(
 ) -> None:
     """Memory per GPU by ZeRO stage: each term, the total against usable memory, and the verdict."""
     from ddplan import render, verdicts
-    from ddplan.registry import load_hardware, load_model
     from ddplan.sizing import PEAK_TOLERANCE, alternatives, consistent_with, memory_setup, zero_rows
 
     _check((gpus, "--gpus"), (tp, "--tp"), (pp, "--pp"), (vp, "--vp"), (device_batch_size, "--device-batch-size"),
            (measured_peak, "--measured-peak"), (headroom, "--headroom"))
     stages = _int_list(zero, "--zero", allowed=(0, 1, 2, 3))
-    spec, hw = _variant(load_model(model), seq_len, dtype), load_hardware(hardware)
-    if calibration and measured_peak is None:
+    spec, hw, cal = _inputs(model, hardware, calibration, seq_len, dtype)
+    if cal is not None and measured_peak is None:
         from ddplan.calibration import steps_for_model
-        from ddplan.registry import load_calibration
 
-        peaks = [m.peak_memory_gb for m in steps_for_model(load_calibration(calibration), {spec.name, *spec.aliases})
-                 if m.peak_memory_gb]
+        peaks = [m.peak_memory_gb for m in steps_for_model(cal, {spec.name, *spec.aliases}) if m.peak_memory_gb]
         measured_peak = peaks[0] if peaks else None
     _check_pattern(window_pattern)
     setup = memory_setup(spec, hw, gpus=gpus, tp=tp, pp=pp, vp=vp, micro_batch=device_batch_size, attention=attention,
@@ -251,7 +268,6 @@ def table_cmd(
     from ddplan import render, verdicts
     from ddplan.calibration import StepMeasurement
     from ddplan.errors import UsageError
-    from ddplan.registry import load_calibration, load_hardware, load_model
     from ddplan.run import RunOverheads
     from ddplan.specs import Budget, Price
     from ddplan.table import TableRequest, build_table
@@ -273,7 +289,7 @@ def table_cmd(
     if len(given) > 1:
         raise UsageError(f"give at most one of --steps, --tokens, --param-data-ratio (got {', '.join(given)})",
                          field=given[1])
-    spec, hw = _variant(load_model(model), seq_len, dtype), load_hardware(hardware)
+    spec, hw, cal = _inputs(model, hardware, calibration, seq_len, dtype)
     budget = None
     if given:
         budget = Budget(steps=steps, tokens=int(tokens) if tokens else None, param_data_ratio=param_data_ratio,
@@ -282,9 +298,6 @@ def table_cmd(
     if price is not None:
         price_spec = Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price", date=dt.date.today(),
                            source="given on the command line")
-    cal = load_calibration(calibration) if calibration else None
-    if cal is not None and cal.hardware not in (hw.name, *hw.aliases):
-        raise UsageError(f"calibration file is for {cal.hardware!r}, the table for {hw.name!r}", field="--calibration")
     measurement = None
     if measured_step_time is not None:
         if measured_window:
@@ -425,7 +438,8 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
     except ImportError:
         raise UsageError("needs torch: pip install 'ddplan[calibrate]' (a CUDA or ROCm build on a GPU box)",
                          field="calibrate") from None
-    from ddplan.calibrate.runner import CalibrateRequest, check_step, run
+    from ddplan import verdicts
+    from ddplan.calibrate.runner import STAGES, CalibrateRequest, Interrupted, check_step, plan_shapes, run
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -441,14 +455,24 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
         attention=tuple(a.strip() for a in attention.split(",")) if attention else (), nproc=nproc,
         seq_len=seq_len, step_batch=device_batch_size)
     console = Console(stderr=True)
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
-                  transient=True) as bar:
-        task = bar.add_task("calibrate", total=9)
+    free = torch.cuda.mem_get_info()[0] if device == "cuda" else None
+    shapes = plan_shapes(req, free)
+    _info(verdicts.calibrate_plan(spec, req, shapes))
+    try:
+        if console.is_terminal:
+            with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                          transient=True) as bar:
+                task = bar.add_task("calibrate", total=len(STAGES))
 
-        def progress(msg: str) -> None:
-            bar.update(task, description=msg, advance=1)
+                def progress(msg: str) -> None:
+                    bar.update(task, description=msg, advance=1)
 
-        cal, hw_used, held_out = run(req, progress)
+                cal, hw_used, held_out = run(req, progress, shapes)
+        else:  # a log, a pipe: one line per benchmark with the elapsed time
+            cal, hw_used, held_out = run(req, _stage_lines(len(STAGES)), shapes)
+    except (Interrupted, KeyboardInterrupt) as e:
+        raise DdplanError(f"interrupted ({e or 'SIGINT'}); {out} keeps what was measured and lists what was not",
+                          field="calibrate") from None
     rows = [{"figure": "peak GEMM", "value": cal.peak_gemm_tflops, "unit": "TFLOP/s"},
             {"figure": "GEMM shapes measured", "value": len(cal.gemm), "unit": "shapes"},
             {"figure": "attention points", "value": len(cal.attention), "unit": "points"},
@@ -462,8 +486,7 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
     if check:
         render.echo(render.table(check, "table", title="held-out training step: measured vs predicted "
                                  "(before = hardware spec, after = micro-benchmarks)", digits=4))
-    for failure in cal.failures:
-        console.print(f"note: {failure}", highlight=False)
+    _info(verdicts.calibrate_summary(cal))
 
 
 class Objective(str, Enum):
@@ -474,8 +497,8 @@ class Objective(str, Enum):
 @app.command("plan")
 def plan_cmd(
     model: str = ModelOpt,
-    hardware: str = typer.Option(DEFAULT_HARDWARE, "--hardware", help="One or more GPUs, comma-separated "
-                                 "(built-in names or YAML paths)."),
+    hardware: str = typer.Option(None, "--hardware", help="One or more GPUs, comma-separated (built-in names or "
+                                 "YAML paths; default: the calibration's, else mi300x)."),
     gpus: str = typer.Option("8", "--gpus", help="GPUs in total to search, comma-separated (e.g. 8,16,64)."),
     objective: Objective = typer.Option(Objective.time, "--objective", help="Rank by wall-clock or by cost."),
     deadline: float = typer.Option(None, "--deadline", help="Hours: the cheapest layout that finishes in time."),
@@ -500,21 +523,21 @@ def plan_cmd(
     from ddplan import reasons as words
     from ddplan import render
     from ddplan.plan import PlanRequest, best_per_family, search
-    from ddplan.registry import load_calibration, load_hardware, load_model
+    from ddplan.registry import load_hardware
     from ddplan.run import RunOverheads
     from ddplan.specs import Price
 
     _check((deadline, "--deadline"), (budget, "--budget"), (price, "--price"), (total_batch_size, "--total-batch-size"),
            (top, "--top"), (startup_min, "--startup-min"), (headroom, "--headroom"))
     _check_plot_path(plot)
-    spec = _variant(load_model(model), seq_len, dtype)
-    hws = tuple(load_hardware(h.strip()) for h in hardware.split(",") if h.strip())
+    first = hardware.split(",")[0].strip() if hardware else None
+    spec, hw0, cal = _inputs(model, first, calibration, seq_len, dtype)
+    hws = (hw0, *(load_hardware(h.strip()) for h in (hardware or "").split(",")[1:] if h.strip()))
     price_spec = None if price is None else Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price",
                                                   date=dt.date.today(), source="given on the command line")
     req = PlanRequest(model=spec, hardware=hws, gpus=tuple(_int_list(gpus, "--gpus")), objective=objective.value,
                       deadline_h=deadline, budget_usd=budget, top=top,
-                      calibration=load_calibration(calibration) if calibration else None,
-                      calibration_path=calibration, price=price_spec,
+                      calibration=cal, calibration_path=calibration, price=price_spec,
                       overheads=RunOverheads(startup_s=startup_min * 60), total_batch_tokens=total_batch_size,
                       tp_across_nodes=tp_across_nodes, headroom=headroom)
     result = search(req, _progress("plan"))
@@ -580,6 +603,28 @@ def _progress(command: str):
             print(f"{command}: {what} ({done + 1}/{total}, {now - start:.0f} s)", file=sys.stderr, flush=True)
 
     return report
+
+
+def _stage_lines(total: int):
+    """Calibrate's progress where stderr is not a terminal: one line per benchmark, elapsed and a rough ETA."""
+    import time
+
+    start, state = time.monotonic(), {"done": 0}
+
+    def report(msg: str) -> None:
+        elapsed = time.monotonic() - start
+        done = state["done"]
+        eta = f", about {elapsed / done * (total - done):.0f} s left" if done else ""
+        print(f"calibrate: {msg} ({done + 1}/{total}, {elapsed:.0f} s{eta})", file=sys.stderr, flush=True)
+        state["done"] += 1
+
+    return report
+
+
+def _info(lines: list[str]) -> None:
+    """Information for the user on stderr (stdout carries the results), one line each."""
+    for line in lines:
+        print(line, file=sys.stderr)
 
 
 def _warn(warnings: list[str]) -> None:

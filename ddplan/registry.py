@@ -233,6 +233,17 @@ def load_model(name: str) -> ModelSpec:
     return validate(ModelSpec, read_yaml(path), str(path))
 
 
+def calibration_hardware(cal, path: str) -> HardwareSpec:
+    """The hardware a calibration file refines: the spec it carries, else the built-in it names."""
+    if cal.hardware_spec is not None:
+        return validate(HardwareSpec, cal.hardware_spec, f"{path}: hardware_spec")
+    try:
+        return load_hardware(cal.hardware)
+    except SpecError as e:
+        raise SpecError(f"names hardware {cal.hardware!r}, which is not a built-in, and carries no hardware_spec "
+                        f"({e.message})", file=path, field="hardware") from None
+
+
 def load_calibration(path: str):
     """A calibration file (YAML, `kind: calibration`): see ddplan.calibration."""
     from ddplan.calibration import CalibrationSpec

@@ -74,8 +74,8 @@ class PeakCompute(Strict):
     """Dense (no 2:4 sparsity) peak throughput per dtype, TFLOP/s. None: the dtype has no such unit."""
 
     bf16_tflops: Sourced
-    fp8_tflops: Sourced | None
-    tf32_tflops: Sourced | None
+    fp8_tflops: Sourced | None = None
+    tf32_tflops: Sourced | None = None
     fp32_vector_tflops: Sourced
 
     def flops_per_s(self, dtype: str) -> float:

@@ -155,6 +155,10 @@ def build_table(req: TableRequest, progress: Callable[[str, int, int], None] | N
             continue
         seen.add((layout, win))
         table.rows.append(pricer.price(layout, win, flags=flags))
+    fit = table.fit
+    if (fit is not None and fit.seq_len == seq and not any(r.basis == "measured" for r in table.rows)
+            and (fit.layout, fit.window) not in seen):  # the measured configuration is always a row
+        table.rows.insert(0, pricer.price(fit.layout, fit.window))
     if not table.rows:
         raise UsageError(f"no layout can exist: {skipped[0]}", field="--gpus/--tp/--pp/--vp")
     if skipped:

@@ -300,3 +300,37 @@ def from_log_line(m, out: str) -> str:
     """What `calibrate --from-log` read from a training log."""
     return (f"{m.step_time_s:.4g} s/step (median over the logged steps after step 10), {m.gpus} GPU(s), "
             f"{m.total_batch_tokens:,} tokens/step -> {out}")
+
+
+def calibrate_plan(spec: ModelSpec, req, shapes) -> list[str]:
+    """What a calibration will measure, before it starts: shapes, predicted peak memory, a rough duration."""
+    quick = req.quick
+    per_shape = 0.3 if quick else 1.0  # seconds per GEMM shape: warm-up + timing (bench._min_run_time)
+    gemms = len(shapes.micro_batches) * 9  # about nine distinct GEMM shapes per micro-batch (three Linears x 3)
+    estimate = gemms * per_shape + (20 if quick else 60) * (1 if req.device == "cpu" else 0.5)
+    return [
+        f"calibrate: {spec.name} on {req.device}, sequence {shapes.seq_len}, held-out step at micro-batch "
+        f"{shapes.step_batch} (predicted peak {shapes.peak_bytes / 2**30:.2f} GiB), GEMMs at micro-batches "
+        f"{', '.join(map(str, shapes.micro_batches))}; {'quick' if quick else 'full'} run, roughly "
+        f"{estimate:.0f} s",
+        "calibrate: measures " + ", ".join(_STAGE_WORDS) + (f"; note: {'; '.join(shapes.notes)}" if shapes.notes
+                                                            else ""),
+    ]
+
+
+_STAGE_WORDS = ("GEMMs at the model's shapes", "a peak-GEMM sweep", "attention per implementation", "HBM copy",
+                "elementwise ops", "an AdamW step", "kernel launch overhead", "collectives (several GPUs)",
+                "one held-out training step")
+
+
+def calibrate_summary(cal) -> list[str]:
+    """What a calibration measured and what it did not, in a few lines."""
+    measured = [name for name, present in (
+        (f"{len(cal.gemm)} GEMM shapes", cal.gemm), ("peak GEMM", cal.peak_gemm_tflops),
+        (f"{len(cal.attention)} attention points", cal.attention), ("HBM", cal.hbm_tbyte_per_s),
+        ("elementwise", cal.pointwise_tbyte_per_s), ("AdamW", cal.optimizer_tbyte_per_s),
+        ("kernel overhead", cal.kernel_overhead_us), (f"{len(cal.collectives)} collective points", cal.collectives),
+        ("the held-out step", cal.step_times)) if present]
+    out = ["calibrate: measured " + (", ".join(measured) or "nothing")]
+    out += [f"calibrate: not measured: {f}" for f in cal.failures]
+    return out

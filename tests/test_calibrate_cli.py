@@ -75,8 +75,12 @@ def test_calibration_file_round_trips_through_table(cpu_calibration, capsys):
     text = " ".join(result["assumptions"])
     assert "Calibration (" in text and "GEMM efficiency at" in text and "measured" in text
     # the step calibrate measured (held out there) is the table's measurement: one knob is fitted to it
-    # (at its own micro-batch 2 x 128), and the table's rows (the recipe's 32 x 2048) derive from it
-    assert "Measured:" in text and all(r["basis"] == "fitted" for r in result["rows"])
+    # (at its own micro-batch 2 x 128), the measured configuration is a row of its own, and the table's
+    # rows (the recipe's batch, at the calibration's sequence length and dtype) derive from it
+    assert "Measured:" in text and "sequence 128" in text and "compute dtype fp32" in text
+    measured, *derived = result["rows"]
+    assert (measured["basis"], measured["micro_batch"], measured["global_batch_tokens"]) == ("measured", 2, 256)
+    assert derived and all(r["basis"] == "fitted" for r in derived)
 
 
 def test_calibration_written_atomically_is_valid_yaml(cpu_calibration):

@@ -247,8 +247,15 @@ def _calibration(tmp_path, hardware="mi300x", **step):
 
 
 def test_calibration_for_another_hardware(capsys, tmp_path):
-    _, line = fails(capsys, ["table", "--model", "d24", "--calibration", _calibration(tmp_path, "h100-sxm")])
+    _, line = fails(capsys, ["table", "--model", "d24", "--hardware", "mi300x", "--calibration",
+                             _calibration(tmp_path, "h100-sxm")])
     assert "--calibration" in line and "h100-sxm" in line and "mi300x" in line
+
+
+def test_calibration_names_the_hardware_when_none_is_given(capsys, tmp_path):
+    out = run_ok(capsys, ["table", "--model", "d24", "--gpus", "1", "--calibration", _calibration(tmp_path, "h100-sxm"),
+                          "--format", "csv"])
+    assert {r["hardware"] for r in csv_rows(out)} == {"h100-sxm"}
 
 
 # --------------------------------------------------------------------------------------------

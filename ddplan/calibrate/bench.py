@@ -112,6 +112,13 @@ def _driver_version(rocm: bool) -> str | None:
 
 def time_s(fn: Callable[[], object], device, *, min_run_time: float = 0.2, warmup: int = 2) -> float:
     """Median seconds of one fn() call: warm-up, then Timer.blocked_autorange (it synchronises the device)."""
+    return time_stats(fn, device, min_run_time=min_run_time, warmup=warmup)[0]
+
+
+def time_stats(fn: Callable[[], object], device, *, min_run_time: float = 0.2, warmup: int = 2
+               ) -> tuple[float, float]:
+    """(median seconds of one fn() call, spread): spread = interquartile range / median of the timed blocks
+    (torch.utils.benchmark Measurement.iqr); a busy machine shows as a large spread."""
     d = _device(device)
     ctx = torch.cuda.device(d) if d.type == "cuda" else contextlib.nullcontext()
     with ctx:
@@ -119,7 +126,8 @@ def time_s(fn: Callable[[], object], device, *, min_run_time: float = 0.2, warmu
             fn()
         _sync(d)
         timer = Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
-        return timer.blocked_autorange(min_run_time=min_run_time).median
+        m = timer.blocked_autorange(min_run_time=min_run_time)
+        return m.median, (m.iqr / m.median if m.median > 0 else 0.0)
 
 
 def _min_run_time(quick: bool) -> float:
@@ -156,7 +164,13 @@ def gemm_shapes(spec: ModelSpec, micro_batches: list[int], seq_len: int | None =
 
 
 def bench_gemm(m: int, n: int, k: int, *, dtype: str = "bf16", device="cuda", quick: bool = False) -> float:
-    """TFLOP/s of an (m x k) @ (k x n) GEMM: 2 m n k / median time.
+    """TFLOP/s of an (m x k) @ (k x n) GEMM: 2 m n k / median time (bench_gemm_stats without the spread)."""
+    return bench_gemm_stats(m, n, k, dtype=dtype, device=device, quick=quick)[0]
+
+
+def bench_gemm_stats(m: int, n: int, k: int, *, dtype: str = "bf16", device="cuda", quick: bool = False
+                     ) -> tuple[float, float]:
+    """(TFLOP/s, spread) of an (m x k) @ (k x n) GEMM: 2 m n k / median time; spread as in time_stats.
 
     The weight is stored (n x k) and used transposed, as F.linear does. Inputs are views into one
     random buffer, rotated so that the inputs touched between two uses of the same view exceed the
@@ -188,10 +202,10 @@ def bench_gemm(m: int, n: int, k: int, *, dtype: str = "bf16", device="cuda", qu
     precision = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high" if dtype == "tf32" else "highest")
     try:
-        t = time_s(fn, d, min_run_time=_min_run_time(quick))
+        t, spread = time_stats(fn, d, min_run_time=_min_run_time(quick))
     finally:
         torch.set_float32_matmul_precision(precision)
-    return 2.0 * m * n * k / t / TFLOPS
+    return 2.0 * m * n * k / t / TFLOPS, spread
 
 
 def bench_peak_gemm(*, dtype: str = "bf16", device="cuda", quick: bool = False

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import signal
 import tempfile
+import threading
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import yaml
+from pydantic import ValidationError
 
 from ddplan.calibration import CalibrationSpec
 from ddplan.specs import HardwareSpec, ModelSpec
@@ -35,13 +38,22 @@ def guess_hardware(device_name: str) -> str | None:
     return None
 
 
+def sig(x: float, digits: int = 5) -> float:
+    """x to `digits` significant figures: a measurement is never rounded to zero (0.00004 TFLOP/s stays)."""
+    return float(f"{x:.{digits}g}")
+
+
 def atomic_write(path: Path, text: str) -> None:
-    """Write text to path via a temporary file in the same folder and os.replace: never half-written."""
+    """Write text to path via a temporary file in the same folder and os.replace: never half-written.
+    The file gets the permissions the umask gives a new file (mkstemp's own are 0600)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -56,16 +68,28 @@ class Recorder:
     data: dict = field(default_factory=dict)
 
     def set(self, key: str, value) -> None:
+        """Record one figure; one that fails validation is a recorded failure, and the run carries on."""
         self.data[key] = value
-        self.flush()
+        try:
+            self.flush()
+        except ValidationError as e:
+            del self.data[key]
+            self.fail(key, e)
 
     def append(self, key: str, values: list) -> None:
-        self.data.setdefault(key, []).extend(values)
+        """Record points; each that fails validation is left out and recorded as a failure."""
+        for v in values:
+            self.data.setdefault(key, []).append(v)
+            try:
+                CalibrationSpec.model_validate(self.data)
+            except ValidationError as e:
+                self.data[key].pop()
+                self.data.setdefault("failures", []).append(_short(f"{key}: {v}: {_first(e)}"))
         self.flush()
 
     def fail(self, what: str, err: BaseException) -> None:
-        msg = " ".join(f"{what}: {type(err).__name__}: {err}".split())
-        self.data.setdefault("failures", []).append(msg[:500])
+        detail = _first(err) if isinstance(err, ValidationError) else f"{type(err).__name__}: {err}"
+        self.data.setdefault("failures", []).append(_short(f"{what}: {detail}"))
         self.flush()
 
     def flush(self) -> None:
@@ -73,6 +97,15 @@ class Recorder:
         plain = CalibrationSpec.model_validate(self.data).model_dump(mode="json", exclude_none=True)
         atomic_write(self.path, "# written by `ddplan calibrate`; see ddplan/calibration.py for the format\n"
                      + yaml.safe_dump(plain, sort_keys=False, width=110))
+
+
+def _short(text: str) -> str:
+    return " ".join(text.split())[:500]
+
+
+def _first(e: ValidationError) -> str:
+    err = e.errors()[0]
+    return f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']} (got {err.get('input')!r})"
 
 
 def cpu_hardware(peak: float, hbm: float, overhead_us: float, src: str, provenance: dict) -> HardwareSpec:
@@ -127,29 +160,97 @@ class CalibrateRequest:
 Progress = Callable[[str], None]
 
 
-def run(req: CalibrateRequest, progress: Progress = lambda msg: None) -> tuple[CalibrationSpec, HardwareSpec, dict]:
-    """Run every benchmark; return the calibration, the hardware spec it refines, and the held-out step."""
+CPU_SEQ_LEN, CPU_STEP_BATCH = 256, 4  # CPU defaults: seconds and about a GB for small models, not 2048 x 32
+GPU_MEMORY_SHARE = 0.8
+BUSY_SPREAD_PCT = 20.0  # GEMM timings spreading more than this say the machine is busy  # the held-out step may plan for this share of the device's free memory
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """What a calibration measures: the sequence length, the held-out step's micro-batch, the GEMM
+    micro-batches, the predicted peak memory of the held-out step, and why the shapes are what they are."""
+
+    seq_len: int
+    step_batch: int
+    micro_batches: tuple[int, ...]
+    peak_bytes: float
+    notes: tuple[str, ...] = ()
+    skip_step: bool = False  # not even micro-batch 1 fits: the held-out step is skipped, with the reason
+
+
+def plan_shapes(req: CalibrateRequest, free_bytes: float | None) -> Shapes:
+    """Size the work with ddplan's own memory model: small defaults on CPU; on a GPU the recipe's
+    micro-batch, halved until the held-out step fits in GPU_MEMORY_SHARE of the free memory."""
+    from ddplan.layout import NATIVE_ZERO, Layout
+    from ddplan.memory import MemoryAssumptions
+    from ddplan.sizing import Setup, breakdown
+    from ddplan.specs import run_variant
+
+    spec, cpu = req.model, req.device == "cpu"
+    seq = req.seq_len or (min(CPU_SEQ_LEN, spec.recipe.seq_len) if cpu else spec.recipe.seq_len)
+    run_spec = run_variant(spec_for_device(spec, req.device), seq_len=seq)
+    mb = req.step_batch or (CPU_STEP_BATCH if cpu else spec.recipe.device_batch_size)
+    attention = "sdpa-fused"
+
+    def peak(batch: int) -> float:
+        layout = Layout(dp=1, zero=NATIVE_ZERO[spec.recipe.distribution], micro_batch=batch, attention=attention)
+        hw = cpu_hardware(1.0, 1.0, 1.0, "sizing only", {}) if req.hardware is None else req.hardware
+        return breakdown(run_spec, hw, Setup(layout=layout), MemoryAssumptions(framework_gib=0.5)).total
+
+    notes, skip = [], False
+    if free_bytes is not None:
+        limit = GPU_MEMORY_SHARE * free_bytes
+        while req.step_batch is None and mb > 1 and peak(mb) > limit:
+            mb //= 2
+        if peak(mb) > limit:
+            skip = True
+            notes.append(f"training step (held out): skipped, micro-batch {mb} x {seq} needs {peak(mb) / 2**30:.1f} "
+                         f"GiB, over {GPU_MEMORY_SHARE:.0%} of the {free_bytes / 2**30:.1f} GiB free")
+        elif mb != (req.step_batch or spec.recipe.device_batch_size):
+            notes.append(f"held-out step at micro-batch {mb}: the recipe's does not fit in "
+                         f"{GPU_MEMORY_SHARE:.0%} of the {free_bytes / 2**30:.1f} GiB free")
+    batches = req.micro_batches or tuple(sorted({max(1, mb // 4), max(1, mb // 2), mb}))
+    return Shapes(seq_len=seq, step_batch=mb, micro_batches=batches, peak_bytes=peak(mb), notes=tuple(notes),
+                  skip_step=skip)
+
+
+STAGES = ("GEMMs at the model's shapes", "peak GEMM sweep", "attention", "HBM bandwidth", "elementwise ops",
+          "optimizer", "kernel overhead", "collectives", "training step (held out)")
+
+
+class Interrupted(Exception):
+    """SIGTERM (or SIGINT) during a calibration: what was measured is kept, what was not is recorded."""
+
+
+def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Shapes | None = None
+        ) -> tuple[CalibrationSpec, HardwareSpec, dict]:
+    """Run every benchmark; return the calibration, the hardware spec it refines, and the held-out step.
+
+    Each stage that fails is recorded and the rest carries on; SIGTERM and SIGINT stop the run after
+    recording which stages were not measured (the file stays valid), then re-raise.
+    """
     from ddplan.calibrate import bench
 
     spec, device = req.model, req.device
-    seq = req.seq_len or spec.recipe.seq_len
-    mb0 = req.step_batch or spec.recipe.device_batch_size
-    batches = req.micro_batches or tuple(sorted({max(1, mb0 // 4), max(1, mb0 // 2), mb0}))
+    shapes = shapes or plan_shapes(req, None)
+    seq, mb0, batches = shapes.seq_len, shapes.step_batch, shapes.micro_batches
     dtype_policy = "fp32" if device == "cpu" else "spec"
     gemm_dtype = "fp32" if device == "cpu" else spec.dtypes.compute
     prov = bench.device_provenance(device)
     hw = req.hardware
     hw_name = hw.name if hw else (guess_hardware(prov.get("device_name", "")) or ("cpu-local" if device == "cpu"
                                                                                   else "unknown"))
-    rec = Recorder(req.out, {"kind": "calibration", "version": 1, "hardware": hw_name, "provenance": prov})
+    rec = Recorder(req.out, {"kind": "calibration", "version": 1, "hardware": hw_name, "seq_len": seq,
+                             "dtype": "fp32" if device == "cpu" else spec.dtypes.compute, "provenance": prov})
     rec.flush()
+    for note in shapes.notes:
+        rec.data.setdefault("failures", []).append(note)
 
     def stage(name: str, fn: Callable[[], None]) -> None:
         progress(name)
         try:
             fn()
-        except KeyboardInterrupt:
-            rec.fail(name, KeyboardInterrupt("interrupted"))
+        except (KeyboardInterrupt, Interrupted):
             raise
         except Exception as e:  # a failing benchmark is recorded, the rest carries on
             if os.environ.get("DDPLAN_DEBUG") == "1":
@@ -159,13 +260,20 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None) -> tuple[C
     def gemms() -> None:
         points = []
         for m, n, k, label in bench.gemm_shapes(spec, list(batches), seq):
-            tflops = bench.bench_gemm(m, n, k, dtype=gemm_dtype, device=device, quick=req.quick)
-            points.append({"m": m, "n": n, "k": k, "dtype": gemm_dtype, "tflops": round(tflops, 4), "label": label})
+            tflops, spread = bench.bench_gemm_stats(m, n, k, dtype=gemm_dtype, device=device, quick=req.quick)
+            points.append({"m": m, "n": n, "k": k, "dtype": gemm_dtype, "tflops": sig(tflops),
+                           "spread_pct": sig(100 * spread, 3), "label": label})
         rec.append("gemm", points)
+        noisy = [p for p in points if p["spread_pct"] > BUSY_SPREAD_PCT]
+        if len(noisy) > len(points) / 4:  # timings of one kernel disagree: something else is running
+            rec.data.setdefault("failures", []).append(
+                f"GEMMs: the machine looks busy: {len(noisy)} of {len(points)} shapes have timings that spread "
+                f"more than {BUSY_SPREAD_PCT:g}% (interquartile range / median); calibrate again when it is quiet")
+            rec.flush()
 
     def peak() -> None:
         tflops, shape = bench.bench_peak_gemm(dtype=gemm_dtype, device=device, quick=req.quick)
-        rec.set("peak_gemm_tflops", round(tflops, 4))
+        rec.set("peak_gemm_tflops", sig(tflops))
 
     def attention() -> None:
         a = spec.architecture
@@ -181,14 +289,14 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None) -> tuple[C
                     continue
                 points.append({"implementation": impl, "batch": mb0, "heads": a.num_heads, "seq_len": seq,
                                "window": w if _native(hw, impl) else seq, "head_dim": a.head_dim,
-                               "fwd_tflops": round(got[0], 4), "bwd_tflops": round(got[1], 4)})
+                               "fwd_tflops": sig(got[0]), "bwd_tflops": sig(got[1])})
         rec.append("attention", points)
         for impl in missing:
             rec.data.setdefault("failures", []).append(f"attention {impl}: not available on this device/stack")
         rec.flush()
 
     def hbm() -> None:
-        rec.set("hbm_tbyte_per_s", round(bench.bench_hbm(device, nbytes=(64 if device == "cpu" else 1024) * 2**20), 6))
+        rec.set("hbm_tbyte_per_s", sig(bench.bench_hbm(device, nbytes=(64 if device == "cpu" else 1024) * 2**20)))
 
     def pointwise() -> None:
         from ddplan.anatomy import build_anatomy
@@ -198,17 +306,17 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None) -> tuple[C
                 if op.name in ("logits_cast", "logits_softcap", "cross_entropy")]
         t = bench.bench_loss_head_s(device, rows=mb0 * seq, vocab=spec.architecture.vocab_size,
                                     softcap=spec.architecture.logit_softcap, dtype="fp32", quick=req.quick)
-        rec.set("pointwise_tbyte_per_s", round(sum(op.bytes_fwd + op.bytes_bwd for op in head) / t / 1e12, 6))
+        rec.set("pointwise_tbyte_per_s", sig(sum(op.bytes_fwd + op.bytes_bwd for op in head) / t / 1e12))
 
     def optimizer() -> None:
         from ddplan.anatomy import adamw_bytes
 
         n = spec.architecture.vocab_size * spec.architecture.d_model  # an embedding-sized tensor
         t = bench.bench_adamw_s(device, numel=n, dtype="fp32", quick=req.quick)
-        rec.set("optimizer_tbyte_per_s", round(adamw_bytes(n, 4, 4, 4) / t / 1e12, 6))
+        rec.set("optimizer_tbyte_per_s", sig(adamw_bytes(n, 4, 4, 4) / t / 1e12))
 
     def overhead() -> None:
-        rec.set("kernel_overhead_us", round(bench.bench_kernel_overhead_us(device), 3))
+        rec.set("kernel_overhead_us", sig(bench.bench_kernel_overhead_us(device)))
 
     def collectives() -> None:
         if req.nproc < 2:
@@ -235,6 +343,9 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None) -> tuple[C
     held_out: dict = {}
 
     def train_step() -> None:
+        if shapes.skip_step:
+            held_out["skipped"] = "does not fit"
+            return
         attention_name = (hw.default_attention if hw else "sdpa-fused")
         res = bench.bench_train_step(spec, batch=mb0, seq_len=seq, attention=_ref_attention(attention_name),
                                      device=device, dtype_policy=dtype_policy, steps=2 if req.quick else 5)
@@ -244,23 +355,42 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None) -> tuple[C
             rec.flush()
             return
         rec.append("step_times", [{
-            "model": spec.name, "gpus": 1, "step_time_s": round(res["step_time_s"], 6), "device_batch_size": mb0,
+            "model": spec.name, "gpus": 1, "step_time_s": sig(res["step_time_s"]), "device_batch_size": mb0,
             "total_batch_tokens": mb0 * seq, "attention": attention_name,
             "window_pattern": spec.architecture.window_pattern, "seq_len": seq, "compiled": False,
-            "peak_memory_gb": round(res["peak_memory_bytes"] / 1e9, 3) if res.get("peak_memory_bytes") else None,
+            "peak_memory_gb": sig(res["peak_memory_bytes"] / 1e9) if res.get("peak_memory_bytes") else None,
             "source": f"ddplan calibrate: reference model, one micro-batch, eager, {prov.get('device_name')}"}])
 
-    for name, fn in (("GEMMs at the model's shapes", gemms), ("peak GEMM sweep", peak), ("attention", attention),
-                     ("HBM bandwidth", hbm), ("elementwise ops", pointwise), ("optimizer", optimizer),
-                     ("kernel overhead", overhead),
-                     ("collectives", collectives),
-                     ("training step (held out)", train_step)):
-        stage(name, fn)
+    fns = (gemms, peak, attention, hbm, pointwise, optimizer, overhead, collectives, train_step)
+    done: list[str] = []
+
+    def on_signal(signum, frame):
+        raise Interrupted(signal.Signals(signum).name)
+
+    previous = {sig_: signal.getsignal(sig_) for sig_ in (signal.SIGTERM, signal.SIGINT)} \
+        if threading.current_thread() is threading.main_thread() else {}
+    for sig_ in previous:
+        signal.signal(sig_, on_signal)
+    try:
+        for name, fn in zip(STAGES, fns):
+            stage(name, fn)
+            done.append(name)
+    except (Interrupted, KeyboardInterrupt) as e:
+        missing = [n for n in STAGES if n not in done]
+        rec.data.setdefault("failures", []).append(
+            f"interrupted ({e or 'SIGINT'}) during {missing[0]}: not measured: {', '.join(missing)}")
+        rec.flush()
+        raise
+    finally:
+        for sig_, handler in previous.items():
+            signal.signal(sig_, handler)
     cal = CalibrationSpec.model_validate(rec.data)
     if hw is None:
-        if device == "cpu":
+        if device == "cpu":  # the file carries the CPU's spec, so `table --calibration FILE` needs nothing else
             hw = cpu_hardware(cal.peak_gemm_tflops or 0.1, cal.hbm_tbyte_per_s or 0.01, cal.kernel_overhead_us or 10.0,
-                           f"measured {dt.date.today()} {prov.get('device_name')}", prov)
+                              f"measured {dt.date.today()} {prov.get('device_name')}", prov)
+            rec.set("hardware_spec", hw.model_dump(mode="json", exclude_none=True))
+            cal = CalibrationSpec.model_validate(rec.data)
         else:
             from ddplan.registry import load_hardware
 

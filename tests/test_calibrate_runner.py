@@ -1,0 +1,115 @@
+"""`ddplan calibrate` always finishes: tiny or failing measurements are recorded, SIGTERM leaves a valid
+partial file that lists what was not measured, shapes are sized to the device, and the file is
+self-contained (a CPU calibration carries its own hardware spec)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from ddplan.calibrate import bench, runner  # noqa: E402
+from ddplan.calibrate.runner import CalibrateRequest, plan_shapes, run, sig  # noqa: E402
+from ddplan.registry import calibration_hardware, load_calibration, load_model  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_significant_figures_never_round_to_zero():
+    assert sig(0.0000412345) == 4.1234e-05 and sig(123456.7) == 123460.0 and sig(3.0) == 3.0
+
+
+def test_cpu_shapes_are_small_by_default():
+    """The recipe's 32 x 2048 on a CPU took 22.9 GB (issue 11); the CPU default is 4 x 256."""
+    req = CalibrateRequest(model=load_model("d4"), hardware=None, device="cpu", out=Path("unused.yaml"))
+    shapes = plan_shapes(req, None)
+    assert (shapes.seq_len, shapes.step_batch, shapes.micro_batches) == (256, 4, (1, 2, 4))
+    assert shapes.peak_bytes < 2 * 2**30
+
+
+def test_gpu_shapes_shrink_to_the_free_memory():
+    """d24's 32 x 2048 step needs ~90 GiB: with 48 GiB free the held-out micro-batch halves until it fits;
+    with 16 GiB not even micro-batch 1 fits (its model states alone are ~12 GiB): the step is skipped, said."""
+    req = CalibrateRequest(model=load_model("d24"), hardware=None, device="cuda", out=Path("unused.yaml"))
+    shapes = plan_shapes(req, 48 * 2**30)
+    assert 1 <= shapes.step_batch < 32 and shapes.peak_bytes <= runner.GPU_MEMORY_SHARE * 48 * 2**30
+    assert not shapes.skip_step and "does not fit" in shapes.notes[0]
+    small = plan_shapes(req, 16 * 2**30)
+    assert small.skip_step and small.step_batch == 1 and "skipped" in small.notes[0]
+
+
+def test_tiny_and_failing_measurements_are_recorded_and_the_run_completes(tmp_path, monkeypatch):
+    """GEMMs at 1e-9 TFLOP/s (kept to significant figures, not rounded to 0), an attention benchmark
+    that returns zero (fails validation: recorded, left out), HBM that raises: the run finishes, the
+    file is valid, and every problem is listed."""
+    monkeypatch.setattr(bench, "bench_gemm_stats", lambda *a, **k: (1.234e-9, 0.5))
+    monkeypatch.setattr(bench, "bench_attention", lambda *a, **k: (0.0, 0.0))
+
+    def broken(*a, **k):
+        raise RuntimeError("no bandwidth today")
+
+    monkeypatch.setattr(bench, "bench_hbm", broken)
+    monkeypatch.setattr(bench, "bench_train_step", lambda *a, **k: {"skipped": "not in this test"})
+    out = tmp_path / "cal.yaml"
+    req = CalibrateRequest(model=load_model("d2"), hardware=None, device="cpu", out=out, quick=True,
+                           seq_len=64, step_batch=1, micro_batches=(1,))
+    cal, hw, _ = run(req)
+    again = load_calibration(str(out))
+    assert again == cal
+    assert cal.gemm and all(p.tflops == 1.234e-9 and p.spread_pct == 50.0 for p in cal.gemm)
+    assert not cal.attention and cal.hbm_tbyte_per_s is None
+    text = " | ".join(cal.failures)
+    assert "attention" in text and "fwd_tflops" in text
+    assert "HBM bandwidth: RuntimeError: no bandwidth today" in text
+    assert "the machine looks busy" in text  # every GEMM spread 50%
+    assert "training step: not in this test" in text
+    assert cal.hardware_spec is not None and calibration_hardware(cal, str(out)).name == "cpu-local"
+    assert (cal.seq_len, cal.dtype) == (64, "fp32")
+    assert oct(out.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@pytest.mark.slow
+def test_sigterm_leaves_a_valid_partial_file(tmp_path):
+    """SIGTERM once the GEMMs are in the file: exit 1 with one error line, and the file loads and says
+    which benchmarks were not measured."""
+    out = tmp_path / "cal.yaml"
+    proc = subprocess.Popen([sys.executable, "-m", "ddplan.cli", "calibrate", "--device", "cpu", "--quick", "--model",
+                             "d2", "--seq-len", "64", "--device-batch-size", "1", "--out", str(out)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if out.exists() and "tflops:" in out.read_text(encoding="utf-8"):  # the first GEMM points are in
+            break
+        if proc.poll() is not None:
+            pytest.fail(f"calibrate ended before it could be interrupted: {proc.stderr.read()}")
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert proc.returncode == 1 and len(errors) == 1 and "interrupted (SIGTERM)" in errors[0], err
+    cal = load_calibration(str(out))
+    assert cal.gemm
+    (note,) = [f for f in cal.failures if f.startswith("interrupted")]
+    assert "not measured:" in note and "training step (held out)" in note
+
+
+def test_gpu_check_dry_run_on_cpu(tmp_path):
+    """benchmarks/gpu_check.py, the script to run on a CUDA or ROCm box, runs end to end with --device cpu."""
+    res = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--device", "cpu", "--models", "d2",
+                          "--seq-len", "64", "--out-dir", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "held-out step" in res.stdout and "GEMM" in res.stdout
