@@ -121,6 +121,9 @@ class CalibrationSpec(Strict):
     attention: list[AttentionPoint] = []
     collectives: list[CollectivePoint] = []
     step_times: list[StepMeasurement] = []
+    # the held-out step's error after calibration (predicted from the micro-benchmarks / measured - 1, %):
+    # the model error that remains on this machine, which widens every calibrated band (ddplan.price)
+    held_out_error_pct: float | None = Field(default=None, ge=-100, le=1e4)
     failures: list[str] = []
 
 

@@ -59,7 +59,8 @@ class Flag:
     past_critical): the batch split changed what was asked (ddplan.layout.split_batch); "micro_batch"
     (asked, used, accum_before, accum_after, usable_gib): a smaller micro-batch was taken to fit.
     On a table (ddplan.table): "measured_batch" (measured_tokens, table_tokens), "per_node" (provider,
-    gpus_per_node, gpus), "skipped" (one layout that cannot exist and why, per entry).
+    gpus_per_node, gpus), "skipped" (one layout that cannot exist and why, per entry), "unfitted" (reason:
+    a calibration file's measured step that no efficiency factor explains).
     """
 
     kind: str
@@ -264,6 +265,9 @@ class Pricer:
             if self.fit is not None and self.fit.implausible:  # a fit outside physics pins no band
                 times += [self.step(layout, window, s, fitted=False).total_s for s in ("low", "high")]
         step_s, low_s, high_s = st.total_s, min(times), max(times)
+        err = self.calibration.held_out_error_pct if self.calibration is not None else None
+        if bands and err is not None:  # the model error a calibration measured on its own held-out step
+            low_s, high_s = min(low_s, step_s * (1 - abs(err) / 100)), max(high_s, step_s * (1 + abs(err) / 100))
         basis = "model" if self.fit is None else "fitted"
         batch = layout.sequences_per_step() * spec.recipe.seq_len
         if self.fit is not None and self.fit.is_measured(layout, window, batch, spec.recipe.seq_len):

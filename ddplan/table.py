@@ -133,8 +133,15 @@ def build_table(req: TableRequest, progress: Callable[[str, int, int], None] | N
     m = measurement_of(req)
     if m is not None:
         where = MEASURED_FLAGS if req.measurement is not None else f"{req.calibration_path or 'calibration'}: step_times"
-        pricer, table.fit = fitted(pricer, m, req.knob, where)
-        if m.total_batch_tokens != total_batch:
+        try:
+            pricer, table.fit = fitted(pricer, m, req.knob, where)
+        except UsageError as e:
+            if req.measurement is not None:  # stated on the command line: the user must hear it as an error
+                raise
+            # a calibration's own held-out step that no efficiency factor explains: the micro-benchmarks
+            # still stand; say so and go on without the fit
+            table.notes.append(Flag("unfitted", (("reason", e.message),)))
+        if table.fit is not None and m.total_batch_tokens != total_batch:
             table.notes.append(Flag("measured_batch", (("measured_tokens", m.total_batch_tokens),
                                                        ("table_tokens", total_batch))))
     native = NATIVE_ZERO[spec.recipe.distribution]

@@ -80,6 +80,9 @@ def table_notes(table) -> list[str]:
         elif n.kind == "per_node":
             out.append(f"the price ({v['provider']}) bills whole {v['gpus_per_node']}-GPU nodes: rows with "
                        f"{v['gpus']} GPU(s) pay for full nodes; give --price for a per-GPU offer")
+        elif n.kind == "unfitted":
+            out.append(f"the calibration's measured step is not fitted ({v['reason']}): rows use its "
+                       f"micro-benchmarks alone")
         elif n.kind == "skipped":
             out += [f"skipped: {s}" for s in v.values()]
     fit = table.fit
@@ -213,6 +216,10 @@ def table_assumptions(table) -> list[str]:
         where = cal.provenance.device_name if cal.provenance else "no provenance"
         out.append(f"Calibration ({where}): measured {'; '.join(measured) or 'nothing but step times'}; "
                    f"everything else assumed from the hardware spec.")
+        if cal.held_out_error_pct is not None:
+            out.append(f"Calibrated bands are at least +-{abs(cal.held_out_error_pct):.3g}%: the error of the held-out "
+                       f"training step predicted from the micro-benchmarks alone, the model error that remains "
+                       f"on {where}.")
         if cal.failures:
             out.append("Calibration failures: " + "; ".join(cal.failures))
     fit = table.fit

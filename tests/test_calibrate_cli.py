@@ -77,7 +77,13 @@ def test_calibration_file_round_trips_through_table(cpu_calibration, capsys):
     # the step calibrate measured (held out there) is the table's measurement: one knob is fitted to it
     # (at its own micro-batch 2 x 128), the measured configuration is a row of its own, and the table's
     # rows (the recipe's batch, at the calibration's sequence length and dtype) derive from it
-    assert "Measured:" in text and "sequence 128" in text and "compute dtype fp32" in text
+    assert "sequence 128" in text and "compute dtype fp32" in text
+    if any("measured step is not fitted" in w for w in result["warnings"]):
+        # a CPU timing so noisy that no efficiency factor explains it: said, and the rows stand on the
+        # micro-benchmarks alone (ddplan.table: never an error for a calibration's own step)
+        assert all(r["basis"] == "model" for r in result["rows"]) and "Measured:" not in text
+        return
+    assert "Measured:" in text
     measured, *derived = result["rows"]
     assert (measured["basis"], measured["micro_batch"], measured["global_batch_tokens"]) == ("measured", 2, 256)
     assert derived and all(r["basis"] == "fitted" for r in derived)

@@ -313,3 +313,20 @@ def test_memory_suggests_tp_and_pp_on_the_same_gpus(capsys):
                           "--device-batch-size", "64", "--format", "markdown"])
     lines = [line for line in out.splitlines() if line.startswith(("- Would fit: tp=", "- Would fit: pp="))]
     assert lines and all("same 8 GPUs" in line for line in lines), lines
+
+
+def test_a_calibration_step_no_factor_explains_is_said_not_fatal(capsys, tmp_path):
+    """A calibration file's measured step far faster than any efficiency allows: the table warns and
+    prices from the model; the same figure stated with --measured-step-time is an error."""
+    cal = tmp_path / "cal.yaml"
+    cal.write_text(yaml.safe_dump({"kind": "calibration", "version": 1, "hardware": "mi300x", "step_times": [
+        {"model": "nanochat-d24", "gpus": 1, "step_time_s": 1e-6, "device_batch_size": 32, "total_batch_tokens": 524288,
+         "attention": "sdpa-fused", "window_pattern": "L", "source": "a typo"}]}), encoding="utf-8")
+    from cli_helpers import run
+
+    code, out, err = run(capsys, ["table", "-m", "d24", "--gpus", "1", "--calibration", str(cal), "--format", "csv"])
+    assert code == 0 and "measured step is not fitted" in err
+    assert {r["basis"] for r in csv_rows(out)} == {"model"}
+    code, _ = fails(capsys, ["table", "-m", "d24", "--gpus", "1", "--total-batch-size", "524288",
+                             "--measured-step-time", "0.000001"])
+    assert code == 2

@@ -110,6 +110,9 @@ def _driver_version(rocm: bool) -> str | None:
     return None
 
 
+SPREAD_TARGET = 0.05  # timings are repeated until their IQR is within 5% of the median (or the time cap)
+
+
 def time_s(fn: Callable[[], object], device, *, min_run_time: float = 0.2, warmup: int = 2) -> float:
     """Median seconds of one fn() call: warm-up, then Timer.blocked_autorange (it synchronises the device)."""
     return time_stats(fn, device, min_run_time=min_run_time, warmup=warmup)[0]
@@ -126,7 +129,10 @@ def time_stats(fn: Callable[[], object], device, *, min_run_time: float = 0.2, w
             fn()
         _sync(d)
         timer = Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
-        m = timer.blocked_autorange(min_run_time=min_run_time)
+        # repeat until the interquartile range is within SPREAD_TARGET of the median, or a cap of ten times
+        # the minimum time is hit (a busy machine then shows as a large spread, recorded with the value)
+        m = timer.adaptive_autorange(threshold=SPREAD_TARGET, min_run_time=min_run_time,
+                                     max_run_time=10 * min_run_time)
         return m.median, (m.iqr / m.median if m.median > 0 else 0.0)
 
 

@@ -385,17 +385,24 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
         for sig_, handler in previous.items():
             signal.signal(sig_, handler)
     cal = CalibrationSpec.model_validate(rec.data)
-    if hw is None:
-        if device == "cpu":  # the file carries the CPU's spec, so `table --calibration FILE` needs nothing else
-            hw = cpu_hardware(cal.peak_gemm_tflops or 0.1, cal.hbm_tbyte_per_s or 0.01, cal.kernel_overhead_us or 10.0,
-                              f"measured {dt.date.today()} {prov.get('device_name')}", prov)
-            rec.set("hardware_spec", hw.model_dump(mode="json", exclude_none=True))
-            cal = CalibrationSpec.model_validate(rec.data)
-        else:
-            from ddplan.registry import load_hardware
+    hw = hw or _hardware_for(cal, device, hw_name, prov, rec)
+    for row in check_step(spec, hw, CalibrationSpec.model_validate(rec.data), held_out, device):
+        if row["term"] == "step":
+            rec.set("held_out_error_pct", sig(row["after_error_pct"], 3))
+    return CalibrationSpec.model_validate(rec.data), hw, held_out
 
-            hw = load_hardware(hw_name)
-    return cal, hw, held_out
+
+def _hardware_for(cal: CalibrationSpec, device: str, hw_name: str, prov: dict, rec: Recorder) -> HardwareSpec:
+    """The hardware spec a calibration refines when none was given: on CPU, one built from the
+    measurements (and carried in the file); on a GPU, the built-in its device name points to."""
+    if device == "cpu":  # the file carries the CPU's spec, so `table --calibration FILE` needs nothing else
+        hw = cpu_hardware(cal.peak_gemm_tflops or 0.1, cal.hbm_tbyte_per_s or 0.01, cal.kernel_overhead_us or 10.0,
+                          f"measured {dt.date.today()} {prov.get('device_name')}", prov)
+        rec.set("hardware_spec", hw.model_dump(mode="json", exclude_none=True))
+        return hw
+    from ddplan.registry import load_hardware
+
+    return load_hardware(hw_name)
 
 
 def _native(hw: HardwareSpec | None, impl: str) -> bool:
