@@ -21,7 +21,7 @@ from ddplan.layout import NATIVE_ZERO, Layout
 from ddplan.memory import _stage_share
 from ddplan.params import param_counts
 from ddplan.comm import CommPoints, GroupTimer
-from ddplan.roofline import OpTimes, Rates, gemm_efficiency, micro_batch_time, op_times, roofline_s
+from ddplan.roofline import OpTimes, Rates, gemm_fraction, micro_batch_time, op_times
 from ddplan.specs import HardwareSpec, ModelSpec
 from ddplan.units import dtype_bytes
 
@@ -97,9 +97,10 @@ def optimizer_time_s(spec: ModelSpec, layout: Layout, r: Rates) -> float:
     Sharding: nanochat gives each rank ceil(K/N) whole matrices per Muon shape group and 1/N of each
     AdamW tensor; ZeRO >= 1 splits everything by dp; DDP (ZeRO-0) updates everything on every rank.
     AdamW traffic: read p, g, m, v and write p, m, v (ddplan.anatomy.adamw_bytes).
-    Muon: 5 Newton-Schulz iterations, 4 m^2 n + 2 m^3 FLOPs each (ddplan.anatomy.muon_flops).
+    Muon: 5 Newton-Schulz iterations of three GEMMs, 4 m^2 n + 2 m^3 FLOPs each (newton_schulz_s), or the
+    bytes it moves at the optimizer's rate, whichever is longer.
     """
-    from ddplan.anatomy import adamw_bytes, muon_flops
+    from ddplan.anatomy import adamw_bytes
 
     counts, dt, opt = param_counts(spec.architecture), spec.dtypes, spec.recipe.optimizer
     policy, n = dp_policy(spec, layout), layout.dp
@@ -121,13 +122,25 @@ def optimizer_time_s(spec: ModelSpec, layout: Layout, r: Rates) -> float:
         stacks = Counter(muon_matrices(spec, group))
         for (rows, cols), k in stacks.items():
             owned = math.ceil(k / n) if policy == "sharded_optimizer" else (k / n if policy != "ddp" else k)
-            m, big = min(rows, cols), max(rows, cols)
-            eff = gemm_efficiency(m, m, big, r.gemm_best, r.gemm_half_dim)
-            flops = muon_flops(rows, cols, opt.muon_ns_steps) * owned * share
+            compute = newton_schulz_s(rows, cols, opt.muon_ns_steps, r) * owned * share
             moved = owned * share * rows * cols * (6 * pb + 4 * opt.muon_ns_steps)
-            total += roofline_s(flops, moved, r.peak_flops_per_s * eff, bw) \
-                + 3 * opt.muon_ns_steps * r.kernel_overhead_s
+            total += max(compute, moved / bw) + 3 * opt.muon_ns_steps * r.kernel_overhead_s
     return total
+
+
+def muon_gemm_shapes(rows: int, cols: int) -> tuple[tuple[int, int, int], ...]:
+    """The three GEMMs (m, n, k) of one Newton-Schulz iteration on the wide orientation (m = min, big = max):
+    A = X X^T (m, m, big); A @ A (m, m, m); (b A + c A^2) @ X (m, big, m). Ref: Jordan et al., muon.py."""
+    m, big = min(rows, cols), max(rows, cols)
+    return (m, m, big), (m, m, m), (m, big, m)
+
+
+def newton_schulz_s(rows: int, cols: int, ns_steps: int, r: Rates) -> float:
+    """Seconds of Muon's Newton-Schulz on one rows x cols matrix: each of its three GEMMs at its own
+    shape's efficiency (the nearest measured shape when calibrated, else the curve), ns_steps times.
+    FLOPs add up to ddplan.anatomy.muon_flops: 2 m^2 big + 2 m^3 + 2 m^2 big per iteration."""
+    return ns_steps * sum(2.0 * mm * nn * kk / (r.peak_flops_per_s * gemm_fraction(mm, nn, kk, r))
+                          for mm, nn, kk in muon_gemm_shapes(rows, cols))
 
 
 Cache = dict  # value-keyed results a caller keeps across layouts of one (model, hardware, calibration)

@@ -60,8 +60,15 @@ def test_gemm_shapes_d24_cover_every_linear_forward_and_backward():
     assert (1536, 6144, t) in by_shape and (t, 1536, 6144) in by_shape  # c_fc dW; c_fc dX = c_proj fwd
     assert len(by_shape) == len(shapes)  # distinct
     assert all("h*" in label or not label.startswith("h") for label in by_shape.values())
+    # Muon's Newton-Schulz on the 1536 x 6144 MLP matrices: X X^T (1536, 1536, 6144), B X (1536, 6144, 1536);
+    # A A and the square attention matrices share (1536, 1536, 1536)
+    assert by_shape[(1536, 1536, 6144)].startswith("muon 1536x6144 X X^T")
+    assert by_shape[(1536, 6144, 1536)].startswith("muon 1536x6144 B X")
+    assert "muon 1536x1536" in by_shape[(1536, 1536, 1536)]
+    muon = [s for s in shapes if s[3].startswith("muon")]  # the optimizer's shapes do not depend on the batch
     two = bench.gemm_shapes(spec, [16, 32])
-    assert (16 * 2048, 6144, 1536, "h*.mlp.c_fc fwd (+1 same shape)") in two and len(two) == 2 * len(shapes)
+    assert (16 * 2048, 6144, 1536, "h*.mlp.c_fc fwd (+1 same shape)") in two
+    assert len(two) == 2 * (len(shapes) - len(muon)) + len(muon)
 
 
 def test_bench_gemm_cpu():

@@ -146,7 +146,8 @@ def _min_run_time(quick: bool) -> float:
 
 def gemm_shapes(spec: ModelSpec, micro_batches: list[int], seq_len: int | None = None
                 ) -> list[tuple[int, int, int, str]]:
-    """Every distinct GEMM (m, n, k, label) of a training step at each micro-batch size.
+    """Every distinct GEMM (m, n, k, label) of a training step at each micro-batch size, and of its
+    optimizer (Muon's Newton-Schulz: ddplan.step.muon_gemm_shapes per matrix shape).
 
     From the anatomy's GEMM ops, each y = x W^T with x (m x k), W (n x k): forward (m, n, k), backward
     dX = dY W (m, k, n) and dW = x^T dY (k, n, m). Layers are collapsed ("h3.mlp.c_fc" -> "h*.mlp.c_fc");
@@ -165,6 +166,15 @@ def gemm_shapes(spec: ModelSpec, micro_batches: list[int], seq_len: int | None =
                 seen = labels.setdefault(shape, [])
                 if f"{name} {role}" not in seen:
                     seen.append(f"{name} {role}")
+    from ddplan.anatomy import muon_matrices
+    from ddplan.step import muon_gemm_shapes
+
+    for group, algo in spec.recipe.optimizer.algorithm.items():  # what the optimizer itself multiplies
+        if algo != "muon":
+            continue
+        for rows, cols in sorted(set(muon_matrices(spec, group))):
+            for shape, role in zip(muon_gemm_shapes(rows, cols), ("X X^T", "A A", "B X")):
+                labels.setdefault(shape, []).append(f"muon {rows}x{cols} {role}")
     return [(*shape, names[0] if len(names) == 1 else f"{names[0]} (+{len(names) - 1} same shape)")
             for shape, names in labels.items()]
 
