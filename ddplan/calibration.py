@@ -58,7 +58,7 @@ class GemmPoint(Strict):
     k: int = Field(gt=0, le=10**9)
     dtype: Literal["bf16", "fp16", "fp8", "fp32", "tf32"] = "bf16"
     tflops: float = Field(gt=0, le=1e5)
-    spread_pct: float | None = Field(default=None, ge=0, le=1e4)  # interquartile range / median of the timings
+    spread_pct: float | None = Field(default=None, ge=0, le=1e9)  # interquartile range / median of the timings
     label: str | None = None  # which Linear of the model (e.g. "c_fc fwd")
 
 
@@ -110,7 +110,7 @@ class CalibrationSpec(Strict):
     # so that `ddplan table --calibration FILE` needs no other flag
     hardware_spec: dict | None = None
     seq_len: int | None = Field(default=None, gt=0, le=10**7)  # the shapes measured: planning defaults to them
-    dtype: Literal["bf16", "fp16", "fp32"] | None = None
+    dtype: Literal["bf16", "fp16", "fp32", "fp8"] | None = None
     provenance: Provenance | None = None
     hbm_tbyte_per_s: float | None = Field(default=None, gt=0, le=1e3)
     kernel_overhead_us: float | None = Field(default=None, gt=0, le=1e6)  # time of an empty-ish kernel launch

@@ -12,7 +12,7 @@ from enum import Enum
 
 import typer
 
-from ddplan.errors import DdplanError
+from ddplan.errors import DdplanError, SpecError
 
 app = typer.Typer(
     name="ddplan",
@@ -55,24 +55,35 @@ DtypeOpt = typer.Option(None, "--dtype", help="Compute dtype: bf16, fp16 or fp32
 HeadroomOpt = typer.Option(0.05, "--headroom", help="Fraction of usable memory a layout must leave free.")
 
 
-def _inputs(model: str, hardware: str | None, calibration: str | None, seq_len: int | None, dtype: str | None):
+def _inputs(model: str, hardware: str | None, calibration: str | None, seq_len: int | None, dtype: str | None,
+            check_hardware: bool = True):
     """(model spec, hardware spec, calibration or None). A calibration file supplies what is not given:
-    its hardware (the spec it carries, or the built-in it names), its sequence length and compute dtype."""
+    its hardware (the spec it carries, or the built-in it names) and, when it measured this model, its
+    sequence length and compute dtype."""
+    from ddplan.calibration import measurement_for
     from ddplan.errors import UsageError
     from ddplan.registry import calibration_hardware, load_calibration, load_hardware, load_model
 
     cal = load_calibration(calibration) if calibration else None
     if hardware:
         hw = load_hardware(hardware)
-        if cal is not None and cal.hardware not in (hw.name, *hw.aliases):
+        if check_hardware and cal is not None and cal.hardware not in (hw.name, *hw.aliases):
             raise UsageError(f"calibration file is for {cal.hardware!r}, the command for {hw.name!r}; drop --hardware "
                              f"to use the calibration's", field="--calibration")
     else:
         hw = calibration_hardware(cal, calibration) if cal is not None else load_hardware(DEFAULT_HARDWARE)
-    if cal is not None:
+    spec = load_model(model)
+    if cal is not None and measurement_for(cal, spec) is not None:  # the shapes it measured this model at
+        given = (seq_len, dtype)
         seq_len = seq_len if seq_len is not None else cal.seq_len
         dtype = dtype if dtype is not None else cal.dtype
-    return _variant(load_model(model), seq_len, dtype), hw, cal
+        if (seq_len, dtype) != given:
+            try:
+                return _variant(spec, seq_len, dtype), hw, cal
+            except DdplanError as e:
+                raise SpecError(f"its sequence length or dtype does not fit {spec.name}: {e.message}",
+                                file=calibration) from None
+    return _variant(spec, seq_len, dtype), hw, cal
 
 
 def _check(*pairs: tuple[int | float | None, str]) -> None:
@@ -439,7 +450,8 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
         raise UsageError("needs torch: pip install 'ddplan[calibrate]' (a CUDA or ROCm build on a GPU box)",
                          field="calibrate") from None
     from ddplan import verdicts
-    from ddplan.calibrate.runner import STAGES, CalibrateRequest, Interrupted, check_step, plan_shapes, run
+    from ddplan.calibrate.runner import (STAGES, CalibrateRequest, Interrupted, check_step, plan_shapes, run,
+                                         spec_for_device)
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -457,7 +469,11 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
     console = Console(stderr=True)
     free = torch.cuda.mem_get_info()[0] if device == "cuda" else None
     shapes = plan_shapes(req, free)
-    _info(verdicts.calibrate_plan(spec, req, shapes))
+    from ddplan.calibrate.bench import gemm_shapes
+
+    _info(verdicts.calibrate_plan(spec, req, shapes, STAGES,
+                                  len(gemm_shapes(spec_for_device(spec, device), list(shapes.micro_batches),
+                                                  shapes.seq_len))))
     try:
         if console.is_terminal:
             with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
@@ -531,7 +547,8 @@ def plan_cmd(
            (top, "--top"), (startup_min, "--startup-min"), (headroom, "--headroom"))
     _check_plot_path(plot)
     first = hardware.split(",")[0].strip() if hardware else None
-    spec, hw0, cal = _inputs(model, first, calibration, seq_len, dtype)
+    # several hardware: the calibration applies to the one it names (ddplan.plan.pricer_for), in any order
+    spec, hw0, cal = _inputs(model, first, calibration, seq_len, dtype, check_hardware="," not in (hardware or ""))
     hws = (hw0, *(load_hardware(h.strip()) for h in (hardware or "").split(",")[1:] if h.strip()))
     price_spec = None if price is None else Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price",
                                                   date=dt.date.today(), source="given on the command line")

@@ -266,12 +266,15 @@ class Pricer:
                 times += [self.step(layout, window, s, fitted=False).total_s for s in ("low", "high")]
         step_s, low_s, high_s = st.total_s, min(times), max(times)
         err = self.calibration.held_out_error_pct if self.calibration is not None else None
-        if bands and err is not None:  # the model error a calibration measured on its own held-out step
-            low_s, high_s = min(low_s, step_s * (1 - abs(err) / 100)), max(high_s, step_s * (1 + abs(err) / 100))
+        if bands and err is not None:  # the model error a calibration measured on its own held-out step:
+            e = abs(err) / 100  # a factor either way (x / (1 + e) .. x (1 + e)), never below zero
+            low_s, high_s = min(low_s, step_s / (1 + e)), max(high_s, step_s * (1 + e))
         basis = "model" if self.fit is None else "fitted"
         batch = layout.sequences_per_step() * spec.recipe.seq_len
         if self.fit is not None and self.fit.is_measured(layout, window, batch, spec.recipe.seq_len):
             basis, step_s = "measured", self.fit.measurement.step_time_s
+            # a measurement is its own band, unless it is implausible: then the model's range stays
+            # around it (issue 9: a row needing 140% of peak must not claim a zero-width band)
             low_s, high_s = (min(low_s, step_s), max(high_s, step_s)) if self.fit.implausible else (step_s, step_s)
         steps = self.steps(batch)
         gpus = layout.num_gpus

@@ -43,14 +43,16 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         seen: dict = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` merges, it is not a key
+                continue
             key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
             try:
-                first = seen.setdefault(key, key_node.start_mark.line + 1)
+                if key in seen:
+                    raise _DuplicateKey(f"duplicate key {key!r} on lines {seen[key]} and {line}", key_node.start_mark)
+                seen[key] = line
             except TypeError:  # an unhashable key: SafeLoader's own error says so
                 continue
-            if first != key_node.start_mark.line + 1:
-                raise _DuplicateKey(f"duplicate key {key!r} on lines {first} and {key_node.start_mark.line + 1}",
-                                    key_node.start_mark)
         return super().construct_mapping(node, deep=deep)
 
 
@@ -60,14 +62,20 @@ class _DuplicateKey(yaml.YAMLError):
         self.problem, self.problem_mark = problem, mark
 
 
+MAX_NODES = 100_000  # values in a spec once aliases are expanded (the largest built-in has a few hundred)
+
+
 def _depth(data: Any, limit: int) -> int:
-    """Nesting depth of parsed YAML, stopping at limit + 1 (no recursion: safe on any input)."""
-    deepest, stack = 0, [(data, 1)]
+    """Nesting depth of parsed YAML, stopping at limit + 1 (no recursion: safe on any input). Raises
+    SpecError past MAX_NODES values: aliases can make a small file expand to billions (an alias bomb)."""
+    deepest, stack, seen = 0, [(data, 1)], 0
     while stack:
         node, d = stack.pop()
-        deepest = max(deepest, d)
+        deepest, seen = max(deepest, d), seen + 1
         if deepest > limit:
             break
+        if seen > MAX_NODES:
+            raise SpecError(f"more than {MAX_NODES:,} values once aliases are expanded (a spec has hundreds)")
         if isinstance(node, dict):
             stack += [(v, d + 1) for v in node.values()]
         elif isinstance(node, list):
@@ -103,7 +111,11 @@ def read_yaml(path: Path) -> Any:
     except ValueError as e:  # int() of a number over 4,300 digits (Python's limit), or the like
         what = "an integer of more than 4,300 digits" if "digits" in str(e) else " ".join(str(e).split())[:100]
         raise SpecError(f"a value Python cannot read: {what}", file=str(path)) from None
-    if _depth(data, MAX_DEPTH) > MAX_DEPTH:
+    try:
+        too_deep = _depth(data, MAX_DEPTH) > MAX_DEPTH
+    except SpecError as e:
+        raise SpecError(e.message, file=str(path)) from None
+    if too_deep:
         raise SpecError(f"nested too deeply (a spec has at most {MAX_DEPTH} levels)", file=str(path))
     return data
 
@@ -236,7 +248,11 @@ def load_model(name: str) -> ModelSpec:
 def calibration_hardware(cal, path: str) -> HardwareSpec:
     """The hardware a calibration file refines: the spec it carries, else the built-in it names."""
     if cal.hardware_spec is not None:
-        return validate(HardwareSpec, cal.hardware_spec, f"{path}: hardware_spec")
+        hw = validate(HardwareSpec, cal.hardware_spec, f"{path}: hardware_spec")
+        if cal.hardware not in (hw.name, *hw.aliases):
+            raise SpecError(f"hardware_spec is named {hw.name!r}, the file says hardware {cal.hardware!r}: one of them "
+                            f"is wrong", file=path, field="hardware")
+        return hw
     try:
         return load_hardware(cal.hardware)
     except SpecError as e:

@@ -43,8 +43,8 @@ def flag_text(f: Flag) -> str:
     if f.kind == "world_size":
         return f"world size {v['gpus']} is not a power of two (nanochat needs one)"
     if f.kind == "implausible":
-        return (f"implausible: sustains {v['sustained_flops_per_s'] / 1e12:.0f} TFLOP/s, above the best measured "
-                f"GEMM rate {v['best_flops_per_s'] / 1e12:.0f}")
+        return (f"implausible: sustains {v['sustained_flops_per_s'] / 1e12:.3g} TFLOP/s, above the best measured "
+                f"GEMM rate {v['best_flops_per_s'] / 1e12:.3g}")
     if f.kind == "micro_batch":
         return (f"device batch {v['asked']} does not fit in {v['usable_gib']:g} GiB; using {v['used']} (accumulation "
                 f"{v['accum_before']} -> {v['accum_after']}, same total batch). Pin it with --device-batch-size.")
@@ -309,25 +309,18 @@ def from_log_line(m, out: str) -> str:
             f"{m.total_batch_tokens:,} tokens/step -> {out}")
 
 
-def calibrate_plan(spec: ModelSpec, req, shapes) -> list[str]:
-    """What a calibration will measure, before it starts: shapes, predicted peak memory, a rough duration."""
-    quick = req.quick
-    per_shape = 0.3 if quick else 1.0  # seconds per GEMM shape: warm-up + timing (bench._min_run_time)
-    gemms = len(shapes.micro_batches) * 9  # about nine distinct GEMM shapes per micro-batch (three Linears x 3)
-    estimate = gemms * per_shape + (20 if quick else 60) * (1 if req.device == "cpu" else 0.5)
+def calibrate_plan(spec: ModelSpec, req, shapes, stages: tuple[str, ...], gemm_shapes: int) -> list[str]:
+    """What a calibration will measure, before it starts: shapes, predicted peak memory, a rough duration
+    (each GEMM shape about 10x the minimum timing, plus fixed costs; a busy machine takes longer)."""
+    per_shape = 0.15 if req.quick else 0.6
+    estimate = gemm_shapes * per_shape + (15 if req.quick else 40)
     return [
         f"calibrate: {spec.name} on {req.device}, sequence {shapes.seq_len}, held-out step at micro-batch "
-        f"{shapes.step_batch} (predicted peak {shapes.peak_bytes / 2**30:.2f} GiB), GEMMs at micro-batches "
-        f"{', '.join(map(str, shapes.micro_batches))}; {'quick' if quick else 'full'} run, roughly "
-        f"{estimate:.0f} s",
-        "calibrate: measures " + ", ".join(_STAGE_WORDS) + (f"; note: {'; '.join(shapes.notes)}" if shapes.notes
-                                                            else ""),
+        f"{shapes.step_batch} (predicted peak {shapes.peak_bytes / 2**30:.2f} GiB), {gemm_shapes} GEMM shapes at "
+        f"micro-batches {', '.join(map(str, shapes.micro_batches))} and the optimizer's; "
+        f"{'quick' if req.quick else 'full'} run, roughly {estimate:.0f} s",
+        "calibrate: measures " + "; ".join(stages) + (f". Note: {'; '.join(shapes.notes)}" if shapes.notes else ""),
     ]
-
-
-_STAGE_WORDS = ("GEMMs at the model's shapes", "a peak-GEMM sweep", "attention per implementation", "HBM copy",
-                "elementwise ops", "an AdamW step", "kernel launch overhead", "collectives (several GPUs)",
-                "one held-out training step")
 
 
 def calibrate_summary(cal) -> list[str]:
@@ -339,5 +332,5 @@ def calibrate_summary(cal) -> list[str]:
         ("kernel overhead", cal.kernel_overhead_us), (f"{len(cal.collectives)} collective points", cal.collectives),
         ("the held-out step", cal.step_times)) if present]
     out = ["calibrate: measured " + (", ".join(measured) or "nothing")]
-    out += [f"calibrate: not measured: {f}" for f in cal.failures]
+    out += [f"calibrate: note: {f}" for f in cal.failures]  # what failed or was skipped, and why
     return out

@@ -113,3 +113,22 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
                          timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "held-out step" in res.stdout and "GEMM" in res.stdout
+
+
+def test_the_cpu_spec_peak_is_the_best_gemm_measured_anywhere(tmp_path, monkeypatch):
+    """The quick sweep (2 shapes) can be slower than the model's own shapes: the CPU spec's peak is the
+    best of all, so no calibrated row claims to beat the machine's peak."""
+    monkeypatch.setattr(bench, "bench_gemm_stats", lambda *a, **k: (0.15, 0.01))
+    monkeypatch.setattr(bench, "bench_peak_gemm", lambda *a, **k: (0.02, (256, 256, 256)))
+    monkeypatch.setattr(bench, "bench_train_step", lambda *a, **k: {"skipped": "not in this test"})
+    req = CalibrateRequest(model=load_model("d2"), hardware=None, device="cpu", out=tmp_path / "c.yaml", quick=True,
+                           seq_len=64, step_batch=1, micro_batches=(1,))
+    cal, hw, _ = run(req)
+    assert hw.peak.bf16_tflops.value == 0.15 and cal.hardware_spec["peak"]["bf16_tflops"]["value"] == 0.15
+
+
+def test_calibrate_refuses_a_sequence_the_model_cannot_take(capsys):
+    from cli_helpers import fails
+
+    _, line = fails(capsys, ["calibrate", "--model", "d2", "--device", "cpu", "--seq-len", "4096"])
+    assert line.startswith("error: --seq-len: ")

@@ -224,3 +224,26 @@ def test_readme_lists_every_flag_range():
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
     for flag in bounds.RANGES:
         assert f"| `{flag}` | {bounds.describe(flag)} |" in readme, flag
+
+
+# --------------------------------------------------------------------------------------------
+# second review's findings, kept as tests
+
+
+def test_yaml_merge_keys_still_load_and_same_line_duplicates_do_not(tmp_path):
+    from ddplan.registry import read_yaml
+    from ddplan.errors import SpecError
+
+    merge = Path(_write(tmp_path, "merge.yaml", "base: &b {x: 1, y: 2}\nthing:\n  <<: *b\n  y: 3\n"))
+    assert read_yaml(merge)["thing"] == {"x": 1, "y": 3}
+    same_line = Path(_write(tmp_path, "same.yaml", "a: {k: 1, k: 2}\n"))
+    with pytest.raises(SpecError, match="duplicate key 'k' on lines 1 and 1"):
+        read_yaml(same_line)
+
+
+def test_an_alias_bomb_is_refused_quickly(tmp_path):
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    path = _write(tmp_path, "laughs.yaml", "\n".join(lines) + "\n")
+    code, _, err = run(["specs", "show", path])
+    assert code == 1 and "aliases are expanded" in err and err.count("\n") == 1

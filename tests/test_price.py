@@ -330,3 +330,48 @@ def test_a_calibration_step_no_factor_explains_is_said_not_fatal(capsys, tmp_pat
     code, _ = fails(capsys, ["table", "-m", "d24", "--gpus", "1", "--total-batch-size", "524288",
                              "--measured-step-time", "0.000001"])
     assert code == 2
+
+
+def _cal_file(tmp_path, **extra) -> str:
+    data = {"kind": "calibration", "version": 1, "hardware": "mi300x", "seq_len": 1024, "dtype": "bf16",
+            "step_times": [{"model": "nanochat-d24", "gpus": 1, "step_time_s": 3.3, "device_batch_size": 32,
+                            "total_batch_tokens": 262144, "attention": "sdpa-fused", "window_pattern": "L",
+                            "seq_len": 1024, "source": "a test"}], **extra}
+    path = tmp_path / "cal.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return str(path)
+
+
+def test_a_huge_held_out_error_never_makes_a_band_negative(capsys, tmp_path):
+    rows = csv_rows(run_ok(capsys, ["table", "-m", "d24", "--gpus", "1,8", "--calibration",
+                                    _cal_file(tmp_path, held_out_error_pct=5000), "--format", "csv"]))
+    for r in rows:
+        assert f(r, "step_low_s") > 0 and f(r, "cost_low_usd") > 0
+        if r["basis"] == "fitted":  # x / 51 .. x * 51
+            assert f(r, "step_high_s") == pytest.approx(51 * f(r, "step_s"), rel=1e-9)
+        else:
+            assert r["basis"] == "measured" and f(r, "step_low_s") == f(r, "step_high_s") == 3.3
+
+
+def test_the_calibration_sequence_applies_only_to_the_model_it_measured(capsys, tmp_path):
+    cal = _cal_file(tmp_path)
+    assert "sequence 1024" in run_ok(capsys, ["table", "-m", "d24", "--gpus", "1", "--calibration", cal])
+    assert "sequence 8192" in run_ok(capsys, ["table", "-m", "llama-3-8b", "--gpus", "8", "--calibration", cal])
+    run_ok(capsys, ["memory", "-m", "gpt2-124m", "--calibration", cal])  # gpt2's max is 1024: no error
+
+
+def test_plan_takes_several_hardware_in_any_order_with_a_calibration(capsys, tmp_path):
+    cal = _cal_file(tmp_path)
+    a = run_ok(capsys, ["plan", "-m", "d24", "--gpus", "8", "--hardware", "h100-sxm,mi300x", "--calibration", cal,
+                        "--format", "csv"])
+    b = run_ok(capsys, ["plan", "-m", "d24", "--gpus", "8", "--hardware", "mi300x,h100-sxm", "--calibration", cal,
+                        "--format", "csv"])
+    assert sorted(a.splitlines()) == sorted(b.splitlines())
+
+
+def test_a_carried_hardware_spec_must_carry_the_name_the_file_gives(capsys, tmp_path):
+    from ddplan.registry import builtin_dir
+
+    hw = yaml.safe_load((builtin_dir("hardware") / "h100-sxm.yaml").read_text(encoding="utf-8"))
+    _, line = fails(capsys, ["table", "-m", "d24", "--calibration", _cal_file(tmp_path, hardware_spec=hw)])
+    assert "hardware_spec is named 'h100-sxm'" in line and "'mi300x'" in line

@@ -114,7 +114,7 @@ SPREAD_TARGET = 0.05  # timings are repeated until their IQR is within 5% of the
 
 
 def time_s(fn: Callable[[], object], device, *, min_run_time: float = 0.2, warmup: int = 2) -> float:
-    """Median seconds of one fn() call: warm-up, then Timer.blocked_autorange (it synchronises the device)."""
+    """Median seconds of one fn() call (time_stats: warm-up, then Timer.adaptive_autorange)."""
     return time_stats(fn, device, min_run_time=min_run_time, warmup=warmup)[0]
 
 

@@ -11,6 +11,7 @@ interrupted or failing run keeps what it measured, with the failure recorded.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 import signal
 import tempfile
@@ -24,6 +25,7 @@ import yaml
 from pydantic import ValidationError
 
 from ddplan.calibration import CalibrationSpec
+from ddplan.errors import UsageError
 from ddplan.specs import HardwareSpec, ModelSpec
 
 # hardware spec names by substrings of torch.cuda.get_device_name()
@@ -43,6 +45,14 @@ def sig(x: float, digits: int = 5) -> float:
     return float(f"{x:.{digits}g}")
 
 
+@functools.lru_cache(maxsize=1)
+def _umask() -> int:
+    """The process umask, read once (reading it means setting it for an instant)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: Path, text: str) -> None:
     """Write text to path via a temporary file in the same folder and os.replace: never half-written.
     The file gets the permissions the umask gives a new file (mkstemp's own are 0600)."""
@@ -51,9 +61,7 @@ def atomic_write(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -111,8 +119,9 @@ def _first(e: ValidationError) -> str:
 def cpu_hardware(peak: float, hbm: float, overhead_us: float, src: str, provenance: dict) -> HardwareSpec:
     """A hardware spec for this CPU, built from its own measurements (there is no datasheet figure to use).
 
-    Peak = the best measured fp32 GEMM (so GEMM efficiencies are fractions of what this machine can
-    do), HBM = measured copy bandwidth; attention and GEMM efficiencies come from measured points.
+    Peak = the best fp32 GEMM measured anywhere in the calibration (the sweep or the model's own shapes),
+    so GEMM efficiencies are fractions of what this machine can do and no step sustains more; HBM =
+    measured copy bandwidth; attention and GEMM efficiencies come from measured points.
     """
     sourced = {"value": peak, "source": src}
     eff = {"value": 1.0, "basis": "measured", "source": src}
@@ -161,8 +170,8 @@ Progress = Callable[[str], None]
 
 
 CPU_SEQ_LEN, CPU_STEP_BATCH = 256, 4  # CPU defaults: seconds and about a GB for small models, not 2048 x 32
-GPU_MEMORY_SHARE = 0.8
-BUSY_SPREAD_PCT = 20.0  # GEMM timings spreading more than this say the machine is busy  # the held-out step may plan for this share of the device's free memory
+GPU_MEMORY_SHARE = 0.8  # the held-out step may plan for this share of the device's (or, on CPU, RAM's) free memory
+BUSY_SPREAD_PCT = 20.0  # GEMM timings spreading more than this say the machine is busy
 
 
 @dataclass(frozen=True)
@@ -188,7 +197,10 @@ def plan_shapes(req: CalibrateRequest, free_bytes: float | None) -> Shapes:
 
     spec, cpu = req.model, req.device == "cpu"
     seq = req.seq_len or (min(CPU_SEQ_LEN, spec.recipe.seq_len) if cpu else spec.recipe.seq_len)
-    run_spec = run_variant(spec_for_device(spec, req.device), seq_len=seq)
+    try:
+        run_spec = run_variant(spec_for_device(spec, req.device), seq_len=seq)
+    except ValueError as e:
+        raise UsageError(str(e), field="--seq-len") from None
     mb = req.step_batch or (CPU_STEP_BATCH if cpu else spec.recipe.device_batch_size)
     attention = "sdpa-fused"
 
@@ -198,6 +210,8 @@ def plan_shapes(req: CalibrateRequest, free_bytes: float | None) -> Shapes:
         return breakdown(run_spec, hw, Setup(layout=layout), MemoryAssumptions(framework_gib=0.5)).total
 
     notes, skip = [], False
+    if free_bytes is None and cpu:  # the RAM this process may still take
+        free_bytes = _available_ram_bytes()
     if free_bytes is not None:
         limit = GPU_MEMORY_SHARE * free_bytes
         while req.step_batch is None and mb > 1 and peak(mb) > limit:
@@ -212,6 +226,18 @@ def plan_shapes(req: CalibrateRequest, free_bytes: float | None) -> Shapes:
     batches = req.micro_batches or tuple(sorted({max(1, mb // 4), max(1, mb // 2), mb}))
     return Shapes(seq_len=seq, step_batch=mb, micro_batches=batches, peak_bytes=peak(mb), notes=tuple(notes),
                   skip_step=skip)
+
+
+def _available_ram_bytes() -> float | None:
+    """MemAvailable from /proc/meminfo (Linux), else None (then nothing is checked)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 STAGES = ("GEMMs at the model's shapes", "peak GEMM sweep", "attention", "HBM bandwidth", "elementwise ops",
@@ -263,9 +289,15 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
             tflops, spread = bench.bench_gemm_stats(m, n, k, dtype=gemm_dtype, device=device, quick=req.quick)
             points.append({"m": m, "n": n, "k": k, "dtype": gemm_dtype, "tflops": sig(tflops),
                            "spread_pct": sig(100 * spread, 3), "label": label})
-        rec.append("gemm", points)
+            rec.append("gemm", points[-1:])  # in the file as soon as it is measured (an interruption keeps it)
         noisy = [p for p in points if p["spread_pct"] > BUSY_SPREAD_PCT]
-        if len(noisy) > len(points) / 4:  # timings of one kernel disagree: something else is running
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+        if device == "cpu" and load > 1.5 * (os.cpu_count() or 1):  # more runnable work than the cores (this
+            rec.data.setdefault("failures", []).append(  # run included): timings are shared with others
+                f"GEMMs: the machine looks busy: load average {load:.1f} on {os.cpu_count()} cores; calibrate "
+                f"again when it is quiet")
+            rec.flush()
+        elif len(noisy) > len(points) / 4:  # timings of one kernel disagree: something else is running
             rec.data.setdefault("failures", []).append(
                 f"GEMMs: the machine looks busy: {len(noisy)} of {len(points)} shapes have timings that spread "
                 f"more than {BUSY_SPREAD_PCT:g}% (interquartile range / median); calibrate again when it is quiet")
@@ -380,6 +412,8 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
         rec.data.setdefault("failures", []).append(
             f"interrupted ({e or 'SIGINT'}) during {missing[0]}: not measured: {', '.join(missing)}")
         rec.flush()
+        if hw is None and device == "cpu":  # a partial CPU file stays usable: it carries its spec
+            _hardware_for(CalibrationSpec.model_validate(rec.data), device, hw_name, prov, rec)
         raise
     finally:
         for sig_, handler in previous.items():
@@ -396,7 +430,8 @@ def _hardware_for(cal: CalibrationSpec, device: str, hw_name: str, prov: dict, r
     """The hardware spec a calibration refines when none was given: on CPU, one built from the
     measurements (and carried in the file); on a GPU, the built-in its device name points to."""
     if device == "cpu":  # the file carries the CPU's spec, so `table --calibration FILE` needs nothing else
-        hw = cpu_hardware(cal.peak_gemm_tflops or 0.1, cal.hbm_tbyte_per_s or 0.01, cal.kernel_overhead_us or 10.0,
+        best = max([cal.peak_gemm_tflops or 0.0, *(p.tflops for p in cal.gemm)]) or 0.1
+        hw = cpu_hardware(best, cal.hbm_tbyte_per_s or 0.01, cal.kernel_overhead_us or 10.0,
                           f"measured {dt.date.today()} {prov.get('device_name')}", prov)
         rec.set("hardware_spec", hw.model_dump(mode="json", exclude_none=True))
         return hw
