@@ -24,7 +24,7 @@ RANGES: dict[str, tuple[float, float, str]] = {
     "--device-batch-size": (1, 65_536, "sequences per GPU per micro-batch"),
     "--micro-batches": (1, 65_536, "sequences"),
     "--total-batch-size": (1, 10**12, "tokens per step"),
-    "--seq-len": (1, 10**7, "tokens"),
+    "--seq-len": (1, 10**8, "tokens"),
     "--steps": (1, 10**9, "optimizer steps"),
     "--tokens": (1, 10**16, "training tokens"),
     "--param-data-ratio": (1e-3, 1e6, "tokens per parameter"),

@@ -66,8 +66,8 @@ class AttentionPoint(Strict):
     implementation: str
     batch: int = Field(gt=0, le=10**6)
     heads: int = Field(gt=0, le=10**5)
-    seq_len: int = Field(gt=0, le=10**7)
-    window: int = Field(gt=0, le=10**7)
+    seq_len: int = Field(gt=0, le=10**8)
+    window: int = Field(gt=0, le=10**8)
     head_dim: int = Field(gt=0, le=10**4)
     fwd_tflops: float = Field(gt=0, le=1e5)
     bwd_tflops: float = Field(gt=0, le=1e5)
@@ -95,7 +95,7 @@ class StepMeasurement(Strict):
     zero: Literal[0, 1, 2, 3] | None = None  # None: the model's native data-parallel setup
     attention: str
     window_pattern: str | None = Field(default=None, pattern=r"^[SL]+$")
-    seq_len: int | None = Field(default=None, gt=0, le=10**7)
+    seq_len: int | None = Field(default=None, gt=0, le=10**8)
     compiled: bool = True
     recompute: Literal["none", "selective", "full"] = "none"
     peak_memory_gb: float | None = Field(default=None, gt=0, le=1e6)
@@ -109,7 +109,7 @@ class CalibrationSpec(Strict):
     # the hardware spec itself when it is not a built-in (on CPU: the one built from these measurements),
     # so that `ddplan table --calibration FILE` needs no other flag
     hardware_spec: dict | None = None
-    seq_len: int | None = Field(default=None, gt=0, le=10**7)  # the shapes measured: planning defaults to them
+    seq_len: int | None = Field(default=None, gt=0, le=10**8)  # the shapes measured: planning defaults to them
     dtype: Literal["bf16", "fp16", "fp32", "fp8"] | None = None
     provenance: Provenance | None = None
     hbm_tbyte_per_s: float | None = Field(default=None, gt=0, le=1e3)

@@ -271,7 +271,7 @@ class Architecture(Strict):
     num_kv_heads: Annotated[int, Field(gt=0, le=16384)]
     head_dim: PositiveInt
     vocab_size: PositiveInt
-    max_seq_len: PositiveInt  # longest context the model supports (learned positions: table size)
+    max_seq_len: Annotated[int, Field(gt=0, le=10**8)]  # longest context the model supports (learned positions: table size)
     mlp: Literal["relu2", "gelu", "swiglu"]
     mlp_hidden_dim: PositiveInt
     norm: Literal["rmsnorm", "layernorm"]
@@ -377,7 +377,7 @@ Distribution = Literal["sharded_optimizer", "ddp", "zero1", "zero2", "fsdp"]
 
 
 class Recipe(Strict):
-    seq_len: PositiveInt
+    seq_len: Annotated[int, Field(gt=0, le=10**8)]
     device_batch_size: Annotated[int, Field(gt=0, le=65536)]  # sequences per GPU per micro-batch
     total_batch_tokens: Annotated[int, Field(gt=0, le=10**12)]  # tokens per optimizer step, all GPUs together
     budget: Budget
