@@ -487,8 +487,9 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
         else:  # a log, a pipe: one line per benchmark with the elapsed time
             cal, hw_used, held_out = run(req, _stage_lines(len(STAGES)), shapes)
     except (Interrupted, KeyboardInterrupt) as e:
-        raise DdplanError(f"interrupted ({e or 'SIGINT'}); {out} keeps what was measured and lists what was not",
-                          field="calibrate") from None
+        kept = (f"{out} keeps what was measured and lists what was not" if Path(out).exists()
+                else "nothing was written yet")
+        raise DdplanError(f"interrupted ({e or 'SIGINT'}); {kept}", field="calibrate") from None
     rows = [{"figure": "peak GEMM", "value": cal.peak_gemm_tflops, "unit": "TFLOP/s"},
             {"figure": "GEMM shapes measured", "value": len(cal.gemm), "unit": "shapes"},
             {"figure": "attention points", "value": len(cal.attention), "unit": "points"},
