@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from ddplan.calibration import StepMeasurement, fit_factor
 from ddplan.errors import LayoutError, UsageError
-from ddplan.layout import Layout, check_layout, layout_for
+from ddplan.layout import Layout, check_layout, data_parallel, layout_for
 from ddplan.roofline import FIT_SCENARIOS, Rates, Scenario
 from ddplan.specs import ModelSpec, run_variant
 
@@ -70,18 +70,19 @@ def measured_layout(spec: ModelSpec, m: StepMeasurement, where: str = MEASURED_F
     """The layout a measurement ran with, exactly; a one-line error naming `where` (the flags, or the
     calibration file's entry) when it cannot exist or its batch does not split into whole micro-batches."""
     seq = m.seq_len or spec.recipe.seq_len
-    problem = ""
-    if m.gpus % (m.tp * m.pp):
-        problem = f"tp {m.tp} x pp {m.pp} does not divide {m.gpus} GPUs"
-    elif m.total_batch_tokens % seq:
+    try:
+        dp = data_parallel(m.gpus, m.tp, m.pp)
+        problem = ""
+    except LayoutError as e:
+        dp, problem = 1, e.message
+    if not problem and m.total_batch_tokens % seq:
         problem = f"total batch {m.total_batch_tokens:,} tokens is not a multiple of the sequence length {seq}"
-    elif (m.total_batch_tokens // seq) % (m.gpus // (m.tp * m.pp) * m.device_batch_size):
-        problem = (f"{m.total_batch_tokens // seq:,} sequences do not split into dp {m.gpus // (m.tp * m.pp)} x device "
-                   f"batch {m.device_batch_size} x whole micro-batches")
+    elif not problem and (m.total_batch_tokens // seq) % (dp * m.device_batch_size):
+        problem = (f"{m.total_batch_tokens // seq:,} sequences do not split into dp {dp} x device batch "
+                   f"{m.device_batch_size} x whole micro-batches")
     if problem:
         raise UsageError(f"the measured configuration cannot be priced as given: {problem}; state what ran",
                          field=where)
-    dp = m.gpus // (m.tp * m.pp)
     try:
         layout = layout_for(spec, gpus=m.gpus, tp=m.tp, pp=m.pp, vp=m.pp_virtual_stages, zero=m.zero,
                             micro_batch=m.device_batch_size,

@@ -68,15 +68,20 @@ class Layout:
         return self.micro_batch * self.grad_accum * self.dp
 
 
+def data_parallel(gpus: int, tp: int = 1, pp: int = 1) -> int:
+    """dp of `gpus` GPUs in total: gpus / (tp x pp); LayoutError when tp x pp does not divide them."""
+    if gpus % (tp * pp):
+        raise LayoutError(f"tp x pp = {tp * pp} does not divide {gpus} GPUs")
+    return gpus // (tp * pp)
+
+
 def layout_for(spec: ModelSpec, *, gpus: int, tp: int = 1, pp: int = 1, vp: int = 1, zero: int | None = None,
                micro_batch: int, grad_accum: int, attention: str, recompute: str = "none",
                compiled: bool | None = None) -> Layout:
     """The layout of `gpus` GPUs in total: dp = gpus / (tp x pp); the model's native ZeRO stage unless one is
     given (and always at dp 1, where there is nothing to shard); interleaved when vp > 1. The one place
     `table`, `memory` and a measurement turn GPU counts into a layout."""
-    if gpus % (tp * pp):
-        raise LayoutError(f"tp x pp = {tp * pp} does not divide {gpus} GPUs")
-    dp = gpus // (tp * pp)
+    dp = data_parallel(gpus, tp, pp)
     native = NATIVE_ZERO[spec.recipe.distribution]
     return Layout(dp=dp, tp=tp, pp=pp, zero=native if zero is None or dp == 1 else zero, micro_batch=micro_batch,
                   grad_accum=grad_accum, attention=attention, recompute=recompute,

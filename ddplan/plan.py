@@ -214,20 +214,17 @@ def _search(req: PlanRequest, progress: Callable[[str, int, int], None]) -> Plan
         df["recompute"] != "none") * 1
     key = "wall_clock_h" if req.objective == "time" else "cost_usd"
     pool = df
-    if req.deadline_h is not None:
-        ok = df[df["wall_clock_h"] <= req.deadline_h]
+    # a deadline: the cheapest that finishes in time; a budget: the fastest within it (else rank by the limit)
+    for column, limit, what, then in (("wall_clock_h", req.deadline_h, "deadline", "cost_usd"),
+                                      ("cost_usd", req.budget_usd, "budget", "wall_clock_h")):
+        if limit is None:
+            continue
+        ok = pool[pool[column] <= limit]
         if ok.empty:
-            result.missed.append(("deadline", req.deadline_h))
-            key = "wall_clock_h"
+            result.missed.append((what, limit))
+            key = column
         else:
-            pool, key = ok, "cost_usd"
-    if req.budget_usd is not None:
-        ok = pool[pool["cost_usd"] <= req.budget_usd]
-        if ok.empty:
-            result.missed.append(("budget", req.budget_usd))
-            key = "cost_usd"
-        else:
-            pool, key = ok, "wall_clock_h"
+            pool, key = ok, then
     ordered = [rows[i] for i in _rank(pool, key).index]
     front = pareto_front(ordered)
     # bands for what is shown: the top rows, the Pareto front and each family's best (what the plot draws)

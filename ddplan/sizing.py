@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ddplan.errors import LayoutError, UsageError
-from ddplan.layout import NATIVE_ZERO, Layout, check_layout, layout_for, split_batch
+from ddplan.layout import NATIVE_ZERO, Layout, check_layout, data_parallel, layout_for, split_batch
 from ddplan.memory import HEADROOM, MemoryAssumptions, MemoryBreakdown
 from ddplan.price import Pricer, RunPlan
 from ddplan.specs import HardwareSpec, ModelSpec
@@ -160,9 +160,8 @@ def memory_setup(spec: ModelSpec, hw: HardwareSpec, *, gpus: int, tp: int = 1, p
     attention = attention or hw.default_attention
     asked = micro_batch or spec.recipe.device_batch_size
     try:
-        if gpus % (tp * pp):
-            raise LayoutError(f"tp x pp = {tp * pp} does not divide {gpus} GPUs")
-        split = split_batch(spec.recipe.total_batch_tokens // spec.recipe.seq_len, gpus // (tp * pp), asked)
+        split = split_batch(spec.recipe.total_batch_tokens // spec.recipe.seq_len, data_parallel(gpus, tp, pp),
+                            asked)
         layout = layout_for(spec, gpus=gpus, tp=tp, pp=pp, vp=vp, micro_batch=split.micro_batch,
                             grad_accum=split.accum, attention=attention, recompute=recompute, compiled=compiled)
         check_layout(layout, spec, world_size_rule=False)

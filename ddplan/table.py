@@ -16,7 +16,7 @@ from ddplan import run
 from ddplan.calibration import CalibrationSpec, StepMeasurement, measurement_for
 from ddplan.errors import LayoutError, UsageError
 from ddplan.fitting import MEASURED_FLAGS, Fit, fitted
-from ddplan.layout import NATIVE_ZERO, Layout, check_layout, layout_for, split_batch
+from ddplan.layout import NATIVE_ZERO, Layout, check_layout, data_parallel, layout_for, split_batch
 from ddplan.memory import HEADROOM
 from ddplan.price import Flag, PricedLayout, Pricer, RunPlan
 from ddplan.specs import Budget, HardwareSpec, ModelSpec, Price
@@ -186,9 +186,7 @@ def _layout(pricer: Pricer, sequences: int, gpus: int, tp: int, pp: int, vp: int
     is taken; a measured layout is never reshaped (it ran).
     """
     spec = pricer.spec
-    if gpus % (tp * pp):
-        raise LayoutError(f"tp x pp = {tp * pp} does not divide {gpus} GPUs")
-    split = split_batch(sequences, gpus // (tp * pp), asked_mb)
+    split = split_batch(sequences, data_parallel(gpus, tp, pp), asked_mb)
     layout = layout_for(spec, gpus=gpus, tp=tp, pp=pp, vp=vp, zero=zero, micro_batch=split.micro_batch,
                         grad_accum=split.accum, attention=attention, recompute=rc, compiled=compiled)
     check_layout(layout, spec, world_size_rule=False)
