@@ -110,7 +110,7 @@ def _driver_version(rocm: bool) -> str | None:
     return None
 
 
-SPREAD_TARGET = 0.05  # timings are repeated until their IQR is within 5% of the median (or the time cap)
+SPREAD_TARGET = 0.05  # assumed: timings repeat until their IQR is within 5% of the median (or the time cap)
 
 
 def time_s(fn: Callable[[], object], device, *, min_run_time: float = 0.2, warmup: int = 2) -> float:
