@@ -20,6 +20,7 @@ FORMATS = {".png": "png", ".svg": "svg"}
 DPI = 150
 SCENARIO_SIZE_IN = (12.0, 6.0)
 MEMORY_SIZE_IN = (10.0, 6.5)
+VALIDATION_SIZE_IN = (10.0, 6.0)
 LOG_SPAN = 10.0  # a value axis goes log when its largest value is more than 10x its smallest
 
 SCENARIO_KEYS = ("gpus", "wall_clock_h", "wall_low_h", "wall_high_h", "cost_usd", "cost_low_usd", "cost_high_usd")
@@ -275,3 +276,33 @@ def _save(fig, path: str | os.PathLike, fmt: str) -> None:
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def plot_validation(rows: list[dict], path: str | os.PathLike, *, title: str) -> None:
+    """Error of each validated run (predicted / measured - 1, %) against its GPU count, with its band drawn
+    as a vertical bar, one colour per source; PNG or SVG. rows: `ddplan validate`'s rows (gpus, error_pct,
+    band_low_pct, band_high_pct, source)."""
+    fmt = _format(path)
+    if not rows:
+        raise ValueError("no rows to plot")
+    import matplotlib
+    from matplotlib.figure import Figure
+
+    with matplotlib.rc_context(_RC):
+        fig = Figure(figsize=VALIDATION_SIZE_IN, dpi=DPI, layout="constrained")
+        ax = fig.subplots()
+        sources = sorted({r["source"] for r in rows})
+        for src, c in zip(sources, COLOURS):
+            mine = [r for r in rows if r["source"] == src]
+            xs = [r["gpus"] for r in mine]
+            ax.vlines(xs, [r["band_low_pct"] for r in mine], [r["band_high_pct"] for r in mine], color=c, alpha=0.35,
+                      linewidth=4)
+            ax.scatter(xs, [r["error_pct"] for r in mine], color=c, label=f"{src} ({len(mine)})", zorder=3, s=22)
+        ax.axhline(0, color="black", linewidth=1.0)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("GPUs in the run (log scale)")
+        ax.set_ylabel("error of the step time (%): predicted / measured - 1")
+        ax.grid(True, alpha=0.3)
+        ax.legend(title="source (runs); bar: the measured value's band", frameon=False, loc="best")
+        fig.suptitle(_wrap(title, 90), fontsize=11)
+        _save(fig, path, fmt)

@@ -104,18 +104,19 @@ def rates(hw: HardwareSpec, attention: str, scenario: Scenario = "value", dtype:
     impl = hw.attention_impl(attention)
     e = hw.efficiency
     fp8_best = e.gemm.best_fp8 or e.gemm.best
+    kept = pick(e.gemm.sustained, scenario) if e.gemm.sustained is not None else 1.0
     return Rates(
         peak_flops_per_s=hw.peak.flops_per_s(dtype),
         vector_flops_per_s=hw.peak.fp32_vector_tflops.value * 1e12,
         hbm_bytes_per_s=hw.memory.hbm_bytes_per_s,
-        gemm_best=pick(e.gemm.best, scenario),
+        gemm_best=pick(e.gemm.best, scenario) * kept,
         gemm_half_dim=e.gemm.half_dim.value,
         hbm=pick(e.hbm, scenario),
         attn_fwd=pick(impl.efficiency_fwd, scenario),
         attn_bwd=pick(impl.efficiency_bwd, scenario),
         kernel_overhead_s=e.kernel_overhead_us.value * US,
         fp8_flops_per_s=hw.peak.flops_per_s("fp8") if fp8 else None,
-        gemm_best_fp8=pick(fp8_best, scenario),
+        gemm_best_fp8=pick(fp8_best, scenario) * kept,
     )
 
 

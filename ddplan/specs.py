@@ -153,13 +153,17 @@ class Price(Strict):
 class GemmEfficiency(Strict):
     """Fraction of dense peak a GEMM reaches, as a function of its shape (curve in ddplan.roofline).
 
-    eff(m, n, k) = best x prod over d in (m, n, k) of d / (d + half_dim): the best measured rate
-    (MAMF, best shape) scaled down for small dimensions, which tile poorly.
+    eff(m, n, k) = best x sustained x prod over d in (m, n, k) of d / (d + half_dim): the best measured
+    rate (MAMF, best shape, a short benchmark) scaled down for small dimensions, which tile poorly, and by
+    the fraction of it that GEMMs keep through real training steps (`sustained`: clocks under the power
+    limit with real data, kernels sharing the GPU with communication and memory-bound work). A
+    calibration's measured GEMMs replace the whole curve.
     """
 
     best: Efficiency
     half_dim: Sourced  # dimension at which that dimension alone halves the efficiency
     best_fp8: Efficiency | None = None  # fraction of the dense fp8 peak (None: assume the bf16 fraction)
+    sustained: Efficiency | None = None  # fraction of `best` kept in training (None: 1, all of it)
 
 
 class Efficiencies(Strict):

@@ -1,0 +1,255 @@
+"""Published, measured training runs: the schema of a runs file and how one run becomes a priced table row.
+
+A runs file (YAML, `kind: runs`) lists training runs someone measured and published, one entry each:
+where it comes from (the source, for leave-one-source-out checks), the model (a built-in whose block it
+shares, with the shapes that differ), the hardware (a ddplan hardware name), the layout as it ran, the
+precision, what was measured (step time or tokens per second), and the source's own MFU convention
+(FLOPs per token and peak) so that ddplan's prediction can be stated in it. Anything the source does
+not state and the entry had to assume is listed under `assumed`, so a reader can see what rests on it.
+
+The shipped dataset is validation/published_runs.yaml (ddplan/_specs/validation in the wheel);
+`ddplan validate --dataset FILE` reads a user's own. Pricing goes through ddplan.table.build_table,
+the same path as `ddplan table`: a validation row and a table row of the same layout are one number.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from ddplan.errors import DdplanError, SpecError
+from ddplan.specs import Strict
+
+Precision = Literal["bf16", "fp16", "fp8"]
+Recompute = Literal["none", "selective", "full"]
+
+
+class RunSource(Strict):
+    """Where a run's figures come from. `name` groups runs of one origin (leave-one-source-out)."""
+
+    name: str = Field(min_length=2, max_length=80)  # e.g. "llm-foundry", "korthikanti2022"
+    ref: str = Field(min_length=3)  # repository (owner/name) or paper (arXiv id)
+    where: str = Field(min_length=3)  # path and table, or section
+    commit: str | None = None
+    checked: str | None = None  # what the figures were checked against, when not read from `ref` itself
+
+
+class RunModel(Strict):
+    """The model: a built-in ddplan model whose block it shares, with the architecture fields that differ."""
+
+    base: str = Field(min_length=1)
+    name: str = Field(min_length=1)  # how the source calls it ("MPT-7B")
+    architecture: dict[str, Any] = {}  # overrides of the base's architecture (validated as one)
+    seq_len: int = Field(gt=0, le=10**8)
+    params_reported: int | None = Field(default=None, gt=0, le=10**14)  # the source's count, checked
+
+
+class RunLayout(Strict):
+    """The layout as it ran. gpus = dp x tp x pp; global batch = dp x micro-batch x accumulation."""
+
+    gpus: int = Field(gt=0, le=10**6)
+    tp: int = Field(default=1, gt=0, le=1024)
+    pp: int = Field(default=1, gt=0, le=1024)
+    vp: int = Field(default=1, gt=0, le=1024)  # interleaved chunks per pipeline stage
+    zero: int = Field(default=0, ge=0, le=3)  # 3: FSDP FULL_SHARD; 2: SHARD_GRAD_OP
+    micro_batch: int = Field(gt=0, le=65536)
+    global_batch_sequences: int = Field(gt=0, le=10**9)
+    recompute: Recompute = "none"
+    attention: str | None = None  # an implementation of the hardware spec (default: the spec's default)
+    window: str | None = None  # window pattern (nanochat); default the model's
+    sequence_parallel: bool = False  # recorded; priced as tp without it until ddplan models it
+    compiled: bool = False
+
+
+class Measured(Strict):
+    """What the source measured: step time or tokens per second (all GPUs), and its MFU if it states one."""
+
+    step_time_s: float | None = Field(default=None, gt=0, le=1e7)
+    tokens_per_s: float | None = Field(default=None, gt=0, le=1e12)
+    model_tflops_per_gpu: float | None = Field(default=None, gt=0, le=1e5)  # in the row's mfu_convention
+    mfu_pct: float | None = Field(default=None, gt=0, le=100)
+
+    @model_validator(mode="after")
+    def _one(self) -> Measured:
+        given = [k for k in ("step_time_s", "tokens_per_s", "model_tflops_per_gpu") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of step_time_s, tokens_per_s, model_tflops_per_gpu (what the source "
+                             f"measured); got {', '.join(given) or 'none'}")
+        return self
+
+
+class MfuConvention(Strict):
+    """The source's MFU: FLOPs per token (its formula, evaluated for this run) over its peak per GPU."""
+
+    flops_per_token: float = Field(gt=0, le=1e16)
+    peak_tflops: float = Field(gt=0, le=1e6)
+    definition: str = Field(min_length=3)
+
+
+class Network(Strict):
+    """The run's inter-node network where it differs from the hardware spec's."""
+
+    nics_per_node: int = Field(gt=0, le=64)
+    nic_gbit_per_s: float = Field(gt=0, le=10_000)
+    why: str = Field(min_length=3)  # the source's words
+
+
+class PublishedRun(Strict):
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$", max_length=120)
+    source: RunSource
+    model: RunModel
+    hardware: str = Field(min_length=1)
+    precision: Precision
+    network: Network | None = None
+    layout: RunLayout
+    measured: Measured
+    mfu_convention: MfuConvention | None = None
+    assumed: list[str] = []  # what the source does not state and this entry assumes
+    notes: str = ""
+
+    @model_validator(mode="after")
+    def _convention(self) -> PublishedRun:
+        if self.measured.model_tflops_per_gpu is not None and self.mfu_convention is None:
+            raise ValueError("measured.model_tflops_per_gpu needs mfu_convention (the FLOPs per token it counts)")
+        return self
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.layout.global_batch_sequences * self.model.seq_len
+
+    @property
+    def measured_step_s(self) -> float:
+        """The measured step time: as stated, or global batch tokens / tokens per second."""
+        m = self.measured
+        if m.step_time_s is not None:
+            return m.step_time_s
+        if m.tokens_per_s is not None:
+            return self.tokens_per_step / m.tokens_per_s
+        tokens_per_s = m.model_tflops_per_gpu * 1e12 * self.layout.gpus / self.mfu_convention.flops_per_token
+        return self.tokens_per_step / tokens_per_s
+
+
+class RunSet(Strict):
+    kind: Literal["runs"]
+    description: str = Field(min_length=3)
+    runs: list[PublishedRun] = Field(min_length=1, max_length=10_000)
+
+    @model_validator(mode="after")
+    def _unique(self) -> RunSet:
+        seen: set[str] = set()
+        for r in self.runs:
+            if r.id in seen:
+                raise ValueError(f"run id {r.id!r} appears twice")
+            seen.add(r.id)
+        return self
+
+
+DATASET = "published_runs.yaml"
+
+
+def shipped_dataset() -> str:
+    """Path of the dataset shipped with ddplan."""
+    from ddplan.registry import builtin_dir
+
+    return str(builtin_dir("validation") / DATASET)
+
+
+def load_runs(path: str | None = None) -> RunSet:
+    """A runs file (default: the shipped dataset), validated; errors name the file and field."""
+    from pathlib import Path
+
+    from ddplan.registry import read_yaml, validate
+
+    p = Path(path or shipped_dataset()).expanduser()
+    if not p.exists():
+        raise SpecError("no such file for --dataset", file=str(p))
+    return validate(RunSet, read_yaml(p), str(p))
+
+
+def run_spec(run: PublishedRun, where: str):
+    """The ddplan model spec of a run: its base with the architecture overrides, the run's sequence
+    length, batch and compute dtype (fp8 runs compute in bf16 with fp8 GEMMs)."""
+    from ddplan.registry import load_model, validate
+    from ddplan.specs import ModelSpec
+
+    try:
+        base = load_model(run.model.base)
+    except DdplanError as e:
+        raise SpecError(e.message, file=where, field="model.base") from None
+    data = base.model_dump(mode="json")
+    data["name"] = _slug(run.model.name)
+    data["aliases"] = []
+    data["architecture"].update(run.model.architecture)
+    a = data["architecture"]
+    if run.model.seq_len > a["max_seq_len"] and "max_seq_len" not in run.model.architecture:
+        a["max_seq_len"] = run.model.seq_len
+    compute = "bf16" if run.precision == "fp8" else run.precision
+    half = {"bf16", "fp16"}
+    d = data["dtypes"]
+    d["compute"] = compute
+    d["params"] = {g: (compute if t in half else t) for g, t in d["params"].items()}
+    r = data["recipe"]
+    # a group the base lacks (an untied lm_head on a tied base) takes the embedding's dtype and optimizer
+    from ddplan.specs import Architecture, present_param_groups
+
+    for g in present_param_groups(Architecture.model_validate(a)):
+        d["params"].setdefault(g, d["params"]["wte"])
+        r["optimizer"]["algorithm"].setdefault(g, r["optimizer"]["algorithm"]["wte"])
+    r.update(seq_len=run.model.seq_len, device_batch_size=run.layout.micro_batch,
+             total_batch_tokens=run.tokens_per_step, world_size_rule="any", compiled=run.layout.compiled)
+    spec = validate(ModelSpec, data, f"{where}: model")
+    return spec
+
+
+def _slug(name: str) -> str:
+    import re
+
+    s = re.sub(r"[^a-z0-9_.-]+", "-", name.lower()).strip("-")
+    return s or "model"
+
+
+def with_sustained(hw, fraction: float, source: str):
+    """The hardware spec with its GEMM sustained fraction replaced (a point value: no range)."""
+    from ddplan.specs import Efficiency
+
+    g = hw.efficiency.gemm
+    kept = Efficiency(value=fraction, basis="assumed", source=source)
+    return hw.model_copy(update={"efficiency": hw.efficiency.model_copy(
+        update={"gemm": g.model_copy(update={"sustained": kept})})})
+
+
+def price_run(run: PublishedRun, where: str, sustained: dict[str, float] | None = None):
+    """(spec, hardware, priced row) of one run, through ddplan.table.build_table as `ddplan table` prices it.
+
+    sustained: hardware name -> GEMM sustained fraction replacing the spec's (validation's re-fits)."""
+    from ddplan.registry import load_hardware
+    from ddplan.table import TableRequest, build_table
+
+    try:
+        hw = load_hardware(run.hardware)
+    except DdplanError as e:
+        raise SpecError(e.message, file=where, field="hardware") from None
+    if sustained and hw.name in sustained:
+        hw = with_sustained(hw, sustained[hw.name], "re-fitted by ddplan.validation")
+    if run.network is not None:
+        n = run.network
+        nic = hw.inter_node.nic_gbit_per_s.model_copy(update={"value": n.nic_gbit_per_s, "source": n.why})
+        hw = hw.model_copy(update={"inter_node": hw.inter_node.model_copy(
+            update={"nics_per_node": n.nics_per_node, "nic_gbit_per_s": nic})})
+    spec = run_spec(run, where)
+    lay = run.layout
+    attention = lay.attention or hw.default_attention
+    req = TableRequest(model=spec, hardware=hw, gpus=(lay.gpus,), tps=(lay.tp,), pps=(lay.pp,), vps=(lay.vp,),
+                       zeros=(lay.zero,), micro_batches=(lay.micro_batch,), recomputes=(lay.recompute,),
+                       attentions=(attention,), windows=(lay.window or spec.architecture.window_pattern,),
+                       total_batch_tokens=run.tokens_per_step, compiled=lay.compiled, fp8=run.precision == "fp8")
+    try:
+        table = build_table(req)
+    except DdplanError as e:
+        raise SpecError(e.message, file=where, field="layout") from None
+    row = table.rows[0]
+    if row.layout.micro_batch != lay.micro_batch or row.global_batch_tokens != run.tokens_per_step:
+        raise SpecError(f"the layout does not split as it ran: {lay.global_batch_sequences} sequences over dp "
+                        f"{row.layout.dp} at micro-batch {lay.micro_batch}", file=where, field="layout")
+    return spec, hw, row

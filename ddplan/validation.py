@@ -1,0 +1,232 @@
+"""Score ddplan against measured runs: prediction vs measurement per run, summaries, and leave-one-source-out.
+
+Each run of a runs file (ddplan.runs) is priced through `ddplan table`'s path and compared with what was
+measured. The error of a run is predicted / measured - 1 on the step time (negative: ddplan is
+optimistic, the run was slower than predicted); tokens per second err the other way by the same factor.
+A measurement is inside the band when low <= measured <= high. The band half-width is
+(high - low) / 2 / predicted.
+
+Summaries (overall and by group): runs, median and largest |error|, the share of measurements inside
+their band, the median band half-width. Leave-one-source-out: ddplan's fitted parameters (the
+hardware specs' `efficiency.gemm.sustained` where it says "fitted") re-fitted without one source's runs
+and that source priced with them, for every source in turn, so the error is out of sample.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from ddplan.runs import PublishedRun, RunSet, price_run
+
+# Hardware specs that share one fitted sustained fraction: the same die at the same power limit (the A100
+# SXM4 40 GB and 80 GB are one GA100 at 400 W; only memory differs).
+FIT_GROUPS: dict[str, tuple[str, ...]] = {"a100-sxm-80gb": ("a100-sxm-80gb", "a100-sxm-40gb"), "h100-sxm": ("h100-sxm",)}
+SIZE_BUCKETS = ((3e9, "<3B"), (30e9, "3-30B"), (200e9, "30-200B"), (math.inf, ">=200B"))
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One run priced and compared. Times in seconds; MFU in percent in the run's own convention."""
+
+    id: str
+    source: str
+    hardware: str
+    model: str
+    params: int  # ddplan's parameter count of the run's model
+    params_reported: int | None
+    gpus: int
+    family: str  # parallelism family (family_of)
+    size: str  # parameter-count bucket (SIZE_BUCKETS)
+    assumed: int  # how many layout facts the entry had to assume
+    measured_s: float
+    predicted_s: float
+    low_s: float
+    high_s: float
+    measured_mfu_pct: float | None  # in the source's convention (None: the run states none)
+    predicted_mfu_pct: float | None
+    ddplan_mfu_measured_pct: float  # the measured run's MFU in ddplan's convention (price.MFU_CONVENTION)
+    flags: tuple[str, ...] = ()
+
+    @property
+    def error(self) -> float:
+        """predicted / measured - 1 (negative: optimistic)."""
+        return self.predicted_s / self.measured_s - 1
+
+    @property
+    def inside(self) -> bool:
+        return self.low_s <= self.measured_s <= self.high_s
+
+    @property
+    def half_width(self) -> float:
+        return (self.high_s - self.low_s) / 2 / self.predicted_s
+
+
+def family_of(tp: int, pp: int, zero: int, gpus: int) -> str:
+    """A layout's parallelism family: single GPU, DDP/ZeRO-1/2 ("dp"), FSDP ("fsdp"), "tp", "pp", "tp+pp"."""
+    if tp > 1 and pp > 1:
+        return "tp+pp"
+    if tp > 1:
+        return "tp"
+    if pp > 1:
+        return "pp"
+    if gpus == 1:
+        return "single"
+    return "fsdp" if zero == 3 else "dp"
+
+
+def size_of(params: float) -> str:
+    return next(name for limit, name in SIZE_BUCKETS if params < limit)
+
+
+def score(run: PublishedRun, where: str, sustained: dict[str, float] | None = None) -> Scored:
+    """Price one run and compare it with its measurement. sustained: hardware name -> GEMM sustained
+    fraction replacing the spec's (what leave-one-source-out re-fits)."""
+    from ddplan.params import param_counts
+
+    spec, hw, row = price_run(run, where, sustained=sustained)
+    lay = run.layout
+    params = sum(param_counts(spec.architecture).values())
+    conv = run.mfu_convention
+
+    def mfu(step_s: float) -> float | None:
+        if conv is None:
+            return None
+        return 100 * conv.flops_per_token * run.tokens_per_step / step_s / (lay.gpus * conv.peak_tflops * 1e12)
+
+    measured = run.measured_step_s
+    predicted_mfu = mfu(row.step_s)
+    measured_mfu = run.measured.mfu_pct if run.measured.mfu_pct is not None else mfu(measured)
+    return Scored(
+        id=run.id, source=run.source.name, hardware=hw.name, model=run.model.name, params=params,
+        params_reported=run.model.params_reported, gpus=lay.gpus, family=family_of(lay.tp, lay.pp, lay.zero, lay.gpus),
+        size=size_of(params), assumed=len(run.assumed), measured_s=measured, predicted_s=row.step_s,
+        low_s=row.step_low_s, high_s=row.step_high_s, measured_mfu_pct=measured_mfu, predicted_mfu_pct=predicted_mfu,
+        ddplan_mfu_measured_pct=row.mfu_pct * row.step_s / measured, flags=tuple(f.kind for f in row.flags))
+
+
+def score_all(runs: RunSet, where: str, sustained: dict[str, float] | None = None,
+              progress: Callable[[str, int, int], None] | None = None) -> list[Scored]:
+    out = []
+    for i, r in enumerate(runs.runs):
+        if progress:
+            progress(r.id, i, len(runs.runs))
+        out.append(score(r, f"{where}: runs.{i} ({r.id})", sustained))
+    return out
+
+
+@dataclass(frozen=True)
+class Summary:
+    group: str
+    runs: int
+    median_abs_error: float
+    max_abs_error: float
+    mean_error: float  # signed: the bias (negative: optimistic on average)
+    inside_share: float
+    median_half_width: float
+
+    def row(self) -> dict:
+        return {"group": self.group, "runs": self.runs, "median_abs_error_pct": 100 * self.median_abs_error,
+                "max_abs_error_pct": 100 * self.max_abs_error, "mean_error_pct": 100 * self.mean_error,
+                "inside_band_pct": 100 * self.inside_share, "median_band_half_width_pct": 100 * self.median_half_width}
+
+
+def summarise(scored: Sequence[Scored], group: str = "all") -> Summary:
+    """Median and largest |error|, mean signed error, share inside the band, median band half-width."""
+    if not scored:
+        raise ValueError("nothing to summarise")
+    errors = [s.error for s in scored]
+    return Summary(group=group, runs=len(scored), median_abs_error=statistics.median(abs(e) for e in errors),
+                   max_abs_error=max(abs(e) for e in errors), mean_error=statistics.fmean(errors),
+                   inside_share=sum(s.inside for s in scored) / len(scored),
+                   median_half_width=statistics.median(s.half_width for s in scored))
+
+
+GROUPINGS: tuple[tuple[str, Callable[[Scored], str]], ...] = (
+    ("hardware", lambda s: s.hardware), ("size", lambda s: s.size), ("family", lambda s: s.family),
+    ("source", lambda s: s.source))
+
+
+def summaries(scored: Sequence[Scored]) -> list[Summary]:
+    """The overall summary, then one per hardware, model size, parallelism family and source."""
+    out = [summarise(scored)]
+    for name, key in GROUPINGS:
+        groups: dict[str, list[Scored]] = {}
+        for s in scored:
+            groups.setdefault(key(s), []).append(s)
+        out += [summarise(v, f"{name}={k}") for k, v in sorted(groups.items())]
+    return out
+
+
+# ---- fitted parameters and leave-one-source-out
+
+def fit_sustained(runs: Sequence[PublishedRun], hardware: str, where: str, lo: float = 0.3,
+                  hi: float = 1.0, tol: float = 0.005) -> float:
+    """The GEMM sustained fraction on one hardware that minimises the mean |log(predicted / measured)| of
+    its runs (golden-section search on [lo, hi]). The step time falls monotonically as the fraction
+    rises, so the objective has one minimum."""
+    names = FIT_GROUPS.get(hardware, (hardware,))
+    mine = [r for r in runs if _hw_name(r.hardware) in names]
+    if not mine:
+        raise ValueError(f"no run on {hardware} to fit")
+
+    def cost(f: float) -> float:
+        return statistics.fmean(abs(math.log(1 + score(r, where, dict.fromkeys(names, f)).error)) for r in mine)
+
+    g = (math.sqrt(5) - 1) / 2
+    a, b = lo, hi
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = cost(c), cost(d)
+    while b - a > tol:
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = cost(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = cost(d)
+    return round((a + b) / 2, 3)
+
+
+def _hw_name(name: str) -> str:
+    from ddplan.registry import load_hardware
+
+    return load_hardware(name).name
+
+
+def fitted_hardware() -> list[str]:
+    """Built-in hardware whose sustained GEMM fraction is fitted to the shipped dataset (its source says so)."""
+    from ddplan.registry import builtin_names, load_hardware
+
+    out = []
+    for name in builtin_names("hardware"):
+        s = load_hardware(name).efficiency.gemm.sustained
+        if s is not None and s.source.startswith("fitted"):
+            out.append(name)
+    return out
+
+
+def leave_one_source_out(runs: RunSet, where: str, hardware: Iterable[str],
+                         progress: Callable[[str, int, int], None] | None = None) -> list[Scored]:
+    """Every run priced with the fitted parameters re-fitted on the other sources' runs only.
+
+    Each fitted hardware's sustained fraction is re-fitted without the held-out source; a hardware the
+    other sources never ran on keeps the shipped value (nothing to fit it to)."""
+    sources = sorted({r.source.name for r in runs.runs})
+    out: list[Scored] = []
+    for i, src in enumerate(sources):
+        if progress:
+            progress(f"without {src}", i, len(sources))
+        rest = [r for r in runs.runs if r.source.name != src]
+        held = [r for r in runs.runs if r.source.name == src]
+        refit: dict[str, float] = {}
+        for hw in hardware:
+            names = FIT_GROUPS.get(hw, (hw,))
+            if any(_hw_name(r.hardware) in names for r in rest):
+                refit.update(dict.fromkeys(names, fit_sustained(rest, hw, where)))
+        out += [score(r, where, refit) for r in held]
+    order = {r.id: i for i, r in enumerate(runs.runs)}
+    return sorted(out, key=lambda s: order[s.id])
