@@ -25,6 +25,7 @@ from ddplan.flops import mfu, nanochat_flops_per_token
 from ddplan.layout import Layout, breaks_world_size_rule
 from ddplan.memory import (HEADROOM, MemoryAssumptions, MemoryBreakdown, in_flight_micro_batches, memory_per_gpu,
                            model_states)
+from ddplan.runs import highest_measured_mfu
 from ddplan.roofline import SCENARIOS, Rates, Scenario, comm_end, op_times, rates
 from ddplan.specs import Budget, HardwareSpec, ModelSpec, Price
 from ddplan.step import StepTime, optimizer_time_s, step_time
@@ -33,6 +34,12 @@ from ddplan.units import GiB
 if TYPE_CHECKING:
     from ddplan.fitting import Fit
 
+# The uncalibrated band: where measured step times fell relative to ddplan's central prediction on the shipped
+# dataset of published runs (`ddplan validate`; validation/published_runs.yaml): the 5th and 95th percentiles
+# of measured / predicted over its runs. benchmarks/validation.py prints them; tests/test_validation.py fails
+# when they drift from the dataset and the model. A prediction's band is this range joined with the range
+# its efficiencies span (whichever is wider on each side).
+VALIDATED_RATIO = (0.73, 1.25)
 MFU_CONVENTION = "6N + 12 h q min(window, T) per layer (nanochat / PaLM App. B), dense peak of the compute dtype"
 
 
@@ -265,6 +272,8 @@ class Pricer:
             if self.fit is not None and self.fit.implausible:  # a fit outside physics pins no band
                 times += [self.step(layout, window, s, fitted=False).total_s for s in ("low", "high")]
         step_s, low_s, high_s = st.total_s, min(times), max(times)
+        if bands and self.calibration is None and self.fit is None:  # the model alone: what validation found
+            low_s, high_s = min(low_s, step_s * VALIDATED_RATIO[0]), max(high_s, step_s * VALIDATED_RATIO[1])
         err = self.calibration.held_out_error_pct if self.calibration is not None else None
         if bands and err is not None:  # the model error a calibration measured on its own held-out step:
             e = abs(err) / 100  # a factor either way (x / (1 + e) .. x (1 + e)), never below zero
@@ -291,6 +300,10 @@ class Pricer:
         wall = [run.hours(steps * t + outside) for t in (step_s, low_s, high_s)]
         cost = [run.cost_usd(plan.price, gpus, hw.gpus_per_node, h) for h in wall]
         mfu_pct = 100 * mfu(self.flops_per_token(window), batch / step_s, peak, gpus)
+        if basis == "model" and self.calibration is None:
+            top = highest_measured_mfu(hw.name, self.fp8)
+            if top is not None and mfu_pct > top[0]:
+                out.append(Flag("beyond_measured", (("mfu_pct", mfu_pct), ("highest_pct", top[0]), ("run", top[1]))))
         return PricedLayout(
             layout=layout, window=window, hardware=hw.name, global_batch_tokens=batch, steps=steps, step=st,
             step_s=step_s, step_low_s=low_s, step_high_s=high_s, memory=mem, outside_s=outside,

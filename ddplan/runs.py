@@ -14,6 +14,7 @@ the same path as `ddplan table`: a validation row and a table row of the same la
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -253,3 +254,46 @@ def price_run(run: PublishedRun, where: str, sustained: dict[str, float] | None 
         raise SpecError(f"the layout does not split as it ran: {lay.global_batch_sequences} sequences over dp "
                         f"{row.layout.dp} at micro-batch {lay.micro_batch}", file=where, field="layout")
     return spec, hw, row
+
+
+# Hardware specs that are one GPU (the same die, clocks and power limit; only memory differs): a run on one
+# counts as measured on the other for the highest MFU measured
+SAME_GPU: tuple[tuple[str, ...], ...] = (("a100-sxm-80gb", "a100-sxm-40gb"),)
+
+
+def same_gpu(name: str) -> tuple[str, ...]:
+    return next((g for g in SAME_GPU if name in g), (name,))
+
+
+@functools.lru_cache(maxsize=64)
+def highest_measured_mfu(hardware: str, fp8: bool = False) -> tuple[float, str] | None:
+    """(MFU %, run id) of the shipped dataset's best run on this GPU, in ddplan's MFU convention
+    (ddplan.price.MFU_CONVENTION: FLOPs per token at the run's window, dense peak of the compute dtype),
+    among runs of the same precision class (fp8 or not); None when the dataset has no such run."""
+    from ddplan.flops import nanochat_flops_per_token
+    from ddplan.registry import load_hardware
+
+    try:
+        runs = load_runs()
+    except DdplanError:
+        return None
+    names = same_gpu(hardware)
+    best = None
+    for i, r in enumerate(runs.runs):
+        if (r.precision == "fp8") != fp8:
+            continue
+        try:
+            hw = load_hardware(r.hardware)
+        except DdplanError:
+            continue
+        if hw.name not in names:
+            continue
+        spec = run_spec(r, f"{shipped_dataset()}: runs.{i}")
+        arch = spec.architecture
+        if r.layout.window:
+            arch = arch.model_copy(update={"window_pattern": r.layout.window})
+        flops = nanochat_flops_per_token(arch, r.model.seq_len) * r.tokens_per_step / r.measured_step_s
+        mfu = 100 * flops / (r.layout.gpus * hw.peak.flops_per_s(spec.dtypes.compute))
+        if best is None or mfu > best[0]:
+            best = (mfu, r.id)
+    return best

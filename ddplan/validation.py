@@ -223,7 +223,8 @@ def leave_one_source_out(runs: RunSet, where: str, hardware: Iterable[str],
         rest = [r for r in runs.runs if r.source.name != src]
         held = [r for r in runs.runs if r.source.name == src]
         refit: dict[str, float] = {}
-        for hw in hardware:
+        leaders = dict.fromkeys(next((k for k, g in FIT_GROUPS.items() if hw in g), hw) for hw in hardware)
+        for hw in leaders:
             names = FIT_GROUPS.get(hw, (hw,))
             if any(_hw_name(r.hardware) in names for r in rest):
                 refit.update(dict.fromkeys(names, fit_sustained(rest, hw, where)))

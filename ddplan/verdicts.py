@@ -7,7 +7,7 @@ price, fitting) return rows and facts with numbers in SI units; this module turn
 from __future__ import annotations
 
 from ddplan.layout import NATIVE_ZERO, breaks_world_size_rule
-from ddplan.price import MFU_CONVENTION, Flag, PricedLayout
+from ddplan.price import VALIDATED_RATIO, MFU_CONVENTION, Flag, PricedLayout
 from ddplan.specs import HardwareSpec, ModelSpec
 from ddplan.units import GiB
 
@@ -45,6 +45,10 @@ def flag_text(f: Flag) -> str:
     if f.kind == "implausible":
         return (f"implausible: sustains {v['sustained_flops_per_s'] / 1e12:.3g} TFLOP/s, above the best measured "
                 f"GEMM rate {v['best_flops_per_s'] / 1e12:.3g}")
+    if f.kind == "beyond_measured":
+        return (f"MFU {v['mfu_pct']:.1f}% is beyond anything measured on this GPU: the highest in ddplan's dataset "
+                f"of published runs is {v['highest_pct']:.1f}% ({v['run']}, same MFU convention); treat it as "
+                f"optimistic until calibrated")
     if f.kind == "micro_batch":
         return (f"device batch {v['asked']} does not fit in {v['usable_gib']:g} GiB; using {v['used']} (accumulation "
                 f"{v['accum_before']} -> {v['accum_after']}, same total batch). Pin it with --device-batch-size.")
@@ -186,7 +190,9 @@ def table_assumptions(table) -> list[str]:
         f"setup: {spec.recipe.distribution}.",
         f"Hardware {hw.name}: dense {spec.dtypes.compute} peak {hw.peak.flops_per_s(spec.dtypes.compute) / 1e12:g} "
         f"TFLOP/s; best GEMM efficiency "
-        f"{e.gemm.best.value:.3f} ({e.gemm.best.basis}, range {e.gemm.best.range[0]:.3f}-{e.gemm.best.range[1]:.3f}); "
+        f"{e.gemm.best.value:.3f} ({e.gemm.best.basis}, range {e.gemm.best.range[0]:.3f}-{e.gemm.best.range[1]:.3f})"
+        + (f", of which training keeps {e.gemm.sustained.value:.3f} ({e.gemm.sustained.source.split(':')[0]})"
+           if e.gemm.sustained is not None else "") + "; "
         f"HBM efficiency {e.hbm.value:.2f} ({e.hbm.basis}). `ddplan specs show {hw.name}` lists every figure and its "
         f"source.",
         f"Price: ${price.usd_per_gpu_hour:g}/GPU-h, billed {price.billing.replace('_', ' ')} ({price.provider}, "
@@ -201,7 +207,10 @@ def table_assumptions(table) -> list[str]:
            f"{'' if e.gemm.best_fp8 else ' (the bf16 fraction: no fp8 measurement)'}, plus "
            f"quantisation casts; attention stays {spec.dtypes.compute}; MFU still against the dense "
            f"{spec.dtypes.compute} peak."] if req.fp8 else []),
-        "Band (low-high): every efficiency at the fast and slow ends of its range in the hardware spec.",
+        "Band (low-high): every efficiency at the fast and slow ends of its range in the hardware spec"
+        + ("" if req.calibration is not None or req.measurement is not None else
+           f", widened to {VALIDATED_RATIO[0]:g}-{VALIDATED_RATIO[1]:g} x the prediction: where measured step times "
+           f"fell against ddplan's predictions on its dataset of published runs (`ddplan validate`)") + ".",
     ]
     cal = req.calibration
     if cal is not None:

@@ -1,0 +1,71 @@
+"""ddplan against published measured runs: the validation run behind the README's "How far to trust it".
+
+    python benchmarks/validation.py            # in-sample, leave-one-source-out, the fits and the band
+
+Prints (1) `ddplan validate`'s summary on the shipped dataset (validation/published_runs.yaml), (2) the
+same with the fitted parameters (each fitted hardware's `efficiency.gemm.sustained`) re-fitted without
+each source in turn, (3) the fits on the whole dataset, to compare with the hardware specs, and (4) the
+5th-95th percentiles of measured / predicted, to compare with ddplan.price.VALIDATED_RATIO (the
+uncalibrated band). Takes about a minute on two cores.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ddplan import validation as V  # noqa: E402
+from ddplan.price import VALIDATED_RATIO  # noqa: E402
+from ddplan.registry import load_hardware  # noqa: E402
+from ddplan.runs import load_runs, shipped_dataset  # noqa: E402
+
+
+def show(title: str, scored: list) -> None:
+    print(f"\n{title}")
+    print(f"{'group':26s} {'runs':>4s} {'median|e|%':>10s} {'max|e|%':>8s} {'mean e%':>8s} {'in band%':>8s} "
+          f"{'half-w%':>8s}")
+    for s in V.summaries(scored):
+        r = s.row()
+        print(f"{r['group']:26s} {r['runs']:4d} {r['median_abs_error_pct']:10.1f} {r['max_abs_error_pct']:8.1f} "
+              f"{r['mean_error_pct']:+8.1f} {r['inside_band_pct']:8.0f} {r['median_band_half_width_pct']:8.1f}")
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default 'linear' method), q in [0, 1]."""
+    xs = sorted(xs)
+    pos = q * (len(xs) - 1)
+    lo = int(pos)
+    return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (pos - lo)
+
+
+def main() -> None:
+    where = shipped_dataset()
+    runs = load_runs()
+    t0 = time.perf_counter()
+    scored = V.score_all(runs, where)
+    print(f"{len(scored)} runs from {len({s.source for s in scored})} sources, priced in {time.perf_counter() - t0:.1f} s")
+    for s in scored:
+        print(f"  {s.id:52s} {s.hardware:14s} {s.gpus:6,d} GPUs  measured {s.measured_s:8.4g} s  predicted "
+              f"{s.predicted_s:8.4g} s  {100 * s.error:+6.1f}%  {'in band' if s.inside else 'OUT of band'}")
+    show("In sample (the shipped fits):", scored)
+    fitted = V.fitted_hardware()
+    t0 = time.perf_counter()
+    held = V.leave_one_source_out(runs, where, fitted)
+    show(f"Leave one source out (re-fitting {', '.join(fitted)}; {time.perf_counter() - t0:.0f} s):", held)
+    print("\nFits on the whole dataset (compare with the hardware specs' efficiency.gemm.sustained):")
+    for hw in [h for h in fitted if h in V.FIT_GROUPS]:
+        print(f"  {hw}: fitted {V.fit_sustained(runs.runs, hw, where)}, spec "
+              f"{load_hardware(hw).efficiency.gemm.sustained.value}")
+    ratios = [s.measured_s / s.predicted_s for s in scored]
+    lo, hi = percentile(ratios, 0.05), percentile(ratios, 0.95)
+    print(f"\nmeasured / predicted: 5th percentile {lo:.3f}, 95th {hi:.3f} (median {statistics.median(ratios):.3f}); "
+          f"ddplan.price.VALIDATED_RATIO = {VALIDATED_RATIO}")
+
+
+if __name__ == "__main__":
+    main()
