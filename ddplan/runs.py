@@ -58,7 +58,7 @@ class RunLayout(Strict):
     global_batch_sequences: int = Field(gt=0, le=10**9)
     recompute: Recompute = "none"
     attention: str | None = None  # an implementation of the hardware spec (default: the spec's default)
-    window: str | None = None  # window pattern (nanochat); default the model's
+    window: str | None = Field(default=None, pattern=r"^[SL]+$")  # window pattern (nanochat); default the model's
     sequence_parallel: bool = False  # recorded; priced as tp without it until ddplan models it
     compiled: bool = False
 
@@ -183,8 +183,9 @@ def run_spec(run: PublishedRun, where: str):
     data["aliases"] = []
     data["architecture"].update(run.model.architecture)
     a = data["architecture"]
-    if run.model.seq_len > a["max_seq_len"] and "max_seq_len" not in run.model.architecture:
-        a["max_seq_len"] = run.model.seq_len
+    if run.model.seq_len > a["max_seq_len"]:
+        raise SpecError(f"{run.model.seq_len} is above the model's max_seq_len {a['max_seq_len']}: set "
+                        f"model.architecture.max_seq_len if the run's model takes it", file=where, field="model.seq_len")
     compute = "bf16" if run.precision == "fp8" else run.precision
     half = {"bf16", "fp16"}
     d = data["dtypes"]
@@ -194,7 +195,7 @@ def run_spec(run: PublishedRun, where: str):
     # a group the base lacks (an untied lm_head on a tied base) takes the embedding's dtype and optimizer
     from ddplan.specs import Architecture, present_param_groups
 
-    for g in present_param_groups(Architecture.model_validate(a)):
+    for g in present_param_groups(validate(Architecture, a, f"{where}: model.architecture")):
         d["params"].setdefault(g, d["params"]["wte"])
         r["optimizer"]["algorithm"].setdefault(g, r["optimizer"]["algorithm"]["wte"])
     r.update(seq_len=run.model.seq_len, device_batch_size=run.layout.micro_batch,

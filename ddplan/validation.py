@@ -104,7 +104,9 @@ def score(run: PublishedRun, where: str, sustained: dict[str, float] | None = No
         params_reported=run.model.params_reported, gpus=lay.gpus, family=family_of(lay.tp, lay.pp, lay.zero, lay.gpus),
         size=size_of(params), assumed=len(run.assumed), measured_s=measured, predicted_s=row.step_s,
         low_s=row.step_low_s, high_s=row.step_high_s, measured_mfu_pct=measured_mfu, predicted_mfu_pct=predicted_mfu,
-        ddplan_mfu_measured_pct=row.mfu_pct * row.step_s / measured, flags=tuple(f.kind for f in row.flags))
+        ddplan_mfu_measured_pct=row.mfu_pct * row.step_s / measured,
+        flags=tuple(f.kind for f in row.flags) + (("params_differ",) if run.model.params_reported and abs(
+            params / run.model.params_reported - 1) > 0.005 else ()))
 
 
 def score_all(runs: RunSet, where: str, sustained: dict[str, float] | None = None,

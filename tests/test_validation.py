@@ -100,10 +100,8 @@ def test_uncalibrated_band_is_the_datasets_spread(scored):
     """ddplan.price.VALIDATED_RATIO must be the 5th-95th percentile of measured / predicted (to 0.01): a model or
     dataset change that moves it must move the constant too (benchmarks/validation.py prints both)."""
     ratios = [s.measured_s / s.predicted_s for s in scored]
-    assert VALIDATED_RATIO[0] == pytest.approx(_percentile(ratios, 0.05), abs=0.01)
-    assert VALIDATED_RATIO[1] == pytest.approx(_percentile(ratios, 0.95), abs=0.01)
-    inside = sum(s.inside for s in scored) / len(scored)
-    assert inside >= 0.8  # the band holds what it was built from (in sample)
+    lo, hi = _percentile(ratios, 0.05), _percentile(ratios, 0.95)
+    assert lo - 0.01 <= VALIDATED_RATIO[0] <= lo and hi <= VALIDATED_RATIO[1] <= hi + 0.01  # rounded outward
 
 
 @pytest.mark.slow
@@ -186,11 +184,24 @@ def test_cli_validate_formats_and_plot(capsys, tmp_path):
     ({"hardware": "h1000"}, "hardware"),
     ({"layout": {"gpus": 8, "tp": 3, "micro_batch": 8, "global_batch_sequences": 64}}, "layout"),
     ({"colour": "red"}, "colour"),
+    ({"model": {"base": "gpt2-124m", "name": "x", "seq_len": 1024, "architecture": {"bogus": 1}}}, "architecture"),
+    ({"model": {"base": "gpt2-124m", "name": "x", "seq_len": 1024, "architecture": {"num_heads": 7}}}, "model"),
+    ({"model": {"base": "gpt2-124m", "name": "x", "seq_len": 10**7}}, "seq_len"),
+    ({"model": {"base": "gpt-9", "name": "x", "seq_len": 1024}}, "base"),
+    ({"layout": {"gpus": 8, "micro_batch": 8, "global_batch_sequences": 64, "window": "ZZ"}}, "window"),
+    ({"layout": {"gpus": 8, "micro_batch": 8, "global_batch_sequences": 60}}, "layout"),
 ])
 def test_bad_runs_files_get_one_line(capsys, tmp_path, change, field):
     p = _runs_file(tmp_path, [_run(1.0, **change)])
     _, err = fails(capsys, ["validate", "--dataset", str(p)])
     assert field in err and str(p) in err
+
+
+def test_a_reported_parameter_count_that_differs_is_flagged(tmp_path):
+    p = _runs_file(tmp_path, [_run(1.0, model={"base": "gpt2-124m", "name": "x", "seq_len": 1024,
+                                               "params_reported": 1_000})])
+    (s,) = V.score_all(load_runs(str(p)), "t")
+    assert "params_differ" in s.flags
 
 
 def test_duplicate_run_ids_are_refused(tmp_path):
