@@ -35,14 +35,6 @@ def show(title: str, scored: list) -> None:
               f"{r['mean_error_pct']:+8.1f} {r['inside_band_pct']:8.0f} {r['median_band_half_width_pct']:8.1f}")
 
 
-def percentile(xs: list[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default 'linear' method), q in [0, 1]."""
-    xs = sorted(xs)
-    pos = q * (len(xs) - 1)
-    lo = int(pos)
-    return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (pos - lo)
-
-
 def main() -> None:
     where = shipped_dataset()
     runs = load_runs()
@@ -61,9 +53,9 @@ def main() -> None:
     for hw in [h for h in fitted if h in V.FIT_GROUPS]:
         print(f"  {hw}: fitted {V.fit_sustained(runs.runs, hw, where)}, spec "
               f"{load_hardware(hw).efficiency.gemm.sustained.value}")
-    ratios = [s.measured_s / s.predicted_s for s in scored]
-    lo, hi = percentile(ratios, 0.05), percentile(ratios, 0.95)
-    print(f"\nmeasured / predicted: 5th percentile {lo:.3f}, 95th {hi:.3f} (median {statistics.median(ratios):.3f}); "
+    lo, hi = V.band_ratio(scored)
+    median = statistics.median(s.measured_s / s.predicted_s for s in scored)
+    print(f"\nmeasured / predicted: 5th percentile {lo:.3f}, 95th {hi:.3f} (median {median:.3f}); "
           f"ddplan.price.VALIDATED_RATIO = {VALIDATED_RATIO}")
 
 

@@ -606,16 +606,13 @@ def validate_cmd(
     where = dataset or shipped_dataset()
     runs = load_runs(dataset)
     scored = validation.score_all(runs, where, progress=_progress("validate"))
-    rows = [_validation_row(s) for s in scored]
+    rows = [s.row() for s in scored]
     summary = [s.row() for s in validation.summaries(scored)]
     out_of_sample = None
     if loso:
         held = validation.leave_one_source_out(runs, where, validation.fitted_hardware(),
                                                progress=_progress("validate"))
-        out_of_sample = [{**s.row(), "group": "leave-one-source-out " + s.group}
-                         for s in validation.summaries(held)[:1] + [validation.summarise(
-                             [h for h in held if h.source == src], f"source={src}")
-                             for src in sorted({h.source for h in held})]]
+        out_of_sample = [s.row() for s in validation.by_source(held, "leave-one-source-out ")]
         for row, h in zip(rows, held):
             row["loso_predicted_s"], row["loso_error_pct"] = h.predicted_s, 100 * h.error
     if plot:
@@ -632,41 +629,12 @@ def validate_cmd(
     if format is Format.csv:
         render.echo(render.table(rows, "csv"))
         return
-    render.echo(render.table([_validation_cells(r) for r in rows], format.value, title=title))
+    render.echo(render.table(render.validation_rows(rows), format.value, title=title))
     render.echo(render.lines([
         "error = predicted / measured - 1 on the step time (negative: ddplan optimistic, the run was slower); "
         "band = the prediction's band; MFU in the source's own convention (its FLOPs per token and peak); "
         "assumed = layout facts the source does not state (see the dataset's `assumed`)."], format.value))
-    render.echo(render.table([_summary_cells(r) for r in summary + (out_of_sample or [])], format.value,
-                             title="Summary"))
-
-
-def _validation_row(s) -> dict:
-    return {"id": s.id, "source": s.source, "hardware": s.hardware, "model": s.model, "params": s.params,
-            "params_reported": s.params_reported, "gpus": s.gpus, "family": s.family, "size": s.size,
-            "assumed": s.assumed, "measured_s": s.measured_s, "predicted_s": s.predicted_s, "low_s": s.low_s,
-            "high_s": s.high_s, "error_pct": 100 * s.error, "inside_band": s.inside,
-            "band_low_pct": 100 * (s.low_s / s.measured_s - 1), "band_high_pct": 100 * (s.high_s / s.measured_s - 1),
-            "measured_mfu_pct": s.measured_mfu_pct, "predicted_mfu_pct": s.predicted_mfu_pct,
-            "measured_mfu_ddplan_pct": s.ddplan_mfu_measured_pct, "flags": ";".join(s.flags)}
-
-
-def _validation_cells(r: dict) -> dict:
-    def mfu(v):
-        return "-" if v is None else f"{v:.1f}"
-
-    return {"run": r["id"], "GPUs": f"{r['gpus']:,}", "family": r["family"], "assumed": r["assumed"],
-            "measured s": f"{r['measured_s']:.4g}",
-            "predicted s (band)": f"{r['predicted_s']:.4g} ({r['low_s']:.4g}-{r['high_s']:.4g})",
-            "error %": f"{r['error_pct']:+.1f}", "in band": "yes" if r["inside_band"] else "NO",
-            "MFU % meas/pred": f"{mfu(r['measured_mfu_pct'])} / {mfu(r['predicted_mfu_pct'])}"}
-
-
-def _summary_cells(r: dict) -> dict:
-    return {"group": r["group"], "runs": r["runs"], "median |error| %": f"{r['median_abs_error_pct']:.1f}",
-            "max |error| %": f"{r['max_abs_error_pct']:.1f}", "mean error %": f"{r['mean_error_pct']:+.1f}",
-            "inside band %": f"{r['inside_band_pct']:.0f}",
-            "median band half-width %": f"{r['median_band_half_width_pct']:.1f}"}
+    render.echo(render.table(render.summary_rows(summary + (out_of_sample or [])), format.value, title="Summary"))
 
 
 def _int_list(text: str, flag: str, allowed: tuple[int, ...] | None = None) -> list[int]:

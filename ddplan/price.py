@@ -36,8 +36,9 @@ if TYPE_CHECKING:
 
 # The uncalibrated band: where measured step times fell relative to ddplan's central prediction on the shipped
 # dataset of published runs (`ddplan validate`; validation/published_runs.yaml): the 5th and 95th percentiles
-# of measured / predicted over its runs, rounded outward (in sample: the fit and the band share the runs). benchmarks/validation.py prints them; tests/test_validation.py fails
-# when they drift from the dataset and the model. A prediction's band is this range joined with the range
+# of measured / predicted over its runs (ddplan.validation.band_ratio), rounded outward. In sample: the fit and
+# the band share the runs. benchmarks/validation.py prints them; tests/test_validation.py fails when they drift
+# from the dataset and the model. A prediction's band is this range joined with the range
 # its efficiencies span (whichever is wider on each side).
 VALIDATED_RATIO = (0.72, 1.25)  # 0.726 and 1.246, rounded outward
 MFU_CONVENTION = "6N + 12 h q min(window, T) per layer (nanochat / PaLM App. B), dense peak of the compute dtype"

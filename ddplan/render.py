@@ -165,3 +165,23 @@ def decision_rows(rows: list[dict]) -> list[dict]:
         })
         out.append(row)
     return out
+
+
+def validation_rows(rows: list[dict]) -> list[dict]:
+    """`ddplan validate`'s runs as people read them: band inline, 4 significant figures."""
+    def mfu(v):
+        return "-" if v is None else f"{v:.1f}"
+
+    return [{"run": r["id"], "GPUs": f"{r['gpus']:,}", "family": r["family"], "assumed": r["assumed"],
+             "measured s": f"{r['measured_s']:.4g}",
+             "predicted s (band)": f"{r['predicted_s']:.4g} ({r['low_s']:.4g}-{r['high_s']:.4g})",
+             "error %": f"{r['error_pct']:+.1f}", "in band": "yes" if r["inside_band"] else "NO",
+             "MFU % meas/pred": f"{mfu(r['measured_mfu_pct'])} / {mfu(r['predicted_mfu_pct'])}"} for r in rows]
+
+
+def summary_rows(rows: list[dict]) -> list[dict]:
+    """`ddplan validate`'s summaries as people read them."""
+    return [{"group": r["group"], "runs": r["runs"], "median |error| %": f"{r['median_abs_error_pct']:.1f}",
+             "max |error| %": f"{r['max_abs_error_pct']:.1f}", "mean error %": f"{r['mean_error_pct']:+.1f}",
+             "inside band %": f"{r['inside_band_pct']:.0f}",
+             "median band half-width %": f"{r['median_band_half_width_pct']:.1f}"} for r in rows]

@@ -63,6 +63,18 @@ class Scored:
     def half_width(self) -> float:
         return (self.high_s - self.low_s) / 2 / self.predicted_s
 
+    def row(self) -> dict:
+        """Flat data for csv/json: units in the keys; the band also as % of the measured value."""
+        return {"id": self.id, "source": self.source, "hardware": self.hardware, "model": self.model,
+                "params": self.params, "params_reported": self.params_reported, "gpus": self.gpus,
+                "family": self.family, "size": self.size, "assumed": self.assumed, "measured_s": self.measured_s,
+                "predicted_s": self.predicted_s, "low_s": self.low_s, "high_s": self.high_s,
+                "error_pct": 100 * self.error, "inside_band": self.inside,
+                "band_low_pct": 100 * (self.low_s / self.measured_s - 1),
+                "band_high_pct": 100 * (self.high_s / self.measured_s - 1),
+                "measured_mfu_pct": self.measured_mfu_pct, "predicted_mfu_pct": self.predicted_mfu_pct,
+                "measured_mfu_ddplan_pct": self.ddplan_mfu_measured_pct, "flags": ";".join(self.flags)}
+
 
 def family_of(tp: int, pp: int, zero: int, gpus: int) -> str:
     """A layout's parallelism family: single GPU, DDP/ZeRO-1/2 ("dp"), FSDP ("fsdp"), "tp", "pp", "tp+pp"."""
@@ -160,6 +172,30 @@ def summaries(scored: Sequence[Scored]) -> list[Summary]:
             groups.setdefault(key(s), []).append(s)
         out += [summarise(v, f"{name}={k}") for k, v in sorted(groups.items())]
     return out
+
+
+def by_source(scored: Sequence[Scored], prefix: str = "") -> list[Summary]:
+    """The overall summary, then one per source, each group name prefixed (e.g. "leave-one-source-out ")."""
+    sources = sorted({s.source for s in scored})
+    out = [summarise(scored)] + [summarise([s for s in scored if s.source == src], f"source={src}")
+                                 for src in sources]
+    return [Summary(**{**vars(x), "group": prefix + x.group}) for x in out]
+
+
+def percentile(xs: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default 'linear' method), q in [0, 1]."""
+    if not xs or not 0 <= q <= 1:
+        raise ValueError(f"need values and q in [0, 1]; got {len(xs)} values, q={q}")
+    xs = sorted(xs)
+    pos = q * (len(xs) - 1)
+    lo = int(pos)
+    return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (pos - lo)
+
+
+def band_ratio(scored: Sequence[Scored]) -> tuple[float, float]:
+    """(5th, 95th) percentile of measured / predicted: what ddplan.price.VALIDATED_RATIO is built from."""
+    ratios = [s.measured_s / s.predicted_s for s in scored]
+    return percentile(ratios, 0.05), percentile(ratios, 0.95)
 
 
 # ---- fitted parameters and leave-one-source-out

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 
 import pytest
 import yaml
@@ -89,18 +88,17 @@ def test_family_and_size():
     assert V.size_of(462e9) == ">=200B"
 
 
-def _percentile(xs, q):
-    xs = sorted(xs)
-    pos = q * (len(xs) - 1)
-    lo = int(pos)
-    return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (pos - lo)
+def test_percentile_by_hand():
+    """Linear interpolation between order statistics (numpy's default): 5 values, q 0.05 -> 0.2 of the way."""
+    xs = [5.0, 1.0, 3.0, 2.0, 4.0]
+    assert V.percentile(xs, 0.0) == 1.0 and V.percentile(xs, 1.0) == 5.0 and V.percentile(xs, 0.5) == 3.0
+    assert V.percentile(xs, 0.05) == pytest.approx(1.2) and V.percentile(xs, 0.95) == pytest.approx(4.8)
 
 
 def test_uncalibrated_band_is_the_datasets_spread(scored):
     """ddplan.price.VALIDATED_RATIO must be the 5th-95th percentile of measured / predicted (to 0.01): a model or
     dataset change that moves it must move the constant too (benchmarks/validation.py prints both)."""
-    ratios = [s.measured_s / s.predicted_s for s in scored]
-    lo, hi = _percentile(ratios, 0.05), _percentile(ratios, 0.95)
+    lo, hi = V.band_ratio(scored)
     assert lo - 0.01 <= VALIDATED_RATIO[0] <= lo and hi <= VALIDATED_RATIO[1] <= hi + 0.01  # rounded outward
 
 
