@@ -270,6 +270,8 @@ def table_cmd(
                                          "only)."),
     fp8: bool = typer.Option(False, "--fp8", help="Run eligible GEMMs in fp8 (refused where the model's fp8 format "
                              "does not run on the hardware)."),
+    tp_comm_overlap: bool = typer.Option(False, "--tp-comm-overlap", help="Tensor-parallel communication "
+                                         "overlapped with the layers' GEMMs (Megatron-Core --tp-comm-overlap)."),
     plot: str = typer.Option(None, "--plot", help="Also write wall-clock and cost against GPU count (PNG or SVG)."),
     format: Format = FormatOpt,
 ) -> None:
@@ -333,7 +335,7 @@ def table_cmd(
         overheads=RunOverheads(startup_s=startup_min * 60, eval_every_steps=eval_every, eval_tokens=eval_tokens,
                                checkpoint_every_steps=checkpoint_every),
         compiled=compiled, measurement=measurement, knob=fit.value, calibration=cal, calibration_path=calibration,
-        fp8=fp8, headroom=headroom)
+        fp8=fp8, headroom=headroom, tp_overlap=tp_comm_overlap)
     _check_plot_path(plot)
     result = build_table(req, _progress("table"))
     rows = render.table_data(result)

@@ -33,6 +33,7 @@ class Layout:
     compiled: bool = False
     pp_schedule: str = "1f1b"  # "1f1b" or "interleaved"
     pp_virtual_stages: int = 1
+    tp_overlap: bool = False  # tensor-parallel communication overlapped with GEMMs (Megatron --tp-comm-overlap)
 
     def __post_init__(self) -> None:
         bad = {k: getattr(self, k) for k in ("dp", "tp", "pp", "micro_batch", "grad_accum", "pp_virtual_stages")
@@ -56,7 +57,7 @@ class Layout:
         h = self.__dict__.get("_hash")
         if h is None:
             h = hash((self.dp, self.tp, self.pp, self.zero, self.micro_batch, self.grad_accum, self.attention,
-                      self.recompute, self.compiled, self.pp_schedule, self.pp_virtual_stages))
+                      self.recompute, self.compiled, self.pp_schedule, self.pp_virtual_stages, self.tp_overlap))
             object.__setattr__(self, "_hash", h)
         return h
 
@@ -77,7 +78,7 @@ def data_parallel(gpus: int, tp: int = 1, pp: int = 1) -> int:
 
 def layout_for(spec: ModelSpec, *, gpus: int, tp: int = 1, pp: int = 1, vp: int = 1, zero: int | None = None,
                micro_batch: int, grad_accum: int, attention: str, recompute: str = "none",
-               compiled: bool | None = None) -> Layout:
+               compiled: bool | None = None, tp_overlap: bool = False) -> Layout:
     """The layout of `gpus` GPUs in total: dp = gpus / (tp x pp); the model's native ZeRO stage unless one is
     given (and always at dp 1, where there is nothing to shard); interleaved when vp > 1. The one place
     `table`, `memory` and a measurement turn GPU counts into a layout."""
@@ -86,7 +87,8 @@ def layout_for(spec: ModelSpec, *, gpus: int, tp: int = 1, pp: int = 1, vp: int 
     return Layout(dp=dp, tp=tp, pp=pp, zero=native if zero is None or dp == 1 else zero, micro_batch=micro_batch,
                   grad_accum=grad_accum, attention=attention, recompute=recompute,
                   compiled=spec.recipe.compiled if compiled is None else compiled,
-                  pp_schedule="interleaved" if vp > 1 else "1f1b", pp_virtual_stages=vp)
+                  pp_schedule="interleaved" if vp > 1 else "1f1b", pp_virtual_stages=vp,
+                  tp_overlap=tp_overlap and tp > 1)
 
 
 def check_layout(layout: Layout, spec: ModelSpec, total_batch_tokens: int | None = None,

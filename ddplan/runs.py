@@ -60,6 +60,7 @@ class RunLayout(Strict):
     attention: str | None = None  # an implementation of the hardware spec (default: the spec's default)
     window: str | None = Field(default=None, pattern=r"^[SL]+$")  # window pattern (nanochat); default the model's
     sequence_parallel: bool = False  # recorded; priced as tp without it until ddplan models it
+    tp_comm_overlap: bool = False  # Megatron-Core --tp-comm-overlap
     compiled: bool = False
 
 
@@ -245,7 +246,8 @@ def price_run(run: PublishedRun, where: str, sustained: dict[str, float] | None 
     req = TableRequest(model=spec, hardware=hw, gpus=(lay.gpus,), tps=(lay.tp,), pps=(lay.pp,), vps=(lay.vp,),
                        zeros=(lay.zero,), micro_batches=(lay.micro_batch,), recomputes=(lay.recompute,),
                        attentions=(attention,), windows=(lay.window or spec.architecture.window_pattern,),
-                       total_batch_tokens=run.tokens_per_step, compiled=lay.compiled, fp8=run.precision == "fp8")
+                       total_batch_tokens=run.tokens_per_step, compiled=lay.compiled, fp8=run.precision == "fp8",
+                       tp_overlap=lay.tp_comm_overlap)
     try:
         table = build_table(req)
     except DdplanError as e:

@@ -180,6 +180,10 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
         fwd, bwd = comm.tp_comm_time_per_layer_s(layout.micro_batch, anatomy.seq_len, a.d_model, e, layout.tp, timer)
         per_layer = fwd + bwd + (fwd if anatomy.recompute == "full" else 0.0)
         tp_s = accum * (a.num_layers / p) * per_layer
+        if layout.tp_overlap:  # hidden under this stage's layer GEMMs (recomputed ones included)
+            gemm = parts.by_kind.get(("layers", "gemm"), 0.0) + parts.again_by_kind.get(
+                ("layers", anatomy.recompute, "gemm"), 0.0)
+            tp_s = comm.tp_overlap_exposed_s(tp_s, accum * gemm / p)
 
     bubble = pipeline.bubble_time_s(compute + tp_s, p, accum, layout.pp_virtual_stages) if p > 1 else 0.0
     if p > 1:  # activations to the next stage and gradients back, per micro-batch, not overlapped

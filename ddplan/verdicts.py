@@ -25,7 +25,7 @@ def config_label(p: PricedLayout, native_zero: int | None = None) -> str:
     lay = p.layout
     parts = [f"{lay.num_gpus}x {p.hardware}"]
     if lay.tp > 1:
-        parts.append(f"tp {lay.tp}")
+        parts.append(f"tp {lay.tp}" + (" overlapped" if lay.tp_overlap else ""))
     if lay.pp > 1:
         parts.append(f"pp {lay.pp}" + (f" x{lay.pp_virtual_stages} interleaved" if lay.pp_virtual_stages > 1 else ""))
     if native_zero is not None and lay.dp > 1 and lay.zero != native_zero:
@@ -210,7 +210,8 @@ def table_assumptions(table) -> list[str]:
         "Band (low-high): every efficiency at the fast and slow ends of its range in the hardware spec"
         + ("" if req.calibration is not None or req.measurement is not None else
            f", widened to {VALIDATED_RATIO[0]:g}-{VALIDATED_RATIO[1]:g} x the prediction: where measured step times "
-           f"fell against ddplan's predictions on its dataset of published runs (`ddplan validate`)") + ".",
+           f"fell against ddplan's predictions on its dataset of published runs, each source priced with fits made "
+           f"without it (`ddplan validate --leave-one-source-out`)") + ".",
     ]
     cal = req.calibration
     if cal is not None:

@@ -347,3 +347,12 @@ def test_sharded_comm_refuses_impossible_input(fn, args):
 def test_tier_time_is_the_alpha_beta_model():
     """Tier.time_s is collective_time_s: the timer ddp_exposed_s and tp_comm_time_per_layer_s take."""
     assert T8.time_s("all_reduce", 1e9, 8) == comm.collective_time_s("all_reduce", 1e9, 8, T8)
+
+
+def test_tp_overlap_exposed_by_hand():
+    """Megatron --tp-comm-overlap: communication hides under the layers' GEMMs; only the excess is exposed."""
+    assert comm.tp_overlap_exposed_s(0.4, 1.9) == 0.0
+    assert comm.tp_overlap_exposed_s(2.0, 1.5) == pytest.approx(0.5)
+    assert comm.tp_overlap_exposed_s(0.0, 0.0) == 0.0
+    with pytest.raises(ValueError):
+        comm.tp_overlap_exposed_s(-1.0, 1.0)
