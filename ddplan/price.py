@@ -274,9 +274,9 @@ class Pricer:
             if self.fit is not None and self.fit.implausible:  # a fit outside physics pins no band
                 times += [self.step(layout, window, s, fitted=False).total_s for s in ("low", "high")]
         step_s, low_s, high_s = st.total_s, min(times), max(times)
-        if bands and self.calibration is None and self.fit is None:  # the model alone: what validation found
-            low_s, high_s = min(low_s, step_s * VALIDATED_RATIO[0]), max(high_s, step_s * VALIDATED_RATIO[1])
         err = self.calibration.held_out_error_pct if self.calibration is not None else None
+        if bands and err is None and self.fit is None:  # no measured model error: what validation found
+            low_s, high_s = min(low_s, step_s * VALIDATED_RATIO[0]), max(high_s, step_s * VALIDATED_RATIO[1])
         if bands and err is not None:  # the model error a calibration measured on its own held-out step:
             e = abs(err) / 100  # a factor either way (x / (1 + e) .. x (1 + e)), never below zero
             low_s, high_s = min(low_s, step_s / (1 + e)), max(high_s, step_s * (1 + e))

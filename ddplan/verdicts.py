@@ -208,7 +208,8 @@ def table_assumptions(table) -> list[str]:
            f"quantisation casts; attention stays {spec.dtypes.compute}; MFU still against the dense "
            f"{spec.dtypes.compute} peak."] if req.fp8 else []),
         "Band (low-high): every efficiency at the fast and slow ends of its range in the hardware spec"
-        + ("" if req.calibration is not None or req.measurement is not None else
+        + ("" if table.fit is not None or (req.calibration is not None and
+                                            req.calibration.held_out_error_pct is not None) else
            f", widened to {VALIDATED_RATIO[0]:g}-{VALIDATED_RATIO[1]:g} x the prediction: where measured step times "
            f"fell against ddplan's predictions on its dataset of published runs, each source priced with fits made "
            f"without it (`ddplan validate --leave-one-source-out`)") + ".",

@@ -375,3 +375,24 @@ def test_a_carried_hardware_spec_must_carry_the_name_the_file_gives(capsys, tmp_
     hw = yaml.safe_load((builtin_dir("hardware") / "h100-sxm.yaml").read_text(encoding="utf-8"))
     _, line = fails(capsys, ["table", "-m", "d24", "--calibration", _cal_file(tmp_path, hardware_spec=hw)])
     assert "hardware_spec is named 'h100-sxm'" in line and "'mi300x'" in line
+
+
+def test_validated_band_when_nothing_measured_the_model_error(capsys, tmp_path):
+    """A calibration with micro-benchmarks but no held-out step error (and no step to fit) has not measured the
+    model's error: its rows keep at least the validated out-of-sample band (ddplan.price.VALIDATED_RATIO);
+    with a held-out error, that error sets the band instead (x / (1 + e) .. x (1 + e))."""
+    from ddplan.price import VALIDATED_RATIO
+
+    data = {"kind": "calibration", "version": 1, "hardware": "mi300x", "hbm_tbyte_per_s": 4.0}
+    path = tmp_path / "bench.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    for r in csv_rows(run_ok(capsys, ["table", "-m", "d24", "--gpus", "1", "--calibration", str(path),
+                                      "--format", "csv"])):
+        assert f(r, "step_low_s") <= VALIDATED_RATIO[0] * f(r, "step_s") * (1 + 1e-9)
+        assert f(r, "step_high_s") >= VALIDATED_RATIO[1] * f(r, "step_s") * (1 - 1e-9)
+    data["held_out_error_pct"] = 10
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    for r in csv_rows(run_ok(capsys, ["table", "-m", "d24", "--gpus", "1", "--calibration", str(path),
+                                      "--format", "csv"])):
+        assert f(r, "step_high_s") >= 1.1 * f(r, "step_s") * (1 - 1e-9)
+        assert f(r, "step_low_s") <= f(r, "step_s") / 1.1 * (1 + 1e-9)
