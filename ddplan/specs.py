@@ -52,7 +52,7 @@ class Efficiency(Strict):
     value: float = Field(gt=0, le=1.5)  # NVLS all-reduce busbw exceeds the per-direction link spec
     low: float | None = Field(default=None, gt=0, le=1.5)
     high: float | None = Field(default=None, gt=0, le=1.5)
-    basis: Literal["assumed", "measured"]
+    basis: Literal["assumed", "measured", "fitted"]  # fitted: to measured runs (ddplan validate), named in source
     source: str = Field(min_length=3)
 
     @model_validator(mode="after")

@@ -236,13 +236,13 @@ def _hw_name(name: str) -> str:
 
 
 def fitted_hardware() -> list[str]:
-    """Built-in hardware whose sustained GEMM fraction is fitted to the shipped dataset (its source says so)."""
+    """Built-in hardware whose sustained GEMM fraction is fitted to the shipped dataset (basis: fitted)."""
     from ddplan.registry import builtin_names, load_hardware
 
     out = []
     for name in builtin_names("hardware"):
         s = load_hardware(name).efficiency.gemm.sustained
-        if s is not None and s.source.startswith("fitted"):
+        if s is not None and s.basis == "fitted":
             out.append(name)
     return out
 

@@ -159,10 +159,13 @@ def test_sources_non_empty(path):
 
 @pytest.mark.parametrize("path", PATHS, ids=lambda p: p.stem)
 def test_basis_agrees_with_source(path):
-    """A `measured` efficiency never cites an assumption; an `assumed` one says so up front."""
+    """A `measured` efficiency never cites an assumption; an `assumed` one says so up front; a `fitted` one
+    says what it was fitted to."""
     for where, eff in efficiencies(load(path)):
         starts_assumed = eff.source.lower().startswith("assumed")
-        if eff.basis == "measured":
+        if eff.basis == "fitted":
+            assert eff.source.startswith("fitted:") and "validation/published_runs.yaml" in eff.source, where
+        elif eff.basis == "measured":
             assert not starts_assumed, f"{path.stem}: {where} is 'measured' but its source says assumed"
         else:
             assert starts_assumed, f"{path.stem}: {where} is 'assumed' but its source does not start with 'assumed'"
