@@ -102,9 +102,15 @@ def check_layout(layout: Layout, spec: ModelSpec, total_batch_tokens: int | None
     problems = []
     if a.num_heads % layout.tp or a.num_kv_heads % layout.tp:
         problems.append(f"tp={layout.tp} must divide num_heads={a.num_heads} and num_kv_heads={a.num_kv_heads}")
-    if a.num_layers % (layout.pp * layout.pp_virtual_stages):
-        problems.append(f"pp x virtual stages = {layout.pp * layout.pp_virtual_stages} must divide "
-                        f"num_layers={a.num_layers}")
+    from ddplan.pipeline import stage_layers
+
+    try:
+        first, middle, last = stage_layers(a.num_layers, layout.pp)
+        if middle % layout.pp_virtual_stages:
+            problems.append(f"{layout.pp_virtual_stages} interleaved chunks must divide a stage's "
+                            f"{middle} layers (num_layers={a.num_layers} over pp={layout.pp})")
+    except ValueError as e:
+        problems.append(f"pp={layout.pp}: {e}")
     if world_size_rule and breaks_world_size_rule(layout, spec):
         problems.append(f"{spec.name} needs a power-of-two world size, got {layout.num_gpus}")
     if total_batch_tokens is not None:

@@ -73,15 +73,27 @@ class MemoryBreakdown:
         return self.capacity - self.total
 
 
-def _stage_share(group: str, layout: Layout) -> float:
+def _busiest_stage_share(layout: Layout, num_layers: int) -> float:
+    """Fraction of the layers on the pipeline stage with the most (ddplan.pipeline.stage_layers); 1/pp when
+    pp divides them; ceil(L / pp) / L for a split that leaves an end stage empty (refused by check_layout)."""
+    from ddplan.pipeline import stage_layers
+
+    try:
+        return max(stage_layers(num_layers, layout.pp)) / num_layers
+    except ValueError:
+        return -(-num_layers // layout.pp) / num_layers
+
+
+def _stage_share(group: str, layout: Layout, num_layers: int) -> float:
     """Fraction of a group's parameters on the most loaded pipeline stage, per tensor-parallel rank.
 
-    Block groups split over tp x pp; embeddings live on the first stage and lm_head on the last,
-    each split over tp (vocab-parallel). With pp > 1 the worst stage is taken by the caller.
+    Block groups split over tp x the stages' layers (1 / (tp x pp) when pp divides the layers); embeddings
+    live on the first stage and lm_head on the last, each split over tp (vocab-parallel). With pp > 1 the
+    worst stage is taken by the caller.
     """
     if group in EMBEDDING_GROUPS or group in HEAD_GROUPS:
         return 1.0 / layout.tp
-    return 1.0 / (layout.tp * layout.pp)
+    return _busiest_stage_share(layout, num_layers) / layout.tp
 
 
 def model_states(spec: ModelSpec, layout: Layout) -> dict[str, dict[str, float]]:
@@ -96,7 +108,7 @@ def model_states(spec: ModelSpec, layout: Layout) -> dict[str, dict[str, float]]
     out: dict[str, dict[str, float]] = {"params": {}, "gradients": {}, "optimizer": {}}
     groups = [g for g, n in counts.items() if n and g in opt.algorithm]
     for g in groups:
-        share = _stage_share(g, layout)
+        share = _stage_share(g, layout, spec.architecture.num_layers)
         pb = dtype_bytes(spec.dtypes.params[g])
         n = counts[g] * share
         algo = opt.algorithm[g]
@@ -150,16 +162,16 @@ def in_flight_micro_batches(layout: Layout) -> float:
     return held
 
 
-def activation_bytes(anatomy: Anatomy, layout: Layout) -> tuple[float, float]:
+def activation_bytes(anatomy: Anatomy, layout: Layout, num_layers: int) -> tuple[float, float]:
     """(saved, transient) activation bytes on one GPU: the anatomy (already one tp rank's share) over pp.
 
-    A pipeline stage holds its L/pp layers for each in-flight micro-batch, plus the embeddings (first
+    A pipeline stage holds its L/pp layers (the busiest stage's when pp does not divide them) for each in-flight micro-batch, plus the embeddings (first
     stage) or head (last stage): both counted, a slight overestimate for pp > 1.
     """
     if anatomy.tp != layout.tp:
         raise ValueError(f"the anatomy is for tp={anatomy.tp}, the layout has tp={layout.tp}")
     layer_bytes, other = anatomy.saved_split
-    per_stage = layer_bytes / layout.pp + other
+    per_stage = layer_bytes * _busiest_stage_share(layout, num_layers) + other
     return per_stage * in_flight_micro_batches(layout), anatomy.transient_bytes()
 
 
@@ -173,7 +185,7 @@ def memory_per_gpu(spec: ModelSpec, layout: Layout, anatomy: Anatomy, capacity_b
     Gradients count in full from the first micro-batch on (accumulation keeps them live).
     """
     states = model_states(spec, layout) if states is None else states  # a search passes them cached
-    saved, transient = activation_bytes(anatomy, layout)
+    saved, transient = activation_bytes(anatomy, layout, spec.architecture.num_layers)
     terms = {
         "params": sum(states["params"].values()),
         "gradients": sum(states["gradients"].values()),

@@ -71,7 +71,7 @@ def grad_sync_buffers(spec: ModelSpec, layout: Layout) -> list[tuple[str, float]
         if not counts[group]:
             continue
         gb = dt.grad_bytes(group)
-        share = _stage_share(group, layout)
+        share = _stage_share(group, layout, spec.architecture.num_layers)
         if policy == "sharded_optimizer" and algo == "muon":
             stacks = Counter(muon_matrices(spec, group))
             padded = sum(r * c * math.ceil(k / n) * n for (r, c), k in stacks.items())
@@ -109,7 +109,7 @@ def optimizer_time_s(spec: ModelSpec, layout: Layout, r: Rates) -> float:
     for group, algo in opt.algorithm.items():
         if not counts[group]:
             continue
-        share = _stage_share(group, layout)
+        share = _stage_share(group, layout, spec.architecture.num_layers)
         pb = dtype_bytes(dt.params[group])
         sb = pb if opt.adamw_state_dtype == "param" else 4
         if algo == "adamw":
@@ -165,10 +165,14 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
         return micro_batch_time(anatomy, r, layer_fraction=fraction, include_embeddings=emb, include_head=head,
                                 parts=parts)
 
-    mbt = mb_time(1.0 / p, True, p == 1)
-    if p > 1:  # the busiest stage: its layers plus the heavier of embeddings and head
-        if mb_time(0.0, False, True).total_s > mb_time(0.0, True, False).total_s:
-            mbt = mb_time(1.0 / p, False, True)
+    a_layers = max(1, spec.architecture.num_layers)
+    if p == 1:
+        mbt, stage = mb_time(1.0, True, True), a_layers
+    else:  # the busiest stage: the first (its layers + embeddings), a middle one, or the last (+ head)
+        first, middle, last = pipeline.stage_layers(a_layers, p)
+        stage, mbt = max(((n, mb_time(n / a_layers, emb, head)) for n, emb, head in
+                          ((first, True, False), (middle, False, False), (last, False, True))),
+                         key=lambda c: c[1].total_s)
     compute = accum * mbt.total_s
     a, e = spec.architecture, dtype_bytes(spec.dtypes.compute)
 
@@ -179,11 +183,11 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
         timer = _Cached(GroupTimer(hw, layout.tp, comm_efficiency, comm_points), cache)
         fwd, bwd = comm.tp_comm_time_per_layer_s(layout.micro_batch, anatomy.seq_len, a.d_model, e, layout.tp, timer)
         per_layer = fwd + bwd + (fwd if anatomy.recompute == "full" else 0.0)
-        tp_s = accum * (a.num_layers / p) * per_layer
+        tp_s = accum * stage * per_layer
         if layout.tp_overlap:  # hidden under this stage's layer GEMMs (recomputed ones included)
             gemm = parts.by_kind.get(("layers", "gemm"), 0.0) + parts.again_by_kind.get(
                 ("layers", anatomy.recompute, "gemm"), 0.0)
-            tp_s = comm.tp_overlap_exposed_s(tp_s, accum * gemm / p)
+            tp_s = comm.tp_overlap_exposed_s(tp_s, accum * gemm * stage / a_layers)
 
     bubble = pipeline.bubble_time_s(compute + tp_s, p, accum, layout.pp_virtual_stages) if p > 1 else 0.0
     if p > 1:  # activations to the next stage and gradients back, per micro-batch, not overlapped

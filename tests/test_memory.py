@@ -173,7 +173,8 @@ def _anatomy(spec, layout, kind, recompute, compiled, seq_len):
 @settings(max_examples=40, deadline=None)
 @given(specs, layouts, kinds, st.booleans(), st.sampled_from([256, 1024]))
 def test_activations_non_increasing_none_selective_full(spec, layout, kind, compiled, seq_len):
-    saved = [activation_bytes(_anatomy(spec, layout, kind, rc, compiled, seq_len), layout)[0]
+    saved = [activation_bytes(_anatomy(spec, layout, kind, rc, compiled, seq_len), layout,
+                              spec.architecture.num_layers)[0]
              for rc in ("none", "selective", "full")]
     assert saved[0] >= saved[1] >= saved[2] > 0, saved
 

@@ -107,3 +107,37 @@ def test_p2p_time_by_hand():
     assert pipeline.p2p_time_s(sent, 100e9, 5e-6, 8, v=2) == pytest.approx(2 * t)
     with pytest.raises(ValueError):
         pipeline.p2p_time_s(sent, 0.0, 5e-6, 8)
+
+
+def test_stage_layers_even_and_uneven_by_hand():
+    """Llama 3 405B: 126 layers over 16 stages, one fewer on the first and last (arXiv 2407.21783 sec. 3.3.2):
+    7 + 14 x 8 + 7 = 126. BLOOM: 70 over 12 as 5 + 10 x 6 + 5 (DeepSpeed's transformer|embedding partition)."""
+    from ddplan.pipeline import stage_layers
+
+    assert stage_layers(126, 16) == (7, 8, 7)
+    assert stage_layers(70, 12) == (5, 6, 5)
+    assert stage_layers(24, 4) == (6, 6, 6)
+    assert stage_layers(9, 2) == (4, 4, 5)
+    assert stage_layers(7, 1) == (7, 7, 7)
+    for L, p in ((126, 16), (70, 12), (17, 4), (100, 7)):
+        first, middle, last = stage_layers(L, p)
+        assert first + middle * (p - 2) + last == L and first <= middle and last <= middle
+    with pytest.raises(ValueError):
+        stage_layers(5, 4)  # 2 + 2 + 1 + 0: the last stage would hold no layer
+
+
+def test_uneven_stages_price_the_busiest_stage(capsys):
+    """gpt3-22b (48 layers) over pp 5: stages 9, 10, 10, 10, 9 (pp 5 does not divide 48): the table prices it
+    instead of skipping it, and its busiest stage (10 layers + head, the last one at 9 + head or a middle one)
+    is slower than pp 6's 8 layers and faster than pp 4's 12, per micro-batch."""
+    from cli_helpers import csv_rows, run_ok
+
+    def stage_s(pp: int) -> float:
+        (r,) = csv_rows(run_ok(capsys, ["table", "-m", "gpt3-22b", "--hardware", "a100-sxm-80gb", "--gpus",
+                                        str(8 * pp), "--tp", "8", "--pp", str(pp), "--device-batch-size", "1",
+                                        "--total-batch-size", str(2048 * 120), "--attention", "sdpa-math",
+                                        "--format", "csv"]))
+        assert r["pp"] == str(pp)
+        return float(r["compute_s"]) / int(r["accum"])
+
+    assert stage_s(6) < stage_s(5) < stage_s(4)
