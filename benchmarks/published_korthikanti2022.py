@@ -3,7 +3,8 @@ each priced through the CLI exactly as a user would ask for it.
 
     python benchmarks/published_korthikanti2022.py
 
-Rows and layouts: benchmarks/korthikanti2022.yaml (each with its source). The "present work" rows use
+Rows and layouts: the korthikanti2022 runs of validation/published_runs.yaml (each with its source), priced
+with the `ddplan table` command each stands for (ddplan.runs.table_command). The "present work" rows use
 sequence parallelism, which ddplan cannot express yet (issue 12): they are priced as selective recompute
 without it (the same work; all-reduces in place of reduce-scatter + all-gather; more activation memory).
 Prints, per row, the command, the prediction with its band, the measured time and the error; then the
@@ -20,22 +21,14 @@ import statistics
 import sys
 from pathlib import Path
 
-import yaml
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ddplan import cli  # noqa: E402
+from ddplan.runs import load_runs, table_command  # noqa: E402
 
 # Figure 1 (GPT-3 175B, tp 8, pp 8, micro-batch 1, no recompute): GiB per GPU
 FIG1_STATES_GIB, FIG1_ACTIVATIONS_GIB = 45.56, 66.84
-
-
-def table5_argv(r: dict) -> list[str]:
-    return ["table", "--model", r["model"], "--hardware", r["hardware"], "--gpus", str(r["gpus"]), "--tp", str(r["tp"]),
-            "--pp", str(r["pp"]), "--vp", str(r["pp_virtual_stages"]), "--device-batch-size", str(r["micro_batch"]),
-            "--total-batch-size", str(r["global_batch_sequences"] * 2048), "--recompute", r["recompute"],
-            "--attention", "sdpa-math"]
 
 
 def run_csv(argv: list[str]) -> list[dict]:
@@ -48,19 +41,19 @@ def run_csv(argv: list[str]) -> list[dict]:
 
 
 def main() -> None:
-    rows = yaml.safe_load((ROOT / "benchmarks" / "korthikanti2022.yaml").read_text(encoding="utf-8"))
+    rows = [r for r in load_runs().runs if r.source.name == "korthikanti2022"]
     print(f"{'model':10s} {'recompute':10s} {'measured s':>10s} {'ddplan s (band)':>24s} {'error':>7s}  command")
     errors, inside = [], 0
     for r in rows:
-        argv = table5_argv(r)
+        argv = table_command(r)
         (row,) = run_csv(argv)
         pred, lo, hi = float(row["step_s"]), float(row["step_low_s"]), float(row["step_high_s"])
-        meas = r["iteration_time_s"]
+        meas = r.measured.step_time_s
         err = (pred - meas) / meas
         errors.append(abs(err))
         inside += lo <= meas <= hi
-        label = r["recompute"] + ("+SP" if r["sequence_parallel"] else "")
-        print(f"{r['model']:10s} {label:10s} {meas:10.2f} {pred:10.2f} ({lo:6.2f}-{hi:6.2f}) {100 * err:+6.1f}%  "
+        label = r.layout.recompute + ("+SP" if r.layout.sequence_parallel else "")
+        print(f"{r.model.base:10s} {label:10s} {meas:10.2f} {pred:10.2f} ({lo:6.2f}-{hi:6.2f}) {100 * err:+6.1f}%  "
               f"ddplan {' '.join(argv)}")
     print(f"\nTable 5: median |error| {100 * statistics.median(errors):.1f}%, max {100 * max(errors):.1f}%, "
           f"{inside} of {len(rows)} measurements inside the band")

@@ -212,6 +212,29 @@ def _slug(name: str) -> str:
     return s or "model"
 
 
+def table_command(run: PublishedRun) -> list[str] | None:
+    """The `ddplan table` arguments that price this run as one row, or None when its model needs a YAML
+    (architecture overrides) or its network differs from the hardware spec's (no flag for either)."""
+    if run.model.architecture or run.network is not None:
+        return None
+    lay = run.layout
+    argv = ["table", "--model", run.model.base, "--hardware", run.hardware, "--gpus", str(lay.gpus),
+            "--tp", str(lay.tp), "--pp", str(lay.pp), "--vp", str(lay.vp), "--zero", str(lay.zero),
+            "--device-batch-size", str(lay.micro_batch), "--total-batch-size", str(run.tokens_per_step),
+            "--recompute", lay.recompute, "--seq-len", str(run.model.seq_len),
+            "--dtype", "bf16" if run.precision == "fp8" else run.precision,
+            "--compile" if lay.compiled else "--no-compile"]
+    if lay.attention:
+        argv += ["--attention", lay.attention]
+    if lay.window:
+        argv += ["--window", lay.window]
+    if lay.tp_comm_overlap:
+        argv.append("--tp-comm-overlap")
+    if run.precision == "fp8":
+        argv.append("--fp8")
+    return argv
+
+
 def with_sustained(hw, fraction: float, source: str):
     """The hardware spec with its GEMM sustained fraction replaced (a point value: no range)."""
     from ddplan.specs import Efficiency

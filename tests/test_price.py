@@ -10,10 +10,12 @@ import pytest
 import yaml
 
 from ddplan import price as price_module
+from ddplan import validation as V
 from ddplan.layout import NATIVE_ZERO
 from ddplan.plan import PlanRequest, search
 from ddplan.price import Pricer, RunPlan
 from ddplan.registry import load_hardware, load_model
+from ddplan.runs import load_runs, table_command
 from ddplan.table import TableRequest, build_table
 
 from cli_helpers import csv_rows, f, fails, run_ok
@@ -191,30 +193,27 @@ def test_memory_gpus_means_total_gpus(capsys):
 
 
 # --------------------------------------------------------------------------------------------
-# published: Korthikanti et al. 2022 (arXiv 2205.05198) Table 5, through the CLI
+# published: Korthikanti et al. 2022 (arXiv 2205.05198) Table 5, through the CLI as a user would ask for it
 
-TABLE5 = yaml.safe_load((ROOT / "benchmarks" / "korthikanti2022.yaml").read_text(encoding="utf-8"))
-
-
-def table5_argv(r: dict) -> list[str]:
-    return ["table", "--model", r["model"], "--hardware", r["hardware"], "--gpus", str(r["gpus"]), "--tp", str(r["tp"]),
-            "--pp", str(r["pp"]), "--vp", str(r["pp_virtual_stages"]), "--device-batch-size", str(r["micro_batch"]),
-            "--total-batch-size", str(r["global_batch_sequences"] * 2048), "--recompute", r["recompute"],
-            "--attention", "sdpa-math", "--format", "csv"]
+TABLE5 = [r for r in load_runs().runs if r.source.name == "korthikanti2022"]
 
 
-@pytest.mark.parametrize("r", TABLE5, ids=[f"{r['model']}-{r['recompute']}" for r in TABLE5])
+@pytest.mark.parametrize("r", TABLE5, ids=[r.id for r in TABLE5])
 def test_korthikanti_table5_within_15_percent(capsys, r):
     """Every Table 5 iteration time within 15% (full recompute: 1.42 / 18.13 / 49.05 / 94.42 s for 22B /
-    175B / 530B / 1T). The sequence-parallel + selective rows are priced as selective recompute without
-    sequence parallelism, which ddplan cannot express yet (issue 12): their memory is flagged over 80 GB,
-    and the time is the same work with all-reduces in place of reduce-scatter + all-gather."""
-    (row,) = csv_rows(run_ok(capsys, table5_argv(r)))
-    err = (f(row, "step_s") - r["iteration_time_s"]) / r["iteration_time_s"]
-    print(f"{r['model']} {r['recompute']}: measured {r['iteration_time_s']} s, predicted {f(row, 'step_s'):.2f} s "
-          f"({100 * err:+.1f}%)")
+    175B / 530B / 1T), priced by the `ddplan table` command the dataset row stands for, and that command's
+    row is the one `ddplan validate` scores. The sequence-parallel + selective rows are priced as selective
+    recompute without sequence parallelism, which ddplan cannot express yet (issue 12): their memory is
+    flagged over 80 GB, and the time is the same work with all-reduces in place of reduce-scatter + all-gather."""
+    argv = table_command(r)
+    assert argv is not None
+    (row,) = csv_rows(run_ok(capsys, argv + ["--format", "csv"]))
+    measured = r.measured.step_time_s
+    err = (f(row, "step_s") - measured) / measured
+    print(f"{r.id}: measured {measured} s, predicted {f(row, 'step_s'):.2f} s ({100 * err:+.1f}%)")
     assert abs(err) <= 0.15
-    assert f(row, "step_low_s") <= r["iteration_time_s"] <= f(row, "step_high_s")
+    assert f(row, "step_low_s") <= measured <= f(row, "step_high_s")
+    assert f(row, "step_s") == pytest.approx(V.score(r, "test").predicted_s, rel=1e-12)
 
 
 # --------------------------------------------------------------------------------------------

@@ -231,3 +231,17 @@ def test_tp_comm_overlap_hides_tensor_parallel_communication(capsys):
     # the bubble scales with the stage time, so compare compute + exposed tp comm
     assert float(over["compute_s"]) == pytest.approx(float(plain["compute_s"]))
     assert float(over["step_s"]) < float(plain["step_s"]) - 1.0
+
+
+def test_a_runs_table_command_prices_it_as_validate_does(capsys, scored):
+    """Every dataset run whose model is a built-in gets a `ddplan table` command (runs.table_command); run through
+    the CLI it gives the step validate scores (the seed and Korthikanti's rows: 9 commands)."""
+    from ddplan.runs import table_command
+
+    by_id = {s.id: s for s in scored}
+    commands = [(r, table_command(r)) for r in load_runs().runs]
+    commands = [(r, c) for r, c in commands if c is not None]
+    assert len(commands) >= 9
+    for r, argv in commands:
+        (row,) = csv_rows(run_ok(capsys, argv + ["--format", "csv"]))
+        assert float(row["step_s"]) == pytest.approx(by_id[r.id].predicted_s, rel=1e-12), r.id
