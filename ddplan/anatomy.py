@@ -94,6 +94,7 @@ class Anatomy:
     ops: tuple[Op, ...]
     optimizer_ops: tuple[Op, ...] = field(default=())
     tp: int = 1  # the ops are one tensor-parallel rank's share
+    sequence_parallel: bool = False  # with tp: norms, residual stream and saved inputs split over tp too
 
     @property
     def tokens(self) -> int:
@@ -328,13 +329,21 @@ def _with(obj, **changes):
     return new
 
 
-def for_tp(base: Anatomy, tp: int) -> Anatomy:
-    """One tensor-parallel rank's share of a tp=1 anatomy (same as build_anatomy(..., tp=tp), cheaper)."""
+def for_tp(base: Anatomy, tp: int, sequence_parallel: bool = False) -> Anatomy:
+    """One tensor-parallel rank's share of a tp=1 anatomy (same as build_anatomy(..., tp=tp), cheaper).
+
+    sequence_parallel: Megatron's sequence parallelism (Korthikanti et al., arXiv 2205.05198, sec. 4.2.2):
+    the ops tp leaves replicated inside the layers (norms, residual adds, dropout) and the final norm run on
+    1/tp of the sequence, and every tensor a layer saves is kept split over tp, so a layer's activation
+    memory is exactly the tp = 1 figure over tp (their Table 2: sbh(34 + 5as/h) / t).
+    """
     if base.tp != 1:
         raise ValueError(f"need a tp=1 anatomy, got tp={base.tp}")
     if tp == 1:
         return base
-    share = _with(base, ops=tuple(_tp_share(op, tp) for op in base.ops), tp=tp)
+    ops = tuple(_sp_share(op, tp) if sequence_parallel and (op.layer is not None or op.name == "norm_f")
+                else _tp_share(op, tp) for op in base.ops)
+    share = _with(base, ops=ops, tp=tp, sequence_parallel=sequence_parallel)
     for name in ("saved_split", "_transient"):  # cached on base from its own ops: not this share's
         share.__dict__.pop(name, None)
     return share
@@ -359,6 +368,19 @@ def _tp_share(op: Op, tp: int) -> Op:
     return replace(op, shape=shape, flops_fwd=op.flops_fwd / tp, flops_bwd=op.flops_bwd / tp,
                    bytes_fwd=op.bytes_fwd / tp, bytes_bwd=op.bytes_bwd / tp, saves=saves,
                    recompute_flops_bwd=op.recompute_flops_bwd / tp, transient_bytes=op.transient_bytes / tp)
+
+
+def _sp_share(op: Op, tp: int) -> Op:
+    """One rank's share of a layer op under tensor + sequence parallelism: split ops as under tp, the ops tp
+    replicates split over the sequence, and every saved tensor / tp (ddplan.anatomy.for_tp)."""
+    split = _tp_share(op, tp)
+    saves = tuple(_with(sv, bytes=sv.bytes / tp) for sv in op.saves)
+    if tp_split(op.name, op.kind) is not None:
+        return _with(split, saves=saves)
+    shape = (max(1, op.shape[0] // tp), *op.shape[1:])
+    return _with(op, shape=shape, flops_fwd=op.flops_fwd / tp, flops_bwd=op.flops_bwd / tp,
+                 bytes_fwd=op.bytes_fwd / tp, bytes_bwd=op.bytes_bwd / tp, saves=saves,
+                 recompute_flops_bwd=op.recompute_flops_bwd / tp, transient_bytes=op.transient_bytes / tp)
 
 
 def _embeddings(bld: _Builder) -> None:

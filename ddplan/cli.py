@@ -272,6 +272,8 @@ def table_cmd(
                              "does not run on the hardware)."),
     tp_comm_overlap: bool = typer.Option(False, "--tp-comm-overlap", help="Tensor-parallel communication "
                                          "overlapped with the layers' GEMMs (Megatron-Core --tp-comm-overlap)."),
+    sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="Megatron sequence parallelism with "
+                                           "--tp: norms and saved activations split over tp too."),
     plot: str = typer.Option(None, "--plot", help="Also write wall-clock and cost against GPU count (PNG or SVG)."),
     format: Format = FormatOpt,
 ) -> None:
@@ -335,7 +337,7 @@ def table_cmd(
         overheads=RunOverheads(startup_s=startup_min * 60, eval_every_steps=eval_every, eval_tokens=eval_tokens,
                                checkpoint_every_steps=checkpoint_every),
         compiled=compiled, measurement=measurement, knob=fit.value, calibration=cal, calibration_path=calibration,
-        fp8=fp8, headroom=headroom, tp_overlap=tp_comm_overlap)
+        fp8=fp8, headroom=headroom, tp_overlap=tp_comm_overlap, sequence_parallel=sequence_parallel)
     _check_plot_path(plot)
     result = build_table(req, _progress("table"))
     rows = render.table_data(result)

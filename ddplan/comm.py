@@ -408,16 +408,21 @@ def tp_allreduce_bytes_per_layer(batch: int, seq: int, hidden: int, elem_bytes: 
 
 
 def tp_comm_time_per_layer_s(batch: int, seq: int, hidden: int, elem_bytes: float, tp: int,
-                             tier: Timer) -> tuple[float, float]:
+                             tier: Timer, sequence_parallel: bool = False) -> tuple[float, float]:
     """(forward, backward) tensor-parallel all-reduce time per layer, seconds, uncalibrated.
 
     fwd = bwd = 2 x collective_time_s("all_reduce", b s h elem_bytes, tp, tier); (0, 0) for tp = 1.
     e.g. b=1, s=2048, h=4096, bf16, tp=8 at 312.9 GB/s, 8 us: 2 x (1.12e-4 + 16.78e6 x 1.75 / 312.9e9)
     = 2 x 2.0583e-4 = 4.1166e-4 s each way.
     Ref: Shoeybi et al., arXiv 1909.08053, sec. 3; Korthikanti et al., arXiv 2205.05198, sec. 4.2.2.
+    Sequence parallelism replaces each all-reduce by a reduce-scatter and an all-gather of the same b s h
+    buffer (the same bytes on a ring; each at its own measured bus bandwidth).
     """
     size = tp_allreduce_size_bytes(batch, seq, hidden, elem_bytes)
-    one = tier.time_s("all_reduce", size, tp)
+    if sequence_parallel:
+        one = tier.time_s("reduce_scatter", size, tp) + tier.time_s("all_gather", size, tp)
+    else:
+        one = tier.time_s("all_reduce", size, tp)
     return TP_ALLREDUCES_PER_LAYER_FWD * one, TP_ALLREDUCES_PER_LAYER_BWD * one
 
 

@@ -34,6 +34,7 @@ class Layout:
     pp_schedule: str = "1f1b"  # "1f1b" or "interleaved"
     pp_virtual_stages: int = 1
     tp_overlap: bool = False  # tensor-parallel communication overlapped with GEMMs (Megatron --tp-comm-overlap)
+    sequence_parallel: bool = False  # Megatron sequence parallelism over the tp group (needs tp > 1)
 
     def __post_init__(self) -> None:
         bad = {k: getattr(self, k) for k in ("dp", "tp", "pp", "micro_batch", "grad_accum", "pp_virtual_stages")
@@ -57,9 +58,15 @@ class Layout:
         h = self.__dict__.get("_hash")
         if h is None:
             h = hash((self.dp, self.tp, self.pp, self.zero, self.micro_batch, self.grad_accum, self.attention,
-                      self.recompute, self.compiled, self.pp_schedule, self.pp_virtual_stages, self.tp_overlap))
+                      self.recompute, self.compiled, self.pp_schedule, self.pp_virtual_stages, self.tp_overlap,
+                      self.sequence_parallel))
             object.__setattr__(self, "_hash", h)
         return h
+
+    @property
+    def tp_share(self) -> tuple[int, bool]:
+        """What one rank's share of the ops depends on: tp and sequence parallelism (cache keys)."""
+        return self.tp, self.sequence_parallel
 
     @property
     def num_gpus(self) -> int:
@@ -78,7 +85,7 @@ def data_parallel(gpus: int, tp: int = 1, pp: int = 1) -> int:
 
 def layout_for(spec: ModelSpec, *, gpus: int, tp: int = 1, pp: int = 1, vp: int = 1, zero: int | None = None,
                micro_batch: int, grad_accum: int, attention: str, recompute: str = "none",
-               compiled: bool | None = None, tp_overlap: bool = False) -> Layout:
+               compiled: bool | None = None, tp_overlap: bool = False, sequence_parallel: bool = False) -> Layout:
     """The layout of `gpus` GPUs in total: dp = gpus / (tp x pp); the model's native ZeRO stage unless one is
     given (and always at dp 1, where there is nothing to shard); interleaved when vp > 1. The one place
     `table`, `memory` and a measurement turn GPU counts into a layout."""
@@ -88,7 +95,7 @@ def layout_for(spec: ModelSpec, *, gpus: int, tp: int = 1, pp: int = 1, vp: int 
                   grad_accum=grad_accum, attention=attention, recompute=recompute,
                   compiled=spec.recipe.compiled if compiled is None else compiled,
                   pp_schedule="interleaved" if vp > 1 else "1f1b", pp_virtual_stages=vp,
-                  tp_overlap=tp_overlap and tp > 1)
+                  tp_overlap=tp_overlap and tp > 1, sequence_parallel=sequence_parallel and tp > 1)
 
 
 def check_layout(layout: Layout, spec: ModelSpec, total_batch_tokens: int | None = None,

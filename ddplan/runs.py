@@ -59,7 +59,7 @@ class RunLayout(Strict):
     recompute: Recompute = "none"
     attention: str | None = None  # an implementation of the hardware spec (default: the spec's default)
     window: str | None = Field(default=None, pattern=r"^[SL]+$")  # window pattern (nanochat); default the model's
-    sequence_parallel: bool = False  # recorded; priced as tp without it until ddplan models it
+    sequence_parallel: bool = False  # Megatron sequence parallelism with tp
     tp_comm_overlap: bool = False  # Megatron-Core --tp-comm-overlap
     compiled: bool = False
 
@@ -230,6 +230,8 @@ def table_command(run: PublishedRun) -> list[str] | None:
         argv += ["--window", lay.window]
     if lay.tp_comm_overlap:
         argv.append("--tp-comm-overlap")
+    if lay.sequence_parallel:
+        argv.append("--sequence-parallel")
     if run.precision == "fp8":
         argv.append("--fp8")
     return argv
@@ -270,7 +272,7 @@ def price_run(run: PublishedRun, where: str, sustained: dict[str, float] | None 
                        zeros=(lay.zero,), micro_batches=(lay.micro_batch,), recomputes=(lay.recompute,),
                        attentions=(attention,), windows=(lay.window or spec.architecture.window_pattern,),
                        total_batch_tokens=run.tokens_per_step, compiled=lay.compiled, fp8=run.precision == "fp8",
-                       tp_overlap=lay.tp_comm_overlap)
+                       tp_overlap=lay.tp_comm_overlap, sequence_parallel=lay.sequence_parallel)
     try:
         table = build_table(req)
     except DdplanError as e:

@@ -155,8 +155,9 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
     may be passed precomputed; cache: a dict the caller keeps across layouts of the same model,
     hardware and calibration (ddplan.price.Pricer), keyed by values, for collective times and buffers.
     """
-    if anatomy.tp != layout.tp:
-        raise ValueError(f"the anatomy is for tp={anatomy.tp}, the layout has tp={layout.tp}")
+    if (anatomy.tp, anatomy.sequence_parallel) != layout.tp_share:
+        raise ValueError(f"the anatomy is for tp, sp = {anatomy.tp}, {anatomy.sequence_parallel}; the layout has "
+                         f"{layout.tp_share}")
     cache = {} if cache is None else cache
     p, accum = layout.pp, layout.grad_accum
     parts = op_times(anatomy, r) if parts is None else parts
@@ -181,7 +182,8 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
         # Megatron: 2 all-reduces of b s h forward and 2 backward per layer; full recompute repeats the
         # forward pair (Korthikanti et al., arXiv 2205.05198, sec. 4.2.2)
         timer = _Cached(GroupTimer(hw, layout.tp, comm_efficiency, comm_points), cache)
-        fwd, bwd = comm.tp_comm_time_per_layer_s(layout.micro_batch, anatomy.seq_len, a.d_model, e, layout.tp, timer)
+        fwd, bwd = comm.tp_comm_time_per_layer_s(layout.micro_batch, anatomy.seq_len, a.d_model, e, layout.tp, timer,
+                                                 layout.sequence_parallel)
         per_layer = fwd + bwd + (fwd if anatomy.recompute == "full" else 0.0)
         tp_s = accum * stage * per_layer
         if layout.tp_overlap:  # hidden under this stage's layer GEMMs (recomputed ones included)

@@ -50,6 +50,7 @@ class TableRequest:
     fp8: bool = False  # eligible GEMMs in fp8 (MFU stays against the compute dtype's peak)
     headroom: float = HEADROOM
     tp_overlap: bool = False  # tensor-parallel communication overlapped with GEMMs (Megatron --tp-comm-overlap)
+    sequence_parallel: bool = False  # Megatron sequence parallelism with tp
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,8 @@ def build_table(req: TableRequest, progress: Callable[[str, int, int], None] | N
             progress(f"{gpus} GPUs, tp {tp}, pp {pp}, {att}, {win}", i, rows)
         try:
             layout, flags = _layout(pricer, total_batch // seq, gpus, tp, pp, vp, zero, asked_mb, rc, att, win,
-                                    compiled, pinned=bool(req.micro_batches), tp_overlap=req.tp_overlap)
+                                    compiled, pinned=bool(req.micro_batches), tp_overlap=req.tp_overlap,
+                                    sequence_parallel=req.sequence_parallel)
         except LayoutError as e:
             skipped.append(f"{gpus} GPUs, tp {tp}, pp {pp}, interleave {vp}: {e.message}")
             continue
@@ -181,7 +183,7 @@ def build_table(req: TableRequest, progress: Callable[[str, int, int], None] | N
 
 def _layout(pricer: Pricer, sequences: int, gpus: int, tp: int, pp: int, vp: int, zero: int, asked_mb: int, rc: str,
             attention: str, window: str, compiled: bool, pinned: bool,
-            tp_overlap: bool = False) -> tuple[Layout, tuple[Flag, ...]]:
+            tp_overlap: bool = False, sequence_parallel: bool = False) -> tuple[Layout, tuple[Flag, ...]]:
     """The layout of one row, its batch split by the one rule (ddplan.layout.split_batch), and what changed.
 
     Unless the micro-batch is pinned, the largest divisor of the sequences per rank that fits in memory
@@ -191,7 +193,7 @@ def _layout(pricer: Pricer, sequences: int, gpus: int, tp: int, pp: int, vp: int
     split = split_batch(sequences, data_parallel(gpus, tp, pp), asked_mb)
     layout = layout_for(spec, gpus=gpus, tp=tp, pp=pp, vp=vp, zero=zero, micro_batch=split.micro_batch,
                         grad_accum=split.accum, attention=attention, recompute=rc, compiled=compiled,
-                        tp_overlap=tp_overlap)
+                        tp_overlap=tp_overlap, sequence_parallel=sequence_parallel)
     check_layout(layout, spec, world_size_rule=False)
     flags = []
     if split.change:

@@ -25,7 +25,8 @@ def config_label(p: PricedLayout, native_zero: int | None = None) -> str:
     lay = p.layout
     parts = [f"{lay.num_gpus}x {p.hardware}"]
     if lay.tp > 1:
-        parts.append(f"tp {lay.tp}" + (" overlapped" if lay.tp_overlap else ""))
+        parts.append(f"tp {lay.tp}" + (" +SP" if lay.sequence_parallel else "")
+                     + (" overlapped" if lay.tp_overlap else ""))
     if lay.pp > 1:
         parts.append(f"pp {lay.pp}" + (f" x{lay.pp_virtual_stages} interleaved" if lay.pp_virtual_stages > 1 else ""))
     if native_zero is not None and lay.dp > 1 and lay.zero != native_zero:

@@ -297,3 +297,24 @@ def test_for_tp_does_not_inherit_the_base_cached_activation_sums():
     assert share.saved_split == pytest.approx(direct.saved_split)
     assert share.transient_bytes() == pytest.approx(direct.transient_bytes())
     assert share.saved_split[0] < base.saved_split[0]
+
+
+def test_sequence_parallel_splits_every_saved_layer_tensor_over_tp():
+    """Korthikanti et al. 2022 (arXiv 2205.05198) Table 2: with tensor and sequence parallelism a layer's
+    activations are the unsplit figure over t (sbh(34 + 5as/h) / t); without SP the norms' and residual
+    stream's tensors stay whole on every rank. ddplan: saved layer bytes at tp 8 + SP = tp 1 / 8 exactly, and
+    more than that without SP; the replicated ops' work is split too (elementwise FLOPs / 8)."""
+    from ddplan.anatomy import build_anatomy, for_tp
+    from ddplan.registry import load_model
+
+    spec = load_model("gpt3-22b")
+    base = build_anatomy(spec, batch=1, attention="unfused_math", windows="mask")
+    sp = for_tp(base, 8, sequence_parallel=True)
+    plain = for_tp(base, 8)
+    assert sp.saved_split[0] == pytest.approx(base.saved_split[0] / 8, rel=1e-12)
+    assert plain.saved_split[0] > 1.5 * sp.saved_split[0]
+    elementwise = [op for op in base.ops if op.layer is not None and op.kind in ("elementwise", "reduction")]
+    assert elementwise
+    by_name = {op.name: op for op in sp.ops}
+    for op in elementwise:
+        assert by_name[op.name].flops_fwd == pytest.approx(op.flops_fwd / 8)

@@ -356,3 +356,15 @@ def test_tp_overlap_exposed_by_hand():
     assert comm.tp_overlap_exposed_s(0.0, 0.0) == 0.0
     with pytest.raises(ValueError):
         comm.tp_overlap_exposed_s(-1.0, 1.0)
+
+
+def test_tp_comm_with_sequence_parallelism_is_reduce_scatter_plus_all_gather():
+    """Sequence parallelism: each all-reduce of b s h becomes a reduce-scatter and an all-gather of the same
+    buffer; on one ring tier (alpha 8 us, busbw 312.9 GB/s) that is (n-1) alpha + (n-1)/n S / busbw twice,
+    the all-reduce's 2(n-1) alpha + 2(n-1)/n S / busbw exactly."""
+    tier = Tier("intra_node", 312.9e9, 8e-6)
+    sp = comm.tp_comm_time_per_layer_s(1, 2048, 4096, 2, 8, tier, sequence_parallel=True)
+    ar = comm.tp_comm_time_per_layer_s(1, 2048, 4096, 2, 8, tier)
+    size = 2048 * 4096 * 2
+    one = 2 * (7 * 8e-6 + 7 / 8 * size / 312.9e9)
+    assert sp[0] == pytest.approx(2 * one) and sp == pytest.approx(ar)
