@@ -530,6 +530,10 @@ def plan_cmd(
     total_batch_size: int = typer.Option(None, "--total-batch-size", help="Tokens per optimizer step."),
     seq_len: int = SeqLenOpt,
     dtype: str = DtypeOpt,
+    sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="Layouts with tp run Megatron's "
+                                           "sequence parallelism."),
+    tp_comm_overlap: bool = typer.Option(False, "--tp-comm-overlap", help="Layouts with tp overlap their "
+                                         "communication with GEMMs (Megatron-Core --tp-comm-overlap)."),
     tp_across_nodes: bool = typer.Option(False, "--tp-across-nodes", help="Allow tensor parallelism beyond one "
                                          "node (kept inside a node by default)."),
     top: int = typer.Option(10, "--top", help="How many layouts to list (table, markdown, json; csv lists all)."),
@@ -561,7 +565,8 @@ def plan_cmd(
                       deadline_h=deadline, budget_usd=budget, top=top,
                       calibration=cal, calibration_path=calibration, price=price_spec,
                       overheads=RunOverheads(startup_s=startup_min * 60), total_batch_tokens=total_batch_size,
-                      tp_across_nodes=tp_across_nodes, headroom=headroom)
+                      tp_across_nodes=tp_across_nodes, headroom=headroom, sequence_parallel=sequence_parallel,
+                      tp_overlap=tp_comm_overlap)
     result = search(req, _progress("plan"))
     why = words.plan_reasons(result)
     warnings = words.plan_warnings(result)

@@ -48,6 +48,8 @@ class PlanRequest:
     recomputes: tuple[str, ...] = ("none", "selective", "full")
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     headroom: float = HEADROOM  # keep this fraction of usable memory free (fragmentation, spikes, other processes)
+    sequence_parallel: bool = False  # tp layouts run Megatron's sequence parallelism
+    tp_overlap: bool = False  # tp layouts overlap their communication with GEMMs (Megatron-Core --tp-comm-overlap)
 
 
 @dataclass
@@ -107,7 +109,9 @@ def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, 
                     for sched, v in schedules:
                         yield [[Layout(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=mb, grad_accum=per_dp // mb,
                                        attention=attention, recompute=rc, compiled=spec.recipe.compiled,
-                                       pp_schedule=sched, pp_virtual_stages=v) for rc in req.recomputes]
+                                       pp_schedule=sched, pp_virtual_stages=v,
+                                       sequence_parallel=req.sequence_parallel and tp > 1,
+                                       tp_overlap=req.tp_overlap and tp > 1) for rc in req.recomputes]
                                for mb in mbs]
 
 

@@ -103,8 +103,8 @@ def lines(text_lines: list[str], fmt: str) -> str:
     return "\n".join(prefix + t for t in text_lines) + "\n"
 
 
-PLAN_COLUMNS = ("hardware", "gpus", "dp", "tp", "pp", "zero", "micro_batch", "accum", "attention", "recompute",
-                "schedule", "family", "step_s", "wall_clock_h", "cost_usd", "mfu_pct", "memory_gib")
+PLAN_COLUMNS = ("hardware", "gpus", "dp", "tp", "sp", "tp_overlap", "pp", "zero", "micro_batch", "accum", "attention",
+                "recompute", "schedule", "family", "step_s", "wall_clock_h", "cost_usd", "mfu_pct", "memory_gib")
 
 
 def plan_data(rows: list[dict]) -> list[dict]:

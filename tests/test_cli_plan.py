@@ -222,3 +222,16 @@ def test_csv_deadline_warning_reaches_stderr(capsys):
     code, _, err = run(capsys, [*D24_MI300X, "--deadline", "0.1", "--format", "csv"])
     assert code == 0
     assert "no layout finishes within 0.1 h" in err
+
+
+def test_plan_sequence_parallel_and_tp_overlap_apply_to_tp_layouts(capsys):
+    """--sequence-parallel / --tp-comm-overlap state the framework: every layout with tp > 1 runs them, none
+    with tp = 1 (there is nothing to split or overlap)."""
+    out = run_ok(capsys, ["plan", "--model", "gpt3-22b", "--hardware", "a100-sxm-80gb", "--gpus", "16",
+                          "--total-batch-size", str(2048 * 64), "--sequence-parallel", "--tp-comm-overlap",
+                          "--format", "csv"])
+    rows = csv_rows(out)
+    assert any(r["tp"] != "1" for r in rows)
+    for r in rows:
+        tp = r["tp"] != "1"
+        assert (r["sp"] == "True") == tp and (r["tp_overlap"] == "True") == tp, r
