@@ -5,8 +5,7 @@ each priced through the CLI exactly as a user would ask for it.
 
 Rows and layouts: the korthikanti2022 runs of validation/published_runs.yaml (each with its source), priced
 with the `ddplan table` command each stands for (ddplan.runs.table_command). The "present work" rows use
-sequence parallelism, which ddplan cannot express yet (issue 12): they are priced as selective recompute
-without it (the same work; all-reduces in place of reduce-scatter + all-gather; more activation memory).
+sequence parallelism with selective recompute (--sequence-parallel).
 Prints, per row, the command, the prediction with its band, the measured time and the error; then the
 median and largest |error| and how many measurements fall inside the band. tests/test_price.py holds
 each row within 15%.

@@ -202,9 +202,8 @@ TABLE5 = [r for r in load_runs().runs if r.source.name == "korthikanti2022"]
 def test_korthikanti_table5_within_15_percent(capsys, r):
     """Every Table 5 iteration time within 15% (full recompute: 1.42 / 18.13 / 49.05 / 94.42 s for 22B /
     175B / 530B / 1T), priced by the `ddplan table` command the dataset row stands for, and that command's
-    row is the one `ddplan validate` scores. The sequence-parallel + selective rows are priced as selective
-    recompute without sequence parallelism, which ddplan cannot express yet (issue 12): their memory is
-    flagged over 80 GB, and the time is the same work with all-reduces in place of reduce-scatter + all-gather."""
+    row is the one `ddplan validate` scores. The "present work" rows run sequence parallelism
+    (--sequence-parallel) and, as they did, fit in 80 GB."""
     argv = table_command(r)
     assert argv is not None
     (row,) = csv_rows(run_ok(capsys, argv + ["--format", "csv"]))
@@ -214,6 +213,8 @@ def test_korthikanti_table5_within_15_percent(capsys, r):
     assert abs(err) <= 0.15
     assert f(row, "step_low_s") <= measured <= f(row, "step_high_s")
     assert f(row, "step_s") == pytest.approx(V.score(r, "test").predicted_s, rel=1e-12)
+    if r.layout.sequence_parallel:
+        assert row["fits"] == "True" and row["sp"] == "True"
 
 
 # --------------------------------------------------------------------------------------------
