@@ -141,6 +141,37 @@ def specs_show(
     render.echo(render.spec_json(spec, derived) if format is SpecFormat.json else render.spec_text(spec, derived))
 
 
+@specs_app.command("import")
+def specs_import(
+    config: str = typer.Argument(..., help="A Hugging Face config.json, or a folder holding one (read locally)."),
+    out: str = typer.Option(..., "--out", "-o", help="Where to write the model spec (YAML), for editing."),
+) -> None:
+    """Write a ddplan model spec built from a local Hugging Face config.json; every default it had to assume
+    (precision, optimizer, recipe, budget) is named in its `source` fields. `--model CONFIG` reads it directly."""
+    from pathlib import Path
+
+    import yaml
+
+    from ddplan.errors import UsageError
+    from ddplan.files import atomic_write
+    from ddplan.hf import config_path, spec_from_config
+
+    path = config_path(config)
+    if path is None:
+        raise UsageError(f"not a config.json or a folder holding one: {config!r}", field="CONFIG")
+    target = Path(out).expanduser()
+    if target.suffix.lower() not in (".yaml", ".yml"):
+        raise UsageError(f"must end in .yaml or .yml, got {out!r}", field="--out")
+    if not target.resolve().parent.is_dir():
+        raise UsageError(f"folder does not exist: {target.parent}", field="--out")
+    spec = spec_from_config(path)
+    text = (f"# written by `ddplan specs import {config}`: the architecture is the config's; the dtypes, recipe and\n"
+            f"# budget are ddplan's stated defaults (see source): edit them to your run\n"
+            + yaml.safe_dump(spec.model_dump(mode="json", exclude_defaults=True), sort_keys=False, width=110))
+    atomic_write(target, text)
+    print(f"wrote {target} ({spec.name})", file=sys.stderr)
+
+
 @app.command("memory")
 def memory_cmd(
     model: str = ModelOpt,
@@ -411,7 +442,7 @@ def _calibrate_from_log(spec, hw, path, out, gpus, device_batch_size, total_batc
 
     from ddplan import render
     from ddplan.calibrate.fromlog import measurement_from_log
-    from ddplan.calibrate.runner import atomic_write
+    from ddplan.files import atomic_write
     from ddplan.calibration import CalibrationSpec
     from ddplan.errors import SpecError, UsageError
 

@@ -22,10 +22,10 @@ def block_matrix_params_per_layer(arch: Architecture) -> int:
 
 
 def bias_params_per_layer(arch: Architecture) -> int:
-    """Biases of one block's Linear layers when the architecture has them (GPT-2)."""
-    if not arch.linear_bias:
-        return 0
+    """Biases of one block's Linear layers when the architecture has them (GPT-2: every Linear; Qwen2: Q, K, V)."""
     qkv = arch.num_heads * arch.head_dim + 2 * arch.num_kv_heads * arch.head_dim
+    if not arch.linear_bias:
+        return qkv if arch.qkv_bias else 0
     mlp_in = (2 if arch.mlp == "swiglu" else 1) * arch.mlp_hidden_dim
     return qkv + arch.d_model + mlp_in + arch.d_model
 

@@ -233,6 +233,11 @@ def load_hardware(name: str) -> HardwareSpec:
 @functools.lru_cache(maxsize=64)
 def load_model(name: str) -> ModelSpec:
     """A model spec by built-in name, alias, nanochat `dN`/`nanochat-dN` (any depth), or YAML path."""
+    from ddplan.hf import config_path, spec_from_config
+
+    hf = config_path(name)
+    if hf is not None:
+        return spec_from_config(hf)
     depth = nanochat_depth(name.lower())
     if depth is not None and name.lower() not in _builtins("models"):
         from ddplan.nanochat import nanochat_spec  # the depth rule, for depths not shipped

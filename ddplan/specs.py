@@ -281,6 +281,7 @@ class Architecture(Strict):
     norm: Literal["rmsnorm", "layernorm"]
     norm_learnable: bool  # False: RMSNorm without weights (nanochat)
     linear_bias: bool
+    qkv_bias: bool = False  # biases on Q, K and V only (Qwen2), when linear_bias is off
     tied_embeddings: bool
     position: Literal["rope", "learned"]
     qk_norm: bool = False
@@ -295,9 +296,8 @@ class Architecture(Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> Architecture:
-        if self.num_heads * self.head_dim != self.d_model:
-            raise ValueError(f"num_heads x head_dim = {self.num_heads} x {self.head_dim} "
-                             f"= {self.num_heads * self.head_dim} != d_model = {self.d_model}")
+        # num_heads x head_dim may differ from d_model (Gemma 7B: 16 x 256 = 4096 over a 3072-wide stream):
+        # Q, K, V and O follow heads x head_dim (ddplan.params, ddplan.anatomy)
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         return self
@@ -436,7 +436,7 @@ def present_param_groups(arch: Architecture) -> list[str]:
         "ve_gates": arch.value_embeddings is not None,
         "smear_gate": arch.smear_gate_in_features is not None,
         "norms": arch.norm_learnable,
-        "biases": arch.linear_bias,
+        "biases": arch.linear_bias or arch.qkv_bias,
         "scalars": arch.scalars_per_layer + arch.scalars_global > 0,
     }
     return [g for g in PARAM_GROUPS if has[g]]

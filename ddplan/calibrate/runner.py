@@ -11,7 +11,6 @@ interrupted or failing run keeps what it measured, with the failure recorded.
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import os
 import signal
 import tempfile
@@ -26,11 +25,13 @@ from pydantic import ValidationError
 
 from ddplan.calibration import CalibrationSpec
 from ddplan.errors import UsageError
+from ddplan.files import atomic_write
 from ddplan.specs import HardwareSpec, ModelSpec
 
 # hardware spec names by substrings of torch.cuda.get_device_name()
 DEVICE_NAMES = (("MI355", "mi355x"), ("MI325", "mi325x"), ("MI300", "mi300x"), ("H200", "h200"),
-                ("H100 PCIe", "h100-pcie"), ("H100", "h100-sxm"), ("B200", "b200"), ("A100", "a100-sxm-80gb"))
+                ("H100 PCIe", "h100-pcie"), ("H100", "h100-sxm"), ("B200", "b200"), ("A100-SXM4-40GB", "a100-sxm-40gb"),
+                ("A100", "a100-sxm-80gb"))
 
 
 def guess_hardware(device_name: str) -> str | None:
@@ -43,29 +44,6 @@ def guess_hardware(device_name: str) -> str | None:
 def sig(x: float, digits: int = 5) -> float:
     """x to `digits` significant figures: a measurement is never rounded to zero (0.00004 TFLOP/s stays)."""
     return float(f"{x:.{digits}g}")
-
-
-@functools.lru_cache(maxsize=1)
-def _umask() -> int:
-    """The process umask, read once (reading it means setting it for an instant)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Write text to path via a temporary file in the same folder and os.replace: never half-written.
-    The file gets the permissions the umask gives a new file (mkstemp's own are 0600)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 @dataclass

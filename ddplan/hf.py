@@ -1,0 +1,192 @@
+"""A ddplan model spec from a local Hugging Face `config.json` (no network).
+
+`--model path/to/config.json` (or a folder holding one) builds the spec here; `ddplan specs import`
+writes it as YAML for editing. The architecture comes from the config; what a config does not say
+(precision, optimizer, distribution, recipe, budget) comes from the stated defaults below, each named
+in the spec's `source` fields, so that `table`'s assumptions list them.
+
+Families: Llama, Mistral, Qwen2, Gemma (decoder-only, RMSNorm, RoPE, gated MLP), GPT-2 and GPT-NeoX
+(LayerNorm, biases, GELU MLP). Mixture-of-experts configs are refused: ddplan does not model experts yet.
+Field names follow transformers' configuration classes (LlamaConfig, MistralConfig, Qwen2Config,
+GemmaConfig, GPT2Config, GPTNeoXConfig).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from ddplan.errors import SpecError
+
+# Defaults for what a config.json does not carry; each is listed in the spec it builds.
+DEFAULT_SEQ_LEN = 4096  # capped at the config's max_position_embeddings
+DEFAULT_BATCH_TOKENS = 4_194_304  # 4M tokens: Llama 2 (arXiv 2307.09288 sec. 2.2) and Llama 3's first stage
+DEFAULT_TOKENS_PER_PARAM = 20  # Chinchilla (Hoffmann et al., arXiv 2203.15556): ~20 tokens per parameter
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "gemma")
+GPT_LIKE = ("gpt2", "gpt_neox")
+MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+MAX_CONFIG_BYTES = 1_000_000
+
+
+def config_path(name: str) -> Path | None:
+    """The config.json a --model value names (a file, or a folder holding config.json), else None."""
+    p = Path(name).expanduser()
+    if p.is_dir() and (p / "config.json").is_file():
+        return p / "config.json"
+    if p.suffix == ".json":
+        return p
+    return None
+
+
+def read_config(path: Path) -> dict:
+    """The config's JSON object; one-line errors naming the file."""
+    if not path.is_file():
+        raise SpecError("no such file for --model", file=str(path))
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise SpecError(f"{path.stat().st_size:,} bytes: a config.json is at most {MAX_CONFIG_BYTES:,}", file=str(path))
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise SpecError(f"not UTF-8 text (byte {e.start})", file=str(path)) from None
+    except json.JSONDecodeError as e:
+        raise SpecError(f"not JSON: {e.msg} at line {e.lineno}, column {e.colno}", file=str(path)) from None
+    if not isinstance(data, dict):
+        raise SpecError(f"expected a JSON object, got {type(data).__name__}", file=str(path))
+    return data
+
+
+def _get(cfg: dict, path: Path, *keys: str, default: Any = ..., kind: type = int) -> Any:
+    """The first of `keys` present in the config, checked to be of `kind`; `default` when none is (or
+    an error naming the keys when there is no default)."""
+    for k in keys:
+        if k in cfg and cfg[k] is not None:
+            v = cfg[k]
+            ok = isinstance(v, bool) if kind is bool else (isinstance(v, kind) and not isinstance(v, bool))
+            if kind is float and isinstance(v, int) and not isinstance(v, bool):
+                ok = True
+            if not ok:
+                raise SpecError(f"must be {kind.__name__}, got {v!r}", file=str(path), field=k)
+            return v
+    if default is ...:
+        raise SpecError(f"missing (one of {', '.join(keys)})", file=str(path), field=keys[0])
+    return default
+
+
+def architecture_from_config(cfg: dict, path: Path) -> tuple[dict, str, list[str]]:
+    """(architecture fields, ddplan family, notes on what was approximated) from a config.json object."""
+    model_type = cfg.get("model_type")
+    if not isinstance(model_type, str):
+        raise SpecError("missing model_type (a Hugging Face config names its architecture there)", file=str(path),
+                        field="model_type")
+    moe = [k for k in MOE_KEYS if isinstance(cfg.get(k), int) and cfg[k] > 1]
+    if moe or "moe" in model_type:
+        raise SpecError(f"a mixture-of-experts config ({model_type}, {', '.join(f'{k}={cfg[k]}' for k in moe)}): "
+                        f"ddplan does not model experts yet; allowed model_type: "
+                        f"{', '.join(LLAMA_LIKE + GPT_LIKE)}", file=str(path), field="model_type")
+    notes: list[str] = []
+    if model_type in LLAMA_LIKE:
+        d = _get(cfg, path, "hidden_size")
+        heads = _get(cfg, path, "num_attention_heads")
+        arch = dict(
+            num_layers=_get(cfg, path, "num_hidden_layers"), d_model=d, num_heads=heads,
+            num_kv_heads=_get(cfg, path, "num_key_value_heads", default=heads),
+            head_dim=_get(cfg, path, "head_dim", default=d // heads if heads else 1),
+            vocab_size=_get(cfg, path, "vocab_size"),
+            max_seq_len=_get(cfg, path, "max_position_embeddings"),
+            mlp="swiglu", mlp_hidden_dim=_get(cfg, path, "intermediate_size"), norm="rmsnorm", norm_learnable=True,
+            linear_bias=False, tied_embeddings=_get(cfg, path, "tie_word_embeddings", default=model_type == "gemma",
+                                                    kind=bool),
+            position="rope")
+        if model_type == "qwen2":
+            arch["qkv_bias"] = True  # Qwen2Attention: q_proj, k_proj, v_proj with bias; o_proj and the MLP without
+        if _get(cfg, path, "attention_bias", default=False, kind=bool) or _get(cfg, path, "mlp_bias", default=False,
+                                                                               kind=bool):
+            arch["linear_bias"] = True
+            notes.append("attention_bias/mlp_bias: biases on every Linear priced")
+        if model_type == "gemma":
+            notes.append("Gemma's GeGLU priced as SwiGLU (the same three matrices; GELU for SiLU)")
+        window = cfg.get("sliding_window")
+        if model_type == "mistral" and isinstance(window, int) and window < arch["max_seq_len"]:
+            notes.append(f"sliding_window {window}: full attention priced (the same up to {window} tokens)")
+        family = "llama"
+    elif model_type == "gpt2":
+        d = _get(cfg, path, "n_embd", "hidden_size")
+        inner = cfg.get("n_inner")
+        arch = dict(
+            num_layers=_get(cfg, path, "n_layer", "num_hidden_layers"), d_model=d,
+            num_heads=_get(cfg, path, "n_head", "num_attention_heads"), vocab_size=_get(cfg, path, "vocab_size"),
+            max_seq_len=_get(cfg, path, "n_positions", "n_ctx"), mlp="gelu",
+            mlp_hidden_dim=inner if isinstance(inner, int) and inner > 0 else 4 * d, norm="layernorm",
+            norm_learnable=True, linear_bias=True, tied_embeddings=_get(cfg, path, "tie_word_embeddings", default=True,
+                                                                        kind=bool), position="learned")
+        arch["num_kv_heads"] = arch["num_heads"]
+        arch["head_dim"] = d // arch["num_heads"] if arch["num_heads"] else 1
+        family = "gpt2"
+    elif model_type == "gpt_neox":
+        d = _get(cfg, path, "hidden_size")
+        heads = _get(cfg, path, "num_attention_heads")
+        arch = dict(
+            num_layers=_get(cfg, path, "num_hidden_layers"), d_model=d, num_heads=heads, num_kv_heads=heads,
+            head_dim=d // heads if heads else 1, vocab_size=_get(cfg, path, "vocab_size"),
+            max_seq_len=_get(cfg, path, "max_position_embeddings"), mlp="gelu",
+            mlp_hidden_dim=_get(cfg, path, "intermediate_size"), norm="layernorm", norm_learnable=True,
+            linear_bias=True, tied_embeddings=_get(cfg, path, "tie_word_embeddings", default=False, kind=bool),
+            position="rope")
+        if _get(cfg, path, "use_parallel_residual", default=True, kind=bool):
+            notes.append("GPT-NeoX's parallel residual priced as sequential attention then MLP (the same ops)")
+        family = "gpt2"
+    else:
+        raise SpecError(f"model_type {model_type!r} is not one ddplan reads; allowed: "
+                        f"{', '.join(LLAMA_LIKE + GPT_LIKE)}", file=str(path), field="model_type")
+    return arch, family, notes
+
+
+def spec_from_config(path: Path):
+    """The ModelSpec of a local config.json: its architecture, and ddplan's stated defaults for the rest."""
+    from ddplan.params import total_params
+    from ddplan.registry import validate
+    from ddplan.specs import Architecture, ModelSpec, present_param_groups
+
+    cfg = read_config(path)
+    fields, family, notes = architecture_from_config(cfg, path)
+    arch = validate(Architecture, fields, f"{path}: (the architecture it gives)")
+    groups = present_param_groups(arch)
+    seq = min(DEFAULT_SEQ_LEN, arch.max_seq_len)
+    batch = max(seq, DEFAULT_BATCH_TOKENS // seq * seq)
+    params = total_params(arch)
+    tokens = max(1, DEFAULT_TOKENS_PER_PARAM * params)
+    name = _name(cfg, path)
+    defaults = (f"assumed, not in {path.name}: sequence {seq} (the config's max_position_embeddings "
+                f"{arch.max_seq_len} capped at {DEFAULT_SEQ_LEN}), total batch {batch:,} tokens (~4M, Llama 2 arXiv "
+                f"2307.09288 sec. 2.2), device batch 1, FSDP, {DEFAULT_TOKENS_PER_PARAM} tokens per parameter "
+                f"(Chinchilla, arXiv 2203.15556), eager (no torch.compile)")
+    data = {
+        "kind": "model", "name": name, "aliases": [], "family": family,
+        "description": f"{name} from {path} (model_type {cfg['model_type']}): {arch.num_layers} layers, "
+                       f"{arch.d_model} wide, {arch.num_heads} heads ({arch.num_kv_heads} KV) of {arch.head_dim}, "
+                       f"{arch.mlp} {arch.mlp_hidden_dim}, vocab {arch.vocab_size}"
+                       + (f"; {'; '.join(notes)}" if notes else ""),
+        "source": f"Hugging Face config {path} (read by ddplan.hf); " + defaults
+                  + (f"; approximated: {'; '.join(notes)}" if notes else ""),
+        "architecture": arch.model_dump(mode="json", exclude_defaults=True),
+        "dtypes": {"compute": "bf16", "params": dict.fromkeys(groups, "fp32"), "logits": "fp32"},
+        "recipe": {
+            "seq_len": seq, "device_batch_size": 1, "total_batch_tokens": batch,
+            "budget": {"tokens": tokens},
+            "optimizer": {"name": "AdamW", "algorithm": dict.fromkeys(groups, "adamw"), "adamw_state_dtype": "fp32",
+                          "source": "assumed: AdamW with fp32 states and fp32 master weights (bf16 mixed precision), "
+                                    "the common pre-training setup; not in the config"},
+            "distribution": "fsdp", "compiled": False, "source": defaults,
+        },
+    }
+    return validate(ModelSpec, data, f"{path}: (the spec it gives)")
+
+
+def _name(cfg: dict, path: Path) -> str:
+    raw = cfg.get("_name_or_path") if isinstance(cfg.get("_name_or_path"), str) else ""
+    fallback = path.resolve().parent.name if path.name == "config.json" else path.stem
+    raw = raw.rstrip("/").split("/")[-1] or fallback or "model"
+    slug = re.sub(r"[^a-z0-9_.-]+", "-", raw.lower()).strip("-.")
+    return slug if slug and slug[0].isalnum() else "hf-model"
