@@ -188,6 +188,8 @@ def memory_cmd(
     attention: str = typer.Option(None, "--attention", help="Attention implementation (default: the hardware's "
                                   "default; see `ddplan specs show HARDWARE`)."),
     recompute: str = typer.Option("none", "--recompute", help="Activation recompute: none, selective or full."),
+    sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="Megatron sequence parallelism with "
+                                           "--tp: norms and saved activations split over tp too."),
     window_pattern: str = typer.Option(None, "--window-pattern", help="Override the window pattern (e.g. L, SSSL)."),
     compiled: bool = typer.Option(None, "--compile/--no-compile", help="torch.compile'd model (changes what is "
                                   "saved for backward; default: the recipe's)."),
@@ -206,6 +208,7 @@ def memory_cmd(
     _check((gpus, "--gpus"), (tp, "--tp"), (pp, "--pp"), (vp, "--vp"), (device_batch_size, "--device-batch-size"),
            (measured_peak, "--measured-peak"), (headroom, "--headroom"))
     stages = _int_list(zero, "--zero", allowed=(0, 1, 2, 3))
+    _check_tp_options(sequence_parallel, False, tp)
     spec, hw, cal = _inputs(model, hardware, calibration, seq_len, dtype)
     if cal is not None and measured_peak is None:
         from ddplan.calibration import steps_for_model
@@ -215,8 +218,7 @@ def memory_cmd(
     _check_pattern(window_pattern)
     setup = memory_setup(spec, hw, gpus=gpus, tp=tp, pp=pp, vp=vp, micro_batch=device_batch_size, attention=attention,
                          recompute=_choices(recompute, "--recompute", RECOMPUTE)[0], compiled=compiled,
-                         window_pattern=window_pattern,
-                         headroom=headroom)
+                         window_pattern=window_pattern, headroom=headroom, sequence_parallel=sequence_parallel)
     _check_plot_path(plot)
     rows = zero_rows(spec, hw, setup, stages)
     if plot:
@@ -325,6 +327,7 @@ def table_cmd(
            (checkpoint_every, "--checkpoint-every"), (headroom, "--headroom"))
     gpu_list = tuple(_int_list(gpus, "--gpus"))
     tps, pps, vps = (tuple(_int_list(v, f)) for v, f in ((tp, "--tp"), (pp, "--pp"), (vp, "--vp")))
+    _check_tp_options(sequence_parallel, tp_comm_overlap, max(tps))
     zeros = tuple(_int_list(zero, "--zero", allowed=(0, 1, 2, 3))) if zero else ()
     mbs = tuple(_int_list(device_batch_size, "--device-batch-size")) if device_batch_size else ()
     recomputes = _choices(recompute, "--recompute", RECOMPUTE)
@@ -592,6 +595,7 @@ def plan_cmd(
     hws = (hw0, *(load_hardware(h.strip()) for h in (hardware or "").split(",")[1:] if h.strip()))
     price_spec = None if price is None else Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price",
                                                   date=dt.date.today(), source="given on the command line")
+    _check_tp_options(sequence_parallel, tp_comm_overlap, None)
     req = PlanRequest(model=spec, hardware=hws, gpus=tuple(_int_list(gpus, "--gpus")), objective=objective.value,
                       deadline_h=deadline, budget_usd=budget, top=top,
                       calibration=cal, calibration_path=calibration, price=price_spec,
@@ -675,6 +679,18 @@ def validate_cmd(
         "band = the prediction's band; MFU in the source's own convention (its FLOPs per token and peak); "
         "assumed = layout facts the source does not state (see the dataset's `assumed`)."], format.value))
     render.echo(render.table(render.summary_rows(summary + (out_of_sample or [])), format.value, title="Summary"))
+
+
+def _check_tp_options(sequence_parallel: bool, tp_comm_overlap: bool, max_tp: int | None) -> None:
+    """--sequence-parallel and --tp-comm-overlap: Megatron's, so they need tensor parallelism, and overlap needs
+    sequence parallelism (Megatron-Core refuses --tp-comm-overlap without it)."""
+    from ddplan.errors import UsageError
+
+    if tp_comm_overlap and not sequence_parallel:
+        raise UsageError("needs --sequence-parallel (Megatron-Core overlaps tensor-parallel communication only with "
+                         "sequence parallelism)", field="--tp-comm-overlap")
+    if sequence_parallel and max_tp == 1:
+        raise UsageError("needs tensor parallelism: give --tp above 1", field="--sequence-parallel")
 
 
 def _int_list(text: str, flag: str, allowed: tuple[int, ...] | None = None) -> list[int]:

@@ -51,6 +51,11 @@ class Layout:
         if self.pp_virtual_stages > 1 and self.pp == 1:
             raise LayoutError(f"interleaving ({self.pp_virtual_stages} chunks per stage) needs pipeline parallelism "
                               f"(pp > 1), got pp 1")
+        if (self.sequence_parallel or self.tp_overlap) and self.tp == 1:
+            raise LayoutError("sequence parallelism and tensor-parallel overlap need tp > 1")
+        if self.tp_overlap and not self.sequence_parallel:
+            raise LayoutError("tensor-parallel communication overlap (Megatron-Core --tp-comm-overlap) needs sequence "
+                              "parallelism: add --sequence-parallel")
         if self.recompute not in ("none", "selective", "full"):
             raise LayoutError(f"recompute must be none, selective or full, got {self.recompute!r}")
 
@@ -113,9 +118,10 @@ def check_layout(layout: Layout, spec: ModelSpec, total_batch_tokens: int | None
 
     try:
         first, middle, last = stage_layers(a.num_layers, layout.pp)
-        if middle % layout.pp_virtual_stages:
-            problems.append(f"{layout.pp_virtual_stages} interleaved chunks must divide a stage's "
-                            f"{middle} layers (num_layers={a.num_layers} over pp={layout.pp})")
+        uneven = [n for n in dict.fromkeys((first, middle, last)) if n % layout.pp_virtual_stages]
+        if uneven:
+            problems.append(f"{layout.pp_virtual_stages} interleaved chunks must divide every stage's layers "
+                            f"({first}, {middle}, {last} of num_layers={a.num_layers} over pp={layout.pp})")
     except ValueError as e:
         problems.append(f"pp={layout.pp}: {e}")
     if world_size_rule and breaks_world_size_rule(layout, spec):

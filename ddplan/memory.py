@@ -147,16 +147,16 @@ def _muon_chunk_fraction(spec: ModelSpec, group: str, dp: int) -> float:
     return busiest / total
 
 
-def in_flight_micro_batches(layout: Layout) -> float:
-    """Micro-batches whose activations the first pipeline stage holds at once.
+def in_flight_micro_batches(layout: Layout, stage: int = 0) -> float:
+    """Micro-batches whose activations pipeline stage `stage` (0: the first) holds at once.
 
-    1F1B: min(p, m). Interleaved with v chunks: x (1 + (p-1)/(p v)).
+    1F1B: min(p - stage, m). Interleaved with v chunks: x (1 + (p-1)/(p v)).
     Ref: Korthikanti et al., arXiv 2205.05198, sec. 4.2.3; Narayanan et al., arXiv 2104.04473, sec. 2.2.
     """
     p, m = layout.pp, layout.grad_accum
     if p == 1:
         return 1.0
-    held = float(min(p, m))
+    held = float(min(p - stage, m))
     if layout.pp_schedule == "interleaved":
         held *= 1 + (p - 1) / (p * layout.pp_virtual_stages)
     return held
@@ -165,14 +165,24 @@ def in_flight_micro_batches(layout: Layout) -> float:
 def activation_bytes(anatomy: Anatomy, layout: Layout, num_layers: int) -> tuple[float, float]:
     """(saved, transient) activation bytes on one GPU: the anatomy (already one tp rank's share) over pp.
 
-    A pipeline stage holds its L/pp layers (the busiest stage's when pp does not divide them) for each in-flight micro-batch, plus the embeddings (first
-    stage) or head (last stage): both counted, a slight overestimate for pp > 1.
+    The first stage holds its layers for each of its in-flight micro-batches, plus the embeddings and the
+    head (both counted: a slight overestimate for pp > 1). Where pp does not divide the layers
+    (ddplan.pipeline.stage_layers) the first stage has fewer of them, and the second stage, holding one
+    micro-batch fewer with the most layers, may hold more: the larger of the two.
     """
+    from ddplan.pipeline import stage_layers
+
     if anatomy.tp != layout.tp:
         raise ValueError(f"the anatomy is for tp={anatomy.tp}, the layout has tp={layout.tp}")
     layer_bytes, other = anatomy.saved_split
-    per_stage = layer_bytes * _busiest_stage_share(layout, num_layers) + other
-    return per_stage * in_flight_micro_batches(layout), anatomy.transient_bytes()
+    try:
+        first, middle, _ = stage_layers(num_layers, layout.pp)
+    except ValueError:  # a split check_layout refuses: the even share, rounded up
+        first = middle = -(-num_layers // layout.pp)
+    saved = (layer_bytes * first / num_layers + other) * in_flight_micro_batches(layout)
+    if layout.pp > 2 and middle > first:
+        saved = max(saved, layer_bytes * middle / num_layers * in_flight_micro_batches(layout, stage=1))
+    return saved, anatomy.transient_bytes()
 
 
 def memory_per_gpu(spec: ModelSpec, layout: Layout, anatomy: Anatomy, capacity_bytes: float,

@@ -19,9 +19,10 @@ def stage_layers(num_layers: int, p: int) -> tuple[int, int, int]:
     Llama 3 405B's 126 layers over 16 stages are 7, 8 x 14, 7 (Dubey et al., arXiv 2407.21783, sec. 3.3.2:
     "reduce one Transformer layer each from the first and the last stages"); BLOOM's 70 over 12 are
     5, 6 x 10, 5 (DeepSpeed's partition by transformer layers and embeddings, bigscience tr11-176B-ml).
-    p = 2: (floor, -, ceil) of L / 2. Megatron-LM sets the same with --decoder-first-pipeline-num-layers
+    p = 2: (ceil, -, floor) of L / 2; an odd layer goes to the first stage (the head is usually heavier
+    than the embeddings). Megatron-LM sets the same with --decoder-first-pipeline-num-layers
     and --decoder-last-pipeline-num-layers. ValueError when an end stage would hold no layer.
-    e.g. (126, 16) -> (7, 8, 7); (70, 12) -> (5, 6, 5); (24, 4) -> (6, 6, 6); (9, 2) -> (4, 4, 5).
+    e.g. (126, 16) -> (7, 8, 7); (70, 12) -> (5, 6, 5); (24, 4) -> (6, 6, 6); (9, 2) -> (5, 5, 4).
     """
     if num_layers < 1 or p < 1:
         raise ValueError(f"need num_layers and p >= 1, got {num_layers}, {p}")
@@ -29,13 +30,14 @@ def stage_layers(num_layers: int, p: int) -> tuple[int, int, int]:
         n = num_layers // p
         return n, n, n
     if p == 2:
-        return num_layers // 2, num_layers // 2, num_layers - num_layers // 2
+        return num_layers - num_layers // 2, num_layers - num_layers // 2, num_layers // 2
     middle = -(-num_layers // p)
     rest = num_layers - (p - 2) * middle
-    first, last = rest // 2, rest - rest // 2
-    if first < 1:
-        raise ValueError(f"{num_layers} layers over {p} stages leave an end stage without a layer "
-                         f"({first}, {middle} x {p - 2}, {last})")
+    first, last = rest - rest // 2, rest // 2  # the odd layer to the first: the head is the heavier end
+    if last < 1:
+        most = max(q for q in range(1, p) if q == 1 or num_layers - (q - 2) * -(-num_layers // q) >= 2)
+        raise ValueError(f"{num_layers} layers over {p} pipeline stages leave an end stage with no layer; "
+                         f"use pp <= {most}")
     return first, middle, last
 
 

@@ -134,7 +134,8 @@ def table_data(table) -> list[dict]:
 DECISION_COLUMNS_NOTE = (
     "Columns: step_s = compute_s (attention included: attn_s) + exposed comm_s (data- and tensor-parallel) + "
     "optim_s + bubble_s (pipeline, with its sends); band = every efficiency at the slow and fast ends of its range, "
-    "and uncalibrated at least the spread of measured/predicted on ddplan's published runs (`ddplan validate`); "
+    "and uncalibrated at least the out-of-sample spread of measured/predicted on ddplan's published runs "
+    "(`ddplan validate --leave-one-source-out`); "
     "basis: measured | fitted (derived from a measurement) | model (assumptions only); '!' = flagged, see the "
     "warnings on stderr.")
 

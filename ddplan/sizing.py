@@ -154,7 +154,7 @@ def consistent_with(spec: ModelSpec, hw: HardwareSpec, setup: Setup, measured_gb
 def memory_setup(spec: ModelSpec, hw: HardwareSpec, *, gpus: int, tp: int = 1, pp: int = 1, vp: int = 1,
                  micro_batch: int | None = None, attention: str | None = None, recompute: str = "none",
                  compiled: bool | None = None, window_pattern: str | None = None,
-                 headroom: float = HEADROOM) -> Setup:
+                 headroom: float = HEADROOM, sequence_parallel: bool = False) -> Setup:
     """The setup `ddplan memory` asks about: gpus in total (ddplan.layout.layout_for), the recipe's batch split
     by the one rule (ddplan.layout.split_batch), as `table` splits it."""
     attention = attention or hw.default_attention
@@ -163,7 +163,8 @@ def memory_setup(spec: ModelSpec, hw: HardwareSpec, *, gpus: int, tp: int = 1, p
         split = split_batch(spec.recipe.total_batch_tokens // spec.recipe.seq_len, data_parallel(gpus, tp, pp),
                             asked)
         layout = layout_for(spec, gpus=gpus, tp=tp, pp=pp, vp=vp, micro_batch=split.micro_batch,
-                            grad_accum=split.accum, attention=attention, recompute=recompute, compiled=compiled)
+                            grad_accum=split.accum, attention=attention, recompute=recompute, compiled=compiled,
+                            sequence_parallel=sequence_parallel)
         check_layout(layout, spec, world_size_rule=False)
     except LayoutError as e:
         e.field = e.field or "--gpus/--tp/--pp/--vp"

@@ -241,3 +241,21 @@ def test_seed_consistent_with_says_fused_compiled_not_math_eager(seed):
     assert not by_key["sdpa-math", "none", False]["consistent"]
     assert not by_key["sdpa-math", "none", True]["consistent"]
     assert [abs(r["error_pct"]) for r in rows] == sorted(abs(r["error_pct"]) for r in rows)
+
+
+def test_uneven_pipeline_memory_is_the_fuller_of_the_first_two_stages():
+    """gpt3-22b's 48 layers over pp 5 split 9, 10, 10, 10, 9 (ddplan.pipeline.stage_layers). 1F1B with 8
+    micro-batches: the first stage holds 5 in flight (its 9 layers, embeddings and head counted), the second
+    4 (10 layers). Saved bytes = max((9/48 L + o) x 5, 10/48 L x 4) with (L, o) = the anatomy's saved_split."""
+    from ddplan.layout import Layout
+    from ddplan.memory import activation_bytes
+    from ddplan.anatomy import build_anatomy
+    from ddplan.registry import load_model
+
+    spec = load_model("gpt3-22b")
+    an = build_anatomy(spec, batch=1, attention="unfused_math", windows="mask")
+    lay = Layout(dp=1, tp=1, pp=5, micro_batch=1, grad_accum=8)
+    L, o = an.saved_split
+    assert activation_bytes(an, lay, 48)[0] == pytest.approx(max((9 / 48 * L + o) * 5, 10 / 48 * L * 4))
+    even = Layout(dp=1, tp=1, pp=4, micro_batch=1, grad_accum=8)  # 12 a stage: the first stage, as before
+    assert activation_bytes(an, even, 48)[0] == pytest.approx((L / 4 + o) * 4)

@@ -117,7 +117,7 @@ def test_stage_layers_even_and_uneven_by_hand():
     assert stage_layers(126, 16) == (7, 8, 7)
     assert stage_layers(70, 12) == (5, 6, 5)
     assert stage_layers(24, 4) == (6, 6, 6)
-    assert stage_layers(9, 2) == (4, 4, 5)
+    assert stage_layers(9, 2) == (5, 5, 4)  # the odd layer to the first stage: the last also holds the head
     assert stage_layers(7, 1) == (7, 7, 7)
     for L, p in ((126, 16), (70, 12), (17, 4), (100, 7)):
         first, middle, last = stage_layers(L, p)

@@ -218,16 +218,16 @@ def test_missing_dataset_file(capsys, tmp_path):
 
 
 def test_tp_comm_overlap_hides_tensor_parallel_communication(capsys):
-    """GPT-3 175B, tp 8 x pp 8 on A100 (Korthikanti's layout): the all-reduces are 1-2 s of an 18 s step without
-    overlap; with --tp-comm-overlap they fall under the layers' GEMMs (10+ s), so exposed tp_comm_s is 0 and the
+    """GPT-3 175B, tp 8 x pp 8 on A100 (Korthikanti's layout), sequence parallel: the reduce-scatters and
+    all-gathers are 1-2 s of an 18 s step without overlap; with --tp-comm-overlap they fall under the layers' GEMMs (10+ s), so exposed tp_comm_s is 0 and the
     step shorter by exactly that."""
     argv = ["table", "--model", "gpt3-175b", "--hardware", "a100-sxm-80gb", "--gpus", "64", "--tp", "8", "--pp", "8",
             "--device-batch-size", "1", "--total-batch-size", "131072", "--recompute", "full", "--attention",
-            "sdpa-math", "--format", "csv"]
+            "sdpa-math", "--sequence-parallel", "--format", "csv"]
     (plain,) = csv_rows(run_ok(capsys, argv))
     (over,) = csv_rows(run_ok(capsys, argv + ["--tp-comm-overlap"]))
     assert float(plain["tp_comm_s"]) > 1.0 and float(over["tp_comm_s"]) == 0.0
-    assert over["tp_overlap"] == "True" and "tp 8 overlapped" in over["config"]
+    assert over["tp_overlap"] == "True" and "tp 8 +SP overlapped" in over["config"]
     # the bubble scales with the stage time, so compare compute + exposed tp comm
     assert float(over["compute_s"]) == pytest.approx(float(plain["compute_s"]))
     assert float(over["step_s"]) < float(plain["step_s"]) - 1.0
