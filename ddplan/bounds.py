@@ -35,6 +35,8 @@ RANGES: dict[str, tuple[float, float, str]] = {
     "--eval-every": (0, 10**9, "steps (0: never)"),
     "--eval-tokens": (1, 10**15, "tokens"),
     "--checkpoint-every": (0, 10**9, "steps (0: at the end only)"),
+    "--interruptions-per-gpu-hour": (0, 1, "job interruptions a GPU-hour (0: none)"),
+    "--restart-min": (0, 100_000, "minutes"),
     "--measured-step-time": (0, 10**6, "seconds"),
     "--measured-peak": (0, 10**6, "GB"),
     "--headroom": (0, 1, "fraction of usable memory"),

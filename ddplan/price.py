@@ -91,6 +91,7 @@ class PricedLayout:
     step_high_s: float
     memory: MemoryBreakdown
     outside_s: float  # start-up, evaluation and checkpoints
+    goodput: run.Goodput  # time lost to interruptions (in the wall-clock), at the central step time
     wall_clock_h: float
     wall_low_h: float
     wall_high_h: float
@@ -126,7 +127,8 @@ class PricedLayout:
             "dp_comm_total_s": st.dp_comm_total_s, "tp_comm_s": st.tp_comm_s, "bubble_s": st.bubble_s,
             "optimizer_s": st.optimizer_s, "mfu_pct": self.mfu_pct, "hfu_pct": self.hfu_pct,
             "tokens_per_s": self.tokens_per_s, "train_h": run.hours(self.steps * self.step_s),
-            "outside_steps_h": run.hours(self.outside_s), "wall_clock_h": self.wall_clock_h,
+            "outside_steps_h": run.hours(self.outside_s), "interruptions_lost_h": run.hours(self.goodput.lost_s),
+            "checkpoint_interval_h": run.hours(self.goodput.interval_s), "wall_clock_h": self.wall_clock_h,
             "wall_low_h": self.wall_low_h, "wall_high_h": self.wall_high_h, "cost_usd": self.cost_usd,
             "cost_low_usd": self.cost_low_usd, "cost_high_usd": self.cost_high_usd,
             "memory_gib": self.memory.total / GiB, "fits": self.memory.fits, "basis": self.basis,
@@ -297,12 +299,16 @@ class Pricer:
         peak = hw.peak.flops_per_s(spec.dtypes.compute)
         out = list(flags) + self._flags(layout, mem, executed / step_s, measured=basis == "measured")
         every, eval_tokens = run.eval_cadence(spec, plan.overheads)
+        nodes = -(-gpus // hw.gpus_per_node)
         outside = run.outside_steps_s(plan.overheads, steps=steps, eval_every=every, eval_tokens=eval_tokens,
                                       tokens_per_forward=layout.dp * layout.micro_batch * spec.recipe.seq_len,
-                                      forward_s=st.fwd_s,
-                                      checkpoint_bytes=(mem.terms["params"] + mem.terms["optimizer"]) * gpus,
-                                      nodes=-(-gpus // hw.gpus_per_node))
-        wall = [run.hours(steps * t + outside) for t in (step_s, low_s, high_s)]
+                                      forward_s=st.fwd_s, checkpoint_bytes=self.checkpoint_bytes, nodes=nodes)
+        rate = run.interruption_rate(plan.overheads, nodes)
+        delta = self.checkpoint_bytes / (plan.overheads.checkpoint_gbyte_per_s * 1e9 * nodes)
+        every_ckpt = plan.overheads.checkpoint_every_steps  # 0: ddplan picks Young's interval
+        lost = [run.goodput(steps * t, gpus, rate, delta, plan.overheads.restart_s,
+                            every_ckpt * t if every_ckpt else None) for t in (step_s, low_s, high_s)]
+        wall = [run.hours(steps * t + outside + g.lost_s) for t, g in zip((step_s, low_s, high_s), lost)]
         cost = [run.cost_usd(plan.price, gpus, hw.gpus_per_node, h) for h in wall]
         mfu_pct = 100 * mfu(self.flops_per_token(window), batch / step_s, peak, gpus)
         if basis == "model" and self.calibration is None and spec.dtypes.compute in ("bf16", "fp16"):
@@ -312,10 +318,19 @@ class Pricer:
         return PricedLayout(
             layout=layout, window=window, hardware=hw.name, global_batch_tokens=batch, steps=steps, step=st,
             step_s=step_s, step_low_s=low_s, step_high_s=high_s, memory=mem, outside_s=outside,
-            wall_clock_h=wall[0], wall_low_h=wall[1], wall_high_h=wall[2],
+            wall_clock_h=wall[0], wall_low_h=wall[1], wall_high_h=wall[2], goodput=lost[0],
             cost_usd=cost[0], cost_low_usd=cost[1], cost_high_usd=cost[2],
             mfu_pct=mfu_pct, hfu_pct=mfu_pct * (1 + recompute_flops / model_flops),
             basis=basis, flags=tuple(out))
+
+    @functools.cached_property
+    def checkpoint_bytes(self) -> float:
+        """Bytes of one checkpoint: parameters and optimizer states, each counted once (whatever the layout
+        replicates), as their shards over a fully sharded layout add up (ddplan.memory.model_states)."""
+        from ddplan.layout import Layout
+
+        states = model_states(self.spec, Layout(dp=1, zero=0))
+        return sum(states["params"].values()) + sum(states["optimizer"].values())
 
     @functools.cached_property
     def best_flops_per_s(self) -> float:

@@ -144,6 +144,7 @@ def decision_rows(rows: list[dict]) -> list[dict]:
     """The decision table as people read it: bands inline, a few columns; csv/json keep every column.
     Floats to 3-4 significant figures; the bubble column only where a row has a pipeline."""
     piped = any(r["pp"] > 1 for r in rows)
+    interrupted = any(r["interruptions_lost_h"] > 0 for r in rows)
     out = []
     for r in rows:
         row = {
@@ -157,6 +158,9 @@ def decision_rows(rows: list[dict]) -> list[dict]:
         }
         if piped:
             row["bubble_s"] = f"{r['bubble_s']:.3g}"
+        if interrupted:
+            row["restarts h (ckpt every h)"] = (f"{_sig(r['interruptions_lost_h'])} "
+                                               f"({r['checkpoint_interval_h']:.3g})")
         row.update({
             "MFU %": f"{r['mfu_pct']:.1f}",
             "wall-clock h (band)": f"{_sig(r['wall_clock_h'])} ({_sig(r['wall_low_h'])}-{_sig(r['wall_high_h'])})",

@@ -107,6 +107,27 @@ def table_title(table) -> str:
             f"{spec.dtypes.compute})")
 
 
+def _interruptions_line(table) -> str:
+    """How the wall-clock counts interruptions (ddplan.run.goodput), in words."""
+    from ddplan.run import LLAMA3_INTERRUPTIONS_PER_GPU_HOUR
+
+    o = table.request.overheads
+    lost = [p for p in table.rows if p.goodput.lost_s > 0]
+    if not lost:
+        why = ("set to 0" if o.interruptions_per_gpu_hour == 0 else
+               "single-node rows; --interruptions-per-gpu-hour counts them")
+        return f"Interruptions: none counted ({why})."
+    rate = o.interruptions_per_gpu_hour
+    source = (f"{rate:.3g} a GPU-hour (given)" if rate is not None else
+              f"{LLAMA3_INTERRUPTIONS_PER_GPU_HOUR:.3g} a GPU-hour on more than one node (Llama 3, arXiv 2407.21783 "
+              f"sec. 3.3.4: 419 unexpected in 54 days on 16,384 GPUs)")
+    cadence = (f"every {o.checkpoint_every_steps} steps (given)" if o.checkpoint_every_steps else
+               "at Young's optimal interval sqrt(2 x write time x MTBF) (CACM 1974)")
+    return (f"Interruptions: {source}; each costs a {o.restart_s / 60:g}-minute restart and half a checkpoint "
+            f"interval of work; checkpoints {cadence} at {o.checkpoint_gbyte_per_s:g} GB/s a node; the "
+            f"'restarts h' column is in the wall-clock.")
+
+
 def table_verdict(table) -> list[str]:
     """The decision in words: baseline, fix the kernel first, then add GPUs, fastest and cheapest."""
     v, hw, spec = table.verdict, table.request.hardware, table.request.model
@@ -202,6 +223,7 @@ def table_assumptions(table) -> list[str]:
         f"{'at the end' if not o.checkpoint_every_steps else f'every {o.checkpoint_every_steps} steps'} "
         f"at {o.checkpoint_gbyte_per_s:g} GB/s.",
         f"Memory: a row fits when it leaves {100 * req.headroom:.0f}% of usable memory free.",
+        _interruptions_line(table),
         f"MFU convention: {MFU_CONVENTION}, at each row's window pattern.",
         *(["fp8: GEMMs with every dim a multiple of 16 and min(k, n) >= 128 at the dense fp8 peak x "
            f"{(e.gemm.best_fp8 or e.gemm.best).value:.3f}"

@@ -119,3 +119,47 @@ def test_cost_per_node_pays_for_whole_nodes():
 
 def test_hours():
     assert run.hours(7200.0) == 2.0
+
+
+def test_young_interval_by_hand():
+    """Young (CACM 17(9), 1974): tau = sqrt(2 delta M); delta 180 s, M 178,560 s: sqrt(64,281,600) = 8,017.6 s."""
+    from ddplan.run import young_interval_s
+
+    assert young_interval_s(180, 178_560) == pytest.approx(8017.58, abs=0.01)
+
+
+def test_goodput_by_hand():
+    """100 h of steps on 1,024 GPUs at Llama 3's rate (419 / (54 x 24 x 16,384) = 1.9733e-5 a GPU-hour):
+    M = 1 / (1.9733e-5 x 1,024) = 49.489 h; delta 180 s = 0.05 h: tau = sqrt(2 x 0.05 x 49.489) = 2.2246 h;
+    checkpoints 100 / 2.2246 x 0.05 = 2.2476 h; interruptions (100 + 2.2476) / 49.489 = 2.0661, each 10 min +
+    tau / 2 = 1.2790 h: 2.6425 h; lost 4.8901 h."""
+    from ddplan.run import LLAMA3_INTERRUPTIONS_PER_GPU_HOUR, goodput
+
+    assert LLAMA3_INTERRUPTIONS_PER_GPU_HOUR == pytest.approx(1.9733e-5, rel=1e-4)
+    g = goodput(100 * 3600, 1024, LLAMA3_INTERRUPTIONS_PER_GPU_HOUR, 180, 600)
+    assert g.mtbf_s / 3600 == pytest.approx(49.489, rel=1e-4)
+    assert g.interval_s / 3600 == pytest.approx(2.2246, rel=1e-4)
+    assert g.interruptions == pytest.approx(2.0661, rel=1e-4)
+    assert g.lost_s / 3600 == pytest.approx(4.8901, rel=1e-4)
+    # a cadence the user fixed (its checkpoints counted elsewhere): only interruptions x (restart + tau / 2)
+    fixed = goodput(100 * 3600, 1024, LLAMA3_INTERRUPTIONS_PER_GPU_HOUR, 180, 600, interval_s=3600)
+    assert fixed.lost_s / 3600 == pytest.approx(100 / 49.489 * (1 / 6 + 0.5), rel=1e-4)
+    assert goodput(100 * 3600, 1024, 0.0, 180, 600).lost_s == 0.0
+
+
+def test_a_month_on_1024_gpus_shows_the_interruptions_and_the_interval(capsys):
+    """The table's goodput term: on 128 nodes it is in the wall-clock, with its checkpoint interval; on one node
+    it is 0 unless a rate is given."""
+    from cli_helpers import csv_rows, run_ok
+
+    argv = ["table", "--model", "gpt3-175b", "--hardware", "h100-sxm", "--gpus", "1024", "--tp", "8", "--pp", "8",
+            "--sequence-parallel", "--attention", "fa3", "--steps", "10000", "--format", "csv"]
+    (r,) = csv_rows(run_ok(capsys, argv))
+    train, lost, tau = float(r["train_h"]), float(r["interruptions_lost_h"]), float(r["checkpoint_interval_h"])
+    assert 0 < lost < 0.1 * train and tau > 0
+    assert float(r["wall_clock_h"]) == pytest.approx(train + float(r["outside_steps_h"]) + lost, rel=1e-9)
+    (none,) = csv_rows(run_ok(capsys, argv + ["--interruptions-per-gpu-hour", "0"]))
+    assert float(none["interruptions_lost_h"]) == 0.0
+    (one,) = csv_rows(run_ok(capsys, ["table", "--model", "d24", "--gpus", "8", "--attention", "sdpa-fused",
+                                      "--window", "L", "--format", "csv"]))
+    assert float(one["interruptions_lost_h"]) == 0.0
