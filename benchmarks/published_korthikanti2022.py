@@ -36,7 +36,8 @@ def run_csv(argv: list[str]) -> list[dict]:
         code = cli.main([*argv, "--format", "csv"])
     if code:
         raise SystemExit(f"ddplan {' '.join(argv)}: {err.getvalue().strip()}")
-    return list(csv.DictReader(io.StringIO(out.getvalue())))
+    data = "".join(line for line in out.getvalue().splitlines(keepends=True) if not line.startswith("#"))
+    return list(csv.DictReader(io.StringIO(data)))
 
 
 def main() -> None:

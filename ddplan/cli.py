@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from enum import Enum
+from pathlib import Path
 
 import typer
 
@@ -148,8 +149,6 @@ def specs_import(
 ) -> None:
     """Write a ddplan model spec built from a local Hugging Face config.json; every default it had to assume
     (precision, optimizer, recipe, budget) is named in its `source` fields. `--model CONFIG` reads it directly."""
-    from pathlib import Path
-
     import yaml
 
     from ddplan.errors import UsageError
@@ -203,6 +202,8 @@ def memory_cmd(
 ) -> None:
     """Memory per GPU by ZeRO stage: each term, the total against usable memory, and the verdict."""
     from ddplan import render, verdicts
+    from ddplan.provenance import line as prov_line
+    from ddplan.provenance import provenance
     from ddplan.sizing import PEAK_TOLERANCE, alternatives, consistent_with, memory_setup, zero_rows
 
     _check((gpus, "--gpus"), (tp, "--tp"), (pp, "--pp"), (vp, "--vp"), (device_batch_size, "--device-batch-size"),
@@ -220,11 +221,13 @@ def memory_cmd(
                          recompute=_choices(recompute, "--recompute", RECOMPUTE)[0], compiled=compiled,
                          window_pattern=window_pattern, headroom=headroom, sequence_parallel=sequence_parallel)
     _check_plot_path(plot)
+    prov = provenance(model=spec, hardware=hw, calibration=(Path(calibration).name, cal) if cal is not None else None)
     rows = zero_rows(spec, hw, setup, stages)
     if plot:
         from ddplan.plot import plot_memory
 
-        plot_memory(rows, plot, title=f"{spec.name} on {gpus} x {hw.name}", capacity_gib=hw.memory.usable_gib.value)
+        plot_memory(rows, plot, title=f"{spec.name} on {gpus} x {hw.name}\n{prov_line(prov)}",
+                    capacity_gib=hw.memory.usable_gib.value)
     alts = alternatives(spec, hw, setup) if not any(r["fits"] and r["setup"] == "native" for r in rows) else []
     words = verdicts.memory_verdict(spec, hw, rows, alts, setup.layout)
     matches = consistent_with(spec, hw, setup, measured_peak) if measured_peak else []
@@ -234,12 +237,15 @@ def memory_cmd(
     if format is Format.json:
         import json
 
-        render.echo(json.dumps({"title": title, "rows": rows, "verdict": words, "measured_peak_matches": matches},
-                               indent=2))
+        render.echo(json.dumps({"title": title, "rows": rows, "verdict": words, "measured_peak_matches": matches,
+                                "provenance": prov}, indent=2))
+        return
+    if format is Format.csv:
+        render.echo(render.csv_with(prov, rows))
         return
     render.echo(render.table(rows, format.value, title=title))
-    if format in (Format.table, Format.markdown):
-        render.echo(render.lines(words, format.value))
+    render.echo(render.lines(words, format.value))
+    render.echo(render.footer(prov, format.value))
 
 
 class Knob(str, Enum):
@@ -381,20 +387,24 @@ def table_cmd(
     _check_plot_path(plot)
     result = build_table(req, _progress("table"))
     rows = render.table_data(result)
+    from ddplan.provenance import line as prov_line
+    from ddplan.provenance import provenance
+
+    prov = provenance(model=spec, hardware=hw, calibration=(Path(calibration).name, cal) if cal is not None else None)
     if plot:
         from ddplan.plot import plot_scenarios
 
-        plot_scenarios(rows, plot, title=f"{spec.name} on {hw.name}")
+        plot_scenarios(rows, plot, title=f"{spec.name} on {hw.name}\n{prov_line(prov)}")
     warnings = verdicts.table_notes(result) + verdicts.row_warnings(result)
     if format is Format.json:
         import json
 
         render.echo(json.dumps({"title": verdicts.table_title(result), "rows": rows,
                                 "verdict": verdicts.table_verdict(result), "warnings": warnings,
-                                "assumptions": verdicts.table_assumptions(result)}, indent=2))
+                                "assumptions": verdicts.table_assumptions(result), "provenance": prov}, indent=2))
         return
     if format is Format.csv:
-        render.echo(render.table(rows, "csv"))
+        render.echo(render.csv_with(prov, rows))
         _warn(warnings)
         return
     render.echo(render.table(render.decision_rows(rows), format.value, title=verdicts.table_title(result)))
@@ -402,6 +412,7 @@ def table_cmd(
     render.echo(render.lines(["Verdict:"] + verdicts.table_verdict(result), format.value))
     _warn(warnings)
     render.echo(render.lines(["Assumptions:"] + verdicts.table_assumptions(result), format.value))
+    render.echo(render.footer(prov, format.value))
 
 
 @app.command("calibrate")
@@ -445,8 +456,6 @@ def calibrate_cmd(
 
 
 def _calibrate_from_log(spec, hw, path, out, gpus, device_batch_size, total_batch_size, attention, window) -> None:
-    from pathlib import Path
-
     import yaml
 
     from ddplan import render
@@ -480,8 +489,6 @@ def _calibrate_from_log(spec, hw, path, out, gpus, device_batch_size, total_batc
 
 
 def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_batch_size, seq_len, attention) -> None:
-    from pathlib import Path
-
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -611,6 +618,12 @@ def plan_cmd(
     result = search(req, _progress("plan"))
     why = words.plan_reasons(result)
     warnings = words.plan_warnings(result)
+    from ddplan.provenance import line as prov_line
+    from ddplan.provenance import provenance
+
+    ordered = sorted(hws, key=lambda h: h.name)  # the same provenance whatever order --hardware names them in
+    prov = provenance(model=spec, calibration=(Path(calibration).name, req.calibration) if req.calibration else None,
+                      **{("hardware" if len(hws) == 1 else f"hardware-{i + 1}"): h for i, h in enumerate(ordered)})
     data = render.plan_data(result.rows)
     shown = render.plan_columns(data[:top])
     if format is Format.json:
@@ -618,9 +631,9 @@ def plan_cmd(
 
         render.echo(json.dumps({"rows": data[:top], "pareto": render.plan_data(result.pareto),
                                 "reasons": why, "warnings": warnings, "considered": result.considered,
-                                "rejected": result.rejected}, indent=2, default=str))
+                                "rejected": result.rejected, "provenance": prov}, indent=2, default=str))
     elif format is Format.csv:  # data: every kept layout, ranked (--top limits the human formats)
-        render.echo(render.table(render.plan_columns(data), "csv"))
+        render.echo(render.csv_with(prov, render.plan_columns(data)))
     else:
         if shown:
             render.echo(render.table(shown, format.value, title=words.plan_title(spec, result, top, headroom,
@@ -628,13 +641,14 @@ def plan_cmd(
         render.echo(render.lines(["Why:"] + why, format.value))
         if result.pareto:
             render.echo(render.lines(["Pareto front (time vs cost):"] + words.pareto_lines(result), format.value))
+        render.echo(render.footer(prov, format.value))
         _warn(warnings)
     if format in (Format.csv, Format.json):  # data on stdout; warnings still reach the user
         _warn(warnings + ([] if result.rows else why))
     if plot and result.pareto:
         from ddplan.plot import plot_scenarios
 
-        plot_scenarios(best_per_family(data), plot, title=f"{spec.name}: best layout per family")
+        plot_scenarios(best_per_family(data), plot, title=f"{spec.name}: best layout per family\n{prov_line(prov)}")
 
 
 @app.command("validate")
@@ -656,6 +670,10 @@ def validate_cmd(
     where = dataset or shipped_dataset()
     runs = load_runs(dataset)
     scored = validation.score_all(runs, where, progress=_progress("validate"))
+    from ddplan.provenance import line as prov_line
+    from ddplan.provenance import provenance
+
+    prov = provenance(dataset=(Path(where).name, runs))
     rows = [s.row() for s in scored]
     summary = [s.row() for s in validation.summaries(scored)]
     out_of_sample = None
@@ -668,16 +686,16 @@ def validate_cmd(
     if plot:
         from ddplan.plot import plot_validation
 
-        plot_validation(rows, plot, title=f"ddplan against {len(rows)} measured runs ({where})")
+        plot_validation(rows, plot, title=f"ddplan against {len(rows)} measured runs\n{prov_line(prov)}")
     title = f"ddplan against {len(rows)} measured runs: step time, predicted vs measured ({where})"
     if format is Format.json:
         import json
 
         render.echo(json.dumps({"title": title, "runs": rows, "summary": summary,
-                                "leave_one_source_out": out_of_sample}, indent=2))
+                                "leave_one_source_out": out_of_sample, "provenance": prov}, indent=2))
         return
     if format is Format.csv:
-        render.echo(render.table(rows, "csv"))
+        render.echo(render.csv_with(prov, rows))
         return
     render.echo(render.table(render.validation_rows(rows), format.value, title=title))
     render.echo(render.lines([
@@ -685,6 +703,7 @@ def validate_cmd(
         "band = the prediction's band; MFU in the source's own convention (its FLOPs per token and peak); "
         "assumed = layout facts the source does not state (see the dataset's `assumed`)."], format.value))
     render.echo(render.table(render.summary_rows(summary + (out_of_sample or [])), format.value, title="Summary"))
+    render.echo(render.footer(prov, format.value))
 
 
 def _check_tp_options(sequence_parallel: bool, tp_comm_overlap: bool, max_tp: int | None) -> None:
@@ -765,8 +784,6 @@ def _warn(warnings: list[str]) -> None:
 
 def _check_plot_path(path: str | None) -> None:
     """A plot path must end in .png or .svg and its folder must exist: say so before any work."""
-    from pathlib import Path
-
     from ddplan.errors import UsageError
 
     if path is None:

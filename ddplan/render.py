@@ -95,6 +95,21 @@ def _cell(value: Any, digits: int) -> str:
     return str(value)
 
 
+def csv_with(prov: dict, rows: list[dict]) -> str:
+    """CSV with a first comment line saying what produced it (ddplan.provenance); read it with
+    `pandas.read_csv(..., comment="#")` or skip lines starting with '#'."""
+    from ddplan.provenance import line
+
+    return "# " + line(prov) + "\n" + table(rows, "csv")
+
+
+def footer(prov: dict, fmt: str) -> str:
+    """The provenance line under a table or markdown output (nothing for csv/json, which carry it as data)."""
+    from ddplan.provenance import line
+
+    return lines(["Produced by " + line(prov) + "."], fmt)
+
+
 def lines(text_lines: list[str], fmt: str) -> str:
     """Verdict lines under a table: plain for table/markdown; empty for csv/json (data only)."""
     if fmt in ("csv", "json") or not text_lines:

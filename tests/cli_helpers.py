@@ -37,8 +37,13 @@ def fails(capsys, argv: list[str]) -> tuple[int, str]:
     return code, err.rstrip("\n")
 
 
+def data_lines(out: str) -> str:
+    """CSV output without its provenance comment (the first line, '# ddplan ...')."""
+    return "".join(line for line in out.splitlines(keepends=True) if not line.startswith("#"))
+
+
 def csv_rows(out: str) -> list[dict[str, str]]:
-    return list(csv.DictReader(io.StringIO(out)))
+    return list(csv.DictReader(io.StringIO(data_lines(out))))
 
 
 def f(row: dict[str, str], key: str) -> float:

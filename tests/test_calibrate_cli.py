@@ -118,7 +118,7 @@ def test_from_log_round_trip_gives_the_seed_row(tmp_path, capsys):
                             "--steps", "29000", "--price", "2", "--window", "L,SSSL", "--eval-every", "0",
                             "--startup-min", "0", "--calibration", str(out), "--format", "csv")
     assert code == 0, err
-    rows = list(csv.DictReader(io.StringIO(stdout)))
+    rows = list(csv.DictReader(io.StringIO("".join(x for x in stdout.splitlines(True) if not x.startswith("#")))))
     measured = [r for r in rows if r["basis"] == "measured"]
     assert len(measured) == 1 and measured[0]["config"] == "1x mi300x, sdpa-fused, L"
     assert float(measured[0]["step_s"]) == pytest.approx(7.7)

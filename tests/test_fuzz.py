@@ -18,6 +18,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cli_helpers import data_lines
+
 from ddplan import cli
 from ddplan.registry import builtin_dir
 
@@ -48,7 +50,7 @@ def check_outcome(argv: list[str]) -> int:
     assert "internal error" not in err and "Traceback" not in err, (argv, err)
     if code == 0:
         if "--format" in argv and argv[argv.index("--format") + 1] == "csv":
-            for row in csv.DictReader(io.StringIO(out)):
+            for row in csv.DictReader(io.StringIO(data_lines(out))):
                 for key, value in row.items():
                     try:
                         number = float(value)
@@ -88,7 +90,7 @@ def test_regression_flags_are_one_line_errors(argv):
 def test_duplicate_gpu_counts_give_one_row_each():
     code, out, _ = run(["table", "--model", "d24", "--gpus", "8,8", "--attention", "sdpa-fused", "--window", "L",
                         "--format", "csv"])
-    assert code == 0 and len(list(csv.DictReader(io.StringIO(out)))) == 1
+    assert code == 0 and len(list(csv.DictReader(io.StringIO(data_lines(out))))) == 1
 
 
 def _write(tmp_path: Path, name: str, text: str | bytes) -> str:

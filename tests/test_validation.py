@@ -171,9 +171,10 @@ def test_table_marks_predictions_beyond_the_highest_measured_mfu(capsys):
 
 def test_cli_validate_formats_and_plot(capsys, tmp_path):
     out = run_ok(capsys, ["validate", "--format", "csv"])
-    header = out.splitlines()[0].split(",")
+    assert out.startswith("# ddplan ") and "dataset published_runs.yaml (" in out.splitlines()[0]
+    header = out.splitlines()[1].split(",")
     assert {"id", "measured_s", "predicted_s", "error_pct", "inside_band"} <= set(header)
-    assert len(out.splitlines()) == len(load_runs().runs) + 1
+    assert len(out.splitlines()) == len(load_runs().runs) + 2
     out = run_ok(capsys, ["validate"])
     assert "Summary" in out and "median |error| %" in out
     png = tmp_path / "v.png"
