@@ -54,6 +54,10 @@ SeqLenOpt = typer.Option(None, "--seq-len", help="Sequence length in tokens (def
 DtypeOpt = typer.Option(None, "--dtype", help="Compute dtype: bf16, fp16 or fp32 (fp32: everything in fp32, as "
                         "`ddplan calibrate` runs on a CPU; default: the model spec's).")
 HeadroomOpt = typer.Option(0.05, "--headroom", help="Fraction of usable memory a layout must leave free.")
+SequenceParallelOpt = typer.Option(False, "--sequence-parallel", help="Megatron sequence parallelism on layouts with "
+                                   "tp: norms and saved activations split over tp too.")
+TpOverlapOpt = typer.Option(False, "--tp-comm-overlap", help="Layouts with tp overlap their communication with the "
+                            "layers' GEMMs (Megatron-Core --tp-comm-overlap; needs --sequence-parallel).")
 
 
 def _inputs(model: str, hardware: str | None, calibration: str | None, seq_len: int | None, dtype: str | None,
@@ -187,8 +191,7 @@ def memory_cmd(
     attention: str = typer.Option(None, "--attention", help="Attention implementation (default: the hardware's "
                                   "default; see `ddplan specs show HARDWARE`)."),
     recompute: str = typer.Option("none", "--recompute", help="Activation recompute: none, selective or full."),
-    sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="Megatron sequence parallelism with "
-                                           "--tp: norms and saved activations split over tp too."),
+    sequence_parallel: bool = SequenceParallelOpt,
     window_pattern: str = typer.Option(None, "--window-pattern", help="Override the window pattern (e.g. L, SSSL)."),
     compiled: bool = typer.Option(None, "--compile/--no-compile", help="torch.compile'd model (changes what is "
                                   "saved for backward; default: the recipe's)."),
@@ -313,10 +316,8 @@ def table_cmd(
                                       "(reschedule, reload the checkpoint, warm up)."),
     fp8: bool = typer.Option(False, "--fp8", help="Run eligible GEMMs in fp8 (refused where the model's fp8 format "
                              "does not run on the hardware)."),
-    tp_comm_overlap: bool = typer.Option(False, "--tp-comm-overlap", help="Tensor-parallel communication "
-                                         "overlapped with the layers' GEMMs (Megatron-Core --tp-comm-overlap)."),
-    sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="Megatron sequence parallelism with "
-                                           "--tp: norms and saved activations split over tp too."),
+    tp_comm_overlap: bool = TpOverlapOpt,
+    sequence_parallel: bool = SequenceParallelOpt,
     plot: str = typer.Option(None, "--plot", help="Also write wall-clock and cost against GPU count (PNG or SVG)."),
     format: Format = FormatOpt,
 ) -> None:
@@ -577,10 +578,8 @@ def plan_cmd(
     total_batch_size: int = typer.Option(None, "--total-batch-size", help="Tokens per optimizer step."),
     seq_len: int = SeqLenOpt,
     dtype: str = DtypeOpt,
-    sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="Layouts with tp run Megatron's "
-                                           "sequence parallelism."),
-    tp_comm_overlap: bool = typer.Option(False, "--tp-comm-overlap", help="Layouts with tp overlap their "
-                                         "communication with GEMMs (Megatron-Core --tp-comm-overlap)."),
+    sequence_parallel: bool = SequenceParallelOpt,
+    tp_comm_overlap: bool = TpOverlapOpt,
     tp_across_nodes: bool = typer.Option(False, "--tp-across-nodes", help="Allow tensor parallelism beyond one "
                                          "node (kept inside a node by default)."),
     top: int = typer.Option(10, "--top", help="How many layouts to list (table, markdown, json; csv lists all)."),
