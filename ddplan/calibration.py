@@ -197,10 +197,10 @@ def calibrated_rates(r: Rates, attention: str, calibration: CalibrationSpec | No
 
 
 def comm_points(calibration: CalibrationSpec | None) -> CommPoints | None:
-    """Measured collective times by (collective, group size), for ddplan.comm.GroupTimer."""
+    """Measured collective times by (collective, group size, tier), for ddplan.comm.GroupTimer."""
     if calibration is None or not calibration.collectives:
         return None
-    out: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    out: dict[tuple[str, int, str], list[tuple[float, float]]] = {}
     for p in calibration.collectives:
-        out.setdefault((p.collective, p.group_size), []).append((p.size_bytes, p.time_s))
+        out.setdefault((p.collective, p.group_size, p.tier), []).append((p.size_bytes, p.time_s))
     return {k: sorted(v) for k, v in out.items()}

@@ -58,6 +58,12 @@ SequenceParallelOpt = typer.Option(False, "--sequence-parallel", help="Megatron 
                                    "tp: norms and saved activations split over tp too.")
 TpOverlapOpt = typer.Option(False, "--tp-comm-overlap", help="Layouts with tp overlap their communication with the "
                             "layers' GEMMs (Megatron-Core --tp-comm-overlap; needs --sequence-parallel).")
+ShardGroupOpt = typer.Option(None, "--shard-group", help="ZeRO-3 hybrid sharding: shard over this many data-parallel "
+                             "ranks (8: one node at tp 1) and replicate across the rest (torch HSDP).")
+ReshardOpt = typer.Option(True, "--reshard-after-forward/--no-reshard-after-forward", help="ZeRO-3: free gathered "
+                          "parameters after forward and gather them again in backward (torch FSDP's default).")
+ParamGatherOpt = typer.Option(False, "--overlap-param-gather", help="ZeRO-1/2: overlap the parameter all-gather "
+                              "after the optimizer step with the next forward (Megatron-Core distributed optimizer).")
 
 
 def _inputs(model: str, hardware: str | None, calibration: str | None, seq_len: int | None, dtype: str | None,
@@ -192,6 +198,9 @@ def memory_cmd(
                                   "default; see `ddplan specs show HARDWARE`)."),
     recompute: str = typer.Option("none", "--recompute", help="Activation recompute: none, selective or full."),
     sequence_parallel: bool = SequenceParallelOpt,
+    shard_group: int = ShardGroupOpt,
+    reshard_after_forward: bool = ReshardOpt,
+    overlap_param_gather: bool = ParamGatherOpt,
     window_pattern: str = typer.Option(None, "--window-pattern", help="Override the window pattern (e.g. L, SSSL)."),
     compiled: bool = typer.Option(None, "--compile/--no-compile", help="torch.compile'd model (changes what is "
                                   "saved for backward; default: the recipe's)."),
@@ -212,7 +221,7 @@ def memory_cmd(
     _check((gpus, "--gpus"), (tp, "--tp"), (pp, "--pp"), (vp, "--vp"), (device_batch_size, "--device-batch-size"),
            (measured_peak, "--measured-peak"), (headroom, "--headroom"))
     stages = _int_list(zero, "--zero", allowed=(0, 1, 2, 3))
-    _check_tp_options(sequence_parallel, False, tp)
+    options = _options(sequence_parallel, False, tp, shard_group, reshard_after_forward, overlap_param_gather)
     spec, hw, cal = _inputs(model, hardware, calibration, seq_len, dtype)
     if cal is not None and measured_peak is None:
         from ddplan.calibration import steps_for_model
@@ -222,7 +231,7 @@ def memory_cmd(
     _check_pattern(window_pattern)
     setup = memory_setup(spec, hw, gpus=gpus, tp=tp, pp=pp, vp=vp, micro_batch=device_batch_size, attention=attention,
                          recompute=_choices(recompute, "--recompute", RECOMPUTE)[0], compiled=compiled,
-                         window_pattern=window_pattern, headroom=headroom, sequence_parallel=sequence_parallel)
+                         window_pattern=window_pattern, headroom=headroom, options=options)
     _check_plot_path(plot)
     prov = provenance(model=spec, hardware=hw, calibration=(Path(calibration).name, cal) if cal is not None else None)
     rows = zero_rows(spec, hw, setup, stages)
@@ -318,6 +327,9 @@ def table_cmd(
                              "does not run on the hardware)."),
     tp_comm_overlap: bool = TpOverlapOpt,
     sequence_parallel: bool = SequenceParallelOpt,
+    shard_group: int = ShardGroupOpt,
+    reshard_after_forward: bool = ReshardOpt,
+    overlap_param_gather: bool = ParamGatherOpt,
     plot: str = typer.Option(None, "--plot", help="Also write wall-clock and cost against GPU count (PNG or SVG)."),
     format: Format = FormatOpt,
 ) -> None:
@@ -339,7 +351,8 @@ def table_cmd(
            (interruptions, "--interruptions-per-gpu-hour"), (restart_min, "--restart-min"))
     gpu_list = tuple(_int_list(gpus, "--gpus"))
     tps, pps, vps = (tuple(_int_list(v, f)) for v, f in ((tp, "--tp"), (pp, "--pp"), (vp, "--vp")))
-    _check_tp_options(sequence_parallel, tp_comm_overlap, max(tps))
+    options = _options(sequence_parallel, tp_comm_overlap, max(tps), shard_group, reshard_after_forward,
+                       overlap_param_gather)
     zeros = tuple(_int_list(zero, "--zero", allowed=(0, 1, 2, 3))) if zero else ()
     mbs = tuple(_int_list(device_batch_size, "--device-batch-size")) if device_batch_size else ()
     recomputes = _choices(recompute, "--recompute", RECOMPUTE)
@@ -384,7 +397,7 @@ def table_cmd(
                                checkpoint_every_steps=checkpoint_every, interruptions_per_gpu_hour=interruptions,
                                restart_s=restart_min * 60),
         compiled=compiled, measurement=measurement, knob=fit.value, calibration=cal, calibration_path=calibration,
-        fp8=fp8, headroom=headroom, tp_overlap=tp_comm_overlap, sequence_parallel=sequence_parallel)
+        fp8=fp8, headroom=headroom, options=options)
     _check_plot_path(plot)
     result = build_table(req, _progress("table"))
     rows = render.table_data(result)
@@ -580,6 +593,9 @@ def plan_cmd(
     dtype: str = DtypeOpt,
     sequence_parallel: bool = SequenceParallelOpt,
     tp_comm_overlap: bool = TpOverlapOpt,
+    shard_group: int = ShardGroupOpt,
+    reshard_after_forward: bool = ReshardOpt,
+    overlap_param_gather: bool = ParamGatherOpt,
     tp_across_nodes: bool = typer.Option(False, "--tp-across-nodes", help="Allow tensor parallelism beyond one "
                                          "node (kept inside a node by default)."),
     top: int = typer.Option(10, "--top", help="How many layouts to list (table, markdown, json; csv lists all)."),
@@ -607,13 +623,13 @@ def plan_cmd(
     hws = (hw0, *(load_hardware(h.strip()) for h in (hardware or "").split(",")[1:] if h.strip()))
     price_spec = None if price is None else Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price",
                                                   date=dt.date.today(), source="given on the command line")
-    _check_tp_options(sequence_parallel, tp_comm_overlap, None)
+    options = _options(sequence_parallel, tp_comm_overlap, None, shard_group, reshard_after_forward,
+                       overlap_param_gather)
     req = PlanRequest(model=spec, hardware=hws, gpus=tuple(_int_list(gpus, "--gpus")), objective=objective.value,
                       deadline_h=deadline, budget_usd=budget, top=top,
                       calibration=cal, calibration_path=calibration, price=price_spec,
                       overheads=RunOverheads(startup_s=startup_min * 60), total_batch_tokens=total_batch_size,
-                      tp_across_nodes=tp_across_nodes, headroom=headroom, sequence_parallel=sequence_parallel,
-                      tp_overlap=tp_comm_overlap)
+                      tp_across_nodes=tp_across_nodes, headroom=headroom, options=options)
     result = search(req, _progress("plan"))
     why = words.plan_reasons(result)
     warnings = words.plan_warnings(result)
@@ -705,16 +721,22 @@ def validate_cmd(
     render.echo(render.footer(prov, format.value))
 
 
-def _check_tp_options(sequence_parallel: bool, tp_comm_overlap: bool, max_tp: int | None) -> None:
-    """--sequence-parallel and --tp-comm-overlap: Megatron's, so they need tensor parallelism, and overlap needs
-    sequence parallelism (Megatron-Core refuses --tp-comm-overlap without it)."""
+def _options(sequence_parallel: bool, tp_comm_overlap: bool, max_tp: int | None, shard_group: int | None = None,
+             reshard_after_forward: bool = True, overlap_param_gather: bool = False):
+    """The framework options (ddplan.layout.Options) from their flags. --sequence-parallel and
+    --tp-comm-overlap are Megatron's, so they need tensor parallelism, and overlap needs sequence
+    parallelism (Megatron-Core refuses --tp-comm-overlap without it)."""
     from ddplan.errors import UsageError
+    from ddplan.layout import Options
 
     if tp_comm_overlap and not sequence_parallel:
         raise UsageError("needs --sequence-parallel (Megatron-Core overlaps tensor-parallel communication only with "
                          "sequence parallelism)", field="--tp-comm-overlap")
     if sequence_parallel and max_tp == 1:
         raise UsageError("needs tensor parallelism: give --tp above 1", field="--sequence-parallel")
+    _check((shard_group, "--shard-group"))
+    return Options(sequence_parallel=sequence_parallel, tp_overlap=tp_comm_overlap, shard_group=shard_group or 0,
+                   reshard_after_forward=reshard_after_forward, overlap_param_gather=overlap_param_gather)
 
 
 def _int_list(text: str, flag: str, allowed: tuple[int, ...] | None = None) -> list[int]:

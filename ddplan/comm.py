@@ -164,35 +164,43 @@ def _intra_busbw_bytes_per_s(hw: HardwareSpec, collective: str, n: int) -> float
     return busbw
 
 
-def tier_for(hw: HardwareSpec, collective: Collective, n: int, *, efficiency: EfficiencyPoint = "value") -> Tier:
-    """The tier (busbw bytes/s, latency s) a group of n GPUs runs `collective` over.
+def tier_for(hw: HardwareSpec, collective: Collective, n: int, *, efficiency: EfficiencyPoint = "value",
+             per_node: int | None = None) -> Tier:
+    """The tier (busbw bytes/s, latency s) a group of n GPUs, per_node of them on each node, runs `collective` over.
 
-    n <= gpus_per_node, intra-node: busbw = hw.intra_node.busbw_gbyte_per_s[collective] at the largest
-    listed group size <= n (a conservative step: a mesh group between sizes owns the links of the
-    smaller); below every listed size, the smallest listed size's value, x (n-1)/(size-1) on a
-    `full_mesh` (a k-GPU mesh group owns k-1 links per GPU; on a switch any group reaches all
-    links); latency = intra_node.latency_us. n = 1 moves no data; its tier is the smallest size's.
-    n > gpus_per_node, inter-node (the group assumed to span ceil(n / gpus_per_node) whole nodes):
-    busbw = min(intra busbw at gpus_per_node, node NIC bytes/s x busbw_fraction_of_nics.<efficiency>),
-    latency = inter_node.latency_us. NCCL/RCCL run one channel per NIC, so a ring crossing nodes is
-    bounded by the node's total NIC bandwidth, not one GPU's NIC (H200: 8 x 400 Gb/s = 400 GB/s x 0.91
-    = 364 GB/s; 32 ranks over EFA measured 364.7 GB/s).
+    Inside one node (n <= per_node, per_node defaulting to min(n, gpus_per_node)): busbw =
+    hw.intra_node.busbw_gbyte_per_s[collective] at the largest listed group size <= n (a conservative
+    step: a mesh group between sizes owns the links of the smaller); below every listed size, the
+    smallest listed size's value, x (n-1)/(size-1) on a `full_mesh` (a k-GPU mesh group owns k-1 links
+    per GPU; on a switch any group reaches all links); latency = intra_node.latency_us. n = 1 moves no
+    data; its tier is the smallest size's.
+    Across nodes (n > per_node): busbw = min(intra busbw of the per_node members, the node's NIC bytes/s
+    x per_node / gpus_per_node x busbw_fraction_of_nics.<efficiency>), latency = inter_node.latency_us.
+    NCCL/RCCL run one channel per NIC and each GPU reaches the fabric through its own NIC (rail-optimised
+    nodes), so a ring crossing nodes is bounded by the NICs of its members on a node: all of them for a
+    group with every GPU of the node (H200: 8 x 400 Gb/s = 400 GB/s x 0.91 = 364 GB/s; 32 ranks over EFA
+    measured 364.7 GB/s), one for a data-parallel group of a tp-8 layout (the node's other seven NICs
+    carry the other tp ranks' groups at the same time).
     `efficiency` picks value/low/high of busbw_fraction_of_nics (the band); intra-node busbw values
     are single sourced numbers and do not vary with it.
     Ref: DESIGN.md sec. 4 (Collectives); stas00/ml-engineering network/README.md (MI300X 2 vs 8 GPUs,
-    32x H200 EFA); nccl-tests doc/PERFORMANCE.md.
+    32x H200 EFA); nccl-tests doc/PERFORMANCE.md; NCCL docs, NCCL_CROSS_NIC (rings use the NIC of each GPU's rail).
     """
     _check_collective(collective)
     _check_n(n)
     if efficiency not in ("value", "low", "high"):
         raise ValueError(f"efficiency must be 'value', 'low' or 'high', got {efficiency!r}")
-    if n <= hw.gpus_per_node:
+    if per_node is None:
+        per_node = min(n, hw.gpus_per_node) if n <= hw.gpus_per_node else hw.gpus_per_node
+    if not 1 <= per_node <= hw.gpus_per_node:
+        raise ValueError(f"per_node must be in 1..{hw.gpus_per_node}, got {per_node}")
+    if n <= per_node:
         busbw = _intra_busbw_bytes_per_s(hw, collective, n)
         return Tier("intra_node", busbw, hw.intra_node.latency_us.value * units.US)
     frac = hw.inter_node.busbw_fraction_of_nics
     fraction = {"value": frac.value, "low": frac.range[0], "high": frac.range[1]}[efficiency]
-    nic_bound = hw.inter_node.node_bytes_per_s * fraction
-    intra = _intra_busbw_bytes_per_s(hw, collective, hw.gpus_per_node)
+    nic_bound = hw.inter_node.node_bytes_per_s * per_node / hw.gpus_per_node * fraction
+    intra = _intra_busbw_bytes_per_s(hw, collective, per_node) if per_node > 1 else math.inf
     return Tier("inter_node", min(intra, nic_bound), hw.inter_node.latency_us.value * units.US)
 
 
@@ -267,32 +275,36 @@ class Timer(Protocol):
     def time_s(self, collective: Collective, size_bytes: float, n: int) -> float: ...
 
 
-CommPoints = dict[tuple[str, int], list[tuple[float, float]]]  # (collective, group size) -> [(bytes, s)]
+CommPoints = dict[tuple[str, int, str], list[tuple[float, float]]]  # (collective, group size, tier) -> [(bytes, s)]
 
 
 @dataclass(frozen=True)
 class GroupTimer:
-    """Times collectives of one group: the measured t(S) curve where calibrated, else the tier model.
+    """Times collectives of one kind of group: the measured t(S) curve where calibrated, else the tier model.
 
-    span: GPUs the group's job covers (dp x tp x pp for a data-parallel group): the group runs over the
-    NICs once span exceeds a node. efficiency: which end of the inter-node efficiency range (the band).
-    Never both measured and modelled for one time: the measured curve already holds the latency.
+    per_node: members of the group on each node it spans (ddplan.layout.placement; its share of the
+    node's NICs); a group of n > per_node crosses nodes. efficiency: which end of the inter-node
+    efficiency range (the band). A measured curve is used only for the same group size on the same
+    tier (one node, or across nodes). Never both measured and modelled for one time: the measured
+    curve already holds the latency.
     Ref: DESIGN.md sec. 4 (Collectives).
     """
 
     hw: HardwareSpec
-    span: int
+    per_node: int
     efficiency: EfficiencyPoint = "value"
     points: CommPoints | None = None
 
     def time_s(self, collective: Collective, size_bytes: float, n: int) -> float:
         if n <= 1 or size_bytes <= 0:
             return 0.0
-        if self.points and (collective, n) in self.points:
-            return interpolate_time_s(self.points[(collective, n)], size_bytes)
-        group = n if self.span <= self.hw.gpus_per_node else self.span
-        return collective_time_s(collective, size_bytes, n, tier_for(self.hw, collective, group,
-                                                                     efficiency=self.efficiency))
+        per_node = min(self.per_node, n)
+        tier = tier_for(self.hw, collective, n, efficiency=self.efficiency, per_node=per_node)
+        key = (collective, n, tier.name)
+        # measured across nodes means with every GPU of a node in the group: not a group with fewer per node
+        if self.points and key in self.points and (tier.name == "intra_node" or per_node == self.hw.gpus_per_node):
+            return interpolate_time_s(self.points[key], size_bytes)
+        return collective_time_s(collective, size_bytes, n, tier)
 
 
 # --------------------------------------------------------------------------------------------
@@ -326,50 +338,84 @@ def ddp_exposed_s(grad_bytes: float, bucket_bytes: float, n: int, tier: Timer, o
 # Overlap: sharded data parallelism (ZeRO-1/2, FSDP), from the times of its collectives
 
 
-def zero1_comm_s(rs_s: float, ag_s: float, last_bucket_s: float, backward_s: float) -> tuple[float, float]:
+def param_gather_exposed_s(ag_s: float, first_bucket_s: float, forward_s: float | None) -> float:
+    """Seconds of the post-step parameter all-gather (ZeRO-1/2) left on the critical path.
+
+    Blocking (DeepSpeed, torch ZeroRedundancyOptimizer; forward_s None): all of it. Megatron-Core's
+    --overlap-param-gather launches the gather bucket by bucket and waits for each in the next step's
+    first forward: exposed = max(ag - forward, first bucket).
+    e.g. ag 20 ms, first bucket 1 ms: blocking 20 ms; under a 15 ms forward 5 ms; under 50 ms 1 ms.
+    Ref: Megatron-Core distributed optimizer docs (docs/source/api-guide/dist_optimizer.md) and
+    megatron/core/distributed/param_and_grad_buffer.py (start_param_sync / forward pre-hook).
+    """
+    _check_nonneg(ag_s=ag_s, first_bucket_s=first_bucket_s)
+    if forward_s is None:
+        return ag_s
+    _check_nonneg(forward_s=forward_s)
+    return min(ag_s, max(ag_s - forward_s, first_bucket_s))
+
+
+def zero1_comm_s(rs_s: float, ag_s: float, last_bucket_s: float, backward_s: float,
+                 forward_s: float | None = None) -> tuple[float, float]:
     """(total, exposed) seconds of ZeRO-1 communication per optimizer step.
 
     Gradients are reduce-scattered in buckets during the last micro-batch's backward (the earlier
     ones accumulate locally under no_sync); the updated parameter shards are all-gathered after the
-    optimizer step, exposed: exposed = max(rs - backward, last bucket) + ag.
-    e.g. rs 30 ms, ag 20 ms, bucket 1 ms, backward 100 ms: total 50 ms, exposed 1 + 20 = 21 ms.
+    optimizer step, exposed unless overlapped with the next forward (param_gather_exposed_s; forward_s
+    given): exposed = max(rs - backward, last bucket) + param_gather_exposed_s(ag, last bucket, forward).
+    e.g. rs 30 ms, ag 20 ms, bucket 1 ms, backward 100 ms: total 50 ms, exposed 1 + 20 = 21 ms; with the
+    gather overlapped under a 50 ms forward: 1 + 1 = 2 ms.
     Ref: Rajbhandari et al., arXiv 1910.02054, sec. 5.1; DeepSpeed stage 1 (reduce in backward).
     """
     _check_nonneg(rs_s=rs_s, ag_s=ag_s, last_bucket_s=last_bucket_s, backward_s=backward_s)
-    return rs_s + ag_s, max(rs_s - backward_s, last_bucket_s) + ag_s
+    gather = param_gather_exposed_s(ag_s, min(last_bucket_s, ag_s), forward_s)
+    return rs_s + ag_s, max(rs_s - backward_s, last_bucket_s) + gather
 
 
 def zero2_comm_s(rs_s: float, ag_s: float, last_bucket_s: float, backward_s: float,
-                 accum: int) -> tuple[float, float]:
+                 accum: int, forward_s: float | None = None) -> tuple[float, float]:
     """(total, exposed) seconds of ZeRO-2 communication per optimizer step.
 
     Gradient shards are kept, not whole gradients, so every micro-batch's backward reduce-scatters
-    (overlapped except the last bucket); the parameter all-gather after the step is exposed:
-    total = accum x rs + ag; exposed = accum x max(rs - backward, last bucket) + ag.
+    (overlapped except the last bucket); the parameter all-gather after the step is exposed unless
+    overlapped with the next forward (param_gather_exposed_s):
+    total = accum x rs + ag; exposed = accum x max(rs - backward, last bucket) + param_gather_exposed_s.
     e.g. rs 30 ms, ag 20 ms, bucket 1 ms, backward 100 ms, accum 4: total 140 ms, exposed 24 ms.
     Ref: Rajbhandari et al., arXiv 1910.02054, sec. 5.2.
     """
     _check_nonneg(rs_s=rs_s, ag_s=ag_s, last_bucket_s=last_bucket_s, backward_s=backward_s)
     if accum < 1:
         raise ValueError(f"accum must be >= 1, got {accum}")
-    return accum * rs_s + ag_s, accum * max(rs_s - backward_s, last_bucket_s) + ag_s
+    gather = param_gather_exposed_s(ag_s, min(last_bucket_s, ag_s), forward_s)
+    return accum * rs_s + ag_s, accum * max(rs_s - backward_s, last_bucket_s) + gather
 
 
-def fsdp_comm_s(rs_s: float, ag_s: float, micro_batch_s: float, accum: int, num_units: int) -> tuple[float, float]:
+def fsdp_comm_s(rs_s: float, ag_s: float, micro_batch_s: float, accum: int, num_units: int, *, gathers: int = 2,
+                replica_all_reduce_s: float = 0.0) -> tuple[float, float]:
     """(total, exposed) seconds of FSDP / ZeRO-3 communication per optimizer step.
 
-    Each micro-batch all-gathers the parameters in forward and again in backward and reduce-scatters
-    the gradients, prefetched one unit (layer) ahead under compute; what exceeds the micro-batch's
-    compute is exposed, and so is the first unit's gather of each pass:
-    per micro-batch = 2 ag + rs; exposed = accum x (max(0, 2 ag + rs - micro_batch) + 2 ag / units).
-    e.g. rs 30, ag 20, micro-batch 50 ms, accum 2, 10 units: total 140 ms, exposed 2 x (20 + 4) = 48 ms.
-    Ref: Zhao et al., "PyTorch FSDP", VLDB 2023, sec. 3.3-3.4 (prefetch, overlap); ZeRO sec. 5.3.
+    Each micro-batch all-gathers the parameters in forward and, when they were freed after forward
+    (reshard_after_forward, the default: gathers = 2), again in backward, and reduce-scatters the
+    gradients, each prefetched one unit (layer) ahead under compute; what exceeds the micro-batch's
+    compute is exposed, and so is the first unit's gather of each pass. Hybrid sharding adds an
+    all-reduce of the gradient shards across replicas on another link (the NICs, while the shard group
+    uses NVLink), overlapping the shard group's collectives: a micro-batch's communication takes the
+    longer of the two:
+    busy = max(gathers x ag + rs, ar); total = accum x (gathers x ag + rs + ar);
+    exposed = accum x (max(0, busy - micro_batch) + gathers x ag / units).
+    e.g. rs 30, ag 20, micro-batch 50 ms, accum 2, 10 units: total 140 ms, exposed 2 x (20 + 4) = 48 ms;
+    gathers 1: total 100, exposed 2 x (0 + 2) = 4 ms; with ar 80 (gathers 2): total 300,
+    exposed 2 x (30 + 4) = 68 ms.
+    Ref: Zhao et al., "PyTorch FSDP", VLDB 2023, sec. 3.3-3.4 (prefetch, overlap, hybrid sharding);
+    torch FSDP2 fully_shard (reshard_after_forward; HSDP all-reduce, set_requires_all_reduce); ZeRO sec. 5.3.
     """
-    _check_nonneg(rs_s=rs_s, ag_s=ag_s, micro_batch_s=micro_batch_s)
-    if accum < 1 or num_units < 1:
-        raise ValueError(f"accum and num_units must be >= 1, got {accum}, {num_units}")
-    per_mb = 2 * ag_s + rs_s
-    return accum * per_mb, accum * (max(0.0, per_mb - micro_batch_s) + 2 * ag_s / num_units)
+    _check_nonneg(rs_s=rs_s, ag_s=ag_s, micro_batch_s=micro_batch_s, replica_all_reduce_s=replica_all_reduce_s)
+    if accum < 1 or num_units < 1 or gathers not in (1, 2):
+        raise ValueError(f"accum and num_units must be >= 1 and gathers 1 or 2, got {accum}, {num_units}, {gathers}")
+    shard_group = gathers * ag_s + rs_s
+    busy = max(shard_group, replica_all_reduce_s)
+    return (accum * (shard_group + replica_all_reduce_s),
+            accum * (max(0.0, busy - micro_batch_s) + gathers * ag_s / num_units))
 
 
 # --------------------------------------------------------------------------------------------

@@ -35,6 +35,9 @@ class Layout:
     pp_virtual_stages: int = 1
     tp_overlap: bool = False  # tensor-parallel communication overlapped with GEMMs (Megatron --tp-comm-overlap)
     sequence_parallel: bool = False  # Megatron sequence parallelism over the tp group (needs tp > 1)
+    shard_group: int = 0  # ZeRO-3 hybrid sharding: shard over this many dp ranks, replicate across the rest (0: all dp)
+    reshard_after_forward: bool = True  # ZeRO-3: free gathered parameters after forward, gather again in backward
+    overlap_param_gather: bool = False  # ZeRO-1/2: the post-step parameter all-gather under the next forward (Megatron)
 
     def __post_init__(self) -> None:
         bad = {k: getattr(self, k) for k in ("dp", "tp", "pp", "micro_batch", "grad_accum", "pp_virtual_stages")
@@ -56,6 +59,15 @@ class Layout:
         if self.tp_overlap and not self.sequence_parallel:
             raise LayoutError("tensor-parallel communication overlap (Megatron-Core --tp-comm-overlap) needs sequence "
                               "parallelism: add --sequence-parallel")
+        if self.shard_group < 0 or self.shard_group and (
+                self.zero != 3 or self.dp % self.shard_group or self.shard_group in (1, self.dp)):
+            raise LayoutError(f"hybrid sharding needs ZeRO-3 and a shard group that divides dp={self.dp}, between 2 "
+                              f"and dp/2; got ZeRO-{self.zero}, shard group {self.shard_group}")
+        if self.overlap_param_gather and self.zero not in (1, 2):
+            raise LayoutError(f"overlapping the parameter all-gather with forward (Megatron-Core --overlap-param-gather) "
+                              f"needs ZeRO-1 or 2 (the distributed optimizer); got ZeRO-{self.zero}")
+        if not self.reshard_after_forward and self.zero != 3:
+            raise LayoutError(f"keeping gathered parameters from forward to backward is a ZeRO-3 option; got ZeRO-{self.zero}")
         if self.recompute not in ("none", "selective", "full"):
             raise LayoutError(f"recompute must be none, selective or full, got {self.recompute!r}")
 
@@ -64,7 +76,8 @@ class Layout:
         if h is None:
             h = hash((self.dp, self.tp, self.pp, self.zero, self.micro_batch, self.grad_accum, self.attention,
                       self.recompute, self.compiled, self.pp_schedule, self.pp_virtual_stages, self.tp_overlap,
-                      self.sequence_parallel))
+                      self.sequence_parallel, self.shard_group, self.reshard_after_forward,
+                      self.overlap_param_gather))
             object.__setattr__(self, "_hash", h)
         return h
 
@@ -74,11 +87,78 @@ class Layout:
         return self.tp, self.sequence_parallel
 
     @property
+    def shard_degree(self) -> int:
+        """Ranks the ZeRO-sharded model states are split over: the hybrid shard group, else all of dp."""
+        return self.shard_group or self.dp
+
+    @property
     def num_gpus(self) -> int:
         return self.dp * self.tp * self.pp
 
     def sequences_per_step(self) -> int:
         return self.micro_batch * self.grad_accum * self.dp
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one layout's communication groups sit on nodes of `gpus_per_node` GPUs.
+
+    Ranks are ordered tp (innermost), then dp, then pp (outermost), Megatron-Core's default order
+    "tp-cp-ep-dp-pp" (megatron/core/parallel_state.py, RankGenerator) and torchtitan's device mesh
+    ["pp", "dp", "cp", "tp"]: a tp group is consecutive ranks, a data-parallel group strides by tp,
+    pipeline neighbours stride by tp x dp; nodes hold consecutive ranks.
+    *_per_node: members of one such group on each node it touches (its share of the node's NICs,
+    one NIC per GPU on rail-optimised fabrics); *_crosses: whether the group spans nodes.
+    e.g. 1,024 GPUs, 8 per node, tp 2, dp 512: a dp group has 4 members per node and crosses nodes,
+    so it drives 4 of the node's 8 NICs while the other tp rank's dp group drives the other 4.
+    """
+
+    tp_per_node: int
+    tp_crosses: bool
+    dp_per_node: int
+    dp_crosses: bool
+    pp_crosses: bool
+    shard_per_node: int  # FSDP's shard group (all of dp, or the hybrid shard group)
+    shard_crosses: bool
+
+
+def placement(layout: "Layout", gpus_per_node: int) -> Placement:
+    """The nodes each group of `layout` spans (Placement's rank order); gpus_per_node >= 1."""
+    if gpus_per_node < 1:
+        raise ValueError(f"gpus_per_node must be >= 1, got {gpus_per_node}")
+    tp, dp, g = layout.tp, layout.dp, gpus_per_node
+
+    def strided(n: int, stride: int) -> tuple[int, bool]:  # n members, `stride` ranks apart
+        crosses = n > 1 and n * stride > g
+        return (min(n, max(1, g // stride)) if crosses else n), crosses
+
+    tp_per_node, tp_crosses = (min(tp, g), tp > g)
+    dp_per_node, dp_crosses = strided(dp, tp)
+    shard_per_node, shard_crosses = strided(layout.shard_degree, tp)
+    return Placement(tp_per_node=tp_per_node, tp_crosses=tp_crosses, dp_per_node=dp_per_node,
+                     dp_crosses=dp_crosses, pp_crosses=layout.pp > 1 and layout.num_gpus > g,
+                     shard_per_node=shard_per_node, shard_crosses=shard_crosses)
+
+
+@dataclass(frozen=True)
+class Options:
+    """How a layout's communication runs, beyond its degrees: framework options that table, memory and plan
+    take as flags and apply to every layout they can apply to (`for_layout`)."""
+
+    sequence_parallel: bool = False  # Megatron sequence parallelism (tp > 1)
+    tp_overlap: bool = False  # Megatron-Core --tp-comm-overlap (with sequence parallelism)
+    shard_group: int = 0  # ZeRO-3 hybrid sharding over this many dp ranks (torch HSDP); 0: all of dp
+    reshard_after_forward: bool = True  # ZeRO-3 (torch FSDP2 fully_shard's default)
+    overlap_param_gather: bool = False  # ZeRO-1/2: Megatron-Core --overlap-param-gather
+
+    def for_layout(self, tp: int, dp: int, zero: int) -> dict:
+        """The Layout fields these options give a layout of these degrees: each only where it applies
+        (sequence parallelism with tp > 1, hybrid sharding on ZeRO-3 with a shard group below dp, ...)."""
+        return {"sequence_parallel": self.sequence_parallel and tp > 1,
+                "tp_overlap": self.tp_overlap and self.sequence_parallel and tp > 1,
+                "shard_group": self.shard_group if zero == 3 and 1 < self.shard_group < dp else 0,
+                "reshard_after_forward": self.reshard_after_forward or zero != 3,
+                "overlap_param_gather": self.overlap_param_gather and zero in (1, 2)}
 
 
 def data_parallel(gpus: int, tp: int = 1, pp: int = 1) -> int:
@@ -90,17 +170,18 @@ def data_parallel(gpus: int, tp: int = 1, pp: int = 1) -> int:
 
 def layout_for(spec: ModelSpec, *, gpus: int, tp: int = 1, pp: int = 1, vp: int = 1, zero: int | None = None,
                micro_batch: int, grad_accum: int, attention: str, recompute: str = "none",
-               compiled: bool | None = None, tp_overlap: bool = False, sequence_parallel: bool = False) -> Layout:
+               compiled: bool | None = None, options: Options = Options()) -> Layout:
     """The layout of `gpus` GPUs in total: dp = gpus / (tp x pp); the model's native ZeRO stage unless one is
-    given (and always at dp 1, where there is nothing to shard); interleaved when vp > 1. The one place
-    `table`, `memory` and a measurement turn GPU counts into a layout."""
+    given (and always at dp 1, where there is nothing to shard); interleaved when vp > 1; the options
+    where they apply. The one place `table`, `memory` and a measurement turn GPU counts into a layout."""
     dp = data_parallel(gpus, tp, pp)
     native = NATIVE_ZERO[spec.recipe.distribution]
-    return Layout(dp=dp, tp=tp, pp=pp, zero=native if zero is None or dp == 1 else zero, micro_batch=micro_batch,
+    zero = native if zero is None or dp == 1 else zero
+    return Layout(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=micro_batch,
                   grad_accum=grad_accum, attention=attention, recompute=recompute,
                   compiled=spec.recipe.compiled if compiled is None else compiled,
                   pp_schedule="interleaved" if vp > 1 else "1f1b", pp_virtual_stages=vp,
-                  tp_overlap=tp_overlap and tp > 1, sequence_parallel=sequence_parallel and tp > 1)
+                  **options.for_layout(tp, dp, zero))
 
 
 def check_layout(layout: Layout, spec: ModelSpec, total_batch_tokens: int | None = None,

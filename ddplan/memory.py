@@ -104,6 +104,7 @@ def model_states(spec: ModelSpec, layout: Layout) -> dict[str, dict[str, float]]
     """
     counts = param_counts(spec.architecture)
     opt, dp, zero = spec.recipe.optimizer, layout.dp, layout.zero
+    shard = layout.shard_degree  # all of dp, or the hybrid shard group (replicated across the rest)
     native_sharding = spec.recipe.distribution == "sharded_optimizer" and zero == 1
     out: dict[str, dict[str, float]] = {"params": {}, "gradients": {}, "optimizer": {}}
     groups = [g for g, n in counts.items() if n and g in opt.algorithm]
@@ -123,9 +124,9 @@ def model_states(spec: ModelSpec, layout: Layout) -> dict[str, dict[str, float]]
         elif native_sharding and algo == "adamw":
             state = state / dp if counts[g] >= 1024 else state  # small AdamW params are all-reduced, not sharded
         elif zero >= 1:
-            state /= dp
-        out["params"][g] = pb * n / (dp if zero >= 3 else 1)
-        out["gradients"][g] = spec.dtypes.grad_bytes(g) * n / (dp if zero >= 2 else 1)
+            state /= shard
+        out["params"][g] = pb * n / (shard if zero >= 3 else 1)
+        out["gradients"][g] = spec.dtypes.grad_bytes(g) * n / (shard if zero >= 2 else 1)
         out["optimizer"][g] = state
     if layout.pp > 1:  # keep the worse of the first (embeddings) and last (lm_head) stage
         first = sum(v for k in out for g, v in out[k].items() if g not in HEAD_GROUPS)
@@ -221,9 +222,13 @@ def memory_per_gpu(spec: ModelSpec, layout: Layout, anatomy: Anatomy, capacity_b
     elif layout.dp > 1 and layout.zero == 1 and spec.recipe.distribution == "zero1":
         comm += 2 * assumptions.bucket_mb * MiB
     if layout.zero == 3 and layout.dp > 1:
-        # two FSDP units (the current layer and the prefetched next) gathered in compute dtype
-        per_layer = sum(states["params"].values()) * layout.dp / max(1, spec.architecture.num_layers)
-        comm += 2 * per_layer * dtype_bytes(spec.dtypes.compute) / 4
+        # two FSDP units (the current layer and the prefetched next) gathered in compute dtype; without
+        # resharding after forward every layer's gathered parameters stay until its backward
+        # (torch FSDP2 fully_shard(reshard_after_forward=False))
+        layers = max(1, spec.architecture.num_layers)
+        per_layer = sum(states["params"].values()) * layout.shard_degree / layers
+        units = 2 if layout.reshard_after_forward else layers
+        comm += units * per_layer * dtype_bytes(spec.dtypes.compute) / 4
     terms["comm_buffers"] = comm
     terms["framework"] = assumptions.framework_gib * GiB
     terms["allocator_slack"] = assumptions.allocator_fraction * (saved + transient)

@@ -18,7 +18,7 @@ from ddplan import run
 from ddplan.calibration import CalibrationSpec, measurement_for
 from ddplan.errors import LayoutError, UsageError
 from ddplan.fitting import fitted
-from ddplan.layout import NATIVE_ZERO, Layout, check_layout
+from ddplan.layout import NATIVE_ZERO, Layout, Options, check_layout
 from ddplan.memory import HEADROOM
 from ddplan.price import PricedLayout, Pricer, RunPlan
 from ddplan.specs import HardwareSpec, ModelSpec, Price
@@ -48,8 +48,7 @@ class PlanRequest:
     recomputes: tuple[str, ...] = ("none", "selective", "full")
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     headroom: float = HEADROOM  # keep this fraction of usable memory free (fragmentation, spikes, other processes)
-    sequence_parallel: bool = False  # tp layouts run Megatron's sequence parallelism
-    tp_overlap: bool = False  # tp layouts overlap their communication with GEMMs (Megatron-Core --tp-comm-overlap)
+    options: Options = Options()  # applied to every layout they can apply to (Options.for_layout)
 
 
 @dataclass
@@ -106,12 +105,13 @@ def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, 
             mbs = [m for m in _powers_of_two_up_to(min(per_dp, 64)) if per_dp % m == 0]
             for zero in (req.zero_stages if dp > 1 else (native,)):  # one rank: nothing to shard
                 for attention in impls:
+                    options = req.options.for_layout(tp, dp, zero)
+                    if options["shard_group"] and dp % options["shard_group"]:
+                        options["shard_group"] = 0  # a shard group that does not divide dp: plain ZeRO-3 here
                     for sched, v in schedules:
                         yield [[Layout(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=mb, grad_accum=per_dp // mb,
                                        attention=attention, recompute=rc, compiled=spec.recipe.compiled,
-                                       pp_schedule=sched, pp_virtual_stages=v,
-                                       sequence_parallel=req.sequence_parallel and tp > 1,
-                                       tp_overlap=req.tp_overlap and tp > 1) for rc in req.recomputes]
+                                       pp_schedule=sched, pp_virtual_stages=v, **options) for rc in req.recomputes]
                                for mb in mbs]
 
 

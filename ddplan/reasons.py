@@ -8,6 +8,7 @@ from __future__ import annotations
 from ddplan.layout import NATIVE_ZERO
 from ddplan.plan import FAMILIES, TIE
 from ddplan.specs import ModelSpec
+from ddplan.verdicts import dp_option_words
 
 
 def describe(r: dict) -> str:
@@ -20,6 +21,8 @@ def describe(r: dict) -> str:
               f"{r['accum']}", r["attention"]]
     if r["recompute"] != "none":
         parts.append(f"recompute {r['recompute']}")
+    if "_priced" in r:
+        parts += dp_option_words(r["_priced"].layout)
     return ", ".join(parts)
 
 

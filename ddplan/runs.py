@@ -54,13 +54,17 @@ class RunLayout(Strict):
     pp: int = Field(default=1, gt=0, le=1024)
     vp: int = Field(default=1, gt=0, le=1024)  # interleaved chunks per pipeline stage
     zero: int = Field(default=0, ge=0, le=3)  # 3: FSDP FULL_SHARD; 2: SHARD_GRAD_OP
-    micro_batch: int = Field(gt=0, le=65536)
+    # None: not stated; priced at the fastest power-of-two micro-batch that fits in memory (fastest_fitting),
+    # as a published throughput benchmark is tuned
+    micro_batch: int | None = Field(default=None, gt=0, le=65536)
     global_batch_sequences: int = Field(gt=0, le=10**9)
     recompute: Recompute = "none"
     attention: str | None = None  # an implementation of the hardware spec (default: the spec's default)
     window: str | None = Field(default=None, pattern=r"^[SL]+$")  # window pattern (nanochat); default the model's
     sequence_parallel: bool = False  # Megatron sequence parallelism with tp
     tp_comm_overlap: bool = False  # Megatron-Core --tp-comm-overlap
+    overlap_param_gather: bool = False  # Megatron-Core --overlap-param-gather (distributed optimizer)
+    shard_group: int = Field(default=0, ge=0, le=10**6)  # ZeRO-3 hybrid sharding (HSDP) group; 0: all of dp
     compiled: bool = False
 
 
@@ -199,7 +203,7 @@ def run_spec(run: PublishedRun, where: str):
     for g in present_param_groups(validate(Architecture, a, f"{where}: model.architecture")):
         d["params"].setdefault(g, d["params"]["wte"])
         r["optimizer"]["algorithm"].setdefault(g, r["optimizer"]["algorithm"]["wte"])
-    r.update(seq_len=run.model.seq_len, device_batch_size=run.layout.micro_batch,
+    r.update(seq_len=run.model.seq_len, device_batch_size=run.layout.micro_batch or 1,
              total_batch_tokens=run.tokens_per_step, world_size_rule="any", compiled=run.layout.compiled)
     spec = validate(ModelSpec, data, f"{where}: model")
     return spec
@@ -220,7 +224,8 @@ def table_command(run: PublishedRun) -> list[str] | None:
     lay = run.layout
     argv = ["table", "--model", run.model.base, "--hardware", run.hardware, "--gpus", str(lay.gpus),
             "--tp", str(lay.tp), "--pp", str(lay.pp), "--vp", str(lay.vp), "--zero", str(lay.zero),
-            "--device-batch-size", str(lay.micro_batch), "--total-batch-size", str(run.tokens_per_step),
+            "--device-batch-size", ",".join(map(str, micro_batches(run))), "--total-batch-size",
+            str(run.tokens_per_step),
             "--recompute", lay.recompute, "--seq-len", str(run.model.seq_len),
             "--dtype", "bf16" if run.precision == "fp8" else run.precision,
             "--compile" if lay.compiled else "--no-compile"]
@@ -232,6 +237,10 @@ def table_command(run: PublishedRun) -> list[str] | None:
         argv.append("--tp-comm-overlap")
     if lay.sequence_parallel:
         argv.append("--sequence-parallel")
+    if lay.overlap_param_gather:
+        argv.append("--overlap-param-gather")
+    if lay.shard_group:
+        argv += ["--shard-group", str(lay.shard_group)]
     if run.precision == "fp8":
         argv.append("--fp8")
     return argv
@@ -251,6 +260,7 @@ def price_run(run: PublishedRun, where: str, sustained: dict[str, float] | None 
     """(spec, hardware, priced row) of one run, through ddplan.table.build_table as `ddplan table` prices it.
 
     sustained: hardware name -> GEMM sustained fraction replacing the spec's (validation's re-fits)."""
+    from ddplan.layout import Options
     from ddplan.registry import load_hardware
     from ddplan.table import TableRequest, build_table
 
@@ -269,19 +279,37 @@ def price_run(run: PublishedRun, where: str, sustained: dict[str, float] | None 
     lay = run.layout
     attention = lay.attention or hw.default_attention
     req = TableRequest(model=spec, hardware=hw, gpus=(lay.gpus,), tps=(lay.tp,), pps=(lay.pp,), vps=(lay.vp,),
-                       zeros=(lay.zero,), micro_batches=(lay.micro_batch,), recomputes=(lay.recompute,),
+                       zeros=(lay.zero,), micro_batches=micro_batches(run), recomputes=(lay.recompute,),
                        attentions=(attention,), windows=(lay.window or spec.architecture.window_pattern,),
                        total_batch_tokens=run.tokens_per_step, compiled=lay.compiled, fp8=run.precision == "fp8",
-                       tp_overlap=lay.tp_comm_overlap, sequence_parallel=lay.sequence_parallel)
+                       options=Options(sequence_parallel=lay.sequence_parallel, tp_overlap=lay.tp_comm_overlap,
+                                       overlap_param_gather=lay.overlap_param_gather, shard_group=lay.shard_group))
     try:
         table = build_table(req)
     except DdplanError as e:
         raise SpecError(e.message, file=where, field="layout") from None
-    row = table.rows[0]
-    if row.layout.micro_batch != lay.micro_batch or row.global_batch_tokens != run.tokens_per_step:
+    row = fastest_fitting(table.rows)
+    if lay.micro_batch and row.layout.micro_batch != lay.micro_batch or row.global_batch_tokens != run.tokens_per_step:
         raise SpecError(f"the layout does not split as it ran: {lay.global_batch_sequences} sequences over dp "
                         f"{row.layout.dp} at micro-batch {lay.micro_batch}", file=where, field="layout")
     return spec, hw, row
+
+
+def micro_batches(run: PublishedRun) -> tuple[int, ...]:
+    """The micro-batches a run is priced at: the one it states, else every power of two that divides the
+    sequences of one data-parallel rank (fastest_fitting picks among them)."""
+    lay = run.layout
+    if lay.micro_batch:
+        return (lay.micro_batch,)
+    per_rank = lay.global_batch_sequences // (lay.gpus // (lay.tp * lay.pp))
+    return tuple(m for m in (2 ** i for i in range(17)) if m <= per_rank and per_rank % m == 0) or (1,)
+
+
+def fastest_fitting(rows: list):
+    """The row a run with an unstated micro-batch is scored by: the fastest that fits in memory (a published
+    throughput figure is the tuned one), else the smallest micro-batch; with one row, that row."""
+    fits = [r for r in rows if r.memory.fits]
+    return min(fits, key=lambda r: r.step_s) if fits else min(rows, key=lambda r: r.layout.micro_batch)
 
 
 # Hardware specs that are one GPU (the same die, clocks and power limit; only memory differs): a run on one

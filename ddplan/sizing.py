@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ddplan.errors import LayoutError, UsageError
-from ddplan.layout import NATIVE_ZERO, Layout, check_layout, data_parallel, layout_for, split_batch
+from ddplan.layout import NATIVE_ZERO, Layout, Options, check_layout, data_parallel, layout_for, split_batch
 from ddplan.memory import HEADROOM, MemoryAssumptions, MemoryBreakdown
 from ddplan.price import Pricer, RunPlan
 from ddplan.specs import HardwareSpec, ModelSpec
@@ -28,6 +28,16 @@ class Setup:
     window_pattern: str | None = None
     headroom: float = HEADROOM
     asked_micro_batch: int | None = None  # when the batch split took a smaller one (ddplan.layout.split_batch)
+    options: Options = Options()  # applied to each ZeRO stage asked about, where they apply
+
+    def at_zero(self, zero: int) -> Layout:
+        """The setup's layout at another ZeRO stage, with the options that apply there."""
+        lay = self.layout
+        options = self.options.for_layout(lay.tp, lay.dp, zero)
+        if options["shard_group"] and lay.dp % options["shard_group"]:
+            raise LayoutError(f"--shard-group {options['shard_group']} does not divide dp {lay.dp}",
+                              field="--shard-group")
+        return replace(lay, zero=zero, **options)
 
 
 def attention_mode(hw: HardwareSpec, name: str) -> tuple[str, str]:
@@ -63,7 +73,7 @@ def zero_rows(spec: ModelSpec, hw: HardwareSpec, setup: Setup, stages: list[int]
     pricer = memory_pricer(spec, hw, setup, assumptions)
     rows = []
     for z in stages:
-        mb = breakdown(spec, hw, replace(setup, layout=replace(setup.layout, zero=z)), assumptions, pricer)
+        mb = breakdown(spec, hw, replace(setup, layout=setup.at_zero(z)), assumptions, pricer)
         row = {"zero": z, "setup": "native" if z == native else "what-if"}
         row.update({TERM_COLUMNS[k]: v / GiB for k, v in mb.terms.items()})
         row.update({"total_gib": mb.total / GiB, "usable_gib": mb.capacity / GiB,
@@ -103,7 +113,7 @@ def alternatives(spec: ModelSpec, hw: HardwareSpec, setup: Setup,
             m = mem(replace(base, attention=impl.name))
             out.append((f"attention {impl.name}", m.total / GiB, m.fits))
     if base.zero != 3 and base.dp > 1:
-        m = mem(replace(base, zero=3))
+        m = mem(setup.at_zero(3))
         other = "" if NATIVE_ZERO[spec.recipe.distribution] == 3 else " (needs another training setup)"
         out.append((f"ZeRO-3 / FSDP{other}", m.total / GiB, m.fits))
     for axis in ("tp", "pp"):  # on the same GPUs: dp shrinks by the degree, accumulation grows by it
@@ -154,7 +164,7 @@ def consistent_with(spec: ModelSpec, hw: HardwareSpec, setup: Setup, measured_gb
 def memory_setup(spec: ModelSpec, hw: HardwareSpec, *, gpus: int, tp: int = 1, pp: int = 1, vp: int = 1,
                  micro_batch: int | None = None, attention: str | None = None, recompute: str = "none",
                  compiled: bool | None = None, window_pattern: str | None = None,
-                 headroom: float = HEADROOM, sequence_parallel: bool = False) -> Setup:
+                 headroom: float = HEADROOM, options: Options = Options()) -> Setup:
     """The setup `ddplan memory` asks about: gpus in total (ddplan.layout.layout_for), the recipe's batch split
     by the one rule (ddplan.layout.split_batch), as `table` splits it."""
     attention = attention or hw.default_attention
@@ -164,10 +174,10 @@ def memory_setup(spec: ModelSpec, hw: HardwareSpec, *, gpus: int, tp: int = 1, p
                             asked)
         layout = layout_for(spec, gpus=gpus, tp=tp, pp=pp, vp=vp, micro_batch=split.micro_batch,
                             grad_accum=split.accum, attention=attention, recompute=recompute, compiled=compiled,
-                            sequence_parallel=sequence_parallel)
+                            options=options)
         check_layout(layout, spec, world_size_rule=False)
     except LayoutError as e:
         e.field = e.field or "--gpus/--tp/--pp/--vp"
         raise
     return Setup(layout=layout, window_pattern=window_pattern, headroom=headroom,
-                 asked_micro_batch=asked if split.micro_batch != asked else None)
+                 asked_micro_batch=asked if split.micro_batch != asked else None, options=options)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ddplan import comm, pipeline
 from ddplan.anatomy import Anatomy, muon_matrices
-from ddplan.layout import NATIVE_ZERO, Layout
+from ddplan.layout import NATIVE_ZERO, Layout, placement
 from ddplan.memory import _stage_share
 from ddplan.params import param_counts
 from ddplan.comm import CommPoints, GroupTimer
@@ -103,7 +103,7 @@ def optimizer_time_s(spec: ModelSpec, layout: Layout, r: Rates) -> float:
     from ddplan.anatomy import adamw_bytes
 
     counts, dt, opt = param_counts(spec.architecture), spec.dtypes, spec.recipe.optimizer
-    policy, n = dp_policy(spec, layout), layout.dp
+    policy, n = dp_policy(spec, layout), layout.shard_degree
     bw = r.optimizer_bytes_per_s or r.hbm_bytes_per_s * r.hbm  # measured AdamW rate when calibrated
     total = 0.0
     for group, algo in opt.algorithm.items():
@@ -181,7 +181,8 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
     if layout.tp > 1:
         # Megatron: 2 all-reduces of b s h forward and 2 backward per layer; full recompute repeats the
         # forward pair (Korthikanti et al., arXiv 2205.05198, sec. 4.2.2)
-        timer = _Cached(GroupTimer(hw, layout.tp, comm_efficiency, comm_points), cache)
+        timer = _Cached(GroupTimer(hw, placement(layout, hw.gpus_per_node).tp_per_node, comm_efficiency,
+                                   comm_points), cache)
         fwd, bwd = comm.tp_comm_time_per_layer_s(layout.micro_batch, anatomy.seq_len, a.d_model, e, layout.tp, timer,
                                                  layout.sequence_parallel)
         per_layer = fwd + bwd + (fwd if anatomy.recompute == "full" else 0.0)
@@ -193,9 +194,10 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
 
     bubble = pipeline.bubble_time_s(compute + tp_s, p, accum, layout.pp_virtual_stages) if p > 1 else 0.0
     if p > 1:  # activations to the next stage and gradients back, per micro-batch, not overlapped
-        # stages sit in one node while tp x pp fits in it, else neighbouring stages cross the NICs
-        crosses = layout.tp * layout.pp > hw.gpus_per_node
-        tier = comm.tier_for(hw, "all_gather", hw.gpus_per_node + 1 if crosses else 2, efficiency=comm_efficiency)
+        # neighbouring stages are tp x dp ranks apart (ddplan.layout.placement): once the job spans nodes
+        # some boundary crosses them, and each GPU sends to its peer through its own NIC
+        crosses = placement(layout, hw.gpus_per_node).pp_crosses
+        tier = comm.tier_for(hw, "all_gather", 2, efficiency=comm_efficiency, per_node=1 if crosses else 2)
         sent = pipeline.p2p_bytes_per_microbatch(layout.micro_batch, anatomy.seq_len, a.d_model, e) / layout.tp
         bubble += pipeline.p2p_time_s(sent, tier.busbw_bytes_per_s, tier.latency_s, accum, layout.pp_virtual_stages)
 
@@ -218,7 +220,7 @@ class _Cached:
 
     def time_s(self, collective: str, size_bytes: float, n: int) -> float:
         t = self.timer
-        key = ("collective", collective, size_bytes, n, t.span, t.efficiency)
+        key = ("collective", collective, size_bytes, n, t.per_node, t.efficiency)
         if key not in self.cache:
             self.cache[key] = t.time_s(collective, size_bytes, n)
         return self.cache[key]
@@ -237,12 +239,14 @@ def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, m
         return 0.0, 0.0
     cache = {} if cache is None else cache
     policy = dp_policy(spec, layout)
-    # a data-parallel group spans nodes once dp x tp x pp exceeds a node (tp and pp kept inside)
-    timer = _Cached(GroupTimer(hw, n * layout.tp * layout.pp, efficiency, points), cache)
+    place = placement(layout, hw.gpus_per_node)  # ranks ordered tp, dp, pp: a dp group strides by tp
     bkey = ("buffers", policy, n, layout.tp, layout.pp)
     if bkey not in cache:
         cache[bkey] = grad_sync_buffers(spec, layout)
     buffers = cache[bkey]
+    if policy == "fsdp":
+        return _fsdp_comm_s(buffers, hw, layout, place, mb_s, spec.architecture.num_layers, efficiency, points, cache)
+    timer = _Cached(GroupTimer(hw, place.dp_per_node, efficiency, points), cache)
     if policy == "ddp":
         size = sum(s for _, s in buffers)
         return timer.time_s("all_reduce", size, n), comm.ddp_exposed_s(size, DDP_BUCKET_BYTES, n, timer, bwd_s)
@@ -252,8 +256,30 @@ def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, m
         return rs + ag + ar, rs + ag + ar  # overlap with optimizer math applied by the caller
     last = timer.time_s("reduce_scatter", min(DDP_BUCKET_BYTES, sum(s for c, s in buffers if c == "reduce_scatter")),
                         n)
+    forward = (mb_s - bwd_s) if layout.overlap_param_gather else None  # the next step's first forward
     if policy == "zero1":
-        return comm.zero1_comm_s(rs, ag, last, bwd_s)
-    if policy == "zero2":
-        return comm.zero2_comm_s(rs, ag, last, bwd_s, layout.grad_accum)
-    return comm.fsdp_comm_s(rs, ag, mb_s, layout.grad_accum, max(1, spec.architecture.num_layers))
+        return comm.zero1_comm_s(rs, ag, last, bwd_s, forward)
+    return comm.zero2_comm_s(rs, ag, last, bwd_s, layout.grad_accum, forward)
+
+
+def _fsdp_comm_s(buffers: list[tuple[str, float]], hw: HardwareSpec, layout: Layout, place, mb_s: float,
+                 num_layers: int, efficiency: str, points: CommPoints | None, cache: Cache) -> tuple[float, float]:
+    """(total, exposed) seconds of ZeRO-3 / FSDP communication in one step (comm.fsdp_comm_s).
+
+    The gathers and reduce-scatters run over the shard group (all of dp, or the hybrid shard group,
+    its members placed as ddplan.layout.placement says); hybrid sharding adds an all-reduce of each
+    gradient shard across the dp / shard replicas every micro-batch (torch FSDP2's default
+    set_requires_all_reduce(True)), on the NICs while the shard group's collectives use NVLink: the two
+    streams overlap, so a micro-batch is busy for the longer of the two.
+    """
+    s = layout.shard_degree
+    shard = _Cached(GroupTimer(hw, place.shard_per_node, efficiency, points), cache)
+    rs, ag = (sum(shard.time_s(c, size, s) for c, size in buffers if c == kind) for kind in ("reduce_scatter", "all_gather"))
+    replicas = layout.dp // s
+    ar = 0.0
+    if replicas > 1:  # each replica group holds one rank per shard group: a stride of tp x shard ranks
+        per_node = max(1, min(replicas, hw.gpus_per_node // (layout.tp * s)))
+        across = _Cached(GroupTimer(hw, per_node, efficiency, points), cache)
+        ar = across.time_s("all_reduce", sum(size for c, size in buffers if c == "reduce_scatter") / s, replicas)
+    return comm.fsdp_comm_s(rs, ag, mb_s, layout.grad_accum, max(1, num_layers),
+                            gathers=2 if layout.reshard_after_forward else 1, replica_all_reduce_s=ar)

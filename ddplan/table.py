@@ -16,7 +16,7 @@ from ddplan import run
 from ddplan.calibration import CalibrationSpec, StepMeasurement, measurement_for
 from ddplan.errors import LayoutError, UsageError
 from ddplan.fitting import MEASURED_FLAGS, Fit, fitted
-from ddplan.layout import NATIVE_ZERO, Layout, check_layout, data_parallel, layout_for, split_batch
+from ddplan.layout import NATIVE_ZERO, Layout, Options, check_layout, data_parallel, layout_for, split_batch
 from ddplan.memory import HEADROOM
 from ddplan.price import Flag, PricedLayout, Pricer, RunPlan
 from ddplan.specs import Budget, HardwareSpec, ModelSpec, Price
@@ -49,8 +49,7 @@ class TableRequest:
     calibration_path: str | None = None  # where the calibration came from, for error messages
     fp8: bool = False  # eligible GEMMs in fp8 (MFU stays against the compute dtype's peak)
     headroom: float = HEADROOM
-    tp_overlap: bool = False  # tensor-parallel communication overlapped with GEMMs (Megatron --tp-comm-overlap)
-    sequence_parallel: bool = False  # Megatron sequence parallelism with tp
+    options: Options = Options()  # sequence parallelism, TP overlap, hybrid sharding, ... where they apply
 
 
 @dataclass(frozen=True)
@@ -156,8 +155,7 @@ def build_table(req: TableRequest, progress: Callable[[str, int, int], None] | N
             progress(f"{gpus} GPUs, tp {tp}, pp {pp}, {att}, {win}", i, rows)
         try:
             layout, flags = _layout(pricer, total_batch // seq, gpus, tp, pp, vp, zero, asked_mb, rc, att, win,
-                                    compiled, pinned=bool(req.micro_batches), tp_overlap=req.tp_overlap,
-                                    sequence_parallel=req.sequence_parallel)
+                                    compiled, pinned=bool(req.micro_batches), options=req.options)
         except LayoutError as e:
             skipped.append(f"{gpus} GPUs, tp {tp}, pp {pp}, interleave {vp}: {e.message}")
             continue
@@ -183,7 +181,7 @@ def build_table(req: TableRequest, progress: Callable[[str, int, int], None] | N
 
 def _layout(pricer: Pricer, sequences: int, gpus: int, tp: int, pp: int, vp: int, zero: int, asked_mb: int, rc: str,
             attention: str, window: str, compiled: bool, pinned: bool,
-            tp_overlap: bool = False, sequence_parallel: bool = False) -> tuple[Layout, tuple[Flag, ...]]:
+            options: Options = Options()) -> tuple[Layout, tuple[Flag, ...]]:
     """The layout of one row, its batch split by the one rule (ddplan.layout.split_batch), and what changed.
 
     Unless the micro-batch is pinned, the largest divisor of the sequences per rank that fits in memory
@@ -193,7 +191,7 @@ def _layout(pricer: Pricer, sequences: int, gpus: int, tp: int, pp: int, vp: int
     split = split_batch(sequences, data_parallel(gpus, tp, pp), asked_mb)
     layout = layout_for(spec, gpus=gpus, tp=tp, pp=pp, vp=vp, zero=zero, micro_batch=split.micro_batch,
                         grad_accum=split.accum, attention=attention, recompute=rc, compiled=compiled,
-                        tp_overlap=tp_overlap, sequence_parallel=sequence_parallel)
+                        options=options)
     check_layout(layout, spec, world_size_rule=False)
     flags = []
     if split.change:

@@ -31,9 +31,22 @@ def config_label(p: PricedLayout, native_zero: int | None = None) -> str:
         parts.append(f"pp {lay.pp}" + (f" x{lay.pp_virtual_stages} interleaved" if lay.pp_virtual_stages > 1 else ""))
     if native_zero is not None and lay.dp > 1 and lay.zero != native_zero:
         parts.append(f"ZeRO-{lay.zero}")
+    parts += dp_option_words(lay)
     if lay.recompute != "none":
         parts.append(f"recompute {lay.recompute}")
     return ", ".join(parts + [lay.attention, p.window])
+
+
+def dp_option_words(lay) -> list[str]:
+    """The data-parallel options a layout runs with, in words (none when it runs the defaults)."""
+    out = []
+    if lay.shard_group:
+        out.append(f"sharded over {lay.shard_group}, replicated x{lay.dp // lay.shard_group}")
+    if not lay.reshard_after_forward:
+        out.append("no reshard after forward")
+    if lay.overlap_param_gather:
+        out.append("param gather overlapped")
+    return out
 
 
 def flag_text(f: Flag) -> str:
@@ -193,6 +206,13 @@ def _hours(h: float) -> str:
     return f"{h:,.1f} h" + (f" ({h / 24:,.1f} days)" if h > 48 else "")
 
 
+def _placement_line(hw: HardwareSpec) -> str:
+    nic = hw.inter_node.nic_gbit_per_s.value * hw.inter_node.nics_per_node / hw.gpus_per_node
+    return (f"Across nodes: ranks ordered tp, dp, pp (Megatron-Core's and torchtitan's order) on {hw.gpus_per_node}-GPU "
+            f"nodes; a group crossing nodes runs at the NIC bandwidth of its members on a node ({nic:g} Gb/s per GPU "
+            f"x {hw.inter_node.busbw_fraction_of_nics.value:g}), which the node's other groups use at the same time.")
+
+
 def table_assumptions(table) -> list[str]:
     req = table.request
     spec, hw, o, price, budget = req.model, req.hardware, req.overheads, table.price, table.budget
@@ -223,6 +243,7 @@ def table_assumptions(table) -> list[str]:
         f"{'at the end' if not o.checkpoint_every_steps else f'every {o.checkpoint_every_steps} steps'} "
         f"at {o.checkpoint_gbyte_per_s:g} GB/s.",
         f"Memory: a row fits when it leaves {100 * req.headroom:.0f}% of usable memory free.",
+        *([_placement_line(hw)] if any(r.layout.num_gpus > hw.gpus_per_node for r in table.rows) else []),
         _interruptions_line(table),
         f"MFU convention: {MFU_CONVENTION}, at each row's window pattern.",
         *(["fp8: GEMMs with every dim a multiple of 16 and min(k, n) >= 128 at the dense fp8 peak x "

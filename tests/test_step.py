@@ -330,7 +330,7 @@ def test_group_timer_measured_curve_replaces_the_model_never_both():
     """Calibrated: log-log interpolation of measured t(S) (comm.interpolate_time_s), no latency added;
     otherwise the ring model at the tier; nothing for one rank or an empty buffer."""
     hw = _hw()
-    pts = {("all_reduce", 8): [(1e6, 1e-4), (1e8, 1e-3)]}
+    pts = {("all_reduce", 8, "intra_node"): [(1e6, 1e-4), (1e8, 1e-3)]}
     assert comm.GroupTimer(hw, 8, "value", pts).time_s("all_reduce", 1e7, 8) == pytest.approx(math.sqrt(1e-4 * 1e-3))
     model = comm.collective_time_s("all_reduce", 1e7, 8, comm.tier_for(hw, "all_reduce", 8))
     assert comm.GroupTimer(hw, 8, "value", None).time_s("all_reduce", 1e7, 8) == pytest.approx(model)
@@ -338,20 +338,28 @@ def test_group_timer_measured_curve_replaces_the_model_never_both():
         comm.collective_time_s("reduce_scatter", 1e7, 8, comm.tier_for(hw, "reduce_scatter", 8)))  # no points
     assert comm.GroupTimer(hw, 1, "value", pts).time_s("all_reduce", 1e7, 1) == 0.0
     assert comm.GroupTimer(hw, 8, "value", pts).time_s("all_reduce", 0.0, 8) == 0.0
+    # 8 ranks one per node: a single-node measurement says nothing about them
+    assert comm.GroupTimer(hw, 1, "value", pts).time_s("all_reduce", 1e7, 8) == pytest.approx(
+        comm.collective_time_s("all_reduce", 1e7, 8, comm.tier_for(hw, "all_reduce", 8, per_node=1)))
 
 
 def test_group_timer_spanning_nodes_uses_the_inter_node_tier():
+    """A group with fewer members on a node than it has ranks crosses nodes, on the NICs of its members there."""
     hw = _hw()
     inter = comm.tier_for(hw, "all_reduce", 16)
     assert inter.name == "inter_node"
-    assert comm.GroupTimer(hw, 16, "value", None).time_s("all_reduce", 1e9, 2) == pytest.approx(
-        comm.collective_time_s("all_reduce", 1e9, 2, inter))
+    assert comm.GroupTimer(hw, 8, "value", None).time_s("all_reduce", 1e9, 16) == pytest.approx(
+        comm.collective_time_s("all_reduce", 1e9, 16, inter))
+    one_nic = comm.tier_for(hw, "all_reduce", 2, per_node=1)
+    assert one_nic.name == "inter_node"
+    assert comm.GroupTimer(hw, 1, "value", None).time_s("all_reduce", 1e9, 2) == pytest.approx(
+        comm.collective_time_s("all_reduce", 1e9, 2, one_nic))
 
 
 def test_step_ddp_with_measured_all_reduce_curve():
     """GPT-2 124M DDP on 8 GPUs with a measured all-reduce curve: the total is the curve at 497,759,232 B
     (124,439,808 fp32 grads), above its largest point: t_n + (S - S_n) x slope of the last segment."""
-    pts = {("all_reduce", 8): [(1e6, 1e-4), (1e8, 1e-3)]}
+    pts = {("all_reduce", 8, "intra_node"): [(1e6, 1e-4), (1e8, 1e-3)]}
     spec, hw, lay = _spec("gpt2-124m"), _hw(), gpt2(dp=8, zero=0)
     an = _anatomy("gpt2-124m", lay.micro_batch, lay.attention)
     s = step_time(spec, hw, lay, an, rates(hw, lay.attention), comm_points=pts)

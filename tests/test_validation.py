@@ -246,3 +246,21 @@ def test_a_runs_table_command_prices_it_as_validate_does(capsys, scored):
     for r, argv in commands:
         (row,) = csv_rows(run_ok(capsys, argv + ["--format", "csv"]))
         assert float(row["step_s"]) == pytest.approx(by_id[r.id].predicted_s, rel=1e-12), r.id
+
+
+def test_an_unstated_micro_batch_is_the_fastest_that_fits(tmp_path, capsys):
+    """A run without `micro_batch` (the Megatron README states none) is priced at the fastest power-of-two
+    micro-batch that fits (runs.fastest_fitting): 64 sequences over dp 8 are 8 a rank, so 1, 2, 4 and 8 are
+    tried, and the scored step is the fastest fitting row of the `ddplan table` command the run stands for."""
+    from ddplan.runs import micro_batches, table_command
+
+    lay = {"gpus": 8, "global_batch_sequences": 64, "attention": "fa2"}
+    runs = load_runs(str(_runs_file(tmp_path, [_run(1.0, layout=lay)])))
+    run = runs.runs[0]
+    assert micro_batches(run) == (1, 2, 4, 8)
+    argv = table_command(run)
+    assert argv[argv.index("--device-batch-size") + 1] == "1,2,4,8"
+    rows = csv_rows(run_ok(capsys, argv + ["--format", "csv"]))
+    assert len(rows) == 4
+    fastest = min((r for r in rows if r["fits"] == "True"), key=lambda r: float(r["step_s"]))
+    assert V.score(run, "t").predicted_s == pytest.approx(float(fastest["step_s"]), rel=1e-12)
