@@ -56,6 +56,8 @@ DtypeOpt = typer.Option(None, "--dtype", help="Compute dtype: bf16, fp16 or fp32
 HeadroomOpt = typer.Option(0.05, "--headroom", help="Fraction of usable memory a layout must leave free.")
 SequenceParallelOpt = typer.Option(False, "--sequence-parallel", help="Megatron sequence parallelism on layouts with "
                                    "tp: norms and saved activations split over tp too.")
+WideOpt = typer.Option(False, "--wide", help="On a terminal, show every column however wide (pipes and files "
+                       "always get every column, at full width).")
 TpOverlapOpt = typer.Option(False, "--tp-comm-overlap", help="Layouts with tp overlap their communication with the "
                             "layers' GEMMs (Megatron-Core --tp-comm-overlap; needs --sequence-parallel).")
 
@@ -124,12 +126,12 @@ def _choices(text: str, flag: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
 
 
 @specs_app.command("list")
-def specs_list() -> None:
+def specs_list(wide: bool = WideOpt) -> None:
     """List the built-in hardware and models, one line each."""
     from ddplan import render
     from ddplan.describe import list_rows
 
-    render.echo(render.spec_list(list_rows()))
+    render.echo(render.spec_list(list_rows(), render.screen("table", wide)))
 
 
 @specs_app.command("show")
@@ -202,6 +204,7 @@ def memory_cmd(
                                     "this model (if any) is used as --measured-peak."),
     plot: str = typer.Option(None, "--plot", help="Also write the memory per GPU, stacked by term (PNG or SVG)."),
     format: Format = FormatOpt,
+    wide: bool = WideOpt,
 ) -> None:
     """Memory per GPU by ZeRO stage: each term, the total against usable memory, and the verdict."""
     from ddplan import render, verdicts
@@ -246,9 +249,11 @@ def memory_cmd(
     if format is Format.csv:
         render.echo(render.csv_with(prov, rows))
         return
-    render.echo(render.table(rows, format.value, title=title))
-    render.echo(render.lines(words, format.value))
-    render.echo(render.footer(prov, format.value))
+    scr = render.screen(format.value, wide)
+    render.echo(render.fit(render.memory_cells(rows), scr, title, render.MEMORY_DROP) if scr
+                else render.table(rows, format.value, title=title))
+    render.echo(render.lines(words, format.value, scr))
+    render.echo(render.footer(prov, format.value, scr))
 
 
 class Knob(str, Enum):
@@ -320,6 +325,7 @@ def table_cmd(
     sequence_parallel: bool = SequenceParallelOpt,
     plot: str = typer.Option(None, "--plot", help="Also write wall-clock and cost against GPU count (PNG or SVG)."),
     format: Format = FormatOpt,
+    wide: bool = WideOpt,
 ) -> None:
     """The decision table: time, cost, MFU and memory for each layout, attention and window, explained."""
     import datetime as dt
@@ -408,12 +414,15 @@ def table_cmd(
         render.echo(render.csv_with(prov, rows))
         _warn(warnings)
         return
-    render.echo(render.table(render.decision_rows(rows), format.value, title=verdicts.table_title(result)))
-    render.echo(render.lines([render.DECISION_COLUMNS_NOTE], format.value))
-    render.echo(render.lines(["Verdict:"] + verdicts.table_verdict(result), format.value))
+    scr = render.screen(format.value, wide)
+    title = verdicts.table_title(result)
+    render.echo(render.fit(render.decision_cells(rows), scr, title, render.DECISION_DROP) if scr
+                else render.table(render.decision_rows(rows), format.value, title=title))
+    render.echo(render.lines([render.DECISION_COLUMNS_NOTE], format.value, scr))
+    render.echo(render.lines(["Verdict:"] + verdicts.table_verdict(result), format.value, scr))
     _warn(warnings)
-    render.echo(render.lines(["Assumptions:"] + verdicts.table_assumptions(result), format.value))
-    render.echo(render.footer(prov, format.value))
+    render.echo(render.lines(["Assumptions:"] + verdicts.table_assumptions(result), format.value, scr))
+    render.echo(render.footer(prov, format.value, scr))
 
 
 @app.command("calibrate")
@@ -587,6 +596,7 @@ def plan_cmd(
     startup_min: float = typer.Option(5.0, "--startup-min", help="Minutes outside steps at start."),
     plot: str = typer.Option(None, "--plot", help="Also write a plot (PNG or SVG) of the Pareto layouts."),
     format: Format = FormatOpt,
+    wide: bool = WideOpt,
 ) -> None:
     """Search the layouts (dp, tp, pp, ZeRO, micro-batch, attention, recompute, schedule) and recommend one."""
     import datetime as dt
@@ -634,13 +644,16 @@ def plan_cmd(
     elif format is Format.csv:  # data: every kept layout, ranked (--top limits the human formats)
         render.echo(render.csv_with(prov, render.plan_columns(data)))
     else:
+        scr = render.screen(format.value, wide)
+        title = words.plan_title(spec, result, top, headroom, objective.value)
         if shown:
-            render.echo(render.table(shown, format.value, title=words.plan_title(spec, result, top, headroom,
-                                                                                     objective.value), digits=2))
-        render.echo(render.lines(["Why:"] + why, format.value))
+            render.echo(render.fit(render.plan_cells(data[:top]), scr, title, render.PLAN_DROP) if scr
+                        else render.table(shown, format.value, title=title, digits=2))
+        render.echo(render.lines(["Why:"] + why, format.value, scr))
         if result.pareto:
-            render.echo(render.lines(["Pareto front (time vs cost):"] + words.pareto_lines(result), format.value))
-        render.echo(render.footer(prov, format.value))
+            render.echo(render.lines(["Pareto front (time vs cost):"] + words.pareto_lines(result), format.value,
+                                     scr))
+        render.echo(render.footer(prov, format.value, scr))
         _warn(warnings)
     if format in (Format.csv, Format.json):  # data on stdout; warnings still reach the user
         _warn(warnings + ([] if result.rows else why))
@@ -659,6 +672,7 @@ def validate_cmd(
     plot: str = typer.Option(None, "--plot", help="Also write the error of each run against its GPU count (PNG or "
                              "SVG)."),
     format: Format = FormatOpt,
+    wide: bool = WideOpt,
 ) -> None:
     """How far to trust ddplan: every measured run of a dataset priced as `ddplan table` would price it,
     predicted vs measured step time, error, and whether the measurement falls inside the band."""
@@ -696,13 +710,17 @@ def validate_cmd(
     if format is Format.csv:
         render.echo(render.csv_with(prov, rows))
         return
-    render.echo(render.table(render.validation_rows(rows), format.value, title=title))
+    scr = render.screen(format.value, wide)
+    runs_shown, summary_shown = render.validation_rows(rows), render.summary_rows(summary + (out_of_sample or []))
+    render.echo(render.fit(runs_shown, scr, title, render.VALIDATION_DROP) if scr
+                else render.table(runs_shown, format.value, title=title))
     render.echo(render.lines([
         "error = predicted / measured - 1 on the step time (negative: ddplan optimistic, the run was slower); "
         "band = the prediction's band; MFU in the source's own convention (its FLOPs per token and peak); "
-        "assumed = layout facts the source does not state (see the dataset's `assumed`)."], format.value))
-    render.echo(render.table(render.summary_rows(summary + (out_of_sample or [])), format.value, title="Summary"))
-    render.echo(render.footer(prov, format.value))
+        "assumed = layout facts the source does not state (see the dataset's `assumed`)."], format.value, scr))
+    render.echo(render.fit(summary_shown, scr, "Summary", render.SUMMARY_DROP) if scr
+                else render.table(summary_shown, format.value, title="Summary"))
+    render.echo(render.footer(prov, format.value, scr))
 
 
 def _check_tp_options(sequence_parallel: bool, tp_comm_overlap: bool, max_tp: int | None) -> None:
