@@ -21,6 +21,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 specs_app = typer.Typer(help="The built-in hardware and model specs (any spec can also be a YAML path).",
                         no_args_is_help=True)
@@ -72,6 +73,9 @@ def _inputs(model: str, hardware: str | None, calibration: str | None, seq_len: 
     from ddplan.registry import calibration_hardware, load_calibration, load_hardware, load_model
 
     cal = load_calibration(calibration) if calibration else None
+    if hardware and hardware.strip().lower() == "all":
+        raise UsageError("this command prices one hardware; `ddplan plan --hardware all` compares every built-in",
+                         field="--hardware")
     if hardware:
         hw = load_hardware(hardware)
         if check_hardware and cal is not None and cal.hardware not in (hw.name, *hw.aliases):
@@ -267,7 +271,8 @@ class Knob(str, Enum):
 def table_cmd(
     model: str = ModelOpt,
     hardware: str = HardwareOpt,
-    gpus: str = typer.Option("1,8", "--gpus", help="GPUs in total per row (dp x tp x pp), comma-separated."),
+    gpus: str = typer.Option("1,8", "--gpus", help="GPUs in total per row (dp x tp x pp), comma-separated; A-B "
+                             "doubles from A up to B (1-512: 1, 2, 4, ..., 512; mixes: 1,8-64)."),
     tp: str = typer.Option("1", "--tp", help="Tensor-parallel degrees, comma-separated (one row each)."),
     pp: str = typer.Option("1", "--pp", help="Pipeline-parallel degrees, comma-separated."),
     vp: str = typer.Option("1", "--vp", help="Interleaved chunks per pipeline stage (1: 1F1B), comma-separated."),
@@ -343,7 +348,7 @@ def table_cmd(
            (eval_tokens, "--eval-tokens"), (startup_min, "--startup-min"), (eval_every, "--eval-every"),
            (checkpoint_every, "--checkpoint-every"), (headroom, "--headroom"),
            (interruptions, "--interruptions-per-gpu-hour"), (restart_min, "--restart-min"))
-    gpu_list = tuple(_int_list(gpus, "--gpus"))
+    gpu_list = tuple(_int_list(gpus, "--gpus", ranges=True))
     tps, pps, vps = (tuple(_int_list(v, f)) for v, f in ((tp, "--tp"), (pp, "--pp"), (vp, "--vp")))
     _check_tp_options(sequence_parallel, tp_comm_overlap, max(tps))
     zeros = tuple(_int_list(zero, "--zero", allowed=(0, 1, 2, 3))) if zero else ()
@@ -576,8 +581,9 @@ class Objective(str, Enum):
 def plan_cmd(
     model: str = ModelOpt,
     hardware: str = typer.Option(None, "--hardware", help="One or more GPUs, comma-separated (built-in names or "
-                                 "YAML paths; default: the calibration's, else mi300x)."),
-    gpus: str = typer.Option("8", "--gpus", help="GPUs in total to search, comma-separated (e.g. 8,16,64)."),
+                                 "YAML paths; all: every built-in; default: the calibration's, else mi300x)."),
+    gpus: str = typer.Option("8", "--gpus", help="GPUs in total to search, comma-separated; A-B doubles from A up "
+                             "to B (8-64: 8, 16, 32, 64; 1-512: every power of two to 512; mixes: 1,8-64)."),
     objective: Objective = typer.Option(Objective.time, "--objective", help="Rank by wall-clock or by cost."),
     deadline: float = typer.Option(None, "--deadline", help="Hours: the cheapest layout that finishes in time."),
     budget: float = typer.Option(None, "--budget", help="USD: the fastest layout within the budget."),
@@ -611,14 +617,16 @@ def plan_cmd(
     _check((deadline, "--deadline"), (budget, "--budget"), (price, "--price"), (total_batch_size, "--total-batch-size"),
            (top, "--top"), (startup_min, "--startup-min"), (headroom, "--headroom"))
     _check_plot_path(plot)
-    first = hardware.split(",")[0].strip() if hardware else None
+    names = _hardware_list(hardware)
+    gpu_list = tuple(_int_list(gpus, "--gpus", ranges=True))
     # several hardware: the calibration applies to the one it names (ddplan.plan.pricer_for), in any order
-    spec, hw0, cal = _inputs(model, first, calibration, seq_len, dtype, check_hardware="," not in (hardware or ""))
-    hws = (hw0, *(load_hardware(h.strip()) for h in (hardware or "").split(",")[1:] if h.strip()))
+    spec, hw0, cal = _inputs(model, names[0] if names else None, calibration, seq_len, dtype,
+                             check_hardware=len(names) < 2)
+    hws = (hw0, *(load_hardware(h) for h in names[1:]))
     price_spec = None if price is None else Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price",
                                                   date=dt.date.today(), source="given on the command line")
     _check_tp_options(sequence_parallel, tp_comm_overlap, None)
-    req = PlanRequest(model=spec, hardware=hws, gpus=tuple(_int_list(gpus, "--gpus")), objective=objective.value,
+    req = PlanRequest(model=spec, hardware=hws, gpus=gpu_list, objective=objective.value,
                       deadline_h=deadline, budget_usd=budget, top=top,
                       calibration=cal, calibration_path=calibration, price=price_spec,
                       overheads=RunOverheads(startup_s=startup_min * 60), total_batch_tokens=total_batch_size,
@@ -735,15 +743,30 @@ def _check_tp_options(sequence_parallel: bool, tp_comm_overlap: bool, max_tp: in
         raise UsageError("needs tensor parallelism: give --tp above 1", field="--sequence-parallel")
 
 
-def _int_list(text: str, flag: str, allowed: tuple[int, ...] | None = None) -> list[int]:
-    """Comma-separated integers, each once (in the order given), each allowed or within the flag's range."""
+def _int_list(text: str, flag: str, allowed: tuple[int, ...] | None = None, ranges: bool = False) -> list[int]:
+    """Comma-separated integers, each once (in the order given), each allowed or within the flag's range.
+    With `ranges`, an item A-B doubles from A up to B: 1-512 is 1, 2, 4, ..., 512 (`8,16-64`: 8, 16, 32, 64)."""
     from ddplan import bounds
     from ddplan.errors import UsageError
 
     parts = [v.strip() for v in text.split(",") if v.strip()]
-    if not parts or any(len(v) > 50 or not v.lstrip("+-").isdigit() for v in parts):
-        raise UsageError(f"expected comma-separated integers, got {text!r}", field=flag)
-    values = list(dict.fromkeys(int(v) for v in parts))
+    shape = "comma-separated integers" + (" or doubling ranges A-B (e.g. 8,16 or 1-512)" if ranges else "")
+    if not parts or any(len(v) > 50 or not (v.lstrip("+-").isdigit() or ranges and _is_range(v)) for v in parts):
+        raise UsageError(f"expected {shape}, got {text!r}", field=flag)
+    values: list[int] = []
+    for part in parts:
+        if not _is_range(part) or not ranges:
+            values.append(int(part))
+            continue
+        low, high = (int(x) for x in part.split("-"))
+        for v in (low, high):
+            bounds.check(flag, v)
+        if low > high:
+            raise UsageError(f"range {part!r} runs backwards: give the smaller count first (e.g. 1-512)", field=flag)
+        while low <= high:
+            values.append(low)
+            low *= 2
+    values = list(dict.fromkeys(values))
     if allowed is not None:
         bad = [v for v in values if v not in allowed]
         if bad:
@@ -752,6 +775,20 @@ def _int_list(text: str, flag: str, allowed: tuple[int, ...] | None = None) -> l
         for v in values:
             bounds.check(flag, v)
     return values
+
+
+def _is_range(text: str) -> bool:
+    low, dash, high = text.partition("-")
+    return bool(dash) and low.isdigit() and high.isdigit()
+
+
+def _hardware_list(text: str | None) -> list[str]:
+    """--hardware of `plan`: comma-separated names or YAML paths, `all` for every built-in, each once."""
+    from ddplan.registry import builtin_names
+
+    names = [h.strip() for h in (text or "").split(",") if h.strip()]
+    out = [n for name in names for n in (builtin_names("hardware") if name.lower() == "all" else [name])]
+    return list(dict.fromkeys(out))
 
 
 def _progress(command: str):

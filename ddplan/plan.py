@@ -161,8 +161,9 @@ def search(req: PlanRequest, progress: Callable[[str, int, int], None] | None = 
     """
     pairs = len(req.hardware) * len(req.gpus)
     if pairs > MAX_SEARCHES:
-        raise UsageError(f"{pairs} (hardware, GPU count) pairs asked; one search covers at most {MAX_SEARCHES}",
-                         field="--hardware/--gpus")
+        raise UsageError(f"{pairs} (hardware, GPU count) pairs asked ({len(req.hardware)} hardware x "
+                         f"{len(req.gpus)} GPU counts); one search covers at most {MAX_SEARCHES}: name fewer hardware "
+                         f"or GPU counts (e.g. --gpus 8-64)", field="--hardware/--gpus")
     with _no_cycle_collection():
         return _search(req, progress or (lambda what, done, total: None))
 
