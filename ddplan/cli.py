@@ -17,15 +17,28 @@ from ddplan.errors import DdplanError, SpecError
 
 app = typer.Typer(
     name="ddplan",
-    help="Plan distributed training of language models: time, cost, memory, and what to fix first.",
+    help="""Plan distributed training of language models: time, cost, memory, and what to fix first.
+
+\b
+Examples:
+  ddplan table --model d24 --gpus 1,8
+  ddplan plan --model d26 --hardware all --gpus 8-64 --budget 500
+  ddplan memory --model llama-3-8b --hardware h100-sxm --gpus 8 --zero 2
+  ddplan specs list
+
+`ddplan COMMAND --help` shows each command's examples and options.""",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
-specs_app = typer.Typer(help="The built-in hardware and model specs (any spec can also be a YAML path).",
-                        no_args_is_help=True)
-app.add_typer(specs_app, name="specs")
+specs_app = typer.Typer(help="""The built-in hardware and model specs (any spec can also be a YAML path).
+
+\b
+Examples:
+  ddplan specs list
+  ddplan specs show h100-sxm""", no_args_is_help=True)
+app.add_typer(specs_app, name="specs", short_help="The built-in hardware and model specs.")
 
 
 class SpecFormat(str, Enum):
@@ -131,7 +144,13 @@ def _choices(text: str, flag: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
 
 @specs_app.command("list")
 def specs_list(wide: bool = WideOpt) -> None:
-    """List the built-in hardware and models, one line each."""
+    """List the built-in hardware and models, one line each.
+
+    \b
+    Examples:
+      ddplan specs list
+      ddplan specs list --wide
+    """
     from ddplan import render
     from ddplan.describe import list_rows
 
@@ -144,7 +163,13 @@ def specs_show(
     format: SpecFormat = typer.Option(SpecFormat.text, "--format", help="text: the spec as YAML and derived "
                                       "figures; json: both as one JSON object."),
 ) -> None:
-    """Show one spec, with the figures ddplan derives from it."""
+    """Show one spec, with the figures ddplan derives from it.
+
+    \b
+    Examples:
+      ddplan specs show mi300x
+      ddplan specs show d24 --format json
+    """
     from ddplan import render
     from ddplan.describe import describe
 
@@ -152,13 +177,22 @@ def specs_show(
     render.echo(render.spec_json(spec, derived) if format is SpecFormat.json else render.spec_text(spec, derived))
 
 
-@specs_app.command("import")
+@specs_app.command("import", short_help="A model spec from a Hugging Face config.json.")
 def specs_import(
     config: str = typer.Argument(..., help="A Hugging Face config.json, or a folder holding one (read locally)."),
     out: str = typer.Option(..., "--out", "-o", help="Where to write the model spec (YAML), for editing."),
 ) -> None:
-    """Write a ddplan model spec built from a local Hugging Face config.json; every default it had to assume
-    (precision, optimizer, recipe, budget) is named in its `source` fields. `--model CONFIG` reads it directly."""
+    """Write a ddplan model spec built from a local Hugging Face config.json, for editing.
+
+    \b
+    Examples:
+      ddplan specs import config.json -o model.yaml
+      ddplan table --model model.yaml --gpus 8
+      ddplan table --model config.json --gpus 8
+
+    Every default it had to assume (precision, optimizer, recipe, budget) is named in its `source` fields.
+    `--model CONFIG` reads a config.json directly, as the last example does.
+    """
     import yaml
 
     from ddplan.errors import UsageError
@@ -181,7 +215,7 @@ def specs_import(
     print(f"wrote {target} ({spec.name})", file=sys.stderr)
 
 
-@app.command("memory")
+@app.command("memory", short_help="Memory per GPU by ZeRO stage, and what fits.")
 def memory_cmd(
     model: str = ModelOpt,
     hardware: str = HardwareOpt,
@@ -210,7 +244,14 @@ def memory_cmd(
     format: Format = FormatOpt,
     wide: bool = WideOpt,
 ) -> None:
-    """Memory per GPU by ZeRO stage: each term, the total against usable memory, and the verdict."""
+    """Memory per GPU by ZeRO stage: each term, the total against usable memory, and the verdict.
+
+    \b
+    Examples:
+      ddplan memory --model d24 --gpus 8
+      ddplan memory -m llama-3-8b --hardware h100 --gpus 8 --zero 2 --seq-len 8192
+      ddplan memory --model d24 --measured-peak 105
+    """
     from ddplan import render, verdicts
     from ddplan.provenance import line as prov_line
     from ddplan.provenance import provenance
@@ -267,7 +308,7 @@ class Knob(str, Enum):
     compute = "compute"
 
 
-@app.command("table")
+@app.command("table", short_help="The decision table: time, cost, MFU, memory per layout.")
 def table_cmd(
     model: str = ModelOpt,
     hardware: str = HardwareOpt,
@@ -332,7 +373,16 @@ def table_cmd(
     format: Format = FormatOpt,
     wide: bool = WideOpt,
 ) -> None:
-    """The decision table: time, cost, MFU and memory for each layout, attention and window, explained."""
+    """The decision table: time, cost, MFU and memory for each layout, attention and window, explained.
+
+    \b
+    Examples:
+      ddplan table --model d24 --gpus 1,8
+      ddplan table -m llama-3-8b --hardware h100 --gpus 8-64 --zero 2,3
+      ddplan table -m d24 --hardware h100 --gpus 8,16 --measured-step-time 0.9
+
+    The last one: a step time measured on the first of --gpus (8 GPUs) priced forward to 16.
+    """
     import datetime as dt
 
     from ddplan import render, verdicts
@@ -430,7 +480,7 @@ def table_cmd(
     render.echo(render.footer(prov, format.value, scr))
 
 
-@app.command("calibrate")
+@app.command("calibrate", short_help="Measure this machine; write a calibration file.")
 def calibrate_cmd(
     model: str = ModelOpt,
     hardware: str = typer.Option(None, "--hardware", help="The hardware spec these measurements refine (default: "
@@ -438,7 +488,7 @@ def calibrate_cmd(
     device: str = typer.Option("auto", "--device", help="auto (a GPU if torch sees one), cuda (NVIDIA or ROCm), "
                                "or cpu (small shapes, for tests)."),
     quick: bool = typer.Option(False, "--quick", help="Fewer shapes and repeats (a short run)."),
-    out: str = typer.Option("calibration.yaml", "--out", help="Where to write the calibration file."),
+    out: str = typer.Option("calibration.yaml", "--out", "-o", help="Where to write the calibration file."),
     nproc: int = typer.Option(None, "--nproc", help="GPUs on this box for the collectives (default: all visible; "
                               "launches itself under torchrun)."),
     micro_batches: str = typer.Option(None, "--micro-batches", help="Micro-batch sizes for the GEMM shapes, "
@@ -457,7 +507,17 @@ def calibrate_cmd(
                                       "logged run (default: the hardware's default)."),
     window: str = typer.Option(None, "--window", help="--from-log: window pattern of the logged run."),
 ) -> None:
-    """Measure what the planner otherwise assumes, on this machine, and write a calibration file."""
+    """Measure what the planner otherwise assumes, on this machine, and write a calibration file.
+
+    \b
+    Examples:
+      ddplan calibrate -m d2 --device cpu --quick --seq-len 128 -o cal.yaml
+      ddplan calibrate -m d24 --hardware mi300x --from-log train.log -o cal.yaml
+      ddplan table -m d24 --gpus 1,8 --calibration cal.yaml
+
+    On a GPU box run `ddplan calibrate --model MODEL` (all visible GPUs; it launches itself under torchrun
+    for the collectives); the first example is a quick test run on a CPU.
+    """
     from ddplan.registry import load_hardware, load_model
 
     _check((nproc, "--nproc"), (device_batch_size, "--device-batch-size"), (seq_len, "--seq-len"), (gpus, "--gpus"),
@@ -577,7 +637,7 @@ class Objective(str, Enum):
     cost = "cost"
 
 
-@app.command("plan")
+@app.command("plan", short_help="Search the layouts and recommend one.")
 def plan_cmd(
     model: str = ModelOpt,
     hardware: str = typer.Option(None, "--hardware", help="One or more GPUs, comma-separated (built-in names or "
@@ -604,7 +664,14 @@ def plan_cmd(
     format: Format = FormatOpt,
     wide: bool = WideOpt,
 ) -> None:
-    """Search the layouts (dp, tp, pp, ZeRO, micro-batch, attention, recompute, schedule) and recommend one."""
+    """Search the layouts (dp, tp, pp, ZeRO, micro-batch, attention, recompute, schedule) and recommend one.
+
+    \b
+    Examples:
+      ddplan plan --model d24 --gpus 8
+      ddplan plan --model d26 --hardware all --gpus 8-64 --budget 500
+      ddplan plan -m llama-3-8b --hardware h100,b200 --gpus 8-16 --objective cost
+    """
     import datetime as dt
 
     from ddplan import reasons as words
@@ -671,7 +738,7 @@ def plan_cmd(
         plot_scenarios(best_per_family(data), plot, title=f"{spec.name}: best layout per family\n{prov_line(prov)}")
 
 
-@app.command("validate")
+@app.command("validate", short_help="How far to trust ddplan: published runs, priced.")
 def validate_cmd(
     dataset: str = typer.Option(None, "--dataset", help="A runs file (YAML, `kind: runs`; see validation/"
                                 "published_runs.yaml). Default: the published runs shipped with ddplan."),
@@ -682,8 +749,17 @@ def validate_cmd(
     format: Format = FormatOpt,
     wide: bool = WideOpt,
 ) -> None:
-    """How far to trust ddplan: every measured run of a dataset priced as `ddplan table` would price it,
-    predicted vs measured step time, error, and whether the measurement falls inside the band."""
+    """How far to trust ddplan: published measured runs priced as `ddplan table` prices them.
+
+    \b
+    Examples:
+      ddplan validate
+      ddplan validate --format csv
+      ddplan validate --leave-one-source-out
+
+    For each run: predicted vs measured step time, the error, and whether the measurement falls inside
+    the band; then the error by hardware, size, family and source.
+    """
     from ddplan import render, validation
     from ddplan.runs import load_runs, shipped_dataset
 
