@@ -457,7 +457,8 @@ def table_cmd(
         from ddplan.plot import plot_scenarios
 
         plot_scenarios(rows, plot, title=f"{spec.name} on {hw.name}\n{prov_line(prov)}")
-    warnings = verdicts.table_notes(result) + verdicts.row_warnings(result)
+    warnings = verdicts.table_notes(result) + verdicts.row_warnings(result)  # json: row by row
+    shown_warnings = verdicts.table_notes(result) + verdicts.grouped_row_warnings(result)  # stderr: each once
     if format is Format.json:
         import json
 
@@ -467,15 +468,17 @@ def table_cmd(
         return
     if format is Format.csv:
         render.echo(render.csv_with(prov, rows))
-        _warn(warnings)
+        _warn(shown_warnings)
         return
     scr = render.screen(format.value, wide)
     title = verdicts.table_title(result)
     render.echo(render.fit(render.decision_cells(rows), scr, title, render.DECISION_DROP) if scr
                 else render.table(render.decision_rows(rows), format.value, title=title))
     render.echo(render.lines([render.DECISION_COLUMNS_NOTE], format.value, scr))
-    render.echo(render.lines(["Verdict:"] + verdicts.table_verdict(result), format.value, scr))
-    _warn(warnings)
+    top = verdicts.top_warning(result) if scr else None  # pipes and files keep their fixed layout
+    render.echo(render.lines(["Verdict:"] + verdicts.table_verdict(result) + ([top] if top else []), format.value,
+                             scr))
+    _warn(shown_warnings)
     render.echo(render.lines(["Assumptions:"] + verdicts.table_assumptions(result), format.value, scr))
     render.echo(render.footer(prov, format.value, scr))
 
@@ -907,9 +910,12 @@ def _info(lines: list[str]) -> None:
 
 
 def _warn(warnings: list[str]) -> None:
-    """Warnings go to stderr, one line each (each once): stdout carries the result only."""
-    for w in dict.fromkeys(warnings):
-        print("warning: " + " ".join(w.split()), file=sys.stderr)
+    """Warnings go to stderr, one line each: stdout carries the result only. A line given n times is
+    printed once, with ' (xn)'."""
+    from collections import Counter
+
+    for w, n in Counter(" ".join(w.split()) for w in warnings).items():
+        print("warning: " + w + (f" (x{n})" if n > 1 else ""), file=sys.stderr)
 
 
 def _check_plot_path(path: str | None) -> None:
@@ -954,7 +960,8 @@ def main(argv: list[str] | None = None) -> int:
             where = ".".join(str(p) for p in err.get("loc", ())) or "value"
             print(f"error: {where}: {' '.join(str(err.get('msg', e)).split())}", file=sys.stderr)
             return 2
-        if type(e).__name__ == "NoArgsIsHelpError":  # a bare `ddplan` / `ddplan specs`: the help was shown
+        if type(e).__name__ == "NoArgsIsHelpError":  # a bare `ddplan` / `ddplan specs`: show the help
+            print(e.ctx.get_help() if getattr(e, "ctx", None) is not None else e.format_message())
             return 0
         if hasattr(e, "format_message") and hasattr(e, "exit_code"):
             print("error: " + " ".join(e.format_message().split()), file=sys.stderr)
