@@ -712,7 +712,7 @@ def plan_cmd(
     prov = provenance(model=spec, calibration=(Path(calibration).name, req.calibration) if req.calibration else None,
                       **{("hardware" if len(hws) == 1 else f"hardware-{i + 1}"): h for i, h in enumerate(ordered)})
     data = render.plan_data(result.rows)
-    shown = render.plan_columns(data[:top])
+    shown = render.plan_columns(data[:top], render.PLAN_SHOWN)
     if format is Format.json:
         import json
 

@@ -130,6 +130,10 @@ def lines(text_lines: list[str], fmt: str, screen: Screen | None = None) -> str:
 
 PLAN_COLUMNS = ("hardware", "gpus", "dp", "tp", "sp", "tp_overlap", "pp", "zero", "micro_batch", "accum", "attention",
                 "recompute", "schedule", "family", "step_s", "wall_clock_h", "cost_usd", "mfu_pct", "memory_gib")
+# the table and markdown formats show the top rows' bands too (csv lists every row; only the rows shown
+# are priced with bands)
+PLAN_SHOWN = (*PLAN_COLUMNS[:PLAN_COLUMNS.index("wall_clock_h") + 1], "wall_low_h", "wall_high_h",
+              *PLAN_COLUMNS[PLAN_COLUMNS.index("wall_clock_h") + 1:])
 
 
 def plan_data(rows: list[dict]) -> list[dict]:
@@ -137,9 +141,9 @@ def plan_data(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "_priced"} for r in rows]
 
 
-def plan_columns(rows: list[dict]) -> list[dict]:
+def plan_columns(rows: list[dict], columns: tuple[str, ...] = PLAN_COLUMNS) -> list[dict]:
     """The plan table's columns, in order."""
-    return [{c: r[c] for c in PLAN_COLUMNS} for r in rows]
+    return [{c: r[c] for c in columns} for r in rows]
 
 
 def _sig(x: float) -> str:
@@ -372,7 +376,7 @@ def memory_cells(rows: list[dict]) -> list[dict[str, str]]:
     return [{MEMORY_HEADERS.get(k, k): cell(k, v) for k, v in r.items()} for r in rows]
 
 
-PLAN_DROP = ("schedule", "family", "recompute", "MFU %", "mem GiB", "mb x accum", "ZeRO", "attention")
+PLAN_DROP = ("schedule", "family", "recompute", "wall band h", "MFU %", "mem GiB", "mb x accum", "ZeRO", "attention")
 
 
 def plan_cells(rows: list[dict]) -> list[dict[str, str]]:
@@ -384,7 +388,8 @@ def plan_cells(rows: list[dict]) -> list[dict[str, str]]:
     return [{"GPUs": f"{r['gpus']:,}x {r['hardware']}", "dp": str(r["dp"]), "tp": tp(r), "pp": str(r["pp"]),
              "ZeRO": str(r["zero"]), "mb x accum": f"{r['micro_batch']} x {r['accum']}", "attention": r["attention"],
              "recompute": r["recompute"], "schedule": r["schedule"], "family": r["family"],
-             "step s": num(r["step_s"], 4), "wall h": hours(r["wall_clock_h"]), "cost $": money(r["cost_usd"]),
+             "step s": num(r["step_s"], 4), "wall h": hours(r["wall_clock_h"]),
+             "wall band h": band(r["wall_low_h"], r["wall_high_h"]), "cost $": money(r["cost_usd"]),
              "MFU %": f"{r['mfu_pct']:.1f}", "mem GiB": num(r["memory_gib"])} for r in rows]
 
 
