@@ -17,14 +17,28 @@ from ddplan.errors import DdplanError, SpecError
 
 app = typer.Typer(
     name="ddplan",
-    help="Plan distributed training of language models: time, cost, memory, and what to fix first.",
+    help="""Plan distributed training of language models: time, cost, memory, and what to fix first.
+
+\b
+Examples:
+  ddplan table --model d24 --gpus 1,8
+  ddplan plan --model d26 --hardware all --gpus 8-64 --budget 500
+  ddplan memory --model llama-3-8b --hardware h100-sxm --gpus 8 --zero 2
+  ddplan specs list
+
+`ddplan COMMAND --help` shows each command's examples and options.""",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
-specs_app = typer.Typer(help="The built-in hardware and model specs (any spec can also be a YAML path).",
-                        no_args_is_help=True)
-app.add_typer(specs_app, name="specs")
+specs_app = typer.Typer(help="""The built-in hardware and model specs (any spec can also be a YAML path).
+
+\b
+Examples:
+  ddplan specs list
+  ddplan specs show h100-sxm""", no_args_is_help=True)
+app.add_typer(specs_app, name="specs", short_help="The built-in hardware and model specs.")
 
 
 class SpecFormat(str, Enum):
@@ -56,6 +70,8 @@ DtypeOpt = typer.Option(None, "--dtype", help="Compute dtype: bf16, fp16 or fp32
 HeadroomOpt = typer.Option(0.05, "--headroom", help="Fraction of usable memory a layout must leave free.")
 SequenceParallelOpt = typer.Option(False, "--sequence-parallel", help="Megatron sequence parallelism on layouts with "
                                    "tp: norms and saved activations split over tp too.")
+WideOpt = typer.Option(False, "--wide", help="On a terminal, show every column however wide (pipes and files "
+                       "always get every column, at full width).")
 TpOverlapOpt = typer.Option(False, "--tp-comm-overlap", help="Layouts with tp overlap their communication with the "
                             "layers' GEMMs (Megatron-Core --tp-comm-overlap; needs --sequence-parallel).")
 ShardGroupOpt = typer.Option(None, "--shard-group", help="ZeRO-3 hybrid sharding: shard over this many data-parallel "
@@ -76,6 +92,9 @@ def _inputs(model: str, hardware: str | None, calibration: str | None, seq_len: 
     from ddplan.registry import calibration_hardware, load_calibration, load_hardware, load_model
 
     cal = load_calibration(calibration) if calibration else None
+    if hardware and hardware.strip().lower() == "all":
+        raise UsageError("this command prices one hardware; `ddplan plan --hardware all` compares every built-in",
+                         field="--hardware")
     if hardware:
         hw = load_hardware(hardware)
         if check_hardware and cal is not None and cal.hardware not in (hw.name, *hw.aliases):
@@ -130,12 +149,18 @@ def _choices(text: str, flag: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
 
 
 @specs_app.command("list")
-def specs_list() -> None:
-    """List the built-in hardware and models, one line each."""
+def specs_list(wide: bool = WideOpt) -> None:
+    """List the built-in hardware and models, one line each.
+
+    \b
+    Examples:
+      ddplan specs list
+      ddplan specs list --wide
+    """
     from ddplan import render
     from ddplan.describe import list_rows
 
-    render.echo(render.spec_list(list_rows()))
+    render.echo(render.spec_list(list_rows(), render.screen("table", wide)))
 
 
 @specs_app.command("show")
@@ -144,7 +169,13 @@ def specs_show(
     format: SpecFormat = typer.Option(SpecFormat.text, "--format", help="text: the spec as YAML and derived "
                                       "figures; json: both as one JSON object."),
 ) -> None:
-    """Show one spec, with the figures ddplan derives from it."""
+    """Show one spec, with the figures ddplan derives from it.
+
+    \b
+    Examples:
+      ddplan specs show mi300x
+      ddplan specs show d24 --format json
+    """
     from ddplan import render
     from ddplan.describe import describe
 
@@ -152,13 +183,22 @@ def specs_show(
     render.echo(render.spec_json(spec, derived) if format is SpecFormat.json else render.spec_text(spec, derived))
 
 
-@specs_app.command("import")
+@specs_app.command("import", short_help="A model spec from a Hugging Face config.json.")
 def specs_import(
     config: str = typer.Argument(..., help="A Hugging Face config.json, or a folder holding one (read locally)."),
     out: str = typer.Option(..., "--out", "-o", help="Where to write the model spec (YAML), for editing."),
 ) -> None:
-    """Write a ddplan model spec built from a local Hugging Face config.json; every default it had to assume
-    (precision, optimizer, recipe, budget) is named in its `source` fields. `--model CONFIG` reads it directly."""
+    """Write a ddplan model spec built from a local Hugging Face config.json, for editing.
+
+    \b
+    Examples:
+      ddplan specs import config.json -o model.yaml
+      ddplan table --model model.yaml --gpus 8
+      ddplan table --model config.json --gpus 8
+
+    Every default it had to assume (precision, optimizer, recipe, budget) is named in its `source` fields.
+    `--model CONFIG` reads a config.json directly, as the last example does.
+    """
     import yaml
 
     from ddplan.errors import UsageError
@@ -181,7 +221,7 @@ def specs_import(
     print(f"wrote {target} ({spec.name})", file=sys.stderr)
 
 
-@app.command("memory")
+@app.command("memory", short_help="Memory per GPU by ZeRO stage, and what fits.")
 def memory_cmd(
     model: str = ModelOpt,
     hardware: str = HardwareOpt,
@@ -211,8 +251,16 @@ def memory_cmd(
                                     "this model (if any) is used as --measured-peak."),
     plot: str = typer.Option(None, "--plot", help="Also write the memory per GPU, stacked by term (PNG or SVG)."),
     format: Format = FormatOpt,
+    wide: bool = WideOpt,
 ) -> None:
-    """Memory per GPU by ZeRO stage: each term, the total against usable memory, and the verdict."""
+    """Memory per GPU by ZeRO stage: each term, the total against usable memory, and the verdict.
+
+    \b
+    Examples:
+      ddplan memory --model d24 --gpus 8
+      ddplan memory -m llama-3-8b --hardware h100 --gpus 8 --zero 2 --seq-len 8192
+      ddplan memory --model d24 --measured-peak 105
+    """
     from ddplan import render, verdicts
     from ddplan.provenance import line as prov_line
     from ddplan.provenance import provenance
@@ -255,9 +303,11 @@ def memory_cmd(
     if format is Format.csv:
         render.echo(render.csv_with(prov, rows))
         return
-    render.echo(render.table(rows, format.value, title=title))
-    render.echo(render.lines(words, format.value))
-    render.echo(render.footer(prov, format.value))
+    scr = render.screen(format.value, wide)
+    render.echo(render.fit(render.memory_cells(rows), scr, title, render.MEMORY_DROP) if scr
+                else render.table(rows, format.value, title=title))
+    render.echo(render.lines(words, format.value, scr))
+    render.echo(render.footer(prov, format.value, scr))
 
 
 class Knob(str, Enum):
@@ -267,11 +317,12 @@ class Knob(str, Enum):
     compute = "compute"
 
 
-@app.command("table")
+@app.command("table", short_help="The decision table: time, cost, MFU, memory per layout.")
 def table_cmd(
     model: str = ModelOpt,
     hardware: str = HardwareOpt,
-    gpus: str = typer.Option("1,8", "--gpus", help="GPUs in total per row (dp x tp x pp), comma-separated."),
+    gpus: str = typer.Option("1,8", "--gpus", help="GPUs in total per row (dp x tp x pp), comma-separated; A-B "
+                             "doubles from A up to B (1-512: 1, 2, 4, ..., 512; mixes: 1,8-64)."),
     tp: str = typer.Option("1", "--tp", help="Tensor-parallel degrees, comma-separated (one row each)."),
     pp: str = typer.Option("1", "--pp", help="Pipeline-parallel degrees, comma-separated."),
     vp: str = typer.Option("1", "--vp", help="Interleaved chunks per pipeline stage (1: 1F1B), comma-separated."),
@@ -332,8 +383,18 @@ def table_cmd(
     overlap_param_gather: bool = ParamGatherOpt,
     plot: str = typer.Option(None, "--plot", help="Also write wall-clock and cost against GPU count (PNG or SVG)."),
     format: Format = FormatOpt,
+    wide: bool = WideOpt,
 ) -> None:
-    """The decision table: time, cost, MFU and memory for each layout, attention and window, explained."""
+    """The decision table: time, cost, MFU and memory for each layout, attention and window, explained.
+
+    \b
+    Examples:
+      ddplan table --model d24 --gpus 1,8
+      ddplan table -m llama-3-8b --hardware h100 --gpus 8-64 --zero 2,3
+      ddplan table -m d24 --hardware h100 --gpus 8,16 --measured-step-time 0.9
+
+    The last one: a step time measured on the first of --gpus (8 GPUs) priced forward to 16.
+    """
     import datetime as dt
 
     from ddplan import render, verdicts
@@ -349,7 +410,7 @@ def table_cmd(
            (eval_tokens, "--eval-tokens"), (startup_min, "--startup-min"), (eval_every, "--eval-every"),
            (checkpoint_every, "--checkpoint-every"), (headroom, "--headroom"),
            (interruptions, "--interruptions-per-gpu-hour"), (restart_min, "--restart-min"))
-    gpu_list = tuple(_int_list(gpus, "--gpus"))
+    gpu_list = tuple(_int_list(gpus, "--gpus", ranges=True))
     tps, pps, vps = (tuple(_int_list(v, f)) for v, f in ((tp, "--tp"), (pp, "--pp"), (vp, "--vp")))
     options = _options(sequence_parallel, tp_comm_overlap, max(tps), shard_group, reshard_after_forward,
                        overlap_param_gather)
@@ -409,7 +470,8 @@ def table_cmd(
         from ddplan.plot import plot_scenarios
 
         plot_scenarios(rows, plot, title=f"{spec.name} on {hw.name}\n{prov_line(prov)}")
-    warnings = verdicts.table_notes(result) + verdicts.row_warnings(result)
+    warnings = verdicts.table_notes(result) + verdicts.row_warnings(result)  # json: row by row
+    shown_warnings = verdicts.table_notes(result) + verdicts.grouped_row_warnings(result)  # stderr: each once
     if format is Format.json:
         import json
 
@@ -419,17 +481,22 @@ def table_cmd(
         return
     if format is Format.csv:
         render.echo(render.csv_with(prov, rows))
-        _warn(warnings)
+        _warn(shown_warnings)
         return
-    render.echo(render.table(render.decision_rows(rows), format.value, title=verdicts.table_title(result)))
-    render.echo(render.lines([render.DECISION_COLUMNS_NOTE], format.value))
-    render.echo(render.lines(["Verdict:"] + verdicts.table_verdict(result), format.value))
-    _warn(warnings)
-    render.echo(render.lines(["Assumptions:"] + verdicts.table_assumptions(result), format.value))
-    render.echo(render.footer(prov, format.value))
+    scr = render.screen(format.value, wide)
+    title = verdicts.table_title(result)
+    render.echo(render.fit(render.decision_cells(rows), scr, title, render.DECISION_DROP) if scr
+                else render.table(render.decision_rows(rows), format.value, title=title))
+    render.echo(render.lines([render.DECISION_COLUMNS_NOTE], format.value, scr))
+    top = verdicts.top_warning(result) if scr else None  # pipes and files keep their fixed layout
+    render.echo(render.lines(["Verdict:"] + verdicts.table_verdict(result) + ([top] if top else []), format.value,
+                             scr))
+    _warn(shown_warnings)
+    render.echo(render.lines(["Assumptions:"] + verdicts.table_assumptions(result), format.value, scr))
+    render.echo(render.footer(prov, format.value, scr))
 
 
-@app.command("calibrate")
+@app.command("calibrate", short_help="Measure this machine; write a calibration file.")
 def calibrate_cmd(
     model: str = ModelOpt,
     hardware: str = typer.Option(None, "--hardware", help="The hardware spec these measurements refine (default: "
@@ -437,7 +504,7 @@ def calibrate_cmd(
     device: str = typer.Option("auto", "--device", help="auto (a GPU if torch sees one), cuda (NVIDIA or ROCm), "
                                "or cpu (small shapes, for tests)."),
     quick: bool = typer.Option(False, "--quick", help="Fewer shapes and repeats (a short run)."),
-    out: str = typer.Option("calibration.yaml", "--out", help="Where to write the calibration file."),
+    out: str = typer.Option("calibration.yaml", "--out", "-o", help="Where to write the calibration file."),
     nproc: int = typer.Option(None, "--nproc", help="GPUs on this box for the collectives (default: all visible; "
                               "launches itself under torchrun)."),
     micro_batches: str = typer.Option(None, "--micro-batches", help="Micro-batch sizes for the GEMM shapes, "
@@ -456,7 +523,17 @@ def calibrate_cmd(
                                       "logged run (default: the hardware's default)."),
     window: str = typer.Option(None, "--window", help="--from-log: window pattern of the logged run."),
 ) -> None:
-    """Measure what the planner otherwise assumes, on this machine, and write a calibration file."""
+    """Measure what the planner otherwise assumes, on this machine, and write a calibration file.
+
+    \b
+    Examples:
+      ddplan calibrate -m d2 --device cpu --quick --seq-len 128 -o cal.yaml
+      ddplan calibrate -m d24 --hardware mi300x --from-log train.log -o cal.yaml
+      ddplan table -m d24 --gpus 1,8 --calibration cal.yaml
+
+    On a GPU box run `ddplan calibrate --model MODEL` (all visible GPUs; it launches itself under torchrun
+    for the collectives); the first example is a quick test run on a CPU.
+    """
     from ddplan.registry import load_hardware, load_model
 
     _check((nproc, "--nproc"), (device_batch_size, "--device-batch-size"), (seq_len, "--seq-len"), (gpus, "--gpus"),
@@ -576,12 +653,13 @@ class Objective(str, Enum):
     cost = "cost"
 
 
-@app.command("plan")
+@app.command("plan", short_help="Search the layouts and recommend one.")
 def plan_cmd(
     model: str = ModelOpt,
     hardware: str = typer.Option(None, "--hardware", help="One or more GPUs, comma-separated (built-in names or "
-                                 "YAML paths; default: the calibration's, else mi300x)."),
-    gpus: str = typer.Option("8", "--gpus", help="GPUs in total to search, comma-separated (e.g. 8,16,64)."),
+                                 "YAML paths; all: every built-in; default: the calibration's, else mi300x)."),
+    gpus: str = typer.Option("8", "--gpus", help="GPUs in total to search, comma-separated; A-B doubles from A up "
+                             "to B (8-64: 8, 16, 32, 64; 1-512: every power of two to 512; mixes: 1,8-64)."),
     objective: Objective = typer.Option(Objective.time, "--objective", help="Rank by wall-clock or by cost."),
     deadline: float = typer.Option(None, "--deadline", help="Hours: the cheapest layout that finishes in time."),
     budget: float = typer.Option(None, "--budget", help="USD: the fastest layout within the budget."),
@@ -603,8 +681,16 @@ def plan_cmd(
     startup_min: float = typer.Option(5.0, "--startup-min", help="Minutes outside steps at start."),
     plot: str = typer.Option(None, "--plot", help="Also write a plot (PNG or SVG) of the Pareto layouts."),
     format: Format = FormatOpt,
+    wide: bool = WideOpt,
 ) -> None:
-    """Search the layouts (dp, tp, pp, ZeRO, micro-batch, attention, recompute, schedule) and recommend one."""
+    """Search the layouts (dp, tp, pp, ZeRO, micro-batch, attention, recompute, schedule) and recommend one.
+
+    \b
+    Examples:
+      ddplan plan --model d24 --gpus 8
+      ddplan plan --model d26 --hardware all --gpus 8-64 --budget 500
+      ddplan plan -m llama-3-8b --hardware h100,b200 --gpus 8-16 --objective cost
+    """
     import datetime as dt
 
     from ddplan import reasons as words
@@ -617,15 +703,17 @@ def plan_cmd(
     _check((deadline, "--deadline"), (budget, "--budget"), (price, "--price"), (total_batch_size, "--total-batch-size"),
            (top, "--top"), (startup_min, "--startup-min"), (headroom, "--headroom"))
     _check_plot_path(plot)
-    first = hardware.split(",")[0].strip() if hardware else None
+    names = _hardware_list(hardware)
+    gpu_list = tuple(_int_list(gpus, "--gpus", ranges=True))
     # several hardware: the calibration applies to the one it names (ddplan.plan.pricer_for), in any order
-    spec, hw0, cal = _inputs(model, first, calibration, seq_len, dtype, check_hardware="," not in (hardware or ""))
-    hws = (hw0, *(load_hardware(h.strip()) for h in (hardware or "").split(",")[1:] if h.strip()))
+    spec, hw0, cal = _inputs(model, names[0] if names else None, calibration, seq_len, dtype,
+                             check_hardware=len(names) < 2)
+    hws = (hw0, *(load_hardware(h) for h in names[1:]))
     price_spec = None if price is None else Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price",
                                                   date=dt.date.today(), source="given on the command line")
     options = _options(sequence_parallel, tp_comm_overlap, None, shard_group, reshard_after_forward,
                        overlap_param_gather)
-    req = PlanRequest(model=spec, hardware=hws, gpus=tuple(_int_list(gpus, "--gpus")), objective=objective.value,
+    req = PlanRequest(model=spec, hardware=hws, gpus=gpu_list, objective=objective.value,
                       deadline_h=deadline, budget_usd=budget, top=top,
                       calibration=cal, calibration_path=calibration, price=price_spec,
                       overheads=RunOverheads(startup_s=startup_min * 60), total_batch_tokens=total_batch_size,
@@ -640,7 +728,7 @@ def plan_cmd(
     prov = provenance(model=spec, calibration=(Path(calibration).name, req.calibration) if req.calibration else None,
                       **{("hardware" if len(hws) == 1 else f"hardware-{i + 1}"): h for i, h in enumerate(ordered)})
     data = render.plan_data(result.rows)
-    shown = render.plan_columns(data[:top])
+    shown = render.plan_columns(data[:top], render.PLAN_SHOWN)
     if format is Format.json:
         import json
 
@@ -650,13 +738,16 @@ def plan_cmd(
     elif format is Format.csv:  # data: every kept layout, ranked (--top limits the human formats)
         render.echo(render.csv_with(prov, render.plan_columns(data)))
     else:
+        scr = render.screen(format.value, wide)
+        title = words.plan_title(spec, result, top, headroom, objective.value)
         if shown:
-            render.echo(render.table(shown, format.value, title=words.plan_title(spec, result, top, headroom,
-                                                                                     objective.value), digits=2))
-        render.echo(render.lines(["Why:"] + why, format.value))
+            render.echo(render.fit(render.plan_cells(data[:top]), scr, title, render.PLAN_DROP) if scr
+                        else render.table(shown, format.value, title=title, digits=2))
+        render.echo(render.lines(["Why:"] + why, format.value, scr))
         if result.pareto:
-            render.echo(render.lines(["Pareto front (time vs cost):"] + words.pareto_lines(result), format.value))
-        render.echo(render.footer(prov, format.value))
+            render.echo(render.lines(["Pareto front (time vs cost):"] + words.pareto_lines(result), format.value,
+                                     scr))
+        render.echo(render.footer(prov, format.value, scr))
         _warn(warnings)
     if format in (Format.csv, Format.json):  # data on stdout; warnings still reach the user
         _warn(warnings + ([] if result.rows else why))
@@ -666,7 +757,7 @@ def plan_cmd(
         plot_scenarios(best_per_family(data), plot, title=f"{spec.name}: best layout per family\n{prov_line(prov)}")
 
 
-@app.command("validate")
+@app.command("validate", short_help="How far to trust ddplan: published runs, priced.")
 def validate_cmd(
     dataset: str = typer.Option(None, "--dataset", help="A runs file (YAML, `kind: runs`; see validation/"
                                 "published_runs.yaml). Default: the published runs shipped with ddplan."),
@@ -675,9 +766,19 @@ def validate_cmd(
     plot: str = typer.Option(None, "--plot", help="Also write the error of each run against its GPU count (PNG or "
                              "SVG)."),
     format: Format = FormatOpt,
+    wide: bool = WideOpt,
 ) -> None:
-    """How far to trust ddplan: every measured run of a dataset priced as `ddplan table` would price it,
-    predicted vs measured step time, error, and whether the measurement falls inside the band."""
+    """How far to trust ddplan: published measured runs priced as `ddplan table` prices them.
+
+    \b
+    Examples:
+      ddplan validate
+      ddplan validate --format csv
+      ddplan validate --leave-one-source-out
+
+    For each run: predicted vs measured step time, the error, and whether the measurement falls inside
+    the band; then the error by hardware, size, family and source.
+    """
     from ddplan import render, validation
     from ddplan.runs import load_runs, shipped_dataset
 
@@ -712,13 +813,17 @@ def validate_cmd(
     if format is Format.csv:
         render.echo(render.csv_with(prov, rows))
         return
-    render.echo(render.table(render.validation_rows(rows), format.value, title=title))
+    scr = render.screen(format.value, wide)
+    runs_shown, summary_shown = render.validation_rows(rows), render.summary_rows(summary + (out_of_sample or []))
+    render.echo(render.fit(runs_shown, scr, title, render.VALIDATION_DROP) if scr
+                else render.table(runs_shown, format.value, title=title))
     render.echo(render.lines([
         "error = predicted / measured - 1 on the step time (negative: ddplan optimistic, the run was slower); "
         "band = the prediction's band; MFU in the source's own convention (its FLOPs per token and peak); "
-        "assumed = layout facts the source does not state (see the dataset's `assumed`)."], format.value))
-    render.echo(render.table(render.summary_rows(summary + (out_of_sample or [])), format.value, title="Summary"))
-    render.echo(render.footer(prov, format.value))
+        "assumed = layout facts the source does not state (see the dataset's `assumed`)."], format.value, scr))
+    render.echo(render.fit(summary_shown, scr, "Summary", render.SUMMARY_DROP) if scr
+                else render.table(summary_shown, format.value, title="Summary"))
+    render.echo(render.footer(prov, format.value, scr))
 
 
 def _options(sequence_parallel: bool, tp_comm_overlap: bool, max_tp: int | None, shard_group: int | None = None,
@@ -739,15 +844,30 @@ def _options(sequence_parallel: bool, tp_comm_overlap: bool, max_tp: int | None,
                    reshard_after_forward=reshard_after_forward, overlap_param_gather=overlap_param_gather)
 
 
-def _int_list(text: str, flag: str, allowed: tuple[int, ...] | None = None) -> list[int]:
-    """Comma-separated integers, each once (in the order given), each allowed or within the flag's range."""
+def _int_list(text: str, flag: str, allowed: tuple[int, ...] | None = None, ranges: bool = False) -> list[int]:
+    """Comma-separated integers, each once (in the order given), each allowed or within the flag's range.
+    With `ranges`, an item A-B doubles from A up to B: 1-512 is 1, 2, 4, ..., 512 (`8,16-64`: 8, 16, 32, 64)."""
     from ddplan import bounds
     from ddplan.errors import UsageError
 
     parts = [v.strip() for v in text.split(",") if v.strip()]
-    if not parts or any(len(v) > 50 or not v.lstrip("+-").isdigit() for v in parts):
-        raise UsageError(f"expected comma-separated integers, got {text!r}", field=flag)
-    values = list(dict.fromkeys(int(v) for v in parts))
+    shape = "comma-separated integers" + (" or doubling ranges A-B (e.g. 8,16 or 1-512)" if ranges else "")
+    if not parts or any(len(v) > 50 or not (v.lstrip("+-").isdigit() or ranges and _is_range(v)) for v in parts):
+        raise UsageError(f"expected {shape}, got {text!r}", field=flag)
+    values: list[int] = []
+    for part in parts:
+        if not _is_range(part) or not ranges:
+            values.append(int(part))
+            continue
+        low, high = (int(x) for x in part.split("-"))
+        for v in (low, high):
+            bounds.check(flag, v)
+        if low > high:
+            raise UsageError(f"range {part!r} runs backwards: give the smaller count first (e.g. 1-512)", field=flag)
+        while low <= high:
+            values.append(low)
+            low *= 2
+    values = list(dict.fromkeys(values))
     if allowed is not None:
         bad = [v for v in values if v not in allowed]
         if bad:
@@ -756,6 +876,20 @@ def _int_list(text: str, flag: str, allowed: tuple[int, ...] | None = None) -> l
         for v in values:
             bounds.check(flag, v)
     return values
+
+
+def _is_range(text: str) -> bool:
+    low, dash, high = text.partition("-")
+    return bool(dash) and low.isdigit() and high.isdigit()
+
+
+def _hardware_list(text: str | None) -> list[str]:
+    """--hardware of `plan`: comma-separated names or YAML paths, `all` for every built-in, each once."""
+    from ddplan.registry import builtin_names
+
+    names = [h.strip() for h in (text or "").split(",") if h.strip()]
+    out = [n for name in names for n in (builtin_names("hardware") if name.lower() == "all" else [name])]
+    return list(dict.fromkeys(out))
 
 
 def _progress(command: str):
@@ -798,9 +932,12 @@ def _info(lines: list[str]) -> None:
 
 
 def _warn(warnings: list[str]) -> None:
-    """Warnings go to stderr, one line each (each once): stdout carries the result only."""
-    for w in dict.fromkeys(warnings):
-        print("warning: " + " ".join(w.split()), file=sys.stderr)
+    """Warnings go to stderr, one line each: stdout carries the result only. A line given n times is
+    printed once, with ' (xn)'."""
+    from collections import Counter
+
+    for w, n in Counter(" ".join(w.split()) for w in warnings).items():
+        print("warning: " + w + (f" (x{n})" if n > 1 else ""), file=sys.stderr)
 
 
 def _check_plot_path(path: str | None) -> None:
@@ -845,7 +982,8 @@ def main(argv: list[str] | None = None) -> int:
             where = ".".join(str(p) for p in err.get("loc", ())) or "value"
             print(f"error: {where}: {' '.join(str(err.get('msg', e)).split())}", file=sys.stderr)
             return 2
-        if type(e).__name__ == "NoArgsIsHelpError":  # a bare `ddplan` / `ddplan specs`: the help was shown
+        if type(e).__name__ == "NoArgsIsHelpError":  # a bare `ddplan` / `ddplan specs`: show the help
+            print(e.ctx.get_help() if getattr(e, "ctx", None) is not None else e.format_message())
             return 0
         if hasattr(e, "format_message") and hasattr(e, "exit_code"):
             print("error: " + " ".join(e.format_message().split()), file=sys.stderr)

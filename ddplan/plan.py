@@ -161,8 +161,9 @@ def search(req: PlanRequest, progress: Callable[[str, int, int], None] | None = 
     """
     pairs = len(req.hardware) * len(req.gpus)
     if pairs > MAX_SEARCHES:
-        raise UsageError(f"{pairs} (hardware, GPU count) pairs asked; one search covers at most {MAX_SEARCHES}",
-                         field="--hardware/--gpus")
+        raise UsageError(f"{pairs} (hardware, GPU count) pairs asked ({len(req.hardware)} hardware x "
+                         f"{len(req.gpus)} GPU counts); one search covers at most {MAX_SEARCHES}: name fewer hardware "
+                         f"or GPU counts (e.g. --gpus 8-64)", field="--hardware/--gpus")
     with _no_cycle_collection():
         return _search(req, progress or (lambda what, done, total: None))
 
@@ -233,6 +234,7 @@ def _search(req: PlanRequest, progress: Callable[[str, int, int], None]) -> Plan
     front = pareto_front(ordered)
     # bands for what is shown: the top rows, the Pareto front and each family's best (what the plot draws)
     shown = {id(r) for r in ordered[:req.top]} | {id(r) for r in front} | {id(r) for r in best_per_family(ordered)}
+    shown |= {id(r) for r in best_per_pair(ordered)}  # the runner-up on other hardware or GPU count (reasons)
     for r in ordered:
         if id(r) in shown:
             banded = pricers[r["hardware"]].price(r["_priced"].layout, window)
@@ -283,6 +285,14 @@ def pareto_front(rows: list[dict]) -> list[dict]:
             front.append(r)
             best_cost = r["cost_usd"]
     return front
+
+
+def best_per_pair(rows: list[dict]) -> list[dict]:
+    """The first of the ranked rows on each (hardware, GPU count) pair, in rank order."""
+    best: dict = {}
+    for r in rows:
+        best.setdefault((r["hardware"], r["gpus"]), r)
+    return list(best.values())
 
 
 def best_per_family(rows: list[dict]) -> list[dict]:

@@ -6,7 +6,7 @@ and calibrate's); ddplan.plan returns rows and facts.
 from __future__ import annotations
 
 from ddplan.layout import NATIVE_ZERO
-from ddplan.plan import FAMILIES, TIE
+from ddplan.plan import FAMILIES, TIE, best_per_pair
 from ddplan.specs import ModelSpec
 from ddplan.verdicts import dp_option_words
 
@@ -106,7 +106,60 @@ def plan_reasons(result) -> list[str]:
     if "zero" in forced:
         out.append(f"Memory forces ZeRO-{top['zero']}: " + ", ".join(f"{name} would need {gib:.0f} GiB"
                                                                   for name, gib in forced["zero"]) + ".")
-    return out
+    return out + runner_up(result) + edge(result)
+
+
+def _band(r: dict, key: str) -> tuple[float, float] | None:
+    low, high = ("wall_low_h", "wall_high_h") if key == "wall_clock_h" else ("cost_low_usd", "cost_high_usd")
+    return (r[low], r[high]) if low in r and high in r else None
+
+
+def _ranked_by(result) -> str:
+    """The row column the search ranked by, as ddplan.plan.search decides it: a deadline met ranks by cost,
+    a budget met by time, a limit missed by the limit's own column."""
+    req, missed = result.request, {what for what, _ in result.missed}
+    key = "wall_clock_h" if req.objective == "time" else "cost_usd"
+    for column, limit, what, then in (("wall_clock_h", req.deadline_h, "deadline", "cost_usd"),
+                                      ("cost_usd", req.budget_usd, "budget", "wall_clock_h")):
+        if limit is not None:
+            key = column if what in missed else then
+    return key
+
+
+def runner_up(result) -> list[str]:
+    """The best layout on other hardware or another GPU count, and whether its band overlaps the choice's
+    (then the ranking between the two is inside ddplan's uncertainty, not a finding)."""
+    pairs = best_per_pair(result.rows)
+    if len(pairs) < 2:
+        return []
+    top, other = pairs[0], pairs[1]
+    key = _ranked_by(result)
+    mine, theirs = _band(top, key), _band(other, key)
+    if mine is None or theirs is None:
+        return []
+    unit = (lambda x: f"{x:,.3g} h") if key == "wall_clock_h" else (lambda x: f"${x:,.0f}")
+    figures = (f"{describe(other)}: {other['wall_clock_h']:,.3g} h ({other['wall_low_h']:,.3g}-"
+               f"{other['wall_high_h']:,.3g}), ${other['cost_usd']:,.0f} ({other['cost_low_usd']:,.0f}-"
+               f"{other['cost_high_usd']:,.0f})")
+    if theirs[0] <= mine[1] and mine[0] <= theirs[1]:
+        return [f"Runner-up, within uncertainty: {figures}; its band overlaps the choice's ({unit(mine[0])} to "
+                f"{unit(mine[1])}), so ddplan cannot tell them apart: weigh the price and availability, or "
+                f"calibrate both (`ddplan calibrate`)."]
+    return [f"Runner-up: {figures}; outside the choice's band ({unit(mine[0])} to {unit(mine[1])}): the "
+            f"choice wins beyond ddplan's uncertainty."]
+
+
+def edge(result) -> list[str]:
+    """Whether the choice sits at the largest or smallest GPU count searched (when more than one was)."""
+    counts = sorted(set(result.request.gpus))
+    gpus = result.rows[0]["gpus"]
+    if len(counts) < 2 or counts[0] < gpus < counts[-1]:
+        return []
+    if gpus == counts[-1]:
+        return [f"The choice is at the edge of the search, the most GPUs searched ({gpus:,}): try more GPUs "
+                f"(e.g. --gpus {gpus}-{4 * gpus})."]
+    return [f"The choice is at the edge of the search, the fewest GPUs searched ({gpus:,}): try fewer GPUs "
+            f"(e.g. --gpus {max(1, gpus // 4)}-{gpus})."]
 
 
 def pareto_lines(result, limit: int = 8) -> list[str]:

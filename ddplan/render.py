@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -40,7 +42,9 @@ def rich_table(columns: list[str], rows: list[list[Any]], title: str | None = No
     return cap.get()
 
 
-def spec_list(rows: list[dict[str, str]]) -> str:
+def spec_list(rows: list[dict[str, str]], screen: Screen | None = None) -> str:
+    if screen is not None:
+        return fit(rows, screen, drop=SPEC_DROP)
     return rich_table(["kind", "name", "aliases", "summary"], [list(r.values()) for r in rows])
 
 
@@ -103,23 +107,33 @@ def csv_with(prov: dict, rows: list[dict]) -> str:
     return "# " + line(prov) + "\n" + table(rows, "csv")
 
 
-def footer(prov: dict, fmt: str) -> str:
+def footer(prov: dict, fmt: str, screen: Screen | None = None) -> str:
     """The provenance line under a table or markdown output (nothing for csv/json, which carry it as data)."""
     from ddplan.provenance import line
 
-    return lines(["Produced by " + line(prov) + "."], fmt)
+    return lines(["Produced by " + line(prov) + "."], fmt, screen)
 
 
-def lines(text_lines: list[str], fmt: str) -> str:
-    """Verdict lines under a table: plain for table/markdown; empty for csv/json (data only)."""
+def lines(text_lines: list[str], fmt: str, screen: Screen | None = None) -> str:
+    """Verdict lines under a table: plain for table/markdown; empty for csv/json (data only). On a
+    terminal each line wraps to its width, continuation lines indented by two spaces."""
     if fmt in ("csv", "json") or not text_lines:
         return ""
+    if screen is not None:
+        import textwrap
+
+        return "\n".join(textwrap.fill(t, width=screen.width, subsequent_indent="  ", break_on_hyphens=False)
+                         for t in text_lines) + "\n"
     prefix = "- " if fmt == "markdown" else ""
     return "\n".join(prefix + t for t in text_lines) + "\n"
 
 
 PLAN_COLUMNS = ("hardware", "gpus", "dp", "tp", "sp", "tp_overlap", "pp", "zero", "micro_batch", "accum", "attention",
                 "recompute", "schedule", "family", "step_s", "wall_clock_h", "cost_usd", "mfu_pct", "memory_gib")
+# the table and markdown formats show the top rows' bands too (csv lists every row; only the rows shown
+# are priced with bands)
+PLAN_SHOWN = (*PLAN_COLUMNS[:PLAN_COLUMNS.index("wall_clock_h") + 1], "wall_low_h", "wall_high_h",
+              *PLAN_COLUMNS[PLAN_COLUMNS.index("wall_clock_h") + 1:])
 
 
 def plan_data(rows: list[dict]) -> list[dict]:
@@ -127,9 +141,9 @@ def plan_data(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "_priced"} for r in rows]
 
 
-def plan_columns(rows: list[dict]) -> list[dict]:
+def plan_columns(rows: list[dict], columns: tuple[str, ...] = PLAN_COLUMNS) -> list[dict]:
     """The plan table's columns, in order."""
-    return [{c: r[c] for c in PLAN_COLUMNS} for r in rows]
+    return [{c: r[c] for c in columns} for r in rows]
 
 
 def _sig(x: float) -> str:
@@ -205,3 +219,180 @@ def summary_rows(rows: list[dict]) -> list[dict]:
              "max |error| %": f"{r['max_abs_error_pct']:.1f}", "mean error %": f"{r['mean_error_pct']:+.1f}",
              "inside band %": f"{r['inside_band_pct']:.0f}",
              "median band half-width %": f"{r['median_band_half_width_pct']:.1f}"} for r in rows]
+
+
+# --------------------------------------------------------------------------------------------
+# The terminal. Everything above is the fixed layout that pipes, files and golden tests see, the same
+# whatever the terminal; what follows applies only when stdout is a terminal and the format is `table`:
+# human headers with units, numbers to a few significant figures, long durations in days too, and
+# columns dropped (least important first) until the table fits the terminal's width.
+
+MIN_WIDTH = 40  # narrower terminals are treated as this wide
+
+
+@dataclass(frozen=True)
+class Screen:
+    """A terminal `width` columns wide; `wide`: show every column however wide the table gets."""
+    width: int
+    wide: bool = False
+
+
+def screen(fmt: str, wide: bool = False) -> Screen | None:
+    """The terminal stdout is, for the rich table format (COLUMNS, else the terminal's own width); None
+    when stdout is a pipe or a file, or the format is markdown, csv or json."""
+    if fmt != "table" or not sys.stdout.isatty():
+        return None
+    return Screen(width=max(MIN_WIDTH, shutil.get_terminal_size().columns), wide=wide)
+
+
+def fit(rows: list[dict[str, Any]], screen: Screen, title: str | None = None, drop: tuple[str, ...] = ()) -> str:
+    """Rows of text cells (human headers) as a table at most `screen.width` wide: the columns named in
+    `drop` go, first to last, until the rest fits (none go with --wide); what still does not fit wraps
+    inside its cells, and the title wraps to the table's width. Numeric columns align right."""
+    if not rows:
+        return ""
+    rows = [{k: v if isinstance(v, str) else _fmt(v) for k, v in r.items()} for r in rows]
+    columns = list(rows[0])
+    if not screen.wide:
+        for name in drop:
+            if _natural_width(columns, rows) <= screen.width:
+                break
+            if name in columns and len(columns) > 1:
+                columns.remove(name)
+    width = max(screen.width, _natural_width(columns, rows)) if screen.wide else screen.width
+    text = _capture(_terminal_table(columns, rows, title), width)
+    return "\n".join(line.rstrip() for line in text.splitlines()) + "\n"
+
+
+def _terminal_table(columns: list[str], rows: list[dict[str, str]], title: str | None):
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+    for col in columns:
+        numeric = all(_numeric(r[col]) for r in rows)
+        table.add_column(col, justify="right" if numeric else "left", overflow="fold")
+    for r in rows:
+        table.add_row(*(r[c] for c in columns))
+    return table
+
+
+def _numeric(cell: str) -> bool:
+    """A cell that reads as a number (its first word: '1,234', '-0.5', '441.8 (18.4 d)', '12-15')."""
+    first = cell.split(" ", 1)[0].replace(",", "")
+    parts = first[1:].split("-", 1) if first[:1] == "-" else first.split("-", 1)
+    try:
+        [float(p) for p in parts]
+    except ValueError:
+        return False
+    return True
+
+
+def _natural_width(columns: list[str], rows: list[dict[str, str]]) -> int:
+    """The width the table takes with no cell wrapped (the title aside: it wraps)."""
+    from rich.console import Console
+
+    return Console(width=10_000, color_system=None).measure(_terminal_table(columns, rows, None)).maximum
+
+
+def _capture(renderable, width: int) -> str:
+    from rich.console import Console
+
+    console = Console(width=width, force_terminal=False, color_system=None)
+    with console.capture() as cap:
+        console.print(renderable)
+    return cap.get()
+
+
+def num(x: float, sig: int = 3) -> str:
+    """A number for a person: `sig` significant figures (0.0912, 18.2, 442), thousands separated and no
+    fraction from 1,000 up (24,734), no exponent above 1e-4."""
+    if abs(x) >= 10 ** (sig - 1) or abs(x) >= 1000:
+        return f"{x:,.0f}"
+    if x != 0 and abs(x) < 1e-4:
+        return f"{x:.1e}"
+    text = f"{x:.{sig}g}"
+    return text if "e" not in text else f"{x:.{sig}f}"
+
+
+def hours(h: float) -> str:
+    """Hours to 4 significant figures, and in days from 48 h up: '441.8 (18.4 d)'."""
+    text = num(h, 4)
+    return text + (f" ({num(h / 24)} d)" if h >= 48 else "")
+
+
+def money(usd: float) -> str:
+    """Dollars: whole dollars from $10 up, else 3 significant figures."""
+    return f"{usd:,.0f}" if abs(usd) >= 10 else num(usd)
+
+
+def band(low: float, high: float, sig: int = 3) -> str:
+    return f"{num(low, sig)}-{num(high, sig)}"
+
+
+DECISION_DROP = ("optim s", "restarts h", "compute s", "attn s", "comm s", "bubble s", "cost band $",
+                 "wall band h", "mb x accum", "step band s", "MFU %", "basis")
+
+
+def decision_cells(rows: list[dict]) -> list[dict[str, str]]:
+    """`ddplan table` on a terminal: the columns of decision_rows, bands in columns of their own (the
+    first to go when the terminal is narrow), wall-clock in days as well from 48 h."""
+    piped = any(r["pp"] > 1 for r in rows)
+    interrupted = any(r["interruptions_lost_h"] > 0 for r in rows)
+    out = []
+    for r in rows:
+        row = {"config": r["config"], "mb x accum": f"{r['micro_batch']} x {r['accum']}",
+               "step s": num(r["step_s"], 4), "step band s": band(r["step_low_s"], r["step_high_s"]),
+               "compute s": num(r["compute_s"]), "attn s": num(r["attention_s"]),
+               "comm s": num(r["dp_comm_exposed_s"] + r["tp_comm_s"]), "optim s": num(r["optimizer_s"])}
+        if piped:
+            row["bubble s"] = num(r["bubble_s"])
+        if interrupted:
+            row["restarts h"] = num(r["interruptions_lost_h"])
+        row.update({"MFU %": f"{r['mfu_pct']:.1f}", "wall h": hours(r["wall_clock_h"]),
+                    "wall band h": band(r["wall_low_h"], r["wall_high_h"]), "cost $": money(r["cost_usd"]),
+                    "cost band $": f"{money(r['cost_low_usd'])}-{money(r['cost_high_usd'])}",
+                    "mem GiB": num(r["memory_gib"]) + ("" if r["fits"] else " OOM"),
+                    "basis": r["basis"] + (" !" if r["flags"] else "")})
+        out.append(row)
+    return out
+
+
+MEMORY_HEADERS = {"zero": "ZeRO", "setup": "setup", "params_gib": "params", "gradients_gib": "grads",
+                  "optimizer_gib": "optimizer", "activations_gib": "activations", "transient_gib": "transient",
+                  "buffers_gib": "buffers", "framework_gib": "framework", "allocator_gib": "allocator",
+                  "total_gib": "total GiB", "usable_gib": "usable GiB", "fits": "fits", "headroom_gib": "free GiB"}
+MEMORY_DROP = ("allocator", "framework", "buffers", "usable GiB", "transient", "setup", "optimizer", "grads",
+               "params", "activations")
+
+
+def memory_cells(rows: list[dict]) -> list[dict[str, str]]:
+    """`ddplan memory` on a terminal: every term in GiB to 3 significant figures (the title says GiB)."""
+    def cell(key: str, v: Any) -> str:
+        if isinstance(v, bool):
+            return "yes" if v else "no"
+        return num(v) if isinstance(v, float) else str(v)
+
+    return [{MEMORY_HEADERS.get(k, k): cell(k, v) for k, v in r.items()} for r in rows]
+
+
+PLAN_DROP = ("schedule", "family", "recompute", "wall band h", "MFU %", "mem GiB", "mb x accum", "ZeRO", "attention")
+
+
+def plan_cells(rows: list[dict]) -> list[dict[str, str]]:
+    """`ddplan plan` on a terminal: GPUs with their hardware, tp with its sequence parallelism (+sp) and
+    overlap (+ov), step times to 4 significant figures, wall-clock in days as well from 48 h."""
+    def tp(r: dict) -> str:
+        return str(r["tp"]) + ("+sp" if r["sp"] else "") + ("+ov" if r["tp_overlap"] else "")
+
+    return [{"GPUs": f"{r['gpus']:,}x {r['hardware']}", "dp": str(r["dp"]), "tp": tp(r), "pp": str(r["pp"]),
+             "ZeRO": str(r["zero"]), "mb x accum": f"{r['micro_batch']} x {r['accum']}", "attention": r["attention"],
+             "recompute": r["recompute"], "schedule": r["schedule"], "family": r["family"],
+             "step s": num(r["step_s"], 4), "wall h": hours(r["wall_clock_h"]),
+             "wall band h": band(r["wall_low_h"], r["wall_high_h"]), "cost $": money(r["cost_usd"]),
+             "MFU %": f"{r['mfu_pct']:.1f}", "mem GiB": num(r["memory_gib"])} for r in rows]
+
+
+SPEC_DROP = ("aliases",)
+VALIDATION_DROP = ("assumed", "family", "MFU % meas/pred", "in band", "GPUs")
+SUMMARY_DROP = ("median band half-width %", "mean error %", "max |error| %")

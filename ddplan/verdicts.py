@@ -83,8 +83,45 @@ def flag_text(f: Flag) -> str:
 
 
 def row_warnings(table) -> list[str]:
+    """One line per flagged row, every flag of the row (json's `warnings`: data, row by row)."""
     native = NATIVE_ZERO[table.request.model.recipe.distribution]
     return [f"{config_label(p, native)}: {'; '.join(flag_text(f) for f in p.flags)}" for p in table.rows if p.flags]
+
+
+# flag kinds, most important first: a prediction the GPU cannot deliver, a row that does not fit, a
+# prediction past anything measured, then the changes ddplan made to the batch
+FLAG_ORDER = ("implausible", "memory_vs_measured", "memory", "beyond_measured", "batch", "micro_batch", "world_size")
+
+
+def _flagged(table) -> dict[str, list[str]]:
+    """Each flag's words -> the rows it applies to, in table order."""
+    native = NATIVE_ZERO[table.request.model.recipe.distribution]
+    rows: dict[str, list[str]] = {}
+    for p in table.rows:
+        for f in p.flags:
+            rows.setdefault(flag_text(f), []).append(config_label(p, native))
+    return rows
+
+
+def grouped_row_warnings(table) -> list[str]:
+    """The row warnings for people (stderr): each distinct flag once, counted over the rows it applies to:
+    'device batch 32 does not fit ...; using 16 (...) (x16: 8x h100-sxm, sdpa-math, SSSL and 15 more)'."""
+    return [f"{rows[0]}: {text}" if len(rows) == 1 else f"{text} (x{len(rows)}: {rows[0]} and {len(rows) - 1} more)"
+            for text, rows in _flagged(table).items()]
+
+
+def top_warning(table) -> str | None:
+    """The most important row warning (FLAG_ORDER), as a verdict line; None when no row is flagged."""
+    native = NATIVE_ZERO[table.request.model.recipe.distribution]
+    flagged = [(FLAG_ORDER.index(f.kind) if f.kind in FLAG_ORDER else len(FLAG_ORDER), i, p, f)
+               for i, p in enumerate(table.rows) for f in p.flags]
+    if not flagged:
+        return None
+    _, _, p, f = min(flagged, key=lambda t: t[:2])
+    text = flag_text(f)
+    others = len(_flagged(table)[text]) - 1
+    more = f" (and {others} more rows)" if others else ""
+    return f"Warning: {config_label(p, native)}{more}: {text}; every warning is on stderr."
 
 
 def table_notes(table) -> list[str]:

@@ -1,0 +1,5 @@
+"""`python -m ddplan ...`: the same as the `ddplan` console script."""
+
+from ddplan.cli import entry
+
+entry()

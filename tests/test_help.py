@@ -1,0 +1,113 @@
+"""Every command's --help leads with 2-4 examples, and every example runs (exit 0): the examples stay
+true. Help reads at 80 columns."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+from pathlib import Path
+
+import pytest
+import typer.main
+
+from ddplan import cli
+
+DATA = Path(__file__).parent / "data"
+LLAMA_CONFIG = {  # meta-llama/Meta-Llama-3-8B config.json (the fields ddplan reads)
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+    "max_position_embeddings": 8192, "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "hidden_act": "silu", "attention_bias": False,
+}
+
+
+def command_paths(group=None, prefix=()) -> list[tuple[str, ...]]:
+    """Every command and group of the app, as argv prefixes: (), ('table',), ('specs', 'list'), ..."""
+    group = group or typer.main.get_command(cli.app)
+    paths = [prefix]
+    for name, command in getattr(group, "commands", {}).items():
+        paths += command_paths(command, (*prefix, name)) if hasattr(command, "commands") else [(*prefix, name)]
+    return paths
+
+
+def help_text(capsys, path: tuple[str, ...]) -> str:
+    assert cli.main([*path, "--help"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    return out
+
+
+def examples(text: str) -> list[str]:
+    """The lines of the help's 'Examples:' block that run ddplan."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "Examples:")
+    block = []
+    for line in lines[start + 1:]:
+        if not line.strip():
+            break
+        block.append(line.strip())
+    return [line for line in block if line.startswith("ddplan ")]
+
+
+PATHS = command_paths()
+
+
+@pytest.mark.parametrize("path", PATHS, ids=[" ".join(p) or "ddplan" for p in PATHS])
+def test_help_leads_with_examples(capsys, monkeypatch, path):
+    monkeypatch.setenv("COLUMNS", "80")
+    text = help_text(capsys, path)
+    found = examples(text)
+    assert 2 <= len(found) <= 4, found
+    assert text.index("Examples:") < text.index("Options:")
+    too_long = [line for line in text.splitlines() if len(line) > 80]
+    assert too_long == []
+
+
+def all_examples() -> list[tuple[str, str]]:
+    import contextlib
+    import io
+
+    out = []
+    for path in PATHS:
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            cli.main([*path, "--help"])
+        out += [(" ".join(path) or "ddplan", line) for line in examples(buf.getvalue())]
+    return out
+
+
+def _params():
+    for where, line in all_examples():
+        marks = []
+        if line.startswith("ddplan calibrate") and "--from-log" not in line:
+            marks = [pytest.mark.slow]  # runs torch benchmarks on the CPU (~45 s)
+        if line == "ddplan validate --leave-one-source-out":
+            marks = [pytest.mark.slow]  # re-fits without each source (~45 s)
+        yield pytest.param(line, marks=marks, id=f"{where}: {line}")
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """The files the examples name: a training log, a Hugging Face config, and a calibration file."""
+    shutil.copy(DATA / "nanochat_train.log", tmp_path / "train.log")
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_CONFIG), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("line", list(_params()))
+def test_every_example_runs(capsys, workdir, line):
+    argv = shlex.split(line)[1:]
+    if "--calibration" in argv:  # made by the calibrate examples; here from the training log, quickly
+        assert cli.main(["calibrate", "-m", "d24", "--hardware", "mi300x", "--from-log", "train.log", "--out",
+                         "cal.yaml"]) == 0
+    if argv[:2] == ["calibrate", "-m"] and "--device" in argv:
+        pytest.importorskip("torch")
+    if argv[:2] == ["table", "--model"] and argv[2] == "model.yaml":
+        assert cli.main(["specs", "import", "config.json", "-o", "model.yaml"]) == 0
+    capsys.readouterr()
+    code = cli.main(argv)
+    out, err = capsys.readouterr()
+    assert code == 0, err[-2000:]
+    assert out.strip() or err.startswith("wrote ")  # specs import writes a file and says so on stderr

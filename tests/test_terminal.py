@@ -1,0 +1,110 @@
+"""Output on a terminal (a real pseudo-terminal here): every line of `table`, `memory`, `plan` and
+`specs list` fits the terminal's width, headers read as words with units, `--wide` shows every column;
+piped output is the fixed, full-width layout whatever COLUMNS says (the goldens pin it)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddplan import render
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMANDS = {
+    "table": ["table", "--model", "d24", "--gpus", "1,8"],
+    "memory": ["memory", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8"],
+    "plan": ["plan", "--model", "d24", "--gpus", "8"],
+    "specs": ["specs", "list"],
+}
+HEADERS = {"table": "step s", "memory": "total GiB", "plan": "wall h", "specs": "summary"}
+
+
+def _env(columns: int | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    env.update(PYTHONPATH=str(ROOT), TERM="xterm-256color", DDPLAN_DEBUG="")
+    if columns is not None:
+        env["COLUMNS"] = str(columns)
+    return env
+
+
+def in_terminal(argv: list[str], columns: int) -> tuple[int, str]:
+    """(exit code, stdout) of `python -m ddplan ARGV` with stdout on a pseudo-terminal `columns` wide."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "ddplan", *argv], stdout=slave, stderr=subprocess.DEVNULL,
+                            stdin=subprocess.DEVNULL, env=_env(columns), cwd=ROOT)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # the other end closed: the process is done writing
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    code = proc.wait(timeout=120)
+    return code, b"".join(chunks).decode().replace("\r\n", "\n")
+
+
+def piped(argv: list[str], columns: int | None) -> str:
+    proc = subprocess.run([sys.executable, "-m", "ddplan", *argv], capture_output=True, text=True,
+                          env=_env(columns), cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
+@pytest.mark.parametrize("columns", [80, 120])
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_every_line_fits_the_terminal(name, columns):
+    code, out = in_terminal(COMMANDS[name], columns)
+    assert code == 0
+    too_long = [line for line in out.splitlines() if len(line) > columns]
+    assert too_long == [], f"{len(too_long)} lines over {columns}: {too_long[:3]}"
+    assert HEADERS[name] in out
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
+def test_wide_shows_every_column_on_a_terminal():
+    _, narrow = in_terminal(COMMANDS["table"], 80)
+    _, wide = in_terminal([*COMMANDS["table"], "--wide"], 80)
+    assert "compute s" not in narrow and "compute s" in wide
+    assert max(len(line) for line in wide.splitlines()) > 80
+
+
+@pytest.mark.parametrize("name", ["table", "plan", "specs"])
+def test_piped_output_does_not_depend_on_columns(name):
+    """Pipes and files get the fixed layout (machine headers, every column) whatever the terminal."""
+    outs = {piped(COMMANDS[name], c) for c in (None, 40, 80, 300)}
+    assert len(outs) == 1
+    assert "step s" not in outs.pop()
+
+
+def test_numbers_for_people():
+    assert render.num(0.09123) == "0.0912"
+    assert render.num(18.164) == "18.2" and render.num(18.164, 4) == "18.16"
+    assert render.num(441.8) == "442" and render.num(24_734.4, 4) == "24,734"
+    assert render.num(0) == "0" and render.num(-4.612) == "-4.61"
+    assert render.hours(4.404) == "4.404"
+    assert render.hours(441.8) == "441.8 (18.4 d)"
+    assert render.money(70.12) == "70" and render.money(1.234) == "1.23"
+
+
+def test_fit_drops_the_named_columns_first_and_wraps_the_rest():
+    rows = [{"name": "a long name " * 3, "keep": "1.5", "extra": "x" * 30}]
+    out = render.fit(rows, render.Screen(width=40), title="a title " * 10, drop=("extra",))
+    assert "extra" not in out and "keep" in out
+    assert max(len(line) for line in out.splitlines()) <= 40
+    wide = render.fit(rows, render.Screen(width=40, wide=True), drop=("extra",))
+    assert "extra" in wide

@@ -1,0 +1,57 @@
+"""Warnings on stderr: a flag shared by many rows is printed once and counted, identical lines once
+with ' (xN)', and the most important warning is named in the verdict (on a terminal)."""
+
+from __future__ import annotations
+
+from ddplan import cli, verdicts
+from ddplan.registry import load_hardware, load_model
+from ddplan.table import TableRequest, build_table
+
+from cli_helpers import run
+
+# 0.9 s/step for d24 on 8 x H100 is faster than the GPU can go: an implausible fit, and most rows
+# shrink the device batch the same way
+MEASURED = ["table", "--model", "d24", "--hardware", "h100-sxm", "--gpus", "8,16", "--measured-step-time", "0.9"]
+
+
+def test_identical_lines_are_printed_once_and_counted(capsys):
+    cli._warn(["same thing", "other", "same  thing", "same thing"])
+    assert capsys.readouterr().err == "warning: same thing (x3)\nwarning: other\n"
+
+
+def test_a_flag_shared_by_rows_is_printed_once(capsys):
+    code, _, err = run(capsys, [*MEASURED, "--format", "csv"])
+    assert code == 0
+    lines = err.splitlines()
+    assert all(line.startswith("warning: ") for line in lines)
+    assert len(lines) == len(set(lines))
+    shrink = [line for line in lines if "does not fit in 79.65 GiB; using 16 (accumulation 1 -> 2" in line]
+    assert len(shrink) == 1 and "(x6: 16x h100-sxm, sdpa-fused, SSSL and 5 more)" in shrink[0]
+    assert len(lines) < 10  # 17 flagged rows before
+
+
+def test_json_keeps_every_row_warning(capsys):
+    import json
+
+    code, out, _ = run(capsys, [*MEASURED, "--format", "json"])
+    assert code == 0
+    warnings = json.loads(out)["warnings"]
+    assert sum("does not fit in 79.65 GiB" in w for w in warnings) == 15
+
+
+def test_the_verdict_names_the_most_important_warning_on_a_terminal(capsys, monkeypatch):
+    """Implausible (faster than the GPU can go) outranks the batch changes; pipes keep their fixed layout."""
+    from ddplan import render
+
+    code, piped, _ = run(capsys, MEASURED)
+    assert code == 0 and "Warning:" not in piped
+    monkeypatch.setattr(render, "screen", lambda fmt, wide=False: render.Screen(width=200, wide=wide))
+    code, out, _ = run(capsys, MEASURED)
+    assert code == 0
+    verdict = out[out.index("Verdict:"):out.index("Assumptions:")]
+    assert "Warning: 8x h100-sxm, fa3, SSSL: implausible: sustains" in verdict
+
+
+def test_no_flag_no_warning_line():
+    assert verdicts.top_warning(build_table(TableRequest(model=load_model("gpt2"), hardware=load_hardware("h100-sxm"),
+                                                         gpus=(8,), attentions=("sdpa-fused",)))) is None
