@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 
@@ -229,7 +230,8 @@ def memory_cmd(
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree."),
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel degree."),
     vp: int = typer.Option(1, "--vp", help="Interleaved chunks per pipeline stage (1: 1F1B)."),
-    zero: str = typer.Option("0,1,2,3", "--zero", help="ZeRO stages to show, comma-separated."),
+    zero: str = typer.Option("0,1,2,3", "--zero", help="ZeRO stages to show, comma-separated; one stage: the "
+                             "verdict is about it (default: the model's native stage)."),
     device_batch_size: int = typer.Option(None, "--device-batch-size", help="Sequences per GPU per micro-batch "
                                           "(default: the recipe's)."),
     seq_len: int = SeqLenOpt,
@@ -264,7 +266,7 @@ def memory_cmd(
     from ddplan import render, verdicts
     from ddplan.provenance import line as prov_line
     from ddplan.provenance import provenance
-    from ddplan.sizing import PEAK_TOLERANCE, alternatives, consistent_with, memory_setup, zero_rows
+    from ddplan.sizing import PEAK_TOLERANCE, consistent_with, memory_setup, what_fits, zero_rows
 
     _check((gpus, "--gpus"), (tp, "--tp"), (pp, "--pp"), (vp, "--vp"), (device_batch_size, "--device-batch-size"),
            (measured_peak, "--measured-peak"), (headroom, "--headroom"))
@@ -280,6 +282,8 @@ def memory_cmd(
     setup = memory_setup(spec, hw, gpus=gpus, tp=tp, pp=pp, vp=vp, micro_batch=device_batch_size, attention=attention,
                          recompute=_choices(recompute, "--recompute", RECOMPUTE)[0], compiled=compiled,
                          window_pattern=window_pattern, headroom=headroom, options=options)
+    if len(stages) == 1:  # one stage asked about: the verdict is about it (else the model's native stage)
+        setup = replace(setup, layout=setup.at_zero(stages[0]))
     _check_plot_path(plot)
     prov = provenance(model=spec, hardware=hw, calibration=(Path(calibration).name, cal) if cal is not None else None)
     rows = zero_rows(spec, hw, setup, stages)
@@ -288,8 +292,9 @@ def memory_cmd(
 
         plot_memory(rows, plot, title=f"{spec.name} on {gpus} x {hw.name}\n{prov_line(prov)}",
                     capacity_gib=hw.memory.usable_gib.value)
-    alts = alternatives(spec, hw, setup) if not any(r["fits"] and r["setup"] == "native" for r in rows) else []
-    words = verdicts.memory_verdict(spec, hw, rows, alts, setup.layout)
+    asked = next((r for r in rows if r["zero"] == setup.layout.zero), None)
+    step_s, fixes = what_fits(spec, hw, setup) if not (asked and asked["fits"]) else (None, [])
+    words = verdicts.memory_verdict(spec, hw, rows, fixes, step_s, setup.layout, setup.headroom)
     matches = consistent_with(spec, hw, setup, measured_peak) if measured_peak else []
     if measured_peak:
         words.append(verdicts.peak_matches(measured_peak, matches, PEAK_TOLERANCE))

@@ -82,56 +82,79 @@ def zero_rows(spec: ModelSpec, hw: HardwareSpec, setup: Setup, stages: list[int]
     return rows
 
 
-def alternatives(spec: ModelSpec, hw: HardwareSpec, setup: Setup,
-                 assumptions: MemoryAssumptions = MemoryAssumptions()) -> list[tuple[str, float, bool]]:
-    """What else would fit, one change at a time: (description, total GiB, fits).
+@dataclass(frozen=True)
+class Fix:
+    """A set of changes to a setup that does not fit, and what the changed setup costs."""
 
-    Tried in order of cost to the user: a smaller micro-batch (more accumulation, same total batch),
-    selective then full recompute, each other attention implementation, ZeRO-3, then tensor and
-    pipeline parallelism inside the node.
+    changes: tuple[str, ...]  # in words, one per knob changed
+    layout: Layout
+    total_gib: float
+    step_s: float  # the changed setup's step time (seconds, the pricer's central estimate)
+
+
+def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3,
+              assumptions: MemoryAssumptions = MemoryAssumptions()) -> tuple[float, list[Fix]]:
+    """(the asked setup's step time, the cheapest sets of changes that make it fit, fastest first).
+
+    On the same GPUs, every combination of: a smaller micro-batch (more accumulation, same total batch),
+    recompute, a higher ZeRO stage, another attention implementation, and tensor or pipeline parallelism
+    inside the node (dp shrinks by the degree). Each that fits is priced at its step time. Kept: the
+    fastest fix, then the fastest with one change, with two, ... (the smallest sets that fit), `top` in
+    all. The step time of the setup as asked (which does not fit) is the reference.
     """
-    out = []
     base = setup.layout
     pricer = memory_pricer(spec, hw, setup, assumptions)
+    window = setup.window_pattern or pricer.spec.architecture.window_pattern
+    a = spec.architecture
+    sequences = base.dp * base.micro_batch * base.grad_accum
+    degrees = [(tp, pp) for tp in (1, 2, 4, 8, 16) for pp in (1, 2, 4, 8)
+               if tp * pp <= hw.gpus_per_node and base.num_gpus % (tp * pp) == 0 and tp >= base.tp and pp >= base.pp
+               and a.num_heads % tp == 0 and a.num_kv_heads % tp == 0 and pp <= a.num_layers]
+    found: list[Fix] = []
+    for tp, pp in degrees:
+        dp = base.num_gpus // (tp * pp)
+        if sequences % dp:
+            continue
+        per_rank = sequences // dp
+        for zero in sorted({z for z in (base.zero, 1, 2, 3) if z >= base.zero} if dp > 1 else {base.zero}):
+            for mb in [m for m in range(min(base.micro_batch, per_rank), 0, -1) if per_rank % m == 0]:
+                for rc in ("none", "selective", "full"):
+                    for impl in hw.attention:
+                        try:
+                            lay = replace(setup.at_zero(zero), dp=dp, tp=tp, pp=pp, micro_batch=mb,
+                                          grad_accum=per_rank // mb, recompute=rc, attention=impl.name,
+                                          **setup.options.for_layout(tp, dp, zero))
+                            check_layout(lay, spec, world_size_rule=False)
+                        except LayoutError:
+                            continue
+                        if lay == base:
+                            continue
+                        mem = pricer.memory(lay, window)
+                        if mem.fits:
+                            found.append(Fix(_changes(base, lay, spec), lay, mem.total / GiB,
+                                             pricer.price(lay, window, bands=False).step_s))
+    found.sort(key=lambda f: (f.step_s, len(f.changes)))
+    fewest: dict[int, Fix] = {}
+    for f in found:  # the fastest fix of each size
+        fewest.setdefault(len(f.changes), f)
+    kept = found[:1] + [f for n, f in sorted(fewest.items()) if n < len(found[0].changes)]
+    return pricer.price(base, window, bands=False).step_s, kept[:top]
 
-    def mem(layout: Layout) -> MemoryBreakdown:
-        return breakdown(spec, hw, replace(setup, layout=layout), assumptions, pricer)
 
-    per_rank = base.micro_batch * base.grad_accum
-    for mb in sorted((d for d in range(1, base.micro_batch) if per_rank % d == 0), reverse=True):
-        m = mem(replace(base, micro_batch=mb, grad_accum=per_rank // mb))
-        if m.fits or mb == 1:
-            out.append((f"device batch {mb} (accumulation {base.grad_accum} -> {per_rank // mb})", m.total / GiB,
-                        m.fits))
-            break
-    for rc in ("selective", "full"):
-        if rc != base.recompute:
-            m = mem(replace(base, recompute=rc))
-            out.append((f"recompute {rc}", m.total / GiB, m.fits))
-    for impl in hw.attention:
-        if impl.name != base.attention:
-            m = mem(replace(base, attention=impl.name))
-            out.append((f"attention {impl.name}", m.total / GiB, m.fits))
-    if base.zero != 3 and base.dp > 1:
-        m = mem(setup.at_zero(3))
-        other = "" if NATIVE_ZERO[spec.recipe.distribution] == 3 else " (needs another training setup)"
-        out.append((f"ZeRO-3 / FSDP{other}", m.total / GiB, m.fits))
-    for axis in ("tp", "pp"):  # on the same GPUs: dp shrinks by the degree, accumulation grows by it
-        degree = 2
-        while degree <= hw.gpus_per_node and base.dp % degree == 0:
-            try:
-                layout = replace(base, **{axis: getattr(base, axis) * degree}, dp=base.dp // degree,
-                                 grad_accum=base.grad_accum * degree)
-                check_layout(layout, spec, world_size_rule=False)
-            except LayoutError:
-                break
-            m = mem(layout)
-            if m.fits:
-                out.append((f"{axis}={getattr(layout, axis)} (dp {layout.dp}, same {base.num_gpus} GPUs)",
-                            m.total / GiB, True))
-                break
-            degree *= 2
-    return out
+def _changes(base: Layout, lay: Layout, spec: ModelSpec) -> tuple[str, ...]:
+    out = []
+    if lay.micro_batch != base.micro_batch:
+        out.append(f"device batch {lay.micro_batch} (accumulation {base.grad_accum} -> {lay.grad_accum})")
+    if lay.recompute != base.recompute:
+        out.append(f"recompute {lay.recompute}")
+    if lay.zero != base.zero:
+        other = "" if NATIVE_ZERO[spec.recipe.distribution] == lay.zero else " (another training setup)"
+        out.append(f"ZeRO-{lay.zero}{other}")
+    if lay.attention != base.attention:
+        out.append(f"attention {lay.attention}")
+    if (lay.tp, lay.pp) != (base.tp, base.pp):
+        out.append(f"tp {lay.tp} x pp {lay.pp} (dp {lay.dp}, same {lay.num_gpus} GPUs)")
+    return tuple(out)
 
 
 PEAK_TOLERANCE = 0.10  # a measured peak matches a configuration predicted within +-10%

@@ -331,37 +331,40 @@ def table_assumptions(table) -> list[str]:
 # ddplan memory
 
 
-def memory_verdict(spec: ModelSpec, hw: HardwareSpec, rows: list[dict], alts: list[tuple[str, float, bool]],
-                   layout=None) -> list[str]:
-    """Plain-words conclusion: the smallest setup that fits, with headroom, or what would."""
-    native = next((r for r in rows if r["setup"] == "native"), None)
-    fitting = [r for r in rows if r["fits"]]
+def memory_verdict(spec: ModelSpec, hw: HardwareSpec, rows: list[dict], fixes: list, asked_step_s: float | None,
+                   layout, headroom: float) -> list[str]:
+    """Plain-words conclusion about the setup asked (its ZeRO stage: `layout.zero`): it fits, with headroom,
+    or the cheapest sets of changes that make it fit, ranked by step time (ddplan.sizing.what_fits)."""
+    asked = next((r for r in rows if r["zero"] == layout.zero), None)
     name = DISTRIBUTION_NAMES[spec.recipe.distribution]
+    native_zero = NATIVE_ZERO[spec.recipe.distribution]
+    setup = "the model's native setup (" + name + ", " if layout.zero == native_zero else "the setup asked ("
     lines = []
-    if native and native["fits"]:
-        lines.append(f"Fits with the model's native setup ({name}, ZeRO-{native['zero']}): "
-                     f"{native['total_gib']:.1f} of {native['usable_gib']:.1f} GiB, "
-                     f"{native['headroom_gib']:.1f} GiB headroom.")
-        more = [r for r in rows if r["zero"] > native["zero"]]
+    if asked and asked["fits"]:
+        lines.append(f"Fits with {setup}ZeRO-{asked['zero']}): {asked['total_gib']:.1f} of {asked['usable_gib']:.1f} "
+                     f"GiB, {asked['headroom_gib']:.1f} GiB headroom.")
+        more = [r for r in rows if r["zero"] > asked["zero"]]
         if more and len({round(r["total_gib"], 2) for r in rows}) == 1:
             lines.append("ZeRO stages do not differ here: with one data-parallel rank there is nothing to shard.")
         elif more:
-            saved = native["total_gib"] - min(r["total_gib"] for r in more)
-            lines.append(f"Higher ZeRO stages would save up to {saved:.1f} GiB per GPU: not needed while "
-                         f"memory is not the limit (they need another training setup and add communication).")
-    elif fitting:
-        best = min(fitting, key=lambda r: r["zero"])
-        lines.append(f"The native setup ({name}) does not fit; ZeRO-{best['zero']} is the smallest stage that "
-                     f"does: {best['total_gib']:.1f} of {best['usable_gib']:.1f} GiB.")
+            saved = asked["total_gib"] - min(r["total_gib"] for r in more)
+            lines.append(f"Higher ZeRO stages would save up to {saved:.1f} GiB per GPU: not needed while memory is "
+                         f"not the limit (they {'add' if native_zero > asked['zero'] else 'need another training setup and add'} "
+                         f"communication).")
     else:
-        lines.append("No ZeRO stage fits at this micro-batch.")
-    if not (native and native["fits"]):
-        ok = [a for a in alts if a[2]]
-        for desc, gib, _ in ok:
-            lines.append(f"Would fit: {desc}: {gib:.1f} GiB.")
-        if not ok:
-            lines.append("Nothing tried alone fits: combine a smaller device batch with recompute, or add GPUs "
-                         "with TP/PP.")
+        total = (f": {asked['total_gib']:.1f} GiB, over the {asked['usable_gib'] * (1 - headroom):.1f} GiB a layout "
+                 f"may use" if asked else "")
+        lines.append(f"Does not fit as asked (ZeRO-{layout.zero}, device batch {layout.micro_batch}, recompute "
+                     f"{layout.recompute}, {layout.attention}){total}.")
+        for i, f in enumerate(fixes):
+            cost = (f", {100 * (f.step_s / asked_step_s - 1):+.0f}% on the {asked_step_s:.3g} s/step as asked"
+                    if asked_step_s else "")
+            n = len(f.changes)
+            lead = "Fastest way to fit" if i == 0 else f"Fastest with {n} change{'s' if n > 1 else ''}"
+            lines.append(f"{lead}: {' + '.join(f.changes)}: {f.total_gib:.1f} GiB, {f.step_s:.3g} s/step{cost}.")
+        if not fixes:
+            lines.append(f"Nothing fits on these {layout.num_gpus} GPUs (micro-batch, recompute, ZeRO stage, attention, "
+                         f"TP/PP inside a node tried together): add GPUs or shorten the sequence.")
     if layout is not None and breaks_world_size_rule(layout, spec):
         lines.append(f"{spec.name} needs a power-of-two world size: it cannot run on {layout.num_gpus} GPUs as is.")
     return lines

@@ -110,16 +110,17 @@ def test_d24_measured_peak_json(capsys):
 
 
 def test_llama_70b_on_8_h100_fits_nowhere(capsys):
-    """70B parameters with AdamW on 8 x 80 GB: no ZeRO stage alone fits; the verdict says what would,
-    or that nothing tried alone does."""
+    """70B parameters with AdamW on 8 x 80 GB: no ZeRO stage alone fits; the verdict says so once, then what
+    would fit on the same GPUs, or that nothing does."""
     rows = csv_rows(run_ok(capsys, [*LLAMA70_H100, "--format", "csv"]))
     assert len(rows) == 4 and not any(r["fits"] == "True" for r in rows)
     assert all(float(r["headroom_gib"]) < 0 for r in rows)
     out = run_ok(capsys, [*LLAMA70_H100, "--format", "markdown"])
     verdict = [t for t in out.splitlines() if t.startswith("- ")]
-    assert verdict[0] == "- No ZeRO stage fits at this micro-batch."
-    assert any(t.startswith("- Would fit: ") for t in verdict) or any(
-        t.startswith("- Nothing tried alone fits") for t in verdict), verdict
+    assert verdict[0].startswith("- Does not fit as asked (ZeRO-3, ")
+    assert not any(t.startswith("- Fits") for t in verdict)
+    assert any(t.startswith("- Fastest way to fit: ") for t in verdict) or any(
+        t.startswith("- Nothing fits on these 8 GPUs") for t in verdict), verdict
 
 
 def test_one_rank_verdict_says_stages_do_not_differ(capsys):
@@ -143,3 +144,43 @@ def test_errors_are_one_line(capsys, extra, words):
     _, line = fails(capsys, ["memory", "--model", "d24", *extra])
     for w in words:
         assert w in line, line
+
+
+LLAMA8_ZERO2 = ["memory", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--zero", "2",
+                "--device-batch-size", "4", "--seq-len", "8192"]
+
+
+def test_memory_finds_the_cheapest_changes_that_fit(capsys):
+    """Issue 14: Llama-3-8B on 8 x H100 at ZeRO-2, micro-batch 4, sequence 8192 does not fit; the verdict names the
+    fastest set of changes that fits, then the fastest with fewer changes, each with its memory and its step time
+    against the setup as asked; every suggestion, priced by `ddplan table` with those flags, fits."""
+    from ddplan.registry import load_hardware, load_model
+    from ddplan.sizing import memory_setup, what_fits
+    from ddplan.specs import run_variant
+
+    out = run_ok(capsys, [*LLAMA8_ZERO2, "--format", "markdown"])
+    verdict = [t for t in out.splitlines() if t.startswith("- ") and not t.startswith("- Produced")]
+    assert verdict[0].startswith("- Does not fit as asked (ZeRO-2, device batch 4, recompute none")
+    assert verdict[1].startswith("- Fastest way to fit: ")
+    assert not any(t.startswith("- Fits") for t in verdict)
+    spec, hw = run_variant(load_model("llama-3-8b"), seq_len=8192), load_hardware("h100-sxm")
+    setup = memory_setup(spec, hw, gpus=8, micro_batch=4)
+    from dataclasses import replace
+
+    asked_s, fixes = what_fits(spec, hw, replace(setup, layout=setup.at_zero(2)))
+    assert fixes and all(f.step_s >= fixes[0].step_s for f in fixes)
+    assert [len(f.changes) for f in fixes[1:]] == sorted(len(f.changes) for f in fixes[1:])
+    assert all(len(f.changes) < len(fixes[0].changes) for f in fixes[1:])
+    for f in fixes:
+        lay = f.layout
+        argv = ["table", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--seq-len", "8192",
+                "--tp", str(lay.tp), "--pp", str(lay.pp), "--zero", str(lay.zero), "--device-batch-size",
+                str(lay.micro_batch), "--recompute", lay.recompute, "--attention", lay.attention, "--format", "csv"]
+        (row,) = csv_rows(run_ok(capsys, argv))
+        assert row["fits"] == "True" and float(row["memory_gib"]) == pytest.approx(f.total_gib)
+        assert float(row["step_s"]) == pytest.approx(f.step_s, rel=1e-9)
+
+
+def test_a_fitting_setup_gets_no_fixes(capsys):
+    out = run_ok(capsys, ["memory", "--model", "d24", "--gpus", "8", "--format", "markdown"])
+    assert "Fastest way to fit" not in out and "Does not fit" not in out

@@ -308,11 +308,21 @@ def test_duplicate_layouts_give_one_row(capsys):
     assert len(rows) == 1
 
 
-def test_memory_suggests_tp_and_pp_on_the_same_gpus(capsys):
-    out = run_ok(capsys, ["memory", "-m", "d24", "--gpus", "8", "--hardware", "h100-sxm", "--zero", "1",
-                          "--device-batch-size", "64", "--format", "markdown"])
-    lines = [line for line in out.splitlines() if line.startswith(("- Would fit: tp=", "- Would fit: pp="))]
-    assert lines and all("same 8 GPUs" in line for line in lines), lines
+def test_memory_fixes_keep_the_gpus(capsys):
+    """What memory suggests changes the layout on the GPUs asked about: TP/PP take ranks from dp."""
+    from dataclasses import replace
+
+    from ddplan.registry import load_hardware, load_model
+    from ddplan.sizing import memory_setup, what_fits
+
+    spec, hw = load_model("llama-3-8b"), load_hardware("h100-sxm")
+    setup = memory_setup(spec, hw, gpus=8, micro_batch=4)
+    _, fixes = what_fits(spec, hw, replace(setup, layout=setup.at_zero(0)), top=5)
+    assert fixes and all(f.layout.num_gpus == 8 for f in fixes)
+    out = run_ok(capsys, ["memory", "-m", "llama-3-8b", "--gpus", "8", "--hardware", "h100-sxm", "--zero", "0",
+                          "--device-batch-size", "4", "--format", "markdown"])
+    lines = [line for line in out.splitlines() if " x pp " in line]
+    assert all("same 8 GPUs" in line for line in lines), out
 
 
 def test_a_calibration_step_no_factor_explains_is_said_not_fatal(capsys, tmp_path):
