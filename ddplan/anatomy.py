@@ -95,6 +95,7 @@ class Anatomy:
     optimizer_ops: tuple[Op, ...] = field(default=())
     tp: int = 1  # the ops are one tensor-parallel rank's share
     sequence_parallel: bool = False  # with tp: norms, residual stream and saved inputs split over tp too
+    cp: int = 1  # and one context-parallel rank's: seq_len is then its s / cp tokens of each sequence
 
     @property
     def tokens(self) -> int:
@@ -347,6 +348,41 @@ def for_tp(base: Anatomy, tp: int, sequence_parallel: bool = False) -> Anatomy:
     for name in ("saved_split", "_transient"):  # cached on base from its own ops: not this share's
         share.__dict__.pop(name, None)
     return share
+
+
+def for_cp(full: Anatomy, short: Anatomy, cp: int) -> Anatomy:
+    """One context-parallel rank's share: its s / cp tokens of each sequence (Megatron-Core and torchtitan
+    context parallelism, causal load balancing: each rank holds chunks i and 2cp - 1 - i of 2cp).
+
+    full: the anatomy at the whole sequence s; short: the same configuration built at s / cp tokens (both
+    the same tp share). Every op outside the attention core is the short anatomy's (GEMMs, norms, the
+    head and loss on s / cp tokens; weight-sized traffic such as the embedding's dense gradient unscaled);
+    the attention core is the full sequence's over cp, as its s / cp queries see keys across the whole
+    sequence and the balanced chunks give every rank 1 / cp of the work (and of its saved tensors).
+    The ring's KV exchange is priced in ddplan.step (comm.cp_ring_exposed_s), not here.
+    Ref: Liu et al., "Ring Attention", arXiv 2310.01889; Megatron-Core context_parallel docs; torchtitan
+    context parallel (torch.distributed.tensor.experimental.context_parallel).
+    """
+    if cp == 1:
+        return full
+    if short.seq_len * cp != full.seq_len or (short.tp, short.sequence_parallel) != (full.tp, full.sequence_parallel):
+        raise ValueError(f"need the same tp share at s and s / cp; got s {full.seq_len}, {short.seq_len} with cp {cp}")
+    core = {op.name: op for op in full.ops if op.attention_core}
+    ops = tuple(_cp_core(core[op.name], cp, short.seq_len) if op.attention_core else op for op in short.ops)
+    share = _with(short, ops=ops, cp=cp)
+    for name in ("saved_split", "_transient"):
+        share.__dict__.pop(name, None)
+    return share
+
+
+def _cp_core(op: Op, cp: int, seq: int) -> Op:
+    """An attention-core op of the whole sequence, over cp: FLOPs, bytes and saved tensors / cp; its shape
+    names the block length each ring step computes (s / cp)."""
+    shape = op.shape if op.kind != "attention" else (op.shape[0], op.shape[1], seq, op.shape[3], op.shape[4])
+    saves = tuple(_with(sv, bytes=sv.bytes / cp) for sv in op.saves)
+    return _with(op, shape=shape, flops_fwd=op.flops_fwd / cp, flops_bwd=op.flops_bwd / cp,
+                 bytes_fwd=op.bytes_fwd / cp, bytes_bwd=op.bytes_bwd / cp, saves=saves,
+                 recompute_flops_bwd=op.recompute_flops_bwd / cp, transient_bytes=op.transient_bytes / cp)
 
 
 def _tp_share(op: Op, tp: int) -> Op:

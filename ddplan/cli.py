@@ -75,6 +75,8 @@ WideOpt = typer.Option(False, "--wide", help="On a terminal, show every column h
                        "always get every column, at full width).")
 TpOverlapOpt = typer.Option(False, "--tp-comm-overlap", help="Layouts with tp overlap their communication with the "
                             "layers' GEMMs (Megatron-Core --tp-comm-overlap; needs --sequence-parallel).")
+CpCommOpt = typer.Option("ring", "--cp-comm", help="Context parallelism's exchange: ring (KV blocks passed on under "
+                         "attention, Megatron-Core p2p) or all-gather (torchtitan's default; not overlapped).")
 ShardGroupOpt = typer.Option(None, "--shard-group", help="ZeRO-3 hybrid sharding: shard over this many data-parallel "
                              "ranks (8: one node at tp 1) and replicate across the rest (torch HSDP).")
 ReshardOpt = typer.Option(True, "--reshard-after-forward/--no-reshard-after-forward", help="ZeRO-3: free gathered "
@@ -230,6 +232,8 @@ def memory_cmd(
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree."),
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel degree."),
     vp: int = typer.Option(1, "--vp", help="Interleaved chunks per pipeline stage (1: 1F1B)."),
+    cp: int = typer.Option(1, "--cp", help="Context-parallel degree: each sequence split over cp GPUs."),
+    cp_comm: str = CpCommOpt,
     zero: str = typer.Option("0,1,2,3", "--zero", help="ZeRO stages to show, comma-separated; one stage: the "
                              "verdict is about it (default: the model's native stage)."),
     device_batch_size: int = typer.Option(None, "--device-batch-size", help="Sequences per GPU per micro-batch "
@@ -268,10 +272,10 @@ def memory_cmd(
     from ddplan.provenance import provenance
     from ddplan.sizing import PEAK_TOLERANCE, consistent_with, memory_setup, what_fits, zero_rows
 
-    _check((gpus, "--gpus"), (tp, "--tp"), (pp, "--pp"), (vp, "--vp"), (device_batch_size, "--device-batch-size"),
+    _check((gpus, "--gpus"), (tp, "--tp"), (pp, "--pp"), (vp, "--vp"), (cp, "--cp"), (device_batch_size, "--device-batch-size"),
            (measured_peak, "--measured-peak"), (headroom, "--headroom"))
     stages = _int_list(zero, "--zero", allowed=(0, 1, 2, 3))
-    options = _options(sequence_parallel, False, tp, shard_group, reshard_after_forward, overlap_param_gather)
+    options = _options(sequence_parallel, False, tp, shard_group, reshard_after_forward, overlap_param_gather, cp_comm)
     spec, hw, cal = _inputs(model, hardware, calibration, seq_len, dtype)
     if cal is not None and measured_peak is None:
         from ddplan.calibration import steps_for_model
@@ -279,7 +283,7 @@ def memory_cmd(
         peaks = [m.peak_memory_gb for m in steps_for_model(cal, {spec.name, *spec.aliases}) if m.peak_memory_gb]
         measured_peak = peaks[0] if peaks else None
     _check_pattern(window_pattern)
-    setup = memory_setup(spec, hw, gpus=gpus, tp=tp, pp=pp, vp=vp, micro_batch=device_batch_size, attention=attention,
+    setup = memory_setup(spec, hw, gpus=gpus, tp=tp, pp=pp, vp=vp, cp=cp, micro_batch=device_batch_size, attention=attention,
                          recompute=_choices(recompute, "--recompute", RECOMPUTE)[0], compiled=compiled,
                          window_pattern=window_pattern, headroom=headroom, options=options)
     if len(stages) == 1:  # one stage asked about: the verdict is about it (else the model's native stage)
@@ -331,6 +335,9 @@ def table_cmd(
     tp: str = typer.Option("1", "--tp", help="Tensor-parallel degrees, comma-separated (one row each)."),
     pp: str = typer.Option("1", "--pp", help="Pipeline-parallel degrees, comma-separated."),
     vp: str = typer.Option("1", "--vp", help="Interleaved chunks per pipeline stage (1: 1F1B), comma-separated."),
+    cp: str = typer.Option("1", "--cp", help="Context-parallel degrees, comma-separated: each sequence split over "
+                           "cp GPUs (ring attention)."),
+    cp_comm: str = CpCommOpt,
     zero: str = typer.Option(None, "--zero", help="ZeRO stages 0-3 (3 = FSDP), comma-separated (default: the "
                              "model's native data-parallel setup)."),
     device_batch_size: str = typer.Option(None, "--device-batch-size", help="Sequences per GPU per micro-batch, "
@@ -416,9 +423,9 @@ def table_cmd(
            (checkpoint_every, "--checkpoint-every"), (headroom, "--headroom"),
            (interruptions, "--interruptions-per-gpu-hour"), (restart_min, "--restart-min"))
     gpu_list = tuple(_int_list(gpus, "--gpus", ranges=True))
-    tps, pps, vps = (tuple(_int_list(v, f)) for v, f in ((tp, "--tp"), (pp, "--pp"), (vp, "--vp")))
+    tps, pps, vps, cps = (tuple(_int_list(v, f)) for v, f in ((tp, "--tp"), (pp, "--pp"), (vp, "--vp"), (cp, "--cp")))
     options = _options(sequence_parallel, tp_comm_overlap, max(tps), shard_group, reshard_after_forward,
-                       overlap_param_gather)
+                       overlap_param_gather, cp_comm)
     zeros = tuple(_int_list(zero, "--zero", allowed=(0, 1, 2, 3))) if zero else ()
     mbs = tuple(_int_list(device_batch_size, "--device-batch-size")) if device_batch_size else ()
     recomputes = _choices(recompute, "--recompute", RECOMPUTE)
@@ -456,7 +463,7 @@ def table_cmd(
         raise UsageError("needs --measured-step-time",
                          field="--measured-gpus/--measured-tp/--measured-pp/--measured-attention/--measured-window")
     req = TableRequest(
-        model=spec, hardware=hw, gpus=gpu_list, tps=tps, pps=pps, vps=vps, zeros=zeros, micro_batches=mbs,
+        model=spec, hardware=hw, gpus=gpu_list, tps=tps, pps=pps, vps=vps, cps=cps, zeros=zeros, micro_batches=mbs,
         recomputes=recomputes, attentions=tuple(a.strip() for a in attention.split(",")) if attention else (),
         windows=windows, total_batch_tokens=total_batch_size, budget=budget, price=price_spec,
         overheads=RunOverheads(startup_s=startup_min * 60, eval_every_steps=eval_every, eval_tokens=eval_tokens,
@@ -679,6 +686,9 @@ def plan_cmd(
     shard_group: int = ShardGroupOpt,
     reshard_after_forward: bool = ReshardOpt,
     overlap_param_gather: bool = ParamGatherOpt,
+    cp: str = typer.Option(None, "--cp", help="Context-parallel degrees to search, comma-separated (default: 1, and "
+                           "each power of two up to 16 leaving a GPU at least 4,096 tokens of a sequence)."),
+    cp_comm: str = CpCommOpt,
     tp_across_nodes: bool = typer.Option(False, "--tp-across-nodes", help="Allow tensor parallelism beyond one "
                                          "node (kept inside a node by default)."),
     top: int = typer.Option(10, "--top", help="How many layouts to list (table, markdown, json; csv lists all)."),
@@ -717,8 +727,8 @@ def plan_cmd(
     price_spec = None if price is None else Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price",
                                                   date=dt.date.today(), source="given on the command line")
     options = _options(sequence_parallel, tp_comm_overlap, None, shard_group, reshard_after_forward,
-                       overlap_param_gather)
-    req = PlanRequest(model=spec, hardware=hws, gpus=gpu_list, objective=objective.value,
+                       overlap_param_gather, cp_comm)
+    req = PlanRequest(cps=tuple(_int_list(cp, "--cp")) if cp else (),model=spec, hardware=hws, gpus=gpu_list, objective=objective.value,
                       deadline_h=deadline, budget_usd=budget, top=top,
                       calibration=cal, calibration_path=calibration, price=price_spec,
                       overheads=RunOverheads(startup_s=startup_min * 60), total_batch_tokens=total_batch_size,
@@ -832,7 +842,7 @@ def validate_cmd(
 
 
 def _options(sequence_parallel: bool, tp_comm_overlap: bool, max_tp: int | None, shard_group: int | None = None,
-             reshard_after_forward: bool = True, overlap_param_gather: bool = False):
+             reshard_after_forward: bool = True, overlap_param_gather: bool = False, cp_comm: str = "ring"):
     """The framework options (ddplan.layout.Options) from their flags. --sequence-parallel and
     --tp-comm-overlap are Megatron's, so they need tensor parallelism, and overlap needs sequence
     parallelism (Megatron-Core refuses --tp-comm-overlap without it)."""
@@ -845,8 +855,11 @@ def _options(sequence_parallel: bool, tp_comm_overlap: bool, max_tp: int | None,
     if sequence_parallel and max_tp == 1:
         raise UsageError("needs tensor parallelism: give --tp above 1", field="--sequence-parallel")
     _check((shard_group, "--shard-group"))
+    if cp_comm not in ("ring", "all-gather"):
+        raise UsageError(f"must be ring or all-gather, got {cp_comm!r}", field="--cp-comm")
     return Options(sequence_parallel=sequence_parallel, tp_overlap=tp_comm_overlap, shard_group=shard_group or 0,
-                   reshard_after_forward=reshard_after_forward, overlap_param_gather=overlap_param_gather)
+                   reshard_after_forward=reshard_after_forward, overlap_param_gather=overlap_param_gather,
+                   cp_comm=cp_comm.replace("-", "_"))
 
 
 def _int_list(text: str, flag: str, allowed: tuple[int, ...] | None = None, ranges: bool = False) -> list[int]:

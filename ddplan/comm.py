@@ -176,8 +176,9 @@ def tier_for(hw: HardwareSpec, collective: Collective, n: int, *, efficiency: Ef
     data; its tier is the smallest size's.
     Across nodes (n > per_node): busbw = min(intra busbw of the per_node members, the node's NIC bytes/s
     x per_node / gpus_per_node x busbw_fraction_of_nics.<efficiency>), latency = inter_node.latency_us.
-    NCCL/RCCL run one channel per NIC and each GPU reaches the fabric through its own NIC (rail-optimised
-    nodes), so a ring crossing nodes is bounded by the NICs of its members on a node: all of them for a
+    Each GPU reaches the fabric through its own NIC (rail-optimised nodes) and NCCL/RCCL spread a ring's
+    channels over the NICs of its members, so a ring crossing nodes is bounded by the NICs of its members
+    on a node (the fewest on any node it touches, ddplan.layout.group_on_nodes): all of them for a
     group with every GPU of the node (H200: 8 x 400 Gb/s = 400 GB/s x 0.91 = 364 GB/s; 32 ranks over EFA
     measured 364.7 GB/s), one for a data-parallel group of a tp-8 layout (the node's other seven NICs
     carry the other tp ranks' groups at the same time).
@@ -391,17 +392,17 @@ def zero2_comm_s(rs_s: float, ag_s: float, last_bucket_s: float, backward_s: flo
 
 
 def fsdp_comm_s(rs_s: float, ag_s: float, micro_batch_s: float, accum: int, num_units: int, *, gathers: int = 2,
-                replica_all_reduce_s: float = 0.0) -> tuple[float, float]:
+                replica_all_reduce_s: float = 0.0, separate_links: bool = True) -> tuple[float, float]:
     """(total, exposed) seconds of FSDP / ZeRO-3 communication per optimizer step.
 
     Each micro-batch all-gathers the parameters in forward and, when they were freed after forward
     (reshard_after_forward, the default: gathers = 2), again in backward, and reduce-scatters the
     gradients, each prefetched one unit (layer) ahead under compute; what exceeds the micro-batch's
     compute is exposed, and so is the first unit's gather of each pass. Hybrid sharding adds an
-    all-reduce of the gradient shards across replicas on another link (the NICs, while the shard group
-    uses NVLink), overlapping the shard group's collectives: a micro-batch's communication takes the
-    longer of the two:
-    busy = max(gathers x ag + rs, ar); total = accum x (gathers x ag + rs + ar);
+    all-reduce of the gradient shards across replicas; on another link (separate_links: the NICs, while
+    the shard group uses NVLink) it overlaps the shard group's collectives and a micro-batch's
+    communication takes the longer of the two, else (both on the NICs) their sum:
+    busy = max(gathers x ag + rs, ar) (or the sum); total = accum x (gathers x ag + rs + ar);
     exposed = accum x (max(0, busy - micro_batch) + gathers x ag / units).
     e.g. rs 30, ag 20, micro-batch 50 ms, accum 2, 10 units: total 140 ms, exposed 2 x (20 + 4) = 48 ms;
     gathers 1: total 100, exposed 2 x (0 + 2) = 4 ms; with ar 80 (gathers 2): total 300,
@@ -413,9 +414,53 @@ def fsdp_comm_s(rs_s: float, ag_s: float, micro_batch_s: float, accum: int, num_
     if accum < 1 or num_units < 1 or gathers not in (1, 2):
         raise ValueError(f"accum and num_units must be >= 1 and gathers 1 or 2, got {accum}, {num_units}, {gathers}")
     shard_group = gathers * ag_s + rs_s
-    busy = max(shard_group, replica_all_reduce_s)
+    busy = max(shard_group, replica_all_reduce_s) if separate_links else shard_group + replica_all_reduce_s
     return (accum * (shard_group + replica_all_reduce_s),
             accum * (max(0.0, busy - micro_batch_s) + gathers * ag_s / num_units))
+
+
+# --------------------------------------------------------------------------------------------
+# Context parallelism
+
+
+def cp_kv_block_bytes(batch: int, seq_per_rank: int, kv_heads: int, head_dim: int, elem_bytes: float) -> float:
+    """Bytes of one rank's K and V block, the unit context parallelism exchanges: 2 b (s / cp) h_kv d e.
+    e.g. b 1, s / cp 8192, 8 KV heads of 128, bf16: 2 x 8192 x 8 x 128 x 2 = 33,554,432 B."""
+    _check_pos(batch=batch, seq_per_rank=seq_per_rank, kv_heads=kv_heads, head_dim=head_dim, elem_bytes=elem_bytes)
+    return 2.0 * batch * seq_per_rank * kv_heads * head_dim * elem_bytes
+
+
+def cp_ring_exposed_s(send_s: float, cp: int, attn_fwd_s: float, attn_bwd_s: float) -> tuple[float, float]:
+    """(forward, backward) seconds of a layer's ring-attention exchange left on the critical path.
+
+    Ring (Megatron-Core cp_comm_type "p2p", ring attention): cp - 1 steps, each sending the KV block on
+    while the attention of the block in hand runs (1 / cp of the layer's attention, the chunks balanced);
+    backward sends the KV block and its gradient (twice the bytes). send_s: one block's send:
+    forward = (cp - 1) x max(0, send - attn_fwd / cp); backward = (cp - 1) x max(0, 2 send - attn_bwd / cp).
+    e.g. send 2 ms, cp 4, attention 4 ms forward and 10 ms backward: forward 3 x (2 - 1) = 3 ms, backward
+    3 x max(0, 4 - 2.5) = 4.5 ms.
+    Ref: Liu et al., arXiv 2310.01889 (ring attention, overlap); Megatron-Core
+    transformer_engine context parallelism (AttnFuncWithCPAndKVP2P).
+    """
+    _check_nonneg(send_s=send_s, attn_fwd_s=attn_fwd_s, attn_bwd_s=attn_bwd_s)
+    _check_n(cp)
+    steps = cp - 1
+    return steps * max(0.0, send_s - attn_fwd_s / cp), steps * max(0.0, 2 * send_s - attn_bwd_s / cp)
+
+
+def cp_all_gather_s(kv_block_bytes: float, cp: int, timer: Timer) -> tuple[float, float]:
+    """(forward, backward) seconds of a layer's all-gather context parallelism, not overlapped.
+
+    Every rank gathers the whole sequence's K and V before its attention (torchtitan's default
+    rotate method "allgather"; Megatron-Core cp_comm_type "all_gather"), and in backward gathers them
+    again and reduce-scatters their gradients: forward = AG(cp x block); backward = AG + RS(cp x block).
+    Ref: torch.distributed.tensor.experimental context_parallel (set_rotate_method); Megatron-Core
+    AttnFuncWithCPAndKVAllGather.
+    """
+    _check_nonneg(kv_block_bytes=kv_block_bytes)
+    whole = cp * kv_block_bytes
+    ag = timer.time_s("all_gather", whole, cp)
+    return ag, ag + timer.time_s("reduce_scatter", whole, cp)
 
 
 # --------------------------------------------------------------------------------------------

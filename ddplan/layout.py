@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from ddplan.errors import LayoutError
@@ -17,14 +18,16 @@ NATIVE_ZERO = {"ddp": 0, "sharded_optimizer": 1, "zero1": 1, "zero2": 2, "fsdp":
 class Layout:
     """Degrees of parallelism and per-GPU work for one training step.
 
-    dp x tp x pp = num_gpus. micro_batch: sequences per GPU per forward/backward; grad_accum:
-    micro-batches per optimizer step (per pipeline: pipeline micro-batches). zero: which model
-    states are sharded over dp (0 none, 1 optimizer state, 2 + gradients, 3 + parameters).
+    dp x tp x pp x cp = num_gpus. micro_batch: sequences per data-parallel rank per forward/backward
+    (a context-parallel group of cp GPUs shares each sequence, 1/cp each); grad_accum: micro-batches per
+    optimizer step (per pipeline: pipeline micro-batches). zero: which model states are sharded over the
+    dp x cp ranks that hold the same parameters (0 none, 1 optimizer state, 2 + gradients, 3 + parameters).
     """
 
     dp: int = 1
     tp: int = 1
     pp: int = 1
+    cp: int = 1  # context parallelism: each sequence split over cp GPUs (ring attention)
     zero: int = 0
     micro_batch: int = 1
     grad_accum: int = 1
@@ -38,9 +41,10 @@ class Layout:
     shard_group: int = 0  # ZeRO-3 hybrid sharding: shard over this many dp ranks, replicate across the rest (0: all dp)
     reshard_after_forward: bool = True  # ZeRO-3: free gathered parameters after forward, gather again in backward
     overlap_param_gather: bool = False  # ZeRO-1/2: the post-step parameter all-gather under the next forward (Megatron)
+    cp_comm: str = "ring"  # with cp: "ring" (p2p KV exchange overlapped with attention) or "all_gather"
 
     def __post_init__(self) -> None:
-        bad = {k: getattr(self, k) for k in ("dp", "tp", "pp", "micro_batch", "grad_accum", "pp_virtual_stages")
+        bad = {k: getattr(self, k) for k in ("dp", "tp", "pp", "cp", "micro_batch", "grad_accum", "pp_virtual_stages")
                if getattr(self, k) < 1}
         if bad:
             raise LayoutError("must be >= 1: " + ", ".join(f"{k}={v}" for k, v in bad.items()))
@@ -60,40 +64,48 @@ class Layout:
             raise LayoutError("tensor-parallel communication overlap (Megatron-Core --tp-comm-overlap) needs sequence "
                               "parallelism: add --sequence-parallel")
         if self.shard_group < 0 or self.shard_group and (
-                self.zero != 3 or self.dp % self.shard_group or self.shard_group in (1, self.dp)):
-            raise LayoutError(f"hybrid sharding needs ZeRO-3 and a shard group that divides dp={self.dp}, between 2 "
-                              f"and dp/2; got ZeRO-{self.zero}, shard group {self.shard_group}")
+                self.zero != 3 or self.grad_ranks % self.shard_group or self.shard_group in (1, self.grad_ranks)):
+            raise LayoutError(f"hybrid sharding needs ZeRO-3 and a shard group that divides dp x cp={self.grad_ranks}, "
+                              f"between 2 and half of it; got ZeRO-{self.zero}, shard group {self.shard_group}")
         if self.overlap_param_gather and self.zero not in (1, 2):
             raise LayoutError(f"overlapping the parameter all-gather with forward (Megatron-Core --overlap-param-gather) "
                               f"needs ZeRO-1 or 2 (the distributed optimizer); got ZeRO-{self.zero}")
         if not self.reshard_after_forward and self.zero != 3:
             raise LayoutError(f"keeping gathered parameters from forward to backward is a ZeRO-3 option; got ZeRO-{self.zero}")
+        if self.cp_comm not in ("ring", "all_gather"):
+            raise LayoutError(f"context-parallel communication must be ring or all_gather, got {self.cp_comm!r}")
         if self.recompute not in ("none", "selective", "full"):
             raise LayoutError(f"recompute must be none, selective or full, got {self.recompute!r}")
 
     def __hash__(self) -> int:  # layouts key caches across a search: hash the fields once
         h = self.__dict__.get("_hash")
         if h is None:
-            h = hash((self.dp, self.tp, self.pp, self.zero, self.micro_batch, self.grad_accum, self.attention,
+            h = hash((self.dp, self.tp, self.pp, self.cp, self.zero, self.micro_batch, self.grad_accum, self.attention,
                       self.recompute, self.compiled, self.pp_schedule, self.pp_virtual_stages, self.tp_overlap,
                       self.sequence_parallel, self.shard_group, self.reshard_after_forward,
-                      self.overlap_param_gather))
+                      self.overlap_param_gather, self.cp_comm))
             object.__setattr__(self, "_hash", h)
         return h
 
     @property
-    def tp_share(self) -> tuple[int, bool]:
-        """What one rank's share of the ops depends on: tp and sequence parallelism (cache keys)."""
-        return self.tp, self.sequence_parallel
+    def rank_share(self) -> tuple[int, bool, int]:
+        """What one rank's share of the ops depends on: tp, sequence parallelism and cp (cache keys)."""
+        return self.tp, self.sequence_parallel, self.cp
+
+    @property
+    def grad_ranks(self) -> int:
+        """Ranks that hold the same parameters and reduce their gradients together: dp x cp (Megatron's
+        data-parallel-with-context-parallel group)."""
+        return self.dp * self.cp
 
     @property
     def shard_degree(self) -> int:
-        """Ranks the ZeRO-sharded model states are split over: the hybrid shard group, else all of dp."""
-        return self.shard_group or self.dp
+        """Ranks the ZeRO-sharded model states are split over: the hybrid shard group, else all dp x cp."""
+        return self.shard_group or self.grad_ranks
 
     @property
     def num_gpus(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
 
     def sequences_per_step(self) -> int:
         return self.micro_batch * self.grad_accum * self.dp
@@ -103,10 +115,11 @@ class Layout:
 class Placement:
     """Where one layout's communication groups sit on nodes of `gpus_per_node` GPUs.
 
-    Ranks are ordered tp (innermost), then dp, then pp (outermost), Megatron-Core's default order
+    Ranks are ordered tp (innermost), then cp, then dp, then pp (outermost), Megatron-Core's default order
     "tp-cp-ep-dp-pp" (megatron/core/parallel_state.py, RankGenerator) and torchtitan's device mesh
-    ["pp", "dp", "cp", "tp"]: a tp group is consecutive ranks, a data-parallel group strides by tp,
-    pipeline neighbours stride by tp x dp; nodes hold consecutive ranks.
+    ["pp", "dp", "cp", "tp"]: a tp group is consecutive ranks, a context-parallel group strides by tp, the
+    group that reduces gradients (dp x cp ranks) strides by tp, pipeline neighbours stride by tp x cp x dp;
+    nodes hold consecutive ranks.
     *_per_node: members of one such group on each node it touches (its share of the node's NICs,
     one NIC per GPU on rail-optimised fabrics); *_crosses: whether the group spans nodes.
     e.g. 1,024 GPUs, 8 per node, tp 2, dp 512: a dp group has 4 members per node and crosses nodes,
@@ -118,26 +131,54 @@ class Placement:
     dp_per_node: int
     dp_crosses: bool
     pp_crosses: bool
-    shard_per_node: int  # FSDP's shard group (all of dp, or the hybrid shard group)
+    shard_per_node: int  # FSDP's shard group (all of dp x cp, or the hybrid shard group)
     shard_crosses: bool
+    cp_per_node: int = 1  # a context-parallel group: cp ranks, tp apart
+    cp_crosses: bool = False
 
 
 def placement(layout: "Layout", gpus_per_node: int) -> Placement:
     """The nodes each group of `layout` spans (Placement's rank order); gpus_per_node >= 1."""
     if gpus_per_node < 1:
         raise ValueError(f"gpus_per_node must be >= 1, got {gpus_per_node}")
-    tp, dp, g = layout.tp, layout.dp, gpus_per_node
-
-    def strided(n: int, stride: int) -> tuple[int, bool]:  # n members, `stride` ranks apart
-        crosses = n > 1 and n * stride > g
-        return (min(n, max(1, g // stride)) if crosses else n), crosses
-
-    tp_per_node, tp_crosses = (min(tp, g), tp > g)
-    dp_per_node, dp_crosses = strided(dp, tp)
-    shard_per_node, shard_crosses = strided(layout.shard_degree, tp)
+    tp, g, total = layout.tp, gpus_per_node, layout.num_gpus
+    tp_per_node, tp_crosses = group_on_nodes(tp, 1, g, total)
+    cp_per_node, cp_crosses = group_on_nodes(layout.cp, tp, g, total)
+    dp_per_node, dp_crosses = group_on_nodes(layout.grad_ranks, tp, g, total)  # cp inside dp: dp x cp ranks
+    shard_per_node, shard_crosses = group_on_nodes(layout.shard_degree, tp, g, total)
     return Placement(tp_per_node=tp_per_node, tp_crosses=tp_crosses, dp_per_node=dp_per_node,
-                     dp_crosses=dp_crosses, pp_crosses=layout.pp > 1 and layout.num_gpus > g,
-                     shard_per_node=shard_per_node, shard_crosses=shard_crosses)
+                     dp_crosses=dp_crosses, pp_crosses=layout.pp > 1 and total > g,
+                     shard_per_node=shard_per_node, shard_crosses=shard_crosses, cp_per_node=cp_per_node,
+                     cp_crosses=cp_crosses)
+
+
+@functools.lru_cache(maxsize=4096)
+def group_on_nodes(n: int, stride: int, gpus_per_node: int, total: int) -> tuple[int, bool]:
+    """(fewest members on a node, whether some group spans nodes) for groups of n ranks `stride` apart, the
+    groups tiling `total` ranks in blocks of n x stride (nodes: consecutive gpus_per_node ranks).
+
+    The fewest is over every node a group touches and over the groups (they run at once, and the slowest
+    sets the step): dp 12 at tp 1 on 8-GPU nodes puts 8 ranks on one node and 4 on the next, so 4.
+    A group's first and last nodes may hold a part; a node in between holds floor(g / stride) or more.
+    e.g. (512, 2, 8, 1024) -> (4, True); (6, 1, 8, 96) -> (2, True): ranks 6-11 straddle two nodes;
+    (4, 2, 8, 1024) -> (4, False): a group of 8 consecutive ranks on one node.
+    """
+    if n <= 1:
+        return 1, False
+    g, block = gpus_per_node, n * stride
+    fewest, crosses = n, False
+    for base in range(0, min(total, g * block), block):  # node offsets of the blocks repeat within g blocks
+        for offset in range(min(stride, g)):
+            start = base + offset
+            first, last = start // g, (start + stride * (n - 1)) // g
+            if first == last:
+                continue
+            crosses = True
+            on_first = -(-((first + 1) * g - start) // stride)
+            on_last = n - -(-(last * g - start) // stride)
+            between = max(1, g // stride) if last - first > 1 else n
+            fewest = min(fewest, on_first, on_last, between)
+    return (fewest if crosses else n), crosses
 
 
 @dataclass(frozen=True)
@@ -150,38 +191,55 @@ class Options:
     shard_group: int = 0  # ZeRO-3 hybrid sharding over this many dp ranks (torch HSDP); 0: all of dp
     reshard_after_forward: bool = True  # ZeRO-3 (torch FSDP2 fully_shard's default)
     overlap_param_gather: bool = False  # ZeRO-1/2: Megatron-Core --overlap-param-gather
+    cp_comm: str = "ring"  # context parallelism's exchange: ring (p2p, overlapped) or all_gather
 
-    def for_layout(self, tp: int, dp: int, zero: int) -> dict:
-        """The Layout fields these options give a layout of these degrees: each only where it applies
-        (sequence parallelism with tp > 1, hybrid sharding on ZeRO-3 with a shard group below dp, ...)."""
+    def for_layout(self, tp: int, ranks: int, zero: int, cp: int = 1) -> dict:
+        """The Layout fields these options give a layout of these degrees (ranks: dp x cp, the ranks that
+        shard model states): each only where it applies (sequence parallelism with tp > 1, hybrid sharding
+        on ZeRO-3 with a shard group below the ranks, ...)."""
         return {"sequence_parallel": self.sequence_parallel and tp > 1,
                 "tp_overlap": self.tp_overlap and self.sequence_parallel and tp > 1,
-                "shard_group": self.shard_group if zero == 3 and 1 < self.shard_group < dp else 0,
+                "shard_group": self.shard_group if zero == 3 and 1 < self.shard_group < ranks else 0,
                 "reshard_after_forward": self.reshard_after_forward or zero != 3,
-                "overlap_param_gather": self.overlap_param_gather and zero in (1, 2)}
+                "overlap_param_gather": self.overlap_param_gather and zero in (1, 2),
+                "cp_comm": self.cp_comm if cp > 1 else "ring"}
+
+    def searched(self, tp: int, ranks: int, zero: int, cp: int = 1) -> dict:
+        """for_layout for a search (plan): a shard group that does not divide the ranks gives plain ZeRO-3."""
+        fields = self.for_layout(tp, ranks, zero, cp)
+        if fields["shard_group"] and ranks % fields["shard_group"]:
+            fields["shard_group"] = 0
+        return fields
+
+    def at_zero(self, layout: "Layout", zero: int) -> "Layout":
+        """The layout at another ZeRO stage, with these options where they apply there (searched's rule)."""
+        from dataclasses import replace
+
+        return replace(layout, zero=zero, **self.searched(layout.tp, layout.grad_ranks, zero, layout.cp))
 
 
-def data_parallel(gpus: int, tp: int = 1, pp: int = 1) -> int:
-    """dp of `gpus` GPUs in total: gpus / (tp x pp); LayoutError when tp x pp does not divide them."""
-    if gpus % (tp * pp):
-        raise LayoutError(f"tp x pp = {tp * pp} does not divide {gpus} GPUs")
-    return gpus // (tp * pp)
+def data_parallel(gpus: int, tp: int = 1, pp: int = 1, cp: int = 1) -> int:
+    """dp of `gpus` GPUs in total: gpus / (tp x pp x cp); LayoutError when tp x pp x cp does not divide them."""
+    if gpus % (tp * pp * cp):
+        what = "tp x pp" if cp == 1 else "tp x pp x cp"
+        raise LayoutError(f"{what} = {tp * pp * cp} does not divide {gpus} GPUs")
+    return gpus // (tp * pp * cp)
 
 
-def layout_for(spec: ModelSpec, *, gpus: int, tp: int = 1, pp: int = 1, vp: int = 1, zero: int | None = None,
-               micro_batch: int, grad_accum: int, attention: str, recompute: str = "none",
+def layout_for(spec: ModelSpec, *, gpus: int, tp: int = 1, pp: int = 1, vp: int = 1, cp: int = 1,
+               zero: int | None = None, micro_batch: int, grad_accum: int, attention: str, recompute: str = "none",
                compiled: bool | None = None, options: Options = Options()) -> Layout:
     """The layout of `gpus` GPUs in total: dp = gpus / (tp x pp); the model's native ZeRO stage unless one is
     given (and always at dp 1, where there is nothing to shard); interleaved when vp > 1; the options
     where they apply. The one place `table`, `memory` and a measurement turn GPU counts into a layout."""
-    dp = data_parallel(gpus, tp, pp)
+    dp = data_parallel(gpus, tp, pp, cp)
     native = NATIVE_ZERO[spec.recipe.distribution]
-    zero = native if zero is None or dp == 1 else zero
-    return Layout(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=micro_batch,
+    zero = native if zero is None or dp * cp == 1 else zero
+    return Layout(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, micro_batch=micro_batch,
                   grad_accum=grad_accum, attention=attention, recompute=recompute,
                   compiled=spec.recipe.compiled if compiled is None else compiled,
                   pp_schedule="interleaved" if vp > 1 else "1f1b", pp_virtual_stages=vp,
-                  **options.for_layout(tp, dp, zero))
+                  **options.for_layout(tp, dp * cp, zero, cp))
 
 
 def check_layout(layout: Layout, spec: ModelSpec, total_batch_tokens: int | None = None,
@@ -205,6 +263,9 @@ def check_layout(layout: Layout, spec: ModelSpec, total_batch_tokens: int | None
                             f"({first}, {middle}, {last} of num_layers={a.num_layers} over pp={layout.pp})")
     except ValueError as e:
         problems.append(f"pp={layout.pp}: {e}")
+    if layout.cp > 1 and spec.recipe.seq_len % (2 * layout.cp):
+        # causal load balancing gives each rank two chunks of s / 2cp (Megatron-Core, torchtitan)
+        problems.append(f"cp={layout.cp}: 2 x cp must divide the sequence length {spec.recipe.seq_len}")
     if world_size_rule and breaks_world_size_rule(layout, spec):
         problems.append(f"{spec.name} needs a power-of-two world size, got {layout.num_gpus}")
     if total_batch_tokens is not None:

@@ -103,7 +103,7 @@ def model_states(spec: ModelSpec, layout: Layout) -> dict[str, dict[str, float]]
     337-382 for its sharded Muon/AdamW state (whole matrices per rank) and full gradients.
     """
     counts = param_counts(spec.architecture)
-    opt, dp, zero = spec.recipe.optimizer, layout.dp, layout.zero
+    opt, dp, zero = spec.recipe.optimizer, layout.grad_ranks, layout.zero  # dp x cp ranks share the parameters
     shard = layout.shard_degree  # all of dp, or the hybrid shard group (replicated across the rest)
     native_sharding = spec.recipe.distribution == "sharded_optimizer" and zero == 1
     out: dict[str, dict[str, float]] = {"params": {}, "gradients": {}, "optimizer": {}}
@@ -205,7 +205,7 @@ def memory_per_gpu(spec: ModelSpec, layout: Layout, anatomy: Anatomy, capacity_b
         "activation_transient": transient,
     }
     notes = []
-    if spec.recipe.distribution == "sharded_optimizer" and layout.dp > 1:
+    if spec.recipe.distribution == "sharded_optimizer" and layout.grad_ranks > 1:
         # nanochat stacks each Muon group's gradients into one fp32 buffer for reduce_scatter (optim.py
         # l.214-246): about one more copy of the Muon gradients, alive during step() only.
         stacked = sum(v for g, v in states["gradients"].items() if spec.recipe.optimizer.algorithm[g] == "muon")
@@ -213,22 +213,23 @@ def memory_per_gpu(spec: ModelSpec, layout: Layout, anatomy: Anatomy, capacity_b
             notes.append("peak is in the optimizer step (stacked Muon gradients), not in backward")
         terms["activation_transient"] = max(transient, stacked - saved)
     comm = 0.0
-    if layout.dp > 1 or layout.tp > 1 or layout.pp > 1:
+    if layout.num_gpus > 1:
         comm += assumptions.comm_gib * GiB
-    if layout.dp > 1 and layout.zero == 0:
+    if layout.grad_ranks > 1 and layout.zero == 0:
         # torch DDP's reducer keeps its buckets apart from .grad (gradient_as_bucket_view=False, the
         # default): one more copy of every gradient (DistributedDataParallel docs)
         comm += sum(states["gradients"].values())
-    elif layout.dp > 1 and layout.zero == 1 and spec.recipe.distribution == "zero1":
+    elif layout.grad_ranks > 1 and layout.zero == 1 and spec.recipe.distribution == "zero1":
         comm += 2 * assumptions.bucket_mb * MiB
-    if layout.zero == 3 and layout.dp > 1:
+    if layout.zero == 3 and layout.grad_ranks > 1:
         # two FSDP units (the current layer and the prefetched next) gathered in compute dtype; without
         # resharding after forward every layer's gathered parameters stay until its backward
         # (torch FSDP2 fully_shard(reshard_after_forward=False))
-        layers = max(1, spec.architecture.num_layers)
-        per_layer = sum(states["params"].values()) * layout.shard_degree / layers
-        units = 2 if layout.reshard_after_forward else layers
-        comm += units * per_layer * dtype_bytes(spec.dtypes.compute) / 4
+        stage_layers = max(1, round(_busiest_stage_share(layout, spec.architecture.num_layers)
+                                    * spec.architecture.num_layers))
+        elements = sum(b / dtype_bytes(spec.dtypes.params[g]) for g, b in states["params"].items())  # this shard
+        per_layer = elements * layout.shard_degree / stage_layers * dtype_bytes(spec.dtypes.compute)
+        comm += (2 if layout.reshard_after_forward else stage_layers) * per_layer
     terms["comm_buffers"] = comm
     terms["framework"] = assumptions.framework_gib * GiB
     terms["allocator_slack"] = assumptions.allocator_fraction * (saved + transient)

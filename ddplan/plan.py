@@ -25,7 +25,7 @@ from ddplan.specs import HardwareSpec, ModelSpec, Price
 from ddplan.units import GiB
 
 MAX_SEARCHES = 64  # (hardware, GPU count) pairs one search covers, checked before any work
-FAMILIES = ("pure DP", "+ZeRO/FSDP", "+TP", "+PP")
+FAMILIES = ("pure DP", "+ZeRO/FSDP", "+TP", "+CP", "+PP")
 OBJECTIVES = ("time", "cost")
 
 
@@ -49,6 +49,7 @@ class PlanRequest:
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     headroom: float = HEADROOM  # keep this fraction of usable memory free (fragmentation, spikes, other processes)
     options: Options = Options()  # applied to every layout they can apply to (Options.for_layout)
+    cps: tuple[int, ...] = ()  # context-parallel degrees to search; () = context_parallel_degrees(seq_len)
 
 
 @dataclass
@@ -64,9 +65,11 @@ class PlanResult:
 
 
 def family(layout: Layout, native_zero: int) -> str:
-    """Which family a layout belongs to: pipeline first, then tensor parallel, then sharding."""
+    """Which family a layout belongs to: pipeline first, then context parallel, tensor parallel, sharding."""
     if layout.pp > 1:
         return "+PP"
+    if layout.cp > 1:
+        return "+CP"
     if layout.tp > 1:
         return "+TP"
     if layout.zero > native_zero:  # sharding beyond what the model's own setup does
@@ -95,24 +98,34 @@ def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, 
     tp_cap = gpus if req.tp_across_nodes else min(gpus, hw.gpus_per_node)
     impls = req.attentions or tuple(x.name for x in hw.attention)
     native = NATIVE_ZERO[spec.recipe.distribution]
-    for tp in [t for t in _divisors(gpus) if t <= tp_cap and a.num_heads % t == 0 and a.num_kv_heads % t == 0]:
-        for pp in [p for p in _divisors(gpus // tp) if a.num_layers % p == 0]:
-            dp = gpus // (tp * pp)
+    cps = req.cps or context_parallel_degrees(seq)
+    for tp, cp in [(t, c) for t in _divisors(gpus) for c in cps if t <= tp_cap and a.num_heads % t == 0
+                   and a.num_kv_heads % t == 0 and (gpus // t) % c == 0]:
+        for pp in [p for p in _divisors(gpus // (tp * cp)) if a.num_layers % p == 0]:
+            dp = gpus // (tp * pp * cp)
             if sequences % dp:
                 continue
             per_dp = sequences // dp
             schedules = [("1f1b", 1)] + ([("interleaved", 2)] if pp > 1 and a.num_layers % (2 * pp) == 0 else [])
             mbs = [m for m in _powers_of_two_up_to(min(per_dp, 64)) if per_dp % m == 0]
-            for zero in (req.zero_stages if dp > 1 else (native,)):  # one rank: nothing to shard
+            for zero in (req.zero_stages if dp * cp > 1 else (native,)):  # one rank: nothing to shard
                 for attention in impls:
-                    options = req.options.for_layout(tp, dp, zero)
-                    if options["shard_group"] and dp % options["shard_group"]:
-                        options["shard_group"] = 0  # a shard group that does not divide dp: plain ZeRO-3 here
+                    options = req.options.searched(tp, dp * cp, zero, cp)
                     for sched, v in schedules:
-                        yield [[Layout(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=mb, grad_accum=per_dp // mb,
+                        yield [[Layout(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, micro_batch=mb, grad_accum=per_dp // mb,
                                        attention=attention, recompute=rc, compiled=spec.recipe.compiled,
                                        pp_schedule=sched, pp_virtual_stages=v, **options) for rc in req.recomputes]
                                for mb in mbs]
+
+
+CP_MIN_TOKENS = 4096  # assumed: a context-parallel rank keeps at least this many tokens of a sequence
+
+
+def context_parallel_degrees(seq_len: int) -> tuple[int, ...]:
+    """The cp degrees plan searches at a sequence length: 1, and each of 2..16 (powers of two) that leaves a
+    rank at least CP_MIN_TOKENS tokens and splits the sequence into 2 cp balanced chunks.
+    e.g. 2048: (1,); 8192: (1, 2); 131072: (1, 2, 4, 8, 16)."""
+    return (1, *(c for c in (2, 4, 8, 16) if seq_len // c >= CP_MIN_TOKENS and seq_len % (2 * c) == 0))
 
 
 def pricer_for(req: PlanRequest, hw: HardwareSpec) -> Pricer:
@@ -256,9 +269,9 @@ def memory_forces(top: dict, pricer: Pricer, req: PlanRequest) -> dict[str, list
     if layout.recompute != "none":
         lighter = ["none"] if layout.recompute == "selective" else ["none", "selective"]
         out["recompute"] = [(rc, pricer.memory(replace(layout, recompute=rc), window).total / GiB) for rc in lighter]
-    if layout.zero > 0 and layout.dp > 1:
+    if layout.zero > 0 and layout.grad_ranks > 1:
         less = [z for z in range(layout.zero) if z in req.zero_stages]
-        mems = [(f"ZeRO-{z}", pricer.memory(replace(layout, zero=z), window)) for z in less]
+        mems = [(f"ZeRO-{z}", pricer.memory(req.options.at_zero(layout, z), window)) for z in less]
         if mems and not any(m.fits for _, m in mems):
             out["zero"] = [(name, m.total / GiB) for name, m in mems]
     return out

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from ddplan import run
-from ddplan.anatomy import Anatomy, build_anatomy, for_tp
+from ddplan.anatomy import Anatomy, build_anatomy, for_cp, for_tp
 from ddplan.calibration import CalibrationSpec, calibrated_rates, comm_points
 from ddplan.flops import mfu, nanochat_flops_per_token
 from ddplan.layout import Layout, breaks_world_size_rule
@@ -117,14 +117,15 @@ class PricedLayout:
         lay, st = self.layout, self.step
         return {
             "hardware": self.hardware, "gpus": lay.num_gpus, "dp": lay.dp, "tp": lay.tp, "pp": lay.pp,
-            "vp": lay.pp_virtual_stages, "tp_overlap": lay.tp_overlap,
+            "vp": lay.pp_virtual_stages, "cp": lay.cp, "tp_overlap": lay.tp_overlap,
             "sp": lay.sequence_parallel, "zero": lay.zero, "micro_batch": lay.micro_batch, "accum": lay.grad_accum,
             "attention": lay.attention, "window": self.window, "recompute": lay.recompute,
             "global_batch_tokens": self.global_batch_tokens, "steps": self.steps,
             "step_s": self.step_s, "step_low_s": self.step_low_s, "step_high_s": self.step_high_s,
             "compute_s": st.compute_s, "attention_s": st.by_kind_s.get("attention", 0.0),
             "gemm_s": st.by_kind_s.get("gemm", 0.0), "dp_comm_exposed_s": st.dp_comm_exposed_s,
-            "dp_comm_total_s": st.dp_comm_total_s, "tp_comm_s": st.tp_comm_s, "bubble_s": st.bubble_s,
+            "dp_comm_total_s": st.dp_comm_total_s, "tp_comm_s": st.tp_comm_s, "cp_comm_s": st.cp_comm_s,
+            "bubble_s": st.bubble_s,
             "optimizer_s": st.optimizer_s, "mfu_pct": self.mfu_pct, "hfu_pct": self.hfu_pct,
             "tokens_per_s": self.tokens_per_s, "train_h": run.hours(self.steps * self.step_s),
             "outside_steps_h": run.hours(self.outside_s), "interruptions_lost_h": run.hours(self.goodput.lost_s),
@@ -165,26 +166,37 @@ class Pricer:
     # ---- the parts, each cached by value
 
     def anatomy(self, layout: Layout, window: str) -> Anatomy:
-        """One tp rank's ops of one micro-batch; recompute policies share one ops tuple."""
-        key = ("anatomy", layout.micro_batch, layout.attention, window, layout.compiled, layout.tp_share,
+        """One rank's ops of one micro-batch (its tp, sp and cp share); recompute policies share one ops tuple."""
+        key = ("anatomy", layout.micro_batch, layout.attention, window, layout.compiled, layout.rank_share,
                layout.recompute)
         if key not in self._shared:
-            share_key = key[:6] + ("none",)  # one tp share per (micro-batch, attention, window, compile, tp, sp)
-            if share_key not in self._shared:
-                base_key = key[:5] + ((1, False), "none")
-                if base_key not in self._shared:
-                    impl = self.hw.attention_impl(layout.attention)
-                    self._shared[base_key] = build_anatomy(self.spec, batch=layout.micro_batch, attention=impl.kind,
-                                                           windows=impl.windows, compiled=layout.compiled,
-                                                           window_pattern=window)
-                self._shared[share_key] = for_tp(self._shared[base_key], layout.tp, layout.sequence_parallel)
-            if layout.recompute != "none":
-                self._shared[key] = replace(self._shared[share_key], recompute=layout.recompute)
+            share = self._share(layout.micro_batch, layout.attention, window, layout.compiled, layout.rank_share)
+            self._shared[key] = replace(share, recompute=layout.recompute) if layout.recompute != "none" else share
+        return self._shared[key]
+
+    def _share(self, batch: int, attention: str, window: str, compiled: bool, rank: tuple[int, bool, int],
+               seq_len: int | None = None) -> Anatomy:
+        """The anatomy of one (tp, sp, cp) rank share, without recompute, cached; seq_len: the sequence it is
+        built at (default the recipe's; a cp share also builds its s / cp one, ddplan.anatomy.for_cp)."""
+        seq = seq_len or self.spec.recipe.seq_len
+        key = ("share", batch, attention, window, compiled, rank, seq)
+        if key not in self._shared:
+            tp, sp, cp = rank
+            if cp > 1:
+                full = self._share(batch, attention, window, compiled, (tp, sp, 1), seq)
+                short = self._share(batch, attention, window, compiled, (tp, sp, 1), seq // cp)
+                self._shared[key] = for_cp(full, short, cp)
+            elif (tp, sp) != (1, False):
+                self._shared[key] = for_tp(self._share(batch, attention, window, compiled, (1, False, 1), seq), tp, sp)
+            else:
+                impl = self.hw.attention_impl(attention)
+                self._shared[key] = build_anatomy(self.spec, batch=batch, seq_len=seq, attention=impl.kind,
+                                                  windows=impl.windows, compiled=compiled, window_pattern=window)
         return self._shared[key]
 
     def flops(self, layout: Layout, window: str) -> tuple[float, float]:
         """(model FLOPs, recomputed FLOPs) of one micro-batch on one tp rank, summed once per anatomy."""
-        key = ("flops", layout.micro_batch, layout.attention, window, layout.compiled, layout.tp_share,
+        key = ("flops", layout.micro_batch, layout.attention, window, layout.compiled, layout.rank_share,
                layout.recompute)
         if key not in self._shared:
             an = self.anatomy(layout, window)
@@ -224,11 +236,11 @@ class Pricer:
             return step_time(self.spec, self.hw, layout, an, r, comm_efficiency=comm_end(scenario),
                              comm_points=self.points, cache=self._shared)
         r = self.rates(layout.attention, scenario, fitted)
-        parts_key = ("parts", layout.micro_batch, layout.attention, window, layout.compiled, layout.tp_share, scenario,
+        parts_key = ("parts", layout.micro_batch, layout.attention, window, layout.compiled, layout.rank_share, scenario,
                      fitted)
         if parts_key not in self._rated:
             self._rated[parts_key] = op_times(an, r)
-        opt_key = ("optimizer", layout.attention, scenario, fitted, layout.dp, layout.tp, layout.pp, layout.zero,
+        opt_key = ("optimizer", layout.attention, scenario, fitted, layout.grad_ranks, layout.tp, layout.pp, layout.zero,
                    layout.shard_group)
         if opt_key not in self._rated:
             self._rated[opt_key] = optimizer_time_s(self.spec, layout, r)
@@ -242,11 +254,11 @@ class Pricer:
         Cached by what memory depends on: accumulation only through the micro-batches a pipeline
         stage holds (ddplan.memory.in_flight_micro_batches).
         """
-        key = ("memory", window, layout.dp, layout.tp_share, layout.pp, layout.zero, layout.micro_batch,
+        key = ("memory", window, layout.dp, layout.rank_share, layout.pp, layout.zero, layout.micro_batch,
                layout.attention, layout.recompute, layout.compiled, layout.pp_schedule, layout.pp_virtual_stages,
                in_flight_micro_batches(layout), layout.shard_group, layout.reshard_after_forward)
         if key not in self._shared:
-            skey = ("states", layout.dp, layout.tp, layout.pp, layout.zero, layout.shard_group)
+            skey = ("states", layout.grad_ranks, layout.tp, layout.pp, layout.zero, layout.shard_group)
             if skey not in self._shared:
                 self._shared[skey] = model_states(self.spec, layout)
             self._shared[key] = memory_per_gpu(self.spec, layout, self.anatomy(layout, window),

@@ -6,7 +6,7 @@ and calibrate's); ddplan.plan returns rows and facts.
 from __future__ import annotations
 
 from ddplan.layout import NATIVE_ZERO
-from ddplan.plan import FAMILIES, TIE, best_per_pair
+from ddplan.plan import FAMILIES, TIE, best_per_pair, context_parallel_degrees
 from ddplan.specs import ModelSpec
 from ddplan.verdicts import dp_option_words
 
@@ -17,6 +17,8 @@ def describe(r: dict) -> str:
         parts.append(f"tp {r['tp']}")
     if r["pp"] > 1:
         parts.append(f"pp {r['pp']} ({r['schedule']})")
+    if r.get("cp", 1) > 1:
+        parts.append(f"cp {r['cp']}")
     parts += [f"ZeRO-{r['zero']}{' (native)' if r['native'] else ''}", f"micro-batch {r['micro_batch']} x "
               f"{r['accum']}", r["attention"]]
     if r["recompute"] != "none":
@@ -28,12 +30,14 @@ def describe(r: dict) -> str:
 
 def _terms(r: dict) -> dict[str, float]:
     return {"compute": r["compute_s"], "data-parallel communication": r["dp_comm_exposed_s"],
-            "tensor-parallel all-reduces": r["tp_comm_s"], "pipeline bubble": r["bubble_s"],
+            "tensor-parallel all-reduces": r["tp_comm_s"], "context-parallel exchange": r["cp_comm_s"],
+            "pipeline bubble": r["bubble_s"],
             "optimizer": r["optimizer_s"]}
 
 
-def reasons(rows: list[dict], spec: ModelSpec) -> list[str]:
-    """The top choice in plain words, and for the best of each other family why it loses, in figures."""
+def reasons(rows: list[dict], spec: ModelSpec, cps: tuple[int, ...] = ()) -> list[str]:
+    """The top choice in plain words, and for the best of each other family why it loses, in figures.
+    cps: the context-parallel degrees searched (() = plan.context_parallel_degrees of the sequence)."""
     top = rows[0]
     out = [f"Choice: {describe(top)}{'' if top['native'] else ' (needs another training setup than the model ships)'}"
            f": {top['step_s']:.3f} s/step, {top['wall_clock_h']:.1f} h, "
@@ -46,7 +50,10 @@ def reasons(rows: list[dict], spec: ModelSpec) -> list[str]:
                   f"({1000 * max(v for k, v in t.items() if k != 'compute'):.0f} ms)." if main == "compute"
                   else f"{main} ({1000 * t[main]:.0f} ms)."))
     native_zero = NATIVE_ZERO[spec.recipe.distribution]
+    searched_cp = max(cps or context_parallel_degrees(spec.recipe.seq_len)) > 1
     for fam in FAMILIES:
+        if fam == "+CP" and not searched_cp:
+            continue  # sequences too short for context parallelism (plan.context_parallel_degrees)
         cands = [r for r in rows if r["family"] == fam and r["gpus"] == top["gpus"] and r["hardware"] == top["hardware"]]
         if fam == top["family"] or not cands:
             if fam == "+ZeRO/FSDP" and native_zero == 3:
@@ -95,7 +102,7 @@ def plan_reasons(result) -> list[str]:
     if not result.rows:
         return plan_no_rows(result)
     headroom = result.request.headroom
-    out = reasons(result.rows, result.request.model)
+    out = reasons(result.rows, result.request.model, result.request.cps)
     top = result.rows[0]
     forced = result.memory_forces
     if "recompute" in forced:

@@ -247,6 +247,7 @@ class OpTimes:
     bwd: dict[str, float]
     again: dict[tuple[str, str], float]  # (part, policy) -> forward time re-run in backward
     by_kind: dict[tuple[str, str], float]  # (part, kind) -> forward + backward
+    fwd_by_kind: dict[tuple[str, str], float]  # (part, kind) -> forward
     again_by_kind: dict[tuple[str, str, str], float]  # (part, policy, kind)
 
 
@@ -264,6 +265,7 @@ def op_times(anatomy: Anatomy, r: Rates) -> OpTimes:
     bwd: dict[str, float] = {}
     again: dict[tuple[str, str], float] = {}
     by_kind: dict[tuple[str, str], float] = {}
+    fwd_by_kind: dict[tuple[str, str], float] = {}
     again_by_kind: dict[tuple[str, str, str], float] = {}
     for op in anatomy.ops:
         part = _part(op)
@@ -271,12 +273,14 @@ def op_times(anatomy: Anatomy, r: Rates) -> OpTimes:
         fwd[part] = fwd.get(part, 0.0) + f
         bwd[part] = bwd.get(part, 0.0) + b
         by_kind[(part, op.kind)] = by_kind.get((part, op.kind), 0.0) + f + b
+        fwd_by_kind[(part, op.kind)] = fwd_by_kind.get((part, op.kind), 0.0) + f
         for policy in ("selective", "full"):
             if recomputed_under(op, policy):
                 again[(part, policy)] = again.get((part, policy), 0.0) + f
                 key = (part, policy, op.kind)
                 again_by_kind[key] = again_by_kind.get(key, 0.0) + f
-    return OpTimes(fwd=fwd, bwd=bwd, again=again, by_kind=by_kind, again_by_kind=again_by_kind)
+    return OpTimes(fwd=fwd, bwd=bwd, again=again, by_kind=by_kind, fwd_by_kind=fwd_by_kind,
+                   again_by_kind=again_by_kind)
 
 
 def micro_batch_time(anatomy: Anatomy, r: Rates, layer_fraction: float = 1.0,

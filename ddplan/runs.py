@@ -47,12 +47,13 @@ class RunModel(Strict):
 
 
 class RunLayout(Strict):
-    """The layout as it ran. gpus = dp x tp x pp; global batch = dp x micro-batch x accumulation."""
+    """The layout as it ran. gpus = dp x tp x pp x cp; global batch = dp x micro-batch x accumulation."""
 
     gpus: int = Field(gt=0, le=10**6)
     tp: int = Field(default=1, gt=0, le=1024)
     pp: int = Field(default=1, gt=0, le=1024)
     vp: int = Field(default=1, gt=0, le=1024)  # interleaved chunks per pipeline stage
+    cp: int = Field(default=1, gt=0, le=1024)  # context parallelism
     zero: int = Field(default=0, ge=0, le=3)  # 3: FSDP FULL_SHARD; 2: SHARD_GRAD_OP
     # None: not stated; priced at the fastest power-of-two micro-batch that fits in memory (fastest_fitting),
     # as a published throughput benchmark is tuned
@@ -223,7 +224,7 @@ def table_command(run: PublishedRun) -> list[str] | None:
         return None
     lay = run.layout
     argv = ["table", "--model", run.model.base, "--hardware", run.hardware, "--gpus", str(lay.gpus),
-            "--tp", str(lay.tp), "--pp", str(lay.pp), "--vp", str(lay.vp), "--zero", str(lay.zero),
+            "--tp", str(lay.tp), "--pp", str(lay.pp), "--vp", str(lay.vp), "--cp", str(lay.cp), "--zero", str(lay.zero),
             "--device-batch-size", ",".join(map(str, micro_batches(run))), "--total-batch-size",
             str(run.tokens_per_step),
             "--recompute", lay.recompute, "--seq-len", str(run.model.seq_len),
@@ -279,6 +280,7 @@ def price_run(run: PublishedRun, where: str, sustained: dict[str, float] | None 
     lay = run.layout
     attention = lay.attention or hw.default_attention
     req = TableRequest(model=spec, hardware=hw, gpus=(lay.gpus,), tps=(lay.tp,), pps=(lay.pp,), vps=(lay.vp,),
+                       cps=(lay.cp,),
                        zeros=(lay.zero,), micro_batches=micro_batches(run), recomputes=(lay.recompute,),
                        attentions=(attention,), windows=(lay.window or spec.architecture.window_pattern,),
                        total_batch_tokens=run.tokens_per_step, compiled=lay.compiled, fp8=run.precision == "fp8",
@@ -301,7 +303,7 @@ def micro_batches(run: PublishedRun) -> tuple[int, ...]:
     lay = run.layout
     if lay.micro_batch:
         return (lay.micro_batch,)
-    per_rank = lay.global_batch_sequences // (lay.gpus // (lay.tp * lay.pp))
+    per_rank = lay.global_batch_sequences // (lay.gpus // (lay.tp * lay.pp * lay.cp))
     return tuple(m for m in (2 ** i for i in range(17)) if m <= per_rank and per_rank % m == 0) or (1,)
 
 

@@ -33,9 +33,9 @@ class Setup:
     def at_zero(self, zero: int) -> Layout:
         """The setup's layout at another ZeRO stage, with the options that apply there."""
         lay = self.layout
-        options = self.options.for_layout(lay.tp, lay.dp, zero)
-        if options["shard_group"] and lay.dp % options["shard_group"]:
-            raise LayoutError(f"--shard-group {options['shard_group']} does not divide dp {lay.dp}",
+        options = self.options.for_layout(lay.tp, lay.grad_ranks, zero, lay.cp)
+        if options["shard_group"] and lay.grad_ranks % options["shard_group"]:
+            raise LayoutError(f"--shard-group {options['shard_group']} does not divide dp x cp = {lay.grad_ranks}",
                               field="--shard-group")
         return replace(lay, zero=zero, **options)
 
@@ -97,8 +97,8 @@ def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3,
     """(the asked setup's step time, the cheapest sets of changes that make it fit, fastest first).
 
     On the same GPUs, every combination of: a smaller micro-batch (more accumulation, same total batch),
-    recompute, a higher ZeRO stage, another attention implementation, and tensor or pipeline parallelism
-    inside the node (dp shrinks by the degree). Each that fits is priced at its step time. Kept: the
+    recompute, a higher ZeRO stage, another attention implementation, more tensor parallelism inside a
+    node and more pipeline stages (dp shrinks by the degree). Each that fits is priced at its step time. Kept: the
     fastest fix, then the fastest with one change, with two, ... (the smallest sets that fit), `top` in
     all. The step time of the setup as asked (which does not fit) is the reference.
     """
@@ -107,23 +107,25 @@ def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3,
     window = setup.window_pattern or pricer.spec.architecture.window_pattern
     a = spec.architecture
     sequences = base.dp * base.micro_batch * base.grad_accum
-    degrees = [(tp, pp) for tp in (1, 2, 4, 8, 16) for pp in (1, 2, 4, 8)
-               if tp * pp <= hw.gpus_per_node and base.num_gpus % (tp * pp) == 0 and tp >= base.tp and pp >= base.pp
-               and a.num_heads % tp == 0 and a.num_kv_heads % tp == 0 and pp <= a.num_layers]
+    cp = base.cp
+    tps = sorted({base.tp, *(t for t in (2, 4, 8, 16) if base.tp < t <= hw.gpus_per_node)})  # TP inside a node
+    pps = sorted({base.pp, *(p for p in (2, 4, 8, 16, 32, 64) if base.pp < p <= a.num_layers)})  # PP anywhere
+    degrees = [(tp, pp) for tp in tps for pp in pps
+               if base.num_gpus % (tp * pp * cp) == 0 and a.num_heads % tp == 0 and a.num_kv_heads % tp == 0]
     found: list[Fix] = []
     for tp, pp in degrees:
-        dp = base.num_gpus // (tp * pp)
+        dp = base.num_gpus // (tp * pp * cp)
         if sequences % dp:
             continue
         per_rank = sequences // dp
-        for zero in sorted({z for z in (base.zero, 1, 2, 3) if z >= base.zero} if dp > 1 else {base.zero}):
+        for zero in sorted({z for z in (base.zero, 1, 2, 3) if z >= base.zero} if dp * cp > 1 else {base.zero}):
             for mb in [m for m in range(min(base.micro_batch, per_rank), 0, -1) if per_rank % m == 0]:
                 for rc in ("none", "selective", "full"):
                     for impl in hw.attention:
                         try:
                             lay = replace(setup.at_zero(zero), dp=dp, tp=tp, pp=pp, micro_batch=mb,
                                           grad_accum=per_rank // mb, recompute=rc, attention=impl.name,
-                                          **setup.options.for_layout(tp, dp, zero))
+                                          **setup.options.for_layout(tp, dp * cp, zero, cp))
                             check_layout(lay, spec, world_size_rule=False)
                         except LayoutError:
                             continue
@@ -184,7 +186,7 @@ def consistent_with(spec: ModelSpec, hw: HardwareSpec, setup: Setup, measured_gb
     return sorted(out, key=lambda r: abs(r["error_pct"]))
 
 
-def memory_setup(spec: ModelSpec, hw: HardwareSpec, *, gpus: int, tp: int = 1, pp: int = 1, vp: int = 1,
+def memory_setup(spec: ModelSpec, hw: HardwareSpec, *, gpus: int, tp: int = 1, pp: int = 1, vp: int = 1, cp: int = 1,
                  micro_batch: int | None = None, attention: str | None = None, recompute: str = "none",
                  compiled: bool | None = None, window_pattern: str | None = None,
                  headroom: float = HEADROOM, options: Options = Options()) -> Setup:
@@ -193,14 +195,14 @@ def memory_setup(spec: ModelSpec, hw: HardwareSpec, *, gpus: int, tp: int = 1, p
     attention = attention or hw.default_attention
     asked = micro_batch or spec.recipe.device_batch_size
     try:
-        split = split_batch(spec.recipe.total_batch_tokens // spec.recipe.seq_len, data_parallel(gpus, tp, pp),
+        split = split_batch(spec.recipe.total_batch_tokens // spec.recipe.seq_len, data_parallel(gpus, tp, pp, cp),
                             asked)
-        layout = layout_for(spec, gpus=gpus, tp=tp, pp=pp, vp=vp, micro_batch=split.micro_batch,
+        layout = layout_for(spec, gpus=gpus, tp=tp, pp=pp, vp=vp, cp=cp, micro_batch=split.micro_batch,
                             grad_accum=split.accum, attention=attention, recompute=recompute, compiled=compiled,
                             options=options)
         check_layout(layout, spec, world_size_rule=False)
     except LayoutError as e:
-        e.field = e.field or "--gpus/--tp/--pp/--vp"
+        e.field = e.field or "--gpus/--tp/--pp/--vp/--cp"
         raise
     return Setup(layout=layout, window_pattern=window_pattern, headroom=headroom,
                  asked_micro_batch=asked if split.micro_batch != asked else None, options=options)

@@ -44,10 +44,12 @@ class StepTime:
     optimizer_s: float
     by_kind_s: dict[str, float]
     policy: str  # the data-parallel policy modelled (ddp, sharded_optimizer, zero1, zero2, fsdp)
+    cp_comm_s: float = 0.0  # context-parallel KV exchange not hidden under attention
 
     @property
     def total_s(self) -> float:
-        return self.compute_s + self.tp_comm_s + self.dp_comm_exposed_s + self.bubble_s + self.optimizer_s
+        return (self.compute_s + self.tp_comm_s + self.cp_comm_s + self.dp_comm_exposed_s + self.bubble_s
+                + self.optimizer_s)
 
 
 def dp_policy(spec: ModelSpec, layout: Layout) -> str:
@@ -65,7 +67,7 @@ def grad_sync_buffers(spec: ModelSpec, layout: Layout) -> list[tuple[str, float]
     Generic ZeRO: one reduce-scatter of all gradients (+ all-gather of params); DDP: all-reduce.
     """
     counts, dt, opt = param_counts(spec.architecture), spec.dtypes, spec.recipe.optimizer
-    policy, n = dp_policy(spec, layout), layout.dp
+    policy, n = dp_policy(spec, layout), layout.grad_ranks
     out: list[tuple[str, float]] = []
     for group, algo in opt.algorithm.items():
         if not counts[group]:
@@ -155,9 +157,9 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
     may be passed precomputed; cache: a dict the caller keeps across layouts of the same model,
     hardware and calibration (ddplan.price.Pricer), keyed by values, for collective times and buffers.
     """
-    if (anatomy.tp, anatomy.sequence_parallel) != layout.tp_share:
-        raise ValueError(f"the anatomy is for tp, sp = {anatomy.tp}, {anatomy.sequence_parallel}; the layout has "
-                         f"{layout.tp_share}")
+    if (anatomy.tp, anatomy.sequence_parallel, anatomy.cp) != layout.rank_share:
+        raise ValueError(f"the anatomy is for tp, sp, cp = {anatomy.tp}, {anatomy.sequence_parallel}, {anatomy.cp}; "
+                         f"the layout has {layout.rank_share}")
     cache = {} if cache is None else cache
     p, accum = layout.pp, layout.grad_accum
     parts = op_times(anatomy, r) if parts is None else parts
@@ -192,7 +194,12 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
                 ("layers", anatomy.recompute, "gemm"), 0.0)
             tp_s = comm.tp_overlap_exposed_s(tp_s, accum * gemm * stage / a_layers)
 
-    bubble = pipeline.bubble_time_s(compute + tp_s, p, accum, layout.pp_virtual_stages) if p > 1 else 0.0
+    cp_s = 0.0
+    if layout.cp > 1:
+        fwd, bwd = _cp_layer_s(spec, hw, layout, anatomy, parts, a_layers, comm_efficiency, comm_points, cache)
+        cp_s = accum * stage * (fwd + bwd + (fwd if anatomy.recompute != "none" else 0.0))  # recompute re-sends
+
+    bubble = pipeline.bubble_time_s(compute + tp_s + cp_s, p, accum, layout.pp_virtual_stages) if p > 1 else 0.0
     if p > 1:  # activations to the next stage and gradients back, per micro-batch, not overlapped
         # neighbouring stages are tp x dp ranks apart (ddplan.layout.placement): once the job spans nodes
         # some boundary crosses them, and each GPU sends to its peer through its own NIC
@@ -208,7 +215,26 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
         exposed = total_comm - min(opt_s, total_comm)
     return StepTime(fwd_s=mbt.fwd_s, bwd_s=mbt.bwd_s, accum=accum, compute_s=compute, tp_comm_s=tp_s,
                     dp_comm_total_s=total_comm, dp_comm_exposed_s=exposed, bubble_s=bubble, optimizer_s=opt_s,
-                    by_kind_s={k: v * accum for k, v in mbt.by_kind_s.items()}, policy=policy)
+                    by_kind_s={k: v * accum for k, v in mbt.by_kind_s.items()}, policy=policy, cp_comm_s=cp_s)
+
+
+def _cp_layer_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatomy, parts: OpTimes, layers: int,
+                efficiency: str, points: CommPoints | None, cache: Cache) -> tuple[float, float]:
+    """(forward, backward) seconds of one layer's context-parallel exchange on the critical path: the ring's
+    sends beyond the attention they overlap (comm.cp_ring_exposed_s), or the all-gather variant's
+    collectives (comm.cp_all_gather_s). The KV block: this tp rank's KV heads for its s / cp tokens."""
+    a = spec.architecture
+    block = comm.cp_kv_block_bytes(layout.micro_batch, anatomy.seq_len, max(1, a.num_kv_heads // layout.tp),
+                                   a.head_dim, dtype_bytes(spec.dtypes.compute))
+    place = placement(layout, hw.gpus_per_node)
+    if layout.cp_comm == "all_gather":
+        return comm.cp_all_gather_s(block, layout.cp, _Cached(GroupTimer(hw, place.cp_per_node, efficiency, points),
+                                                              cache))
+    tier = comm.tier_for(hw, "all_gather", 2, efficiency=efficiency, per_node=1 if place.cp_crosses else 2)
+    send = tier.latency_s + block / tier.busbw_bytes_per_s  # to the next rank of the ring, both directions at once
+    attn_fwd = parts.fwd_by_kind.get(("layers", "attention"), 0.0) / layers
+    attn_bwd = parts.by_kind.get(("layers", "attention"), 0.0) / layers - attn_fwd
+    return comm.cp_ring_exposed_s(send, layout.cp, attn_fwd, attn_bwd)
 
 
 @dataclass(frozen=True)
@@ -234,7 +260,7 @@ def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, m
     DDP: comm.ddp_exposed_s; ZeRO-1/2 and FSDP: comm.zero1_comm_s, zero2_comm_s, fsdp_comm_s; nanochat's
     sharded optimizer: everything after the last micro-batch (the caller hides it under optimizer math).
     """
-    n = layout.dp
+    n = layout.grad_ranks  # dp x cp ranks hold the same parameters
     if n == 1:
         return 0.0, 0.0
     cache = {} if cache is None else cache
@@ -269,17 +295,18 @@ def _fsdp_comm_s(buffers: list[tuple[str, float]], hw: HardwareSpec, layout: Lay
     The gathers and reduce-scatters run over the shard group (all of dp, or the hybrid shard group,
     its members placed as ddplan.layout.placement says); hybrid sharding adds an all-reduce of each
     gradient shard across the dp / shard replicas every micro-batch (torch FSDP2's default
-    set_requires_all_reduce(True)), on the NICs while the shard group's collectives use NVLink: the two
-    streams overlap, so a micro-batch is busy for the longer of the two.
+    set_requires_all_reduce(True)), on the NICs: while the shard group stays inside a node (NVLink) the
+    two streams overlap; when it crosses nodes too, both use the NICs and add up.
     """
     s = layout.shard_degree
     shard = _Cached(GroupTimer(hw, place.shard_per_node, efficiency, points), cache)
     rs, ag = (sum(shard.time_s(c, size, s) for c, size in buffers if c == kind) for kind in ("reduce_scatter", "all_gather"))
-    replicas = layout.dp // s
+    replicas = layout.grad_ranks // s
     ar = 0.0
     if replicas > 1:  # each replica group holds one rank per shard group: a stride of tp x shard ranks
         per_node = max(1, min(replicas, hw.gpus_per_node // (layout.tp * s)))
         across = _Cached(GroupTimer(hw, per_node, efficiency, points), cache)
         ar = across.time_s("all_reduce", sum(size for c, size in buffers if c == "reduce_scatter") / s, replicas)
     return comm.fsdp_comm_s(rs, ag, mb_s, layout.grad_accum, max(1, num_layers),
-                            gathers=2 if layout.reshard_after_forward else 1, replica_all_reduce_s=ar)
+                            gathers=2 if layout.reshard_after_forward else 1, replica_all_reduce_s=ar,
+                            separate_links=not place.shard_crosses)

@@ -33,6 +33,7 @@ class TableRequest:
     tps: tuple[int, ...] = (1,)
     pps: tuple[int, ...] = (1,)
     vps: tuple[int, ...] = (1,)  # interleaved chunks per pipeline stage (1: 1F1B)
+    cps: tuple[int, ...] = (1,)  # context-parallel degrees (each sequence split over cp GPUs)
     zeros: tuple[int, ...] = ()  # () = the model's native data-parallel setup
     micro_batches: tuple[int, ...] = ()  # () = the recipe's, halved until it fits in memory
     recomputes: tuple[str, ...] = ("none",)
@@ -119,7 +120,7 @@ def build_table(req: TableRequest, progress: Callable[[str, int, int], None] | N
                              field="--attention")
     pattern = spec.architecture.window_pattern
     windows = req.windows or ((pattern, "L") if pattern != "L" else ("L",))
-    rows = math.prod(len(x) for x in (req.gpus, req.tps, req.pps, req.vps, req.zeros or (0,),
+    rows = math.prod(len(x) for x in (req.gpus, req.tps, req.pps, req.vps, req.cps, req.zeros or (0,),
                                       req.micro_batches or (0,), req.recomputes, attentions, windows))
     if rows > MAX_ROWS:
         raise UsageError(f"{rows:,} rows asked (the product of the lists); a table has at most {MAX_ROWS:,}: "
@@ -148,16 +149,17 @@ def build_table(req: TableRequest, progress: Callable[[str, int, int], None] | N
     native = NATIVE_ZERO[spec.recipe.distribution]
     skipped: list[str] = []
     seen: set = set()
-    for i, (gpus, tp, pp, vp, zero, asked_mb, rc, att, win) in enumerate(itertools.product(
-            req.gpus, req.tps, req.pps, req.vps, req.zeros or (native,),
+    for i, (gpus, tp, pp, vp, cp, zero, asked_mb, rc, att, win) in enumerate(itertools.product(
+            req.gpus, req.tps, req.pps, req.vps, req.cps, req.zeros or (native,),
             req.micro_batches or (spec.recipe.device_batch_size,), req.recomputes, attentions, windows)):
         if progress:
             progress(f"{gpus} GPUs, tp {tp}, pp {pp}, {att}, {win}", i, rows)
         try:
-            layout, flags = _layout(pricer, total_batch // seq, gpus, tp, pp, vp, zero, asked_mb, rc, att, win,
+            layout, flags = _layout(pricer, total_batch // seq, gpus, tp, pp, vp, cp, zero, asked_mb, rc, att, win,
                                     compiled, pinned=bool(req.micro_batches), options=req.options)
         except LayoutError as e:
-            skipped.append(f"{gpus} GPUs, tp {tp}, pp {pp}, interleave {vp}: {e.message}")
+            skipped.append(f"{gpus} GPUs, tp {tp}, pp {pp}, interleave {vp}" + (f", cp {cp}" if cp > 1 else "")
+                           + f": {e.message}")
             continue
         if (layout, win) in seen:  # e.g. --zero 0,3 on one GPU: the same layout twice
             continue
@@ -168,7 +170,7 @@ def build_table(req: TableRequest, progress: Callable[[str, int, int], None] | N
             and (fit.layout, fit.window) not in seen):  # the measured configuration is always a row
         table.rows.insert(0, pricer.price(fit.layout, fit.window))
     if not table.rows:
-        raise UsageError(f"no layout can exist: {skipped[0]}", field="--gpus/--tp/--pp/--vp")
+        raise UsageError(f"no layout can exist: {skipped[0]}", field="--gpus/--tp/--pp/--vp/--cp")
     if skipped:
         table.notes.append(Flag("skipped", tuple((f"layout {i}", s) for i, s in enumerate(dict.fromkeys(skipped)))))
     small = [g for g in req.gpus if g % hw.gpus_per_node]
@@ -179,7 +181,8 @@ def build_table(req: TableRequest, progress: Callable[[str, int, int], None] | N
     return table
 
 
-def _layout(pricer: Pricer, sequences: int, gpus: int, tp: int, pp: int, vp: int, zero: int, asked_mb: int, rc: str,
+def _layout(pricer: Pricer, sequences: int, gpus: int, tp: int, pp: int, vp: int, cp: int, zero: int, asked_mb: int,
+            rc: str,
             attention: str, window: str, compiled: bool, pinned: bool,
             options: Options = Options()) -> tuple[Layout, tuple[Flag, ...]]:
     """The layout of one row, its batch split by the one rule (ddplan.layout.split_batch), and what changed.
@@ -188,8 +191,8 @@ def _layout(pricer: Pricer, sequences: int, gpus: int, tp: int, pp: int, vp: int
     is taken; a measured layout is never reshaped (it ran).
     """
     spec = pricer.spec
-    split = split_batch(sequences, data_parallel(gpus, tp, pp), asked_mb)
-    layout = layout_for(spec, gpus=gpus, tp=tp, pp=pp, vp=vp, zero=zero, micro_batch=split.micro_batch,
+    split = split_batch(sequences, data_parallel(gpus, tp, pp, cp), asked_mb)
+    layout = layout_for(spec, gpus=gpus, tp=tp, pp=pp, vp=vp, cp=cp, zero=zero, micro_batch=split.micro_batch,
                         grad_accum=split.accum, attention=attention, recompute=rc, compiled=compiled,
                         options=options)
     check_layout(layout, spec, world_size_rule=False)
@@ -240,10 +243,10 @@ def decide(rows: list[PricedLayout], default_attention: str, pattern: str) -> Ve
         largest_fitting=max(fitting, key=lambda r: r.memory.total) if fitting else None,
         all_fit=all(r.memory.fits for r in rows if r.layout.attention == base.layout.attention),
         kernel_choices=len(kernels), runnable=len(ok),
-        model_parallel=any(r.layout.tp > 1 or r.layout.pp > 1 for r in rows))
+        model_parallel=any(r.layout.tp > 1 or r.layout.pp > 1 or r.layout.cp > 1 for r in rows))
 
 
 def _shape(r: PricedLayout) -> tuple:
     """A row's layout apart from its kernel choices (attention, window) and the micro-batch that follows."""
     lay = r.layout
-    return (lay.num_gpus, lay.dp, lay.tp, lay.pp, lay.pp_virtual_stages, lay.zero, lay.recompute)
+    return (lay.num_gpus, lay.dp, lay.tp, lay.pp, lay.pp_virtual_stages, lay.cp, lay.zero, lay.recompute)

@@ -29,6 +29,8 @@ def config_label(p: PricedLayout, native_zero: int | None = None) -> str:
                      + (" overlapped" if lay.tp_overlap else ""))
     if lay.pp > 1:
         parts.append(f"pp {lay.pp}" + (f" x{lay.pp_virtual_stages} interleaved" if lay.pp_virtual_stages > 1 else ""))
+    if lay.cp > 1:
+        parts.append(f"cp {lay.cp}" + (" all-gather" if lay.cp_comm == "all_gather" else ""))
     if native_zero is not None and lay.dp > 1 and lay.zero != native_zero:
         parts.append(f"ZeRO-{lay.zero}")
     parts += dp_option_words(lay)
@@ -245,9 +247,10 @@ def _hours(h: float) -> str:
 
 def _placement_line(hw: HardwareSpec) -> str:
     nic = hw.inter_node.nic_gbit_per_s.value * hw.inter_node.nics_per_node / hw.gpus_per_node
-    return (f"Across nodes: ranks ordered tp, dp, pp (Megatron-Core's and torchtitan's order) on {hw.gpus_per_node}-GPU "
-            f"nodes; a group crossing nodes runs at the NIC bandwidth of its members on a node ({nic:g} Gb/s per GPU "
-            f"x {hw.inter_node.busbw_fraction_of_nics.value:g}), which the node's other groups use at the same time.")
+    return (f"Across nodes: ranks ordered tp, cp, dp, pp (Megatron-Core's and torchtitan's order) on "
+            f"{hw.gpus_per_node}-GPU nodes; a group crossing nodes runs at the NICs of its members on a node "
+            f"({nic:g} Gb/s per GPU, {hw.inter_node.busbw_fraction_of_nics.value:g} of line rate as bus bandwidth), "
+            f"the node's other NICs carrying the other groups at the same time.")
 
 
 def table_assumptions(table) -> list[str]:
@@ -338,10 +341,10 @@ def memory_verdict(spec: ModelSpec, hw: HardwareSpec, rows: list[dict], fixes: l
     asked = next((r for r in rows if r["zero"] == layout.zero), None)
     name = DISTRIBUTION_NAMES[spec.recipe.distribution]
     native_zero = NATIVE_ZERO[spec.recipe.distribution]
-    setup = "the model's native setup (" + name + ", " if layout.zero == native_zero else "the setup asked ("
+    setup = f"the model's native setup ({name})" if layout.zero == native_zero else f"ZeRO-{layout.zero} as asked"
     lines = []
     if asked and asked["fits"]:
-        lines.append(f"Fits with {setup}ZeRO-{asked['zero']}): {asked['total_gib']:.1f} of {asked['usable_gib']:.1f} "
+        lines.append(f"Fits with {setup}: {asked['total_gib']:.1f} of {asked['usable_gib']:.1f} "
                      f"GiB, {asked['headroom_gib']:.1f} GiB headroom.")
         more = [r for r in rows if r["zero"] > asked["zero"]]
         if more and len({round(r["total_gib"], 2) for r in rows}) == 1:
@@ -357,14 +360,14 @@ def memory_verdict(spec: ModelSpec, hw: HardwareSpec, rows: list[dict], fixes: l
         lines.append(f"Does not fit as asked (ZeRO-{layout.zero}, device batch {layout.micro_batch}, recompute "
                      f"{layout.recompute}, {layout.attention}){total}.")
         for i, f in enumerate(fixes):
-            cost = (f", {100 * (f.step_s / asked_step_s - 1):+.0f}% on the {asked_step_s:.3g} s/step as asked"
-                    if asked_step_s else "")
+            cost = (f", {100 * (f.step_s / asked_step_s - 1):+.0f}% on the {asked_step_s:.3g} s/step it would take as "
+                    f"asked if it fit" if asked_step_s else "")
             n = len(f.changes)
             lead = "Fastest way to fit" if i == 0 else f"Fastest with {n} change{'s' if n > 1 else ''}"
             lines.append(f"{lead}: {' + '.join(f.changes)}: {f.total_gib:.1f} GiB, {f.step_s:.3g} s/step{cost}.")
         if not fixes:
             lines.append(f"Nothing fits on these {layout.num_gpus} GPUs (micro-batch, recompute, ZeRO stage, attention, "
-                         f"TP/PP inside a node tried together): add GPUs or shorten the sequence.")
+                         f"TP inside a node and PP tried together): add GPUs or shorten the sequence.")
     if layout is not None and breaks_world_size_rule(layout, spec):
         lines.append(f"{spec.name} needs a power-of-two world size: it cannot run on {layout.num_gpus} GPUs as is.")
     return lines

@@ -321,8 +321,11 @@ def test_memory_fixes_keep_the_gpus(capsys):
     assert fixes and all(f.layout.num_gpus == 8 for f in fixes)
     out = run_ok(capsys, ["memory", "-m", "llama-3-8b", "--gpus", "8", "--hardware", "h100-sxm", "--zero", "0",
                           "--device-batch-size", "4", "--format", "markdown"])
-    lines = [line for line in out.splitlines() if " x pp " in line]
-    assert all("same 8 GPUs" in line for line in lines), out
+    assert "Fastest way to fit" in out
+    # a layout already past a node (tp 8 x pp 2 on 64 GPUs) keeps its degrees or grows them, pp across nodes
+    setup = memory_setup(load_model("llama-3-70b"), hw, gpus=64, tp=8, pp=2, micro_batch=4)
+    _, fixes = what_fits(load_model("llama-3-70b"), hw, replace(setup, layout=setup.at_zero(1)))
+    assert fixes and all(f.layout.num_gpus == 64 and f.layout.tp >= 8 and f.layout.pp >= 2 for f in fixes)
 
 
 def test_a_calibration_step_no_factor_explains_is_said_not_fatal(capsys, tmp_path):
