@@ -295,7 +295,7 @@ def memory_cmd(
         from ddplan.plot import plot_memory
 
         plot_memory(rows, plot, title=f"{spec.name} on {gpus} x {hw.name}\n{prov_line(prov)}",
-                    capacity_gib=hw.memory.usable_gib.value)
+                    capacity_gib=hw.memory.usable_gib.value, headroom=setup.headroom)
     asked = next((r for r in rows if r["zero"] == setup.layout.zero), None)
     step_s, fixes = what_fits(spec, hw, setup) if not (asked and asked["fits"]) else (None, [])
     words = verdicts.memory_verdict(spec, hw, rows, fixes, step_s, setup.layout, setup.headroom)
@@ -769,7 +769,8 @@ def plan_cmd(
     if plot and result.pareto:
         from ddplan.plot import plot_scenarios
 
-        plot_scenarios(best_per_family(data), plot, title=f"{spec.name}: best layout per family\n{prov_line(prov)}")
+        plot_scenarios(best_per_family(data), plot, title=f"{spec.name}: best layout per family\n{prov_line(prov)}",
+                       best="cost_usd" if objective.value == "cost" else "wall_clock_h")
 
 
 @app.command("validate", short_help="How far to trust ddplan: published runs, priced.")

@@ -35,10 +35,13 @@ COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
            "#17becf")  # matplotlib's tab10, spelled out so the output does not depend on the rc style
 LINESTYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D", "v", "P")
+BAND_ALPHA = 0.15  # the low-high band's fill, and its legend swatch
+FADED_ALPHA, FADED_WIDTH = 0.3, 0.8  # a family's series other than its best (plan plots over several hardware)
+VALIDATION_BAR_ALPHA = 0.35
 
 
 def plot_scenarios(rows: list[dict], path: str | os.PathLike, *, title: str,
-                   series: str | tuple[str, ...] | None = None, best: str = "wall_clock_h") -> None:
+                   series: str | tuple[str, ...] | None = None, best: str = "wall_clock_h"):
     """Wall-clock (h) and cost (USD) against GPU count, one line per scenario, bands shaded; PNG or SVG.
 
     rows: decision-table rows (`ddplan.plan.build_table`) or plan rows (`ddplan.search.search`).
@@ -46,8 +49,12 @@ def plot_scenarios(rows: list[dict], path: str | os.PathLike, *, title: str,
     one) if the rows have a family, else attention and window. The first key picks the colour, the others
     the line style and marker. Where a series has several rows at one GPU count (plan rows: many layouts
     per family), the point is its row with the smallest `best` ("wall_clock_h" or "cost_usd").
-    The GPU axis is log base 2; wall-clock and cost go log when they span more than 10x. Rows with
-    fits == False are drawn hollow, rows with basis == "measured" get a star.
+    When the first key is "family" and a family has several series (one per hardware), the series holding
+    the family's smallest `best` is drawn in full with its band; the others are faded (thin, no band, no
+    markers) under one legend entry. Each full line's legend swatch is its band's colour and alpha with the
+    line drawn over it. The GPU axis is log base 2; wall-clock and cost go log when they span more than 10x.
+    Rows with fits == False are drawn hollow, rows with basis == "measured" get a star.
+    Returns the matplotlib Figure (already written to `path`).
     """
     fmt = _format(path)
     if not rows:
@@ -64,9 +71,11 @@ def plot_scenarios(rows: list[dict], path: str | os.PathLike, *, title: str,
         if r["gpus"] not in points or r[best] < points[r["gpus"]][best]:
             points[r["gpus"]] = r
     labels = _merge_identical(lines)
+    lead = _lead_series(lines, best) if keys[0] == "family" else set(lines)
 
     import matplotlib
     from matplotlib.figure import Figure
+    from matplotlib.legend_handler import HandlerTuple
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -83,7 +92,12 @@ def plot_scenarios(rows: list[dict], path: str | os.PathLike, *, title: str,
             ls, mk = LINESTYLES[i % len(LINESTYLES)], MARKERS[i % len(MARKERS)]
             for ax, (v, lo, hi) in ((ax_time, ("wall_clock_h", "wall_low_h", "wall_high_h")),
                                     (ax_cost, ("cost_usd", "cost_low_usd", "cost_high_usd"))):
-                ax.fill_between(xs, [p[lo] for p in pts], [p[hi] for p in pts], color=c, alpha=0.10, linewidth=0)
+                if s not in lead:
+                    ax.plot(xs, [p[v] for p in pts], color=c, linestyle=ls, linewidth=FADED_WIDTH, alpha=FADED_ALPHA,
+                            zorder=1)
+                    continue
+                ax.fill_between(xs, [p[lo] for p in pts], [p[hi] for p in pts], color=c, alpha=BAND_ALPHA,
+                                linewidth=0)
                 for k in (lo, hi):  # the band's edges, so overlapping bands can still be told apart
                     ax.plot(xs, [p[k] for p in pts], color=c, linestyle=ls, linewidth=0.6, alpha=0.5, zorder=2)
                 (line,) = ax.plot(xs, [p[v] for p in pts], color=c, linestyle=ls, marker=mk, markersize=6,
@@ -94,41 +108,51 @@ def plot_scenarios(rows: list[dict], path: str | os.PathLike, *, title: str,
                 ok = [p for p in pts if p.get("basis") == "measured"]
                 ax.plot([p["gpus"] for p in ok], [p[v] for p in ok], linestyle="none", marker="*", markersize=17,
                         markerfacecolor="gold", markeredgecolor="black", markeredgewidth=1.0, zorder=5)
-            handles.append((line, labels[s]))
-            oom += len(bad)
-            measured += len(ok)
-        extra = [(Patch(color="grey", alpha=0.25), "band: low-high estimate")]
+            if s in lead:  # the swatch is the band as drawn (colour and alpha), the line over it
+                handles.append(((Patch(facecolor=c, alpha=BAND_ALPHA, linewidth=0), line), labels[s]))
+                oom += len(bad)
+                measured += len(ok)
+        extra = []
+        if len(lead) < len(lines):
+            extra.append((Line2D([], [], color="black", linewidth=FADED_WIDTH, alpha=FADED_ALPHA),
+                          f"faded: the same {keys[0]}, other {', '.join(keys[1:])} ({len(lines) - len(lead)})"))
         if oom:
             extra.append((Line2D([], [], linestyle="none", marker="o", markerfacecolor="white",
                                  markeredgecolor="black", markeredgewidth=1.6),
-                          f"hollow: does not fit in memory ({oom} of {sum(map(len, lines.values()))} points)"))
+                          f"hollow: does not fit in memory ({oom} of {sum(len(lines[s]) for s in lead)} points)"))
         if measured:
             extra.append((Line2D([], [], linestyle="none", marker="*", markersize=14, markerfacecolor="gold",
                                  markeredgecolor="black"), "measured step time"))
 
         gpus = sorted({r["gpus"] for r in rows})
-        for ax, ylabel, lo, hi in ((ax_time, "wall-clock (h)", "wall_low_h", "wall_high_h"),
-                                   (ax_cost, "cost (USD)", "cost_low_usd", "cost_high_usd")):
+        for ax, ylabel, (v, lo, hi) in ((ax_time, "wall-clock (h)", ("wall_clock_h", "wall_low_h", "wall_high_h")),
+                                        (ax_cost, "cost (USD)", ("cost_usd", "cost_low_usd", "cost_high_usd"))):
             _gpu_axis(ax, gpus)
-            ys = [p[k] for pts in lines.values() for p in pts.values() for k in (lo, hi)]
+            ys = [p[k] for s, pts in lines.items() for p in pts.values() for k in ((lo, hi) if s in lead else (v,))]
             _value_axis(ax, min(ys), max(ys))
             ax.set_ylabel(ylabel)
             ax.grid(True, which="major", alpha=0.3)
         ax_time.set_title("wall-clock time to train")
         ax_cost.set_title("cost of the run")
-        items = [(h, label) for h, label in handles] + extra
+        items = handles + extra
         fig.legend([h for h, _ in items], [label for _, label in items], loc="outside lower center",
-                   ncol=min(len(items), 4), frameon=False, title=", ".join(keys))
+                   ncol=min(len(items), 4), frameon=False, handler_map={tuple: HandlerTuple(ndivide=1)},
+                   title=f"{', '.join(keys)} (line: central estimate; shaded: low-high band)")
         fig.suptitle(_wrap(title), fontsize=11)
         _save(fig, path, fmt)
+    return fig
 
 
-def plot_memory(rows: list[dict], path: str | os.PathLike, *, title: str, capacity_gib: float) -> None:
-    """Memory per GPU (GiB) stacked by term, one bar per ZeRO stage, with the usable capacity drawn; PNG or SVG.
+def plot_memory(rows: list[dict], path: str | os.PathLike, *, title: str, capacity_gib: float,
+                headroom: float = 0.05):
+    """Memory per GPU (GiB) stacked by term, one bar per ZeRO stage, with the usable capacity and the limit a
+    setup must stay under drawn; PNG or SVG.
 
-    rows: `ddplan.fit.zero_rows` (the rows of `ddplan memory`). capacity_gib: the device's usable memory,
-    GiB = 2^30 bytes. Terms under 3% of the axis are left unlabelled (the legend names every term);
-    bars that do not fit are outlined red.
+    rows: `ddplan.sizing.zero_rows` (the rows of `ddplan memory`). capacity_gib: the device's usable memory,
+    GiB = 2^30 bytes. headroom: the fraction of it kept free (`--headroom`, ddplan.memory.HEADROOM), so the
+    limit line is at (1 - headroom) x capacity_gib. Terms under 3% of the axis are left unlabelled (the
+    legend names every term); bars that do not fit (the row's fits, else total over the limit) are outlined
+    red. Returns the matplotlib Figure (already written to `path`).
     """
     fmt = _format(path)
     if not rows:
@@ -138,6 +162,9 @@ def plot_memory(rows: list[dict], path: str | os.PathLike, *, title: str, capaci
         raise ValueError(f"rows lack {', '.join(missing)}: not memory rows")
     if not capacity_gib > 0:
         raise ValueError(f"capacity_gib must be > 0, got {capacity_gib}")
+    if not 0 <= headroom < 1:
+        raise ValueError(f"headroom must be in [0, 1), got {headroom}")
+    limit_gib = (1 - headroom) * capacity_gib
 
     import matplotlib
     from matplotlib.figure import Figure
@@ -157,14 +184,19 @@ def plot_memory(rows: list[dict], path: str | os.PathLike, *, title: str, capaci
                             fontweight="bold")
             bottoms = [b + h for b, h in zip(bottoms, heights)]
         for x, r in zip(xs, rows):
-            fits = r.get("fits", r["total_gib"] <= capacity_gib)
+            fits = r.get("fits", r["total_gib"] <= limit_gib)
             if not fits:
                 ax.bar([x], [r["total_gib"]], width=0.6, fill=False, edgecolor="#d00000", linewidth=2.0)
             ax.text(x, r["total_gib"] + 0.01 * top, f"{r['total_gib']:.1f} GiB" + ("" if fits else "\ndoes not fit"),
                     ha="center", va="bottom", fontsize=9, fontweight="bold", color="black" if fits else "#d00000")
         ax.axhline(capacity_gib, color="black", linestyle="--", linewidth=1.2)
         ax.annotate(f"usable\n{capacity_gib:.1f} GiB", xy=(1.0, capacity_gib), xycoords=("axes fraction", "data"),
-                    xytext=(4, 0), textcoords="offset points", ha="left", va="center", fontsize=9)
+                    xytext=(4, 0), textcoords="offset points", ha="left", va="bottom", fontsize=9)
+        if headroom > 0:
+            ax.axhline(limit_gib, color="#d00000", linestyle=":", linewidth=1.2)
+            ax.annotate(f"{100 * (1 - headroom):.4g}% of usable:\n{limit_gib:.1f} GiB", xy=(1.0, limit_gib),
+                        xycoords=("axes fraction", "data"), xytext=(4, 0), textcoords="offset points", ha="left",
+                        va="top", fontsize=9, color="#d00000")
         ax.set_xticks(xs, [f"ZeRO-{r['zero']} ({r['setup']})" for r in rows])
         for tick, r in zip(ax.get_xticklabels(), rows):
             if r["setup"] == "native":
@@ -178,6 +210,7 @@ def plot_memory(rows: list[dict], path: str | os.PathLike, *, title: str, capaci
         fig.legend(handles[::-1], labels[::-1], loc="outside right center", frameon=False, title="term (top first)")
         fig.suptitle(_wrap(title, 90), fontsize=11)
         _save(fig, path, fmt)
+    return fig
 
 
 _RC = {"svg.hashsalt": "ddplan", "svg.fonttype": "path", "font.size": 10, "axes.titlesize": 10,
@@ -225,6 +258,17 @@ def _merge_identical(lines: dict[tuple, dict[int, dict]]) -> dict[tuple, str]:
     return labels
 
 
+def _lead_series(lines: dict[tuple, dict[int, dict]], best: str) -> set[tuple]:
+    """Per first key (the family): the series holding its smallest `best` value; ties go to the series first
+    given (plan rows come ranked)."""
+    lead: dict[str, tuple] = {}
+    for s, points in lines.items():
+        top = min(p[best] for p in points.values())
+        if s[0] not in lead or top < min(p[best] for p in lines[lead[s[0]]].values()):
+            lead[s[0]] = s
+    return set(lead.values())
+
+
 def _index(values: list, palette) -> dict:
     """Each distinct value -> a palette entry, in the order values first appear (deterministic)."""
     pal = list(palette)
@@ -259,12 +303,16 @@ def _value_axis(ax, lo: float, hi: float) -> None:
 
 
 def _wrap(title: str, width: int = 110) -> str:
-    return "\n".join(textwrap.wrap(title, width)) or title
+    """Each line of the title wrapped at `width` (the line breaks it has are kept)."""
+    return "\n".join("\n".join(textwrap.wrap(line, width)) or line for line in title.split("\n"))
 
 
 def _save(fig, path: str | os.PathLike, fmt: str) -> None:
-    """Render to a temporary file beside `path`, then os.replace: readers never see a half-written plot."""
+    """Render to a temporary file beside `path`, then os.replace: readers never see a half-written plot.
+    The file gets the permissions the umask gives a new file (mkstemp's own are 0600), as ddplan.files does."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from ddplan.files import _umask
 
     FigureCanvasAgg(fig)
     target = Path(path)
@@ -272,37 +320,47 @@ def _save(fig, path: str | os.PathLike, fmt: str) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             fig.savefig(f, format=fmt, dpi=DPI, metadata={"Date": None} if fmt == "svg" else {"Software": None})
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, target)
     except BaseException:
         os.unlink(tmp)
         raise
 
 
-def plot_validation(rows: list[dict], path: str | os.PathLike, *, title: str) -> None:
+def plot_validation(rows: list[dict], path: str | os.PathLike, *, title: str):
     """Error of each validated run (predicted / measured - 1, %) against its GPU count, with its band drawn
     as a vertical bar, one colour per source; PNG or SVG. rows: `ddplan validate`'s rows (gpus, error_pct,
-    band_low_pct, band_high_pct, source)."""
+    band_low_pct, band_high_pct, source). Each legend swatch is the source's bar as drawn (colour, alpha)
+    with its point over it. Returns the matplotlib Figure (already written to `path`)."""
     fmt = _format(path)
     if not rows:
         raise ValueError("no rows to plot")
     import matplotlib
     from matplotlib.figure import Figure
+    from matplotlib.legend_handler import HandlerTuple
+    from matplotlib.lines import Line2D
 
     with matplotlib.rc_context(_RC):
         fig = Figure(figsize=VALIDATION_SIZE_IN, dpi=DPI, layout="constrained")
         ax = fig.subplots()
+        handles = []
         sources = sorted({r["source"] for r in rows})
         for src, c in zip(sources, COLOURS):
             mine = [r for r in rows if r["source"] == src]
             xs = [r["gpus"] for r in mine]
-            ax.vlines(xs, [r["band_low_pct"] for r in mine], [r["band_high_pct"] for r in mine], color=c, alpha=0.35,
-                      linewidth=4)
-            ax.scatter(xs, [r["error_pct"] for r in mine], color=c, label=f"{src} ({len(mine)})", zorder=3, s=22)
+            ax.vlines(xs, [r["band_low_pct"] for r in mine], [r["band_high_pct"] for r in mine], color=c,
+                      alpha=VALIDATION_BAR_ALPHA, linewidth=4)
+            dots = ax.scatter(xs, [r["error_pct"] for r in mine], color=c, zorder=3, s=22)
+            handles.append(((Line2D([], [], color=c, alpha=VALIDATION_BAR_ALPHA, linewidth=4), dots),
+                            f"{src} ({len(mine)})"))
         ax.axhline(0, color="black", linewidth=1.0)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("GPUs in the run (log scale)")
         ax.set_ylabel("error of the step time (%): predicted / measured - 1")
         ax.grid(True, alpha=0.3)
-        ax.legend(title="source (runs); bar: the measured value's band", frameon=False, loc="best")
+        ax.legend([h for h, _ in handles], [label for _, label in handles],
+                  handler_map={tuple: HandlerTuple(ndivide=1)}, title="source (runs); bar: the measured value's band",
+                  frameon=False, loc="best")
         fig.suptitle(_wrap(title, 90), fontsize=11)
         _save(fig, path, fmt)
+    return fig

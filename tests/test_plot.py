@@ -224,3 +224,182 @@ def test_scenarios_that_differ_in_flags_are_not_merged():
     row = {k: 1.0 for k in plot.SCENARIO_KEYS[1:]} | {"fits": True, "basis": "model"}
     lines = {("a", "SSSL"): {1: row}, ("a", "L"): {1: row | {"basis": "measured"}}}
     assert plot._merge_identical(lines) == {("a", "SSSL"): "a, SSSL", ("a", "L"): "a, L"}
+
+
+# Issue 14 item 7: the best series per family drawn in full, others faded; legend swatches that are the bands as
+# drawn; the limit a setup must stay under ((1 - headroom) x usable) drawn on the memory plot.
+
+@pytest.fixture(scope="module")
+def plan_rows() -> list[dict]:
+    """What `ddplan plan --model d24 --gpus 8,16 --hardware h100,mi300x --plot` draws: the real search's rows,
+    the fastest layout of each family per GPU count and hardware (ddplan.plan.best_per_family)."""
+    from ddplan import render
+    from ddplan.plan import PlanRequest, best_per_family, search
+
+    req = PlanRequest(model=load_model("d24"), hardware=(load_hardware("h100"), load_hardware("mi300x")),
+                      gpus=(8, 16))
+    return best_per_family(render.plan_data(search(req).rows))
+
+
+def _drawn_lines(ax) -> list:
+    """The lines of an axis that have data and a line style (not the marker-only overlays)."""
+    return [ln for ln in ax.get_lines() if len(ln.get_xdata()) and ln.get_linestyle() not in ("None", "none", "")]
+
+
+def _same_rgba(a, b) -> bool:
+    from matplotlib.colors import to_rgba
+
+    return all(abs(x - y) < 1e-9 for x, y in zip(to_rgba(a), to_rgba(b)))
+
+
+def test_plan_plot_draws_the_best_series_per_family_and_fades_the_rest(tmp_path, plan_rows):
+    families = {r["family"] for r in plan_rows}
+    series = {(r["family"], r["hardware"]) for r in plan_rows}
+    assert len(families) >= 3 and len(series) == 2 * len(families), "two hardware: two series per family"
+    fastest = {f: min((r for r in plan_rows if r["family"] == f), key=lambda r: r["wall_clock_h"])["hardware"]
+               for f in families}
+    fig = plot.plot_scenarios(plan_rows, tmp_path / "plan.png", title="plan")
+    for ax in fig.axes[:2]:
+        lines = _drawn_lines(ax)
+        full = [ln for ln in lines if ln.get_alpha() in (None, 1.0)]
+        faded = [ln for ln in lines if ln.get_alpha() == plot.FADED_ALPHA]
+        assert len(full) == len(families)
+        assert len(faded) == len(series) - len(families)
+        assert all(ln.get_linewidth() < min(f.get_linewidth() for f in full) for ln in faded)
+        assert len(ax.collections) == len(families), "a band for the full series only"
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert sorted(labels[:len(families)]) == sorted(f"{f}, {hw}" for f, hw in fastest.items())
+    assert labels[len(families):] == [f"faded: the same family, other hardware ({len(families)})"]
+
+
+def test_plan_plot_by_cost_draws_each_familys_cheapest_series(tmp_path, plan_rows):
+    families = {r["family"] for r in plan_rows}
+    cheapest = {f: min((r for r in plan_rows if r["family"] == f), key=lambda r: r["cost_usd"])["hardware"]
+                for f in families}
+    fig = plot.plot_scenarios(plan_rows, tmp_path / "plan.svg", title="plan", best="cost_usd")
+    labels = [t.get_text() for t in fig.legends[0].get_texts()][:len(families)]
+    assert sorted(labels) == sorted(f"{f}, {hw}" for f, hw in cheapest.items())
+
+
+def test_legend_swatches_are_the_bands_as_drawn(tmp_path, plan_rows, table_rows):
+    """Each series' legend swatch has its band's fill colour and alpha (no grey swatch matching nothing), and the
+    line drawn over the swatch is the series' line colour."""
+    from matplotlib.patches import Rectangle
+
+    for rows in (plan_rows, table_rows[0]):
+        fig = plot.plot_scenarios(rows, tmp_path / "p.png", title="p")
+        legend = fig.legends[0]
+        swatches = [p.get_facecolor() for p in legend.findobj(Rectangle) if p.get_figure() is not None
+                    and p is not legend.legendPatch and p.get_facecolor()[3] < 1]
+        for ax in fig.axes[:2]:
+            bands = [tuple(c.get_facecolor()[0]) for c in ax.collections]
+            assert len(swatches) == len(bands) and all(_same_rgba(s, b) for s, b in zip(swatches, bands))
+            assert all(b[3] == pytest.approx(plot.BAND_ALPHA) for b in bands)
+        legend_lines = [ln.get_color() for ln in legend.findobj(lambda a: a.__class__.__name__ == "Line2D")
+                        if ln.get_linestyle() not in ("None", "none", "") and ln.get_alpha() in (None, 1.0)]
+        for s in swatches:
+            assert any(_same_rgba(c, (*s[:3], 1.0)) for c in legend_lines), "the line over the swatch"
+        assert not any(_same_rgba(p.get_facecolor(), "grey") for p in legend.findobj(Rectangle))
+
+
+def test_table_plot_fades_nothing(tmp_path, table_rows):
+    """Table rows have no family: every scenario is a full line with its band."""
+    rows = table_rows[0]
+    fig = plot.plot_scenarios(rows, tmp_path / "t.png", title="t")
+    lines = _drawn_lines(fig.axes[0])
+    assert not [ln for ln in lines if ln.get_alpha() == plot.FADED_ALPHA]
+    assert len([ln for ln in lines if ln.get_alpha() in (None, 1.0)]) == len(fig.axes[0].collections) > 1
+
+
+def _hlines_at(ax) -> list[float]:
+    return [ln.get_ydata()[0] for ln in ax.get_lines() if len(set(ln.get_ydata())) == 1]
+
+
+def test_memory_plot_draws_the_limit_at_95_percent_of_usable(tmp_path):
+    """llama-3-8b on 8 x H100 (usable 79.7 GiB): the usable line and the limit at 0.95 x usable, labelled."""
+    spec, hw = load_model("llama-3-8b"), load_hardware("h100")
+    layout = Layout(dp=8, tp=1, pp=1, micro_batch=1, grad_accum=1, attention=hw.default_attention,
+                    recompute="none", compiled=False)
+    rows = zero_rows(spec, hw, Setup(layout=layout), [0, 3])
+    usable = hw.memory.usable_gib.value
+    fig = plot.plot_memory(rows, tmp_path / "m.png", title="m", capacity_gib=usable)
+    (ax,) = fig.axes
+    ys = _hlines_at(ax)
+    assert any(y == pytest.approx(usable) for y in ys) and any(y == pytest.approx(0.95 * usable) for y in ys)
+    texts = [t.get_text().replace("\n", " ") for t in ax.texts]
+    assert f"95% of usable: {0.95 * usable:.1f} GiB" in texts
+    assert f"95% of usable: {0.95 * usable:.1f} GiB" == "95% of usable: 75.7 GiB"
+
+    fig = plot.plot_memory(rows, tmp_path / "m.png", title="m", capacity_gib=usable, headroom=0.025)
+    assert any(y == pytest.approx(0.975 * usable) for y in _hlines_at(fig.axes[0]))
+    texts = [t.get_text().replace("\n", " ") for t in fig.axes[0].texts]
+    assert f"97.5% of usable: {0.975 * usable:.1f} GiB" in texts
+    fig = plot.plot_memory(rows, tmp_path / "m.png", title="m", capacity_gib=usable, headroom=0.0)
+    assert len(_hlines_at(fig.axes[0])) == 1, "no headroom: the limit is the usable line"
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="headroom"):
+            plot.plot_memory(rows, tmp_path / "m.png", title="m", capacity_gib=usable, headroom=bad)
+
+
+def test_memory_bars_without_fits_are_judged_against_the_limit(tmp_path, memory_rows):
+    """A row without `fits` does not fit when its total is over (1 - headroom) x usable, though under usable."""
+    rows, usable = memory_rows
+    row = {k: v for k, v in rows[0].items() if k != "fits"}
+    between = 0.97 * usable / row["total_gib"]
+    row = {k: (v * between if k.endswith("_gib") and k != "usable_gib" else v) for k, v in row.items()}
+    fig = plot.plot_memory([row], tmp_path / "m.png", title="m", capacity_gib=usable)
+    assert any("does not fit" in t.get_text() for t in fig.axes[0].texts)
+    fig = plot.plot_memory([row], tmp_path / "m.png", title="m", capacity_gib=usable, headroom=0.0)
+    assert not any("does not fit" in t.get_text() for t in fig.axes[0].texts)
+
+
+def test_validation_legend_swatches_are_the_bars(tmp_path):
+    """The shipped runs, scored as `ddplan validate` scores them: each source's swatch is its bar's colour and
+    alpha."""
+    from matplotlib.colors import to_rgba
+    from matplotlib.lines import Line2D
+
+    from ddplan import validation
+    from ddplan.runs import load_runs, shipped_dataset
+
+    rows = [s.row() for s in validation.score_all(load_runs(None), shipped_dataset())]
+    fig = plot.plot_validation(rows, tmp_path / "v.png", title="v")
+    (ax,) = fig.axes
+    bars = [tuple(c.get_color()[0]) for c in ax.collections if c.__class__.__name__ == "LineCollection"]
+    swatches = [to_rgba(ln.get_color(), ln.get_alpha()) for ln in ax.get_legend().findobj(Line2D)
+                if ln.get_alpha() == plot.VALIDATION_BAR_ALPHA]
+    assert len(bars) == len({r["source"] for r in rows}) == len(swatches)
+    assert all(_same_rgba(s, b) for s, b in zip(swatches, bars))
+
+
+def test_cli_passes_headroom_and_plan_fades(capsys, tmp_path):
+    """Through the CLI: memory's --headroom reaches the plot; plan over two hardware fades the slower series.
+    (The SVG keeps each text as a comment.)"""
+    from cli_helpers import run_ok
+
+    path = tmp_path / "m.svg"
+    run_ok(capsys, ["memory", "-m", "llama-3-8b", "--hardware", "h100", "--gpus", "8", "--headroom", "0.1",
+                    "--format", "csv", "--plot", str(path)])
+    svg = path.read_text()
+    assert "90% of usable:" in svg and "95% of usable" not in svg
+    path = tmp_path / "p.svg"
+    run_ok(capsys, ["plan", "--model", "d24", "--gpus", "8", "--hardware", "h100,mi300x", "--format", "csv",
+                    "--plot", str(path)])
+    assert "faded: the same family, other hardware" in path.read_text()
+
+
+def test_plot_file_gets_the_umask_permissions(tmp_path, memory_rows):
+    import os
+
+    from ddplan.files import _umask
+
+    path = tmp_path / "m.png"
+    plot.plot_memory(memory_rows[0], path, title="m", capacity_gib=memory_rows[1])
+    assert path.stat().st_mode & 0o777 == 0o666 & ~_umask()
+    assert os.access(path, os.R_OK)
+
+
+def test_title_keeps_its_line_breaks(tmp_path, memory_rows):
+    fig = plot.plot_memory(memory_rows[0], tmp_path / "m.png", title="first line\nsecond",
+                           capacity_gib=memory_rows[1])
+    assert fig.get_suptitle() == "first line\nsecond"
