@@ -42,12 +42,12 @@ def test_table_and_plan_give_identical_figures(model, hardware, gpus):
     for r in sample:
         lay = r["_priced"].layout
         table = build_table(TableRequest(model=spec, hardware=hw, gpus=(gpus,), tps=(lay.tp,), pps=(lay.pp,),
-                                         vps=(lay.pp_virtual_stages,), zeros=(lay.zero,),
+                                         vps=(lay.pp_virtual_stages,), cps=(lay.cp,), zeros=(lay.zero,),
                                          micro_batches=(lay.micro_batch,), recomputes=(lay.recompute,),
                                          attentions=(lay.attention,), windows=(spec.architecture.window_pattern,)))
         (row,) = [p.row() for p in table.rows]
-        assert (row["dp"], row["tp"], row["pp"], row["zero"], row["micro_batch"], row["accum"]) == \
-            (lay.dp, lay.tp, lay.pp, lay.zero, lay.micro_batch, lay.grad_accum)
+        assert (row["dp"], row["tp"], row["pp"], row["cp"], row["zero"], row["micro_batch"], row["accum"]) == \
+            (lay.dp, lay.tp, lay.pp, lay.cp, lay.zero, lay.micro_batch, lay.grad_accum)
         # the plan bands only the rows it shows; the others are compared on everything but the band
         banded = r["step_low_s"] < r["step_s"] < r["step_high_s"]
         for k in COMPARED:
@@ -289,8 +289,8 @@ def test_a_measured_single_gpu_row_is_measured_whatever_zero_says(capsys):
 
 @pytest.mark.parametrize("argv, flag", [
     (["table", "-m", "d24", "--hardware", "h100-sxm", "--dtype", "fp32", "--fp8"], "--fp8"),
-    (["table", "-m", "d24", "--vp", "2"], "--gpus/--tp/--pp/--vp"),
-    (["memory", "-m", "d24", "--vp", "2"], "--gpus/--tp/--pp/--vp"),
+    (["table", "-m", "d24", "--vp", "2"], "--gpus/--tp/--pp/--vp/--cp"),
+    (["memory", "-m", "d24", "--vp", "2"], "--gpus/--tp/--pp/--vp/--cp"),
     (["table", "-m", "d24", "--measured-step-time", "nan"], "--measured-step-time"),
     (["table", "-m", "d24", "--price", "inf"], "--price"),
     (["memory", "-m", "d24", "--measured-peak", "nan"], "--measured-peak"),
