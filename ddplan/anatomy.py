@@ -303,7 +303,8 @@ def build_anatomy(spec: ModelSpec, *, batch: int, seq_len: int | None = None,
 
 _COL = (".c_q", ".c_k", ".c_v", ".ve_gate", ".mlp.c_fc", ".mlp.gate", ".mlp.up")
 _ROW = (".attn.c_proj", ".mlp.c_proj")
-_NUMEL = (".attn.rope", ".attn.q_norm", ".attn.k_norm", ".attn.ve_mix", ".ve", ".mlp.act", ".attn.repeat_kv")
+_NUMEL = (".attn.rope", ".attn.q_norm", ".attn.k_norm", ".attn.ve_mix", ".ve", ".mlp.act", ".attn.repeat_kv",
+          ".attn.probs_dropout")
 _HEAD = ("logits_cast", "logits_softcap", "cross_entropy")
 
 
@@ -490,6 +491,7 @@ def _block(bld: _Builder, i: int, window: int, kind: AttentionKind, windows: Win
                  rows_per_token=a.num_kv_heads)
     _attention(bld, i, window, kind, windows)
     bld.gemm(f"{p}.attn.c_proj", i, q_w, c, f"{p}.attn_out", "block_matrices")
+    _dropout(bld, f"{p}.attn.dropout", i, t * c, a.dropout.hidden)
     bld.pointwise(f"{p}.resid_add1", i, t * c, reads=2, flops_per_element=1.0, bwd_reads=1, bwd_writes=1)
     bld.norm(f"{p}.norm2", i, f"{p}.x_mid", a.norm_learnable)
     f = a.mlp_hidden_dim
@@ -508,8 +510,26 @@ def _block(bld: _Builder, i: int, window: int, kind: AttentionKind, windows: Win
                       saves=acts)
     bld.gemm(f"{p}.mlp.c_proj", i, f, c, f"{p}.mlp.act_out", "block_matrices")
     bld.ops[-1] = _replace(bld.ops[-1], recompute_skip=("full",))
+    _dropout(bld, f"{p}.mlp.dropout", i, t * c, a.dropout.hidden)
     bld.pointwise(f"{p}.resid_add2", i, t * c, reads=2, flops_per_element=1.0, bwd_reads=1, bwd_writes=1)
     bld.ops[-1] = _replace(bld.ops[-1], recompute_skip=("full",))
+
+
+def _dropout(bld: _Builder, name: str, layer: int, numel: int, p: float, core: bool = False,
+             tp_sharded: bool = False) -> None:
+    """Dropout of `numel` elements at probability p (nothing when p = 0): y = x * mask / (1 - p), saving the
+    one-byte mask (torch native_dropout keeps a bool mask); backward reads the gradient and the mask.
+    Ref: Korthikanti et al., arXiv 2205.05198, Table 2 (a mask of sbh per hidden dropout, as^2 b on scores)."""
+    if p <= 0:
+        return
+    e = bld.e
+    bld.ops.append(Op(name=name, kind="elementwise", layer=layer, shape=(numel,), flops_fwd=2.0 * numel,
+                      flops_bwd=numel * 1.0, bytes_fwd=numel * (2 * e + 1), bytes_bwd=numel * (2 * e + 1),
+                      # the mask: regenerated from the RNG state by torch.compile (a pointwise tensor), and
+                      # by selective recompute inside the attention core
+                      saves=(Saved(f"{name}.mask", float(numel), "core" if core else "pointwise",
+                                   tp_sharded=tp_sharded),),
+                      attention_core=core))
 
 
 def _replace(op: Op, **changes) -> Op:
@@ -546,10 +566,14 @@ def _attention(bld: _Builder, i: int, window: int, kind: AttentionKind, windows:
                           flops_fwd=half_fwd, flops_bwd=half_bwd, bytes_fwd=b * s * (h + hkv) * hd * e + 4 * sq,
                           bytes_bwd=b * s * (h + hkv) * hd * e * 2 + 6 * sq, attention_core=True,
                           saves=(qkv[0], qkv[1], mask, Saved(f"{p}.probs", sq, "core"))))
+        pv_probs = Saved(f"{p}.probs", sq, "core")
+        if a.dropout.attention > 0:  # dropout on the probabilities: its mask, and its output for P @ V
+            _dropout(bld, f"{p}.attn.probs_dropout", i, b * h * s * s, a.dropout.attention, core=True, tp_sharded=True)
+            pv_probs = Saved(f"{p}.probs_dropped", sq, "core")
         bld.ops.append(Op(name=f"{p}.attn.pv", kind="attention", layer=i, shape=(b, h, s, window, hd),
                           flops_fwd=half_fwd, flops_bwd=half_bwd, bytes_fwd=b * s * (h + hkv) * hd * e + sq,
                           bytes_bwd=b * s * (h + hkv) * hd * e * 2 + 3 * sq, attention_core=True,
-                          saves=(qkv[2], Saved(f"{p}.probs", sq, "core"), out), recompute_skip=("selective",)))
+                          saves=(qkv[2], pv_probs, out), recompute_skip=("selective",)))
         return
     saves = (*qkv, Saved(f"{p}.lse", b * h * s * 4, "core"), out)
     mask_bytes = 0

@@ -258,6 +258,17 @@ class ValueEmbeddings(Strict):
     gate_in_features: PositiveInt = 12
 
 
+class Dropout(Strict):
+    """Dropout probabilities (off in models that ship without it). hidden: after the attention output
+    projection and after the MLP (Megatron's hidden-dropout); attention: on the attention probabilities
+    (attention-dropout). Each saves a one-byte mask per element for backward (torch native_dropout);
+    fused attention kernels regenerate theirs from the RNG state instead.
+    Ref: Korthikanti et al., arXiv 2205.05198, sec. 4.1 and Table 2 (the sbh and as^2 b masks)."""
+
+    hidden: float = Field(default=0.0, ge=0, lt=1)
+    attention: float = Field(default=0.0, ge=0, lt=1)
+
+
 class ShortWindow(Strict):
     """Length of an `S` window: ceil(seq_len / divisor / round_to) * round_to (nanochat gpt.py:287-314)."""
 
@@ -293,6 +304,7 @@ class Architecture(Strict):
     window_pattern: str = Field(default="L", pattern=r"^[SL]+$")
     short_window: ShortWindow = ShortWindow()
     logit_softcap: float | None = Field(default=None, gt=0, le=1e6)
+    dropout: Dropout = Dropout()
 
     @model_validator(mode="after")
     def _consistent(self) -> Architecture:

@@ -135,8 +135,8 @@ def test_roofline_rejects_bad_input(args):
 def test_op_time_gemm_equals_hand_roofline_plus_launches(mi300x):
     """d24 h0.attn.c_q at micro-batch 32, MI300X central rates.
 
-    Forward: 2 x 65536 x 1536 x 1536 = 309,237,645,312 FLOPs at 1307.4e12 x 0.373968 x 0.726 (the fraction
-    training keeps, mi300x's assumed `sustained`) = 354.96 TFLOP/s -> 0.632484 / 0.726 = 0.871190 ms;
+    Forward: 2 x 65536 x 1536 x 1536 = 309,237,645,312 FLOPs at 1307.4e12 x 0.373968 x 0.753 (the fraction
+    training keeps, mi300x's assumed `sustained`) = 368.16 TFLOP/s -> 0.632484 / 0.753 = 0.839952 ms;
     bytes 65536x1536x2 (x) + 1536^2 x 2 (W bf16) + 65536x1536x2 (y) + 1536^2 x (4+2)
     (fp32 master read, bf16 cast written) = 421,527,552 B at 5.3e12 x 0.775 -> 0.102624 ms: compute
     bound. + one 8 us launch. Backward: twice the FLOPs (dX and dW), two launches.
@@ -146,10 +146,10 @@ def test_op_time_gemm_equals_hand_roofline_plus_launches(mi300x):
     assert op.shape == (65536, 1536, 1536)
     assert op.flops_fwd == 309_237_645_312 and op.bytes_fwd == 421_527_552
     r = rates(mi300x, "sdpa-fused")
-    rate = 1307.4e12 * 0.511 * 0.726 * 256 / 257 * 36 / 49  # MAMF best x sustained (0.726) x shape curve
+    rate = 1307.4e12 * 0.511 * 0.753 * 256 / 257 * 36 / 49  # MAMF best x sustained (0.753) x shape curve
     fwd, bwd = op_time_s(op, an, r)
     assert fwd == pytest.approx(309_237_645_312 / rate + 8e-6, rel=1e-9)
-    assert fwd == pytest.approx(0.632484e-3 / 0.726 + 8e-6, rel=1e-5)
+    assert fwd == pytest.approx(0.632484e-3 / 0.753 + 8e-6, rel=1e-5)
     hand_bwd = max(2 * 309_237_645_312 / rate, op.bytes_bwd / (5.3e12 * 0.775)) + 2 * 8e-6
     assert bwd == pytest.approx(hand_bwd, rel=1e-9)
 
@@ -209,7 +209,7 @@ def test_op_time_pointwise_compiled_halves_traffic_and_launch(mi300x):
 
 def test_gemm_fraction_curve_when_uncalibrated(mi300x):
     r = rates(mi300x, "sdpa-fused")
-    assert gemm_fraction(65536, 1536, 1536, r) == pytest.approx(gemm_efficiency(65536, 1536, 1536, 0.511 * 0.726, 256))
+    assert gemm_fraction(65536, 1536, 1536, r) == pytest.approx(gemm_efficiency(65536, 1536, 1536, 0.511 * 0.753, 256))
 
 
 def test_gemm_fraction_nearest_measured_shape_in_log_space(mi300x):
@@ -294,8 +294,8 @@ def test_rates_mi300x_central_values(mi300x):
     assert r.peak_flops_per_s == pytest.approx(1307.4e12)
     assert r.vector_flops_per_s == pytest.approx(163.4e12)
     assert r.hbm_bytes_per_s == pytest.approx(5.3e12)
-    # best GEMM (MAMF) x the fraction training keeps (mi300x: assumed 0.726, no run to fit; see its spec)
-    assert r.gemm_best == pytest.approx(0.511 * 0.726)
+    # best GEMM (MAMF) x the fraction training keeps (mi300x: assumed 0.753, no run to fit; see its spec)
+    assert r.gemm_best == pytest.approx(0.511 * 0.753)
     assert (r.gemm_half_dim, r.hbm) == (256, 0.775)
     assert (r.attn_fwd, r.attn_bwd) == (0.28, 0.19)
     assert r.kernel_overhead_s == pytest.approx(8e-6)
