@@ -66,12 +66,14 @@ class Layout:
         if self.shard_group < 0 or self.shard_group and (
                 self.zero != 3 or self.grad_ranks % self.shard_group or self.shard_group in (1, self.grad_ranks)):
             raise LayoutError(f"hybrid sharding needs ZeRO-3 and a shard group that divides dp x cp={self.grad_ranks}, "
-                              f"between 2 and half of it; got ZeRO-{self.zero}, shard group {self.shard_group}")
+                              f"between 2 and half of it; got ZeRO-{self.zero}, shard group {self.shard_group}",
+                              field="--shard-group")
         if self.overlap_param_gather and self.zero not in (1, 2):
             raise LayoutError(f"overlapping the parameter all-gather with forward (Megatron-Core --overlap-param-gather) "
-                              f"needs ZeRO-1 or 2 (the distributed optimizer); got ZeRO-{self.zero}")
+                              f"needs ZeRO-1 or 2 (the distributed optimizer); got ZeRO-{self.zero}", field="--overlap-param-gather")
         if not self.reshard_after_forward and self.zero != 3:
-            raise LayoutError(f"keeping gathered parameters from forward to backward is a ZeRO-3 option; got ZeRO-{self.zero}")
+            raise LayoutError(f"keeping gathered parameters from forward to backward is a ZeRO-3 option; got ZeRO-{self.zero}",
+                              field="--no-reshard-after-forward")
         if self.cp_comm not in ("ring", "all_gather"):
             raise LayoutError(f"context-parallel communication must be ring or all_gather, got {self.cp_comm!r}")
         if self.recompute not in ("none", "selective", "full"):

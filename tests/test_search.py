@@ -137,7 +137,7 @@ def test_kept_rows_fit_with_headroom(case, headroom):
     result = cached_search(model, hardware, (gpus,), headroom=headroom)
     for r in result.rows:
         assert r["memory_gib"] <= limit_gib(hardware, headroom), r
-        assert r["dp"] * r["tp"] * r["pp"] == r["gpus"] == gpus
+        assert r["dp"] * r["tp"] * r["pp"] * r["cp"] == r["gpus"] == gpus
         assert r["family"] in FAMILIES
     # every layout considered is kept or rejected for one reason
     assert result.considered == len(result.rows) + sum(result.rejected.values())
