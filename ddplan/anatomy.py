@@ -518,16 +518,17 @@ def _block(bld: _Builder, i: int, window: int, kind: AttentionKind, windows: Win
 def _dropout(bld: _Builder, name: str, layer: int, numel: int, p: float, core: bool = False,
              tp_sharded: bool = False) -> None:
     """Dropout of `numel` elements at probability p (nothing when p = 0): y = x * mask / (1 - p), saving the
-    one-byte mask (torch native_dropout keeps a bool mask); backward reads the gradient and the mask.
+    one-byte mask (torch native_dropout keeps a bool mask; torch.compile's min-cut partitioner saves it too,
+    as it never recomputes random ops); backward reads the gradient and the mask.
     Ref: Korthikanti et al., arXiv 2205.05198, Table 2 (a mask of sbh per hidden dropout, as^2 b on scores)."""
     if p <= 0:
         return
     e = bld.e
     bld.ops.append(Op(name=name, kind="elementwise", layer=layer, shape=(numel,), flops_fwd=2.0 * numel,
                       flops_bwd=numel * 1.0, bytes_fwd=numel * (2 * e + 1), bytes_bwd=numel * (2 * e + 1),
-                      # the mask: regenerated from the RNG state by torch.compile (a pointwise tensor), and
-                      # by selective recompute inside the attention core
-                      saves=(Saved(f"{name}.mask", float(numel), "core" if core else "pointwise",
+                      # the mask is kept under torch.compile too (its partitioner never recomputes random
+                      # ops); selective recompute regenerates the attention core's, full recompute every one
+                      saves=(Saved(f"{name}.mask", float(numel), "core" if core else "keep",
                                    tp_sharded=tp_sharded),),
                       attention_core=core))
 

@@ -435,17 +435,19 @@ def cp_ring_exposed_s(send_s: float, cp: int, attn_fwd_s: float, attn_bwd_s: flo
 
     Ring (Megatron-Core cp_comm_type "p2p", ring attention): cp - 1 steps, each sending the KV block on
     while the attention of the block in hand runs (1 / cp of the layer's attention, the chunks balanced);
-    backward sends the KV block and its gradient (twice the bytes). send_s: one block's send:
-    forward = (cp - 1) x max(0, send - attn_fwd / cp); backward = (cp - 1) x max(0, 2 send - attn_bwd / cp).
+    backward sends the KV block and its gradient (twice the bytes), and after the last step the gradient
+    accumulated for each block takes one more hop home with no attention left to hide it. send_s: one
+    block's send: forward = (cp - 1) x max(0, send - attn_fwd / cp);
+    backward = (cp - 1) x max(0, 2 send - attn_bwd / cp) + send.
     e.g. send 2 ms, cp 4, attention 4 ms forward and 10 ms backward: forward 3 x (2 - 1) = 3 ms, backward
-    3 x max(0, 4 - 2.5) = 4.5 ms.
+    3 x max(0, 4 - 2.5) + 2 = 6.5 ms.
     Ref: Liu et al., arXiv 2310.01889 (ring attention, overlap); Megatron-Core
     transformer_engine context parallelism (AttnFuncWithCPAndKVP2P).
     """
     _check_nonneg(send_s=send_s, attn_fwd_s=attn_fwd_s, attn_bwd_s=attn_bwd_s)
     _check_n(cp)
     steps = cp - 1
-    return steps * max(0.0, send_s - attn_fwd_s / cp), steps * max(0.0, 2 * send_s - attn_bwd_s / cp)
+    return steps * max(0.0, send_s - attn_fwd_s / cp), steps * max(0.0, 2 * send_s - attn_bwd_s / cp) + send_s
 
 
 def cp_all_gather_s(kv_block_bytes: float, cp: int, timer: Timer) -> tuple[float, float]:

@@ -279,6 +279,24 @@ def check_layout(layout: Layout, spec: ModelSpec, total_batch_tokens: int | None
         raise LayoutError("; ".join(problems))
 
 
+def cp_attention_problem(layout: Layout, kind: str, windows: str, spec: ModelSpec,
+                         window_pattern: str | None = None) -> str | None:
+    """Why context parallelism cannot run with this attention implementation, or None.
+
+    Context parallelism runs on fused attention kernels only (torch's context_parallel dispatches the
+    flash, efficient and cuDNN SDPA kernels; Megatron-Core needs Transformer Engine's fused attention),
+    and neither takes an explicit mask, so windows made by masking (window < sequence) are out too."""
+    if layout.cp == 1:
+        return None
+    if kind == "unfused_math":
+        return "context parallelism needs a fused attention kernel, not unfused (math) attention"
+    arch = spec.architecture if window_pattern is None else spec.architecture.model_copy(
+        update={"window_pattern": window_pattern})
+    if windows == "mask" and any(w < spec.recipe.seq_len for w in arch.windows(spec.recipe.seq_len)):
+        return "context parallelism cannot run windows this kernel makes by masking"
+    return None
+
+
 def breaks_world_size_rule(layout: Layout, spec: ModelSpec) -> bool:
     """Whether the layout's world size breaks the model's rule (nanochat: a power of two)."""
     return spec.recipe.world_size_rule == "power_of_two" and bool(layout.num_gpus & (layout.num_gpus - 1))

@@ -18,7 +18,7 @@ from ddplan import run
 from ddplan.calibration import CalibrationSpec, measurement_for
 from ddplan.errors import LayoutError, UsageError
 from ddplan.fitting import fitted
-from ddplan.layout import NATIVE_ZERO, Layout, Options, check_layout
+from ddplan.layout import NATIVE_ZERO, Layout, Options, check_layout, cp_attention_problem
 from ddplan.memory import HEADROOM
 from ddplan.price import PricedLayout, Pricer, RunPlan
 from ddplan.specs import HardwareSpec, ModelSpec, Price
@@ -110,6 +110,9 @@ def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, 
             mbs = [m for m in _powers_of_two_up_to(min(per_dp, 64)) if per_dp % m == 0]
             for zero in (req.zero_stages if dp * cp > 1 else (native,)):  # one rank: nothing to shard
                 for attention in impls:
+                    impl = hw.attention_impl(attention)
+                    if cp_attention_problem(Layout(cp=cp), impl.kind, impl.windows, spec):
+                        continue  # context parallelism runs on fused attention kernels only
                     options = req.options.searched(tp, dp * cp, zero, cp)
                     for sched, v in schedules:
                         yield [[Layout(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, micro_batch=mb, grad_accum=per_dp // mb,

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ddplan.errors import LayoutError, UsageError
-from ddplan.layout import NATIVE_ZERO, Layout, Options, check_layout, data_parallel, layout_for, split_batch
+from ddplan.layout import (NATIVE_ZERO, Layout, Options, check_layout, cp_attention_problem, data_parallel, layout_for,
+                           split_batch)
 from ddplan.memory import HEADROOM, MemoryAssumptions, MemoryBreakdown
 from ddplan.price import Pricer, RunPlan
 from ddplan.specs import HardwareSpec, ModelSpec
@@ -201,6 +202,9 @@ def memory_setup(spec: ModelSpec, hw: HardwareSpec, *, gpus: int, tp: int = 1, p
                             grad_accum=split.accum, attention=attention, recompute=recompute, compiled=compiled,
                             options=options)
         check_layout(layout, spec, world_size_rule=False)
+        problem = cp_attention_problem(layout, *attention_mode(hw, attention), spec, window_pattern)
+        if problem:
+            raise LayoutError(f"{attention}: {problem}", field="--cp/--attention")
     except LayoutError as e:
         e.field = e.field or "--gpus/--tp/--pp/--vp/--cp"
         raise

@@ -16,7 +16,8 @@ from ddplan import run
 from ddplan.calibration import CalibrationSpec, StepMeasurement, measurement_for
 from ddplan.errors import LayoutError, UsageError
 from ddplan.fitting import MEASURED_FLAGS, Fit, fitted
-from ddplan.layout import NATIVE_ZERO, Layout, Options, check_layout, data_parallel, layout_for, split_batch
+from ddplan.layout import (NATIVE_ZERO, Layout, Options, check_layout, cp_attention_problem, data_parallel, layout_for,
+                           split_batch)
 from ddplan.memory import HEADROOM
 from ddplan.price import Flag, PricedLayout, Pricer, RunPlan
 from ddplan.specs import Budget, HardwareSpec, ModelSpec, Price
@@ -196,6 +197,10 @@ def _layout(pricer: Pricer, sequences: int, gpus: int, tp: int, pp: int, vp: int
                         grad_accum=split.accum, attention=attention, recompute=rc, compiled=compiled,
                         options=options)
     check_layout(layout, spec, world_size_rule=False)
+    impl = pricer.hw.attention_impl(attention)
+    problem = cp_attention_problem(layout, impl.kind, impl.windows, spec, window)
+    if problem:
+        raise LayoutError(f"{attention}: {problem}")
     flags = []
     if split.change:
         flags.append(Flag("batch", (("change", split.change), ("asked_micro_batch", asked_mb),

@@ -329,10 +329,11 @@ def test_sequence_parallel_splits_every_saved_layer_tensor_over_tp():
     (8, False, "selective", lambda s, b, h, a, t: s * b * h * (10 + 24 / t)),
     (8, True, "selective", lambda s, b, h, a, t: s * b * h * 34 / t),
     (8, True, "full", lambda s, b, h, a, t: 2 * s * b * h / t),
+    (8, False, "full", lambda s, b, h, a, t: 2 * s * b * h),
 ])
 def test_korthikanti_table2_activations_per_layer(tp, sp, recompute, per_layer):
     """Korthikanti et al. 2022 (arXiv 2205.05198) Table 2, activation bytes per layer of GPT-3 22B (s 2048,
-    h 6144, a 48, 16-bit) with dropout 0.1 on the hidden states and the attention probabilities, unfused
+    h 6144, a 64, 16-bit) with dropout 0.1 on the hidden states and the attention probabilities, unfused
     attention: ddplan's saved tensors of the layers / L. What Table 2 leaves out and ddplan keeps: each norm's
     fp32 statistics (4 bytes a row, 2 norms, LayerNorm mean and rstd) and the causal mask (s^2 bool, one for
     all layers, kept under selective/none), so the match is within 0.4%."""
@@ -349,3 +350,20 @@ def test_korthikanti_table2_activations_per_layer(tp, sp, recompute, per_layer):
                     recompute=recompute)
     got = an.saved_split[0] / a.num_layers
     assert got == pytest.approx(per_layer(s, b, h, heads, tp), rel=0.004)
+
+
+def test_dropout_masks_are_kept_under_compile_and_dropped_by_full_recompute():
+    """torch.compile's min-cut partitioner never recomputes random ops, so the hidden dropout masks stay
+    (one byte an element, sbh each, two a layer); full recompute keeps only each layer's input."""
+    from dataclasses import replace as dc_replace
+
+    from ddplan.anatomy import build_anatomy
+    from ddplan.registry import load_model
+
+    spec = load_model("gpt3-22b")
+    s, h = spec.recipe.seq_len, spec.architecture.d_model
+    compiled = build_anatomy(spec, batch=1, attention="flash_package", compiled=True)
+    masks = {n: t.bytes for n, t in compiled.saved_tensors().items() if n.startswith("h0.") and n.endswith(".mask")}
+    assert masks == {"h0.attn.dropout.mask": s * h, "h0.mlp.dropout.mask": s * h}
+    full = dc_replace(compiled, recompute="full")
+    assert not any(n.endswith(".mask") and n.startswith("h0.") for n in full.saved_tensors())
