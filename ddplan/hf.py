@@ -140,6 +140,17 @@ def architecture_from_config(cfg: dict, path: Path) -> tuple[dict, str, list[str
     else:
         raise SpecError(f"model_type {model_type!r} is not one ddplan reads; allowed: "
                         f"{', '.join(LLAMA_LIKE + GPT_LIKE)}", file=str(path), field="model_type")
+    # dropout as the config states it (GPT-2: attn_pdrop / resid_pdrop; Llama, Qwen2, GPT-NeoX:
+    # attention_dropout / hidden_dropout); the embedding dropout (embd_pdrop) is not modelled
+    hidden = _get(cfg, path, "resid_pdrop", "hidden_dropout", default=0.0, kind=float)
+    attention = _get(cfg, path, "attn_pdrop", "attention_dropout", default=0.0, kind=float)
+    if hidden or attention:
+        if not (0 <= hidden < 1 and 0 <= attention < 1):
+            raise SpecError(f"dropout must be in [0, 1), got {hidden}, {attention}", file=str(path),
+                            field="resid_pdrop/attn_pdrop")
+        arch["dropout"] = {"hidden": float(hidden), "attention": float(attention)}
+        notes.append(f"dropout {hidden:g} on hidden states and {attention:g} on attention probabilities, as the "
+                     f"config states (set them to 0 in the spec for a run without)")
     return arch, family, notes
 
 

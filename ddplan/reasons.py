@@ -93,7 +93,10 @@ def plan_no_rows(result) -> list[str]:
         out.append(f"{result.rejected['divisibility']:,} layouts do not divide evenly, e.g. "
                    f"{result.why_not['divisibility']}.")
     if not result.considered:
-        out.append("No candidate layout: check --gpus against the heads, layers and batch.")
+        cp = result.request.cps if result.request is not None else ()
+        out.append("No candidate layout: check --gpus against the heads, layers and batch"
+                   + (f", and --cp {','.join(map(str, cp))} against the GPUs and the attention kernels" if cp else "")
+                   + ".")
     return out
 
 

@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from ddplan.errors import SpecError
 from ddplan.hf import config_path, spec_from_config
 from ddplan.params import total_params
 from ddplan.registry import load_model
@@ -111,3 +112,16 @@ def test_not_json_and_missing(capsys, tmp_path):
     assert "no such file" in err
     _, err = fails(capsys, ["specs", "import", str(p), "-o", str(tmp_path / "x.txt")])
     assert "--out" in err
+
+
+def test_dropout_as_the_config_states_it(tmp_path):
+    """openai-community/gpt2's config.json has attn_pdrop 0.1 and resid_pdrop 0.1: the spec runs with them
+    (their masks in memory); a Llama config has attention_dropout 0.0: none."""
+    gpt2 = dict(CONFIGS["gpt2"][0], attn_pdrop=0.1, resid_pdrop=0.1, embd_pdrop=0.1)
+    spec = spec_from_config(_write(tmp_path, "gpt2", gpt2))
+    assert (spec.architecture.dropout.hidden, spec.architecture.dropout.attention) == (0.1, 0.1)
+    llama = dict(CONFIGS["llama-3-8b"][0], attention_dropout=0.0)
+    spec = spec_from_config(_write(tmp_path, "llama", llama))
+    assert (spec.architecture.dropout.hidden, spec.architecture.dropout.attention) == (0.0, 0.0)
+    with pytest.raises(SpecError, match="dropout must be in"):
+        spec_from_config(_write(tmp_path, "bad", dict(CONFIGS["gpt2"][0], attn_pdrop=1.5)))
