@@ -231,7 +231,7 @@ def data_parallel(gpus: int, tp: int = 1, pp: int = 1, cp: int = 1) -> int:
 def layout_for(spec: ModelSpec, *, gpus: int, tp: int = 1, pp: int = 1, vp: int = 1, cp: int = 1,
                zero: int | None = None, micro_batch: int, grad_accum: int, attention: str, recompute: str = "none",
                compiled: bool | None = None, options: Options = Options()) -> Layout:
-    """The layout of `gpus` GPUs in total: dp = gpus / (tp x pp); the model's native ZeRO stage unless one is
+    """The layout of `gpus` GPUs in total: dp = gpus / (tp x pp x cp); the model's native ZeRO stage unless one is
     given (and always at dp 1, where there is nothing to shard); interleaved when vp > 1; the options
     where they apply. The one place `table`, `memory` and a measurement turn GPU counts into a layout."""
     dp = data_parallel(gpus, tp, pp, cp)
