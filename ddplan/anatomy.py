@@ -96,6 +96,7 @@ class Anatomy:
     tp: int = 1  # the ops are one tensor-parallel rank's share
     sequence_parallel: bool = False  # with tp: norms, residual stream and saved inputs split over tp too
     cp: int = 1  # and one context-parallel rank's: seq_len is then its s / cp tokens of each sequence
+    ep: int = 1  # expert parallelism: this rank holds num_experts / ep of each block's routed experts
 
     @property
     def tokens(self) -> int:
@@ -210,18 +211,20 @@ def attention_pairs(seq_len: int, window: int, kind: AttentionKind, windows: Win
 class _Builder:
     """Accumulates ops for one model and micro-batch; one method per kind of operation."""
 
-    def __init__(self, spec: ModelSpec, batch: int, seq_len: int):
-        self.spec, self.a = spec, spec.architecture
+    def __init__(self, spec: ModelSpec, batch: int, seq_len: int, ep: int = 1):
+        self.spec, self.a, self.ep = spec, spec.architecture, ep
         self.b, self.s, self.t = batch, seq_len, batch * seq_len
         self.e = dtype_bytes(spec.dtypes.compute)  # activation element size
         self.ops: list[Op] = []
 
     def gemm(self, name: str, layer: int | None, k: int, n: int, x: str, weight_group: str,
-             *, x_saved_tag: SaveTag = "keep", m: int | None = None, x_bytes: float | None = None) -> None:
+             *, x_saved_tag: SaveTag = "keep", m: float | None = None, x_bytes: float | None = None,
+             experts: int = 1) -> None:
         """y = x @ W^T: x (m x k) saved as `x`; the weight is cast from its master dtype to compute dtype.
 
         A cast weight (fp32 master -> bf16) is a new tensor that the matmul saves; a weight already in
-        compute dtype is saved by reference (no new bytes).
+        compute dtype is saved by reference (no new bytes). experts > 1: a grouped GEMM of that many
+        k x n weights, the m rows split evenly (its shape names one expert's m / experts rows).
         """
         m = self.t if m is None else m
         e, w_master = self.e, dtype_bytes(self.spec.dtypes.params.get(weight_group, self.spec.dtypes.compute))
@@ -229,15 +232,16 @@ class _Builder:
         saves = [Saved(x, m * k * e if x_bytes is None else x_bytes, x_saved_tag,
                        tp_sharded=tp_split(name, "gemm") == "k")]
         cast = w_master != e
+        w = k * n * experts  # weight elements
         if cast:
-            saves.append(Saved(f"{name}.weight_cast", k * n * e, "pointwise"))
+            saves.append(Saved(f"{name}.weight_cast", w * e, "pointwise"))
         self.ops.append(Op(
-            name=name, kind="gemm", layer=layer, shape=(m, n, k),
+            name=name, kind="gemm", layer=layer, shape=(max(1, round(m / experts)), n, k),
             flops_fwd=2.0 * m * n * k, flops_bwd=4.0 * m * n * k,
             # forward reads x, W (and the master for the cast), writes y; backward reads dY, x, W,
             # writes dX and dW (accumulated into the master-dtype grad)
-            bytes_fwd=m * k * e + k * n * e + m * n * e + (k * n * (w_master + e) if cast else 0),
-            bytes_bwd=m * n * e * 2 + m * k * e * 2 + k * n * e * 2 + (k * n * w_master * 2 if cast else 0),
+            bytes_fwd=m * k * e + w * e + m * n * e + (w * (w_master + e) if cast else 0),
+            bytes_bwd=m * n * e * 2 + m * k * e * 2 + w * e * 2 + (w * w_master * 2 if cast else 0),
             saves=tuple(saves),
         ))
 
@@ -272,15 +276,20 @@ class _Builder:
 def build_anatomy(spec: ModelSpec, *, batch: int, seq_len: int | None = None,
                   attention: AttentionKind = "flash_package", windows: WindowSupport = "native",
                   recompute: Recompute = "none", compiled: bool = False,
-                  window_pattern: str | None = None, tp: int = 1) -> Anatomy:
+                  window_pattern: str | None = None, tp: int = 1, ep: int = 1) -> Anatomy:
     """The ops of one forward+backward of `batch` sequences of `seq_len` tokens (default: the recipe's).
 
     tp > 1: one tensor-parallel rank's share (Megatron: Q/K/V, MLP-in and lm_head split by columns,
     the output projections by rows, heads split, norms and the residual stream replicated, no sequence
     parallelism). Ref: Shoeybi et al., arXiv 1909.08053, sec. 3; Korthikanti et al., arXiv 2205.05198, sec. 4.
+    ep > 1: one expert-parallel rank's share of a mixture-of-experts model (num_experts / ep experts, see _moe).
     """
-    if tp < 1:
-        raise ValueError(f"tp must be >= 1, got {tp}")
+    if tp < 1 or ep < 1:
+        raise ValueError(f"tp and ep must be >= 1, got {tp}, {ep}")
+    moe = spec.architecture.moe
+    if ep > 1 and (moe is None or moe.num_experts % ep):
+        raise ValueError(f"ep={ep} must divide the number of experts "
+                         f"({moe.num_experts if moe else 'none: a dense model'})")
     if batch <= 0:
         raise ValueError(f"batch must be positive, got {batch}")
     s = spec.recipe.seq_len if seq_len is None else seq_len
@@ -291,20 +300,23 @@ def build_anatomy(spec: ModelSpec, *, batch: int, seq_len: int | None = None,
     if window_pattern is not None:
         spec = spec.model_copy(update={"architecture": spec.architecture.model_copy(
             update={"window_pattern": window_pattern})})
-    bld = _Builder(spec, batch, s)
+    bld = _Builder(spec, batch, s, ep)
     _embeddings(bld)
     for i, window in enumerate(spec.architecture.windows(s)):
         _block(bld, i, window, attention, windows)
     _head(bld)
     ops = tuple(bld.ops) if tp == 1 else tuple(_tp_share(op, tp) for op in bld.ops)
     return Anatomy(model=spec.name, batch=batch, seq_len=s, attention=attention, windows=windows,
-                   recompute=recompute, compiled=compiled, ops=ops, optimizer_ops=tuple(optimizer_ops(spec)), tp=tp)
+                   recompute=recompute, compiled=compiled, ops=ops, optimizer_ops=tuple(optimizer_ops(spec)), tp=tp,
+                   ep=ep)
 
 
-_COL = (".c_q", ".c_k", ".c_v", ".ve_gate", ".mlp.c_fc", ".mlp.gate", ".mlp.up")
-_ROW = (".attn.c_proj", ".mlp.c_proj")
+# expert MLPs split over tp as the dense MLP is (Megatron-Core's expert tensor parallelism = tp)
+_COL = (".c_q", ".c_k", ".c_v", ".ve_gate", ".mlp.c_fc", ".mlp.gate", ".mlp.up", ".experts.c_fc", ".experts.gate",
+        ".experts.up", ".shared.c_fc", ".shared.gate", ".shared.up")
+_ROW = (".attn.c_proj", ".mlp.c_proj", ".experts.c_proj", ".shared.c_proj")
 _NUMEL = (".attn.rope", ".attn.q_norm", ".attn.k_norm", ".attn.ve_mix", ".ve", ".mlp.act", ".attn.repeat_kv",
-          ".attn.probs_dropout")
+          ".attn.probs_dropout", ".experts.act", ".shared.act")
 _HEAD = ("logits_cast", "logits_softcap", "cross_entropy")
 
 
@@ -494,25 +506,72 @@ def _block(bld: _Builder, i: int, window: int, kind: AttentionKind, windows: Win
     _dropout(bld, f"{p}.attn.dropout", i, t * c, a.dropout.hidden)
     bld.pointwise(f"{p}.resid_add1", i, t * c, reads=2, flops_per_element=1.0, bwd_reads=1, bwd_writes=1)
     bld.norm(f"{p}.norm2", i, f"{p}.x_mid", a.norm_learnable)
-    f = a.mlp_hidden_dim
-    if a.mlp == "swiglu":
-        bld.gemm(f"{p}.mlp.gate", i, c, f, f"{p}.xn2", "block_matrices", x_saved_tag="pointwise")
-        bld.gemm(f"{p}.mlp.up", i, c, f, f"{p}.xn2", "block_matrices", x_saved_tag="pointwise")
-        # silu(g) * u: silu saves g, the product saves silu(g) and u
-        bld.pointwise(f"{p}.mlp.act", i, t * f, reads=2, flops_per_element=5.0,
-                      saves=(Saved(f"{p}.mlp.g", t * f * e), Saved(f"{p}.mlp.u", t * f * e),
-                             Saved(f"{p}.mlp.silu_g", t * f * e, "pointwise")))
+    if a.is_moe_layer(i):
+        _moe(bld, i)
     else:
-        bld.gemm(f"{p}.mlp.c_fc", i, c, f, f"{p}.xn2", "block_matrices", x_saved_tag="pointwise")
-        # relu^2: relu saves its output and square saves its input, the same tensor; gelu saves its input
-        acts = (Saved(f"{p}.mlp.h", t * f * e, "pointwise"),)
-        bld.pointwise(f"{p}.mlp.act", i, t * f, reads=1, flops_per_element=2.0 if a.mlp == "relu2" else 8.0,
-                      saves=acts)
-    bld.gemm(f"{p}.mlp.c_proj", i, f, c, f"{p}.mlp.act_out", "block_matrices")
+        _mlp(bld, i, f"{p}.mlp", a.mlp_hidden_dim, f"{p}.xn2", "block_matrices")
     bld.ops[-1] = _replace(bld.ops[-1], recompute_skip=("full",))
     _dropout(bld, f"{p}.mlp.dropout", i, t * c, a.dropout.hidden)
     bld.pointwise(f"{p}.resid_add2", i, t * c, reads=2, flops_per_element=1.0, bwd_reads=1, bwd_writes=1)
     bld.ops[-1] = _replace(bld.ops[-1], recompute_skip=("full",))
+
+
+def _mlp(bld: _Builder, i: int, p: str, f: int, x: str, group: str, *, rows: float | None = None,
+         experts: int = 1, x_tag: SaveTag = "pointwise") -> None:
+    """An MLP of width f on `rows` token rows (default: the micro-batch's tokens) read from tensor `x`:
+    SwiGLU (gate, up, silu(g) * u, down) or one matrix, an activation and down. experts > 1: that many
+    experts' MLPs as one grouped GEMM each (the rows split evenly over them; weights of every expert read)."""
+    a, e = bld.a, bld.e
+    c, t = a.d_model, bld.t if rows is None else rows
+    if a.mlp == "swiglu":
+        bld.gemm(f"{p}.gate", i, c, f, x, group, x_saved_tag=x_tag, m=t, experts=experts)
+        bld.gemm(f"{p}.up", i, c, f, x, group, x_saved_tag=x_tag, m=t, experts=experts)
+        # silu(g) * u: silu saves g, the product saves silu(g) and u
+        bld.pointwise(f"{p}.act", i, t * f, reads=2, flops_per_element=5.0,
+                      saves=(Saved(f"{p}.g", t * f * e), Saved(f"{p}.u", t * f * e),
+                             Saved(f"{p}.silu_g", t * f * e, "pointwise")))
+    else:
+        bld.gemm(f"{p}.c_fc", i, c, f, x, group, x_saved_tag=x_tag, m=t, experts=experts)
+        # relu^2: relu saves its output and square saves its input, the same tensor; gelu saves its input
+        acts = (Saved(f"{p}.h", t * f * e, "pointwise"),)
+        bld.pointwise(f"{p}.act", i, t * f, reads=1, flops_per_element=2.0 if a.mlp == "relu2" else 8.0,
+                      saves=acts)
+    bld.gemm(f"{p}.c_proj", i, f, c, f"{p}.act_out", group, m=t, experts=experts)
+
+
+def _moe(bld: _Builder, i: int) -> None:
+    """A mixture-of-experts MLP, as Megatron-Core's MoELayer with the all-to-all dispatcher runs it:
+    router GEMM (d_model -> num_experts) and softmax/top-k in fp32; permute each token's top_k copies into
+    expert order; the local experts' MLPs as grouped GEMMs on tokens x top_k rows (padded to capacity
+    when a capacity factor is set); un-permute and sum the copies weighted by their routing
+    probabilities; shared experts as a dense MLP beside them. One expert-parallel rank holds
+    num_experts / ep experts and, routing balanced, computes as many rows as its own tokens send out,
+    so EP changes the rows per expert (and the weights read), not the FLOPs. The all-to-alls that move
+    the rows between ranks are priced in ddplan.step (comm.moe_all_to_all_s).
+    Ref: Megatron-Core megatron/core/transformer/moe (router.py TopKRouter, token_dispatcher.py
+    MoEAlltoAllTokenDispatcher, experts.py GroupedMLP); Fedus et al., arXiv 2101.03961, sec. 2.2."""
+    a, t, e, moe = bld.a, bld.t, bld.e, bld.a.moe
+    c, p, experts = a.d_model, f"h{i}", moe.num_experts
+    rows = moe.routed_tokens(t)
+    bld.gemm(f"{p}.moe.router", i, c, experts, f"{p}.xn2", "router", x_saved_tag="pointwise")
+    # softmax over experts in fp32 (saves its output), top-k (saves the int64 indices)
+    bld.pointwise(f"{p}.moe.route", i, t * experts, reads=1, flops_per_element=6.0, elem_bytes=4,
+                  saves=(Saved(f"{p}.moe.probs", t * experts * 4.0, tp_sharded=False),
+                         Saved(f"{p}.moe.indices", t * moe.top_k * 8.0, tp_sharded=False)))
+    # permute: gather each token's top_k copies into expert order (a new tensor the experts' GEMMs save)
+    bld.pointwise(f"{p}.moe.permute", i, rows * c, reads=1, flops_per_element=0.0, bwd_reads=1, bwd_writes=1)
+    _mlp(bld, i, f"{p}.experts", moe.expert_hidden_dim, f"{p}.moe.permuted", "experts", rows=rows,
+         experts=max(1, experts // bld.ep), x_tag="keep")
+    # un-permute and combine: y = sum over k of prob_k x expert_out_k; saves the expert outputs and weights
+    bld.pointwise(f"{p}.moe.combine", i, rows * c, reads=2, flops_per_element=2.0,
+                  saves=(Saved(f"{p}.moe.expert_out", rows * c * e), Saved(f"{p}.moe.weights", t * moe.top_k * 4.0,
+                                                                          tp_sharded=False)))
+    if moe.shared_width:
+        _mlp(bld, i, f"{p}.shared", moe.shared_width, f"{p}.xn2", "block_matrices")
+        if moe.shared_expert_gate:  # Qwen2-MoE: sigmoid(x @ w_gate) x shared expert output
+            bld.gemm(f"{p}.moe.shared_gate", i, c, 1, f"{p}.xn2", "router", x_saved_tag="pointwise")
+            bld.pointwise(f"{p}.moe.shared_mix", i, t * c, reads=2, flops_per_element=2.0,
+                          saves=(Saved(f"{p}.shared.out", t * c * e),))
 
 
 def _dropout(bld: _Builder, name: str, layer: int, numel: int, p: float, core: bool = False,

@@ -233,6 +233,8 @@ def memory_cmd(
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel degree."),
     vp: int = typer.Option(1, "--vp", help="Interleaved chunks per pipeline stage (1: 1F1B)."),
     cp: int = typer.Option(1, "--cp", help="Context-parallel degree: each sequence split over cp GPUs."),
+    ep: int = typer.Option(1, "--ep", help="Expert-parallel degree (mixture-of-experts models): routed experts split "
+                           "over ep of the data-parallel GPUs."),
     cp_comm: str = CpCommOpt,
     zero: str = typer.Option("0,1,2,3", "--zero", help="ZeRO stages to show, comma-separated; one stage: the "
                              "verdict is about it (default: the model's native stage)."),
@@ -272,18 +274,21 @@ def memory_cmd(
     from ddplan.provenance import provenance
     from ddplan.sizing import PEAK_TOLERANCE, consistent_with, memory_setup, what_fits, zero_rows
 
-    _check((gpus, "--gpus"), (tp, "--tp"), (pp, "--pp"), (vp, "--vp"), (cp, "--cp"), (device_batch_size, "--device-batch-size"),
+    _check((gpus, "--gpus"), (tp, "--tp"), (pp, "--pp"), (vp, "--vp"), (cp, "--cp"), (ep, "--ep"),
+           (device_batch_size, "--device-batch-size"),
            (measured_peak, "--measured-peak"), (headroom, "--headroom"))
     stages = _int_list(zero, "--zero", allowed=(0, 1, 2, 3))
     options = _options(sequence_parallel, False, tp, shard_group, reshard_after_forward, overlap_param_gather, cp_comm)
     spec, hw, cal = _inputs(model, hardware, calibration, seq_len, dtype)
+    options = options.for_model(spec)
     if cal is not None and measured_peak is None:
         from ddplan.calibration import steps_for_model
 
         peaks = [m.peak_memory_gb for m in steps_for_model(cal, {spec.name, *spec.aliases}) if m.peak_memory_gb]
         measured_peak = peaks[0] if peaks else None
     _check_pattern(window_pattern)
-    setup = memory_setup(spec, hw, gpus=gpus, tp=tp, pp=pp, vp=vp, cp=cp, micro_batch=device_batch_size, attention=attention,
+    setup = memory_setup(spec, hw, gpus=gpus, tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, micro_batch=device_batch_size,
+                         attention=attention,
                          recompute=_choices(recompute, "--recompute", RECOMPUTE)[0], compiled=compiled,
                          window_pattern=window_pattern, headroom=headroom, options=options)
     if len(stages) == 1:  # one stage asked about: the verdict is about it (else the model's native stage)
@@ -338,6 +343,8 @@ def table_cmd(
     cp: str = typer.Option("1", "--cp", help="Context-parallel degrees, comma-separated: each sequence split over "
                            "cp GPUs (ring attention)."),
     cp_comm: str = CpCommOpt,
+    ep: str = typer.Option("1", "--ep", help="Expert-parallel degrees (mixture-of-experts models), comma-separated: "
+                           "routed experts split over ep of the data-parallel GPUs."),
     zero: str = typer.Option(None, "--zero", help="ZeRO stages 0-3 (3 = FSDP), comma-separated (default: the "
                              "model's native data-parallel setup)."),
     device_batch_size: str = typer.Option(None, "--device-batch-size", help="Sequences per GPU per micro-batch, "
@@ -423,7 +430,8 @@ def table_cmd(
            (checkpoint_every, "--checkpoint-every"), (headroom, "--headroom"),
            (interruptions, "--interruptions-per-gpu-hour"), (restart_min, "--restart-min"))
     gpu_list = tuple(_int_list(gpus, "--gpus", ranges=True))
-    tps, pps, vps, cps = (tuple(_int_list(v, f)) for v, f in ((tp, "--tp"), (pp, "--pp"), (vp, "--vp"), (cp, "--cp")))
+    tps, pps, vps, cps, eps = (tuple(_int_list(v, f)) for v, f in ((tp, "--tp"), (pp, "--pp"), (vp, "--vp"),
+                                                                  (cp, "--cp"), (ep, "--ep")))
     options = _options(sequence_parallel, tp_comm_overlap, max(tps), shard_group, reshard_after_forward,
                        overlap_param_gather, cp_comm)
     zeros = tuple(_int_list(zero, "--zero", allowed=(0, 1, 2, 3))) if zero else ()
@@ -437,6 +445,7 @@ def table_cmd(
         raise UsageError(f"give at most one of --steps, --tokens, --param-data-ratio (got {', '.join(given)})",
                          field=given[1])
     spec, hw, cal = _inputs(model, hardware, calibration, seq_len, dtype)
+    options = options.for_model(spec)
     budget = None
     if given:
         budget = Budget(steps=steps, tokens=int(tokens) if tokens else None, param_data_ratio=param_data_ratio,
@@ -463,7 +472,8 @@ def table_cmd(
         raise UsageError("needs --measured-step-time",
                          field="--measured-gpus/--measured-tp/--measured-pp/--measured-attention/--measured-window")
     req = TableRequest(
-        model=spec, hardware=hw, gpus=gpu_list, tps=tps, pps=pps, vps=vps, cps=cps, zeros=zeros, micro_batches=mbs,
+        model=spec, hardware=hw, gpus=gpu_list, tps=tps, pps=pps, vps=vps, cps=cps, eps=eps, zeros=zeros,
+        micro_batches=mbs,
         recomputes=recomputes, attentions=tuple(a.strip() for a in attention.split(",")) if attention else (),
         windows=windows, total_batch_tokens=total_batch_size, budget=budget, price=price_spec,
         overheads=RunOverheads(startup_s=startup_min * 60, eval_every_steps=eval_every, eval_tokens=eval_tokens,
@@ -686,6 +696,9 @@ def plan_cmd(
     shard_group: int = ShardGroupOpt,
     reshard_after_forward: bool = ReshardOpt,
     overlap_param_gather: bool = ParamGatherOpt,
+    ep: str = typer.Option(None, "--ep", help="Expert-parallel degrees to search, comma-separated (default: every "
+                           "power of two that divides the experts and the data-parallel GPUs; mixture-of-experts "
+                           "models only)."),
     cp: str = typer.Option(None, "--cp", help="Context-parallel degrees to search, comma-separated (default: 1, and "
                            "each power of two up to 16 leaving a GPU at least 4,096 tokens of a sequence)."),
     cp_comm: str = CpCommOpt,
@@ -727,8 +740,9 @@ def plan_cmd(
     price_spec = None if price is None else Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price",
                                                   date=dt.date.today(), source="given on the command line")
     options = _options(sequence_parallel, tp_comm_overlap, None, shard_group, reshard_after_forward,
-                       overlap_param_gather, cp_comm)
-    req = PlanRequest(cps=tuple(_int_list(cp, "--cp")) if cp else (),model=spec, hardware=hws, gpus=gpu_list, objective=objective.value,
+                       overlap_param_gather, cp_comm).for_model(spec)
+    req = PlanRequest(cps=tuple(_int_list(cp, "--cp")) if cp else (), eps=tuple(_int_list(ep, "--ep")) if ep else (),
+                      model=spec, hardware=hws, gpus=gpu_list, objective=objective.value,
                       deadline_h=deadline, budget_usd=budget, top=top,
                       calibration=cal, calibration_path=calibration, price=price_spec,
                       overheads=RunOverheads(startup_s=startup_min * 60), total_batch_tokens=total_batch_size,

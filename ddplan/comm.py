@@ -466,6 +466,46 @@ def cp_all_gather_s(kv_block_bytes: float, cp: int, timer: Timer) -> tuple[float
 
 
 # --------------------------------------------------------------------------------------------
+# Expert parallelism (mixture of experts)
+
+
+def moe_rows_bytes(tokens: float, top_k: int, d_model: int, elem_bytes: float,
+                   capacity_factor: float | None = None) -> float:
+    """Bytes of one rank's routed rows, the buffer each MoE all-to-all carries: tokens x top_k (x the
+    capacity factor, when experts are padded to capacity) x d_model x elem_bytes.
+    e.g. 4,096 tokens, top-2, 4,096 wide, bf16: 4096 x 2 x 4096 x 2 = 67,108,864 B."""
+    _check_pos(tokens=tokens, top_k=top_k, d_model=d_model, elem_bytes=elem_bytes)
+    return tokens * top_k * (capacity_factor or 1.0) * d_model * elem_bytes
+
+
+def moe_layer_comm_s(rows_bytes: float, ep: int, tp: int, ep_timer: Timer, tp_timer: Timer) -> tuple[float, float]:
+    """(forward, backward) seconds of one MoE layer's token exchange, on the critical path.
+
+    Megatron-Core's all-to-all dispatcher (MoEAlltoAllTokenDispatcher): the rows go to their experts'
+    ranks in one all-to-all over the ep group (dispatch) and come back in another (combine); with expert
+    tensor parallelism (= tp here, sequence parallel) the received rows are all-gathered over tp before
+    the experts and reduce-scattered after. Backward runs the transposes: the same bytes again.
+    An all-to-all of a B-byte buffer over n ranks sends (n - 1) / n of it from each rank, as an all-gather
+    whose output is B does, and nccl-tests defines both bus bandwidths alike (busbw = algbw (n - 1) / n):
+    it is timed as that all-gather, on the links of its ep group's placement. Routing is taken as
+    balanced (every rank sends and receives rows_bytes); the imbalance of real dropless routing, and any
+    overlap with compute (DeepSeek-V3's DualPipe, Megatron-Core's 1F1B all-to-all overlap), are not
+    modelled. e.g. 64 MiB of rows, ep 8 at 300 GB/s: each all-to-all 7/8 x 67.1 MB / 300 GB/s = 0.196 ms
+    (+ latency), forward and backward 2 of them each.
+    Ref: Megatron-Core megatron/core/transformer/moe/token_dispatcher.py; nccl-tests doc/PERFORMANCE.md
+    (AllToAll bus bandwidth); Lepikhin et al., GShard, arXiv 2006.16668, sec. 3.2 (dispatch/combine).
+    """
+    _check_nonneg(rows_bytes=rows_bytes)
+    _check_n(ep)
+    _check_n(tp)
+    a2a = ep_timer.time_s("all_gather", rows_bytes, ep) if ep > 1 else 0.0
+    etp = (tp_timer.time_s("all_gather", rows_bytes * tp, tp) + tp_timer.time_s("reduce_scatter", rows_bytes * tp, tp)
+           if tp > 1 else 0.0)
+    one = 2 * a2a + etp
+    return one, one
+
+
+# --------------------------------------------------------------------------------------------
 # Tensor parallelism (Megatron)
 
 TP_ALLREDUCES_PER_LAYER_FWD = 2  # after attention and after the MLP (operator g)

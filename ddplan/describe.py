@@ -24,7 +24,10 @@ def list_rows() -> list[dict[str, str]]:
         m = registry.load_model(name)
         a = m.architecture
         rows.append({"kind": "model", "name": m.name, "aliases": ", ".join(m.aliases),
-                     "summary": f"{params.total_params(a) / 1e6:,.0f}M params, {a.num_layers} layers x {a.d_model}, "
+                     "summary": f"{params.total_params(a) / 1e6:,.0f}M params"
+                                + (f" ({params.active_params(a) / 1e6:,.0f}M active, {a.moe.num_experts} experts, "
+                                   f"top {a.moe.top_k})" if a.moe else "")
+                                + f", {a.num_layers} layers x {a.d_model}, "
                                 f"{a.num_heads} heads ({a.num_kv_heads} kv), vocab {a.vocab_size}"})
     rows.append({"kind": "model", "name": "nanochat-dN", "aliases": "dN",
                  "summary": "any nanochat depth N, by nanochat's depth rule (e.g. d12, d30)"})
@@ -87,6 +90,9 @@ def model_figures(m: ModelSpec) -> Derived:
     out: Derived = [(f"params: {g}", n, "params", "ddplan.params.param_counts") for g, n in counts.items() if n]
     out += [
         ("params: total", params.total_params(a), "params", "sum of the groups"),
+        *([("params: active", params.active_params(a), "params",
+            f"total less the routed experts a token skips ({a.moe.top_k} of {a.moe.num_experts} used)")]
+          if a.moe else []),
         ("params: scaling (nanochat)", params.scaling_params(a), "params", "transformer matrices + lm_head"),
         ("params: non-embedding", params.non_embedding_params(a), "params", "total - wte - wpe - value embeddings"),
         ("windows per layer", _windows_text(a.windows(m.recipe.seq_len)), "tokens",
@@ -99,7 +105,8 @@ def model_figures(m: ModelSpec) -> Derived:
              "korthikanti": "72 B L s h^2 (1 + s/6h + V/12hL) / (B s) (arXiv 2205.05198 Eq. 7; GPT layer)",
              "megatron_hfu": "96 B s l h^2 (1 + s/6h + V/16lh) / (B s), full recompute (arXiv 2104.04473 Eq. 3)"}
     for conv, source in names.items():
-        out.append((f"FLOPs/token: {conv}", flops.flops_per_token(a, t, conv), "FLOP", source))
+        if a.moe is None or conv not in ("korthikanti", "megatron_hfu"):  # dense GPT formulas
+            out.append((f"FLOPs/token: {conv}", flops.flops_per_token(a, t, conv), "FLOP", source))
     tokens = m.recipe.total_batch_tokens
     out.append(("steps (recipe budget)", run.steps_for(m, m.recipe.budget, tokens), "steps",
                 f"{m.recipe.budget.model_dump(exclude_none=True)} at {tokens:,} tokens/step"))

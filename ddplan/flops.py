@@ -13,14 +13,19 @@ CONVENTIONS = ("nanochat", "palm", "exact", "korthikanti", "megatron_hfu")
 
 
 def matmul_params(arch: Architecture) -> int:
-    """Weights of every Linear (block matrices, lm_head, the nanochat gates): the N of 6N.
+    """Weights of every Linear a token passes through (block matrices, lm_head, the nanochat gates, the
+    router and top_k of the routed experts): the N of 6N.
 
     Embedding lookups (wte, wpe, value embeddings) cost no matmul FLOPs. A tied lm_head is a matmul
-    with the wte table, so it counts here. Ref: nanochat gpt.py `estimate_flops` (reference/nanochat.md).
+    with the wte table, so it counts here. Mixture of experts: the active routed experts only (top_k /
+    num_experts of them), the convention of Mixtral's and DeepSeek-V3's "activated parameters"; padding
+    to capacity is hardware work, not model FLOPs. Ref: nanochat gpt.py `estimate_flops`
+    (reference/nanochat.md); DeepSeek-V3, arXiv 2412.19437, sec. 3.1 and Table 1.
     """
     c = param_counts(arch)
     lm_head = c["lm_head"] if not arch.tied_embeddings else c["wte"]
-    return c["block_matrices"] + lm_head + c["ve_gates"] + c["smear_gate"]
+    experts = c["experts"] * arch.moe.top_k / arch.moe.num_experts if arch.moe else 0
+    return c["block_matrices"] + lm_head + c["ve_gates"] + c["smear_gate"] + c["router"] + round(experts)
 
 
 def nanochat_flops_per_token(arch: Architecture, seq_len: int) -> float:
@@ -88,6 +93,9 @@ def flops_per_token(arch: Architecture, seq_len: int, convention: str) -> float:
         return palm_flops_per_token(arch, seq_len)
     if convention == "exact":
         return exact_flops_per_token(arch, seq_len)
+    if arch.moe is not None and convention in ("korthikanti", "megatron_hfu"):
+        raise ValueError(f"the {convention} FLOPs formula is for dense GPT layers; a mixture-of-experts model "
+                         f"needs nanochat, palm or exact")
     if convention == "korthikanti":
         return korthikanti_flops_per_iteration(1, seq_len, arch.num_layers, arch.d_model, arch.vocab_size) / seq_len
     if convention == "megatron_hfu":

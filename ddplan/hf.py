@@ -5,10 +5,12 @@ writes it as YAML for editing. The architecture comes from the config; what a co
 (precision, optimizer, distribution, recipe, budget) comes from the stated defaults below, each named
 in the spec's `source` fields, so that `table`'s assumptions list them.
 
-Families: Llama, Mistral, Qwen2, Gemma (decoder-only, RMSNorm, RoPE, gated MLP), GPT-2 and GPT-NeoX
-(LayerNorm, biases, GELU MLP). Mixture-of-experts configs are refused: ddplan does not model experts yet.
+Families: Llama, Mistral, Qwen2, Qwen3, Gemma (decoder-only, RMSNorm, RoPE, gated MLP), GPT-2 and
+GPT-NeoX (LayerNorm, biases, GELU MLP), and the mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE and
+OLMoE. DeepSeek-V2/V3 are refused: their multi-head latent attention is not modelled.
 Field names follow transformers' configuration classes (LlamaConfig, MistralConfig, Qwen2Config,
-GemmaConfig, GPT2Config, GPTNeoXConfig).
+Qwen3Config, GemmaConfig, GPT2Config, GPTNeoXConfig, MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig,
+OlmoeConfig).
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from ddplan.errors import SpecError
 DEFAULT_SEQ_LEN = 4096  # capped at the config's max_position_embeddings
 DEFAULT_BATCH_TOKENS = 4_194_304  # 4M tokens: Llama 2 (arXiv 2307.09288 sec. 2.2) and Llama 3's first stage
 DEFAULT_TOKENS_PER_PARAM = 20  # Chinchilla (Hoffmann et al., arXiv 2203.15556): ~20 tokens per parameter
-LLAMA_LIKE = ("llama", "mistral", "qwen2", "gemma")
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "gemma")
+MOE_LIKE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
 GPT_LIKE = ("gpt2", "gpt_neox")
-MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+READ = LLAMA_LIKE + MOE_LIKE + GPT_LIKE
 MAX_CONFIG_BYTES = 1_000_000
 
 
@@ -80,13 +83,11 @@ def architecture_from_config(cfg: dict, path: Path) -> tuple[dict, str, list[str
     if not isinstance(model_type, str):
         raise SpecError("missing model_type (a Hugging Face config names its architecture there)", file=str(path),
                         field="model_type")
-    moe = [k for k in MOE_KEYS if isinstance(cfg.get(k), int) and cfg[k] > 1]
-    if moe or "moe" in model_type:
-        raise SpecError(f"a mixture-of-experts config ({model_type}, {', '.join(f'{k}={cfg[k]}' for k in moe)}): "
-                        f"ddplan does not model experts yet; allowed model_type: "
-                        f"{', '.join(LLAMA_LIKE + GPT_LIKE)}", file=str(path), field="model_type")
+    if model_type.startswith("deepseek") or "kv_lora_rank" in cfg:
+        raise SpecError(f"{model_type}: multi-head latent attention (kv_lora_rank) is not modelled; allowed "
+                        f"model_type: {', '.join(READ)}", file=str(path), field="model_type")
     notes: list[str] = []
-    if model_type in LLAMA_LIKE:
+    if model_type in LLAMA_LIKE + MOE_LIKE:
         d = _get(cfg, path, "hidden_size")
         heads = _get(cfg, path, "num_attention_heads")
         arch = dict(
@@ -99,7 +100,7 @@ def architecture_from_config(cfg: dict, path: Path) -> tuple[dict, str, list[str
             linear_bias=False, tied_embeddings=_get(cfg, path, "tie_word_embeddings", default=model_type == "gemma",
                                                     kind=bool),
             position="rope")
-        if model_type == "qwen2":
+        if model_type in ("qwen2", "qwen2_moe"):
             arch["qkv_bias"] = True  # Qwen2Attention: q_proj, k_proj, v_proj with bias; o_proj and the MLP without
         if _get(cfg, path, "attention_bias", default=False, kind=bool) or _get(cfg, path, "mlp_bias", default=False,
                                                                                kind=bool):
@@ -110,6 +111,10 @@ def architecture_from_config(cfg: dict, path: Path) -> tuple[dict, str, list[str
         window = cfg.get("sliding_window")
         if model_type == "mistral" and isinstance(window, int) and window < arch["max_seq_len"]:
             notes.append(f"sliding_window {window}: full attention priced (the same up to {window} tokens)")
+        if model_type in ("qwen3", "qwen3_moe", "olmoe"):
+            arch["qk_norm"] = True  # RMSNorm on q and k per head (Qwen3Attention q_norm/k_norm; OLMoE over all heads)
+        if model_type in MOE_LIKE:
+            arch["moe"] = _moe_from_config(cfg, path, model_type, arch["num_layers"], notes)
         family = "llama"
     elif model_type == "gpt2":
         d = _get(cfg, path, "n_embd", "hidden_size")
@@ -139,7 +144,7 @@ def architecture_from_config(cfg: dict, path: Path) -> tuple[dict, str, list[str
         family = "gpt2"
     else:
         raise SpecError(f"model_type {model_type!r} is not one ddplan reads; allowed: "
-                        f"{', '.join(LLAMA_LIKE + GPT_LIKE)}", file=str(path), field="model_type")
+                        f"{', '.join(READ)}", file=str(path), field="model_type")
     # dropout as the config states it (GPT-2: attn_pdrop / resid_pdrop; Llama, Qwen2, GPT-NeoX:
     # attention_dropout / hidden_dropout); the embedding dropout (embd_pdrop) is not modelled
     hidden = _get(cfg, path, "resid_pdrop", "hidden_dropout", default=0.0, kind=float)
@@ -152,6 +157,38 @@ def architecture_from_config(cfg: dict, path: Path) -> tuple[dict, str, list[str
         notes.append(f"dropout {hidden:g} on hidden states and {attention:g} on attention probabilities, as the "
                      f"config states (set them to 0 in the spec for a run without)")
     return arch, family, notes
+
+
+def _moe_from_config(cfg: dict, path: Path, model_type: str, layers: int, notes: list[str]) -> dict:
+    """The `moe` fields of a mixture-of-experts config. Mixtral (MixtralConfig): num_local_experts experts of
+    intermediate_size, num_experts_per_tok of them per token. Qwen2-MoE / Qwen3-MoE: num_experts of
+    moe_intermediate_size, Qwen2-MoE's shared expert of shared_expert_intermediate_size behind a sigmoid gate,
+    dense layers where decoder_sparse_step or mlp_only_layers say. OLMoE: num_experts of intermediate_size."""
+    experts = _get(cfg, path, "num_local_experts", "num_experts")
+    moe: dict = {"num_experts": experts, "top_k": _get(cfg, path, "num_experts_per_tok")}
+    if model_type == "mixtral" or model_type == "olmoe":
+        moe["expert_hidden_dim"] = _get(cfg, path, "intermediate_size")
+    else:
+        moe["expert_hidden_dim"] = _get(cfg, path, "moe_intermediate_size")
+        shared = _get(cfg, path, "shared_expert_intermediate_size", default=0)
+        if shared:
+            moe.update(shared_experts=1, shared_hidden_dim=shared, shared_expert_gate=model_type == "qwen2_moe")
+        step = _get(cfg, path, "decoder_sparse_step", default=1)
+        dense = cfg.get("mlp_only_layers") or []
+        if not isinstance(dense, list) or not all(isinstance(i, int) and 0 <= i < layers for i in dense):
+            raise SpecError(f"must be a list of layer indices below {layers}, got {dense!r}", file=str(path),
+                            field="mlp_only_layers")
+        sparse = [i for i in range(layers) if i not in dense and step > 0 and (i + 1) % step == 0]
+        if len(sparse) < layers:
+            moe["dense_layers"] = layers - len(sparse)
+            if sparse != list(range(layers - len(sparse), layers)):
+                notes.append(f"{layers - len(sparse)} dense-MLP layers priced as the first ones (the config places "
+                             f"them elsewhere: the same work)")
+    if model_type == "qwen2_moe" or model_type == "qwen3_moe":
+        if _get(cfg, path, "norm_topk_prob", default=False, kind=bool):
+            notes.append("norm_topk_prob: renormalised routing weights (no cost of note)")
+    notes.append("routing assumed balanced and dropless (every routed token computed once)")
+    return moe
 
 
 def spec_from_config(path: Path):
@@ -178,6 +215,8 @@ def spec_from_config(path: Path):
         "description": f"{name} from {path} (model_type {cfg['model_type']}): {arch.num_layers} layers, "
                        f"{arch.d_model} wide, {arch.num_heads} heads ({arch.num_kv_heads} KV) of {arch.head_dim}, "
                        f"{arch.mlp} {arch.mlp_hidden_dim}, vocab {arch.vocab_size}"
+                       + (f", {arch.moe.num_experts} experts of {arch.moe.expert_hidden_dim} (top {arch.moe.top_k})"
+                          if arch.moe else "")
                        + (f"; {'; '.join(notes)}" if notes else ""),
         "source": f"Hugging Face config {path} (read by ddplan.hf); " + defaults
                   + (f"; approximated: {'; '.join(notes)}" if notes else ""),

@@ -42,9 +42,11 @@ class Layout:
     reshard_after_forward: bool = True  # ZeRO-3: free gathered parameters after forward, gather again in backward
     overlap_param_gather: bool = False  # ZeRO-1/2: the post-step parameter all-gather under the next forward (Megatron)
     cp_comm: str = "ring"  # with cp: "ring" (p2p KV exchange overlapped with attention) or "all_gather"
+    ep: int = 1  # expert parallelism: routed experts split over ep of the dp x cp ranks (Megatron-Core)
 
     def __post_init__(self) -> None:
-        bad = {k: getattr(self, k) for k in ("dp", "tp", "pp", "cp", "micro_batch", "grad_accum", "pp_virtual_stages")
+        bad = {k: getattr(self, k) for k in ("dp", "tp", "pp", "cp", "ep", "micro_batch", "grad_accum",
+                                             "pp_virtual_stages")
                if getattr(self, k) < 1}
         if bad:
             raise LayoutError("must be >= 1: " + ", ".join(f"{k}={v}" for k, v in bad.items()))
@@ -78,6 +80,12 @@ class Layout:
             raise LayoutError(f"context-parallel communication must be ring or all_gather, got {self.cp_comm!r}")
         if self.recompute not in ("none", "selective", "full"):
             raise LayoutError(f"recompute must be none, selective or full, got {self.recompute!r}")
+        if self.grad_ranks % self.ep:
+            raise LayoutError(f"expert parallelism ep={self.ep} must divide dp x cp={self.grad_ranks} (Megatron-Core "
+                              f"carves the expert-parallel groups out of the data-parallel ranks)", field="--ep")
+        if self.shard_group and self.ep > 1 and self.shard_group % self.ep:
+            raise LayoutError(f"a hybrid shard group ({self.shard_group}) must be a multiple of ep={self.ep}",
+                              field="--shard-group")
 
     def __hash__(self) -> int:  # layouts key caches across a search: hash the fields once
         h = self.__dict__.get("_hash")
@@ -85,14 +93,20 @@ class Layout:
             h = hash((self.dp, self.tp, self.pp, self.cp, self.zero, self.micro_batch, self.grad_accum, self.attention,
                       self.recompute, self.compiled, self.pp_schedule, self.pp_virtual_stages, self.tp_overlap,
                       self.sequence_parallel, self.shard_group, self.reshard_after_forward,
-                      self.overlap_param_gather, self.cp_comm))
+                      self.overlap_param_gather, self.cp_comm, self.ep))
             object.__setattr__(self, "_hash", h)
         return h
 
     @property
-    def rank_share(self) -> tuple[int, bool, int]:
-        """What one rank's share of the ops depends on: tp, sequence parallelism and cp (cache keys)."""
-        return self.tp, self.sequence_parallel, self.cp
+    def rank_share(self) -> tuple[int, bool, int, int]:
+        """What one rank's share of the ops depends on: tp, sequence parallelism, cp and ep (cache keys)."""
+        return self.tp, self.sequence_parallel, self.cp, self.ep
+
+    @property
+    def expert_ranks(self) -> int:
+        """Ranks that hold the same routed experts and reduce their gradients together: dp x cp / ep
+        (Megatron-Core's expert-data-parallel group)."""
+        return self.grad_ranks // self.ep
 
     @property
     def grad_ranks(self) -> int:
@@ -121,7 +135,8 @@ class Placement:
     "tp-cp-ep-dp-pp" (megatron/core/parallel_state.py, RankGenerator) and torchtitan's device mesh
     ["pp", "dp", "cp", "tp"]: a tp group is consecutive ranks, a context-parallel group strides by tp, the
     group that reduces gradients (dp x cp ranks) strides by tp, pipeline neighbours stride by tp x cp x dp;
-    nodes hold consecutive ranks.
+    nodes hold consecutive ranks. Expert parallelism is carved out of dp x cp innermost: an ep group strides
+    by tp x cp, the expert-data-parallel group that reduces expert gradients by tp x cp x ep.
     *_per_node: members of one such group on each node it touches (its share of the node's NICs,
     one NIC per GPU on rail-optimised fabrics); *_crosses: whether the group spans nodes.
     e.g. 1,024 GPUs, 8 per node, tp 2, dp 512: a dp group has 4 members per node and crosses nodes,
@@ -137,6 +152,10 @@ class Placement:
     shard_crosses: bool
     cp_per_node: int = 1  # a context-parallel group: cp ranks, tp apart
     cp_crosses: bool = False
+    ep_per_node: int = 1  # an expert-parallel group: ep ranks, tp x cp apart (its all-to-alls)
+    ep_crosses: bool = False
+    edp_per_node: int = 1  # an expert-data-parallel group: dp x cp / ep ranks, tp x cp x ep apart (expert gradients)
+    edp_crosses: bool = False
 
 
 def placement(layout: "Layout", gpus_per_node: int) -> Placement:
@@ -148,10 +167,13 @@ def placement(layout: "Layout", gpus_per_node: int) -> Placement:
     cp_per_node, cp_crosses = group_on_nodes(layout.cp, tp, g, total)
     dp_per_node, dp_crosses = group_on_nodes(layout.grad_ranks, tp, g, total)  # cp inside dp: dp x cp ranks
     shard_per_node, shard_crosses = group_on_nodes(layout.shard_degree, tp, g, total)
+    ep_per_node, ep_crosses = group_on_nodes(layout.ep, tp * layout.cp, g, total)
+    edp_per_node, edp_crosses = group_on_nodes(layout.expert_ranks, tp * layout.cp * layout.ep, g, total)
     return Placement(tp_per_node=tp_per_node, tp_crosses=tp_crosses, dp_per_node=dp_per_node,
                      dp_crosses=dp_crosses, pp_crosses=layout.pp > 1 and total > g,
                      shard_per_node=shard_per_node, shard_crosses=shard_crosses, cp_per_node=cp_per_node,
-                     cp_crosses=cp_crosses)
+                     cp_crosses=cp_crosses, ep_per_node=ep_per_node, ep_crosses=ep_crosses,
+                     edp_per_node=edp_per_node, edp_crosses=edp_crosses)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -206,6 +228,15 @@ class Options:
                 "overlap_param_gather": self.overlap_param_gather and zero in (1, 2),
                 "cp_comm": self.cp_comm if cp > 1 else "ring"}
 
+    def for_model(self, spec: ModelSpec) -> "Options":
+        """These options for a model: a mixture-of-experts model runs tp > 1 with sequence parallelism, which
+        Megatron-Core requires with expert layers (its MoE README, "Parallelism"), so it is on for it."""
+        if spec.architecture.moe is not None and not self.sequence_parallel:
+            from dataclasses import replace
+
+            return replace(self, sequence_parallel=True)
+        return self
+
     def searched(self, tp: int, ranks: int, zero: int, cp: int = 1) -> dict:
         """for_layout for a search (plan): a shard group that does not divide the ranks gives plain ZeRO-3."""
         fields = self.for_layout(tp, ranks, zero, cp)
@@ -228,7 +259,7 @@ def data_parallel(gpus: int, tp: int = 1, pp: int = 1, cp: int = 1) -> int:
     return gpus // (tp * pp * cp)
 
 
-def layout_for(spec: ModelSpec, *, gpus: int, tp: int = 1, pp: int = 1, vp: int = 1, cp: int = 1,
+def layout_for(spec: ModelSpec, *, gpus: int, tp: int = 1, pp: int = 1, vp: int = 1, cp: int = 1, ep: int = 1,
                zero: int | None = None, micro_batch: int, grad_accum: int, attention: str, recompute: str = "none",
                compiled: bool | None = None, options: Options = Options()) -> Layout:
     """The layout of `gpus` GPUs in total: dp = gpus / (tp x pp x cp); the model's native ZeRO stage unless one is
@@ -240,7 +271,7 @@ def layout_for(spec: ModelSpec, *, gpus: int, tp: int = 1, pp: int = 1, vp: int 
     return Layout(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, micro_batch=micro_batch,
                   grad_accum=grad_accum, attention=attention, recompute=recompute,
                   compiled=spec.recipe.compiled if compiled is None else compiled,
-                  pp_schedule="interleaved" if vp > 1 else "1f1b", pp_virtual_stages=vp,
+                  pp_schedule="interleaved" if vp > 1 else "1f1b", pp_virtual_stages=vp, ep=ep,
                   **options.for_layout(tp, dp * cp, zero, cp))
 
 
@@ -265,6 +296,12 @@ def check_layout(layout: Layout, spec: ModelSpec, total_batch_tokens: int | None
                             f"({first}, {middle}, {last} of num_layers={a.num_layers} over pp={layout.pp})")
     except ValueError as e:
         problems.append(f"pp={layout.pp}: {e}")
+    if a.moe is not None and layout.tp > 1 and not layout.sequence_parallel:
+        problems.append(f"tp={layout.tp}: Megatron-Core runs mixture-of-experts layers with tp > 1 only with "
+                        f"sequence parallelism (--sequence-parallel)")
+    if layout.ep > 1 and (a.moe is None or a.moe.num_experts % layout.ep):
+        problems.append(f"ep={layout.ep} must divide the number of experts "
+                        f"({a.moe.num_experts if a.moe else 'none: ' + spec.name + ' is dense'})")
     if layout.cp > 1 and spec.recipe.seq_len % (2 * layout.cp):
         # causal load balancing gives each rank two chunks of s / 2cp (Megatron-Core, torchtitan)
         problems.append(f"cp={layout.cp}: 2 x cp must divide the sequence length {spec.recipe.seq_len}")

@@ -23,6 +23,7 @@ from ddplan.units import GiB, MiB, dtype_bytes
 HEADROOM = 0.05  # a setup fits when it leaves 5% of usable memory free (assumed; --headroom replaces it)
 EMBEDDING_GROUPS = ("wte", "wpe", "smear_gate")  # live on the first pipeline stage
 HEAD_GROUPS = ("lm_head",)  # lives on the last pipeline stage
+EXPERT_GROUP = "experts"  # routed experts: split over expert-parallel ranks
 
 
 @dataclass(frozen=True)
@@ -100,17 +101,23 @@ def model_states(spec: ModelSpec, layout: Layout) -> dict[str, dict[str, float]]
     """Parameters, gradients and optimizer state per group, bytes on one GPU of the worst stage.
 
     Ref: ZeRO (arXiv 1910.02054) sec. 5.1-5.3 for stages 0-3; nanochat optim.py @92d63d4 l.203-207,
-    337-382 for its sharded Muon/AdamW state (whole matrices per rank) and full gradients.
+    337-382 for its sharded Muon/AdamW state (whole matrices per rank) and full gradients. Routed experts:
+    1 / ep of them per rank, their ZeRO shards over the expert-data-parallel ranks (dp x cp / ep), as
+    Megatron-Core's distributed optimizer shards expert parameters (megatron/core/parallel_state.py
+    expert-data-parallel group).
     """
     counts = param_counts(spec.architecture)
     opt, dp, zero = spec.recipe.optimizer, layout.grad_ranks, layout.zero  # dp x cp ranks share the parameters
-    shard = layout.shard_degree  # all of dp, or the hybrid shard group (replicated across the rest)
     native_sharding = spec.recipe.distribution == "sharded_optimizer" and zero == 1
     out: dict[str, dict[str, float]] = {"params": {}, "gradients": {}, "optimizer": {}}
     groups = [g for g, n in counts.items() if n and g in opt.algorithm]
     for g in groups:
         share = _stage_share(g, layout, spec.architecture.num_layers)
         pb = dtype_bytes(spec.dtypes.params[g])
+        if g == EXPERT_GROUP:  # num_experts / ep experts a rank, their states sharded over dp x cp / ep
+            share, shard = share / layout.ep, max(1, layout.shard_degree // layout.ep)
+        else:
+            shard = layout.shard_degree
         n = counts[g] * share
         algo = opt.algorithm[g]
         if algo == "adamw":

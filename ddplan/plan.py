@@ -50,6 +50,7 @@ class PlanRequest:
     headroom: float = HEADROOM  # keep this fraction of usable memory free (fragmentation, spikes, other processes)
     options: Options = Options()  # applied to every layout they can apply to (Options.for_layout)
     cps: tuple[int, ...] = ()  # context-parallel degrees to search; () = context_parallel_degrees(seq_len)
+    eps: tuple[int, ...] = ()  # expert-parallel degrees to search; () = expert_parallel_degrees
 
 
 @dataclass
@@ -65,11 +66,14 @@ class PlanResult:
 
 
 def family(layout: Layout, native_zero: int) -> str:
-    """Which family a layout belongs to: pipeline first, then context parallel, tensor parallel, sharding."""
+    """Which family a layout belongs to: pipeline first, then context parallel, expert parallel, tensor
+    parallel, sharding."""
     if layout.pp > 1:
         return "+PP"
     if layout.cp > 1:
         return "+CP"
+    if layout.ep > 1:
+        return "+EP"
     if layout.tp > 1:
         return "+TP"
     if layout.zero > native_zero:  # sharding beyond what the model's own setup does
@@ -115,10 +119,25 @@ def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, 
                         continue  # context parallelism runs on fused attention kernels only
                     options = req.options.searched(tp, dp * cp, zero, cp)
                     for sched, v in schedules:
-                        yield [[Layout(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, micro_batch=mb, grad_accum=per_dp // mb,
-                                       attention=attention, recompute=rc, compiled=spec.recipe.compiled,
-                                       pp_schedule=sched, pp_virtual_stages=v, **options) for rc in req.recomputes]
-                               for mb in mbs]
+                        for ep in expert_parallel_degrees(spec, dp * cp, req.eps):
+                            if options["shard_group"] % ep:
+                                continue  # a hybrid shard group holds whole expert-parallel groups
+                            yield [[Layout(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, micro_batch=mb,
+                                           grad_accum=per_dp // mb, attention=attention, recompute=rc,
+                                           compiled=spec.recipe.compiled, pp_schedule=sched, pp_virtual_stages=v,
+                                           ep=ep, **options) for rc in req.recomputes]
+                                   for mb in mbs]
+
+
+def expert_parallel_degrees(spec: ModelSpec, ranks: int, asked: tuple[int, ...] = ()) -> list[int]:
+    """The ep degrees plan searches for dp x cp = ranks: those asked, else 1 and every power of two that
+    divides both the experts and the ranks (Megatron-Core carves ep out of them); a dense model: 1."""
+    moe = spec.architecture.moe
+    if moe is None:
+        return [1]
+    if asked:
+        return [e for e in asked if ranks % e == 0 and moe.num_experts % e == 0]
+    return [e for e in _powers_of_two_up_to(min(ranks, moe.num_experts)) if ranks % e == 0 and moe.num_experts % e == 0]
 
 
 CP_MIN_TOKENS = 4096  # assumed: a context-parallel rank keeps at least this many tokens of a sequence

@@ -117,7 +117,7 @@ class PricedLayout:
         lay, st = self.layout, self.step
         return {
             "hardware": self.hardware, "gpus": lay.num_gpus, "dp": lay.dp, "tp": lay.tp, "pp": lay.pp,
-            "vp": lay.pp_virtual_stages, "cp": lay.cp, "tp_overlap": lay.tp_overlap,
+            "vp": lay.pp_virtual_stages, "cp": lay.cp, "ep": lay.ep, "tp_overlap": lay.tp_overlap,
             "sp": lay.sequence_parallel, "zero": lay.zero, "micro_batch": lay.micro_batch, "accum": lay.grad_accum,
             "attention": lay.attention, "window": self.window, "recompute": lay.recompute,
             "global_batch_tokens": self.global_batch_tokens, "steps": self.steps,
@@ -125,7 +125,7 @@ class PricedLayout:
             "compute_s": st.compute_s, "attention_s": st.by_kind_s.get("attention", 0.0),
             "gemm_s": st.by_kind_s.get("gemm", 0.0), "dp_comm_exposed_s": st.dp_comm_exposed_s,
             "dp_comm_total_s": st.dp_comm_total_s, "tp_comm_s": st.tp_comm_s, "cp_comm_s": st.cp_comm_s,
-            "bubble_s": st.bubble_s,
+            "ep_comm_s": st.ep_comm_s, "bubble_s": st.bubble_s,
             "optimizer_s": st.optimizer_s, "mfu_pct": self.mfu_pct, "hfu_pct": self.hfu_pct,
             "tokens_per_s": self.tokens_per_s, "train_h": run.hours(self.steps * self.step_s),
             "outside_steps_h": run.hours(self.outside_s), "interruptions_lost_h": run.hours(self.goodput.lost_s),
@@ -174,24 +174,25 @@ class Pricer:
             self._shared[key] = replace(share, recompute=layout.recompute) if layout.recompute != "none" else share
         return self._shared[key]
 
-    def _share(self, batch: int, attention: str, window: str, compiled: bool, rank: tuple[int, bool, int],
+    def _share(self, batch: int, attention: str, window: str, compiled: bool, rank: tuple[int, bool, int, int],
                seq_len: int | None = None) -> Anatomy:
-        """The anatomy of one (tp, sp, cp) rank share, without recompute, cached; seq_len: the sequence it is
-        built at (default the recipe's; a cp share also builds its s / cp one, ddplan.anatomy.for_cp)."""
+        """The anatomy of one (tp, sp, cp, ep) rank share, without recompute, cached; seq_len: the sequence it
+        is built at (default the recipe's; a cp share also builds its s / cp one, ddplan.anatomy.for_cp)."""
         seq = seq_len or self.spec.recipe.seq_len
         key = ("share", batch, attention, window, compiled, rank, seq)
         if key not in self._shared:
-            tp, sp, cp = rank
+            tp, sp, cp, ep = rank
             if cp > 1:
-                full = self._share(batch, attention, window, compiled, (tp, sp, 1), seq)
-                short = self._share(batch, attention, window, compiled, (tp, sp, 1), seq // cp)
+                full = self._share(batch, attention, window, compiled, (tp, sp, 1, ep), seq)
+                short = self._share(batch, attention, window, compiled, (tp, sp, 1, ep), seq // cp)
                 self._shared[key] = for_cp(full, short, cp)
             elif (tp, sp) != (1, False):
-                self._shared[key] = for_tp(self._share(batch, attention, window, compiled, (1, False, 1), seq), tp, sp)
+                self._shared[key] = for_tp(self._share(batch, attention, window, compiled, (1, False, 1, ep), seq),
+                                           tp, sp)
             else:
                 impl = self.hw.attention_impl(attention)
                 self._shared[key] = build_anatomy(self.spec, batch=batch, seq_len=seq, attention=impl.kind,
-                                                  windows=impl.windows, compiled=compiled, window_pattern=window)
+                                                  windows=impl.windows, compiled=compiled, window_pattern=window, ep=ep)
         return self._shared[key]
 
     def flops(self, layout: Layout, window: str) -> tuple[float, float]:
@@ -241,7 +242,7 @@ class Pricer:
         if parts_key not in self._rated:
             self._rated[parts_key] = op_times(an, r)
         opt_key = ("optimizer", layout.attention, scenario, fitted, layout.grad_ranks, layout.tp, layout.pp, layout.zero,
-                   layout.shard_group)
+                   layout.shard_group, layout.ep)
         if opt_key not in self._rated:
             self._rated[opt_key] = optimizer_time_s(self.spec, layout, r)
         return step_time(self.spec, self.hw, layout, an, r, comm_efficiency=comm_end(scenario),

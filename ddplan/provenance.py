@@ -2,8 +2,9 @@
 
 A golden file in a user's CI then says whether a changed number comes from a new ddplan, a changed
 hardware or model spec, or a new calibration. The hash is sha256 of the spec as ddplan validated it
-(canonical JSON: sorted keys), first 12 hex digits: a spec edited in a way that changes nothing ddplan
-reads (comments, key order) keeps its hash.
+(canonical JSON: sorted keys, fields at their default left out), first 12 hex digits: a spec edited in a
+way that changes nothing ddplan reads (comments, key order, a default written out) keeps its hash, and so
+does every spec when a new ddplan adds a schema field with a default (the version says that change).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from ddplan import __version__
 
 
 def spec_hash(spec) -> str:
-    """12 hex digits of sha256 over the validated spec's canonical JSON."""
-    text = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    """12 hex digits of sha256 over the validated spec's canonical JSON (defaults left out)."""
+    text = json.dumps(spec.model_dump(mode="json", exclude_defaults=True), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
 

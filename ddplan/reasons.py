@@ -19,6 +19,8 @@ def describe(r: dict) -> str:
         parts.append(f"pp {r['pp']} ({r['schedule']})")
     if r.get("cp", 1) > 1:
         parts.append(f"cp {r['cp']}")
+    if r.get("ep", 1) > 1:
+        parts.append(f"ep {r['ep']}")
     parts += [f"ZeRO-{r['zero']}{' (native)' if r['native'] else ''}", f"micro-batch {r['micro_batch']} x "
               f"{r['accum']}", r["attention"]]
     if r["recompute"] != "none":
@@ -31,6 +33,7 @@ def describe(r: dict) -> str:
 def _terms(r: dict) -> dict[str, float]:
     return {"compute": r["compute_s"], "data-parallel communication": r["dp_comm_exposed_s"],
             "tensor-parallel all-reduces": r["tp_comm_s"], "context-parallel exchange": r["cp_comm_s"],
+            "expert token exchange": r.get("ep_comm_s", 0.0),
             "pipeline bubble": r["bubble_s"],
             "optimizer": r["optimizer_s"]}
 

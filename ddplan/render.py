@@ -128,7 +128,7 @@ def lines(text_lines: list[str], fmt: str, screen: Screen | None = None) -> str:
     return "\n".join(prefix + t for t in text_lines) + "\n"
 
 
-PLAN_COLUMNS = ("hardware", "gpus", "dp", "tp", "sp", "tp_overlap", "pp", "cp", "zero", "micro_batch", "accum", "attention",
+PLAN_COLUMNS = ("hardware", "gpus", "dp", "tp", "sp", "tp_overlap", "pp", "cp", "ep", "zero", "micro_batch", "accum", "attention",
                 "recompute", "schedule", "family", "step_s", "wall_clock_h", "cost_usd", "mfu_pct", "memory_gib")
 # the table and markdown formats show the top rows' bands too (csv lists every row; only the rows shown
 # are priced with bands)
@@ -161,7 +161,7 @@ def table_data(table) -> list[dict]:
 
 
 DECISION_COLUMNS_NOTE = (
-    "Columns: step_s = compute_s (attention included: attn_s) + exposed comm_s (data-, tensor- and context-parallel) + "
+    "Columns: step_s = compute_s (attention included: attn_s) + exposed comm_s (data-, tensor-, context- and expert-parallel) + "
     "optim_s + bubble_s (pipeline, with its sends); band = every efficiency at the slow and fast ends of its range, "
     "and uncalibrated at least the out-of-sample spread of measured/predicted on ddplan's published runs "
     "(`ddplan validate --leave-one-source-out`); "
@@ -182,7 +182,7 @@ def decision_rows(rows: list[dict]) -> list[dict]:
             "step_s (band)": f"{r['step_s']:.4g} ({r['step_low_s']:.4g}-{r['step_high_s']:.4g})",
             "compute_s": f"{r['compute_s']:.4g}",
             "attn_s": f"{r['attention_s']:.3g}",
-            "comm_s": f"{r['dp_comm_exposed_s'] + r['tp_comm_s'] + r['cp_comm_s']:.3g}",
+            "comm_s": f"{r['dp_comm_exposed_s'] + r['tp_comm_s'] + r['cp_comm_s'] + r['ep_comm_s']:.3g}",
             "optim_s": f"{r['optimizer_s']:.3g}",
         }
         if piped:
@@ -344,7 +344,7 @@ def decision_cells(rows: list[dict]) -> list[dict[str, str]]:
         row = {"config": r["config"], "mb x accum": f"{r['micro_batch']} x {r['accum']}",
                "step s": num(r["step_s"], 4), "step band s": band(r["step_low_s"], r["step_high_s"]),
                "compute s": num(r["compute_s"]), "attn s": num(r["attention_s"]),
-               "comm s": num(r["dp_comm_exposed_s"] + r["tp_comm_s"] + r["cp_comm_s"]), "optim s": num(r["optimizer_s"])}
+               "comm s": num(r["dp_comm_exposed_s"] + r["tp_comm_s"] + r["cp_comm_s"] + r["ep_comm_s"]), "optim s": num(r["optimizer_s"])}
         if piped:
             row["bubble s"] = num(r["bubble_s"])
         if interrupted:
@@ -387,6 +387,7 @@ def plan_cells(rows: list[dict]) -> list[dict[str, str]]:
 
     return [{"GPUs": f"{r['gpus']:,}x {r['hardware']}", "dp": str(r["dp"]), "tp": tp(r), "pp": str(r["pp"]),
              **({"cp": str(r["cp"])} if any(x["cp"] > 1 for x in rows) else {}),
+             **({"ep": str(r["ep"])} if any(x["ep"] > 1 for x in rows) else {}),
              "ZeRO": str(r["zero"]), "mb x accum": f"{r['micro_batch']} x {r['accum']}", "attention": r["attention"],
              "recompute": r["recompute"], "schedule": r["schedule"], "family": r["family"],
              "step s": num(r["step_s"], 4), "wall h": hours(r["wall_clock_h"]),

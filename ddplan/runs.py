@@ -54,6 +54,7 @@ class RunLayout(Strict):
     pp: int = Field(default=1, gt=0, le=1024)
     vp: int = Field(default=1, gt=0, le=1024)  # interleaved chunks per pipeline stage
     cp: int = Field(default=1, gt=0, le=1024)  # context parallelism
+    ep: int = Field(default=1, gt=0, le=4096)  # expert parallelism (mixture of experts): out of dp x cp
     zero: int = Field(default=0, ge=0, le=3)  # 3: FSDP FULL_SHARD; 2: SHARD_GRAD_OP
     # None: not stated; priced at the fastest power-of-two micro-batch that fits in memory (fastest_fitting),
     # as a published throughput benchmark is tuned
@@ -224,7 +225,8 @@ def table_command(run: PublishedRun) -> list[str] | None:
         return None
     lay = run.layout
     argv = ["table", "--model", run.model.base, "--hardware", run.hardware, "--gpus", str(lay.gpus),
-            "--tp", str(lay.tp), "--pp", str(lay.pp), "--vp", str(lay.vp), "--cp", str(lay.cp), "--zero", str(lay.zero),
+            "--tp", str(lay.tp), "--pp", str(lay.pp), "--vp", str(lay.vp), "--cp", str(lay.cp), "--ep", str(lay.ep),
+            "--zero", str(lay.zero),
             "--device-batch-size", ",".join(map(str, micro_batches(run))), "--total-batch-size",
             str(run.tokens_per_step),
             "--recompute", lay.recompute, "--seq-len", str(run.model.seq_len),
@@ -280,12 +282,13 @@ def price_run(run: PublishedRun, where: str, sustained: dict[str, float] | None 
     lay = run.layout
     attention = lay.attention or hw.default_attention
     req = TableRequest(model=spec, hardware=hw, gpus=(lay.gpus,), tps=(lay.tp,), pps=(lay.pp,), vps=(lay.vp,),
-                       cps=(lay.cp,),
+                       cps=(lay.cp,), eps=(lay.ep,),
                        zeros=(lay.zero,), micro_batches=micro_batches(run), recomputes=(lay.recompute,),
                        attentions=(attention,), windows=(lay.window or spec.architecture.window_pattern,),
                        total_batch_tokens=run.tokens_per_step, compiled=lay.compiled, fp8=run.precision == "fp8",
                        options=Options(sequence_parallel=lay.sequence_parallel, tp_overlap=lay.tp_comm_overlap,
-                                       overlap_param_gather=lay.overlap_param_gather, shard_group=lay.shard_group))
+                                       overlap_param_gather=lay.overlap_param_gather,
+                                       shard_group=lay.shard_group).for_model(spec))
     try:
         table = build_table(req)
     except DdplanError as e:

@@ -188,6 +188,7 @@ def consistent_with(spec: ModelSpec, hw: HardwareSpec, setup: Setup, measured_gb
 
 
 def memory_setup(spec: ModelSpec, hw: HardwareSpec, *, gpus: int, tp: int = 1, pp: int = 1, vp: int = 1, cp: int = 1,
+                 ep: int = 1,
                  micro_batch: int | None = None, attention: str | None = None, recompute: str = "none",
                  compiled: bool | None = None, window_pattern: str | None = None,
                  headroom: float = HEADROOM, options: Options = Options()) -> Setup:
@@ -198,7 +199,7 @@ def memory_setup(spec: ModelSpec, hw: HardwareSpec, *, gpus: int, tp: int = 1, p
     try:
         split = split_batch(spec.recipe.total_batch_tokens // spec.recipe.seq_len, data_parallel(gpus, tp, pp, cp),
                             asked)
-        layout = layout_for(spec, gpus=gpus, tp=tp, pp=pp, vp=vp, cp=cp, micro_batch=split.micro_batch,
+        layout = layout_for(spec, gpus=gpus, tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, micro_batch=split.micro_batch,
                             grad_accum=split.accum, attention=attention, recompute=recompute, compiled=compiled,
                             options=options)
         check_layout(layout, spec, world_size_rule=False)
@@ -206,7 +207,7 @@ def memory_setup(spec: ModelSpec, hw: HardwareSpec, *, gpus: int, tp: int = 1, p
         if problem:
             raise LayoutError(f"{attention}: {problem}", field="--cp/--attention")
     except LayoutError as e:
-        e.field = e.field or "--gpus/--tp/--pp/--vp/--cp"
+        e.field = e.field or "--gpus/--tp/--pp/--vp/--cp/--ep"
         raise
     return Setup(layout=layout, window_pattern=window_pattern, headroom=headroom,
                  asked_micro_batch=asked if split.micro_batch != asked else None, options=options)

@@ -242,7 +242,7 @@ class HardwareSpec(Strict):
 
 ParamGroup = Literal[
     "wte", "wpe", "value_embeddings", "lm_head", "block_matrices", "ve_gates", "smear_gate", "norms",
-    "biases", "scalars",
+    "biases", "scalars", "experts", "router",
 ]
 PARAM_GROUPS: tuple[str, ...] = ParamGroup.__args__  # type: ignore[attr-defined]
 
@@ -267,6 +267,47 @@ class Dropout(Strict):
 
     hidden: float = Field(default=0.0, ge=0, lt=1)
     attention: float = Field(default=0.0, ge=0, lt=1)
+
+
+class MoE(Strict):
+    """Mixture-of-experts MLP: each token goes to `top_k` of `num_experts` routed experts (SwiGLU or the
+    model's MLP kind, `expert_hidden_dim` wide), plus `shared_experts` that every token passes through
+    (DeepSeek-MoE, Qwen2-MoE), chosen by a linear router (d_model -> num_experts, softmax then top-k).
+
+    dense_layers: the first k blocks keep a dense MLP of mlp_hidden_dim (DeepSeek-V2/V3
+    `first_k_dense_replace`). capacity_factor: None is dropless (every routed token computed, routing
+    assumed balanced); a factor pads every expert to capacity = tokens x top_k x factor / num_experts
+    (Megatron-Core --moe-expert-capacity-factor with --moe-pad-expert-input-to-capacity; GShard, Switch).
+    shared_expert_gate: Qwen2-MoE's sigmoid gate (d_model -> 1) on the shared expert's output.
+    Ref: Shazeer et al. 2017 (arXiv 1701.06538); Fedus et al., Switch Transformer (arXiv 2101.03961)
+    sec. 2.2 for capacity; Jiang et al., Mixtral (arXiv 2401.04088) sec. 2; Dai et al., DeepSeekMoE
+    (arXiv 2401.06066) for shared experts.
+    """
+
+    num_experts: Annotated[int, Field(ge=2, le=4096)]
+    top_k: Annotated[int, Field(ge=1, le=4096)]
+    expert_hidden_dim: PositiveInt
+    shared_experts: int = Field(default=0, ge=0, le=64)
+    shared_hidden_dim: PositiveInt | None = None  # one shared expert's width (default expert_hidden_dim)
+    shared_expert_gate: bool = False
+    dense_layers: int = Field(default=0, ge=0, le=1024)
+    capacity_factor: float | None = Field(default=None, gt=0, le=64)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> MoE:
+        if self.top_k > self.num_experts:
+            raise ValueError(f"top_k ({self.top_k}) cannot exceed num_experts ({self.num_experts})")
+        return self
+
+    @property
+    def shared_width(self) -> int:
+        """Hidden width of all shared experts together (0 without them)."""
+        return self.shared_experts * (self.shared_hidden_dim or self.expert_hidden_dim)
+
+    def routed_tokens(self, tokens: float) -> float:
+        """Token-expert pairs the routed experts compute for `tokens` tokens: tokens x top_k, padded to
+        capacity (x capacity_factor) when a capacity factor is set."""
+        return tokens * self.top_k * (self.capacity_factor or 1.0)
 
 
 class ShortWindow(Strict):
@@ -305,6 +346,7 @@ class Architecture(Strict):
     short_window: ShortWindow = ShortWindow()
     logit_softcap: float | None = Field(default=None, gt=0, le=1e6)
     dropout: Dropout = Dropout()
+    moe: MoE | None = None  # mixture-of-experts MLP (None: dense)
 
     @model_validator(mode="after")
     def _consistent(self) -> Architecture:
@@ -312,7 +354,19 @@ class Architecture(Strict):
         # Q, K, V and O follow heads x head_dim (ddplan.params, ddplan.anatomy)
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        if self.moe and self.moe.dense_layers >= self.num_layers:
+            raise ValueError(f"moe.dense_layers ({self.moe.dense_layers}) must leave at least one of the "
+                             f"{self.num_layers} layers a mixture of experts")
         return self
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether block `layer` (0-based) has a mixture-of-experts MLP."""
+        return self.moe is not None and layer >= self.moe.dense_layers
+
+    @property
+    def moe_layers(self) -> int:
+        """How many blocks have a mixture-of-experts MLP."""
+        return 0 if self.moe is None else self.num_layers - self.moe.dense_layers
 
     def windows(self, seq_len: int) -> list[int]:
         """Attention window (tokens) of each layer: the pattern tiled, last layer forced to full.
@@ -450,6 +504,8 @@ def present_param_groups(arch: Architecture) -> list[str]:
         "norms": arch.norm_learnable,
         "biases": arch.linear_bias or arch.qkv_bias,
         "scalars": arch.scalars_per_layer + arch.scalars_global > 0,
+        "experts": arch.moe is not None,
+        "router": arch.moe is not None,
     }
     return [g for g in PARAM_GROUPS if has[g]]
 

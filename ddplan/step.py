@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ddplan import comm, pipeline
 from ddplan.anatomy import Anatomy, muon_matrices
 from ddplan.layout import NATIVE_ZERO, Layout, placement
-from ddplan.memory import _stage_share
+from ddplan.memory import EXPERT_GROUP, _stage_share
 from ddplan.params import param_counts
 from ddplan.comm import CommPoints, GroupTimer
 from ddplan.roofline import OpTimes, Rates, gemm_fraction, micro_batch_time, op_times
@@ -45,11 +45,12 @@ class StepTime:
     by_kind_s: dict[str, float]
     policy: str  # the data-parallel policy modelled (ddp, sharded_optimizer, zero1, zero2, fsdp)
     cp_comm_s: float = 0.0  # context-parallel KV exchange not hidden under attention
+    ep_comm_s: float = 0.0  # mixture-of-experts token exchange (all-to-alls over ep, gathers over tp), not hidden
 
     @property
     def total_s(self) -> float:
-        return (self.compute_s + self.tp_comm_s + self.cp_comm_s + self.dp_comm_exposed_s + self.bubble_s
-                + self.optimizer_s)
+        return (self.compute_s + self.tp_comm_s + self.cp_comm_s + self.ep_comm_s + self.dp_comm_exposed_s
+                + self.bubble_s + self.optimizer_s)
 
 
 def dp_policy(spec: ModelSpec, layout: Layout) -> str:
@@ -58,22 +59,24 @@ def dp_policy(spec: ModelSpec, layout: Layout) -> str:
     return native if layout.zero == NATIVE_ZERO[native] else ZERO_POLICY[layout.zero]
 
 
-def grad_sync_buffers(spec: ModelSpec, layout: Layout) -> list[tuple[str, float]]:
+def grad_sync_buffers(spec: ModelSpec, layout: Layout, experts: bool = False) -> list[tuple[str, float]]:
     """(collective, bytes) of one gradient synchronisation, per GPU's share of the model.
 
     nanochat (sharded_optimizer): per Muon shape group, a reduce-scatter of the K stacked gradients
     zero-padded to ceil(K/N) N matrices; AdamW params of >= 1024 elements reduce-scatter, smaller ones
     all-reduce (optim.py @92d63d4 l.214-246). Then the same sizes all-gathered (the updated params).
     Generic ZeRO: one reduce-scatter of all gradients (+ all-gather of params); DDP: all-reduce.
+    experts: the routed experts' buffers alone (1 / ep of them a rank, reduced over the expert-data-parallel
+    ranks, dp x cp / ep); else every other group's.
     """
     counts, dt, opt = param_counts(spec.architecture), spec.dtypes, spec.recipe.optimizer
-    policy, n = dp_policy(spec, layout), layout.grad_ranks
+    policy, n = dp_policy(spec, layout), (layout.expert_ranks if experts else layout.grad_ranks)
     out: list[tuple[str, float]] = []
     for group, algo in opt.algorithm.items():
-        if not counts[group]:
+        if not counts[group] or (group == EXPERT_GROUP) != experts:
             continue
         gb = dt.grad_bytes(group)
-        share = _stage_share(group, layout, spec.architecture.num_layers)
+        share = _stage_share(group, layout, spec.architecture.num_layers) / (layout.ep if experts else 1)
         if policy == "sharded_optimizer" and algo == "muon":
             stacks = Counter(muon_matrices(spec, group))
             padded = sum(r * c * math.ceil(k / n) * n for (r, c), k in stacks.items())
@@ -105,13 +108,16 @@ def optimizer_time_s(spec: ModelSpec, layout: Layout, r: Rates) -> float:
     from ddplan.anatomy import adamw_bytes
 
     counts, dt, opt = param_counts(spec.architecture), spec.dtypes, spec.recipe.optimizer
-    policy, n = dp_policy(spec, layout), layout.shard_degree
+    policy = dp_policy(spec, layout)
     bw = r.optimizer_bytes_per_s or r.hbm_bytes_per_s * r.hbm  # measured AdamW rate when calibrated
     total = 0.0
     for group, algo in opt.algorithm.items():
         if not counts[group]:
             continue
         share = _stage_share(group, layout, spec.architecture.num_layers)
+        n = layout.shard_degree
+        if group == EXPERT_GROUP:  # 1 / ep of the experts a rank, their states over dp x cp / ep
+            share, n = share / layout.ep, max(1, n // layout.ep)
         pb = dtype_bytes(dt.params[group])
         sb = pb if opt.adamw_state_dtype == "param" else 4
         if algo == "adamw":
@@ -157,8 +163,9 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
     may be passed precomputed; cache: a dict the caller keeps across layouts of the same model,
     hardware and calibration (ddplan.price.Pricer), keyed by values, for collective times and buffers.
     """
-    if (anatomy.tp, anatomy.sequence_parallel, anatomy.cp) != layout.rank_share:
-        raise ValueError(f"the anatomy is for tp, sp, cp = {anatomy.tp}, {anatomy.sequence_parallel}, {anatomy.cp}; "
+    if (anatomy.tp, anatomy.sequence_parallel, anatomy.cp, anatomy.ep) != layout.rank_share:
+        raise ValueError(f"the anatomy is for tp, sp, cp, ep = {anatomy.tp}, {anatomy.sequence_parallel}, "
+                         f"{anatomy.cp}, {anatomy.ep}; "
                          f"the layout has {layout.rank_share}")
     cache = {} if cache is None else cache
     p, accum = layout.pp, layout.grad_accum
@@ -199,7 +206,17 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
         fwd, bwd = _cp_layer_s(spec, hw, layout, anatomy, parts, a_layers, comm_efficiency, comm_points, cache)
         cp_s = accum * stage * (fwd + bwd + (fwd if anatomy.recompute != "none" else 0.0))  # recompute re-sends
 
-    bubble = pipeline.bubble_time_s(compute + tp_s + cp_s, p, accum, layout.pp_virtual_stages) if p > 1 else 0.0
+    ep_s = 0.0
+    if a.moe is not None and (layout.ep > 1 or layout.tp > 1):
+        place = placement(layout, hw.gpus_per_node)
+        rows = comm.moe_rows_bytes(anatomy.tokens / layout.tp, a.moe.top_k, a.d_model, e, a.moe.capacity_factor)
+        fwd, bwd = comm.moe_layer_comm_s(
+            rows, layout.ep, layout.tp, _Cached(GroupTimer(hw, place.ep_per_node, comm_efficiency, comm_points), cache),
+            _Cached(GroupTimer(hw, place.tp_per_node, comm_efficiency, comm_points), cache))
+        moe_layers = stage * a.moe_layers / a_layers  # this stage's share of the MoE blocks
+        ep_s = accum * moe_layers * (fwd + bwd + (fwd if anatomy.recompute == "full" else 0.0))
+
+    bubble = pipeline.bubble_time_s(compute + tp_s + cp_s + ep_s, p, accum, layout.pp_virtual_stages) if p > 1 else 0.0
     if p > 1:  # activations to the next stage and gradients back, per micro-batch, not overlapped
         # neighbouring stages are tp x dp ranks apart (ddplan.layout.placement): once the job spans nodes
         # some boundary crosses them, and each GPU sends to its peer through its own NIC
@@ -215,7 +232,8 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
         exposed = total_comm - min(opt_s, total_comm)
     return StepTime(fwd_s=mbt.fwd_s, bwd_s=mbt.bwd_s, accum=accum, compute_s=compute, tp_comm_s=tp_s,
                     dp_comm_total_s=total_comm, dp_comm_exposed_s=exposed, bubble_s=bubble, optimizer_s=opt_s,
-                    by_kind_s={k: v * accum for k, v in mbt.by_kind_s.items()}, policy=policy, cp_comm_s=cp_s)
+                    by_kind_s={k: v * accum for k, v in mbt.by_kind_s.items()}, policy=policy, cp_comm_s=cp_s,
+                    ep_comm_s=ep_s)
 
 
 def _cp_layer_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatomy, parts: OpTimes, layers: int,
@@ -266,17 +284,22 @@ def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, m
     cache = {} if cache is None else cache
     policy = dp_policy(spec, layout)
     place = placement(layout, hw.gpus_per_node)  # ranks ordered tp, dp, pp: a dp group strides by tp
-    bkey = ("buffers", policy, n, layout.tp, layout.pp)
-    if bkey not in cache:
-        cache[bkey] = grad_sync_buffers(spec, layout)
-    buffers = cache[bkey]
+    buffers, expert = (_buffers(spec, layout, policy, experts, cache) for experts in (False, True))
     if policy == "fsdp":
-        return _fsdp_comm_s(buffers, hw, layout, place, mb_s, spec.architecture.num_layers, efficiency, points, cache)
+        return _fsdp_comm_s(buffers, expert, hw, layout, place, mb_s, spec.architecture.num_layers, efficiency, points,
+                            cache)
+    # the routed experts' gradients reduce over their own group (dp x cp / ep ranks, tp x cp x ep apart)
     timer = _Cached(GroupTimer(hw, place.dp_per_node, efficiency, points), cache)
+    n_e, timer_e = layout.expert_ranks, _Cached(GroupTimer(hw, place.edp_per_node, efficiency, points), cache)
     if policy == "ddp":
-        size = sum(s for _, s in buffers)
-        return timer.time_s("all_reduce", size, n), comm.ddp_exposed_s(size, DDP_BUCKET_BYTES, n, timer, bwd_s)
+        size, size_e = sum(s for _, s in buffers), sum(s for _, s in expert)
+        total, total_e = timer.time_s("all_reduce", size, n), timer_e.time_s("all_reduce", size_e, n_e)
+        exposed = comm.ddp_exposed_s(size, DDP_BUCKET_BYTES, n, timer, bwd_s)
+        if size_e:  # after the other buckets, under what is left of backward
+            exposed += comm.ddp_exposed_s(size_e, DDP_BUCKET_BYTES, n_e, timer_e, max(0.0, bwd_s - total))
+        return total + total_e, exposed
     rs, ag, ar = (sum(timer.time_s(c, s, n) for c, s in buffers if c == kind)
+                  + sum(timer_e.time_s(c, s, n_e) for c, s in expert if c == kind)
                   for kind in ("reduce_scatter", "all_gather", "all_reduce"))
     if policy == "sharded_optimizer":
         return rs + ag + ar, rs + ag + ar  # overlap with optimizer math applied by the caller
@@ -288,25 +311,39 @@ def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, m
     return comm.zero2_comm_s(rs, ag, last, bwd_s, layout.grad_accum, forward)
 
 
-def _fsdp_comm_s(buffers: list[tuple[str, float]], hw: HardwareSpec, layout: Layout, place, mb_s: float,
-                 num_layers: int, efficiency: str, points: CommPoints | None, cache: Cache) -> tuple[float, float]:
+def _buffers(spec: ModelSpec, layout: Layout, policy: str, experts: bool, cache: Cache) -> list[tuple[str, float]]:
+    """grad_sync_buffers, kept in the caller's cache (by what they depend on)."""
+    key = ("buffers", policy, layout.grad_ranks, layout.tp, layout.pp, layout.ep if experts else 1, experts)
+    if key not in cache:
+        cache[key] = grad_sync_buffers(spec, layout, experts)
+    return cache[key]
+
+
+def _fsdp_comm_s(buffers: list[tuple[str, float]], expert: list[tuple[str, float]], hw: HardwareSpec, layout: Layout,
+                 place, mb_s: float, num_layers: int, efficiency: str, points: CommPoints | None,
+                 cache: Cache) -> tuple[float, float]:
     """(total, exposed) seconds of ZeRO-3 / FSDP communication in one step (comm.fsdp_comm_s).
 
     The gathers and reduce-scatters run over the shard group (all of dp, or the hybrid shard group,
     its members placed as ddplan.layout.placement says); hybrid sharding adds an all-reduce of each
     gradient shard across the dp / shard replicas every micro-batch (torch FSDP2's default
     set_requires_all_reduce(True)), on the NICs: while the shard group stays inside a node (NVLink) the
-    two streams overlap; when it crosses nodes too, both use the NICs and add up.
+    two streams overlap; when it crosses nodes too, both use the NICs and add up. The routed experts'
+    buffers (expert) gather and reduce over shard / ep ranks, placed as the expert-data-parallel group.
     """
     s = layout.shard_degree
     shard = _Cached(GroupTimer(hw, place.shard_per_node, efficiency, points), cache)
-    rs, ag = (sum(shard.time_s(c, size, s) for c, size in buffers if c == kind) for kind in ("reduce_scatter", "all_gather"))
+    s_e, shard_e = max(1, s // layout.ep), _Cached(GroupTimer(hw, place.edp_per_node, efficiency, points), cache)
+    rs, ag = (sum(shard.time_s(c, size, s) for c, size in buffers if c == kind)
+              + sum(shard_e.time_s(c, size, s_e) for c, size in expert if c == kind)
+              for kind in ("reduce_scatter", "all_gather"))
     replicas = layout.grad_ranks // s
     ar = 0.0
     if replicas > 1:  # each replica group holds one rank per shard group: a stride of tp x shard ranks
         per_node = max(1, min(replicas, hw.gpus_per_node // (layout.tp * s)))
         across = _Cached(GroupTimer(hw, per_node, efficiency, points), cache)
-        ar = across.time_s("all_reduce", sum(size for c, size in buffers if c == "reduce_scatter") / s, replicas)
+        ar = across.time_s("all_reduce", sum(size for c, size in buffers if c == "reduce_scatter") / s
+                           + sum(size for c, size in expert if c == "reduce_scatter") / s_e, replicas)
     return comm.fsdp_comm_s(rs, ag, mb_s, layout.grad_accum, max(1, num_layers),
                             gathers=2 if layout.reshard_after_forward else 1, replica_all_reduce_s=ar,
                             separate_links=not place.shard_crosses)

@@ -35,6 +35,7 @@ class TableRequest:
     pps: tuple[int, ...] = (1,)
     vps: tuple[int, ...] = (1,)  # interleaved chunks per pipeline stage (1: 1F1B)
     cps: tuple[int, ...] = (1,)  # context-parallel degrees (each sequence split over cp GPUs)
+    eps: tuple[int, ...] = (1,)  # expert-parallel degrees (routed experts split over ep of the dp x cp ranks)
     zeros: tuple[int, ...] = ()  # () = the model's native data-parallel setup
     micro_batches: tuple[int, ...] = ()  # () = the recipe's, halved until it fits in memory
     recomputes: tuple[str, ...] = ("none",)
@@ -121,7 +122,7 @@ def build_table(req: TableRequest, progress: Callable[[str, int, int], None] | N
                              field="--attention")
     pattern = spec.architecture.window_pattern
     windows = req.windows or ((pattern, "L") if pattern != "L" else ("L",))
-    rows = math.prod(len(x) for x in (req.gpus, req.tps, req.pps, req.vps, req.cps, req.zeros or (0,),
+    rows = math.prod(len(x) for x in (req.gpus, req.tps, req.pps, req.vps, req.cps, req.eps, req.zeros or (0,),
                                       req.micro_batches or (0,), req.recomputes, attentions, windows))
     if rows > MAX_ROWS:
         raise UsageError(f"{rows:,} rows asked (the product of the lists); a table has at most {MAX_ROWS:,}: "
@@ -150,17 +151,17 @@ def build_table(req: TableRequest, progress: Callable[[str, int, int], None] | N
     native = NATIVE_ZERO[spec.recipe.distribution]
     skipped: list[str] = []
     seen: set = set()
-    for i, (gpus, tp, pp, vp, cp, zero, asked_mb, rc, att, win) in enumerate(itertools.product(
-            req.gpus, req.tps, req.pps, req.vps, req.cps, req.zeros or (native,),
+    for i, (gpus, tp, pp, vp, cp, ep, zero, asked_mb, rc, att, win) in enumerate(itertools.product(
+            req.gpus, req.tps, req.pps, req.vps, req.cps, req.eps, req.zeros or (native,),
             req.micro_batches or (spec.recipe.device_batch_size,), req.recomputes, attentions, windows)):
         if progress:
             progress(f"{gpus} GPUs, tp {tp}, pp {pp}, {att}, {win}", i, rows)
         try:
             layout, flags = _layout(pricer, total_batch // seq, gpus, tp, pp, vp, cp, zero, asked_mb, rc, att, win,
-                                    compiled, pinned=bool(req.micro_batches), options=req.options)
+                                    compiled, pinned=bool(req.micro_batches), options=req.options, ep=ep)
         except LayoutError as e:
             skipped.append(f"{gpus} GPUs, tp {tp}, pp {pp}, interleave {vp}" + (f", cp {cp}" if cp > 1 else "")
-                           + f": {e.message}")
+                           + (f", ep {ep}" if ep > 1 else "") + f": {e.message}")
             continue
         if (layout, win) in seen:  # e.g. --zero 0,3 on one GPU: the same layout twice
             continue
@@ -171,7 +172,7 @@ def build_table(req: TableRequest, progress: Callable[[str, int, int], None] | N
             and (fit.layout, fit.window) not in seen):  # the measured configuration is always a row
         table.rows.insert(0, pricer.price(fit.layout, fit.window))
     if not table.rows:
-        raise UsageError(f"no layout can exist: {skipped[0]}", field="--gpus/--tp/--pp/--vp/--cp")
+        raise UsageError(f"no layout can exist: {skipped[0]}", field="--gpus/--tp/--pp/--vp/--cp/--ep")
     if skipped:
         table.notes.append(Flag("skipped", tuple((f"layout {i}", s) for i, s in enumerate(dict.fromkeys(skipped)))))
     small = [g for g in req.gpus if g % hw.gpus_per_node]
@@ -185,7 +186,7 @@ def build_table(req: TableRequest, progress: Callable[[str, int, int], None] | N
 def _layout(pricer: Pricer, sequences: int, gpus: int, tp: int, pp: int, vp: int, cp: int, zero: int, asked_mb: int,
             rc: str,
             attention: str, window: str, compiled: bool, pinned: bool,
-            options: Options = Options()) -> tuple[Layout, tuple[Flag, ...]]:
+            options: Options = Options(), ep: int = 1) -> tuple[Layout, tuple[Flag, ...]]:
     """The layout of one row, its batch split by the one rule (ddplan.layout.split_batch), and what changed.
 
     Unless the micro-batch is pinned, the largest divisor of the sequences per rank that fits in memory
@@ -193,7 +194,7 @@ def _layout(pricer: Pricer, sequences: int, gpus: int, tp: int, pp: int, vp: int
     """
     spec = pricer.spec
     split = split_batch(sequences, data_parallel(gpus, tp, pp, cp), asked_mb)
-    layout = layout_for(spec, gpus=gpus, tp=tp, pp=pp, vp=vp, cp=cp, zero=zero, micro_batch=split.micro_batch,
+    layout = layout_for(spec, gpus=gpus, tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, zero=zero, micro_batch=split.micro_batch,
                         grad_accum=split.accum, attention=attention, recompute=rc, compiled=compiled,
                         options=options)
     check_layout(layout, spec, world_size_rule=False)

@@ -31,12 +31,32 @@ def config_label(p: PricedLayout, native_zero: int | None = None) -> str:
         parts.append(f"pp {lay.pp}" + (f" x{lay.pp_virtual_stages} interleaved" if lay.pp_virtual_stages > 1 else ""))
     if lay.cp > 1:
         parts.append(f"cp {lay.cp}" + (" all-gather" if lay.cp_comm == "all_gather" else ""))
+    if lay.ep > 1:
+        parts.append(f"ep {lay.ep}")
     if native_zero is not None and lay.dp > 1 and lay.zero != native_zero:
         parts.append(f"ZeRO-{lay.zero}")
     parts += dp_option_words(lay)
     if lay.recompute != "none":
         parts.append(f"recompute {lay.recompute}")
     return ", ".join(parts + [lay.attention, p.window])
+
+
+def moe_line(spec) -> str:
+    """The assumptions of a mixture-of-experts model, in one line."""
+    from ddplan.params import active_params, total_params
+
+    a = spec.architecture
+    m = a.moe
+    shared = f", {m.shared_experts} shared of {m.shared_hidden_dim or m.expert_hidden_dim}" if m.shared_experts else ""
+    dense = f"; the first {m.dense_layers} layers dense" if m.dense_layers else ""
+    routing = (f"experts padded to capacity factor {m.capacity_factor:g}" if m.capacity_factor else
+               "routing balanced and dropless (every routed token computed once; real imbalance is slower)")
+    return (f"Mixture of experts: {m.num_experts} experts of {m.expert_hidden_dim}, top {m.top_k}{shared}{dense}; "
+            f"{active_params(a) / 1e9:.3g}B of {total_params(a) / 1e9:.3g}B parameters active, and MFU counts the "
+            f"active ones (6N on the active N); {routing}; ep splits the routed experts over data-parallel GPUs, "
+            f"and each MoE layer's two all-to-alls each way (dispatch, combine) are not overlapped with compute "
+            f"(Megatron-Core's all-to-all dispatcher); with tp > 1 the experts split over tp as the dense MLP does "
+            f"(expert tensor parallelism = tp) and run with sequence parallelism, as Megatron-Core requires.")
 
 
 def dp_option_words(lay) -> list[str]:
@@ -220,7 +240,8 @@ def table_verdict(table) -> list[str]:
                    f"({_hours(r.wall_clock_h)}) for {r.cost_usd / base.cost_usd:.2f}x the cost: data parallelism "
                    f"removes the serial accumulation ({base.layout.grad_accum} -> {r.layout.grad_accum} micro-batches) "
                    f"but multiplies whatever per-GPU efficiency you have (exposed communication "
-                   f"{1000 * (r.step.dp_comm_exposed_s + r.step.tp_comm_s):.0f} ms/step"
+                   f"{1000 * (r.step.dp_comm_exposed_s + r.step.tp_comm_s + r.step.cp_comm_s + r.step.ep_comm_s):.0f} "
+                   f"ms/step"
                    + (f", pipeline bubble {1000 * r.step.bubble_s:.0f} ms/step)." if r.step.bubble_s else ")."))
     f, c = v.fastest, v.cheapest
     if v.runnable > 1:
@@ -286,6 +307,7 @@ def table_assumptions(table) -> list[str]:
         *([_placement_line(hw)] if any(r.layout.num_gpus > hw.gpus_per_node for r in table.rows) else []),
         _interruptions_line(table),
         f"MFU convention: {MFU_CONVENTION}, at each row's window pattern.",
+        *([moe_line(spec)] if spec.architecture.moe else []),
         *(["fp8: GEMMs with every dim a multiple of 16 and min(k, n) >= 128 at the dense fp8 peak x "
            f"{(e.gemm.best_fp8 or e.gemm.best).value:.3f}"
            f"{'' if e.gemm.best_fp8 else ' (the bf16 fraction: no fp8 measurement)'}, plus "

@@ -90,7 +90,13 @@ def test_specs_import_writes_a_spec_that_loads_back(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("cfg, words", [
-    ({"model_type": "mixtral", "num_local_experts": 8, "hidden_size": 4096}, "mixture-of-experts"),
+    ({"model_type": "deepseek_v3", "n_routed_experts": 256, "kv_lora_rank": 512}, "multi-head latent attention"),
+    ({"model_type": "mixtral", "hidden_size": 4096, "num_attention_heads": 32, "num_hidden_layers": 2,
+      "vocab_size": 10, "max_position_embeddings": 64, "intermediate_size": 64, "num_experts_per_tok": 2},
+     "num_local_experts: missing"),
+    ({"model_type": "mixtral", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+      "vocab_size": 10, "max_position_embeddings": 64, "intermediate_size": 64, "num_local_experts": 2,
+      "num_experts_per_tok": 3}, "top_k (3) cannot exceed num_experts (2)"),
     ({"model_type": "t5"}, "allowed: llama, mistral"),
     ({"hidden_size": 4096}, "model_type"),
     ({"model_type": "llama", "hidden_size": "4096"}, "hidden_size: must be int"),

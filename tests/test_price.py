@@ -289,8 +289,8 @@ def test_a_measured_single_gpu_row_is_measured_whatever_zero_says(capsys):
 
 @pytest.mark.parametrize("argv, flag", [
     (["table", "-m", "d24", "--hardware", "h100-sxm", "--dtype", "fp32", "--fp8"], "--fp8"),
-    (["table", "-m", "d24", "--vp", "2"], "--gpus/--tp/--pp/--vp/--cp"),
-    (["memory", "-m", "d24", "--vp", "2"], "--gpus/--tp/--pp/--vp/--cp"),
+    (["table", "-m", "d24", "--vp", "2"], "--gpus/--tp/--pp/--vp/--cp/--ep"),
+    (["memory", "-m", "d24", "--vp", "2"], "--gpus/--tp/--pp/--vp/--cp/--ep"),
     (["table", "-m", "d24", "--measured-step-time", "nan"], "--measured-step-time"),
     (["table", "-m", "d24", "--price", "inf"], "--price"),
     (["memory", "-m", "d24", "--measured-peak", "nan"], "--measured-peak"),

@@ -1,0 +1,297 @@
+"""Mixture of experts: parameters (total and active), FLOPs, memory under expert parallelism, the all-to-all
+token exchange, layouts and the CLI.
+
+The configs are written here with the fields of the published config.json files (no download); the
+expected counts are the published ones: Mixtral 8x7B 46.7B total / 12.9B active (Jiang et al., arXiv
+2401.04088, sec. 2; HF's exact count 46,702,792,704), Qwen2-57B-A14B 57.4B / 14B (Qwen2 report, arXiv
+2407.10671, Table 1), Qwen3-30B-A3B 30.5B / 3.3B and Qwen3-235B-A22B 235B / 22B (Qwen3 report, arXiv
+2505.09388, Table 2).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+
+from ddplan import comm
+from ddplan.anatomy import build_anatomy
+from ddplan.comm import GroupTimer
+from ddplan.errors import LayoutError
+from ddplan.flops import flops_per_token, matmul_params
+from ddplan.layout import Layout, check_layout, placement
+from ddplan.memory import model_states
+from ddplan.params import active_params, expert_params_per_layer, param_counts, total_params
+from ddplan.registry import load_hardware, load_model
+from ddplan.step import step_time
+from ddplan.roofline import rates
+
+from cli_helpers import csv_rows, fails, run_ok
+
+MIXTRAL = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 4096,
+           "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+           "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 32000, "max_position_embeddings": 32768,
+           "rope_theta": 1e6, "tie_word_embeddings": False, "sliding_window": None, "rms_norm_eps": 1e-5}
+QWEN2_MOE = {"model_type": "qwen2_moe", "hidden_size": 3584, "intermediate_size": 18944, "moe_intermediate_size": 2560,
+             "shared_expert_intermediate_size": 20480, "num_attention_heads": 28, "num_key_value_heads": 4,
+             "num_hidden_layers": 28, "num_experts": 64, "num_experts_per_tok": 8, "vocab_size": 151936,
+             "max_position_embeddings": 32768, "tie_word_embeddings": False, "decoder_sparse_step": 1,
+             "mlp_only_layers": []}
+QWEN3_30B = {"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+             "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "num_hidden_layers": 48,
+             "num_experts": 128, "num_experts_per_tok": 8, "vocab_size": 151936, "max_position_embeddings": 40960,
+             "tie_word_embeddings": False}
+QWEN3_235B = {**QWEN3_30B, "hidden_size": 4096, "intermediate_size": 12288, "moe_intermediate_size": 1536,
+              "num_attention_heads": 64, "num_hidden_layers": 94}
+
+
+def _config(tmp_path, name: str, cfg: dict) -> str:
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**cfg, "_name_or_path": f"org/{name}"}), encoding="utf-8")
+    return str(folder)
+
+
+@pytest.fixture
+def mixtral(tmp_path):
+    return _config(tmp_path, "mixtral-8x7b", MIXTRAL)
+
+
+# --------------------------------------------------------------------------------------------
+# Parameters and FLOPs
+
+
+@pytest.mark.parametrize("cfg, total, active, tol", [
+    (MIXTRAL, 46.7e9, 12.9e9, 0.05e9),
+    (QWEN2_MOE, 57.4e9, 14.0e9, 0.3e9),  # the report rounds activated parameters to 14B
+    (QWEN3_30B, 30.5e9, 3.3e9, 0.06e9),
+    (QWEN3_235B, 235e9, 22e9, 0.5e9),
+])
+def test_published_total_and_active_parameters(tmp_path, cfg, total, active, tol):
+    spec = load_model(_config(tmp_path, cfg["model_type"], cfg))
+    a = spec.architecture
+    assert total_params(a) == pytest.approx(total, abs=tol)
+    assert active_params(a) == pytest.approx(active, abs=tol)
+
+
+def test_mixtral_counts_by_hand(tmp_path, mixtral):
+    a = load_model(mixtral).architecture
+    assert total_params(a) == 46_702_792_704  # HF's count of mistralai/Mixtral-8x7B-v0.1
+    # one layer's experts: 8 SwiGLU MLPs of 3 x 4096 x 14336
+    assert expert_params_per_layer(a) == 8 * 3 * 4096 * 14336 == 1_409_286_144
+    c = param_counts(a)
+    assert c["experts"] == 32 * 1_409_286_144
+    assert c["router"] == 32 * 4096 * 8
+    assert c["block_matrices"] == 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024)  # attention only: no dense MLP
+    # active: 2 of the 8 experts
+    assert active_params(a) == total_params(a) - c["experts"] + c["experts"] // 4
+    # the N of 6N: block matrices, router, lm_head and 2 of 8 experts (embeddings cost no matmul)
+    assert matmul_params(a) == c["block_matrices"] + c["router"] + c["lm_head"] + c["experts"] // 4
+
+
+def test_qwen2_moe_shared_expert_and_gate(tmp_path):
+    a = load_model(_config(tmp_path, "qwen2-moe", QWEN2_MOE)).architecture
+    assert a.moe.shared_experts == 1 and a.moe.shared_hidden_dim == 20480 and a.moe.shared_expert_gate
+    c = param_counts(a)
+    assert c["router"] == 28 * 3584 * (64 + 1)  # the router and the shared expert's sigmoid gate
+    attention = 2 * 3584 * 3584 + 2 * 3584 * 512
+    assert c["block_matrices"] == 28 * (attention + 3 * 3584 * 20480)  # shared experts count as block matrices
+
+
+def test_dense_layers_keep_the_dense_mlp(tmp_path):
+    cfg = {**QWEN2_MOE, "mlp_only_layers": [0, 1]}
+    a = load_model(_config(tmp_path, "qwen2-moe-dense", cfg)).architecture
+    assert a.moe.dense_layers == 2 and a.moe_layers == 26
+    assert param_counts(a)["experts"] == 26 * 64 * 3 * 3584 * 2560
+
+
+def test_anatomy_gemm_flops_are_six_active_n(tmp_path, mixtral):
+    spec = load_model(mixtral)
+    t = 4096
+    for ep in (1, 8):
+        an = build_anatomy(spec, batch=1, seq_len=t, ep=ep)
+        gemm = sum(op.flops_fwd + op.flops_bwd for op in an.ops if op.kind == "gemm")
+        # every GEMM of a token is 6 x its weights, the routed experts at top_k / num_experts
+        assert gemm / t == pytest.approx(6 * matmul_params(spec.architecture), rel=1e-12)
+
+
+def test_expert_parallelism_changes_rows_per_expert_and_weights_read(tmp_path, mixtral):
+    spec = load_model(mixtral)
+    one, eight = (build_anatomy(spec, batch=1, seq_len=4096, ep=ep) for ep in (1, 8))
+    up1 = next(op for op in one.ops if op.name == "h0.experts.up")
+    up8 = next(op for op in eight.ops if op.name == "h0.experts.up")
+    # 4096 tokens x top-2 = 8192 rows: over 8 local experts 1024 each, over 1 expert (ep 8) all 8192
+    assert up1.shape == (1024, 14336, 4096) and up8.shape == (8192, 14336, 4096)
+    assert up1.flops_fwd == up8.flops_fwd == 2.0 * 8192 * 14336 * 4096
+    # forward bytes: rows in and out the same, weights (bf16 cast of fp32 masters: 2 + 4 + 2 B) 8x fewer
+    w = 14336 * 4096
+    assert up1.bytes_fwd - up8.bytes_fwd == pytest.approx(7 * w * (2 + 4 + 2))
+
+
+def test_capacity_factor_pads_the_experts_not_the_model_flops(tmp_path, mixtral):
+    spec = load_model(mixtral)
+    padded = spec.model_copy(update={"architecture": spec.architecture.model_copy(update={
+        "moe": spec.architecture.moe.model_copy(update={"capacity_factor": 1.25})})})
+    base, cf = (build_anatomy(s, batch=1, seq_len=2048) for s in (spec, padded))
+    op = {o.name: o for o in cf.ops}["h0.experts.up"]
+    assert op.flops_fwd == pytest.approx(1.25 * {o.name: o for o in base.ops}["h0.experts.up"].flops_fwd)
+    assert matmul_params(padded.architecture) == matmul_params(spec.architecture)
+
+
+def test_mfu_convention_counts_active_parameters(tmp_path, mixtral):
+    a = load_model(mixtral).architecture
+    attn = 12 * 32 * 128 * 4096 * 32
+    assert flops_per_token(a, 4096, "palm") == 6 * matmul_params(a) + attn
+    with pytest.raises(ValueError, match="dense GPT layers"):
+        flops_per_token(a, 4096, "korthikanti")
+
+
+# --------------------------------------------------------------------------------------------
+# Memory and layouts
+
+
+def test_expert_states_split_over_ep_and_sharded_over_the_rest(tmp_path, mixtral):
+    spec = load_model(mixtral)
+    experts = param_counts(spec.architecture)["experts"]
+    for ep in (1, 2, 8):
+        st = model_states(spec, Layout(dp=16, zero=1, ep=ep))
+        assert st["params"]["experts"] == pytest.approx(4 * experts / ep)  # fp32 masters, 1 / ep of the experts
+        assert st["gradients"]["experts"] == pytest.approx(4 * experts / ep)
+        # AdamW m and v in fp32, ZeRO-1 over the 16 / ep ranks that hold the same experts
+        assert st["optimizer"]["experts"] == pytest.approx(8 * experts / ep / (16 // ep))
+        # everything else is sharded over all 16
+        assert st["optimizer"]["block_matrices"] == pytest.approx(8 * param_counts(spec.architecture)["block_matrices"] / 16)
+
+
+def test_layout_rules(tmp_path, mixtral):
+    spec = load_model(mixtral)
+    with pytest.raises(LayoutError, match="must divide dp x cp=4"):
+        Layout(dp=4, ep=8)
+    with pytest.raises(LayoutError, match="must divide the number of experts"):
+        check_layout(Layout(dp=16, ep=16), spec)
+    with pytest.raises(LayoutError, match="sequence parallelism"):
+        check_layout(Layout(dp=8, tp=2, ep=8), spec)
+    check_layout(Layout(dp=8, tp=2, ep=8, sequence_parallel=True), spec)
+    with pytest.raises(LayoutError, match="is dense"):
+        check_layout(Layout(dp=8, ep=2), load_model("llama-3-8b"))
+
+
+def test_expert_groups_placement():
+    # 64 GPUs on 8-GPU nodes, tp 2, dp 32, ep 8: an ep group strides by tp, so 8 members span 16 ranks, 2 nodes
+    place = placement(Layout(dp=32, tp=2, ep=8, sequence_parallel=True), 8)
+    assert (place.ep_per_node, place.ep_crosses) == (4, True)
+    # the expert-data-parallel group (4 ranks, 16 apart) has one member a node
+    assert (place.edp_per_node, place.edp_crosses) == (1, True)
+    # tp 1: the 8 ep ranks fill one node
+    assert placement(Layout(dp=64, ep=8), 8).ep_crosses is False
+
+
+# --------------------------------------------------------------------------------------------
+# Communication
+
+
+def test_rows_bytes_by_hand():
+    assert comm.moe_rows_bytes(4096, 2, 4096, 2) == 4096 * 2 * 4096 * 2 == 67_108_864
+    assert comm.moe_rows_bytes(4096, 2, 4096, 2, capacity_factor=1.5) == 1.5 * 67_108_864
+
+
+def test_layer_exchange_by_hand():
+    hw = load_hardware("h100-sxm")
+    timer = GroupTimer(hw, 8)
+    rows = 67_108_864.0
+    tier = comm.tier_for(hw, "all_gather", 8, per_node=8)
+    # one all-to-all over 8 = an all-gather with a 64 MiB output: 7 steps of latency + 7/8 of it at busbw
+    a2a = 7 * tier.latency_s + rows * 7 / 8 / tier.busbw_bytes_per_s
+    fwd, bwd = comm.moe_layer_comm_s(rows, 8, 1, timer, timer)
+    assert fwd == bwd == pytest.approx(2 * a2a)
+    # ep 1, tp 2: no all-to-all; the rows all-gathered over tp before the experts, reduce-scattered after
+    tp_timer = GroupTimer(hw, 2)
+    fwd, _ = comm.moe_layer_comm_s(rows, 1, 2, timer, tp_timer)
+    assert fwd == pytest.approx(tp_timer.time_s("all_gather", 2 * rows, 2) + tp_timer.time_s("reduce_scatter", 2 * rows, 2))
+
+
+def test_step_prices_the_exchange_per_moe_layer(tmp_path, mixtral):
+    spec = load_model(mixtral)
+    hw = load_hardware("h100-sxm")
+    lay = Layout(dp=8, zero=3, ep=8, micro_batch=1, grad_accum=4)
+    an = build_anatomy(spec, batch=1, ep=8, attention="flash_package")
+    st = step_time(spec, hw, lay, an, rates(hw, "fa3"))
+    rows = comm.moe_rows_bytes(4096, 2, 4096, 2)
+    fwd, bwd = comm.moe_layer_comm_s(rows, 8, 1, GroupTimer(hw, 8), GroupTimer(hw, 1))
+    assert st.ep_comm_s == pytest.approx(4 * 32 * (fwd + bwd))
+    assert st.total_s == pytest.approx(st.compute_s + st.ep_comm_s + st.dp_comm_exposed_s + st.optimizer_s)
+    # full recompute re-runs each forward's two all-to-alls
+    full = step_time(spec, hw, replace(lay, recompute="full"), replace(an, recompute="full"), rates(hw, "fa3"))
+    assert full.ep_comm_s == pytest.approx(4 * 32 * (2 * fwd + bwd))
+
+
+def test_expert_gradients_reduce_over_their_own_group(tmp_path, mixtral):
+    spec = load_model(mixtral)
+    hw = load_hardware("h100-sxm")
+    from ddplan.step import grad_sync_buffers
+
+    lay = Layout(dp=16, zero=1, ep=8)
+    experts = grad_sync_buffers(spec, lay, experts=True)
+    dense = grad_sync_buffers(spec, lay)
+    n = param_counts(spec.architecture)["experts"]
+    assert experts == [("reduce_scatter", 4 * n / 8), ("all_gather", 2 * n / 8)]
+    assert all(size < 4 * n / 8 for _, size in dense)
+    assert lay.expert_ranks == 2
+    # with ep = dp x cp every rank holds its own experts: nothing to reduce for them
+    solo = Layout(dp=8, zero=1, ep=8)
+    an = build_anatomy(spec, batch=1, ep=8)
+    t8 = step_time(spec, hw, solo, an, rates(hw, "fa3"))
+    t_dense = step_time(spec, hw, replace(solo, ep=1), build_anatomy(spec, batch=1), rates(hw, "fa3"))
+    assert t8.dp_comm_total_s < t_dense.dp_comm_total_s
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+
+
+def test_table_takes_ep_and_shows_the_exchange(capsys, mixtral):
+    rows = csv_rows(run_ok(capsys, ["table", "--model", mixtral, "--hardware", "h100-sxm", "--gpus", "64",
+                                    "--ep", "1,8", "--attention", "fa3", "--zero", "3", "--format", "csv"]))
+    by_ep = {int(r["ep"]): r for r in rows}
+    assert set(by_ep) == {1, 8}
+    assert float(by_ep[1]["ep_comm_s"]) == 0 and float(by_ep[8]["ep_comm_s"]) > 0
+    assert float(by_ep[8]["memory_gib"]) < float(by_ep[1]["memory_gib"])  # 1/8 of the experts a GPU
+
+
+def test_table_assumptions_name_the_moe_conventions(capsys, mixtral):
+    out = run_ok(capsys, ["table", "--model", mixtral, "--hardware", "h100-sxm", "--gpus", "8", "--ep", "8",
+                          "--attention", "fa3", "--format", "markdown"])
+    assert "12.9B of 46.7B parameters active" in out and "all-to-all" in out
+
+
+def test_tp_runs_with_sequence_parallelism_for_moe(capsys, mixtral):
+    rows = csv_rows(run_ok(capsys, ["table", "--model", mixtral, "--hardware", "h100-sxm", "--gpus", "16",
+                                    "--tp", "2", "--ep", "8", "--attention", "fa3", "--format", "csv"]))
+    assert rows[0]["sp"] == "True" and float(rows[0]["ep_comm_s"]) > 0
+
+
+def test_plan_searches_expert_parallelism(capsys, mixtral):
+    out = run_ok(capsys, ["plan", "--model", mixtral, "--hardware", "h100-sxm", "--gpus", "64", "--format", "json"])
+    rows = json.loads(out)["rows"]
+    eps = {r["ep"] for r in rows}
+    assert any(e > 1 for e in eps)
+    assert all(r["ep_comm_s"] > 0 for r in rows if r["ep"] > 1)
+    assert rows[0]["ep"] > 1  # on 8-GPU nodes the experts split beats holding all 46.7B a GPU
+
+
+def test_ep_errors_are_one_line(capsys, mixtral):
+    _, err = fails(capsys, ["table", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--ep", "2"])
+    assert "ep=2" in err and "dense" in err
+    _, err = fails(capsys, ["table", "--model", mixtral, "--hardware", "h100-sxm", "--gpus", "8", "--ep", "16"])
+    assert "ep=16" in err
+    _, err = fails(capsys, ["table", "--model", mixtral, "--gpus", "8", "--ep", "0"])
+    assert "--ep" in err
+
+
+def test_builtin_moe_models_match_their_configs(tmp_path, mixtral):
+    assert param_counts(load_model("mixtral-8x7b").architecture) == param_counts(load_model(mixtral).architecture)
+    q = load_model("qwen3-30b-a3b").architecture
+    assert total_params(q) == pytest.approx(30.5e9, abs=0.06e9) and active_params(q) == pytest.approx(3.3e9, abs=0.06e9)
+    assert math.isclose(param_counts(q)["experts"], 48 * 128 * 3 * 2048 * 768)
