@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ddplan import validation as V  # noqa: E402
-from ddplan.price import VALIDATED_RATIO  # noqa: E402
+from ddplan.price import VALIDATED_RATIO, VALIDATED_RATIO_MOE  # noqa: E402
 from ddplan.registry import load_hardware  # noqa: E402
 from ddplan.runs import load_runs, shipped_dataset  # noqa: E402
 
@@ -57,8 +57,12 @@ def main() -> None:
     median = statistics.median(s.measured_s / s.predicted_s for s in scored)
     print(f"\nmeasured / predicted in sample: 5th percentile {lo:.3f}, 95th {hi:.3f} (median {median:.3f})")
     lo, hi = V.band_ratio(held)
-    print(f"measured / predicted leaving each source out: 5th percentile {lo:.3f}, 95th {hi:.3f}; "
+    print(f"measured / predicted leaving each source out (dense runs): 5th percentile {lo:.3f}, 95th {hi:.3f}; "
           f"ddplan.price.VALIDATED_RATIO = {VALIDATED_RATIO}")
+    moe = V.moe_band_ratio(held)
+    if moe:
+        print(f"mixture of experts (the dense band stretched to each MoE run): {moe[0]:.3f}-{moe[1]:.3f}; "
+              f"ddplan.price.VALIDATED_RATIO_MOE = {VALIDATED_RATIO_MOE}")
 
 
 if __name__ == "__main__":

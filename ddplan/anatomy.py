@@ -260,16 +260,18 @@ class _Builder:
         ))
 
     def norm(self, name: str, layer: int | None, x: str, learnable: bool, tag: SaveTag = "keep",
-             core: bool = False, rows_per_token: int = 1) -> None:
-        """RMSNorm / LayerNorm over d_model: saves its input and per-row statistics (fp32)."""
+             core: bool = False, rows_per_token: int = 1, width: int | None = None) -> None:
+        """RMSNorm / LayerNorm over rows of `width` elements per token (default d_model; the per-head QK norms
+        see all heads x head_dim, split into rows_per_token rows): saves its input and per-row statistics (fp32)."""
         a, t = self.a, self.t
+        w = a.d_model if width is None else width
         stats = 2 if a.norm == "layernorm" else 1
-        saves = (Saved(x, t * a.d_model * self.e, tag, tp_sharded=core),
+        saves = (Saved(x, t * w * self.e, tag, tp_sharded=core),
                  Saved(f"{name}.stats", t * rows_per_token * stats * 4, "keep", tp_sharded=core))
         if learnable and a.norm == "rmsnorm":
             # x * rstd * weight: the weight's gradient needs the normalised x, a tensor of its own
-            saves = (*saves, Saved(f"{name}.normed", t * a.d_model * self.e, "pointwise", tp_sharded=core))
-        self.pointwise(name, layer, t * a.d_model, reads=1, saves=saves, flops_per_element=4.0,
+            saves = (*saves, Saved(f"{name}.normed", t * w * self.e, "pointwise", tp_sharded=core))
+        self.pointwise(name, layer, t * w, reads=1, saves=saves, flops_per_element=4.0,
                        bwd_reads=2, bwd_writes=1, kind="reduction", core=core)
 
 
@@ -497,10 +499,10 @@ def _block(bld: _Builder, i: int, window: int, kind: AttentionKind, windows: Win
                              Saved(f"{p}.rope_k_sin", half, "pointwise", tp_sharded=False)))
     if a.qk_norm:
         # per-head norms: one statistic per (token, head)
-        bld.norm(f"{p}.attn.q_norm", i, f"{p}.q_rope", learnable=False, tag="pointwise", core=True,
-                 rows_per_token=a.num_heads)
-        bld.norm(f"{p}.attn.k_norm", i, f"{p}.k_rope", learnable=False, tag="pointwise", core=True,
-                 rows_per_token=a.num_kv_heads)
+        bld.norm(f"{p}.attn.q_norm", i, f"{p}.q_rope", learnable=a.norm_learnable, tag="pointwise", core=True,
+                 rows_per_token=a.num_heads, width=q_w)
+        bld.norm(f"{p}.attn.k_norm", i, f"{p}.k_rope", learnable=a.norm_learnable, tag="pointwise", core=True,
+                 rows_per_token=a.num_kv_heads, width=kv_w)
     _attention(bld, i, window, kind, windows)
     bld.gemm(f"{p}.attn.c_proj", i, q_w, c, f"{p}.attn_out", "block_matrices")
     _dropout(bld, f"{p}.attn.dropout", i, t * c, a.dropout.hidden)

@@ -278,9 +278,9 @@ def memory_cmd(
            (device_batch_size, "--device-batch-size"),
            (measured_peak, "--measured-peak"), (headroom, "--headroom"))
     stages = _int_list(zero, "--zero", allowed=(0, 1, 2, 3))
-    options = _options(sequence_parallel, False, tp, shard_group, reshard_after_forward, overlap_param_gather, cp_comm)
     spec, hw, cal = _inputs(model, hardware, calibration, seq_len, dtype)
-    options = options.for_model(spec)
+    options = _options(_sp(sequence_parallel, spec, tp), False, tp, shard_group, reshard_after_forward,
+                       overlap_param_gather, cp_comm)
     if cal is not None and measured_peak is None:
         from ddplan.calibration import steps_for_model
 
@@ -432,8 +432,6 @@ def table_cmd(
     gpu_list = tuple(_int_list(gpus, "--gpus", ranges=True))
     tps, pps, vps, cps, eps = (tuple(_int_list(v, f)) for v, f in ((tp, "--tp"), (pp, "--pp"), (vp, "--vp"),
                                                                   (cp, "--cp"), (ep, "--ep")))
-    options = _options(sequence_parallel, tp_comm_overlap, max(tps), shard_group, reshard_after_forward,
-                       overlap_param_gather, cp_comm)
     zeros = tuple(_int_list(zero, "--zero", allowed=(0, 1, 2, 3))) if zero else ()
     mbs = tuple(_int_list(device_batch_size, "--device-batch-size")) if device_batch_size else ()
     recomputes = _choices(recompute, "--recompute", RECOMPUTE)
@@ -445,7 +443,8 @@ def table_cmd(
         raise UsageError(f"give at most one of --steps, --tokens, --param-data-ratio (got {', '.join(given)})",
                          field=given[1])
     spec, hw, cal = _inputs(model, hardware, calibration, seq_len, dtype)
-    options = options.for_model(spec)
+    options = _options(_sp(sequence_parallel, spec, max(tps)), tp_comm_overlap, max(tps), shard_group,
+                       reshard_after_forward, overlap_param_gather, cp_comm)
     budget = None
     if given:
         budget = Budget(steps=steps, tokens=int(tokens) if tokens else None, param_data_ratio=param_data_ratio,
@@ -739,8 +738,8 @@ def plan_cmd(
     hws = (hw0, *(load_hardware(h) for h in names[1:]))
     price_spec = None if price is None else Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price",
                                                   date=dt.date.today(), source="given on the command line")
-    options = _options(sequence_parallel, tp_comm_overlap, None, shard_group, reshard_after_forward,
-                       overlap_param_gather, cp_comm).for_model(spec)
+    options = _options(_sp(sequence_parallel, spec, None), tp_comm_overlap, None, shard_group, reshard_after_forward,
+                       overlap_param_gather, cp_comm)
     req = PlanRequest(cps=tuple(_int_list(cp, "--cp")) if cp else (), eps=tuple(_int_list(ep, "--ep")) if ep else (),
                       model=spec, hardware=hws, gpus=gpu_list, objective=objective.value,
                       deadline_h=deadline, budget_usd=budget, top=top,
@@ -854,6 +853,12 @@ def validate_cmd(
     render.echo(render.fit(summary_shown, scr, "Summary", render.SUMMARY_DROP) if scr
                 else render.table(summary_shown, format.value, title="Summary"))
     render.echo(render.footer(prov, format.value, scr))
+
+
+def _sp(asked: bool, spec, max_tp: int | None) -> bool:
+    """Sequence parallelism as asked, and on by itself for a mixture-of-experts model wherever tp > 1 can be
+    (Megatron-Core requires it with expert layers: ddplan.layout.Options.for_model)."""
+    return asked or (spec.architecture.moe is not None and max_tp != 1)
 
 
 def _options(sequence_parallel: bool, tp_comm_overlap: bool, max_tp: int | None, shard_group: int | None = None,

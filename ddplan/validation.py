@@ -49,6 +49,7 @@ class Scored:
     predicted_mfu_pct: float | None
     ddplan_mfu_measured_pct: float  # the measured run's MFU in ddplan's convention (price.MFU_CONVENTION)
     flags: tuple[str, ...] = ()
+    moe: bool = False  # a mixture-of-experts model (its own band: ddplan.price.VALIDATED_RATIO_MOE)
 
     @property
     def error(self) -> float:
@@ -118,7 +119,7 @@ def score(run: PublishedRun, where: str, sustained: dict[str, float] | None = No
         low_s=row.step_low_s, high_s=row.step_high_s, measured_mfu_pct=measured_mfu, predicted_mfu_pct=predicted_mfu,
         ddplan_mfu_measured_pct=row.mfu_pct * row.step_s / measured,
         flags=tuple(f.kind for f in row.flags) + (("params_differ",) if run.model.params_reported and abs(
-            params / run.model.params_reported - 1) > 0.005 else ()))
+            params / run.model.params_reported - 1) > 0.005 else ()), moe=spec.architecture.moe is not None)
 
 
 def score_all(runs: RunSet, where: str, sustained: dict[str, float] | None = None,
@@ -193,9 +194,20 @@ def percentile(xs: Sequence[float], q: float) -> float:
 
 
 def band_ratio(scored: Sequence[Scored]) -> tuple[float, float]:
-    """(5th, 95th) percentile of measured / predicted: what ddplan.price.VALIDATED_RATIO is built from."""
-    ratios = [s.measured_s / s.predicted_s for s in scored]
+    """(5th, 95th) percentile of measured / predicted over the dense runs: what ddplan.price.VALIDATED_RATIO is
+    built from."""
+    ratios = [s.measured_s / s.predicted_s for s in scored if not s.moe]
     return percentile(ratios, 0.05), percentile(ratios, 0.95)
+
+
+def moe_band_ratio(scored: Sequence[Scored]) -> tuple[float, float] | None:
+    """The dense band stretched to every mixture-of-experts run's measured / predicted (too few of them for
+    percentiles): what ddplan.price.VALIDATED_RATIO_MOE is built from; None without MoE runs."""
+    ratios = [s.measured_s / s.predicted_s for s in scored if s.moe]
+    if not ratios:
+        return None
+    lo, hi = band_ratio(scored)
+    return min(lo, *ratios), max(hi, *ratios)
 
 
 # ---- fitted parameters and leave-one-source-out

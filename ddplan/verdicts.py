@@ -7,7 +7,7 @@ price, fitting) return rows and facts with numbers in SI units; this module turn
 from __future__ import annotations
 
 from ddplan.layout import NATIVE_ZERO, breaks_world_size_rule
-from ddplan.price import VALIDATED_RATIO, MFU_CONVENTION, Flag, PricedLayout
+from ddplan.price import MFU_CONVENTION, VALIDATED_RATIO_MOE, Flag, PricedLayout, validated_ratio
 from ddplan.specs import HardwareSpec, ModelSpec
 from ddplan.units import GiB
 
@@ -56,7 +56,9 @@ def moe_line(spec) -> str:
             f"active ones (6N on the active N); {routing}; ep splits the routed experts over data-parallel GPUs, "
             f"and each MoE layer's two all-to-alls each way (dispatch, combine) are not overlapped with compute "
             f"(Megatron-Core's all-to-all dispatcher); with tp > 1 the experts split over tp as the dense MLP does "
-            f"(expert tensor parallelism = tp) and run with sequence parallelism, as Megatron-Core requires.")
+            f"(expert tensor parallelism = tp) and run with sequence parallelism, as Megatron-Core requires. "
+            f"Published MoE runs ran up to {VALIDATED_RATIO_MOE[1]:g}x ddplan's prediction (`ddplan validate`): the "
+            f"routing's many small kernels and host synchronisation are not modelled; the band's high end reaches it.")
 
 
 def dp_option_words(lay) -> list[str]:
@@ -316,9 +318,11 @@ def table_assumptions(table) -> list[str]:
         "Band (low-high): every efficiency at the fast and slow ends of its range in the hardware spec"
         + ("" if table.fit is not None or (req.calibration is not None and
                                             req.calibration.held_out_error_pct is not None) else
-           f", widened to {VALIDATED_RATIO[0]:g}-{VALIDATED_RATIO[1]:g} x the prediction: where measured step times "
-           f"fell against ddplan's predictions on its dataset of published runs, each source priced with fits made "
-           f"without it (`ddplan validate --leave-one-source-out`)") + ".",
+           f", widened to {validated_ratio(spec)[0]:g}-{validated_ratio(spec)[1]:g} x the prediction: where measured "
+           f"step times fell against ddplan's predictions on its dataset of published runs, each source priced with "
+           f"fits made without it (`ddplan validate --leave-one-source-out`)"
+           + ("; for a mixture of experts, stretched to the published MoE runs, which ran slower than predicted"
+              if spec.architecture.moe else "")) + ".",
     ]
     cal = req.calibration
     if cal is not None:

@@ -295,3 +295,14 @@ def test_builtin_moe_models_match_their_configs(tmp_path, mixtral):
     q = load_model("qwen3-30b-a3b").architecture
     assert total_params(q) == pytest.approx(30.5e9, abs=0.06e9) and active_params(q) == pytest.approx(3.3e9, abs=0.06e9)
     assert math.isclose(param_counts(q)["experts"], 48 * 128 * 3 * 2048 * 768)
+    # RMSNorm weights: 2 a block + the final one, and Qwen3's per-head q_norm and k_norm (head_dim each)
+    assert param_counts(q)["norms"] == (2 * 48 + 1) * 2048 + 48 * 2 * 128
+
+
+def test_qk_norm_sees_every_head(tmp_path):
+    """Qwen3's q is 32 heads x 128 = 4096 wide over a 2048-wide stream: its norm reads and saves q, not d_model."""
+    spec = load_model("qwen3-30b-a3b")
+    an = build_anatomy(spec, batch=1, seq_len=128)
+    q_norm = next(op for op in an.ops if op.name == "h0.attn.q_norm")
+    assert q_norm.shape == (128 * 4096,)
+    assert next(sv for sv in q_norm.saves if sv.name == "h0.q_rope").bytes == 128 * 4096 * 2

@@ -8,7 +8,7 @@ import yaml
 
 from ddplan import validation as V
 from ddplan.errors import SpecError
-from ddplan.price import VALIDATED_RATIO
+from ddplan.price import VALIDATED_RATIO, VALIDATED_RATIO_MOE
 from ddplan.registry import load_hardware
 from ddplan.runs import highest_measured_mfu, load_runs, shipped_dataset
 
@@ -104,6 +104,11 @@ def test_uncalibrated_band_is_the_datasets_out_of_sample_spread():
     held = V.leave_one_source_out(runs, shipped_dataset(), V.fitted_hardware())
     lo, hi = V.band_ratio(held)
     assert lo - 0.01 <= VALIDATED_RATIO[0] <= lo and hi <= VALIDATED_RATIO[1] <= hi + 0.01
+    # mixture of experts: the dense band stretched to cover every MoE run (too few for percentiles)
+    lo, hi = V.moe_band_ratio(held)
+    assert lo - 0.01 <= VALIDATED_RATIO_MOE[0] <= lo and hi <= VALIDATED_RATIO_MOE[1] <= hi + 0.01
+    moe = [s for s in held if s.moe]
+    assert moe and all(VALIDATED_RATIO_MOE[0] <= s.measured_s / s.predicted_s <= VALIDATED_RATIO_MOE[1] for s in moe)
 
 
 @pytest.mark.slow
