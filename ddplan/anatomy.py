@@ -521,14 +521,14 @@ def _block(bld: _Builder, i: int, window: int, kind: AttentionKind, windows: Win
 
 
 def _dropout(bld: _Builder, name: str, layer: int, numel: int, p: float, core: bool = False,
-             tp_sharded: bool = False, elem_bytes: int | None = None) -> None:
+             tp_sharded: bool = False) -> None:
     """Dropout of `numel` elements at probability p (nothing when p = 0): y = x * mask / (1 - p), saving the
     one-byte mask (torch native_dropout keeps a bool mask; torch.compile's min-cut partitioner saves it too,
     as it never recomputes random ops); backward reads the gradient and the mask.
     Ref: Korthikanti et al., arXiv 2205.05198, Table 2 (a mask of sbh per hidden dropout, as^2 b on scores)."""
     if p <= 0:
         return
-    e = bld.e if elem_bytes is None else elem_bytes
+    e = bld.e
     bld.ops.append(Op(name=name, kind="elementwise", layer=layer, shape=(numel,), flops_fwd=2.0 * numel,
                       flops_bwd=numel * 1.0, bytes_fwd=numel * (2 * e + 1), bytes_bwd=numel * (2 * e + 1),
                       # the mask is kept under torch.compile too (its partitioner never recomputes random
@@ -633,7 +633,7 @@ def _unfused_attention(bld: _Builder, i: int, window: int, kind: AttentionKind) 
     out = Saved(f"{p}.attn_out", b * s * h * hd * e)
     qkv_in = b * s * (h + hkv) * hd * e  # q and k (or p and v) in the compute dtype
     if kind == "sdpa_math":
-        n, x = sdpa_math_saved_bytes(b, h, s, hd, dropout), SDPA_MATH_ACC_BYTES
+        n = sdpa_math_saved_bytes(b, h, s, hd, dropout)
         # the scaled fp32 copies are the kernel's own; selective recompute's checkpoint keeps q, k, v as they
         # came in instead (and a window's boolean mask, as every checkpoint does: ckpt_input)
         scores_saves = (Saved(f"{p}.q_scaled", n["q_scaled"], "core"), Saved(f"{p}.k_scaled", n["k_scaled"], "core"),
@@ -643,10 +643,8 @@ def _unfused_attention(bld: _Builder, i: int, window: int, kind: AttentionKind) 
         if window < s:
             scores_saves += (Saved(f"mask.{window}", s * s, "ckpt_input", tp_sharded=False),)
         v_saved = Saved(f"{p}.v_fp32", n["v_fp32"], "core")
-        # traffic: the fp32 copies of q, k (repeated to h heads) and v written and read once each
-        copies = 2 * b * s * 2 * h * hd * x
     else:
-        n, x = megatron_unfused_saved_bytes(b, h, hkv, s, hd, e, dropout), e
+        n = megatron_unfused_saved_bytes(b, h, hkv, s, hd, e, dropout)
         qkv = (Saved(f"{p}.q", n["q"]), Saved(f"{p}.k", n["k"]), Saved(f"{p}.v", n["v"]))
         if hkv != h:  # grouped-query: k and v repeated to every query head, the copies saved;
             # under selective recompute the checkpoint keeps the un-repeated k and v instead
@@ -657,21 +655,24 @@ def _unfused_attention(bld: _Builder, i: int, window: int, kind: AttentionKind) 
                               saves=(Saved(f"{p}.k", n["k"], "core_input"), Saved(f"{p}.v", n["v"], "core_input"))))
         # masked_fill saves the boolean s x s mask (one per distinct window, made once per forward)
         scores_saves = (qkv[0], qkv[1], Saved(f"mask.{min(window, s)}", s * s, "input", tp_sharded=False))
-        v_saved, copies = qkv[2], 0
-    sq = n["probs"]  # bytes of one s x s tensor in the kernel's dtype
+        v_saved = qkv[2]
+    # Traffic is counted in the compute dtype for both kinds: the math kernel's fp32 internals would double
+    # its s x s traffic, but its assumed efficiencies come from a measured rate of PyTorch's standard
+    # attention (hardware/*.yaml, [S7]) that this byte count already prices slower than measured; calibrate
+    # measures it. Only what is saved differs (n).
+    sq = b * h * s * s * e
     # scores = q k^T, mask, softmax (saves the b x h x s x s probabilities), then probabilities @ v
     bld.ops.append(Op(name=f"{p}.attn.scores", kind="attention", layer=i, shape=(b, h, s, window, hd),
-                      flops_fwd=half_fwd, flops_bwd=half_bwd, bytes_fwd=qkv_in + copies + 4 * sq,
-                      bytes_bwd=2 * (qkv_in + copies) + 6 * sq, attention_core=True,
-                      saves=(*scores_saves, Saved(f"{p}.probs", sq, "core"))))
-    pv_probs = Saved(f"{p}.probs", sq, "core")
+                      flops_fwd=half_fwd, flops_bwd=half_bwd, bytes_fwd=qkv_in + 4 * sq,
+                      bytes_bwd=2 * qkv_in + 6 * sq, attention_core=True,
+                      saves=(*scores_saves, Saved(f"{p}.probs", n["probs"], "core"))))
+    pv_probs = Saved(f"{p}.probs", n["probs"], "core")
     if dropout:  # dropout on the probabilities: its mask, and its output for P @ V
-        _dropout(bld, f"{p}.attn.probs_dropout", i, b * h * s * s, a.dropout.attention, core=True, tp_sharded=True,
-                 elem_bytes=x)
+        _dropout(bld, f"{p}.attn.probs_dropout", i, b * h * s * s, a.dropout.attention, core=True, tp_sharded=True)
         pv_probs = Saved(f"{p}.probs_dropped", n["probs_dropped"], "core")
     bld.ops.append(Op(name=f"{p}.attn.pv", kind="attention", layer=i, shape=(b, h, s, window, hd),
-                      flops_fwd=half_fwd, flops_bwd=half_bwd, bytes_fwd=qkv_in + copies + sq,
-                      bytes_bwd=2 * (qkv_in + copies) + 3 * sq, attention_core=True,
+                      flops_fwd=half_fwd, flops_bwd=half_bwd, bytes_fwd=qkv_in + sq,
+                      bytes_bwd=2 * qkv_in + 3 * sq, attention_core=True,
                       saves=(v_saved, pv_probs, out), recompute_skip=("selective",)))
 
 
