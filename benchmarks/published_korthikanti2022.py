@@ -58,7 +58,7 @@ def main() -> None:
     print(f"\nTable 5: median |error| {100 * statistics.median(errors):.1f}%, max {100 * max(errors):.1f}%, "
           f"{inside} of {len(rows)} measurements inside the band")
     mem_argv = ["memory", "--model", "gpt3-175b", "--hardware", "a100-sxm-80gb", "--gpus", "64", "--tp", "8", "--pp",
-                "8", "--vp", "3", "--device-batch-size", "1", "--attention", "sdpa-math", "--no-compile", "--zero", "0"]
+                "8", "--vp", "3", "--device-batch-size", "1", "--attention", "megatron-unfused", "--no-compile", "--zero", "0"]
     (m,) = run_csv(mem_argv)
     states = float(m["params_gib"]) + float(m["gradients_gib"]) + float(m["optimizer_gib"])
     print(f"\nFigure 1, GPT-3 175B (ddplan {' '.join(mem_argv)}):")

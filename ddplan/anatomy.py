@@ -11,8 +11,12 @@ Conventions:
 - Attention on `pairs` (query, key) pairs per head: 4 x pairs x head_dim forward (QK^T, PV),
   8 x pairs x head_dim backward (dV, dP, dQ, dK); flash kernels also recompute QK^T in backward
   (2 x pairs x head_dim, reported as `recompute_flops_bwd`, hardware FLOPs only).
-- Which pairs an implementation computes (`attention_pairs`): unfused math computes all s^2 and
-  masks after; PyTorch's fused SDPA skips the upper triangle only under is_causal (a sliding window
+- Attention kinds: `sdpa_math` is torch's math SDPA (aten `_scaled_dot_product_attention_math`, fp32
+  internally for 16-bit inputs, `sdpa_math_saved_bytes`); `unfused_math` is Megatron-LM's unfused attention
+  (scores, softmax and dropout in the compute dtype, what Korthikanti et al. 2022 Table 2 counts,
+  `megatron_unfused_saved_bytes`); `fused_sdpa` torch's fused SDPA kernels; `flash_package` FA2/FA3.
+- Which pairs an implementation computes (`attention_pairs`): unfused math (both kinds) computes all
+  s^2 and masks after; PyTorch's fused SDPA skips the upper triangle only under is_causal (a sliding window
   needs an explicit mask, so it computes all s^2); flash packages skip everything outside the window.
 - Bytes: every tensor read or written once per pass (no cache reuse), in its dtype.
 """
@@ -28,7 +32,8 @@ from ddplan.specs import ModelSpec
 from ddplan.units import dtype_bytes
 
 OpKind = Literal["gemm", "attention", "elementwise", "reduction", "embedding", "optimizer"]
-AttentionKind = Literal["unfused_math", "fused_sdpa", "flash_package"]
+AttentionKind = Literal["sdpa_math", "unfused_math", "fused_sdpa", "flash_package"]
+UNFUSED_KINDS: tuple[str, ...] = ("sdpa_math", "unfused_math")  # materialise (and save) the s x s scores
 WindowSupport = Literal["native", "mask"]
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_POLICIES: tuple[str, ...] = ("none", "selective", "full")
@@ -200,7 +205,7 @@ def attention_pairs(seq_len: int, window: int, kind: AttentionKind, windows: Win
         raise ValueError(f"seq_len and window must be positive, got {seq_len}, {window}")
     k = min(window + 1, seq_len)  # keys per query once the window is full
     exact = k * (k + 1) // 2 + (seq_len - k) * k
-    if kind == "unfused_math" or windows == "mask" and window < seq_len:
+    if kind in UNFUSED_KINDS or windows == "mask" and window < seq_len:
         return seq_len * seq_len  # all scores computed, the masked ones thrown away
     return exact
 
@@ -600,8 +605,58 @@ def _replace(op: Op, **changes) -> Op:
     return replace(op, **changes)
 
 
+# torch's math SDPA computes in fp32 when given fp16 or bf16 (torch.backends.cuda.
+# allow_fp16_bf16_reduction_math_sdp(False), the default): `sdpa_math_saved_bytes`.
+SDPA_MATH_ACC_BYTES = 4
+
+
+def sdpa_math_saved_bytes(batch: int, heads: int, seq_len: int, head_dim: int,
+                          attention_dropout: bool) -> dict[str, float]:
+    """Bytes torch's math SDPA keeps for backward in one layer, per tensor, whatever the input dtype.
+
+    aten `_scaled_dot_product_attention_math` (pytorch aten/src/ATen/native/transformers/attention.cpp,
+    torch 2.5-2.13): fp16/bf16 q, k, v are cast to fp32 (`query_.to(at::kFloat)`, unless
+    allow_fp16_bf16_reduction_math_sdp is on); q and k are each scaled by sqrt(1/sqrt(d)), k and v repeated
+    to every query head under enable_gqa; attn = _safe_softmax(q k^T + mask), dropout, out = attn @ v, cast
+    back. Saved: the scaled q and k and the (repeated, contiguous) v by the matmuls, 4 b h s d each; the
+    probabilities by _safe_softmax, 4 b h s^2; with attention dropout, its mask (at::dropout: native_dropout's
+    bool on CUDA, 1 b h s^2 — on CPU the fp32 noise, 4 b h s^2) and the dropped probabilities for P @ V,
+    4 b h s^2. The mask (is_causal's tril, or a boolean window mask) is added in place: not saved.
+    Checked with saved_tensors_hooks on torch 2.13 CPU in fp32, bf16 and fp16 (tests/test_anatomy.py).
+    """
+    if min(batch, heads, seq_len, head_dim) <= 0:
+        raise ValueError(f"need positive batch, heads, seq_len, head_dim; got {batch}, {heads}, {seq_len}, {head_dim}")
+    acc, vec, sq = SDPA_MATH_ACC_BYTES, batch * heads * seq_len * head_dim, batch * heads * seq_len * seq_len
+    saved = {"q_scaled": acc * vec, "k_scaled": acc * vec, "v_fp32": acc * vec, "probs": acc * sq}
+    if attention_dropout:
+        saved |= {"dropout_mask": sq, "probs_dropped": acc * sq}
+    return {k: float(v) for k, v in saved.items()}
+
+
+def megatron_unfused_saved_bytes(batch: int, heads: int, kv_heads: int, seq_len: int, head_dim: int,
+                                 elem_bytes: int, attention_dropout: bool) -> dict[str, float]:
+    """Bytes Megatron-LM's unfused attention keeps for backward in one layer, per tensor (no GQA repeat).
+
+    Everything in the compute dtype (e bytes): q and k for q k^T, the softmax output (e b h s^2), with
+    attention dropout its one-byte mask (b h s^2) and the dropped probabilities (e b h s^2), and v for P @ V.
+    Ref: Korthikanti et al., arXiv 2205.05198, sec. 4.1 and Table 2: for e = 2 and h x d = hidden, Q, K 4sbh,
+    V 2sbh, softmax 2as^2b, dropout mask as^2b, dropout output 2as^2b (the 5as^2b term).
+    """
+    if min(batch, heads, kv_heads, seq_len, head_dim, elem_bytes) <= 0:
+        raise ValueError(f"need positive sizes; got batch {batch}, heads {heads}, kv_heads {kv_heads}, "
+                         f"seq_len {seq_len}, head_dim {head_dim}, elem_bytes {elem_bytes}")
+    tok, sq = batch * seq_len * head_dim * elem_bytes, batch * heads * seq_len * seq_len
+    saved = {"q": tok * heads, "k": tok * kv_heads, "v": tok * kv_heads, "probs": elem_bytes * sq}
+    if attention_dropout:
+        saved |= {"dropout_mask": sq, "probs_dropped": elem_bytes * sq}
+    return {k: float(v) for k, v in saved.items()}
+
+
 def _attention(bld: _Builder, i: int, window: int, kind: AttentionKind, windows: WindowSupport) -> None:
     """The attention core, q, k, v -> output; q, k, v are saved (the checkpoint inputs under selective)."""
+    if kind in UNFUSED_KINDS:
+        _unfused_attention(bld, i, window, kind)
+        return
     a, b, s, e = bld.a, bld.b, bld.s, bld.e
     h, hkv, hd = a.num_heads, a.num_kv_heads, a.head_dim
     pairs = attention_pairs(s, window, kind, windows)
@@ -611,32 +666,6 @@ def _attention(bld: _Builder, i: int, window: int, kind: AttentionKind, windows:
     out = Saved(f"{p}.attn_out", b * s * h * hd * e)
     io = b * s * (2 * h + 2 * hkv) * hd * e  # read q, k, v, write o
     half_fwd, half_bwd = 2.0 * b * h * pairs * hd, 4.0 * b * h * pairs * hd
-    if kind == "unfused_math":
-        if hkv != h:  # grouped-query: the math path repeats k and v to every query head and saves the copies;
-            # under selective recompute the checkpoint keeps the un-repeated k and v instead
-            qkv = (qkv[0], Saved(f"{p}.k_rep", b * s * h * hd * e, "core"), Saved(f"{p}.v_rep", b * s * h * hd * e, "core"))
-            bld.ops.append(Op(name=f"{p}.attn.repeat_kv", kind="elementwise", layer=i, shape=(b * s * h * hd,),
-                              flops_fwd=0.0, flops_bwd=float(b * s * h * hd), bytes_fwd=b * s * (hkv + h) * hd * e * 2,
-                              bytes_bwd=b * s * (hkv + h) * hd * e * 2, attention_core=True,
-                              saves=(Saved(f"{p}.k", b * s * hkv * hd * e, "core_input"),
-                                     Saved(f"{p}.v", b * s * hkv * hd * e, "core_input"))))
-        # scores = q k^T, masked_fill (a boolean s x s mask per distinct window, made once per forward),
-        # softmax (saves the b x h x s x s probabilities), then probabilities @ v
-        sq = b * h * s * s * e
-        mask = Saved(f"mask.{min(window, s)}", s * s, "input", tp_sharded=False)
-        bld.ops.append(Op(name=f"{p}.attn.scores", kind="attention", layer=i, shape=(b, h, s, window, hd),
-                          flops_fwd=half_fwd, flops_bwd=half_bwd, bytes_fwd=b * s * (h + hkv) * hd * e + 4 * sq,
-                          bytes_bwd=b * s * (h + hkv) * hd * e * 2 + 6 * sq, attention_core=True,
-                          saves=(qkv[0], qkv[1], mask, Saved(f"{p}.probs", sq, "core"))))
-        pv_probs = Saved(f"{p}.probs", sq, "core")
-        if a.dropout.attention > 0:  # dropout on the probabilities: its mask, and its output for P @ V
-            _dropout(bld, f"{p}.attn.probs_dropout", i, b * h * s * s, a.dropout.attention, core=True, tp_sharded=True)
-            pv_probs = Saved(f"{p}.probs_dropped", sq, "core")
-        bld.ops.append(Op(name=f"{p}.attn.pv", kind="attention", layer=i, shape=(b, h, s, window, hd),
-                          flops_fwd=half_fwd, flops_bwd=half_bwd, bytes_fwd=b * s * (h + hkv) * hd * e + sq,
-                          bytes_bwd=b * s * (h + hkv) * hd * e * 2 + 3 * sq, attention_core=True,
-                          saves=(qkv[2], pv_probs, out), recompute_skip=("selective",)))
-        return
     saves = (*qkv, Saved(f"{p}.lse", b * h * s * 4, "core"), out)
     mask_bytes = 0
     if kind == "fused_sdpa" and window < s:
@@ -649,6 +678,63 @@ def _attention(bld: _Builder, i: int, window: int, kind: AttentionKind, windows:
                       flops_fwd=2 * half_fwd, flops_bwd=2 * half_bwd, bytes_fwd=io + b * h * s * 4 + mask_bytes,
                       bytes_bwd=2 * io + b * h * s * 4 + mask_bytes, saves=saves,
                       recompute_flops_bwd=half_fwd, attention_core=True))
+
+
+def _unfused_attention(bld: _Builder, i: int, window: int, kind: AttentionKind) -> None:
+    """Unfused attention as two ops, scores (q k^T, mask, softmax) and probabilities @ v, with the
+    probabilities' dropout between them: `unfused_math` (Megatron, compute dtype,
+    `megatron_unfused_saved_bytes`) or `sdpa_math` (torch's math SDPA, fp32, `sdpa_math_saved_bytes`).
+    Both compute all s^2 scores whatever the mask."""
+    a, b, s, e = bld.a, bld.b, bld.s, bld.e
+    h, hkv, hd = a.num_heads, a.num_kv_heads, a.head_dim
+    pairs = attention_pairs(s, window, kind, "mask")
+    p = f"h{i}"
+    half_fwd, half_bwd = 2.0 * b * h * pairs * hd, 4.0 * b * h * pairs * hd
+    dropout = a.dropout.attention > 0
+    out = Saved(f"{p}.attn_out", b * s * h * hd * e)
+    qkv_in = b * s * (h + hkv) * hd * e  # q and k (or p and v) in the compute dtype
+    if kind == "sdpa_math":
+        n = sdpa_math_saved_bytes(b, h, s, hd, dropout)
+        # the scaled fp32 copies are the kernel's own; selective recompute's checkpoint keeps q, k, v as they
+        # came in instead (and a window's boolean mask, as every checkpoint does: ckpt_input)
+        scores_saves = (Saved(f"{p}.q_scaled", n["q_scaled"], "core"), Saved(f"{p}.k_scaled", n["k_scaled"], "core"),
+                        Saved(f"{p}.q", b * s * h * hd * e, "core_input"),
+                        Saved(f"{p}.k", b * s * hkv * hd * e, "core_input"),
+                        Saved(f"{p}.v", b * s * hkv * hd * e, "core_input"))
+        if window < s:
+            scores_saves += (Saved(f"mask.{window}", s * s, "ckpt_input", tp_sharded=False),)
+        v_saved = Saved(f"{p}.v_fp32", n["v_fp32"], "core")
+    else:
+        n = megatron_unfused_saved_bytes(b, h, hkv, s, hd, e, dropout)
+        qkv = (Saved(f"{p}.q", n["q"]), Saved(f"{p}.k", n["k"]), Saved(f"{p}.v", n["v"]))
+        if hkv != h:  # grouped-query: k and v repeated to every query head, the copies saved;
+            # under selective recompute the checkpoint keeps the un-repeated k and v instead
+            qkv = (qkv[0], Saved(f"{p}.k_rep", b * s * h * hd * e, "core"), Saved(f"{p}.v_rep", b * s * h * hd * e, "core"))
+            bld.ops.append(Op(name=f"{p}.attn.repeat_kv", kind="elementwise", layer=i, shape=(b * s * h * hd,),
+                              flops_fwd=0.0, flops_bwd=float(b * s * h * hd), bytes_fwd=b * s * (hkv + h) * hd * e * 2,
+                              bytes_bwd=b * s * (hkv + h) * hd * e * 2, attention_core=True,
+                              saves=(Saved(f"{p}.k", n["k"], "core_input"), Saved(f"{p}.v", n["v"], "core_input"))))
+        # masked_fill saves the boolean s x s mask (one per distinct window, made once per forward)
+        scores_saves = (qkv[0], qkv[1], Saved(f"mask.{min(window, s)}", s * s, "input", tp_sharded=False))
+        v_saved = qkv[2]
+    # Traffic is counted in the compute dtype for both kinds: the math kernel's fp32 internals would double
+    # its s x s traffic, but its assumed efficiencies come from a measured rate of PyTorch's standard
+    # attention (hardware/*.yaml, [S7]) that this byte count already prices slower than measured; calibrate
+    # measures it. Only what is saved differs (n).
+    sq = b * h * s * s * e
+    # scores = q k^T, mask, softmax (saves the b x h x s x s probabilities), then probabilities @ v
+    bld.ops.append(Op(name=f"{p}.attn.scores", kind="attention", layer=i, shape=(b, h, s, window, hd),
+                      flops_fwd=half_fwd, flops_bwd=half_bwd, bytes_fwd=qkv_in + 4 * sq,
+                      bytes_bwd=2 * qkv_in + 6 * sq, attention_core=True,
+                      saves=(*scores_saves, Saved(f"{p}.probs", n["probs"], "core"))))
+    pv_probs = Saved(f"{p}.probs", n["probs"], "core")
+    if dropout:  # dropout on the probabilities: its mask, and its output for P @ V
+        _dropout(bld, f"{p}.attn.probs_dropout", i, b * h * s * s, a.dropout.attention, core=True, tp_sharded=True)
+        pv_probs = Saved(f"{p}.probs_dropped", n["probs_dropped"], "core")
+    bld.ops.append(Op(name=f"{p}.attn.pv", kind="attention", layer=i, shape=(b, h, s, window, hd),
+                      flops_fwd=half_fwd, flops_bwd=half_bwd, bytes_fwd=qkv_in + sq,
+                      bytes_bwd=2 * qkv_in + 3 * sq, attention_core=True,
+                      saves=(v_saved, pv_probs, out), recompute_skip=("selective",)))
 
 
 def _head(bld: _Builder) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from ddplan.anatomy import UNFUSED_KINDS
 from ddplan.errors import LayoutError
 from ddplan.specs import ModelSpec
 
@@ -325,7 +326,7 @@ def cp_attention_problem(layout: Layout, kind: str, windows: str, spec: ModelSpe
     and neither takes an explicit mask, so windows made by masking (window < sequence) are out too."""
     if layout.cp == 1:
         return None
-    if kind == "unfused_math":
+    if kind in UNFUSED_KINDS:
         return "context parallelism needs a fused attention kernel, not unfused (math) attention"
     arch = spec.architecture if window_pattern is None else spec.architecture.model_copy(
         update={"window_pattern": window_pattern})

@@ -100,7 +100,7 @@ def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, 
     a, seq = spec.architecture, spec.recipe.seq_len
     sequences = total_batch // seq
     tp_cap = gpus if req.tp_across_nodes else min(gpus, hw.gpus_per_node)
-    impls = req.attentions or tuple(x.name for x in hw.attention)
+    impls = req.attentions or tuple(x.name for x in hw.default_attention_impls())
     native = NATIVE_ZERO[spec.recipe.distribution]
     cps = req.cps or context_parallel_degrees(seq)
     for tp, cp in [(t, c) for t in _divisors(gpus) for c in cps if t <= tp_cap and a.num_heads % t == 0

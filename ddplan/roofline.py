@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ddplan.anatomy import Anatomy, Op, attention_pairs
+from ddplan.anatomy import UNFUSED_KINDS, Anatomy, Op, attention_pairs
 from ddplan.specs import Efficiency, HardwareSpec
 from ddplan.units import US
 
@@ -175,7 +175,7 @@ def roofline_s(flops: float, bytes_moved: float, flops_per_s: float, bytes_per_s
 def attention_efficiency_flops(op: Op, anatomy: Anatomy) -> tuple[float, float]:
     """(forward, backward) attention FLOPs in the efficiency convention: causal pairs of the processed window."""
     b, h, s, window, hd = op.shape
-    processed = s if (anatomy.attention == "unfused_math" or anatomy.windows == "mask") else window
+    processed = s if (anatomy.attention in UNFUSED_KINDS or anatomy.windows == "mask") else window
     pairs = attention_pairs(s, processed, "flash_package", "native")
     # the unfused core is two ops (scores, probabilities @ v): each carries its share of the FLOPs
     executed = 4.0 * b * h * attention_pairs(s, window, anatomy.attention, anatomy.windows) * hd
@@ -207,7 +207,7 @@ def op_time_s(op: Op, anatomy: Anatomy, r: Rates) -> tuple[float, float]:
         eff_f, eff_b = r.attn_fwd, r.attn_bwd
         if r.attention_points:
             bb, h, s, window, hd = op.shape
-            processed = s if (anatomy.attention == "unfused_math" or anatomy.windows == "mask") else window
+            processed = s if (anatomy.attention in UNFUSED_KINDS or anatomy.windows == "mask") else window
             point = nearest(r.attention_points, (bb * h, s, processed, hd))
             eff_f, eff_b = point[4] * r.attention_scale, point[5] * r.attention_scale
         return (roofline_s(f, op.bytes_fwd, r.peak_flops_per_s * eff_f, bw) + r.kernel_overhead_s,

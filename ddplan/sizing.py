@@ -122,7 +122,7 @@ def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3,
         for zero in sorted({z for z in (base.zero, 1, 2, 3) if z >= base.zero} if dp * cp > 1 else {base.zero}):
             for mb in [m for m in range(min(base.micro_batch, per_rank), 0, -1) if per_rank % m == 0]:
                 for rc in ("none", "selective", "full"):
-                    for impl in hw.attention:
+                    for impl in hw.default_attention_impls():
                         try:
                             lay = replace(setup.at_zero(zero), dp=dp, tp=tp, pp=pp, micro_batch=mb,
                                           grad_accum=per_rank // mb, recompute=rc, attention=impl.name,
@@ -176,7 +176,7 @@ def consistent_with(spec: ModelSpec, hw: HardwareSpec, setup: Setup, measured_gb
         raise UsageError(f"must be positive, got {measured_gb}", field="--measured-peak")
     out = []
     pricer = memory_pricer(spec, hw, setup, assumptions)
-    for impl in hw.attention:
+    for impl in hw.default_attention_impls():
         for rc in ("none", "selective", "full"):
             for compiled in (True, False):
                 layout = replace(setup.layout, attention=impl.name, recompute=rc, compiled=compiled)

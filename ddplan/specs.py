@@ -175,7 +175,9 @@ class Efficiencies(Strict):
 class AttentionImpl(Strict):
     """One attention implementation available on this hardware's software stack.
 
-    kind: `unfused_math` materialises the s x s scores and probabilities (and saves them);
+    kind: `sdpa_math` is torch's math SDPA: materialises the s x s scores and probabilities and saves
+    them, in fp32 even for 16-bit inputs (ddplan.anatomy.sdpa_math_saved_bytes); `unfused_math` is
+    Megatron-LM's unfused attention, the same in the compute dtype (Korthikanti et al. 2022 Table 2);
     `fused_sdpa` is PyTorch's fused kernel (flash / memory-efficient; AOTriton on ROCm), saving
     only O(s) statistics; `flash_package` is a flash-attention package (FA2/FA3, CK on ROCm).
     windows: `native` skips the masked-out blocks; `mask` needs an explicit mask, computes and keeps
@@ -183,11 +185,14 @@ class AttentionImpl(Strict):
     """
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
-    kind: Literal["unfused_math", "fused_sdpa", "flash_package"]
+    kind: Literal["sdpa_math", "unfused_math", "fused_sdpa", "flash_package"]
     windows: Literal["native", "mask"]
     efficiency_fwd: Efficiency  # fraction of bf16 peak on attention FLOPs, forward
     efficiency_bwd: Efficiency  # same, backward
     description: str = Field(min_length=3)
+    # false: priced only when named (--attention, a validation run), never in the rows, searches and
+    # consistency checks that try every implementation (Megatron-LM's own attention, not a PyTorch loop's)
+    by_default: bool = True
 
 
 class HardwareSpec(Strict):
@@ -224,6 +229,10 @@ class HardwareSpec(Strict):
                 raise ValueError(f"intra_node.busbw_gbyte_per_s.{collective}: group sizes {too_big} exceed "
                                  f"gpus_per_node={self.gpus_per_node}")
         return self
+
+    def default_attention_impls(self) -> list[AttentionImpl]:
+        """The implementations tried when none is named (AttentionImpl.by_default)."""
+        return [a for a in self.attention if a.by_default]
 
     def attention_impl(self, name: str) -> AttentionImpl:
         for impl in self.attention:

@@ -115,7 +115,7 @@ def build_table(req: TableRequest, progress: Callable[[str, int, int], None] | N
     budget = req.budget or spec.recipe.budget
     compiled = spec.recipe.compiled if req.compiled is None else req.compiled
     names = [a.name for a in hw.attention]
-    attentions = req.attentions or tuple(names)
+    attentions = req.attentions or tuple(a.name for a in hw.default_attention_impls())
     for name in attentions:
         if name not in names:
             raise UsageError(f"{name!r} is not available on {hw.name}; allowed: {', '.join(names)}",

@@ -135,7 +135,7 @@ def test_uneven_stages_price_the_busiest_stage(capsys):
     def stage_s(pp: int) -> float:
         (r,) = csv_rows(run_ok(capsys, ["table", "-m", "gpt3-22b", "--hardware", "a100-sxm-80gb", "--gpus",
                                         str(8 * pp), "--tp", "8", "--pp", str(pp), "--device-batch-size", "1",
-                                        "--total-batch-size", str(2048 * 120), "--attention", "sdpa-math",
+                                        "--total-batch-size", str(2048 * 120), "--attention", "megatron-unfused",
                                         "--format", "csv"]))
         assert r["pp"] == str(pp)
         return float(r["compute_s"]) / int(r["accum"])

@@ -96,7 +96,7 @@ def run_ok_plain(argv):
 
 
 GPT3_1024 = ["table", "--model", "gpt3-175b", "--hardware", "a100-sxm-80gb", "--gpus", "1024",
-             "--total-batch-size", "3145728", "--device-batch-size", "1", "--attention", "sdpa-math",
+             "--total-batch-size", "3145728", "--device-batch-size", "1", "--attention", "megatron-unfused",
              "--recompute", "full", "--steps", "100"]
 
 
@@ -146,11 +146,11 @@ def test_implausible_measurement_is_said_on_stdout_and_keeps_a_band(capsys):
 def test_gpt3_tp8_pp8_row_shows_bubble_and_comm(capsys):
     out = run_ok(capsys, ["table", "--model", "gpt3-175b", "--hardware", "a100-sxm-80gb", "--gpus", "1024",
                           "--tp", "8", "--pp", "8", "--vp", "2", "--zero", "1", "--device-batch-size", "1",
-                          "--attention", "sdpa-math", "--recompute", "selective", "--format", "markdown"])
+                          "--attention", "megatron-unfused", "--recompute", "selective", "--format", "markdown"])
     assert "1024 GPUs in total" in out and "bubble_s" in out
     (r,) = csv_rows(run_ok(capsys, ["table", "--model", "gpt3-175b", "--hardware", "a100-sxm-80gb", "--gpus", "1024",
                                     "--tp", "8", "--pp", "8", "--vp", "2", "--zero", "1", "--device-batch-size", "1",
-                                    "--attention", "sdpa-math", "--recompute", "selective", "--format", "csv"]))
+                                    "--attention", "megatron-unfused", "--recompute", "selective", "--format", "csv"]))
     assert (r["dp"], r["tp"], r["pp"], r["vp"], r["zero"]) == ("16", "8", "8", "2", "1")
     assert f(r, "bubble_s") > 0 and f(r, "tp_comm_s") > 0 and f(r, "dp_comm_exposed_s") > 0
     parts = f(r, "compute_s") + f(r, "tp_comm_s") + f(r, "dp_comm_exposed_s") + f(r, "bubble_s") + f(r, "optimizer_s")

@@ -28,7 +28,8 @@ from ddplan.roofline import (
     roofline_s,
 )
 
-IMPL_OF_KIND = {"unfused_math": "sdpa-math", "fused_sdpa": "sdpa-fused", "flash_package": "flash-attn-ck"}
+IMPL_OF_KIND = {"sdpa_math": "sdpa-math", "unfused_math": "megatron-unfused", "fused_sdpa": "sdpa-fused",
+                "flash_package": "flash-attn-ck"}
 dims = st.integers(min_value=1, max_value=1 << 20)
 
 
@@ -251,7 +252,7 @@ def test_attention_pairs_hand_values_d24():
     assert attention_pairs(2048, 512, "flash_package", "native") == 919_296
 
 
-@pytest.mark.parametrize("kind", ["unfused_math", "fused_sdpa", "flash_package"])
+@pytest.mark.parametrize("kind", ["sdpa_math", "unfused_math", "fused_sdpa", "flash_package"])
 def test_attention_efficiency_flops_convention(kind):
     """d24 (SSSL, S = 512), b = 32, 12 heads of 128. Forward 4 b h pairs hd, backward 8 b h pairs hd.
 
@@ -359,7 +360,7 @@ def _fwd(an, r, pred):
     return sum(op_time_s(op, an, r)[0] for op in an.ops if pred(op))
 
 
-@pytest.mark.parametrize("kind", ["unfused_math", "fused_sdpa", "flash_package"])
+@pytest.mark.parametrize("kind", ["sdpa_math", "unfused_math", "fused_sdpa", "flash_package"])
 def test_micro_batch_time_no_recompute_is_sum_of_ops(mi300x, kind):
     an = d24_anatomy(kind)
     r = rates(mi300x, IMPL_OF_KIND[kind])
@@ -370,7 +371,7 @@ def test_micro_batch_time_no_recompute_is_sum_of_ops(mi300x, kind):
     assert sum(m.by_kind_s.values()) == pytest.approx(m.total_s, rel=1e-12)
 
 
-@pytest.mark.parametrize("kind", ["unfused_math", "fused_sdpa", "flash_package"])
+@pytest.mark.parametrize("kind", ["sdpa_math", "unfused_math", "fused_sdpa", "flash_package"])
 @pytest.mark.parametrize("policy", ["selective", "full"])
 def test_micro_batch_time_recompute_goes_into_backward(mi300x, kind, policy):
     r = rates(mi300x, IMPL_OF_KIND[kind])
@@ -405,7 +406,7 @@ def test_micro_batch_time_selective_unfused_skips_pv(mi300x):
 FULL_SKIPPED = {f"h{i}.{n}" for i in range(24) for n in ("mlp.c_proj", "resid_add2")}
 
 
-@pytest.mark.parametrize("kind", ["unfused_math", "fused_sdpa", "flash_package"])
+@pytest.mark.parametrize("kind", ["sdpa_math", "unfused_math", "fused_sdpa", "flash_package"])
 def test_anatomy_full_recompute_reruns_every_block_op_but_the_last_gemm_and_residual(kind):
     """The cross-check the time model should follow: torch's non-reentrant checkpoint stops once
     backward's saved tensors are back, so a block's last GEMM and its residual add are not re-run."""
@@ -414,7 +415,7 @@ def test_anatomy_full_recompute_reruns_every_block_op_but_the_last_gemm_and_resi
     assert rerun == {op.name for op in an.ops if op.layer is not None} - FULL_SKIPPED
 
 
-@pytest.mark.parametrize("kind", ["unfused_math", "fused_sdpa", "flash_package"])
+@pytest.mark.parametrize("kind", ["sdpa_math", "unfused_math", "fused_sdpa", "flash_package"])
 def test_micro_batch_time_full_recompute_skips_last_gemm_and_residual(mi300x, kind):
     """Full recompute adds the forward time of every block op except the block's last GEMM and residual."""
     an = d24_anatomy(kind, "full")

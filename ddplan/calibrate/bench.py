@@ -268,17 +268,10 @@ def _sdpa_backend(impl: str):
     return getattr(SDPBackend, name, None)
 
 
-def _attention_fn(impl: str, seq_len: int, window: int, head_dim: int, device: torch.device, rocm: bool):
+def _attention_fn(impl: str, seq_len: int, window: int, device: torch.device, rocm: bool):
     """(function of q, k, v, layout "bhsd" or "bshd", context) for an implementation, or None if unavailable."""
-    if impl == "sdpa-math":  # the reference model's unfused path (reference.Attention.core)
-        mask = window_masks([window], seq_len, "sdpa-math", device)[0]
-        scale = head_dim**-0.5
-
-        def unfused(q, k, v):
-            return torch.softmax(((q @ k.transpose(-2, -1)) * scale).masked_fill(mask, float("-inf")), dim=-1) @ v
-        return unfused, "bhsd", contextlib.nullcontext()
     if impl.startswith("sdpa-"):
-        mask = window_masks([window], seq_len, "sdpa-fused", device)[0]
+        mask = window_masks([window], seq_len, device)[0]
         ctx = contextlib.nullcontext()
         if impl != "sdpa-fused":
             from torch.nn.attention import sdpa_kernel
@@ -312,7 +305,7 @@ def bench_attention(impl: str, *, batch: int, heads: int, seq_len: int, window: 
 
     None when the implementation is not available here (package not installed, SDPA backend not
     built for or not usable on this device, dtype or window unsupported). FLOPs: `attention_flops`.
-    sdpa-math is the unfused path of the reference model; sdpa-fused is SDPA's own backend choice with
+    sdpa-math is SDPA's math backend (as in the reference model); sdpa-fused is SDPA's own backend choice with
     is_causal for a full window and an explicit boolean mask for a sliding one (nanochat's fallback);
     sdpa-flash/-efficient/-cudnn force that backend; fa2/flash-attn-ck/fa3 pass window_size=(w, 0).
     Backward is timed as autograd.grad of the output, graph retained.
@@ -323,7 +316,7 @@ def bench_attention(impl: str, *, batch: int, heads: int, seq_len: int, window: 
         raise ValueError(f"need positive batch, heads, seq_len, window, head_dim; got {batch}, {heads}, "
                          f"{seq_len}, {window}, {head_dim}")
     d, tdtype = _device(device), _torch_dtype(dtype)
-    found = _attention_fn(impl, seq_len, window, head_dim, d, bool(getattr(torch.version, "hip", None)))
+    found = _attention_fn(impl, seq_len, window, d, bool(getattr(torch.version, "hip", None)))
     if found is None:
         return None
     fn, layout, ctx = found

@@ -125,24 +125,49 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat([x1 * cos + x2 * sin, x1 * (-sin) + x2 * cos], 3)
 
 
-def window_masks(windows: list[int], seq_len: int, attention: str, device) -> list[torch.Tensor | None]:
+def window_masks(windows: list[int], seq_len: int, device) -> list[torch.Tensor | None]:
     """The attention mask argument of each layer, one tensor per distinct window (shared by layers).
 
     Query i sees key j when 0 <= i - j <= window: FA3's window_size=(window, 0), as nanochat's SDPA
     fallback builds it (nanochat/flash_attention.py `_sdpa_attention`), so an S window of w tokens
-    sees w + 1 keys. sdpa-math gets the *blocked* positions for masked_fill, every layer;
-    sdpa-fused gets the allowed positions, or None (is_causal=True) where the window covers seq_len.
+    sees w + 1 keys. The boolean mask of allowed positions, or None (is_causal=True) where the window
+    covers seq_len.
     """
     i = torch.arange(seq_len, device=device)[:, None]
     j = torch.arange(seq_len, device=device)[None, :]
-    cache: dict[int, torch.Tensor | None] = {}
-    for w in set(windows):
-        if attention == "sdpa-fused" and w >= seq_len:
-            cache[w] = None
-            continue
-        allowed = (j <= i) & (i - j <= w)
-        cache[w] = ~allowed if attention == "sdpa-math" else allowed
+    cache = {w: None if w >= seq_len else (j <= i) & (i - j <= w) for w in set(windows)}
     return [cache[w] for w in windows]
+
+
+def sdpa_backends(attention: str) -> list:
+    """The torch SDPA backends an attention name allows: sdpa-math the math kernel
+    (aten `_scaled_dot_product_attention_math`); sdpa-fused the fused kernels only (flash, memory-efficient,
+    cuDNN; on CPU only flash, `_scaled_dot_product_flash_attention_for_cpu`), never the math fallback."""
+    from torch.nn.attention import SDPBackend
+
+    if attention == "sdpa-math":
+        return [SDPBackend.MATH]
+    return [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
+
+
+def sdpa(q, k, v, mask, *, attention: str, dropout_p: float = 0.0):
+    """F.scaled_dot_product_attention on (B, H, T, D) under the backends `attention` names (`sdpa_backends`),
+    causal: is_causal where mask is None, else the boolean mask of allowed positions; k and v may have fewer
+    heads (enable_gqa). Raises RuntimeError naming the configuration when no allowed kernel runs it (on CPU
+    the flash kernel takes no dropout), instead of falling back to another backend."""
+    from torch.nn.attention import sdpa_kernel
+
+    try:
+        with sdpa_kernel(sdpa_backends(attention)):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                                  dropout_p=dropout_p, enable_gqa=k.shape[1] != q.shape[1])
+    except RuntimeError as err:
+        if "No available kernel" not in str(err) and "No viable backend" not in str(err):
+            raise
+        what = (f"{q.dtype} on {q.device}, dropout {dropout_p}, "
+                f"{'is_causal' if mask is None else 'explicit mask'}, {q.shape[1]}/{k.shape[1]} heads")
+        raise RuntimeError(f"attention={attention!r}: no allowed SDPA kernel runs {what} (torch's warnings say "
+                           f"why); use sdpa-math, or a configuration the fused kernels take") from err
 
 
 class Attention(nn.Module):
@@ -150,6 +175,7 @@ class Attention(nn.Module):
         super().__init__()
         self.h, self.h_kv, self.d = arch.num_heads, arch.num_kv_heads, arch.head_dim
         self.qk_norm, self.attention, self.selective = arch.qk_norm, attention, selective
+        self.dropout_p = arch.dropout.attention
         c, bias = arch.d_model, arch.linear_bias
         self.c_q = Linear(c, self.h * self.d, bias=bias)
         self.c_k = Linear(c, self.h_kv * self.d, bias=bias)
@@ -180,18 +206,11 @@ class Attention(nn.Module):
         return self.c_proj(y)
 
     def core(self, q, k, v, mask):
-        """(B, T, H, D) q, k, v -> (B, T, H*D): softmax(q k^T / sqrt(D), causal + window) v."""
+        """(B, T, H, D) q, k, v -> (B, T, H*D): softmax(q k^T / sqrt(D), causal + window) v, by
+        F.scaled_dot_product_attention under the backends the attention name allows (`sdpa`)."""
         b, t = q.shape[:2]
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        if self.attention == "sdpa-fused":
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
-                                               enable_gqa=self.h_kv != self.h)
-        else:  # unfused: materialises (and saves) the B x H x T x T probabilities
-            if self.h_kv != self.h:
-                k = k.repeat_interleave(self.h // self.h_kv, dim=1)
-                v = v.repeat_interleave(self.h // self.h_kv, dim=1)
-            scores = (q @ k.transpose(-2, -1)) * self.d**-0.5
-            y = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ v
+        y = sdpa(q, k, v, mask, attention=self.attention, dropout_p=self.dropout_p if self.training else 0.0)
         return y.transpose(1, 2).reshape(b, t, self.h * self.d)
 
 
@@ -223,10 +242,18 @@ class Block(nn.Module):
         self.attn = Attention(arch, layer in arch.value_embedding_layers(), attention, selective)
         self.norm_mlp = Norm(arch, family["norm_eps"])
         self.mlp = MLP(arch)
+        self.dropout_p = arch.dropout.hidden
 
     def forward(self, x, ve, cos, sin, mask):
-        x = x + self.attn(self.norm_attn(x), ve, cos, sin, mask)
-        return x + self.mlp(self.norm_mlp(x))
+        x = x + self.dropout(self.attn(self.norm_attn(x), ve, cos, sin, mask))
+        return x + self.dropout(self.mlp(self.norm_mlp(x)))
+
+    def dropout(self, x):
+        """Megatron's hidden dropout (after each output projection). torch.native_dropout keeps a one-byte
+        bool mask on every device, as F.dropout does on CUDA (on CPU F.dropout keeps the noise in x's dtype)."""
+        if not (self.training and self.dropout_p > 0):
+            return x
+        return torch.native_dropout(x, self.dropout_p, True)[0]
 
 
 class Transformer(nn.Module):
@@ -282,7 +309,7 @@ class Transformer(nn.Module):
         cos = sin = None
         if self.cos is not None:
             cos, sin = self.cos[:, :t], self.sin[:, :t]
-        masks = window_masks(self.windows, t, self.attention, idx.device)
+        masks = window_masks(self.windows, t, idx.device)
         backout_layer, x_backout = self.arch.num_layers // 2, None
         for i in range(self.arch.num_layers):
             if self.recompute == "full":  # only the layer's inputs are saved
@@ -331,8 +358,9 @@ def build_model(spec: ModelSpec, *, attention: str, recompute: str, seq_len: int
                 device: str | torch.device = "cpu", dtype_policy: str = "spec") -> Transformer:
     """The reference model of a spec, parameters in their storage dtypes, on `device` ("meta" allocates nothing).
 
-    attention: "sdpa-math" (unfused, saves the T x T probabilities) or "sdpa-fused"
-    (F.scaled_dot_product_attention; is_causal for full windows, an explicit mask for sliding ones).
+    attention: F.scaled_dot_product_attention (is_causal for full windows, an explicit boolean mask for
+    sliding ones, the spec's attention dropout) under torch's math backend ("sdpa-math": fp32 inside for
+    16-bit inputs, saves the T x T probabilities) or its fused backends only ("sdpa-fused"), see `sdpa`.
     recompute: "none", "selective" (checkpoint the attention core) or "full" (checkpoint every layer).
     dtype_policy: "spec" stores each parameter group in spec.dtypes.params and computes in
     spec.dtypes.compute; "fp32" stores and computes everything in fp32.

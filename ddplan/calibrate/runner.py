@@ -125,7 +125,7 @@ def cpu_hardware(peak: float, hbm: float, overhead_us: float, src: str, provenan
                        "hbm": eff, "kernel_overhead_us": {"value": overhead_us, "source": src}},
         "attention": [{"name": n, "kind": k, "windows": "mask", "efficiency_fwd": eff, "efficiency_bwd": eff,
                        "description": f"PyTorch SDPA on CPU ({n})"}
-                      for n, k in (("sdpa-math", "unfused_math"), ("sdpa-fused", "fused_sdpa"))],
+                      for n, k in (("sdpa-math", "sdpa_math"), ("sdpa-fused", "fused_sdpa"))],
         "default_attention": "sdpa-fused",
     })
 
@@ -289,7 +289,8 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
 
     def attention() -> None:
         a = spec.architecture
-        names = req.attention or ((tuple(x.name for x in hw.attention)) if hw else ("sdpa-math", "sdpa-fused"))
+        names = req.attention or ((tuple(x.name for x in hw.default_attention_impls())) if hw
+                                  else ("sdpa-math", "sdpa-fused"))
         windows = sorted(set(a.windows(seq)))
         points, missing = [], []
         for impl in names:
