@@ -565,20 +565,23 @@ def _moe(bld: _Builder, i: int) -> None:
     bld.pointwise(f"{p}.moe.route", i, t * experts, reads=1, flops_per_element=6.0, elem_bytes=4,
                   saves=(Saved(f"{p}.moe.probs", t * experts * 4.0, tp_sharded=False),
                          Saved(f"{p}.moe.indices", t * moe.top_k * 8.0, tp_sharded=False)))
-    # permute: gather each token's top_k copies into expert order (a new tensor the experts' GEMMs save)
-    bld.pointwise(f"{p}.moe.permute", i, rows * c, reads=1, flops_per_element=0.0, bwd_reads=1, bwd_writes=1)
+    # permute: gather each token's top_k copies into expert order (a new tensor the experts' GEMMs save) by
+    # one int64 index, which the un-permute reuses (the row map of Megatron's fused permute)
+    bld.pointwise(f"{p}.moe.permute", i, rows * c, reads=1, flops_per_element=0.0, bwd_reads=1, bwd_writes=1,
+                  saves=(Saved(f"{p}.moe.order", t * moe.top_k * 8.0, tp_sharded=False),))
     _mlp(bld, i, f"{p}.experts", moe.expert_hidden_dim, f"{p}.moe.permuted", "experts", rows=rows,
          experts=max(1, experts // bld.ep), x_tag="keep")
-    # un-permute and combine: y = sum over k of prob_k x expert_out_k; saves the expert outputs and weights
+    # un-permute and combine: y = sum over k of prob_k x expert_out_k; saves the expert outputs and the
+    # routing weights, cast to the compute dtype
     bld.pointwise(f"{p}.moe.combine", i, rows * c, reads=2, flops_per_element=2.0,
-                  saves=(Saved(f"{p}.moe.expert_out", rows * c * e), Saved(f"{p}.moe.weights", t * moe.top_k * 4.0,
+                  saves=(Saved(f"{p}.moe.expert_out", rows * c * e), Saved(f"{p}.moe.weights", t * moe.top_k * e,
                                                                           tp_sharded=False)))
     if moe.shared_width:
         _mlp(bld, i, f"{p}.shared", moe.shared_width, f"{p}.xn2", "block_matrices")
         if moe.shared_expert_gate:  # Qwen2-MoE: sigmoid(x @ w_gate) x shared expert output
             bld.gemm(f"{p}.moe.shared_gate", i, c, 1, f"{p}.xn2", "router", x_saved_tag="pointwise")
             bld.pointwise(f"{p}.moe.shared_mix", i, t * c, reads=2, flops_per_element=2.0,
-                          saves=(Saved(f"{p}.shared.out", t * c * e),))
+                          saves=(Saved(f"{p}.shared.out", t * c * e), Saved(f"{p}.moe.shared_sigmoid", t * e)))
 
 
 def _dropout(bld: _Builder, name: str, layer: int, numel: int, p: float, core: bool = False,

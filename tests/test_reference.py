@@ -44,16 +44,27 @@ def llama_tiny() -> ModelSpec:
                   vocab_size=512, max_seq_len=SEQ, mlp_hidden_dim=160)
 
 
-TINY = {"nanochat-d2": nanochat_tiny, "gpt2": gpt2_tiny, "llama-gqa": llama_tiny}
+def moe_tiny() -> ModelSpec:
+    """Qwen2-MoE's block shape on Mixtral's spec: a dense first layer, then 4 experts (top 2) and a gated shared one."""
+    return shrink(load_model("mixtral-8x7b"), num_layers=2, d_model=64, num_heads=4, num_kv_heads=2, head_dim=16,
+                  vocab_size=512, max_seq_len=SEQ, mlp_hidden_dim=160,
+                  moe={"num_experts": 4, "top_k": 2, "expert_hidden_dim": 48, "shared_experts": 1,
+                       "shared_hidden_dim": 80, "shared_expert_gate": True, "dense_layers": 1})
+
+
+TINY = {"nanochat-d2": nanochat_tiny, "gpt2": gpt2_tiny, "llama-gqa": llama_tiny, "moe": moe_tiny}
 ATTENTION = ("sdpa-math", "sdpa-fused")
 RECOMPUTE = ("none", "selective", "full")
 
 
 def matmul_params(spec: ModelSpec) -> int:
-    """Weights every token multiplies (the 6N rule's N): block matrices, lm_head (wte if tied), gates."""
-    c = param_counts(spec.architecture)
-    head = c["wte"] if spec.architecture.tied_embeddings else c["lm_head"]
-    return c["block_matrices"] + head + c["ve_gates"] + c["smear_gate"]
+    """Weights every token multiplies (the 6N rule's N): block matrices, lm_head (wte if tied), gates, the router
+    and top_k / num_experts of the routed experts (each token runs top_k of them, whatever the routing)."""
+    arch = spec.architecture
+    c = param_counts(arch)
+    head = c["wte"] if arch.tied_embeddings else c["lm_head"]
+    experts = c["experts"] * arch.moe.top_k // arch.moe.num_experts if arch.moe else 0
+    return c["block_matrices"] + head + c["ve_gates"] + c["smear_gate"] + c["router"] + experts
 
 
 def loss_and_grads(spec, attention, recompute, dtype_policy="fp32"):

@@ -63,6 +63,9 @@ _GROUP_RULES = (
     (r"(blocks\.\d+\.)?norm_\w+\.(weight|bias)", "norms"),
     (r"blocks\.\d+\.attn\.ve_gate\.weight", "ve_gates"),
     (r"smear_gate\.weight", "smear_gate"),
+    (r"blocks\.\d+\.mlp\.experts\.\d+\.c_\w+\.weight", "experts"),
+    (r"blocks\.\d+\.mlp\.(router|shared_gate)\.weight", "router"),
+    (r"blocks\.\d+\.mlp\.shared\.c_\w+\.weight", "block_matrices"),
     (r"blocks\.\d+\.(attn|mlp)\.c_\w+\.weight", "block_matrices"),
     (r"blocks\.\d+\.(attn|mlp)\.c_\w+\.bias", "biases"),
     (r"resid_lambdas|x0_lambdas|smear_lambda|backout_lambda", "scalars"),
@@ -217,10 +220,10 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """relu2: nanochat (gpt.py l.134-141); gelu (tanh): GPT-2; swiglu: Llama (c_gate, c_fc = up, c_proj = down)."""
 
-    def __init__(self, arch: Architecture):
+    def __init__(self, arch: Architecture, hidden: int | None = None):
         super().__init__()
         self.kind = arch.mlp
-        c, hidden, bias = arch.d_model, arch.mlp_hidden_dim, arch.linear_bias
+        c, hidden, bias = arch.d_model, hidden or arch.mlp_hidden_dim, arch.linear_bias
         self.c_fc = Linear(c, hidden, bias=bias)
         self.c_gate = Linear(c, hidden, bias=bias) if arch.mlp == "swiglu" else None
         self.c_proj = Linear(hidden, c, bias=bias)
@@ -235,13 +238,57 @@ class MLP(nn.Module):
         return self.c_proj(h)
 
 
+class MoE(nn.Module):
+    """A mixture-of-experts MLP on one rank, as ddplan.anatomy._moe prices it (Megatron-Core's MoELayer with
+    the all-to-all dispatcher, without the all-to-all): router Linear, softmax over the experts in fp32,
+    top-k; each token's top_k copies permuted into expert order (one int64 index, `order`, which the
+    un-permute reuses); every expert's MLP on its rows; the outputs weighted by their routing
+    probabilities (cast to the compute dtype), put back in token order and summed over the copies; shared experts (and Qwen2-MoE's sigmoid gate on
+    them) beside. Dropless: every routed copy is computed (capacity factors are not run here).
+    Ref: Megatron-Core moe/router.py (TopKRouter), token_dispatcher.py (permute / unpermute with probs),
+    experts.py (SequentialMLP); HF transformers MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock."""
+
+    def __init__(self, arch: Architecture):
+        super().__init__()
+        m = arch.moe
+        if m.capacity_factor is not None:
+            raise ValueError("the reference model runs dropless routing only (moe.capacity_factor must be unset)")
+        self.k, c = m.top_k, arch.d_model
+        self.router = Linear(c, m.num_experts, bias=False)
+        self.experts = nn.ModuleList(MLP(arch, m.expert_hidden_dim) for _ in range(m.num_experts))
+        self.shared = MLP(arch, m.shared_width) if m.shared_width else None
+        self.shared_gate = Linear(c, 1, bias=False) if m.shared_expert_gate else None
+
+    def forward(self, x):
+        shape, c = x.shape, x.shape[-1]
+        xf = x.reshape(-1, c)
+        n, k = xf.shape[0], self.k
+        probs = torch.softmax(self.router(xf).float(), dim=-1)
+        weights, chosen = torch.topk(probs, k, dim=-1)
+        flat = chosen.reshape(-1)
+        order = torch.argsort(flat, stable=True)  # the copies in expert order
+        counts = torch.bincount(flat, minlength=len(self.experts)).tolist()
+        permuted = xf.unsqueeze(1).expand(n, k, c).reshape(n * k, c)[order]
+        outs = [expert(rows) for expert, rows in zip(self.experts, permuted.split(counts)) if rows.shape[0]]
+        expert_out = torch.cat(outs) if outs else permuted
+        y_sorted = expert_out * weights.to(x.dtype).reshape(-1)[order].unsqueeze(-1)
+        # back to token order by index_put, which saves only `order` (index_copy would keep y_sorted too)
+        y = torch.zeros_like(y_sorted).index_put((order,), y_sorted).view(n, k, c).sum(1)
+        if self.shared is not None:
+            shared = self.shared(xf)
+            if self.shared_gate is not None:
+                shared = torch.sigmoid(self.shared_gate(xf)) * shared
+            y = y + shared
+        return y.view(shape)
+
+
 class Block(nn.Module):
     def __init__(self, arch, family, layer, attention, selective):
         super().__init__()
         self.norm_attn = Norm(arch, family["norm_eps"])
         self.attn = Attention(arch, layer in arch.value_embedding_layers(), attention, selective)
         self.norm_mlp = Norm(arch, family["norm_eps"])
-        self.mlp = MLP(arch)
+        self.mlp = MoE(arch) if arch.is_moe_layer(layer) else MLP(arch)
         self.dropout_p = arch.dropout.hidden
 
     def forward(self, x, ve, cos, sin, mask):
