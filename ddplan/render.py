@@ -142,7 +142,11 @@ def plan_data(rows: list[dict]) -> list[dict]:
 
 
 def plan_columns(rows: list[dict], columns: tuple[str, ...] = PLAN_COLUMNS) -> list[dict]:
-    """The plan table's columns, in order."""
+    """The plan table's columns, in order; with expert parallelism in any row, the all-to-all seconds of each
+    step (ep_comm_s) after ep."""
+    if any(r["ep"] > 1 for r in rows):
+        at = columns.index("ep") + 1
+        columns = (*columns[:at], "ep_comm_s", *columns[at:])
     return [{c: r[c] for c in columns} for r in rows]
 
 
@@ -387,7 +391,7 @@ def plan_cells(rows: list[dict]) -> list[dict[str, str]]:
 
     return [{"GPUs": f"{r['gpus']:,}x {r['hardware']}", "dp": str(r["dp"]), "tp": tp(r), "pp": str(r["pp"]),
              **({"cp": str(r["cp"])} if any(x["cp"] > 1 for x in rows) else {}),
-             **({"ep": str(r["ep"])} if any(x["ep"] > 1 for x in rows) else {}),
+             **({"ep": str(r["ep"]), "a2a s": num(r["ep_comm_s"])} if any(x["ep"] > 1 for x in rows) else {}),
              "ZeRO": str(r["zero"]), "mb x accum": f"{r['micro_batch']} x {r['accum']}", "attention": r["attention"],
              "recompute": r["recompute"], "schedule": r["schedule"], "family": r["family"],
              "step s": num(r["step_s"], 4), "wall h": hours(r["wall_clock_h"]),
