@@ -740,7 +740,13 @@ def plan_cmd(
                                                   date=dt.date.today(), source="given on the command line")
     options = _options(_sp(sequence_parallel, spec, None), tp_comm_overlap, None, shard_group, reshard_after_forward,
                        overlap_param_gather, cp_comm)
-    req = PlanRequest(cps=tuple(_int_list(cp, "--cp")) if cp else (), eps=tuple(_int_list(ep, "--ep")) if ep else (),
+    eps = tuple(_int_list(ep, "--ep")) if ep else ()
+    if spec.architecture.moe is None and any(e > 1 for e in eps):
+        from ddplan.errors import UsageError
+
+        raise UsageError(f"{spec.name} is dense (no experts): expert parallelism needs a mixture-of-experts model",
+                         field="--ep")
+    req = PlanRequest(cps=tuple(_int_list(cp, "--cp")) if cp else (), eps=eps,
                       model=spec, hardware=hws, gpus=gpu_list, objective=objective.value,
                       deadline_h=deadline, budget_usd=budget, top=top,
                       calibration=cal, calibration_path=calibration, price=price_spec,

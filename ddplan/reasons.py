@@ -97,8 +97,11 @@ def plan_no_rows(result) -> list[str]:
                    f"{result.why_not['divisibility']}.")
     if not result.considered:
         cp = result.request.cps if result.request is not None else ()
+        ep = result.request.eps if result.request is not None else ()
         out.append("No candidate layout: check --gpus against the heads, layers and batch"
                    + (f", and --cp {','.join(map(str, cp))} against the GPUs and the attention kernels" if cp else "")
+                   + (f", and --ep {','.join(map(str, ep))} against the experts and the data-parallel GPUs (ep must "
+                      f"divide both)" if ep else "")
                    + ".")
     return out
 

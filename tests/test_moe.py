@@ -306,3 +306,11 @@ def test_qk_norm_sees_every_head(tmp_path):
     q_norm = next(op for op in an.ops if op.name == "h0.attn.q_norm")
     assert q_norm.shape == (128 * 4096,)
     assert next(sv for sv in q_norm.saves if sv.name == "h0.q_rope").bytes == 128 * 4096 * 2
+
+
+def test_plan_ep_errors_name_the_flag(capsys, mixtral):
+    _, err = fails(capsys, ["plan", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--ep", "2"])
+    assert "--ep" in err and "dense" in err
+    out = run_ok(capsys, ["plan", "--model", mixtral, "--hardware", "h100-sxm", "--gpus", "8", "--ep", "16",
+                          "--format", "markdown"])
+    assert "--ep 16 against the experts" in out
