@@ -83,6 +83,7 @@ class Op:
     # inputs, the probabilities and v, are already regenerated), a block's last GEMM under full.
     recompute_skip: tuple[str, ...] = ()
     transient_bytes: float = 0.0  # gradient buffers alive during this op's backward, beyond saved tensors
+    tp_done: bool = False  # already one tensor-parallel rank's share (whole experts on 1 / tp of the rows)
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,7 @@ class Anatomy:
     sequence_parallel: bool = False  # with tp: norms, residual stream and saved inputs split over tp too
     cp: int = 1  # and one context-parallel rank's: seq_len is then its s / cp tokens of each sequence
     ep: int = 1  # expert parallelism: this rank holds num_experts / ep of each block's routed experts
+    expert_rows: int = 1  # the experts' rows split this many ways over tp (whole experts, etp 1): already applied
 
     @property
     def tokens(self) -> int:
@@ -216,8 +218,8 @@ def attention_pairs(seq_len: int, window: int, kind: AttentionKind, windows: Win
 class _Builder:
     """Accumulates ops for one model and micro-batch; one method per kind of operation."""
 
-    def __init__(self, spec: ModelSpec, batch: int, seq_len: int, ep: int = 1):
-        self.spec, self.a, self.ep = spec, spec.architecture, ep
+    def __init__(self, spec: ModelSpec, batch: int, seq_len: int, ep: int = 1, expert_rows: int = 1):
+        self.spec, self.a, self.ep, self.expert_rows = spec, spec.architecture, ep, expert_rows
         self.b, self.s, self.t = batch, seq_len, batch * seq_len
         self.e = dtype_bytes(spec.dtypes.compute)  # activation element size
         self.ops: list[Op] = []
@@ -283,16 +285,18 @@ class _Builder:
 def build_anatomy(spec: ModelSpec, *, batch: int, seq_len: int | None = None,
                   attention: AttentionKind = "flash_package", windows: WindowSupport = "native",
                   recompute: Recompute = "none", compiled: bool = False,
-                  window_pattern: str | None = None, tp: int = 1, ep: int = 1) -> Anatomy:
+                  window_pattern: str | None = None, tp: int = 1, ep: int = 1, expert_rows: int = 1) -> Anatomy:
     """The ops of one forward+backward of `batch` sequences of `seq_len` tokens (default: the recipe's).
 
     tp > 1: one tensor-parallel rank's share (Megatron: Q/K/V, MLP-in and lm_head split by columns,
     the output projections by rows, heads split, norms and the residual stream replicated, no sequence
     parallelism). Ref: Shoeybi et al., arXiv 1909.08053, sec. 3; Korthikanti et al., arXiv 2205.05198, sec. 4.
-    ep > 1: one expert-parallel rank's share of a mixture-of-experts model (num_experts / ep experts, see _moe).
+    ep > 1: one expert-parallel rank's share of a mixture-of-experts model (num_experts / ep experts, see _moe);
+    expert_rows > 1: the experts are whole on each tensor-parallel rank (etp 1), which routes its own
+    1 / expert_rows of the tokens: their ops are built as that rank's share, and for_tp leaves them so.
     """
-    if tp < 1 or ep < 1:
-        raise ValueError(f"tp and ep must be >= 1, got {tp}, {ep}")
+    if tp < 1 or ep < 1 or expert_rows < 1:
+        raise ValueError(f"tp, ep and expert_rows must be >= 1, got {tp}, {ep}, {expert_rows}")
     moe = spec.architecture.moe
     if ep > 1 and (moe is None or moe.num_experts % ep):
         raise ValueError(f"ep={ep} must divide the number of experts "
@@ -307,7 +311,7 @@ def build_anatomy(spec: ModelSpec, *, batch: int, seq_len: int | None = None,
     if window_pattern is not None:
         spec = spec.model_copy(update={"architecture": spec.architecture.model_copy(
             update={"window_pattern": window_pattern})})
-    bld = _Builder(spec, batch, s, ep)
+    bld = _Builder(spec, batch, s, ep, expert_rows)
     _embeddings(bld)
     for i, window in enumerate(spec.architecture.windows(s)):
         _block(bld, i, window, attention, windows)
@@ -315,7 +319,7 @@ def build_anatomy(spec: ModelSpec, *, batch: int, seq_len: int | None = None,
     ops = tuple(bld.ops) if tp == 1 else tuple(_tp_share(op, tp) for op in bld.ops)
     return Anatomy(model=spec.name, batch=batch, seq_len=s, attention=attention, windows=windows,
                    recompute=recompute, compiled=compiled, ops=ops, optimizer_ops=tuple(optimizer_ops(spec)), tp=tp,
-                   ep=ep)
+                   ep=ep, expert_rows=expert_rows)
 
 
 # expert MLPs split over tp as the dense MLP is (Megatron-Core's expert tensor parallelism = tp)
@@ -407,6 +411,8 @@ def _cp_core(op: Op, cp: int, seq: int) -> Op:
 
 def _tp_share(op: Op, tp: int) -> Op:
     """One tensor-parallel rank's share of an op: FLOPs, bytes and sharded saved tensors / tp."""
+    if op.tp_done:
+        return op
     replace = _with
     how = tp_split(op.name, op.kind)
     saves = tuple(replace(sv, bytes=sv.bytes / tp) if sv.tp_sharded else sv for sv in op.saves)
@@ -429,6 +435,8 @@ def _tp_share(op: Op, tp: int) -> Op:
 def _sp_share(op: Op, tp: int) -> Op:
     """One rank's share of a layer op under tensor + sequence parallelism: split ops as under tp, the ops tp
     replicates split over the sequence, and every saved tensor / tp (ddplan.anatomy.for_tp)."""
+    if op.tp_done:
+        return op
     split = _tp_share(op, tp)
     saves = tuple(_with(sv, bytes=sv.bytes / tp) for sv in op.saves)
     if tp_split(op.name, op.kind) is not None:
@@ -569,8 +577,11 @@ def _moe(bld: _Builder, i: int) -> None:
     # one int64 index, which the un-permute reuses (the row map of Megatron's fused permute)
     bld.pointwise(f"{p}.moe.permute", i, rows * c, reads=1, flops_per_element=0.0, bwd_reads=1, bwd_writes=1,
                   saves=(Saved(f"{p}.moe.order", t * moe.top_k * 8.0, tp_sharded=False),))
-    _mlp(bld, i, f"{p}.experts", moe.expert_hidden_dim, f"{p}.moe.permuted", "experts", rows=rows,
+    first = len(bld.ops)
+    _mlp(bld, i, f"{p}.experts", moe.expert_hidden_dim, f"{p}.moe.permuted", "experts", rows=rows / bld.expert_rows,
          experts=max(1, experts // bld.ep), x_tag="keep")
+    if bld.expert_rows > 1:  # whole experts on this tp rank's own rows: already its share
+        bld.ops[first:] = [_with(op, tp_done=True) for op in bld.ops[first:]]
     # un-permute and combine: y = sum over k of prob_k x expert_out_k; saves the expert outputs and the
     # routing weights, cast to the compute dtype
     bld.pointwise(f"{p}.moe.combine", i, rows * c, reads=2, flops_per_element=2.0,

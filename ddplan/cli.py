@@ -77,6 +77,9 @@ TpOverlapOpt = typer.Option(False, "--tp-comm-overlap", help="Layouts with tp ov
                             "layers' GEMMs (Megatron-Core --tp-comm-overlap; needs --sequence-parallel).")
 CpCommOpt = typer.Option("ring", "--cp-comm", help="Context parallelism's exchange: ring (KV blocks passed on under "
                          "attention, Megatron-Core p2p) or all-gather (torchtitan's default; not overlapped).")
+EtpOpt = typer.Option(None, "--etp", help="Expert tensor parallelism of a mixture of experts: 1 keeps each expert "
+                      "whole on a GPU, ep then spanning the tensor-parallel GPUs too (Megatron-Core "
+                      "--expert-tensor-parallel-size 1); default: the experts split over tp like the dense MLP.")
 ShardGroupOpt = typer.Option(None, "--shard-group", help="ZeRO-3 hybrid sharding: shard over this many data-parallel "
                              "ranks (8: one node at tp 1) and replicate across the rest (torch HSDP).")
 ReshardOpt = typer.Option(True, "--reshard-after-forward/--no-reshard-after-forward", help="ZeRO-3: free gathered "
@@ -236,6 +239,7 @@ def memory_cmd(
     ep: int = typer.Option(1, "--ep", help="Expert-parallel degree (mixture-of-experts models): routed experts split "
                            "over ep of the data-parallel GPUs."),
     cp_comm: str = CpCommOpt,
+    etp: int = EtpOpt,
     zero: str = typer.Option("0,1,2,3", "--zero", help="ZeRO stages to show, comma-separated; one stage: the "
                              "verdict is about it (default: the model's native stage)."),
     device_batch_size: int = typer.Option(None, "--device-batch-size", help="Sequences per GPU per micro-batch "
@@ -280,7 +284,7 @@ def memory_cmd(
     stages = _int_list(zero, "--zero", allowed=(0, 1, 2, 3))
     spec, hw, cal = _inputs(model, hardware, calibration, seq_len, dtype)
     options = _options(_sp(sequence_parallel, spec, tp), False, tp, shard_group, reshard_after_forward,
-                       overlap_param_gather, cp_comm)
+                       overlap_param_gather, cp_comm, _etp(etp, spec))
     if cal is not None and measured_peak is None:
         from ddplan.calibration import steps_for_model
 
@@ -343,6 +347,7 @@ def table_cmd(
     cp: str = typer.Option("1", "--cp", help="Context-parallel degrees, comma-separated: each sequence split over "
                            "cp GPUs (ring attention)."),
     cp_comm: str = CpCommOpt,
+    etp: int = EtpOpt,
     ep: str = typer.Option("1", "--ep", help="Expert-parallel degrees (mixture-of-experts models), comma-separated: "
                            "routed experts split over ep of the data-parallel GPUs."),
     zero: str = typer.Option(None, "--zero", help="ZeRO stages 0-3 (3 = FSDP), comma-separated (default: the "
@@ -444,7 +449,7 @@ def table_cmd(
                          field=given[1])
     spec, hw, cal = _inputs(model, hardware, calibration, seq_len, dtype)
     options = _options(_sp(sequence_parallel, spec, max(tps)), tp_comm_overlap, max(tps), shard_group,
-                       reshard_after_forward, overlap_param_gather, cp_comm)
+                       reshard_after_forward, overlap_param_gather, cp_comm, _etp(etp, spec))
     budget = None
     if given:
         budget = Budget(steps=steps, tokens=int(tokens) if tokens else None, param_data_ratio=param_data_ratio,
@@ -701,6 +706,7 @@ def plan_cmd(
     cp: str = typer.Option(None, "--cp", help="Context-parallel degrees to search, comma-separated (default: 1, and "
                            "each power of two up to 16 leaving a GPU at least 4,096 tokens of a sequence)."),
     cp_comm: str = CpCommOpt,
+    etp: int = EtpOpt,
     tp_across_nodes: bool = typer.Option(False, "--tp-across-nodes", help="Allow tensor parallelism beyond one "
                                          "node (kept inside a node by default)."),
     top: int = typer.Option(10, "--top", help="How many layouts to list (table, markdown, json; csv lists all)."),
@@ -739,7 +745,7 @@ def plan_cmd(
     price_spec = None if price is None else Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price",
                                                   date=dt.date.today(), source="given on the command line")
     options = _options(_sp(sequence_parallel, spec, None), tp_comm_overlap, None, shard_group, reshard_after_forward,
-                       overlap_param_gather, cp_comm)
+                       overlap_param_gather, cp_comm, _etp(etp, spec))
     eps = tuple(_int_list(ep, "--ep")) if ep else ()
     if spec.architecture.moe is None and any(e > 1 for e in eps):
         from ddplan.errors import UsageError
@@ -867,8 +873,23 @@ def _sp(asked: bool, spec, max_tp: int | None) -> bool:
     return asked or (spec.architecture.moe is not None and max_tp != 1)
 
 
+def _etp(etp: int | None, spec) -> int:
+    """--etp as Options.expert_tp: 1, or 0 (the default: the experts' tp is tp); only for a mixture of experts."""
+    from ddplan.errors import UsageError
+
+    if etp is None:
+        return 0
+    if etp != 1:
+        raise UsageError(f"must be 1 (experts whole on each GPU); leave it out for the experts to split over tp, got "
+                         f"{etp}", field="--etp")
+    if spec.architecture.moe is None:
+        raise UsageError(f"{spec.name} is dense (no experts)", field="--etp")
+    return 1
+
+
 def _options(sequence_parallel: bool, tp_comm_overlap: bool, max_tp: int | None, shard_group: int | None = None,
-             reshard_after_forward: bool = True, overlap_param_gather: bool = False, cp_comm: str = "ring"):
+             reshard_after_forward: bool = True, overlap_param_gather: bool = False, cp_comm: str = "ring",
+             expert_tp: int = 0):
     """The framework options (ddplan.layout.Options) from their flags. --sequence-parallel and
     --tp-comm-overlap are Megatron's, so they need tensor parallelism, and overlap needs sequence
     parallelism (Megatron-Core refuses --tp-comm-overlap without it)."""
@@ -885,7 +906,7 @@ def _options(sequence_parallel: bool, tp_comm_overlap: bool, max_tp: int | None,
         raise UsageError(f"must be ring or all-gather, got {cp_comm!r}", field="--cp-comm")
     return Options(sequence_parallel=sequence_parallel, tp_overlap=tp_comm_overlap, shard_group=shard_group or 0,
                    reshard_after_forward=reshard_after_forward, overlap_param_gather=overlap_param_gather,
-                   cp_comm=cp_comm.replace("-", "_"))
+                   cp_comm=cp_comm.replace("-", "_"), expert_tp=expert_tp)
 
 
 def _int_list(text: str, flag: str, allowed: tuple[int, ...] | None = None, ranges: bool = False) -> list[int]:

@@ -44,6 +44,7 @@ class Layout:
     overlap_param_gather: bool = False  # ZeRO-1/2: the post-step parameter all-gather under the next forward (Megatron)
     cp_comm: str = "ring"  # with cp: "ring" (p2p KV exchange overlapped with attention) or "all_gather"
     ep: int = 1  # expert parallelism: routed experts split over ep of the dp x cp ranks (Megatron-Core)
+    etp: int = 0  # expert tensor parallelism: 0 = tp (the experts split over tp like the dense MLP), or 1
 
     def __post_init__(self) -> None:
         bad = {k: getattr(self, k) for k in ("dp", "tp", "pp", "cp", "ep", "micro_batch", "grad_accum",
@@ -81,9 +82,12 @@ class Layout:
             raise LayoutError(f"context-parallel communication must be ring or all_gather, got {self.cp_comm!r}")
         if self.recompute not in ("none", "selective", "full"):
             raise LayoutError(f"recompute must be none, selective or full, got {self.recompute!r}")
-        if self.grad_ranks % self.ep:
-            raise LayoutError(f"expert parallelism ep={self.ep} must divide dp x cp={self.grad_ranks} (Megatron-Core "
-                              f"carves the expert-parallel groups out of the data-parallel ranks)", field="--ep")
+        if self.etp not in (0, 1):
+            raise LayoutError(f"expert tensor parallelism must be 1 or the tp degree, got {self.etp}", field="--etp")
+        if self.expert_pool % self.ep:
+            what = "dp x cp" if self.expert_tp == self.tp else "tp x dp x cp"
+            raise LayoutError(f"expert parallelism ep={self.ep} must divide {what}={self.expert_pool} (Megatron-Core "
+                              f"carves the expert-parallel groups out of them)", field="--ep")
         if self.shard_group and self.ep > 1 and self.shard_group % self.ep:
             raise LayoutError(f"a hybrid shard group ({self.shard_group}) must be a multiple of ep={self.ep}",
                               field="--shard-group")
@@ -94,20 +98,38 @@ class Layout:
             h = hash((self.dp, self.tp, self.pp, self.cp, self.zero, self.micro_batch, self.grad_accum, self.attention,
                       self.recompute, self.compiled, self.pp_schedule, self.pp_virtual_stages, self.tp_overlap,
                       self.sequence_parallel, self.shard_group, self.reshard_after_forward,
-                      self.overlap_param_gather, self.cp_comm, self.ep))
+                      self.overlap_param_gather, self.cp_comm, self.ep, self.etp))
             object.__setattr__(self, "_hash", h)
         return h
 
     @property
-    def rank_share(self) -> tuple[int, bool, int, int]:
-        """What one rank's share of the ops depends on: tp, sequence parallelism, cp and ep (cache keys)."""
-        return self.tp, self.sequence_parallel, self.cp, self.ep
+    def rank_share(self) -> tuple[int, bool, int, int, int]:
+        """What one rank's share of the ops depends on: tp, sequence parallelism, cp, ep, and the split of the
+        experts' rows over tp when the experts are not tensor-parallel (tp, else 1) (cache keys)."""
+        return self.tp, self.sequence_parallel, self.cp, self.ep, self.expert_rows_split
+
+    @property
+    def expert_tp(self) -> int:
+        """The experts' tensor-parallel degree: tp (Megatron-Core's default), or 1 (--expert-tensor-parallel-size 1)."""
+        return 1 if self.etp == 1 else self.tp
+
+    @property
+    def expert_rows_split(self) -> int:
+        """How many ways the experts' rows split over the tp ranks: tp when the experts are whole (each tp rank
+        routes its own 1 / tp of the sequence, sequence parallelism), else 1."""
+        return self.tp // self.expert_tp
+
+    @property
+    def expert_pool(self) -> int:
+        """The ranks of a pipeline stage that expert parallelism is carved from: dp x cp, and the tp ranks too
+        when the experts are whole (Megatron-Core's expert grid: etp x ep x edp = tp x dp x cp)."""
+        return self.grad_ranks * self.expert_rows_split
 
     @property
     def expert_ranks(self) -> int:
-        """Ranks that hold the same routed experts and reduce their gradients together: dp x cp / ep
+        """Ranks that hold the same routed experts and reduce their gradients together: the expert pool / ep
         (Megatron-Core's expert-data-parallel group)."""
-        return self.grad_ranks // self.ep
+        return self.expert_pool // self.ep
 
     @property
     def grad_ranks(self) -> int:
@@ -136,8 +158,9 @@ class Placement:
     "tp-cp-ep-dp-pp" (megatron/core/parallel_state.py, RankGenerator) and torchtitan's device mesh
     ["pp", "dp", "cp", "tp"]: a tp group is consecutive ranks, a context-parallel group strides by tp, the
     group that reduces gradients (dp x cp ranks) strides by tp, pipeline neighbours stride by tp x cp x dp;
-    nodes hold consecutive ranks. Expert parallelism is carved out of dp x cp innermost: an ep group strides
-    by tp x cp, the expert-data-parallel group that reduces expert gradients by tp x cp x ep.
+    nodes hold consecutive ranks. Expert layers have their own grid (Megatron-Core's parallel folding: etp,
+    ep, edp, pp): an ep group strides by the experts' tp degree (tp, or 1 when they are whole), the
+    expert-data-parallel group that reduces expert gradients by that x ep.
     *_per_node: members of one such group on each node it touches (its share of the node's NICs,
     one NIC per GPU on rail-optimised fabrics); *_crosses: whether the group spans nodes.
     e.g. 1,024 GPUs, 8 per node, tp 2, dp 512: a dp group has 4 members per node and crosses nodes,
@@ -168,8 +191,9 @@ def placement(layout: "Layout", gpus_per_node: int) -> Placement:
     cp_per_node, cp_crosses = group_on_nodes(layout.cp, tp, g, total)
     dp_per_node, dp_crosses = group_on_nodes(layout.grad_ranks, tp, g, total)  # cp inside dp: dp x cp ranks
     shard_per_node, shard_crosses = group_on_nodes(layout.shard_degree, tp, g, total)
-    ep_per_node, ep_crosses = group_on_nodes(layout.ep, tp * layout.cp, g, total)
-    edp_per_node, edp_crosses = group_on_nodes(layout.expert_ranks, tp * layout.cp * layout.ep, g, total)
+    # Megatron-Core's expert grid (parallel folding) orders etp, ep, edp, pp: ep strides by etp
+    ep_per_node, ep_crosses = group_on_nodes(layout.ep, layout.expert_tp, g, total)
+    edp_per_node, edp_crosses = group_on_nodes(layout.expert_ranks, layout.expert_tp * layout.ep, g, total)
     return Placement(tp_per_node=tp_per_node, tp_crosses=tp_crosses, dp_per_node=dp_per_node,
                      dp_crosses=dp_crosses, pp_crosses=layout.pp > 1 and total > g,
                      shard_per_node=shard_per_node, shard_crosses=shard_crosses, cp_per_node=cp_per_node,
@@ -217,6 +241,7 @@ class Options:
     reshard_after_forward: bool = True  # ZeRO-3 (torch FSDP2 fully_shard's default)
     overlap_param_gather: bool = False  # ZeRO-1/2: Megatron-Core --overlap-param-gather
     cp_comm: str = "ring"  # context parallelism's exchange: ring (p2p, overlapped) or all_gather
+    expert_tp: int = 0  # 1: experts whole, ep over the tp ranks too (--expert-tensor-parallel-size 1); 0: tp
 
     def for_layout(self, tp: int, ranks: int, zero: int, cp: int = 1) -> dict:
         """The Layout fields these options give a layout of these degrees (ranks: dp x cp, the ranks that
@@ -227,7 +252,8 @@ class Options:
                 "shard_group": self.shard_group if zero == 3 and 1 < self.shard_group < ranks else 0,
                 "reshard_after_forward": self.reshard_after_forward or zero != 3,
                 "overlap_param_gather": self.overlap_param_gather and zero in (1, 2),
-                "cp_comm": self.cp_comm if cp > 1 else "ring"}
+                "cp_comm": self.cp_comm if cp > 1 else "ring",
+                "etp": 1 if self.expert_tp == 1 and tp > 1 else 0}
 
     def for_model(self, spec: ModelSpec) -> "Options":
         """These options for a model: a mixture-of-experts model runs tp > 1 with sequence parallelism, which

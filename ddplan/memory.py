@@ -114,8 +114,8 @@ def model_states(spec: ModelSpec, layout: Layout) -> dict[str, dict[str, float]]
     for g in groups:
         share = _stage_share(g, layout, spec.architecture.num_layers)
         pb = dtype_bytes(spec.dtypes.params[g])
-        if g == EXPERT_GROUP:  # num_experts / ep experts a rank, their states sharded over dp x cp / ep
-            share, shard = share / layout.ep, max(1, layout.shard_degree // layout.ep)
+        if g == EXPERT_GROUP:  # num_experts / ep experts a rank (whole, or split over tp), their states sharded
+            share, shard = share * layout.expert_rows_split / layout.ep, expert_shard(layout)  # over the edp ranks
         else:
             shard = layout.shard_degree
         n = counts[g] * share
@@ -142,6 +142,14 @@ def model_states(spec: ModelSpec, layout: Layout) -> dict[str, dict[str, float]]
         for k in out:
             out[k] = {g: v for g, v in out[k].items() if g not in drop}
     return out
+
+
+def expert_shard(layout: Layout) -> int:
+    """Ranks the routed experts' ZeRO shards split over: the expert-data-parallel ranks (Layout.expert_ranks),
+    or, with hybrid sharding, the shard group's share of them (shard group x expert rows split / ep)."""
+    if layout.shard_group:
+        return max(1, layout.shard_group * layout.expert_rows_split // layout.ep)
+    return layout.expert_ranks
 
 
 def _muon_chunk_fraction(spec: ModelSpec, group: str, dp: int) -> float:
@@ -234,8 +242,11 @@ def memory_per_gpu(spec: ModelSpec, layout: Layout, anatomy: Anatomy, capacity_b
         # (torch FSDP2 fully_shard(reshard_after_forward=False))
         stage_layers = max(1, round(_busiest_stage_share(layout, spec.architecture.num_layers)
                                     * spec.architecture.num_layers))
-        elements = sum(b / dtype_bytes(spec.dtypes.params[g]) for g, b in states["params"].items())  # this shard
-        per_layer = elements * layout.shard_degree / stage_layers * dtype_bytes(spec.dtypes.compute)
+        # gathered: this shard x its shard group (the routed experts' is the expert-data-parallel one)
+        elements = sum(b / dtype_bytes(spec.dtypes.params[g]) * (expert_shard(layout) if g == EXPERT_GROUP
+                                                                 else layout.shard_degree)
+                       for g, b in states["params"].items())
+        per_layer = elements / stage_layers * dtype_bytes(spec.dtypes.compute)
         comm += (2 if layout.reshard_after_forward else stage_layers) * per_layer
     terms["comm_buffers"] = comm
     terms["framework"] = assumptions.framework_gib * GiB

@@ -119,7 +119,8 @@ def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, 
                         continue  # context parallelism runs on fused attention kernels only
                     options = req.options.searched(tp, dp * cp, zero, cp)
                     for sched, v in schedules:
-                        for ep in expert_parallel_degrees(spec, dp * cp, req.eps):
+                        pool = dp * cp * (tp if options["etp"] == 1 else 1)  # Layout.expert_pool
+                        for ep in expert_parallel_degrees(spec, pool, req.eps):
                             if options["shard_group"] % ep:
                                 continue  # a hybrid shard group holds whole expert-parallel groups
                             yield [[Layout(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, micro_batch=mb,

@@ -125,7 +125,7 @@ class PricedLayout:
         lay, st = self.layout, self.step
         return {
             "hardware": self.hardware, "gpus": lay.num_gpus, "dp": lay.dp, "tp": lay.tp, "pp": lay.pp,
-            "vp": lay.pp_virtual_stages, "cp": lay.cp, "ep": lay.ep, "tp_overlap": lay.tp_overlap,
+            "vp": lay.pp_virtual_stages, "cp": lay.cp, "ep": lay.ep, "etp": lay.expert_tp, "tp_overlap": lay.tp_overlap,
             "sp": lay.sequence_parallel, "zero": lay.zero, "micro_batch": lay.micro_batch, "accum": lay.grad_accum,
             "attention": lay.attention, "window": self.window, "recompute": lay.recompute,
             "global_batch_tokens": self.global_batch_tokens, "steps": self.steps,
@@ -182,25 +182,27 @@ class Pricer:
             self._shared[key] = replace(share, recompute=layout.recompute) if layout.recompute != "none" else share
         return self._shared[key]
 
-    def _share(self, batch: int, attention: str, window: str, compiled: bool, rank: tuple[int, bool, int, int],
+    def _share(self, batch: int, attention: str, window: str, compiled: bool, rank: tuple[int, bool, int, int, int],
                seq_len: int | None = None) -> Anatomy:
-        """The anatomy of one (tp, sp, cp, ep) rank share, without recompute, cached; seq_len: the sequence it
-        is built at (default the recipe's; a cp share also builds its s / cp one, ddplan.anatomy.for_cp)."""
+        """The anatomy of one (tp, sp, cp, ep, expert rows split) rank share (Layout.rank_share), without
+        recompute, cached; seq_len: the sequence it is built at (default the recipe's; a cp share also builds
+        its s / cp one, ddplan.anatomy.for_cp)."""
         seq = seq_len or self.spec.recipe.seq_len
         key = ("share", batch, attention, window, compiled, rank, seq)
         if key not in self._shared:
-            tp, sp, cp, ep = rank
+            tp, sp, cp, ep, rows = rank
             if cp > 1:
-                full = self._share(batch, attention, window, compiled, (tp, sp, 1, ep), seq)
-                short = self._share(batch, attention, window, compiled, (tp, sp, 1, ep), seq // cp)
+                full = self._share(batch, attention, window, compiled, (tp, sp, 1, ep, rows), seq)
+                short = self._share(batch, attention, window, compiled, (tp, sp, 1, ep, rows), seq // cp)
                 self._shared[key] = for_cp(full, short, cp)
             elif (tp, sp) != (1, False):
-                self._shared[key] = for_tp(self._share(batch, attention, window, compiled, (1, False, 1, ep), seq),
-                                           tp, sp)
+                self._shared[key] = for_tp(self._share(batch, attention, window, compiled, (1, False, 1, ep, rows),
+                                                       seq), tp, sp)
             else:
                 impl = self.hw.attention_impl(attention)
                 self._shared[key] = build_anatomy(self.spec, batch=batch, seq_len=seq, attention=impl.kind,
-                                                  windows=impl.windows, compiled=compiled, window_pattern=window, ep=ep)
+                                                  windows=impl.windows, compiled=compiled, window_pattern=window, ep=ep,
+                                                  expert_rows=rows)
         return self._shared[key]
 
     def flops(self, layout: Layout, window: str) -> tuple[float, float]:
@@ -250,7 +252,7 @@ class Pricer:
         if parts_key not in self._rated:
             self._rated[parts_key] = op_times(an, r)
         opt_key = ("optimizer", layout.attention, scenario, fitted, layout.grad_ranks, layout.tp, layout.pp, layout.zero,
-                   layout.shard_group, layout.ep)
+                   layout.shard_group, layout.ep, layout.etp)
         if opt_key not in self._rated:
             self._rated[opt_key] = optimizer_time_s(self.spec, layout, r)
         return step_time(self.spec, self.hw, layout, an, r, comm_efficiency=comm_end(scenario),

@@ -20,7 +20,7 @@ def describe(r: dict) -> str:
     if r.get("cp", 1) > 1:
         parts.append(f"cp {r['cp']}")
     if r.get("ep", 1) > 1:
-        parts.append(f"ep {r['ep']}")
+        parts.append(f"ep {r['ep']}" + (" (etp 1)" if r.get("etp", r["tp"]) != r["tp"] else ""))
     parts += [f"ZeRO-{r['zero']}{' (native)' if r['native'] else ''}", f"micro-batch {r['micro_batch']} x "
               f"{r['accum']}", r["attention"]]
     if r["recompute"] != "none":

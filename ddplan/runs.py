@@ -55,6 +55,7 @@ class RunLayout(Strict):
     vp: int = Field(default=1, gt=0, le=1024)  # interleaved chunks per pipeline stage
     cp: int = Field(default=1, gt=0, le=1024)  # context parallelism
     ep: int = Field(default=1, gt=0, le=4096)  # expert parallelism (mixture of experts): out of dp x cp
+    etp: Literal[1] | None = None  # 1: experts whole (Megatron-Core --expert-tensor-parallel-size 1); None: tp
     zero: int = Field(default=0, ge=0, le=3)  # 3: FSDP FULL_SHARD; 2: SHARD_GRAD_OP
     # None: not stated; priced at the fastest power-of-two micro-batch that fits in memory (fastest_fitting),
     # as a published throughput benchmark is tuned
@@ -226,7 +227,7 @@ def table_command(run: PublishedRun) -> list[str] | None:
     lay = run.layout
     argv = ["table", "--model", run.model.base, "--hardware", run.hardware, "--gpus", str(lay.gpus),
             "--tp", str(lay.tp), "--pp", str(lay.pp), "--vp", str(lay.vp), "--cp", str(lay.cp), "--ep", str(lay.ep),
-            "--zero", str(lay.zero),
+            "--zero", str(lay.zero), *(["--etp", "1"] if lay.etp else []),
             "--device-batch-size", ",".join(map(str, micro_batches(run))), "--total-batch-size",
             str(run.tokens_per_step),
             "--recompute", lay.recompute, "--seq-len", str(run.model.seq_len),
@@ -288,7 +289,7 @@ def price_run(run: PublishedRun, where: str, sustained: dict[str, float] | None 
                        total_batch_tokens=run.tokens_per_step, compiled=lay.compiled, fp8=run.precision == "fp8",
                        options=Options(sequence_parallel=lay.sequence_parallel, tp_overlap=lay.tp_comm_overlap,
                                        overlap_param_gather=lay.overlap_param_gather,
-                                       shard_group=lay.shard_group).for_model(spec))
+                                       shard_group=lay.shard_group, expert_tp=lay.etp or 0).for_model(spec))
     try:
         table = build_table(req)
     except DdplanError as e:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ddplan import comm, pipeline
 from ddplan.anatomy import Anatomy, muon_matrices
 from ddplan.layout import NATIVE_ZERO, Layout, placement
-from ddplan.memory import EXPERT_GROUP, _stage_share
+from ddplan.memory import EXPERT_GROUP, _stage_share, expert_shard
 from ddplan.params import param_counts
 from ddplan.comm import CommPoints, GroupTimer
 from ddplan.roofline import OpTimes, Rates, gemm_fraction, micro_batch_time, op_times
@@ -76,7 +76,9 @@ def grad_sync_buffers(spec: ModelSpec, layout: Layout, experts: bool = False) ->
         if not counts[group] or (group == EXPERT_GROUP) != experts:
             continue
         gb = dt.grad_bytes(group)
-        share = _stage_share(group, layout, spec.architecture.num_layers) / (layout.ep if experts else 1)
+        share = _stage_share(group, layout, spec.architecture.num_layers)
+        if experts:  # 1 / ep of the experts, split over the experts' tp degree (not tp when they are whole)
+            share *= layout.expert_rows_split / layout.ep
         if policy == "sharded_optimizer" and algo == "muon":
             stacks = Counter(muon_matrices(spec, group))
             padded = sum(r * c * math.ceil(k / n) * n for (r, c), k in stacks.items())
@@ -116,8 +118,8 @@ def optimizer_time_s(spec: ModelSpec, layout: Layout, r: Rates) -> float:
             continue
         share = _stage_share(group, layout, spec.architecture.num_layers)
         n = layout.shard_degree
-        if group == EXPERT_GROUP:  # 1 / ep of the experts a rank, their states over dp x cp / ep
-            share, n = share / layout.ep, max(1, n // layout.ep)
+        if group == EXPERT_GROUP:  # 1 / ep of the experts a rank, their states over the expert-data-parallel ranks
+            share, n = share * layout.expert_rows_split / layout.ep, expert_shard(layout)
         pb = dtype_bytes(dt.params[group])
         sb = pb if opt.adamw_state_dtype == "param" else 4
         if algo == "adamw":
@@ -163,9 +165,9 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
     may be passed precomputed; cache: a dict the caller keeps across layouts of the same model,
     hardware and calibration (ddplan.price.Pricer), keyed by values, for collective times and buffers.
     """
-    if (anatomy.tp, anatomy.sequence_parallel, anatomy.cp, anatomy.ep) != layout.rank_share:
-        raise ValueError(f"the anatomy is for tp, sp, cp, ep = {anatomy.tp}, {anatomy.sequence_parallel}, "
-                         f"{anatomy.cp}, {anatomy.ep}; "
+    if (anatomy.tp, anatomy.sequence_parallel, anatomy.cp, anatomy.ep, anatomy.expert_rows) != layout.rank_share:
+        raise ValueError(f"the anatomy is for tp, sp, cp, ep, expert rows = {anatomy.tp}, {anatomy.sequence_parallel}, "
+                         f"{anatomy.cp}, {anatomy.ep}, {anatomy.expert_rows}; "
                          f"the layout has {layout.rank_share}")
     cache = {} if cache is None else cache
     p, accum = layout.pp, layout.grad_accum
@@ -207,11 +209,12 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
         cp_s = accum * stage * (fwd + bwd + (fwd if anatomy.recompute != "none" else 0.0))  # recompute re-sends
 
     ep_s = 0.0
-    if a.moe is not None and (layout.ep > 1 or layout.tp > 1):
+    if a.moe is not None and (layout.ep > 1 or layout.expert_tp > 1):
         place = placement(layout, hw.gpus_per_node)
         rows = comm.moe_rows_bytes(anatomy.tokens / layout.tp, a.moe.top_k, a.d_model, e, a.moe.capacity_factor)
         fwd, bwd = comm.moe_layer_comm_s(
-            rows, layout.ep, layout.tp, _Cached(GroupTimer(hw, place.ep_per_node, comm_efficiency, comm_points), cache),
+            rows, layout.ep, layout.expert_tp,
+            _Cached(GroupTimer(hw, place.ep_per_node, comm_efficiency, comm_points), cache),
             _Cached(GroupTimer(hw, place.tp_per_node, comm_efficiency, comm_points), cache))
         moe_layers = stage * a.moe_layers / a_layers  # this stage's share of the MoE blocks
         ep_s = accum * moe_layers * (fwd + bwd + (fwd if anatomy.recompute == "full" else 0.0))
@@ -313,7 +316,8 @@ def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, m
 
 def _buffers(spec: ModelSpec, layout: Layout, policy: str, experts: bool, cache: Cache) -> list[tuple[str, float]]:
     """grad_sync_buffers, kept in the caller's cache (by what they depend on)."""
-    key = ("buffers", policy, layout.grad_ranks, layout.tp, layout.pp, layout.ep if experts else 1, experts)
+    key = ("buffers", policy, layout.grad_ranks, layout.tp, layout.pp, layout.ep if experts else 1,
+           layout.etp if experts else 0, experts)
     if key not in cache:
         cache[key] = grad_sync_buffers(spec, layout, experts)
     return cache[key]
@@ -333,7 +337,7 @@ def _fsdp_comm_s(buffers: list[tuple[str, float]], expert: list[tuple[str, float
     """
     s = layout.shard_degree
     shard = _Cached(GroupTimer(hw, place.shard_per_node, efficiency, points), cache)
-    s_e, shard_e = max(1, s // layout.ep), _Cached(GroupTimer(hw, place.edp_per_node, efficiency, points), cache)
+    s_e, shard_e = expert_shard(layout), _Cached(GroupTimer(hw, place.edp_per_node, efficiency, points), cache)
     rs, ag = (sum(shard.time_s(c, size, s) for c, size in buffers if c == kind)
               + sum(shard_e.time_s(c, size, s_e) for c, size in expert if c == kind)
               for kind in ("reduce_scatter", "all_gather"))

@@ -31,8 +31,8 @@ def config_label(p: PricedLayout, native_zero: int | None = None) -> str:
         parts.append(f"pp {lay.pp}" + (f" x{lay.pp_virtual_stages} interleaved" if lay.pp_virtual_stages > 1 else ""))
     if lay.cp > 1:
         parts.append(f"cp {lay.cp}" + (" all-gather" if lay.cp_comm == "all_gather" else ""))
-    if lay.ep > 1:
-        parts.append(f"ep {lay.ep}")
+    if lay.ep > 1 or lay.expert_tp != lay.tp:
+        parts.append(f"ep {lay.ep}" + (" (experts whole: etp 1)" if lay.expert_tp != lay.tp else ""))
     if native_zero is not None and lay.dp > 1 and lay.zero != native_zero:
         parts.append(f"ZeRO-{lay.zero}")
     parts += dp_option_words(lay)
@@ -56,7 +56,8 @@ def moe_line(spec) -> str:
             f"active ones (6N on the active N); {routing}; ep splits the routed experts over data-parallel GPUs, "
             f"and each MoE layer's two all-to-alls each way (dispatch, combine) are not overlapped with compute "
             f"(Megatron-Core's all-to-all dispatcher); with tp > 1 the experts split over tp as the dense MLP does "
-            f"(expert tensor parallelism = tp) and run with sequence parallelism, as Megatron-Core requires. "
+            f"(expert tensor parallelism = tp; `--etp 1` keeps them whole, ep then spanning the tp GPUs) and run with "
+            f"sequence parallelism, as Megatron-Core requires. "
             f"Published MoE runs ran up to {VALIDATED_RATIO_MOE[1]:g}x ddplan's prediction (`ddplan validate`): the "
             f"routing's many small kernels and host synchronisation are not modelled; the band's high end reaches it.")
 

@@ -314,3 +314,69 @@ def test_plan_ep_errors_name_the_flag(capsys, mixtral):
     out = run_ok(capsys, ["plan", "--model", mixtral, "--hardware", "h100-sxm", "--gpus", "8", "--ep", "16",
                           "--format", "markdown"])
     assert "--ep 16 against the experts" in out
+
+
+# --------------------------------------------------------------------------------------------
+# Whole experts (expert tensor parallelism 1)
+
+
+def test_whole_experts_let_ep_span_the_tp_ranks():
+    with pytest.raises(LayoutError, match="must divide dp x cp=4"):
+        Layout(dp=4, tp=2, ep=8, sequence_parallel=True)
+    lay = Layout(dp=4, tp=2, ep=8, etp=1, sequence_parallel=True)
+    assert (lay.expert_tp, lay.expert_rows_split, lay.expert_pool, lay.expert_ranks) == (1, 2, 8, 1)
+    with pytest.raises(LayoutError, match="1 or the tp degree"):
+        Layout(dp=4, tp=2, etp=2)
+    # Megatron-Core's expert grid: ep strides by the experts' tp (1 here), so 8 consecutive ranks: one node
+    assert placement(lay, 8).ep_crosses is False and placement(lay, 8).ep_per_node == 8
+
+
+def test_whole_experts_compute_a_tp_ranks_own_rows(tmp_path, mixtral):
+    from ddplan.anatomy import for_tp
+
+    spec = load_model(mixtral)
+    split = for_tp(build_anatomy(spec, batch=1, seq_len=1024, ep=4), 2, sequence_parallel=True)
+    whole = for_tp(build_anatomy(spec, batch=1, seq_len=1024, ep=4, expert_rows=2), 2, sequence_parallel=True)
+    up_split = next(op for op in split.ops if op.name == "h0.experts.up")
+    up_whole = next(op for op in whole.ops if op.name == "h0.experts.up")
+    # 1024 tokens x top-2 = 2048 rows over 2 local experts: split over tp by columns (1024 rows x 7168), or
+    # whole on the rank's own 512 tokens (512 rows x 14336); the same FLOPs either way
+    assert up_split.shape == (1024, 7168, 4096) and up_whole.shape == (512, 14336, 4096)
+    assert up_whole.flops_fwd == up_split.flops_fwd == 2.0 * 1024 * 14336 * 4096
+    # but the whole experts' weights: every element read (and its cast saved), not half
+    w = 2 * 14336 * 4096
+    assert up_whole.bytes_fwd - up_split.bytes_fwd == pytest.approx(w / 2 * (2 + 4 + 2))
+
+
+def test_whole_experts_memory_and_exchange(tmp_path, mixtral):
+    spec = load_model(mixtral)
+    hw = load_hardware("h100-sxm")
+    n = param_counts(spec.architecture)["experts"]
+    whole = Layout(dp=4, tp=2, ep=8, etp=1, sequence_parallel=True, zero=1, micro_batch=1, grad_accum=1)
+    split = Layout(dp=4, tp=2, ep=4, sequence_parallel=True, zero=1, micro_batch=1, grad_accum=1)
+    # one expert a GPU either way: whole (8 of 8 split over ep 8), or 2 of 8 halved by tp 2
+    assert model_states(spec, whole)["params"]["experts"] == pytest.approx(4 * n / 8)
+    assert model_states(spec, split)["params"]["experts"] == pytest.approx(4 * n / 4 / 2)
+    from ddplan.anatomy import for_tp
+
+    r = rates(hw, "fa3")
+    st_whole = step_time(spec, hw, whole, for_tp(build_anatomy(spec, batch=1, ep=8, expert_rows=2,
+                                                               attention="flash_package"), 2, True), r)
+    st_split = step_time(spec, hw, split, for_tp(build_anatomy(spec, batch=1, ep=4, attention="flash_package"),
+                                                 2, True), r)
+    rows = comm.moe_rows_bytes(4096 / 2, 2, 4096, 2)  # a tp rank's own 2,048 tokens (sequence parallel)
+    fwd, bwd = comm.moe_layer_comm_s(rows, 8, 1, GroupTimer(hw, 8), GroupTimer(hw, 2))
+    assert st_whole.ep_comm_s == pytest.approx(32 * (fwd + bwd))  # all-to-alls only: no gathers over tp
+    fwd, bwd = comm.moe_layer_comm_s(rows, 4, 2, GroupTimer(hw, 4), GroupTimer(hw, 2))
+    assert st_split.ep_comm_s == pytest.approx(32 * (fwd + bwd))
+
+
+def test_etp_flag(capsys, mixtral):
+    rows = csv_rows(run_ok(capsys, ["table", "--model", mixtral, "--hardware", "h100-sxm", "--gpus", "16", "--tp", "2",
+                                    "--ep", "8", "--etp", "1", "--attention", "fa3", "--format", "csv"]))
+    assert (rows[0]["ep"], rows[0]["etp"]) == ("8", "1") and "etp 1" in rows[0]["config"]
+    _, err = fails(capsys, ["table", "--model", mixtral, "--hardware", "h100-sxm", "--gpus", "16", "--tp", "2",
+                            "--etp", "2"])
+    assert "--etp" in err
+    _, err = fails(capsys, ["table", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--etp", "1"])
+    assert "--etp" in err and "dense" in err
