@@ -317,7 +317,12 @@ def check_layout(layout: Layout, spec: ModelSpec, total_batch_tokens: int | None
 
     try:
         first, middle, last = stage_layers(a.num_layers, layout.pp)
-        uneven = [n for n in dict.fromkeys((first, middle, last)) if n % layout.pp_virtual_stages]
+        v = layout.pp_virtual_stages
+        # an end stage one layer short of the middle ones counts its embedding (first) or its head and loss
+        # (last) as a layer, as Megatron-Core's --account-for-embedding-in-pipeline-split and
+        # --account-for-loss-in-pipeline-split do: Qwen3-235B's 94 layers over pp 32 x vp 3 are 96 units of one
+        uneven = [n for n in dict.fromkeys((first, middle, last))
+                  if n % v and not (n + 1 == middle and middle % v == 0)]
         if uneven:
             problems.append(f"{layout.pp_virtual_stages} interleaved chunks must divide every stage's layers "
                             f"({first}, {middle}, {last} of num_layers={a.num_layers} over pp={layout.pp})")

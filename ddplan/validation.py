@@ -215,10 +215,13 @@ def moe_band_ratio(scored: Sequence[Scored]) -> tuple[float, float] | None:
 def fit_sustained(runs: Sequence[PublishedRun], hardware: str, where: str, lo: float = 0.3,
                   hi: float = 1.0, tol: float = 0.005) -> float:
     """The GEMM sustained fraction on one hardware that minimises the mean |log(predicted / measured)| of
-    its runs (golden-section search on [lo, hi]). The step time falls monotonically as the fraction
-    rises, so the objective has one minimum."""
+    its dense runs (golden-section search on [lo, hi]). The step time falls monotonically as the fraction
+    rises, so the objective has one minimum. Mixture-of-experts runs are left out: they test the MoE
+    model (routing, all-to-alls) and must not move the GEMM fit that every dense plan rests on."""
+    from ddplan.runs import run_spec
+
     names = FIT_GROUPS.get(hardware, (hardware,))
-    mine = [r for r in runs if _hw_name(r.hardware) in names]
+    mine = [r for r in runs if _hw_name(r.hardware) in names and run_spec(r, where).architecture.moe is None]
     if not mine:
         raise ValueError(f"no run on {hardware} to fit")
 
