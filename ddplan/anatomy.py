@@ -438,7 +438,9 @@ def _sp_share(op: Op, tp: int) -> Op:
     if op.tp_done:
         return op
     split = _tp_share(op, tp)
-    saves = tuple(_with(sv, bytes=sv.bytes / tp) for sv in op.saves)
+    # experts split over tp: Megatron-Core's dispatcher all-gathers the routed rows over tp before the expert
+    # GEMMs, which keep the whole gathered input (the one saved tensor of a layer sequence parallelism leaves whole)
+    saves = tuple(sv if sv.name.endswith(".moe.permuted") else _with(sv, bytes=sv.bytes / tp) for sv in op.saves)
     if tp_split(op.name, op.kind) is not None:
         return _with(split, saves=saves)
     shape = (max(1, op.shape[0] // tp), *op.shape[1:])

@@ -283,8 +283,8 @@ def memory_cmd(
            (measured_peak, "--measured-peak"), (headroom, "--headroom"))
     stages = _int_list(zero, "--zero", allowed=(0, 1, 2, 3))
     spec, hw, cal = _inputs(model, hardware, calibration, seq_len, dtype)
-    options = _options(_sp(sequence_parallel, spec, tp), False, tp, shard_group, reshard_after_forward,
-                       overlap_param_gather, cp_comm, _etp(etp, spec))
+    options = _options(sequence_parallel, False, tp, shard_group, reshard_after_forward,
+                       overlap_param_gather, cp_comm, _etp(etp, spec), spec)
     if cal is not None and measured_peak is None:
         from ddplan.calibration import steps_for_model
 
@@ -448,8 +448,8 @@ def table_cmd(
         raise UsageError(f"give at most one of --steps, --tokens, --param-data-ratio (got {', '.join(given)})",
                          field=given[1])
     spec, hw, cal = _inputs(model, hardware, calibration, seq_len, dtype)
-    options = _options(_sp(sequence_parallel, spec, max(tps)), tp_comm_overlap, max(tps), shard_group,
-                       reshard_after_forward, overlap_param_gather, cp_comm, _etp(etp, spec))
+    options = _options(sequence_parallel, tp_comm_overlap, max(tps), shard_group,
+                       reshard_after_forward, overlap_param_gather, cp_comm, _etp(etp, spec), spec)
     budget = None
     if given:
         budget = Budget(steps=steps, tokens=int(tokens) if tokens else None, param_data_ratio=param_data_ratio,
@@ -744,8 +744,8 @@ def plan_cmd(
     hws = (hw0, *(load_hardware(h) for h in names[1:]))
     price_spec = None if price is None else Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price",
                                                   date=dt.date.today(), source="given on the command line")
-    options = _options(_sp(sequence_parallel, spec, None), tp_comm_overlap, None, shard_group, reshard_after_forward,
-                       overlap_param_gather, cp_comm, _etp(etp, spec))
+    options = _options(sequence_parallel, tp_comm_overlap, None, shard_group, reshard_after_forward,
+                       overlap_param_gather, cp_comm, _etp(etp, spec), spec)
     eps = tuple(_int_list(ep, "--ep")) if ep else ()
     if spec.architecture.moe is None and any(e > 1 for e in eps):
         from ddplan.errors import UsageError
@@ -867,12 +867,6 @@ def validate_cmd(
     render.echo(render.footer(prov, format.value, scr))
 
 
-def _sp(asked: bool, spec, max_tp: int | None) -> bool:
-    """Sequence parallelism as asked, and on by itself for a mixture-of-experts model wherever tp > 1 can be
-    (Megatron-Core requires it with expert layers: ddplan.layout.Options.for_model)."""
-    return asked or (spec.architecture.moe is not None and max_tp != 1)
-
-
 def _etp(etp: int | None, spec) -> int:
     """--etp as Options.expert_tp: 1, or 0 (the default: the experts' tp is tp); only for a mixture of experts."""
     from ddplan.errors import UsageError
@@ -889,14 +883,16 @@ def _etp(etp: int | None, spec) -> int:
 
 def _options(sequence_parallel: bool, tp_comm_overlap: bool, max_tp: int | None, shard_group: int | None = None,
              reshard_after_forward: bool = True, overlap_param_gather: bool = False, cp_comm: str = "ring",
-             expert_tp: int = 0):
-    """The framework options (ddplan.layout.Options) from their flags. --sequence-parallel and
+             expert_tp: int = 0, spec=None):
+    """The framework options (ddplan.layout.Options) from their flags, for the model (Options.for_model: a
+    mixture of experts runs tp > 1 with sequence parallelism, on by itself). --sequence-parallel and
     --tp-comm-overlap are Megatron's, so they need tensor parallelism, and overlap needs sequence
     parallelism (Megatron-Core refuses --tp-comm-overlap without it)."""
     from ddplan.errors import UsageError
     from ddplan.layout import Options
 
-    if tp_comm_overlap and not sequence_parallel:
+    moe = spec is not None and spec.architecture.moe is not None
+    if tp_comm_overlap and not (sequence_parallel or moe):
         raise UsageError("needs --sequence-parallel (Megatron-Core overlaps tensor-parallel communication only with "
                          "sequence parallelism)", field="--tp-comm-overlap")
     if sequence_parallel and max_tp == 1:
@@ -904,9 +900,10 @@ def _options(sequence_parallel: bool, tp_comm_overlap: bool, max_tp: int | None,
     _check((shard_group, "--shard-group"))
     if cp_comm not in ("ring", "all-gather"):
         raise UsageError(f"must be ring or all-gather, got {cp_comm!r}", field="--cp-comm")
-    return Options(sequence_parallel=sequence_parallel, tp_overlap=tp_comm_overlap, shard_group=shard_group or 0,
-                   reshard_after_forward=reshard_after_forward, overlap_param_gather=overlap_param_gather,
-                   cp_comm=cp_comm.replace("-", "_"), expert_tp=expert_tp)
+    options = Options(sequence_parallel=sequence_parallel, tp_overlap=tp_comm_overlap, shard_group=shard_group or 0,
+                      reshard_after_forward=reshard_after_forward, overlap_param_gather=overlap_param_gather,
+                      cp_comm=cp_comm.replace("-", "_"), expert_tp=expert_tp)
+    return options.for_model(spec) if spec is not None else options
 
 
 def _int_list(text: str, flag: str, allowed: tuple[int, ...] | None = None, ranges: bool = False) -> list[int]:

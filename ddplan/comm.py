@@ -275,6 +275,8 @@ class Timer(Protocol):
 
     def time_s(self, collective: Collective, size_bytes: float, n: int) -> float: ...
 
+    def all_to_all_s(self, size_bytes: float, n: int) -> float: ...
+
 
 CommPoints = dict[tuple[str, int, str], list[tuple[float, float]]]  # (collective, group size, tier) -> [(bytes, s)]
 
@@ -306,6 +308,44 @@ class GroupTimer:
         if self.points and key in self.points and (tier.name == "intra_node" or per_node == self.hw.gpus_per_node):
             return interpolate_time_s(self.points[key], size_bytes)
         return collective_time_s(collective, size_bytes, n, tier)
+
+    def all_to_all_s(self, size_bytes: float, n: int) -> float:
+        """One all-to-all of size_bytes per rank over n ranks of this group kind (all_to_all_s)."""
+        if n <= 1 or size_bytes <= 0:
+            return 0.0
+        per_node = min(self.per_node, n)
+        if n <= per_node:  # inside a node: as the all-gather of the same buffer (measured curve if calibrated)
+            return self.time_s("all_gather", size_bytes, n)
+        return all_to_all_s(self.hw, size_bytes, n, per_node, self.efficiency)
+
+
+def all_to_all_s(hw: HardwareSpec, size_bytes: float, n: int, per_node: int,
+                 efficiency: EfficiencyPoint = "value") -> float:
+    """Seconds of one all-to-all over n ranks, per_node of them on each node, each rank holding size_bytes.
+
+    Each rank keeps 1 / n of its buffer and sends 1 / n to each other rank, all at once. Inside one node
+    (n <= per_node) that is an all-gather's traffic, (n - 1) / n of the buffer out of every rank, and is
+    timed as the all-gather whose output is the buffer (nccl-tests defines both bus bandwidths as algbw x
+    (n - 1) / n). Across nodes a ring all-gather would move each remote block into a node once, but an
+    all-to-all's blocks are all distinct: every rank sends (n - per_node) / n of its buffer through its own
+    NIC (rail-optimised nodes, one NIC a GPU) while the (per_node - 1) / n for its node-mates crosses the
+    node's links: time = max(off-node bytes / (NIC x busbw_fraction_of_nics), on-node bytes / intra busbw
+    of per_node) + the inter-node latency (the sends are posted together: one step).
+    e.g. 64 MiB a rank, ep 8 as 4 + 4 on two H100 nodes (400 Gb/s NICs, fraction 0.85, 10 us): off-node
+    4/8 x 67.1 MB / 42.5 GB/s = 0.790 ms + 0.010 = 0.800 ms; a ring all-gather's 0.405 ms is 2x too fast.
+    Ref: nccl-tests doc/PERFORMANCE.md (AllToAll); NCCL docs (alltoall as grouped send/recv); Megatron-Core
+    MoE docs ("keep EP x TP within the NVLink domain").
+    """
+    _check_nonneg(size_bytes=size_bytes)
+    _check_n(n)
+    if n <= per_node:
+        return collective_time_s("all_gather", size_bytes, n, tier_for(hw, "all_gather", n, efficiency=efficiency))
+    frac = hw.inter_node.busbw_fraction_of_nics
+    fraction = {"value": frac.value, "low": frac.range[0], "high": frac.range[1]}[efficiency]
+    nic = hw.inter_node.node_bytes_per_s / hw.gpus_per_node * fraction  # one NIC's share a GPU
+    off = size_bytes * (n - per_node) / n / nic
+    on = size_bytes * (per_node - 1) / n / _intra_busbw_bytes_per_s(hw, "all_gather", per_node) if per_node > 1 else 0.0
+    return max(off, on) + hw.inter_node.latency_us.value * units.US
 
 
 # --------------------------------------------------------------------------------------------
@@ -485,20 +525,19 @@ def moe_layer_comm_s(rows_bytes: float, ep: int, tp: int, ep_timer: Timer, tp_ti
     ranks in one all-to-all over the ep group (dispatch) and come back in another (combine); with expert
     tensor parallelism (= tp here, sequence parallel) the received rows are all-gathered over tp before
     the experts and reduce-scattered after. Backward runs the transposes: the same bytes again.
-    An all-to-all of a B-byte buffer over n ranks sends (n - 1) / n of it from each rank, as an all-gather
-    whose output is B does, and nccl-tests defines both bus bandwidths alike (busbw = algbw (n - 1) / n):
-    it is timed as that all-gather, on the links of its ep group's placement. Routing is taken as
+    Each all-to-all is timed by all_to_all_s on the links of the ep group's placement (inside a node as
+    the all-gather of the same buffer; across nodes through each rank's own NIC). Routing is taken as
     balanced (every rank sends and receives rows_bytes); the imbalance of real dropless routing, and any
     overlap with compute (DeepSeek-V3's DualPipe, Megatron-Core's 1F1B all-to-all overlap), are not
-    modelled. e.g. 64 MiB of rows, ep 8 at 300 GB/s: each all-to-all 7/8 x 67.1 MB / 300 GB/s = 0.196 ms
-    (+ latency), forward and backward 2 of them each.
+    modelled. e.g. 64 MiB of rows, ep 8 in one node at 300 GB/s: each all-to-all 7/8 x 67.1 MB / 300 GB/s
+    = 0.196 ms (+ latency), forward and backward 2 of them each.
     Ref: Megatron-Core megatron/core/transformer/moe/token_dispatcher.py; nccl-tests doc/PERFORMANCE.md
     (AllToAll bus bandwidth); Lepikhin et al., GShard, arXiv 2006.16668, sec. 3.2 (dispatch/combine).
     """
     _check_nonneg(rows_bytes=rows_bytes)
     _check_n(ep)
     _check_n(tp)
-    a2a = ep_timer.time_s("all_gather", rows_bytes, ep) if ep > 1 else 0.0
+    a2a = ep_timer.all_to_all_s(rows_bytes, ep) if ep > 1 else 0.0
     etp = (tp_timer.time_s("all_gather", rows_bytes * tp, tp) + tp_timer.time_s("reduce_scatter", rows_bytes * tp, tp)
            if tp > 1 else 0.0)
     one = 2 * a2a + etp

@@ -183,7 +183,8 @@ def _moe_from_config(cfg: dict, path: Path, model_type: str, layers: int, notes:
             moe["dense_layers"] = layers - len(sparse)
             if sparse != list(range(layers - len(sparse), layers)):
                 notes.append(f"{layers - len(sparse)} dense-MLP layers priced as the first ones (the config places "
-                             f"them elsewhere: the same work)")
+                             f"them elsewhere: the same work in all, but with pipeline parallelism a stage's share "
+                             f"of them may differ)")
     if model_type == "qwen2_moe" or model_type == "qwen3_moe":
         if _get(cfg, path, "norm_topk_prob", default=False, kind=bool):
             notes.append("norm_topk_prob: renormalised routing weights (no cost of note)")

@@ -176,9 +176,9 @@ class Placement:
     shard_crosses: bool
     cp_per_node: int = 1  # a context-parallel group: cp ranks, tp apart
     cp_crosses: bool = False
-    ep_per_node: int = 1  # an expert-parallel group: ep ranks, tp x cp apart (its all-to-alls)
+    ep_per_node: int = 1  # an expert-parallel group: ep ranks, the experts' tp degree apart (its all-to-alls)
     ep_crosses: bool = False
-    edp_per_node: int = 1  # an expert-data-parallel group: dp x cp / ep ranks, tp x cp x ep apart (expert gradients)
+    edp_per_node: int = 1  # an expert-data-parallel group (Layout.expert_ranks), etp x ep apart (expert gradients)
     edp_crosses: bool = False
 
 
@@ -276,6 +276,18 @@ class Options:
         from dataclasses import replace
 
         return replace(layout, zero=zero, **self.searched(layout.tp, layout.grad_ranks, zero, layout.cp))
+
+
+def expert_parallel_degrees(spec: ModelSpec, ranks: int, asked: tuple[int, ...] = ()) -> list[int]:
+    """The ep degrees searched (plan) or tried (memory's what-fits) for `ranks` ranks to carve ep from (dp x
+    cp, times tp with whole experts): those asked, else every number that divides both the experts and the
+    ranks (60 experts over 24 ranks: 1, 2, 3, 4, 6, 12); a dense model: 1."""
+    moe = spec.architecture.moe
+    if moe is None:
+        return [1]
+    if asked:
+        return [e for e in asked if ranks % e == 0 and moe.num_experts % e == 0]
+    return [e for e in range(1, min(ranks, moe.num_experts) + 1) if ranks % e == 0 and moe.num_experts % e == 0]
 
 
 def data_parallel(gpus: int, tp: int = 1, pp: int = 1, cp: int = 1) -> int:

@@ -85,15 +85,24 @@ def _busiest_stage_share(layout: Layout, num_layers: int) -> float:
         return -(-num_layers // layout.pp) / num_layers
 
 
-def _stage_share(group: str, layout: Layout, num_layers: int) -> float:
+def _stage_share(group: str, layout: Layout, num_layers: int, arch=None) -> float:
     """Fraction of a group's parameters on the most loaded pipeline stage, per tensor-parallel rank.
 
     Block groups split over tp x the stages' layers (1 / (tp x pp) when pp divides the layers); embeddings
     live on the first stage and lm_head on the last, each split over tp (vocab-parallel). With pp > 1 the
-    worst stage is taken by the caller.
+    worst stage is taken by the caller. The routed experts and the router (arch given, a mixture of experts)
+    live in the MoE blocks only: the share of the stage with the most of them (the dense_layers sit on the
+    first stages, ddplan.pipeline.moe_layers_by_stage).
     """
     if group in EMBEDDING_GROUPS or group in HEAD_GROUPS:
         return 1.0 / layout.tp
+    if arch is not None and arch.moe is not None and group in (EXPERT_GROUP, "router") and layout.pp > 1:
+        from ddplan.pipeline import moe_layers_by_stage
+
+        try:
+            return max(moe_layers_by_stage(arch, layout.pp)) / arch.moe_layers / layout.tp
+        except ValueError:  # a split check_layout refuses: the even share, rounded up
+            pass
     return _busiest_stage_share(layout, num_layers) / layout.tp
 
 
@@ -102,7 +111,7 @@ def model_states(spec: ModelSpec, layout: Layout) -> dict[str, dict[str, float]]
 
     Ref: ZeRO (arXiv 1910.02054) sec. 5.1-5.3 for stages 0-3; nanochat optim.py @92d63d4 l.203-207,
     337-382 for its sharded Muon/AdamW state (whole matrices per rank) and full gradients. Routed experts:
-    1 / ep of them per rank, their ZeRO shards over the expert-data-parallel ranks (dp x cp / ep), as
+    1 / ep of them per rank, their ZeRO shards over the expert-data-parallel ranks (expert_shard), as
     Megatron-Core's distributed optimizer shards expert parameters (megatron/core/parallel_state.py
     expert-data-parallel group).
     """
@@ -112,7 +121,7 @@ def model_states(spec: ModelSpec, layout: Layout) -> dict[str, dict[str, float]]
     out: dict[str, dict[str, float]] = {"params": {}, "gradients": {}, "optimizer": {}}
     groups = [g for g, n in counts.items() if n and g in opt.algorithm]
     for g in groups:
-        share = _stage_share(g, layout, spec.architecture.num_layers)
+        share = _stage_share(g, layout, spec.architecture.num_layers, spec.architecture)
         pb = dtype_bytes(spec.dtypes.params[g])
         if g == EXPERT_GROUP:  # num_experts / ep experts a rank (whole, or split over tp), their states sharded
             share, shard = share * layout.expert_rows_split / layout.ep, expert_shard(layout)  # over the edp ranks
@@ -236,7 +245,7 @@ def memory_per_gpu(spec: ModelSpec, layout: Layout, anatomy: Anatomy, capacity_b
         comm += sum(states["gradients"].values())
     elif layout.grad_ranks > 1 and layout.zero == 1 and spec.recipe.distribution == "zero1":
         comm += 2 * assumptions.bucket_mb * MiB
-    if layout.zero == 3 and layout.grad_ranks > 1:
+    if layout.zero == 3 and (layout.grad_ranks > 1 or expert_shard(layout) > 1):
         # two FSDP units (the current layer and the prefetched next) gathered in compute dtype; without
         # resharding after forward every layer's gathered parameters stay until its backward
         # (torch FSDP2 fully_shard(reshard_after_forward=False))

@@ -48,8 +48,6 @@ def bias_params_per_layer(arch: Architecture) -> int:
     qkv = arch.num_heads * arch.head_dim + 2 * arch.num_kv_heads * arch.head_dim
     if not arch.linear_bias:
         return qkv if arch.qkv_bias else 0
-    if arch.moe is not None:
-        raise ValueError("biases on every Linear are not modelled for mixture-of-experts models")
     mlp_in = (2 if arch.mlp == "swiglu" else 1) * arch.mlp_hidden_dim
     return qkv + arch.d_model + mlp_in + arch.d_model
 

@@ -41,6 +41,19 @@ def stage_layers(num_layers: int, p: int) -> tuple[int, int, int]:
     return first, middle, last
 
 
+def moe_layers_by_stage(arch, p: int) -> list[int]:
+    """Mixture-of-experts blocks on each of p pipeline stages (stage_layers' split; the dense_layers are the
+    first ones, so they sit on the first stages). Dense models: zeros.
+    e.g. 48 layers, the first 12 dense, p 4: [0, 12, 12, 12]."""
+    first, middle, last = stage_layers(arch.num_layers, p) if p > 1 else (arch.num_layers,) * 3
+    sizes = [first] if p == 1 else [first, *([middle] * (p - 2)), last]
+    out, start = [], 0
+    for n in sizes:
+        out.append(sum(1 for i in range(start, start + n) if arch.is_moe_layer(i)))
+        start += n
+    return out
+
+
 def _check_pmv(p: int, m: int, v: int) -> None:
     bad = {k: x for k, x in (("p", p), ("m", m), ("v", v))
            if isinstance(x, bool) or not isinstance(x, int) or x < 1}

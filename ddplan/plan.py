@@ -18,7 +18,7 @@ from ddplan import run
 from ddplan.calibration import CalibrationSpec, measurement_for
 from ddplan.errors import LayoutError, UsageError
 from ddplan.fitting import fitted
-from ddplan.layout import NATIVE_ZERO, Layout, Options, check_layout, cp_attention_problem
+from ddplan.layout import NATIVE_ZERO, Layout, Options, check_layout, cp_attention_problem, expert_parallel_degrees
 from ddplan.memory import HEADROOM
 from ddplan.price import PricedLayout, Pricer, RunPlan
 from ddplan.specs import HardwareSpec, ModelSpec, Price
@@ -128,17 +128,6 @@ def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, 
                                            compiled=spec.recipe.compiled, pp_schedule=sched, pp_virtual_stages=v,
                                            ep=ep, **options) for rc in req.recomputes]
                                    for mb in mbs]
-
-
-def expert_parallel_degrees(spec: ModelSpec, ranks: int, asked: tuple[int, ...] = ()) -> list[int]:
-    """The ep degrees plan searches for dp x cp = ranks: those asked, else 1 and every power of two that
-    divides both the experts and the ranks (Megatron-Core carves ep out of them); a dense model: 1."""
-    moe = spec.architecture.moe
-    if moe is None:
-        return [1]
-    if asked:
-        return [e for e in asked if ranks % e == 0 and moe.num_experts % e == 0]
-    return [e for e in _powers_of_two_up_to(min(ranks, moe.num_experts)) if ranks % e == 0 and moe.num_experts % e == 0]
 
 
 CP_MIN_TOKENS = 4096  # assumed: a context-parallel rank keeps at least this many tokens of a sequence

@@ -6,6 +6,7 @@ about one layout. Rows are plain dicts (units in the keys); ddplan.verdicts word
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 
 from ddplan.errors import LayoutError, UsageError
@@ -121,27 +122,38 @@ def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3,
         per_rank = sequences // dp
         for zero in sorted({z for z in (base.zero, 1, 2, 3) if z >= base.zero} if dp * cp > 1 else {base.zero}):
             for mb in [m for m in range(min(base.micro_batch, per_rank), 0, -1) if per_rank % m == 0]:
-                for rc in ("none", "selective", "full"):
-                    for impl in hw.default_attention_impls():
-                        try:
-                            lay = replace(setup.at_zero(zero), dp=dp, tp=tp, pp=pp, micro_batch=mb,
-                                          grad_accum=per_rank // mb, recompute=rc, attention=impl.name,
-                                          **setup.options.for_layout(tp, dp * cp, zero, cp))
-                            check_layout(lay, spec, world_size_rule=False)
-                        except LayoutError:
-                            continue
-                        if lay == base:
-                            continue
-                        mem = pricer.memory(lay, window)
-                        if mem.fits:
-                            found.append(Fix(_changes(base, lay, spec), lay, mem.total / GiB,
-                                             pricer.price(lay, window, bands=False).step_s))
+                for rc, impl, ep in itertools.product(("none", "selective", "full"), hw.default_attention_impls(),
+                                                      _expert_degrees(spec, base, tp, dp * cp)):
+                    try:
+                        lay = replace(setup.at_zero(zero), dp=dp, tp=tp, pp=pp, micro_batch=mb,
+                                      grad_accum=per_rank // mb, recompute=rc, attention=impl.name, ep=ep,
+                                      **setup.options.for_layout(tp, dp * cp, zero, cp))
+                        check_layout(lay, spec, world_size_rule=False)
+                    except LayoutError:
+                        continue
+                    if lay == base:
+                        continue
+                    mem = pricer.memory(lay, window)
+                    if mem.fits:
+                        found.append(Fix(_changes(base, lay, spec), lay, mem.total / GiB,
+                                         pricer.price(lay, window, bands=False).step_s))
     found.sort(key=lambda f: (f.step_s, len(f.changes)))
     fewest: dict[int, Fix] = {}
     for f in found:  # the fastest fix of each size
         fewest.setdefault(len(f.changes), f)
     kept = found[:1] + [f for n, f in sorted(fewest.items()) if n < len(found[0].changes)]
     return pricer.price(base, window, bands=False).step_s, kept[:top]
+
+
+def _expert_degrees(spec: ModelSpec, base: Layout, tp: int, ranks: int) -> list[int]:
+    """The ep degrees tried for a fix: the asked one and every other that divides the experts and the ranks ep
+    is carved from (ddplan.layout.expert_parallel_degrees); a dense model: the asked one (1)."""
+    if spec.architecture.moe is None:
+        return [base.ep]
+    from ddplan.layout import expert_parallel_degrees
+
+    pool = ranks * (tp if base.etp == 1 else 1)
+    return sorted({base.ep, *expert_parallel_degrees(spec, pool)})
 
 
 def _changes(base: Layout, lay: Layout, spec: ModelSpec) -> tuple[str, ...]:
@@ -157,6 +169,8 @@ def _changes(base: Layout, lay: Layout, spec: ModelSpec) -> tuple[str, ...]:
         out.append(f"attention {lay.attention}")
     if (lay.tp, lay.pp) != (base.tp, base.pp):
         out.append(f"tp {lay.tp} x pp {lay.pp} (dp {lay.dp}, same {lay.num_gpus} GPUs)")
+    if lay.ep != base.ep:
+        out.append(f"ep {lay.ep}")
     return tuple(out)
 
 

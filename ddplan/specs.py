@@ -363,6 +363,9 @@ class Architecture(Strict):
         # Q, K, V and O follow heads x head_dim (ddplan.params, ddplan.anatomy)
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        if self.moe and self.linear_bias:
+            raise ValueError("a mixture of experts with biases on every Linear (linear_bias) is not modelled; "
+                             "set linear_bias false (qkv_bias is allowed)")
         if self.moe and self.moe.dense_layers >= self.num_layers:
             raise ValueError(f"moe.dense_layers ({self.moe.dense_layers}) must leave at least one of the "
                              f"{self.num_layers} layers a mixture of experts")

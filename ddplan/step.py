@@ -67,7 +67,7 @@ def grad_sync_buffers(spec: ModelSpec, layout: Layout, experts: bool = False) ->
     all-reduce (optim.py @92d63d4 l.214-246). Then the same sizes all-gathered (the updated params).
     Generic ZeRO: one reduce-scatter of all gradients (+ all-gather of params); DDP: all-reduce.
     experts: the routed experts' buffers alone (1 / ep of them a rank, reduced over the expert-data-parallel
-    ranks, dp x cp / ep); else every other group's.
+    ranks, Layout.expert_ranks); else every other group's.
     """
     counts, dt, opt = param_counts(spec.architecture), spec.dtypes, spec.recipe.optimizer
     policy, n = dp_policy(spec, layout), (layout.expert_ranks if experts else layout.grad_ranks)
@@ -76,7 +76,7 @@ def grad_sync_buffers(spec: ModelSpec, layout: Layout, experts: bool = False) ->
         if not counts[group] or (group == EXPERT_GROUP) != experts:
             continue
         gb = dt.grad_bytes(group)
-        share = _stage_share(group, layout, spec.architecture.num_layers)
+        share = _stage_share(group, layout, spec.architecture.num_layers, spec.architecture)
         if experts:  # 1 / ep of the experts, split over the experts' tp degree (not tp when they are whole)
             share *= layout.expert_rows_split / layout.ep
         if policy == "sharded_optimizer" and algo == "muon":
@@ -116,7 +116,7 @@ def optimizer_time_s(spec: ModelSpec, layout: Layout, r: Rates) -> float:
     for group, algo in opt.algorithm.items():
         if not counts[group]:
             continue
-        share = _stage_share(group, layout, spec.architecture.num_layers)
+        share = _stage_share(group, layout, spec.architecture.num_layers, spec.architecture)
         n = layout.shard_degree
         if group == EXPERT_GROUP:  # 1 / ep of the experts a rank, their states over the expert-data-parallel ranks
             share, n = share * layout.expert_rows_split / layout.ep, expert_shard(layout)
@@ -178,15 +178,17 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
                                 parts=parts)
 
     a_layers = max(1, spec.architecture.num_layers)
+    a, e = spec.architecture, dtype_bytes(spec.dtypes.compute)
     if p == 1:
-        mbt, stage = mb_time(1.0, True, True), a_layers
+        mbt, stage, stage_moe = mb_time(1.0, True, True), a_layers, a.moe_layers
     else:  # the busiest stage: the first (its layers + embeddings), a middle one, or the last (+ head)
         first, middle, last = pipeline.stage_layers(a_layers, p)
-        stage, mbt = max(((n, mb_time(n / a_layers, emb, head)) for n, emb, head in
-                          ((first, True, False), (middle, False, False), (last, False, True))),
-                         key=lambda c: c[1].total_s)
+        moe = pipeline.moe_layers_by_stage(a, p)  # MoE blocks a stage holds (the middle: the one with most)
+        stage, stage_moe, mbt = max(((n, k, mb_time(n / a_layers, emb, head)) for n, k, emb, head in
+                                     ((first, moe[0], True, False), (middle, max(moe[1:-1], default=0), False, False),
+                                      (last, moe[-1], False, True))),
+                                    key=lambda c: c[2].total_s)
     compute = accum * mbt.total_s
-    a, e = spec.architecture, dtype_bytes(spec.dtypes.compute)
 
     tp_s = 0.0
     if layout.tp > 1:
@@ -197,7 +199,9 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
         fwd, bwd = comm.tp_comm_time_per_layer_s(layout.micro_batch, anatomy.seq_len, a.d_model, e, layout.tp, timer,
                                                  layout.sequence_parallel)
         per_layer = fwd + bwd + (fwd if anatomy.recompute == "full" else 0.0)
-        tp_s = accum * stage * per_layer
+        # an MoE block without shared experts has no MLP-side pair: its dispatcher's gathers (ep_s) replace it
+        swapped = stage_moe if a.moe is not None and not a.moe.shared_width else 0
+        tp_s = accum * (stage - swapped / 2) * per_layer
         if layout.tp_overlap:  # hidden under this stage's layer GEMMs (recomputed ones included)
             gemm = parts.by_kind.get(("layers", "gemm"), 0.0) + parts.again_by_kind.get(
                 ("layers", anatomy.recompute, "gemm"), 0.0)
@@ -216,8 +220,7 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
             rows, layout.ep, layout.expert_tp,
             _Cached(GroupTimer(hw, place.ep_per_node, comm_efficiency, comm_points), cache),
             _Cached(GroupTimer(hw, place.tp_per_node, comm_efficiency, comm_points), cache))
-        moe_layers = stage * a.moe_layers / a_layers  # this stage's share of the MoE blocks
-        ep_s = accum * moe_layers * (fwd + bwd + (fwd if anatomy.recompute == "full" else 0.0))
+        ep_s = accum * stage_moe * (fwd + bwd + (fwd if anatomy.recompute == "full" else 0.0))
 
     bubble = pipeline.bubble_time_s(compute + tp_s + cp_s + ep_s, p, accum, layout.pp_virtual_stages) if p > 1 else 0.0
     if p > 1:  # activations to the next stage and gradients back, per micro-batch, not overlapped
@@ -272,6 +275,13 @@ class _Cached:
             self.cache[key] = t.time_s(collective, size_bytes, n)
         return self.cache[key]
 
+    def all_to_all_s(self, size_bytes: float, n: int) -> float:
+        t = self.timer
+        key = ("collective", "all_to_all", size_bytes, n, t.per_node, t.efficiency)
+        if key not in self.cache:
+            self.cache[key] = t.all_to_all_s(size_bytes, n)
+        return self.cache[key]
+
 
 def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, mb_s: float,
               efficiency: str = "value", points: CommPoints | None = None,
@@ -282,7 +292,7 @@ def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, m
     sharded optimizer: everything after the last micro-batch (the caller hides it under optimizer math).
     """
     n = layout.grad_ranks  # dp x cp ranks hold the same parameters
-    if n == 1:
+    if n == 1 and layout.expert_ranks == 1:  # (whole experts may still be shared by tp ranks: --etp 1)
         return 0.0, 0.0
     cache = {} if cache is None else cache
     policy = dp_policy(spec, layout)
@@ -291,7 +301,7 @@ def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, m
     if policy == "fsdp":
         return _fsdp_comm_s(buffers, expert, hw, layout, place, mb_s, spec.architecture.num_layers, efficiency, points,
                             cache)
-    # the routed experts' gradients reduce over their own group (dp x cp / ep ranks, tp x cp x ep apart)
+    # the routed experts' gradients reduce over their own group (Layout.expert_ranks, etp x ep ranks apart)
     timer = _Cached(GroupTimer(hw, place.dp_per_node, efficiency, points), cache)
     n_e, timer_e = layout.expert_ranks, _Cached(GroupTimer(hw, place.edp_per_node, efficiency, points), cache)
     if policy == "ddp":

@@ -380,3 +380,92 @@ def test_etp_flag(capsys, mixtral):
     assert "--etp" in err
     _, err = fails(capsys, ["table", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--etp", "1"])
     assert "--etp" in err and "dense" in err
+
+
+# --------------------------------------------------------------------------------------------
+# Review findings, kept as tests
+
+
+def test_all_to_all_across_nodes_goes_through_each_ranks_own_nic():
+    from ddplan.comm import all_to_all_s
+
+    hw = load_hardware("h100-sxm")  # 8 x 400 Gb/s NICs a node, 0.85 of line rate, 10 us across nodes
+    size = 67_108_864.0
+    # ep 8 as 4 + 4 on two nodes: half of each rank's buffer leaves its node through its one NIC
+    nic = 400e9 / 8 * 0.85
+    assert all_to_all_s(hw, size, 8, 4) == pytest.approx(size * 4 / 8 / nic + 10e-6)
+    # twice the ring all-gather's time on the same group, which moves each remote block into a node once
+    assert all_to_all_s(hw, size, 8, 4) > 1.9 * GroupTimer(hw, 4).time_s("all_gather", size, 8)
+    # inside a node: the all-gather of the same buffer
+    assert GroupTimer(hw, 8).all_to_all_s(size, 8) == GroupTimer(hw, 8).time_s("all_gather", size, 8)
+
+
+def test_dense_layers_sit_on_the_first_stages():
+    from ddplan.pipeline import moe_layers_by_stage
+    from ddplan.memory import _stage_share
+
+    q = load_model("qwen3-30b-a3b").architecture
+    dense12 = q.model_copy(update={"moe": q.moe.model_copy(update={"dense_layers": 12})})
+    assert moe_layers_by_stage(dense12, 4) == [0, 12, 12, 12]
+    assert moe_layers_by_stage(q, 4) == [12, 12, 12, 12]
+    # the experts on the busiest stage: 12 of the 36 MoE blocks, not a quarter of them
+    assert _stage_share("experts", Layout(dp=4, pp=4, ep=4), 48, dense12) == pytest.approx(12 / 36)
+    assert _stage_share("block_matrices", Layout(dp=4, pp=4, ep=4), 48, dense12) == pytest.approx(12 / 48)
+
+
+def test_whole_experts_on_one_data_parallel_rank_still_sync_their_gradients(capsys):
+    """tp 8 x ep 4 with whole experts on 8 GPUs: dp 1, but each expert lives on 2 GPUs (expert-data-parallel 2)."""
+    rows = csv_rows(run_ok(capsys, ["table", "--model", "mixtral-8x7b", "--hardware", "h100-sxm", "--gpus", "8",
+                                    "--tp", "8", "--ep", "4", "--etp", "1", "--zero", "1", "--attention", "fa3",
+                                    "--format", "csv"]))
+    assert rows[0]["dp"] == "1" and float(rows[0]["dp_comm_total_s"]) > 0
+
+
+def test_tp_pairs_are_not_charged_twice_on_moe_layers(mixtral):
+    spec = load_model(mixtral)
+    hw = load_hardware("h100-sxm")
+    from ddplan.anatomy import for_tp
+
+    lay = Layout(dp=4, tp=2, ep=4, sequence_parallel=True, zero=1, micro_batch=1, grad_accum=2)
+    st = step_time(spec, hw, lay, for_tp(build_anatomy(spec, batch=1, ep=4, attention="flash_package"), 2, True),
+                   rates(hw, "fa3"))
+    timer = GroupTimer(hw, 2)
+    fwd, bwd = comm.tp_comm_time_per_layer_s(1, 4096, 4096, 2, 2, timer, True)
+    # every block an MoE block without shared experts: only the attention's pair (half the layer's) is left
+    assert st.tp_comm_s == pytest.approx(2 * 32 * (fwd + bwd) / 2)
+
+
+def test_sequence_parallelism_keeps_the_gathered_expert_input_whole(mixtral):
+    from ddplan.anatomy import for_tp
+
+    spec = load_model(mixtral)
+    base = build_anatomy(spec, batch=1, seq_len=1024, ep=4)
+    sp = for_tp(base, 2, sequence_parallel=True)
+    saved = {s.name: s.bytes for op in sp.ops for s in op.saves}
+    assert saved["h0.moe.permuted"] == 1024 * 2 * 4096 * 2  # all rows, bf16: the dispatcher gathered them over tp
+    assert saved["h0.experts.g"] == 1024 * 2 * 14336 * 2 / 2  # the column-split activations: half
+
+
+def test_moe_with_biases_is_one_line(capsys, tmp_path):
+    cfg = {**QWEN3_30B, "model_type": "olmoe", "intermediate_size": 96, "attention_bias": True, "num_hidden_layers": 2,
+           "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 16}
+    _, err = fails(capsys, ["table", "--model", _config(tmp_path, "olmoe-bias", cfg), "--gpus", "8"])
+    assert "linear_bias" in err
+
+
+def test_ep_search_takes_every_common_divisor():
+    from ddplan.layout import expert_parallel_degrees
+
+    q = load_model("qwen3-30b-a3b")
+    sixty = q.model_copy(update={"architecture": q.architecture.model_copy(update={
+        "moe": q.architecture.moe.model_copy(update={"num_experts": 60, "top_k": 4})})})
+    assert expert_parallel_degrees(sixty, 24) == [1, 2, 3, 4, 6, 12]
+    assert expert_parallel_degrees(load_model("llama-3-8b"), 24) == [1]
+
+
+def test_memory_fixes_may_add_tp_and_change_ep(capsys):
+    """What fits for a mixture of experts: tp > 1 runs with sequence parallelism (on by itself) and ep may change
+    with dp; here the fastest fix takes tp 2 (dp 8), which ep 8 still divides."""
+    out = run_ok(capsys, ["memory", "--model", "mixtral-8x7b", "--hardware", "h100-sxm", "--gpus", "16", "--ep", "8",
+                          "--zero", "1", "--device-batch-size", "8", "--format", "markdown"])
+    assert "Fastest way to fit" in out and "tp 2 x pp 1" in out
