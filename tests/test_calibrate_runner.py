@@ -211,3 +211,21 @@ def test_a_compile_that_falls_back_is_recorded(tmp_path, monkeypatch):
     assert not cal.step_times[0].compiled
     assert any(f.startswith("training step: the model ran eager") and "no C++ compiler" in f for f in cal.failures)
     assert held_out["compiled"] is False
+
+
+def test_the_plan_counts_compilation_in_its_estimate():
+    """Compilation is not timed but takes time: the pre-run estimate includes it, and says how the step runs."""
+    from ddplan.verdicts import calibrate_plan
+
+    def plan(**kw):
+        req = CalibrateRequest(model=load_model("d2"), hardware=None, device="cpu", out=Path("unused.yaml"), **kw)
+        program = runner.step_program(req)
+        line = calibrate_plan(req.model, req, plan_shapes(req, None), runner.STAGES, 10, program,
+                              runner.compile_estimate_s(req.model, program))[0]
+        return float(line.split("roughly ")[1].split(" s")[0]), line
+
+    (compiled_s, compiled), (eager_s, eager) = plan(), plan(compile_step=False)
+    assert "held-out step compiled model, compiled optimizer (torch.compile up to about" in compiled
+    assert "held-out step eager model, eager optimizer (no compilation)" in eager
+    assert compiled_s - eager_s == pytest.approx(runner.compile_estimate_s(load_model("d2"), runner.StepProgram(True, True)),
+                                                 abs=1)
