@@ -15,6 +15,8 @@ and `ddplan calibrate`'s output. YAML, `kind: calibration`, `version: 1`:
     step_times: [{model: nanochat-d24, gpus: 1, step_time_s: 7.7, device_batch_size: 32,
                   total_batch_tokens: 524288, attention: sdpa-fused, window_pattern: L,
                   source: "stated by the user (seed note)"}]
+    step_program: {compiled_model: true, compiled_optimizer: true, first_step_s: 41.0,
+                   asked: "compiled model, compiled optimizer"}   # how calibrate's held-out step ran
     failures: ["collectives: torch.distributed not initialised", ...]
 
 Attention TFLOP/s follow the hardware specs' convention (causal FLOPs of the processed window;
@@ -102,6 +104,16 @@ class StepMeasurement(Strict):
     source: str = Field(min_length=3)
 
 
+class StepProgram(Strict):
+    """How `ddplan calibrate`'s held-out step ran: the model torch.compile'd or eager, the optimizer's update
+    kernels compiled or eager (the AdamW benchmark times the same kernel), and what was asked for."""
+
+    compiled_model: bool
+    compiled_optimizer: bool
+    first_step_s: float | None = Field(default=None, gt=0, le=1e6)  # first warm-up step, compilation included; not timed
+    asked: str = Field(min_length=3)  # e.g. "compiled model, compiled optimizer" (the model's program; eager if --quick)
+
+
 class CalibrationSpec(Strict):
     kind: Literal["calibration"]
     version: Literal[1] = 1
@@ -121,6 +133,7 @@ class CalibrationSpec(Strict):
     attention: list[AttentionPoint] = []
     collectives: list[CollectivePoint] = []
     step_times: list[StepMeasurement] = []
+    step_program: StepProgram | None = None  # how the held-out step (the step_times entry calibrate wrote) ran
     # the held-out step's error after calibration (predicted from the micro-benchmarks / measured - 1, %):
     # the model error that remains on this machine, which widens every calibrated band (ddplan.price)
     held_out_error_pct: float | None = Field(default=None, ge=-100, le=1e4)

@@ -529,7 +529,12 @@ def calibrate_cmd(
                                  "guessed from the device name; on CPU a spec is built from the measurements)."),
     device: str = typer.Option("auto", "--device", help="auto (a GPU if torch sees one), cuda (NVIDIA or ROCm), "
                                "or cpu (small shapes, for tests)."),
-    quick: bool = typer.Option(False, "--quick", help="Fewer shapes and repeats (a short run)."),
+    quick: bool = typer.Option(False, "--quick", help="Fewer shapes and repeats (a short run; the held-out step "
+                               "runs eager)."),
+    compile_step: bool = typer.Option(None, "--compiled-step/--eager-step", help="Held-out training step "
+                                      "torch.compile'd as the model's training program runs it (the recipe's "
+                                      "compiled model; nanochat's compiled optimizer kernels), or eager (default: "
+                                      "compiled, eager with --quick)."),
     out: str = typer.Option("calibration.yaml", "--out", "-o", help="Where to write the calibration file."),
     nproc: int = typer.Option(None, "--nproc", help="GPUs on this box for the collectives (default: all visible; "
                               "launches itself under torchrun)."),
@@ -569,7 +574,8 @@ def calibrate_cmd(
     if from_log:
         _calibrate_from_log(spec, hw, from_log, out, gpus, device_batch_size, total_batch_size, log_attention, window)
         return
-    _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_batch_size, seq_len, attention)
+    _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_batch_size, seq_len, attention,
+                   compile_step)
 
 
 def _calibrate_from_log(spec, hw, path, out, gpus, device_batch_size, total_batch_size, attention, window) -> None:
@@ -605,7 +611,8 @@ def _calibrate_from_log(spec, hw, path, out, gpus, device_batch_size, total_batc
     render.echo(from_log_line(m, out))
 
 
-def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_batch_size, seq_len, attention) -> None:
+def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_batch_size, seq_len, attention,
+                   compile_step) -> None:
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -619,7 +626,7 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
                          field="calibrate") from None
     from ddplan import verdicts
     from ddplan.calibrate.runner import (STAGES, CalibrateRequest, Interrupted, check_step, plan_shapes, run,
-                                         spec_for_device)
+                                         compile_estimate_s, spec_for_device, step_program)
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -633,7 +640,7 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
         model=spec, hardware=hw, device=device, out=Path(out), quick=quick,
         micro_batches=tuple(_int_list(micro_batches, "--micro-batches")) if micro_batches else (),
         attention=tuple(a.strip() for a in attention.split(",")) if attention else (), nproc=nproc,
-        seq_len=seq_len, step_batch=device_batch_size)
+        seq_len=seq_len, step_batch=device_batch_size, compile_step=compile_step)
     console = Console(stderr=True)
     free = torch.cuda.mem_get_info()[0] if device == "cuda" else None
     shapes = plan_shapes(req, free)
@@ -641,7 +648,8 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
 
     _info(verdicts.calibrate_plan(spec, req, shapes, STAGES,
                                   len(gemm_shapes(spec_for_device(spec, device), list(shapes.micro_batches),
-                                                  shapes.seq_len))))
+                                                  shapes.seq_len)), step_program(req),
+                                  compile_estimate_s(spec, step_program(req))))
     try:
         if console.is_terminal:
             with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
@@ -669,8 +677,7 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
     render.echo(render.table(rows, "table", title=f"calibration of {hw_used.name} -> {out}", digits=4))
     check = check_step(spec, hw_used, cal, held_out, device)
     if check:
-        render.echo(render.table(check, "table", title="held-out training step: measured vs predicted "
-                                 "(before = hardware spec, after = micro-benchmarks)", digits=4))
+        render.echo(render.table(check, "table", title=verdicts.held_out_title(cal), digits=4))
     _info(verdicts.calibrate_summary(cal))
 
 

@@ -435,18 +435,34 @@ def from_log_line(m, out: str) -> str:
             f"{m.total_batch_tokens:,} tokens/step -> {out}")
 
 
-def calibrate_plan(spec: ModelSpec, req, shapes, stages: tuple[str, ...], gemm_shapes: int) -> list[str]:
-    """What a calibration will measure, before it starts: shapes, predicted peak memory, a rough duration
-    (each GEMM shape about 10x the minimum timing, plus fixed costs; a busy machine takes longer)."""
+def calibrate_plan(spec: ModelSpec, req, shapes, stages: tuple[str, ...], gemm_shapes: int, program,
+                   compile_s: float) -> list[str]:
+    """What a calibration will measure, before it starts: shapes, predicted peak memory, how the held-out step
+    runs, a rough duration (each GEMM shape about 10x the minimum timing, plus fixed costs, plus torch.compile
+    on a cold cache where the step compiles; a busy machine takes longer)."""
     per_shape = 0.15 if req.quick else 0.6
-    estimate = gemm_shapes * per_shape + (15 if req.quick else 40)
+    compile_s = 0.0 if shapes.skip_step else compile_s
+    estimate = gemm_shapes * per_shape + (15 if req.quick else 40) + compile_s
+    how = f"held-out step {program.words()}" + (f" (torch.compile up to about {compile_s:.0f} s of it, not timed)"
+                                                if compile_s else " (no compilation)")
     return [
         f"calibrate: {spec.name} on {req.device}, sequence {shapes.seq_len}, held-out step at micro-batch "
         f"{shapes.step_batch} (predicted peak {shapes.peak_bytes / 2**30:.2f} GiB), {gemm_shapes} GEMM shapes at "
         f"micro-batches {', '.join(map(str, shapes.micro_batches))} and the optimizer's; "
-        f"{'quick' if req.quick else 'full'} run, roughly {estimate:.0f} s",
+        f"{'quick' if req.quick else 'full'} run, roughly {estimate:.0f} s; {how}",
         "calibrate: measures " + "; ".join(stages) + (f". Note: {'; '.join(shapes.notes)}" if shapes.notes else ""),
     ]
+
+
+def held_out_title(cal) -> str:
+    """The held-out step table's title: how the step ran, and that the prediction is priced the same way."""
+    ran = cal.step_program
+    mode = ""
+    if ran is not None:
+        model = "compiled" if ran.compiled_model else "eager"
+        mode = (f" ({model} model, {'compiled' if ran.compiled_optimizer else 'eager'} optimizer; "
+                f"predicted {model})")
+    return f"held-out training step{mode}: measured vs predicted (before = hardware spec, after = micro-benchmarks)"
 
 
 def calibrate_summary(cal) -> list[str]:
@@ -458,5 +474,14 @@ def calibrate_summary(cal) -> list[str]:
         ("kernel overhead", cal.kernel_overhead_us), (f"{len(cal.collectives)} collective points", cal.collectives),
         ("the held-out step", cal.step_times)) if present]
     out = ["calibrate: measured " + (", ".join(measured) or "nothing")]
+    ran = cal.step_program
+    if ran is not None:
+        did = (f"{'compiled' if ran.compiled_model else 'eager'} model, "
+               f"{'compiled' if ran.compiled_optimizer else 'eager'} optimizer")
+        out.append(f"calibrate: the held-out step ran {did}" + (f" (asked: {ran.asked})" if did != ran.asked else "")
+                   + (f"; its first step, compilation included, took {ran.first_step_s:.3g} s and was not timed"
+                      if (ran.compiled_model or ran.compiled_optimizer) and ran.first_step_s else "")
+                   + "; the prediction it is compared with is priced "
+                   + ("compiled" if ran.compiled_model else "eager"))
     out += [f"calibrate: note: {f}" for f in cal.failures]  # what failed or was skipped, and why
     return out

@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from ddplan.calibrate import bench  # noqa: E402
-from ddplan.calibrate.optim import Muon, build_optimizer, newton_schulz  # noqa: E402
+from ddplan.calibrate.optim import AdamW, Muon, build_optimizer, newton_schulz  # noqa: E402
 from ddplan.calibrate.reference import build_model  # noqa: E402
 from ddplan.calibration import Provenance  # noqa: E402
 from ddplan.nanochat import nanochat_spec  # noqa: E402
@@ -121,6 +121,64 @@ def test_bench_train_step_cpu(make):
     assert positive(r["step_time_s"]) and all(positive(r[k]) for k in ("fwd_s", "bwd_s", "optimizer_s"))
     assert r["peak_memory_gb"] is None and math.isfinite(r["loss"])
     assert (r["device_batch_size"], r["total_batch_tokens"], r["compiled"]) == (2, 2 * SEQ, False)
+
+
+@pytest.mark.slow
+def test_bench_train_step_compiled_cpu():
+    """The step as nanochat runs it: torch.compile(model, dynamic=False) and compiled optimizer kernels;
+    compilation in the warm-up step (taken even when warmup=0 is asked), recorded as compiled."""
+    r = bench.bench_train_step(nanochat_tiny(), batch=1, seq_len=SEQ, device="cpu", dtype_policy="fp32", steps=1,
+                               warmup=0, compile_model=True, compile_optimizer=True)
+    assert (r["compiled"], r["compiled_optimizer"], r["compile_notes"]) == (True, True, [])
+    assert positive(r["first_step_s"]) and positive(r["step_time_s"]) and math.isfinite(r["loss"])
+
+
+def test_a_failing_compile_runs_eager_and_says_why(monkeypatch):
+    """torch.compile that fails when called (no C++ compiler, no Triton): the model and the optimizer run
+    eager, the step is still measured, and the reasons are in compile_notes."""
+    def broken_compile(fn, **kwargs):
+        def call(*a, **k):
+            raise RuntimeError("backend='inductor' raised:\nInvalidCxxCompiler: No working C++ compiler found")
+        return call
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    r = bench.bench_train_step(nanochat_tiny(), batch=1, seq_len=SEQ, device="cpu", dtype_policy="fp32", steps=1,
+                               warmup=1, compile_model=True, compile_optimizer=True)
+    assert (r["compiled"], r["compiled_optimizer"]) == (False, False) and positive(r["step_time_s"])
+    model_note, optimizer_note = r["compile_notes"]
+    assert model_note.startswith("the model ran eager") and "No working C++ compiler" in model_note
+    assert optimizer_note.startswith("the optimizer ran eager") and "RuntimeError" in optimizer_note
+
+
+def test_adamw_kernel_is_torch_adamw():
+    """adamw_step (the kernel nanochat compiles) against torch.optim.AdamW: same update, three steps."""
+    p0, g = torch.randn(16, 8, generator=torch.Generator().manual_seed(0)), torch.randn(16, 8)
+    out = []
+    for make in (lambda ps: torch.optim.AdamW(ps, lr=1e-2, betas=(0.8, 0.95), eps=1e-10, weight_decay=0.1),
+                 lambda ps: AdamW(ps, lr=1e-2, betas=(0.8, 0.95), eps=1e-10, weight_decay=0.1)):
+        p = torch.nn.Parameter(p0.clone())
+        opt = make([p])
+        for i in range(3):
+            p.grad = g * (i + 1)
+            opt.step()
+        out.append(p.detach())
+    torch.testing.assert_close(out[0], out[1], rtol=1e-6, atol=1e-6)
+
+
+def test_muon_update_is_newton_schulz_of_the_nesterov_momentum():
+    """One Muon step from zero momentum, by hand: buf = (1 - m) g; Nesterov g.lerp(buf, m) = (1 - m)(1 + m) g;
+    p <- p - lr sqrt(max(1, rows / cols)) NS(that), for two same-shape matrices updated as one stack."""
+    gen = torch.Generator().manual_seed(1)
+    ps = [torch.nn.Parameter(torch.randn(32, 16, generator=gen)) for _ in range(2)]
+    grads = [torch.randn(32, 16, generator=gen) for _ in ps]
+    before = [p.detach().clone() for p in ps]
+    for p, g in zip(ps, grads):
+        p.grad = g
+    m = 0.95
+    Muon(ps, lr=0.02, momentum=m).step()
+    for p, b, g in zip(ps, before, grads):
+        expected = b - 0.02 * 2**0.5 * newton_schulz((1 - m) * (1 + m) * g, 5)
+        torch.testing.assert_close(p.detach(), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_newton_schulz_orthogonalises():

@@ -132,3 +132,100 @@ def test_calibrate_refuses_a_sequence_the_model_cannot_take(capsys):
 
     _, line = fails(capsys, ["calibrate", "--model", "d2", "--device", "cpu", "--seq-len", "4096"])
     assert line.startswith("error: --seq-len: ")
+
+
+def test_the_held_out_step_runs_as_the_training_program_does():
+    """nanochat compiles its model (the recipe) and its optimizer kernels; GPT-2's recipe compiles the model
+    only (nanoGPT's torch AdamW); --quick and --eager-step run eager, --compiled-step compiles under --quick."""
+    def program(name, **kw):
+        p = runner.step_program(CalibrateRequest(model=load_model(name), hardware=None, device="cpu",
+                                                 out=Path("unused.yaml"), **kw))
+        return p.model, p.optimizer
+
+    assert program("d2") == (True, True) and program("gpt2") == (True, False)
+    assert program("d2", quick=True) == (False, False) and program("d2", compile_step=False) == (False, False)
+    assert program("d2", quick=True, compile_step=True) == (True, True)
+
+
+def _fake_step(compiled: bool, notes=()):
+    def fake(*a, compile_model, compile_optimizer, **k):
+        assert compile_model and compile_optimizer  # what the runner asked for
+        return {"step_time_s": 0.05, "fwd_s": 0.015, "bwd_s": 0.03, "optimizer_s": 0.005, "peak_memory_bytes": None,
+                "compiled": compiled, "compiled_optimizer": compiled, "first_step_s": 2.0,
+                "compile_notes": list(notes)}
+    return fake
+
+
+def test_a_compiled_step_is_recorded_and_compared_with_a_compiled_prediction(tmp_path, monkeypatch):
+    """The file and the summary say the step ran compiled; check_step prices the compiled layout (what
+    torch.compile saves and fuses), which differs from the eager prediction."""
+    from ddplan.layout import NATIVE_ZERO, Layout
+    from ddplan.price import Pricer, RunPlan
+    from ddplan.specs import run_variant
+    from ddplan.verdicts import calibrate_summary
+
+    asked = {}
+
+    def adamw_s(*a, compiled, **k):
+        asked["adamw"] = compiled
+        return 1e-3
+
+    monkeypatch.setattr(bench, "bench_adamw_s", adamw_s)
+    monkeypatch.setattr(bench, "bench_train_step", _fake_step(compiled=True))
+    spec = load_model("d2")
+    req = CalibrateRequest(model=spec, hardware=None, device="cpu", out=tmp_path / "c.yaml", quick=True,
+                           seq_len=64, step_batch=1, micro_batches=(1,), compile_step=True)
+    cal, hw, held_out = run(req)
+    assert asked["adamw"] is True  # the AdamW benchmark times the kernel the step runs
+    assert cal.step_program.compiled_model and cal.step_program.compiled_optimizer and cal.step_times[0].compiled
+    assert "compiled model, compiled optimizer" in cal.step_times[0].source
+    assert any("ran compiled model, compiled optimizer" in line and "priced compiled" in line
+               for line in calibrate_summary(cal))
+    (step,) = [r for r in runner.check_step(spec, hw, cal, held_out, "cpu") if r["term"] == "step"]
+    run_spec = run_variant(runner.spec_for_device(spec, "cpu"), seq_len=64)
+    after = Pricer(run_spec, hw, RunPlan(run_spec.recipe.budget, hw.price), cal.model_copy(update={"step_times": []}))
+
+    def predicted(compiled: bool) -> float:
+        layout = Layout(dp=1, zero=NATIVE_ZERO[spec.recipe.distribution], micro_batch=1, grad_accum=1,
+                        attention="sdpa-fused", compiled=compiled)
+        return after.step(layout, run_spec.architecture.window_pattern).total_s
+
+    assert step["after_s"] == pytest.approx(predicted(True), rel=1e-9)
+    assert predicted(True) != pytest.approx(predicted(False), rel=1e-3)
+    assert step["after_error_pct"] == pytest.approx(100 * (predicted(True) - 0.05) / 0.05, rel=1e-9)
+
+
+def test_a_compile_that_falls_back_is_recorded(tmp_path, monkeypatch):
+    """Compilation failed (the step ran eager): the file says what ran and what was asked, the reason is a
+    note, and the prediction is the eager one."""
+    monkeypatch.setattr(bench, "bench_adamw_s", lambda *a, **k: 1e-3)
+    monkeypatch.setattr(bench, "bench_train_step", _fake_step(False, ["the model ran eager, torch.compile failed: "
+                                                                      "RuntimeError: no C++ compiler"]))
+    spec = load_model("d2")
+    req = CalibrateRequest(model=spec, hardware=None, device="cpu", out=tmp_path / "c.yaml", quick=True,
+                           seq_len=64, step_batch=1, micro_batches=(1,), compile_step=True)
+    cal, hw, held_out = run(req)
+    prog = load_calibration(str(tmp_path / "c.yaml")).step_program
+    assert (prog.compiled_model, prog.compiled_optimizer, prog.asked) == (False, False,
+                                                                          "compiled model, compiled optimizer")
+    assert not cal.step_times[0].compiled
+    assert any(f.startswith("training step: the model ran eager") and "no C++ compiler" in f for f in cal.failures)
+    assert held_out["compiled"] is False
+
+
+def test_the_plan_counts_compilation_in_its_estimate():
+    """Compilation is not timed but takes time: the pre-run estimate includes it, and says how the step runs."""
+    from ddplan.verdicts import calibrate_plan
+
+    def plan(**kw):
+        req = CalibrateRequest(model=load_model("d2"), hardware=None, device="cpu", out=Path("unused.yaml"), **kw)
+        program = runner.step_program(req)
+        line = calibrate_plan(req.model, req, plan_shapes(req, None), runner.STAGES, 10, program,
+                              runner.compile_estimate_s(req.model, program))[0]
+        return float(line.split("roughly ")[1].split(" s")[0]), line
+
+    (compiled_s, compiled), (eager_s, eager) = plan(), plan(compile_step=False)
+    assert "held-out step compiled model, compiled optimizer (torch.compile up to about" in compiled
+    assert "held-out step eager model, eager optimizer (no compilation)" in eager
+    assert compiled_s - eager_s == pytest.approx(runner.compile_estimate_s(load_model("d2"), runner.StepProgram(True, True)),
+                                                 abs=1)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch.utils.benchmark import Timer
 
 from ddplan.anatomy import attention_pairs, build_anatomy
-from ddplan.calibrate.optim import build_optimizer
+from ddplan.calibrate.optim import AdamW, build_optimizer
 from ddplan.calibrate.reference import build_model, window_masks
 from ddplan.specs import ModelSpec
 from ddplan.units import GB, MiB, TB, TFLOPS
@@ -378,14 +378,17 @@ def bench_loss_head_s(device="cuda", *, rows: int, vocab: int, softcap: float | 
     return time_s(chain, d, min_run_time=_min_run_time(quick))
 
 
-def bench_adamw_s(device="cuda", *, numel: int, dtype: str = "fp32", quick: bool = False) -> float:
-    """Seconds of one torch.optim.AdamW step on a single parameter of numel elements (fused on GPU, the
-    default foreach/for-loop path on CPU), gradient present: the optimizer's own memory-bound rate."""
+def bench_adamw_s(device="cuda", *, numel: int, dtype: str = "fp32", quick: bool = False,
+                  compiled: bool = False) -> float:
+    """Seconds of one AdamW step on a single parameter of numel elements, gradient present: the optimizer's
+    own memory-bound rate. Eager: torch.optim.AdamW (fused on GPU, the default foreach/for-loop path on
+    CPU); compiled: the torch.compile'd kernel the held-out step runs (ddplan.calibrate.optim.adamw_step)."""
     d = _device(device)
     p = torch.nn.Parameter(torch.randn(numel, device=d, dtype=_torch_dtype(dtype)))
     p.grad = torch.randn_like(p)
-    opt = torch.optim.AdamW([p], lr=1e-4, fused=d.type == "cuda")
-    opt.step()  # create the state
+    opt = AdamW([p], lr=1e-4, compiled=True) if compiled else torch.optim.AdamW([p], lr=1e-4, fused=d.type == "cuda")
+    with _compile_limits():
+        opt.step()  # create the state (and compile)
     return time_s(opt.step, d, min_run_time=_min_run_time(quick))
 
 
@@ -424,28 +427,40 @@ class _Marks:
 
 def bench_train_step(spec: ModelSpec, *, batch: int, seq_len: int | None = None, attention: str = "sdpa-fused",
                      device="cuda", dtype_policy: str = "spec", steps: int = 5, warmup: int = 2,
-                     recompute: str = "none", seed: int = 0) -> dict:
-    """One real training step of the reference model: forward, backward, the spec's optimizer (eager).
+                     recompute: str = "none", seed: int = 0, compile_model: bool = False,
+                     compile_optimizer: bool = False) -> dict:
+    """One real training step of the reference model: forward, backward, the spec's optimizer.
 
+    compile_model: the model torch.compile'd with dynamic=False, as nanochat's base_train.py does;
+    compile_optimizer: the optimizer's update kernels torch.compile'd (ddplan.calibrate.optim). Compilation
+    happens in the first warm-up step (there is one whenever something compiles), never in a timed step; a
+    part whose compilation fails runs eager, and the result says so.
     Returns step_time_s (median over `steps` steps after `warmup`), fwd_s, bwd_s, optimizer_s (medians
     of each phase; they need not add up to the step's median), peak_memory_bytes and peak_memory_gb
-    (torch.cuda.max_memory_allocated over model, optimizer and activations; None on CPU), the loss, and
-    the StepMeasurement fields (device_batch_size, total_batch_tokens = batch x seq_len: one micro-batch,
-    no accumulation, compiled False). If it does not fit: {"skipped": "does not fit: <message>"}.
+    (torch.cuda.max_memory_allocated over model, optimizer and activations; None on CPU), the loss, the
+    StepMeasurement fields (device_batch_size, total_batch_tokens = batch x seq_len: one micro-batch, no
+    accumulation, compiled = the model ran compiled), compiled_optimizer, first_step_s (the first warm-up
+    step, compilation included) and compile_notes (why a part ran eager). If it does not fit:
+    {"skipped": "does not fit: <message>"}.
     """
     if batch <= 0 or steps <= 0 or warmup < 0:
         raise ValueError(f"need batch > 0, steps > 0, warmup >= 0; got {batch}, {steps}, {warmup}")
     d = _device(device)
     s = seq_len or spec.recipe.seq_len
+    warmup = max(warmup, 1) if compile_model or compile_optimizer else warmup
     try:
-        with torch.cuda.device(d) if d.type == "cuda" else contextlib.nullcontext():
-            result = _train_step(spec, batch, s, attention, d, dtype_policy, steps, warmup, recompute, seed)
+        with torch.cuda.device(d) if d.type == "cuda" else contextlib.nullcontext(), _compile_limits():
+            result = _train_step(spec, batch, s, attention, d, dtype_policy, steps, warmup, recompute, seed,
+                                 compile_model, compile_optimizer)
     except (torch.cuda.OutOfMemoryError, MemoryError, RuntimeError) as e:
         if not _out_of_memory(e):
             raise
         message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     else:
         return result
+    finally:
+        if compile_model or compile_optimizer:
+            torch._dynamo.reset()  # drop the compiled graphs (and the memory they hold)
     gc.collect()  # the exception and its frames are gone: free what the step held
     if d.type == "cuda":
         torch.cuda.empty_cache()
@@ -460,23 +475,83 @@ def _out_of_memory(e: BaseException) -> bool:
     return "DefaultCPUAllocator" in text or "not enough memory" in text
 
 
-def _train_step(spec, batch, seq_len, attention, d, dtype_policy, steps, warmup, recompute, seed) -> dict:
+def compile_failure(e: BaseException) -> str:
+    """Why torch.compile failed, in one short line (its messages run to pages: the first lines say it)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return " ".join([type(e).__name__ + ":", *lines[:3]])[:300]
+
+
+def _compile_limits():
+    # one compiled kernel per parameter shape (the optimizer's) recompiles once per shape: allow more than
+    # Dynamo's default of 8 before it gives up and runs eager
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    return cfg.patch(**{name: max(64, getattr(cfg, name))})
+
+
+def _first_step(model, run_model, optimizer, spec, idx, targets, notes: list[str]):
+    """The first warm-up step, where torch.compile compiles. A part whose compilation fails (no C++
+    compiler, no Triton, an unsupported op) runs eager from then on, with the reason in notes; out of
+    memory is raised as is. Returns the model callable and the optimizer that ran."""
+    try:
+        run_model(idx, targets).backward()
+    except Exception as e:
+        if run_model is model or _out_of_memory(e):
+            raise
+        notes.append(f"the model ran eager, torch.compile failed: {compile_failure(e)}")
+        model.zero_grad(set_to_none=True)
+        run_model = model
+        run_model(idx, targets).backward()
+    try:
+        optimizer.step()
+    except Exception as e:
+        if not optimizer.compiled or _out_of_memory(e):
+            raise
+        notes.append(f"the optimizer ran eager, torch.compile of its kernels failed: {compile_failure(e)}")
+        optimizer = build_optimizer(model, spec, compiled=False)
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return run_model, optimizer
+
+
+def _train_step(spec, batch, seq_len, attention, d, dtype_policy, steps, warmup, recompute, seed,
+                compile_model, compile_optimizer) -> dict:
     torch.manual_seed(seed)
     gpu = d.type == "cuda"
     if gpu:
         torch.cuda.reset_peak_memory_stats(d)
     model = build_model(spec, attention=attention, recompute=recompute, seq_len=seq_len, device=d,
                         dtype_policy=dtype_policy)
-    optimizer = build_optimizer(model, spec)
+    notes: list[str] = []
+    run_model = model
+    if compile_model:
+        try:  # lazy: this only wraps (it fails here where Dynamo is unsupported, e.g. a too new Python)
+            run_model = torch.compile(model, dynamic=False)
+        except Exception as e:
+            notes.append(f"the model ran eager, torch.compile failed: {compile_failure(e)}")
+    try:
+        optimizer = build_optimizer(model, spec, compiled=compile_optimizer)
+    except Exception as e:
+        if not compile_optimizer:
+            raise
+        notes.append(f"the optimizer ran eager, torch.compile of its kernels failed: {compile_failure(e)}")
+        optimizer = build_optimizer(model, spec)
     vocab = spec.architecture.vocab_size
     idx = torch.randint(0, vocab, (batch, seq_len), device=d)
     targets = torch.randint(0, vocab, (batch, seq_len), device=d)
     phases: list[list[float]] = []
     loss = None
+    first_s = None
     for i in range(warmup + steps):
+        if i == 0 and warmup:
+            t0 = time.perf_counter()
+            run_model, optimizer = _first_step(model, run_model, optimizer, spec, idx, targets, notes)
+            _sync(d)
+            first_s = time.perf_counter() - t0
+            continue
         marks = _Marks(d)
         marks.mark()
-        loss = model(idx, targets)
+        loss = run_model(idx, targets)
         marks.mark()
         loss.backward()
         marks.mark()
@@ -502,6 +577,9 @@ def _train_step(spec, batch, seq_len, attention, d, dtype_policy, steps, warmup,
         "attention": attention,
         "recompute": recompute,
         "dtype_policy": dtype_policy,
-        "compiled": False,
+        "compiled": run_model is not model,
+        "compiled_optimizer": optimizer.compiled,
+        "first_step_s": first_s,
+        "compile_notes": notes,
         "device": str(d),
     }

@@ -142,6 +142,38 @@ class CalibrateRequest:
     nproc: int = 1  # GPUs on this node for the collectives (torchrun)
     seq_len: int | None = None
     step_batch: int | None = None  # micro-batch of the held-out training step (default: the recipe's)
+    compile_step: bool | None = None  # None: the held-out step runs as the training program does, eager if quick
+
+
+@dataclass(frozen=True)
+class StepProgram:
+    """How the held-out step runs: the model torch.compile'd or eager, the optimizer's kernels compiled or not."""
+
+    model: bool
+    optimizer: bool
+
+    def words(self) -> str:
+        return (f"{'compiled' if self.model else 'eager'} model, "
+                f"{'compiled' if self.optimizer else 'eager'} optimizer")
+
+
+def step_program(req: CalibrateRequest) -> StepProgram:
+    """The program the held-out step runs, as the model's training program runs it: the model compiled where
+    the recipe compiles it (nanochat: torch.compile(model, dynamic=False)), the optimizer's kernels compiled
+    where the recipe's optimizer has Muon (nanochat's MuonAdamW compiles `adamw_step_fused` and
+    `muon_step_fused`; torch's AdamW, as nanoGPT runs it, is not compiled). Eager under --quick (no
+    compilation to wait for) or when compile_step is False."""
+    compiled = (not req.quick) if req.compile_step is None else req.compile_step
+    recipe = req.model.recipe
+    return StepProgram(model=compiled and recipe.compiled,
+                       optimizer=compiled and "muon" in recipe.optimizer.algorithm.values())
+
+
+def compile_estimate_s(spec: ModelSpec, program: StepProgram) -> float:
+    """Seconds torch.compile may take in the held-out step's first warm-up step, on a cold cache (a warm
+    Inductor cache takes a fraction): measured on a 2-core CPU with torch 2.13, nanochat d2/d4/d6 at
+    4 x 256 compiled in 45/39/48 s (model) and about 10 s (the optimizer's kernels)."""
+    return (30.0 + 3.0 * spec.architecture.num_layers if program.model else 0.0) + (10.0 if program.optimizer else 0.0)
 
 
 Progress = Callable[[str], None]
@@ -184,8 +216,11 @@ def plan_shapes(req: CalibrateRequest, free_bytes: float | None) -> Shapes:
     mb = req.step_batch or (CPU_STEP_BATCH if cpu else spec.recipe.device_batch_size)
     attention = "sdpa-fused"
 
+    compiled = step_program(req).model
+
     def peak(batch: int) -> float:
-        layout = Layout(dp=1, zero=NATIVE_ZERO[spec.recipe.distribution], micro_batch=batch, attention=attention)
+        layout = Layout(dp=1, zero=NATIVE_ZERO[spec.recipe.distribution], micro_batch=batch, attention=attention,
+                        compiled=compiled)
         hw = cpu_hardware(1.0, 1.0, 1.0, "sizing only", {}) if req.hardware is None else req.hardware
         return breakdown(run_spec, hw, Setup(layout=layout), MemoryAssumptions(framework_gib=0.5)).total
 
@@ -252,8 +287,18 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
     for note in shapes.notes:
         rec.data.setdefault("failures", []).append(note)
 
+    program = step_program(req)
+
+    def note(text: str) -> None:
+        rec.data.setdefault("failures", []).append(text)
+        rec.flush()
+
     def stage(name: str, fn: Callable[[], None]) -> None:
-        progress(name)
+        if name == STAGES[-1] and (program.model or program.optimizer) and not shapes.skip_step:
+            progress(f"{name}: {program.words()}; torch.compile first, up to about "
+                     f"{compile_estimate_s(spec, program):.0f} s (not timed)")
+        else:
+            progress(name)
         try:
             fn()
         except (KeyboardInterrupt, Interrupted):
@@ -321,11 +366,17 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
                                     softcap=spec.architecture.logit_softcap, dtype="fp32", quick=req.quick)
         rec.set("pointwise_tbyte_per_s", sig(sum(op.bytes_fwd + op.bytes_bwd for op in head) / t / 1e12))
 
-    def optimizer() -> None:
+    def optimizer() -> None:  # AdamW's kernel as the held-out step runs it: compiled or eager
         from ddplan.anatomy import adamw_bytes
 
         n = spec.architecture.vocab_size * spec.architecture.d_model  # an embedding-sized tensor
-        t = bench.bench_adamw_s(device, numel=n, dtype="fp32", quick=req.quick)
+        try:
+            t = bench.bench_adamw_s(device, numel=n, dtype="fp32", quick=req.quick, compiled=program.optimizer)
+        except Exception as e:
+            if not program.optimizer:
+                raise
+            note(f"optimizer: timed eager, torch.compile of the AdamW kernel failed: {bench.compile_failure(e)}")
+            t = bench.bench_adamw_s(device, numel=n, dtype="fp32", quick=req.quick)
         rec.set("optimizer_tbyte_per_s", sig(adamw_bytes(n, 4, 4, 4) / t / 1e12))
 
     def overhead() -> None:
@@ -361,18 +412,25 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
             return
         attention_name = (hw.default_attention if hw else "sdpa-fused")
         res = bench.bench_train_step(spec, batch=mb0, seq_len=seq, attention=_ref_attention(attention_name),
-                                     device=device, dtype_policy=dtype_policy, steps=2 if req.quick else 5)
+                                     device=device, dtype_policy=dtype_policy, steps=2 if req.quick else 5,
+                                     compile_model=program.model, compile_optimizer=program.optimizer)
         held_out.update(res, attention=attention_name, batch=mb0, seq_len=seq)
         if "skipped" in res:
-            rec.data.setdefault("failures", []).append(f"training step: {res['skipped']}")
-            rec.flush()
+            note(f"training step: {res['skipped']}")
             return
+        ran = StepProgram(model=res["compiled"], optimizer=res["compiled_optimizer"])
+        for text in res["compile_notes"]:  # a compilation that failed: the step ran eager, said
+            note(f"training step: {text}")
+        rec.set("step_program", {"compiled_model": ran.model, "compiled_optimizer": ran.optimizer,
+                                 "first_step_s": sig(res["first_step_s"]) if res["first_step_s"] else None,
+                                 "asked": program.words()})
         rec.append("step_times", [{
             "model": spec.name, "gpus": 1, "step_time_s": sig(res["step_time_s"]), "device_batch_size": mb0,
             "total_batch_tokens": mb0 * seq, "attention": attention_name,
-            "window_pattern": spec.architecture.window_pattern, "seq_len": seq, "compiled": False,
+            "window_pattern": spec.architecture.window_pattern, "seq_len": seq, "compiled": ran.model,
             "peak_memory_gb": sig(res["peak_memory_bytes"] / 1e9) if res.get("peak_memory_bytes") else None,
-            "source": f"ddplan calibrate: reference model, one micro-batch, eager, {prov.get('device_name')}"}])
+            "source": f"ddplan calibrate: reference model, one micro-batch, {ran.words()}, "
+                      f"{prov.get('device_name')}"}])
 
     fns = (gemms, peak, attention, hbm, pointwise, optimizer, overhead, collectives, train_step)
     done: list[str] = []
@@ -443,6 +501,8 @@ def check_step(spec: ModelSpec, hw: HardwareSpec, cal: CalibrationSpec, held_out
                device: str) -> list[dict]:
     """The held-out step, measured vs predicted before and after calibration, per term.
 
+    Priced in the compile mode the step ran in (held_out["compiled"]: what torch.compile saves and fuses,
+    ddplan.anatomy and ddplan.roofline), so a compiled step is compared with a compiled prediction.
     Before: the hardware spec's assumptions. After: the calibration's micro-benchmarks (GEMMs at the
     model's shapes, attention, HBM, launch overhead) with the step time itself left out of the fit.
     Both are ddplan.price.Pricer's step, the one every planning command uses.
@@ -456,7 +516,7 @@ def check_step(spec: ModelSpec, hw: HardwareSpec, cal: CalibrationSpec, held_out
     run_spec = run_variant(spec_for_device(spec, device), seq_len=held_out["seq_len"])
     impl = hw.attention_impl(held_out["attention"])
     layout = Layout(dp=1, zero=NATIVE_ZERO[spec.recipe.distribution], micro_batch=held_out["batch"],
-                    grad_accum=1, attention=impl.name, compiled=False)
+                    grad_accum=1, attention=impl.name, compiled=bool(held_out.get("compiled")))
     plan = RunPlan(run_spec.recipe.budget, hw.price)
     after_cal = cal.model_copy(update={"step_times": []})  # held out
     window = run_spec.architecture.window_pattern
