@@ -83,6 +83,8 @@ class Op:
     # inputs, the probabilities and v, are already regenerated), a block's last GEMM under full.
     recompute_skip: tuple[str, ...] = ()
     transient_bytes: float = 0.0  # gradient buffers alive during this op's backward, beyond saved tensors
+    weight_group: str | None = None  # a GEMM's weight: its parameter group and elements (all experts of a
+    weight_elements: float = 0.0  # grouped GEMM), before any parallel split
 
 
 @dataclass(frozen=True)
@@ -247,7 +249,7 @@ class _Builder:
             # writes dX and dW (accumulated into the master-dtype grad)
             bytes_fwd=m * k * e + w * e + m * n * e + (w * (w_master + e) if cast else 0),
             bytes_bwd=m * n * e * 2 + m * k * e * 2 + w * e * 2 + (w * w_master * 2 if cast else 0),
-            saves=tuple(saves),
+            saves=tuple(saves), weight_group=weight_group, weight_elements=float(w),
         ))
 
     def pointwise(self, name: str, layer: int | None, numel: int, *, reads: int, writes: int = 1,

@@ -44,6 +44,7 @@ class Layout:
     overlap_param_gather: bool = False  # ZeRO-1/2: the post-step parameter all-gather under the next forward (Megatron)
     cp_comm: str = "ring"  # with cp: "ring" (p2p KV exchange overlapped with attention) or "all_gather"
     ep: int = 1  # expert parallelism: routed experts split over ep of the dp x cp ranks (Megatron-Core)
+    fp8_all_gather: bool = False  # ZeRO-3: fp8 GEMMs' weights gathered in fp8 (torchao enable_fsdp_float8_all_gather)
 
     def __post_init__(self) -> None:
         bad = {k: getattr(self, k) for k in ("dp", "tp", "pp", "cp", "ep", "micro_batch", "grad_accum",
@@ -77,6 +78,9 @@ class Layout:
         if not self.reshard_after_forward and self.zero != 3:
             raise LayoutError(f"keeping gathered parameters from forward to backward is a ZeRO-3 option; got ZeRO-{self.zero}",
                               field="--no-reshard-after-forward")
+        if self.fp8_all_gather and self.zero != 3:
+            raise LayoutError(f"an fp8 all-gather of the weights is a ZeRO-3 option (torchao's "
+                              f"enable_fsdp_float8_all_gather); got ZeRO-{self.zero}", field="--fp8-all-gather")
         if self.cp_comm not in ("ring", "all_gather"):
             raise LayoutError(f"context-parallel communication must be ring or all_gather, got {self.cp_comm!r}")
         if self.recompute not in ("none", "selective", "full"):
@@ -94,7 +98,7 @@ class Layout:
             h = hash((self.dp, self.tp, self.pp, self.cp, self.zero, self.micro_batch, self.grad_accum, self.attention,
                       self.recompute, self.compiled, self.pp_schedule, self.pp_virtual_stages, self.tp_overlap,
                       self.sequence_parallel, self.shard_group, self.reshard_after_forward,
-                      self.overlap_param_gather, self.cp_comm, self.ep))
+                      self.overlap_param_gather, self.cp_comm, self.ep, self.fp8_all_gather))
             object.__setattr__(self, "_hash", h)
         return h
 
@@ -217,6 +221,7 @@ class Options:
     reshard_after_forward: bool = True  # ZeRO-3 (torch FSDP2 fully_shard's default)
     overlap_param_gather: bool = False  # ZeRO-1/2: Megatron-Core --overlap-param-gather
     cp_comm: str = "ring"  # context parallelism's exchange: ring (p2p, overlapped) or all_gather
+    fp8_all_gather: bool = False  # ZeRO-3 with fp8 GEMMs: their weights gathered in fp8 (torchao)
 
     def for_layout(self, tp: int, ranks: int, zero: int, cp: int = 1) -> dict:
         """The Layout fields these options give a layout of these degrees (ranks: dp x cp, the ranks that
@@ -227,7 +232,8 @@ class Options:
                 "shard_group": self.shard_group if zero == 3 and 1 < self.shard_group < ranks else 0,
                 "reshard_after_forward": self.reshard_after_forward or zero != 3,
                 "overlap_param_gather": self.overlap_param_gather and zero in (1, 2),
-                "cp_comm": self.cp_comm if cp > 1 else "ring"}
+                "cp_comm": self.cp_comm if cp > 1 else "ring",
+                "fp8_all_gather": self.fp8_all_gather and zero == 3}
 
     def for_model(self, spec: ModelSpec) -> "Options":
         """These options for a model: a mixture-of-experts model runs tp > 1 with sequence parallelism, which
