@@ -84,6 +84,8 @@ class Op:
     recompute_skip: tuple[str, ...] = ()
     transient_bytes: float = 0.0  # gradient buffers alive during this op's backward, beyond saved tensors
     tp_done: bool = False  # already one tensor-parallel rank's share (whole experts on 1 / tp of the rows)
+    weight_group: str | None = None  # a GEMM's weight: its parameter group and elements (all experts of a
+    weight_elements: float = 0.0  # grouped GEMM), before any parallel split
 
 
 @dataclass(frozen=True)
@@ -249,7 +251,7 @@ class _Builder:
             # writes dX and dW (accumulated into the master-dtype grad)
             bytes_fwd=m * k * e + w * e + m * n * e + (w * (w_master + e) if cast else 0),
             bytes_bwd=m * n * e * 2 + m * k * e * 2 + w * e * 2 + (w * w_master * 2 if cast else 0),
-            saves=tuple(saves),
+            saves=tuple(saves), weight_group=weight_group, weight_elements=float(w),
         ))
 
     def pointwise(self, name: str, layer: int | None, numel: int, *, reads: int, writes: int = 1,

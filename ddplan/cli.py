@@ -84,6 +84,15 @@ ShardGroupOpt = typer.Option(None, "--shard-group", help="ZeRO-3 hybrid sharding
                              "ranks (8: one node at tp 1) and replicate across the rest (torch HSDP).")
 ReshardOpt = typer.Option(True, "--reshard-after-forward/--no-reshard-after-forward", help="ZeRO-3: free gathered "
                           "parameters after forward and gather them again in backward (torch FSDP's default).")
+Fp8Opt = typer.Option(False, "--fp8", help="Run eligible GEMMs in fp8: every dim a multiple of 16, the smaller weight "
+                      "dim >= 128, not the router and not the LM head unless the model's fp8 path converts it "
+                      "(nanochat's does); refused where the model's fp8 format does not run on the hardware.")
+Fp8RecipeOpt = typer.Option(None, "--fp8-recipe", help="With --fp8, how the casts run: tensorwise (torchao "
+                            "Float8Linear, dynamic scaling), delayed (Transformer Engine DelayedScaling) or nanochat "
+                            "(nanochat/fp8.py). Default: the model's (nanochat: nanochat; others: tensorwise).")
+Fp8AllGatherOpt = typer.Option(False, "--fp8-all-gather", help="With --fp8 (tensorwise) and ZeRO-3: all-gather "
+                               "the fp8 GEMMs' weights in fp8, 1 byte an element (torchao "
+                               "enable_fsdp_float8_all_gather).")
 ParamGatherOpt = typer.Option(False, "--overlap-param-gather", help="ZeRO-1/2: overlap the parameter all-gather "
                               "after the optimizer step with the next forward (Megatron-Core distributed optimizer).")
 
@@ -253,6 +262,9 @@ def memory_cmd(
     shard_group: int = ShardGroupOpt,
     reshard_after_forward: bool = ReshardOpt,
     overlap_param_gather: bool = ParamGatherOpt,
+    fp8_all_gather: bool = typer.Option(False, "--fp8-all-gather", help="ZeRO-3 with fp8 GEMMs: their weights "
+                                        "gathered in fp8, 1 byte an element (torchao enable_fsdp_float8_all_gather); "
+                                        "memory has no --fp8, so this implies it."),
     window_pattern: str = typer.Option(None, "--window-pattern", help="Override the window pattern (e.g. L, SSSL)."),
     compiled: bool = typer.Option(None, "--compile/--no-compile", help="torch.compile'd model (changes what is "
                                   "saved for backward; default: the recipe's)."),
@@ -283,8 +295,13 @@ def memory_cmd(
            (measured_peak, "--measured-peak"), (headroom, "--headroom"))
     stages = _int_list(zero, "--zero", allowed=(0, 1, 2, 3))
     spec, hw, cal = _inputs(model, hardware, calibration, seq_len, dtype)
+    if fp8_all_gather:
+        from ddplan.table import check_fp8, check_fp8_options
+
+        check_fp8(spec, hw)
+        check_fp8_options(spec, True, None, True, tuple(stages))
     options = _options(sequence_parallel, False, tp, shard_group, reshard_after_forward,
-                       overlap_param_gather, cp_comm, _etp(etp, spec), spec)
+                       overlap_param_gather, cp_comm, _etp(etp, spec), spec, fp8_all_gather)
     if cal is not None and measured_peak is None:
         from ddplan.calibration import steps_for_model
 
@@ -398,8 +415,9 @@ def table_cmd(
                                         "(default: Llama 3's 1.97e-5 on more than one node, 0 on one; 0: none)."),
     restart_min: float = typer.Option(10.0, "--restart-min", help="Minutes to restart after an interruption "
                                       "(reschedule, reload the checkpoint, warm up)."),
-    fp8: bool = typer.Option(False, "--fp8", help="Run eligible GEMMs in fp8 (refused where the model's fp8 format "
-                             "does not run on the hardware)."),
+    fp8: bool = Fp8Opt,
+    fp8_recipe: str = Fp8RecipeOpt,
+    fp8_all_gather: bool = Fp8AllGatherOpt,
     tp_comm_overlap: bool = TpOverlapOpt,
     sequence_parallel: bool = SequenceParallelOpt,
     shard_group: int = ShardGroupOpt,
@@ -449,7 +467,7 @@ def table_cmd(
                          field=given[1])
     spec, hw, cal = _inputs(model, hardware, calibration, seq_len, dtype)
     options = _options(sequence_parallel, tp_comm_overlap, max(tps), shard_group,
-                       reshard_after_forward, overlap_param_gather, cp_comm, _etp(etp, spec), spec)
+                       reshard_after_forward, overlap_param_gather, cp_comm, _etp(etp, spec), spec, fp8_all_gather)
     budget = None
     if given:
         budget = Budget(steps=steps, tokens=int(tokens) if tokens else None, param_data_ratio=param_data_ratio,
@@ -484,7 +502,7 @@ def table_cmd(
                                checkpoint_every_steps=checkpoint_every, interruptions_per_gpu_hour=interruptions,
                                restart_s=restart_min * 60),
         compiled=compiled, measurement=measurement, knob=fit.value, calibration=cal, calibration_path=calibration,
-        fp8=fp8, headroom=headroom, options=options)
+        fp8=fp8, fp8_recipe=fp8_recipe, headroom=headroom, options=options)
     _check_plot_path(plot)
     result = build_table(req, _progress("table"))
     rows = render.table_data(result)
@@ -707,6 +725,9 @@ def plan_cmd(
     shard_group: int = ShardGroupOpt,
     reshard_after_forward: bool = ReshardOpt,
     overlap_param_gather: bool = ParamGatherOpt,
+    fp8: bool = Fp8Opt,
+    fp8_recipe: str = Fp8RecipeOpt,
+    fp8_all_gather: bool = Fp8AllGatherOpt,
     ep: str = typer.Option(None, "--ep", help="Expert-parallel degrees to search, comma-separated (default: every "
                            "power of two that divides the experts and the data-parallel GPUs; mixture-of-experts "
                            "models only)."),
@@ -752,14 +773,14 @@ def plan_cmd(
     price_spec = None if price is None else Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price",
                                                   date=dt.date.today(), source="given on the command line")
     options = _options(sequence_parallel, tp_comm_overlap, None, shard_group, reshard_after_forward,
-                       overlap_param_gather, cp_comm, _etp(etp, spec), spec)
+                       overlap_param_gather, cp_comm, _etp(etp, spec), spec, fp8_all_gather)
     eps = tuple(_int_list(ep, "--ep")) if ep else ()
     if spec.architecture.moe is None and any(e > 1 for e in eps):
         from ddplan.errors import UsageError
 
         raise UsageError(f"{spec.name} is dense (no experts): expert parallelism needs a mixture-of-experts model",
                          field="--ep")
-    req = PlanRequest(cps=tuple(_int_list(cp, "--cp")) if cp else (), eps=eps,
+    req = PlanRequest(fp8=fp8, fp8_recipe=fp8_recipe, cps=tuple(_int_list(cp, "--cp")) if cp else (), eps=eps,
                       model=spec, hardware=hws, gpus=gpu_list, objective=objective.value,
                       deadline_h=deadline, budget_usd=budget, top=top,
                       calibration=cal, calibration_path=calibration, price=price_spec,
@@ -890,7 +911,7 @@ def _etp(etp: int | None, spec) -> int:
 
 def _options(sequence_parallel: bool, tp_comm_overlap: bool, max_tp: int | None, shard_group: int | None = None,
              reshard_after_forward: bool = True, overlap_param_gather: bool = False, cp_comm: str = "ring",
-             expert_tp: int = 0, spec=None):
+             expert_tp: int = 0, spec=None, fp8_all_gather: bool = False):
     """The framework options (ddplan.layout.Options) from their flags, for the model (Options.for_model: a
     mixture of experts runs tp > 1 with sequence parallelism, on by itself). --sequence-parallel and
     --tp-comm-overlap are Megatron's, so they need tensor parallelism, and overlap needs sequence
@@ -909,7 +930,7 @@ def _options(sequence_parallel: bool, tp_comm_overlap: bool, max_tp: int | None,
         raise UsageError(f"must be ring or all-gather, got {cp_comm!r}", field="--cp-comm")
     options = Options(sequence_parallel=sequence_parallel, tp_overlap=tp_comm_overlap, shard_group=shard_group or 0,
                       reshard_after_forward=reshard_after_forward, overlap_param_gather=overlap_param_gather,
-                      cp_comm=cp_comm.replace("-", "_"), expert_tp=expert_tp)
+                      cp_comm=cp_comm.replace("-", "_"), expert_tp=expert_tp, fp8_all_gather=fp8_all_gather)
     return options.for_model(spec) if spec is not None else options
 
 

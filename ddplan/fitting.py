@@ -103,7 +103,8 @@ def fitted(pricer, m: StepMeasurement, knob: str = "auto", where: str = MEASURED
             spec = run_variant(pricer.spec, seq_len=m.seq_len)
         except ValueError as e:
             raise UsageError(f"the measured sequence length: {e}", field=where) from None
-        measured_pricer = type(pricer)(spec, pricer.hw, pricer.plan, pricer.calibration, pricer.fp8)
+        measured_pricer = type(pricer)(spec, pricer.hw, pricer.plan, pricer.calibration, pricer.fp8,
+                                       fp8_recipe=pricer.fp8_recipe)
     fit = fit_measurement(measured_pricer, m, knob, where)
     return pricer.with_fit(fit), fit
 

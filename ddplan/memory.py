@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from ddplan.anatomy import Anatomy, muon_matrices
 from ddplan.params import param_counts
+from ddplan.fp8 import fp8_weight_fractions
 from ddplan.specs import ModelSpec
 from ddplan.layout import Layout
 from ddplan.units import GiB, MiB, dtype_bytes
@@ -251,11 +252,14 @@ def memory_per_gpu(spec: ModelSpec, layout: Layout, anatomy: Anatomy, capacity_b
         # (torch FSDP2 fully_shard(reshard_after_forward=False))
         stage_layers = max(1, round(_busiest_stage_share(layout, spec.architecture.num_layers)
                                     * spec.architecture.num_layers))
-        # gathered: this shard x its shard group (the routed experts' is the expert-data-parallel one)
-        elements = sum(b / dtype_bytes(spec.dtypes.params[g]) * (expert_shard(layout) if g == EXPERT_GROUP
-                                                                 else layout.shard_degree)
-                       for g, b in states["params"].items())
-        per_layer = elements / stage_layers * dtype_bytes(spec.dtypes.compute)
+        cb = dtype_bytes(spec.dtypes.compute)
+        # with an fp8 all-gather the fp8 GEMMs' weights arrive at 1 byte an element (torchao); each group's
+        # shard is gathered over its own shard group (the routed experts' is the expert-data-parallel one)
+        fp8 = fp8_weight_fractions(spec) if layout.fp8_all_gather else {}
+        gathered = sum(b / dtype_bytes(spec.dtypes.params[g]) * (cb - (cb - 1) * fp8.get(g, 0.0))
+                       * (expert_shard(layout) if g == EXPERT_GROUP else layout.shard_degree)
+                       for g, b in states["params"].items())  # bytes of the stage's parameters, as gathered
+        per_layer = gathered / stage_layers
         comm += (2 if layout.reshard_after_forward else stage_layers) * per_layer
     terms["comm_buffers"] = comm
     terms["framework"] = assumptions.framework_gib * GiB

@@ -84,6 +84,8 @@ def nanochat_spec(depth: int) -> ModelSpec:
             },
             "distribution": "sharded_optimizer",
             "fp8_formats": ["e4m3fn", "e5m2"],  # nanochat/fp8.py: torch._scaled_mm, e4m3fn x/w, e5m2 grads
+            "fp8_recipe": "nanochat",  # nanochat/fp8.py: tensorwise dynamic scaling in one autograd function
+            "fp8_lm_head": True,  # base_train.py @00255c1 fp8_module_filter: every Linear of dims % 16, min >= 128
             "world_size_rule": "power_of_two",
             "evaluation": {"every_steps": 250, "tokens": 80 * 524288,
                            "source": "base_train.py @00255c1 --eval-every 250, --eval-tokens 80*524288 "

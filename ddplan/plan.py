@@ -51,6 +51,8 @@ class PlanRequest:
     options: Options = Options()  # applied to every layout they can apply to (Options.for_layout)
     cps: tuple[int, ...] = ()  # context-parallel degrees to search; () = context_parallel_degrees(seq_len)
     eps: tuple[int, ...] = ()  # expert-parallel degrees to search; () = expert_parallel_degrees
+    fp8: bool = False  # eligible GEMMs in fp8 (ddplan.fp8.fp8_eligible)
+    fp8_recipe: str | None = None  # how their casts run; None: the model's
 
 
 @dataclass
@@ -145,7 +147,7 @@ def pricer_for(req: PlanRequest, hw: HardwareSpec) -> Pricer:
     the calibration when it is for this hardware, with its measured step fitted as `table` fits it."""
     plan = RunPlan(req.model.recipe.budget, req.price or hw.price, req.overheads, req.headroom)
     cal = req.calibration if req.calibration and req.calibration.hardware in (hw.name, *hw.aliases) else None
-    pricer = Pricer(req.model, hw, plan, cal)
+    pricer = Pricer(req.model, hw, plan, cal, req.fp8, fp8_recipe=req.fp8_recipe)
     m = measurement_for(cal, req.model)
     if m is None:
         return pricer
@@ -204,6 +206,12 @@ def _search(req: PlanRequest, progress: Callable[[str, int, int], None]) -> Plan
     if total_batch < seq or total_batch % seq:
         raise UsageError(f"{total_batch:,} tokens is not a positive multiple of the sequence length {seq:,}",
                          field="--total-batch-size")
+    from ddplan.table import check_fp8, check_fp8_options
+
+    if req.fp8:
+        for hw in req.hardware:
+            check_fp8(spec, hw)
+    check_fp8_options(spec, req.fp8, req.fp8_recipe, req.options.fp8_all_gather, None)
     window = spec.architecture.window_pattern
     native = NATIVE_ZERO[spec.recipe.distribution]
     rows, rejected, considered = [], {"memory": 0, "divisibility": 0, "dominated": 0}, 0

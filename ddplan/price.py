@@ -159,9 +159,10 @@ class Pricer:
 
     def __init__(self, spec: ModelSpec, hw: HardwareSpec, plan: RunPlan, calibration: CalibrationSpec | None = None,
                  fp8: bool = False, fit: Fit | None = None, assumptions: MemoryAssumptions = MemoryAssumptions(),
-                 _caches: _Caches | None = None):
+                 _caches: _Caches | None = None, fp8_recipe: str | None = None):
         self.spec, self.hw, self.plan = spec, hw, plan
         self.calibration, self.fp8, self.fit, self.assumptions = calibration, fp8, fit, assumptions
+        self.fp8_recipe = fp8_recipe or spec.recipe.fp8_recipe  # how the fp8 casts run (ddplan.fp8.FP8_RECIPES)
         self.points = comm_points(calibration)
         self._caches = _caches or _Caches()
         self._shared, self._rated = self._caches.shared, self._caches.rated
@@ -169,7 +170,7 @@ class Pricer:
     def with_fit(self, fit: Fit | None) -> Pricer:
         """The same pricer with a measurement's fit applied; anatomies and memory stay cached."""
         return Pricer(self.spec, self.hw, self.plan, self.calibration, self.fp8, fit, self.assumptions,
-                      _Caches(shared=self._shared))
+                      _Caches(shared=self._shared), self.fp8_recipe)
 
     # ---- the parts, each cached by value
 
@@ -228,7 +229,8 @@ class Pricer:
         measured implementation)."""
         key = ("rates", attention, scenario, fitted)
         if key not in self._rated:
-            r = calibrated_rates(rates(self.hw, attention, scenario, dtype=self.spec.dtypes.compute, fp8=self.fp8),
+            r = calibrated_rates(rates(self.hw, attention, scenario, dtype=self.spec.dtypes.compute, fp8=self.fp8,
+                                       fp8_recipe=self.fp8_recipe, fp8_lm_head=self.spec.recipe.fp8_lm_head),
                                  attention, self.calibration)
             if fitted and self.fit is not None:
                 r = self.fit.apply(r, attention, scenario)
@@ -244,11 +246,11 @@ class Pricer:
         """
         an = self.anatomy(layout, window)
         if r is not None:
-            return step_time(self.spec, self.hw, layout, an, r, comm_efficiency=comm_end(scenario),
-                             comm_points=self.points, cache=self._shared)
-        r = self.rates(layout.attention, scenario, fitted)
+            return step_time(self.spec, self.hw, layout, an, r=self._gathered(r, layout),
+                             comm_efficiency=comm_end(scenario), comm_points=self.points, cache=self._shared)
+        r = self._gathered(self.rates(layout.attention, scenario, fitted), layout)
         parts_key = ("parts", layout.micro_batch, layout.attention, window, layout.compiled, layout.rank_share, scenario,
-                     fitted)
+                     fitted, r.fp8_weight_shards, r.fp8_gathers)
         if parts_key not in self._rated:
             self._rated[parts_key] = op_times(an, r)
         opt_key = ("optimizer", layout.attention, scenario, fitted, layout.grad_ranks, layout.tp, layout.pp, layout.zero,
@@ -259,6 +261,14 @@ class Pricer:
                          comm_points=self.points, parts=self._rated[parts_key], optimizer_s=self._rated[opt_key],
                          cache=self._shared)
 
+    def _gathered(self, r: Rates, layout: Layout) -> Rates:
+        """The rates for a layout whose fp8 GEMMs get their weights from an fp8 all-gather: each gather casts
+        the shard (ddplan.fp8.fp8_cast_bytes), over the shard group, once or twice a micro-batch."""
+        if not (layout.fp8_all_gather and r.fp8_flops_per_s and layout.shard_degree > 1):
+            return r
+        return replace(r, fp8_weight_shards=layout.shard_degree,
+                       fp8_gathers=2 if layout.reshard_after_forward else 1)
+
     def memory(self, layout: Layout, window: str) -> MemoryBreakdown:
         """Peak memory per GPU of the layout (ddplan.memory.memory_per_gpu), against the run's headroom.
 
@@ -267,7 +277,7 @@ class Pricer:
         """
         key = ("memory", window, layout.dp, layout.rank_share, layout.pp, layout.zero, layout.micro_batch,
                layout.attention, layout.recompute, layout.compiled, layout.pp_schedule, layout.pp_virtual_stages,
-               in_flight_micro_batches(layout), layout.shard_group, layout.reshard_after_forward)
+               in_flight_micro_batches(layout), layout.shard_group, layout.reshard_after_forward, layout.fp8_all_gather)
         if key not in self._shared:
             skey = ("states", layout.grad_ranks, layout.tp, layout.pp, layout.zero, layout.shard_group)
             if skey not in self._shared:

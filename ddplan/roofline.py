@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ddplan.anatomy import UNFUSED_KINDS, Anatomy, Op, attention_pairs
+from ddplan.fp8 import FP8_CAST_LAUNCHES, FP8_RECIPES, fp8_cast_bytes, fp8_eligible
 from ddplan.specs import Efficiency, HardwareSpec
 from ddplan.units import US
 
@@ -56,6 +57,12 @@ class Rates:
     kernel_overhead_s: float
     fp8_flops_per_s: float | None = None  # set when eligible GEMMs run in fp8
     gemm_best_fp8: float = 0.0
+    fp8_recipe: str = "tensorwise"  # how the casts run (FP8_RECIPES)
+    fp8_lm_head: bool = False  # the recipe converts the LM head too (nanochat); else it stays in the compute dtype
+    # > 0: the weights arrive in fp8 from a ZeRO-3 all-gather over this many ranks (torchao's
+    # enable_fsdp_float8_all_gather), cast on the shard before each gather; fp8_gathers: gathers per micro-batch
+    fp8_weight_shards: int = 0
+    fp8_gathers: int = 2
     # measured points from a calibration file replace the curves: (m, n, k, fraction of peak) and
     # (batch x heads, seq, processed window, head_dim, fwd fraction, bwd fraction)
     gemm_points: tuple[tuple[int, int, int, float], ...] = ()
@@ -93,12 +100,15 @@ def pick(eff: Efficiency, scenario: Scenario) -> float:
 
 
 def rates(hw: HardwareSpec, attention: str, scenario: Scenario = "value", dtype: str = "bf16",
-          fp8: bool = False) -> Rates:
+          fp8: bool = False, fp8_recipe: str = "tensorwise", fp8_lm_head: bool = False) -> Rates:
     """Rates for the named attention implementation on this hardware, at one end of the ranges.
 
-    fp8: eligible GEMMs run at the dense fp8 peak x the fp8 GEMM efficiency (the bf16 fraction where no
-    fp8 measurement exists); attention and everything else stay in the compute dtype.
+    fp8: eligible GEMMs (fp8_eligible) run at the dense fp8 peak x the fp8 GEMM efficiency (the bf16 fraction
+    where no fp8 measurement exists), with the recipe's casts (fp8_cast_bytes); attention and everything else
+    stay in the compute dtype.
     """
+    if fp8_recipe not in FP8_RECIPES:
+        raise ValueError(f"fp8 recipe must be one of {FP8_RECIPES}, got {fp8_recipe!r}")
     if scenario not in SCENARIOS and not isinstance(scenario, (int, float)):
         raise ValueError(f"scenario must be one of {SCENARIOS} or a fraction in [0, 1], got {scenario!r}")
     impl = hw.attention_impl(attention)
@@ -117,17 +127,9 @@ def rates(hw: HardwareSpec, attention: str, scenario: Scenario = "value", dtype:
         kernel_overhead_s=e.kernel_overhead_us.value * US,
         fp8_flops_per_s=hw.peak.flops_per_s("fp8") if fp8 else None,
         gemm_best_fp8=pick(fp8_best, scenario) * kept,
+        fp8_recipe=fp8_recipe,
+        fp8_lm_head=fp8_lm_head,
     )
-
-
-def fp8_eligible(op: Op) -> bool:
-    """GEMMs that an fp8 recipe converts: every dim a multiple of 16 and the smaller weight dim >= 128.
-
-    Ref: nanochat scripts/base_train.py @00255c1 `fp8_module_filter` (same rule as torchao's default);
-    the value-embedding and smear gates stay in bf16.
-    """
-    m, n, k = op.shape
-    return op.kind == "gemm" and n % 16 == 0 and k % 16 == 0 and min(n, k) >= 128
 
 
 def gemm_efficiency(m: int, n: int, k: int, best: float, half_dim: float) -> float:
@@ -188,12 +190,15 @@ def op_time_s(op: Op, anatomy: Anatomy, r: Rates) -> tuple[float, float]:
     bw = r.hbm_bytes_per_s * r.hbm
     if op.kind == "gemm":
         m, n, k = op.shape
-        if r.fp8_flops_per_s and fp8_eligible(op):
-            # quantise x and W (fwd) and dY (bwd) to fp8: one extra read + narrow write each, one launch each
+        if r.fp8_flops_per_s and fp8_eligible(op, r.fp8_lm_head):
+            # the GEMMs at the fp8 rate, after the recipe's casts (memory-bound kernels of their own) and launches
             rate = r.fp8_flops_per_s * gemm_efficiency(m, n, k, r.gemm_best_fp8, r.gemm_half_dim)
-            cast_fwd, cast_bwd = (m * k + k * n) * 3, m * n * 3
-            return (roofline_s(op.flops_fwd, op.bytes_fwd + cast_fwd, rate, bw) + 3 * r.kernel_overhead_s,
-                    roofline_s(op.flops_bwd, op.bytes_bwd + cast_bwd, rate, bw) + 3 * r.kernel_overhead_s)
+            cast_fwd, cast_bwd = fp8_cast_bytes(m, n, k, r.fp8_recipe, r.fp8_weight_shards, r.fp8_gathers)
+            launch_fwd, launch_bwd = FP8_CAST_LAUNCHES[r.fp8_recipe]
+            return (roofline_s(op.flops_fwd, op.bytes_fwd, rate, bw) + cast_fwd / bw
+                    + (1 + launch_fwd) * r.kernel_overhead_s,
+                    roofline_s(op.flops_bwd, op.bytes_bwd, rate, bw) + cast_bwd / bw
+                    + (2 + launch_bwd) * r.kernel_overhead_s)
         # backward is two GEMMs, dX (m x n @ n x k) and dW (k x m @ m x n): two launches, own shapes
         fwd_rate = r.peak_flops_per_s * gemm_fraction(m, n, k, r)
         dx_rate = r.peak_flops_per_s * gemm_fraction(m, k, n, r)

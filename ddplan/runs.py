@@ -110,6 +110,8 @@ class PublishedRun(Strict):
     model: RunModel
     hardware: str = Field(min_length=1)
     precision: Precision
+    # with precision fp8: how its casts ran (ddplan.fp8.FP8_RECIPES); None: the model spec's
+    fp8_recipe: Literal["tensorwise", "delayed", "nanochat"] | None = None
     network: Network | None = None
     layout: RunLayout
     measured: Measured
@@ -119,6 +121,8 @@ class PublishedRun(Strict):
 
     @model_validator(mode="after")
     def _convention(self) -> PublishedRun:
+        if self.fp8_recipe is not None and self.precision != "fp8":
+            raise ValueError(f"fp8_recipe is for fp8 runs; this one is {self.precision}")
         if self.measured.model_tflops_per_gpu is not None and self.mfu_convention is None:
             raise ValueError("measured.model_tflops_per_gpu needs mfu_convention (the FLOPs per token it counts)")
         return self
@@ -247,6 +251,8 @@ def table_command(run: PublishedRun) -> list[str] | None:
         argv += ["--shard-group", str(lay.shard_group)]
     if run.precision == "fp8":
         argv.append("--fp8")
+    if run.fp8_recipe:
+        argv += ["--fp8-recipe", run.fp8_recipe]
     return argv
 
 
@@ -287,6 +293,7 @@ def price_run(run: PublishedRun, where: str, sustained: dict[str, float] | None 
                        zeros=(lay.zero,), micro_batches=micro_batches(run), recomputes=(lay.recompute,),
                        attentions=(attention,), windows=(lay.window or spec.architecture.window_pattern,),
                        total_batch_tokens=run.tokens_per_step, compiled=lay.compiled, fp8=run.precision == "fp8",
+                       fp8_recipe=run.fp8_recipe,
                        options=Options(sequence_parallel=lay.sequence_parallel, tp_overlap=lay.tp_comm_overlap,
                                        overlap_param_gather=lay.overlap_param_gather,
                                        shard_group=lay.shard_group, expert_tp=lay.etp or 0).for_model(spec))

@@ -104,6 +104,7 @@ class Memory(Strict):
 
 Collective = Literal["all_reduce", "reduce_scatter", "all_gather"]
 Fp8Format = Literal["e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz"]
+Fp8Recipe = Literal["tensorwise", "delayed", "nanochat"]
 
 
 class IntraNode(Strict):
@@ -470,6 +471,12 @@ class Recipe(Strict):
     # fp8 formats the model's fp8 training path needs (nanochat fp8.py: e4m3fn forward, e5m2 grads);
     # None: any fp8 the hardware has (torchao picks the platform's format)
     fp8_formats: list[Fp8Format] | None = None
+    # how its fp8 path casts (ddplan.fp8.FP8_CAST_BYTES): torchao's tensorwise Float8Linear (the default),
+    # Transformer Engine's delayed scaling, or nanochat's own fp8.py
+    fp8_recipe: Fp8Recipe = "tensorwise"
+    # whether that path converts the LM head too (nanochat's fp8_module_filter keeps no module by name);
+    # torchtitan, Megatron-Core and Transformer Engine recipes keep it in the compute dtype
+    fp8_lm_head: bool = False
     evaluation: Evaluation | None = None
     source: str = Field(min_length=3)
 

@@ -21,6 +21,7 @@ from ddplan.layout import NATIVE_ZERO, Layout, placement
 from ddplan.memory import EXPERT_GROUP, _stage_share, expert_shard
 from ddplan.params import param_counts
 from ddplan.comm import CommPoints, GroupTimer
+from ddplan.fp8 import fp8_weight_fractions
 from ddplan.roofline import OpTimes, Rates, gemm_fraction, micro_batch_time, op_times
 from ddplan.specs import HardwareSpec, ModelSpec
 from ddplan.units import dtype_bytes
@@ -65,12 +66,15 @@ def grad_sync_buffers(spec: ModelSpec, layout: Layout, experts: bool = False) ->
     nanochat (sharded_optimizer): per Muon shape group, a reduce-scatter of the K stacked gradients
     zero-padded to ceil(K/N) N matrices; AdamW params of >= 1024 elements reduce-scatter, smaller ones
     all-reduce (optim.py @92d63d4 l.214-246). Then the same sizes all-gathered (the updated params).
-    Generic ZeRO: one reduce-scatter of all gradients (+ all-gather of params); DDP: all-reduce.
+    Generic ZeRO: one reduce-scatter of all gradients (+ all-gather of params, in the compute dtype; with
+    layout.fp8_all_gather the weights of fp8 GEMMs at 1 byte an element, ddplan.fp8.fp8_weight_fractions:
+    torchao's enable_fsdp_float8_all_gather casts each shard before the gather); DDP: all-reduce.
     experts: the routed experts' buffers alone (1 / ep of them a rank, reduced over the expert-data-parallel
     ranks, Layout.expert_ranks); else every other group's.
     """
     counts, dt, opt = param_counts(spec.architecture), spec.dtypes, spec.recipe.optimizer
     policy, n = dp_policy(spec, layout), (layout.expert_ranks if experts else layout.grad_ranks)
+    fp8 = fp8_weight_fractions(spec) if layout.fp8_all_gather else {}
     out: list[tuple[str, float]] = []
     for group, algo in opt.algorithm.items():
         if not counts[group] or (group == EXPERT_GROUP) != experts:
@@ -92,6 +96,8 @@ def grad_sync_buffers(spec: ModelSpec, layout: Layout, experts: bool = False) ->
             out.append(("all_reduce", counts[group] * gb * share))
         else:  # ZeRO / FSDP gather the parameters in the compute dtype (mixed precision), not the masters
             cb = dtype_bytes(dt.compute)
+            if layout.fp8_all_gather:  # fp8 GEMMs' weights at 1 byte (torchao enable_fsdp_float8_all_gather)
+                cb -= (cb - 1) * fp8[group]
             out += [("reduce_scatter", counts[group] * gb * share), ("all_gather", counts[group] * cb * share)]
             if algo == "muon":  # Newton-Schulz needs whole matrices: gather the reduced gradient shards back
                 out.append(("all_gather", counts[group] * gb * share))
@@ -327,7 +333,7 @@ def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, m
 def _buffers(spec: ModelSpec, layout: Layout, policy: str, experts: bool, cache: Cache) -> list[tuple[str, float]]:
     """grad_sync_buffers, kept in the caller's cache (by what they depend on)."""
     key = ("buffers", policy, layout.grad_ranks, layout.tp, layout.pp, layout.ep if experts else 1,
-           layout.etp if experts else 0, experts)
+           layout.etp if experts else 0, experts, layout.fp8_all_gather)
     if key not in cache:
         cache[key] = grad_sync_buffers(spec, layout, experts)
     return cache[key]

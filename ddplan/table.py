@@ -51,6 +51,7 @@ class TableRequest:
     calibration: CalibrationSpec | None = None
     calibration_path: str | None = None  # where the calibration came from, for error messages
     fp8: bool = False  # eligible GEMMs in fp8 (MFU stays against the compute dtype's peak)
+    fp8_recipe: str | None = None  # how the fp8 casts run (ddplan.fp8.FP8_RECIPES); None: the model's
     headroom: float = HEADROOM
     options: Options = Options()  # sequence parallelism, TP overlap, hybrid sharding, ... where they apply
 
@@ -100,6 +101,31 @@ def check_fp8(spec: ModelSpec, hw: HardwareSpec) -> None:
                          f"not run on MI300X, which has the fnuz formats)", field="--fp8")
 
 
+def check_fp8_options(spec: ModelSpec, fp8: bool, recipe: str | None, all_gather: bool,
+                      zeros: tuple[int, ...] | None) -> None:
+    """Raise UsageError when --fp8-recipe or --fp8-all-gather cannot apply, saying why. zeros: the ZeRO stages
+    asked for (() = the model's native one; None: searched, as plan does)."""
+    from ddplan.layout import NATIVE_ZERO
+    from ddplan.fp8 import FP8_RECIPES
+
+    if recipe is not None and recipe not in FP8_RECIPES:
+        raise UsageError(f"must be one of {', '.join(FP8_RECIPES)}, got {recipe!r}", field="--fp8-recipe")
+    if recipe is not None and not fp8:
+        raise UsageError("needs --fp8 (it says how the fp8 GEMMs' casts run)", field="--fp8-recipe")
+    if not all_gather:
+        return
+    if not fp8:
+        raise UsageError("needs --fp8 (it gathers the weights of the fp8 GEMMs in fp8)", field="--fp8-all-gather")
+    if (recipe or spec.recipe.fp8_recipe) != "tensorwise":
+        raise UsageError(f"torchao's enable_fsdp_float8_all_gather runs with the tensorwise recipe, not "
+                         f"{recipe or spec.recipe.fp8_recipe} ({spec.name}'s fp8 path): add --fp8-recipe tensorwise",
+                         field="--fp8-all-gather")
+    stages = zeros if zeros else (NATIVE_ZERO[spec.recipe.distribution],) if zeros is not None else (3,)
+    if 3 not in stages:
+        raise UsageError(f"needs ZeRO-3, whose all-gathers it makes fp8 (got ZeRO-{'/'.join(map(str, stages))}): "
+                         f"add --zero 3", field="--fp8-all-gather")
+
+
 def measurement_of(req: TableRequest) -> StepMeasurement | None:
     """The measurement behind the table: the flags', else the calibration file's for this model."""
     return req.measurement or measurement_for(req.calibration, req.model)
@@ -130,8 +156,9 @@ def build_table(req: TableRequest, progress: Callable[[str, int, int], None] | N
     price = req.price or hw.price
     if req.fp8:
         check_fp8(spec, hw)
+    check_fp8_options(spec, req.fp8, req.fp8_recipe, req.options.fp8_all_gather, req.zeros)
     pricer = Pricer(spec, hw, RunPlan(budget, price, req.overheads, req.headroom), req.calibration,
-                    req.fp8)
+                    req.fp8, fp8_recipe=req.fp8_recipe)
     table = Table(request=req, rows=[], steps=pricer.steps(total_batch), total_batch_tokens=total_batch,
                   budget=budget, price=price, compiled=compiled)
     m = measurement_of(req)

@@ -278,6 +278,18 @@ def _placement_line(hw: HardwareSpec) -> str:
             f"the node's other NICs carrying the other groups at the same time.")
 
 
+def _fp8_line(req, spec, e) -> str:
+    """The fp8 assumption: which GEMMs, at what rate, with which recipe's casts (ddplan.fp8)."""
+    recipe = req.fp8_recipe or spec.recipe.fp8_recipe
+    gather = " ZeRO-3 weights all-gathered in fp8 (1 byte an element)." if req.options.fp8_all_gather else ""
+    basis = f"({e.gemm.best_fp8.basis})" if e.gemm.best_fp8 else "(assumed: the bf16 fraction, no fp8 measurement)"
+    return (f"fp8: GEMMs with every dim a multiple of 16 and min(k, n) >= 128, "
+            f"{'the LM head included' if spec.recipe.fp8_lm_head else 'not the LM head'}, not the router, at the "
+            f"dense fp8 peak x {(e.gemm.best_fp8 or e.gemm.best).value:.3f}"
+            f" {basis}, plus the {recipe} recipe's casts as memory-bound kernels; attention stays {spec.dtypes.compute}; "
+            f"MFU still against the dense {spec.dtypes.compute} peak.{gather}")
+
+
 def table_assumptions(table) -> list[str]:
     req = table.request
     spec, hw, o, price, budget = req.model, req.hardware, req.overheads, table.price, table.budget
@@ -312,11 +324,7 @@ def table_assumptions(table) -> list[str]:
         _interruptions_line(table),
         f"MFU convention: {MFU_CONVENTION}, at each row's window pattern.",
         *([moe_line(spec)] if spec.architecture.moe else []),
-        *(["fp8: GEMMs with every dim a multiple of 16 and min(k, n) >= 128 at the dense fp8 peak x "
-           f"{(e.gemm.best_fp8 or e.gemm.best).value:.3f}"
-           f"{'' if e.gemm.best_fp8 else ' (the bf16 fraction: no fp8 measurement)'}, plus "
-           f"quantisation casts; attention stays {spec.dtypes.compute}; MFU still against the dense "
-           f"{spec.dtypes.compute} peak."] if req.fp8 else []),
+        *([_fp8_line(req, spec, e)] if req.fp8 else []),
         "Band (low-high): every efficiency at the fast and slow ends of its range in the hardware spec"
         + ("" if table.fit is not None or (req.calibration is not None and
                                             req.calibration.held_out_error_pct is not None) else

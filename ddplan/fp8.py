@@ -1,0 +1,111 @@
+"""fp8 as it runs: which GEMMs an fp8 recipe converts, what its casts move per operand, and which weights an fp8
+all-gather sends at 1 byte. ddplan.roofline prices the GEMMs and casts; ddplan.step and ddplan.memory the gathers.
+"""
+
+from __future__ import annotations
+
+from ddplan.anatomy import Op
+
+# GEMMs an fp8 recipe leaves in the compute dtype whatever their shape: the output layer (torchtitan's float8 and
+# MXFP8 converters filter "output", torchtitan/components/quantization/float8.md and mx.py; Megatron-Core builds
+# it as its own tensor_parallel.ColumnParallelLinear, not a Transformer Engine module, gpt_model.py, so it runs
+# outside fp8_autocast; MPT's tied head is F.linear on the embedding, not a te.Linear) and the mixture-of-experts
+# router (torchtitan filters "router.gate", float8.md) with its shared-expert gate
+FP8_KEPT_NAMES = ("lm_head",)
+FP8_KEPT_SUFFIXES = (".moe.router", ".moe.shared_gate")
+
+
+def fp8_eligible(op: Op, lm_head: bool = False) -> bool:
+    """GEMMs that an fp8 recipe converts: every dim a multiple of 16 and the smaller weight dim >= 128, the
+    LM head only where the recipe converts it (lm_head) and never the router.
+
+    Ref: nanochat scripts/base_train.py @00255c1 `fp8_module_filter` (the shape rule; it keeps no module by
+    name, so nanochat's lm_head, a Linear of d_model x vocab, runs in fp8: lm_head=True for its specs); the
+    value-embedding and smear gates stay in bf16. torchtitan float8.md: filter_fqns=["output"] for dense
+    models, ["output", "router.gate"] with experts (FP8_KEPT_NAMES).
+    """
+    m, n, k = op.shape
+    if op.kind != "gemm" or (op.name in FP8_KEPT_NAMES and not lm_head) or op.name.endswith(FP8_KEPT_SUFFIXES):
+        return False
+    return n % 16 == 0 and k % 16 == 0 and min(n, k) >= 128
+
+
+FP8_RECIPES = ("tensorwise", "delayed", "nanochat")
+# bytes moved per element of each GEMM operand to quantise it, by recipe: forward (x, W), backward (dY, x, W).
+# A cast reads the 16-bit tensor and writes 8 bits (2 + 1 B); current (dynamic) scaling first reads the tensor
+# once more for its amax (+2 B); a second fp8 copy in the other memory order written by the same kernel is
+# +1 B; an fp8 transpose copy reads and writes 8 bits (1 + 1 B).
+#   tensorwise (torchao Float8Linear, dynamic tensorwise scaling, torch.compile fusing amax and cast: torchtitan
+#     float8.md): forward amax + cast of x and of W (5, 5); backward it saved x and W in high precision and
+#     casts again: dY once for dgrad and, fused, its other order for wgrad (2 + 2 + 1 + 1 = 6), W for dgrad and x
+#     for wgrad each with a fresh amax (5, 5) (torchao/float8/float8_linear.py, backward of the hp-args matmul:
+#     "we need pytorch#136267 ... to reuse max(abs(weight)) from the forward").
+#   delayed (Transformer Engine DelayedScaling, as Composer's amp_fp8 runs it: composer/core/precision.py): the
+#     scale comes from the amax history, the amax is taken inside the cast, and cast_transpose writes both
+#     orders at once, saved for backward: forward x and W (4, 4), backward dY (4), nothing for x and W.
+#   nanochat (nanochat/fp8.py, tensorwise dynamic, one opaque autograd function): forward amax + cast of x and
+#     W (5, 5), saving the fp8 tensors; backward amax + cast of dY (5) and three fp8 copies in the other order
+#     for _scaled_mm's layouts: dY^T (+2), W (2) and x (2).
+FP8_CAST_BYTES: dict[str, tuple[tuple[float, float], tuple[float, float, float]]] = {
+    "tensorwise": ((5.0, 5.0), (6.0, 5.0, 5.0)),
+    "delayed": ((4.0, 4.0), (4.0, 0.0, 0.0)),
+    "nanochat": ((5.0, 5.0), (7.0, 2.0, 2.0)),
+}
+# kernel launches of those casts (an amax pass and a cast are one launch each): forward, backward
+FP8_CAST_LAUNCHES: dict[str, tuple[int, int]] = {"tensorwise": (4, 6), "delayed": (2, 1), "nanochat": (4, 5)}
+
+
+def fp8_cast_bytes(m: int, n: int, k: int, recipe: str, weight_shards: int = 0,
+                   gathers: int = 2) -> tuple[float, float]:
+    """(forward, backward) bytes one fp8 GEMM y = x W^T (x: m x k, W: n x k, dY: m x n) moves to quantise
+    its operands, per micro-batch: per-element costs of FP8_CAST_BYTES times the operand sizes.
+
+        forward = a_x m k + a_W k n;  backward = b_dY m n + b_x m k + b_W k n
+
+    weight_shards > 0: the weight arrives in fp8 from a ZeRO-3 all-gather over that many ranks (torchao
+    enable_fsdp_float8_all_gather, tensorwise only): each gather casts only the local shard (2 + 1 B per
+    element / shards; its amax is precomputed once per step for all weights, precompute_float8_dynamic_scale_
+    for_fsdp, not counted), and backward's dgrad needs the gathered fp8 weight in the other order (1 + 1 B)
+    instead of a recast; with gathers = 2 (resharded after forward) backward gathers, and casts, again.
+    e.g. tensorwise, m 4096, n k 1024: forward 5 x (4096 + 1024) x 1024 = 26,214,400 B; backward
+    6 x 4096 x 1024 + 5 x 4096 x 1024 + 5 x 1024 x 1024 = 51,380,224 B.
+    Ref: torchao/float8/float8_linear.py; torchtitan docs/float8.md (enable_fsdp_float8_all_gather,
+    precompute_float8_dynamic_scale_for_fsdp); Transformer Engine DelayedScaling; nanochat/fp8.py.
+    """
+    if recipe not in FP8_CAST_BYTES:
+        raise ValueError(f"fp8 recipe must be one of {FP8_RECIPES}, got {recipe!r}")
+    if min(m, n, k) <= 0 or weight_shards < 0 or gathers not in (1, 2):
+        raise ValueError(f"need positive m, n, k, weight_shards >= 0 and gathers 1 or 2; got {m}, {n}, {k}, "
+                         f"{weight_shards}, {gathers}")
+    if weight_shards and recipe != "tensorwise":
+        raise ValueError(f"fp8 all-gather of weights is torchao's, for the tensorwise recipe; got {recipe!r}")
+    (ax, aw), (bdy, bx, bw) = FP8_CAST_BYTES[recipe]
+    if weight_shards:
+        aw = 3.0 / weight_shards
+        bw = 2.0 + (3.0 / weight_shards if gathers == 2 else 0.0)
+    return ax * m * k + aw * k * n, bdy * m * n + bx * m * k + bw * k * n
+
+
+_FRACTIONS: dict[str, dict[str, float]] = {}
+
+
+def fp8_weight_fractions(spec) -> dict[str, float]:
+    """Parameter group -> the share of its elements that are weights of fp8 GEMMs (fp8_eligible, with the
+    recipe's LM-head rule): the weights an fp8 all-gather sends at 1 byte. Counted on the model's own GEMMs
+    (ddplan.anatomy, one sequence, no parallelism), so the shapes are the ones that are priced.
+    e.g. a dense GPT with untied embeddings: block_matrices 1.0, lm_head 0.0, wte 0.0."""
+    from ddplan.anatomy import build_anatomy
+    from ddplan.params import param_counts
+
+    key = spec.model_dump_json()
+    if key not in _FRACTIONS:
+        an = build_anatomy(spec, batch=1)
+        eligible: dict[str, float] = {}
+        for op in an.ops:
+            if op.weight_group is not None and fp8_eligible(op, spec.recipe.fp8_lm_head):
+                eligible[op.weight_group] = eligible.get(op.weight_group, 0.0) + op.weight_elements
+        counts = param_counts(spec.architecture)
+        if len(_FRACTIONS) > 64:
+            _FRACTIONS.clear()
+        _FRACTIONS[key] = {g: min(1.0, eligible.get(g, 0.0) / n) if n else 0.0 for g, n in counts.items()}
+    return _FRACTIONS[key]

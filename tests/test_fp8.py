@@ -1,0 +1,196 @@
+"""fp8 as it runs (ddplan.fp8: fp8_eligible, fp8_cast_bytes, fp8_weight_fractions; ddplan.roofline: an fp8
+GEMM's time; ddplan.step and ddplan.memory: the fp8 all-gather of ZeRO-3 weights), against hand computations.
+
+Hand cases use hardware/h100-sxm.yaml: dense fp8 peak 1978.9 TFLOP/s, HBM 3.35 TB/s at its efficiency, the fp8
+GEMM best fraction 0.709 (stas00 MAMF table) times the fitted sustained fraction, kernel overhead from the spec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from ddplan.anatomy import Op, build_anatomy
+from ddplan.layout import Layout, LayoutError, Options
+from ddplan.memory import memory_per_gpu, model_states
+from ddplan.params import param_counts
+from ddplan.registry import load_hardware, load_model
+from ddplan.fp8 import FP8_CAST_BYTES, fp8_cast_bytes, fp8_eligible, fp8_weight_fractions
+from ddplan.roofline import gemm_efficiency, op_time_s, rates, roofline_s
+from ddplan.step import grad_sync_buffers
+
+from cli_helpers import csv_rows, fails, run_ok
+
+
+def _gemm(name: str, m: int = 4096, n: int = 1024, k: int = 1024) -> Op:
+    return Op(name=name, kind="gemm", layer=None if name == "lm_head" else 0, shape=(m, n, k),
+              flops_fwd=2.0 * m * n * k, flops_bwd=4.0 * m * n * k, bytes_fwd=2.0 * (m * k + k * n + m * n),
+              bytes_bwd=4.0 * (m * k + k * n + m * n))
+
+
+def test_which_gemms_run_fp8():
+    """The shape rule (dims % 16, min(n, k) >= 128: nanochat's fp8_module_filter); the LM head only where the
+    recipe converts it (nanochat's does, torchtitan's filter_fqns=["output"] does not); never the router."""
+    assert fp8_eligible(_gemm("h0.attn.c_q"))
+    assert not fp8_eligible(_gemm("lm_head"))
+    assert fp8_eligible(_gemm("lm_head"), lm_head=True)
+    assert not fp8_eligible(_gemm("h0.moe.router", n=128))
+    assert not fp8_eligible(_gemm("h0.moe.router", n=128), lm_head=True)
+    assert not fp8_eligible(_gemm("h0.attn.ve_gate", n=12, k=32))
+    assert not fp8_eligible(_gemm("h0.mlp.c_fc", n=1000))  # 1000 % 16 != 0
+
+
+def test_cast_bytes_by_hand():
+    """m 4096, n = k 1024: x and dY are 4,194,304 elements, W 1,048,576.
+    tensorwise: forward 5 x (4,194,304 + 1,048,576) = 26,214,400; backward 6 x 4,194,304 + 5 x 4,194,304
+    + 5 x 1,048,576 = 51,380,224. delayed: forward 4 x 5,242,880 = 20,971,520, backward 4 x 4,194,304 =
+    16,777,216. nanochat: forward 26,214,400; backward 7 x 4,194,304 + 2 x 4,194,304 + 2 x 1,048,576 =
+    39,845,888."""
+    assert fp8_cast_bytes(4096, 1024, 1024, "tensorwise") == (26_214_400, 51_380_224)
+    assert fp8_cast_bytes(4096, 1024, 1024, "delayed") == (20_971_520, 16_777_216)
+    assert fp8_cast_bytes(4096, 1024, 1024, "nanochat") == (26_214_400, 39_845_888)
+
+
+def test_cast_bytes_with_the_weights_gathered_in_fp8_by_hand():
+    """Over 8 shards, gathered twice a micro-batch: the weight's forward cost is its shard's cast, 3 / 8 B an
+    element (393,216 B), and backward an fp8 transpose (2 B) plus the shard's cast again (3 / 8):
+    forward 5 x 4,194,304 + 393,216 = 21,364,736; backward 6 x 4,194,304 + 5 x 4,194,304 + 2.375 x 1,048,576
+    = 48,627,712. Gathered once (no resharding after forward): backward 6 x ... + 5 x ... + 2 x 1,048,576
+    = 48,234,496."""
+    assert fp8_cast_bytes(4096, 1024, 1024, "tensorwise", weight_shards=8) == (21_364_736, 48_627_712)
+    assert fp8_cast_bytes(4096, 1024, 1024, "tensorwise", weight_shards=8, gathers=1)[1] == 48_234_496
+    with pytest.raises(ValueError, match="tensorwise"):
+        fp8_cast_bytes(4096, 1024, 1024, "delayed", weight_shards=8)
+    with pytest.raises(ValueError, match="recipe"):
+        fp8_cast_bytes(4096, 1024, 1024, "rowwise")
+
+
+def test_every_recipe_casts_less_in_backward_than_it_would_recasting_everything():
+    """Sanity of the table: no operand costs more than an amax read + a cast + a second order (2 + 3 + 1)."""
+    for fwd, bwd in FP8_CAST_BYTES.values():
+        assert all(0 <= b <= 6 for b in fwd) and all(0 <= b <= 7 for b in bwd)
+
+
+def test_an_fp8_gemm_time_by_hand():
+    """The GEMM at the fp8 rate (roofline of its FLOPs and own bytes), then the casts as memory-bound kernels of
+    their own (bytes / (HBM x efficiency)) and one launch per cast kernel: tensorwise 4 forward, 6 backward,
+    besides the GEMMs' own 1 and 2."""
+    hw = load_hardware("h100-sxm")
+    r = rates(hw, "fa2", fp8=True)
+    op = _gemm("h0.mlp.c_fc")
+    m, n, k = op.shape
+    rate = r.fp8_flops_per_s * gemm_efficiency(m, n, k, r.gemm_best_fp8, r.gemm_half_dim)
+    bw = r.hbm_bytes_per_s * r.hbm
+    fwd = roofline_s(op.flops_fwd, op.bytes_fwd, rate, bw) + 26_214_400 / bw + 5 * r.kernel_overhead_s
+    bwd = roofline_s(op.flops_bwd, op.bytes_bwd, rate, bw) + 51_380_224 / bw + 8 * r.kernel_overhead_s
+    an = build_anatomy(load_model("llama-3-8b"), batch=1)
+    assert op_time_s(op, an, r) == pytest.approx((fwd, bwd), rel=1e-12)
+    # the LM head stays at the bf16 rate and casts nothing
+    head = _gemm("lm_head")
+    assert op_time_s(head, an, r) == op_time_s(head, an, replace(r, fp8_flops_per_s=None))
+
+
+def test_fp8_weight_fractions():
+    """Which parameter groups an fp8 all-gather sends at 1 byte: the block matrices (every one eligible at these
+    widths), the LM head only for nanochat (whose fp8 path converts it), never embeddings or the router."""
+    llama = fp8_weight_fractions(load_model("llama-3-8b"))
+    assert llama["block_matrices"] == pytest.approx(1.0)
+    assert llama["lm_head"] == 0.0 and llama["wte"] == 0.0
+    d24 = fp8_weight_fractions(load_model("d24"))
+    assert d24["block_matrices"] == pytest.approx(1.0) and d24["lm_head"] == pytest.approx(1.0)
+    assert d24["ve_gates"] == 0.0 and d24["wte"] == 0.0
+    moe = fp8_weight_fractions(load_model("qwen3-30b-a3b"))
+    assert moe["experts"] == pytest.approx(1.0) and moe["router"] == 0.0
+
+
+def test_fp8_all_gather_buffers_by_hand():
+    """llama-3-8b at ZeRO-3 over 8 ranks: the parameter all-gather carries the block matrices at 1 byte an element
+    and the embeddings and LM head at bf16's 2; the gradient reduce-scatter is unchanged."""
+    spec = load_model("llama-3-8b")
+    counts = param_counts(spec.architecture)
+    plain = dict((c, 0.0) for c in ("all_gather", "reduce_scatter"))
+    fp8 = dict(plain)
+    for c, b in grad_sync_buffers(spec, Layout(dp=8, zero=3)):
+        plain[c] += b
+    for c, b in grad_sync_buffers(spec, Layout(dp=8, zero=3, fp8_all_gather=True)):
+        fp8[c] += b
+    assert fp8["reduce_scatter"] == plain["reduce_scatter"]
+    assert plain["all_gather"] - fp8["all_gather"] == pytest.approx(counts["block_matrices"] * 1.0)
+
+
+def test_fp8_all_gather_halves_the_gathered_block_weights_in_memory():
+    """ZeRO-3 keeps two gathered layers (current and prefetched): with fp8 all-gather the block matrices among
+    them take 1 byte an element instead of 2."""
+    spec = load_model("llama-3-8b")
+    lay = Layout(dp=8, zero=3, micro_batch=1, attention="fa2")
+    an = build_anatomy(spec, batch=1)
+    cap = 80e9
+    plain = memory_per_gpu(spec, lay, an, cap, states=model_states(spec, lay)).terms["comm_buffers"]
+    fp8 = memory_per_gpu(spec, replace(lay, fp8_all_gather=True), an, cap,
+                         states=model_states(spec, lay)).terms["comm_buffers"]
+    saved = 2 * counts_per_layer(spec)
+    assert plain - fp8 == pytest.approx(saved, rel=1e-9)
+
+
+def counts_per_layer(spec) -> float:
+    """Block-matrix elements of one layer: what one gathered layer saves at 1 byte instead of 2."""
+    return param_counts(spec.architecture)["block_matrices"] / spec.architecture.num_layers
+
+
+def test_fp8_all_gather_is_a_zero3_option():
+    with pytest.raises(LayoutError, match="ZeRO-3"):
+        Layout(dp=8, zero=2, fp8_all_gather=True)
+    assert Options(fp8_all_gather=True).for_layout(1, 8, 3)["fp8_all_gather"]
+    assert not Options(fp8_all_gather=True).for_layout(1, 8, 2)["fp8_all_gather"]
+
+
+def test_fp8_all_gather_shortens_a_zero3_step(capsys):
+    base = ["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--zero", "3", "--fp8",
+            "--attention", "fa2", "--format", "csv"]
+    (plain,) = csv_rows(run_ok(capsys, base))
+    (fp8,) = csv_rows(run_ok(capsys, base + ["--fp8-all-gather"]))
+    assert float(fp8["dp_comm_total_s"]) < float(plain["dp_comm_total_s"])
+    assert float(fp8["step_s"]) <= float(plain["step_s"])
+
+
+def test_the_recipe_moves_the_step(capsys):
+    """Delayed scaling casts less than tensorwise (no amax pass, no recast in backward): a shorter step."""
+    base = ["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--fp8", "--attention", "fa2",
+            "--format", "csv"]
+    (tw,) = csv_rows(run_ok(capsys, base))
+    (delayed,) = csv_rows(run_ok(capsys, base + ["--fp8-recipe", "delayed"]))
+    assert float(delayed["step_s"]) < float(tw["step_s"])
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--zero", "3", "--fp8-all-gather"],
+     "needs --fp8"),
+    (["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--zero", "2", "--fp8",
+      "--fp8-all-gather"], "needs ZeRO-3"),
+    (["table", "-m", "d24", "--hardware", "h100-sxm", "--gpus", "8", "--zero", "3", "--fp8", "--fp8-all-gather"],
+     "tensorwise"),
+    (["plan", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--fp8-all-gather"], "needs --fp8"),
+    (["memory", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--zero", "1", "--fp8-all-gather"],
+     "needs ZeRO-3"),
+    (["memory", "-m", "llama-3-8b", "--hardware", "a100-sxm-80gb", "--gpus", "8", "--fp8-all-gather"],
+     "no fp8 tensor units"),
+])
+def test_fp8_all_gather_errors_are_one_line(capsys, argv, says):
+    _, line = fails(capsys, argv)
+    assert line.startswith("error: --f") and says in line
+
+
+def test_fp8_recipe_needs_fp8(capsys):
+    _, line = fails(capsys, ["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--fp8-recipe", "delayed"])
+    assert line.startswith("error: --fp8-recipe: needs --fp8")
+    _, line = fails(capsys, ["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--fp8", "--fp8-recipe", "x"])
+    assert line.startswith("error: --fp8-recipe: must be one of")
+
+
+def test_memory_with_fp8_all_gather_lowers_only_zero3(capsys):
+    base = ["memory", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--format", "csv"]
+    plain = {r["zero"]: r for r in csv_rows(run_ok(capsys, base))}
+    fp8 = {r["zero"]: r for r in csv_rows(run_ok(capsys, base + ["--fp8-all-gather"]))}
+    assert float(fp8["3"]["buffers_gib"]) < float(plain["3"]["buffers_gib"])
+    assert fp8["2"] == plain["2"]
