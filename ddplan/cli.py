@@ -729,7 +729,7 @@ def plan_cmd(
     fp8_recipe: str = Fp8RecipeOpt,
     fp8_all_gather: bool = Fp8AllGatherOpt,
     ep: str = typer.Option(None, "--ep", help="Expert-parallel degrees to search, comma-separated (default: every "
-                           "power of two that divides the experts and the data-parallel GPUs; mixture-of-experts "
+                           "number that divides both the experts and the data-parallel GPUs; mixture-of-experts "
                            "models only)."),
     cp: str = typer.Option(None, "--cp", help="Context-parallel degrees to search, comma-separated (default: 1, and "
                            "each power of two up to 16 leaving a GPU at least 4,096 tokens of a sequence)."),
