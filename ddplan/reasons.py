@@ -38,6 +38,21 @@ def _terms(r: dict) -> dict[str, float]:
             "optimizer": r["optimizer_s"]}
 
 
+def zero3_lines(r: dict) -> list[str]:
+    """For a ZeRO-3 choice: one micro-batch's parameter all-gathers and gradient reduce-scatter against its
+    compute, and what of them is exposed (ddplan.comm.fsdp_comm_s), per micro-batch and per step."""
+    priced = r.get("_priced")
+    if priced is None or r["zero"] != 3 or not priced.step.mb_gather_s + priced.step.mb_scatter_s:
+        return []
+    st = priced.step
+    passes = "forward and backward" if priced.layout.reshard_after_forward else "forward only, kept for backward"
+    mb = st.fwd_s + st.bwd_s
+    return [f"ZeRO-3: each micro-batch all-gathers its parameters in {1000 * st.mb_gather_s:.1f} ms ({passes}) and "
+            f"reduce-scatters its gradients in {1000 * st.mb_scatter_s:.1f} ms, prefetched under its "
+            f"{1000 * mb:.1f} ms of compute: {1000 * st.dp_comm_exposed_s / st.accum:.1f} ms a micro-batch exposed "
+            f"({1000 * st.dp_comm_exposed_s:.0f} ms a step)."]
+
+
 def reasons(rows: list[dict], spec: ModelSpec, cps: tuple[int, ...] = ()) -> list[str]:
     """The top choice in plain words, and for the best of each other family why it loses, in figures.
     cps: the context-parallel degrees searched (() = plan.context_parallel_degrees of the sequence)."""
@@ -52,6 +67,7 @@ def reasons(rows: list[dict], spec: ModelSpec, cps: tuple[int, ...] = ()) -> lis
                + (f"{max((k for k in t if k != 'compute'), key=t.get)} "
                   f"({1000 * max(v for k, v in t.items() if k != 'compute'):.0f} ms)." if main == "compute"
                   else f"{main} ({1000 * t[main]:.0f} ms)."))
+    out += zero3_lines(top)
     native_zero = NATIVE_ZERO[spec.recipe.distribution]
     searched_cp = max(cps or context_parallel_degrees(spec.recipe.seq_len)) > 1
     for fam in FAMILIES:

@@ -47,6 +47,8 @@ class StepTime:
     policy: str  # the data-parallel policy modelled (ddp, sharded_optimizer, zero1, zero2, fsdp)
     cp_comm_s: float = 0.0  # context-parallel KV exchange not hidden under attention
     ep_comm_s: float = 0.0  # mixture-of-experts token exchange (all-to-alls over ep, gathers over tp), not hidden
+    mb_gather_s: float = 0.0  # ZeRO-3: one micro-batch's parameter all-gathers (forward, and backward when resharded)
+    mb_scatter_s: float = 0.0  # ZeRO-3: one micro-batch's gradient reduce-scatter
 
     @property
     def total_s(self) -> float:
@@ -239,13 +241,14 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
 
     opt_s = optimizer_time_s(spec, layout, r) if optimizer_s is None else optimizer_s
     policy = dp_policy(spec, layout)
-    total_comm, exposed = dp_comm_s(spec, hw, layout, mbt.bwd_s, mbt.total_s, comm_efficiency, comm_points, cache)
+    total_comm, exposed, gather_s, scatter_s = dp_comm_s(spec, hw, layout, mbt.bwd_s, mbt.total_s, comm_efficiency,
+                                                         comm_points, cache)
     if policy == "sharded_optimizer":  # communication overlaps optimizer math only
         exposed = total_comm - min(opt_s, total_comm)
     return StepTime(fwd_s=mbt.fwd_s, bwd_s=mbt.bwd_s, accum=accum, compute_s=compute, tp_comm_s=tp_s,
                     dp_comm_total_s=total_comm, dp_comm_exposed_s=exposed, bubble_s=bubble, optimizer_s=opt_s,
                     by_kind_s={k: v * accum for k, v in mbt.by_kind_s.items()}, policy=policy, cp_comm_s=cp_s,
-                    ep_comm_s=ep_s)
+                    ep_comm_s=ep_s, mb_gather_s=gather_s, mb_scatter_s=scatter_s)
 
 
 def _cp_layer_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatomy, parts: OpTimes, layers: int,
@@ -291,15 +294,17 @@ class _Cached:
 
 def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, mb_s: float,
               efficiency: str = "value", points: CommPoints | None = None,
-              cache: Cache | None = None) -> tuple[float, float]:
-    """(total, exposed) seconds of data-parallel communication in one step, by the layout's policy.
+              cache: Cache | None = None) -> tuple[float, float, float, float]:
+    """(total, exposed, gather, scatter) seconds of data-parallel communication in one step, by the layout's
+    policy; gather and scatter: one micro-batch's ZeRO-3 parameter all-gathers (every pass) and gradient
+    reduce-scatter (0 for the other policies).
 
     DDP: comm.ddp_exposed_s; ZeRO-1/2 and FSDP: comm.zero1_comm_s, zero2_comm_s, fsdp_comm_s; nanochat's
     sharded optimizer: everything after the last micro-batch (the caller hides it under optimizer math).
     """
     n = layout.grad_ranks  # dp x cp ranks hold the same parameters
     if n == 1 and layout.expert_ranks == 1:  # (whole experts may still be shared by tp ranks: --etp 1)
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0.0
     cache = {} if cache is None else cache
     policy = dp_policy(spec, layout)
     place = placement(layout, hw.gpus_per_node)  # ranks ordered tp, dp, pp: a dp group strides by tp
@@ -316,18 +321,18 @@ def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, m
         exposed = comm.ddp_exposed_s(size, DDP_BUCKET_BYTES, n, timer, bwd_s)
         if size_e:  # after the other buckets, under what is left of backward
             exposed += comm.ddp_exposed_s(size_e, DDP_BUCKET_BYTES, n_e, timer_e, max(0.0, bwd_s - total))
-        return total + total_e, exposed
+        return total + total_e, exposed, 0.0, 0.0
     rs, ag, ar = (sum(timer.time_s(c, s, n) for c, s in buffers if c == kind)
                   + sum(timer_e.time_s(c, s, n_e) for c, s in expert if c == kind)
                   for kind in ("reduce_scatter", "all_gather", "all_reduce"))
     if policy == "sharded_optimizer":
-        return rs + ag + ar, rs + ag + ar  # overlap with optimizer math applied by the caller
+        return rs + ag + ar, rs + ag + ar, 0.0, 0.0  # overlap with optimizer math applied by the caller
     last = timer.time_s("reduce_scatter", min(DDP_BUCKET_BYTES, sum(s for c, s in buffers if c == "reduce_scatter")),
                         n)
     forward = (mb_s - bwd_s) if layout.overlap_param_gather else None  # the next step's first forward
     if policy == "zero1":
-        return comm.zero1_comm_s(rs, ag, last, bwd_s, forward)
-    return comm.zero2_comm_s(rs, ag, last, bwd_s, layout.grad_accum, forward)
+        return (*comm.zero1_comm_s(rs, ag, last, bwd_s, forward), 0.0, 0.0)
+    return (*comm.zero2_comm_s(rs, ag, last, bwd_s, layout.grad_accum, forward), 0.0, 0.0)
 
 
 def _buffers(spec: ModelSpec, layout: Layout, policy: str, experts: bool, cache: Cache) -> list[tuple[str, float]]:
@@ -341,8 +346,10 @@ def _buffers(spec: ModelSpec, layout: Layout, policy: str, experts: bool, cache:
 
 def _fsdp_comm_s(buffers: list[tuple[str, float]], expert: list[tuple[str, float]], hw: HardwareSpec, layout: Layout,
                  place, mb_s: float, num_layers: int, efficiency: str, points: CommPoints | None,
-                 cache: Cache) -> tuple[float, float]:
-    """(total, exposed) seconds of ZeRO-3 / FSDP communication in one step (comm.fsdp_comm_s).
+                 cache: Cache) -> tuple[float, float, float, float]:
+    """(total, exposed, gather, scatter) seconds of ZeRO-3 / FSDP communication (comm.fsdp_comm_s): total and
+    exposed in one step; gather and scatter in one micro-batch (its all-gathers, every pass, and its
+    reduce-scatter).
 
     The gathers and reduce-scatters run over the shard group (all of dp, or the hybrid shard group,
     its members placed as ddplan.layout.placement says); hybrid sharding adds an all-reduce of each
@@ -364,6 +371,7 @@ def _fsdp_comm_s(buffers: list[tuple[str, float]], expert: list[tuple[str, float
         across = _Cached(GroupTimer(hw, per_node, efficiency, points), cache)
         ar = across.time_s("all_reduce", sum(size for c, size in buffers if c == "reduce_scatter") / s
                            + sum(size for c, size in expert if c == "reduce_scatter") / s_e, replicas)
-    return comm.fsdp_comm_s(rs, ag, mb_s, layout.grad_accum, max(1, num_layers),
-                            gathers=2 if layout.reshard_after_forward else 1, replica_all_reduce_s=ar,
-                            separate_links=not place.shard_crosses)
+    gathers = 2 if layout.reshard_after_forward else 1
+    total, exposed = comm.fsdp_comm_s(rs, ag, mb_s, layout.grad_accum, max(1, num_layers), gathers=gathers,
+                                      replica_all_reduce_s=ar, separate_links=not place.shard_crosses)
+    return total, exposed, gathers * ag, rs

@@ -316,3 +316,32 @@ def test_plan_takes_every_option(capsys, flag):
     assert rows
     if flag[0] == "--cp":
         assert {r["cp"] for r in rows} >= {"1", "2"}
+
+
+def test_zero3_exposed_is_at_least_what_compute_cannot_hide():
+    """A ZeRO-3 layout whose traffic exceeds its compute: GPT-3 175B on 1,024 A100 at dp 512 x tp 2, each
+    micro-batch gathering ~175 GB of parameters (twice) over one NIC per node. Exposed communication is at
+    least accum x (gathers + reduce-scatter - compute) a step (comm.fsdp_comm_s)."""
+    from ddplan.anatomy import build_anatomy, for_tp
+    from ddplan.layout import Layout
+    from ddplan.registry import load_hardware, load_model
+    from ddplan.roofline import rates
+    from ddplan.step import step_time
+
+    spec, hw = load_model("gpt3-175b"), load_hardware("a100-sxm-80gb")
+    lay = Layout(dp=512, tp=2, zero=3, micro_batch=1, grad_accum=3, attention="fa2", sequence_parallel=True)
+    an = for_tp(build_anatomy(spec, batch=1, attention="flash_package"), 2, sequence_parallel=True)
+    st = step_time(spec, hw, lay, an, rates(hw, "fa2"))
+    comm_mb, compute_mb = st.mb_gather_s + st.mb_scatter_s, st.fwd_s + st.bwd_s
+    assert comm_mb > compute_mb  # the case the check is about
+    assert st.dp_comm_exposed_s >= st.accum * (comm_mb - compute_mb)
+    assert st.dp_comm_total_s == pytest.approx(st.accum * comm_mb)
+
+
+def test_plan_says_what_zero3_exposes(capsys):
+    from cli_helpers import run_ok
+
+    out = run_ok(capsys, ["plan", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "64", "--top", "1",
+                          "--format", "markdown"])
+    line = next(l for l in out.splitlines() if "ZeRO-3: each micro-batch all-gathers" in l)
+    assert "reduce-scatters its gradients in" in line and "a micro-batch exposed" in line
