@@ -345,6 +345,31 @@ def memory_cmd(
     render.echo(render.footer(prov, format.value, scr))
 
 
+def _calibrated_run(ctx: typer.Context, calibration: str | None, **given) -> tuple:
+    """`table --calibration FILE` without --model: the run the calibration measured (its first step's model,
+    GPUs, tp, pp, vp, ZeRO, micro-batch, batch, recompute, attention, window, compile mode), each flag left
+    at its default taking the measured value; a flag given on the command line wins."""
+    from ddplan.errors import UsageError
+    from ddplan.registry import load_calibration
+
+    if calibration is None:
+        raise UsageError("give a model (or --calibration FILE with a measured step to price what it ran)",
+                         field="--model")
+    cal = load_calibration(calibration)
+    if not cal.step_times:
+        raise UsageError(f"{calibration} holds no measured training step to take the model from; give --model",
+                         field="--model")
+    m = cal.step_times[0]
+    measured = dict(gpus=str(m.gpus), tp=str(m.tp), pp=str(m.pp), vp=str(m.pp_virtual_stages),
+                    zero=None if m.zero is None else str(m.zero), device_batch_size=str(m.device_batch_size),
+                    total_batch_size=m.total_batch_tokens, recompute=m.recompute, attention=m.attention,
+                    window=m.window_pattern, compiled=m.compiled)
+    # by name: typer >= 0.22 carries its own copy of click, whose ParameterSource is another enum class
+    out = {k: (v if getattr(ctx.get_parameter_source(k), "name", None) == "COMMANDLINE" else measured[k])
+           for k, v in given.items()}
+    return (m.model, *out.values())
+
+
 class Knob(str, Enum):
     auto = "auto"
     gemm = "gemm"
@@ -354,7 +379,10 @@ class Knob(str, Enum):
 
 @app.command("table", short_help="The decision table: time, cost, MFU, memory per layout.")
 def table_cmd(
-    model: str = ModelOpt,
+    ctx: typer.Context,
+    model: str = typer.Option(None, "--model", "-m", help="Model: a built-in (d24, nanochat-d24, gpt2, llama-3-8b), "
+                              "any nanochat dN, or a YAML path (default with --calibration: the model it measured, "
+                              "priced as it ran there)."),
     hardware: str = HardwareOpt,
     gpus: str = typer.Option("1,8", "--gpus", help="GPUs in total per row (dp x tp x pp), comma-separated; A-B "
                              "doubles from A up to B (1-512: 1, 2, 4, ..., 512; mixes: 1,8-64)."),
@@ -435,7 +463,9 @@ def table_cmd(
       ddplan table -m llama-3-8b --hardware h100 --gpus 8-64 --zero 2,3
       ddplan table -m d24 --hardware h100 --gpus 8,16 --measured-step-time 0.9
 
-    The last one: a step time measured on the first of --gpus (8 GPUs) priced forward to 16.
+    The last one: a step time measured on the first of --gpus (8 GPUs) priced forward to 16. With
+    --calibration and no --model, the table prices what the calibration measured (its model, GPUs,
+    micro-batch, batch, attention and window): `ddplan table --calibration cal.yaml`.
     """
     import datetime as dt
 
@@ -446,6 +476,11 @@ def table_cmd(
     from ddplan.specs import Budget, Price
     from ddplan.table import TableRequest, build_table
 
+    if model is None:
+        (model, gpus, tp, pp, vp, zero, device_batch_size, total_batch_size, recompute, attention, window,
+         compiled) = _calibrated_run(ctx, calibration, gpus=gpus, tp=tp, pp=pp, vp=vp, zero=zero,
+                                     device_batch_size=device_batch_size, total_batch_size=total_batch_size,
+                                     recompute=recompute, attention=attention, window=window, compiled=compiled)
     _check((price, "--price"), (steps, "--steps"), (tokens, "--tokens"), (param_data_ratio, "--param-data-ratio"),
            (total_batch_size, "--total-batch-size"), (measured_step_time, "--measured-step-time"),
            (measured_gpus, "--measured-gpus"), (measured_tp, "--measured-tp"), (measured_pp, "--measured-pp"),
@@ -643,8 +678,8 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
         raise UsageError("needs torch: pip install 'ddplan[calibrate]' (a CUDA or ROCm build on a GPU box)",
                          field="calibrate") from None
     from ddplan import verdicts
-    from ddplan.calibrate.runner import (STAGES, CalibrateRequest, Interrupted, check_step, plan_shapes, run,
-                                         compile_estimate_s, spec_for_device, step_program)
+    from ddplan.calibrate.runner import (GEMM_PASSES, STAGES, CalibrateRequest, Interrupted, check_step,
+                                         compile_estimate_s, plan_shapes, run, spec_for_device, step_program)
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -667,7 +702,7 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
     _info(verdicts.calibrate_plan(spec, req, shapes, STAGES,
                                   len(gemm_shapes(spec_for_device(spec, device), list(shapes.micro_batches),
                                                   shapes.seq_len)), step_program(req),
-                                  compile_estimate_s(spec, step_program(req))))
+                                  compile_estimate_s(spec, step_program(req)), 1 if quick else GEMM_PASSES))
     try:
         if console.is_terminal:
             with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,

@@ -444,11 +444,12 @@ def from_log_line(m, out: str) -> str:
 
 
 def calibrate_plan(spec: ModelSpec, req, shapes, stages: tuple[str, ...], gemm_shapes: int, program,
-                   compile_s: float) -> list[str]:
+                   compile_s: float, gemm_passes: int = 1) -> list[str]:
     """What a calibration will measure, before it starts: shapes, predicted peak memory, how the held-out step
-    runs, a rough duration (each GEMM shape about 10x the minimum timing, plus fixed costs, plus torch.compile
-    on a cold cache where the step compiles; a busy machine takes longer)."""
-    per_shape = 0.15 if req.quick else 0.6
+    runs, a rough duration (each GEMM shape about 0.15 s quick and 1 s a pass otherwise, as measured on a 2-core
+    CPU for d2-d6, plus fixed costs, plus torch.compile on a cold cache where the step compiles; a busy machine
+    takes longer)."""
+    per_shape = 0.15 if req.quick else 1.0 * gemm_passes
     compile_s = 0.0 if shapes.skip_step else compile_s
     estimate = gemm_shapes * per_shape + (15 if req.quick else 40) + compile_s
     how = f"held-out step {program.words()}" + (f" (torch.compile up to about {compile_s:.0f} s of it, not timed)"

@@ -150,6 +150,16 @@ def test_a_failing_compile_runs_eager_and_says_why(monkeypatch):
     assert optimizer_note.startswith("the optimizer ran eager") and "RuntimeError" in optimizer_note
 
 
+def test_bench_adamw_steps_over_separate_copies():
+    """The AdamW rate is per parameter over `copies` separate allocations (one allocation alone measured
+    up to 1.5x off on a shared CPU); no copies or no elements is an error, not a division by zero."""
+    assert positive(bench.bench_adamw_s("cpu", numel=4096, quick=True, copies=2))
+    with pytest.raises(ValueError, match="copies > 0"):
+        bench.bench_adamw_s("cpu", numel=4096, copies=0)
+    with pytest.raises(ValueError, match="numel > 0"):
+        bench.bench_adamw_s("cpu", numel=0)
+
+
 def test_adamw_kernel_is_torch_adamw():
     """adamw_step (the kernel nanochat compiles) against torch.optim.AdamW: same update, three steps."""
     p0, g = torch.randn(16, 8, generator=torch.Generator().manual_seed(0)), torch.randn(16, 8)

@@ -89,6 +89,36 @@ def test_calibration_file_round_trips_through_table(cpu_calibration, capsys):
     assert derived and all(r["basis"] == "fitted" for r in derived)
 
 
+def test_table_with_only_a_calibration_prices_what_it_measured(cpu_calibration, capsys):
+    """Issue 11: `ddplan table --calibration FILE` needs no other flag: its model, GPUs, micro-batch, batch,
+    attention and window are the measured step's, so the one row is the measured configuration."""
+    path, _ = cpu_calibration
+    cal = load_calibration(str(path))
+    step = cal.step_times[0]
+    code, out, err = run(capsys, "table", "--calibration", str(path), "--format", "json")
+    assert code == 0, err
+    result = json.loads(out)
+    text = " ".join(result["assumptions"])
+    assert "nanochat-d2" in text and "sequence 128" in text and "compute dtype fp32" in text
+    (row,) = result["rows"]
+    assert (row["gpus"], row["micro_batch"], row["global_batch_tokens"]) == (1, step.device_batch_size,
+                                                                             step.total_batch_tokens)
+    assert row["attention"] == step.attention
+    if row["basis"] == "measured":  # fitted to it (see the round-trip test for the noisy-CPU case)
+        assert row["step_s"] == pytest.approx(step.step_time_s, rel=1e-3)
+    # flags given win over the measured values (256 tokens split over 2 GPUs at micro-batch 1 x 128)
+    code, out, err = run(capsys, "table", "--calibration", str(path), "--gpus", "2", "--device-batch-size", "1",
+                         "--format", "json")
+    assert code == 0, err
+    assert [(r["gpus"], r["micro_batch"]) for r in json.loads(out)["rows"]
+            if r["basis"] != "measured"] == [(2, 1)]
+
+
+def test_table_without_model_or_calibration_says_which_flag(capsys):
+    code, _, err = run(capsys, "table", "--gpus", "1")
+    assert code == 2 and "--model" in err and "Traceback" not in err
+
+
 def test_calibration_written_atomically_is_valid_yaml(cpu_calibration):
     path, _ = cpu_calibration
     data = yaml.safe_load(path.read_text())

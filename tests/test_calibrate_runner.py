@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("torch")
 
 from ddplan.calibrate import bench, runner  # noqa: E402
-from ddplan.calibrate.runner import CalibrateRequest, plan_shapes, run, sig  # noqa: E402
+from ddplan.calibrate.runner import CalibrateRequest, pass_mean, plan_shapes, run, sig  # noqa: E402
 from ddplan.registry import calibration_hardware, load_calibration, load_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -73,6 +73,41 @@ def test_tiny_and_failing_measurements_are_recorded_and_the_run_completes(tmp_pa
     assert cal.hardware_spec is not None and calibration_hardware(cal, str(out)).name == "cpu-local"
     assert (cal.seq_len, cal.dtype) == (64, "fp32")
     assert oct(out.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+
+
+def test_pass_mean_is_the_rate_at_the_mean_time():
+    """(1000, 1000, 1000) is 2e9 FLOP: passes of 10 ms and 30 ms average 20 ms, 0.1 TFLOP/s (not the mean of
+    0.2 and 0.0667); the spread is the larger of the first pass's 5% and the passes' range, 20/20 ms = 100%."""
+    assert pass_mean(1000, 1000, 1000, [0.01, 0.03], 5.0) == {"tflops": 0.1, "spread_pct": 100.0}
+    assert pass_mean(1000, 1000, 1000, [0.02], 5.0) == {"tflops": 0.1, "spread_pct": 5.0}
+    with pytest.raises(ValueError):
+        pass_mean(1, 1, 1, [], 1.0)
+
+
+def test_a_full_run_times_every_gemm_twice_and_keeps_the_mean(tmp_path, monkeypatch):
+    """Without --quick every GEMM shape is timed in GEMM_PASSES passes; a shape measured at 0.1 then 0.3
+    TFLOP/s is recorded at the rate of its mean time, 2 / (1/0.1 + 1/0.3) = 0.15, with a 100% spread
+    (times 1/0.1 and 1/0.3 around their mean 6.67: range 6.67 / 6.67)."""
+    calls: dict[tuple, int] = {}
+
+    def stats(m, n, k, **kw):
+        calls[(m, n, k)] = calls.get((m, n, k), 0) + 1
+        return (0.1 if calls[(m, n, k)] % 2 else 0.3), 0.01
+
+    monkeypatch.setattr(bench, "bench_gemm_stats", stats)
+    monkeypatch.setattr(bench, "bench_peak_gemm", lambda *a, **k: (0.3, (256, 256, 256)))
+    monkeypatch.setattr(bench, "bench_attention", lambda *a, **k: (0.05, 0.05))
+    monkeypatch.setattr(bench, "bench_hbm", lambda *a, **k: 0.01)
+    monkeypatch.setattr(bench, "bench_loss_head_s", lambda *a, **k: 1e-3)
+    monkeypatch.setattr(bench, "bench_adamw_s", lambda *a, **k: 1e-3)
+    monkeypatch.setattr(bench, "bench_kernel_overhead_us", lambda *a, **k: 10.0)
+    monkeypatch.setattr(bench, "bench_train_step", lambda *a, **k: {"skipped": "not in this test"})
+    req = CalibrateRequest(model=load_model("d2"), hardware=None, device="cpu", out=tmp_path / "c.yaml",
+                           seq_len=64, step_batch=1, micro_batches=(1,))
+    cal, _, _ = run(req)
+    assert calls and set(calls.values()) == {runner.GEMM_PASSES} == {2}
+    assert all(p.tflops == 0.15 and p.spread_pct == 100.0 for p in cal.gemm)
+    assert load_calibration(str(tmp_path / "c.yaml")).gemm == cal.gemm  # the file has the second pass too
 
 
 def _umask() -> int:
@@ -229,3 +264,8 @@ def test_the_plan_counts_compilation_in_its_estimate():
     assert "held-out step eager model, eager optimizer (no compilation)" in eager
     assert compiled_s - eager_s == pytest.approx(runner.compile_estimate_s(load_model("d2"), runner.StepProgram(True, True)),
                                                  abs=1)
+    # a second GEMM pass adds about 1 s per shape (measured: 74-133 s for 42-51 shapes in two passes, d2-d6)
+    req = CalibrateRequest(model=load_model("d2"), hardware=None, device="cpu", out=Path("unused.yaml"))
+    one, two = (calibrate_plan(req.model, req, plan_shapes(req, None), runner.STAGES, 10, runner.step_program(req),
+                               0.0, gemm_passes=p)[0] for p in (1, 2))
+    assert float(two.split("roughly ")[1].split(" s")[0]) - float(one.split("roughly ")[1].split(" s")[0]) == 10
