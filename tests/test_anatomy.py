@@ -451,9 +451,10 @@ def test_sequence_parallel_splits_every_saved_layer_tensor_over_tp():
     (8, True, "full", lambda s, b, h, a, t: 2 * s * b * h / t),
     (8, False, "full", lambda s, b, h, a, t: 2 * s * b * h),
 ])
-def test_korthikanti_table2_activations_per_layer(tp, sp, recompute, per_layer):
-    """Korthikanti et al. 2022 (arXiv 2205.05198) Table 2, activation bytes per layer of GPT-3 22B (s 2048,
-    h 6144, a 64, 16-bit) with dropout 0.1 on the hidden states and the attention probabilities, unfused
+@pytest.mark.parametrize("model", ["gpt3-22b", "gpt3-175b", "gpt3-530b", "gpt3-1t"])
+def test_korthikanti_table2_activations_per_layer(model, tp, sp, recompute, per_layer):
+    """Korthikanti et al. 2022 (arXiv 2205.05198) Table 2, activation bytes per layer of its Table 3 models (GPT-3
+    22B, 175B, 530B, 1T; s 2048, 16-bit; 22B: h 6144, a 64) with dropout 0.1 on the hidden states and the attention probabilities, unfused
     attention: ddplan's saved tensors of the layers / L. What Table 2 leaves out and ddplan keeps: each norm's
     fp32 statistics (4 bytes a row, 2 norms, LayerNorm mean and rstd) and the causal mask (s^2 bool, one for
     all layers, kept under selective/none), so the match is within 0.4%."""
@@ -462,7 +463,7 @@ def test_korthikanti_table2_activations_per_layer(tp, sp, recompute, per_layer):
     from ddplan.anatomy import build_anatomy, for_tp
     from ddplan.registry import load_model
 
-    spec = load_model("gpt3-22b")
+    spec = load_model(model)
     a = spec.architecture
     assert (a.dropout.hidden, a.dropout.attention) == (0.1, 0.1)
     s, b, h, heads = spec.recipe.seq_len, 1, a.d_model, a.num_heads
