@@ -349,8 +349,8 @@ def _calibrated_run(ctx: typer.Context, calibration: str | None, **given) -> tup
     """`table --calibration FILE` without --model: the run the calibration measured (its first step's model,
     GPUs, tp, pp, vp, ZeRO, micro-batch, batch, recompute, attention, window, compile mode), each flag left
     at its default taking the measured value; a flag given on the command line wins."""
-    from ddplan.errors import UsageError
-    from ddplan.registry import load_calibration
+    from ddplan.errors import DdplanError, UsageError
+    from ddplan.registry import load_calibration, load_model
 
     if calibration is None:
         raise UsageError("give a model (or --calibration FILE with a measured step to price what it ran)",
@@ -360,6 +360,11 @@ def _calibrated_run(ctx: typer.Context, calibration: str | None, **given) -> tup
         raise UsageError(f"{calibration} holds no measured training step to take the model from; give --model",
                          field="--model")
     m = cal.step_times[0]
+    try:
+        load_model(m.model)
+    except DdplanError:
+        raise UsageError(f"{calibration} measured model '{m.model}', which is not a built-in; give its spec with "
+                         "--model PATH", field="--model") from None
     measured = dict(gpus=str(m.gpus), tp=str(m.tp), pp=str(m.pp), vp=str(m.pp_virtual_stages),
                     zero=None if m.zero is None else str(m.zero), device_batch_size=str(m.device_batch_size),
                     total_batch_size=m.total_batch_tokens, recompute=m.recompute, attention=m.attention,

@@ -119,6 +119,18 @@ def test_table_without_model_or_calibration_says_which_flag(capsys):
     assert code == 2 and "--model" in err and "Traceback" not in err
 
 
+def test_table_calibration_of_a_model_not_built_in_asks_for_its_spec(cpu_calibration, capsys, tmp_path):
+    path, _ = cpu_calibration
+    data = yaml.safe_load(path.read_text())
+    for step in data["step_times"]:
+        step["model"] = "my-own-model"
+    custom = tmp_path / "custom.yaml"
+    custom.write_text(yaml.safe_dump(data))
+    code, _, err = run(capsys, "table", "--calibration", str(custom))
+    (line,) = err.strip().splitlines()
+    assert code == 2 and "my-own-model" in line and "--model PATH" in line
+
+
 def test_calibration_written_atomically_is_valid_yaml(cpu_calibration):
     path, _ = cpu_calibration
     data = yaml.safe_load(path.read_text())
