@@ -60,7 +60,8 @@ class GemmPoint(Strict):
     k: int = Field(gt=0, le=10**9)
     dtype: Literal["bf16", "fp16", "fp8", "fp32", "tf32"] = "bf16"
     tflops: float = Field(gt=0, le=1e5)
-    spread_pct: float | None = Field(default=None, ge=0, le=1e9)  # interquartile range / median of the timings
+    # percent: the timings' interquartile range / median, or the passes' range / mean where larger
+    spread_pct: float | None = Field(default=None, ge=0, le=1e9)
     label: str | None = None  # which Linear of the model (e.g. "c_fc fwd")
 
 

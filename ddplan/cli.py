@@ -347,8 +347,8 @@ def memory_cmd(
 
 def _calibrated_run(ctx: typer.Context, calibration: str | None, **given) -> tuple:
     """`table --calibration FILE` without --model: the run the calibration measured (its first step's model,
-    GPUs, tp, pp, vp, ZeRO, micro-batch, batch, recompute, attention, window, compile mode), each flag left
-    at its default taking the measured value; a flag given on the command line wins."""
+    GPUs, tp, pp, vp, ZeRO, micro-batch, batch, recompute, attention, window, compile mode and sequence
+    length), each flag left at its default taking the measured value; a flag given on the command line wins."""
     from ddplan.errors import DdplanError, UsageError
     from ddplan.registry import load_calibration, load_model
 
@@ -368,7 +368,7 @@ def _calibrated_run(ctx: typer.Context, calibration: str | None, **given) -> tup
     measured = dict(gpus=str(m.gpus), tp=str(m.tp), pp=str(m.pp), vp=str(m.pp_virtual_stages),
                     zero=None if m.zero is None else str(m.zero), device_batch_size=str(m.device_batch_size),
                     total_batch_size=m.total_batch_tokens, recompute=m.recompute, attention=m.attention,
-                    window=m.window_pattern, compiled=m.compiled)
+                    window=m.window_pattern, compiled=m.compiled, seq_len=cal.seq_len or m.seq_len)
     # by name: typer >= 0.22 carries its own copy of click, whose ParameterSource is another enum class
     out = {k: (v if getattr(ctx.get_parameter_source(k), "name", None) == "COMMANDLINE" else measured[k])
            for k, v in given.items()}
@@ -469,8 +469,9 @@ def table_cmd(
       ddplan table -m d24 --hardware h100 --gpus 8,16 --measured-step-time 0.9
 
     The last one: a step time measured on the first of --gpus (8 GPUs) priced forward to 16. With
-    --calibration and no --model, the table prices what the calibration measured (its model, GPUs,
-    micro-batch, batch, attention and window): `ddplan table --calibration cal.yaml`.
+    --calibration and no --model, the table prices what the calibration measured (its model, GPUs, tp/pp,
+    ZeRO, micro-batch, batch, recompute, attention, window, compile mode and sequence length; flags given
+    win): `ddplan table --calibration cal.yaml`.
     """
     import datetime as dt
 
@@ -483,9 +484,11 @@ def table_cmd(
 
     if model is None:
         (model, gpus, tp, pp, vp, zero, device_batch_size, total_batch_size, recompute, attention, window,
-         compiled) = _calibrated_run(ctx, calibration, gpus=gpus, tp=tp, pp=pp, vp=vp, zero=zero,
-                                     device_batch_size=device_batch_size, total_batch_size=total_batch_size,
-                                     recompute=recompute, attention=attention, window=window, compiled=compiled)
+         compiled, seq_len) = _calibrated_run(ctx, calibration, gpus=gpus, tp=tp, pp=pp, vp=vp, zero=zero,
+                                              device_batch_size=device_batch_size,
+                                              total_batch_size=total_batch_size, recompute=recompute,
+                                              attention=attention, window=window, compiled=compiled,
+                                              seq_len=seq_len)
     _check((price, "--price"), (steps, "--steps"), (tokens, "--tokens"), (param_data_ratio, "--param-data-ratio"),
            (total_batch_size, "--total-batch-size"), (measured_step_time, "--measured-step-time"),
            (measured_gpus, "--measured-gpus"), (measured_tp, "--measured-tp"), (measured_pp, "--measured-pp"),

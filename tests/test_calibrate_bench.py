@@ -150,14 +150,24 @@ def test_a_failing_compile_runs_eager_and_says_why(monkeypatch):
     assert optimizer_note.startswith("the optimizer ran eager") and "RuntimeError" in optimizer_note
 
 
-def test_bench_adamw_steps_over_separate_copies():
-    """The AdamW rate is per parameter over `copies` separate allocations (one allocation alone measured
-    up to 1.5x off on a shared CPU); no copies or no elements is an error, not a division by zero."""
-    assert positive(bench.bench_adamw_s("cpu", numel=4096, quick=True, copies=2))
-    with pytest.raises(ValueError, match="copies > 0"):
+def test_bench_adamw_splits_its_elements_over_separate_copies(monkeypatch):
+    """The AdamW rate is over `copies` separate allocations holding numel elements in all (one allocation
+    alone measured up to 1.5x off on a shared CPU): 4096 over 3 is 1365 + 1365 + 1366. No copies, or more
+    copies than elements, is an error."""
+    sizes = []
+    real = torch.optim.AdamW
+
+    def recording(params, **kw):
+        sizes.extend(p.numel() for p in params)
+        return real(params, **kw)
+
+    monkeypatch.setattr(bench.torch.optim, "AdamW", recording)
+    assert positive(bench.bench_adamw_s("cpu", numel=4096, quick=True, copies=3))
+    assert sizes == [1365, 1365, 1366]
+    with pytest.raises(ValueError, match="copies <= numel"):
         bench.bench_adamw_s("cpu", numel=4096, copies=0)
-    with pytest.raises(ValueError, match="numel > 0"):
-        bench.bench_adamw_s("cpu", numel=0)
+    with pytest.raises(ValueError, match="copies <= numel"):
+        bench.bench_adamw_s("cpu", numel=2, copies=3)
 
 
 def test_adamw_kernel_is_torch_adamw():

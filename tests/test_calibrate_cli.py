@@ -131,6 +131,20 @@ def test_table_calibration_of_a_model_not_built_in_asks_for_its_spec(cpu_calibra
     assert code == 2 and "my-own-model" in line and "--model PATH" in line
 
 
+def test_table_with_only_a_calibration_takes_the_steps_sequence(cpu_calibration, capsys, tmp_path):
+    """A calibration without a top-level sequence length (e.g. written by hand) prices at its step's (128 here),
+    not at the recipe's (2048 for nanochat)."""
+    path, _ = cpu_calibration
+    data = yaml.safe_load(path.read_text())
+    data.pop("seq_len", None)
+    assert all(step["seq_len"] == 128 for step in data["step_times"])
+    bare = tmp_path / "bare.yaml"
+    bare.write_text(yaml.safe_dump(data))
+    code, out, err = run(capsys, "table", "--calibration", str(bare), "--format", "json")
+    assert code == 0, err
+    assert "sequence 128" in " ".join(json.loads(out)["assumptions"])
+
+
 def test_calibration_written_atomically_is_valid_yaml(cpu_calibration):
     path, _ = cpu_calibration
     data = yaml.safe_load(path.read_text())

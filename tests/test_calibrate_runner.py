@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 pytest.importorskip("torch")
 
@@ -95,7 +96,13 @@ def test_a_full_run_times_every_gemm_twice_and_keeps_the_mean(tmp_path, monkeypa
         return (0.1 if calls[(m, n, k)] % 2 else 0.3), 0.01
 
     monkeypatch.setattr(bench, "bench_gemm_stats", stats)
-    monkeypatch.setattr(bench, "bench_peak_gemm", lambda *a, **k: (0.3, (256, 256, 256)))
+    in_file_after_gemms = []
+
+    def peak(*a, **k):  # the next stage: what the file holds once the GEMMs are done
+        in_file_after_gemms.extend(p["tflops"] for p in yaml.safe_load((tmp_path / "c.yaml").read_text())["gemm"])
+        return 0.3, (256, 256, 256)
+
+    monkeypatch.setattr(bench, "bench_peak_gemm", peak)
     monkeypatch.setattr(bench, "bench_attention", lambda *a, **k: (0.05, 0.05))
     monkeypatch.setattr(bench, "bench_hbm", lambda *a, **k: 0.01)
     monkeypatch.setattr(bench, "bench_loss_head_s", lambda *a, **k: 1e-3)
@@ -107,7 +114,8 @@ def test_a_full_run_times_every_gemm_twice_and_keeps_the_mean(tmp_path, monkeypa
     cal, _, _ = run(req)
     assert calls and set(calls.values()) == {runner.GEMM_PASSES} == {2}
     assert all(p.tflops == 0.15 and p.spread_pct == 100.0 for p in cal.gemm)
-    assert load_calibration(str(tmp_path / "c.yaml")).gemm == cal.gemm  # the file has the second pass too
+    assert in_file_after_gemms and set(in_file_after_gemms) == {0.15}  # the second pass is written at once
+    assert load_calibration(str(tmp_path / "c.yaml")).gemm == cal.gemm
 
 
 def _umask() -> int:

@@ -378,32 +378,33 @@ def bench_loss_head_s(device="cuda", *, rows: int, vocab: int, softcap: float | 
     return time_s(chain, d, min_run_time=_min_run_time(quick))
 
 
-ADAMW_COPIES = 3  # parameters of numel each the AdamW benchmark steps over (see bench_adamw_s)
+ADAMW_COPIES = 3  # separately allocated parameters the AdamW benchmark splits its elements over (bench_adamw_s)
 
 
 def bench_adamw_s(device="cuda", *, numel: int, dtype: str = "fp32", quick: bool = False,
                   compiled: bool = False, copies: int = ADAMW_COPIES) -> float:
-    """Seconds of one AdamW step per parameter of numel elements, gradient present: the optimizer's own
-    memory-bound rate. Eager: torch.optim.AdamW (fused on GPU, the default foreach/for-loop path on CPU);
-    compiled: the torch.compile'd kernel the held-out step runs (ddplan.calibrate.optim.adamw_step).
+    """Seconds of one AdamW step over numel elements, gradient present: the optimizer's own memory-bound rate.
+    Eager: torch.optim.AdamW (fused on GPU, the default foreach/for-loop path on CPU); compiled: the
+    torch.compile'd kernel the held-out step runs (ddplan.calibrate.optim.adamw_step).
 
-    The step updates `copies` separately allocated parameters and the time is divided by copies: a real
-    optimizer runs over many allocations, and one allocation alone is not typical (measured on a 2-core
-    AMD EPYC VM: 0.026 or 0.040 TB/s for the same kernel depending on the allocation, each stable to 5%).
+    The elements are split over `copies` separately allocated parameters (the same memory as one): a real
+    optimizer runs over many allocations, and one allocation alone is not typical (measured on a 2-core AMD
+    EPYC VM: 0.026 or 0.040 TB/s for the same kernel depending on the allocation, each stable to 5%).
     """
-    if numel <= 0 or copies <= 0:
-        raise ValueError(f"need numel > 0 and copies > 0, got {numel}, {copies}")
+    if numel <= 0 or copies <= 0 or copies > numel:
+        raise ValueError(f"need numel > 0 and 0 < copies <= numel, got {numel}, {copies}")
     d = _device(device)
+    sizes = [numel // copies] * (copies - 1) + [numel - (copies - 1) * (numel // copies)]
     params = []
-    for _ in range(copies):
-        p = torch.nn.Parameter(torch.randn(numel, device=d, dtype=_torch_dtype(dtype)))
+    for size in sizes:
+        p = torch.nn.Parameter(torch.randn(size, device=d, dtype=_torch_dtype(dtype)))
         p.grad = torch.randn_like(p)
         params.append(p)
     opt = (AdamW(params, lr=1e-4, compiled=True) if compiled
            else torch.optim.AdamW(params, lr=1e-4, fused=d.type == "cuda"))
     with _compile_limits():
         opt.step()  # create the state (and compile)
-    return time_s(opt.step, d, min_run_time=_min_run_time(quick)) / copies
+    return time_s(opt.step, d, min_run_time=_min_run_time(quick))
 
 
 def bench_kernel_overhead_us(device="cuda", *, quick: bool = False) -> float:

@@ -325,19 +325,20 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
             rec.fail(name, e)
 
     def gemms() -> None:
-        points, times = [], []
+        points, times, first_spread = [], [], []
         shapes_ = bench.gemm_shapes(spec, list(batches), seq)
         for m, n, k, label in shapes_:
             tflops, spread = bench.bench_gemm_stats(m, n, k, dtype=gemm_dtype, device=device, quick=req.quick)
             points.append({"m": m, "n": n, "k": k, "dtype": gemm_dtype, "tflops": sig(tflops),
                            "spread_pct": sig(100 * spread, 3), "label": label})
             times.append([2.0 * m * n * k / (tflops * 1e12)])
+            first_spread.append(100 * spread)
             rec.append("gemm", points[-1:])  # in the file as soon as it is measured (an interruption keeps it)
         for _ in range(1, 1 if req.quick else GEMM_PASSES):  # again, later and in fresh memory
             for i, (m, n, k, _label) in enumerate(shapes_):
                 tflops, _spread = bench.bench_gemm_stats(m, n, k, dtype=gemm_dtype, device=device)
                 times[i].append(2.0 * m * n * k / (tflops * 1e12))
-                points[i].update(pass_mean(m, n, k, times[i], points[i]["spread_pct"]))
+                points[i].update(pass_mean(m, n, k, times[i], first_spread[i]))
             rec.flush()  # the points are the file's own entries (rec.append keeps the same dicts)
         noisy = [p for p in points if p["spread_pct"] > BUSY_SPREAD_PCT]
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
@@ -349,7 +350,8 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
         elif len(noisy) > len(points) / 4:  # timings of one kernel disagree: something else is running
             rec.data.setdefault("failures", []).append(
                 f"GEMMs: the machine looks busy: {len(noisy)} of {len(points)} shapes have timings that spread "
-                f"more than {BUSY_SPREAD_PCT:g}% (interquartile range / median); calibrate again when it is quiet")
+                f"more than {BUSY_SPREAD_PCT:g}% (interquartile range / median, or the passes' range / mean); "
+                f"calibrate again when it is quiet")
             rec.flush()
 
     def peak() -> None:
