@@ -55,6 +55,7 @@ class Rates:
     attn_fwd: float
     attn_bwd: float
     kernel_overhead_s: float
+    gemm_overhead_s: float | None = None  # fixed cost of one GEMM call (None: kernel_overhead_s)
     fp8_flops_per_s: float | None = None  # set when eligible GEMMs run in fp8
     gemm_best_fp8: float = 0.0
     fp8_recipe: str = "tensorwise"  # how the casts run (FP8_RECIPES)
@@ -69,6 +70,9 @@ class Rates:
     attention_points: tuple[tuple[int, int, int, int, float, float], ...] = ()
     gemm_scale: float = 1.0  # the fitted knob's factor when the GEMM efficiency comes from points
     attention_scale: float = 1.0
+    # > 0: fused attention, whose efficiencies were measured at this sequence length and follow
+    # attention_seq_factor from there; 0: no sequence curve (unfused math, or measured points)
+    attn_reference_seq: int = 0
     pointwise_bytes_per_s: float | None = None  # measured rate of eager elementwise ops (replaces HBM x eff)
     optimizer_bytes_per_s: float | None = None  # measured AdamW rate (replaces HBM x eff for the optimizer)
 
@@ -125,11 +129,36 @@ def rates(hw: HardwareSpec, attention: str, scenario: Scenario = "value", dtype:
         attn_fwd=pick(impl.efficiency_fwd, scenario),
         attn_bwd=pick(impl.efficiency_bwd, scenario),
         kernel_overhead_s=e.kernel_overhead_us.value * US,
+        gemm_overhead_s=e.gemm.fixed_us.value * US if e.gemm.fixed_us else None,
         fp8_flops_per_s=hw.peak.flops_per_s("fp8") if fp8 else None,
         gemm_best_fp8=pick(fp8_best, scenario) * kept,
         fp8_recipe=fp8_recipe,
         fp8_lm_head=fp8_lm_head,
+        attn_reference_seq=impl.measured_seq_len if impl.kind in FUSED_KINDS else 0,
     )
+
+
+# Fused attention kernels (flash, PyTorch's fused SDPA) whose speed follows attention_seq_factor
+FUSED_KINDS = ("fused_sdpa", "flash_package")
+# Fitted to H100 forward TFLOP/s at sequence 512-16,384 (B x S = 16k, H x D = 2048, head dim 128;
+# pytorch/benchmark commit ff65cb67, PR #2391, test plan): 233.8 for FA3, 243.7 for the Triton tutorial's
+# FA2, each within 1% at every length (tests/test_roofline.py refits them)
+FLASH_SEQ_HALF = 240.0
+
+
+def attention_seq_factor(kv_len: int, reference_seq: int, seq_half: float = FLASH_SEQ_HALF) -> float:
+    """A fused attention kernel's efficiency at kv_len keys per query relative to its efficiency at
+    reference_seq: g(kv_len) / g(reference_seq), g(s) = s / (s + seq_half).
+
+    Each query block pays a fixed cost (loading Q, the softmax rescale and the output epilogue) against
+    work that grows with the keys it visits, so throughput saturates with the sequence: FA3 on H100
+    runs 430 TFLOP/s at 512 and 621 at 16,384, 1 - 1/(1 + s/234) within 1% (pytorch/benchmark ff65cb67).
+    Assumed the same for backward and for every fused kernel and GPU; head dim is not a variable (no
+    published sweep of it was at hand). Ref: Dao, arXiv 2307.08691, sec. 3 (per-block work).
+    """
+    if kv_len <= 0 or reference_seq <= 0 or seq_half <= 0:
+        raise ValueError(f"need positive kv_len, reference_seq, seq_half; got {kv_len}, {reference_seq}, {seq_half}")
+    return (kv_len / (kv_len + seq_half)) / (reference_seq / (reference_seq + seq_half))
 
 
 def gemm_efficiency(m: int, n: int, k: int, best: float, half_dim: float) -> float:
@@ -166,6 +195,20 @@ def gemm_fraction(m: int, n: int, k: int, r: Rates) -> float:
     return gemm_efficiency(m, n, k, r.gemm_best, r.gemm_half_dim)
 
 
+def gemm_call_s(r: Rates) -> float:
+    """Seconds one GEMM call costs beyond its work: the fixed cost fitted to a published sweep, else the
+    kernel overhead of every kernel. Ref: ddplan.sweeps (validation/gemm_sweeps.yaml)."""
+    return r.kernel_overhead_s if r.gemm_overhead_s is None else r.gemm_overhead_s
+
+
+def gemm_forward_s(m: int, n: int, k: int, flops: float, bytes_moved: float, r: Rates) -> float:
+    """Seconds of one GEMM call (m x k) @ (k x n) doing `flops` (2 m n k for one GEMM): the roofline at the
+    shape's efficiency plus the call's fixed cost. A forward GEMM is priced so; a sweep of single GEMMs
+    measures exactly this (ddplan.sweeps)."""
+    rate = r.peak_flops_per_s * gemm_fraction(m, n, k, r)
+    return roofline_s(flops, bytes_moved, rate, r.hbm_bytes_per_s * r.hbm) + gemm_call_s(r)
+
+
 def roofline_s(flops: float, bytes_moved: float, flops_per_s: float, bytes_per_s: float) -> float:
     """max(FLOPs / FLOP rate, bytes / byte rate), seconds. Ref: Williams et al., CACM 2009."""
     if flops < 0 or bytes_moved < 0 or flops_per_s <= 0 or bytes_per_s <= 0:
@@ -190,31 +233,34 @@ def op_time_s(op: Op, anatomy: Anatomy, r: Rates) -> tuple[float, float]:
     bw = r.hbm_bytes_per_s * r.hbm
     if op.kind == "gemm":
         m, n, k = op.shape
+        call = gemm_call_s(r)
         if r.fp8_flops_per_s and fp8_eligible(op, r.fp8_lm_head):
             # the GEMMs at the fp8 rate, after the recipe's casts (memory-bound kernels of their own) and launches
             rate = r.fp8_flops_per_s * gemm_efficiency(m, n, k, r.gemm_best_fp8, r.gemm_half_dim)
             cast_fwd, cast_bwd = fp8_cast_bytes(m, n, k, r.fp8_recipe, r.fp8_weight_shards, r.fp8_gathers)
             launch_fwd, launch_bwd = FP8_CAST_LAUNCHES[r.fp8_recipe]
             return (roofline_s(op.flops_fwd, op.bytes_fwd, rate, bw) + cast_fwd / bw
-                    + (1 + launch_fwd) * r.kernel_overhead_s,
+                    + call + launch_fwd * r.kernel_overhead_s,
                     roofline_s(op.flops_bwd, op.bytes_bwd, rate, bw) + cast_bwd / bw
-                    + (2 + launch_bwd) * r.kernel_overhead_s)
+                    + 2 * call + launch_bwd * r.kernel_overhead_s)
         # backward is two GEMMs, dX (m x n @ n x k) and dW (k x m @ m x n): two launches, own shapes
-        fwd_rate = r.peak_flops_per_s * gemm_fraction(m, n, k, r)
         dx_rate = r.peak_flops_per_s * gemm_fraction(m, k, n, r)
         dw_rate = r.peak_flops_per_s * gemm_fraction(k, n, m, r)
         half = op.flops_bwd / 2
         bwd_compute = half / dx_rate + half / dw_rate
-        return (roofline_s(op.flops_fwd, op.bytes_fwd, fwd_rate, bw) + r.kernel_overhead_s,
-                max(bwd_compute, op.bytes_bwd / bw) + 2 * r.kernel_overhead_s)
+        return (gemm_forward_s(m, n, k, op.flops_fwd, op.bytes_fwd, r),
+                max(bwd_compute, op.bytes_bwd / bw) + 2 * call)
     if op.kind == "attention":
         f, b = attention_efficiency_flops(op, anatomy)
         eff_f, eff_b = r.attn_fwd, r.attn_bwd
+        bb, h, s, window, hd = op.shape
+        processed = s if (anatomy.attention in UNFUSED_KINDS or anatomy.windows == "mask") else window
         if r.attention_points:
-            bb, h, s, window, hd = op.shape
-            processed = s if (anatomy.attention in UNFUSED_KINDS or anatomy.windows == "mask") else window
             point = nearest(r.attention_points, (bb * h, s, processed, hd))
             eff_f, eff_b = point[4] * r.attention_scale, point[5] * r.attention_scale
+        elif r.attn_reference_seq:
+            g = attention_seq_factor(processed, r.attn_reference_seq)
+            eff_f, eff_b = eff_f * g, eff_b * g
         return (roofline_s(f, op.bytes_fwd, r.peak_flops_per_s * eff_f, bw) + r.kernel_overhead_s,
                 roofline_s(b, op.bytes_bwd, r.peak_flops_per_s * eff_b, bw) + r.kernel_overhead_s)
     fused = COMPILED_POINTWISE_FRACTION if anatomy.compiled else 1.0

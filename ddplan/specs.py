@@ -165,6 +165,9 @@ class GemmEfficiency(Strict):
     half_dim: Sourced  # dimension at which that dimension alone halves the efficiency
     best_fp8: Efficiency | None = None  # fraction of the dense fp8 peak (None: assume the bf16 fraction)
     sustained: Efficiency | None = None  # fraction of `best` kept in training (None: 1, all of it)
+    # seconds one GEMM call costs beyond its work at the curve's rate (launch, prologue, epilogue, tail),
+    # fitted with half_dim to a published sweep (ddplan.sweeps); None: the kernel overhead of every kernel
+    fixed_us: Sourced | None = None
 
 
 class Efficiencies(Strict):
@@ -194,6 +197,9 @@ class AttentionImpl(Strict):
     # false: priced only when named (--attention, a validation run), never in the rows, searches and
     # consistency checks that try every implementation (Megatron-LM's own attention, not a PyTorch loop's)
     by_default: bool = True
+    # the sequence length of the measurement its efficiencies come from: fused kernels are priced along
+    # ddplan.roofline.attention_seq_factor from there (every shipped figure: Azure's runs at seq 8192)
+    measured_seq_len: int = Field(default=8192, gt=0, le=10**8)
 
 
 class HardwareSpec(Strict):

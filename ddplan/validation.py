@@ -228,20 +228,9 @@ def fit_sustained(runs: Sequence[PublishedRun], hardware: str, where: str, lo: f
     def cost(f: float) -> float:
         return statistics.fmean(abs(math.log(1 + score(r, where, dict.fromkeys(names, f)).error)) for r in mine)
 
-    g = (math.sqrt(5) - 1) / 2
-    a, b = lo, hi
-    c, d = b - g * (b - a), a + g * (b - a)
-    fc, fd = cost(c), cost(d)
-    while b - a > tol:
-        if fc < fd:
-            b, d, fd = d, c, fc
-            c = b - g * (b - a)
-            fc = cost(c)
-        else:
-            a, c, fc = c, d, fd
-            d = a + g * (b - a)
-            fd = cost(d)
-    return round((a + b) / 2, 3)
+    from ddplan.sweeps import golden_min
+
+    return round(golden_min(cost, lo, hi, tol), 3)
 
 
 def _hw_name(name: str) -> str:

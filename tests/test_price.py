@@ -199,8 +199,8 @@ TABLE5 = [r for r in load_runs().runs if r.source.name == "korthikanti2022"]
 
 
 @pytest.mark.parametrize("r", TABLE5, ids=[r.id for r in TABLE5])
-def test_korthikanti_table5_within_15_percent(capsys, r):
-    """Every Table 5 iteration time within 15% (full recompute: 1.42 / 18.13 / 49.05 / 94.42 s for 22B /
+def test_korthikanti_table5_within_10_percent(capsys, r):
+    """Every Table 5 iteration time within 10% (issue 12; full recompute: 1.42 / 18.13 / 49.05 / 94.42 s for 22B /
     175B / 530B / 1T), priced by the `ddplan table` command the dataset row stands for, and that command's
     row is the one `ddplan validate` scores. The "present work" rows run sequence parallelism
     (--sequence-parallel) and, as they did, fit in 80 GB."""
@@ -210,7 +210,7 @@ def test_korthikanti_table5_within_15_percent(capsys, r):
     measured = r.measured.step_time_s
     err = (f(row, "step_s") - measured) / measured
     print(f"{r.id}: measured {measured} s, predicted {f(row, 'step_s'):.2f} s ({100 * err:+.1f}%)")
-    assert abs(err) <= 0.15
+    assert abs(err) <= 0.10
     assert f(row, "step_low_s") <= measured <= f(row, "step_high_s")
     assert f(row, "step_s") == pytest.approx(V.score(r, "test").predicted_s, rel=1e-12)
     if r.layout.sequence_parallel:

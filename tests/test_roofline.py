@@ -18,8 +18,10 @@ from hypothesis import strategies as st
 from ddplan.anatomy import attention_pairs, build_anatomy
 from ddplan.registry import builtin_names, load_hardware, load_model
 from ddplan.roofline import (
+    FLASH_SEQ_HALF,
     SCENARIOS,
     attention_efficiency_flops,
+    attention_seq_factor,
     gemm_efficiency,
     gemm_fraction,
     micro_batch_time,
@@ -136,29 +138,30 @@ def test_roofline_rejects_bad_input(args):
 def test_op_time_gemm_equals_hand_roofline_plus_launches(mi300x):
     """d24 h0.attn.c_q at micro-batch 32, MI300X central rates.
 
-    Forward: 2 x 65536 x 1536 x 1536 = 309,237,645,312 FLOPs at 1307.4e12 x 0.373968 x 0.753 (the fraction
-    training keeps, mi300x's assumed `sustained`) = 368.16 TFLOP/s -> 0.632484 / 0.753 = 0.839952 ms;
+    Forward: 2 x 65536 x 1536 x 1536 = 309,237,645,312 FLOPs at 1307.4e12 x 0.511 (MAMF best) x 0.744 (the
+    fraction training keeps, mi300x's assumed `sustained`) x 65536/65633 x (1536/1633)^2 (the shape curve at
+    the half_dim 97 fitted to the MI300X hipBLASLt sweep: 0.883421) = 439.11 TFLOP/s -> 0.704243 ms;
     bytes 65536x1536x2 (x) + 1536^2 x 2 (W bf16) + 65536x1536x2 (y) + 1536^2 x (4+2)
     (fp32 master read, bf16 cast written) = 421,527,552 B at 5.3e12 x 0.775 -> 0.102624 ms: compute
-    bound. + one 8 us launch. Backward: twice the FLOPs (dX and dW), two launches.
+    bound. + one GEMM call's fixed 33.3 us (the sweep's fit). Backward: twice the FLOPs (dX and dW), two calls.
     """
     an = d24_anatomy("fused_sdpa")
     op = op_named(an, "h0.attn.c_q")
     assert op.shape == (65536, 1536, 1536)
     assert op.flops_fwd == 309_237_645_312 and op.bytes_fwd == 421_527_552
     r = rates(mi300x, "sdpa-fused")
-    rate = 1307.4e12 * 0.511 * 0.753 * 256 / 257 * 36 / 49  # MAMF best x sustained (0.753) x shape curve
+    rate = 1307.4e12 * 0.511 * 0.744 * 65536 / 65633 * (1536 / 1633) ** 2  # best x sustained x shape curve
     fwd, bwd = op_time_s(op, an, r)
-    assert fwd == pytest.approx(309_237_645_312 / rate + 8e-6, rel=1e-9)
-    assert fwd == pytest.approx(0.632484e-3 / 0.753 + 8e-6, rel=1e-5)
-    hand_bwd = max(2 * 309_237_645_312 / rate, op.bytes_bwd / (5.3e12 * 0.775)) + 2 * 8e-6
+    assert fwd == pytest.approx(309_237_645_312 / rate + 33.3e-6, rel=1e-9)
+    assert fwd == pytest.approx(0.704243e-3 + 33.3e-6, rel=1e-5)
+    hand_bwd = max(2 * 309_237_645_312 / rate, op.bytes_bwd / (5.3e12 * 0.775)) + 2 * 33.3e-6
     assert bwd == pytest.approx(hand_bwd, rel=1e-9)
 
 
 def test_op_time_gemm_memory_bound_when_hbm_is_slow(mi300x):
     an = d24_anatomy("fused_sdpa")
     op = op_named(an, "h0.attn.c_q")
-    r = replace(rates(mi300x, "sdpa-fused"), hbm_bytes_per_s=1e9, kernel_overhead_s=0.0)
+    r = replace(rates(mi300x, "sdpa-fused"), hbm_bytes_per_s=1e9, kernel_overhead_s=0.0, gemm_overhead_s=None)
     fwd, bwd = op_time_s(op, an, r)
     assert fwd == pytest.approx(op.bytes_fwd / (1e9 * 0.775))
     assert bwd == pytest.approx(op.bytes_bwd / (1e9 * 0.775))
@@ -170,8 +173,56 @@ def test_op_time_flash_attention_uses_convention_flops_and_one_launch(mi300x):
     r = replace(rates(mi300x, "flash-attn-ck"), hbm_bytes_per_s=1e30)  # compute bound
     f, b = attention_efficiency_flops(op, an)
     fwd, bwd = op_time_s(op, an, r)
-    assert fwd == pytest.approx(f / (1307.4e12 * 0.28) + 8e-6, rel=1e-9)
-    assert bwd == pytest.approx(b / (1307.4e12 * 0.19) + 8e-6, rel=1e-9)
+    g = (512 / 752) / (8192 / 8432)  # layer 0's window (S: 512 keys) against the spec's 8,192-token measurement
+    assert fwd == pytest.approx(f / (1307.4e12 * 0.28 * g) + 8e-6, rel=1e-9)
+    assert bwd == pytest.approx(b / (1307.4e12 * 0.19 * g) + 8e-6, rel=1e-9)
+
+
+# H100 forward TFLOP/s by sequence length, B x S = 16k, H x D = 2048, head dim 128 (pytorch/benchmark commit
+# ff65cb675209d2308f7d27c6920af8a32de9aa90, PR #2391, test plan): FA3 and the Triton tutorial's FA2
+SEQ_SWEEP = (512, 1024, 2048, 4096, 8192, 16384)
+FA3_TFLOPS = (430.32, 517.099, 565.544, 590.233, 614.234, 620.73)
+TRITON_FA2_TFLOPS = (328.882, 389.723, 433.721, 458.359, 470.732, 476.753)
+
+
+def test_attention_seq_factor_by_hand():
+    assert attention_seq_factor(8192, 8192) == 1.0
+    assert attention_seq_factor(2048, 8192, 240) == pytest.approx((2048 / 2288) / (8192 / 8432), rel=1e-12)
+    assert attention_seq_factor(512, 512, 240) == 1.0
+    with pytest.raises(ValueError):
+        attention_seq_factor(0, 8192)
+
+
+@pytest.mark.parametrize("measured", [FA3_TFLOPS, TRITON_FA2_TFLOPS], ids=["fa3", "triton-fa2"])
+def test_flash_seq_half_fits_the_published_sweep(measured):
+    """Each series is a x s / (s + seq_half) within 1% at every length, with seq_half within 10 of the
+    shipped FLASH_SEQ_HALF (233.8 for FA3, 243.7 for the Triton FA2: 240 between them)."""
+    from ddplan.sweeps import golden_min
+
+    def fit(h: float) -> tuple[float, float]:
+        g = [s / (s + h) for s in SEQ_SWEEP]
+        a = math.exp(sum(math.log(y / x) for y, x in zip(measured, g)) / len(g))
+        return sum(math.log(a * x / y) ** 2 for y, x in zip(measured, g)), a
+
+    h = math.exp(golden_min(lambda lh: fit(math.exp(lh))[0], math.log(10), math.log(20000), 1e-6))
+    assert h == pytest.approx(FLASH_SEQ_HALF, abs=10)
+    a = fit(FLASH_SEQ_HALF)[1]
+    for s, y in zip(SEQ_SWEEP, measured):
+        assert a * s / (s + FLASH_SEQ_HALF) == pytest.approx(y, rel=0.015)
+
+
+def test_only_fused_kernels_follow_the_sequence_curve(mi300x):
+    assert rates(mi300x, "flash-attn-ck").attn_reference_seq == 8192
+    assert rates(mi300x, "sdpa-fused").attn_reference_seq == 8192
+    assert rates(mi300x, "sdpa-math").attn_reference_seq == 0
+    an = d24_anatomy("flash_package")  # SSSL: layer 0 visits a 512-token window, layer 3 all 2,048 tokens
+    r = replace(rates(mi300x, "flash-attn-ck"), hbm_bytes_per_s=1e30, kernel_overhead_s=0.0)
+    per_flop = []
+    for name in ("h0.attn.core", "h3.attn.core"):
+        op = op_named(an, name)
+        f, _ = attention_efficiency_flops(op, an)
+        per_flop.append(op_time_s(op, an, r)[0] / f)
+    assert per_flop[0] / per_flop[1] == pytest.approx((2048 / 2288) / (512 / 752), rel=1e-9)
 
 
 def test_unfused_math_splits_attention_into_scores_and_pv():
@@ -188,7 +239,7 @@ def test_op_time_unfused_math_charges_the_convention_flops_once_per_layer(mi300x
     on causal/2 FLOPs), so a layer's forward attention takes 4 b h pairs hd / (peak x 0.10), however
     many kernels the implementation splits it into."""
     an = d24_anatomy("unfused_math")
-    r = replace(rates(mi300x, "sdpa-math"), hbm_bytes_per_s=1e30, kernel_overhead_s=0.0)
+    r = replace(rates(mi300x, "sdpa-math"), hbm_bytes_per_s=1e30, kernel_overhead_s=0.0, gemm_overhead_s=None)
     ops = [op for op in an.ops if op.kind == "attention" and op.layer == 0]  # h0.attn.scores, h0.attn.pv
     conv_fwd, conv_bwd = (sum(x) for x in zip(*(attention_efficiency_flops(op, an) for op in ops)))
     b, h, s, w, hd = ops[0].shape
@@ -210,7 +261,7 @@ def test_op_time_pointwise_compiled_halves_traffic_and_launch(mi300x):
 
 def test_gemm_fraction_curve_when_uncalibrated(mi300x):
     r = rates(mi300x, "sdpa-fused")
-    assert gemm_fraction(65536, 1536, 1536, r) == pytest.approx(gemm_efficiency(65536, 1536, 1536, 0.511 * 0.753, 256))
+    assert gemm_fraction(65536, 1536, 1536, r) == pytest.approx(gemm_efficiency(65536, 1536, 1536, 0.511 * 0.744, 97))
 
 
 def test_gemm_fraction_nearest_measured_shape_in_log_space(mi300x):
@@ -232,7 +283,7 @@ def test_op_time_gemm_backward_times_dx_and_dw_at_their_own_shapes(mi300x):
     m, n, k = op.shape
     assert (m, n, k) == (65536, 6144, 1536)
     pts = ((m, n, k, 0.5), (m, k, n, 0.25), (k, n, m, 0.125))
-    r = replace(rates(mi300x, "sdpa-fused"), peak_flops_per_s=1e15, hbm_bytes_per_s=1e30, kernel_overhead_s=0.0,
+    r = replace(rates(mi300x, "sdpa-fused"), peak_flops_per_s=1e15, hbm_bytes_per_s=1e30, kernel_overhead_s=0.0, gemm_overhead_s=None,
                 gemm_points=pts)
     fwd, bwd = op_time_s(op, an, r)
     two_mnk = 2.0 * m * n * k
@@ -295,9 +346,10 @@ def test_rates_mi300x_central_values(mi300x):
     assert r.peak_flops_per_s == pytest.approx(1307.4e12)
     assert r.vector_flops_per_s == pytest.approx(163.4e12)
     assert r.hbm_bytes_per_s == pytest.approx(5.3e12)
-    # best GEMM (MAMF) x the fraction training keeps (mi300x: assumed 0.753, no run to fit; see its spec)
-    assert r.gemm_best == pytest.approx(0.511 * 0.753)
-    assert (r.gemm_half_dim, r.hbm) == (256, 0.775)
+    # best GEMM (MAMF) x the fraction training keeps (mi300x: assumed 0.744, no run to fit; see its spec)
+    assert r.gemm_best == pytest.approx(0.511 * 0.744)
+    assert (r.gemm_half_dim, r.hbm) == (97, 0.775)
+    assert r.gemm_overhead_s == pytest.approx(33.3e-6)  # a GEMM call, fitted to the MI300X sweep
     assert (r.attn_fwd, r.attn_bwd) == (0.28, 0.19)
     assert r.kernel_overhead_s == pytest.approx(8e-6)
 
