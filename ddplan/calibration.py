@@ -191,16 +191,15 @@ def calibrated_rates(r: Rates, attention: str, calibration: CalibrationSpec | No
         return r
     if calibration.hbm_tbyte_per_s:
         r = replace(r, hbm=calibration.hbm_tbyte_per_s * 1e12 / r.hbm_bytes_per_s)
-    if calibration.kernel_overhead_us:  # measured: it replaces the spec's GEMM call cost too
-        r = replace(r, kernel_overhead_s=calibration.kernel_overhead_us * 1e-6, gemm_overhead_s=None)
+    if calibration.kernel_overhead_us:  # an empty kernel's launch: not a GEMM call (the fitted call cost stays)
+        r = replace(r, kernel_overhead_s=calibration.kernel_overhead_us * 1e-6)
     if calibration.pointwise_tbyte_per_s:
         r = replace(r, pointwise_bytes_per_s=calibration.pointwise_tbyte_per_s * 1e12)
     if calibration.optimizer_tbyte_per_s:
         r = replace(r, optimizer_bytes_per_s=calibration.optimizer_tbyte_per_s * 1e12)
     gemm = [p for p in calibration.gemm if p.dtype in ("bf16", "fp16", "fp32")]
     if gemm:
-        r = replace(r, gemm_points=tuple((p.m, p.n, p.k, p.tflops * 1e12 / r.peak_flops_per_s) for p in gemm),
-                    gemm_overhead_s=None)  # measured rates hold the call's cost
+        r = replace(r, gemm_points=tuple((p.m, p.n, p.k, p.tflops * 1e12 / r.peak_flops_per_s) for p in gemm))
     if calibration.peak_gemm_tflops:
         r = replace(r, gemm_best=calibration.peak_gemm_tflops * 1e12 / r.peak_flops_per_s)
     attn = [p for p in calibration.attention if p.implementation == attention]

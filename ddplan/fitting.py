@@ -15,6 +15,8 @@ the model's own.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ddplan.calibration import StepMeasurement, fit_factor
@@ -160,3 +162,23 @@ def fit_measurement(pricer, m: StepMeasurement, knob: str = "auto", where: str =
     kept = {s: f for s, f in factors.items() if s not in dropped}
     return Fit(knob=knob, factors=kept, measurement=m, layout=layout, window=window, seq_len=spec.recipe.seq_len,
                implied=implied("value"), ceiling=ceiling, dropped=dropped)
+
+
+def golden_min(cost: Callable[[float], float], lo: float, hi: float, tol: float) -> float:
+    """The x in [lo, hi] minimising a unimodal cost, to within tol (golden-section search; Kiefer 1953)."""
+    if not lo < hi or tol <= 0:
+        raise ValueError(f"need lo < hi and tol > 0; got {lo}, {hi}, {tol}")
+    g = (math.sqrt(5) - 1) / 2
+    a, b = lo, hi
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = cost(c), cost(d)
+    while b - a > tol:
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = cost(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = cost(d)
+    return (a + b) / 2

@@ -70,8 +70,10 @@ class Rates:
     attention_points: tuple[tuple[int, int, int, int, float, float], ...] = ()
     gemm_scale: float = 1.0  # the fitted knob's factor when the GEMM efficiency comes from points
     attention_scale: float = 1.0
-    # > 0: fused attention, whose efficiencies were measured at this sequence length and follow
-    # attention_seq_factor from there; 0: no sequence curve (unfused math, or measured points)
+    # fused attention (flash, PyTorch's fused SDPA): its speed follows attention_seq_factor in the keys a
+    # call visits, from the spec's measured_seq_len (attn_reference_seq; 0: the spec states none) or from
+    # a calibration's measured point; unfused math kernels do not
+    attn_seq_curve: bool = False
     attn_reference_seq: int = 0
     pointwise_bytes_per_s: float | None = None  # measured rate of eager elementwise ops (replaces HBM x eff)
     optimizer_bytes_per_s: float | None = None  # measured AdamW rate (replaces HBM x eff for the optimizer)
@@ -134,7 +136,8 @@ def rates(hw: HardwareSpec, attention: str, scenario: Scenario = "value", dtype:
         gemm_best_fp8=pick(fp8_best, scenario) * kept,
         fp8_recipe=fp8_recipe,
         fp8_lm_head=fp8_lm_head,
-        attn_reference_seq=impl.measured_seq_len if impl.kind in FUSED_KINDS else 0,
+        attn_seq_curve=impl.kind in FUSED_KINDS,
+        attn_reference_seq=(impl.measured_seq_len or 0) if impl.kind in FUSED_KINDS else 0,
     )
 
 
@@ -142,7 +145,7 @@ def rates(hw: HardwareSpec, attention: str, scenario: Scenario = "value", dtype:
 FUSED_KINDS = ("fused_sdpa", "flash_package")
 # Fitted to H100 forward TFLOP/s at sequence 512-16,384 (B x S = 16k, H x D = 2048, head dim 128;
 # pytorch/benchmark commit ff65cb67, PR #2391, test plan): 233.8 for FA3, 243.7 for the Triton tutorial's
-# FA2, each within 1% at every length (tests/test_roofline.py refits them)
+# FA2; at 240 both are within 1.1% at every length (tests/test_roofline.py refits them)
 FLASH_SEQ_HALF = 240.0
 
 
@@ -152,7 +155,7 @@ def attention_seq_factor(kv_len: int, reference_seq: int, seq_half: float = FLAS
 
     Each query block pays a fixed cost (loading Q, the softmax rescale and the output epilogue) against
     work that grows with the keys it visits, so throughput saturates with the sequence: FA3 on H100
-    runs 430 TFLOP/s at 512 and 621 at 16,384, 1 - 1/(1 + s/234) within 1% (pytorch/benchmark ff65cb67).
+    runs 430 TFLOP/s at 512 and 621 at 16,384, a x s / (s + 240) within 1.1% (pytorch/benchmark ff65cb67).
     Assumed the same for backward and for every fused kernel and GPU; head dim is not a variable (no
     published sweep of it was at hand). Ref: Dao, arXiv 2307.08691, sec. 3 (per-block work).
     """
@@ -195,18 +198,23 @@ def gemm_fraction(m: int, n: int, k: int, r: Rates) -> float:
     return gemm_efficiency(m, n, k, r.gemm_best, r.gemm_half_dim)
 
 
-def gemm_call_s(r: Rates) -> float:
-    """Seconds one GEMM call costs beyond its work: the fixed cost fitted to a published sweep, else the
-    kernel overhead of every kernel. Ref: ddplan.sweeps (validation/gemm_sweeps.yaml)."""
-    return r.kernel_overhead_s if r.gemm_overhead_s is None else r.gemm_overhead_s
+def gemm_call_s(r: Rates, curve: bool = True) -> float:
+    """Seconds one GEMM call costs beyond its work. On the efficiency curve (curve=True): the fixed cost
+    fitted with it to a published sweep, else the kernel overhead of every kernel; at a calibration's
+    measured GEMM rates (curve=False), which were timed call by call, the kernel overhead, as before the
+    sweeps. Ref: ddplan.sweeps (validation/gemm_sweeps.yaml)."""
+    if not curve or r.gemm_overhead_s is None:
+        return r.kernel_overhead_s
+    return r.gemm_overhead_s
 
 
 def gemm_forward_s(m: int, n: int, k: int, flops: float, bytes_moved: float, r: Rates) -> float:
     """Seconds of one GEMM call (m x k) @ (k x n) doing `flops` (2 m n k for one GEMM): the roofline at the
     shape's efficiency plus the call's fixed cost. A forward GEMM is priced so; a sweep of single GEMMs
-    measures exactly this (ddplan.sweeps)."""
+    measures exactly this (ddplan.sweeps).
+    Ref: Williams et al., CACM 2009 (roofline); the call cost as fitted in ddplan.sweeps."""
     rate = r.peak_flops_per_s * gemm_fraction(m, n, k, r)
-    return roofline_s(flops, bytes_moved, rate, r.hbm_bytes_per_s * r.hbm) + gemm_call_s(r)
+    return roofline_s(flops, bytes_moved, rate, r.hbm_bytes_per_s * r.hbm) + gemm_call_s(r, not r.gemm_points)
 
 
 def roofline_s(flops: float, bytes_moved: float, flops_per_s: float, bytes_per_s: float) -> float:
@@ -217,10 +225,23 @@ def roofline_s(flops: float, bytes_moved: float, flops_per_s: float, bytes_per_s
     return max(flops / flops_per_s, bytes_moved / bytes_per_s)
 
 
+def processed_window(op: Op, anatomy: Anatomy) -> int:
+    """Keys per query the kernel computes: the whole sequence for unfused math and for a window given as an
+    explicit mask (computed in full), else the window."""
+    _, _, s, window, _ = op.shape
+    return s if (anatomy.attention in UNFUSED_KINDS or anatomy.windows == "mask") else window
+
+
+def keys_per_call(op: Op, anatomy: Anatomy) -> int:
+    """Keys one kernel call visits per query, for the sequence curve: the processed window, at most the
+    op's own sequence (under context parallelism a ring step attends to one s / cp chunk of keys)."""
+    return min(processed_window(op, anatomy), op.shape[2])
+
+
 def attention_efficiency_flops(op: Op, anatomy: Anatomy) -> tuple[float, float]:
     """(forward, backward) attention FLOPs in the efficiency convention: causal pairs of the processed window."""
     b, h, s, window, hd = op.shape
-    processed = s if (anatomy.attention in UNFUSED_KINDS or anatomy.windows == "mask") else window
+    processed = processed_window(op, anatomy)
     pairs = attention_pairs(s, processed, "flash_package", "native")
     # the unfused core is two ops (scores, probabilities @ v): each carries its share of the FLOPs
     executed = 4.0 * b * h * attention_pairs(s, window, anatomy.attention, anatomy.windows) * hd
@@ -233,12 +254,12 @@ def op_time_s(op: Op, anatomy: Anatomy, r: Rates) -> tuple[float, float]:
     bw = r.hbm_bytes_per_s * r.hbm
     if op.kind == "gemm":
         m, n, k = op.shape
-        call = gemm_call_s(r)
         if r.fp8_flops_per_s and fp8_eligible(op, r.fp8_lm_head):
             # the GEMMs at the fp8 rate, after the recipe's casts (memory-bound kernels of their own) and launches
             rate = r.fp8_flops_per_s * gemm_efficiency(m, n, k, r.gemm_best_fp8, r.gemm_half_dim)
             cast_fwd, cast_bwd = fp8_cast_bytes(m, n, k, r.fp8_recipe, r.fp8_weight_shards, r.fp8_gathers)
             launch_fwd, launch_bwd = FP8_CAST_LAUNCHES[r.fp8_recipe]
+            call = gemm_call_s(r)  # fp8 GEMMs are priced on the curve even when bf16 rates were measured
             return (roofline_s(op.flops_fwd, op.bytes_fwd, rate, bw) + cast_fwd / bw
                     + call + launch_fwd * r.kernel_overhead_s,
                     roofline_s(op.flops_bwd, op.bytes_bwd, rate, bw) + cast_bwd / bw
@@ -249,17 +270,18 @@ def op_time_s(op: Op, anatomy: Anatomy, r: Rates) -> tuple[float, float]:
         half = op.flops_bwd / 2
         bwd_compute = half / dx_rate + half / dw_rate
         return (gemm_forward_s(m, n, k, op.flops_fwd, op.bytes_fwd, r),
-                max(bwd_compute, op.bytes_bwd / bw) + 2 * call)
+                max(bwd_compute, op.bytes_bwd / bw) + 2 * gemm_call_s(r, not r.gemm_points))
     if op.kind == "attention":
         f, b = attention_efficiency_flops(op, anatomy)
         eff_f, eff_b = r.attn_fwd, r.attn_bwd
         bb, h, s, window, hd = op.shape
-        processed = s if (anatomy.attention in UNFUSED_KINDS or anatomy.windows == "mask") else window
-        if r.attention_points:
-            point = nearest(r.attention_points, (bb * h, s, processed, hd))
-            eff_f, eff_b = point[4] * r.attention_scale, point[5] * r.attention_scale
+        keys = keys_per_call(op, anatomy)
+        if r.attention_points:  # measured at the model's shapes; other lengths along the curve from there
+            point = nearest(r.attention_points, (bb * h, s, processed_window(op, anatomy), hd))
+            g = attention_seq_factor(keys, min(point[2], point[1])) if r.attn_seq_curve else 1.0
+            eff_f, eff_b = point[4] * r.attention_scale * g, point[5] * r.attention_scale * g
         elif r.attn_reference_seq:
-            g = attention_seq_factor(processed, r.attn_reference_seq)
+            g = attention_seq_factor(keys, r.attn_reference_seq)
             eff_f, eff_b = eff_f * g, eff_b * g
         return (roofline_s(f, op.bytes_fwd, r.peak_flops_per_s * eff_f, bw) + r.kernel_overhead_s,
                 roofline_s(b, op.bytes_bwd, r.peak_flops_per_s * eff_b, bw) + r.kernel_overhead_s)

@@ -197,9 +197,10 @@ class AttentionImpl(Strict):
     # false: priced only when named (--attention, a validation run), never in the rows, searches and
     # consistency checks that try every implementation (Megatron-LM's own attention, not a PyTorch loop's)
     by_default: bool = True
-    # the sequence length of the measurement its efficiencies come from: fused kernels are priced along
-    # ddplan.roofline.attention_seq_factor from there (every shipped figure: Azure's runs at seq 8192)
-    measured_seq_len: int = Field(default=8192, gt=0, le=10**8)
+    # the sequence length of the measurement its efficiencies come from: a fused kernel is priced along
+    # ddplan.roofline.attention_seq_factor from there (every shipped figure: Azure's runs at seq 8192);
+    # None: no sequence curve (calibrate's CPU spec, whose efficiencies are measured at the model's shapes)
+    measured_seq_len: int | None = Field(default=None, gt=0, le=10**8)
 
 
 class HardwareSpec(Strict):

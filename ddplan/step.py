@@ -22,7 +22,7 @@ from ddplan.memory import EXPERT_GROUP, _stage_share, expert_shard
 from ddplan.params import param_counts
 from ddplan.comm import CommPoints, GroupTimer
 from ddplan.fp8 import fp8_weight_fractions
-from ddplan.roofline import OpTimes, Rates, gemm_fraction, micro_batch_time, op_times
+from ddplan.roofline import OpTimes, Rates, gemm_call_s, gemm_fraction, micro_batch_time, op_times
 from ddplan.specs import HardwareSpec, ModelSpec
 from ddplan.units import dtype_bytes
 
@@ -142,7 +142,7 @@ def optimizer_time_s(spec: ModelSpec, layout: Layout, r: Rates) -> float:
             owned = math.ceil(k / n) if policy == "sharded_optimizer" else (k / n if policy != "ddp" else k)
             compute = newton_schulz_s(rows, cols, opt.muon_ns_steps, r) * owned * share
             moved = owned * share * rows * cols * (6 * pb + 4 * opt.muon_ns_steps)
-            total += max(compute, moved / bw) + 3 * opt.muon_ns_steps * r.kernel_overhead_s
+            total += max(compute, moved / bw) + 3 * opt.muon_ns_steps * gemm_call_s(r, not r.gemm_points)
     return total
 
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
 from pydantic import Field
 
-from ddplan.roofline import Rates
+from ddplan.fitting import golden_min
+from ddplan.roofline import Rates, gemm_forward_s, rates
 from ddplan.specs import HardwareSpec, Strict
 from ddplan.units import BYTES_PER_DTYPE, US
 
@@ -75,30 +75,8 @@ def load_sweeps(path: str | None = None) -> GemmSweepSet:
     return out
 
 
-def golden_min(cost: Callable[[float], float], lo: float, hi: float, tol: float) -> float:
-    """The x in [lo, hi] minimising a unimodal cost, to within tol (golden-section search; Kiefer 1953)."""
-    if not lo < hi or tol <= 0:
-        raise ValueError(f"need lo < hi and tol > 0; got {lo}, {hi}, {tol}")
-    g = (math.sqrt(5) - 1) / 2
-    a, b = lo, hi
-    c, d = b - g * (b - a), a + g * (b - a)
-    fc, fd = cost(c), cost(d)
-    while b - a > tol:
-        if fc < fd:
-            b, d, fd = d, c, fc
-            c = b - g * (b - a)
-            fc = cost(c)
-        else:
-            a, c, fc = c, d, fd
-            d = a + g * (b - a)
-            fd = cost(d)
-    return (a + b) / 2
-
-
 def sweep_rates(sweep: GemmSweep, hw: HardwareSpec, level: float, half_dim: float, fixed_s: float) -> Rates:
     """The spec's rates in the sweep's dtype with the GEMM curve replaced: level x shape(half_dim), fixed_s a call."""
-    from ddplan.roofline import rates
-
     r = rates(hw, hw.default_attention, dtype="bf16" if sweep.dtype == "fp16" else sweep.dtype)
     return replace(r, gemm_best=level, gemm_half_dim=half_dim, gemm_overhead_s=fixed_s)
 
@@ -106,8 +84,6 @@ def sweep_rates(sweep: GemmSweep, hw: HardwareSpec, level: float, half_dim: floa
 def point_tflops(m: int, n: int, k: int, dtype: str, r: Rates) -> float:
     """TFLOP/s of one GEMM call as ddplan prices it (ddplan.roofline.gemm_forward_s): inputs in the
     sweep's dtype, a 16-bit output."""
-    from ddplan.roofline import gemm_forward_s
-
     moved = BYTES_PER_DTYPE[dtype] * (m * k + k * n) + BYTES_PER_DTYPE["bf16"] * m * n
     return 2.0 * m * n * k / gemm_forward_s(m, n, k, 2.0 * m * n * k, moved, r) / 1e12
 
@@ -119,7 +95,7 @@ class SweepFit:
     hardware: str
     dtype: str
     half_dim: float
-    fixed_us: float  # seconds of one call beyond its work, in microseconds
+    fixed_us: float  # one call's cost beyond its work, microseconds
     level: float  # fraction of the dtype's dense peak at large shapes, in the sweep (not used in training)
     residuals: tuple[tuple[int, int, int, float, float], ...]  # (m, n, k, measured TFLOP/s, error)
 

@@ -228,7 +228,7 @@ def fit_sustained(runs: Sequence[PublishedRun], hardware: str, where: str, lo: f
     def cost(f: float) -> float:
         return statistics.fmean(abs(math.log(1 + score(r, where, dict.fromkeys(names, f)).error)) for r in mine)
 
-    from ddplan.sweeps import golden_min
+    from ddplan.fitting import golden_min
 
     return round(golden_min(cost, lo, hi, tol), 3)
 

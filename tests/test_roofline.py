@@ -195,9 +195,9 @@ def test_attention_seq_factor_by_hand():
 
 @pytest.mark.parametrize("measured", [FA3_TFLOPS, TRITON_FA2_TFLOPS], ids=["fa3", "triton-fa2"])
 def test_flash_seq_half_fits_the_published_sweep(measured):
-    """Each series is a x s / (s + seq_half) within 1% at every length, with seq_half within 10 of the
-    shipped FLASH_SEQ_HALF (233.8 for FA3, 243.7 for the Triton FA2: 240 between them)."""
-    from ddplan.sweeps import golden_min
+    """Each series is a x s / (s + seq_half) within 1.1% at every length at the shipped FLASH_SEQ_HALF, whose
+    own best fit is within 10 of it (233.8 for FA3, 243.7 for the Triton FA2: 240 between them)."""
+    from ddplan.fitting import golden_min
 
     def fit(h: float) -> tuple[float, float]:
         g = [s / (s + h) for s in SEQ_SWEEP]
@@ -208,7 +208,7 @@ def test_flash_seq_half_fits_the_published_sweep(measured):
     assert h == pytest.approx(FLASH_SEQ_HALF, abs=10)
     a = fit(FLASH_SEQ_HALF)[1]
     for s, y in zip(SEQ_SWEEP, measured):
-        assert a * s / (s + FLASH_SEQ_HALF) == pytest.approx(y, rel=0.015)
+        assert a * s / (s + FLASH_SEQ_HALF) == pytest.approx(y, rel=0.011)
 
 
 def test_only_fused_kernels_follow_the_sequence_curve(mi300x):
@@ -488,3 +488,44 @@ def test_micro_batch_time_layer_fraction_is_linear_and_parts_add(mi300x):
     assert emb + head == pytest.approx(none, rel=1e-12)
     assert micro_batch_time(an, r, 0.0, include_embeddings=False, include_head=False).total_s == 0.0
     assert math.isfinite(whole) and whole > half > none > 0
+
+
+def test_under_context_parallelism_a_ring_step_sees_one_chunk_of_keys():
+    """Llama-3-8B at 8,192 tokens over cp 4: each ring step's kernel call visits one 2,048-token chunk of keys,
+    whether the kernel takes native windows (fa2) or a mask (sdpa-fused); without cp, all 8,192."""
+    from ddplan.anatomy import for_cp
+    from ddplan.roofline import keys_per_call
+
+    spec = load_model("llama-3-8b")
+    for attention, windows in (("flash_package", "native"), ("fused_sdpa", "mask")):
+        full = build_anatomy(spec, batch=1, seq_len=8192, attention=attention, windows=windows)
+        short = build_anatomy(spec, batch=1, seq_len=2048, attention=attention, windows=windows)
+        cp = for_cp(full, short, 4)
+        assert keys_per_call(op_named(full, "h0.attn.core"), full) == 8192
+        assert keys_per_call(op_named(cp, "h0.attn.core"), cp) == 2048
+
+
+def test_a_measured_attention_point_follows_the_curve_to_other_lengths():
+    """A calibration measured sdpa-fused at 256 tokens: priced at 256 it is the point itself; at 1,024 tokens
+    the point's efficiency x g(1024) / g(256) = (1024/1264) / (256/496)."""
+    hw = load_hardware("h100-sxm")
+    base = replace(rates(hw, "sdpa-fused"), hbm_bytes_per_s=1e30, kernel_overhead_s=0.0)
+    r = replace(base, attention_points=((2 * 32, 256, 256, 128, 0.2, 0.1),))
+    spec = load_model("llama-3-8b")
+    times = []
+    for seq in (256, 1024):
+        an = build_anatomy(spec, batch=2, seq_len=seq, attention="fused_sdpa", windows="mask")
+        op = op_named(an, "h0.attn.core")
+        f, _ = attention_efficiency_flops(op, an)
+        times.append(op_time_s(op, an, r)[0] / f)
+    assert times[0] == pytest.approx(1 / (hw.peak.flops_per_s("bf16") * 0.2), rel=1e-9)
+    assert times[0] / times[1] == pytest.approx((1024 / 1264) / (256 / 496), rel=1e-9)
+
+
+def test_calibrates_cpu_spec_has_no_sequence_anchor():
+    """calibrate's CPU spec measures attention at the model's own shapes: no 8k-token anchor to scale from."""
+    from ddplan.calibrate.runner import cpu_hardware
+
+    hw = cpu_hardware(1.0, 0.02, 5.0, "measured", {"device_name": "cpu"})
+    assert all(a.measured_seq_len is None for a in hw.attention)
+    assert rates(hw, "sdpa-fused").attn_reference_seq == 0

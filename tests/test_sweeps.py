@@ -15,8 +15,9 @@ from ddplan.anatomy import build_anatomy
 from ddplan.calibration import calibrated_rates
 from ddplan.errors import SpecError
 from ddplan.registry import load_hardware, load_model
-from ddplan.roofline import gemm_forward_s, op_time_s, rates
-from ddplan.sweeps import fit_half_dim, golden_min, load_sweeps, point_tflops, sweep_rates
+from ddplan.roofline import gemm_call_s, op_time_s, rates
+from ddplan.fitting import golden_min
+from ddplan.sweeps import fit_half_dim, load_sweeps, point_tflops, sweep_rates
 
 SWEEPS = {s.hardware: s for s in load_sweeps().sweeps}
 
@@ -64,31 +65,62 @@ def test_point_tflops_by_hand():
     assert point_tflops(4096, 4096, 4096, "fp8", r) == pytest.approx(1207.5, abs=0.5)
 
 
-def test_a_forward_gemm_is_priced_as_one_sweep_call():
-    """The op time of every forward GEMM of an anatomy is gemm_forward_s: the function the sweeps fit."""
+def test_a_gemm_call_costs_the_spec_fixed_us_forward_once_and_backward_twice():
+    """d4 (width 256) at 2 x 256 tokens on MI300X, h0.mlp.c_fc (512 x 1024 x 256): forward 2 x 512 x 1024 x 256 =
+    268,435,456 FLOPs at 1307.4e12 x 0.511 x 0.744 x 512/609 x 1024/1121 x 256/353 (the shape curve at half_dim
+    97) = 276.83 TFLOP/s -> 0.9697 us, plus one call's 33.3 us (efficiency.gemm.fixed_us), not the 8 us kernel
+    launch; backward: dX and dW, two calls."""
+    hw = load_hardware("mi300x")
+    a = build_anatomy(load_model("d4"), batch=2, seq_len=256)
+    r = replace(rates(hw, hw.default_attention), hbm_bytes_per_s=1e30)  # compute bound
+    op = next(o for o in a.ops if o.name == "h0.mlp.c_fc")
+    assert op.shape == (512, 1024, 256)
+    rate = 1307.4e12 * 0.511 * 0.744 * (512 / 609) * (1024 / 1121) * (256 / 353)
+    fwd, bwd = op_time_s(op, a, r)
+    assert fwd == pytest.approx(268_435_456 / rate + 33.3e-6, rel=1e-9)
+    assert 268_435_456 / rate == pytest.approx(0.9697e-6, rel=1e-3)
+    dx = 268_435_456 / (1307.4e12 * 0.511 * 0.744 * (512 / 609) * (256 / 353) * (1024 / 1121))
+    dw = 268_435_456 / (1307.4e12 * 0.511 * 0.744 * (256 / 353) * (1024 / 1121) * (512 / 609))
+    assert bwd == pytest.approx(dx + dw + 2 * 33.3e-6, rel=1e-9)
+
+
+def test_muons_newton_schulz_gemms_pay_the_call_cost():
+    """nanochat d4's optimizer on MI300X: Muon runs one batched Newton-Schulz per shape group of its matrices
+    (block matrices 256 x 256, 1024 x 256, 256 x 1024; the value-embedding gates 2 x 12: four groups), 5
+    iterations of 3 GEMM calls each: 4 x 5 x 3 = 60 calls, each at the GEMM call cost."""
+    from ddplan.layout import Layout
+    from ddplan.step import optimizer_time_s
+
     hw = load_hardware("mi300x")
     spec = load_model("d4")
-    a = build_anatomy(spec, batch=2, seq_len=256)
     r = rates(hw, hw.default_attention)
-    assert r.gemm_overhead_s == pytest.approx(33.3e-6)  # the spec's fixed_us, not the 8 us kernel overhead
-    gemms = [op for op in a.ops if op.kind == "gemm"]
-    assert gemms
-    for op in gemms:
-        m, n, k = op.shape
-        fwd, bwd = op_time_s(op, a, r)
-        assert fwd == gemm_forward_s(m, n, k, op.flops_fwd, op.bytes_fwd, r)
-        assert bwd >= 2 * r.gemm_overhead_s  # dX and dW: two calls
+    base = optimizer_time_s(spec, Layout(dp=1), r)
+    more = optimizer_time_s(spec, Layout(dp=1), replace(r, gemm_overhead_s=r.gemm_overhead_s + 1e-6))
+    assert more - base == pytest.approx(60 * 1e-6, rel=1e-6)
 
 
-def test_a_measured_launch_time_replaces_the_spec_call_cost():
-    from ddplan.calibration import CalibrationSpec
+def test_a_measured_launch_time_keeps_the_fitted_gemm_call_cost():
+    """A calibration's empty-kernel launch time replaces the kernel overhead, not a GEMM call's fitted cost; with
+    measured GEMM rates (timed call by call) the bf16 GEMMs take the launch time, fp8 GEMMs (still on the curve)
+    the fitted cost."""
+    from ddplan.calibration import CalibrationSpec, GemmPoint
 
     hw = load_hardware("mi300x")
     r = rates(hw, hw.default_attention)
-    cal = CalibrationSpec.model_construct(hbm_tbyte_per_s=None, kernel_overhead_us=12.0, pointwise_tbyte_per_s=None,
-                                          optimizer_tbyte_per_s=None, gemm=[], peak_gemm_tflops=None, attention=[])
-    c = calibrated_rates(r, hw.default_attention, cal)
-    assert c.gemm_overhead_s is None and c.kernel_overhead_s == pytest.approx(12e-6)
+    blank = dict(hbm_tbyte_per_s=None, pointwise_tbyte_per_s=None, optimizer_tbyte_per_s=None, peak_gemm_tflops=None,
+                 attention=[])
+    c = calibrated_rates(r, hw.default_attention, CalibrationSpec.model_construct(kernel_overhead_us=12.0, gemm=[],
+                                                                                  **blank))
+    assert c.kernel_overhead_s == pytest.approx(12e-6) and c.gemm_overhead_s == pytest.approx(33.3e-6)
+    assert gemm_call_s(c) == pytest.approx(33.3e-6)
+    point = GemmPoint.model_construct(m=512, n=1024, k=256, dtype="bf16", tflops=100.0)
+    c = calibrated_rates(r, hw.default_attention, CalibrationSpec.model_construct(kernel_overhead_us=12.0,
+                                                                                  gemm=[point], **blank))
+    assert gemm_call_s(c, curve=False) == pytest.approx(12e-6) and gemm_call_s(c) == pytest.approx(33.3e-6)
+    a = build_anatomy(load_model("d4"), batch=2, seq_len=256)
+    op = next(o for o in a.ops if o.name == "h0.mlp.c_fc")
+    fwd, _ = op_time_s(op, a, replace(c, hbm_bytes_per_s=1e30))
+    assert fwd == pytest.approx(268_435_456 / 100e12 + 12e-6, rel=1e-9)
 
 
 @pytest.mark.parametrize("name", sorted(SWEEPS))
