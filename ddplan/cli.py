@@ -96,6 +96,10 @@ Fp8AllGatherOpt = typer.Option(False, "--fp8-all-gather", help="With --fp8 (tens
 ParamGatherOpt = typer.Option(False, "--overlap-param-gather", help="ZeRO-1/2: overlap the parameter all-gather "
                               "after the optimizer step with the next forward (Megatron-Core distributed optimizer).")
 
+OffloadOpt = typer.Option(False, "--offload-optimizer", help="ZeRO-1/2/3: optimizer states and fp32 masters in host "
+                          "memory, Adam on the CPU, gradients and parameters over the host link (ZeRO-Offload, "
+                          "without its delayed update); needs the hardware spec's host figures.")
+
 
 def _inputs(model: str, hardware: str | None, calibration: str | None, seq_len: int | None, dtype: str | None,
             check_hardware: bool = True):
@@ -262,6 +266,7 @@ def memory_cmd(
     shard_group: int = ShardGroupOpt,
     reshard_after_forward: bool = ReshardOpt,
     overlap_param_gather: bool = ParamGatherOpt,
+    offload_optimizer: bool = OffloadOpt,
     fp8_all_gather: bool = typer.Option(False, "--fp8-all-gather", help="ZeRO-3 with fp8 GEMMs: their weights "
                                         "gathered in fp8, 1 byte an element (torchao enable_fsdp_float8_all_gather); "
                                         "memory has no --fp8, so this implies it."),
@@ -300,8 +305,12 @@ def memory_cmd(
 
         check_fp8(spec, hw)
         check_fp8_options(spec, True, None, True, tuple(stages))
+    if offload_optimizer:
+        from ddplan.offload import check_offload
+
+        check_offload(spec, hw, tuple(stages))
     options = _options(sequence_parallel, False, tp, shard_group, reshard_after_forward,
-                       overlap_param_gather, cp_comm, _etp(etp, spec), spec, fp8_all_gather)
+                       overlap_param_gather, cp_comm, _etp(etp, spec), spec, fp8_all_gather, offload_optimizer)
     if cal is not None and measured_peak is None:
         from ddplan.calibration import steps_for_model
 
@@ -456,6 +465,7 @@ def table_cmd(
     shard_group: int = ShardGroupOpt,
     reshard_after_forward: bool = ReshardOpt,
     overlap_param_gather: bool = ParamGatherOpt,
+    offload_optimizer: bool = OffloadOpt,
     plot: str = typer.Option(None, "--plot", help="Also write wall-clock and cost against GPU count (PNG or SVG)."),
     format: Format = FormatOpt,
     wide: bool = WideOpt,
@@ -510,7 +520,8 @@ def table_cmd(
                          field=given[1])
     spec, hw, cal = _inputs(model, hardware, calibration, seq_len, dtype)
     options = _options(sequence_parallel, tp_comm_overlap, max(tps), shard_group,
-                       reshard_after_forward, overlap_param_gather, cp_comm, _etp(etp, spec), spec, fp8_all_gather)
+                       reshard_after_forward, overlap_param_gather, cp_comm, _etp(etp, spec), spec, fp8_all_gather,
+                       offload_optimizer)
     budget = None
     if given:
         budget = Budget(steps=steps, tokens=int(tokens) if tokens else None, param_data_ratio=param_data_ratio,
@@ -768,6 +779,7 @@ def plan_cmd(
     shard_group: int = ShardGroupOpt,
     reshard_after_forward: bool = ReshardOpt,
     overlap_param_gather: bool = ParamGatherOpt,
+    offload_optimizer: bool = OffloadOpt,
     fp8: bool = Fp8Opt,
     fp8_recipe: str = Fp8RecipeOpt,
     fp8_all_gather: bool = Fp8AllGatherOpt,
@@ -816,7 +828,7 @@ def plan_cmd(
     price_spec = None if price is None else Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price",
                                                   date=dt.date.today(), source="given on the command line")
     options = _options(sequence_parallel, tp_comm_overlap, None, shard_group, reshard_after_forward,
-                       overlap_param_gather, cp_comm, _etp(etp, spec), spec, fp8_all_gather)
+                       overlap_param_gather, cp_comm, _etp(etp, spec), spec, fp8_all_gather, offload_optimizer)
     eps = tuple(_int_list(ep, "--ep")) if ep else ()
     if spec.architecture.moe is None and any(e > 1 for e in eps):
         from ddplan.errors import UsageError
@@ -954,7 +966,7 @@ def _etp(etp: int | None, spec) -> int:
 
 def _options(sequence_parallel: bool, tp_comm_overlap: bool, max_tp: int | None, shard_group: int | None = None,
              reshard_after_forward: bool = True, overlap_param_gather: bool = False, cp_comm: str = "ring",
-             expert_tp: int = 0, spec=None, fp8_all_gather: bool = False):
+             expert_tp: int = 0, spec=None, fp8_all_gather: bool = False, offload_optimizer: bool = False):
     """The framework options (ddplan.layout.Options) from their flags, for the model (Options.for_model: a
     mixture of experts runs tp > 1 with sequence parallelism, on by itself). --sequence-parallel and
     --tp-comm-overlap are Megatron's, so they need tensor parallelism, and overlap needs sequence
@@ -973,7 +985,8 @@ def _options(sequence_parallel: bool, tp_comm_overlap: bool, max_tp: int | None,
         raise UsageError(f"must be ring or all-gather, got {cp_comm!r}", field="--cp-comm")
     options = Options(sequence_parallel=sequence_parallel, tp_overlap=tp_comm_overlap, shard_group=shard_group or 0,
                       reshard_after_forward=reshard_after_forward, overlap_param_gather=overlap_param_gather,
-                      cp_comm=cp_comm.replace("-", "_"), expert_tp=expert_tp, fp8_all_gather=fp8_all_gather)
+                      cp_comm=cp_comm.replace("-", "_"), expert_tp=expert_tp, fp8_all_gather=fp8_all_gather,
+                      offload_optimizer=offload_optimizer)
     return options.for_model(spec) if spec is not None else options
 
 

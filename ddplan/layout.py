@@ -46,6 +46,7 @@ class Layout:
     ep: int = 1  # expert parallelism: routed experts split over ep of the dp x cp ranks (Megatron-Core)
     etp: int = 0  # expert tensor parallelism: 0 = tp (the experts split over tp like the dense MLP), or 1
     fp8_all_gather: bool = False  # ZeRO-3: fp8 GEMMs' weights gathered in fp8 (torchao enable_fsdp_float8_all_gather)
+    offload_optimizer: bool = False  # ZeRO >= 1: optimizer states on the host, Adam on the CPU (ZeRO-Offload)
 
     def __post_init__(self) -> None:
         bad = {k: getattr(self, k) for k in ("dp", "tp", "pp", "cp", "ep", "micro_batch", "grad_accum",
@@ -82,6 +83,10 @@ class Layout:
         if self.fp8_all_gather and self.zero != 3:
             raise LayoutError(f"an fp8 all-gather of the weights is a ZeRO-3 option (torchao's "
                               f"enable_fsdp_float8_all_gather); got ZeRO-{self.zero}", field="--fp8-all-gather")
+        if self.offload_optimizer and not self.offloads:
+            raise LayoutError(f"ZeRO-Offload moves each rank's optimizer-state partition to the host: it needs ZeRO-1, 2 "
+                              f"or 3 (or one data-parallel rank); got ZeRO-{self.zero} over {self.grad_ranks} ranks",
+                              field="--offload-optimizer")
         if self.cp_comm not in ("ring", "all_gather"):
             raise LayoutError(f"context-parallel communication must be ring or all_gather, got {self.cp_comm!r}")
         if self.recompute not in ("none", "selective", "full"):
@@ -102,9 +107,16 @@ class Layout:
             h = hash((self.dp, self.tp, self.pp, self.cp, self.zero, self.micro_batch, self.grad_accum, self.attention,
                       self.recompute, self.compiled, self.pp_schedule, self.pp_virtual_stages, self.tp_overlap,
                       self.sequence_parallel, self.shard_group, self.reshard_after_forward,
-                      self.overlap_param_gather, self.cp_comm, self.ep, self.etp, self.fp8_all_gather))
+                      self.overlap_param_gather, self.cp_comm, self.ep, self.etp, self.fp8_all_gather,
+                      self.offload_optimizer))
             object.__setattr__(self, "_hash", h)
         return h
+
+    @property
+    def offloads(self) -> bool:
+        """Whether optimizer offload can apply: ZeRO >= 1 partitions the optimizer state (Ren et al., ZeRO-Offload,
+        sec. 4.3), or one data-parallel rank owns all of it (sec. 4.2), where the stages coincide."""
+        return self.zero >= 1 or self.grad_ranks == 1
 
     @property
     def rank_share(self) -> tuple[int, bool, int, int, int]:
@@ -247,6 +259,7 @@ class Options:
     cp_comm: str = "ring"  # context parallelism's exchange: ring (p2p, overlapped) or all_gather
     expert_tp: int = 0  # 1: experts whole, ep over the tp ranks too (--expert-tensor-parallel-size 1); 0: tp
     fp8_all_gather: bool = False  # ZeRO-3 with fp8 GEMMs: their weights gathered in fp8 (torchao)
+    offload_optimizer: bool = False  # ZeRO >= 1 (or one rank): optimizer states and CPU Adam on the host
 
     def for_layout(self, tp: int, ranks: int, zero: int, cp: int = 1) -> dict:
         """The Layout fields these options give a layout of these degrees (ranks: dp x cp, the ranks that
@@ -259,7 +272,8 @@ class Options:
                 "overlap_param_gather": self.overlap_param_gather and zero in (1, 2),
                 "cp_comm": self.cp_comm if cp > 1 else "ring",
                 "etp": 1 if self.expert_tp == 1 and tp > 1 else 0,
-                "fp8_all_gather": self.fp8_all_gather and zero == 3}
+                "fp8_all_gather": self.fp8_all_gather and zero == 3,
+                "offload_optimizer": self.offload_optimizer and (zero >= 1 or ranks == 1)}
 
     def for_model(self, spec: ModelSpec) -> "Options":
         """These options for a model: a mixture-of-experts model runs tp > 1 with sequence parallelism, which

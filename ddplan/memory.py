@@ -114,7 +114,8 @@ def model_states(spec: ModelSpec, layout: Layout) -> dict[str, dict[str, float]]
     337-382 for its sharded Muon/AdamW state (whole matrices per rank) and full gradients. Routed experts:
     1 / ep of them per rank, their ZeRO shards over the expert-data-parallel ranks (expert_shard), as
     Megatron-Core's distributed optimizer shards expert parameters (megatron/core/parallel_state.py
-    expert-data-parallel group).
+    expert-data-parallel group). With layout.offload_optimizer the optimizer state, fp32 masters included,
+    lives in host memory: 0 bytes on the GPU (Ren et al., ZeRO-Offload, arXiv 2101.06840, sec. 4.1).
     """
     counts = param_counts(spec.architecture)
     opt, dp, zero = spec.recipe.optimizer, layout.grad_ranks, layout.zero  # dp x cp ranks share the parameters
@@ -122,12 +123,8 @@ def model_states(spec: ModelSpec, layout: Layout) -> dict[str, dict[str, float]]
     out: dict[str, dict[str, float]] = {"params": {}, "gradients": {}, "optimizer": {}}
     groups = [g for g, n in counts.items() if n and g in opt.algorithm]
     for g in groups:
-        share = _stage_share(g, layout, spec.architecture.num_layers, spec.architecture)
+        share, shard = state_share(spec, layout, g)
         pb = dtype_bytes(spec.dtypes.params[g])
-        if g == EXPERT_GROUP:  # num_experts / ep experts a rank (whole, or split over tp), their states sharded
-            share, shard = share * layout.expert_rows_split / layout.ep, expert_shard(layout)  # over the edp ranks
-        else:
-            shard = layout.shard_degree
         n = counts[g] * share
         algo = opt.algorithm[g]
         if algo == "adamw":
@@ -144,7 +141,7 @@ def model_states(spec: ModelSpec, layout: Layout) -> dict[str, dict[str, float]]
             state /= shard
         out["params"][g] = pb * n / (shard if zero >= 3 else 1)
         out["gradients"][g] = spec.dtypes.grad_bytes(g) * n / (shard if zero >= 2 else 1)
-        out["optimizer"][g] = state
+        out["optimizer"][g] = 0.0 if layout.offload_optimizer else state  # on the host (ZeRO-Offload sec. 4.1)
     if layout.pp > 1:  # keep the worse of the first (embeddings) and last (lm_head) stage
         first = sum(v for k in out for g, v in out[k].items() if g not in HEAD_GROUPS)
         last = sum(v for k in out for g, v in out[k].items() if g not in EMBEDDING_GROUPS)
@@ -152,6 +149,16 @@ def model_states(spec: ModelSpec, layout: Layout) -> dict[str, dict[str, float]]
         for k in out:
             out[k] = {g: v for g, v in out[k].items() if g not in drop}
     return out
+
+
+def state_share(spec: ModelSpec, layout: Layout, group: str) -> tuple[float, int]:
+    """(share, shard) of a group on one GPU: the fraction of its parameters on the busiest stage's tp rank
+    (_stage_share; routed experts: 1 / ep of them, split over the experts' tp degree) and the ranks its ZeRO
+    states split over (the shard group; routed experts: expert_shard)."""
+    share = _stage_share(group, layout, spec.architecture.num_layers, spec.architecture)
+    if group == EXPERT_GROUP:  # num_experts / ep experts a rank (whole, or split over tp), sharded over edp ranks
+        return share * layout.expert_rows_split / layout.ep, expert_shard(layout)
+    return share, layout.shard_degree
 
 
 def expert_shard(layout: Layout) -> int:
@@ -237,6 +244,8 @@ def memory_per_gpu(spec: ModelSpec, layout: Layout, anatomy: Anatomy, capacity_b
         if stacked > saved + transient:
             notes.append("peak is in the optimizer step (stacked Muon gradients), not in backward")
         terms["activation_transient"] = max(transient, stacked - saved)
+    if layout.offload_optimizer:
+        notes.append("optimizer states (and fp32 master weights) are in host memory (--offload-optimizer)")
     comm = 0.0
     if layout.num_gpus > 1:
         comm += assumptions.comm_gib * GiB

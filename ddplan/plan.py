@@ -212,6 +212,11 @@ def _search(req: PlanRequest, progress: Callable[[str, int, int], None]) -> Plan
         for hw in req.hardware:
             check_fp8(spec, hw)
     check_fp8_options(spec, req.fp8, req.fp8_recipe, req.options.fp8_all_gather, None)
+    if req.options.offload_optimizer:
+        from ddplan.offload import check_offload
+
+        for hw in req.hardware:
+            check_offload(spec, hw, None)
     window = spec.architecture.window_pattern
     native = NATIVE_ZERO[spec.recipe.distribution]
     rows, rejected, considered = [], {"memory": 0, "divisibility": 0, "dominated": 0}, 0

@@ -143,6 +143,26 @@ class InterNode(Strict):
         return self.nics_per_node * self.nic_gbit_per_s.value * units.GBIT
 
 
+class Host(Strict):
+    """The host side of a GPU, for optimizer offload (ZeRO-Offload): the GPU-host link and the CPU's memory.
+
+    link_gbyte_per_s: achievable copy bandwidth between one GPU and host memory, per direction (the slower of
+    measured host-to-device and device-to-host, nvbandwidth or TransferBench, pinned memory).
+    memory_gbyte_per_s: the node's CPU memory (DRAM) bandwidth, shared by its GPUs' processes.
+    """
+
+    link_gbyte_per_s: Sourced
+    memory_gbyte_per_s: Sourced
+
+    @property
+    def link_bytes_per_s(self) -> float:
+        return self.link_gbyte_per_s.value * units.GB
+
+    @property
+    def memory_bytes_per_s(self) -> float:
+        return self.memory_gbyte_per_s.value * units.GB
+
+
 class Price(Strict):
     usd_per_gpu_hour: float = Field(gt=0, le=10_000)
     billing: Literal["per_gpu", "per_node"]  # per_node: you pay for whole nodes
@@ -223,6 +243,7 @@ class HardwareSpec(Strict):
     # "fnuz" variants (MI300X, MI325X); empty when there is no fp8 (A100)
     fp8_formats: list[Fp8Format] = []
     tdp_watts: Sourced | None = None
+    host: Host | None = None  # None: no host figures, optimizer offload is refused
 
     @model_validator(mode="after")
     def _consistent(self) -> HardwareSpec:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ddplan import comm, pipeline
 from ddplan.anatomy import Anatomy, muon_matrices
 from ddplan.layout import NATIVE_ZERO, Layout, placement
-from ddplan.memory import EXPERT_GROUP, _stage_share, expert_shard
+from ddplan.memory import EXPERT_GROUP, _stage_share, expert_shard, state_share
 from ddplan.params import param_counts
 from ddplan.comm import CommPoints, GroupTimer
 from ddplan.fp8 import fp8_weight_fractions
@@ -124,10 +124,7 @@ def optimizer_time_s(spec: ModelSpec, layout: Layout, r: Rates) -> float:
     for group, algo in opt.algorithm.items():
         if not counts[group]:
             continue
-        share = _stage_share(group, layout, spec.architecture.num_layers, spec.architecture)
-        n = layout.shard_degree
-        if group == EXPERT_GROUP:  # 1 / ep of the experts a rank, their states over the expert-data-parallel ranks
-            share, n = share * layout.expert_rows_split / layout.ep, expert_shard(layout)
+        share, n = state_share(spec, layout, group)
         pb = dtype_bytes(dt.params[group])
         sb = pb if opt.adamw_state_dtype == "param" else 4
         if algo == "adamw":
@@ -170,7 +167,8 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
     """Seconds of one optimizer step for a layout, by term. The anatomy is one tp rank's share.
 
     parts (op_times of this anatomy at these rates) and optimizer_s (optimizer_time_s at these rates)
-    may be passed precomputed; cache: a dict the caller keeps across layouts of the same model,
+    may be passed precomputed; with layout.offload_optimizer the step's optimizer_s is the offloaded step's
+    critical path instead (ddplan.offload.offload_time_s: host copies and CPU Adam) and optimizer_s is unused; cache: a dict the caller keeps across layouts of the same model,
     hardware and calibration (ddplan.price.Pricer), keyed by values, for collective times and buffers.
     """
     if (anatomy.tp, anatomy.sequence_parallel, anatomy.cp, anatomy.ep, anatomy.expert_rows) != layout.rank_share:
@@ -239,7 +237,12 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
         sent = pipeline.p2p_bytes_per_microbatch(layout.micro_batch, anatomy.seq_len, a.d_model, e) / layout.tp
         bubble += pipeline.p2p_time_s(sent, tier.busbw_bytes_per_s, tier.latency_s, accum, layout.pp_virtual_stages)
 
-    opt_s = optimizer_time_s(spec, layout, r) if optimizer_s is None else optimizer_s
+    if layout.offload_optimizer:  # the step runs on the host (ddplan.offload); no optimizer math on the GPU
+        from ddplan.offload import offload_time_s
+
+        opt_s = offload_time_s(spec, hw, layout, mbt.bwd_s)
+    else:
+        opt_s = optimizer_time_s(spec, layout, r) if optimizer_s is None else optimizer_s
     policy = dp_policy(spec, layout)
     total_comm, exposed, gather_s, scatter_s = dp_comm_s(spec, hw, layout, mbt.bwd_s, mbt.total_s, comm_efficiency,
                                                          comm_points, cache)

@@ -157,6 +157,10 @@ def build_table(req: TableRequest, progress: Callable[[str, int, int], None] | N
     if req.fp8:
         check_fp8(spec, hw)
     check_fp8_options(spec, req.fp8, req.fp8_recipe, req.options.fp8_all_gather, req.zeros)
+    if req.options.offload_optimizer:
+        from ddplan.offload import check_offload
+
+        check_offload(spec, hw, req.zeros)
     pricer = Pricer(spec, hw, RunPlan(budget, price, req.overheads, req.headroom), req.calibration,
                     req.fp8, fp8_recipe=req.fp8_recipe)
     table = Table(request=req, rows=[], steps=pricer.steps(total_batch), total_batch_tokens=total_batch,
