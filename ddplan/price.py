@@ -280,8 +280,8 @@ class Pricer:
                in_flight_micro_batches(layout), layout.shard_group, layout.reshard_after_forward, layout.fp8_all_gather,
                layout.offload_optimizer)
         if key not in self._shared:
-            skey = ("states", layout.grad_ranks, layout.tp, layout.pp, layout.zero, layout.shard_group,
-                    layout.offload_optimizer)
+            skey = ("states", layout.grad_ranks, layout.rank_share, layout.pp, layout.zero, layout.shard_group,
+                    layout.offload_optimizer)  # rank_share: tp, and ep / expert rows (the experts' shards)
             if skey not in self._shared:
                 self._shared[skey] = model_states(self.spec, layout)
             self._shared[key] = memory_per_gpu(self.spec, layout, self.anatomy(layout, window),

@@ -469,3 +469,14 @@ def test_memory_fixes_may_add_tp_and_change_ep(capsys):
     out = run_ok(capsys, ["memory", "--model", "mixtral-8x7b", "--hardware", "h100-sxm", "--gpus", "16", "--ep", "8",
                           "--zero", "1", "--device-batch-size", "8", "--format", "markdown"])
     assert "Fastest way to fit" in out and "tp 2 x pp 1" in out
+
+
+def test_a_table_of_several_ep_prices_each_eps_memory_as_alone(capsys, mixtral):
+    """The model-states cache is keyed by the experts' split too: at ZeRO-1 on 64 H100, ep 8 holds 1/8 of the
+    experts (118.8 GiB), whether or not ep 1 (490 GiB) is priced in the same table (it was 412.8 before)."""
+    base = ["table", "--model", mixtral, "--hardware", "h100-sxm", "--gpus", "64", "--zero", "1", "--attention", "fa3",
+            "--format", "csv"]
+    both = {r["ep"]: float(r["memory_gib"]) for r in csv_rows(run_ok(capsys, base + ["--ep", "1,8"]))}
+    (alone,) = csv_rows(run_ok(capsys, base + ["--ep", "8"]))
+    assert both["8"] == pytest.approx(float(alone["memory_gib"]), rel=1e-12)
+    assert both["8"] < both["1"] / 3
