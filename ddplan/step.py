@@ -168,7 +168,8 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
 
     parts (op_times of this anatomy at these rates) and optimizer_s (optimizer_time_s at these rates)
     may be passed precomputed; with layout.offload_optimizer the step's optimizer_s is the offloaded step's
-    critical path instead (ddplan.offload.offload_time_s: host copies and CPU Adam) and optimizer_s is unused; cache: a dict the caller keeps across layouts of the same model,
+    critical path instead (ddplan.offload.offload_time_s: host copies and CPU Adam) and optimizer_s is unused;
+    cache: a dict the caller keeps across layouts of the same model,
     hardware and calibration (ddplan.price.Pricer), keyed by values, for collective times and buffers.
     """
     if (anatomy.tp, anatomy.sequence_parallel, anatomy.cp, anatomy.ep, anatomy.expert_rows) != layout.rank_share:
