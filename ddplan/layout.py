@@ -15,6 +15,12 @@ ZERO_STAGES = (0, 1, 2, 3)
 NATIVE_ZERO = {"ddp": 0, "sharded_optimizer": 1, "zero1": 1, "zero2": 2, "fsdp": 3}
 
 
+def offload_applies(zero: int, grad_ranks: int) -> bool:
+    """Whether optimizer offload can apply: ZeRO >= 1 partitions the optimizer state (Ren et al., ZeRO-Offload,
+    sec. 4.3), or one data-parallel rank owns all of it (sec. 4.2), where the stages coincide."""
+    return zero >= 1 or grad_ranks == 1
+
+
 @dataclass(frozen=True)
 class Layout:
     """Degrees of parallelism and per-GPU work for one training step.
@@ -114,9 +120,7 @@ class Layout:
 
     @property
     def offloads(self) -> bool:
-        """Whether optimizer offload can apply: ZeRO >= 1 partitions the optimizer state (Ren et al., ZeRO-Offload,
-        sec. 4.3), or one data-parallel rank owns all of it (sec. 4.2), where the stages coincide."""
-        return self.zero >= 1 or self.grad_ranks == 1
+        return offload_applies(self.zero, self.grad_ranks)
 
     @property
     def rank_share(self) -> tuple[int, bool, int, int, int]:
@@ -273,7 +277,7 @@ class Options:
                 "cp_comm": self.cp_comm if cp > 1 else "ring",
                 "etp": 1 if self.expert_tp == 1 and tp > 1 else 0,
                 "fp8_all_gather": self.fp8_all_gather and zero == 3,
-                "offload_optimizer": self.offload_optimizer and (zero >= 1 or ranks == 1)}
+                "offload_optimizer": self.offload_optimizer and offload_applies(zero, ranks)}
 
     def for_model(self, spec: ModelSpec) -> "Options":
         """These options for a model: a mixture-of-experts model runs tp > 1 with sequence parallelism, which

@@ -42,7 +42,9 @@ def check_offload(spec: ModelSpec, hw: HardwareSpec, zeros: tuple[int, ...] | No
     problem = offload_problem(spec, hw)
     if problem:
         raise UsageError(problem, field="--offload-optimizer")
-    stages = zeros if zeros else (NATIVE_ZERO[spec.recipe.distribution],) if zeros is not None else (1,)
+    if zeros is None:  # plan searches the stages: those that can offload will
+        return
+    stages = zeros or (NATIVE_ZERO[spec.recipe.distribution],)
     if max(stages) == 0:
         raise UsageError("needs ZeRO-1, 2 or 3, whose optimizer-state partitions it moves to the host (got ZeRO-0): "
                          "add --zero 1", field="--offload-optimizer")

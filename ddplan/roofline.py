@@ -198,12 +198,12 @@ def gemm_fraction(m: int, n: int, k: int, r: Rates) -> float:
     return gemm_efficiency(m, n, k, r.gemm_best, r.gemm_half_dim)
 
 
-def gemm_call_s(r: Rates, curve: bool = True) -> float:
-    """Seconds one GEMM call costs beyond its work. On the efficiency curve (curve=True): the fixed cost
-    fitted with it to a published sweep, else the kernel overhead of every kernel; at a calibration's
-    measured GEMM rates (curve=False), which were timed call by call, the kernel overhead, as before the
-    sweeps. Ref: ddplan.sweeps (validation/gemm_sweeps.yaml)."""
-    if not curve or r.gemm_overhead_s is None:
+def gemm_call_s(r: Rates, fp8: bool = False) -> float:
+    """Seconds one GEMM call costs beyond its work. On the efficiency curve: the fixed cost fitted with it
+    to a published sweep, else the kernel overhead of every kernel. At a calibration's measured GEMM rates
+    (16-bit GEMMs when r.gemm_points), timed call by call, the kernel overhead, as before the sweeps; fp8
+    GEMMs are always on the curve. Ref: ddplan.sweeps (validation/gemm_sweeps.yaml)."""
+    if r.gemm_overhead_s is None or (r.gemm_points and not fp8):
         return r.kernel_overhead_s
     return r.gemm_overhead_s
 
@@ -214,7 +214,7 @@ def gemm_forward_s(m: int, n: int, k: int, flops: float, bytes_moved: float, r: 
     measures exactly this (ddplan.sweeps).
     Ref: Williams et al., CACM 2009 (roofline); the call cost as fitted in ddplan.sweeps."""
     rate = r.peak_flops_per_s * gemm_fraction(m, n, k, r)
-    return roofline_s(flops, bytes_moved, rate, r.hbm_bytes_per_s * r.hbm) + gemm_call_s(r, not r.gemm_points)
+    return roofline_s(flops, bytes_moved, rate, r.hbm_bytes_per_s * r.hbm) + gemm_call_s(r)
 
 
 def roofline_s(flops: float, bytes_moved: float, flops_per_s: float, bytes_per_s: float) -> float:
@@ -259,7 +259,7 @@ def op_time_s(op: Op, anatomy: Anatomy, r: Rates) -> tuple[float, float]:
             rate = r.fp8_flops_per_s * gemm_efficiency(m, n, k, r.gemm_best_fp8, r.gemm_half_dim)
             cast_fwd, cast_bwd = fp8_cast_bytes(m, n, k, r.fp8_recipe, r.fp8_weight_shards, r.fp8_gathers)
             launch_fwd, launch_bwd = FP8_CAST_LAUNCHES[r.fp8_recipe]
-            call = gemm_call_s(r)  # fp8 GEMMs are priced on the curve even when bf16 rates were measured
+            call = gemm_call_s(r, fp8=True)
             return (roofline_s(op.flops_fwd, op.bytes_fwd, rate, bw) + cast_fwd / bw
                     + call + launch_fwd * r.kernel_overhead_s,
                     roofline_s(op.flops_bwd, op.bytes_bwd, rate, bw) + cast_bwd / bw
@@ -270,7 +270,7 @@ def op_time_s(op: Op, anatomy: Anatomy, r: Rates) -> tuple[float, float]:
         half = op.flops_bwd / 2
         bwd_compute = half / dx_rate + half / dw_rate
         return (gemm_forward_s(m, n, k, op.flops_fwd, op.bytes_fwd, r),
-                max(bwd_compute, op.bytes_bwd / bw) + 2 * gemm_call_s(r, not r.gemm_points))
+                max(bwd_compute, op.bytes_bwd / bw) + 2 * gemm_call_s(r))
     if op.kind == "attention":
         f, b = attention_efficiency_flops(op, anatomy)
         eff_f, eff_b = r.attn_fwd, r.attn_bwd

@@ -139,7 +139,7 @@ def optimizer_time_s(spec: ModelSpec, layout: Layout, r: Rates) -> float:
             owned = math.ceil(k / n) if policy == "sharded_optimizer" else (k / n if policy != "ddp" else k)
             compute = newton_schulz_s(rows, cols, opt.muon_ns_steps, r) * owned * share
             moved = owned * share * rows * cols * (6 * pb + 4 * opt.muon_ns_steps)
-            total += max(compute, moved / bw) + 3 * opt.muon_ns_steps * gemm_call_s(r, not r.gemm_points)
+            total += max(compute, moved / bw) + 3 * opt.muon_ns_steps * gemm_call_s(r)
     return total
 
 

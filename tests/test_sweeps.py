@@ -116,7 +116,7 @@ def test_a_measured_launch_time_keeps_the_fitted_gemm_call_cost():
     point = GemmPoint.model_construct(m=512, n=1024, k=256, dtype="bf16", tflops=100.0)
     c = calibrated_rates(r, hw.default_attention, CalibrationSpec.model_construct(kernel_overhead_us=12.0,
                                                                                   gemm=[point], **blank))
-    assert gemm_call_s(c, curve=False) == pytest.approx(12e-6) and gemm_call_s(c) == pytest.approx(33.3e-6)
+    assert gemm_call_s(c) == pytest.approx(12e-6) and gemm_call_s(c, fp8=True) == pytest.approx(33.3e-6)
     a = build_anatomy(load_model("d4"), batch=2, seq_len=256)
     op = next(o for o in a.ops if o.name == "h0.mlp.c_fc")
     fwd, _ = op_time_s(op, a, replace(c, hbm_bytes_per_s=1e30))
