@@ -718,7 +718,7 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
     shapes = plan_shapes(req, free)
     from ddplan.calibrate.bench import gemm_shapes
 
-    _info(verdicts.calibrate_plan(spec, req, shapes, STAGES,
+    _info(verdicts.calibrate_plan(spec, req, shapes, STAGES[:-1] if quick else STAGES,  # quick: one GEMM pass
                                   len(gemm_shapes(spec_for_device(spec, device), list(shapes.micro_batches),
                                                   shapes.seq_len)), step_program(req),
                                   compile_estimate_s(spec, step_program(req)), 1 if quick else GEMM_PASSES))

@@ -75,7 +75,8 @@ class Rates:
     # a calibration's measured point; unfused math kernels do not
     attn_seq_curve: bool = False
     attn_reference_seq: int = 0
-    pointwise_bytes_per_s: float | None = None  # measured rate of eager elementwise ops (replaces HBM x eff)
+    pointwise_bytes_per_s: float | None = None  # measured rate of elementwise ops (replaces HBM x eff)
+    pointwise_compiled: bool = False  # that rate measured torch.compile'd: the anatomy's bytes over fused kernels' time
     optimizer_bytes_per_s: float | None = None  # measured AdamW rate (replaces HBM x eff for the optimizer)
 
     def scaled(self, knob: str, factor: float) -> Rates:
@@ -288,10 +289,25 @@ def op_time_s(op: Op, anatomy: Anatomy, r: Rates) -> tuple[float, float]:
     fused = COMPILED_POINTWISE_FRACTION if anatomy.compiled else 1.0
     overhead = r.kernel_overhead_s * fused
     if r.pointwise_bytes_per_s:  # measured: the rate already holds the ops' arithmetic
-        return (op.bytes_fwd * fused / r.pointwise_bytes_per_s + overhead,
-                op.bytes_bwd * fused / r.pointwise_bytes_per_s + overhead)
+        rate = pointwise_rate(r.pointwise_bytes_per_s, r.pointwise_compiled, anatomy.compiled)
+        return op.bytes_fwd / rate + overhead, op.bytes_bwd / rate + overhead
     return (roofline_s(op.flops_fwd, op.bytes_fwd * fused, r.vector_flops_per_s, bw) + overhead,
             roofline_s(op.flops_bwd, op.bytes_bwd * fused, r.vector_flops_per_s, bw) + overhead)
+
+
+def pointwise_rate(measured_bytes_per_s: float, measured_compiled: bool, compiled: bool) -> float:
+    """Bytes per second (the anatomy's unfused bytes) at which elementwise ops run, from a measured rate.
+
+    A rate measured in the mode the step runs in is used as it is: a compiled measurement already holds
+    what Inductor's fusion saves. Across modes the assumed fusion factor converts it: an eager rate runs
+    1 / COMPILED_POINTWISE_FRACTION faster compiled, a compiled rate that much slower eager.
+    """
+    if measured_bytes_per_s <= 0:
+        raise ValueError(f"need a positive rate, got {measured_bytes_per_s}")
+    if measured_compiled == compiled:
+        return measured_bytes_per_s
+    return measured_bytes_per_s / COMPILED_POINTWISE_FRACTION if compiled else \
+        measured_bytes_per_s * COMPILED_POINTWISE_FRACTION
 
 
 @dataclass(frozen=True)

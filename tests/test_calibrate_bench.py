@@ -150,6 +150,14 @@ def test_a_failing_compile_runs_eager_and_says_why(monkeypatch):
     assert optimizer_note.startswith("the optimizer ran eager") and "RuntimeError" in optimizer_note
 
 
+def test_loss_head_times_eager_and_compiled():
+    """The elementwise chain after the lm_head runs eager and torch.compile'd (as a compiled step runs its
+    head); both give a positive, finite time. No timed comparison: speed is for benchmarks/."""
+    for compiled in (False, True):
+        t = bench.bench_loss_head_s("cpu", rows=64, vocab=256, softcap=15.0, quick=True, compiled=compiled)
+        assert 0 < t < math.inf
+
+
 def test_bench_adamw_splits_its_elements_over_separate_copies(monkeypatch):
     """The AdamW rate is over `copies` separate allocations holding numel elements in all (one allocation
     alone measured up to 1.5x off on a shared CPU): 4096 over 3 is 1365 + 1365 + 1366. No copies, or more

@@ -88,7 +88,8 @@ def test_pass_mean_is_the_rate_at_the_mean_time():
 def test_a_full_run_times_every_gemm_twice_and_keeps_the_mean(tmp_path, monkeypatch):
     """Without --quick every GEMM shape is timed in GEMM_PASSES passes; a shape measured at 0.1 then 0.3
     TFLOP/s is recorded at the rate of its mean time, 2 / (1/0.1 + 1/0.3) = 0.15, with a 100% spread
-    (times 1/0.1 and 1/0.3 around their mean 6.67: range 6.67 / 6.67)."""
+    (times 1/0.1 and 1/0.3 around their mean 6.67: range 6.67 / 6.67). The second pass runs after the
+    held-out step, so the rates and the step span the same minutes; each pass is in the file at once."""
     calls: dict[tuple, int] = {}
 
     def stats(m, n, k, **kw):
@@ -108,13 +109,21 @@ def test_a_full_run_times_every_gemm_twice_and_keeps_the_mean(tmp_path, monkeypa
     monkeypatch.setattr(bench, "bench_loss_head_s", lambda *a, **k: 1e-3)
     monkeypatch.setattr(bench, "bench_adamw_s", lambda *a, **k: 1e-3)
     monkeypatch.setattr(bench, "bench_kernel_overhead_us", lambda *a, **k: 10.0)
-    monkeypatch.setattr(bench, "bench_train_step", lambda *a, **k: {"skipped": "not in this test"})
+    passes_before_step = []
+
+    def step(*a, **k):
+        passes_before_step.extend(calls.values())
+        return {"skipped": "not in this test"}
+
+    monkeypatch.setattr(bench, "bench_train_step", step)
     req = CalibrateRequest(model=load_model("d2"), hardware=None, device="cpu", out=tmp_path / "c.yaml",
                            seq_len=64, step_batch=1, micro_batches=(1,))
     cal, _, _ = run(req)
     assert calls and set(calls.values()) == {runner.GEMM_PASSES} == {2}
+    assert passes_before_step and set(passes_before_step) == {1}  # one pass before the step, one after
     assert all(p.tflops == 0.15 and p.spread_pct == 100.0 for p in cal.gemm)
-    assert in_file_after_gemms and set(in_file_after_gemms) == {0.15}  # the second pass is written at once
+    assert in_file_after_gemms and set(in_file_after_gemms) == {0.1}  # the first pass is written at once
+    assert {p["tflops"] for p in yaml.safe_load((tmp_path / "c.yaml").read_text())["gemm"]} == {0.15}
     assert load_calibration(str(tmp_path / "c.yaml")).gemm == cal.gemm
 
 
@@ -213,13 +222,19 @@ def test_a_compiled_step_is_recorded_and_compared_with_a_compiled_prediction(tmp
         asked["adamw"] = compiled
         return 1e-3
 
+    def head_s(*a, compiled, **k):
+        asked["head"] = compiled
+        return 1e-3
+
     monkeypatch.setattr(bench, "bench_adamw_s", adamw_s)
+    monkeypatch.setattr(bench, "bench_loss_head_s", head_s)
     monkeypatch.setattr(bench, "bench_train_step", _fake_step(compiled=True))
     spec = load_model("d2")
     req = CalibrateRequest(model=spec, hardware=None, device="cpu", out=tmp_path / "c.yaml", quick=True,
                            seq_len=64, step_batch=1, micro_batches=(1,), compile_step=True)
     cal, hw, held_out = run(req)
     assert asked["adamw"] is True  # the AdamW benchmark times the kernel the step runs
+    assert asked["head"] is True and cal.pointwise_compiled  # and the elementwise chain as the step runs it
     assert cal.step_program.compiled_model and cal.step_program.compiled_optimizer and cal.step_times[0].compiled
     assert "compiled model, compiled optimizer" in cal.step_times[0].source
     assert any("ran compiled model, compiled optimizer" in line and "priced compiled" in line
@@ -254,6 +269,24 @@ def test_a_compile_that_falls_back_is_recorded(tmp_path, monkeypatch):
     assert not cal.step_times[0].compiled
     assert any(f.startswith("training step: the model ran eager") and "no C++ compiler" in f for f in cal.failures)
     assert held_out["compiled"] is False
+
+
+def test_a_loss_head_that_does_not_compile_is_timed_eager_and_said(tmp_path, monkeypatch):
+    """torch.compile of the elementwise chain fails: it is timed eager, the file says so (pointwise_compiled
+    false, a note), and a compiled step's prediction converts that eager rate by the assumed fusion factor."""
+    def head_s(*a, compiled=False, **k):
+        if compiled:
+            raise RuntimeError("no C++ compiler")
+        return 1e-3
+
+    monkeypatch.setattr(bench, "bench_adamw_s", lambda *a, **k: 1e-3)
+    monkeypatch.setattr(bench, "bench_loss_head_s", head_s)
+    monkeypatch.setattr(bench, "bench_train_step", _fake_step(compiled=True))
+    req = CalibrateRequest(model=load_model("d2"), hardware=None, device="cpu", out=tmp_path / "c.yaml", quick=True,
+                           seq_len=64, step_batch=1, micro_batches=(1,), compile_step=True)
+    cal, _, _ = run(req)
+    assert cal.pointwise_tbyte_per_s and cal.pointwise_compiled is False
+    assert any(f.startswith("elementwise ops: timed eager") and "no C++ compiler" in f for f in cal.failures)
 
 
 def test_the_plan_counts_compilation_in_its_estimate():

@@ -26,6 +26,7 @@ from ddplan.roofline import (
     gemm_fraction,
     micro_batch_time,
     op_time_s,
+    pointwise_rate,
     rates,
     roofline_s,
 )
@@ -257,6 +258,27 @@ def test_op_time_pointwise_compiled_halves_traffic_and_launch(mi300x):
     assert fwd == pytest.approx(max(op.flops_fwd / 163.4e12, op.bytes_fwd / bw) + 8e-6)
     fwd_c, _ = op_time_s(op, compiled, r)
     assert fwd_c == pytest.approx(max(op.flops_fwd / 163.4e12, op.bytes_fwd * 0.5 / bw) + 4e-6)
+
+
+def test_pointwise_rate_converts_only_across_compile_modes():
+    """A rate measured in the step's own mode is used as it is; eager 2 GB/s runs 2 / 0.5 = 4 GB/s compiled,
+    compiled 4 GB/s runs 4 x 0.5 = 2 GB/s eager (COMPILED_POINTWISE_FRACTION = 0.5, assumed)."""
+    assert pointwise_rate(2e9, measured_compiled=False, compiled=False) == 2e9
+    assert pointwise_rate(4e9, measured_compiled=True, compiled=True) == 4e9
+    assert pointwise_rate(2e9, measured_compiled=False, compiled=True) == pytest.approx(4e9)
+    assert pointwise_rate(4e9, measured_compiled=True, compiled=False) == pytest.approx(2e9)
+    with pytest.raises(ValueError):
+        pointwise_rate(0.0, False, False)
+
+
+def test_op_time_pointwise_at_a_rate_measured_compiled(mi300x):
+    """A compiled calibration's elementwise rate prices a compiled step's op at the anatomy's full bytes
+    (the measurement already holds Inductor's fusion) and an eager step's at half that rate."""
+    eager, compiled = d24_anatomy("fused_sdpa", compiled=False), d24_anatomy("fused_sdpa", compiled=True)
+    op = op_named(eager, "h0.resid_add1")
+    r = replace(rates(mi300x, "sdpa-fused"), pointwise_bytes_per_s=1e12, pointwise_compiled=True, kernel_overhead_s=0.0)
+    assert op_time_s(op, compiled, r)[0] == pytest.approx(op.bytes_fwd / 1e12)
+    assert op_time_s(op, eager, r)[0] == pytest.approx(op.bytes_fwd / 0.5e12)
 
 
 def test_gemm_fraction_curve_when_uncalibrated(mi300x):

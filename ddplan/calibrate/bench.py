@@ -358,24 +358,33 @@ def bench_hbm(device="cuda", *, nbytes: int | None = None, quick: bool = False) 
 
 
 def bench_loss_head_s(device="cuda", *, rows: int, vocab: int, softcap: float | None, dtype: str = "fp32",
-                      quick: bool = False) -> float:
-    """Seconds of the eager elementwise chain after the lm_head, forward and backward: the fp32 logits,
-    the softcap (if any) and the cross-entropy, with fresh outputs as in training (allocation, page
-    faults and transcendentals included). The runner divides the anatomy's bytes for the same ops by
-    this time, so elementwise ops get the rate measured at the model's own largest elementwise shape.
+                      quick: bool = False, compiled: bool = False) -> float:
+    """Seconds of the elementwise chain after the lm_head, forward and backward: the fp32 logits, the
+    softcap (if any) and the cross-entropy, with fresh outputs as in training (allocation, page faults
+    and transcendentals included). The runner divides the anatomy's bytes for the same ops by this time,
+    so elementwise ops get the rate measured at the model's own largest elementwise shape.
+
+    compiled: the chain torch.compile'd (dynamic=False, as the held-out step compiles the model, head
+    included), so a compiled step's elementwise ops get the rate Inductor's fused kernels reach instead of
+    an assumed fusion factor (ddplan.roofline.COMPILED_POINTWISE_FRACTION). Compilation happens in the
+    untimed warm-up; a failing compilation raises (the runner then times it eager and says so).
     """
     d = _device(device)
     x = torch.randn(rows, vocab, device=d, dtype=_torch_dtype(dtype), requires_grad=True)
     targets = torch.randint(0, vocab, (rows,), device=d)
 
-    def chain() -> None:
-        logits = x.float()
+    def loss_of(inp):
+        logits = inp.float()
         if softcap:
             logits = softcap * torch.tanh(logits / softcap)
-        loss = torch.nn.functional.cross_entropy(logits, targets)
-        torch.autograd.grad(loss, x)
+        return torch.nn.functional.cross_entropy(logits, targets)
 
-    return time_s(chain, d, min_run_time=_min_run_time(quick))
+    forward = torch.compile(loss_of, dynamic=False) if compiled else loss_of
+
+    def chain() -> None:
+        torch.autograd.grad(forward(x), x)
+
+    return time_s(chain, d, min_run_time=_min_run_time(quick))  # compiles in the untimed warm-up
 
 
 ADAMW_COPIES = 3  # separately allocated parameters the AdamW benchmark splits its elements over (bench_adamw_s)

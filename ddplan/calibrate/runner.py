@@ -189,6 +189,8 @@ BUSY_SPREAD_PCT = 20.0  # GEMM timings spreading more than this say the machine 
 # same kernel timed in different allocations or minutes apart differs by up to 2x (the lm_head dW of d4: 0.064
 # and 0.133 TFLOP/s in two runs; AdamW 0.026 or 0.040 TB/s by allocation) while each timing's own spread is
 # under 5%; a training step runs its kernels over many allocations and a span of time, so it sees the mean.
+# The passes after the first run after the held-out step, so the GEMM rates and the step it is graded against
+# span the same minutes of the machine's state (drift between them is model error on nobody's part).
 GEMM_PASSES = 2
 
 
@@ -272,7 +274,9 @@ def _available_ram_bytes() -> float | None:
 
 
 STAGES = ("GEMMs at the model's shapes", "peak GEMM sweep", "attention", "HBM bandwidth", "elementwise ops",
-          "optimizer", "kernel overhead", "collectives", "training step (held out)")
+          "optimizer", "kernel overhead", "collectives", "training step (held out)",
+          "GEMMs again (after the step)")
+HELD_OUT_STAGE = STAGES.index("training step (held out)")
 
 
 class Interrupted(Exception):
@@ -310,7 +314,7 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
         rec.flush()
 
     def stage(name: str, fn: Callable[[], None]) -> None:
-        if name == STAGES[-1] and (program.model or program.optimizer) and not shapes.skip_step:
+        if name == STAGES[HELD_OUT_STAGE] and (program.model or program.optimizer) and not shapes.skip_step:
             progress(f"{name}: {program.words()}; torch.compile first, up to about "
                      f"{compile_estimate_s(spec, program):.0f} s (not timed)")
         else:
@@ -324,9 +328,12 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
                 traceback.print_exc()
             rec.fail(name, e)
 
+    gemm_state: dict = {}  # the first pass's points, times and spreads, for the passes after the step
+
     def gemms() -> None:
         points, times, first_spread = [], [], []
         shapes_ = bench.gemm_shapes(spec, list(batches), seq)
+        gemm_state.update(points=points, times=times, first_spread=first_spread, shapes=shapes_)
         for m, n, k, label in shapes_:
             tflops, spread = bench.bench_gemm_stats(m, n, k, dtype=gemm_dtype, device=device, quick=req.quick)
             points.append({"m": m, "n": n, "k": k, "dtype": gemm_dtype, "tflops": sig(tflops),
@@ -334,12 +341,23 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
             times.append([2.0 * m * n * k / (tflops * 1e12)])
             first_spread.append(100 * spread)
             rec.append("gemm", points[-1:])  # in the file as soon as it is measured (an interruption keeps it)
-        for _ in range(1, 1 if req.quick else GEMM_PASSES):  # again, later and in fresh memory
-            for i, (m, n, k, _label) in enumerate(shapes_):
+        if req.quick:
+            busy_check()
+
+    def gemms_again() -> None:  # after the held-out step: the rates span the step's minutes
+        if req.quick or not gemm_state:
+            return
+        points, times, first_spread = gemm_state["points"], gemm_state["times"], gemm_state["first_spread"]
+        for _ in range(1, GEMM_PASSES):  # again, later and in fresh memory
+            for i, (m, n, k, _label) in enumerate(gemm_state["shapes"]):
                 tflops, _spread = bench.bench_gemm_stats(m, n, k, dtype=gemm_dtype, device=device)
                 times[i].append(2.0 * m * n * k / (tflops * 1e12))
                 points[i].update(pass_mean(m, n, k, times[i], first_spread[i]))
             rec.flush()  # the points are the file's own entries (rec.append keeps the same dicts)
+        busy_check()
+
+    def busy_check() -> None:
+        points = gemm_state["points"]
         noisy = [p for p in points if p["spread_pct"] > BUSY_SPREAD_PCT]
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
         if device == "cpu" and load > 1.5 * (os.cpu_count() or 1):  # more runnable work than the cores (this
@@ -388,9 +406,19 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
         run_spec = spec_for_device(spec, device)
         head = [op for op in build_anatomy(run_spec, batch=mb0, seq_len=seq).ops
                 if op.name in ("logits_cast", "logits_softcap", "cross_entropy")]
-        t = bench.bench_loss_head_s(device, rows=mb0 * seq, vocab=spec.architecture.vocab_size,
-                                    softcap=spec.architecture.logit_softcap, dtype="fp32", quick=req.quick)
+        kw = dict(rows=mb0 * seq, vocab=spec.architecture.vocab_size, softcap=spec.architecture.logit_softcap,
+                  dtype="fp32", quick=req.quick)
+        compiled = program.model  # as the held-out step runs the model (head included): compiled or eager
+        try:
+            t = bench.bench_loss_head_s(device, **kw, compiled=compiled)
+        except Exception as e:
+            if not compiled:
+                raise
+            note(f"elementwise ops: timed eager, torch.compile of the loss head failed: {bench.compile_failure(e)}")
+            compiled = False
+            t = bench.bench_loss_head_s(device, **kw)
         rec.set("pointwise_tbyte_per_s", sig(sum(op.bytes_fwd + op.bytes_bwd for op in head) / t / 1e12))
+        rec.set("pointwise_compiled", compiled)
 
     def optimizer() -> None:  # AdamW's kernel as the held-out step runs it: compiled or eager
         from ddplan.anatomy import adamw_bytes
@@ -438,7 +466,7 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
             return
         attention_name = (hw.default_attention if hw else "sdpa-fused")
         res = bench.bench_train_step(spec, batch=mb0, seq_len=seq, attention=_ref_attention(attention_name),
-                                     device=device, dtype_policy=dtype_policy, steps=2 if req.quick else 5,
+                                     device=device, dtype_policy=dtype_policy, steps=2 if req.quick else 7,
                                      compile_model=program.model, compile_optimizer=program.optimizer)
         held_out.update(res, attention=attention_name, batch=mb0, seq_len=seq)
         if "skipped" in res:
@@ -458,7 +486,7 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
             "source": f"ddplan calibrate: reference model, one micro-batch, {ran.words()}, "
                       f"{prov.get('device_name')}"}])
 
-    fns = (gemms, peak, attention, hbm, pointwise, optimizer, overhead, collectives, train_step)
+    fns = (gemms, peak, attention, hbm, pointwise, optimizer, overhead, collectives, train_step, gemms_again)
     done: list[str] = []
 
     def on_signal(signum, frame):
