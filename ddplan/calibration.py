@@ -128,6 +128,10 @@ class CalibrationSpec(Strict):
     hbm_tbyte_per_s: float | None = Field(default=None, gt=0, le=1e3)
     kernel_overhead_us: float | None = Field(default=None, gt=0, le=1e6)  # time of an empty-ish kernel launch
     pointwise_tbyte_per_s: float | None = Field(default=None, gt=0, le=1e3)  # elementwise chain at the model's logits
+    # the same chain's forward and backward apart (each direction's anatomy bytes over its time); absent: the
+    # rate above for both
+    pointwise_fwd_tbyte_per_s: float | None = Field(default=None, gt=0, le=1e3)
+    pointwise_bwd_tbyte_per_s: float | None = Field(default=None, gt=0, le=1e3)
     pointwise_compiled: bool = False  # that chain timed torch.compile'd (as a compiled step runs it), not eager
     optimizer_tbyte_per_s: float | None = Field(default=None, gt=0, le=1e3)  # AdamW step, bytes as ddplan.anatomy.adamw_bytes
     peak_gemm_tflops: float | None = Field(default=None, gt=0, le=1e5)  # best of a short bf16 GEMM sweep
@@ -195,8 +199,10 @@ def calibrated_rates(r: Rates, attention: str, calibration: CalibrationSpec | No
     if calibration.kernel_overhead_us:  # an empty kernel's launch: not a GEMM call (the fitted call cost stays)
         r = replace(r, kernel_overhead_s=calibration.kernel_overhead_us * 1e-6)
     if calibration.pointwise_tbyte_per_s:
-        r = replace(r, pointwise_bytes_per_s=calibration.pointwise_tbyte_per_s * 1e12,
-                    pointwise_compiled=calibration.pointwise_compiled)
+        both = calibration.pointwise_tbyte_per_s * 1e12
+        r = replace(r, pointwise_bytes_per_s=both, pointwise_compiled=calibration.pointwise_compiled,
+                    pointwise_fwd_bytes_per_s=(calibration.pointwise_fwd_tbyte_per_s or 0.0) * 1e12 or both,
+                    pointwise_bwd_bytes_per_s=(calibration.pointwise_bwd_tbyte_per_s or 0.0) * 1e12 or both)
     if calibration.optimizer_tbyte_per_s:
         r = replace(r, optimizer_bytes_per_s=calibration.optimizer_tbyte_per_s * 1e12)
     gemm = [p for p in calibration.gemm if p.dtype in ("bf16", "fp16", "fp32")]

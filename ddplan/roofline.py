@@ -77,6 +77,8 @@ class Rates:
     attn_reference_seq: int = 0
     pointwise_bytes_per_s: float | None = None  # measured rate of elementwise ops (replaces HBM x eff)
     pointwise_compiled: bool = False  # that rate measured torch.compile'd: the anatomy's bytes over fused kernels' time
+    pointwise_fwd_bytes_per_s: float | None = None  # the same measurement's forward and backward apart
+    pointwise_bwd_bytes_per_s: float | None = None  # (None: pointwise_bytes_per_s for both)
     optimizer_bytes_per_s: float | None = None  # measured AdamW rate (replaces HBM x eff for the optimizer)
 
     def scaled(self, knob: str, factor: float) -> Rates:
@@ -289,8 +291,11 @@ def op_time_s(op: Op, anatomy: Anatomy, r: Rates) -> tuple[float, float]:
     fused = COMPILED_POINTWISE_FRACTION if anatomy.compiled else 1.0
     overhead = r.kernel_overhead_s * fused
     if r.pointwise_bytes_per_s:  # measured: the rate already holds the ops' arithmetic
-        rate = pointwise_rate(r.pointwise_bytes_per_s, r.pointwise_compiled, anatomy.compiled)
-        return op.bytes_fwd / rate + overhead, op.bytes_bwd / rate + overhead
+        fwd_rate = pointwise_rate(r.pointwise_fwd_bytes_per_s or r.pointwise_bytes_per_s, r.pointwise_compiled,
+                                  anatomy.compiled)
+        bwd_rate = pointwise_rate(r.pointwise_bwd_bytes_per_s or r.pointwise_bytes_per_s, r.pointwise_compiled,
+                                  anatomy.compiled)
+        return op.bytes_fwd / fwd_rate + overhead, op.bytes_bwd / bwd_rate + overhead
     return (roofline_s(op.flops_fwd, op.bytes_fwd * fused, r.vector_flops_per_s, bw) + overhead,
             roofline_s(op.flops_bwd, op.bytes_bwd * fused, r.vector_flops_per_s, bw) + overhead)
 

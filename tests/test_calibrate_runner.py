@@ -106,7 +106,7 @@ def test_a_full_run_times_every_gemm_twice_and_keeps_the_mean(tmp_path, monkeypa
     monkeypatch.setattr(bench, "bench_peak_gemm", peak)
     monkeypatch.setattr(bench, "bench_attention", lambda *a, **k: (0.05, 0.05))
     monkeypatch.setattr(bench, "bench_hbm", lambda *a, **k: 0.01)
-    monkeypatch.setattr(bench, "bench_loss_head_s", lambda *a, **k: 1e-3)
+    monkeypatch.setattr(bench, "bench_loss_head_s", lambda *a, **k: (4e-4, 1e-3))
     monkeypatch.setattr(bench, "bench_adamw_s", lambda *a, **k: 1e-3)
     monkeypatch.setattr(bench, "bench_kernel_overhead_us", lambda *a, **k: 10.0)
     passes_before_step = []
@@ -224,7 +224,7 @@ def test_a_compiled_step_is_recorded_and_compared_with_a_compiled_prediction(tmp
 
     def head_s(*a, compiled, **k):
         asked["head"] = compiled
-        return 1e-3
+        return 4e-4, 1e-3  # forward, forward + backward
 
     monkeypatch.setattr(bench, "bench_adamw_s", adamw_s)
     monkeypatch.setattr(bench, "bench_loss_head_s", head_s)
@@ -235,6 +235,15 @@ def test_a_compiled_step_is_recorded_and_compared_with_a_compiled_prediction(tmp
     cal, hw, held_out = run(req)
     assert asked["adamw"] is True  # the AdamW benchmark times the kernel the step runs
     assert asked["head"] is True and cal.pointwise_compiled  # and the elementwise chain as the step runs it
+    from ddplan.anatomy import build_anatomy
+
+    head = [op for op in build_anatomy(runner.spec_for_device(spec, "cpu"), batch=1, seq_len=64).ops
+            if op.name in ("logits_cast", "logits_softcap", "cross_entropy")]
+    fwd_bytes, bwd_bytes = sum(op.bytes_fwd for op in head), sum(op.bytes_bwd for op in head)
+    # forward 0.4 ms, backward the other 0.6 ms: each direction's bytes over its own time
+    assert cal.pointwise_fwd_tbyte_per_s == pytest.approx(fwd_bytes / 4e-4 / 1e12, rel=1e-4)
+    assert cal.pointwise_bwd_tbyte_per_s == pytest.approx(bwd_bytes / 6e-4 / 1e12, rel=1e-4)
+    assert cal.pointwise_tbyte_per_s == pytest.approx((fwd_bytes + bwd_bytes) / 1e-3 / 1e12, rel=1e-4)
     assert cal.step_program.compiled_model and cal.step_program.compiled_optimizer and cal.step_times[0].compiled
     assert "compiled model, compiled optimizer" in cal.step_times[0].source
     assert any("ran compiled model, compiled optimizer" in line and "priced compiled" in line
@@ -277,7 +286,7 @@ def test_a_loss_head_that_does_not_compile_is_timed_eager_and_said(tmp_path, mon
     def head_s(*a, compiled=False, **k):
         if compiled:
             raise RuntimeError("no C++ compiler")
-        return 1e-3
+        return 4e-4, 1e-3
 
     monkeypatch.setattr(bench, "bench_adamw_s", lambda *a, **k: 1e-3)
     monkeypatch.setattr(bench, "bench_loss_head_s", head_s)

@@ -279,6 +279,9 @@ def test_op_time_pointwise_at_a_rate_measured_compiled(mi300x):
     r = replace(rates(mi300x, "sdpa-fused"), pointwise_bytes_per_s=1e12, pointwise_compiled=True, kernel_overhead_s=0.0)
     assert op_time_s(op, compiled, r)[0] == pytest.approx(op.bytes_fwd / 1e12)
     assert op_time_s(op, eager, r)[0] == pytest.approx(op.bytes_fwd / 0.5e12)
+    # forward and backward measured apart: each direction at its own rate
+    r = replace(r, pointwise_fwd_bytes_per_s=2e12, pointwise_bwd_bytes_per_s=0.5e12)
+    assert op_time_s(op, compiled, r) == pytest.approx((op.bytes_fwd / 2e12, op.bytes_bwd / 0.5e12))
 
 
 def test_gemm_fraction_curve_when_uncalibrated(mi300x):

@@ -358,14 +358,16 @@ def bench_hbm(device="cuda", *, nbytes: int | None = None, quick: bool = False) 
 
 
 def bench_loss_head_s(device="cuda", *, rows: int, vocab: int, softcap: float | None, dtype: str = "fp32",
-                      quick: bool = False, compiled: bool = False) -> float:
-    """Seconds of the elementwise chain after the lm_head, forward and backward: the fp32 logits, the
-    softcap (if any) and the cross-entropy, with fresh outputs as in training (allocation, page faults
-    and transcendentals included). The runner divides the anatomy's bytes for the same ops by this time,
-    so elementwise ops get the rate measured at the model's own largest elementwise shape.
+                      quick: bool = False, compiled: bool = False) -> tuple[float, float]:
+    """(forward seconds, forward + backward seconds) of the elementwise chain after the lm_head: the fp32
+    logits, the softcap (if any) and the cross-entropy, with fresh outputs as in training (allocation, page
+    faults and transcendentals included). The runner divides the anatomy's bytes for the same ops by these
+    times, so elementwise ops get the rates measured at the model's own largest elementwise shape, forward
+    and backward apart (they fuse differently: on a 2-core EPYC, compiled, the forward ran 2.8x its eager
+    time and the backward 2.1x).
 
     compiled: the chain torch.compile'd (dynamic=False, as the held-out step compiles the model, head
-    included), so a compiled step's elementwise ops get the rate Inductor's fused kernels reach instead of
+    included), so a compiled step's elementwise ops get the rates Inductor's fused kernels reach instead of
     an assumed fusion factor (ddplan.roofline.COMPILED_POINTWISE_FRACTION). Compilation happens in the
     untimed warm-up; a failing compilation raises (the runner then times it eager and says so).
     """
@@ -384,7 +386,9 @@ def bench_loss_head_s(device="cuda", *, rows: int, vocab: int, softcap: float | 
     def chain() -> None:
         torch.autograd.grad(forward(x), x)
 
-    return time_s(chain, d, min_run_time=_min_run_time(quick))  # compiles in the untimed warm-up
+    both = time_s(chain, d, min_run_time=_min_run_time(quick))  # compiles in the untimed warm-up
+    fwd = time_s(lambda: forward(x), d, min_run_time=_min_run_time(quick))  # as training runs it: saving for backward
+    return fwd, both
 
 
 ADAMW_COPIES = 3  # separately allocated parameters the AdamW benchmark splits its elements over (bench_adamw_s)
