@@ -105,6 +105,15 @@ class StepMeasurement(Strict):
     source: str = Field(min_length=3)
 
 
+class MuonPoint(Strict):
+    """One Muon step over `count` same-shape matrices, timed as the held-out step runs it."""
+
+    rows: int = Field(gt=0, le=10**7)
+    cols: int = Field(gt=0, le=10**7)
+    count: int = Field(gt=0, le=10**6)
+    seconds: float = Field(gt=0, le=1e5)
+
+
 class StepProgram(Strict):
     """How `ddplan calibrate`'s held-out step ran: the model torch.compile'd or eager, the optimizer's update
     kernels compiled or eager (the AdamW benchmark times the same kernel), and what was asked for."""
@@ -138,6 +147,7 @@ class CalibrationSpec(Strict):
     gemm: list[GemmPoint] = []
     attention: list[AttentionPoint] = []
     collectives: list[CollectivePoint] = []
+    muon: list[MuonPoint] = []  # Muon steps per shape group (replace the GEMM-by-GEMM estimate of the same shape)
     step_times: list[StepMeasurement] = []
     step_program: StepProgram | None = None  # how the held-out step (the step_times entry calibrate wrote) ran
     # the held-out step's error after calibration (predicted from the micro-benchmarks / measured - 1, %):
@@ -205,6 +215,8 @@ def calibrated_rates(r: Rates, attention: str, calibration: CalibrationSpec | No
                     pointwise_bwd_bytes_per_s=(calibration.pointwise_bwd_tbyte_per_s or 0.0) * 1e12 or both)
     if calibration.optimizer_tbyte_per_s:
         r = replace(r, optimizer_bytes_per_s=calibration.optimizer_tbyte_per_s * 1e12)
+    if calibration.muon:
+        r = replace(r, muon_points=tuple((p.rows, p.cols, p.count, p.seconds) for p in calibration.muon))
     gemm = [p for p in calibration.gemm if p.dtype in ("bf16", "fp16", "fp32")]
     if gemm:
         r = replace(r, gemm_points=tuple((p.m, p.n, p.k, p.tflops * 1e12 / r.peak_flops_per_s) for p in gemm))

@@ -80,6 +80,7 @@ class Rates:
     pointwise_fwd_bytes_per_s: float | None = None  # the same measurement's forward and backward apart
     pointwise_bwd_bytes_per_s: float | None = None  # (None: pointwise_bytes_per_s for both)
     optimizer_bytes_per_s: float | None = None  # measured AdamW rate (replaces HBM x eff for the optimizer)
+    muon_points: tuple[tuple[int, int, int, float], ...] = ()  # measured Muon steps: (rows, cols, count, seconds)
 
     def scaled(self, knob: str, factor: float) -> Rates:
         """These rates with one knob's efficiency multiplied by factor (the calibration fit)."""

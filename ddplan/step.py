@@ -113,7 +113,8 @@ def optimizer_time_s(spec: ModelSpec, layout: Layout, r: Rates) -> float:
     AdamW tensor; ZeRO >= 1 splits everything by dp; DDP (ZeRO-0) updates everything on every rank.
     AdamW traffic: read p, g, m, v and write p, m, v (ddplan.anatomy.adamw_bytes).
     Muon: 5 Newton-Schulz iterations of three GEMMs, 4 m^2 n + 2 m^3 FLOPs each (newton_schulz_s), or the
-    bytes it moves at the optimizer's rate, whichever is longer.
+    bytes it moves at the optimizer's rate, whichever is longer; calibrated, a shape's measured Muon step
+    (ddplan.calibrate.bench.bench_muon_s) scaled by the matrices the rank owns.
     """
     from ddplan.anatomy import adamw_bytes
 
@@ -135,8 +136,13 @@ def optimizer_time_s(spec: ModelSpec, layout: Layout, r: Rates) -> float:
             total += moved * share / split / bw + r.kernel_overhead_s
             continue
         stacks = Counter(muon_matrices(spec, group))
+        measured = {(rows, cols): (count, seconds) for rows, cols, count, seconds in r.muon_points}
         for (rows, cols), k in stacks.items():
             owned = math.ceil(k / n) if policy == "sharded_optimizer" else (k / n if policy != "ddp" else k)
+            if (rows, cols) in measured:  # calibrated: the measured step of this shape's stack, per matrix
+                count, seconds = measured[(rows, cols)]
+                total += seconds * owned * share / count
+                continue
             compute = newton_schulz_s(rows, cols, opt.muon_ns_steps, r) * owned * share
             moved = owned * share * rows * cols * (6 * pb + 4 * opt.muon_ns_steps)
             total += max(compute, moved / bw) + 3 * opt.muon_ns_steps * gemm_call_s(r)

@@ -480,6 +480,7 @@ def calibrate_summary(cal) -> list[str]:
         (f"{len(cal.gemm)} GEMM shapes", cal.gemm), ("peak GEMM", cal.peak_gemm_tflops),
         (f"{len(cal.attention)} attention points", cal.attention), ("HBM", cal.hbm_tbyte_per_s),
         ("elementwise", cal.pointwise_tbyte_per_s), ("AdamW", cal.optimizer_tbyte_per_s),
+        (f"{len(cal.muon)} Muon shapes", cal.muon),
         ("kernel overhead", cal.kernel_overhead_us), (f"{len(cal.collectives)} collective points", cal.collectives),
         ("the held-out step", cal.step_times)) if present]
     out = ["calibrate: measured " + (", ".join(measured) or "nothing")]

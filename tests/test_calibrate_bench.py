@@ -159,6 +159,16 @@ def test_loss_head_times_eager_and_compiled():
         assert 0 < fwd < math.inf and 0 < both < math.inf
 
 
+def test_muon_step_times_eager_and_compiled():
+    """One Muon step over a stack of small matrices, eager and compiled (as nanochat's optimizer runs): a
+    positive, finite time; bad sizes are refused."""
+    for compiled in (False, True):
+        t = bench.bench_muon_s("cpu", rows=32, cols=64, count=3, quick=True, compiled=compiled)
+        assert 0 < t < math.inf
+    with pytest.raises(ValueError):
+        bench.bench_muon_s("cpu", rows=0, cols=64, count=3)
+
+
 def test_bench_adamw_splits_its_elements_over_separate_copies(monkeypatch):
     """The AdamW rate is over `copies` separate allocations holding numel elements in all (one allocation
     alone measured up to 1.5x off on a shared CPU): 4096 over 3 is 1365 + 1365 + 1366. No copies, or more

@@ -108,6 +108,7 @@ def test_a_full_run_times_every_gemm_twice_and_keeps_the_mean(tmp_path, monkeypa
     monkeypatch.setattr(bench, "bench_hbm", lambda *a, **k: 0.01)
     monkeypatch.setattr(bench, "bench_loss_head_s", lambda *a, **k: (4e-4, 1e-3))
     monkeypatch.setattr(bench, "bench_adamw_s", lambda *a, **k: 1e-3)
+    monkeypatch.setattr(bench, "bench_muon_s", lambda *a, **k: 2e-3)
     monkeypatch.setattr(bench, "bench_kernel_overhead_us", lambda *a, **k: 10.0)
     passes_before_step = []
 
@@ -227,6 +228,7 @@ def test_a_compiled_step_is_recorded_and_compared_with_a_compiled_prediction(tmp
         return 4e-4, 1e-3  # forward, forward + backward
 
     monkeypatch.setattr(bench, "bench_adamw_s", adamw_s)
+    monkeypatch.setattr(bench, "bench_muon_s", lambda *a, **k: 2e-3)
     monkeypatch.setattr(bench, "bench_loss_head_s", head_s)
     monkeypatch.setattr(bench, "bench_train_step", _fake_step(compiled=True))
     spec = load_model("d2")
@@ -244,6 +246,14 @@ def test_a_compiled_step_is_recorded_and_compared_with_a_compiled_prediction(tmp
     assert cal.pointwise_fwd_tbyte_per_s == pytest.approx(fwd_bytes / 4e-4 / 1e12, rel=1e-4)
     assert cal.pointwise_bwd_tbyte_per_s == pytest.approx(bwd_bytes / 6e-4 / 1e12, rel=1e-4)
     assert cal.pointwise_tbyte_per_s == pytest.approx((fwd_bytes + bwd_bytes) / 1e-3 / 1e12, rel=1e-4)
+    from collections import Counter
+
+    from ddplan.anatomy import muon_matrices
+
+    # one Muon step per shape stack of the Muon groups, each as measured (2 ms here)
+    stacks = Counter(s for g in ("block_matrices", "ve_gates") for s in muon_matrices(spec, g))
+    assert {(p.rows, p.cols, p.count) for p in cal.muon} == {(r, c, k) for (r, c), k in stacks.items()}
+    assert all(p.seconds == 2e-3 for p in cal.muon)
     assert cal.step_program.compiled_model and cal.step_program.compiled_optimizer and cal.step_times[0].compiled
     assert "compiled model, compiled optimizer" in cal.step_times[0].source
     assert any("ran compiled model, compiled optimizer" in line and "priced compiled" in line
@@ -266,6 +276,7 @@ def test_a_compile_that_falls_back_is_recorded(tmp_path, monkeypatch):
     """Compilation failed (the step ran eager): the file says what ran and what was asked, the reason is a
     note, and the prediction is the eager one."""
     monkeypatch.setattr(bench, "bench_adamw_s", lambda *a, **k: 1e-3)
+    monkeypatch.setattr(bench, "bench_muon_s", lambda *a, **k: 2e-3)
     monkeypatch.setattr(bench, "bench_train_step", _fake_step(False, ["the model ran eager, torch.compile failed: "
                                                                       "RuntimeError: no C++ compiler"]))
     spec = load_model("d2")
@@ -289,6 +300,7 @@ def test_a_loss_head_that_does_not_compile_is_timed_eager_and_said(tmp_path, mon
         return 4e-4, 1e-3
 
     monkeypatch.setattr(bench, "bench_adamw_s", lambda *a, **k: 1e-3)
+    monkeypatch.setattr(bench, "bench_muon_s", lambda *a, **k: 2e-3)
     monkeypatch.setattr(bench, "bench_loss_head_s", head_s)
     monkeypatch.setattr(bench, "bench_train_step", _fake_step(compiled=True))
     req = CalibrateRequest(model=load_model("d2"), hardware=None, device="cpu", out=tmp_path / "c.yaml", quick=True,

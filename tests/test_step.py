@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from ddplan import comm, step
 from ddplan.anatomy import build_anatomy, muon_flops
-from ddplan.layout import Layout, check_layout
+from ddplan.layout import NATIVE_ZERO, Layout, check_layout
 from ddplan.registry import load_hardware, load_model
 from ddplan.roofline import Rates, rates
 from ddplan.step import grad_sync_buffers, optimizer_time_s, step_time
@@ -84,6 +84,28 @@ def test_optimizer_dp1_sharded_equals_ddp():
     spec = _spec("d24")
     assert optimizer_time_s(spec, Layout(dp=1, zero=1), r) == pytest.approx(
         optimizer_time_s(spec, Layout(dp=1, zero=0), r), rel=1e-12)
+
+
+def test_measured_muon_steps_replace_the_gemm_estimate_per_matrix_owned():
+    """A calibration's Muon step of a shape's stack replaces that shape's Newton-Schulz estimate, per matrix
+    the rank owns: doubling every measured time adds exactly their sum on one GPU (owning every matrix), and
+    on 8 GPUs under nanochat's sharding ceil(K / 8) / K of it (d24: 1536 x 1536, K = 96 -> 12 of 96)."""
+    from collections import Counter
+
+    from ddplan.anatomy import muon_matrices
+
+    spec = _spec("d24")
+    shapes = Counter(s for g in ("block_matrices", "ve_gates") for s in muon_matrices(spec, g))
+    points = tuple((rows, cols, k, 1e-3 * (i + 1)) for i, ((rows, cols), k) in enumerate(sorted(shapes.items())))
+    r = rates(_hw(), "sdpa-fused")
+    one = replace(r, muon_points=points)
+    two = replace(r, muon_points=tuple((a, b, k, 2 * t) for a, b, k, t in points))
+    lay = Layout(dp=1, zero=NATIVE_ZERO["sharded_optimizer"])
+    assert optimizer_time_s(spec, lay, two) - optimizer_time_s(spec, lay, one) == pytest.approx(
+        sum(t for *_, t in points), rel=1e-9)
+    lay8 = replace(lay, dp=8)
+    assert optimizer_time_s(spec, lay8, two) - optimizer_time_s(spec, lay8, one) == pytest.approx(
+        sum(t * math.ceil(k / 8) / k for _, _, k, t in points), rel=1e-9)
 
 
 def test_muon_flops_on_busiest_rank_d24_dp8_by_hand():

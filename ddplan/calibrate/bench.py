@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch.utils.benchmark import Timer
 
 from ddplan.anatomy import attention_pairs, build_anatomy
-from ddplan.calibrate.optim import AdamW, build_optimizer
+from ddplan.calibrate.optim import AdamW, Muon, build_optimizer
 from ddplan.calibrate.reference import build_model, window_masks
 from ddplan.specs import ModelSpec
 from ddplan.units import GB, MiB, TB, TFLOPS
@@ -417,6 +417,28 @@ def bench_adamw_s(device="cuda", *, numel: int, dtype: str = "fp32", quick: bool
            else torch.optim.AdamW(params, lr=1e-4, fused=d.type == "cuda"))
     with _compile_limits():
         opt.step()  # create the state (and compile)
+    return time_s(opt.step, d, min_run_time=_min_run_time(quick))
+
+
+def bench_muon_s(device="cuda", *, rows: int, cols: int, count: int, dtype: str = "fp32", quick: bool = False,
+                 compiled: bool = False, ns_steps: int = 5) -> float:
+    """Seconds of one Muon step over `count` rows x cols matrices, gradients present: the reference optimizer's
+    own step (ddplan.calibrate.optim.Muon: stack the gradients and parameters, momentum, Newton-Schulz on
+    the stack, copy back), compiled as the held-out step runs it or eager. The planner's Muon term otherwise
+    adds up its GEMMs at the rates of single 2-D GEMMs (ddplan.step.optimizer_time_s); the optimizer runs
+    batched products over the stack and memory passes around them.
+    """
+    if min(rows, cols, count, ns_steps) <= 0:
+        raise ValueError(f"need rows, cols, count, ns_steps > 0, got {rows}, {cols}, {count}, {ns_steps}")
+    d = _device(device)
+    params = []
+    for _ in range(count):
+        p = torch.nn.Parameter(torch.randn(rows, cols, device=d, dtype=_torch_dtype(dtype)) * 0.02)
+        p.grad = torch.randn_like(p)
+        params.append(p)
+    opt = Muon(params, lr=0.02, ns_steps=ns_steps, compiled=compiled)
+    with _compile_limits():
+        opt.step()  # create the momentum buffer (and compile)
     return time_s(opt.step, d, min_run_time=_min_run_time(quick))
 
 

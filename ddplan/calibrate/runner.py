@@ -436,6 +436,9 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
             note(f"optimizer: timed eager, torch.compile of the AdamW kernel failed: {bench.compile_failure(e)}")
             t = bench.bench_adamw_s(device, numel=n, dtype="fp32", quick=req.quick)
         rec.set("optimizer_tbyte_per_s", sig(adamw_bytes(n, 4, 4, 4) / t / 1e12))
+        points = time_muon(spec, device, req.quick, program.optimizer, note)
+        if points:
+            rec.append("muon", points)
 
     def overhead() -> None:
         rec.set("kernel_overhead_us", sig(bench.bench_kernel_overhead_us(device)))
@@ -521,6 +524,31 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
         if row["term"] == "step":
             rec.set("held_out_error_pct", sig(row["after_error_pct"], 3))
     return CalibrationSpec.model_validate(rec.data), hw, held_out
+
+
+def time_muon(spec: ModelSpec, device: str, quick: bool, compiled: bool, note: Callable[[str], None]) -> list[dict]:
+    """One timed Muon step per shape stack of the model's Muon groups (none for an AdamW model), compiled as
+    the held-out step's optimizer runs (eager, said, where that compilation fails)."""
+    from collections import Counter
+
+    from ddplan.anatomy import muon_matrices
+    from ddplan.calibrate import bench
+    from ddplan.params import param_counts
+
+    opt, counts, points = spec.recipe.optimizer, param_counts(spec.architecture), []
+    for g in (g for g, algo in opt.algorithm.items() if algo == "muon" and counts[g]):
+        dtype = "fp32" if device == "cpu" else spec.dtypes.params[g]
+        for (rows, cols), count in sorted(Counter(muon_matrices(spec, g)).items()):
+            kw = dict(rows=rows, cols=cols, count=count, dtype=dtype, quick=quick, ns_steps=opt.muon_ns_steps)
+            try:
+                t = bench.bench_muon_s(device, **kw, compiled=compiled)
+            except Exception as e:
+                if not compiled:
+                    raise
+                note(f"optimizer: Muon {rows}x{cols} timed eager, torch.compile failed: {bench.compile_failure(e)}")
+                t = bench.bench_muon_s(device, **kw)
+            points.append({"rows": rows, "cols": cols, "count": count, "seconds": sig(t)})
+    return points
 
 
 def _hardware_for(cal: CalibrationSpec, device: str, hw_name: str, prov: dict, rec: Recorder) -> HardwareSpec:
