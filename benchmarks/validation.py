@@ -6,7 +6,8 @@ Prints (1) `ddplan validate`'s summary on the shipped dataset (validation/publis
 same with the fitted parameters (each fitted hardware's `efficiency.gemm.sustained`) re-fitted without
 each source in turn, (3) the fits on the whole dataset, to compare with the hardware specs, and (4) the
 5th-95th percentiles of measured / predicted, in sample and leaving each source out (the latter is
-ddplan.price.VALIDATED_RATIO, the uncalibrated band). Takes about a minute on two cores.
+ddplan.price.VALIDATED_RATIO, the uncalibrated band), then (5) llm-foundry's sequence-length sweep
+(validation/llmfoundry_h100_8gpu.yaml), which no fit sees. Takes about two minutes on two cores.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 from ddplan import validation as V  # noqa: E402
 from ddplan.price import VALIDATED_RATIO, VALIDATED_RATIO_MOE  # noqa: E402
 from ddplan.registry import load_hardware  # noqa: E402
-from ddplan.runs import load_runs, shipped_dataset  # noqa: E402
+from ddplan.runs import SEQ_SWEEP, load_runs, shipped_dataset  # noqa: E402
 
 
 def show(title: str, scored: list) -> None:
@@ -63,6 +64,12 @@ def main() -> None:
     if moe:
         print(f"mixture of experts (the dense band stretched to each MoE run): {moe[0]:.3f}-{moe[1]:.3f}; "
               f"ddplan.price.VALIDATED_RATIO_MOE = {VALIDATED_RATIO_MOE}")
+    sweep_file = str(Path(where).with_name(SEQ_SWEEP))
+    sweep = V.score_all(load_runs(sweep_file), sweep_file)
+    print(f"\nllm-foundry's sequence-length sweep ({SEQ_SWEEP}, not fitted to), error by sequence length:")
+    for s in sorted(sweep, key=lambda s: (s.params, s.id)):
+        print(f"  {s.id:52s} attention {100 * s.attention_share:4.0f}% of the step  {100 * s.error:+6.1f}%")
+    show("Sequence-length sweep (out of sample: no fit saw it):", sweep)
 
 
 if __name__ == "__main__":

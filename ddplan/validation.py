@@ -50,6 +50,7 @@ class Scored:
     ddplan_mfu_measured_pct: float  # the measured run's MFU in ddplan's convention (price.MFU_CONVENTION)
     flags: tuple[str, ...] = ()
     moe: bool = False  # a mixture-of-experts model (its own band: ddplan.price.VALIDATED_RATIO_MOE)
+    attention_share: float = 0.0  # the attention kernels' share of the predicted step
 
     @property
     def error(self) -> float:
@@ -119,7 +120,8 @@ def score(run: PublishedRun, where: str, sustained: dict[str, float] | None = No
         low_s=row.step_low_s, high_s=row.step_high_s, measured_mfu_pct=measured_mfu, predicted_mfu_pct=predicted_mfu,
         ddplan_mfu_measured_pct=row.mfu_pct * row.step_s / measured,
         flags=tuple(f.kind for f in row.flags) + (("params_differ",) if run.model.params_reported and abs(
-            params / run.model.params_reported - 1) > 0.005 else ()), moe=spec.architecture.moe is not None)
+            params / run.model.params_reported - 1) > 0.005 else ()), moe=spec.architecture.moe is not None,
+        attention_share=row.step.by_kind_s.get("attention", 0.0) / row.step_s)
 
 
 def score_all(runs: RunSet, where: str, sustained: dict[str, float] | None = None,
