@@ -7,7 +7,7 @@ same with the fitted parameters (each fitted hardware's `efficiency.gemm.sustain
 each source in turn, (3) the fits on the whole dataset, to compare with the hardware specs, and (4) the
 5th-95th percentiles of measured / predicted, in sample and leaving each source out (the latter is
 ddplan.price.VALIDATED_RATIO, the uncalibrated band), then (5) llm-foundry's sequence-length sweep
-(validation/llmfoundry_h100_8gpu.yaml), which no fit sees. Takes about two minutes on two cores.
+(validation/llmfoundry_h100_8gpu.yaml), which no fit sees. Takes about four minutes on two cores.
 """
 
 from __future__ import annotations

@@ -112,6 +112,9 @@ class MuonPoint(Strict):
     cols: int = Field(gt=0, le=10**7)
     count: int = Field(gt=0, le=10**6)
     seconds: float = Field(gt=0, le=1e5)
+    # timed torch.compile'd (as nanochat's optimizer runs) or eager (--quick, or a failed compile); a plan
+    # uses the points either way, as it uses the AdamW rate: the held-out step says which mode it checked
+    compiled: bool = False
 
 
 class StepProgram(Strict):

@@ -106,6 +106,10 @@ def test_measured_muon_steps_replace_the_gemm_estimate_per_matrix_owned():
     lay8 = replace(lay, dp=8)
     assert optimizer_time_s(spec, lay8, two) - optimizer_time_s(spec, lay8, one) == pytest.approx(
         sum(t * math.ceil(k / 8) / k for _, _, k, t in points), rel=1e-9)
+    # and they replace the estimate: the optimizer is the AdamW groups (Muon measured at ~0 s) plus the points
+    adamw_only = optimizer_time_s(spec, lay, replace(r, muon_points=tuple((a, b, k, 1e-30) for a, b, k, _ in points)))
+    assert optimizer_time_s(spec, lay, one) == pytest.approx(adamw_only + sum(t for *_, t in points), rel=1e-9)
+    assert optimizer_time_s(spec, lay, r) > adamw_only + 0.01  # the GEMM estimate of the same Muon is not ~0
 
 
 def test_muon_flops_on_busiest_rank_d24_dp8_by_hand():

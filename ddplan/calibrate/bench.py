@@ -363,8 +363,8 @@ def bench_loss_head_s(device="cuda", *, rows: int, vocab: int, softcap: float | 
     logits, the softcap (if any) and the cross-entropy, with fresh outputs as in training (allocation, page
     faults and transcendentals included). The runner divides the anatomy's bytes for the same ops by these
     times, so elementwise ops get the rates measured at the model's own largest elementwise shape, forward
-    and backward apart (they fuse differently: on a 2-core EPYC, compiled, the forward ran 2.8x its eager
-    time and the backward 2.1x).
+    and backward apart (they fuse differently: on a 2-core EPYC, compiled, the forward ran in 1/2.8 of its
+    eager time and the backward in 1/2.1).
 
     compiled: the chain torch.compile'd (dynamic=False, as the held-out step compiles the model, head
     included), so a compiled step's elementwise ops get the rates Inductor's fused kernels reach instead of

@@ -348,8 +348,9 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
         if req.quick or not gemm_state:
             return
         points, times, first_spread = gemm_state["points"], gemm_state["times"], gemm_state["first_spread"]
+        measured = gemm_state["shapes"][:len(points)]  # a first pass that failed part-way: what it measured
         for _ in range(1, GEMM_PASSES):  # again, later and in fresh memory
-            for i, (m, n, k, _label) in enumerate(gemm_state["shapes"]):
+            for i, (m, n, k, _label) in enumerate(measured):
                 tflops, _spread = bench.bench_gemm_stats(m, n, k, dtype=gemm_dtype, device=device)
                 times[i].append(2.0 * m * n * k / (tflops * 1e12))
                 points[i].update(pass_mean(m, n, k, times[i], first_spread[i]))
@@ -406,17 +407,12 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
         run_spec = spec_for_device(spec, device)
         head = [op for op in build_anatomy(run_spec, batch=mb0, seq_len=seq).ops
                 if op.name in ("logits_cast", "logits_softcap", "cross_entropy")]
-        kw = dict(rows=mb0 * seq, vocab=spec.architecture.vocab_size, softcap=spec.architecture.logit_softcap,
-                  dtype="fp32", quick=req.quick)
-        compiled = program.model  # as the held-out step runs the model (head included): compiled or eager
-        try:
-            fwd_s, both_s = bench.bench_loss_head_s(device, **kw, compiled=compiled)
-        except Exception as e:
-            if not compiled:
-                raise
-            note(f"elementwise ops: timed eager, torch.compile of the loss head failed: {bench.compile_failure(e)}")
-            compiled = False
-            fwd_s, both_s = bench.bench_loss_head_s(device, **kw)
+        # as the held-out step runs the model (head included): compiled or eager
+        (fwd_s, both_s), compiled = compiled_or_eager(
+            lambda c: bench.bench_loss_head_s(device, rows=mb0 * seq, vocab=spec.architecture.vocab_size,
+                                              softcap=spec.architecture.logit_softcap, dtype="fp32",
+                                              quick=req.quick, compiled=c),
+            program.model, "elementwise ops: timed eager, torch.compile of the loss head failed", note)
         fwd_bytes, bwd_bytes = sum(op.bytes_fwd for op in head), sum(op.bytes_bwd for op in head)
         rec.set("pointwise_tbyte_per_s", sig((fwd_bytes + bwd_bytes) / both_s / 1e12))
         if 0 < fwd_s < both_s:  # forward and backward apart (a noisy difference that is not positive: one rate)
@@ -428,13 +424,10 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
         from ddplan.anatomy import adamw_bytes
 
         n = spec.architecture.vocab_size * spec.architecture.d_model  # an embedding-sized tensor
-        try:
-            t = bench.bench_adamw_s(device, numel=n, dtype="fp32", quick=req.quick, compiled=program.optimizer)
-        except Exception as e:
-            if not program.optimizer:
-                raise
-            note(f"optimizer: timed eager, torch.compile of the AdamW kernel failed: {bench.compile_failure(e)}")
-            t = bench.bench_adamw_s(device, numel=n, dtype="fp32", quick=req.quick)
+        t, _ = compiled_or_eager(lambda c: bench.bench_adamw_s(device, numel=n, dtype="fp32", quick=req.quick,
+                                                               compiled=c),
+                                 program.optimizer, "optimizer: timed eager, torch.compile of the AdamW kernel failed",
+                                 note)
         rec.set("optimizer_tbyte_per_s", sig(adamw_bytes(n, 4, 4, 4) / t / 1e12))
         points = time_muon(spec, device, req.quick, program.optimizer, note)
         if points:
@@ -540,15 +533,26 @@ def time_muon(spec: ModelSpec, device: str, quick: bool, compiled: bool, note: C
         dtype = "fp32" if device == "cpu" else spec.dtypes.params[g]
         for (rows, cols), count in sorted(Counter(muon_matrices(spec, g)).items()):
             kw = dict(rows=rows, cols=cols, count=count, dtype=dtype, quick=quick, ns_steps=opt.muon_ns_steps)
-            try:
-                t = bench.bench_muon_s(device, **kw, compiled=compiled)
-            except Exception as e:
-                if not compiled:
-                    raise
-                note(f"optimizer: Muon {rows}x{cols} timed eager, torch.compile failed: {bench.compile_failure(e)}")
-                t = bench.bench_muon_s(device, **kw)
-            points.append({"rows": rows, "cols": cols, "count": count, "seconds": sig(t)})
+            t, ran_compiled = compiled_or_eager(lambda c: bench.bench_muon_s(device, **kw, compiled=c), compiled,
+                                                f"optimizer: Muon {rows}x{cols} timed eager, torch.compile failed",
+                                                note)
+            points.append({"rows": rows, "cols": cols, "count": count, "seconds": sig(t), "compiled": ran_compiled})
     return points
+
+
+def compiled_or_eager(measure: Callable[[bool], object], compiled: bool, failed: str,
+                      note: Callable[[str], None]) -> tuple[object, bool]:
+    """(measure(compiled), whether it ran compiled): a benchmark timed as the held-out step runs its part;
+    where torch.compile fails, timed eager and the reason noted ("<failed>: <why>")."""
+    from ddplan.calibrate import bench
+
+    try:
+        return measure(compiled), compiled
+    except Exception as e:
+        if not compiled:
+            raise
+        note(f"{failed}: {bench.compile_failure(e)}")
+        return measure(False), False
 
 
 def _hardware_for(cal: CalibrationSpec, device: str, hw_name: str, prov: dict, rec: Recorder) -> HardwareSpec:
