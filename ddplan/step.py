@@ -121,6 +121,7 @@ def optimizer_time_s(spec: ModelSpec, layout: Layout, r: Rates) -> float:
     counts, dt, opt = param_counts(spec.architecture), spec.dtypes, spec.recipe.optimizer
     policy = dp_policy(spec, layout)
     bw = r.optimizer_bytes_per_s or r.hbm_bytes_per_s * r.hbm  # measured AdamW rate when calibrated
+    measured = {(rows, cols): (count, seconds) for rows, cols, count, seconds in r.muon_points}  # calibrated Muon
     total = 0.0
     for group, algo in opt.algorithm.items():
         if not counts[group]:
@@ -135,9 +136,7 @@ def optimizer_time_s(spec: ModelSpec, layout: Layout, r: Rates) -> float:
                 moved += counts[group] * 8
             total += moved * share / split / bw + r.kernel_overhead_s
             continue
-        stacks = Counter(muon_matrices(spec, group))
-        measured = {(rows, cols): (count, seconds) for rows, cols, count, seconds in r.muon_points}
-        for (rows, cols), k in stacks.items():
+        for (rows, cols), k in Counter(muon_matrices(spec, group)).items():
             owned = math.ceil(k / n) if policy == "sharded_optimizer" else (k / n if policy != "ddp" else k)
             if (rows, cols) in measured:  # calibrated: the measured step of this shape's stack, per matrix
                 count, seconds = measured[(rows, cols)]

@@ -85,6 +85,19 @@ def test_pass_mean_is_the_rate_at_the_mean_time():
         pass_mean(1, 1, 1, [], 1.0)
 
 
+def _stub_benchmarks(monkeypatch, **overrides) -> None:
+    """The benchmarks after the GEMMs replaced by fixed, plausible answers (no torch work); overrides replace
+    any of them or add others (bench_gemm_stats)."""
+    stubs = dict(
+        bench_peak_gemm=lambda *a, **k: (0.3, (256, 256, 256)), bench_attention=lambda *a, **k: (0.05, 0.05),
+        bench_hbm=lambda *a, **k: 0.01, bench_loss_head_s=lambda *a, **k: (4e-4, 1e-3),
+        bench_adamw_s=lambda *a, **k: 1e-3, bench_muon_s=lambda *a, **k: 2e-3,
+        bench_kernel_overhead_us=lambda *a, **k: 10.0,
+        bench_train_step=lambda *a, **k: {"skipped": "not in this test"})
+    for name, fn in {**stubs, **overrides}.items():
+        monkeypatch.setattr(bench, name, fn)
+
+
 def test_a_full_run_times_every_gemm_twice_and_keeps_the_mean(tmp_path, monkeypatch):
     """Without --quick every GEMM shape is timed in GEMM_PASSES passes; a shape measured at 0.1 then 0.3
     TFLOP/s is recorded at the rate of its mean time, 2 / (1/0.1 + 1/0.3) = 0.15, with a 100% spread
@@ -103,20 +116,13 @@ def test_a_full_run_times_every_gemm_twice_and_keeps_the_mean(tmp_path, monkeypa
         in_file_after_gemms.extend(p["tflops"] for p in yaml.safe_load((tmp_path / "c.yaml").read_text())["gemm"])
         return 0.3, (256, 256, 256)
 
-    monkeypatch.setattr(bench, "bench_peak_gemm", peak)
-    monkeypatch.setattr(bench, "bench_attention", lambda *a, **k: (0.05, 0.05))
-    monkeypatch.setattr(bench, "bench_hbm", lambda *a, **k: 0.01)
-    monkeypatch.setattr(bench, "bench_loss_head_s", lambda *a, **k: (4e-4, 1e-3))
-    monkeypatch.setattr(bench, "bench_adamw_s", lambda *a, **k: 1e-3)
-    monkeypatch.setattr(bench, "bench_muon_s", lambda *a, **k: 2e-3)
-    monkeypatch.setattr(bench, "bench_kernel_overhead_us", lambda *a, **k: 10.0)
     passes_before_step = []
 
     def step(*a, **k):
         passes_before_step.extend(calls.values())
         return {"skipped": "not in this test"}
 
-    monkeypatch.setattr(bench, "bench_train_step", step)
+    _stub_benchmarks(monkeypatch, bench_peak_gemm=peak, bench_train_step=step)
     req = CalibrateRequest(model=load_model("d2"), hardware=None, device="cpu", out=tmp_path / "c.yaml",
                            seq_len=64, step_batch=1, micro_batches=(1,))
     cal, _, _ = run(req)
@@ -139,15 +145,7 @@ def test_the_second_gemm_pass_re_times_only_what_the_first_measured(tmp_path, mo
             raise RuntimeError("a benchmark that fails")
         return 0.1, 0.01
 
-    monkeypatch.setattr(bench, "bench_gemm_stats", stats)
-    monkeypatch.setattr(bench, "bench_peak_gemm", lambda *a, **k: (0.3, (256, 256, 256)))
-    monkeypatch.setattr(bench, "bench_attention", lambda *a, **k: (0.05, 0.05))
-    monkeypatch.setattr(bench, "bench_hbm", lambda *a, **k: 0.01)
-    monkeypatch.setattr(bench, "bench_loss_head_s", lambda *a, **k: (4e-4, 1e-3))
-    monkeypatch.setattr(bench, "bench_adamw_s", lambda *a, **k: 1e-3)
-    monkeypatch.setattr(bench, "bench_muon_s", lambda *a, **k: 2e-3)
-    monkeypatch.setattr(bench, "bench_kernel_overhead_us", lambda *a, **k: 10.0)
-    monkeypatch.setattr(bench, "bench_train_step", lambda *a, **k: {"skipped": "not in this test"})
+    _stub_benchmarks(monkeypatch, bench_gemm_stats=stats)
     req = CalibrateRequest(model=load_model("d2"), hardware=None, device="cpu", out=tmp_path / "c.yaml",
                            seq_len=64, step_batch=1, micro_batches=(1,))
     cal, _, _ = run(req)
