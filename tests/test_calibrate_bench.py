@@ -121,6 +121,7 @@ def test_bench_train_step_cpu(make):
     assert positive(r["step_time_s"]) and all(positive(r[k]) for k in ("fwd_s", "bwd_s", "optimizer_s"))
     assert r["peak_memory_gb"] is None and math.isfinite(r["loss"])
     assert (r["device_batch_size"], r["total_batch_tokens"], r["compiled"]) == (2, 2 * SEQ, False)
+    assert isinstance(r["page_faults"], (int, float)) and r["page_faults"] >= 0  # counted on CPU (getrusage)
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ self-contained (a CPU calibration carries its own hardware spec)."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 import signal
 import subprocess
 import sys
@@ -74,6 +75,31 @@ def test_tiny_and_failing_measurements_are_recorded_and_the_run_completes(tmp_pa
     assert cal.hardware_spec is not None and calibration_hardware(cal, str(out)).name == "cpu-local"
     assert (cal.seq_len, cal.dtype) == (64, "fp32")
     assert oct(out.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+
+
+@pytest.mark.parametrize("noisy_small", [True, False], ids=["tiny-shapes-jitter", "large-shapes-spread"])
+def test_the_busy_warning_weighs_shapes_by_their_time(tmp_path, monkeypatch, noisy_small):
+    """Microsecond GEMMs (the smear and value-embedding gates) jitter by tens of percent on a quiet
+    machine; the warning counts each shape by its time, so only a spread in the GEMMs that hold the time
+    says the machine is busy."""
+    small = 2e5  # m n k below this: the gates (d2 at sequence 64: 64 x 1 x 24 and the like)
+
+    def stats(m, n, k, **_):
+        tiny = m * n * k < small
+        return 0.1, (0.5 if tiny == noisy_small else 0.01)
+
+    monkeypatch.setattr(bench, "bench_gemm_stats", stats)
+    monkeypatch.setattr(bench, "bench_train_step", lambda *a, **k: {"skipped": "not in this test"})
+    req = CalibrateRequest(model=load_model("d2"), hardware=None, device="cpu", out=tmp_path / "c.yaml", quick=True,
+                           seq_len=64, step_batch=1, micro_batches=(1,))
+    cal, _, _ = run(req)
+    tiny = [p for p in cal.gemm if p.m * p.n * p.k < small]
+    assert len(tiny) > len(cal.gemm) / 4  # by count alone, the tiny shapes would call the machine busy
+    busy = [f for f in cal.failures if "looks busy" in f]
+    if noisy_small:
+        assert not busy
+    else:
+        assert len(busy) == 1 and "of the GEMM time" in busy[0]
 
 
 def test_pass_mean_is_the_rate_at_the_mean_time():
@@ -231,7 +257,7 @@ def _fake_step(compiled: bool, notes=()):
     def fake(*a, compile_model, compile_optimizer, **k):
         assert compile_model and compile_optimizer  # what the runner asked for
         return {"step_time_s": 0.05, "fwd_s": 0.015, "bwd_s": 0.03, "optimizer_s": 0.005, "peak_memory_bytes": None,
-                "compiled": compiled, "compiled_optimizer": compiled, "first_step_s": 2.0,
+                "compiled": compiled, "compiled_optimizer": compiled, "first_step_s": 2.0, "page_faults": 12,
                 "compile_notes": list(notes)}
     return fake
 
@@ -284,6 +310,16 @@ def test_a_compiled_step_is_recorded_and_compared_with_a_compiled_prediction(tmp
     assert cal.step_program.compiled_model and cal.step_program.compiled_optimizer and cal.step_times[0].compiled
     assert "compiled model, compiled optimizer" in cal.step_times[0].source
     assert any("ran compiled model, compiled optimizer" in line and "priced compiled" in line
+               for line in calibrate_summary(cal))
+    # on CPU the file says how host memory behaved (malloc kept freed memory, on glibc) and the step's faults
+    from ddplan.calibrate.allocator import REUSE, _glibc
+
+    assert cal.step_program.page_faults_per_step == 12
+    # --quick keeps the system's malloc by default (smaller); asked for, memory is reused
+    assert cal.step_program.host_memory.startswith("system malloc as it is (the --quick default)")
+    cal2, _, _ = run(replace(req, out=tmp_path / "c2.yaml", cpu_malloc="reuse"))
+    assert cal2.step_program.host_memory == (REUSE if _glibc() else "system malloc as it is (not glibc: nothing set)")
+    assert any(line.startswith("calibrate: host memory: ") and "12 minor page faults" in line
                for line in calibrate_summary(cal))
     (step,) = [r for r in runner.check_step(spec, hw, cal, held_out, "cpu") if r["term"] == "step"]
     run_spec = run_variant(runner.spec_for_device(spec, "cpu"), seq_len=64)

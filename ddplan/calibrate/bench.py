@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch.utils.benchmark import Timer
 
 from ddplan.anatomy import attention_pairs, build_anatomy
+from ddplan.calibrate.allocator import minor_faults
 from ddplan.calibrate.optim import AdamW, Muon, build_optimizer
 from ddplan.calibrate.reference import build_model, window_masks
 from ddplan.specs import ModelSpec
@@ -490,7 +491,8 @@ def bench_train_step(spec: ModelSpec, *, batch: int, seq_len: int | None = None,
     (torch.cuda.max_memory_allocated over model, optimizer and activations; None on CPU), the loss, the
     StepMeasurement fields (device_batch_size, total_batch_tokens = batch x seq_len: one micro-batch, no
     accumulation, compiled = the model ran compiled), compiled_optimizer, first_step_s (the first warm-up
-    step, compilation included) and compile_notes (why a part ran eager). If it does not fit:
+    step, compilation included), page_faults (on CPU: the median of the timed steps' minor page faults,
+    ddplan.calibrate.allocator; None on a GPU) and compile_notes (why a part ran eager). If it does not fit:
     {"skipped": "does not fit: <message>"}.
     """
     if batch <= 0 or steps <= 0 or warmup < 0:
@@ -590,6 +592,7 @@ def _train_step(spec, batch, seq_len, attention, d, dtype_policy, steps, warmup,
     idx = torch.randint(0, vocab, (batch, seq_len), device=d)
     targets = torch.randint(0, vocab, (batch, seq_len), device=d)
     phases: list[list[float]] = []
+    faults: list[int] = []
     loss = None
     first_s = None
     for i in range(warmup + steps):
@@ -600,6 +603,7 @@ def _train_step(spec, batch, seq_len, attention, d, dtype_policy, steps, warmup,
             first_s = time.perf_counter() - t0
             continue
         marks = _Marks(d)
+        faults0 = minor_faults()
         marks.mark()
         loss = run_model(idx, targets)
         marks.mark()
@@ -610,6 +614,8 @@ def _train_step(spec, batch, seq_len, attention, d, dtype_policy, steps, warmup,
         marks.mark()
         if i >= warmup:
             phases.append(marks.intervals_s())
+            if faults0 is not None and not gpu:  # a GPU step's host faults are not its time
+                faults.append(minor_faults() - faults0)
     _sync(d)
     peak = torch.cuda.max_memory_allocated(d) if gpu else None
     return {
@@ -630,6 +636,7 @@ def _train_step(spec, batch, seq_len, attention, d, dtype_policy, steps, warmup,
         "compiled": run_model is not model,
         "compiled_optimizer": optimizer.compiled,
         "first_step_s": first_s,
+        "page_faults": statistics.median(faults) if faults else None,
         "compile_notes": notes,
         "device": str(d),
     }

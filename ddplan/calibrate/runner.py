@@ -5,7 +5,8 @@ implementation, HBM copy, kernel launch overhead, collectives (under torchrun, s
 then one real training step, which is held out: the efficiencies come from the micro-benchmarks
 alone, and the closing table compares the model's prediction for that step with the measurement,
 before and after calibration. The file is rewritten atomically after every benchmark, so an
-interrupted or failing run keeps what it measured, with the failure recorded.
+interrupted or failing run keeps what it measured, with the failure recorded. On a CPU every stage runs
+with malloc keeping freed memory, as a GPU's caching allocator does (ddplan.calibrate.allocator).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Callable
 import yaml
 from pydantic import ValidationError
 
+from ddplan.calibrate.allocator import reuse_freed_memory
 from ddplan.calibration import CalibrationSpec
 from ddplan.errors import UsageError
 from ddplan.files import atomic_write
@@ -143,6 +145,9 @@ class CalibrateRequest:
     seq_len: int | None = None
     step_batch: int | None = None  # micro-batch of the held-out training step (default: the recipe's)
     compile_step: bool | None = None  # None: the held-out step runs as the training program does, eager if quick
+    # on CPU: "reuse" (malloc keeps freed memory, ddplan.calibrate.allocator) or "system"; None: reuse, but
+    # system for --quick (reuse holds more memory: d4's eager step 2.3 GB against 1.4 GB)
+    cpu_malloc: str | None = None
 
 
 @dataclass(frozen=True)
@@ -184,6 +189,7 @@ Progress = Callable[[str], None]
 CPU_SEQ_LEN, CPU_STEP_BATCH = 256, 4
 GPU_MEMORY_SHARE = 0.8  # assumed margin: the held-out step may plan for this share of the device's (or, on CPU, RAM's) free memory
 BUSY_SPREAD_PCT = 20.0  # GEMM timings spreading more than this say the machine is busy (issue 11's threshold)
+BUSY_TIME_SHARE = 0.25  # ... when the shapes spreading so hold more than this share of the GEMM time
 # Each GEMM shape is timed in GEMM_PASSES passes over all shapes (a full run; one pass with --quick), each in
 # fresh memory, and the point is the mean time over passes. Measured here (2-core AMD EPYC VM, 2026-12-01): the
 # same kernel timed in different allocations or minutes apart differs by up to 2x (the lm_head dW of d4: 0.064
@@ -358,19 +364,23 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
         busy_check()
 
     def busy_check() -> None:
-        points = gemm_state["points"]
+        points, times = gemm_state["points"], gemm_state["times"]
+        # each shape weighted by its time: a few-microsecond GEMM jitters by tens of percent on a quiet machine
+        # (timer and scheduler granularity), so a count of noisy shapes says little about the figures that matter
+        weight = [sum(t) / len(t) for t in times[:len(points)]]
         noisy = [p for p in points if p["spread_pct"] > BUSY_SPREAD_PCT]
+        noisy_share = sum(w for p, w in zip(points, weight) if p["spread_pct"] > BUSY_SPREAD_PCT) / (sum(weight) or 1)
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
         if device == "cpu" and load > 1.5 * (os.cpu_count() or 1):  # more runnable work than the cores (this
             rec.data.setdefault("failures", []).append(  # run included): timings are shared with others
                 f"GEMMs: the machine looks busy: load average {load:.1f} on {os.cpu_count()} cores; calibrate "
                 f"again when it is quiet")
             rec.flush()
-        elif len(noisy) > len(points) / 4:  # timings of one kernel disagree: something else is running
+        elif noisy_share > BUSY_TIME_SHARE:  # timings of one kernel disagree: something else is running
             rec.data.setdefault("failures", []).append(
-                f"GEMMs: the machine looks busy: {len(noisy)} of {len(points)} shapes have timings that spread "
-                f"more than {BUSY_SPREAD_PCT:g}% (interquartile range / median, or the passes' range / mean); "
-                f"calibrate again when it is quiet")
+                f"GEMMs: the machine looks busy: {len(noisy)} of {len(points)} shapes, {100 * noisy_share:.0f}% of "
+                f"the GEMM time, have timings that spread more than {BUSY_SPREAD_PCT:g}% (interquartile range / "
+                f"median, or the passes' range / mean); calibrate again when it is quiet")
             rec.flush()
 
     def peak() -> None:
@@ -477,7 +487,9 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
             note(f"training step: {text}")
         rec.set("step_program", {"compiled_model": ran.model, "compiled_optimizer": ran.optimizer,
                                  "first_step_s": sig(res["first_step_s"]) if res["first_step_s"] else None,
-                                 "asked": program.words()})
+                                 "asked": program.words(),
+                                 **({"host_memory": host_memory[0], "page_faults_per_step": res.get("page_faults")}
+                                    if device == "cpu" else {})})
         rec.append("step_times", [{
             "model": spec.name, "gpus": 1, "step_time_s": sig(res["step_time_s"]), "device_batch_size": mb0,
             "total_batch_tokens": mb0 * seq, "attention": attention_name,
@@ -496,10 +508,15 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
         if threading.current_thread() is threading.main_thread() else {}
     for sig_ in previous:
         signal.signal(sig_, on_signal)
+    host_memory: list[str] = []
     try:
-        for name, fn in zip(STAGES, fns):
-            stage(name, fn)
-            done.append(name)
+        malloc = req.cpu_malloc or ("system" if req.quick else "reuse")
+        with reuse_freed_memory(device == "cpu" and malloc == "reuse",
+                                "--cpu-malloc system" if req.cpu_malloc else "the --quick default") as how:
+            host_memory.append(how)
+            for name, fn in zip(STAGES, fns):
+                stage(name, fn)
+                done.append(name)
     except (Interrupted, KeyboardInterrupt) as e:
         missing = [n for n in STAGES if n not in done]
         rec.data.setdefault("failures", []).append(

@@ -1,0 +1,51 @@
+"""Host memory reuse for CPU calibrations (ddplan.calibrate.allocator): with glibc told to keep freed memory,
+a large tensor allocated again reuses its pages instead of faulting them in afresh."""
+
+import sys
+
+import pytest
+
+from ddplan.calibrate import allocator
+
+torch = pytest.importorskip("torch")
+glibc = pytest.mark.skipif(not sys.platform.startswith("linux") or allocator._glibc() is None,
+                           reason="glibc malloc only")
+MIB64 = 64 * 2**20
+PAGES = MIB64 // 4096
+
+
+def faults_of_fresh_64mib_tensors(times: int) -> list[int]:
+    """Minor faults of each of `times` 64 MiB float tensors allocated, written and freed in turn (the
+    pattern of a step's logits)."""
+    out = []
+    for _ in range(times):
+        before = allocator.minor_faults()
+        torch.empty(MIB64 // 4).fill_(1.0)
+        out.append(allocator.minor_faults() - before)
+    return out
+
+
+@glibc
+def test_a_large_tensor_faults_every_page_without_and_none_with_reuse():
+    # 64 MiB is above glibc's largest adaptive mmap threshold (32 MiB on 64-bit): mmapped, unmapped on free,
+    # so every allocation faults in all its pages
+    assert min(faults_of_fresh_64mib_tensors(5)) >= 0.9 * PAGES
+    with allocator.reuse_freed_memory() as how:
+        assert how == allocator.REUSE
+        # from the heap: the first few grow it (posix_memalign's alignment slop does not fit the block just
+        # freed), then freed blocks coalesce and every later one reuses pages already touched
+        assert max(faults_of_fresh_64mib_tensors(40)[-10:]) <= 0.01 * PAGES
+
+
+def test_not_asked_sets_nothing_and_says_so():
+    with allocator.reuse_freed_memory(False, "--cpu-malloc system") as how:
+        assert how.startswith("system malloc as it is (--cpu-malloc system)")
+
+
+def test_cpu_malloc_flag_is_checked(capsys):
+    from ddplan import cli
+
+    code = cli.main(["calibrate", "-m", "d2", "--device", "cpu", "--cpu-malloc", "jemalloc"])
+    err = capsys.readouterr().err
+    assert code in (1, 2)
+    assert "--cpu-malloc" in err and "reuse or system" in err and "Traceback" not in err
