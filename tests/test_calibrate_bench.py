@@ -76,6 +76,32 @@ def test_bench_gemm_cpu():
     assert positive(bench.bench_gemm(48, 80, 24, dtype="bf16", device="cpu", quick=True))
 
 
+@pytest.mark.parametrize("role", bench.GEMM_ROLES)
+def test_bench_gemm_times_each_role_in_its_training_layout(role, monkeypatch):
+    """fwd: x @ W^T (the weight stored n x k); dX: dY @ W (stored as is); dW: dY^T @ x as autograd runs it,
+    an (n x m) result for gemm_shapes' (k_in, n_out, m_tokens): the same 2 m n k FLOPs either way."""
+    seen = []
+    real_mm = torch.mm
+
+    def mm(a, b, out=None):
+        seen.append((tuple(a.shape), a.is_contiguous(), tuple(b.shape), b.is_contiguous(), tuple(out.shape)))
+        return real_mm(a, b, out=out)
+
+    monkeypatch.setattr(torch, "mm", mm)
+    m, n, k = 24, 40, 56
+    assert positive(bench.bench_gemm_stats(m, n, k, dtype="fp32", device="cpu", quick=True, role=role)[0])
+    expected = {"fwd": ((m, k), True, (k, n), False, (m, n)), "dX": ((m, k), True, (k, n), True, (m, n)),
+                "dW": ((n, k), False, (k, m), True, (n, m))}[role]
+    assert set(seen) == {expected}
+
+
+def test_gemm_role_from_the_shape_label():
+    assert [bench.gemm_role(lbl) for lbl in ("h*.attn.c_q fwd (+7 same shape)", "lm_head dX", "h*.mlp.c_fc dW",
+                                             "muon 128x128 X X^T (+4 same shape)")] == ["fwd", "dX", "dW", "fwd"]
+    with pytest.raises(ValueError, match="role must be one of fwd, dX, dW"):
+        bench.bench_gemm_stats(2, 2, 2, device="cpu", dtype="fp32", role="dY")
+
+
 def test_bench_peak_gemm_cpu_quick():
     tflops, shape = bench.bench_peak_gemm(dtype="fp32", device="cpu", quick=True)
     assert positive(tflops) and max(shape) <= 1024

@@ -185,16 +185,32 @@ def bench_gemm(m: int, n: int, k: int, *, dtype: str = "bf16", device="cuda", qu
     return bench_gemm_stats(m, n, k, dtype=dtype, device=device, quick=quick)[0]
 
 
-def bench_gemm_stats(m: int, n: int, k: int, *, dtype: str = "bf16", device="cuda", quick: bool = False
-                     ) -> tuple[float, float]:
+GEMM_ROLES = ("fwd", "dX", "dW")
+
+
+def gemm_role(label: str) -> str:
+    """The role a gemm_shapes label names (its first GEMM's): fwd, dX or dW; fwd for anything else (Muon's
+    X X^T and B X products take F.linear's layout too)."""
+    words = label.replace("(", " ").split()
+    return next((w for w in words if w in GEMM_ROLES), "fwd")
+
+
+def bench_gemm_stats(m: int, n: int, k: int, *, dtype: str = "bf16", device="cuda", quick: bool = False,
+                     role: str = "fwd") -> tuple[float, float]:
     """(TFLOP/s, spread) of an (m x k) @ (k x n) GEMM: 2 m n k / median time; spread as in time_stats.
 
-    The weight is stored (n x k) and used transposed, as F.linear does. Inputs are views into one
-    random buffer, rotated so that the inputs touched between two uses of the same view exceed the
-    last-level cache (GPU_ROTATE_BYTES; a few sets on CPU). tf32: fp32 storage, TF32 tensor cores.
+    Operands are laid out as a Linear's training step has them (role; BLAS speed depends on which operand
+    is transposed, and on CPU by up to 1.4x at the LM head's weight gradient): fwd, y = x W^T with the
+    weight stored (n x k) and used transposed (F.linear); dX (m, n, k) = dY (m x k) @ W, W stored (k x n)
+    as is; dW, gemm_shapes' (k_in, n_out, m_tokens), timed as autograd computes it, dY^T (n x k) @ x
+    (k x m) with dY and x stored (tokens x features): the same FLOPs. Inputs are views into one random
+    buffer, rotated so that the inputs touched between two uses of the same view exceed the last-level
+    cache (GPU_ROTATE_BYTES; a few sets on CPU). tf32: fp32 storage, TF32 tensor cores.
     """
     if min(m, n, k) <= 0:
         raise ValueError(f"GEMM dimensions must be positive, got m={m}, n={n}, k={k}")
+    if role not in GEMM_ROLES:
+        raise ValueError(f"role must be one of {', '.join(GEMM_ROLES)}, got {role!r}")
     d, tdtype = _device(device), _torch_dtype(dtype)
     elem = torch.empty((), dtype=tdtype).element_size()
     align = 128  # start every view on a 256-byte boundary (bf16), as tensor cores prefer
@@ -206,9 +222,16 @@ def bench_gemm_stats(m: int, n: int, k: int, *, dtype: str = "bf16", device="cud
     else:
         sets = CPU_ROTATE_SETS
     buf = torch.randn(sets * set_len, device=d, dtype=tdtype)
-    pairs = [(buf[i * set_len: i * set_len + m * k].view(m, k),
-              buf[i * set_len + a_len: i * set_len + a_len + n * k].view(n, k).t()) for i in range(sets)]
-    out = torch.empty(m, n, device=d, dtype=tdtype)
+    def operands(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = buf[i * set_len: i * set_len + m * k], buf[i * set_len + a_len: i * set_len + a_len + n * k]
+        if role == "fwd":
+            return a.view(m, k), b.view(n, k).t()
+        if role == "dX":
+            return a.view(m, k), b.view(k, n)
+        return b.view(k, n).t(), a.view(k, m)  # dW: dY^T (n x k) @ x (k x m), k = tokens
+
+    pairs = [operands(i) for i in range(sets)]
+    out = torch.empty(*((n, m) if role == "dW" else (m, n)), device=d, dtype=tdtype)
     state = {"i": 0}
 
     def fn():

@@ -341,7 +341,8 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
         shapes_ = bench.gemm_shapes(spec, list(batches), seq)
         gemm_state.update(points=points, times=times, first_spread=first_spread, shapes=shapes_)
         for m, n, k, label in shapes_:
-            tflops, spread = bench.bench_gemm_stats(m, n, k, dtype=gemm_dtype, device=device, quick=req.quick)
+            tflops, spread = bench.bench_gemm_stats(m, n, k, dtype=gemm_dtype, device=device, quick=req.quick,
+                                                    role=bench.gemm_role(label))
             points.append({"m": m, "n": n, "k": k, "dtype": gemm_dtype, "tflops": sig(tflops),
                            "spread_pct": sig(100 * spread, 3), "label": label})
             times.append([2.0 * m * n * k / (tflops * 1e12)])
@@ -356,8 +357,9 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
         points, times, first_spread = gemm_state["points"], gemm_state["times"], gemm_state["first_spread"]
         measured = gemm_state["shapes"][:len(points)]  # a first pass that failed part-way: what it measured
         for _ in range(1, GEMM_PASSES):  # again, later and in fresh memory
-            for i, (m, n, k, _label) in enumerate(measured):
-                tflops, _spread = bench.bench_gemm_stats(m, n, k, dtype=gemm_dtype, device=device)
+            for i, (m, n, k, label) in enumerate(measured):
+                tflops, _spread = bench.bench_gemm_stats(m, n, k, dtype=gemm_dtype, device=device,
+                                                         role=bench.gemm_role(label))
                 times[i].append(2.0 * m * n * k / (tflops * 1e12))
                 points[i].update(pass_mean(m, n, k, times[i], first_spread[i]))
             rec.flush()  # the points are the file's own entries (rec.append keeps the same dicts)
