@@ -6,7 +6,7 @@ upward to the largest freed block but never past 32 MiB on 64-bit: DEFAULT_MMAP_
 4 x 1024 x 1024 x sizeof(long)) and unmaps it on free, and it trims the heap's top above M_TRIM_THRESHOLD.
 So every training step re-faults every page of its large tensors: the logits (micro-batch x sequence x
 vocabulary x 4 bytes, 134 MB at 4 x 256 x 32,768), the embeddings' gradients, the optimizer's
-temporaries. Measured on this project's 2-core VM (benchmarks/ in the README): 1.2 us a 4 KiB page, a
+temporaries. Measured on this project's 2-core VM (the README's Calibrate section): 1.2 us a 4 KiB page, a
 fresh 64 MiB tensor filled in 21.5 ms against 2.0 ms for the same tensor reused, and 0.57 million
 faults a step at d6 eager (215 thousand compiled), 15-25% of the step. A GPU's caching allocator keeps
 its blocks (torch.cuda's CUDACachingAllocator, HIP's the same), so no GPU step pays this and ddplan's

@@ -222,6 +222,7 @@ def bench_gemm_stats(m: int, n: int, k: int, *, dtype: str = "bf16", device="cud
     else:
         sets = CPU_ROTATE_SETS
     buf = torch.randn(sets * set_len, device=d, dtype=tdtype)
+
     def operands(i: int) -> tuple[torch.Tensor, torch.Tensor]:
         a, b = buf[i * set_len: i * set_len + m * k], buf[i * set_len + a_len: i * set_len + a_len + n * k]
         if role == "fwd":
