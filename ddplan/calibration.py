@@ -53,6 +53,7 @@ class Provenance(Strict):
     tunableop: str | None = None  # PYTORCH_TUNABLEOP_ENABLED on ROCm
     date: _dt.datetime | _dt.date
     host: str | None = None
+    host_memory: str | None = None  # CPU calibrations: how malloc handled freed memory (ddplan.calibrate.allocator)
 
 
 class GemmPoint(Strict):

@@ -609,7 +609,7 @@ def calibrate_cmd(
                                       "compiled, eager with --quick)."),
     cpu_malloc: str = typer.Option(None, "--cpu-malloc", help="On CPU: reuse (glibc malloc keeps freed memory "
                                    "for the run, as a GPU's caching allocator does, so large tensors do not "
-                                   "re-fault their pages every step; holds up to 1.6x the memory) or system "
+                                   "re-fault their pages every step; plans for 1.5x the memory) or system "
                                    "(malloc as it is). Default: reuse, system with --quick."),
     out: str = typer.Option("calibration.yaml", "--out", "-o", help="Where to write the calibration file."),
     nproc: int = typer.Option(None, "--nproc", help="GPUs on this box for the collectives (default: all visible; "

@@ -97,7 +97,8 @@ def test_bench_gemm_times_each_role_in_its_training_layout(role, monkeypatch):
 
 def test_gemm_role_from_the_shape_label():
     assert [bench.gemm_role(lbl) for lbl in ("h*.attn.c_q fwd (+7 same shape)", "lm_head dX", "h*.mlp.c_fc dW",
-                                             "muon 128x128 X X^T (+4 same shape)")] == ["fwd", "dX", "dW", "fwd"]
+                                             "muon 128x128 X X^T (+4 same shape)", "muon 128x128 A A",
+                                             "muon 128x512 B X")] == ["fwd", "dX", "dW", "fwd", "dX", "dX"]
     with pytest.raises(ValueError, match="role must be one of fwd, dX, dW"):
         bench.bench_gemm_stats(2, 2, 2, device="cpu", dtype="fp32", role="dY")
 
@@ -147,7 +148,8 @@ def test_bench_train_step_cpu(make):
     assert positive(r["step_time_s"]) and all(positive(r[k]) for k in ("fwd_s", "bwd_s", "optimizer_s"))
     assert r["peak_memory_gb"] is None and math.isfinite(r["loss"])
     assert (r["device_batch_size"], r["total_batch_tokens"], r["compiled"]) == (2, 2 * SEQ, False)
-    assert isinstance(r["page_faults"], (int, float)) and r["page_faults"] >= 0  # counted on CPU (getrusage)
+    # counted on CPU where there is getrusage (None on Windows)
+    assert r["page_faults"] is None or (isinstance(r["page_faults"], (int, float)) and r["page_faults"] >= 0)
 
 
 @pytest.mark.slow

@@ -5,11 +5,11 @@ self-contained (a CPU calibration carries its own hardware spec)."""
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -30,10 +30,14 @@ def test_significant_figures_never_round_to_zero():
 
 def test_cpu_shapes_are_small_by_default():
     """The recipe's 32 x 2048 on a CPU took 22.9 GB (issue 11); the CPU default is 4 x 256."""
-    req = CalibrateRequest(model=load_model("d4"), hardware=None, device="cpu", out=Path("unused.yaml"))
+    req = CalibrateRequest(model=load_model("d4"), hardware=None, device="cpu", out=Path("unused.yaml"),
+                           cpu_malloc="system")
     shapes = plan_shapes(req, None)
     assert (shapes.seq_len, shapes.step_batch, shapes.micro_batches) == (256, 4, (1, 2, 4))
     assert shapes.peak_bytes < 2 * 2**30
+    # a full run keeps freed memory by default, and plans for the larger peak that costs
+    kept = plan_shapes(replace(req, cpu_malloc=None), None)
+    assert kept.peak_bytes == pytest.approx(runner.REUSE_PEAK_FACTOR * shapes.peak_bytes, rel=1e-9)
 
 
 def test_gpu_shapes_shrink_to_the_free_memory():
@@ -72,6 +76,8 @@ def test_tiny_and_failing_measurements_are_recorded_and_the_run_completes(tmp_pa
     assert "HBM bandwidth: RuntimeError: no bandwidth today" in text
     assert "the machine looks busy" in text  # every GEMM spread 50%
     assert "training step: not in this test" in text
+    # how host memory behaved is recorded even though the held-out step did not run
+    assert cal.provenance.host_memory.startswith("system malloc as it is (the --quick default)")
     assert cal.hardware_spec is not None and calibration_hardware(cal, str(out)).name == "cpu-local"
     assert (cal.seq_len, cal.dtype) == (64, "fp32")
     assert oct(out.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
@@ -90,6 +96,7 @@ def test_the_busy_warning_weighs_shapes_by_their_time(tmp_path, monkeypatch, noi
 
     monkeypatch.setattr(bench, "bench_gemm_stats", stats)
     monkeypatch.setattr(bench, "bench_train_step", lambda *a, **k: {"skipped": "not in this test"})
+    monkeypatch.setattr(runner.os, "getloadavg", lambda: (0.0, 0.0, 0.0))  # not the load-average branch
     req = CalibrateRequest(model=load_model("d2"), hardware=None, device="cpu", out=tmp_path / "c.yaml", quick=True,
                            seq_len=64, step_batch=1, micro_batches=(1,))
     cal, _, _ = run(req)
@@ -99,7 +106,9 @@ def test_the_busy_warning_weighs_shapes_by_their_time(tmp_path, monkeypatch, noi
     if noisy_small:
         assert not busy
     else:
-        assert len(busy) == 1 and "of the GEMM time" in busy[0]
+        assert len(busy) == 1 and "of the measured GEMM time" in busy[0]
+    assert [runner.shape_count(p.label) for p in cal.gemm[:1]] == [1]
+    assert runner.shape_count("h*.attn.c_q fwd (+7 same shape)") == 8
 
 
 def test_pass_mean_is_the_rate_at_the_mean_time():
@@ -318,7 +327,10 @@ def test_a_compiled_step_is_recorded_and_compared_with_a_compiled_prediction(tmp
     # --quick keeps the system's malloc by default (smaller); asked for, memory is reused
     assert cal.step_program.host_memory.startswith("system malloc as it is (the --quick default)")
     cal2, _, _ = run(replace(req, out=tmp_path / "c2.yaml", cpu_malloc="reuse"))
-    assert cal2.step_program.host_memory == (REUSE if _glibc() else "system malloc as it is (not glibc: nothing set)")
+    assert cal2.step_program.host_memory == (REUSE if _glibc() else "system malloc as it is (not glibc's malloc: nothing set)")
+    assert cal2.provenance.host_memory == cal2.step_program.host_memory
+    with pytest.raises(ValueError, match="cpu_malloc must be reuse, system or None"):
+        run(replace(req, out=tmp_path / "c3.yaml", cpu_malloc="jemalloc"))
     assert any(line.startswith("calibrate: host memory: ") and "12 minor page faults" in line
                for line in calibrate_summary(cal))
     (step,) = [r for r in runner.check_step(spec, hw, cal, held_out, "cpu") if r["term"] == "step"]

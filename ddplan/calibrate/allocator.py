@@ -12,7 +12,8 @@ faults a step at d6 eager (215 thousand compiled), 15-25% of the step. A GPU's c
 its blocks (torch.cuda's CUDACachingAllocator, HIP's the same), so no GPU step pays this and ddplan's
 pricing has no term for it.
 
-`reuse_freed_memory` sets M_MMAP_MAX = 0 (no block is served by mmap, so none is unmapped on free) and
+`reuse_freed_memory` sets M_MMAP_MAX = 0 (no block of the main arena, where the training thread allocates,
+is served by mmap, so none is unmapped on free; glibc's other arenas still mmap blocks above 64 MiB) and
 M_TRIM_THRESHOLD = 1 GiB (the heap's top is not given back) for the calibration, so its benchmarks and
 its held-out step run on reused memory, as a GPU's would. The price is memory: blocks freed keep their
 pages, and posix_memalign's alignment slop keeps a freed block from fitting the next request of its own
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
+import os
 from collections.abc import Iterator
 
 # mallopt(3) parameter numbers (glibc malloc.h)
@@ -41,16 +42,18 @@ REUSE = "glibc malloc keeps freed memory (M_MMAP_MAX=0, M_TRIM_THRESHOLD=1 GiB),
 
 
 def _glibc():
-    """The process's C library if it is glibc (it has gnu_get_libc_version and mallopt), else None."""
-    name = ctypes.util.find_library("c")
-    if not name:
-        return None
+    """The process's C library if it is glibc and glibc's malloc is the one in use, else None: not glibc
+    (musl, macOS, Windows: no CS_GNU_LIBC_VERSION), or another malloc preloaded (jemalloc, TCMalloc:
+    the process's malloc symbol is not libc's own, and mallopt would set nothing that matters)."""
     try:
-        libc = ctypes.CDLL(name)
-        libc.gnu_get_libc_version.restype = ctypes.c_char_p
-        libc.gnu_get_libc_version()
+        if not os.confstr("CS_GNU_LIBC_VERSION"):
+            return None
+        process, libc = ctypes.CDLL(None), ctypes.CDLL("libc.so.6")
         libc.mallopt  # noqa: B018 (an AttributeError if absent)
-    except (OSError, AttributeError):
+        in_use = ctypes.cast(process.malloc, ctypes.c_void_p).value
+        if in_use != ctypes.cast(libc.malloc, ctypes.c_void_p).value:
+            return None
+    except (AttributeError, OSError, ValueError):
         return None
     return libc
 
@@ -60,13 +63,14 @@ def reuse_freed_memory(enabled: bool = True, why_not: str = "not asked") -> Iter
     """Within the block, glibc malloc keeps the memory it is given back (see the module docstring).
     Yields how host memory behaves, in words, for the calibration file: REUSE, or why not (not glibc,
     mallopt refused, or why_not when not enabled). glibc's defaults are restored on exit (its adaptive mmap threshold
-    stays fixed at its last value: mallopt turns the adaptation off)."""
+    stays fixed at its last value: mallopt turns the adaptation off; settings made by MALLOC_*_ or
+    GLIBC_TUNABLES before the run are not restored)."""
     if not enabled:
         yield f"system malloc as it is ({why_not}): large tensors re-fault their pages every step"
         return
     libc = _glibc()
     if libc is None:
-        yield "system malloc as it is (not glibc: nothing set)"
+        yield "system malloc as it is (not glibc's malloc: nothing set)"
         return
     if not (libc.mallopt(M_MMAP_MAX, 0) and libc.mallopt(M_TRIM_THRESHOLD, KEEP_TRIM_BYTES)):
         libc.mallopt(M_MMAP_MAX, DEFAULT_MMAP_MAX)

@@ -189,9 +189,12 @@ GEMM_ROLES = ("fwd", "dX", "dW")
 
 
 def gemm_role(label: str) -> str:
-    """The role a gemm_shapes label names (its first GEMM's): fwd, dX or dW; fwd for anything else (Muon's
-    X X^T and B X products take F.linear's layout too)."""
+    """The operand layout a gemm_shapes label's GEMM runs in (its first GEMM's, where several share the
+    shape): fwd, dX or dW from the Linear's role; Muon's Newton-Schulz (ddplan.calibrate.optim) runs
+    X X^T with its second operand transposed (fwd's layout) and A A and B X with both as stored (dX's)."""
     words = label.replace("(", " ").split()
+    if words and words[0] == "muon":
+        return "fwd" if "X^T" in words else "dX"
     return next((w for w in words if w in GEMM_ROLES), "fwd")
 
 

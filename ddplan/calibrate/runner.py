@@ -162,6 +162,13 @@ class StepProgram:
                 f"{'compiled' if self.optimizer else 'eager'} optimizer")
 
 
+def cpu_malloc(req: CalibrateRequest) -> str:
+    """How host memory is handled on a CPU run: req.cpu_malloc, or reuse (system with --quick)."""
+    if req.cpu_malloc not in (None, "reuse", "system"):
+        raise ValueError(f"cpu_malloc must be reuse, system or None, got {req.cpu_malloc!r}")
+    return req.cpu_malloc or ("system" if req.quick else "reuse")
+
+
 def step_program(req: CalibrateRequest) -> StepProgram:
     """The program the held-out step runs, as the model's training program runs it: the model compiled where
     the recipe compiles it (nanochat: torch.compile(model, dynamic=False)), the optimizer's kernels compiled
@@ -190,14 +197,28 @@ CPU_SEQ_LEN, CPU_STEP_BATCH = 256, 4
 GPU_MEMORY_SHARE = 0.8  # assumed margin: the held-out step may plan for this share of the device's (or, on CPU, RAM's) free memory
 BUSY_SPREAD_PCT = 20.0  # GEMM timings spreading more than this say the machine is busy (issue 11's threshold)
 BUSY_TIME_SHARE = 0.25  # ... when the shapes spreading so hold more than this share of the GEMM time
+# On CPU with freed memory kept (ddplan.calibrate.allocator), the process's peak resident memory over the memory
+# model's peak of the held-out step: at most 1.47 in ten runs here (2026-12-02: d4 with an eager step 2.60 GB
+# against 1.77; compiled d2-d6 full runs 1.02-1.30), rounded up. With malloc as it is the model is above the
+# measurement (d4 quick 1.50 GB against 1.77, d6 full 2.0 against 2.21).
+REUSE_PEAK_FACTOR = 1.5
 # Each GEMM shape is timed in GEMM_PASSES passes over all shapes (a full run; one pass with --quick), each in
-# fresh memory, and the point is the mean time over passes. Measured here (2-core AMD EPYC VM, 2026-12-01): the
-# same kernel timed in different allocations or minutes apart differs by up to 2x (the lm_head dW of d4: 0.064
-# and 0.133 TFLOP/s in two runs; AdamW 0.026 or 0.040 TB/s by allocation) while each timing's own spread is
-# under 5%; a training step runs its kernels over many allocations and a span of time, so it sees the mean.
+# its own allocation, and the point is the mean time over passes. Measured here (2-core AMD EPYC VM, 2026-12-01,
+# malloc as it is): the same kernel timed in different allocations or minutes apart differed by up to 2x (the
+# lm_head dW of d4: 0.064 and 0.133 TFLOP/s in two runs; AdamW 0.026 or 0.040 TB/s by allocation) while each
+# timing's own spread was under 5%, most of it page faults on fresh allocations (ddplan.calibrate.allocator);
+# a training step runs its kernels over many allocations and a span of time, so it sees the mean.
 # The passes after the first run after the held-out step, so the GEMM rates and the step it is graded against
 # span the same minutes of the machine's state (drift between them is model error on nobody's part).
 GEMM_PASSES = 2
+
+
+def shape_count(label: str) -> int:
+    """GEMMs a gemm_shapes label stands for: 1, plus N for "(+N same shape)"."""
+    import re
+
+    more = re.search(r"\(\+(\d+) same shape\)", label)
+    return 1 + (int(more.group(1)) if more else 0)
 
 
 def pass_mean(m: int, n: int, k: int, times_s: list[float], spread_pct: float) -> dict:
@@ -246,7 +267,8 @@ def plan_shapes(req: CalibrateRequest, free_bytes: float | None) -> Shapes:
         layout = Layout(dp=1, zero=NATIVE_ZERO[spec.recipe.distribution], micro_batch=batch, attention=attention,
                         compiled=compiled)
         hw = cpu_hardware(1.0, 1.0, 1.0, "sizing only", {}) if req.hardware is None else req.hardware
-        return breakdown(run_spec, hw, Setup(layout=layout), MemoryAssumptions(framework_gib=0.5)).total
+        total = breakdown(run_spec, hw, Setup(layout=layout), MemoryAssumptions(framework_gib=0.5)).total
+        return total * (REUSE_PEAK_FACTOR if cpu and cpu_malloc(req) == "reuse" else 1.0)
 
     notes, skip = [], False
     if free_bytes is None and cpu:  # the RAM this process may still take
@@ -356,7 +378,7 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
             return
         points, times, first_spread = gemm_state["points"], gemm_state["times"], gemm_state["first_spread"]
         measured = gemm_state["shapes"][:len(points)]  # a first pass that failed part-way: what it measured
-        for _ in range(1, GEMM_PASSES):  # again, later and in fresh memory
+        for _ in range(1, GEMM_PASSES):  # again, later and in a new allocation
             for i, (m, n, k, label) in enumerate(measured):
                 tflops, _spread = bench.bench_gemm_stats(m, n, k, dtype=gemm_dtype, device=device,
                                                          role=bench.gemm_role(label))
@@ -369,7 +391,7 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
         points, times = gemm_state["points"], gemm_state["times"]
         # each shape weighted by its time: a few-microsecond GEMM jitters by tens of percent on a quiet machine
         # (timer and scheduler granularity), so a count of noisy shapes says little about the figures that matter
-        weight = [sum(t) / len(t) for t in times[:len(points)]]
+        weight = [sum(t) / len(t) * shape_count(p["label"]) for p, t in zip(points, times)]
         noisy = [p for p in points if p["spread_pct"] > BUSY_SPREAD_PCT]
         noisy_share = sum(w for p, w in zip(points, weight) if p["spread_pct"] > BUSY_SPREAD_PCT) / (sum(weight) or 1)
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
@@ -381,7 +403,7 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
         elif noisy_share > BUSY_TIME_SHARE:  # timings of one kernel disagree: something else is running
             rec.data.setdefault("failures", []).append(
                 f"GEMMs: the machine looks busy: {len(noisy)} of {len(points)} shapes, {100 * noisy_share:.0f}% of "
-                f"the GEMM time, have timings that spread more than {BUSY_SPREAD_PCT:g}% (interquartile range / "
+                f"the measured GEMM time (each shape's time x the GEMMs that share it), have timings that spread more than {BUSY_SPREAD_PCT:g}% (interquartile range / "
                 f"median, or the passes' range / mean); calibrate again when it is quiet")
             rec.flush()
 
@@ -512,10 +534,12 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
         signal.signal(sig_, on_signal)
     host_memory: list[str] = []
     try:
-        malloc = req.cpu_malloc or ("system" if req.quick else "reuse")
-        with reuse_freed_memory(device == "cpu" and malloc == "reuse",
+        with reuse_freed_memory(device == "cpu" and cpu_malloc(req) == "reuse",
                                 "--cpu-malloc system" if req.cpu_malloc else "the --quick default") as how:
             host_memory.append(how)
+            if device == "cpu":  # recorded whether or not the held-out step runs
+                rec.data["provenance"]["host_memory"] = how
+                rec.flush()
             for name, fn in zip(STAGES, fns):
                 stage(name, fn)
                 done.append(name)
