@@ -17,7 +17,7 @@ and `ddplan calibrate`'s output. YAML, `kind: calibration`, `version: 1`:
                   source: "stated by the user (seed note)"}]
     step_program: {compiled_model: true, compiled_optimizer: true, first_step_s: 41.0,
                    asked: "compiled model, compiled optimizer",    # how calibrate's held-out step ran
-                   host_memory: "glibc malloc keeps freed memory ...", page_faults_per_step: 0}  # CPU only
+                   page_faults_per_step: 0}                           # CPU only
     failures: ["collectives: torch.distributed not initialised", ...]
 
 Attention TFLOP/s follow the hardware specs' convention (causal FLOPs of the processed window;
@@ -127,8 +127,7 @@ class StepProgram(Strict):
     compiled_optimizer: bool
     first_step_s: float | None = Field(default=None, gt=0, le=1e6)  # first warm-up step, compilation included; not timed
     asked: str = Field(min_length=3)  # e.g. "compiled model, compiled optimizer" (the model's program; eager if --quick)
-    # on CPU: how host memory behaved (ddplan.calibrate.allocator) and the median timed step's minor page faults
-    host_memory: str | None = None
+    # on CPU: the median timed step's minor page faults (how malloc ran: provenance.host_memory)
     page_faults_per_step: float | None = Field(default=None, ge=0)
 
 

@@ -493,9 +493,10 @@ def calibrate_summary(cal) -> list[str]:
                       if (ran.compiled_model or ran.compiled_optimizer) and ran.first_step_s else "")
                    + "; the prediction it is compared with is priced "
                    + ("compiled" if ran.compiled_model else "eager"))
-        if ran.host_memory:
-            faults = (f"; {ran.page_faults_per_step:,.0f} minor page faults a timed step"
-                      if ran.page_faults_per_step is not None else "")
-            out.append(f"calibrate: host memory: {ran.host_memory}{faults}")
+    host = cal.provenance.host_memory if cal.provenance else None
+    if host:
+        faults = (f"; {ran.page_faults_per_step:,.0f} minor page faults a timed step"
+                  if ran is not None and ran.page_faults_per_step is not None else "")
+        out.append(f"calibrate: host memory: {host}{faults}")
     out += [f"calibrate: note: {f}" for f in cal.failures]  # what failed or was skipped, and why
     return out

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import signal
 import tempfile
 import threading
@@ -215,8 +216,6 @@ GEMM_PASSES = 2
 
 def shape_count(label: str) -> int:
     """GEMMs a gemm_shapes label stands for: 1, plus N for "(+N same shape)"."""
-    import re
-
     more = re.search(r"\(\+(\d+) same shape\)", label)
     return 1 + (int(more.group(1)) if more else 0)
 
@@ -403,8 +402,9 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
         elif noisy_share > BUSY_TIME_SHARE:  # timings of one kernel disagree: something else is running
             rec.data.setdefault("failures", []).append(
                 f"GEMMs: the machine looks busy: {len(noisy)} of {len(points)} shapes, {100 * noisy_share:.0f}% of "
-                f"the measured GEMM time (each shape's time x the GEMMs that share it), have timings that spread more than {BUSY_SPREAD_PCT:g}% (interquartile range / "
-                f"median, or the passes' range / mean); calibrate again when it is quiet")
+                f"the measured GEMM time (each shape's time x the GEMMs that share it), have timings that spread "
+                f"more than {BUSY_SPREAD_PCT:g}% (interquartile range / median, or the passes' range / mean); "
+                f"calibrate again when it is quiet")
             rec.flush()
 
     def peak() -> None:
@@ -512,8 +512,7 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
         rec.set("step_program", {"compiled_model": ran.model, "compiled_optimizer": ran.optimizer,
                                  "first_step_s": sig(res["first_step_s"]) if res["first_step_s"] else None,
                                  "asked": program.words(),
-                                 **({"host_memory": host_memory[0], "page_faults_per_step": res.get("page_faults")}
-                                    if device == "cpu" else {})})
+                                 **({"page_faults_per_step": res.get("page_faults")} if device == "cpu" else {})})
         rec.append("step_times", [{
             "model": spec.name, "gpus": 1, "step_time_s": sig(res["step_time_s"]), "device_batch_size": mb0,
             "total_batch_tokens": mb0 * seq, "attention": attention_name,
@@ -532,11 +531,9 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
         if threading.current_thread() is threading.main_thread() else {}
     for sig_ in previous:
         signal.signal(sig_, on_signal)
-    host_memory: list[str] = []
     try:
         with reuse_freed_memory(device == "cpu" and cpu_malloc(req) == "reuse",
                                 "--cpu-malloc system" if req.cpu_malloc else "the --quick default") as how:
-            host_memory.append(how)
             if device == "cpu":  # recorded whether or not the held-out step runs
                 rec.data["provenance"]["host_memory"] = how
                 rec.flush()
