@@ -44,6 +44,9 @@ class RunModel(Strict):
     architecture: dict[str, Any] = {}  # overrides of the base's architecture (validated as one)
     seq_len: int = Field(gt=0, le=10**8)
     params_reported: int | None = Field(default=None, gt=0, le=10**14)  # the source's count, checked
+    # the dtype gradients are kept and reduced in, where the run states it: "param" (Megatron's
+    # --grad-reduce-in-bf16 with bf16 params), "fp32" (main_grad in fp32); None: the base spec's
+    grads: Literal["param", "fp32"] | None = None
 
 
 class RunLayout(Strict):
@@ -206,6 +209,8 @@ def run_spec(run: PublishedRun, where: str):
     d = data["dtypes"]
     d["compute"] = compute
     d["params"] = {g: (compute if t in half else t) for g, t in d["params"].items()}
+    if run.model.grads:
+        d["grads"] = run.model.grads
     r = data["recipe"]
     # a group the base lacks (an untied lm_head on a tied base) takes the embedding's dtype and optimizer
     from ddplan.specs import Architecture, present_param_groups
@@ -228,8 +233,9 @@ def _slug(name: str) -> str:
 
 def table_command(run: PublishedRun) -> list[str] | None:
     """The `ddplan table` arguments that price this run as one row, or None when its model needs a YAML
-    (architecture overrides) or its network differs from the hardware spec's (no flag for either)."""
-    if run.model.architecture or run.network is not None:
+    (architecture or gradient-dtype overrides) or its network differs from the hardware spec's (no flag for
+    either)."""
+    if run.model.architecture or run.model.grads or run.network is not None:
         return None
     lay = run.layout
     argv = ["table", "--model", run.model.base, "--hardware", run.hardware, "--gpus", str(lay.gpus),

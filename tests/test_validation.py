@@ -11,7 +11,7 @@ from ddplan import validation as V
 from ddplan.errors import SpecError
 from ddplan.price import VALIDATED_RATIO, VALIDATED_RATIO_MOE
 from ddplan.registry import load_hardware
-from ddplan.runs import highest_measured_mfu, load_runs, shipped_dataset
+from ddplan.runs import highest_measured_mfu, load_runs, price_run, shipped_dataset
 
 from cli_helpers import csv_rows, fails, run_ok
 
@@ -192,6 +192,24 @@ def test_network_override_slows_a_multi_node_run(tmp_path):
     runs = load_runs(str(_runs_file(tmp_path, [base, slow])))
     fast_s, slow_s = (V.score(r, "t").predicted_s for r in runs.runs)
     assert slow_s > fast_s
+
+
+def test_grads_override_halves_the_gradient_reduce_scatter(tmp_path):
+    """model.grads param (Megatron's --grad-reduce-in-bf16): the ZeRO reduce-scatter carries bf16 gradients,
+    2 bytes an element instead of fp32's 4; the parameter all-gather (bf16 either way) is unchanged."""
+    from ddplan.runs import run_spec
+    from ddplan.step import grad_sync_buffers
+
+    model = {"base": "gpt3-22b", "name": "GPT-3 22B", "seq_len": 2048}
+    base = _run(1.0, model=model, layout={"gpus": 8, "zero": 3, "micro_batch": 1, "global_batch_sequences": 8})
+    bf16 = dict(base, id="t2", model=dict(model, grads="param"))
+    runs = load_runs(str(_runs_file(tmp_path, [base, bf16])))
+    specs = [run_spec(r, "t") for r in runs.runs]
+    assert [s.dtypes.grads for s in specs] == ["fp32", "param"]
+    _, _, row = price_run(runs.runs[0], "t")
+    sizes = [dict(grad_sync_buffers(s, row.layout)) for s in specs]
+    assert sizes[1]["reduce_scatter"] == pytest.approx(sizes[0]["reduce_scatter"] / 2)
+    assert sizes[1]["all_gather"] == pytest.approx(sizes[0]["all_gather"])
 
 
 def test_highest_measured_mfu_is_the_seed_on_mi300x():
