@@ -833,6 +833,12 @@ def plan_cmd(
     spec, hw0, cal = _inputs(model, names[0] if names else None, calibration, seq_len, dtype,
                              check_hardware=len(names) < 2)
     hws = (hw0, *(load_hardware(h) for h in names[1:]))
+    if cal is not None and not any(cal.hardware in (h.name, *h.aliases) for h in hws):
+        from ddplan.errors import UsageError
+
+        raise UsageError(f"calibration file is for {cal.hardware!r}, none of --hardware "
+                         f"({', '.join(h.name for h in hws)}); drop --hardware to use "
+                         f"the calibration's", field="--calibration")
     price_spec = None if price is None else Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price",
                                                   date=dt.date.today(), source="given on the command line")
     options = _options(sequence_parallel, tp_comm_overlap, None, shard_group, reshard_after_forward,
@@ -1004,8 +1010,11 @@ def _int_list(text: str, flag: str, allowed: tuple[int, ...] | None = None, rang
     from ddplan import bounds
     from ddplan.errors import UsageError
 
-    parts = [v.strip() for v in text.split(",") if v.strip()]
+    parts = [v.strip() for v in text.split(",")]
     shape = "comma-separated integers" + (" or doubling ranges A-B (e.g. 8,16 or 1-512)" if ranges else "")
+    if "" in parts and text.strip():  # "1,,8" or "8,": a count left out, not a separator to skip
+        raise UsageError(f"expected {shape}, got {text!r}: an empty item between commas", field=flag)
+    parts = [v for v in parts if v]
     if not parts or any(len(v) > 50 or not (v.lstrip("+-").isdigit() or ranges and _is_range(v)) for v in parts):
         raise UsageError(f"expected {shape}, got {text!r}", field=flag)
     values: list[int] = []

@@ -228,8 +228,8 @@ class HardwareSpec(Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
     aliases: list[str] = []
     display_name: str
-    vendor: Literal["nvidia", "amd"]
-    software_stack: Literal["cuda", "rocm"]
+    vendor: Literal["nvidia", "amd", "cpu"]  # cpu: the spec calibrate measures on a CPU
+    software_stack: Literal["cuda", "rocm", "cpu"]
     peak: PeakCompute
     memory: Memory
     gpus_per_node: Count

@@ -6,6 +6,8 @@ price, fitting) return rows and facts with numbers in SI units; this module turn
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ddplan.layout import NATIVE_ZERO, breaks_world_size_rule
 from ddplan.price import MFU_CONVENTION, VALIDATED_RATIO_MOE, Flag, PricedLayout, validated_ratio
 from ddplan.specs import HardwareSpec, ModelSpec
@@ -166,6 +168,12 @@ def table_notes(table) -> list[str]:
                        f"micro-benchmarks alone")
         elif n.kind == "skipped":
             out += [f"skipped: {s}" for s in v.values()]
+    group = table.request.options.shard_group
+    if group and table.rows and not any(r.layout.shard_group for r in table.rows):
+        ranks = max(r.layout.grad_ranks for r in table.rows)
+        out.append(f"--shard-group {group} applies to no row: hybrid sharding needs ZeRO-3 and a shard group between 2 "
+                   f"and half of dp x cp that divides it (the largest dp x cp here is {ranks}); rows are priced "
+                   f"without it")
     fit = table.fit
     if fit is not None and fit.dropped:
         ends = ", ".join(f"{s:g}" for s in fit.dropped)
@@ -178,8 +186,13 @@ def table_notes(table) -> list[str]:
 def table_title(table) -> str:
     spec, hw = table.request.model, table.request.hardware
     gpus = ", ".join(str(g) for g in table.request.gpus)
-    return (f"{spec.name} on {hw.name}: decision table ({gpus} GPUs in total; {table.steps:,} steps of "
-            f"{table.total_batch_tokens:,} tokens at the recipe's batch; sequence {spec.recipe.seq_len}, "
+    given = table.request.total_batch_tokens
+    whose = ("the recipe's batch" if not given or given == spec.recipe.total_batch_tokens else
+             "the measured step's batch" if table.fit is not None and given == table.fit.measurement.total_batch_tokens
+             else "--total-batch-size")
+    plural = "" if table.request.gpus == (1,) else "s"
+    return (f"{spec.name} on {hw.name}: decision table ({gpus} GPU{plural} in total; {table.steps:,} steps of "
+            f"{table.total_batch_tokens:,} tokens, {whose}; sequence {spec.recipe.seq_len}, "
             f"{spec.dtypes.compute})")
 
 
@@ -227,6 +240,11 @@ def table_verdict(table) -> list[str]:
     base = v.baseline
     out.append(f"Baseline: {label(base)}: {base.step_s:.4g} s/step, MFU {base.mfu_pct:.1f}%, "
                f"{_hours(base.wall_clock_h)}, ${base.cost_usd:,.0f} ({base.basis}).")
+    outside_h = base.outside_s / 3600
+    if outside_h > OUTSIDE_SHARE_SAID * base.wall_clock_h:  # most users read the wall-clock as steps x step time
+        out.append(f"{outside_h:,.1f} h of those {base.wall_clock_h:,.1f} h ({100 * outside_h / base.wall_clock_h:.0f}%) "
+                   f"are outside the {table.steps:,} steps (start-up, evaluation, checkpoints: see Outside steps); "
+                   f"the steps themselves take {table.steps * base.step_s / 3600:,.1f} h.")
     g0 = base.layout.num_gpus
     bk = v.best_kernel
     if bk is not None and bk.wall_clock_h < 0.95 * base.wall_clock_h:
@@ -268,6 +286,17 @@ def table_verdict(table) -> list[str]:
 def _hours(h: float) -> str:
     """Hours, with days beside them once a run is longer than two days."""
     return f"{h:,.1f} h" + (f" ({h / 24:,.1f} days)" if h > 48 else "")
+
+
+OUTSIDE_SHARE_SAID = 0.25  # a wall-clock more than this share outside the steps is said in the verdict
+
+
+def _carried(req, hw: HardwareSpec) -> bool:
+    """Whether the hardware spec is the one the calibration file carries (`hardware_spec`: on CPU, the
+    measured spec, which `ddplan specs show` does not know by name)."""
+    cal = req.calibration
+    return (cal is not None and cal.hardware_spec is not None and req.calibration_path is not None
+            and cal.hardware_spec.get("name") == hw.name)
 
 
 def _placement_line(hw: HardwareSpec) -> str:
@@ -312,8 +341,10 @@ def table_assumptions(table) -> list[str]:
         f"{e.gemm.best.value:.3f} ({e.gemm.best.basis}, range {e.gemm.best.range[0]:.3f}-{e.gemm.best.range[1]:.3f})"
         + (f", of which training keeps {e.gemm.sustained.value:.3f} ({e.gemm.sustained.source.split(':')[0]})"
            if e.gemm.sustained is not None else "") + "; "
-        f"HBM efficiency {e.hbm.value:.2f} ({e.hbm.basis}). `ddplan specs show {hw.name}` lists every figure and its "
-        f"source.",
+        f"HBM efficiency {e.hbm.value:.2f} ({e.hbm.basis}). "
+        + (f"The calibration file ({Path(req.calibration_path).name}) carries the spec, every figure with its source "
+           f"(`hardware_spec`)." if _carried(req, hw) else
+           f"`ddplan specs show {hw.name}` lists every figure and its source."),
         f"Price: ${price.usd_per_gpu_hour:g}/GPU-h, billed {price.billing.replace('_', ' ')} ({price.provider}, "
         f"{price.date}).",
         f"Outside steps: start-up {o.startup_s:g} s, {evals}, checkpoints "
@@ -348,11 +379,12 @@ def table_assumptions(table) -> list[str]:
         out.append(f"Calibration ({where}): measured {'; '.join(measured) or 'nothing but step times'}; "
                    f"everything else assumed from the hardware spec.")
         if cal.held_out_error_pct is not None:
-            out.append(f"Calibrated bands are at least +-{abs(cal.held_out_error_pct):.3g}%: the error of the held-out "
-                       f"training step predicted from the micro-benchmarks alone, the model error that remains "
-                       f"on {where}.")
+            out.append(f"Calibrated bands are at least +-{abs(cal.held_out_error_pct):.3g}% on rows derived from the "
+                       f"calibration: the error of the held-out training step predicted from the micro-benchmarks "
+                       f"alone, the model error that remains on {where} (a measured row is its own measurement: no "
+                       f"band).")
         if cal.failures:
-            out.append("Calibration failures: " + "; ".join(cal.failures))
+            out.append("Calibration notes (what was shrunk, skipped or failed): " + "; ".join(cal.failures))
     fit = table.fit
     if fit is not None:
         m, lay = fit.measurement, fit.layout

@@ -124,18 +124,32 @@ def test_measured_layout_keeps_its_batch(capsys):
     assert f(m, "wall_clock_h") > 100 * 30.72 / 3600
 
 
+def test_a_measured_step_above_peak_is_refused(capsys):
+    """A stated step faster than 100% MFU cannot have been measured: one line naming the flag, exit 2. The
+    bound is the model FLOPs over the GPUs' dense peak: 1,048,576 tokens x the model's FLOPs per token
+    / (8 x 989.4e12 FLOP/s); just above it the step is priced (implausible, flagged), just below refused."""
+    spec, hw = load_model("d24"), load_hardware("h100-sxm")
+    per_token = Pricer(spec, hw, RunPlan(spec.recipe.budget, hw.price)).flops_per_token("SSSL")
+    bound = per_token * 1_048_576 / (8 * 989.4e12)
+    argv = ["table", "--model", "d24", "--hardware", "h100-sxm", "--gpus", "8", "--format", "csv"]
+    code, err = fails(capsys, argv + ["--measured-step-time", f"{0.98 * bound:.6f}"])
+    assert code == 2 and err.startswith("error: --measured-step-time: ") and "102% MFU" in err
+    rows = csv_rows(run_ok(capsys, argv + ["--measured-step-time", f"{1.02 * bound:.6f}"]))
+    assert any(r["basis"] == "measured" for r in rows)
+
+
 def test_implausible_measurement_is_said_on_stdout_and_keeps_a_band(capsys):
-    """d24 on one MI300X in 2 s/step would sustain more than the best GEMM: the verdict says so and the
+    """d24 on one MI300X in 2.5 s/step (85% MFU) would sustain more than the best GEMM: the verdict says so and the
     measured row's band is the model's, not zero-width."""
     out = run_ok(capsys, ["table", "--model", "d24", "--gpus", "1", "--total-batch-size", "524288",
-                          "--device-batch-size", "32", "--measured-step-time", "2", "--fit", "compute",
+                          "--device-batch-size", "32", "--measured-step-time", "2.5", "--fit", "compute",
                           "--window", "L", "--attention", "sdpa-fused", "--format", "markdown"])
     assert "above the best measured GEMM" in out and "check the stated configuration" in out
     rows = csv_rows(run_ok(capsys, ["table", "--model", "d24", "--gpus", "1", "--total-batch-size", "524288",
-                                    "--device-batch-size", "32", "--measured-step-time", "2", "--fit", "compute",
+                                    "--device-batch-size", "32", "--measured-step-time", "2.5", "--fit", "compute",
                                     "--window", "L", "--attention", "sdpa-fused", "--format", "csv"]))
     (m,) = rows
-    assert m["basis"] == "measured" and f(m, "step_s") == 2.0
+    assert m["basis"] == "measured" and f(m, "step_s") == 2.5
     assert f(m, "step_high_s") > f(m, "step_low_s")
 
 

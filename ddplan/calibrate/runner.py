@@ -109,7 +109,7 @@ def cpu_hardware(peak: float, hbm: float, overhead_us: float, src: str, provenan
     busbw = {"value": 1.0, "source": "assumed: a single CPU process has no fabric"}
     return HardwareSpec.model_validate({
         "kind": "hardware", "name": "cpu-local", "display_name": f"this CPU ({provenance.get('device_name', 'cpu')})",
-        "vendor": "nvidia", "software_stack": "cuda",
+        "vendor": "cpu", "software_stack": "cpu",
         "peak": {"bf16_tflops": sourced, "fp8_tflops": None, "tf32_tflops": None, "fp32_vector_tflops": sourced},
         "memory": {"usable_gib": {"value": 16.0, "source": "assumed"}, "vendor_label_gb": 16.0,
                    "hbm_tbyte_per_s": {"value": hbm, "source": src}},
