@@ -166,30 +166,35 @@ def fit_measurement(pricer, m: StepMeasurement, knob: str = "auto", where: str =
 
 
 def check_physical(pricer, m: StepMeasurement, window: str, where: str = MEASURED_FLAGS) -> None:
-    """Refuse a measured step that runs the model's FLOPs faster than the GPUs' dense peak: MFU above 100%.
+    """Refuse a measured step that runs the model's matmul FLOPs faster than the GPUs' dense peak.
 
-    The model FLOPs (MFU_CONVENTION: 6N + the attention matmuls of the window, no recompute) are a lower
-    bound on what a step executes, so such a figure cannot have been measured as stated: a typo in the
-    step time, the batch or the GPU count. The peak is the fastest the step could use (fp8's with --fp8).
-    Between the best measured GEMM rate and the peak a measurement is only implausible (Fit.implausible:
-    said, and priced with the model's band). e.g. d24 (4.775 GFLOP a token at T = 2048, window SSSL) at
-    1,048,576 tokens on 8 H100 (989.4 TFLOP/s bf16): at least 0.6326 s; 0.45 s/step is 141% -> refused,
-    0.9 s is 70% -> priced.
+    The FLOPs are ddplan.flops.exact_flops_per_token: 6N plus causal (and windowed) attention, no FLOPs on
+    masked pairs and no recompute, a lower bound on what any step executes (the MFU convention counts
+    whole windows, more than a causal kernel runs, so it is not used here). Such a figure cannot have been
+    measured as stated: a typo in the step time, the batch or the GPU count. The peak is the fastest the
+    step could use (fp8's with --fp8). Between the best measured GEMM rate and the peak a measurement is
+    only implausible (Fit.implausible: said, and priced with the model's band). e.g. d24 at T = 2048, window
+    SSSL, 1,048,576 tokens on 8 H100 (989.4 TFLOP/s bf16): at least 0.6148 s; 0.45 s/step -> refused,
+    0.9 s -> priced.
     """
+    from ddplan.flops import exact_flops_per_token
+
     hw, spec = pricer.hw, pricer.spec
-    peak = hw.peak.flops_per_s("fp8" if pricer.fp8 else spec.dtypes.compute)
-    flops = pricer.flops_per_token(window) * m.total_batch_tokens
-    pct = 100 * flops / (m.step_time_s * m.gpus * peak)
-    if pct > 100:
+    dtype = "fp8" if pricer.fp8 else spec.dtypes.compute
+    peak = hw.peak.flops_per_s(dtype)
+    arch = spec.architecture.model_copy(update={"window_pattern": window})
+    flops = exact_flops_per_token(arch, spec.recipe.seq_len) * m.total_batch_tokens
+    least_s = flops / (m.gpus * peak)
+    if m.step_time_s < least_s:
         flags = where == MEASURED_FLAGS
         field = "--measured-step-time" if flags else where
         check = ("check the step time, --total-batch-size and --measured-gpus" if flags else
                  "check its step_time_s, total_batch_tokens and gpus")
         raise UsageError(
-            f"{m.step_time_s:g} s/step is {pct:.0f}% MFU: {flops / 1e12:,.4g} TFLOP of model FLOPs "
-            f"({m.total_batch_tokens:,} tokens) take at least {flops / (m.gpus * peak):.4g} s on {m.gpus} "
-            f"{hw.name} at their {peak / 1e12:,.5g} TFLOP/s dense {'fp8' if pricer.fp8 else spec.dtypes.compute} "
-            f"peak; {check}", field=field)
+            f"{m.step_time_s:g} s/step is faster than the hardware can run it: {flops / 1e12:,.4g} TFLOP of "
+            f"matmuls ({m.total_batch_tokens:,} tokens, causal attention, no recompute) take at least "
+            f"{least_s:.4g} s on {m.gpus} {hw.name} at their {peak / 1e12:,.5g} TFLOP/s dense {dtype} peak "
+            f"({100 * least_s / m.step_time_s:.0f}% of peak); {check}", field=field)
 
 
 def golden_min(cost: Callable[[float], float], lo: float, hi: float, tol: float) -> float:

@@ -242,9 +242,11 @@ def table_verdict(table) -> list[str]:
                f"{_hours(base.wall_clock_h)}, ${base.cost_usd:,.0f} ({base.basis}).")
     outside_h = base.outside_s / 3600
     if outside_h > OUTSIDE_SHARE_SAID * base.wall_clock_h:  # most users read the wall-clock as steps x step time
+        lost_h = base.goodput.lost_s / 3600
         out.append(f"{outside_h:,.1f} h of those {base.wall_clock_h:,.1f} h ({100 * outside_h / base.wall_clock_h:.0f}%) "
-                   f"are outside the {table.steps:,} steps (start-up, evaluation, checkpoints: see Outside steps); "
-                   f"the steps themselves take {table.steps * base.step_s / 3600:,.1f} h.")
+                   f"are outside the {base.steps:,} steps (start-up, evaluation, checkpoints: see Outside steps); "
+                   f"the steps themselves take {base.steps * base.step_s / 3600:,.1f} h"
+                   + (f", and interruptions lose {lost_h:,.1f} h" if lost_h >= 0.05 else "") + ".")
     g0 = base.layout.num_gpus
     bk = v.best_kernel
     if bk is not None and bk.wall_clock_h < 0.95 * base.wall_clock_h:

@@ -125,15 +125,18 @@ def test_measured_layout_keeps_its_batch(capsys):
 
 
 def test_a_measured_step_above_peak_is_refused(capsys):
-    """A stated step faster than 100% MFU cannot have been measured: one line naming the flag, exit 2. The
-    bound is the model FLOPs over the GPUs' dense peak: 1,048,576 tokens x the model's FLOPs per token
-    / (8 x 989.4e12 FLOP/s); just above it the step is priced (implausible, flagged), just below refused."""
-    spec, hw = load_model("d24"), load_hardware("h100-sxm")
-    per_token = Pricer(spec, hw, RunPlan(spec.recipe.budget, hw.price)).flops_per_token("SSSL")
-    bound = per_token * 1_048_576 / (8 * 989.4e12)
+    """A stated step faster than the hardware can run its matmuls cannot have been measured: one line naming
+    the flag, exit 2. The bound: 1,048,576 tokens x (6N + causal SSSL attention FLOPs per token, the lower
+    bound flops.exact_flops_per_token) / (8 x 989.4e12 FLOP/s); just above it the step is priced
+    (implausible, flagged), just below refused."""
+    from ddplan.flops import exact_flops_per_token
+
+    spec = load_model("d24")
+    bound = exact_flops_per_token(spec.architecture, 2048) * 1_048_576 / (8 * 989.4e12)
+    assert bound == pytest.approx(0.6148, abs=1e-4)  # the figure the refusal prints (d24, SSSL)
     argv = ["table", "--model", "d24", "--hardware", "h100-sxm", "--gpus", "8", "--format", "csv"]
     code, err = fails(capsys, argv + ["--measured-step-time", f"{0.98 * bound:.6f}"])
-    assert code == 2 and err.startswith("error: --measured-step-time: ") and "102% MFU" in err
+    assert code == 2 and err.startswith("error: --measured-step-time: ") and "(102% of peak)" in err
     rows = csv_rows(run_ok(capsys, argv + ["--measured-step-time", f"{1.02 * bound:.6f}"]))
     assert any(r["basis"] == "measured" for r in rows)
 
@@ -423,3 +426,28 @@ def test_validated_band_when_nothing_measured_the_model_error(capsys, tmp_path):
                                       "--format", "csv"])):
         assert f(r, "step_high_s") >= 1.1 * f(r, "step_s") * (1 - 1e-9)
         assert f(r, "step_low_s") <= f(r, "step_s") / 1.1 * (1 + 1e-9)
+
+
+def test_a_wall_clock_mostly_outside_the_steps_is_said(capsys):
+    """3,000 min of start-up against ~2.7 h of steps: the verdict says how much is outside the steps, with the
+    baseline row's own step count (24 GPUs round the batch: 463 steps, not the table's 477)."""
+    out = run_ok(capsys, ["table", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "24",
+                          "--startup-min", "3000", "--tokens", "2e9", "--format", "markdown"])
+    line = next(x for x in out.splitlines() if "are outside the" in x)
+    assert line.startswith("- 50.0 h of those") and "outside the 463 steps" in line
+    quiet = run_ok(capsys, ["table", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "24",
+                            "--tokens", "2e9", "--format", "markdown"])
+    assert "are outside the" not in quiet
+
+
+def test_plan_refuses_a_calibration_for_other_hardware(capsys, tmp_path):
+    cal = tmp_path / "cal.yaml"
+    cal.write_text(yaml.safe_dump({"kind": "calibration", "version": 1, "hardware": "mi300x", "seq_len": 1024,
+                                   "dtype": "bf16"}), encoding="utf-8")
+    code, err = fails(capsys, ["plan", "--model", "d4", "--calibration", str(cal), "--hardware", "h100-sxm,b200"])
+    assert code == 2 and "calibration file is for 'mi300x', none of --hardware (h100-sxm, b200)" in err
+
+
+def test_an_empty_gpu_count_is_refused(capsys):
+    code, err = fails(capsys, ["table", "--model", "d24", "--gpus", "1,,8"])
+    assert code == 2 and "an empty item between commas" in err
