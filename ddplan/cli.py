@@ -116,9 +116,8 @@ def _inputs(model: str, hardware: str | None, calibration: str | None, seq_len: 
                          field="--hardware")
     if hardware:
         hw = load_hardware(hardware)
-        if check_hardware and cal is not None and cal.hardware not in (hw.name, *hw.aliases):
-            raise UsageError(f"calibration file is for {cal.hardware!r}, the command for {hw.name!r}; drop --hardware "
-                             f"to use the calibration's", field="--calibration")
+        if check_hardware:
+            _check_calibration_hardware(cal, (hw,))
     else:
         hw = calibration_hardware(cal, calibration) if cal is not None else load_hardware(DEFAULT_HARDWARE)
     spec = load_model(model)
@@ -133,6 +132,17 @@ def _inputs(model: str, hardware: str | None, calibration: str | None, seq_len: 
                 raise SpecError(f"its sequence length or dtype does not fit {spec.name}: {e.message}",
                                 file=calibration) from None
     return _variant(spec, seq_len, dtype), hw, cal
+
+
+def _check_calibration_hardware(cal, hws) -> None:
+    """A calibration given with --hardware must be for one of them (its seq_len and dtype would otherwise
+    be applied to hardware it never measured)."""
+    from ddplan.errors import UsageError
+
+    if cal is not None and not any(cal.hardware in (h.name, *h.aliases) for h in hws):
+        raise UsageError(f"calibration file is for {cal.hardware!r}, not --hardware "
+                         f"{', '.join(h.name for h in hws)}; drop --hardware to use the calibration's",
+                         field="--calibration")
 
 
 def _check(*pairs: tuple[int | float | None, str]) -> None:
@@ -830,15 +840,9 @@ def plan_cmd(
     names = _hardware_list(hardware)
     gpu_list = tuple(_int_list(gpus, "--gpus", ranges=True))
     # several hardware: the calibration applies to the one it names (ddplan.plan.pricer_for), in any order
-    spec, hw0, cal = _inputs(model, names[0] if names else None, calibration, seq_len, dtype,
-                             check_hardware=len(names) < 2)
+    spec, hw0, cal = _inputs(model, names[0] if names else None, calibration, seq_len, dtype, check_hardware=False)
     hws = (hw0, *(load_hardware(h) for h in names[1:]))
-    if cal is not None and not any(cal.hardware in (h.name, *h.aliases) for h in hws):
-        from ddplan.errors import UsageError
-
-        raise UsageError(f"calibration file is for {cal.hardware!r}, none of --hardware "
-                         f"({', '.join(h.name for h in hws)}); drop --hardware to use "
-                         f"the calibration's", field="--calibration")
+    _check_calibration_hardware(cal, hws)
     price_spec = None if price is None else Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price",
                                                   date=dt.date.today(), source="given on the command line")
     options = _options(sequence_parallel, tp_comm_overlap, None, shard_group, reshard_after_forward,

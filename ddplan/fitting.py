@@ -177,15 +177,16 @@ def check_physical(pricer, m: StepMeasurement, window: str, where: str = MEASURE
     SSSL, 1,048,576 tokens on 8 H100 (989.4 TFLOP/s bf16): at least 0.6148 s; 0.45 s/step -> refused,
     0.9 s -> priced.
     """
-    from ddplan.flops import exact_flops_per_token
+    from ddplan.flops import exact_flops_per_token, mfu
 
     hw, spec = pricer.hw, pricer.spec
     dtype = "fp8" if pricer.fp8 else spec.dtypes.compute
     peak = hw.peak.flops_per_s(dtype)
-    arch = spec.architecture.model_copy(update={"window_pattern": window})
-    flops = exact_flops_per_token(arch, spec.recipe.seq_len) * m.total_batch_tokens
-    least_s = flops / (m.gpus * peak)
-    if m.step_time_s < least_s:
+    per_token = exact_flops_per_token(spec.architecture.model_copy(update={"window_pattern": window}),
+                                      spec.recipe.seq_len)
+    used = mfu(per_token, m.total_batch_tokens / m.step_time_s, peak, m.gpus)  # of peak, a fraction
+    if used > 1:
+        flops, least_s = per_token * m.total_batch_tokens, used * m.step_time_s
         flags = where == MEASURED_FLAGS
         field = "--measured-step-time" if flags else where
         check = ("check the step time, --total-batch-size and --measured-gpus" if flags else
@@ -194,7 +195,7 @@ def check_physical(pricer, m: StepMeasurement, window: str, where: str = MEASURE
             f"{m.step_time_s:g} s/step is faster than the hardware can run it: {flops / 1e12:,.4g} TFLOP of "
             f"matmuls ({m.total_batch_tokens:,} tokens, causal attention, no recompute) take at least "
             f"{least_s:.4g} s on {m.gpus} {hw.name} at their {peak / 1e12:,.5g} TFLOP/s dense {dtype} peak "
-            f"({100 * least_s / m.step_time_s:.0f}% of peak); {check}", field=field)
+            f"({100 * used:.0f}% of peak); {check}", field=field)
 
 
 def golden_min(cost: Callable[[float], float], lo: float, hi: float, tol: float) -> float:

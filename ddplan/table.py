@@ -77,7 +77,7 @@ class Verdict:
 class Table:
     request: TableRequest
     rows: list[PricedLayout]
-    steps: int  # at the recipe's batch
+    steps: int  # at the table's total batch (the recipe's unless --total-batch-size or a measurement sets it)
     total_batch_tokens: int
     budget: Budget
     price: Price

@@ -445,7 +445,7 @@ def test_plan_refuses_a_calibration_for_other_hardware(capsys, tmp_path):
     cal.write_text(yaml.safe_dump({"kind": "calibration", "version": 1, "hardware": "mi300x", "seq_len": 1024,
                                    "dtype": "bf16"}), encoding="utf-8")
     code, err = fails(capsys, ["plan", "--model", "d4", "--calibration", str(cal), "--hardware", "h100-sxm,b200"])
-    assert code == 2 and "calibration file is for 'mi300x', none of --hardware (h100-sxm, b200)" in err
+    assert code == 2 and "calibration file is for 'mi300x', not --hardware h100-sxm, b200" in err
 
 
 def test_an_empty_gpu_count_is_refused(capsys):
