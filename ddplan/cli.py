@@ -1165,6 +1165,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
+    """The `ddplan` command. Output piped into a reader that stops early (`ddplan table | head`) ends the
+    process as it ends any Unix filter, by SIGPIPE (exit 141 in a shell), not as an error (exit 1) after a
+    half-written line; calibrate keeps Python's handling, since its collectives talk over sockets."""
+    import signal
+
+    if hasattr(signal, "SIGPIPE") and sys.argv[1:2] != ["calibrate"]:
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     sys.exit(main())
 
 

@@ -5,6 +5,7 @@ and calibrate's); ddplan.plan returns rows and facts.
 
 from __future__ import annotations
 
+from ddplan import render
 from ddplan.layout import NATIVE_ZERO
 from ddplan.plan import FAMILIES, TIE, best_per_pair, context_parallel_degrees
 from ddplan.specs import ModelSpec
@@ -58,7 +59,7 @@ def reasons(rows: list[dict], spec: ModelSpec, cps: tuple[int, ...] = ()) -> lis
     cps: the context-parallel degrees searched (() = plan.context_parallel_degrees of the sequence)."""
     top = rows[0]
     out = [f"Choice: {describe(top)}{'' if top['native'] else ' (needs another training setup than the model ships)'}"
-           f": {top['step_s']:.3f} s/step, {top['wall_clock_h']:.1f} h, "
+           f": {top['step_s']:.3f} s/step, {render.duration(top['wall_clock_h'])}, "
            f"${top['cost_usd']:,.0f}, MFU {top['mfu_pct']:.1f}%, {top['memory_gib']:.0f} of "
            f"{top['usable_gib']:.0f} GiB per GPU."]
     t = _terms(top)
@@ -85,8 +86,8 @@ def reasons(rows: list[dict], spec: ModelSpec, cps: tuple[int, ...] = ()) -> lis
         dt, dc = best["wall_clock_h"] - top["wall_clock_h"], best["cost_usd"] - top["cost_usd"]
         key = "wall_clock_h"
         if best[key] >= top[key] * (1 - TIE) and best[key] <= top[key] * (1 + TIE):
-            out.append(f"{fam} ties: best is {describe(best)}: {best['wall_clock_h']:.1f} h ({dt:+.2f} h), "
-                       f"${best['cost_usd']:,.0f} ({dc:+,.0f}), within {100 * TIE:.0f}% of the choice, inside the "
+            out.append(f"{fam} ties: best is {describe(best)}: {render.duration(best['wall_clock_h'])} ({render.signed(dt)} h), "
+                       f"${best['cost_usd']:,.0f} ({render.signed(dc)}), within {100 * TIE:.0f}% of the choice, inside the "
                        f"model's error: the simpler setup is kept"
                        + (f"; it would save {top['memory_gib'] - best['memory_gib']:.0f} GiB per GPU, not needed"
                           if best["memory_gib"] < top["memory_gib"] else "") + ".")
@@ -97,8 +98,8 @@ def reasons(rows: list[dict], spec: ModelSpec, cps: tuple[int, ...] = ()) -> lis
         extra = ""
         if fam == "+ZeRO/FSDP" and best["memory_gib"] < top["memory_gib"]:
             extra = f"; it saves {top['memory_gib'] - best['memory_gib']:.0f} GiB per GPU, which the choice does not need"
-        out.append(f"{fam} loses: best is {describe(best)}: {best['wall_clock_h']:.1f} h ({dt:+.1f} h), "
-                   f"${best['cost_usd']:,.0f} ({dc:+,.0f}); {why}{extra}.")
+        out.append(f"{fam} loses: best is {describe(best)}: {render.duration(best['wall_clock_h'])} ({render.signed(dt)} h), "
+                   f"${best['cost_usd']:,.0f} ({render.signed(dc)}); {why}{extra}.")
     return out
 
 
@@ -195,8 +196,22 @@ def edge(result) -> list[str]:
 
 
 def pareto_lines(result, limit: int = 8) -> list[str]:
-    """The layouts no other beats on both wall-clock and cost, one line each."""
-    return [f"{describe(r)}: {r['wall_clock_h']:.1f} h, ${r['cost_usd']:,.0f}" for r in result.pareto[:limit]]
+    """The layouts no other beats on both wall-clock and cost, one line each, the choice marked. The choice
+    can be off the front: among layouts within TIE of the best, plan keeps the simplest (ddplan.plan._rank),
+    which a slightly faster and cheaper but harder setup may dominate; then a last line says so."""
+    top = result.rows[0] if result.rows else None
+    out = [f"{describe(r)}: {render.duration(r['wall_clock_h'])}, ${r['cost_usd']:,.0f}"
+           + (" (the choice)" if r is top else "") for r in result.pareto[:limit]]
+    if top is not None and not any(r is top for r in result.pareto):
+        by = next((r for r in result.pareto if r["wall_clock_h"] <= top["wall_clock_h"]
+                   and r["cost_usd"] <= top["cost_usd"]), None)
+        if by is not None:
+            dc = by["cost_usd"] - top["cost_usd"]
+            out.append(f"The choice is off the front: {describe(by)} takes {render.signed(by['wall_clock_h'] - top['wall_clock_h'])} h "
+                       f"and {'-' if dc < 0 else '+'}${render.num(abs(dc), 2)} against it; within {100 * TIE:.0f}% of "
+                       f"each other, inside the model's error, ddplan keeps the simpler setup (the model's own, fewer "
+                       f"parallel dimensions, no recompute).")
+    return out
 
 
 def plan_warnings(result) -> list[str]:

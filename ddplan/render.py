@@ -193,7 +193,8 @@ def decision_rows(rows: list[dict]) -> list[dict]:
             row["bubble_s"] = f"{r['bubble_s']:.3g}"
         if interrupted:
             row["restarts h (ckpt every h)"] = (f"{_sig(r['interruptions_lost_h'])} "
-                                               f"({r['checkpoint_interval_h']:.3g})")
+                                               f"({r['checkpoint_interval_h']:.3g})" if r["interruptions_lost_h"] > 0
+                                               else "-")  # none priced on this row (e.g. one node)
         row.update({
             "MFU %": f"{r['mfu_pct']:.1f}",
             "wall-clock h (band)": f"{_sig(r['wall_clock_h'])} ({_sig(r['wall_low_h'])}-{_sig(r['wall_high_h'])})",
@@ -319,10 +320,25 @@ def num(x: float, sig: int = 3) -> str:
     return text if "e" not in text else f"{x:.{sig}f}"
 
 
-def hours(h: float) -> str:
-    """Hours to 4 significant figures, and in days from 48 h up: '441.8 (18.4 d)'."""
-    text = num(h, 4)
+def hours(h: float, sig: int = 4) -> str:
+    """Hours to `sig` significant figures, in days from 48 h up and in years (of 365 days) from one year up:
+    '441.8 (18.4 d)', '30,000 (3.42 y)'."""
+    text = num(h, sig)
+    if h >= 24 * 365:
+        return text + f" ({num(h / (24 * 365))} y)"
     return text + (f" ({num(h / 24)} d)" if h >= 48 else "")
+
+
+def duration(h: float, sig: int = 3) -> str:
+    """Hours in a sentence: '0.421 h', '441 h (18.4 d)', '30,000 h (3.42 y)' (hours() is the column's)."""
+    text, _, rest = hours(h, sig).partition(" ")
+    return f"{text} h" + (f" {rest}" if rest else "")
+
+
+def signed(x: float, sig: int = 2) -> str:
+    """A difference with its sign, to `sig` significant figures (never '-0'): '+54', '-0.3', '+0.082',
+    '0' for none at all."""
+    return "0" if x == 0 else ("+" if x > 0 else "-") + num(abs(x), sig)
 
 
 def money(usd: float) -> str:
@@ -352,7 +368,7 @@ def decision_cells(rows: list[dict]) -> list[dict[str, str]]:
         if piped:
             row["bubble s"] = num(r["bubble_s"])
         if interrupted:
-            row["restarts h"] = num(r["interruptions_lost_h"])
+            row["restarts h"] = num(r["interruptions_lost_h"]) if r["interruptions_lost_h"] > 0 else "-"
         row.update({"MFU %": f"{r['mfu_pct']:.1f}", "wall h": hours(r["wall_clock_h"]),
                     "wall band h": band(r["wall_low_h"], r["wall_high_h"]), "cost $": money(r["cost_usd"]),
                     "cost band $": f"{money(r['cost_low_usd'])}-{money(r['cost_high_usd'])}",

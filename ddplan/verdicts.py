@@ -169,11 +169,18 @@ def table_notes(table) -> list[str]:
         elif n.kind == "skipped":
             out += [f"skipped: {s}" for s in v.values()]
     group = table.request.options.shard_group
-    if group and table.rows and not any(r.layout.shard_group for r in table.rows):
-        ranks = max(r.layout.grad_ranks for r in table.rows)
-        out.append(f"--shard-group {group} applies to no row: hybrid sharding needs ZeRO-3 and a shard group between 2 "
-                   f"and half of dp x cp that divides it (the largest dp x cp here is {ranks}); rows are priced "
-                   f"without it")
+    missed = [r for r in table.rows if not r.layout.shard_group]
+    if group and missed:
+        rule = "hybrid sharding needs ZeRO-3 and a shard group between 2 and half of dp x cp that divides it"
+        if len(missed) == len(table.rows):
+            ranks = max(r.layout.grad_ranks for r in table.rows)
+            out.append(f"--shard-group {group} applies to no row: {rule} (the largest dp x cp here is {ranks}); rows "
+                       f"are priced without it")
+        else:
+            names = sorted({f"{r.layout.num_gpus} GPUs, ZeRO-{r.layout.zero}, dp x cp {r.layout.grad_ranks}" for r in missed})
+            out.append(f"--shard-group {group} applies to {len(table.rows) - len(missed)} of {len(table.rows)} rows: "
+                       f"{rule}; not to " + "; ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+                       + " (priced without it)")
     fit = table.fit
     if fit is not None and fit.dropped:
         ends = ", ".join(f"{s:g}" for s in fit.dropped)
@@ -286,7 +293,9 @@ def table_verdict(table) -> list[str]:
 
 
 def _hours(h: float) -> str:
-    """Hours, with days beside them once a run is longer than two days."""
+    """Hours, with days beside them once a run is longer than two days, years (of 365 days) from one year."""
+    if h >= 24 * 365:
+        return f"{h:,.1f} h ({h / (24 * 365):,.1f} years)"
     return f"{h:,.1f} h" + (f" ({h / 24:,.1f} days)" if h > 48 else "")
 
 

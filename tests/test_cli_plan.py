@@ -235,3 +235,26 @@ def test_plan_sequence_parallel_and_tp_overlap_apply_to_tp_layouts(capsys):
     for r in rows:
         tp = r["tp"] != "1"
         assert (r["sp"] == "True") == tp and (r["tp_overlap"] == "True") == tp, r
+
+
+def test_a_choice_off_the_pareto_front_is_said_and_the_layout_that_beats_it_named(capsys):
+    """gpt2 by cost on 8 and 16 H100: the choice (DDP, ZeRO-0) is within 2% of the cheapest, a ZeRO-1 layout
+    that is both faster and cheaper; the front must not pass it off as on the front, and say which beats it."""
+    data = json.loads(run_ok(capsys, [*GPT2_H100_COST, "--format", "json"]))
+    top = data["rows"][0]
+    beaten = [p for p in data["pareto"] if p["wall_clock_h"] <= top["wall_clock_h"] and p["cost_usd"] <= top["cost_usd"]
+              and (p["wall_clock_h"], p["cost_usd"]) != (top["wall_clock_h"], top["cost_usd"])]
+    assert beaten, "the case this test is for: the tie rule keeps a dominated, simpler layout"
+    text = run_ok(capsys, GPT2_H100_COST)
+    line = next(s for s in text.splitlines() if s.startswith("The choice is off the front"))
+    assert f"ZeRO-{beaten[0]['zero']}" in line and "-$" in line
+    assert "(the choice)" not in text and "(-0)" not in text and "(+0)" not in text
+
+
+def test_signed_differences_never_print_minus_zero():
+    from ddplan import render
+
+    assert render.signed(-0.3) == "-0.3" and render.signed(54.2) == "+54" and render.signed(0) == "0"
+    assert render.signed(-0.0612) == "-0.061" and render.signed(92_389.4) == "+92,389"
+    assert render.duration(0.4213) == "0.421 h" and render.duration(7077.0) == "7,077 h (295 d)"
+    assert render.duration(30_000) == "30,000 h (3.42 y)"

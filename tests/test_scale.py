@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from cli_helpers import csv_rows, fails, run_ok
+from cli_helpers import csv_rows, fails, run, run_ok
 from ddplan import comm
 from ddplan.errors import LayoutError
 from ddplan.layout import Layout, Options, layout_for, placement
@@ -261,6 +261,21 @@ def test_shard_group_on_the_command_line(capsys):
     assert "sharded over 8, replicated x8" in hybrid["config"] and "no reshard after forward" in kept["config"]
     assert float(hybrid["memory_gib"]) > float(plain["memory_gib"])
     assert float(kept["dp_comm_total_s"]) < float(plain["dp_comm_total_s"])
+
+
+def test_a_shard_group_some_rows_cannot_take_is_said_with_the_rows(capsys):
+    """--shard-group 8 at 8 and 64 GPUs: at 8 the group is all of dp (no hybrid sharding: dropped), at 64 it
+    applies. The warning names the rows it missed; where it fits no row it says that instead."""
+    argv = ["table", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--zero", "3", "--device-batch-size", "1",
+            "--attention", "fa3", "--shard-group", "8", "--format", "csv"]
+    code, _, err = run(capsys, argv + ["--gpus", "8,64"])
+    assert code == 0
+    line = next(s for s in err.splitlines() if "--shard-group 8" in s)
+    assert "applies to 1 of 2 rows" in line and "not to 8 GPUs, ZeRO-3, dp x cp 8" in line
+    code, _, err = run(capsys, argv + ["--gpus", "8"])
+    assert code == 0 and "--shard-group 8 applies to no row" in err
+    code, _, err = run(capsys, argv + ["--gpus", "64"])
+    assert code == 0 and "--shard-group" not in err
 
 
 @pytest.mark.parametrize("argv, flag", [

@@ -108,3 +108,17 @@ def test_fit_drops_the_named_columns_first_and_wraps_the_rest():
     assert max(len(line) for line in out.splitlines()) <= 40
     wide = render.fit(rows, render.Screen(width=40, wide=True), drop=("extra",))
     assert "extra" in wide
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="no SIGPIPE")
+def test_a_reader_that_stops_early_ends_the_run_as_it_ends_any_filter():
+    """`ddplan table | head -1`: the process ends by SIGPIPE (as `seq` or `git log` do), with no error line
+    and not with exit 1, ddplan's code for a failed command."""
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "ddplan", *COMMANDS["table"]], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=_env(80), cwd=ROOT)
+    proc.stdout.close()  # the reader goes away before the table is written (it takes a second to price)
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == -signal.SIGPIPE
+    assert "error" not in err
