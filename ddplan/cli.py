@@ -252,7 +252,10 @@ def specs_import(
 
 @app.command("memory", short_help="Memory per GPU by ZeRO stage, and what fits.")
 def memory_cmd(
-    model: str = ModelOpt,
+    ctx: typer.Context,
+    model: str = typer.Option(None, "--model", "-m", help="Model: a built-in (d24, nanochat-d24, gpt2, llama-3-8b), "
+                              "any nanochat dN, or a YAML path (default with --calibration: the model it measured, "
+                              "at the GPUs, layout, micro-batch and compile mode it ran)."),
     hardware: str = HardwareOpt,
     gpus: int = typer.Option(1, "--gpus", help="GPUs in total: dp x tp x pp."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree."),
@@ -280,7 +283,8 @@ def memory_cmd(
     fp8_all_gather: bool = typer.Option(False, "--fp8-all-gather", help="ZeRO-3 with fp8 GEMMs: their weights "
                                         "gathered in fp8, 1 byte an element (torchao enable_fsdp_float8_all_gather); "
                                         "memory has no --fp8, so this implies it."),
-    window_pattern: str = typer.Option(None, "--window-pattern", help="Override the window pattern (e.g. L, SSSL)."),
+    window: str = typer.Option(None, "--window", "--window-pattern", help="Window pattern, e.g. L or SSSL (default: "
+                               "the model's)."),
     compiled: bool = typer.Option(None, "--compile/--no-compile", help="torch.compile'd model (changes what is "
                                   "saved for backward; default: the recipe's)."),
     headroom: float = HeadroomOpt,
@@ -305,6 +309,13 @@ def memory_cmd(
     from ddplan.provenance import provenance
     from ddplan.sizing import PEAK_TOLERANCE, consistent_with, memory_setup, what_fits, zero_rows
 
+    flags = dict(gpus=gpus, tp=tp, pp=pp, vp=vp, device_batch_size=device_batch_size, recompute=recompute,
+                 attention=attention, window=window, compiled=compiled)
+    if model is None:  # the run the calibration measured, as it ran
+        model, *values = _calibrated_run(ctx, calibration, **flags, seq_len=seq_len)
+        gpus, tp, pp, vp, device_batch_size = (None if v is None else int(v) for v in values[:5])
+        recompute, attention, window, compiled, seq_len = values[5:]
+        flags = {}  # taken from the calibration's step already
     _check((gpus, "--gpus"), (tp, "--tp"), (pp, "--pp"), (vp, "--vp"), (cp, "--cp"), (ep, "--ep"),
            (device_batch_size, "--device-batch-size"),
            (measured_peak, "--measured-peak"), (headroom, "--headroom"))
@@ -319,20 +330,28 @@ def memory_cmd(
         from ddplan.offload import check_offload
 
         check_offload(spec, hw, tuple(stages))
-    options = _options(sequence_parallel, False, tp, shard_group, reshard_after_forward,
-                       overlap_param_gather, cp_comm, _etp(etp, spec), spec, fp8_all_gather, offload_optimizer)
+    measured_zero = None  # the ZeRO stage of the step whose peak is compared (the verdict's, unless --zero is one)
     if cal is not None and measured_peak is None:
         from ddplan.calibration import steps_for_model
 
-        peaks = [m.peak_memory_gb for m in steps_for_model(cal, {spec.name, *spec.aliases}) if m.peak_memory_gb]
-        measured_peak = peaks[0] if peaks else None
-    _check_pattern(window_pattern)
+        peaked = [m for m in steps_for_model(cal, {spec.name, *spec.aliases}) if m.peak_memory_gb]
+        if peaked:  # its peak is for the shape it ran: price that shape, unless a flag says otherwise
+            measured_peak, measured_zero = peaked[0].peak_memory_gb, peaked[0].zero
+        if peaked and flags:
+            values = _as_measured(ctx, cal, peaked[0], **flags)
+            gpus, tp, pp, vp, device_batch_size = (None if v is None else int(v) for v in values[:5])
+            recompute, attention, window, compiled = values[5:]
+    _check_pattern(window, "--window")
+    options = _options(sequence_parallel, False, tp, shard_group, reshard_after_forward,
+                       overlap_param_gather, cp_comm, _etp(etp, spec), spec, fp8_all_gather, offload_optimizer)
     setup = memory_setup(spec, hw, gpus=gpus, tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, micro_batch=device_batch_size,
                          attention=attention,
                          recompute=_choices(recompute, "--recompute", RECOMPUTE)[0], compiled=compiled,
-                         window_pattern=window_pattern, headroom=headroom, options=options)
+                         window_pattern=window, headroom=headroom, options=options)
     if len(stages) == 1:  # one stage asked about: the verdict is about it (else the model's native stage)
         setup = replace(setup, layout=setup.at_zero(stages[0]))
+    elif measured_zero is not None and measured_zero in stages:  # else the measured step's
+        setup = replace(setup, layout=setup.at_zero(measured_zero))
     _check_plot_path(plot)
     prov = provenance(model=spec, hardware=hw, calibration=(Path(calibration).name, cal) if cal is not None else None)
     rows = zero_rows(spec, hw, setup, stages)
@@ -384,14 +403,19 @@ def _calibrated_run(ctx: typer.Context, calibration: str | None, **given) -> tup
     except DdplanError:
         raise UsageError(f"{calibration} measured model '{m.model}', which is not a built-in; give its spec with "
                          "--model PATH", field="--model") from None
+    return (m.model, *_as_measured(ctx, cal, m, **given))
+
+
+def _as_measured(ctx: typer.Context, cal, m, **given) -> tuple:
+    """The given flags' values, each left at its default taking the value of the measured step m (a step
+    of calibration cal); a flag given on the command line wins."""
     measured = dict(gpus=str(m.gpus), tp=str(m.tp), pp=str(m.pp), vp=str(m.pp_virtual_stages),
                     zero=None if m.zero is None else str(m.zero), device_batch_size=str(m.device_batch_size),
                     total_batch_size=m.total_batch_tokens, recompute=m.recompute, attention=m.attention,
                     window=m.window_pattern, compiled=m.compiled, seq_len=cal.seq_len or m.seq_len)
     # by name: typer >= 0.22 carries its own copy of click, whose ParameterSource is another enum class
-    out = {k: (v if getattr(ctx.get_parameter_source(k), "name", None) == "COMMANDLINE" else measured[k])
-           for k, v in given.items()}
-    return (m.model, *out.values())
+    return tuple(v if getattr(ctx.get_parameter_source(k), "name", None) == "COMMANDLINE" else measured[k]
+                 for k, v in given.items())
 
 
 class Knob(str, Enum):

@@ -220,8 +220,7 @@ def memory_setup(spec: ModelSpec, hw: HardwareSpec, *, gpus: int, tp: int = 1, p
         problem = cp_attention_problem(layout, *attention_mode(hw, attention), spec, window_pattern)
         if problem:
             raise LayoutError(f"{attention}: {problem}", field="--cp/--attention")
-    except LayoutError as e:
-        e.field = e.field or "--gpus/--tp/--pp/--vp/--cp/--ep"
-        raise
+    except LayoutError as e:  # the layout comes from the flags: a usage error (exit 2), as in `table`
+        raise UsageError(e.message, field=e.field or "--gpus/--tp/--pp/--vp/--cp/--ep") from None
     return Setup(layout=layout, window_pattern=window_pattern, headroom=headroom,
                  asked_micro_batch=asked if split.micro_batch != asked else None, options=options)

@@ -213,3 +213,23 @@ def test_memory_takes_the_measured_peak_from_a_calibration_file(tmp_path, capsys
                          "--format", "markdown")
     assert code == 0, err
     assert "Measured 105 GB is consistent with: sdpa-fused, recompute none, compiled" in out
+
+
+@pytest.mark.parametrize("model", [[], ["--model", "d24"]])
+def test_memory_prices_the_shape_the_calibrated_peak_was_measured_at(tmp_path, capsys, model):
+    """A peak is for the shape that ran: with no --model, memory takes the calibration's model, and either
+    way its micro-batch (16, not the recipe's 32), GPUs, window and ZeRO stage, unless a flag says otherwise."""
+    cal = tmp_path / "cal.yaml"
+    cal.write_text(yaml.safe_dump({"kind": "calibration", "version": 1, "hardware": "mi300x", "step_times": [{
+        "model": "nanochat-d24", "gpus": 8, "zero": 1, "step_time_s": 1.0, "device_batch_size": 16,
+        "total_batch_tokens": 524288, "attention": "sdpa-fused", "window_pattern": "L", "peak_memory_gb": 60,
+        "source": "a hand-made step"}]}))
+    code, out, err = run(capsys, "memory", *model, "--calibration", str(cal), "--format", "json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert "device batch 16 x 2048" in data["title"] and "8 x mi300x" in data["title"], data["title"]
+    assert "Measured 60 GB" in " ".join(data["verdict"])
+    code, out, err = run(capsys, "memory", *model, "--calibration", str(cal), "--device-batch-size", "4",
+                         "--format", "json")
+    assert code == 0, err
+    assert "device batch 4 x 2048" in json.loads(out)["title"]

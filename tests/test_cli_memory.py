@@ -14,7 +14,7 @@ import pytest
 from cli_helpers import run_ok, fails, csv_rows
 
 D24_8 = ["memory", "--model", "d24", "--gpus", "8"]
-D24_PEAK = ["memory", "--model", "d24", "--window-pattern", "L", "--measured-peak", "105"]
+D24_PEAK = ["memory", "--model", "d24", "--window", "L", "--measured-peak", "105"]
 LLAMA70_H100 = ["memory", "--model", "llama-3-70b", "--hardware", "h100-sxm", "--gpus", "8"]
 MODEL_STATES = ("params_gib", "gradients_gib", "optimizer_gib")
 
@@ -141,7 +141,8 @@ def test_one_rank_verdict_says_stages_do_not_differ(capsys):
     (["--gpus", "4", "--tp", "8"], ("--gpus/--tp/--pp", "tp x pp = 8", "4 GPUs")),
 ], ids=["zero-5", "gpus-negative", "attention-unknown", "tp-not-dividing-heads", "tp-above-gpus"])
 def test_errors_are_one_line(capsys, extra, words):
-    _, line = fails(capsys, ["memory", "--model", "d24", *extra])
+    code, line = fails(capsys, ["memory", "--model", "d24", *extra])
+    assert code == 2  # every one a flag's value or a layout the flags make: usage errors, as in `table`
     for w in words:
         assert w in line, line
 

@@ -194,7 +194,7 @@ TABLE_FLAGS = ["--gpus", "--tp", "--pp", "--vp", "--zero", "--device-batch-size"
                "--measured-step-time", "--startup-min", "--eval-every", "--eval-tokens", "--checkpoint-every",
                "--window"]
 MEMORY_FLAGS = ["--gpus", "--tp", "--pp", "--vp", "--zero", "--device-batch-size", "--recompute", "--seq-len",
-                "--dtype", "--headroom", "--measured-peak", "--window-pattern"]
+                "--dtype", "--headroom", "--measured-peak", "--window"]
 PLAN_FLAGS = ["--gpus", "--deadline", "--budget", "--price", "--total-batch-size", "--seq-len", "--dtype", "--top",
               "--headroom", "--startup-min"]
 
