@@ -237,6 +237,8 @@ def specs_import(
     path = config_path(config)
     if path is None:
         raise UsageError(f"not a config.json or a folder holding one: {config!r}", field="CONFIG")
+    if not path.is_file():
+        raise UsageError(f"no such file: {str(path)!r}", field="CONFIG")
     target = Path(out).expanduser()
     if target.suffix.lower() not in (".yaml", ".yml"):
         raise UsageError(f"must end in .yaml or .yml, got {out!r}", field="--out")
@@ -1171,7 +1173,8 @@ def main(argv: list[str] | None = None) -> int:
         if type(e).__name__ == "ValidationError" and hasattr(e, "errors"):  # pydantic, from values built here
             err = e.errors()[0]
             where = ".".join(str(p) for p in err.get("loc", ())) or "value"
-            print(f"error: {where}: {' '.join(str(err.get('msg', e)).split())}", file=sys.stderr)
+            what = " ".join(str(err.get("msg", e)).split()).removeprefix("Value error, ")  # pydantic's own wording
+            print(f"error: {where}: {what}", file=sys.stderr)
             return 2
         if type(e).__name__ == "NoArgsIsHelpError":  # a bare `ddplan` / `ddplan specs`: show the help
             print(e.ctx.get_help() if getattr(e, "ctx", None) is not None else e.format_message())

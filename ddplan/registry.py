@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import typing
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
@@ -124,6 +125,11 @@ def validate(schema: type[T], data: Any, source: str) -> T:
     """Validate data against a schema; the first error names the field path and what is allowed."""
     if not isinstance(data, dict):
         raise SpecError(f"expected a mapping of keys to values, got {type(data).__name__}", file=source)
+    kind = getattr(schema, "model_fields", {}).get("kind")
+    expected = typing.get_args(kind.annotation) if kind is not None else ()
+    if expected and isinstance(data.get("kind"), str) and data["kind"] not in expected:  # e.g. a model as --hardware
+        raise SpecError(f"this is a {data['kind']} file (kind: {data['kind']}), where a {expected[0]} spec "
+                        f"(kind: {expected[0]}) is expected", file=source, field="kind")
     try:
         return schema.model_validate(data)
     except ValidationError as e:
@@ -145,7 +151,7 @@ def _describe(schema: type[BaseModel], err: dict) -> str:
         allowed = _fields_at(schema, err["loc"][:-1])
         if allowed:
             close = difflib.get_close_matches(str(err["loc"][-1]), allowed, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            hint = f"; did you mean {close[0]!r}?" if close else ";"
             return f"unknown key{hint} allowed keys: {', '.join(allowed)}"
         return "unknown key"
     if err["type"] == "missing":

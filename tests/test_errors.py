@@ -363,3 +363,53 @@ def test_subprocess_debug_prints_the_traceback():
     debug = _subprocess("specs", "show", "gtp2", env_debug=True)
     assert debug.returncode == 1
     assert "Traceback" in debug.stderr and "SpecError" in debug.stderr
+
+
+@pytest.mark.parametrize("flag, path, expected", [
+    ("--hardware", "models/gpt2-124m.yaml", "this is a model file (kind: model), where a hardware spec"),
+    ("--model", "hardware/h100-sxm.yaml", "this is a hardware file (kind: hardware), where a model spec"),
+])
+def test_a_spec_of_the_wrong_kind_says_so_first(capsys, flag, path, expected):
+    """A model YAML given as --hardware is named for what it is, not reported as its first unknown key."""
+    root = Path(__file__).resolve().parents[1]
+    argv = ["table", "--gpus", "8", *(["--model", "d24"] if flag == "--hardware" else []), flag, str(root / path)]
+    code, _, err = run(capsys, *argv)
+    line = one_error_line(err)
+    assert code == 1 and f"{path}: kind: {expected}" in line, line
+
+
+def test_an_unknown_key_without_a_close_match_still_reads(tmp_path, capsys):
+    spec = yaml.safe_load((Path(__file__).resolve().parents[1] / "hardware" / "h100-sxm.yaml").read_text())
+    spec["zzzzzzzz"] = 1
+    path = tmp_path / "hw.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    code, _, err = run(capsys, "table", "--model", "d24", "--hardware", str(path))
+    assert code == 1 and "zzzzzzzz: unknown key; allowed keys: kind, name" in one_error_line(err)
+
+
+def test_specs_import_of_a_missing_config_names_the_argument(tmp_path, capsys):
+    code, _, err = run(capsys, "specs", "import", str(tmp_path / "missing.json"), "-o", str(tmp_path / "m.yaml"))
+    line = one_error_line(err)
+    assert code == 2 and line.startswith("error: CONFIG: no such file") and "--model" not in line
+    assert not (tmp_path / "m.yaml").exists()
+
+
+def test_a_validation_error_from_values_built_here_reads_without_pydantic_wording(capsys, monkeypatch):
+    """A pydantic error from a value ddplan builds (not a file) is one line, without 'Value error, '."""
+    from pydantic import BaseModel, field_validator
+
+    class Sized(BaseModel):
+        n: int
+
+        @field_validator("n")
+        @classmethod
+        def positive(cls, v):
+            raise ValueError("must be positive")
+
+    def fail(*_a, **_k):
+        Sized(n=-1)
+
+    monkeypatch.setattr(registry, "load_model", fail)
+    code, _, err = run(capsys, "table", "--model", "d24")
+    line = one_error_line(err)
+    assert code == 2 and line == "error: n: must be positive", line
