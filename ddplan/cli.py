@@ -68,6 +68,9 @@ SeqLenOpt = typer.Option(None, "--seq-len", help="Sequence length in tokens (def
                          "model's max_seq_len).")
 DtypeOpt = typer.Option(None, "--dtype", help="Compute dtype: bf16, fp16 or fp32 (fp32: everything in fp32, as "
                         "`ddplan calibrate` runs on a CPU; default: the model spec's).")
+GradsOpt = typer.Option(None, "--grads", help="Gradient dtype: param (each parameter's own, e.g. bf16 gradients "
+                        "reduced in bf16, Megatron's --grad-reduce-in-bf16) or fp32 (fp32 gradients, Megatron's "
+                        "default); default: the model spec's.")
 HeadroomOpt = typer.Option(0.05, "--headroom", help="Fraction of usable memory a layout must leave free.")
 SequenceParallelOpt = typer.Option(False, "--sequence-parallel", help="Megatron sequence parallelism on layouts with "
                                    "tp: norms and saved activations split over tp too.")
@@ -102,7 +105,7 @@ OffloadOpt = typer.Option(False, "--offload-optimizer", help="ZeRO-1/2/3: optimi
 
 
 def _inputs(model: str, hardware: str | None, calibration: str | None, seq_len: int | None, dtype: str | None,
-            check_hardware: bool = True):
+            check_hardware: bool = True, grads: str | None = None):
     """(model spec, hardware spec, calibration or None). A calibration file supplies what is not given:
     its hardware (the spec it carries, or the built-in it names) and, when it measured this model, its
     sequence length and compute dtype."""
@@ -127,11 +130,11 @@ def _inputs(model: str, hardware: str | None, calibration: str | None, seq_len: 
         dtype = dtype if dtype is not None else cal.dtype
         if (seq_len, dtype) != given:
             try:
-                return _variant(spec, seq_len, dtype), hw, cal
+                return _variant(spec, seq_len, dtype, grads), hw, cal
             except DdplanError as e:
                 raise SpecError(f"its sequence length or dtype does not fit {spec.name}: {e.message}",
                                 file=calibration) from None
-    return _variant(spec, seq_len, dtype), hw, cal
+    return _variant(spec, seq_len, dtype, grads), hw, cal
 
 
 def _check_calibration_hardware(cal, hws) -> None:
@@ -153,16 +156,18 @@ def _check(*pairs: tuple[int | float | None, str]) -> None:
         bounds.check(flag, value)
 
 
-def _variant(spec, seq_len: int | None, dtype: str | None):
-    """The model at the run's sequence length and compute dtype (ddplan.specs.run_variant)."""
+def _variant(spec, seq_len: int | None, dtype: str | None, grads: str | None = None):
+    """The model at the run's sequence length, compute dtype and gradient dtype (ddplan.specs.run_variant)."""
     from ddplan.errors import UsageError
     from ddplan.specs import run_variant
 
     _check((seq_len, "--seq-len"))
     if dtype is not None and dtype not in ("bf16", "fp16", "fp32"):
         raise UsageError(f"must be bf16, fp16 or fp32, got {dtype!r}", field="--dtype")
+    if grads is not None and grads not in ("param", "fp32"):
+        raise UsageError(f"must be param or fp32, got {grads!r}", field="--grads")
     try:
-        return run_variant(spec, seq_len=seq_len, dtype=dtype)
+        return run_variant(spec, seq_len=seq_len, dtype=dtype, grads=grads)
     except ValueError as e:
         raise UsageError(str(e), field="--seq-len") from None
 
@@ -274,6 +279,7 @@ def memory_cmd(
                                           "(default: the recipe's)."),
     seq_len: int = SeqLenOpt,
     dtype: str = DtypeOpt,
+    grads: str = GradsOpt,
     attention: str = typer.Option(None, "--attention", help="Attention implementation (default: the hardware's "
                                   "default; see `ddplan specs show HARDWARE`)."),
     recompute: str = typer.Option("none", "--recompute", help="Activation recompute: none, selective or full."),
@@ -322,7 +328,7 @@ def memory_cmd(
            (device_batch_size, "--device-batch-size"),
            (measured_peak, "--measured-peak"), (headroom, "--headroom"))
     stages = _int_list(zero, "--zero", allowed=(0, 1, 2, 3))
-    spec, hw, cal = _inputs(model, hardware, calibration, seq_len, dtype)
+    spec, hw, cal = _inputs(model, hardware, calibration, seq_len, dtype, grads=grads)
     if fp8_all_gather:
         from ddplan.table import check_fp8, check_fp8_options
 
@@ -457,6 +463,7 @@ def table_cmd(
                                "model's, and L when it differs)."),
     seq_len: int = SeqLenOpt,
     dtype: str = DtypeOpt,
+    grads: str = GradsOpt,
     price: float = typer.Option(None, "--price", help="USD per GPU-hour (default: the hardware spec's first price)."),
     steps: int = typer.Option(None, "--steps", help="Optimizer steps (overrides the recipe's budget)."),
     tokens: float = typer.Option(None, "--tokens", help="Training tokens (overrides the recipe's budget)."),
@@ -554,7 +561,7 @@ def table_cmd(
     if len(given) > 1:
         raise UsageError(f"give at most one of --steps, --tokens, --param-data-ratio (got {', '.join(given)})",
                          field=given[1])
-    spec, hw, cal = _inputs(model, hardware, calibration, seq_len, dtype)
+    spec, hw, cal = _inputs(model, hardware, calibration, seq_len, dtype, grads=grads)
     options = _options(sequence_parallel, tp_comm_overlap, max(tps), shard_group,
                        reshard_after_forward, overlap_param_gather, cp_comm, _etp(etp, spec), spec, fp8_all_gather,
                        offload_optimizer)
@@ -818,6 +825,7 @@ def plan_cmd(
     total_batch_size: int = typer.Option(None, "--total-batch-size", help="Tokens per optimizer step."),
     seq_len: int = SeqLenOpt,
     dtype: str = DtypeOpt,
+    grads: str = GradsOpt,
     sequence_parallel: bool = SequenceParallelOpt,
     tp_comm_overlap: bool = TpOverlapOpt,
     shard_group: int = ShardGroupOpt,
@@ -866,7 +874,8 @@ def plan_cmd(
     names = _hardware_list(hardware)
     gpu_list = tuple(_int_list(gpus, "--gpus", ranges=True))
     # several hardware: the calibration applies to the one it names (ddplan.plan.pricer_for), in any order
-    spec, hw0, cal = _inputs(model, names[0] if names else None, calibration, seq_len, dtype, check_hardware=False)
+    spec, hw0, cal = _inputs(model, names[0] if names else None, calibration, seq_len, dtype, check_hardware=False,
+                             grads=grads)
     hws = (hw0, *(load_hardware(h) for h in names[1:]))
     _check_calibration_hardware(cal, hws)
     price_spec = None if price is None else Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price",

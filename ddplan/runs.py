@@ -233,9 +233,8 @@ def _slug(name: str) -> str:
 
 def table_command(run: PublishedRun) -> list[str] | None:
     """The `ddplan table` arguments that price this run as one row, or None when its model needs a YAML
-    (architecture or gradient-dtype overrides) or its network differs from the hardware spec's (no flag for
-    either)."""
-    if run.model.architecture or run.model.grads or run.network is not None:
+    (architecture overrides) or its network differs from the hardware spec's (no flag for either)."""
+    if run.model.architecture or run.network is not None:
         return None
     lay = run.layout
     argv = ["table", "--model", run.model.base, "--hardware", run.hardware, "--gpus", str(lay.gpus),
@@ -246,6 +245,8 @@ def table_command(run: PublishedRun) -> list[str] | None:
             "--recompute", lay.recompute, "--seq-len", str(run.model.seq_len),
             "--dtype", "bf16" if run.precision == "fp8" else run.precision,
             "--compile" if lay.compiled else "--no-compile"]
+    if run.model.grads:
+        argv += ["--grads", run.model.grads]
     if lay.attention:
         argv += ["--attention", lay.attention]
     if lay.window:

@@ -580,14 +580,17 @@ def nanochat_dims(depth: int, aspect_ratio: int = 64, head_dim: int = 128) -> tu
     return d_model, d_model // head_dim
 
 
-def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | None = None) -> ModelSpec:
+def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | None = None,
+                grads: str | None = None) -> ModelSpec:
     """The model as one run trains it: another sequence length and/or compute dtype.
 
     seq_len: the recipe's sequence length (at most architecture.max_seq_len); the total batch in tokens
     stays the recipe's where it divides, else the nearest whole number of device batches (d24 at 1,000
     tokens: 1,056,000 = 33 x 32 sequences, not 1,049, a prime). dtype: bf16/fp16
     change the compute dtype only (master weights keep theirs); fp32 runs everything in fp32 (what
-    `ddplan calibrate` measures on a CPU). Raises ValueError naming the value when it cannot be.
+    `ddplan calibrate` measures on a CPU). grads: the gradients' dtype, "param" (each parameter's own:
+    Megatron's --grad-reduce-in-bf16) or "fp32" (Megatron's default main_grads, nanochat's fp32 masters).
+    Raises ValueError naming the value when it cannot be.
     """
     if seq_len is not None and seq_len != spec.recipe.seq_len:
         if not 0 < seq_len <= spec.architecture.max_seq_len:
@@ -606,4 +609,8 @@ def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | Non
         if dtype == "fp32":
             update.update(logits="fp32", params={g: "fp32" for g in spec.dtypes.params})
         spec = spec.model_copy(update={"dtypes": spec.dtypes.model_copy(update=update)})
+    if grads is not None and grads != spec.dtypes.grads:
+        if grads not in ("param", "fp32"):
+            raise ValueError(f"gradient dtype must be param or fp32, got {grads!r}")
+        spec = spec.model_copy(update={"dtypes": spec.dtypes.model_copy(update={"grads": grads})})
     return spec

@@ -8,6 +8,8 @@ diff as a change of behaviour.
 from __future__ import annotations
 
 
+import json
+
 import pytest
 
 
@@ -185,3 +187,15 @@ def test_memory_finds_the_cheapest_changes_that_fit(capsys):
 def test_a_fitting_setup_gets_no_fixes(capsys):
     out = run_ok(capsys, ["memory", "--model", "d24", "--gpus", "8", "--format", "markdown"])
     assert "Fastest way to fit" not in out and "Does not fit" not in out
+
+
+def test_grads_flag_sets_the_gradient_dtype(capsys):
+    """Qwen3-30B-A3B (bf16 params, 30.53B) under ZeRO-3 on 8 GPUs: gradients in the params' bf16 are
+    30.53e9 x 2 B / 8 = 7.11 GiB a GPU (Megatron --grad-reduce-in-bf16); in fp32, twice that."""
+    argv = ["memory", "--model", "qwen3-30b-a3b", "--hardware", "gb200", "--gpus", "8", "--ep", "4", "--zero", "3",
+            "--format", "json"]
+    got = {g: json.loads(run_ok(capsys, argv + ["--grads", g]))["rows"][0]["gradients_gib"] for g in ("param", "fp32")}
+    assert got["param"] == pytest.approx(30.53e9 * 2 / 8 / 2**30, rel=2e-3)
+    assert got["fp32"] == pytest.approx(2 * got["param"], rel=1e-9)
+    code, line = fails(capsys, ["memory", "--model", "d24", "--grads", "bf16"])
+    assert code == 2 and "--grads" in line and "param or fp32" in line

@@ -306,6 +306,8 @@ def test_a_runs_table_command_prices_it_as_validate_does(capsys, scored):
     commands = [(r, table_command(r)) for r in load_runs().runs]
     commands = [(r, c) for r, c in commands if c is not None]
     assert len(commands) >= 9
+    grads = {r.id: c[c.index("--grads") + 1] for r, c in commands if "--grads" in c}
+    assert grads == {"megatron-fsdp-qwen3-30b-a3b-gb200-8g": "param"}  # --grad-reduce-in-bf16: model.grads param
     for r, argv in commands:
         (row,) = csv_rows(run_ok(capsys, argv + ["--format", "csv"]))
         assert float(row["step_s"]) == pytest.approx(by_id[r.id].predicted_s, rel=1e-12), r.id
