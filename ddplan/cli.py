@@ -414,6 +414,12 @@ def _calibrated_run(ctx: typer.Context, calibration: str | None, **given) -> tup
     return (m.model, *_as_measured(ctx, cal, m, **given))
 
 
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether the flag of parameter `name` was given on the command line (not its default)."""
+    # by name: typer >= 0.22 carries its own copy of click, whose ParameterSource is another enum class
+    return getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"
+
+
 def _as_measured(ctx: typer.Context, cal, m, **given) -> tuple:
     """The given flags' values, each left at its default taking the value of the measured step m (a step
     of calibration cal); a flag given on the command line wins."""
@@ -421,9 +427,7 @@ def _as_measured(ctx: typer.Context, cal, m, **given) -> tuple:
                     zero=None if m.zero is None else str(m.zero), device_batch_size=str(m.device_batch_size),
                     total_batch_size=m.total_batch_tokens, recompute=m.recompute, attention=m.attention,
                     window=m.window_pattern, compiled=m.compiled, seq_len=cal.seq_len or m.seq_len)
-    # by name: typer >= 0.22 carries its own copy of click, whose ParameterSource is another enum class
-    return tuple(v if getattr(ctx.get_parameter_source(k), "name", None) == "COMMANDLINE" else measured[k]
-                 for k, v in given.items())
+    return tuple(v if _given(ctx, k) else measured[k] for k, v in given.items())
 
 
 class Knob(str, Enum):
@@ -595,6 +599,9 @@ def table_cmd(
         micro_batches=mbs,
         recomputes=recomputes, attentions=tuple(a.strip() for a in attention.split(",")) if attention else (),
         windows=windows, total_batch_tokens=total_batch_size, budget=budget, price=price_spec,
+        batch_from=(("--total-batch-size, the measured step's" if measurement is not None else "--total-batch-size")
+                    if _given(ctx, "total_batch_size") else
+                    "the measured step's batch" if total_batch_size is not None else "the recipe's batch"),
         overheads=RunOverheads(startup_s=startup_min * 60, eval_every_steps=eval_every, eval_tokens=eval_tokens,
                                checkpoint_every_steps=checkpoint_every, interruptions_per_gpu_hour=interruptions,
                                restart_s=restart_min * 60),

@@ -42,6 +42,7 @@ class TableRequest:
     attentions: tuple[str, ...] = ()  # () = every implementation on the hardware
     windows: tuple[str, ...] = ()  # () = the model's pattern, and L when it differs
     total_batch_tokens: int | None = None
+    batch_from: str = ""  # whose batch total_batch_tokens is, for the title ("" : inferred, ddplan.verdicts.table_title)
     budget: Budget | None = None
     price: Price | None = None
     overheads: run.RunOverheads = run.RunOverheads()

@@ -194,9 +194,12 @@ def table_title(table) -> str:
     spec, hw = table.request.model, table.request.hardware
     gpus = ", ".join(str(g) for g in table.request.gpus)
     given = table.request.total_batch_tokens
-    whose = ("the recipe's batch" if not given or given == spec.recipe.total_batch_tokens else
+    whose = table.request.batch_from or (
+             "the recipe's batch" if not given or given == spec.recipe.total_batch_tokens else
              "the measured step's batch" if table.fit is not None and given == table.fit.measurement.total_batch_tokens
              else "--total-batch-size")
+    if table.total_batch_tokens != (given or spec.recipe.total_batch_tokens):
+        whose += f" rounded up from {given or spec.recipe.total_batch_tokens:,} so dp divides it"
     plural = "" if table.request.gpus == (1,) else "s"
     return (f"{spec.name} on {hw.name}: decision table ({gpus} GPU{plural} in total; {table.steps:,} steps of "
             f"{table.total_batch_tokens:,} tokens, {whose}; sequence {spec.recipe.seq_len}, "

@@ -233,3 +233,22 @@ def test_memory_prices_the_shape_the_calibrated_peak_was_measured_at(tmp_path, c
                          "--format", "json")
     assert code == 0, err
     assert "device batch 4 x 2048" in json.loads(out)["title"]
+
+
+def test_the_table_title_says_whose_batch_it_prices(tmp_path, capsys):
+    """The batch in the title is named for where it came from: the recipe's by default, the flag when given
+    (also when it equals the recipe's), and the calibration's measured step when the table is built from it."""
+    cal = tmp_path / "cal.yaml"
+    cal.write_text(yaml.safe_dump({"kind": "calibration", "version": 1, "hardware": "mi300x", "step_times": [{
+        "model": "nanochat-d24", "gpus": 1, "step_time_s": 7.7, "device_batch_size": 32,
+        "total_batch_tokens": 524288, "attention": "sdpa-fused", "window_pattern": "L", "source": "the seed note"}]}))
+
+    def title(*argv):
+        code, out, err = run(capsys, "table", *argv, "--format", "json")
+        assert code == 0, err
+        return json.loads(out)["title"]
+
+    assert "1,048,576 tokens, the recipe's batch;" in title("--model", "d24")
+    assert "1,048,576 tokens, --total-batch-size;" in title("--model", "d24", "--total-batch-size", "1048576")
+    assert "524,288 tokens, the measured step's batch;" in title("--calibration", str(cal))
+    assert "262,144 tokens, --total-batch-size;" in title("--calibration", str(cal), "--total-batch-size", "262144")
