@@ -307,10 +307,17 @@ OUTSIDE_SHARE_SAID = 0.25  # a wall-clock more than this share outside the steps
 
 def _carried(req, hw: HardwareSpec) -> bool:
     """Whether the hardware spec is the one the calibration file carries (`hardware_spec`: on CPU, the
-    measured spec, which `ddplan specs show` does not know by name)."""
+    measured spec, which `ddplan specs show` does not know by name): the same figures, not only the name
+    (a --hardware file of that name with other figures is not the carried one)."""
+    from pydantic import ValidationError
+
     cal = req.calibration
-    return (cal is not None and cal.hardware_spec is not None and req.calibration_path is not None
-            and cal.hardware_spec.get("name") == hw.name)
+    if cal is None or cal.hardware_spec is None or req.calibration_path is None:
+        return False
+    try:
+        return HardwareSpec.model_validate(cal.hardware_spec) == hw
+    except ValidationError:
+        return False
 
 
 def _placement_line(hw: HardwareSpec) -> str:

@@ -252,3 +252,31 @@ def test_the_table_title_says_whose_batch_it_prices(tmp_path, capsys):
     assert "1,048,576 tokens, --total-batch-size;" in title("--model", "d24", "--total-batch-size", "1048576")
     assert "524,288 tokens, the measured step's batch;" in title("--calibration", str(cal))
     assert "262,144 tokens, --total-batch-size;" in title("--calibration", str(cal), "--total-batch-size", "262144")
+
+
+def test_the_table_points_to_the_carried_hardware_spec_only_when_it_is_the_one_used(tmp_path, capsys):
+    """A calibration carrying its hardware spec: the table says the file carries it. A --hardware file of the
+    same name with other figures is not that spec: the table then points to `ddplan specs show`."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = yaml.safe_load((root / "hardware" / "h100-sxm.yaml").read_text())
+    spec.update(name="my-box", aliases=[])
+    cal = tmp_path / "cal.yaml"
+    cal.write_text(yaml.safe_dump({"kind": "calibration", "version": 1, "hardware": "my-box", "hardware_spec": spec}))
+
+    def assumptions(*argv):
+        code, out, err = run(capsys, "table", "--model", "d24", "--gpus", "8", "--calibration", str(cal), *argv,
+                             "--format", "json")
+        assert code == 0, err
+        return " ".join(json.loads(out)["assumptions"])
+
+    assert "(cal.yaml) carries the spec" in assumptions()
+    same = tmp_path / "same.yaml"
+    same.write_text(yaml.safe_dump(spec))
+    assert "(cal.yaml) carries the spec" in assumptions("--hardware", str(same))
+    spec["peak"]["bf16_tflops"]["value"] = 1.0 + spec["peak"]["bf16_tflops"]["value"]
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump(spec))
+    text = assumptions("--hardware", str(other))
+    assert "carries the spec" not in text and "`ddplan specs show my-box`" in text
