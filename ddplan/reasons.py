@@ -39,6 +39,25 @@ def _terms(r: dict) -> dict[str, float]:
             "optimizer": r["optimizer_s"]}
 
 
+def expert_lines(r: dict, spec: ModelSpec) -> list[str]:
+    """For a mixture-of-experts model: how many of each MoE block's routed experts a GPU holds, and what
+    their token exchange costs a step (ddplan.comm.moe_layer_comm_s)."""
+    moe = spec.architecture.moe
+    if moe is None:
+        return []
+    ep = r.get("ep", 1)
+    lay = r["_priced"].layout if "_priced" in r else None
+    split = lay.expert_tp if lay is not None else 1
+    held = moe.num_experts // ep
+    rows = f", each split over {split} tensor-parallel GPUs" if split > 1 else ""
+    if ep == 1:
+        return [f"Experts: every GPU holds all {moe.num_experts} routed experts of each MoE block (no expert "
+                f"parallelism{rows}); top {moe.top_k} of them run for each token."]
+    return [f"Experts: ep {ep} splits each MoE block's {moe.num_experts} routed experts {held} a GPU{rows}; each "
+            f"token's top {moe.top_k} reach theirs by all-to-all over the ep group, "
+            f"{1000 * r.get('ep_comm_s', 0.0):.0f} ms a step exposed."]
+
+
 def zero3_lines(r: dict) -> list[str]:
     """For a ZeRO-3 choice: one micro-batch's parameter all-gathers and gradient reduce-scatter against its
     compute, and what of them is exposed (ddplan.comm.fsdp_comm_s), per micro-batch and per step."""
@@ -69,6 +88,7 @@ def reasons(rows: list[dict], spec: ModelSpec, cps: tuple[int, ...] = ()) -> lis
                   f"({1000 * max(v for k, v in t.items() if k != 'compute'):.0f} ms)." if main == "compute"
                   else f"{main} ({1000 * t[main]:.0f} ms)."))
     out += zero3_lines(top)
+    out += expert_lines(top, spec)
     native_zero = NATIVE_ZERO[spec.recipe.distribution]
     searched_cp = max(cps or context_parallel_degrees(spec.recipe.seq_len)) > 1
     for fam in FAMILIES:

@@ -258,3 +258,18 @@ def test_signed_differences_never_print_minus_zero():
     assert render.signed(-0.0612) == "-0.061" and render.signed(92_389.4) == "+92,389"
     assert render.duration(0.4213) == "0.421 h" and render.duration(7077.0) == "7,077 h (295 d)"
     assert render.duration(30_000) == "30,000 h (3.42 y)"
+
+
+def test_plan_of_a_mixture_of_experts_says_how_many_experts_a_gpu_holds(capsys):
+    """Mixtral 8x7B (8 routed experts, top 2) on 64 H100: the choice's ep splits the 8 experts; the reasons
+    say how many each GPU holds (8 / ep) and the exchange's exposed time; a dense model gets no such line."""
+    data = json.loads(run_ok(capsys, ["plan", "--model", "mixtral-8x7b", "--hardware", "h100-sxm", "--gpus", "64",
+                                      "--format", "json"]))
+    ep = data["rows"][0]["ep"]
+    line = next(s for s in data["reasons"] if s.startswith("Experts:"))
+    if ep > 1:
+        assert f"ep {ep} splits each MoE block's 8 routed experts {8 // ep} a GPU" in line and "top 2" in line
+    else:
+        assert "holds all 8 routed experts" in line
+    dense = json.loads(run_ok(capsys, ["plan", "--model", "d24", "--gpus", "8", "--format", "json"]))
+    assert not any(s.startswith("Experts:") for s in dense["reasons"])
