@@ -776,10 +776,11 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
     shapes = plan_shapes(req, free)
     from ddplan.calibrate.bench import gemm_shapes
 
+    n_shapes = len(gemm_shapes(spec_for_device(spec, device), list(shapes.micro_batches), shapes.seq_len))
+    plan_args = (n_shapes, step_program(req), compile_estimate_s(spec, step_program(req)), 1 if quick else GEMM_PASSES)
     _info(verdicts.calibrate_plan(spec, req, shapes, STAGES[:-1] if quick else STAGES,  # quick: one GEMM pass
-                                  len(gemm_shapes(spec_for_device(spec, device), list(shapes.micro_batches),
-                                                  shapes.seq_len)), step_program(req),
-                                  compile_estimate_s(spec, step_program(req)), 1 if quick else GEMM_PASSES))
+                                  *plan_args))
+    estimate_s = verdicts.calibrate_estimate_s(req, shapes, plan_args[0], *plan_args[2:])
     try:
         if console.is_terminal:
             with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
@@ -791,12 +792,16 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
 
                 cal, hw_used, held_out = run(req, progress, shapes)
         else:  # a log, a pipe: one line per benchmark with the elapsed time
-            cal, hw_used, held_out = run(req, _stage_lines(len(STAGES)), shapes)
+            cal, hw_used, held_out = run(req, _stage_lines(len(STAGES), estimate_s), shapes)
     except (Interrupted, KeyboardInterrupt) as e:
         kept = (f"{out} keeps what was measured and lists what was not" if Path(out).exists()
                 else "nothing was written yet")
         raise DdplanError(f"interrupted ({e or 'SIGINT'}); {kept}", field="calibrate") from None
-    rows = [{"figure": "peak GEMM", "value": cal.peak_gemm_tflops, "unit": "TFLOP/s"},
+    best = max(cal.gemm, key=lambda g: g.tflops, default=None)
+    rows = [{"figure": "peak GEMM (square sweep)", "value": cal.peak_gemm_tflops, "unit": "TFLOP/s"},
+            *([{"figure": f"best GEMM at the model's shapes ({best.m}x{best.n}x{best.k}"
+                          f"{', ' + best.label if best.label else ''})", "value": best.tflops, "unit": "TFLOP/s"}]
+              if best is not None else []),
             {"figure": "GEMM shapes measured", "value": len(cal.gemm), "unit": "shapes"},
             {"figure": "attention points", "value": len(cal.attention), "unit": "points"},
             {"figure": "HBM copy", "value": cal.hbm_tbyte_per_s, "unit": "TB/s"},
@@ -1118,8 +1123,10 @@ def _progress(command: str):
     return report
 
 
-def _stage_lines(total: int):
-    """Calibrate's progress where stderr is not a terminal: one line per benchmark, elapsed and a rough ETA."""
+def _stage_lines(total: int, estimate_s: float | None = None):
+    """Calibrate's progress where stderr is not a terminal: one line per benchmark, elapsed and a rough ETA
+    (the pre-run estimate less the time spent, since the stages are far from equal: the GEMMs take half;
+    without an estimate, the mean stage time so far)."""
     import time
 
     start, state = time.monotonic(), {"done": 0}
@@ -1127,7 +1134,11 @@ def _stage_lines(total: int):
     def report(msg: str) -> None:
         elapsed = time.monotonic() - start
         done = state["done"]
-        eta = f", about {elapsed / done * (total - done):.0f} s left" if done else ""
+        if estimate_s is not None and done:
+            left = estimate_s - elapsed
+            eta = (f", about {left:.0f} s left" if left >= 1 else f", past the {estimate_s:.0f} s estimated")
+        else:
+            eta = f", about {elapsed / done * (total - done):.0f} s left" if done else ""
         print(f"calibrate: {msg} ({done + 1}/{total}, {elapsed:.0f} s{eta})", file=sys.stderr, flush=True)
         state["done"] += 1
 
