@@ -298,8 +298,10 @@ def memory_cmd(
     headroom: float = HeadroomOpt,
     measured_peak: float = typer.Option(None, "--measured-peak", help="A measured peak in GB (1e9 bytes): say which "
                                         "attention and recompute setups it is consistent with."),
-    calibration: str = typer.Option(None, "--calibration", help="A calibration file: its measured peak memory for "
-                                    "this model (if any) is used as --measured-peak."),
+    calibration: str = typer.Option(None, "--calibration", help="A calibration file: its measured step of this model "
+                                    "(without --model, its first step) sets the GPUs, layout, micro-batch, window and "
+                                    "compile mode not given, and its peak memory (if any) is used as --measured-peak "
+                                    "when no flag moves the shape away from it."),
     plot: str = typer.Option(None, "--plot", help="Also write the memory per GPU, stacked by term (PNG or SVG)."),
     format: Format = FormatOpt,
     wide: bool = WideOpt,
@@ -338,17 +340,30 @@ def memory_cmd(
         from ddplan.offload import check_offload
 
         check_offload(spec, hw, tuple(stages))
-    measured_zero = None  # the ZeRO stage of the step whose peak is compared (the verdict's, unless --zero is one)
+    measured_zero, peak_note = None, None  # the ZeRO stage of the step whose peak is compared (the verdict's)
     if cal is not None and measured_peak is None:
         from ddplan.calibration import steps_for_model
 
-        peaked = [m for m in steps_for_model(cal, {spec.name, *spec.aliases}) if m.peak_memory_gb]
-        if peaked:  # its peak is for the shape it ran: price that shape, unless a flag says otherwise
-            measured_peak, measured_zero = peaked[0].peak_memory_gb, peaked[0].zero
-        if peaked and flags:
+        # the step the shape came from (no --model: the calibration's first), else this model's first with a peak
+        steps = cal.step_times[:1] if not flags else steps_for_model(cal, {spec.name, *spec.aliases})
+        peaked = [m for m in steps if m.peak_memory_gb]
+        if peaked and flags:  # its peak is for the shape it ran: price that shape, unless a flag says otherwise
             values = _as_measured(ctx, cal, peaked[0], **flags)
             gpus, tp, pp, vp, device_batch_size = (None if v is None else int(v) for v in values[:5])
             recompute, attention, window, compiled = values[5:]
+        if peaked:
+            m = peaked[0]
+            moved = [f"--{k.replace('_', '-')}" for k in ("gpus", "tp", "pp", "vp", "device_batch_size", "recompute",
+                                                         "attention", "window", "compiled", "seq_len", "dtype")
+                     if _given(ctx, k)]
+            if len(stages) == 1 and m.zero is not None and stages[0] != m.zero:
+                moved.append("--zero")
+            if moved:  # a peak says nothing of another shape
+                peak_note = (f"The calibration's measured peak ({m.peak_memory_gb:g} GB) is for the shape its step ran "
+                             f"({m.gpus} GPU(s), micro-batch {m.device_batch_size}, ZeRO-{m.zero if m.zero is not None else 'native'}); "
+                             f"{', '.join(moved).replace('--compiled', '--compile')} moved away from it, so it is not compared.")
+            else:
+                measured_peak, measured_zero = m.peak_memory_gb, m.zero
     _check_pattern(window, "--window")
     options = _options(sequence_parallel, False, tp, shard_group, reshard_after_forward,
                        overlap_param_gather, cp_comm, _etp(etp, spec), spec, fp8_all_gather, offload_optimizer)
@@ -374,6 +389,8 @@ def memory_cmd(
     matches = consistent_with(spec, hw, setup, measured_peak) if measured_peak else []
     if measured_peak:
         words.append(verdicts.peak_matches(measured_peak, matches, PEAK_TOLERANCE))
+    if peak_note:
+        words.append(peak_note)
     title = verdicts.memory_title(spec, hw, setup)
     if format is Format.json:
         import json
@@ -1123,16 +1140,17 @@ def _progress(command: str):
     return report
 
 
-def _stage_lines(total: int, estimate_s: float | None = None):
+def _stage_lines(total: int, estimate_s: float | None = None, clock=None):
     """Calibrate's progress where stderr is not a terminal: one line per benchmark, elapsed and a rough ETA
     (the pre-run estimate less the time spent, since the stages are far from equal: the GEMMs take half;
     without an estimate, the mean stage time so far)."""
     import time
 
-    start, state = time.monotonic(), {"done": 0}
+    clock = clock or time.monotonic
+    start, state = clock(), {"done": 0}
 
     def report(msg: str) -> None:
-        elapsed = time.monotonic() - start
+        elapsed = clock() - start
         done = state["done"]
         if estimate_s is not None and done:
             left = estimate_s - elapsed

@@ -65,6 +65,7 @@ class PlanResult:
     why_not: dict[str, str] = field(default_factory=dict)  # an example per rejection reason
     missed: list[tuple[str, float]] = field(default_factory=list)  # ("deadline", h) / ("budget", USD) not met
     memory_forces: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
+    ranked_by: str = "wall_clock_h"  # the column the rows are ranked by (and TIE applies to)
 
 
 def family(layout: Layout, native_zero: int) -> str:
@@ -269,6 +270,7 @@ def _search(req: PlanRequest, progress: Callable[[str, int, int], None]) -> Plan
         else:
             pool, key = ok, then
     ordered = [rows[i] for i in _rank(pool, key).index]
+    result.ranked_by = key
     front = pareto_front(ordered)
     # bands for what is shown: the top rows, the Pareto front and each family's best (what the plot draws)
     shown = {id(r) for r in ordered[:req.top]} | {id(r) for r in front} | {id(r) for r in best_per_family(ordered)}

@@ -54,8 +54,8 @@ def expert_lines(r: dict, spec: ModelSpec) -> list[str]:
         return [f"Experts: every GPU holds all {moe.num_experts} routed experts of each MoE block (no expert "
                 f"parallelism{rows}); top {moe.top_k} of them run for each token."]
     return [f"Experts: ep {ep} splits each MoE block's {moe.num_experts} routed experts {held} a GPU{rows}; each "
-            f"token's top {moe.top_k} reach theirs by all-to-all over the ep group, "
-            f"{1000 * r.get('ep_comm_s', 0.0):.0f} ms a step exposed."]
+            f"token's top {moe.top_k} reach theirs by all-to-all over the ep group (and gathers over tp where the "
+            f"experts split over it): {1000 * r.get('ep_comm_s', 0.0):.0f} ms a step exposed."]
 
 
 def zero3_lines(r: dict) -> list[str]:
@@ -229,7 +229,7 @@ def pareto_lines(result, limit: int = 8) -> list[str]:
             dc = by["cost_usd"] - top["cost_usd"]
             out.append(f"The choice is off the front: {describe(by)} takes {render.signed(by['wall_clock_h'] - top['wall_clock_h'])} h "
                        f"and {'-' if dc < 0 else '+'}${render.num(abs(dc), 2)} against it; within {100 * TIE:.0f}% of "
-                       f"each other, inside the model's error, ddplan keeps the simpler setup (the model's own, fewer "
+                       f"each other in {'time' if result.ranked_by == 'wall_clock_h' else 'cost'} (the ranking's), inside the model's error, ddplan keeps the simpler setup (the model's own, fewer "
                        f"parallel dimensions, no recompute).")
     return out
 

@@ -121,14 +121,18 @@ def read_yaml(path: Path) -> Any:
     return data
 
 
+KINDS = ("hardware", "model", "calibration", "runs")  # the files ddplan reads, by their `kind`
+
+
 def validate(schema: type[T], data: Any, source: str) -> T:
     """Validate data against a schema; the first error names the field path and what is allowed."""
     if not isinstance(data, dict):
         raise SpecError(f"expected a mapping of keys to values, got {type(data).__name__}", file=source)
     kind = getattr(schema, "model_fields", {}).get("kind")
     expected = typing.get_args(kind.annotation) if kind is not None else ()
-    if expected and isinstance(data.get("kind"), str) and data["kind"] not in expected:  # e.g. a model as --hardware
-        raise SpecError(f"this is a {data['kind']} file (kind: {data['kind']}), where a {expected[0]} spec "
+    given = data.get("kind")
+    if expected and given in KINDS and given not in expected:  # e.g. a model as --hardware (a typo: pydantic's words)
+        raise SpecError(f"this is a {given} file (kind: {given}), where a {expected[0]} spec "
                         f"(kind: {expected[0]}) is expected", file=source, field="kind")
     try:
         return schema.model_validate(data)

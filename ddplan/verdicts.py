@@ -172,15 +172,15 @@ def table_notes(table) -> list[str]:
     missed = [r for r in table.rows if not r.layout.shard_group]
     if group and missed:
         rule = "hybrid sharding needs ZeRO-3 and a shard group between 2 and half of dp x cp that divides it"
+        missed_zero3 = [r for r in missed if r.layout.zero == 3]  # other stages never take one: no news
         if len(missed) == len(table.rows):
             ranks = max(r.layout.grad_ranks for r in table.rows)
             out.append(f"--shard-group {group} applies to no row: {rule} (the largest dp x cp here is {ranks}); rows "
                        f"are priced without it")
-        else:
-            names = sorted({f"{r.layout.num_gpus} GPUs, ZeRO-{r.layout.zero}, dp x cp {r.layout.grad_ranks}" for r in missed})
+        elif missed_zero3:
+            gpus = sorted({r.layout.num_gpus for r in missed_zero3})
             out.append(f"--shard-group {group} applies to {len(table.rows) - len(missed)} of {len(table.rows)} rows: "
-                       f"{rule}; not to " + "; ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-                       + " (priced without it)")
+                       f"{rule}; not to the ZeRO-3 rows on {', '.join(f'{g:,}' for g in gpus)} GPUs (priced without it)")
     fit = table.fit
     if fit is not None and fit.dropped:
         ends = ", ".join(f"{s:g}" for s in fit.dropped)
@@ -198,8 +198,6 @@ def table_title(table) -> str:
              "the recipe's batch" if not given or given == spec.recipe.total_batch_tokens else
              "the measured step's batch" if table.fit is not None and given == table.fit.measurement.total_batch_tokens
              else "--total-batch-size")
-    if table.total_batch_tokens != (given or spec.recipe.total_batch_tokens):
-        whose += f" rounded up from {given or spec.recipe.total_batch_tokens:,} so dp divides it"
     plural = "" if table.request.gpus == (1,) else "s"
     return (f"{spec.name} on {hw.name}: decision table ({gpus} GPU{plural} in total; {table.steps:,} steps of "
             f"{table.total_batch_tokens:,} tokens, {whose}; sequence {spec.recipe.seq_len}, "

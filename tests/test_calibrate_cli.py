@@ -232,7 +232,10 @@ def test_memory_prices_the_shape_the_calibrated_peak_was_measured_at(tmp_path, c
     code, out, err = run(capsys, "memory", *model, "--calibration", str(cal), "--device-batch-size", "4",
                          "--format", "json")
     assert code == 0, err
-    assert "device batch 4 x 2048" in json.loads(out)["title"]
+    data = json.loads(out)
+    assert "device batch 4 x 2048" in data["title"]
+    verdict = " ".join(data["verdict"])  # a peak says nothing of another shape: not compared, and said so
+    assert "Measured 60 GB" not in verdict and "--device-batch-size moved away from it, so it is not compared" in verdict
 
 
 def test_the_table_title_says_whose_batch_it_prices(tmp_path, capsys):

@@ -249,6 +249,10 @@ def test_a_choice_off_the_pareto_front_is_said_and_the_layout_that_beats_it_name
     line = next(s for s in text.splitlines() if s.startswith("The choice is off the front"))
     assert f"ZeRO-{beaten[0]['zero']}" in line and "-$" in line
     assert "(the choice)" not in text and "(-0)" not in text and "(+0)" not in text
+    assert "in cost (the ranking's)" in line  # the tie is on the ranking's key (--objective cost)
+    on = run_ok(capsys, ["plan", "--model", "d24", "--gpus", "1-16"])  # the choice on the front: marked there
+    front = on.split("Pareto front (time vs cost):", 1)[1]
+    assert front.count("(the choice)") == 1 and "off the front" not in on
 
 
 def test_signed_differences_never_print_minus_zero():

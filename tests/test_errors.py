@@ -378,6 +378,16 @@ def test_a_spec_of_the_wrong_kind_says_so_first(capsys, flag, path, expected):
     assert code == 1 and f"{path}: kind: {expected}" in line, line
 
 
+def test_a_mistyped_kind_is_not_called_another_kind(tmp_path, capsys):
+    spec = yaml.safe_load((Path(__file__).resolve().parents[1] / "hardware" / "h100-sxm.yaml").read_text())
+    spec["kind"] = "hardwre"
+    path = tmp_path / "hw.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    code, _, err = run(capsys, "table", "--model", "d24", "--hardware", str(path))
+    line = one_error_line(err)
+    assert code == 1 and "kind:" in line and "'hardware'" in line and "this is a hardwre file" not in line, line
+
+
 def test_an_unknown_key_without_a_close_match_still_reads(tmp_path, capsys):
     spec = yaml.safe_load((Path(__file__).resolve().parents[1] / "hardware" / "h100-sxm.yaml").read_text())
     spec["zzzzzzzz"] = 1

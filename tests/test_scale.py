@@ -271,7 +271,7 @@ def test_a_shard_group_some_rows_cannot_take_is_said_with_the_rows(capsys):
     code, _, err = run(capsys, argv + ["--gpus", "8,64"])
     assert code == 0
     line = next(s for s in err.splitlines() if "--shard-group 8" in s)
-    assert "applies to 1 of 2 rows" in line and "not to 8 GPUs, ZeRO-3, dp x cp 8" in line
+    assert "applies to 1 of 2 rows" in line and "not to the ZeRO-3 rows on 8 GPUs" in line
     code, _, err = run(capsys, argv + ["--gpus", "8"])
     assert code == 0 and "--shard-group 8 applies to no row" in err
     code, _, err = run(capsys, argv + ["--gpus", "64"])
