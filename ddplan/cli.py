@@ -353,9 +353,12 @@ def memory_cmd(
             recompute, attention, window, compiled = values[5:]
         if peaked:
             m = peaked[0]
-            moved = [f"--{k.replace('_', '-')}" for k in ("gpus", "tp", "pp", "vp", "device_batch_size", "recompute",
-                                                         "attention", "window", "compiled", "seq_len", "dtype")
-                     if _given(ctx, k)]
+            ran = dict(gpus=m.gpus, tp=m.tp, pp=m.pp, vp=m.pp_virtual_stages, device_batch_size=m.device_batch_size,
+                       recompute=m.recompute, attention=m.attention, window=m.window_pattern, compiled=m.compiled,
+                       seq_len=cal.seq_len or m.seq_len, dtype=cal.dtype)
+            now = dict(gpus=gpus, tp=tp, pp=pp, vp=vp, device_batch_size=device_batch_size, recompute=recompute,
+                       attention=attention, window=window, compiled=compiled, seq_len=seq_len, dtype=dtype)
+            moved = [f"--{k.replace('_', '-')}" for k in ran if _given(ctx, k) and now[k] != ran[k]]
             if len(stages) == 1 and m.zero is not None and stages[0] != m.zero:
                 moved.append("--zero")
             if moved:  # a peak says nothing of another shape
