@@ -323,8 +323,7 @@ def memory_cmd(
                  attention=attention, window=window, compiled=compiled)
     if model is None:  # the run the calibration measured, as it ran
         model, *values = _calibrated_run(ctx, calibration, **flags, seq_len=seq_len)
-        gpus, tp, pp, vp, device_batch_size = (None if v is None else int(v) for v in values[:5])
-        recompute, attention, window, compiled, seq_len = values[5:]
+        gpus, tp, pp, vp, device_batch_size, recompute, attention, window, compiled, seq_len = _memory_run(values)
         flags = {}  # taken from the calibration's step already
     _check((gpus, "--gpus"), (tp, "--tp"), (pp, "--pp"), (vp, "--vp"), (cp, "--cp"), (ep, "--ep"),
            (device_batch_size, "--device-batch-size"),
@@ -348,17 +347,14 @@ def memory_cmd(
         steps = cal.step_times[:1] if not flags else steps_for_model(cal, {spec.name, *spec.aliases})
         peaked = [m for m in steps if m.peak_memory_gb]
         if peaked and flags:  # its peak is for the shape it ran: price that shape, unless a flag says otherwise
-            values = _as_measured(ctx, cal, peaked[0], **flags)
-            gpus, tp, pp, vp, device_batch_size = (None if v is None else int(v) for v in values[:5])
-            recompute, attention, window, compiled = values[5:]
+            gpus, tp, pp, vp, device_batch_size, recompute, attention, window, compiled = _memory_run(
+                _as_measured(ctx, cal, peaked[0], **flags))
         if peaked:
             m = peaked[0]
-            ran = dict(gpus=m.gpus, tp=m.tp, pp=m.pp, vp=m.pp_virtual_stages, device_batch_size=m.device_batch_size,
-                       recompute=m.recompute, attention=m.attention, window=m.window_pattern, compiled=m.compiled,
-                       seq_len=cal.seq_len or m.seq_len, dtype=cal.dtype)
+            ran = {**_step_values(cal, m), "dtype": cal.dtype}
             now = dict(gpus=gpus, tp=tp, pp=pp, vp=vp, device_batch_size=device_batch_size, recompute=recompute,
                        attention=attention, window=window, compiled=compiled, seq_len=seq_len, dtype=dtype)
-            moved = [f"--{k.replace('_', '-')}" for k in ran if _given(ctx, k) and now[k] != ran[k]]
+            moved = [f"--{k.replace('_', '-')}" for k in now if _given(ctx, k) and now[k] != ran[k]]
             if len(stages) == 1 and m.zero is not None and stages[0] != m.zero:
                 moved.append("--zero")
             if moved:  # a peak says nothing of another shape
@@ -440,14 +436,28 @@ def _given(ctx: typer.Context, name: str) -> bool:
     return getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"
 
 
+def _step_values(cal, m) -> dict:
+    """What the measured step m (a step of calibration cal) ran, by the name of the flag that sets it."""
+    return dict(gpus=m.gpus, tp=m.tp, pp=m.pp, vp=m.pp_virtual_stages, zero=m.zero,
+                device_batch_size=m.device_batch_size, total_batch_size=m.total_batch_tokens, recompute=m.recompute,
+                attention=m.attention, window=m.window_pattern, compiled=m.compiled, seq_len=cal.seq_len or m.seq_len)
+
+
+# flags that table takes as comma-separated lists (strings); memory turns them back with _memory_run
+_LISTED = ("gpus", "tp", "pp", "vp", "zero", "device_batch_size")
+
+
 def _as_measured(ctx: typer.Context, cal, m, **given) -> tuple:
     """The given flags' values, each left at its default taking the value of the measured step m (a step
     of calibration cal); a flag given on the command line wins."""
-    measured = dict(gpus=str(m.gpus), tp=str(m.tp), pp=str(m.pp), vp=str(m.pp_virtual_stages),
-                    zero=None if m.zero is None else str(m.zero), device_batch_size=str(m.device_batch_size),
-                    total_batch_size=m.total_batch_tokens, recompute=m.recompute, attention=m.attention,
-                    window=m.window_pattern, compiled=m.compiled, seq_len=cal.seq_len or m.seq_len)
+    measured = {k: (str(v) if k in _LISTED and v is not None else v) for k, v in _step_values(cal, m).items()}
     return tuple(v if _given(ctx, k) else measured[k] for k, v in given.items())
+
+
+def _memory_run(values: tuple) -> tuple:
+    """_as_measured's values of memory's flags in their order (gpus, tp, pp, vp, micro-batch, then the
+    rest): the first five as integers, as memory's options are."""
+    return (*(None if v is None else int(v) for v in values[:5]), *values[5:])
 
 
 class Knob(str, Enum):
@@ -775,8 +785,8 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
         raise UsageError("needs torch: pip install 'ddplan[calibrate]' (a CUDA or ROCm build on a GPU box)",
                          field="calibrate") from None
     from ddplan import verdicts
-    from ddplan.calibrate.runner import (GEMM_PASSES, STAGES, CalibrateRequest, Interrupted, check_step,
-                                         compile_estimate_s, plan_shapes, run, spec_for_device, step_program)
+    from ddplan.calibrate.runner import (GEMM_PASSES, CalibrateRequest, Interrupted, check_step, compile_estimate_s,
+                                         plan_shapes, run, spec_for_device, stages_for, step_program)
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -798,21 +808,21 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
 
     n_shapes = len(gemm_shapes(spec_for_device(spec, device), list(shapes.micro_batches), shapes.seq_len))
     plan_args = (n_shapes, step_program(req), compile_estimate_s(spec, step_program(req)), 1 if quick else GEMM_PASSES)
-    _info(verdicts.calibrate_plan(spec, req, shapes, STAGES[:-1] if quick else STAGES,  # quick: one GEMM pass
-                                  *plan_args))
+    stages = stages_for(quick)  # quick: one GEMM pass
+    _info(verdicts.calibrate_plan(spec, req, shapes, stages, *plan_args))
     estimate_s = verdicts.calibrate_estimate_s(req, shapes, plan_args[0], *plan_args[2:])
     try:
         if console.is_terminal:
             with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
                           transient=True) as bar:
-                task = bar.add_task("calibrate", total=len(STAGES))
+                task = bar.add_task("calibrate", total=len(stages))
 
                 def progress(msg: str) -> None:
                     bar.update(task, description=msg, advance=1)
 
                 cal, hw_used, held_out = run(req, progress, shapes)
         else:  # a log, a pipe: one line per benchmark with the elapsed time
-            cal, hw_used, held_out = run(req, _stage_lines(len(STAGES), estimate_s), shapes)
+            cal, hw_used, held_out = run(req, _stage_lines(len(stages), estimate_s), shapes)
     except (Interrupted, KeyboardInterrupt) as e:
         kept = (f"{out} keeps what was measured and lists what was not" if Path(out).exists()
                 else "nothing was written yet")
@@ -832,7 +842,8 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
     render.echo(render.table(rows, "table", title=f"calibration of {hw_used.name} -> {out}", digits=4))
     check = check_step(spec, hw_used, cal, held_out, device)
     if check:
-        render.echo(render.table(check, "table", title=verdicts.held_out_title(cal), digits=4))
+        render.echo(render.table(check, "table", title=verdicts.held_out_title(cal), digits=4,  # seconds to 0.1 ms
+                                 column_digits={"before_error_pct": 1, "after_error_pct": 1}))
     _info(verdicts.calibrate_summary(cal))
 
 

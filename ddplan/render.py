@@ -62,10 +62,12 @@ def spec_json(spec: Any, derived: list[tuple]) -> str:
                       indent=2)
 
 
-def table(rows: list[dict], fmt: str, title: str | None = None, digits: int = 2, width: int | None = None) -> str:
+def table(rows: list[dict], fmt: str, title: str | None = None, digits: int = 2, width: int | None = None,
+          column_digits: dict[str, int] | None = None) -> str:
     """Rows of dicts (same keys, units in the keys) as a rich table, markdown, csv or json.
 
-    csv and json carry full precision; table and markdown round floats to `digits` decimals.
+    csv and json carry full precision; table and markdown round floats to `digits` decimals (a column
+    named in column_digits to its own).
     """
     if not rows:
         return ""
@@ -81,7 +83,8 @@ def table(rows: list[dict], fmt: str, title: str | None = None, digits: int = 2,
         writer.writeheader()
         writer.writerows(rows)
         return buf.getvalue()
-    cells = [[_cell(r[c], digits) for c in columns] for r in rows]
+    places = {c: (column_digits or {}).get(c, digits) for c in columns}
+    cells = [[_cell(r[c], places[c]) for c in columns] for r in rows]
     if fmt == "markdown":
         lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
         lines += ["| " + " | ".join(row) + " |" for row in cells]

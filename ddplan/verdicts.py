@@ -123,19 +123,55 @@ FLAG_ORDER = ("implausible", "memory_vs_measured", "memory", "beyond_measured", 
 
 def _flagged(table) -> dict[str, list[str]]:
     """Each flag's words -> the rows it applies to, in table order."""
+    return {text: rows for text, (_, rows) in _flagged_by_family(table).items()}
+
+
+def _flagged_by_family(table) -> dict[str, tuple[tuple, list[str]]]:
+    """Each flag's words -> (its family: the kind, and for a batch change which change, whose words differ
+    only in their figures; the rows it applies to, in table order)."""
     native = NATIVE_ZERO[table.request.model.recipe.distribution]
-    rows: dict[str, list[str]] = {}
+    out: dict[str, tuple[tuple, list[str]]] = {}
     for p in table.rows:
         for f in p.flags:
-            rows.setdefault(flag_text(f), []).append(config_label(p, native))
-    return rows
+            family = (f.kind, dict(f.values).get("change"))
+            out.setdefault(flag_text(f), (family, []))[1].append(config_label(p, native))
+    return out
+
+
+# distinct warnings of one family shown in full on stderr; the rest become one line (every row's flags
+# are in --format json / csv)
+WARNINGS_PER_FAMILY = 3
 
 
 def grouped_row_warnings(table) -> list[str]:
     """The row warnings for people (stderr): each distinct flag once, counted over the rows it applies to:
-    'device batch 32 does not fit ...; using 16 (...) (x16: 8x h100-sxm, sdpa-math, SSSL and 15 more)'."""
-    return [f"{rows[0]}: {text}" if len(rows) == 1 else f"{text} (x{len(rows)}: {rows[0]} and {len(rows) - 1} more)"
-            for text, rows in _flagged(table).items()]
+    'device batch 32 does not fit ...; using 16 (...) (x16: 8x h100-sxm, sdpa-math, SSSL and 15 more)'.
+    Past WARNINGS_PER_FAMILY distinct warnings of one family (a batch rounded up differently at each of
+    twenty GPU counts), the rest (two or more) are one line naming how many, their rows and the last."""
+    flagged = _flagged_by_family(table)
+    count: dict[tuple, int] = {}
+    for family, _ in flagged.values():
+        count[family] = count.get(family, 0) + 1
+    lines: list = []
+    shown: dict[tuple, int] = {}
+    held: dict[tuple, list] = {}  # a family's warnings past the limit; its line stands where the first was
+    for text, (family, rows) in flagged.items():
+        shown[family] = shown.get(family, 0) + 1
+        if shown[family] <= WARNINGS_PER_FAMILY or count[family] == WARNINGS_PER_FAMILY + 1:  # one more: in full
+            lines.append(f"{rows[0]}: {text}" if len(rows) == 1
+                         else f"{text} (x{len(rows)}: {rows[0]} and {len(rows) - 1} more)")
+            continue
+        if family not in held:
+            held[family] = []
+            lines.append(family)  # its place, filled below
+        held[family].append((text, rows))
+    for i, line in enumerate(lines):
+        if isinstance(line, tuple):
+            rest = held[line]
+            rows = [r for _, group in rest for r in group]
+            lines[i] = (f"{len(rest)} more warnings of the kind above, on {len(rows)} rows ({rows[0]} to {rows[-1]}; "
+                        f"each row's flags are in --format json); the last: {rest[-1][0]}")
+    return lines
 
 
 def top_warning(table) -> str | None:

@@ -16,6 +16,7 @@ import pytest
 
 from ddplan import cli
 from ddplan.plan import TIE
+from ddplan.registry import load_model
 
 from cli_helpers import run, run_ok, fails, csv_rows, f, readable
 
@@ -265,15 +266,30 @@ def test_signed_differences_never_print_minus_zero():
 
 
 def test_plan_of_a_mixture_of_experts_says_how_many_experts_a_gpu_holds(capsys):
-    """Mixtral 8x7B (8 routed experts, top 2) on 64 H100: the choice's ep splits the 8 experts; the reasons
-    say how many each GPU holds (8 / ep) and the exchange's exposed time; a dense model gets no such line."""
+    """Mixtral 8x7B (8 routed experts, top 2) on 64 H100: the reasons carry an experts line (its words are
+    tested below, at fixed ep); a dense model gets none."""
     data = json.loads(run_ok(capsys, ["plan", "--model", "mixtral-8x7b", "--hardware", "h100-sxm", "--gpus", "64",
                                       "--format", "json"]))
-    ep = data["rows"][0]["ep"]
     line = next(s for s in data["reasons"] if s.startswith("Experts:"))
-    if ep > 1:
-        assert f"ep {ep} splits each MoE block's 8 routed experts {8 // ep} a GPU" in line and "top 2" in line
-    else:
-        assert "holds all 8 routed experts" in line
+    assert "8 routed experts" in line and "top 2" in line
     dense = json.loads(run_ok(capsys, ["plan", "--model", "d24", "--gpus", "8", "--format", "json"]))
     assert not any(s.startswith("Experts:") for s in dense["reasons"])
+
+
+def test_the_experts_line_at_fixed_ep():
+    """By hand: ep 4 over Mixtral's 8 experts is 2 a GPU; experts split over tp 2 say so; 12.3 ms a step of
+    exposed exchange prints as 12 ms; ep 1 holds all 8; a dense model has no line."""
+    from types import SimpleNamespace
+
+    from ddplan.reasons import expert_lines
+
+    spec = load_model("mixtral-8x7b")
+    priced = SimpleNamespace(layout=SimpleNamespace(expert_tp=2))
+    assert expert_lines({"ep": 4, "ep_comm_s": 0.0123, "_priced": priced}, spec) == [
+        "Experts: ep 4 splits each MoE block's 8 routed experts 2 a GPU, each split over 2 tensor-parallel GPUs; "
+        "each token's top 2 reach theirs by all-to-all over the ep group (and gathers over tp where the experts "
+        "split over it): 12 ms a step exposed."]
+    assert expert_lines({"ep": 1}, spec) == [
+        "Experts: every GPU holds all 8 routed experts of each MoE block (no expert parallelism); top 2 of them "
+        "run for each token."]
+    assert expert_lines({"ep": 1}, load_model("d24")) == []

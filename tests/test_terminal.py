@@ -122,3 +122,12 @@ def test_a_reader_that_stops_early_ends_the_run_as_it_ends_any_filter():
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == -signal.SIGPIPE
     assert "error" not in err
+
+
+def test_a_column_can_have_its_own_decimals():
+    """calibrate's held-out table: seconds to 4 decimals, percentages to 1; csv keeps full precision."""
+    rows = [{"term": "step", "measured_s": 0.712345, "after_error_pct": -3.14159}]
+    md = render.table(rows, "markdown", digits=4, column_digits={"after_error_pct": 1})
+    assert md.splitlines()[-1] == "| step | 0.7123 | -3.1 |"
+    assert render.table(rows, "csv", digits=4, column_digits={"after_error_pct": 1}).splitlines()[1] \
+        == "step,0.712345,-3.14159"

@@ -55,3 +55,20 @@ def test_the_verdict_names_the_most_important_warning_on_a_terminal(capsys, monk
 def test_no_flag_no_warning_line():
     assert verdicts.top_warning(build_table(TableRequest(model=load_model("gpt2"), hardware=load_hardware("h100-sxm"),
                                                          gpus=(8,), attentions=("sdpa-fused",)))) is None
+
+
+def test_many_warnings_of_one_kind_are_cut_to_three_and_a_count(capsys):
+    """d24's 512-sequence batch rounds up differently at each of 2^10 ... 2^19 GPUs (ten counts, six rows
+    each: 3 attentions x 2 windows): three shown in full, the other seven as one line counting 7 x 6 rows."""
+    code, _, err = run(capsys, ["table", "--model", "d24", "--gpus", "1024-524288", "--format", "csv"])
+    assert code == 0
+    lines = err.splitlines()
+    rounded = [line for line in lines if line.startswith("warning: the total batch of 512 sequences")]
+    assert [line.split("rounded up to ")[1].split(" ")[0] for line in rounded] == ["1,024", "2,048", "4,096"]
+    rest = [line for line in lines if "more warnings of the kind above" in line]
+    assert len(rest) == 1
+    assert rest[0].startswith("warning: 7 more warnings of the kind above, on 42 rows (8192x mi300x, ")
+    assert rest[0].endswith("the last: the total batch of 512 sequences does not split over the data-parallel ranks: "
+                            "rounded up to 524,288 (a token budget then takes fewer steps); device batch 1, not 32; "
+                            "far past the recipe's batch: beware the critical batch size (McCandlish et al. 2018)")
+    assert lines.index(rest[0]) == lines.index(rounded[-1]) + 1  # where the fourth would have been

@@ -306,6 +306,11 @@ STAGES = ("GEMMs at the model's shapes", "peak GEMM sweep", "attention", "HBM ba
 HELD_OUT_STAGE = STAGES.index("training step (held out)")
 
 
+def stages_for(quick: bool) -> tuple[str, ...]:
+    """The stages a run goes through: --quick times the GEMMs once, so it has no second pass."""
+    return STAGES[:-1] if quick else STAGES
+
+
 class Interrupted(Exception):
     """SIGTERM (or SIGINT) during a calibration: what was measured is kept, what was not is recorded."""
 
@@ -372,8 +377,8 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
         if req.quick:
             busy_check()
 
-    def gemms_again() -> None:  # after the held-out step: the rates span the step's minutes
-        if req.quick or not gemm_state:
+    def gemms_again() -> None:  # after the held-out step: the rates span the step's minutes (not with --quick)
+        if not gemm_state:
             return
         points, times, first_spread = gemm_state["points"], gemm_state["times"], gemm_state["first_spread"]
         measured = gemm_state["shapes"][:len(points)]  # a first pass that failed part-way: what it measured
@@ -537,11 +542,11 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
             if device == "cpu":  # recorded whether or not the held-out step runs
                 rec.data["provenance"]["host_memory"] = how
                 rec.flush()
-            for name, fn in zip(STAGES, fns):
+            for name, fn in zip(stages_for(req.quick), fns):
                 stage(name, fn)
                 done.append(name)
     except (Interrupted, KeyboardInterrupt) as e:
-        missing = [n for n in STAGES if n not in done]
+        missing = [n for n in stages_for(req.quick) if n not in done]
         rec.data.setdefault("failures", []).append(
             f"interrupted ({e or 'SIGINT'}) during {missing[0]}: not measured: {', '.join(missing)}")
         rec.flush()
