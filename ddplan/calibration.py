@@ -18,6 +18,10 @@ and `ddplan calibrate`'s output. YAML, `kind: calibration`, `version: 1`:
     step_program: {compiled_model: true, compiled_optimizer: true, first_step_s: 41.0,
                    asked: "compiled model, compiled optimizer",    # how calibrate's held-out step ran
                    page_faults_per_step: 0}                           # CPU only
+    held_out_error_pct: -4.1          # the held-out step, predicted from the benchmarks vs measured
+    machine_speed: {probe: "fp32 512x512x512 GEMM, median of 5", benchmarks_s: 0.0021, step_s: 0.0023,
+                    benchmark_probes: 31, step_probes: 7}    # the same kernel timed through the run
+    held_out_error_same_speed_pct: 5.0   # that error with the prediction at the step's speed
     failures: ["collectives: torch.distributed not initialised", ...]
 
 Attention TFLOP/s follow the hardware specs' convention (causal FLOPs of the processed window;
@@ -131,6 +135,24 @@ class StepProgram(Strict):
     page_faults_per_step: float | None = Field(default=None, ge=0)
 
 
+class MachineSpeed(Strict):
+    """A fixed probe kernel (ddplan.calibrate.bench.bench_probe_s) timed between the benchmarks and between
+    the held-out step's timed steps: how fast the machine ran while each was measured. On a shared machine
+    the two differ (this project's 2-core VM: up to 13% over minutes), and the held-out step's error then
+    holds the difference as well as the model's."""
+
+    probe: str = Field(min_length=3)  # e.g. "fp32 512x512x512 GEMM, median of 5"
+    benchmarks_s: float = Field(gt=0, le=1e4)  # the probe's median over the benchmarks (GEMM passes, stage starts)
+    step_s: float = Field(gt=0, le=1e4)  # its median between the held-out step's timed steps
+    benchmark_probes: int = Field(gt=0)
+    step_probes: int = Field(gt=0)
+
+    @property
+    def step_vs_benchmarks(self) -> float:
+        """How much slower (> 1) or faster the machine ran during the step than during the benchmarks."""
+        return self.step_s / self.benchmarks_s
+
+
 class CalibrationSpec(Strict):
     kind: Literal["calibration"]
     version: Literal[1] = 1
@@ -160,6 +182,10 @@ class CalibrationSpec(Strict):
     # the held-out step's error after calibration (predicted from the micro-benchmarks / measured - 1, %):
     # the model error that remains on this machine, which widens every calibrated band (ddplan.price)
     held_out_error_pct: float | None = Field(default=None, ge=-100, le=1e4)
+    machine_speed: MachineSpeed | None = None
+    # the same error with the prediction moved to the machine's speed during the step (x step_vs_benchmarks):
+    # what is left when the machine's drift is taken out, i.e. the model's own error; bands use the one above
+    held_out_error_same_speed_pct: float | None = Field(default=None, ge=-100, le=1e4)
     failures: list[str] = []
 
 

@@ -843,7 +843,7 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
     check = check_step(spec, hw_used, cal, held_out, device)
     if check:
         render.echo(render.table(check, "table", title=verdicts.held_out_title(cal), digits=4,  # seconds to 0.1 ms
-                                 column_digits={"before_error_pct": 1, "after_error_pct": 1}))
+                                 column_digits={k: 1 for k in check[0] if k.endswith("_pct")}))
     _info(verdicts.calibrate_summary(cal))
 
 

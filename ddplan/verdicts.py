@@ -568,7 +568,10 @@ def held_out_title(cal) -> str:
         model = "compiled" if ran.compiled_model else "eager"
         mode = (f" ({model} model, {'compiled' if ran.compiled_optimizer else 'eager'} optimizer; "
                 f"predicted {model})")
-    return f"held-out training step{mode}: measured vs predicted (before = hardware spec, after = micro-benchmarks)"
+    same = (f", same speed = after x {cal.machine_speed.step_vs_benchmarks:.3f}, the machine's speed during the step "
+            f"over its speed during the benchmarks" if cal.machine_speed is not None else "")
+    return (f"held-out training step{mode}: measured vs predicted (before = hardware spec, after = micro-benchmarks"
+            f"{same})")
 
 
 def calibrate_summary(cal) -> list[str]:
@@ -590,6 +593,17 @@ def calibrate_summary(cal) -> list[str]:
                       if (ran.compiled_model or ran.compiled_optimizer) and ran.first_step_s else "")
                    + "; the prediction it is compared with is priced "
                    + ("compiled" if ran.compiled_model else "eager"))
+    speed = cal.machine_speed
+    if speed is not None:
+        f = speed.step_vs_benchmarks
+        how = (f"{100 * (f - 1):.0f}% slower" if f > 1.005 else f"{100 * (1 - f):.0f}% faster" if f < 0.995
+               else "at the same speed")
+        out.append(f"calibrate: machine speed: the probe ({speed.probe}) took {1e3 * speed.step_s:.3g} ms between the "
+                   f"held-out step's timed steps against {1e3 * speed.benchmarks_s:.3g} ms over the benchmarks "
+                   f"(median of {speed.step_probes} and {speed.benchmark_probes}): the machine ran the step {how}"
+                   + (f"; the held-out error at the step's speed is {cal.held_out_error_same_speed_pct:+.3g}% "
+                      f"(as measured {cal.held_out_error_pct:+.3g}%; bands use the latter)"
+                      if cal.held_out_error_same_speed_pct is not None and cal.held_out_error_pct is not None else ""))
     host = cal.provenance.host_memory if cal.provenance else None
     if host:
         faults = (f"; {ran.page_faults_per_step:,.0f} minor page faults a timed step"

@@ -6,6 +6,7 @@ No timed assertions (only positive and finite); GPU-only backends must answer No
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 
@@ -150,6 +151,16 @@ def test_bench_train_step_cpu(make):
     assert (r["device_batch_size"], r["total_batch_tokens"], r["compiled"]) == (2, 2 * SEQ, False)
     # counted on CPU where there is getrusage (None on Windows)
     assert r["page_faults"] is None or (isinstance(r["page_faults"], (int, float)) and r["page_faults"] >= 0)
+
+
+def test_the_speed_probe_runs_between_timed_steps_only():
+    """between() runs once after each timed step (none after the warm-up), outside the step's time."""
+    calls = []
+    r = bench.bench_train_step(nanochat_tiny(), batch=1, seq_len=SEQ, device="cpu", dtype_policy="fp32", steps=3,
+                               warmup=1, between=lambda: calls.append(time.perf_counter()))
+    assert len(calls) == 3 and positive(r["step_time_s"])
+    assert positive(bench.bench_probe_s("cpu", dtype="fp32"))
+    assert bench.probe_words("cpu", "fp32") == "fp32 512x512x512 GEMM, median of 5"
 
 
 @pytest.mark.slow

@@ -449,3 +449,45 @@ def test_the_quick_estimate_is_near_the_measured_runs_it_comes_from():
         n = len(gemm_shapes(runner.spec_for_device(req.model, "cpu"), list(shapes.micro_batches), shapes.seq_len))
         estimate = calibrate_estimate_s(req, shapes, n, 0.0)
         assert estimate == pytest.approx(measured_s, rel=0.25), (name, n, estimate)
+
+
+def test_the_machine_speed_probe_moves_the_same_speed_prediction(tmp_path, monkeypatch):
+    """The probe takes 2.0 ms through the benchmarks and 2.4 ms between the held-out step's timed steps (the
+    machine 20% slower during the step): the file records both medians, and the same-speed error is the
+    after prediction x 1.2 against the measured step, by hand: (1.2 a - m) / m, with a and m from the table."""
+    during = {"step": False}
+
+    def fake_step(*a, between, **k):
+        during["step"] = True
+        for _ in range(3):
+            between()
+        during["step"] = False
+        return _fake_step(compiled=True)(*a, **k)
+
+    _stub_benchmarks(monkeypatch, bench_gemm_stats=lambda m, n, k, **kw: (0.1, 0.01), bench_train_step=fake_step,
+                     bench_probe_s=lambda *a, **k: 2.4e-3 if during["step"] else 2.0e-3)
+    req = CalibrateRequest(model=load_model("d2"), hardware=None, device="cpu", out=tmp_path / "c.yaml", quick=True,
+                           seq_len=64, step_batch=1, micro_batches=(1,), compile_step=True)
+    cal, hw, held_out = run(req)
+    speed = load_calibration(tmp_path / "c.yaml").machine_speed
+    assert (speed.benchmarks_s, speed.step_s, speed.step_probes) == (2.0e-3, 2.4e-3, 3)
+    assert speed.benchmark_probes >= 9  # each stage's start but the step's, and every 4th GEMM shape
+    assert speed.step_vs_benchmarks == pytest.approx(1.2)
+    step = next(r for r in runner.check_step(req.model, hw, cal, held_out, "cpu") if r["term"] == "step")
+    assert step["same_speed_s"] == pytest.approx(1.2 * step["after_s"])
+    assert cal.held_out_error_same_speed_pct == pytest.approx(100 * (1.2 * step["after_s"] - 0.05) / 0.05, rel=1e-3)
+    assert cal.held_out_error_pct == pytest.approx(100 * (step["after_s"] - 0.05) / 0.05, rel=1e-3)
+    from ddplan.verdicts import calibrate_summary, held_out_title
+
+    line = next(s for s in calibrate_summary(cal) if "machine speed" in s)
+    assert "took 2.4 ms between the held-out step's timed steps against 2 ms" in line and "20% slower" in line
+    assert "same speed = after x 1.200" in held_out_title(cal)
+
+
+def test_no_step_no_machine_speed(tmp_path, monkeypatch):
+    """Without a held-out step there is nothing to compare the benchmarks' speed with: no machine_speed."""
+    _stub_benchmarks(monkeypatch, bench_gemm_stats=lambda m, n, k, **kw: (0.1, 0.01))
+    req = CalibrateRequest(model=load_model("d2"), hardware=None, device="cpu", out=tmp_path / "c.yaml", quick=True,
+                           seq_len=64, step_batch=1, micro_batches=(1,))
+    cal, _, _ = run(req)
+    assert cal.machine_speed is None and cal.held_out_error_same_speed_pct is None

@@ -477,6 +477,39 @@ def bench_kernel_overhead_us(device="cuda", *, quick: bool = False) -> float:
     return time_s(lambda: x.add_(1.0), d, min_run_time=_min_run_time(quick)) * 1e6
 
 
+# The machine-speed probe: one fixed GEMM, timed between the benchmarks and between the held-out step's
+# timed steps. On this project's 2-core VM the speed drifts over minutes: alternating a compiled d4 step
+# (fp32, T 256, micro-batch 4) with a 1024^3 fp32 GEMM for 150 s (2026-12-02), the step's 15 s medians
+# ranged 0.936-1.105 s (18%) and the probe's 14.2-16.0 ms (13%), correlated 0.61 step by step; the
+# step / probe ratio ranged 8%. So the probe says how much of a held-out error is the machine's speed.
+PROBE_SHAPE = {"cpu": 512, "cuda": 4096}  # a square GEMM: ~2 ms on 2 CPU cores (fp32), ~0.2 ms on an H100 (bf16)
+PROBE_REPEATS = 5
+
+
+def probe_words(device: str, dtype: str) -> str:
+    n = PROBE_SHAPE["cpu" if torch.device(device).type == "cpu" else "cuda"]
+    return f"{dtype} {n}x{n}x{n} GEMM, median of {PROBE_REPEATS}"
+
+
+def bench_probe_s(device="cuda", *, dtype: str = "bf16") -> float:
+    """Seconds of the machine-speed probe (probe_words): a fixed square GEMM, the median of PROBE_REPEATS
+    timed runs after one untimed. Cheap (about 15 ms on CPU), so it can run between any two benchmarks."""
+    d = _device(device)
+    n = PROBE_SHAPE["cpu" if d.type == "cpu" else "cuda"]
+    a = torch.randn(n, n, device=d, dtype=_torch_dtype(dtype))
+    b = torch.randn(n, n, device=d, dtype=_torch_dtype(dtype))
+    out = torch.empty(n, n, device=d, dtype=a.dtype)
+    times = []
+    for i in range(PROBE_REPEATS + 1):
+        _sync(d)
+        t0 = time.perf_counter()
+        torch.mm(a, b, out=out)
+        _sync(d)
+        if i:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 # --------------------------------------------------------------------------------------------
 # One training step
 
@@ -506,7 +539,7 @@ class _Marks:
 def bench_train_step(spec: ModelSpec, *, batch: int, seq_len: int | None = None, attention: str = "sdpa-fused",
                      device="cuda", dtype_policy: str = "spec", steps: int = 5, warmup: int = 2,
                      recompute: str = "none", seed: int = 0, compile_model: bool = False,
-                     compile_optimizer: bool = False) -> dict:
+                     compile_optimizer: bool = False, between: Callable[[], None] | None = None) -> dict:
     """One real training step of the reference model: forward, backward, the spec's optimizer.
 
     compile_model: the model torch.compile'd with dynamic=False, as nanochat's base_train.py does;
@@ -520,7 +553,8 @@ def bench_train_step(spec: ModelSpec, *, batch: int, seq_len: int | None = None,
     accumulation, compiled = the model ran compiled), compiled_optimizer, first_step_s (the first warm-up
     step, compilation included), page_faults (on CPU: the median of the timed steps' minor page faults,
     ddplan.calibrate.allocator; None on a GPU) and compile_notes (why a part ran eager). If it does not fit:
-    {"skipped": "does not fit: <message>"}.
+    {"skipped": "does not fit: <message>"}. between: called after each timed step, outside its time (the
+    machine-speed probe).
     """
     if batch <= 0 or steps <= 0 or warmup < 0:
         raise ValueError(f"need batch > 0, steps > 0, warmup >= 0; got {batch}, {steps}, {warmup}")
@@ -530,7 +564,7 @@ def bench_train_step(spec: ModelSpec, *, batch: int, seq_len: int | None = None,
     try:
         with torch.cuda.device(d) if d.type == "cuda" else contextlib.nullcontext(), _compile_limits():
             result = _train_step(spec, batch, s, attention, d, dtype_policy, steps, warmup, recompute, seed,
-                                 compile_model, compile_optimizer)
+                                 compile_model, compile_optimizer, between)
     except (torch.cuda.OutOfMemoryError, MemoryError, RuntimeError) as e:
         if not _out_of_memory(e):
             raise
@@ -594,7 +628,7 @@ def _first_step(model, run_model, optimizer, spec, idx, targets, notes: list[str
 
 
 def _train_step(spec, batch, seq_len, attention, d, dtype_policy, steps, warmup, recompute, seed,
-                compile_model, compile_optimizer) -> dict:
+                compile_model, compile_optimizer, between=None) -> dict:
     torch.manual_seed(seed)
     gpu = d.type == "cuda"
     if gpu:
@@ -643,6 +677,8 @@ def _train_step(spec, batch, seq_len, attention, d, dtype_policy, steps, warmup,
             phases.append(marks.intervals_s())
             if faults0 is not None and not gpu:  # a GPU step's host faults are not its time
                 faults.append(minor_faults() - faults0)
+            if between is not None:
+                between()
     _sync(d)
     peak = torch.cuda.max_memory_allocated(d) if gpu else None
     return {

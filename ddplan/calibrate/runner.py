@@ -15,6 +15,7 @@ import datetime as dt
 import os
 import re
 import signal
+import statistics
 import tempfile
 import threading
 import traceback
@@ -212,6 +213,10 @@ REUSE_PEAK_FACTOR = 1.5
 # The passes after the first run after the held-out step, so the GEMM rates and the step it is graded against
 # span the same minutes of the machine's state (drift between them is model error on nobody's part).
 GEMM_PASSES = 2
+# the machine-speed probe (bench.bench_probe_s, ~15 ms on CPU) runs at each stage's start and before every
+# PROBE_EVERY-th GEMM shape of each pass (the GEMMs are most of a CPU prediction), and after each of the
+# held-out step's timed steps: under a second in a run of 1-4 minutes
+PROBE_EVERY = 4
 
 
 def shape_count(label: str) -> int:
@@ -345,12 +350,23 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
         rec.data.setdefault("failures", []).append(text)
         rec.flush()
 
+    probes: dict[str, list[float]] = {"benchmarks": [], "step": []}  # the machine-speed probe's times
+
+    def probe(during: str) -> None:
+        try:
+            probes[during].append(bench.bench_probe_s(device, dtype=gemm_dtype))
+        except (KeyboardInterrupt, Interrupted):
+            raise
+        except Exception:  # the probe is a check on the others: without it they stand as measured
+            pass
+
     def stage(name: str, fn: Callable[[], None]) -> None:
         if name == STAGES[HELD_OUT_STAGE] and (program.model or program.optimizer) and not shapes.skip_step:
             progress(f"{name}: {program.words()}; torch.compile first, up to about "
                      f"{compile_estimate_s(spec, program):.0f} s (not timed)")
         else:
             progress(name)
+            probe("benchmarks")
         try:
             fn()
         except (KeyboardInterrupt, Interrupted):
@@ -366,7 +382,9 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
         points, times, first_spread = [], [], []
         shapes_ = bench.gemm_shapes(spec, list(batches), seq)
         gemm_state.update(points=points, times=times, first_spread=first_spread, shapes=shapes_)
-        for m, n, k, label in shapes_:
+        for i, (m, n, k, label) in enumerate(shapes_):
+            if i % PROBE_EVERY == PROBE_EVERY - 1:  # the GEMMs are most of the prediction: sample their minutes
+                probe("benchmarks")
             tflops, spread = bench.bench_gemm_stats(m, n, k, dtype=gemm_dtype, device=device, quick=req.quick,
                                                     role=bench.gemm_role(label))
             points.append({"m": m, "n": n, "k": k, "dtype": gemm_dtype, "tflops": sig(tflops),
@@ -384,6 +402,8 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
         measured = gemm_state["shapes"][:len(points)]  # a first pass that failed part-way: what it measured
         for _ in range(1, GEMM_PASSES):  # again, later and in a new allocation
             for i, (m, n, k, label) in enumerate(measured):
+                if i % PROBE_EVERY == PROBE_EVERY - 1:
+                    probe("benchmarks")
                 tflops, _spread = bench.bench_gemm_stats(m, n, k, dtype=gemm_dtype, device=device,
                                                          role=bench.gemm_role(label))
                 times[i].append(2.0 * m * n * k / (tflops * 1e12))
@@ -506,7 +526,8 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
         attention_name = (hw.default_attention if hw else "sdpa-fused")
         res = bench.bench_train_step(spec, batch=mb0, seq_len=seq, attention=_ref_attention(attention_name),
                                      device=device, dtype_policy=dtype_policy, steps=2 if req.quick else 7,
-                                     compile_model=program.model, compile_optimizer=program.optimizer)
+                                     compile_model=program.model, compile_optimizer=program.optimizer,
+                                     between=lambda: probe("step"))
         held_out.update(res, attention=attention_name, batch=mb0, seq_len=seq)
         if "skipped" in res:
             note(f"training step: {res['skipped']}")
@@ -556,11 +577,18 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
     finally:
         for sig_, handler in previous.items():
             signal.signal(sig_, handler)
+    if probes["benchmarks"] and probes["step"]:
+        rec.set("machine_speed", {"probe": bench.probe_words(device, gemm_dtype),
+                                  "benchmarks_s": sig(statistics.median(probes["benchmarks"])),
+                                  "step_s": sig(statistics.median(probes["step"])),
+                                  "benchmark_probes": len(probes["benchmarks"]), "step_probes": len(probes["step"])})
     cal = CalibrationSpec.model_validate(rec.data)
     hw = hw or _hardware_for(cal, device, hw_name, prov, rec)
     for row in check_step(spec, hw, CalibrationSpec.model_validate(rec.data), held_out, device):
         if row["term"] == "step":
             rec.set("held_out_error_pct", sig(row["after_error_pct"], 3))
+            if "same_speed_error_pct" in row:
+                rec.set("held_out_error_same_speed_pct", sig(row["same_speed_error_pct"], 3))
     return CalibrationSpec.model_validate(rec.data), hw, held_out
 
 
@@ -640,7 +668,9 @@ def check_step(spec: ModelSpec, hw: HardwareSpec, cal: CalibrationSpec, held_out
     ddplan.anatomy and ddplan.roofline), so a compiled step is compared with a compiled prediction.
     Before: the hardware spec's assumptions. After: the calibration's micro-benchmarks (GEMMs at the
     model's shapes, attention, HBM, launch overhead) with the step time itself left out of the fit.
-    Both are ddplan.price.Pricer's step, the one every planning command uses.
+    Both are ddplan.price.Pricer's step, the one every planning command uses. Where the calibration timed
+    the machine-speed probe (cal.machine_speed), "same speed" is the after prediction times how much slower
+    the probe ran during the step than during the benchmarks: the error with the machine's drift taken out.
     """
     from ddplan.layout import NATIVE_ZERO, Layout
     from ddplan.price import Pricer, RunPlan
@@ -657,6 +687,7 @@ def check_step(spec: ModelSpec, hw: HardwareSpec, cal: CalibrationSpec, held_out
     window = run_spec.architecture.window_pattern
     before = Pricer(run_spec, hw, plan).step(layout, window)
     after = Pricer(run_spec, hw, plan, after_cal).step(layout, window)
+    speed = cal.machine_speed.step_vs_benchmarks if cal.machine_speed is not None else None
     rows = []
     for term, key, pick in (("forward", "fwd_s", lambda st: st.fwd_s), ("backward", "bwd_s", lambda st: st.bwd_s),
                             ("optimizer", "optimizer_s", lambda st: st.optimizer_s),
@@ -665,9 +696,12 @@ def check_step(spec: ModelSpec, hw: HardwareSpec, cal: CalibrationSpec, held_out
         if not measured:
             continue
         b, a = pick(before), pick(after)
-        rows.append({"term": term, "measured_s": measured, "before_s": b,
-                     "before_error_pct": 100 * (b - measured) / measured, "after_s": a,
-                     "after_error_pct": 100 * (a - measured) / measured})
+        row = {"term": term, "measured_s": measured, "before_s": b,
+               "before_error_pct": 100 * (b - measured) / measured, "after_s": a,
+               "after_error_pct": 100 * (a - measured) / measured}
+        if speed is not None:  # the benchmarks' prediction at the speed the machine ran the step at
+            row.update(same_speed_s=a * speed, same_speed_error_pct=100 * (a * speed - measured) / measured)
+        rows.append(row)
     return rows
 
 
