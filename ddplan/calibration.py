@@ -184,7 +184,8 @@ class CalibrationSpec(Strict):
     held_out_error_pct: float | None = Field(default=None, ge=-100, le=1e4)
     machine_speed: MachineSpeed | None = None
     # the same error with the prediction moved to the machine's speed during the step (x step_vs_benchmarks):
-    # what is left when the machine's drift is taken out, i.e. the model's own error; bands use the one above
+    # a diagnostic of how much of the error is the machine's drift as the probe sees it (on this project's VM
+    # it was no smaller than the error as measured: README, Calibrate); bands use the one above
     held_out_error_same_speed_pct: float | None = Field(default=None, ge=-100, le=1e4)
     failures: list[str] = []
 
