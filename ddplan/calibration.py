@@ -138,7 +138,7 @@ class StepProgram(Strict):
 class MachineSpeed(Strict):
     """A fixed probe kernel (ddplan.calibrate.bench.bench_probe_s) timed between the benchmarks and between
     the held-out step's timed steps: how fast the machine ran while each was measured. On a shared machine
-    the two differ (this project's 2-core VM: up to 13% over minutes), and the held-out step's error then
+    the two differ (this project's 2-core VM: the probe moved -7% to +15% between them in round 9, README), and the held-out step's error then
     holds the difference as well as the model's."""
 
     probe: str = Field(min_length=3)  # e.g. "fp32 512x512x512 GEMM, median of 5"

@@ -366,6 +366,7 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
                      f"{compile_estimate_s(spec, program):.0f} s (not timed)")
         else:
             progress(name)
+        if name != STAGES[HELD_OUT_STAGE]:  # the step takes its own probes, between its timed steps
             probe("benchmarks")
         try:
             fn()
@@ -670,8 +671,8 @@ def check_step(spec: ModelSpec, hw: HardwareSpec, cal: CalibrationSpec, held_out
     model's shapes, attention, HBM, launch overhead) with the step time itself left out of the fit.
     Both are ddplan.price.Pricer's step, the one every planning command uses. Where the calibration timed
     the machine-speed probe (cal.machine_speed), "same speed" is the after prediction times how much slower
-    the probe ran during the step than during the benchmarks: the error with the machine's drift taken out.
-    """
+    the probe ran during the step than during the benchmarks: a diagnostic of the machine's drift as that
+    one kernel sees it (on this project's VM it did not shrink the error: README, Calibrate)."""
     from ddplan.layout import NATIVE_ZERO, Layout
     from ddplan.price import Pricer, RunPlan
     from ddplan.specs import run_variant
