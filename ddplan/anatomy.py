@@ -86,6 +86,10 @@ class Op:
     tp_done: bool = False  # already one tensor-parallel rank's share (whole experts on 1 / tp of the rows)
     weight_group: str | None = None  # a GEMM's weight: its parameter group and elements (all experts of a
     weight_elements: float = 0.0  # grouped GEMM), before any parallel split
+    # the step waits for the busiest rank: its time of this op over the mean rank's, which the op's shape,
+    # FLOPs, bytes and saves describe (a routed expert's under dropless expert parallelism: MoE.imbalance;
+    # the memory peak stays the mean's, as the busiest rank differs from layer to layer)
+    wait: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -565,7 +569,10 @@ def _moe(bld: _Builder, i: int) -> None:
     when a capacity factor is set); un-permute and sum the copies weighted by their routing
     probabilities; shared experts as a dense MLP beside them. One expert-parallel rank holds
     num_experts / ep experts and, routing balanced, computes as many rows as its own tokens send out,
-    so EP changes the rows per expert (and the weights read), not the FLOPs. The all-to-alls that move
+    so EP changes the rows per expert (and the weights read), not the FLOPs. Dropless routing over ep > 1
+    ranks is not balanced, and every rank waits for the busiest at the next all-to-all: the experts' ops
+    (on the rows received; permute and combine run on each rank's own tokens) take MoE.imbalance times
+    their mean time (Op.wait), and the all-to-alls carry the busiest rank's rows (ddplan.step). The all-to-alls that move
     the rows between ranks are priced in ddplan.step (comm.moe_all_to_all_s).
     Ref: Megatron-Core megatron/core/transformer/moe (router.py TopKRouter, token_dispatcher.py
     MoEAlltoAllTokenDispatcher, experts.py GroupedMLP); Fedus et al., arXiv 2101.03961, sec. 2.2."""
@@ -584,8 +591,9 @@ def _moe(bld: _Builder, i: int) -> None:
     first = len(bld.ops)
     _mlp(bld, i, f"{p}.experts", moe.expert_hidden_dim, f"{p}.moe.permuted", "experts", rows=rows / bld.expert_rows,
          experts=max(1, experts // bld.ep), x_tag="keep")
-    if bld.expert_rows > 1:  # whole experts on this tp rank's own rows: already its share
-        bld.ops[first:] = [_with(op, tp_done=True) for op in bld.ops[first:]]
+    wait = moe.imbalance(bld.ep)
+    if bld.expert_rows > 1 or wait != 1:  # whole experts on this tp rank's own rows: already its share
+        bld.ops[first:] = [_with(op, tp_done=op.tp_done or bld.expert_rows > 1, wait=wait) for op in bld.ops[first:]]
     # un-permute and combine: y = sum over k of prob_k x expert_out_k; saves the expert outputs and the
     # routing weights, cast to the compute dtype
     bld.pointwise(f"{p}.moe.combine", i, rows * c, reads=2, flops_per_element=2.0,

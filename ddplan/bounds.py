@@ -24,6 +24,7 @@ RANGES: dict[str, tuple[float, float, str]] = {
     "--shard-group": (2, 1_000_000, "data-parallel ranks a ZeRO-3 shard spans"),
     "--cp": (1, 1024, "context-parallel degree"),
     "--ep": (1, 4096, "expert-parallel degree"),
+    "--moe-imbalance": (1, 64, "busiest expert-parallel rank's routed rows over the mean"),
     "--device-batch-size": (1, 65_536, "sequences per GPU per micro-batch"),
     "--micro-batches": (1, 65_536, "sequences"),
     "--total-batch-size": (1, 10**12, "tokens per step"),

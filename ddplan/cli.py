@@ -71,6 +71,11 @@ DtypeOpt = typer.Option(None, "--dtype", help="Compute dtype: bf16, fp16 or fp32
 GradsOpt = typer.Option(None, "--grads", help="Gradient dtype: param (each parameter's own, e.g. bf16 gradients "
                         "reduced in bf16, Megatron's --grad-reduce-in-bf16) or fp32 (fp32 gradients, Megatron's "
                         "default); default: the model spec's.")
+MoeImbalanceOpt = typer.Option(None, "--moe-imbalance", help="Mixture of experts, dropless routing under expert "
+                               "parallelism: the busiest expert-parallel rank's routed rows over the mean, which "
+                               "the step waits for (1: forced balance, Megatron-Core "
+                               "--moe-router-force-load-balancing); default the model's, else 1.52 (fitted: "
+                               "validation/moe_routing.yaml).")
 HeadroomOpt = typer.Option(0.05, "--headroom", help="Fraction of usable memory a layout must leave free.")
 SequenceParallelOpt = typer.Option(False, "--sequence-parallel", help="Megatron sequence parallelism on layouts with "
                                    "tp: norms and saved activations split over tp too.")
@@ -105,7 +110,7 @@ OffloadOpt = typer.Option(False, "--offload-optimizer", help="ZeRO-1/2/3: optimi
 
 
 def _inputs(model: str, hardware: str | None, calibration: str | None, seq_len: int | None, dtype: str | None,
-            check_hardware: bool = True, grads: str | None = None):
+            check_hardware: bool = True, grads: str | None = None, moe_imbalance: float | None = None):
     """(model spec, hardware spec, calibration or None). A calibration file supplies what is not given:
     its hardware (the spec it carries, or the built-in it names) and, when it measured this model, its
     sequence length and compute dtype."""
@@ -130,11 +135,11 @@ def _inputs(model: str, hardware: str | None, calibration: str | None, seq_len: 
         dtype = dtype if dtype is not None else cal.dtype
         if (seq_len, dtype) != given:
             try:
-                return _variant(spec, seq_len, dtype, grads), hw, cal
+                return _variant(spec, seq_len, dtype, grads, moe_imbalance), hw, cal
             except DdplanError as e:
                 raise SpecError(f"its sequence length or dtype does not fit {spec.name}: {e.message}",
                                 file=calibration) from None
-    return _variant(spec, seq_len, dtype, grads), hw, cal
+    return _variant(spec, seq_len, dtype, grads, moe_imbalance), hw, cal
 
 
 def _check_calibration_hardware(cal, hws) -> None:
@@ -156,12 +161,19 @@ def _check(*pairs: tuple[int | float | None, str]) -> None:
         bounds.check(flag, value)
 
 
-def _variant(spec, seq_len: int | None, dtype: str | None, grads: str | None = None):
-    """The model at the run's sequence length, compute dtype and gradient dtype (ddplan.specs.run_variant)."""
+def _variant(spec, seq_len: int | None, dtype: str | None, grads: str | None = None,
+             moe_imbalance: float | None = None):
+    """The model at the run's sequence length, compute dtype, gradient dtype and MoE load imbalance
+    (ddplan.specs.run_variant)."""
     from ddplan.errors import UsageError
     from ddplan.specs import run_variant
 
-    _check((seq_len, "--seq-len"))
+    _check((seq_len, "--seq-len"), (moe_imbalance, "--moe-imbalance"))
+    if moe_imbalance is not None:
+        try:
+            spec = run_variant(spec, load_imbalance=moe_imbalance)
+        except ValueError as e:
+            raise UsageError(str(e), field="--moe-imbalance") from None
     if dtype is not None and dtype not in ("bf16", "fp16", "fp32"):
         raise UsageError(f"must be bf16, fp16 or fp32, got {dtype!r}", field="--dtype")
     if grads is not None and grads not in ("param", "fp32"):
@@ -280,6 +292,7 @@ def memory_cmd(
     seq_len: int = SeqLenOpt,
     dtype: str = DtypeOpt,
     grads: str = GradsOpt,
+    moe_imbalance: float = MoeImbalanceOpt,
     attention: str = typer.Option(None, "--attention", help="Attention implementation (default: the hardware's "
                                   "default; see `ddplan specs show HARDWARE`)."),
     recompute: str = typer.Option("none", "--recompute", help="Activation recompute: none, selective or full."),
@@ -329,7 +342,7 @@ def memory_cmd(
            (device_batch_size, "--device-batch-size"),
            (measured_peak, "--measured-peak"), (headroom, "--headroom"))
     stages = _int_list(zero, "--zero", allowed=(0, 1, 2, 3))
-    spec, hw, cal = _inputs(model, hardware, calibration, seq_len, dtype, grads=grads)
+    spec, hw, cal = _inputs(model, hardware, calibration, seq_len, dtype, grads=grads, moe_imbalance=moe_imbalance)
     if fp8_all_gather:
         from ddplan.table import check_fp8, check_fp8_options
 
@@ -498,6 +511,7 @@ def table_cmd(
     seq_len: int = SeqLenOpt,
     dtype: str = DtypeOpt,
     grads: str = GradsOpt,
+    moe_imbalance: float = MoeImbalanceOpt,
     price: float = typer.Option(None, "--price", help="USD per GPU-hour (default: the hardware spec's first price)."),
     steps: int = typer.Option(None, "--steps", help="Optimizer steps (overrides the recipe's budget)."),
     tokens: float = typer.Option(None, "--tokens", help="Training tokens (overrides the recipe's budget)."),
@@ -595,7 +609,7 @@ def table_cmd(
     if len(given) > 1:
         raise UsageError(f"give at most one of --steps, --tokens, --param-data-ratio (got {', '.join(given)})",
                          field=given[1])
-    spec, hw, cal = _inputs(model, hardware, calibration, seq_len, dtype, grads=grads)
+    spec, hw, cal = _inputs(model, hardware, calibration, seq_len, dtype, grads=grads, moe_imbalance=moe_imbalance)
     options = _options(sequence_parallel, tp_comm_overlap, max(tps), shard_group,
                        reshard_after_forward, overlap_param_gather, cp_comm, _etp(etp, spec), spec, fp8_all_gather,
                        offload_optimizer)
@@ -869,6 +883,7 @@ def plan_cmd(
     seq_len: int = SeqLenOpt,
     dtype: str = DtypeOpt,
     grads: str = GradsOpt,
+    moe_imbalance: float = MoeImbalanceOpt,
     sequence_parallel: bool = SequenceParallelOpt,
     tp_comm_overlap: bool = TpOverlapOpt,
     shard_group: int = ShardGroupOpt,
@@ -918,7 +933,7 @@ def plan_cmd(
     gpu_list = tuple(_int_list(gpus, "--gpus", ranges=True))
     # several hardware: the calibration applies to the one it names (ddplan.plan.pricer_for), in any order
     spec, hw0, cal = _inputs(model, names[0] if names else None, calibration, seq_len, dtype, check_hardware=False,
-                             grads=grads)
+                             grads=grads, moe_imbalance=moe_imbalance)
     hws = (hw0, *(load_hardware(h) for h in names[1:]))
     _check_calibration_hardware(cal, hws)
     price_spec = None if price is None else Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price",

@@ -510,12 +510,14 @@ def cp_all_gather_s(kv_block_bytes: float, cp: int, timer: Timer) -> tuple[float
 
 
 def moe_rows_bytes(tokens: float, top_k: int, d_model: int, elem_bytes: float,
-                   capacity_factor: float | None = None) -> float:
-    """Bytes of one rank's routed rows, the buffer each MoE all-to-all carries: tokens x top_k (x the
-    capacity factor, when experts are padded to capacity) x d_model x elem_bytes.
-    e.g. 4,096 tokens, top-2, 4,096 wide, bf16: 4096 x 2 x 4096 x 2 = 67,108,864 B."""
+                   rows_factor: float | None = None) -> float:
+    """Bytes of one rank's routed rows, the buffer each MoE all-to-all carries: tokens x top_k x rows_factor
+    x d_model x elem_bytes. rows_factor (ddplan.specs.MoE.rows_factor): the capacity factor when experts are
+    padded to capacity; under dropless expert parallelism the busiest rank's rows over the mean, since the
+    exchange ends when the rank receiving most has its rows (and sends them back).
+    e.g. 4,096 tokens, top-2, 4,096 wide, bf16: 4096 x 2 x 4096 x 2 = 67,108,864 B; x 1.5 = 100,663,296 B."""
     _check_pos(tokens=tokens, top_k=top_k, d_model=d_model, elem_bytes=elem_bytes)
-    return tokens * top_k * (capacity_factor or 1.0) * d_model * elem_bytes
+    return tokens * top_k * (rows_factor or 1.0) * d_model * elem_bytes
 
 
 def moe_layer_comm_s(rows_bytes: float, ep: int, tp: int, ep_timer: Timer, tp_timer: Timer) -> tuple[float, float]:
@@ -526,8 +528,8 @@ def moe_layer_comm_s(rows_bytes: float, ep: int, tp: int, ep_timer: Timer, tp_ti
     tensor parallelism (= tp here, sequence parallel) the received rows are all-gathered over tp before
     the experts and reduce-scattered after. Backward runs the transposes: the same bytes again.
     Each all-to-all is timed by all_to_all_s on the links of the ep group's placement (inside a node as
-    the all-gather of the same buffer; across nodes through each rank's own NIC). Routing is taken as
-    balanced (every rank sends and receives rows_bytes); the imbalance of real dropless routing, and any
+    the all-gather of the same buffer; across nodes through each rank's own NIC). rows_bytes is what the
+    busiest rank receives (moe_rows_bytes: dropless routing's imbalance included); any
     overlap with compute (DeepSeek-V3's DualPipe, Megatron-Core's 1F1B all-to-all overlap), are not
     modelled. e.g. 64 MiB of rows, ep 8 in one node at 300 GB/s: each all-to-all 7/8 x 67.1 MB / 300 GB/s
     = 0.196 ms (+ latency), forward and backward 2 of them each.

@@ -254,6 +254,14 @@ def attention_efficiency_flops(op: Op, anatomy: Anatomy) -> tuple[float, float]:
 
 
 def op_time_s(op: Op, anatomy: Anatomy, r: Rates) -> tuple[float, float]:
+    """(forward, backward) seconds of one op on the GPU the step waits for: its time at the op's shape
+    (_op_time_s) x op.wait (the busiest rank's over the mean's; a routed expert's under dropless expert
+    parallelism, ddplan.specs.MoE.imbalance)."""
+    f, b = _op_time_s(op, anatomy, r)
+    return (f * op.wait, b * op.wait) if op.wait != 1 else (f, b)
+
+
+def _op_time_s(op: Op, anatomy: Anatomy, r: Rates) -> tuple[float, float]:
     """(forward, backward) seconds of one op on one GPU."""
     bw = r.hbm_bytes_per_s * r.hbm
     if op.kind == "gemm":

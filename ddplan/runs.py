@@ -47,6 +47,10 @@ class RunModel(Strict):
     # the dtype gradients are kept and reduced in, where the run states it: "param" (Megatron's
     # --grad-reduce-in-bf16 with bf16 params), "fp32" (main_grad in fp32); None: the base spec's
     grads: Literal["param", "fp32"] | None = None
+    # mixture of experts, how its tokens were routed: "balanced" (forced, Megatron-Core
+    # --moe-router-force-load-balancing: ddplan's moe.load_imbalance 1) or "dropless" (real routing: the base
+    # spec's imbalance, ddplan.specs.DROPLESS_IMBALANCE unless it sets one); None: the base spec's
+    routing: Literal["balanced", "dropless"] | None = None
 
 
 class RunLayout(Strict):
@@ -161,7 +165,25 @@ class RunSet(Strict):
         return self
 
 
+class RoutingPoint(Strict):
+    """One forced-balance run of the dataset (its id) and the dropless throughput the source measured beside it."""
+
+    balanced: str = Field(min_length=1)
+    dropless_model_tflops_per_gpu: float = Field(gt=0, le=1e5)  # in the balanced run's mfu_convention
+
+
+class RoutingSweep(Strict):
+    """Forced-balance vs dropless pairs of one layout (validation/moe_routing.yaml): what the dropless load
+    imbalance is fitted to. recompute_moe: the runs re-computed the whole MoE layers' forward."""
+
+    kind: Literal["routing_sweep"]
+    source: RunSource
+    recompute_moe: bool = False
+    points: list[RoutingPoint] = Field(min_length=1, max_length=1000)
+
+
 DATASET = "published_runs.yaml"
+ROUTING = "moe_routing.yaml"
 # llm-foundry's H100 BF16 8-GPU rows at every sequence length (not in DATASET, never fitted to): the check of
 # attention by sequence length (see its header)
 SEQ_SWEEP = "llmfoundry_h100_8gpu.yaml"
@@ -172,6 +194,18 @@ def shipped_dataset() -> str:
     from ddplan.registry import builtin_dir
 
     return str(builtin_dir("validation") / DATASET)
+
+
+def load_routing(path: str | None = None) -> RoutingSweep:
+    """The routing sweep (default: the shipped one), validated; errors name the file and field."""
+    from pathlib import Path
+
+    from ddplan.registry import builtin_dir, read_yaml, validate
+
+    p = Path(path or builtin_dir("validation") / ROUTING).expanduser()
+    if not p.exists():
+        raise SpecError("no such file", file=str(p))
+    return validate(RoutingSweep, read_yaml(p), str(p))
 
 
 def load_runs(path: str | None = None) -> RunSet:
@@ -186,9 +220,12 @@ def load_runs(path: str | None = None) -> RunSet:
     return validate(RunSet, read_yaml(p), str(p))
 
 
-def run_spec(run: PublishedRun, where: str):
+def run_spec(run: PublishedRun, where: str, imbalance: float | None = None):
     """The ddplan model spec of a run: its base with the architecture overrides, the run's sequence
-    length, batch and compute dtype (fp8 runs compute in bf16 with fp8 GEMMs)."""
+    length, batch and compute dtype (fp8 runs compute in bf16 with fp8 GEMMs), and its routing.
+
+    imbalance: the dropless load imbalance a dropless run (routing "dropless" or unstated) is priced at, in
+    place of the spec's (what ddplan.validation fits and leaves out); forced-balance runs keep 1."""
     from ddplan.registry import load_model, validate
     from ddplan.specs import ModelSpec
 
@@ -201,6 +238,14 @@ def run_spec(run: PublishedRun, where: str):
     data["aliases"] = []
     data["architecture"].update(run.model.architecture)
     a = data["architecture"]
+    moe = a.get("moe")
+    if run.model.routing is not None and moe is None:
+        raise SpecError("routing is for mixture-of-experts models; this one is dense", file=where,
+                        field="model.routing")
+    if moe is not None and run.model.routing == "balanced":
+        moe.update(capacity_factor=None, load_imbalance=1.0)
+    elif moe is not None and imbalance is not None and moe.get("capacity_factor") is None:
+        moe["load_imbalance"] = imbalance
     if run.model.seq_len > a["max_seq_len"]:
         raise SpecError(f"{run.model.seq_len} is above the model's max_seq_len {a['max_seq_len']}: set "
                         f"model.architecture.max_seq_len if the run's model takes it", file=where, field="model.seq_len")
@@ -247,6 +292,8 @@ def table_command(run: PublishedRun) -> list[str] | None:
             "--compile" if lay.compiled else "--no-compile"]
     if run.model.grads:
         argv += ["--grads", run.model.grads]
+    if run.model.routing == "balanced":
+        argv += ["--moe-imbalance", "1"]
     if lay.attention:
         argv += ["--attention", lay.attention]
     if lay.window:
@@ -276,10 +323,12 @@ def with_sustained(hw, fraction: float, source: str):
         update={"gemm": g.model_copy(update={"sustained": kept})})})
 
 
-def price_run(run: PublishedRun, where: str, sustained: dict[str, float] | None = None):
+def price_run(run: PublishedRun, where: str, sustained: dict[str, float] | None = None,
+              imbalance: float | None = None):
     """(spec, hardware, priced row) of one run, through ddplan.table.build_table as `ddplan table` prices it.
 
-    sustained: hardware name -> GEMM sustained fraction replacing the spec's (validation's re-fits)."""
+    sustained: hardware name -> GEMM sustained fraction replacing the spec's (validation's re-fits);
+    imbalance: the dropless load imbalance replacing the spec's (run_spec)."""
     from ddplan.layout import Options
     from ddplan.registry import load_hardware
     from ddplan.table import TableRequest, build_table
@@ -295,7 +344,7 @@ def price_run(run: PublishedRun, where: str, sustained: dict[str, float] | None 
         nic = hw.inter_node.nic_gbit_per_s.model_copy(update={"value": n.nic_gbit_per_s, "source": n.why})
         hw = hw.model_copy(update={"inter_node": hw.inter_node.model_copy(
             update={"nics_per_node": n.nics_per_node, "nic_gbit_per_s": nic})})
-    spec = run_spec(run, where)
+    spec = run_spec(run, where, imbalance)
     lay = run.layout
     attention = lay.attention or hw.default_attention
     req = TableRequest(model=spec, hardware=hw, gpus=(lay.gpus,), tps=(lay.tp,), pps=(lay.pp,), vps=(lay.vp,),

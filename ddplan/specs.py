@@ -307,15 +307,31 @@ class Dropout(Strict):
     attention: float = Field(default=0.0, ge=0, lt=1)
 
 
+# Dropless routing under expert parallelism: the busiest expert-parallel rank's routed rows over the mean,
+# the factor by which its experts' work and its all-to-alls outlast balanced routing's (every rank waits for
+# it at the next all-to-all). Fitted (ddplan.validation.fit_dropless_imbalance) to the ModelZoo's forced-
+# balance vs dropless throughput of one Qwen3-235B-A22B layout (128 experts, top 8, ep 8, H100) at four
+# sequence lengths (validation/moe_routing.yaml: 295/237 ... 389/357 TFLOP/s/GPU), where the MoE share of
+# the step falls from 47% to 18%; the four fits agree within 0.03 (1.49-1.52), as a constant factor on the
+# experts' part alone predicts. Assumed the same at other ep, expert counts and auxiliary-loss weights
+# (no published sweep of those at hand); set moe.load_imbalance (or 1 for forced balance) to replace it.
+DROPLESS_IMBALANCE = 1.52
+
+
 class MoE(Strict):
     """Mixture-of-experts MLP: each token goes to `top_k` of `num_experts` routed experts (SwiGLU or the
     model's MLP kind, `expert_hidden_dim` wide), plus `shared_experts` that every token passes through
     (DeepSeek-MoE, Qwen2-MoE), chosen by a linear router (d_model -> num_experts, softmax then top-k).
 
     dense_layers: the first k blocks keep a dense MLP of mlp_hidden_dim (DeepSeek-V2/V3
-    `first_k_dense_replace`). capacity_factor: None is dropless (every routed token computed, routing
-    assumed balanced); a factor pads every expert to capacity = tokens x top_k x factor / num_experts
-    (Megatron-Core --moe-expert-capacity-factor with --moe-pad-expert-input-to-capacity; GShard, Switch).
+    `first_k_dense_replace`). capacity_factor: None is dropless (every routed token computed); a factor
+    pads every expert to capacity = tokens x top_k x factor / num_experts (Megatron-Core
+    --moe-expert-capacity-factor with --moe-pad-expert-input-to-capacity; GShard, Switch).
+    load_imbalance: dropless only, under expert parallelism (ep > 1): the busiest rank's routed rows over
+    the mean, on which the step waits at every all-to-all (its experts' time and the exchange scale by it,
+    memory does not: the busiest rank differs from layer to layer); None is DROPLESS_IMBALANCE (real data, auxiliary-loss balancing),
+    1 is forced balance (Megatron-Core --moe-router-force-load-balancing, a benchmark setting). With one
+    expert-parallel rank every expert is local and the rows are the same whichever expert takes them.
     shared_expert_gate: Qwen2-MoE's sigmoid gate (d_model -> 1) on the shared expert's output.
     Ref: Shazeer et al. 2017 (arXiv 1701.06538); Fedus et al., Switch Transformer (arXiv 2101.03961)
     sec. 2.2 for capacity; Jiang et al., Mixtral (arXiv 2401.04088) sec. 2; Dai et al., DeepSeekMoE
@@ -330,11 +346,15 @@ class MoE(Strict):
     shared_expert_gate: bool = False
     dense_layers: int = Field(default=0, ge=0, le=1024)
     capacity_factor: float | None = Field(default=None, gt=0, le=64)
+    load_imbalance: float | None = Field(default=None, ge=1, le=64)
 
     @model_validator(mode="after")
     def _consistent(self) -> MoE:
         if self.top_k > self.num_experts:
             raise ValueError(f"top_k ({self.top_k}) cannot exceed num_experts ({self.num_experts})")
+        if self.capacity_factor is not None and self.load_imbalance is not None:
+            raise ValueError("load_imbalance is for dropless routing; with a capacity_factor every expert is padded "
+                             "to capacity (drop one of them)")
         return self
 
     @property
@@ -342,9 +362,23 @@ class MoE(Strict):
         """Hidden width of all shared experts together (0 without them)."""
         return self.shared_experts * (self.shared_hidden_dim or self.expert_hidden_dim)
 
+    def imbalance(self, ep: int) -> float:
+        """The busiest of ep expert-parallel ranks' routed rows over the mean: 1 with one rank or experts
+        padded to capacity, else load_imbalance (default DROPLESS_IMBALANCE)."""
+        if ep < 1:
+            raise ValueError(f"ep must be >= 1, got {ep}")
+        if ep == 1 or self.capacity_factor is not None:
+            return 1.0
+        return self.load_imbalance if self.load_imbalance is not None else DROPLESS_IMBALANCE
+
+    def rows_factor(self, ep: int = 1) -> float:
+        """Routed rows the busiest of ep ranks receives, per token and top-k choice sent out by each: the
+        capacity factor (padding) when set, else the dropless imbalance. e.g. ep 8 dropless: 1.52."""
+        return self.capacity_factor or self.imbalance(ep)
+
     def routed_tokens(self, tokens: float) -> float:
-        """Token-expert pairs the routed experts compute for `tokens` tokens: tokens x top_k, padded to
-        capacity (x capacity_factor) when a capacity factor is set."""
+        """Token-expert pairs the routed experts compute for `tokens` tokens, on the mean rank: tokens x top_k,
+        padded to capacity (x capacity_factor) when a capacity factor is set."""
         return tokens * self.top_k * (self.capacity_factor or 1.0)
 
 
@@ -581,7 +615,7 @@ def nanochat_dims(depth: int, aspect_ratio: int = 64, head_dim: int = 128) -> tu
 
 
 def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | None = None,
-                grads: str | None = None) -> ModelSpec:
+                grads: str | None = None, load_imbalance: float | None = None) -> ModelSpec:
     """The model as one run trains it: another sequence length and/or compute dtype.
 
     seq_len: the recipe's sequence length (at most architecture.max_seq_len); the total batch in tokens
@@ -590,6 +624,7 @@ def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | Non
     change the compute dtype only (master weights keep theirs); fp32 runs everything in fp32 (what
     `ddplan calibrate` measures on a CPU). grads: the gradients' dtype, "param" (each parameter's own:
     Megatron's --grad-reduce-in-bf16) or "fp32" (Megatron's default main_grads, nanochat's fp32 masters).
+    load_imbalance: a dropless mixture-of-experts model's MoE.load_imbalance (1: forced balance).
     Raises ValueError naming the value when it cannot be.
     """
     if seq_len is not None and seq_len != spec.recipe.seq_len:
@@ -613,4 +648,15 @@ def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | Non
         if grads not in ("param", "fp32"):
             raise ValueError(f"gradient dtype must be param or fp32, got {grads!r}")
         spec = spec.model_copy(update={"dtypes": spec.dtypes.model_copy(update={"grads": grads})})
+    if load_imbalance is not None:
+        moe = spec.architecture.moe
+        if moe is None:
+            raise ValueError(f"{spec.name} is a dense model; a load imbalance is for mixture-of-experts routing")
+        if moe.capacity_factor is not None:
+            raise ValueError(f"{spec.name} pads its experts to capacity factor {moe.capacity_factor:g}; a load "
+                             f"imbalance is for dropless routing")
+        if not 1 <= load_imbalance <= 64:
+            raise ValueError(f"load imbalance must be in [1, 64] (busiest rank's rows over the mean), got {load_imbalance}")
+        arch = spec.architecture.model_copy(update={"moe": moe.model_copy(update={"load_imbalance": load_imbalance})})
+        spec = spec.model_copy(update={"architecture": arch})
     return spec

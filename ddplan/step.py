@@ -227,7 +227,7 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
     ep_s = 0.0
     if a.moe is not None and (layout.ep > 1 or layout.expert_tp > 1):
         place = placement(layout, hw.gpus_per_node)
-        rows = comm.moe_rows_bytes(anatomy.tokens / layout.tp, a.moe.top_k, a.d_model, e, a.moe.capacity_factor)
+        rows = comm.moe_rows_bytes(anatomy.tokens / layout.tp, a.moe.top_k, a.d_model, e, a.moe.rows_factor(layout.ep))
         fwd, bwd = comm.moe_layer_comm_s(
             rows, layout.ep, layout.expert_tp,
             _Cached(GroupTimer(hw, place.ep_per_node, comm_efficiency, comm_points), cache),

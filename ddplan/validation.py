@@ -19,7 +19,8 @@ import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from ddplan.runs import PublishedRun, RunSet, price_run
+from ddplan.errors import SpecError
+from ddplan.runs import PublishedRun, RoutingSweep, RunSet, price_run
 
 # Hardware specs that share one fitted sustained fraction: the same die at the same power limit (the A100
 # SXM4 40 GB and 80 GB are one GA100 at 400 W; only memory differs).
@@ -95,12 +96,14 @@ def size_of(params: float) -> str:
     return next(name for limit, name in SIZE_BUCKETS if params < limit)
 
 
-def score(run: PublishedRun, where: str, sustained: dict[str, float] | None = None) -> Scored:
+def score(run: PublishedRun, where: str, sustained: dict[str, float] | None = None,
+          imbalance: float | None = None) -> Scored:
     """Price one run and compare it with its measurement. sustained: hardware name -> GEMM sustained
-    fraction replacing the spec's (what leave-one-source-out re-fits)."""
+    fraction replacing the spec's; imbalance: the dropless load imbalance replacing the spec's (what
+    leave-one-source-out re-fits)."""
     from ddplan.params import param_counts
 
-    spec, hw, row = price_run(run, where, sustained=sustained)
+    spec, hw, row = price_run(run, where, sustained=sustained, imbalance=imbalance)
     lay = run.layout
     params = sum(param_counts(spec.architecture).values())
     conv = run.mfu_convention
@@ -235,6 +238,63 @@ def fit_sustained(runs: Sequence[PublishedRun], hardware: str, where: str, lo: f
     return round(golden_min(cost, lo, hi, tol), 3)
 
 
+@dataclass(frozen=True)
+class ImbalanceFit:
+    """One forced-balance / dropless pair: the measured slowdown, the MoE share of the step and the imbalance
+    that explains it (fit_dropless_imbalance)."""
+
+    id: str
+    seq_len: int
+    slowdown: float  # dropless step / forced-balance step, measured
+    moe_share: float  # the experts' share of the predicted forced-balance step (recomputed forward included)
+    imbalance: float
+
+
+def fit_dropless_imbalance(sweep: RoutingSweep, runs: RunSet, where: str,
+                           sustained: dict[str, float] | None = None) -> list[ImbalanceFit]:
+    """The dropless load imbalance of each pair of a routing sweep (ddplan.runs.RoutingSweep).
+
+    ddplan's step is affine in the imbalance I (the experts' part scales, the rest does not):
+    t(I) = A + M I, with M = t(2) - t(1) priced with the run made dropless; when the runs re-computed the
+    MoE layers (sweep.recompute_moe) their forward, M_f = (t_full(2) - t_full(1)) - M, is added to both
+    (T(I) = A + (M + M_f) I). Setting T(I) / T(1) to the measured slowdown S = forced / dropless throughput
+    gives I = 1 + (S - 1) T(1) / (M + M_f). e.g. T(1) 12 s of which 5 s experts, S 1.245: I = 1 + 0.245 x
+    12 / 5 = 1.59. sustained: GEMM fractions replacing the specs' (leave-one-source-out's re-fits).
+    """
+    by_id = {r.id: (i, r) for i, r in enumerate(runs.runs)}
+    out = []
+    for point in sweep.points:
+        if point.balanced not in by_id:
+            raise SpecError(f"no run {point.balanced!r} in the dataset", file=where, field="points.balanced")
+        i, run = by_id[point.balanced]
+        conv = run.mfu_convention
+        if run.model.routing != "balanced" or conv is None:
+            raise SpecError(f"{run.id} must be a forced-balance run (model.routing: balanced) with an mfu_convention",
+                            file=where, field="points.balanced")
+        dropless_s = conv.flops_per_token * run.tokens_per_step / (point.dropless_model_tflops_per_gpu * 1e12
+                                                                     * run.layout.gpus)
+        slowdown = dropless_s / run.measured_step_s
+        here = f"{where}: {run.id}"
+
+        def step(imbalance: float, recompute: str) -> float:
+            r = run.model_copy(update={"model": run.model.model_copy(update={"routing": "dropless"}),
+                                       "layout": run.layout.model_copy(update={"recompute": recompute})})
+            return price_run(r, here, sustained, imbalance=imbalance)[2].step_s
+
+        t1 = step(1.0, run.layout.recompute)
+        moe = step(2.0, run.layout.recompute) - t1
+        fwd = (step(2.0, "full") - step(1.0, "full")) - moe if sweep.recompute_moe else 0.0
+        total, share = t1 + fwd, moe + fwd
+        out.append(ImbalanceFit(id=run.id, seq_len=run.model.seq_len, slowdown=slowdown, moe_share=share / total,
+                                imbalance=1 + (slowdown - 1) * total / share))
+    return out
+
+
+def dropless_imbalance(fits: Sequence[ImbalanceFit]) -> float:
+    """The one imbalance of a sweep: the median of its pairs', to 0.01 (what DROPLESS_IMBALANCE holds)."""
+    return round(statistics.median(f.imbalance for f in fits), 2)
+
+
 def _hw_name(name: str) -> str:
     from ddplan.registry import load_hardware
 
@@ -258,7 +318,15 @@ def leave_one_source_out(runs: RunSet, where: str, hardware: Iterable[str],
     """Every run priced with the fitted parameters re-fitted on the other sources' runs only.
 
     Each fitted hardware's sustained fraction is re-fitted without the held-out source; a hardware the
-    other sources never ran on keeps the shipped value (nothing to fit it to)."""
+    other sources never ran on keeps the shipped value (nothing to fit it to). The dropless load imbalance
+    is re-fitted from the shipped routing sweep (validation/moe_routing.yaml) at those fractions, and set to
+    1 (balanced, the model without the term) when the sweep's own source is the one held out; a dataset that
+    lacks the sweep's runs keeps the shipped value."""
+    from ddplan.runs import load_routing
+
+    sweep = load_routing()
+    ids = {r.id for r in runs.runs}
+    sweep_here = all(p.balanced in ids for p in sweep.points)
     sources = sorted({r.source.name for r in runs.runs})
     out: list[Scored] = []
     for i, src in enumerate(sources):
@@ -272,6 +340,10 @@ def leave_one_source_out(runs: RunSet, where: str, hardware: Iterable[str],
             names = FIT_GROUPS.get(hw, (hw,))
             if any(_hw_name(r.hardware) in names for r in rest):
                 refit.update(dict.fromkeys(names, fit_sustained(rest, hw, where)))
-        out += [score(r, where, refit) for r in held]
+        imbalance = None
+        if sweep_here:
+            imbalance = (1.0 if sweep.source.name == src else
+                         dropless_imbalance(fit_dropless_imbalance(sweep, runs, where, refit)))
+        out += [score(r, where, refit, imbalance) for r in held]
     order = {r.id: i for i, r in enumerate(runs.runs)}
     return sorted(out, key=lambda s: order[s.id])

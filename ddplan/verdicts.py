@@ -51,8 +51,17 @@ def moe_line(spec) -> str:
     m = a.moe
     shared = f", {m.shared_experts} shared of {m.shared_hidden_dim or m.expert_hidden_dim}" if m.shared_experts else ""
     dense = f"; the first {m.dense_layers} layers dense" if m.dense_layers else ""
-    routing = (f"experts padded to capacity factor {m.capacity_factor:g}" if m.capacity_factor else
-               "routing balanced and dropless (every routed token computed once; real imbalance is slower)")
+    if m.capacity_factor:
+        routing = f"experts padded to capacity factor {m.capacity_factor:g}"
+    elif m.load_imbalance == 1:
+        routing = "routing dropless and forced balanced (load imbalance 1, `--moe-imbalance`)"
+    else:
+        i = m.imbalance(2)
+        source = ("" if m.load_imbalance is not None else
+                  ", fitted to the Megatron-MoE ModelZoo's forced-balance vs dropless runs, validation/moe_routing.yaml")
+        routing = (f"routing dropless: under ep > 1 the busiest rank receives {i:g}x the mean rows and every rank "
+                   f"waits for it at each all-to-all, so the experts' time and the exchange are {i:g}x balanced "
+                   f"routing's (`--moe-imbalance`{source}; memory is the mean rank's)")
     return (f"Mixture of experts: {m.num_experts} experts of {m.expert_hidden_dim}, top {m.top_k}{shared}{dense}; "
             f"{active_params(a) / 1e9:.3g}B of {total_params(a) / 1e9:.3g}B parameters active, and MFU counts the "
             f"active ones (6N on the active N); {routing}; ep splits the routed experts over data-parallel GPUs, "

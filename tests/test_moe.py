@@ -27,6 +27,7 @@ from ddplan.params import active_params, expert_params_per_layer, param_counts, 
 from ddplan.registry import load_hardware, load_model
 from ddplan.step import step_time
 from ddplan.roofline import rates
+from ddplan.specs import DROPLESS_IMBALANCE
 
 from cli_helpers import csv_rows, fails, run_ok
 
@@ -194,7 +195,7 @@ def test_expert_groups_placement():
 
 def test_rows_bytes_by_hand():
     assert comm.moe_rows_bytes(4096, 2, 4096, 2) == 4096 * 2 * 4096 * 2 == 67_108_864
-    assert comm.moe_rows_bytes(4096, 2, 4096, 2, capacity_factor=1.5) == 1.5 * 67_108_864
+    assert comm.moe_rows_bytes(4096, 2, 4096, 2, rows_factor=1.5) == 1.5 * 67_108_864
 
 
 def test_layer_exchange_by_hand():
@@ -218,7 +219,8 @@ def test_step_prices_the_exchange_per_moe_layer(tmp_path, mixtral):
     lay = Layout(dp=8, zero=3, ep=8, micro_batch=1, grad_accum=4)
     an = build_anatomy(spec, batch=1, ep=8, attention="flash_package")
     st = step_time(spec, hw, lay, an, rates(hw, "fa3"))
-    rows = comm.moe_rows_bytes(4096, 2, 4096, 2)
+    # dropless routing: the busiest of the 8 ranks receives DROPLESS_IMBALANCE x the mean 4096 x top-2 rows
+    rows = comm.moe_rows_bytes(4096, 2, 4096, 2, DROPLESS_IMBALANCE)
     fwd, bwd = comm.moe_layer_comm_s(rows, 8, 1, GroupTimer(hw, 8), GroupTimer(hw, 1))
     assert st.ep_comm_s == pytest.approx(4 * 32 * (fwd + bwd))
     assert st.total_s == pytest.approx(st.compute_s + st.ep_comm_s + st.dp_comm_exposed_s + st.optimizer_s)
@@ -273,12 +275,16 @@ def test_tp_runs_with_sequence_parallelism_for_moe(capsys, mixtral):
 
 
 def test_plan_searches_expert_parallelism(capsys, mixtral):
-    out = run_ok(capsys, ["plan", "--model", mixtral, "--hardware", "h100-sxm", "--gpus", "64", "--format", "json"])
-    rows = json.loads(out)["rows"]
-    eps = {r["ep"] for r in rows}
-    assert any(e > 1 for e in eps)
-    assert all(r["ep_comm_s"] > 0 for r in rows if r["ep"] > 1)
-    assert rows[0]["ep"] > 1  # on 8-GPU nodes the experts split beats holding all 46.7B a GPU
+    base = ["plan", "--model", mixtral, "--hardware", "h100-sxm", "--gpus", "64", "--format", "json"]
+    forced = json.loads(run_ok(capsys, base + ["--moe-imbalance", "1"]))["rows"]
+    assert all(r["ep_comm_s"] > 0 for r in forced if r["ep"] > 1)
+    # routing forced balanced, on 8-GPU nodes the experts split beats holding all 46.7B a GPU
+    assert forced[0]["ep"] > 1
+    # dropless (the default): every rank waits for the busiest at each all-to-all, and the split costs more
+    dropless = json.loads(run_ok(capsys, base))["rows"]
+    best_split = min(r["step_s"] for r in dropless if r["ep"] > 1) if any(r["ep"] > 1 for r in dropless) else None
+    assert dropless[0]["step_s"] > forced[0]["step_s"]
+    assert best_split is None or best_split > forced[0]["step_s"]
 
 
 def test_ep_errors_are_one_line(capsys, mixtral):
@@ -364,7 +370,8 @@ def test_whole_experts_memory_and_exchange(tmp_path, mixtral):
                                                                attention="flash_package"), 2, True), r)
     st_split = step_time(spec, hw, split, for_tp(build_anatomy(spec, batch=1, ep=4, attention="flash_package"),
                                                  2, True), r)
-    rows = comm.moe_rows_bytes(4096 / 2, 2, 4096, 2)  # a tp rank's own 2,048 tokens (sequence parallel)
+    # a tp rank's own 2,048 tokens (sequence parallel), the busiest rank's share under dropless routing
+    rows = comm.moe_rows_bytes(4096 / 2, 2, 4096, 2, DROPLESS_IMBALANCE)
     fwd, bwd = comm.moe_layer_comm_s(rows, 8, 1, GroupTimer(hw, 8), GroupTimer(hw, 2))
     assert st_whole.ep_comm_s == pytest.approx(32 * (fwd + bwd))  # all-to-alls only: no gathers over tp
     fwd, bwd = comm.moe_layer_comm_s(rows, 4, 2, GroupTimer(hw, 4), GroupTimer(hw, 2))
@@ -465,9 +472,9 @@ def test_ep_search_takes_every_common_divisor():
 
 def test_memory_fixes_may_add_tp_and_change_ep(capsys):
     """What fits for a mixture of experts: tp > 1 runs with sequence parallelism (on by itself) and ep may change
-    with dp; here the fastest fix takes tp 2 (dp 8), which ep 8 still divides."""
+    with dp; here (routing forced balanced) the fastest fix takes tp 2 (dp 8), which ep 8 still divides."""
     out = run_ok(capsys, ["memory", "--model", "mixtral-8x7b", "--hardware", "h100-sxm", "--gpus", "16", "--ep", "8",
-                          "--zero", "1", "--device-batch-size", "8", "--format", "markdown"])
+                          "--zero", "1", "--device-batch-size", "8", "--moe-imbalance", "1", "--format", "markdown"])
     assert "Fastest way to fit" in out and "tp 2 x pp 1" in out
 
 
@@ -480,3 +487,80 @@ def test_a_table_of_several_ep_prices_each_eps_memory_as_alone(capsys, mixtral):
     (alone,) = csv_rows(run_ok(capsys, base + ["--ep", "8"]))
     assert both["8"] == pytest.approx(float(alone["memory_gib"]), rel=1e-12)
     assert both["8"] < both["1"] / 3
+
+
+# --------------------------------------------------------------------------------------------
+# Dropless routing: every rank waits for the busiest at each all-to-all
+
+
+def _forced(spec):
+    """The model with routing forced balanced (load imbalance 1)."""
+    moe = spec.architecture.moe.model_copy(update={"load_imbalance": 1.0})
+    return spec.model_copy(update={"architecture": spec.architecture.model_copy(update={"moe": moe})})
+
+
+def test_imbalance_by_hand(mixtral):
+    from pydantic import ValidationError
+
+    moe = load_model(mixtral).architecture.moe
+    assert moe.imbalance(1) == 1.0  # every expert local: the rows are the same whichever expert takes them
+    assert moe.imbalance(8) == DROPLESS_IMBALANCE == moe.rows_factor(8)
+    assert moe.model_copy(update={"load_imbalance": 1.0}).imbalance(8) == 1.0
+    assert moe.model_copy(update={"load_imbalance": 2.0}).rows_factor(4) == 2.0
+    padded = moe.model_copy(update={"capacity_factor": 1.25})
+    assert padded.imbalance(8) == 1.0 and padded.rows_factor(8) == 1.25  # padded to capacity: no imbalance
+    assert moe.routed_tokens(4096) == 4096 * 2  # the mean rank's rows: what memory and FLOPs count
+    with pytest.raises(ValidationError, match="load_imbalance is for dropless"):
+        type(moe).model_validate({**moe.model_dump(), "capacity_factor": 1.25, "load_imbalance": 1.5})
+    with pytest.raises(ValidationError):
+        type(moe).model_validate({**moe.model_dump(), "load_imbalance": 0.9})
+
+
+def test_the_busiest_rank_sets_the_experts_time_not_the_memory(mixtral):
+    from ddplan.roofline import op_time_s
+
+    spec = load_model(mixtral)
+    hw = load_hardware("h100-sxm")
+    r = rates(hw, "fa3")
+    dropless, forced = (build_anatomy(s, batch=1, ep=8, attention="flash_package") for s in (spec, _forced(spec)))
+    for d, f in zip(dropless.ops, forced.ops):
+        assert (d.shape, d.flops_fwd, d.bytes_fwd, d.saves) == (f.shape, f.flops_fwd, f.bytes_fwd, f.saves)
+        # the experts' ops on the rows received wait for the busiest rank; permute and combine run on each
+        # rank's own tokens, balanced
+        assert d.wait == (DROPLESS_IMBALANCE if ".experts." in d.name else 1.0), d.name
+        fd, bd = op_time_s(d, dropless, r)
+        ff, bf = op_time_s(f, forced, r)
+        assert (fd, bd) == pytest.approx((ff * d.wait, bf * d.wait))
+    lay = Layout(dp=8, zero=1, ep=8, micro_batch=1, grad_accum=2)
+    from ddplan.memory import memory_per_gpu
+
+    mem = [memory_per_gpu(s, lay, an, hw.memory.usable_bytes).total for s, an in ((spec, dropless),
+                                                                                  (_forced(spec), forced))]
+    assert mem[0] == mem[1]
+    # the step: the experts' part and the exchange scale, the rest does not
+    st_d, st_f = (step_time(s, hw, lay, an, r) for s, an in ((spec, dropless), (_forced(spec), forced)))
+    expert_s = sum(sum(op_time_s(o, forced, r)) for o in forced.ops if ".experts." in o.name)
+    assert st_d.compute_s - st_f.compute_s == pytest.approx(2 * (DROPLESS_IMBALANCE - 1) * expert_s, rel=1e-6)
+    rows = comm.moe_rows_bytes(4096, 2, 4096, 2)
+    timer = GroupTimer(hw, 8)
+    f1, b1 = comm.moe_layer_comm_s(rows * DROPLESS_IMBALANCE, 8, 1, timer, timer)
+    assert st_d.ep_comm_s == pytest.approx(2 * 32 * (f1 + b1))
+    # one expert-parallel rank: nothing to wait for
+    one = build_anatomy(spec, batch=1, ep=1)
+    assert all(o.wait == 1.0 for o in one.ops)
+
+
+def test_moe_imbalance_flag(capsys, mixtral):
+    base = ["table", "--model", mixtral, "--hardware", "h100-sxm", "--gpus", "64", "--ep", "1,8", "--zero", "1",
+            "--attention", "fa3", "--format", "csv"]
+    steps = {flag: {r["ep"]: float(r["step_s"]) for r in csv_rows(run_ok(capsys, base + list(flag)))}
+             for flag in ((), ("--moe-imbalance", "1"), ("--moe-imbalance", "2"))}
+    assert steps[()]["1"] == steps[("--moe-imbalance", "1")]["1"] == steps[("--moe-imbalance", "2")]["1"]
+    assert steps[("--moe-imbalance", "1")]["8"] < steps[()]["8"] < steps[("--moe-imbalance", "2")]["8"]
+    out = run_ok(capsys, ["table", "--model", mixtral, "--hardware", "h100-sxm", "--gpus", "8", "--ep", "8",
+                          "--attention", "fa3", "--format", "markdown"])
+    assert f"{DROPLESS_IMBALANCE:g}x the mean" in out
+    _, err = fails(capsys, ["table", "--model", "llama-3-8b", "--gpus", "8", "--moe-imbalance", "1.2"])
+    assert "--moe-imbalance" in err and "dense" in err
+    _, err = fails(capsys, base + ["--moe-imbalance", "0.5"])
+    assert "--moe-imbalance" in err and "[1, 64]" in err

@@ -329,3 +329,50 @@ def test_an_unstated_micro_batch_is_the_fastest_that_fits(tmp_path, capsys):
     assert len(rows) == 4
     fastest = min((r for r in rows if r["fits"] == "True"), key=lambda r: float(r["step_s"]))
     assert V.score(run, "t").predicted_s == pytest.approx(float(fastest["step_s"]), rel=1e-12)
+
+
+# ---- dropless routing's load imbalance (validation/moe_routing.yaml)
+
+def test_dropless_imbalance_is_what_the_routing_sweep_gives():
+    """ddplan.specs.DROPLESS_IMBALANCE re-fitted from the ModelZoo's forced-balance / dropless pairs: each pair
+    within 0.05 of it and their median equal to it. The pairs' MoE shares fall with the sequence (attention
+    grows), so agreeing is a test of the term's shape: a factor on the experts' part alone."""
+    from ddplan.runs import load_routing
+    from ddplan.specs import DROPLESS_IMBALANCE
+
+    fits = V.fit_dropless_imbalance(load_routing(), load_runs(), shipped_dataset())
+    assert len(fits) == 4 and V.dropless_imbalance(fits) == DROPLESS_IMBALANCE
+    assert all(abs(f.imbalance - DROPLESS_IMBALANCE) <= 0.05 for f in fits)
+    shares = [f.moe_share for f in sorted(fits, key=lambda f: f.seq_len)]
+    assert shares == sorted(shares, reverse=True) and shares[0] > 2 * shares[-1]
+    # the measured slowdowns, transcribed: 295/237 at 16k ... 389/357 at 128k
+    assert [round(f.slowdown, 3) for f in sorted(fits, key=lambda f: f.seq_len)] == [1.245, 1.209, 1.15, 1.09]
+
+
+def test_the_step_is_affine_in_the_imbalance():
+    """What the fit's two-point solve rests on: the step at imbalance I is t(1) + (I - 1) (t(2) - t(1))."""
+    runs = load_runs()
+    run = next(r for r in runs.runs if r.id == "modelzoo-qwen3-235b-a22b-h100-256g-deepep-tp4pp8")
+    t = {i: price_run(run, "t", imbalance=i)[2].step_s for i in (1.0, 1.52, 2.0)}
+    assert t[1.52] == pytest.approx(t[1.0] + 0.52 * (t[2.0] - t[1.0]), rel=0.005)
+    assert t[1.0] < t[1.52] < t[2.0]
+
+
+def test_routing_of_a_run(tmp_path):
+    """model.routing: balanced prices a MoE run at imbalance 1 (and overrides leave-one-source-out's refit);
+    on a dense model it is one clear error."""
+    from ddplan.runs import run_spec
+
+    moe = {"base": "qwen3-30b-a3b", "name": "Qwen3-30B-A3B", "seq_len": 4096}
+    layout = {"gpus": 8, "ep": 8, "micro_batch": 1, "global_batch_sequences": 8}
+    balanced = _run(1.0, id="b", model=dict(moe, routing="balanced"), layout=layout)
+    dropless = _run(1.0, id="d", model=dict(moe, routing="dropless"), layout=layout)
+    runs = load_runs(str(_runs_file(tmp_path, [balanced, dropless])))
+    b, d = (run_spec(r, "t", imbalance=2.0).architecture.moe for r in runs.runs)
+    assert (b.load_imbalance, d.load_imbalance) == (1.0, 2.0)
+    fast, slow = (V.score(r, "t").predicted_s for r in runs.runs)
+    assert fast < slow
+    dense = load_runs(str(_runs_file(tmp_path, [_run(1.0, model={"base": "gpt2-124m", "name": "GPT-2", "seq_len": 1024,
+                                                                    "routing": "balanced"})])))
+    with pytest.raises(SpecError, match="routing is for mixture-of-experts"):
+        run_spec(dense.runs[0], "t")
