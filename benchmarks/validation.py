@@ -4,10 +4,11 @@
 
 Prints (1) `ddplan validate`'s summary on the shipped dataset (validation/published_runs.yaml), (2) the
 same with the fitted parameters (each fitted hardware's `efficiency.gemm.sustained`) re-fitted without
-each source in turn, (3) the fits on the whole dataset, to compare with the hardware specs, and (4) the
+each source in turn, (3) the fits on the whole dataset (the GEMM sustained fractions and the dropless load
+imbalance of validation/moe_routing.yaml), to compare with the specs, and (4) the
 5th-95th percentiles of measured / predicted, in sample and leaving each source out (the latter is
 ddplan.price.VALIDATED_RATIO, the uncalibrated band), then (5) llm-foundry's sequence-length sweep
-(validation/llmfoundry_h100_8gpu.yaml), which no fit sees. Takes about four minutes on two cores.
+(validation/llmfoundry_h100_8gpu.yaml), which no fit sees. Takes about two minutes on two cores.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ sys.path.insert(0, str(ROOT))
 from ddplan import validation as V  # noqa: E402
 from ddplan.price import VALIDATED_RATIO, VALIDATED_RATIO_MOE  # noqa: E402
 from ddplan.registry import load_hardware  # noqa: E402
-from ddplan.runs import SEQ_SWEEP, load_runs, shipped_dataset  # noqa: E402
+from ddplan.runs import ROUTING, SEQ_SWEEP, load_routing, load_runs, shipped_dataset  # noqa: E402
+from ddplan.specs import DROPLESS_IMBALANCE  # noqa: E402
 
 
 def show(title: str, scored: list) -> None:
@@ -54,6 +56,12 @@ def main() -> None:
     for hw in [h for h in fitted if h in V.FIT_GROUPS]:
         print(f"  {hw}: fitted {V.fit_sustained(runs.runs, hw, where)}, spec "
               f"{load_hardware(hw).efficiency.gemm.sustained.value}")
+    fits = V.fit_dropless_imbalance(load_routing(), runs, where)
+    print(f"  dropless load imbalance ({ROUTING}): fitted {V.dropless_imbalance(fits)}, "
+          f"ddplan.specs.DROPLESS_IMBALANCE {DROPLESS_IMBALANCE}")
+    for f in fits:
+        print(f"    {f.seq_len:7,d} tokens: dropless {100 * (f.slowdown - 1):4.1f}% slower measured, experts "
+              f"{100 * f.moe_share:3.0f}% of the step -> imbalance {f.imbalance:.3f}")
     lo, hi = V.band_ratio(scored)
     median = statistics.median(s.measured_s / s.predicted_s for s in scored)
     print(f"\nmeasured / predicted in sample: 5th percentile {lo:.3f}, 95th {hi:.3f} (median {median:.3f})")

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ddplan.errors import SpecError
+from ddplan.specs import DROPLESS_IMBALANCE
 
 # Defaults for what a config.json does not carry; each is listed in the spec it builds.
 DEFAULT_SEQ_LEN = 4096  # capped at the config's max_position_embeddings
@@ -188,7 +189,8 @@ def _moe_from_config(cfg: dict, path: Path, model_type: str, layers: int, notes:
     if model_type == "qwen2_moe" or model_type == "qwen3_moe":
         if _get(cfg, path, "norm_topk_prob", default=False, kind=bool):
             notes.append("norm_topk_prob: renormalised routing weights (no cost of note)")
-    notes.append("routing assumed balanced and dropless (every routed token computed once)")
+    notes.append(f"routing dropless (every routed token computed once); under expert parallelism the busiest rank "
+                 f"takes {DROPLESS_IMBALANCE:g}x the mean rows (moe.load_imbalance; `--moe-imbalance`)")
     return moe
 
 
