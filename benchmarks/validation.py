@@ -60,8 +60,8 @@ def main() -> None:
     print(f"  dropless load imbalance ({ROUTING}): fitted {V.dropless_imbalance(fits)}, "
           f"ddplan.specs.DROPLESS_IMBALANCE {DROPLESS_IMBALANCE}")
     for f in fits:
-        print(f"    {f.seq_len:7,d} tokens: dropless {100 * (f.slowdown - 1):4.1f}% slower measured, experts "
-              f"{100 * f.moe_share:3.0f}% of the step -> imbalance {f.imbalance:.3f}")
+        print(f"    {f.seq_len:7,d} tokens: dropless {100 * (f.slowdown - 1):4.1f}% slower measured, experts and "
+              f"all-to-alls {100 * f.moe_share:3.0f}% of the step -> imbalance {f.imbalance:.3f}")
     lo, hi = V.band_ratio(scored)
     median = statistics.median(s.measured_s / s.predicted_s for s in scored)
     print(f"\nmeasured / predicted in sample: 5th percentile {lo:.3f}, 95th {hi:.3f} (median {median:.3f})")

@@ -137,6 +137,8 @@ def _inputs(model: str, hardware: str | None, calibration: str | None, seq_len: 
             try:
                 return _variant(spec, seq_len, dtype, grads, moe_imbalance), hw, cal
             except DdplanError as e:
+                if e.field == "--moe-imbalance":
+                    raise
                 raise SpecError(f"its sequence length or dtype does not fit {spec.name}: {e.message}",
                                 file=calibration) from None
     return _variant(spec, seq_len, dtype, grads, moe_imbalance), hw, cal

@@ -256,7 +256,8 @@ def attention_efficiency_flops(op: Op, anatomy: Anatomy) -> tuple[float, float]:
 def op_time_s(op: Op, anatomy: Anatomy, r: Rates) -> tuple[float, float]:
     """(forward, backward) seconds of one op on the GPU the step waits for: its time at the op's shape
     (_op_time_s) x op.wait (the busiest rank's over the mean's; a routed expert's under dropless expert
-    parallelism, ddplan.specs.MoE.imbalance)."""
+    parallelism, ddplan.specs.MoE.imbalance). Simplified: the call's fixed cost is scaled too (microseconds
+    against a grouped GEMM's hundreds), and the busier rank's larger m is taken at the mean m's efficiency."""
     f, b = _op_time_s(op, anatomy, r)
     return (f * op.wait, b * op.wait) if op.wait != 1 else (f, b)
 

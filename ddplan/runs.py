@@ -14,6 +14,8 @@ the same path as `ddplan table`: a validation row and a table row of the same la
 
 from __future__ import annotations
 
+import copy
+
 import functools
 from typing import Any, Literal
 
@@ -236,7 +238,7 @@ def run_spec(run: PublishedRun, where: str, imbalance: float | None = None):
     data = base.model_dump(mode="json")
     data["name"] = _slug(run.model.name)
     data["aliases"] = []
-    data["architecture"].update(run.model.architecture)
+    data["architecture"].update(copy.deepcopy(run.model.architecture))  # the run's own dicts stay untouched
     a = data["architecture"]
     moe = a.get("moe")
     if run.model.routing is not None and moe is None:

@@ -240,37 +240,49 @@ def fit_sustained(runs: Sequence[PublishedRun], hardware: str, where: str, lo: f
 
 @dataclass(frozen=True)
 class ImbalanceFit:
-    """One forced-balance / dropless pair: the measured slowdown, the MoE share of the step and the imbalance
-    that explains it (fit_dropless_imbalance)."""
+    """One forced-balance / dropless pair: the measured slowdown, the share of the step that scales with the
+    imbalance and the imbalance that explains the slowdown (fit_dropless_imbalance)."""
 
     id: str
     seq_len: int
     slowdown: float  # dropless step / forced-balance step, measured
-    moe_share: float  # the experts' share of the predicted forced-balance step (recomputed forward included)
+    moe_share: float  # the experts' ops and exchanges in the predicted forced-balance step (recomputed ones too)
     imbalance: float
 
 
-def fit_dropless_imbalance(sweep: RoutingSweep, runs: RunSet, where: str,
-                           sustained: dict[str, float] | None = None) -> list[ImbalanceFit]:
+# the imbalance's search interval and tolerance (fit_dropless_imbalance); the step at 1 + SLOPE_STEP prices the
+# recomputed MoE forward at imbalance 1
+IMBALANCE_RANGE = (1.0, 4.0)
+IMBALANCE_TOL = 1e-3
+SLOPE_STEP = 0.05
+
+
+def fit_dropless_imbalance(sweep: RoutingSweep, runs: RunSet, where: str, sustained: dict[str, float] | None = None,
+                           sweep_file: str = "moe_routing.yaml") -> list[ImbalanceFit]:
     """The dropless load imbalance of each pair of a routing sweep (ddplan.runs.RoutingSweep).
 
-    ddplan's step is affine in the imbalance I (the experts' part scales, the rest does not):
-    t(I) = A + M I, with M = t(2) - t(1) priced with the run made dropless; when the runs re-computed the
-    MoE layers (sweep.recompute_moe) their forward, M_f = (t_full(2) - t_full(1)) - M, is added to both
-    (T(I) = A + (M + M_f) I). Setting T(I) / T(1) to the measured slowdown S = forced / dropless throughput
-    gives I = 1 + (S - 1) T(1) / (M + M_f). e.g. T(1) 12 s of which 5 s experts, S 1.245: I = 1 + 0.245 x
-    12 / 5 = 1.59. sustained: GEMM fractions replacing the specs' (leave-one-source-out's re-fits).
+    Each pair's forced-balance run is priced dropless at imbalance I: t(I) with its own recompute, t_f(I) with
+    full recompute. Only the experts' ops and exchanges depend on I. When the runs re-computed the MoE layers
+    (sweep.recompute_moe), their step is t(1) + F at I = 1, F the MoE forward, which is the extra slope full
+    recompute adds near I = 1: F = (t_f(1 + h) - t_f(1)) / h - (t(1 + h) - t(1)) / h; and as I grows the
+    step rises exactly as full recompute's does (the MoE forward twice, its backward once), so the imbalance
+    solves t_f(I) - t_f(1) = (S - 1) (t(1) + F), S the measured slowdown (forced / dropless throughput), by
+    bisection on IMBALANCE_RANGE. Without recompute: t(I) - t(1) = (S - 1) t(1). Exact where the step is
+    piecewise linear in I (the busiest pipeline stage may change as the experts grow). e.g. T(1) 12 s, S 1.245,
+    and t_f rising 5 s per unit of I: I = 1 + 0.245 x 12 / 5 = 1.59. sustained: GEMM fractions replacing the
+    specs' (leave-one-source-out's re-fits); sweep_file names the sweep in errors.
     """
-    by_id = {r.id: (i, r) for i, r in enumerate(runs.runs)}
+    by_id = {r.id: r for r in runs.runs}
     out = []
-    for point in sweep.points:
+    for k, point in enumerate(sweep.points):
+        field = f"points.{k}.balanced"
         if point.balanced not in by_id:
-            raise SpecError(f"no run {point.balanced!r} in the dataset", file=where, field="points.balanced")
-        i, run = by_id[point.balanced]
+            raise SpecError(f"no run {point.balanced!r} in the dataset ({where})", file=sweep_file, field=field)
+        run = by_id[point.balanced]
         conv = run.mfu_convention
         if run.model.routing != "balanced" or conv is None:
             raise SpecError(f"{run.id} must be a forced-balance run (model.routing: balanced) with an mfu_convention",
-                            file=where, field="points.balanced")
+                            file=sweep_file, field=field)
         dropless_s = conv.flops_per_token * run.tokens_per_step / (point.dropless_model_tflops_per_gpu * 1e12
                                                                      * run.layout.gpus)
         slowdown = dropless_s / run.measured_step_s
@@ -281,12 +293,26 @@ def fit_dropless_imbalance(sweep: RoutingSweep, runs: RunSet, where: str,
                                        "layout": run.layout.model_copy(update={"recompute": recompute})})
             return price_run(r, here, sustained, imbalance=imbalance)[2].step_s
 
-        t1 = step(1.0, run.layout.recompute)
-        moe = step(2.0, run.layout.recompute) - t1
-        fwd = (step(2.0, "full") - step(1.0, "full")) - moe if sweep.recompute_moe else 0.0
-        total, share = t1 + fwd, moe + fwd
-        out.append(ImbalanceFit(id=run.id, seq_len=run.model.seq_len, slowdown=slowdown, moe_share=share / total,
-                                imbalance=1 + (slowdown - 1) * total / share))
+        own = run.layout.recompute
+        grows = "full" if sweep.recompute_moe else own  # the recompute whose step rises with I as the run's did
+        t1, g1 = step(1.0, own), step(1.0, grows)
+        extra = 0.0
+        if sweep.recompute_moe:
+            h = SLOPE_STEP
+            extra = (step(1 + h, grows) - g1) / h - (step(1 + h, own) - t1) / h
+        total = t1 + extra
+        target = (slowdown - 1) * total
+        lo, hi = IMBALANCE_RANGE
+        if step(hi, grows) - g1 < target:
+            raise SpecError(f"{run.id}: the measured slowdown {slowdown:.3f} needs an imbalance above {hi:g}",
+                            file=sweep_file, field=field)
+        while hi - lo > IMBALANCE_TOL:
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if step(mid, grows) - g1 < target else (lo, mid)
+        imbalance = (lo + hi) / 2
+        share = (step(1 + SLOPE_STEP, grows) - g1) / SLOPE_STEP / total
+        out.append(ImbalanceFit(id=run.id, seq_len=run.model.seq_len, slowdown=slowdown, moe_share=share,
+                                imbalance=imbalance))
     return out
 
 
@@ -320,8 +346,8 @@ def leave_one_source_out(runs: RunSet, where: str, hardware: Iterable[str],
     Each fitted hardware's sustained fraction is re-fitted without the held-out source; a hardware the
     other sources never ran on keeps the shipped value (nothing to fit it to). The dropless load imbalance
     is re-fitted from the shipped routing sweep (validation/moe_routing.yaml) at those fractions, and set to
-    1 (balanced, the model without the term) when the sweep's own source is the one held out; a dataset that
-    lacks the sweep's runs keeps the shipped value."""
+    1 (balanced, the model without the term) when the sweep's own source is the one held out; otherwise a
+    dataset that lacks the sweep's runs keeps the shipped value."""
     from ddplan.runs import load_routing
 
     sweep = load_routing()
@@ -340,10 +366,11 @@ def leave_one_source_out(runs: RunSet, where: str, hardware: Iterable[str],
             names = FIT_GROUPS.get(hw, (hw,))
             if any(_hw_name(r.hardware) in names for r in rest):
                 refit.update(dict.fromkeys(names, fit_sustained(rest, hw, where)))
-        imbalance = None
-        if sweep_here:
-            imbalance = (1.0 if sweep.source.name == src else
-                         dropless_imbalance(fit_dropless_imbalance(sweep, runs, where, refit)))
+        imbalance = None  # the shipped value, where the sweep's runs are not in this dataset
+        if sweep.source.name == src:
+            imbalance = 1.0  # nothing else to fit it to
+        elif sweep_here:
+            imbalance = dropless_imbalance(fit_dropless_imbalance(sweep, runs, where, refit))
         out += [score(r, where, refit, imbalance) for r in held]
     order = {r.id: i for i, r in enumerate(runs.runs)}
     return sorted(out, key=lambda s: order[s.id])

@@ -282,9 +282,7 @@ def test_plan_searches_expert_parallelism(capsys, mixtral):
     assert forced[0]["ep"] > 1
     # dropless (the default): every rank waits for the busiest at each all-to-all, and the split costs more
     dropless = json.loads(run_ok(capsys, base))["rows"]
-    best_split = min(r["step_s"] for r in dropless if r["ep"] > 1) if any(r["ep"] > 1 for r in dropless) else None
     assert dropless[0]["step_s"] > forced[0]["step_s"]
-    assert best_split is None or best_split > forced[0]["step_s"]
 
 
 def test_ep_errors_are_one_line(capsys, mixtral):
@@ -564,3 +562,28 @@ def test_moe_imbalance_flag(capsys, mixtral):
     assert "--moe-imbalance" in err and "dense" in err
     _, err = fails(capsys, base + ["--moe-imbalance", "0.5"])
     assert "--moe-imbalance" in err and "[1, 64]" in err
+
+
+def test_the_wait_survives_tp_cp_and_recompute(mixtral):
+    """Op.wait is kept through the tp, sequence-parallel and cp shares, and full recompute re-runs the experts'
+    forward at the busiest rank's time too."""
+    from ddplan.anatomy import for_cp, for_tp
+    from ddplan.roofline import op_time_s
+
+    spec = load_model(mixtral)
+    an = build_anatomy(spec, batch=1, seq_len=4096, ep=8, attention="flash_package")
+    short = build_anatomy(spec, batch=1, seq_len=2048, ep=8, attention="flash_package")
+    for share in (for_tp(an, 2, sequence_parallel=True), for_cp(an, short, 2)):
+        experts = [o for o in share.ops if ".experts." in o.name]
+        assert experts and all(o.wait == DROPLESS_IMBALANCE for o in experts)
+        assert all(o.wait == 1.0 for o in share.ops if ".experts." not in o.name)
+    hw = load_hardware("h100-sxm")
+    r = rates(hw, "fa3")
+    lay = Layout(dp=8, zero=1, ep=8, micro_batch=1, grad_accum=2, recompute="full")
+    forced = build_anatomy(_forced(spec), batch=1, ep=8, attention="flash_package")
+    st_d, st_f = (step_time(s, hw, lay, replace(a, recompute="full"), r)
+                  for s, a in ((spec, an), (_forced(spec), forced)))
+    # each expert op: forward twice (once more in recompute) and backward once, all (I - 1) longer
+    per_mb = sum(2 * op_time_s(o, forced, r)[0] + op_time_s(o, forced, r)[1] for o in forced.ops
+                 if ".experts." in o.name)
+    assert st_d.compute_s - st_f.compute_s == pytest.approx(2 * (DROPLESS_IMBALANCE - 1) * per_mb, rel=1e-6)
