@@ -426,8 +426,8 @@ def table_assumptions(table) -> list[str]:
            f", widened to {validated_ratio(spec)[0]:g}-{validated_ratio(spec)[1]:g} x the prediction: where measured "
            f"step times fell against ddplan's predictions on its dataset of published runs, each source priced with "
            f"fits made without it (`ddplan validate --leave-one-source-out`)"
-           + ("; for a mixture of experts, stretched to the published MoE runs, which ran slower than predicted"
-              if spec.architecture.moe else "")) + ".",
+           + ("; for a mixture of experts, the dense band stretched to every published MoE run's measured / "
+              "predicted, on either side" if spec.architecture.moe else "")) + ".",
     ]
     cal = req.calibration
     if cal is not None:
