@@ -75,6 +75,7 @@ class Rates:
     # a calibration's measured point; unfused math kernels do not
     attn_seq_curve: bool = False
     attn_reference_seq: int = 0
+    attn_seq_half: float = 240.0  # the kernel's saturation length (AttentionImpl.seq_half; FLASH_SEQ_HALF)
     pointwise_bytes_per_s: float | None = None  # measured rate of elementwise ops (replaces HBM x eff)
     pointwise_compiled: bool = False  # that rate measured torch.compile'd: the anatomy's bytes over fused kernels' time
     pointwise_fwd_bytes_per_s: float | None = None  # the same measurement's forward and backward apart
@@ -142,6 +143,7 @@ def rates(hw: HardwareSpec, attention: str, scenario: Scenario = "value", dtype:
         fp8_lm_head=fp8_lm_head,
         attn_seq_curve=impl.kind in FUSED_KINDS,
         attn_reference_seq=(impl.measured_seq_len or 0) if impl.kind in FUSED_KINDS else 0,
+        attn_seq_half=impl.seq_half or FLASH_SEQ_HALF,
     )
 
 
@@ -291,10 +293,10 @@ def _op_time_s(op: Op, anatomy: Anatomy, r: Rates) -> tuple[float, float]:
         keys = keys_per_call(op, anatomy)
         if r.attention_points:  # measured at the model's shapes; other lengths along the curve from there
             point = nearest(r.attention_points, (bb * h, s, processed_window(op, anatomy), hd))
-            g = attention_seq_factor(keys, min(point[2], point[1])) if r.attn_seq_curve else 1.0
+            g = attention_seq_factor(keys, min(point[2], point[1]), r.attn_seq_half) if r.attn_seq_curve else 1.0
             eff_f, eff_b = point[4] * r.attention_scale * g, point[5] * r.attention_scale * g
         elif r.attn_reference_seq:
-            g = attention_seq_factor(keys, r.attn_reference_seq)
+            g = attention_seq_factor(keys, r.attn_reference_seq, r.attn_seq_half)
             eff_f, eff_b = eff_f * g, eff_b * g
         return (roofline_s(f, op.bytes_fwd, r.peak_flops_per_s * eff_f, bw) + r.kernel_overhead_s,
                 roofline_s(b, op.bytes_bwd, r.peak_flops_per_s * eff_b, bw) + r.kernel_overhead_s)

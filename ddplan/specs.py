@@ -221,6 +221,9 @@ class AttentionImpl(Strict):
     # ddplan.roofline.attention_seq_factor from there (every shipped figure: Azure's runs at seq 8192);
     # None: no sequence curve (calibrate's CPU spec, whose efficiencies are measured at the model's shapes)
     measured_seq_len: int | None = Field(default=None, gt=0, le=10**8)
+    # keys per query at which the kernel reaches half its long-sequence rate (attention_seq_factor), fitted to
+    # its own published sweep; None: ddplan.roofline.FLASH_SEQ_HALF (FA3 / FA2 on H100)
+    seq_half: float | None = Field(default=None, gt=0, le=10**6)
 
 
 class HardwareSpec(Strict):

@@ -70,8 +70,8 @@ def moe_line(spec) -> str:
             f"(expert tensor parallelism = tp; `--etp 1` keeps them whole, ep then spanning the tp GPUs) and run with "
             f"sequence parallelism, as Megatron-Core requires. "
             f"On ddplan's published MoE runs a step took {VALIDATED_RATIO_MOE[0]:g}x to {VALIDATED_RATIO_MOE[1]:g}x the "
-            f"prediction (`ddplan validate`; the routing's many small kernels and host synchronisation are not "
-            f"modelled, nor Blackwell's cuDNN attention): the band spans it.")
+            f"prediction (`ddplan validate`; host cost, the routing's many small kernels and host synchronisation, is "
+            f"not modelled): the band spans it.")
 
 
 def dp_option_words(lay) -> list[str]:
