@@ -42,6 +42,12 @@ def comm_end(scenario: Scenario) -> str:
 COMPILED_POINTWISE_FRACTION = 0.5
 
 
+# Fitted to H100 forward TFLOP/s at sequence 512-16,384 (B x S = 16k, H x D = 2048, head dim 128;
+# pytorch/benchmark commit ff65cb67, PR #2391, test plan): 233.8 for FA3, 243.7 for the Triton tutorial's
+# FA2; at 240 both are within 1.1% at every length (tests/test_roofline.py refits them)
+FLASH_SEQ_HALF = 240.0
+
+
 @dataclass(frozen=True)
 class Rates:
     """Resolved hardware rates and efficiencies for one scenario (SI units)."""
@@ -75,7 +81,7 @@ class Rates:
     # a calibration's measured point; unfused math kernels do not
     attn_seq_curve: bool = False
     attn_reference_seq: int = 0
-    attn_seq_half: float = 240.0  # the kernel's saturation length (AttentionImpl.seq_half; FLASH_SEQ_HALF)
+    attn_seq_half: float = FLASH_SEQ_HALF  # the kernel's saturation length (AttentionImpl.seq_half)
     pointwise_bytes_per_s: float | None = None  # measured rate of elementwise ops (replaces HBM x eff)
     pointwise_compiled: bool = False  # that rate measured torch.compile'd: the anatomy's bytes over fused kernels' time
     pointwise_fwd_bytes_per_s: float | None = None  # the same measurement's forward and backward apart
@@ -149,10 +155,6 @@ def rates(hw: HardwareSpec, attention: str, scenario: Scenario = "value", dtype:
 
 # Fused attention kernels (flash, PyTorch's fused SDPA) whose speed follows attention_seq_factor
 FUSED_KINDS = ("fused_sdpa", "flash_package")
-# Fitted to H100 forward TFLOP/s at sequence 512-16,384 (B x S = 16k, H x D = 2048, head dim 128;
-# pytorch/benchmark commit ff65cb67, PR #2391, test plan): 233.8 for FA3, 243.7 for the Triton tutorial's
-# FA2; at 240 both are within 1.1% at every length (tests/test_roofline.py refits them)
-FLASH_SEQ_HALF = 240.0
 
 
 def attention_seq_factor(kv_len: int, reference_seq: int, seq_half: float = FLASH_SEQ_HALF) -> float:

@@ -117,9 +117,22 @@ def test_bench_attention_cpu(impl, window):
     assert out is not None and all(positive(x) for x in out)
 
 
-@pytest.mark.parametrize("impl", ["sdpa-cudnn", "fa2", "flash-attn-ck", "fa3"])
+@pytest.mark.parametrize("impl", ["sdpa-cudnn", "fa2", "flash-attn-ck", "fa3", "cudnn"])
 def test_bench_attention_unavailable_on_cpu_is_none(impl):
     assert bench.bench_attention(impl, batch=1, heads=2, seq_len=64, window=64, head_dim=32, dtype="fp32",
+                                 device="cpu", quick=True) is None
+
+
+def test_every_specs_attention_has_a_benchmark():
+    """calibrate times each hardware spec's default attention implementations: every one must be a name
+    bench_attention knows (the b200/gb200 `cudnn` through PyTorch's cuDNN SDPA backend), or the stage skips it."""
+    from ddplan.registry import builtin_names, load_hardware
+
+    for name in builtin_names("hardware"):
+        for impl in load_hardware(name).default_attention_impls():
+            assert impl.name in bench.ATTENTION_IMPLS, (name, impl.name)
+    # a window cuDNN would skip natively cannot be timed through SDPA (a mask computes it all): not timed
+    assert bench.bench_attention("cudnn", batch=1, heads=2, seq_len=64, window=16, head_dim=32, dtype="fp32",
                                  device="cpu", quick=True) is None
 
 

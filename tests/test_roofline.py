@@ -581,8 +581,8 @@ def _fractions(times_ms, peak_tflops):
 def test_gb200_attention_is_the_published_sweep(impl, times, worst):
     """The gb200 spec's cudnn and sdpa-fused (PyTorch flash) efficiencies are the sweep's at its 8192 anchor
     (the csv's 1,584 and 414 TFLOP/s forward), and their seq_half carries them along the sweep: each length
-    within the stated share (cuDNN: forward within 3% to 16k and +8% at 32k, backward +22% at 2k, where it jumps
-    between 2k and 4k, else within 4%; PyTorch flash within 2%)."""
+    within the stated share (cuDNN: forward within 4% to 16k and +8% at 32k, backward +22% at 2k, where it jumps
+    between 2k and 4k, else within 4%; PyTorch flash within 2.5%)."""
     hw = load_hardware("gb200")
     a = hw.attention_impl(impl)
     points = _fractions(times, 2500)
@@ -615,3 +615,26 @@ def test_gb200_cudnn_seq_half_is_the_sweeps_best_fit():
 
     h = math.exp(golden_min(lambda lh: cost(math.exp(lh)), math.log(10), math.log(50000), 1e-7))
     assert h == pytest.approx(load_hardware("gb200").attention_impl("cudnn").seq_half, rel=0.02)
+
+
+# B200 (the same repository's ..._NVIDIA_B200.csv @bb37575d: cuDNN 9.13 through PyTorch's cuDNN SDPA backend, and
+# PyTorch's flash backend), forward and backward ms at BW_SEQS, transcribed
+B200_CUDNN_MS = ((0.135, 0.278), (0.287, 0.925), (0.642, 1.960), (1.877, 5.833), (6.602, 20.460), (24.795, 79.338))
+B200_PYT_FLASH_MS = ((0.208, 0.798), (0.567, 1.844), (1.692, 5.360), (5.889, 18.395), (22.297, 68.724),
+                     (87.146, 265.902))
+
+
+@pytest.mark.parametrize("impl, times, near, far", [
+    ("cudnn", B200_CUDNN_MS, 0.08, 0.29),  # within 8% at 4k-16k; +29% at 1k (its curve is not this shape)
+    ("sdpa-fused", B200_PYT_FLASH_MS, 0.08, 0.19),  # within 8% from 2k on; backward +19% at 1k
+])
+def test_b200_attention_is_the_published_sweep(impl, times, near, far):
+    hw = load_hardware("b200")
+    a = hw.attention_impl(impl)
+    points = _fractions(times, 2250)
+    assert (a.efficiency_fwd.value, a.efficiency_bwd.value) == pytest.approx(points[BW_SEQS.index(8192)], abs=0.002)
+    for s, (f, b) in zip(BW_SEQS, points):
+        g = attention_seq_factor(s, 8192, a.seq_half)
+        tol = near if 4096 <= s <= 16384 else far
+        assert a.efficiency_fwd.value * g == pytest.approx(f, rel=tol), (s, "fwd")
+        assert a.efficiency_bwd.value * g == pytest.approx(b, rel=tol), (s, "bwd")

@@ -444,6 +444,9 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
         windows = sorted(set(a.windows(seq)))
         points, missing = [], []
         for impl in names:
+            if impl not in bench.ATTENTION_IMPLS:  # a spec's kernel calibrate has no way to time
+                missing.append(f"{impl} (no benchmark for it)")
+                continue
             for w in windows:
                 got = bench.bench_attention(impl, batch=mb0, heads=a.num_heads, seq_len=seq, window=w,
                                             head_dim=a.head_dim, dtype=gemm_dtype, device=device, quick=req.quick)
