@@ -1014,7 +1014,7 @@ def validate_cmd(
       ddplan validate --leave-one-source-out
 
     For each run: predicted vs measured step time, the error, and whether the measurement falls inside
-    the band; then the error by hardware, size, family and source.
+    the band; then the error by kind (dense, MoE), hardware, size, family and source.
     """
     from ddplan import render, validation
     from ddplan.runs import load_runs, shipped_dataset

@@ -165,12 +165,13 @@ def summarise(scored: Sequence[Scored], group: str = "all") -> Summary:
 
 
 GROUPINGS: tuple[tuple[str, Callable[[Scored], str]], ...] = (
-    ("hardware", lambda s: s.hardware), ("size", lambda s: s.size), ("family", lambda s: s.family),
+    ("kind", lambda s: "moe" if s.moe else "dense"), ("hardware", lambda s: s.hardware), ("size", lambda s: s.size), ("family", lambda s: s.family),
     ("source", lambda s: s.source))
 
 
 def summaries(scored: Sequence[Scored]) -> list[Summary]:
-    """The overall summary, then one per hardware, model size, parallelism family and source."""
+    """The overall summary, then one per kind (dense, mixture of experts), hardware, model size, parallelism
+    family and source."""
     out = [summarise(scored)]
     for name, key in GROUPINGS:
         groups: dict[str, list[Scored]] = {}

@@ -116,6 +116,7 @@ def test_summaries_group_by_hardware_size_family_and_source():
     groups = {s.group: s.runs for s in V.summaries(rows)}
     assert groups["all"] == 2 and groups["hardware=a"] == 1 and groups["hardware=b"] == 1
     assert groups["family=dp"] == 1 and groups["family=tp"] == 1 and groups["source=s"] == 2
+    assert groups["kind=dense"] == 2 and "kind=moe" not in groups
 
 
 def test_family_and_size():
