@@ -572,8 +572,8 @@ def _moe(bld: _Builder, i: int) -> None:
     so EP changes the rows per expert (and the weights read), not the FLOPs. Dropless routing over ep > 1
     ranks is not balanced, and every rank waits for the busiest at the next all-to-all: the experts' ops
     (on the rows received; permute and combine run on each rank's own tokens) take MoE.imbalance times
-    their mean time (Op.wait), and the all-to-alls carry the busiest rank's rows (ddplan.step). The all-to-alls that move
-    the rows between ranks are priced in ddplan.step (comm.moe_all_to_all_s).
+    their mean time (Op.wait). The all-to-alls that move the rows between ranks, the busiest rank's rows,
+    are priced in ddplan.step (comm.moe_all_to_all_s).
     Ref: Megatron-Core megatron/core/transformer/moe (router.py TopKRouter, token_dispatcher.py
     MoEAlltoAllTokenDispatcher, experts.py GroupedMLP); Fedus et al., arXiv 2101.03961, sec. 2.2."""
     a, t, e, moe = bld.a, bld.t, bld.e, bld.a.moe
@@ -592,8 +592,9 @@ def _moe(bld: _Builder, i: int) -> None:
     _mlp(bld, i, f"{p}.experts", moe.expert_hidden_dim, f"{p}.moe.permuted", "experts", rows=rows / bld.expert_rows,
          experts=max(1, experts // bld.ep), x_tag="keep")
     wait = moe.imbalance(bld.ep)
-    if bld.expert_rows > 1 or wait != 1:  # whole experts on this tp rank's own rows: already its share
-        bld.ops[first:] = [_with(op, tp_done=op.tp_done or bld.expert_rows > 1, wait=wait) for op in bld.ops[first:]]
+    if bld.expert_rows > 1 or wait != 1:  # whole experts on a tp rank's own rows are already its share
+        whole = bld.expert_rows > 1
+        bld.ops[first:] = [_with(op, tp_done=op.tp_done or whole, wait=wait) for op in bld.ops[first:]]
     # un-permute and combine: y = sum over k of prob_k x expert_out_k; saves the expert outputs and the
     # routing weights, cast to the compute dtype
     bld.pointwise(f"{p}.moe.combine", i, rows * c, reads=2, flops_per_element=2.0,

@@ -244,10 +244,11 @@ def run_spec(run: PublishedRun, where: str, imbalance: float | None = None):
     if run.model.routing is not None and moe is None:
         raise SpecError("routing is for mixture-of-experts models; this one is dense", file=where,
                         field="model.routing")
-    if moe is not None and run.model.routing == "balanced":
-        moe.update(capacity_factor=None, load_imbalance=1.0)
-    elif moe is not None and imbalance is not None and moe.get("capacity_factor") is None:
-        moe["load_imbalance"] = imbalance
+    if moe is not None and moe.get("capacity_factor") is None:  # padded to capacity: no imbalance to set
+        if run.model.routing == "balanced":
+            moe["load_imbalance"] = 1.0
+        elif imbalance is not None:
+            moe["load_imbalance"] = imbalance
     if run.model.seq_len > a["max_seq_len"]:
         raise SpecError(f"{run.model.seq_len} is above the model's max_seq_len {a['max_seq_len']}: set "
                         f"model.architecture.max_seq_len if the run's model takes it", file=where, field="model.seq_len")

@@ -332,8 +332,8 @@ class MoE(Strict):
     --moe-expert-capacity-factor with --moe-pad-expert-input-to-capacity; GShard, Switch).
     load_imbalance: dropless only, under expert parallelism (ep > 1): the busiest rank's routed rows over
     the mean, on which the step waits at every all-to-all (its experts' time and the exchange scale by it,
-    memory does not: the busiest rank differs from layer to layer); None is DROPLESS_IMBALANCE (real data, auxiliary-loss balancing),
-    1 is forced balance (Megatron-Core --moe-router-force-load-balancing, a benchmark setting). With one
+    memory does not: the busiest rank differs from layer to layer); None is DROPLESS_IMBALANCE (real data,
+    auxiliary-loss balancing), 1 is forced balance (Megatron-Core --moe-router-force-load-balancing, a benchmark setting). With one
     expert-parallel rank every expert is local and the rows are the same whichever expert takes them.
     shared_expert_gate: Qwen2-MoE's sigmoid gate (d_model -> 1) on the shared expert's output.
     Ref: Shazeer et al. 2017 (arXiv 1701.06538); Fedus et al., Switch Transformer (arXiv 2101.03961)
@@ -659,7 +659,8 @@ def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | Non
             raise ValueError(f"{spec.name} pads its experts to capacity factor {moe.capacity_factor:g}; a load "
                              f"imbalance is for dropless routing")
         if not 1 <= load_imbalance <= 64:
-            raise ValueError(f"load imbalance must be in [1, 64] (busiest rank's rows over the mean), got {load_imbalance}")
+            raise ValueError(f"load imbalance must be in [1, 64] (busiest rank's rows over the mean), "
+                             f"got {load_imbalance}")
         arch = spec.architecture.model_copy(update={"moe": moe.model_copy(update={"load_imbalance": load_imbalance})})
         spec = spec.model_copy(update={"architecture": arch})
     return spec

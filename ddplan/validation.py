@@ -165,8 +165,8 @@ def summarise(scored: Sequence[Scored], group: str = "all") -> Summary:
 
 
 GROUPINGS: tuple[tuple[str, Callable[[Scored], str]], ...] = (
-    ("kind", lambda s: "moe" if s.moe else "dense"), ("hardware", lambda s: s.hardware), ("size", lambda s: s.size), ("family", lambda s: s.family),
-    ("source", lambda s: s.source))
+    ("kind", lambda s: "moe" if s.moe else "dense"), ("hardware", lambda s: s.hardware), ("size", lambda s: s.size),
+    ("family", lambda s: s.family), ("source", lambda s: s.source))
 
 
 def summaries(scored: Sequence[Scored]) -> list[Summary]:
@@ -296,11 +296,10 @@ def fit_dropless_imbalance(sweep: RoutingSweep, runs: RunSet, where: str, sustai
 
         own = run.layout.recompute
         grows = "full" if sweep.recompute_moe else own  # the recompute whose step rises with I as the run's did
-        t1, g1 = step(1.0, own), step(1.0, grows)
-        extra = 0.0
-        if sweep.recompute_moe:
-            h = SLOPE_STEP
-            extra = (step(1 + h, grows) - g1) / h - (step(1 + h, own) - t1) / h
+        t1 = step(1.0, own)
+        g1 = t1 if grows == own else step(1.0, grows)
+        slope = (step(1 + SLOPE_STEP, grows) - g1) / SLOPE_STEP  # the step's growth per unit of I, near 1
+        extra = slope - (step(1 + SLOPE_STEP, own) - t1) / SLOPE_STEP if sweep.recompute_moe else 0.0
         total = t1 + extra
         target = (slowdown - 1) * total
         lo, hi = IMBALANCE_RANGE
@@ -310,10 +309,8 @@ def fit_dropless_imbalance(sweep: RoutingSweep, runs: RunSet, where: str, sustai
         while hi - lo > IMBALANCE_TOL:
             mid = (lo + hi) / 2
             lo, hi = (mid, hi) if step(mid, grows) - g1 < target else (lo, mid)
-        imbalance = (lo + hi) / 2
-        share = (step(1 + SLOPE_STEP, grows) - g1) / SLOPE_STEP / total
-        out.append(ImbalanceFit(id=run.id, seq_len=run.model.seq_len, slowdown=slowdown, moe_share=share,
-                                imbalance=imbalance))
+        out.append(ImbalanceFit(id=run.id, seq_len=run.model.seq_len, slowdown=slowdown, moe_share=slope / total,
+                                imbalance=(lo + hi) / 2))
     return out
 
 

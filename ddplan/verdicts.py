@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ddplan.layout import NATIVE_ZERO, breaks_world_size_rule
 from ddplan.price import MFU_CONVENTION, VALIDATED_RATIO_MOE, Flag, PricedLayout, validated_ratio
-from ddplan.specs import HardwareSpec, ModelSpec
+from ddplan.specs import DROPLESS_IMBALANCE, HardwareSpec, ModelSpec
 from ddplan.units import GiB
 
 DISTRIBUTION_NAMES = {"sharded_optimizer": "nanochat's sharded optimizer (ZeRO-1 memory)", "ddp": "DDP",
@@ -56,7 +56,7 @@ def moe_line(spec) -> str:
     elif m.load_imbalance == 1:
         routing = "routing dropless and forced balanced (load imbalance 1, `--moe-imbalance`)"
     else:
-        i = m.imbalance(2)
+        i = m.load_imbalance if m.load_imbalance is not None else DROPLESS_IMBALANCE
         source = ("" if m.load_imbalance is not None else
                   ", fitted to the Megatron-MoE ModelZoo's forced-balance vs dropless runs, validation/moe_routing.yaml")
         routing = (f"routing dropless: under ep > 1 the busiest rank receives {i:g}x the mean rows and every rank "
@@ -69,9 +69,9 @@ def moe_line(spec) -> str:
             f"(Megatron-Core's all-to-all dispatcher); with tp > 1 the experts split over tp as the dense MLP does "
             f"(expert tensor parallelism = tp; `--etp 1` keeps them whole, ep then spanning the tp GPUs) and run with "
             f"sequence parallelism, as Megatron-Core requires. "
-            f"On ddplan's published MoE runs a step took {VALIDATED_RATIO_MOE[0]:g}x to {VALIDATED_RATIO_MOE[1]:g}x the "
-            f"prediction (`ddplan validate`; host cost, the routing's many small kernels and host synchronisation, is "
-            f"not modelled): the band spans it.")
+            f"On ddplan's published MoE runs a step took up to {VALIDATED_RATIO_MOE[1]:g}x the prediction (`ddplan "
+            f"validate`; host cost, the routing's many small kernels and host synchronisation, is not modelled): the "
+            f"band, {VALIDATED_RATIO_MOE[0]:g}x-{VALIDATED_RATIO_MOE[1]:g}x, spans every one.")
 
 
 def dp_option_words(lay) -> list[str]:

@@ -587,3 +587,30 @@ def test_the_wait_survives_tp_cp_and_recompute(mixtral):
     per_mb = sum(2 * op_time_s(o, forced, r)[0] + op_time_s(o, forced, r)[1] for o in forced.ops
                  if ".experts." in o.name)
     assert st_d.compute_s - st_f.compute_s == pytest.approx(2 * (DROPLESS_IMBALANCE - 1) * per_mb, rel=1e-6)
+
+
+def test_the_flags_help_names_the_shipped_imbalance():
+    """The CLI help states the default imbalance as text (the CLI does not import the specs at start-up): it must
+    be DROPLESS_IMBALANCE."""
+    from ddplan.cli import MoeImbalanceOpt
+
+    assert f"else {DROPLESS_IMBALANCE:g} (fitted" in MoeImbalanceOpt.help
+
+
+def test_a_balanced_run_keeps_its_capacity_factor(tmp_path):
+    """model.routing balanced sets imbalance 1 on a dropless run; a run padded to capacity keeps its padding."""
+    import yaml as _yaml
+
+    from ddplan.runs import load_runs, run_spec
+
+    moe = {"num_experts": 128, "top_k": 8, "expert_hidden_dim": 768, "capacity_factor": 1.25}
+    run = {"id": "cf", "source": {"name": "a test", "ref": "a test", "where": "here"},
+           "model": {"base": "qwen3-30b-a3b", "name": "Q", "seq_len": 4096, "routing": "balanced",
+                     "architecture": {"moe": moe}},
+           "hardware": "h100-sxm", "precision": "bf16",
+           "layout": {"gpus": 8, "ep": 8, "micro_batch": 1, "global_batch_sequences": 8},
+           "measured": {"step_time_s": 1.0}}
+    p = tmp_path / "r.yaml"
+    p.write_text(_yaml.safe_dump({"kind": "runs", "description": "a test", "runs": [run]}))
+    padded = run_spec(load_runs(str(p)).runs[0], "t").architecture.moe
+    assert (padded.capacity_factor, padded.load_imbalance) == (1.25, None)
