@@ -90,6 +90,9 @@ class Op:
     # FLOPs, bytes and saves describe (a routed expert's under dropless expert parallelism: MoE.imbalance;
     # the memory peak stays the mean's, as the busiest rank differs from layer to layer)
     wait: float = 1.0
+    # GEMM launches of one pass: a grouped GEMM's local experts, one cuBLAS GEMM each (Transformer Engine's
+    # GroupedLinear; ddplan.roofline.grouped_call_waves prices their fixed costs)
+    calls: int = 1
 
 
 @dataclass(frozen=True)
@@ -255,7 +258,7 @@ class _Builder:
             # writes dX and dW (accumulated into the master-dtype grad)
             bytes_fwd=m * k * e + w * e + m * n * e + (w * (w_master + e) if cast else 0),
             bytes_bwd=m * n * e * 2 + m * k * e * 2 + w * e * 2 + (w * w_master * 2 if cast else 0),
-            saves=tuple(saves), weight_group=weight_group, weight_elements=float(w),
+            saves=tuple(saves), weight_group=weight_group, weight_elements=float(w), calls=experts,
         ))
 
     def pointwise(self, name: str, layer: int | None, numel: int, *, reads: int, writes: int = 1,

@@ -216,6 +216,23 @@ def gemm_call_s(r: Rates, fp8: bool = False) -> float:
     return r.gemm_overhead_s
 
 
+# Transformer Engine runs a grouped GEMM (GroupedLinear, which Megatron-Core's --moe-grouped-gemm uses) as
+# one cuBLAS GEMM per local expert, GEMM i on compute stream i mod 4: nvte_multi_stream_cublas_gemm
+# (transformer_engine/common/gemm/cublaslt_gemm.cu) over get_num_compute_streams() = 4
+# (transformer_engine/common/util/multi_stream.cpp @3e125d69, NVIDIA/TransformerEngine)
+GROUPED_GEMM_STREAMS = 4
+
+
+def grouped_call_waves(calls: int, streams: int = GROUPED_GEMM_STREAMS) -> int:
+    """How many GEMM calls' fixed costs one pass of a grouped GEMM waits for: its `calls` GEMMs (one a local
+    expert) go round-robin over `streams` concurrent streams, so the busiest stream runs ceil(calls / streams)
+    of them one after another; their work shares the GPU and is priced once, at the whole op's FLOPs. One
+    call for an ordinary GEMM. e.g. 32 local experts on 4 streams: 8. Ref: GROUPED_GEMM_STREAMS."""
+    if calls < 1 or streams < 1:
+        raise ValueError(f"need calls, streams >= 1; got {calls}, {streams}")
+    return -(-calls // streams)
+
+
 def gemm_forward_s(m: int, n: int, k: int, flops: float, bytes_moved: float, r: Rates) -> float:
     """Seconds of one GEMM call (m x k) @ (k x n) doing `flops` (2 m n k for one GEMM): the roofline at the
     shape's efficiency plus the call's fixed cost. A forward GEMM is priced so; a sweep of single GEMMs
@@ -276,7 +293,7 @@ def _op_time_s(op: Op, anatomy: Anatomy, r: Rates) -> tuple[float, float]:
             rate = r.fp8_flops_per_s * gemm_efficiency(m, n, k, r.gemm_best_fp8, r.gemm_half_dim)
             cast_fwd, cast_bwd = fp8_cast_bytes(m, n, k, r.fp8_recipe, r.fp8_weight_shards, r.fp8_gathers)
             launch_fwd, launch_bwd = FP8_CAST_LAUNCHES[r.fp8_recipe]
-            call = gemm_call_s(r, fp8=True)
+            call = gemm_call_s(r, fp8=True) * grouped_call_waves(op.calls)
             return (roofline_s(op.flops_fwd, op.bytes_fwd, rate, bw) + cast_fwd / bw
                     + call + launch_fwd * r.kernel_overhead_s,
                     roofline_s(op.flops_bwd, op.bytes_bwd, rate, bw) + cast_bwd / bw
@@ -286,8 +303,10 @@ def _op_time_s(op: Op, anatomy: Anatomy, r: Rates) -> tuple[float, float]:
         dw_rate = r.peak_flops_per_s * gemm_fraction(k, n, m, r)
         half = op.flops_bwd / 2
         bwd_compute = half / dx_rate + half / dw_rate
-        return (gemm_forward_s(m, n, k, op.flops_fwd, op.bytes_fwd, r),
-                max(bwd_compute, op.bytes_bwd / bw) + 2 * gemm_call_s(r))
+        # a grouped GEMM pays the fixed costs of the GEMMs on its busiest stream (grouped_call_waves)
+        extra = (grouped_call_waves(op.calls) - 1) * gemm_call_s(r)
+        return (gemm_forward_s(m, n, k, op.flops_fwd, op.bytes_fwd, r) + extra,
+                max(bwd_compute, op.bytes_bwd / bw) + 2 * (gemm_call_s(r) + extra))
     if op.kind == "attention":
         f, b = attention_efficiency_flops(op, anatomy)
         eff_f, eff_b = r.attn_fwd, r.attn_bwd

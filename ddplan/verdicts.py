@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ddplan.layout import NATIVE_ZERO, breaks_world_size_rule
 from ddplan.price import MFU_CONVENTION, VALIDATED_RATIO_MOE, Flag, PricedLayout, validated_ratio
+from ddplan.roofline import GROUPED_GEMM_STREAMS
 from ddplan.specs import DROPLESS_IMBALANCE, HardwareSpec, ModelSpec
 from ddplan.units import GiB
 
@@ -66,7 +67,9 @@ def moe_line(spec) -> str:
             f"{active_params(a) / 1e9:.3g}B of {total_params(a) / 1e9:.3g}B parameters active, and MFU counts the "
             f"active ones (6N on the active N); {routing}; ep splits the routed experts over data-parallel GPUs, "
             f"and each MoE layer's two all-to-alls each way (dispatch, combine) are not overlapped with compute "
-            f"(Megatron-Core's all-to-all dispatcher); with tp > 1 the experts split over tp as the dense MLP does "
+            f"(Megatron-Core's all-to-all dispatcher); each grouped expert GEMM runs one GEMM a local expert over "
+            f"{GROUPED_GEMM_STREAMS} streams, as Transformer Engine's GroupedLinear does, and pays the call cost of "
+            f"the busiest stream's; with tp > 1 the experts split over tp as the dense MLP does "
             f"(expert tensor parallelism = tp; `--etp 1` keeps them whole, ep then spanning the tp GPUs) and run with "
             f"sequence parallelism, as Megatron-Core requires. "
             f"On ddplan's published MoE runs a step took up to {VALIDATED_RATIO_MOE[1]:g}x the prediction (`ddplan "

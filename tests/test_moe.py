@@ -614,3 +614,43 @@ def test_a_balanced_run_keeps_its_capacity_factor(tmp_path):
     p.write_text(_yaml.safe_dump({"kind": "runs", "description": "a test", "runs": [run]}))
     padded = run_spec(load_runs(str(p)).runs[0], "t").architecture.moe
     assert (padded.capacity_factor, padded.load_imbalance) == (1.25, None)
+
+
+def test_grouped_call_waves_by_hand():
+    """Transformer Engine's grouped GEMM: one cuBLAS GEMM a local expert, round-robin over 4 streams, so the
+    busiest stream runs ceil(experts / 4) of them back to back."""
+    from ddplan.roofline import GROUPED_GEMM_STREAMS, grouped_call_waves
+
+    assert GROUPED_GEMM_STREAMS == 4
+    assert [grouped_call_waves(c) for c in (1, 2, 4, 5, 8, 32, 128)] == [1, 1, 1, 2, 2, 8, 32]
+    assert grouped_call_waves(5, streams=1) == 5
+    for bad in ((0, 4), (4, 0), (-1, 4)):
+        with pytest.raises(ValueError):
+            grouped_call_waves(*bad)
+
+
+def test_a_grouped_gemm_pays_the_fixed_cost_of_its_busiest_stream(mixtral):
+    """Qwen3-30B-A3B at ep 4 holds 32 of its 128 experts: each grouped expert GEMM is 32 calls, 8 on each of the
+    4 streams, so forward pays 8 call costs where one GEMM pays 1, backward (dX and dW) 16 where it pays 2. The
+    work is priced once, at the op's FLOPs: the same op taken as one call differs by exactly 7 and 14 calls
+    (times the dropless wait)."""
+    from ddplan.roofline import gemm_call_s, op_time_s
+
+    spec = load_model("qwen3-30b-a3b")
+    an = build_anatomy(spec, batch=1, seq_len=4096, ep=4, attention="flash_package")
+    r = rates(load_hardware("gb200"), "cudnn")
+    experts = [o for o in an.ops if o.kind == "gemm" and ".experts." in o.name]
+    assert experts and all(o.calls == 32 for o in experts)
+    assert all(o.calls == 1 for o in an.ops if ".experts." not in o.name)
+    call = gemm_call_s(r)
+    assert call == pytest.approx(4.6e-6)  # gb200's fitted fixed cost of one call
+    for o in experts:
+        (f, b), (f1, b1) = op_time_s(o, an, r), op_time_s(replace(o, calls=1), an, r)
+        # (dropless routing: every expert op, its calls included, waits for the busiest rank)
+        assert o.wait == DROPLESS_IMBALANCE
+        assert (f - f1, b - b1) == pytest.approx((7 * call * o.wait, 14 * call * o.wait), rel=1e-9)
+    # one expert a rank (ep = number of experts): one call, as an ordinary GEMM
+    mix = build_anatomy(load_model(mixtral), batch=1, ep=8, attention="flash_package")
+    assert all(o.calls == 1 for o in mix.ops)
+    mix1 = build_anatomy(load_model(mixtral), batch=1, ep=1, attention="flash_package")
+    assert {o.calls for o in mix1.ops if o.kind == "gemm" and ".experts." in o.name} == {8}
