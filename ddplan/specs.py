@@ -315,7 +315,7 @@ class Dropout(Strict):
 # it at the next all-to-all). Fitted (ddplan.validation.fit_dropless_imbalance) to the ModelZoo's forced-
 # balance vs dropless throughput of one Qwen3-235B-A22B layout (128 experts, top 8, ep 8, H100) at four
 # sequence lengths (validation/moe_routing.yaml: 295/237 ... 389/357 TFLOP/s/GPU), where the MoE share of
-# the step falls from 45% to 18%; the four fits agree within 0.04 (1.49-1.53), as a constant factor on the
+# the step falls from 46% to 18%; the four fits agree within 0.04 (1.49-1.53), as a constant factor on the
 # experts' part alone predicts. Assumed the same at other ep, expert counts and auxiliary-loss weights
 # (no published sweep of those at hand); set moe.load_imbalance (or 1 for forced balance) to replace it.
 DROPLESS_IMBALANCE = 1.52

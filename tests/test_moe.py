@@ -576,6 +576,8 @@ def test_the_wait_survives_tp_cp_and_recompute(mixtral):
     for share in (for_tp(an, 2, sequence_parallel=True), for_cp(an, short, 2)):
         experts = [o for o in share.ops if ".experts." in o.name]
         assert experts and all(o.wait == DROPLESS_IMBALANCE for o in experts)
+        # and so are the grouped GEMMs' calls (one a local expert: 8 / ep 8 = 1 here; ep 1 below)
+        assert all(o.calls == 1 for o in share.ops)
         assert all(o.wait == 1.0 for o in share.ops if ".experts." not in o.name)
     hw = load_hardware("h100-sxm")
     r = rates(hw, "fa3")
@@ -616,19 +618,6 @@ def test_a_balanced_run_keeps_its_capacity_factor(tmp_path):
     assert (padded.capacity_factor, padded.load_imbalance) == (1.25, None)
 
 
-def test_grouped_call_waves_by_hand():
-    """Transformer Engine's grouped GEMM: one cuBLAS GEMM a local expert, round-robin over 4 streams, so the
-    busiest stream runs ceil(experts / 4) of them back to back."""
-    from ddplan.roofline import GROUPED_GEMM_STREAMS, grouped_call_waves
-
-    assert GROUPED_GEMM_STREAMS == 4
-    assert [grouped_call_waves(c) for c in (1, 2, 4, 5, 8, 32, 128)] == [1, 1, 1, 2, 2, 8, 32]
-    assert grouped_call_waves(5, streams=1) == 5
-    for bad in ((0, 4), (4, 0), (-1, 4)):
-        with pytest.raises(ValueError):
-            grouped_call_waves(*bad)
-
-
 def test_a_grouped_gemm_pays_the_fixed_cost_of_its_busiest_stream(mixtral):
     """Qwen3-30B-A3B at ep 4 holds 32 of its 128 experts: each grouped expert GEMM is 32 calls, 8 on each of the
     4 streams, so forward pays 8 call costs where one GEMM pays 1, backward (dX and dW) 16 where it pays 2. The
@@ -654,3 +643,14 @@ def test_a_grouped_gemm_pays_the_fixed_cost_of_its_busiest_stream(mixtral):
     assert all(o.calls == 1 for o in mix.ops)
     mix1 = build_anatomy(load_model(mixtral), batch=1, ep=1, attention="flash_package")
     assert {o.calls for o in mix1.ops if o.kind == "gemm" and ".experts." in o.name} == {8}
+    from ddplan.anatomy import for_cp, for_tp
+
+    short = build_anatomy(load_model(mixtral), batch=1, seq_len=2048, ep=1, attention="flash_package")
+    for share in (for_tp(mix1, 2, sequence_parallel=True), for_cp(mix1, short, 2)):
+        assert {o.calls for o in share.ops if o.kind == "gemm" and ".experts." in o.name} == {8}
+    # fp8 GEMMs: the same waves of the fp8 call cost (8 experts on 4 streams: 2, one more than a GEMM)
+    r8 = rates(load_hardware("h100-sxm"), "fa3", fp8=True)
+    call8 = gemm_call_s(r8, fp8=True)
+    for o in (o for o in mix1.ops if o.kind == "gemm" and ".experts." in o.name):
+        (f, b), (f1, b1) = op_time_s(o, mix1, r8), op_time_s(replace(o, calls=1), mix1, r8)
+        assert (f - f1, b - b1) == pytest.approx((call8, 2 * call8), rel=1e-9)

@@ -19,11 +19,13 @@ from ddplan.anatomy import attention_pairs, build_anatomy
 from ddplan.registry import builtin_names, load_hardware, load_model
 from ddplan.roofline import (
     FLASH_SEQ_HALF,
+    GROUPED_GEMM_STREAMS,
     SCENARIOS,
     attention_efficiency_flops,
     attention_seq_factor,
     gemm_efficiency,
     gemm_fraction,
+    grouped_call_waves,
     micro_batch_time,
     op_time_s,
     pointwise_rate,
@@ -638,3 +640,15 @@ def test_b200_attention_is_the_published_sweep(impl, times, near, far):
         tol = near if 4096 <= s <= 16384 else far
         assert a.efficiency_fwd.value * g == pytest.approx(f, rel=tol), (s, "fwd")
         assert a.efficiency_bwd.value * g == pytest.approx(b, rel=tol), (s, "bwd")
+
+
+def test_grouped_call_waves_by_hand():
+    """Transformer Engine's grouped GEMM: one cuBLAS GEMM a local expert, round-robin over 4 streams, so the
+    busiest stream runs ceil(experts / 4) of them back to back."""
+    assert GROUPED_GEMM_STREAMS == 4
+    assert [grouped_call_waves(c) for c in (1, 2, 4, 5, 8, 32, 128)] == [1, 1, 1, 2, 2, 8, 32]
+    assert grouped_call_waves(5, streams=1) == 5
+    for bad in ((0, 4), (4, 0), (-1, 4)):
+        with pytest.raises(ValueError):
+            grouped_call_waves(*bad)
+

@@ -244,7 +244,11 @@ class MoE(nn.Module):
     top-k; each token's top_k copies permuted into expert order (one int64 index, `order`, which the
     un-permute reuses); every expert's MLP on its rows; the outputs weighted by their routing
     probabilities (cast to the compute dtype), put back in token order and summed over the copies; shared experts (and Qwen2-MoE's sigmoid gate on
-    them) beside. Dropless: every routed copy is computed (capacity factors are not run here).
+    them) beside. Dropless: every routed copy is computed (capacity factors are not run here). Its FLOPs and
+    saved bytes are the anatomy's; its launches are not: the experts run one after another on one stream (E
+    GEMM calls a pass), where ddplan prices Transformer Engine's ceil(E / 4) on four streams
+    (ddplan.roofline.grouped_call_waves), so a step timed with many experts a GPU runs a little longer than
+    the anatomy prices it.
     Ref: Megatron-Core moe/router.py (TopKRouter), token_dispatcher.py (permute / unpermute with probs),
     experts.py (SequentialMLP); HF transformers MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock."""
 
