@@ -651,4 +651,3 @@ def test_grouped_call_waves_by_hand():
     for bad in ((0, 4), (4, 0), (-1, 4)):
         with pytest.raises(ValueError):
             grouped_call_waves(*bad)
-
