@@ -576,8 +576,6 @@ def test_the_wait_survives_tp_cp_and_recompute(mixtral):
     for share in (for_tp(an, 2, sequence_parallel=True), for_cp(an, short, 2)):
         experts = [o for o in share.ops if ".experts." in o.name]
         assert experts and all(o.wait == DROPLESS_IMBALANCE for o in experts)
-        # and so are the grouped GEMMs' calls (one a local expert: 8 / ep 8 = 1 here; ep 1 below)
-        assert all(o.calls == 1 for o in share.ops)
         assert all(o.wait == 1.0 for o in share.ops if ".experts." not in o.name)
     hw = load_hardware("h100-sxm")
     r = rates(hw, "fa3")
