@@ -132,6 +132,24 @@ class Anatomy:
         return sum(self.saved_split)
 
     @functools.cached_property
+    def op_repeats(self) -> tuple[tuple[Op, int], ...]:
+        """The ops with the blocks' repeats merged: (the first op of a kind, how many ops are like it), in
+        order. Ops merge when they differ only in their block (layer index, the `h{i}.` name prefix) and
+        what they save: their times, FLOPs and recompute are the same, so a sum over ops can walk these
+        (ddplan.roofline.op_times; a 32-layer model's ~430 ops are ~30 of them). Cached per anatomy."""
+        groups: dict[tuple, list] = {}
+        for op in self.ops:
+            name = op.name if op.layer is None else op.name.removeprefix(f"h{op.layer}.")
+            key = (name, op.layer is None, op.kind, op.shape, op.flops_fwd, op.flops_bwd, op.bytes_fwd,
+                   op.bytes_bwd, op.recompute_flops_bwd, op.attention_core, op.recompute_skip, op.tp_done, op.wait,
+                   op.calls)
+            if key in groups:
+                groups[key][1] += 1
+            else:
+                groups[key] = [op, 1]
+        return tuple((op, n) for op, n in groups.values())
+
+    @functools.cached_property
     def saved_split(self) -> tuple[float, float]:
         """(bytes saved by block ops, bytes saved by embedding/head ops), each storage once; cached."""
         saved = self.saved_tensors()
@@ -356,11 +374,21 @@ def tp_split(name: str, kind: str) -> str | None:
 
 def _with(obj, **changes):
     """A copy of a frozen dataclass with some fields changed (dataclasses.replace without re-validating:
-    ~5x faster, which matters when a layout search derives thousands of ops)."""
+    ~5x faster, which matters when a layout search derives thousands of ops). What the original cached
+    from its own fields (functools.cached_property: Anatomy.saved_split, op_repeats, ...) is not copied."""
     new = object.__new__(type(obj))
     new.__dict__.update(obj.__dict__)
+    for name in _cached_names(type(obj)):
+        new.__dict__.pop(name, None)
     new.__dict__.update(changes)
     return new
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_names(cls: type) -> tuple[str, ...]:
+    """The functools.cached_property attributes of a class (and its bases)."""
+    return tuple(name for klass in cls.__mro__ for name, v in vars(klass).items()
+                 if isinstance(v, functools.cached_property))
 
 
 def for_tp(base: Anatomy, tp: int, sequence_parallel: bool = False) -> Anatomy:
@@ -377,10 +405,7 @@ def for_tp(base: Anatomy, tp: int, sequence_parallel: bool = False) -> Anatomy:
         return base
     ops = tuple(_sp_share(op, tp) if sequence_parallel and (op.layer is not None or op.name == "norm_f")
                 else _tp_share(op, tp) for op in base.ops)
-    share = _with(base, ops=ops, tp=tp, sequence_parallel=sequence_parallel)
-    for name in ("saved_split", "_transient"):  # cached on base from its own ops: not this share's
-        share.__dict__.pop(name, None)
-    return share
+    return _with(base, ops=ops, tp=tp, sequence_parallel=sequence_parallel)
 
 
 def for_cp(full: Anatomy, short: Anatomy, cp: int) -> Anatomy:
@@ -402,10 +427,7 @@ def for_cp(full: Anatomy, short: Anatomy, cp: int) -> Anatomy:
         raise ValueError(f"need the same tp share at s and s / cp; got s {full.seq_len}, {short.seq_len} with cp {cp}")
     core = {op.name: op for op in full.ops if op.attention_core}
     ops = tuple(_cp_core(core[op.name], cp, short.seq_len) if op.attention_core else op for op in short.ops)
-    share = _with(short, ops=ops, cp=cp)
-    for name in ("saved_split", "_transient"):
-        share.__dict__.pop(name, None)
-    return share
+    return _with(short, ops=ops, cp=cp)
 
 
 def _cp_core(op: Op, cp: int, seq: int) -> Op:

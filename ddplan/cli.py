@@ -1022,7 +1022,8 @@ def validate_cmd(
     _check_plot_path(plot)
     where = dataset or shipped_dataset()
     runs = load_runs(dataset)
-    scored = validation.score_all(runs, where, progress=_progress("validate"))
+    scorer = validation.Scorer()  # leave-one-source-out re-uses what the in-sample pass priced
+    scored = validation.score_all(runs, where, progress=_progress("validate"), scorer=scorer)
     from ddplan.provenance import line as prov_line
     from ddplan.provenance import provenance
 
@@ -1032,7 +1033,7 @@ def validate_cmd(
     out_of_sample = None
     if loso:
         held = validation.leave_one_source_out(runs, where, validation.fitted_hardware(),
-                                               progress=_progress("validate"))
+                                               progress=_progress("validate"), scorer=scorer)
         out_of_sample = [s.row() for s in validation.by_source(held, "leave-one-source-out ")]
         for row, h in zip(rows, held):
             row["loso_predicted_s"], row["loso_error_pct"] = h.predicted_s, 100 * h.error

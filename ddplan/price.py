@@ -146,7 +146,7 @@ class PricedLayout:
 
 
 @dataclass
-class _Caches:
+class PriceCache:
     """Value-keyed caches. `shared` does not depend on rates (anatomies, memory, collective times,
     buffers) and survives a new fit; `rated` does (rates, op times, optimizer and step times)."""
 
@@ -159,18 +159,18 @@ class Pricer:
 
     def __init__(self, spec: ModelSpec, hw: HardwareSpec, plan: RunPlan, calibration: CalibrationSpec | None = None,
                  fp8: bool = False, fit: Fit | None = None, assumptions: MemoryAssumptions = MemoryAssumptions(),
-                 _caches: _Caches | None = None, fp8_recipe: str | None = None):
+                 _caches: PriceCache | None = None, fp8_recipe: str | None = None):
         self.spec, self.hw, self.plan = spec, hw, plan
         self.calibration, self.fp8, self.fit, self.assumptions = calibration, fp8, fit, assumptions
         self.fp8_recipe = fp8_recipe or spec.recipe.fp8_recipe  # how the fp8 casts run (ddplan.fp8.FP8_RECIPES)
         self.points = comm_points(calibration)
-        self._caches = _caches or _Caches()
+        self._caches = _caches or PriceCache()
         self._shared, self._rated = self._caches.shared, self._caches.rated
 
     def with_fit(self, fit: Fit | None) -> Pricer:
         """The same pricer with a measurement's fit applied; anatomies and memory stay cached."""
         return Pricer(self.spec, self.hw, self.plan, self.calibration, self.fp8, fit, self.assumptions,
-                      _Caches(shared=self._shared), self.fp8_recipe)
+                      PriceCache(shared=self._shared), self.fp8_recipe)
 
     # ---- the parts, each cached by value
 

@@ -38,8 +38,9 @@ MAX_SPEC_BYTES = 1_000_000  # a spec or calibration file is kilobytes; a megabyt
 MAX_DEPTH = 32  # nesting levels of a spec (the deepest built-in has 5)
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """safe_load that refuses a key given twice in one mapping (YAML would silently keep the last)."""
+class _UniqueKeys:
+    """A safe loader's constructor that refuses a key given twice in one mapping (YAML would silently keep
+    the last); mixed into PyYAML's safe loaders below."""
 
     def construct_mapping(self, node, deep=False):
         seen: dict = {}
@@ -55,6 +56,19 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             except TypeError:  # an unhashable key: SafeLoader's own error says so
                 continue
         return super().construct_mapping(node, deep=deep)
+
+
+class _PyUniqueKeyLoader(_UniqueKeys, yaml.SafeLoader):
+    """The pure-Python safe loader, refusing duplicate keys."""
+
+
+# PyYAML's C parser (libyaml) where PyYAML was built with it: the same safe constructor on a parser about 10x
+# faster (all 30 built-in specs: 1.09 s -> 0.11 s); the pure-Python one elsewhere.
+if getattr(yaml, "__with_libyaml__", False):
+    class _UniqueKeyLoader(_UniqueKeys, yaml.CSafeLoader):
+        """The C-parser safe loader, refusing duplicate keys."""
+else:  # pragma: no cover - PyYAML without libyaml
+    _UniqueKeyLoader = _PyUniqueKeyLoader
 
 
 class _DuplicateKey(yaml.YAMLError):
@@ -105,6 +119,8 @@ def read_yaml(path: Path) -> Any:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        if "maximum nesting depth" in problem:  # libyaml's own limit (the C loader)
+            raise SpecError(f"nested too deeply (a spec has at most {MAX_DEPTH} levels)", file=str(path)) from None
         what = problem if isinstance(e, _DuplicateKey) else f"YAML syntax error: {problem}"
         raise SpecError(what, file=str(path), field=where) from None
     except RecursionError:
@@ -199,7 +215,7 @@ def _model_in(annotation: Any) -> Any:
 def _builtins(kind: str) -> dict[str, Path]:
     """Map every built-in name and alias of a kind to its file (names are file stems)."""
     table: dict[str, Path] = {}
-    for path in sorted(builtin_dir(kind).glob("*.yaml")):
+    for path in _builtin_files(kind).values():
         table[path.stem] = path
         data = read_yaml(path)
         for alias in (data or {}).get("aliases", []) if isinstance(data, dict) else []:
@@ -207,8 +223,19 @@ def _builtins(kind: str) -> dict[str, Path]:
     return table
 
 
+@functools.lru_cache(maxsize=None)
+def _builtin_files(kind: str) -> dict[str, Path]:
+    """Built-in names (file stems) of a kind -> their files, without reading them."""
+    return {path.stem: path for path in sorted(builtin_dir(kind).glob("*.yaml"))}
+
+
 def builtin_names(kind: str) -> list[str]:
-    return sorted(p.stem for p in set(_builtins(kind).values()))
+    return sorted(_builtin_files(kind))
+
+
+def _builtin(kind: str, key: str) -> Path | None:
+    """The built-in file of a lower-case name: a file stem first (read nothing), else an alias (reads them all)."""
+    return _builtin_files(kind).get(key) or _builtins(kind).get(key)
 
 
 def _looks_like_path(name: str) -> bool:
@@ -223,11 +250,11 @@ def _resolve(kind: str, name: str, flag: str) -> Path:
         if not path.is_file():
             raise SpecError(f"no such file for {flag}", file=name)
         return path
-    table = _builtins(kind)
     key = name.lower()
-    if key in table:
-        return table[key]
-    close = difflib.get_close_matches(key, list(table), n=3, cutoff=0.5)
+    found = _builtin(kind, key)
+    if found is not None:
+        return found
+    close = difflib.get_close_matches(key, list(_builtins(kind)), n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}? " if close else ""
     raise SpecError(f"unknown {kind[:-1] if kind.endswith('s') else kind} {name!r}; {hint}"
                     f"built-ins: {', '.join(builtin_names(kind))} (or a path to a YAML file)", field=flag)
@@ -249,7 +276,7 @@ def load_model(name: str) -> ModelSpec:
     if hf is not None:
         return spec_from_config(hf)
     depth = nanochat_depth(name.lower())
-    if depth is not None and name.lower() not in _builtins("models"):
+    if depth is not None and _builtin("models", name.lower()) is None:
         from ddplan.nanochat import nanochat_spec  # the depth rule, for depths not shipped
 
         if not 1 <= depth <= MAX_NANOCHAT_DEPTH:

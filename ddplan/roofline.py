@@ -398,9 +398,10 @@ def op_times(anatomy: Anatomy, r: Rates) -> OpTimes:
     by_kind: dict[tuple[str, str], float] = {}
     fwd_by_kind: dict[tuple[str, str], float] = {}
     again_by_kind: dict[tuple[str, str, str], float] = {}
-    for op in anatomy.ops:
+    for op, n in anatomy.op_repeats:  # the blocks' repeats priced once (Anatomy.op_repeats)
         part = _part(op)
         f, b = op_time_s(op, anatomy, r)
+        f, b = n * f, n * b
         fwd[part] = fwd.get(part, 0.0) + f
         bwd[part] = bwd.get(part, 0.0) + b
         by_kind[(part, op.kind)] = by_kind.get((part, op.kind), 0.0) + f + b

@@ -327,11 +327,12 @@ def with_sustained(hw, fraction: float, source: str):
 
 
 def price_run(run: PublishedRun, where: str, sustained: dict[str, float] | None = None,
-              imbalance: float | None = None):
+              imbalance: float | None = None, shared: dict | None = None):
     """(spec, hardware, priced row) of one run, through ddplan.table.build_table as `ddplan table` prices it.
 
     sustained: hardware name -> GEMM sustained fraction replacing the spec's (validation's re-fits);
-    imbalance: the dropless load imbalance replacing the spec's (run_spec)."""
+    imbalance: the dropless load imbalance replacing the spec's (run_spec); shared: build_table's
+    rate-independent cache, kept by the caller across prices of this run at one imbalance."""
     from ddplan.layout import Options
     from ddplan.registry import load_hardware
     from ddplan.table import TableRequest, build_table
@@ -360,7 +361,7 @@ def price_run(run: PublishedRun, where: str, sustained: dict[str, float] | None 
                                        overlap_param_gather=lay.overlap_param_gather,
                                        shard_group=lay.shard_group, expert_tp=lay.etp or 0).for_model(spec))
     try:
-        table = build_table(req)
+        table = build_table(req, shared=shared)
     except DdplanError as e:
         raise SpecError(e.message, file=where, field="layout") from None
     row = fastest_fitting(table.rows)

@@ -19,7 +19,7 @@ from ddplan.fitting import MEASURED_FLAGS, Fit, fitted
 from ddplan.layout import (NATIVE_ZERO, Layout, Options, check_layout, cp_attention_problem, data_parallel, layout_for,
                            split_batch)
 from ddplan.memory import HEADROOM
-from ddplan.price import Flag, PricedLayout, Pricer, RunPlan
+from ddplan.price import Flag, PriceCache, PricedLayout, Pricer, RunPlan
 from ddplan.specs import Budget, HardwareSpec, ModelSpec, Price
 
 MAX_ROWS = 1000  # rows one table builds (the product of its lists), checked before any work
@@ -132,8 +132,13 @@ def measurement_of(req: TableRequest) -> StepMeasurement | None:
     return req.measurement or measurement_for(req.calibration, req.model)
 
 
-def build_table(req: TableRequest, progress: Callable[[str, int, int], None] | None = None) -> Table:
-    """Price the rows the request names; progress(what, done, total) is called before each row."""
+def build_table(req: TableRequest, progress: Callable[[str, int, int], None] | None = None,
+                shared: dict | None = None) -> Table:
+    """Price the rows the request names; progress(what, done, total) is called before each row.
+
+    shared: the rate-independent cache (anatomies, memory, collectives: ddplan.price.PriceCache.shared) of an
+    earlier table of the same model and layouts on the same hardware up to its efficiencies, to reuse (what
+    validation's fits re-price at other GEMM efficiencies)."""
     spec, hw = req.model, req.hardware
     seq = spec.recipe.seq_len
     total_batch = req.total_batch_tokens or spec.recipe.total_batch_tokens
@@ -163,7 +168,7 @@ def build_table(req: TableRequest, progress: Callable[[str, int, int], None] | N
 
         check_offload(spec, hw, req.zeros)
     pricer = Pricer(spec, hw, RunPlan(budget, price, req.overheads, req.headroom), req.calibration,
-                    req.fp8, fp8_recipe=req.fp8_recipe)
+                    req.fp8, fp8_recipe=req.fp8_recipe, _caches=PriceCache(shared=shared) if shared is not None else None)
     table = Table(request=req, rows=[], steps=pricer.steps(total_batch), total_batch_tokens=total_batch,
                   budget=budget, price=price, compiled=compiled)
     m = measurement_of(req)

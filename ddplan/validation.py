@@ -19,7 +19,7 @@ import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from ddplan.errors import SpecError
+from ddplan.errors import DdplanError, SpecError
 from ddplan.runs import PublishedRun, RoutingSweep, RunSet, price_run
 
 # Hardware specs that share one fitted sustained fraction: the same die at the same power limit (the A100
@@ -97,13 +97,14 @@ def size_of(params: float) -> str:
 
 
 def score(run: PublishedRun, where: str, sustained: dict[str, float] | None = None,
-          imbalance: float | None = None) -> Scored:
+          imbalance: float | None = None, shared: dict | None = None) -> Scored:
     """Price one run and compare it with its measurement. sustained: hardware name -> GEMM sustained
     fraction replacing the spec's; imbalance: the dropless load imbalance replacing the spec's (what
-    leave-one-source-out re-fits)."""
+    leave-one-source-out re-fits); shared: the run's rate-independent pricing cache at this imbalance
+    (Scorer keeps one)."""
     from ddplan.params import param_counts
 
-    spec, hw, row = price_run(run, where, sustained=sustained, imbalance=imbalance)
+    spec, hw, row = price_run(run, where, sustained=sustained, imbalance=imbalance, shared=shared)
     lay = run.layout
     params = sum(param_counts(spec.architecture).values())
     conv = run.mfu_convention
@@ -127,13 +128,73 @@ def score(run: PublishedRun, where: str, sustained: dict[str, float] | None = No
         attention_share=row.step.by_kind_s.get("attention", 0.0) / row.step_s)
 
 
+class Scorer:
+    """score() with a memory: each (run, its hardware's GEMM sustained fraction, imbalance) is priced once,
+    and each run's rate-independent parts (anatomies, memory, collective times: ddplan.price.PriceCache) are
+    built once per imbalance and reused at every fraction. A fit prices the same runs at a dozen fractions
+    and leave-one-source-out fits once per source, so most of its prices are repeats or share those parts.
+    Results are exactly score()'s. One Scorer serves one dataset in one process (runs are told apart by
+    their whole content, so edited copies of a run are priced anew)."""
+
+    def __init__(self) -> None:
+        self._scored: dict[tuple, Scored] = {}
+        self._shared: dict[tuple, dict] = {}
+        self._keys: dict[int, tuple[str, PublishedRun]] = {}  # id(run) -> (its JSON, the run, kept alive)
+        self._moe: dict[str, bool] = {}  # run -> whether the imbalance moves its price
+        self._parts: dict[str, str] = {}  # run -> the run without its recompute policy (_parts_key)
+
+    def _key(self, run: PublishedRun) -> str:
+        known = self._keys.get(id(run))
+        if known is None or known[1] is not run:
+            known = self._keys[id(run)] = (run.model_dump_json(), run)
+        return known[0]
+
+    def _imbalanced(self, run: PublishedRun, run_key: str, where: str) -> bool:
+        """Whether the run's price depends on the dropless imbalance: ddplan.runs.run_spec sets it only on a
+        mixture-of-experts model routed dropless, not padded to a capacity, and it acts only under expert
+        parallelism (ddplan.specs.MoE.imbalance)."""
+        if run_key not in self._moe:
+            from ddplan.runs import run_spec
+
+            moe = run_spec(run, where).architecture.moe
+            self._moe[run_key] = (moe is not None and moe.capacity_factor is None and run.model.routing != "balanced"
+                                  and run.layout.ep > 1)
+        return self._moe[run_key]
+
+    def score(self, run: PublishedRun, where: str, sustained: dict[str, float] | None = None,
+              imbalance: float | None = None) -> Scored:
+        """score(run, where, sustained, imbalance), priced at most once."""
+        try:
+            own = (sustained or {}).get(_hw_name(run.hardware))
+        except DdplanError:  # an unknown hardware: score() says so, naming the run
+            own = None
+        run_key = self._key(run)
+        if imbalance is not None and not self._imbalanced(run, run_key, where):
+            imbalance = None  # priced the same at any imbalance: one price, one cache
+        key = (run_key, own, imbalance)
+        if key not in self._scored:
+            self._scored[key] = score(run, where, sustained if own is not None else None, imbalance,
+                                      shared=self._shared.setdefault((self._parts_key(run, run_key), imbalance), {}))
+        return self._scored[key]
+
+    def _parts_key(self, run: PublishedRun, run_key: str) -> str:
+        """The run apart from its recompute policy: the pricing cache's entries that depend on the policy
+        carry it in their own keys (ddplan.price.Pricer), so variants of a run that differ only there
+        (fit_dropless_imbalance's) share anatomies and memory."""
+        if run_key not in self._parts:
+            bare = run.model_copy(update={"layout": run.layout.model_copy(update={"recompute": "none"})})
+            self._parts[run_key] = bare.model_dump_json()
+        return self._parts[run_key]
+
+
 def score_all(runs: RunSet, where: str, sustained: dict[str, float] | None = None,
-              progress: Callable[[str, int, int], None] | None = None) -> list[Scored]:
+              progress: Callable[[str, int, int], None] | None = None, scorer: Scorer | None = None) -> list[Scored]:
+    scorer = scorer or Scorer()
     out = []
     for i, r in enumerate(runs.runs):
         if progress:
             progress(r.id, i, len(runs.runs))
-        out.append(score(r, f"{where}: runs.{i} ({r.id})", sustained))
+        out.append(scorer.score(r, f"{where}: runs.{i} ({r.id})", sustained))
     return out
 
 
@@ -219,7 +280,7 @@ def moe_band_ratio(scored: Sequence[Scored]) -> tuple[float, float] | None:
 # ---- fitted parameters and leave-one-source-out
 
 def fit_sustained(runs: Sequence[PublishedRun], hardware: str, where: str, lo: float = 0.3,
-                  hi: float = 1.0, tol: float = 0.005) -> float:
+                  hi: float = 1.0, tol: float = 0.005, scorer: Scorer | None = None) -> float:
     """The GEMM sustained fraction on one hardware that minimises the mean |log(predicted / measured)| of
     its dense runs (golden-section search on [lo, hi]). The step time falls monotonically as the fraction
     rises, so the objective has one minimum. Mixture-of-experts runs are left out: they test the MoE
@@ -231,8 +292,11 @@ def fit_sustained(runs: Sequence[PublishedRun], hardware: str, where: str, lo: f
     if not mine:
         raise ValueError(f"no run on {hardware} to fit")
 
+    scorer = scorer or Scorer()
+
     def cost(f: float) -> float:
-        return statistics.fmean(abs(math.log(1 + score(r, where, dict.fromkeys(names, f)).error)) for r in mine)
+        return statistics.fmean(abs(math.log(1 + scorer.score(r, where, dict.fromkeys(names, f)).error))
+                                for r in mine)
 
     from ddplan.fitting import golden_min
 
@@ -259,7 +323,7 @@ SLOPE_STEP = 0.05
 
 
 def fit_dropless_imbalance(sweep: RoutingSweep, runs: RunSet, where: str, sustained: dict[str, float] | None = None,
-                           sweep_file: str = "moe_routing.yaml") -> list[ImbalanceFit]:
+                           sweep_file: str = "moe_routing.yaml", scorer: Scorer | None = None) -> list[ImbalanceFit]:
     """The dropless load imbalance of each pair of a routing sweep (ddplan.runs.RoutingSweep).
 
     Each pair's forced-balance run is priced dropless at imbalance I: t(I) with its own recompute, t_f(I) with
@@ -273,6 +337,7 @@ def fit_dropless_imbalance(sweep: RoutingSweep, runs: RunSet, where: str, sustai
     and t_f rising 5 s per unit of I: I = 1 + 0.245 x 12 / 5 = 1.59. sustained: GEMM fractions replacing the
     specs' (leave-one-source-out's re-fits); sweep_file names the sweep in errors.
     """
+    scorer = scorer or Scorer()
     by_id = {r.id: r for r in runs.runs}
     out = []
     for k, point in enumerate(sweep.points):
@@ -289,10 +354,12 @@ def fit_dropless_imbalance(sweep: RoutingSweep, runs: RunSet, where: str, sustai
         slowdown = dropless_s / run.measured_step_s
         here = f"{where}: {run.id}"
 
+        variants = {rc: run.model_copy(update={"model": run.model.model_copy(update={"routing": "dropless"}),
+                                               "layout": run.layout.model_copy(update={"recompute": rc})})
+                    for rc in dict.fromkeys((run.layout.recompute, "full"))}
+
         def step(imbalance: float, recompute: str) -> float:
-            r = run.model_copy(update={"model": run.model.model_copy(update={"routing": "dropless"}),
-                                       "layout": run.layout.model_copy(update={"recompute": recompute})})
-            return price_run(r, here, sustained, imbalance=imbalance)[2].step_s
+            return scorer.score(variants[recompute], here, sustained, imbalance).predicted_s
 
         own = run.layout.recompute
         grows = "full" if sweep.recompute_moe else own  # the recompute whose step rises with I as the run's did
@@ -338,7 +405,8 @@ def fitted_hardware() -> list[str]:
 
 
 def leave_one_source_out(runs: RunSet, where: str, hardware: Iterable[str],
-                         progress: Callable[[str, int, int], None] | None = None) -> list[Scored]:
+                         progress: Callable[[str, int, int], None] | None = None,
+                         scorer: Scorer | None = None) -> list[Scored]:
     """Every run priced with the fitted parameters re-fitted on the other sources' runs only.
 
     Each fitted hardware's sustained fraction is re-fitted without the held-out source; a hardware the
@@ -348,6 +416,7 @@ def leave_one_source_out(runs: RunSet, where: str, hardware: Iterable[str],
     dataset that lacks the sweep's runs keeps the shipped value."""
     from ddplan.runs import load_routing
 
+    scorer = scorer or Scorer()
     sweep = load_routing()
     ids = {r.id for r in runs.runs}
     sweep_here = all(p.balanced in ids for p in sweep.points)
@@ -363,12 +432,12 @@ def leave_one_source_out(runs: RunSet, where: str, hardware: Iterable[str],
         for hw in leaders:
             names = FIT_GROUPS.get(hw, (hw,))
             if any(_hw_name(r.hardware) in names for r in rest):
-                refit.update(dict.fromkeys(names, fit_sustained(rest, hw, where)))
+                refit.update(dict.fromkeys(names, fit_sustained(rest, hw, where, scorer=scorer)))
         imbalance = None  # the shipped value, where the sweep's runs are not in this dataset
         if sweep.source.name == src:
             imbalance = 1.0  # nothing else to fit it to
         elif sweep_here:
-            imbalance = dropless_imbalance(fit_dropless_imbalance(sweep, runs, where, refit))
-        out += [score(r, where, refit, imbalance) for r in held]
+            imbalance = dropless_imbalance(fit_dropless_imbalance(sweep, runs, where, refit, scorer=scorer))
+        out += [scorer.score(r, where, refit, imbalance) for r in held]
     order = {r.id: i for i, r in enumerate(runs.runs)}
     return sorted(out, key=lambda s: order[s.id])

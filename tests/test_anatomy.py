@@ -411,12 +411,33 @@ def test_for_tp_does_not_inherit_the_base_cached_activation_sums():
 
     spec = load_model("d24")
     base = build_anatomy(spec, batch=4, attention="unfused_math", windows="mask")
-    _ = base.saved_split, base.transient_bytes()  # fill the caches
+    _ = base.saved_split, base.transient_bytes(), base.op_repeats  # fill the caches
     share = for_tp(base, 4)
     direct = build_anatomy(spec, batch=4, attention="unfused_math", windows="mask", tp=4)
     assert share.saved_split == pytest.approx(direct.saved_split)
     assert share.transient_bytes() == pytest.approx(direct.transient_bytes())
     assert share.saved_split[0] < base.saved_split[0]
+    # the merged repeats too (found when op_repeats came: a tp share priced at the whole model's FLOPs)
+    assert sum(op.flops_fwd * n for op, n in share.op_repeats) == pytest.approx(
+        sum(op.flops_fwd for op in direct.ops))
+
+
+@pytest.mark.parametrize("model, kw", [("d24", {}), ("llama-3-8b", {"tp": 2}), ("qwen3-30b-a3b", {"ep": 4}),
+                                       ("gpt3-22b", {"window_pattern": "L"})])
+def test_op_repeats_merge_only_the_blocks_repeats(model, kw):
+    """Anatomy.op_repeats: every op counted once; ops merged only with ops of other blocks that match in what
+    pricing reads (kind, shape, FLOPs, bytes, recompute marks, wait, calls, the name after `h{i}.`)."""
+    a = build_anatomy(load_model(model), batch=2, seq_len=1024, **kw)
+    reps = a.op_repeats
+    assert sum(n for _, n in reps) == len(a.ops)
+    assert len(reps) < len(a.ops) / 4  # the blocks repeat
+    for op, n in reps:
+        like = [o for o in a.ops if o.kind == op.kind and o.shape == op.shape and o.flops_fwd == op.flops_fwd
+                and o.bytes_bwd == op.bytes_bwd and o.attention_core == op.attention_core and o.wait == op.wait
+                and (o.layer is None) == (op.layer is None)
+                and (o.name if o.layer is None else o.name.split(".", 1)[1])
+                == (op.name if op.layer is None else op.name.split(".", 1)[1])]
+        assert len(like) == n, op.name
 
 
 def test_sequence_parallel_splits_every_saved_layer_tensor_over_tp():

@@ -423,3 +423,30 @@ def test_a_validation_error_from_values_built_here_reads_without_pydantic_wordin
     code, _, err = run(capsys, "table", "--model", "d24")
     line = one_error_line(err)
     assert code == 2 and line == "error: n: must be positive", line
+
+
+# --------------------------------------------------------------------------------------------
+# the YAML loaders: PyYAML's C parser where it has one, the pure-Python one elsewhere, the same checks
+
+
+SHIPPED_YAML = sorted(p for kind in ("hardware", "models", "validation")
+                      for p in (Path(__file__).parent.parent / kind).glob("*.yaml"))
+
+
+@pytest.mark.skipif(not yaml.__with_libyaml__, reason="PyYAML built without libyaml")
+def test_specs_load_with_the_c_parser():
+    assert issubclass(registry._UniqueKeyLoader, yaml.CSafeLoader)
+
+
+@pytest.mark.parametrize("path", SHIPPED_YAML, ids=lambda p: p.name)
+def test_both_loaders_read_every_shipped_file_alike(path):
+    text = path.read_text(encoding="utf-8")
+    assert yaml.load(text, Loader=registry._UniqueKeyLoader) == yaml.load(text, Loader=registry._PyUniqueKeyLoader)
+
+
+@pytest.mark.parametrize("loader", [registry._UniqueKeyLoader, registry._PyUniqueKeyLoader])
+@pytest.mark.parametrize("text, line", [("a: 1\nb: 2\na: 3\n", "lines 1 and 3"),
+                                        ("top:\n  x: 1\n  x: 2\n", "lines 2 and 3")])
+def test_both_loaders_refuse_a_duplicate_key(loader, text, line):
+    with pytest.raises(yaml.YAMLError, match=f"duplicate key .* on {line}"):
+        yaml.load(text, Loader=loader)  # noqa: S506 -- safe loaders

@@ -651,3 +651,26 @@ def test_grouped_call_waves_by_hand():
     for bad in ((0, 4), (4, 0), (-1, 4)):
         with pytest.raises(ValueError):
             grouped_call_waves(*bad)
+
+
+@pytest.mark.parametrize("model, fp8", [("d24", False), ("llama-3-8b", True), ("qwen3-30b-a3b", False)])
+def test_op_times_over_the_merged_repeats_equal_the_walk_over_every_op(model, fp8):
+    """op_times prices each of Anatomy.op_repeats once: the same per-part sums as pricing every op."""
+    from ddplan.anatomy import build_anatomy, recomputed_under
+    from ddplan.registry import load_hardware, load_model
+    from ddplan.roofline import _part, op_time_s, op_times, rates
+
+    spec, hw = load_model(model), load_hardware("h100-sxm")
+    a = build_anatomy(spec, batch=2, seq_len=1024, ep=4 if spec.architecture.moe else 1)
+    r = rates(hw, hw.default_attention, "value", fp8=fp8)
+    got = op_times(a, r)
+    fwd, bwd, again = {}, {}, {}
+    for op in a.ops:
+        f, b = op_time_s(op, a, r)
+        fwd[_part(op)] = fwd.get(_part(op), 0.0) + f
+        bwd[_part(op)] = bwd.get(_part(op), 0.0) + b
+        for policy in ("selective", "full"):
+            if recomputed_under(op, policy):
+                again[(_part(op), policy)] = again.get((_part(op), policy), 0.0) + f
+    assert got.fwd == pytest.approx(fwd, rel=1e-12) and got.bwd == pytest.approx(bwd, rel=1e-12)
+    assert got.again == pytest.approx(again, rel=1e-12)

@@ -425,3 +425,24 @@ def test_routing_of_a_run(tmp_path):
                                                                     "routing": "balanced"})])))
     with pytest.raises(SpecError, match="routing is for mixture-of-experts"):
         run_spec(dense.runs[0], "t")
+
+
+def test_scorer_prices_as_score_does_and_each_point_once(monkeypatch):
+    """Scorer: the same figures as score() (a dense run at two GEMM fractions; a dropless MoE run at two
+    imbalances and two recompute policies, which share one pricing cache), and a repeated point not re-priced."""
+    runs = {r.id: r for r in load_runs().runs}
+    dense = runs["megatron-gpt7.1B-h100-96g"]
+    moe = runs["modelzoo-qwen3-235b-a22b-h100-256g-a2a"]
+    full = moe.model_copy(update={"layout": moe.layout.model_copy(update={"recompute": "full"})})
+    points = [(dense, None, None), (dense, {"h100-sxm": 0.6}, None), (dense, {"a100-sxm-80gb": 0.6}, 1.3),
+              (moe, None, 1.3), (moe, None, 2.0), (full, None, 1.3), (full, {"h100-sxm": 0.6}, 2.0)]
+    scorer = V.Scorer()
+    for run, sustained, imbalance in points:
+        assert scorer.score(run, "t", sustained, imbalance) == V.score(run, "t", sustained, imbalance)
+    priced = []
+    monkeypatch.setattr(V, "score", lambda *a, **k: priced.append(a) or pytest.fail("re-priced"))
+    for run, sustained, imbalance in points:
+        scorer.score(run, "t", sustained, imbalance)
+    # a fraction for other hardware, or an imbalance on a dense run, is the run's own price
+    scorer.score(dense, "t", {"a100-sxm-80gb": 0.5}, 1.7)
+    assert priced == []
