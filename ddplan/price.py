@@ -15,6 +15,7 @@ memory. Nothing here formats a number or words a sentence (ddplan.render and ddp
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -154,6 +155,14 @@ class PriceCache:
     rated: dict = field(default_factory=dict)
 
 
+# Rank shares (Pricer._share) by value across the pricers of one process: a plan searches several hardware,
+# validation prices a run at many efficiencies and a test session prices the same models thousands of times, and
+# an anatomy depends only on the model spec and the share's arguments (immutable; its own caches come from its
+# own fields). The least recently used are dropped past SHARES_KEPT (a 96-layer share is a few MB).
+_SHARES: OrderedDict[tuple, Anatomy] = OrderedDict()
+SHARES_KEPT = 64
+
+
 class Pricer:
     """Prices layouts of one model on one hardware for one run (see the module docstring)."""
 
@@ -190,7 +199,14 @@ class Pricer:
         its s / cp one, ddplan.anatomy.for_cp)."""
         seq = seq_len or self.spec.recipe.seq_len
         key = ("share", batch, attention, window, compiled, rank, seq)
-        if key not in self._shared:
+        if key in self._shared:
+            return self._shared[key]
+        impl = self.hw.attention_impl(attention)
+        everywhere = (self._spec_key, batch, impl.kind, impl.windows, window, compiled, rank, seq)
+        if everywhere in _SHARES:
+            _SHARES.move_to_end(everywhere)
+            self._shared[key] = _SHARES[everywhere]
+        else:
             tp, sp, cp, ep, rows = rank
             if cp > 1:
                 full = self._share(batch, attention, window, compiled, (tp, sp, 1, ep, rows), seq)
@@ -200,11 +216,18 @@ class Pricer:
                 self._shared[key] = for_tp(self._share(batch, attention, window, compiled, (1, False, 1, ep, rows),
                                                        seq), tp, sp)
             else:
-                impl = self.hw.attention_impl(attention)
                 self._shared[key] = build_anatomy(self.spec, batch=batch, seq_len=seq, attention=impl.kind,
                                                   windows=impl.windows, compiled=compiled, window_pattern=window, ep=ep,
                                                   expert_rows=rows)
+            _SHARES[everywhere] = self._shared[key]
+            while len(_SHARES) > SHARES_KEPT:
+                _SHARES.popitem(last=False)
         return self._shared[key]
+
+    @functools.cached_property
+    def _spec_key(self) -> str:
+        """The model spec by value (its JSON): what a share depends on besides its arguments."""
+        return self.spec.model_dump_json()
 
     def flops(self, layout: Layout, window: str) -> tuple[float, float]:
         """(model FLOPs, recomputed FLOPs) of one micro-batch on one tp rank, summed once per anatomy."""

@@ -4,6 +4,8 @@ price call per row; a measurement is pinned to what ran; published Megatron runs
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -65,6 +67,7 @@ def test_one_anatomy_build_and_one_price_call_per_row(monkeypatch):
     built at most once per row (rows that share a micro-batch, attention and window share one)."""
     builds, prices = [], []
     real_build, real_price = price_module.build_anatomy, Pricer.price
+    monkeypatch.setattr(price_module, "_SHARES", OrderedDict())  # nothing from earlier tests
     monkeypatch.setattr(price_module, "build_anatomy", lambda *a, **k: builds.append(k) or real_build(*a, **k))
     monkeypatch.setattr(Pricer, "price", lambda self, *a, **k: prices.append(a) or real_price(self, *a, **k))
     out = run_ok_plain(["table", "--model", "d24", "--gpus", "1,8", "--total-batch-size", "524288",
@@ -77,6 +80,29 @@ def test_one_anatomy_build_and_one_price_call_per_row(monkeypatch):
     # every build is a distinct (micro-batch, attention, window): nothing is built twice
     keys = [(k["batch"], k["attention"], k["windows"], k["window_pattern"], k["compiled"]) for k in builds]
     assert len(keys) == len(set(keys))
+
+
+def test_pricers_of_one_process_share_anatomies_by_value(monkeypatch):
+    """A second pricer of an equal spec (another object) builds nothing: its shares come from the
+    process-wide memo; a spec that differs in anything (here the vocabulary) builds its own."""
+    from ddplan.layout import Layout
+
+    monkeypatch.setattr(price_module, "_SHARES", OrderedDict())
+    builds = []
+    real_build = price_module.build_anatomy
+    monkeypatch.setattr(price_module, "build_anatomy", lambda *a, **k: builds.append(k) or real_build(*a, **k))
+    spec, hw = load_model("d24"), load_hardware("mi300x")
+    plan = RunPlan(spec.recipe.budget, hw.price)
+    lay = Layout(dp=1, tp=2, micro_batch=4, grad_accum=1, attention=hw.default_attention)
+    first = Pricer(spec, hw, plan).anatomy(lay, "SSSL")
+    assert len(builds) == 1
+    again = Pricer(spec.model_copy(deep=True), hw, plan).anatomy(lay, "SSSL")
+    assert len(builds) == 1 and again.ops is first.ops
+    other = spec.model_copy(update={"architecture": spec.architecture.model_copy(update={"vocab_size": 50304})})
+    assert Pricer(other, hw, plan).anatomy(lay, "SSSL").ops != first.ops and len(builds) == 2
+    monkeypatch.setattr(price_module, "SHARES_KEPT", 1)  # bounded: the oldest share goes
+    Pricer(spec, hw, plan).anatomy(replace(lay, micro_batch=2, grad_accum=2), "SSSL")
+    assert len(price_module._SHARES) == 1
 
 
 def run_ok_plain(argv):
