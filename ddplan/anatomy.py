@@ -440,13 +440,15 @@ def _cp_core(op: Op, cp: int, seq: int) -> Op:
                  recompute_flops_bwd=op.recompute_flops_bwd / cp, transient_bytes=op.transient_bytes / cp)
 
 
-def _tp_share(op: Op, tp: int) -> Op:
-    """One tensor-parallel rank's share of an op: FLOPs, bytes and sharded saved tensors / tp."""
+def _tp_share(op: Op, tp: int, saves: tuple[Saved, ...] | None = None) -> Op:
+    """One tensor-parallel rank's share of an op: FLOPs, bytes and sharded saved tensors / tp (saves: the
+    share's saved tensors where the caller splits them otherwise, as _sp_share does)."""
     if op.tp_done:
         return op
     replace = _with
     how = tp_split(op.name, op.kind)
-    saves = tuple(replace(sv, bytes=sv.bytes / tp) if sv.tp_sharded else sv for sv in op.saves)
+    if saves is None:
+        saves = tuple(replace(sv, bytes=sv.bytes / tp) if sv.tp_sharded else sv for sv in op.saves)
     if how is None:
         return replace(op, saves=saves)
     shape = op.shape
@@ -468,12 +470,11 @@ def _sp_share(op: Op, tp: int) -> Op:
     replicates split over the sequence, and every saved tensor / tp (ddplan.anatomy.for_tp)."""
     if op.tp_done:
         return op
-    split = _tp_share(op, tp)
     # experts split over tp: Megatron-Core's dispatcher all-gathers the routed rows over tp before the expert
     # GEMMs, which keep the whole gathered input (the one saved tensor of a layer sequence parallelism leaves whole)
     saves = tuple(sv if sv.name.endswith(".moe.permuted") else _with(sv, bytes=sv.bytes / tp) for sv in op.saves)
     if tp_split(op.name, op.kind) is not None:
-        return _with(split, saves=saves)
+        return _tp_share(op, tp, saves)
     shape = (max(1, op.shape[0] // tp), *op.shape[1:])
     return _with(op, shape=shape, flops_fwd=op.flops_fwd / tp, flops_bwd=op.flops_bwd / tp,
                  bytes_fwd=op.bytes_fwd / tp, bytes_bwd=op.bytes_bwd / tp, saves=saves,

@@ -8,10 +8,8 @@ the family); ranking and the Pareto front use pandas. Reasons are facts; ddplan.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable
-import gc
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from ddplan import run
@@ -20,7 +18,7 @@ from ddplan.errors import LayoutError, UsageError
 from ddplan.fitting import fitted
 from ddplan.layout import NATIVE_ZERO, Layout, Options, check_layout, cp_attention_problem, expert_parallel_degrees
 from ddplan.memory import HEADROOM
-from ddplan.price import PricedLayout, Pricer, RunPlan
+from ddplan.price import PricedLayout, Pricer, RunPlan, no_cycle_collection
 from ddplan.specs import HardwareSpec, ModelSpec, Price
 from ddplan.units import GiB
 
@@ -165,23 +163,6 @@ def plan_row(p: PricedLayout, native_zero: int, usable_gib: float) -> dict:
             "native": lay.zero == native_zero, "usable_gib": usable_gib, "_priced": p}
 
 
-@contextlib.contextmanager
-def _no_cycle_collection():
-    """Pause Python's cyclic garbage collector for a search.
-
-    A search allocates hundreds of thousands of small acyclic objects (priced layouts, dicts, tuples;
-    reference counting frees them) while holding large anatomies; the collector's full passes over those
-    cost about a quarter of the search (benchmarks/bench_plan.py) and find nothing to free.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def search(req: PlanRequest, progress: Callable[[str, int, int], None] | None = None) -> PlanResult:
     """Every layout of every hardware and GPU count that fits and divides, ranked by the objective.
 
@@ -192,7 +173,7 @@ def search(req: PlanRequest, progress: Callable[[str, int, int], None] | None = 
         raise UsageError(f"{pairs} (hardware, GPU count) pairs asked ({len(req.hardware)} hardware x "
                          f"{len(req.gpus)} GPU counts); one search covers at most {MAX_SEARCHES}: name fewer hardware "
                          f"or GPU counts (e.g. --gpus 8-64)", field="--hardware/--gpus")
-    with _no_cycle_collection():
+    with no_cycle_collection():
         return _search(req, progress or (lambda what, done, total: None))
 
 

@@ -19,7 +19,7 @@ from ddplan.fitting import MEASURED_FLAGS, Fit, fitted
 from ddplan.layout import (NATIVE_ZERO, Layout, Options, check_layout, cp_attention_problem, data_parallel, layout_for,
                            split_batch)
 from ddplan.memory import HEADROOM
-from ddplan.price import Flag, PriceCache, PricedLayout, Pricer, RunPlan
+from ddplan.price import Flag, PriceCache, PricedLayout, Pricer, RunPlan, no_cycle_collection
 from ddplan.specs import Budget, HardwareSpec, ModelSpec, Price
 
 MAX_ROWS = 1000  # rows one table builds (the product of its lists), checked before any work
@@ -139,6 +139,12 @@ def build_table(req: TableRequest, progress: Callable[[str, int, int], None] | N
     shared: the rate-independent cache (anatomies, memory, collectives: ddplan.price.PriceCache.shared) of an
     earlier table of the same model and layouts on the same hardware up to its efficiencies, to reuse (what
     validation's fits re-price at other GEMM efficiencies)."""
+    with no_cycle_collection():
+        return _build_table(req, progress, shared)
+
+
+def _build_table(req: TableRequest, progress: Callable[[str, int, int], None] | None,
+                 shared: dict | None) -> Table:
     spec, hw = req.model, req.hardware
     seq = spec.recipe.seq_len
     total_batch = req.total_batch_tokens or spec.recipe.total_batch_tokens

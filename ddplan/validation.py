@@ -14,18 +14,30 @@ and that source priced with them, for every source in turn, so the error is out 
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from ddplan.errors import DdplanError, SpecError
+from ddplan.price import no_cycle_collection
 from ddplan.runs import PublishedRun, RoutingSweep, RunSet, price_run
 
 # Hardware specs that share one fitted sustained fraction: the same die at the same power limit (the A100
 # SXM4 40 GB and 80 GB are one GA100 at 400 W; only memory differs).
 FIT_GROUPS: dict[str, tuple[str, ...]] = {"a100-sxm-80gb": ("a100-sxm-80gb", "a100-sxm-40gb"), "h100-sxm": ("h100-sxm",)}
 SIZE_BUCKETS = ((3e9, "<3B"), (30e9, "3-30B"), (200e9, "30-200B"), (math.inf, ">=200B"))
+
+
+def _paused(fn):
+    """Run fn with the cyclic garbage collector paused (ddplan.price.no_cycle_collection: nearly half of
+    scoring time otherwise goes to full collections that free nothing)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with no_cycle_collection():
+            return fn(*args, **kwargs)
+    return wrapper
 
 
 @dataclass(frozen=True)
@@ -187,6 +199,7 @@ class Scorer:
         return self._parts[run_key]
 
 
+@_paused
 def score_all(runs: RunSet, where: str, sustained: dict[str, float] | None = None,
               progress: Callable[[str, int, int], None] | None = None, scorer: Scorer | None = None) -> list[Scored]:
     scorer = scorer or Scorer()
@@ -279,6 +292,7 @@ def moe_band_ratio(scored: Sequence[Scored]) -> tuple[float, float] | None:
 
 # ---- fitted parameters and leave-one-source-out
 
+@_paused
 def fit_sustained(runs: Sequence[PublishedRun], hardware: str, where: str, lo: float = 0.3,
                   hi: float = 1.0, tol: float = 0.005, scorer: Scorer | None = None) -> float:
     """The GEMM sustained fraction on one hardware that minimises the mean |log(predicted / measured)| of
@@ -322,6 +336,7 @@ IMBALANCE_TOL = 1e-3
 SLOPE_STEP = 0.05
 
 
+@_paused
 def fit_dropless_imbalance(sweep: RoutingSweep, runs: RunSet, where: str, sustained: dict[str, float] | None = None,
                            sweep_file: str = "moe_routing.yaml", scorer: Scorer | None = None) -> list[ImbalanceFit]:
     """The dropless load imbalance of each pair of a routing sweep (ddplan.runs.RoutingSweep).
@@ -404,6 +419,7 @@ def fitted_hardware() -> list[str]:
     return out
 
 
+@_paused
 def leave_one_source_out(runs: RunSet, where: str, hardware: Iterable[str],
                          progress: Callable[[str, int, int], None] | None = None,
                          scorer: Scorer | None = None) -> list[Scored]:
