@@ -6,6 +6,7 @@ usage errors); typer's own usage errors are reduced to one line too. DDPLAN_DEBU
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from dataclasses import replace
@@ -801,8 +802,9 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
         raise UsageError("needs torch: pip install 'ddplan[calibrate]' (a CUDA or ROCm build on a GPU box)",
                          field="calibrate") from None
     from ddplan import verdicts
-    from ddplan.calibrate.runner import (GEMM_PASSES, CalibrateRequest, Interrupted, check_step, compile_estimate_s,
-                                         plan_shapes, run, spec_for_device, stages_for, step_program)
+    from ddplan.calibrate.eta import PROBE_QUIET_S
+    from ddplan.calibrate.runner import (CalibrateRequest, Interrupted, check_step, compile_estimate_s, plan_shapes,
+                                         run, spec_for_device, stage_estimates_s, stage_kinds, stages_for, step_program)
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -822,23 +824,27 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
     shapes = plan_shapes(req, free)
     from ddplan.calibrate.bench import gemm_shapes
 
-    n_shapes = len(gemm_shapes(spec_for_device(spec, device), list(shapes.micro_batches), shapes.seq_len))
-    plan_args = (n_shapes, step_program(req), compile_estimate_s(spec, step_program(req)), 1 if quick else GEMM_PASSES)
+    shape_list = gemm_shapes(spec_for_device(spec, device), list(shapes.micro_batches), shapes.seq_len)
+    program, compile_s = step_program(req), compile_estimate_s(spec, step_program(req))
     stages = stages_for(quick)  # quick: one GEMM pass
-    _info(verdicts.calibrate_plan(spec, req, shapes, stages, *plan_args))
-    estimate_s = verdicts.calibrate_estimate_s(req, shapes, plan_args[0], *plan_args[2:])
+    estimates_s = stage_estimates_s(req, shapes, shape_list, compile_s)
+    _info(verdicts.calibrate_plan(spec, req, shapes, stages, len(shape_list), program, compile_s, sum(estimates_s)))
+    # the probe's quiet time is the CPU's (a GPU's probe is another kernel): there the step goes as the benchmarks
+    plan = dict(stages=stages, estimates_s=estimates_s, kinds=stage_kinds(quick),
+                probe_quiet_s=PROBE_QUIET_S if device == "cpu" else None)
     try:
         if console.is_terminal:
             with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
                           transient=True) as bar:
                 task = bar.add_task("calibrate", total=len(stages))
-
-                def progress(msg: str) -> None:
-                    bar.update(task, description=msg, advance=1)
-
-                cal, hw_used, held_out = run(req, progress, shapes)
-        else:  # a log, a pipe: one line per benchmark with the elapsed time
-            cal, hw_used, held_out = run(req, _stage_lines(len(stages), estimate_s), shapes)
+                lines = _StageLines(**plan, every_s=1.0,
+                                    show=lambda text, stage: bar.update(task, description=text, completed=stage))
+                with lines.beating():
+                    cal, hw_used, held_out = run(req, lines.stage, shapes, lines.within, lines.probed)
+        else:  # a log, a pipe: a line per stage and at least every PROGRESS_EVERY_S, with the time left
+            lines = _StageLines(**plan)
+            with lines.beating():
+                cal, hw_used, held_out = run(req, lines.stage, shapes, lines.within, lines.probed)
     except (Interrupted, KeyboardInterrupt) as e:
         kept = (f"{out} keeps what was measured and lists what was not" if Path(out).exists()
                 else "nothing was written yet")
@@ -1172,27 +1178,78 @@ def _progress(command: str):
     return report
 
 
-def _stage_lines(total: int, estimate_s: float | None = None, clock=None):
-    """Calibrate's progress where stderr is not a terminal: one line per benchmark, elapsed and a rough ETA
-    (the pre-run estimate less the time spent, since the stages are far from equal: the GEMMs take half;
-    without an estimate, the mean stage time so far)."""
-    import time
+PROGRESS_EVERY_S = 5.0  # calibrate's progress: a line at least this often, in every stage (issue 33)
 
-    clock = clock or time.monotonic
-    start, state = clock(), {"done": 0}
 
-    def report(msg: str) -> None:
-        elapsed = clock() - start
-        done = state["done"]
-        if estimate_s is not None and done:
-            left = estimate_s - elapsed
-            eta = (f", about {left:.0f} s left" if left >= 1 else f", past the {estimate_s:.0f} s estimated")
-        else:
-            eta = f", about {elapsed / done * (total - done):.0f} s left" if done else ""
-        print(f"calibrate: {msg} ({done + 1}/{total}, {elapsed:.0f} s{eta})", file=sys.stderr, flush=True)
-        state["done"] += 1
+class _StageLines:
+    """Calibrate's progress: the stage, its number, the elapsed time and the time left, re-estimated from the
+    run's own speed (ddplan.calibrate.eta.Eta), shown at each stage's start and at least every every_s
+    within one (show(text, stage index); by default a line on stderr). probe_quiet_s: the machine-speed
+    probe's time where the estimates were made (Eta). clock: seconds (a fake one in tests)."""
 
-    return report
+    def __init__(self, stages: tuple[str, ...], estimates_s: tuple[float, ...], kinds: tuple[str, ...], *,
+                 probe_quiet_s: float | None = None, every_s: float = PROGRESS_EVERY_S, show=None, clock=None):
+        import threading
+        import time
+
+        from ddplan.calibrate.eta import Eta
+
+        self.stages, self.every_s, self.clock = stages, every_s, clock or time.monotonic
+        self.show = show or (lambda text, stage: print(f"calibrate: {text}", file=sys.stderr, flush=True))
+        self.eta = Eta(estimates_s, kinds, self.clock, probe_quiet_s)
+        self.count, self.name, self.shown = 0, "", self.clock()
+        self.lock = threading.Lock()  # the heartbeat thread reads what the run's thread writes
+
+    def stage(self, msg: str) -> None:
+        with self.lock:
+            self.eta.begin(self.count)
+            self.count, self.name = self.count + 1, msg
+            self._show()
+
+    def within(self, fraction: float) -> None:
+        with self.lock:
+            self.eta.advance(fraction)
+
+    def probed(self, seconds: float) -> None:
+        with self.lock:
+            self.eta.probed(seconds)
+
+    def beat(self) -> None:
+        """A line if none was shown for every_s (called by beating()'s thread, or by a test)."""
+        with self.lock:
+            if self.count and self.clock() - self.shown >= self.every_s:
+                self._show()
+
+    def due_in_s(self) -> float:
+        """Seconds until the next line is due (at least 0.05: the thread does not spin)."""
+        with self.lock:
+            return max(0.05, self.shown + self.every_s - self.clock())
+
+    def _show(self) -> None:
+        left = self.eta.left_s()
+        eta = f", about {left:.0f} s left" if left >= 1 else ", finishing"
+        self.shown = self.clock()
+        self.show(f"{self.name} ({self.count}/{len(self.stages)}, {self.eta.elapsed_s():.0f} s{eta})", self.count - 1)
+
+    @contextlib.contextmanager
+    def beating(self):
+        """beat() from a daemon thread whenever a line is due while the block runs (torch releases the GIL in
+        its kernels, so the thread gets to run during a long benchmark)."""
+        import threading
+
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.wait(self.due_in_s()):
+                self.beat()
+
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            stop.set()
+            thread.join()
 
 
 def _info(lines: list[str]) -> None:

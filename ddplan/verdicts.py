@@ -542,24 +542,10 @@ def from_log_line(m, out: str) -> str:
             f"{m.total_batch_tokens:,} tokens/step -> {out}")
 
 
-def calibrate_estimate_s(req, shapes, gemm_shapes: int, compile_s: float, gemm_passes: int = 1) -> float:
-    """A rough duration of a calibration, in seconds: each GEMM shape about 0.55 s quick and 1 s a pass
-    otherwise, plus fixed costs (the other benchmarks and the held-out step: about 28 s quick, 40 s
-    otherwise), plus torch.compile on a cold cache where the step compiles. Quick figures measured on this
-    project's 2-core EPYC VM on 2026-12-02: d2 49 shapes in 23 s then 23 s for the rest, d4 42 shapes in
-    26 s then 34 s (an earlier session measured 0.15 s a shape on the same kind of VM: such machines vary
-    3x, and a busy one takes longer still). The full run's 1 s a pass is from 74-133 s for 42-51 shapes in
-    two passes, d2-d6."""
-    per_shape = 0.55 if req.quick else 1.0 * gemm_passes
-    compile_s = 0.0 if shapes.skip_step else compile_s
-    return gemm_shapes * per_shape + (28 if req.quick else 40) + compile_s
-
-
 def calibrate_plan(spec: ModelSpec, req, shapes, stages: tuple[str, ...], gemm_shapes: int, program,
-                   compile_s: float, gemm_passes: int = 1) -> list[str]:
+                   compile_s: float, estimate_s: float) -> list[str]:
     """What a calibration will measure, before it starts: shapes, predicted peak memory, how the held-out step
-    runs, a rough duration (calibrate_estimate_s)."""
-    estimate = calibrate_estimate_s(req, shapes, gemm_shapes, compile_s, gemm_passes)
+    runs, a rough duration (estimate_s: ddplan.calibrate.runner.stage_estimates_s, summed)."""
     compile_s = 0.0 if shapes.skip_step else compile_s
     how = f"held-out step {program.words()}" + (f" (torch.compile up to about {compile_s:.0f} s of it, not timed)"
                                                 if compile_s else " (no compilation)")
@@ -567,7 +553,7 @@ def calibrate_plan(spec: ModelSpec, req, shapes, stages: tuple[str, ...], gemm_s
         f"calibrate: {spec.name} on {req.device}, sequence {shapes.seq_len}, held-out step at micro-batch "
         f"{shapes.step_batch} (predicted peak {shapes.peak_bytes / 2**30:.2f} GiB), {gemm_shapes} GEMM shapes at "
         f"micro-batches {', '.join(map(str, shapes.micro_batches))} and the optimizer's; "
-        f"{'quick' if req.quick else 'full'} run, roughly {estimate:.0f} s; {how}",
+        f"{'quick' if req.quick else 'full'} run, roughly {estimate_s:.0f} s; {how}",
         "calibrate: measures " + "; ".join(stages) + (f". Note: {'; '.join(shapes.notes)}" if shapes.notes else ""),
     ]
 

@@ -550,7 +550,8 @@ class _Marks:
 def bench_train_step(spec: ModelSpec, *, batch: int, seq_len: int | None = None, attention: str = "sdpa-fused",
                      device="cuda", dtype_policy: str = "spec", steps: int = 5, warmup: int = 2,
                      recompute: str = "none", seed: int = 0, compile_model: bool = False,
-                     compile_optimizer: bool = False, between: Callable[[], None] | None = None) -> dict:
+                     compile_optimizer: bool = False, between: Callable[[], None] | None = None,
+                     after_step: Callable[[int], None] | None = None) -> dict:
     """One real training step of the reference model: forward, backward, the spec's optimizer.
 
     compile_model: the model torch.compile'd with dynamic=False, as nanochat's base_train.py does;
@@ -565,7 +566,8 @@ def bench_train_step(spec: ModelSpec, *, batch: int, seq_len: int | None = None,
     step, compilation included), page_faults (on CPU: the median of the timed steps' minor page faults,
     ddplan.calibrate.allocator; None on a GPU) and compile_notes (why a part ran eager). If it does not fit:
     {"skipped": "does not fit: <message>"}. between: called after each timed step, outside its time (the
-    machine-speed probe).
+    machine-speed probe); after_step(i): called after step i (0-based, warm-up steps included), after between
+    (progress).
     """
     if batch <= 0 or steps <= 0 or warmup < 0:
         raise ValueError(f"need batch > 0, steps > 0, warmup >= 0; got {batch}, {steps}, {warmup}")
@@ -575,7 +577,7 @@ def bench_train_step(spec: ModelSpec, *, batch: int, seq_len: int | None = None,
     try:
         with torch.cuda.device(d) if d.type == "cuda" else contextlib.nullcontext(), _compile_limits():
             result = _train_step(spec, batch, s, attention, d, dtype_policy, steps, warmup, recompute, seed,
-                                 compile_model, compile_optimizer, between)
+                                 compile_model, compile_optimizer, between, after_step)
     except (torch.cuda.OutOfMemoryError, MemoryError, RuntimeError) as e:
         if not _out_of_memory(e):
             raise
@@ -639,7 +641,7 @@ def _first_step(model, run_model, optimizer, spec, idx, targets, notes: list[str
 
 
 def _train_step(spec, batch, seq_len, attention, d, dtype_policy, steps, warmup, recompute, seed,
-                compile_model, compile_optimizer, between=None) -> dict:
+                compile_model, compile_optimizer, between=None, after_step=None) -> dict:
     torch.manual_seed(seed)
     gpu = d.type == "cuda"
     if gpu:
@@ -673,6 +675,8 @@ def _train_step(spec, batch, seq_len, attention, d, dtype_policy, steps, warmup,
             run_model, optimizer = _first_step(model, run_model, optimizer, spec, idx, targets, notes)
             _sync(d)
             first_s = time.perf_counter() - t0
+            if after_step is not None:
+                after_step(i)
             continue
         marks = _Marks(d)
         faults0 = minor_faults()
@@ -690,6 +694,8 @@ def _train_step(spec, batch, seq_len, attention, d, dtype_policy, steps, warmup,
                 faults.append(minor_faults() - faults0)
             if between is not None:
                 between()
+        if after_step is not None:
+            after_step(i)
     _sync(d)
     peak = torch.cuda.max_memory_allocated(d) if gpu else None
     return {

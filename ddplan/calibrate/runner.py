@@ -26,6 +26,7 @@ from typing import Callable
 import yaml
 from pydantic import ValidationError
 
+from ddplan.calibrate import eta
 from ddplan.calibrate.allocator import reuse_freed_memory
 from ddplan.calibration import CalibrationSpec
 from ddplan.errors import UsageError
@@ -316,14 +317,68 @@ def stages_for(quick: bool) -> tuple[str, ...]:
     return STAGES[:-1] if quick else STAGES
 
 
+STEP_WARMUP = 2  # untimed steps of the held-out step before its timed ones (the first compiles, where it does)
+
+
+def step_parts_s(spec: ModelSpec, shapes: Shapes, quick: bool, compile_s: float) -> tuple[float, ...]:
+    """Estimated seconds of each step of the held-out stage (warm-up steps, then timed), on the quiet VM the
+    estimates are from: eta.step_s each, the first also building the model (eta.STEP_BUILD_S) and compiling
+    (compile_s). No parts when the step is skipped."""
+    if shapes.skip_step:
+        return ()
+    one = eta.step_s(spec.architecture, shapes.step_batch, shapes.seq_len)
+    return (eta.STEP_BUILD_S + compile_s + one, *(one for _ in range(STEP_WARMUP + step_count(quick) - 1)))
+
+
+def step_count(quick: bool) -> int:
+    """Timed steps of the held-out step: 2 with --quick, 7 otherwise."""
+    return 2 if quick else 7
+
+
+def stage_estimates_s(req: CalibrateRequest, shapes: Shapes, gemm_shapes: list[tuple[int, int, int, str]],
+                      compile_s: float) -> tuple[float, ...]:
+    """Estimated seconds of each stage of stages_for(req.quick), on the quiet VM the estimates are from
+    (ddplan.calibrate.eta's figures): the GEMM shapes (eta.gemm_part_s each, once per pass), the attention
+    points, the optimizer (eta.optimizer_stage_s), the held-out step (step_parts_s) and fixed costs for the
+    rest. A prior: eta.Eta rescales it by the run's measured speed as it goes. A GPU runs the benchmarks'
+    kernels far faster, so there the estimate is high until that rescaling."""
+    points = len(set(req.model.architecture.windows(shapes.seq_len))) * len(attention_impls(req))
+    times = {STAGES[0]: sum(eta.gemm_part_s(m, n, k, req.quick) for m, n, k, _ in gemm_shapes),
+             "peak GEMM sweep": eta.PEAK_SWEEP_S, "attention": eta.ATTENTION_POINT_S * points,
+             "HBM bandwidth": eta.HBM_S, "elementwise ops": eta.ELEMENTWISE_S,
+             "optimizer": eta.optimizer_stage_s(req.model), "kernel overhead": eta.KERNEL_OVERHEAD_S,
+             "collectives": eta.COLLECTIVES_S if req.nproc > 1 else 0.0,
+             STAGES[HELD_OUT_STAGE]: sum(step_parts_s(req.model, shapes, req.quick, compile_s)),
+             STAGES[-1]: (GEMM_PASSES - 1) * sum(eta.gemm_part_s(m, n, k, False) for m, n, k, _ in gemm_shapes)}
+    return tuple(times[name] for name in stages_for(req.quick))
+
+
+def stage_kinds(quick: bool) -> tuple[str, ...]:
+    """Each stage's kind for ddplan.calibrate.eta: "step" for the held-out step (a fixed number of steps, its
+    time follows the machine's speed), "bench" for the micro-benchmarks (timed for a bounded time each)."""
+    return tuple("step" if name == STAGES[HELD_OUT_STAGE] else "bench" for name in stages_for(quick))
+
+
+def attention_impls(req: CalibrateRequest) -> tuple[str, ...]:
+    """The attention implementations a run times: --attention, else every one the hardware spec lists (both
+    SDPA paths without a spec)."""
+    hw = req.hardware
+    return req.attention or (tuple(x.name for x in hw.default_attention_impls()) if hw else ("sdpa-math", "sdpa-fused"))
+
+
 class Interrupted(Exception):
     """SIGTERM (or SIGINT) during a calibration: what was measured is kept, what was not is recorded."""
 
 
-def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Shapes | None = None
+def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Shapes | None = None,
+        within: Callable[[float], None] = lambda fraction: None, probed: Callable[[float], None] = lambda s: None
         ) -> tuple[CalibrationSpec, HardwareSpec, dict]:
     """Run every benchmark; return the calibration, the hardware spec it refines, and the held-out step.
 
+    progress(name) at the start of each stage; within(fraction) as the parts of a stage finish (each GEMM
+    shape, attention point and training step), fraction = the stage's estimated seconds done
+    (eta.done_fractions); probed(seconds) after each machine-speed probe: so a caller can tell how fast the run
+    goes (ddplan.calibrate.eta).
     Each stage that fails is recorded and the rest carries on; SIGTERM and SIGINT stop the run after
     recording which stages were not measured (the file stays valid), then re-raise.
     """
@@ -354,11 +409,13 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
 
     def probe(during: str) -> None:
         try:
-            probes[during].append(bench.bench_probe_s(device, dtype=gemm_dtype))
+            seconds = bench.bench_probe_s(device, dtype=gemm_dtype)
         except (KeyboardInterrupt, Interrupted):
             raise
         except Exception:  # the probe is a check on the others: without it they stand as measured
-            pass
+            return
+        probes[during].append(seconds)
+        probed(seconds)
 
     def stage(name: str, fn: Callable[[], None]) -> None:
         if name == STAGES[HELD_OUT_STAGE] and (program.model or program.optimizer) and not shapes.skip_step:
@@ -383,6 +440,7 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
         points, times, first_spread = [], [], []
         shapes_ = bench.gemm_shapes(spec, list(batches), seq)
         gemm_state.update(points=points, times=times, first_spread=first_spread, shapes=shapes_)
+        done = eta.done_fractions([eta.gemm_part_s(m, n, k, req.quick) for m, n, k, _ in shapes_])
         for i, (m, n, k, label) in enumerate(shapes_):
             if i % PROBE_EVERY == PROBE_EVERY - 1:  # the GEMMs are most of the prediction: sample their minutes
                 probe("benchmarks")
@@ -393,6 +451,7 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
             times.append([2.0 * m * n * k / (tflops * 1e12)])
             first_spread.append(100 * spread)
             rec.append("gemm", points[-1:])  # in the file as soon as it is measured (an interruption keeps it)
+            within(done[i])
         if req.quick:
             busy_check()
 
@@ -401,7 +460,8 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
             return
         points, times, first_spread = gemm_state["points"], gemm_state["times"], gemm_state["first_spread"]
         measured = gemm_state["shapes"][:len(points)]  # a first pass that failed part-way: what it measured
-        for _ in range(1, GEMM_PASSES):  # again, later and in a new allocation
+        done = eta.done_fractions([eta.gemm_part_s(m, n, k, False) for m, n, k, _ in measured] * (GEMM_PASSES - 1))
+        for p in range(GEMM_PASSES - 1):  # again, later and in a new allocation
             for i, (m, n, k, label) in enumerate(measured):
                 if i % PROBE_EVERY == PROBE_EVERY - 1:
                     probe("benchmarks")
@@ -409,6 +469,7 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
                                                          role=bench.gemm_role(label))
                 times[i].append(2.0 * m * n * k / (tflops * 1e12))
                 points[i].update(pass_mean(m, n, k, times[i], first_spread[i]))
+                within(done[p * len(measured) + i])
             rec.flush()  # the points are the file's own entries (rec.append keeps the same dicts)
         busy_check()
 
@@ -439,23 +500,22 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
 
     def attention() -> None:
         a = spec.architecture
-        names = req.attention or ((tuple(x.name for x in hw.default_attention_impls())) if hw
-                                  else ("sdpa-math", "sdpa-fused"))
+        names = attention_impls(req)
         windows = sorted(set(a.windows(seq)))
-        points, missing = [], []
-        for impl in names:
-            if impl not in bench.ATTENTION_IMPLS:  # a spec's kernel calibrate has no way to time
-                missing.append(f"{impl} (no benchmark for it)")
+        timed = [impl for impl in names if impl in bench.ATTENTION_IMPLS]  # not: a spec's kernel with no benchmark
+        missing = [f"{impl} (no benchmark for it)" for impl in names if impl not in timed]
+        done = iter(eta.done_fractions([1.0] * len(timed) * len(windows)))
+        points = []
+        for impl, w in ((impl, w) for impl in timed for w in windows):
+            got = bench.bench_attention(impl, batch=mb0, heads=a.num_heads, seq_len=seq, window=w,
+                                        head_dim=a.head_dim, dtype=gemm_dtype, device=device, quick=req.quick)
+            within(next(done))
+            if got is None:  # this backend cannot run this window here (e.g. flash with a mask)
+                missing.append(f"{impl} (window {w})")
                 continue
-            for w in windows:
-                got = bench.bench_attention(impl, batch=mb0, heads=a.num_heads, seq_len=seq, window=w,
-                                            head_dim=a.head_dim, dtype=gemm_dtype, device=device, quick=req.quick)
-                if got is None:  # this backend cannot run this window here (e.g. flash with a mask)
-                    missing.append(f"{impl} (window {w})")
-                    continue
-                points.append({"implementation": impl, "batch": mb0, "heads": a.num_heads, "seq_len": seq,
-                               "window": w if _native(hw, impl) else seq, "head_dim": a.head_dim,
-                               "fwd_tflops": sig(got[0]), "bwd_tflops": sig(got[1])})
+            points.append({"implementation": impl, "batch": mb0, "heads": a.num_heads, "seq_len": seq,
+                           "window": w if _native(hw, impl) else seq, "head_dim": a.head_dim,
+                           "fwd_tflops": sig(got[0]), "bwd_tflops": sig(got[1])})
         rec.append("attention", points)
         for impl in missing:
             rec.data.setdefault("failures", []).append(f"attention {impl}: not available on this device/stack")
@@ -528,10 +588,12 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
             held_out["skipped"] = "does not fit"
             return
         attention_name = (hw.default_attention if hw else "sdpa-fused")
+        done = eta.done_fractions(step_parts_s(spec, shapes, req.quick, compile_estimate_s(spec, program)))
         res = bench.bench_train_step(spec, batch=mb0, seq_len=seq, attention=_ref_attention(attention_name),
-                                     device=device, dtype_policy=dtype_policy, steps=2 if req.quick else 7,
-                                     compile_model=program.model, compile_optimizer=program.optimizer,
-                                     between=lambda: probe("step"))
+                                     device=device, dtype_policy=dtype_policy, steps=step_count(req.quick),
+                                     warmup=STEP_WARMUP, compile_model=program.model,
+                                     compile_optimizer=program.optimizer, between=lambda: probe("step"),
+                                     after_step=lambda i: within(done[min(i, len(done) - 1)]))
         held_out.update(res, attention=attention_name, batch=mb0, seq_len=seq)
         if "skipped" in res:
             note(f"training step: {res['skipped']}")
