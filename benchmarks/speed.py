@@ -51,13 +51,20 @@ def ddplan_argv() -> list[str]:
     return [exe] if exe else [sys.executable, "-m", "ddplan.cli"]
 
 
-def timed_runs(argv: list[str], runs: int, cwd: Path = ROOT) -> list[float]:
-    """Wall seconds of each of `runs` runs of a command; output discarded; a failing run stops the script."""
+# as users run: Python writes and reads its bytecode caches (some sandboxes set PYTHONDONTWRITEBYTECODE, which
+# makes every process compile ddplan from source, ~0.3 s more a command)
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
+def timed_runs(argv: list[str], runs: int, cwd: Path = ROOT, warm: bool = True) -> list[float]:
+    """Wall seconds of each of `runs` runs of a command, after one untimed run (bytecode and file caches
+    warm) unless warm is False; output discarded; a failing run stops the script."""
     out = []
-    for _ in range(runs):
+    for i in range(runs + warm):
         t0 = time.perf_counter()
-        done = subprocess.run(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        out.append(time.perf_counter() - t0)
+        done = subprocess.run(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
+        if i >= warm:
+            out.append(time.perf_counter() - t0)
         if done.returncode != 0:
             raise SystemExit(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.strip()[-500:]}")
     return out
@@ -111,7 +118,7 @@ def main() -> None:
     ddplan = ddplan_argv()
     rows = []
     if "suite" not in skip:
-        xs = timed_runs([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], args.runs)
+        xs = timed_runs([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], args.runs, warm=False)
         rows.append(row("test suite (python -m pytest -q)", xs, "s", ("<=", SUITE_LIMIT_S, "s")))
     for key, label, argv, limit in COMMANDS:
         if key not in skip:
@@ -122,7 +129,8 @@ def main() -> None:
     if "calibrate" not in skip:
         with tempfile.TemporaryDirectory() as tmp:
             argv = [*ddplan, "calibrate", "-m", "d4", "--device", "cpu", "--quick", "--out", str(Path(tmp) / "c.yaml")]
-            rows.append(row("ddplan calibrate -m d4 --device cpu --quick", timed_runs(argv, args.runs), "s", None))
+            rows.append(row("ddplan calibrate -m d4 --device cpu --quick", timed_runs(argv, args.runs, warm=False),
+                            "s", None))
     print(render(rows, args.markdown))
     print(f"\n{time.strftime('%Y-%m-%d')}; {platform.machine()}, {os.cpu_count()} cores, "
           f"{platform.python_implementation()} {platform.python_version()}; each row a fresh process "

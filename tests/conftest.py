@@ -1,4 +1,5 @@
-"""Fixtures shared by the test modules: golden files in tests/golden/, and a frozen date."""
+"""Fixtures shared by the test modules: golden files in tests/golden/, a frozen date, and the expensive
+computations several modules check (each computed once per test process)."""
 
 from __future__ import annotations
 
@@ -31,3 +32,15 @@ class _FrozenDate(datetime.date):
 def frozen_today(monkeypatch):
     """`--price` dates its offer with datetime.date.today(), looked up at call time: swap the class."""
     monkeypatch.setattr(datetime, "date", _FrozenDate)
+
+
+@pytest.fixture(scope="session")
+def shipped_loso():
+    """ddplan.validation.leave_one_source_out on the shipped dataset and fitted hardware, as `ddplan validate
+    --leave-one-source-out` computes it: (runs, where, hardware, held-out scores). Tests that need it share
+    it (pytest.mark.xdist_group("loso") keeps them on one worker)."""
+    from ddplan import validation
+    from ddplan.runs import load_runs, shipped_dataset
+
+    runs, where, hardware = load_runs(), shipped_dataset(), tuple(validation.fitted_hardware())
+    return runs, where, hardware, validation.leave_one_source_out(runs, where, hardware)

@@ -78,12 +78,18 @@ def all_examples() -> list[tuple[str, str]]:
 
 
 def _params():
+    """Each distinct example once, named by the first help that shows it (the top-level help repeats some
+    commands' own examples: the same command line, run once)."""
+    seen: set[str] = set()
     for where, line in all_examples():
+        if line in seen:
+            continue
+        seen.add(line)
         marks = []
         if line.startswith("ddplan calibrate") and "--from-log" not in line:
             marks = [pytest.mark.slow]  # runs torch benchmarks on the CPU (~45 s)
-        if line == "ddplan validate --leave-one-source-out":
-            marks = [pytest.mark.slow]  # re-fits without each source (~45 s)
+        if line == "ddplan validate --leave-one-source-out":  # re-fits without each source (~25 s): shared
+            marks = [pytest.mark.slow, pytest.mark.xdist_group("loso")]
         yield pytest.param(line, marks=marks, id=f"{where}: {line}")
 
 
@@ -97,8 +103,19 @@ def workdir(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("line", list(_params()))
-def test_every_example_runs(capsys, workdir, line):
+def test_every_example_runs(capsys, workdir, line, request, monkeypatch):
     argv = shlex.split(line)[1:]
+    if "--leave-one-source-out" in argv:
+        # the re-fits are computed once for the session (conftest.shipped_loso, checked in test_validation);
+        # the command gets exactly that result for exactly those arguments, and runs everything else itself
+        from ddplan import validation
+
+        runs, where, hardware, held = request.getfixturevalue("shipped_loso")
+
+        def shared(r, w, hw, **kwargs):
+            assert (r, w, tuple(hw)) == (runs, where, hardware)
+            return held
+        monkeypatch.setattr(validation, "leave_one_source_out", shared)
     if "--calibration" in argv:  # made by the calibrate examples; here from the training log, quickly
         assert cli.main(["calibrate", "-m", "d24", "--hardware", "mi300x", "--from-log", "train.log", "--out",
                          "cal.yaml"]) == 0

@@ -36,8 +36,6 @@ COLUMNS = ("hardware", "gpus", "dp", "tp", "pp", "zero", "micro_batch", "accum",
 FEW = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-@functools.lru_cache(maxsize=None)
-
 class Mem:
     """GiB per GPU of a layout at the model's window, from the search's own pricer."""
 
@@ -52,7 +50,7 @@ def reasons_of(result):
     return plan_reasons(result)
 
 
-
+@functools.lru_cache(maxsize=None)
 def cached_search(model: str, hardware: str, gpus: tuple[int, ...], objective: str = "time",
                   headroom: float = 0.05, cps: tuple[int, ...] = ()):
     return search(PlanRequest(model=MODELS[model], hardware=(HARDWARE[hardware],), gpus=gpus,

@@ -137,12 +137,12 @@ def test_percentile_by_hand():
 
 
 @pytest.mark.slow
-def test_uncalibrated_band_is_the_datasets_out_of_sample_spread():
+@pytest.mark.xdist_group("loso")
+def test_uncalibrated_band_is_the_datasets_out_of_sample_spread(shipped_loso):
     """ddplan.price.VALIDATED_RATIO is the 5th-95th percentile of measured / predicted with every source priced by
     fits made without it, rounded outward by at most 0.01: a model or dataset change that moves it must move the
     constant too (benchmarks/validation.py prints both)."""
-    runs = load_runs()
-    held = V.leave_one_source_out(runs, shipped_dataset(), V.fitted_hardware())
+    *_, held = shipped_loso
     lo, hi = V.band_ratio(held)
     assert lo - 0.01 <= VALIDATED_RATIO[0] <= lo and hi <= VALIDATED_RATIO[1] <= hi + 0.01
     # mixture of experts: the dense band stretched to cover every MoE run (too few for percentiles)
