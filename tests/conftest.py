@@ -4,8 +4,16 @@ computations several modules check (each computed once per test process)."""
 from __future__ import annotations
 
 import datetime
+import os
 
 import pytest
+
+# Under pytest-xdist each worker is a process of its own on a shared machine: torch's OpenMP pool in each, as
+# wide as the machine, oversubscribes the cores (two workers on 2 cores ran 4 spinning threads), so a worker
+# keeps one thread (before torch is imported; subprocesses inherit it). The CPU benchmarks' tests check what
+# is measured and recorded, not how fast.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 from syrupy.extensions.amber import AmberSnapshotExtension
 
 FROZEN_TODAY = datetime.date(2026, 6, 1)

@@ -19,6 +19,7 @@ from ddplan import cli
 from ddplan.registry import load_calibration
 
 LOG = Path(__file__).parent / "data" / "nanochat_train.log"
+pytestmark = pytest.mark.xdist_group("cpu_calibration")  # one worker: the module's calibration runs once
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
