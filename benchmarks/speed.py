@@ -1,6 +1,6 @@
 """How long ddplan makes people wait: one table, each figure the median of --runs runs with min and max.
 
-    python benchmarks/speed.py [--runs 5] [--skip suite,calibrate] [--markdown]
+    python benchmarks/speed.py [--runs 5] [--slow-runs 1] [--skip suite,calibrate] [--markdown]
 
 Rows (each a fresh subprocess, what a user or CI waits, interpreter start-up and imports included):
   - the test suite: the README's test command (`python -m pytest -q`), its wall time;
@@ -110,15 +110,18 @@ def render(rows: list[list[str]], markdown: bool) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="runs of each figure (median, min, max)")
+    parser.add_argument("--slow-runs", type=int, default=None,
+                        help="runs of the test suite and calibrate rows (default: --runs)")
     parser.add_argument("--skip", default="", help="comma-separated: suite, calibrate, or a command key "
                         f"({', '.join(k for k, *_ in COMMANDS)}, search)")
     parser.add_argument("--markdown", action="store_true", help="a Markdown table (for docs/performance.md)")
     args = parser.parse_args()
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    slow = args.slow_runs or args.runs
     ddplan = ddplan_argv()
     rows = []
     if "suite" not in skip:
-        xs = timed_runs([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], args.runs, warm=False)
+        xs = timed_runs([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], slow, warm=False)
         rows.append(row("test suite (python -m pytest -q)", xs, "s", ("<=", SUITE_LIMIT_S, "s")))
     for key, label, argv, limit in COMMANDS:
         if key not in skip:
@@ -129,7 +132,7 @@ def main() -> None:
     if "calibrate" not in skip:
         with tempfile.TemporaryDirectory() as tmp:
             argv = [*ddplan, "calibrate", "-m", "d4", "--device", "cpu", "--quick", "--out", str(Path(tmp) / "c.yaml")]
-            rows.append(row("ddplan calibrate -m d4 --device cpu --quick", timed_runs(argv, args.runs, warm=False),
+            rows.append(row("ddplan calibrate -m d4 --device cpu --quick", timed_runs(argv, slow, warm=False),
                             "s", None))
     print(render(rows, args.markdown))
     print(f"\n{time.strftime('%Y-%m-%d')}; {platform.machine()}, {os.cpu_count()} cores, "
