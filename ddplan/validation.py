@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from ddplan.errors import DdplanError, SpecError
 from ddplan.price import no_cycle_collection
-from ddplan.runs import PublishedRun, RoutingSweep, RunSet, price_run
+from ddplan.runs import PublishedRun, RoutingSweep, RunSet, price_run, run_spec
 
 # Hardware specs that share one fitted sustained fraction: the same die at the same power limit (the A100
 # SXM4 40 GB and 80 GB are one GA100 at 400 W; only memory differs).
@@ -166,8 +166,6 @@ class Scorer:
         mixture-of-experts model routed dropless, not padded to a capacity, and it acts only under expert
         parallelism (ddplan.specs.MoE.imbalance)."""
         if run_key not in self._moe:
-            from ddplan.runs import run_spec
-
             moe = run_spec(run, where).architecture.moe
             self._moe[run_key] = (moe is not None and moe.capacity_factor is None and run.model.routing != "balanced"
                                   and run.layout.ep > 1)
@@ -299,7 +297,6 @@ def fit_sustained(runs: Sequence[PublishedRun], hardware: str, where: str, lo: f
     its dense runs (golden-section search on [lo, hi]). The step time falls monotonically as the fraction
     rises, so the objective has one minimum. Mixture-of-experts runs are left out: they test the MoE
     model (routing, all-to-alls) and must not move the GEMM fit that every dense plan rests on."""
-    from ddplan.runs import run_spec
 
     names = FIT_GROUPS.get(hardware, (hardware,))
     mine = [r for r in runs if _hw_name(r.hardware) in names and run_spec(r, where).architecture.moe is None]
