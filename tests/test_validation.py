@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import statistics
 
 import pytest
@@ -446,3 +447,29 @@ def test_scorer_prices_as_score_does_and_each_point_once(monkeypatch):
     # a fraction for other hardware, or an imbalance on a dense run, is the run's own price
     scorer.score(dense, "t", {"a100-sxm-80gb": 0.5}, 1.7)
     assert priced == []
+
+
+def test_leave_one_source_out_after_the_in_sample_pass_is_the_same_as_alone(tmp_path, capsys):
+    """`validate --leave-one-source-out` hands the in-sample pass's Scorer to leave-one-source-out: on a small
+    dataset of two sources on the fitted A100s plus the seed, the held-out figures are the same as with a
+    fresh Scorer, and the command's csv carries them."""
+    ids = ("korthikanti2022-gpt3-22b-full", "korthikanti2022-gpt3-22b-sp-selective",
+           "llmfoundry-mpt125m-A100-40GB-128g-s2048-bf16", "llmfoundry-mpt70b-A100-40GB-128g-s2048-bf16",
+           "seed-nanochat-d24-mi300x-1g")
+    chosen = [r for r in load_runs().runs if r.id in ids]
+    assert len(chosen) == len(ids)
+    p = tmp_path / "small.yaml"
+    p.write_text(yaml.safe_dump({"kind": "runs", "description": "a test", "runs": [
+        r.model_dump(mode="json", exclude_none=True) for r in chosen]}))
+    runs, where = load_runs(str(p)), str(p)
+    alone = V.leave_one_source_out(runs, where, V.fitted_hardware())
+    scorer = V.Scorer()
+    V.score_all(runs, where, scorer=scorer)
+    assert V.leave_one_source_out(runs, where, V.fitted_hardware(), scorer=scorer) == alone
+    # the A100 runs of one source are priced with the fraction fitted on the other's: not the shipped one
+    assert any(a.predicted_s != V.score(r, where).predicted_s for a, r in zip(alone, runs.runs))
+    from ddplan import cli
+
+    assert cli.main(["validate", "--dataset", where, "--leave-one-source-out", "--format", "csv"]) == 0
+    rows = list(csv.DictReader(line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")))
+    assert [float(r["loso_predicted_s"]) for r in rows] == pytest.approx([a.predicted_s for a in alone], rel=1e-9)
