@@ -146,7 +146,8 @@ class Scorer:
     built once per imbalance and reused at every fraction. A fit prices the same runs at a dozen fractions
     and leave-one-source-out fits once per source, so most of its prices are repeats or share those parts.
     Results are exactly score()'s. One Scorer serves one dataset in one process (runs are told apart by
-    their whole content, so edited copies of a run are priced anew)."""
+    their whole content, so edited copies of a run are priced anew; a run edited in place after it was
+    scored keeps its first price: copy it, as model_copy does)."""
 
     def __init__(self) -> None:
         self._scored: dict[tuple, Scored] = {}
