@@ -6,7 +6,6 @@ usage errors); typer's own usage errors are reduced to one line too. DDPLAN_DEBU
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
 import sys
@@ -803,7 +802,7 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
         raise UsageError("needs torch: pip install 'ddplan[calibrate]' (a CUDA or ROCm build on a GPU box)",
                          field="calibrate") from None
     from ddplan import verdicts
-    from ddplan.calibrate.eta import PROBE_QUIET_S
+    from ddplan.calibrate.eta import PROBE_QUIET_S, StageLines
     from ddplan.calibrate.runner import (CalibrateRequest, Interrupted, check_step, compile_estimate_s, plan_shapes,
                                          run, spec_for_device, stage_estimates_s, stage_kinds, stages_for, step_program)
 
@@ -838,12 +837,12 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
             with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
                           transient=True) as bar:
                 task = bar.add_task("calibrate", total=len(stages))
-                lines = _StageLines(**plan, every_s=1.0,
+                lines = StageLines(**plan, every_s=1.0,
                                     show=lambda text, stage: bar.update(task, description=text, completed=stage))
                 with lines.beating():
                     cal, hw_used, held_out = run(req, lines.stage, shapes, lines.within, lines.probed)
         else:  # a log, a pipe: a line per stage and at least every PROGRESS_EVERY_S, with the time left
-            lines = _StageLines(**plan)
+            lines = StageLines(**plan)
             with lines.beating():
                 cal, hw_used, held_out = run(req, lines.stage, shapes, lines.within, lines.probed)
     except (Interrupted, KeyboardInterrupt) as e:
@@ -1177,80 +1176,6 @@ def _progress(command: str):
             print(f"{command}: {what} ({done + 1}/{total}, {now - start:.0f} s)", file=sys.stderr, flush=True)
 
     return report
-
-
-PROGRESS_EVERY_S = 5.0  # calibrate's progress: a line at least this often, in every stage (issue 33)
-
-
-class _StageLines:
-    """Calibrate's progress: the stage, its number, the elapsed time and the time left, re-estimated from the
-    run's own speed (ddplan.calibrate.eta.Eta), shown at each stage's start and at least every every_s
-    within one (show(text, stage index); by default a line on stderr). probe_quiet_s: the machine-speed
-    probe's time where the estimates were made (Eta). clock: seconds (a fake one in tests)."""
-
-    def __init__(self, stages: tuple[str, ...], estimates_s: tuple[float, ...], kinds: tuple[str, ...], *,
-                 probe_quiet_s: float | None = None, every_s: float = PROGRESS_EVERY_S, show=None, clock=None):
-        import threading
-        import time
-
-        from ddplan.calibrate.eta import Eta
-
-        self.stages, self.every_s, self.clock = stages, every_s, clock or time.monotonic
-        self.show = show or (lambda text, stage: print(f"calibrate: {text}", file=sys.stderr, flush=True))
-        self.eta = Eta(estimates_s, kinds, self.clock, probe_quiet_s)
-        self.count, self.name, self.shown = 0, "", self.clock()
-        self.lock = threading.Lock()  # the heartbeat thread reads what the run's thread writes
-
-    def stage(self, msg: str) -> None:
-        with self.lock:
-            self.eta.begin(self.count)
-            self.count, self.name = self.count + 1, msg
-            self._show()
-
-    def within(self, fraction: float) -> None:
-        with self.lock:
-            self.eta.advance(fraction)
-
-    def probed(self, seconds: float) -> None:
-        with self.lock:
-            self.eta.probed(seconds)
-
-    def beat(self) -> None:
-        """A line if none was shown for every_s (called by beating()'s thread, or by a test)."""
-        with self.lock:
-            if self.count and self.clock() - self.shown >= self.every_s:
-                self._show()
-
-    def due_in_s(self) -> float:
-        """Seconds until the next line is due (at least 0.05: the thread does not spin)."""
-        with self.lock:
-            return max(0.05, self.shown + self.every_s - self.clock())
-
-    def _show(self) -> None:
-        left = self.eta.left_s()
-        eta = f", about {left:.0f} s left" if left >= 1 else ", finishing"
-        self.shown = self.clock()
-        self.show(f"{self.name} ({self.count}/{len(self.stages)}, {self.eta.elapsed_s():.0f} s{eta})", self.count - 1)
-
-    @contextlib.contextmanager
-    def beating(self):
-        """beat() from a daemon thread whenever a line is due while the block runs (torch releases the GIL in
-        its kernels, so the thread gets to run during a long benchmark)."""
-        import threading
-
-        stop = threading.Event()
-
-        def loop() -> None:
-            while not stop.wait(self.due_in_s()):
-                self.beat()
-
-        thread = threading.Thread(target=loop, daemon=True)
-        thread.start()
-        try:
-            yield self
-        finally:
-            stop.set()
-            thread.join()
 
 
 def _info(lines: list[str]) -> None:

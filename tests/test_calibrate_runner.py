@@ -17,7 +17,7 @@ import yaml
 
 pytest.importorskip("torch")
 
-from ddplan.calibrate import bench, runner  # noqa: E402
+from ddplan.calibrate import bench, eta, runner  # noqa: E402
 from ddplan.calibrate.runner import CalibrateRequest, pass_mean, plan_shapes, run, sig  # noqa: E402
 from ddplan.registry import calibration_hardware, load_calibration, load_model  # noqa: E402
 
@@ -483,7 +483,7 @@ def test_progress_lines_re_estimate_from_the_run_s_own_speed(capsys):
     from ddplan import cli
 
     now = {"t": 0.0}
-    lines = cli._StageLines(("a", "b"), (10.0, 20.0), ("bench", "bench"), clock=lambda: now["t"])
+    lines = eta.StageLines(("a", "b"), (10.0, 20.0), ("bench", "bench"), clock=lambda: now["t"])
     lines.beat()  # before the first stage: nothing to say
     lines.stage("a")
     now["t"] = 10.0

@@ -17,7 +17,10 @@ one step done measures the rest, which repeat it.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -216,3 +219,70 @@ class Eta:
         ratios = {k: self.ratio(k) for k in set(self.kinds)}
         todo = [ratios[k] * (e - d) for k, e, d in zip(self.kinds, self.estimates_s, done)]
         return max(sum(todo) - (self.clock() - self.tick), sum(todo[self.stage + 1:]))
+
+
+PROGRESS_EVERY_S = 5.0  # calibrate's progress: a line at least this often, in every stage (issue 33)
+
+
+class StageLines:
+    """Calibrate's progress: the stage, its number, the elapsed time and the time left, re-estimated from the
+    run's own speed (ddplan.calibrate.eta.Eta), shown at each stage's start and at least every every_s
+    within one (show(text, stage index); by default a line on stderr). probe_quiet_s: the machine-speed
+    probe's time where the estimates were made (Eta). clock: seconds (a fake one in tests)."""
+
+    def __init__(self, stages: tuple[str, ...], estimates_s: tuple[float, ...], kinds: tuple[str, ...], *,
+                 probe_quiet_s: float | None = None, every_s: float = PROGRESS_EVERY_S, show=None, clock=None):
+        self.stages, self.every_s, self.clock = stages, every_s, clock or time.monotonic
+        self.show = show or (lambda text, stage: print(f"calibrate: {text}", file=sys.stderr, flush=True))
+        self.eta = Eta(estimates_s, kinds, self.clock, probe_quiet_s)
+        self.count, self.name, self.shown = 0, "", self.clock()
+        self.lock = threading.Lock()  # the heartbeat thread reads what the run's thread writes
+
+    def stage(self, msg: str) -> None:
+        with self.lock:
+            self.eta.begin(self.count)
+            self.count, self.name = self.count + 1, msg
+            self._show()
+
+    def within(self, fraction: float) -> None:
+        with self.lock:
+            self.eta.advance(fraction)
+
+    def probed(self, seconds: float) -> None:
+        with self.lock:
+            self.eta.probed(seconds)
+
+    def beat(self) -> None:
+        """A line if none was shown for every_s (called by beating()'s thread, or by a test)."""
+        with self.lock:
+            if self.count and self.clock() - self.shown >= self.every_s:
+                self._show()
+
+    def due_in_s(self) -> float:
+        """Seconds until the next line is due (at least 0.05: the thread does not spin)."""
+        with self.lock:
+            return max(0.05, self.shown + self.every_s - self.clock())
+
+    def _show(self) -> None:
+        left = self.eta.left_s()
+        eta = f", about {left:.0f} s left" if left >= 1 else ", finishing"
+        self.shown = self.clock()
+        self.show(f"{self.name} ({self.count}/{len(self.stages)}, {self.eta.elapsed_s():.0f} s{eta})", self.count - 1)
+
+    @contextlib.contextmanager
+    def beating(self):
+        """beat() from a daemon thread whenever a line is due while the block runs (torch releases the GIL in
+        its kernels, so the thread gets to run during a long benchmark)."""
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.wait(self.due_in_s()):
+                self.beat()
+
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            stop.set()
+            thread.join()
