@@ -6,7 +6,7 @@ usage errors); typer's own usage errors are reduced to one line too. DDPLAN_DEBU
 
 from __future__ import annotations
 
-import gc
+import contextlib
 import os
 import sys
 from dataclasses import replace
@@ -16,6 +16,7 @@ from pathlib import Path
 import typer
 
 from ddplan.errors import DdplanError, SpecError
+from ddplan.gcpause import no_cycle_collection
 
 app = typer.Typer(
     name="ddplan",
@@ -1223,11 +1224,10 @@ def main(argv: list[str] | None = None) -> int:
     # hundreds of thousands of small acyclic objects that reference counting frees, and its full passes over
     # the anatomies they hold took a third of `validate` and freed nothing. calibrate (torch) keeps it.
     args = sys.argv[1:] if argv is None else argv
-    pause = not (args[:1] == ["calibrate"] and "--from-log" not in args) and gc.isenabled()
-    if pause:
-        gc.disable()
+    torch_run = args[:1] == ["calibrate"] and "--from-log" not in args
     try:
-        result = app(args=argv, standalone_mode=False, prog_name="ddplan")
+        with contextlib.nullcontext() if torch_run else no_cycle_collection():
+            result = app(args=argv, standalone_mode=False, prog_name="ddplan")
         return result if isinstance(result, int) else 0
     except DdplanError as e:
         if debug:
@@ -1256,9 +1256,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: internal error: {type(e).__name__}: {message} (set DDPLAN_DEBUG=1 for the traceback)",
               file=sys.stderr)
         return 1
-    finally:
-        if pause:
-            gc.enable()
 
 
 def entry() -> None:

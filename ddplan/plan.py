@@ -18,7 +18,8 @@ from ddplan.errors import LayoutError, UsageError
 from ddplan.fitting import fitted
 from ddplan.layout import NATIVE_ZERO, Layout, Options, check_layout, cp_attention_problem, expert_parallel_degrees
 from ddplan.memory import HEADROOM
-from ddplan.price import PricedLayout, Pricer, RunPlan, no_cycle_collection
+from ddplan.gcpause import no_cycle_collection
+from ddplan.price import PricedLayout, Pricer, RunPlan
 from ddplan.specs import HardwareSpec, ModelSpec, Price
 from ddplan.units import GiB
 

@@ -14,9 +14,7 @@ memory. Nothing here formats a number or words a sentence (ddplan.render and ddp
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -163,24 +161,6 @@ class PriceCache:
 # own fields). The least recently used are dropped past SHARES_KEPT (a 96-layer share is a few MB).
 _SHARES: OrderedDict[tuple, Anatomy] = OrderedDict()
 SHARES_KEPT = 64
-
-
-@contextlib.contextmanager
-def no_cycle_collection():
-    """Pause Python's cyclic garbage collector while pricing many layouts (a search, a table, validation).
-
-    Pricing allocates hundreds of thousands of small acyclic objects (ops of anatomies, priced layouts,
-    dicts, tuples; reference counting frees them) while holding large anatomies; the collector's full
-    passes over those cost a quarter of a search and nearly half of `ddplan validate` (benchmarks/speed.py)
-    and find nothing to free. Nested uses leave it paused; the outermost restores it.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 class Pricer:

@@ -19,7 +19,8 @@ from ddplan.fitting import MEASURED_FLAGS, Fit, fitted
 from ddplan.layout import (NATIVE_ZERO, Layout, Options, check_layout, cp_attention_problem, data_parallel, layout_for,
                            split_batch)
 from ddplan.memory import HEADROOM
-from ddplan.price import Flag, PriceCache, PricedLayout, Pricer, RunPlan, no_cycle_collection
+from ddplan.gcpause import no_cycle_collection
+from ddplan.price import Flag, PriceCache, PricedLayout, Pricer, RunPlan
 from ddplan.specs import Budget, HardwareSpec, ModelSpec, Price
 
 MAX_ROWS = 1000  # rows one table builds (the product of its lists), checked before any work

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from ddplan.errors import DdplanError, SpecError
-from ddplan.price import no_cycle_collection
+from ddplan.gcpause import no_cycle_collection
 from ddplan.runs import PublishedRun, RoutingSweep, RunSet, price_run, run_spec
 
 # Hardware specs that share one fitted sustained fraction: the same die at the same power limit (the A100
@@ -31,7 +31,7 @@ SIZE_BUCKETS = ((3e9, "<3B"), (30e9, "3-30B"), (200e9, "30-200B"), (math.inf, ">
 
 
 def _paused(fn):
-    """Run fn with the cyclic garbage collector paused (ddplan.price.no_cycle_collection: nearly half of
+    """Run fn with the cyclic garbage collector paused (ddplan.gcpause.no_cycle_collection: nearly half of
     scoring time otherwise goes to full collections that free nothing)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
