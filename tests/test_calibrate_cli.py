@@ -19,7 +19,7 @@ from ddplan import cli
 from ddplan.registry import load_calibration
 
 LOG = Path(__file__).parent / "data" / "nanochat_train.log"
-pytestmark = pytest.mark.xdist_group("cpu_calibration")  # one worker: the module's calibration runs once
+pytestmark = pytest.mark.xdist_group("cpu_calibration")  # one worker: the calibration (conftest) runs once
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -28,24 +28,8 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-@pytest.fixture(scope="module")
-def cpu_calibration(tmp_path_factory) -> tuple[Path, str]:
-    """One quick CPU calibration of nanochat d2 (seq 128, micro-batch 2), against mi300x's spec."""
-    out = tmp_path_factory.mktemp("cal") / "cal.yaml"
-    import contextlib
-    import io as _io
-
-    buf_out, buf_err = _io.StringIO(), _io.StringIO()
-    with contextlib.redirect_stdout(buf_out), contextlib.redirect_stderr(buf_err):
-        code = cli.main(["calibrate", "--model", "d2", "--hardware", "mi300x", "--device", "cpu", "--quick",
-                         "--seq-len", "128", "--device-batch-size", "2", "--micro-batches", "2",
-                         "--attention", "sdpa-math,sdpa-fused", "--out", str(out)])
-    assert code == 0, buf_err.getvalue()
-    return out, buf_out.getvalue()
-
-
 def test_cpu_calibration_writes_every_section(cpu_calibration):
-    path, stdout = cpu_calibration
+    path, stdout, _ = cpu_calibration
     cal = load_calibration(str(path))
     assert cal.hardware == "mi300x" and cal.provenance.backend == "cpu"
     assert cal.gemm and all(p.tflops > 0 for p in cal.gemm)
@@ -60,14 +44,14 @@ def test_cpu_calibration_writes_every_section(cpu_calibration):
 
 
 def test_cpu_calibration_prints_the_held_out_step(cpu_calibration):
-    _, stdout = cpu_calibration
+    _, stdout, _ = cpu_calibration
     assert "held-out training step" in stdout
     for term in ("forward", "backward", "optimizer", "step"):
         assert term in stdout
 
 
 def test_calibration_file_round_trips_through_table(cpu_calibration, capsys):
-    path, _ = cpu_calibration
+    path, _, _ = cpu_calibration
     code, out, err = run(capsys, "table", "--model", "d2", "--hardware", "mi300x", "--gpus", "1",
                          "--attention", "sdpa-fused", "--window", "SSSL", "--calibration", str(path),
                          "--format", "json")
@@ -93,7 +77,7 @@ def test_calibration_file_round_trips_through_table(cpu_calibration, capsys):
 def test_table_with_only_a_calibration_prices_what_it_measured(cpu_calibration, capsys):
     """Issue 11: `ddplan table --calibration FILE` needs no other flag: its model, GPUs, micro-batch, batch,
     attention and window are the measured step's, so the one row is the measured configuration."""
-    path, _ = cpu_calibration
+    path, _, _ = cpu_calibration
     cal = load_calibration(str(path))
     step = cal.step_times[0]
     code, out, err = run(capsys, "table", "--calibration", str(path), "--format", "json")
@@ -121,7 +105,7 @@ def test_table_without_model_or_calibration_says_which_flag(capsys):
 
 
 def test_table_calibration_of_a_model_not_built_in_asks_for_its_spec(cpu_calibration, capsys, tmp_path):
-    path, _ = cpu_calibration
+    path, _, _ = cpu_calibration
     data = yaml.safe_load(path.read_text())
     for step in data["step_times"]:
         step["model"] = "my-own-model"
@@ -135,7 +119,7 @@ def test_table_calibration_of_a_model_not_built_in_asks_for_its_spec(cpu_calibra
 def test_table_with_only_a_calibration_takes_the_steps_sequence(cpu_calibration, capsys, tmp_path):
     """A calibration without a top-level sequence length (e.g. written by hand) prices at its step's (128 here),
     not at the recipe's (2048 for nanochat)."""
-    path, _ = cpu_calibration
+    path, _, _ = cpu_calibration
     data = yaml.safe_load(path.read_text())
     data.pop("seq_len", None)
     assert all(step["seq_len"] == 128 for step in data["step_times"])
@@ -147,7 +131,7 @@ def test_table_with_only_a_calibration_takes_the_steps_sequence(cpu_calibration,
 
 
 def test_calibration_written_atomically_is_valid_yaml(cpu_calibration):
-    path, _ = cpu_calibration
+    path, _, _ = cpu_calibration
     data = yaml.safe_load(path.read_text())
     assert data["kind"] == "calibration" and data["version"] == 1
     assert not list(path.parent.glob(".*.tmp"))  # no temporary file left behind
