@@ -190,6 +190,61 @@ class CalibrationSpec(Strict):
     failures: list[str] = []
 
 
+# A measured rate is at most the device's datasheet peak (timing noise and significant figures: PEAK_SLACK) and
+# at least MIN_PEAK_FRACTION of it: ten billion times slower than the peak is not a kernel that ran, it is a
+# broken timer, a unit slip or a hand edit, and priced it gives 10^14-hour runs (1e-12 TFLOP/s on an MI300X,
+# the fuzz's case, is 8e-16 of its peak). The floor sits far below any real point: a GPU's smallest calibrate
+# shapes (the 64 x 1 x 24 gates, ~3 kFLOP in a ~10 us launch) run near 2e-7 of an H100's peak, and a CPU timed
+# against a GPU's spec (`calibrate --device cpu --hardware mi300x`, as the tests do) near 3e-9.
+PEAK_SLACK = 1.02
+MIN_PEAK_FRACTION = 1e-10
+
+
+def check_against_hardware(cal: CalibrationSpec, hw, source: str) -> None:
+    """Refuse a calibration whose figures the hardware it is used with cannot produce: a GEMM, attention or
+    peak-sweep rate above the device's dense peak for its dtype (x PEAK_SLACK) or below MIN_PEAK_FRACTION of
+    it, HBM copy bandwidth above the datasheet's (x PEAK_SLACK), a measured peak memory above the device's.
+    One SpecError naming the file and the entry (e.g. `gemm[3].tflops`). The held-out step's own bound (no
+    step faster than its FLOPs at peak) is ddplan.fitting.check_physical, where the step is priced."""
+    from ddplan.errors import SpecError
+
+    def peak_tflops(dtype: str) -> float | None:
+        try:
+            return hw.peak.flops_per_s(dtype) / 1e12
+        except (KeyError, ValueError):  # a dtype the device has no peak for: nothing to check against
+            return None
+
+    def rate(field: str, value: float | None, dtype: str) -> None:
+        peak = peak_tflops(dtype)
+        if value is None or peak is None:
+            return
+        if value > PEAK_SLACK * peak:
+            raise SpecError(f"{value:g} TFLOP/s is above {hw.name}'s dense {dtype} peak of {peak:g} TFLOP/s: no kernel "
+                            f"runs faster than its device's peak (check the unit, TFLOP/s, and the hardware)",
+                            file=source, field=field)
+        if value < MIN_PEAK_FRACTION * peak:
+            raise SpecError(f"{value:g} TFLOP/s is below {MIN_PEAK_FRACTION:g} of {hw.name}'s {peak:g} TFLOP/s peak: "
+                            f"not a kernel that ran (a broken timer or a unit slip); measure it again or remove it",
+                            file=source, field=field)
+
+    for i, p in enumerate(cal.gemm):
+        rate(f"gemm[{i}].tflops", p.tflops, p.dtype)
+    dtype = cal.dtype or "bf16"
+    rate("peak_gemm_tflops", cal.peak_gemm_tflops, dtype)
+    for i, a in enumerate(cal.attention):
+        rate(f"attention[{i}].fwd_tflops", a.fwd_tflops, dtype)
+        rate(f"attention[{i}].bwd_tflops", a.bwd_tflops, dtype)
+    datasheet = hw.memory.hbm_tbyte_per_s.value
+    if cal.hbm_tbyte_per_s is not None and cal.hbm_tbyte_per_s > PEAK_SLACK * datasheet:
+        raise SpecError(f"{cal.hbm_tbyte_per_s:g} TB/s is above {hw.name}'s {datasheet:g} TB/s datasheet bandwidth",
+                        file=source, field="hbm_tbyte_per_s")
+    usable_gb = hw.memory.usable_bytes / 1e9
+    for i, m in enumerate(cal.step_times):
+        if m.peak_memory_gb is not None and m.peak_memory_gb > usable_gb:
+            raise SpecError(f"{m.peak_memory_gb:g} GB is more than {hw.name} holds ({usable_gb:.4g} GB usable)",
+                            file=source, field=f"step_times[{i}].peak_memory_gb")
+
+
 def steps_for_model(calibration: CalibrationSpec, names: set[str]) -> list[StepMeasurement]:
     """The measured steps of a model, by any of its names (spec name or alias), in file order."""
     return [m for m in calibration.step_times if m.model in names]

@@ -116,7 +116,7 @@ def _inputs(model: str, hardware: str | None, calibration: str | None, seq_len: 
     """(model spec, hardware spec, calibration or None). A calibration file supplies what is not given:
     its hardware (the spec it carries, or the built-in it names) and, when it measured this model, its
     sequence length and compute dtype."""
-    from ddplan.calibration import measurement_for
+    from ddplan.calibration import check_against_hardware, measurement_for
     from ddplan.errors import UsageError
     from ddplan.registry import calibration_hardware, load_calibration, load_hardware, load_model
 
@@ -130,6 +130,8 @@ def _inputs(model: str, hardware: str | None, calibration: str | None, seq_len: 
             _check_calibration_hardware(cal, (hw,))
     else:
         hw = calibration_hardware(cal, calibration) if cal is not None else load_hardware(DEFAULT_HARDWARE)
+    if cal is not None and check_hardware:
+        check_against_hardware(cal, hw, calibration)
     spec = load_model(model)
     if cal is not None and measurement_for(cal, spec) is not None:  # the shapes it measured this model at
         given = (seq_len, dtype)
@@ -252,7 +254,7 @@ def specs_import(
     import yaml
 
     from ddplan.errors import UsageError
-    from ddplan.files import atomic_write
+    from ddplan.files import atomic_write, check_output_path
     from ddplan.hf import config_path, spec_from_config
 
     path = config_path(config)
@@ -260,11 +262,7 @@ def specs_import(
         raise UsageError(f"not a config.json or a folder holding one: {config!r}", field="CONFIG")
     if not path.is_file():
         raise UsageError(f"no such file: {str(path)!r}", field="CONFIG")
-    target = Path(out).expanduser()
-    if target.suffix.lower() not in (".yaml", ".yml"):
-        raise UsageError(f"must end in .yaml or .yml, got {out!r}", field="--out")
-    if not target.resolve().parent.is_dir():
-        raise UsageError(f"folder does not exist: {target.parent}", field="--out")
+    target = check_output_path(out, "--out", (".yaml", ".yml"))
     spec = spec_from_config(path)
     text = (f"# written by `ddplan specs import {config}`: the architecture is the config's; the dtypes, recipe and\n"
             f"# budget are ddplan's stated defaults (see source): edit them to your run\n"
@@ -571,9 +569,10 @@ def table_cmd(
     Examples:
       ddplan table --model d24 --gpus 1,8
       ddplan table -m llama-3-8b --hardware h100 --gpus 8-64 --zero 2,3
-      ddplan table -m d24 --hardware h100 --gpus 8,16 --measured-step-time 0.9
+      ddplan table -m d24 --hardware h100 --gpus 8,16 --measured-step-time 1.8
 
-    The last one: a step time measured on the first of --gpus (8 GPUs) priced forward to 16. With
+    The last one: a step time measured on the first of --gpus (8 GPUs), at the recipe's batch (d24:
+    1,048,576 tokens; else --total-batch-size), priced forward to 16. With
     --calibration and no --model, the table prices what the calibration measured (its model, GPUs, tp/pp,
     ZeRO, micro-batch, batch, recompute, attention, window, compile mode and sequence length; flags given
     win): `ddplan table --calibration cal.yaml`.
@@ -741,17 +740,37 @@ def calibrate_cmd(
     """
     from ddplan.registry import load_hardware, load_model
 
+    from ddplan.errors import UsageError
+    from ddplan.files import check_output_path
+
     _check((nproc, "--nproc"), (device_batch_size, "--device-batch-size"), (seq_len, "--seq-len"), (gpus, "--gpus"),
            (total_batch_size, "--total-batch-size"))
     spec = load_model(model)
     hw = load_hardware(hardware) if hardware else None
+    check_output_path(out, "--out")  # before any benchmark: a bad path is said now, not after minutes of work
+    hw_names = tuple(a.name for a in hw.attention) if hw else ()
     if from_log:
+        if log_attention is not None and hw is not None and log_attention not in hw_names:
+            raise UsageError(f"{log_attention!r} is not an attention implementation of {hw.name}; allowed: "
+                             f"{', '.join(hw_names)}", field="--log-attention")
         _calibrate_from_log(spec, hw, from_log, out, gpus, device_batch_size, total_batch_size, log_attention, window)
         return
     if cpu_malloc not in (None, "reuse", "system"):
-        from ddplan.errors import UsageError
-
         raise UsageError(f"must be reuse or system, got {cpu_malloc!r}", field="--cpu-malloc")
+    for flag, value in (("--log-attention", log_attention), ("--window", window), ("--gpus", gpus if gpus != 1 else None),
+                        ("--total-batch-size", total_batch_size)):
+        if value is not None:
+            raise UsageError("only with --from-log (it describes the logged run)", field=flag)
+    if attention is not None:
+        from ddplan.calibrate.bench import ATTENTION_IMPLS  # torch: calibrate runs it anyway
+
+        allowed = tuple(n for n in hw_names if n in ATTENTION_IMPLS) if hw else ATTENTION_IMPLS
+        bad = [a.strip() for a in attention.split(",") if a.strip() not in allowed]
+        if bad:
+            raise UsageError(f"{', '.join(map(repr, bad))}: not an attention implementation calibrate can time"
+                             f"{' on ' + hw.name if hw else ''}; allowed: {', '.join(allowed)}", field="--attention")
+    if micro_batches:
+        _int_list(micro_batches, "--micro-batches")
     _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_batch_size, seq_len, attention,
                    compile_step, cpu_malloc)
 
@@ -945,6 +964,12 @@ def plan_cmd(
                              grads=grads, moe_imbalance=moe_imbalance)
     hws = (hw0, *(load_hardware(h) for h in names[1:]))
     _check_calibration_hardware(cal, hws)
+    if cal is not None:
+        from ddplan.calibration import check_against_hardware
+
+        for h in hws:
+            if cal.hardware in (h.name, *h.aliases):
+                check_against_hardware(cal, h, calibration)
     price_spec = None if price is None else Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price",
                                                   date=dt.date.today(), source="given on the command line")
     options = _options(sequence_parallel, tp_comm_overlap, None, shard_group, reshard_after_forward,
@@ -1195,15 +1220,13 @@ def _warn(warnings: list[str]) -> None:
 
 
 def _check_plot_path(path: str | None) -> None:
-    """A plot path must end in .png or .svg and its folder must exist: say so before any work."""
+    """A plot path must end in .png or .svg and be writable (ddplan.files.check_output_path): said before any work."""
     from ddplan.errors import UsageError
+    from ddplan.files import check_output_path
 
     if path is None:
         return
-    if Path(path).suffix.lower() not in (".png", ".svg"):
-        raise UsageError(f"must end in .png or .svg, got {path!r}", field="--plot")
-    if not Path(path).expanduser().resolve().parent.is_dir():
-        raise UsageError(f"folder does not exist: {Path(path).parent}", field="--plot")
+    check_output_path(path, "--plot", (".png", ".svg"))
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -1217,6 +1240,38 @@ def _check_pattern(pattern: str | None, flag: str = "--window-pattern") -> None:
         raise UsageError(f"window pattern must be letters S and L only (e.g. L, SSSL), got {pattern!r}", field=flag)
 
 
+def _empty_value(args: list[str]) -> str | None:
+    """The flag (or argument) given an empty value (`--window ''`, `--ep=`), if any: no flag of ddplan takes an
+    empty string, and reading one as "not given" would silently price the default."""
+    for i, arg in enumerate(args):
+        if arg.startswith("--") and arg.endswith("=") and len(arg) > 3:
+            return arg[:-1]
+        if not arg.strip():
+            before = args[i - 1] if i else ""
+            return before if before.startswith("-") and "=" not in before else "an argument"
+    return None
+
+
+@contextlib.contextmanager
+def _input_warnings():
+    """ddplan.errors.InputWarning raised while a command runs: each one `warning: ` line on stderr, every time."""
+    import warnings
+
+    from ddplan.errors import InputWarning
+
+    with warnings.catch_warnings():  # restores the filters and showwarning after
+        warnings.simplefilter("always", InputWarning)
+        default = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if issubclass(category, InputWarning):
+                print("warning: " + " ".join(str(message).split()), file=sys.stderr)
+            else:
+                default(message, category, filename, lineno, file, line)
+        warnings.showwarning = show
+        yield
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point; returns the exit code instead of raising SystemExit inside tests."""
     debug = os.environ.get("DDPLAN_DEBUG") == "1"
@@ -1225,8 +1280,12 @@ def main(argv: list[str] | None = None) -> int:
     # the anatomies they hold took a third of `validate` and freed nothing. calibrate (torch) keeps it.
     args = sys.argv[1:] if argv is None else argv
     torch_run = args[:1] == ["calibrate"] and "--from-log" not in args
+    empty = _empty_value(args)
+    if empty is not None:
+        print(f"error: {empty}: is empty; give a value, or leave the flag out for its default", file=sys.stderr)
+        return 2
     try:
-        with contextlib.nullcontext() if torch_run else no_cycle_collection():
+        with contextlib.nullcontext() if torch_run else no_cycle_collection(), _input_warnings():
             result = app(args=argv, standalone_mode=False, prog_name="ddplan")
         return result if isinstance(result, int) else 0
     except DdplanError as e:

@@ -1,11 +1,21 @@
-"""Writing output files: atomically, with the permissions the umask gives (never half-written, never 0600)."""
+"""Files ddplan writes and the JSON it reads.
+
+Output files: checked before any work starts (`check_output_path`), then written atomically with the
+permissions the umask gives (never half-written, never 0600). JSON: duplicate keys refused, as YAML's are
+(ddplan.registry): `{"num_hidden_layers": 32, ..., "num_hidden_layers": 80}` is an error, not 80.
+"""
 
 from __future__ import annotations
 
+import errno
 import functools
+import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
+
+from ddplan.errors import DdplanError, UsageError
 
 
 @functools.lru_cache(maxsize=1)
@@ -19,13 +29,65 @@ def _umask() -> int:
 def atomic_write(path: Path, text: str) -> None:
     """Write text to path via a temporary file in the same folder and os.replace: never half-written.
     The file gets the permissions the umask gives a new file (mkstemp's own are 0600)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:  # the folder went away or turned read-only after check_output_path
+        raise DdplanError(f"cannot write here: {_reason(e)}", file=str(path)) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise DdplanError(f"cannot write here: {_reason(e)}", file=str(path)) from None
         raise
+
+
+def _reason(e: OSError) -> str:
+    """An OSError in words: 'read-only file system', 'permission denied', 'no space left on device'."""
+    return (e.strerror or errno.errorcode.get(e.errno or 0, type(e).__name__)).lower()
+
+
+def check_output_path(path: str | os.PathLike, flag: str, suffixes: tuple[str, ...] = ()) -> Path:
+    """The output file a flag names, checked before any work starts: not a folder, its suffix one of
+    `suffixes` (when given), and a folder above it that exists as a folder and takes a new file (probed by
+    making and removing one; a missing folder below it is created at write time). One-line UsageError naming
+    the flag otherwise."""
+    target = Path(path).expanduser()
+    if not str(path).strip():
+        raise UsageError("is empty: give a file name", field=flag)
+    if suffixes and target.suffix.lower() not in suffixes:
+        raise UsageError(f"must end in {' or '.join(suffixes)}, got {str(path)!r}", field=flag)
+    if target.is_dir():
+        raise UsageError(f"{str(path)!r} is a folder: give a file name inside it", field=flag)
+    if target.exists() and not os.access(target, os.W_OK):
+        raise UsageError(f"{str(path)!r} exists and cannot be written (permission denied)", field=flag)
+    folder = target.absolute().parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise UsageError(f"{str(folder)!r} is a file, not a folder: cannot write {str(path)!r}", field=flag)
+    try:  # a real probe: permissions alone miss a read-only mount, /proc, and everything for root
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".ddplan-probe.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UsageError(f"cannot write in {str(folder)!r} ({_reason(e)})", field=flag) from None
+    return target
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
+    seen: dict = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"duplicate key {key!r}")
+        seen[key] = value
+    return seen
+
+
+def loads_json(text: str) -> Any:
+    """json.loads with duplicate keys refused (ValueError "duplicate key 'k'"); JSONDecodeError as json's."""
+    return json.loads(text, object_pairs_hook=_no_duplicates)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ddplan.calibration import StepMeasurement, fit_factor
-from ddplan.errors import LayoutError, UsageError
+from ddplan.errors import ImpossibleMeasurement, LayoutError, UsageError
 from ddplan.layout import Layout, check_layout, data_parallel, layout_for
 from ddplan.roofline import FIT_SCENARIOS, Rates, Scenario
 from ddplan.specs import ModelSpec, run_variant
@@ -191,7 +191,7 @@ def check_physical(pricer, m: StepMeasurement, window: str, where: str = MEASURE
         field = "--measured-step-time" if flags else where
         check = ("check the step time, --total-batch-size and --measured-gpus" if flags else
                  "check its step_time_s, total_batch_tokens and gpus")
-        raise UsageError(
+        raise ImpossibleMeasurement(
             f"{m.step_time_s:g} s/step is faster than the hardware can run it: {flops / 1e12:,.4g} TFLOP of "
             f"matmuls ({m.total_batch_tokens:,} tokens, causal attention, no recompute) take at least "
             f"{least_s:.4g} s on {m.gpus} {hw.name} at their {peak / 1e12:,.5g} TFLOP/s dense {dtype} peak "

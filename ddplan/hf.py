@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
-from ddplan.errors import SpecError
+from ddplan.errors import InputWarning, SpecError, kind_of
+from ddplan.files import loads_json
 from ddplan.specs import DROPLESS_IMBALANCE
 
 # Defaults for what a config.json does not carry; each is listed in the spec it builds.
@@ -32,6 +34,42 @@ MOE_LIKE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
 GPT_LIKE = ("gpt2", "gpt_neox")
 READ = LLAMA_LIKE + MOE_LIKE + GPT_LIKE
 MAX_CONFIG_BYTES = 1_000_000
+# Keys of transformers' configs that do not change what a training step computes or holds (token ids, numeric
+# epsilons, initialisation, RoPE's frequencies, inference caching, bookkeeping): not read, and not worth a
+# warning. Any other key ddplan does not read is named in one (a DeepSeek config relabelled llama, say).
+NOT_COST = frozenset({
+    "architectures", "model_type", "_name_or_path", "torch_dtype", "dtype", "transformers_version", "bos_token_id",
+    "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id", "initializer_range", "init_std",
+    "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps", "rope_theta", "rope_scaling",
+    "rope_parameters", "rotary_emb_base", "rotary_pct", "partial_rotary_factor", "use_cache", "hidden_act",
+    "activation_function", "hidden_activation", "output_router_logits", "router_aux_loss_coef", "router_z_loss_coef",
+    "router_jitter_noise", "max_window_layers", "use_sliding_window", "sliding_window", "scale_attn_weights",
+    "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "summary_type", "summary_use_proj",
+    "summary_activation", "summary_proj_to_labels", "summary_first_dropout", "task_specific_params", "embd_pdrop",
+    "pretraining_tp", "id2label", "label2id", "is_encoder_decoder", "tokenizer_class", "classifier_dropout",
+    "auto_map", "quantization_config", "bias", "use_qk_norm", "attn_implementation", "n_ctx", "vocab_file",
+    "tie_encoder_decoder", "layer_types", "clip_qkv", "qk_layernorm",
+})
+
+
+class _Reads(dict):
+    """A config object that remembers which keys were looked at (read, or tested for)."""
+
+    def __init__(self, data: dict):
+        super().__init__(data)
+        self.read: set[str] = set()
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __contains__(self, key) -> bool:
+        self.read.add(key)
+        return super().__contains__(key)
 
 
 def config_path(name: str) -> Path | None:
@@ -51,13 +89,15 @@ def read_config(path: Path) -> dict:
     if path.stat().st_size > MAX_CONFIG_BYTES:
         raise SpecError(f"{path.stat().st_size:,} bytes: a config.json is at most {MAX_CONFIG_BYTES:,}", file=str(path))
     try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
+        data = loads_json(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as e:
         raise SpecError(f"not UTF-8 text (byte {e.start})", file=str(path)) from None
     except json.JSONDecodeError as e:
         raise SpecError(f"not JSON: {e.msg} at line {e.lineno}, column {e.colno}", file=str(path)) from None
+    except ValueError as e:  # a duplicate key: JSON keeps the last one silently, ddplan refuses it as in YAML
+        raise SpecError(f"{e}: a key may appear once", file=str(path)) from None
     if not isinstance(data, dict):
-        raise SpecError(f"expected a JSON object, got {type(data).__name__}", file=str(path))
+        raise SpecError(f"expected a JSON object, got {kind_of(data)}", file=str(path))
     return data
 
 
@@ -71,7 +111,8 @@ def _get(cfg: dict, path: Path, *keys: str, default: Any = ..., kind: type = int
             if kind is float and isinstance(v, int) and not isinstance(v, bool):
                 ok = True
             if not ok:
-                raise SpecError(f"must be {kind.__name__}, got {v!r}", file=str(path), field=k)
+                words = {int: "a whole number", float: "a number", bool: "true or false"}[kind]
+                raise SpecError(f"must be {words}, got {kind_of(v)}", file=str(path), field=k)
             return v
     if default is ...:
         raise SpecError(f"missing (one of {', '.join(keys)})", file=str(path), field=keys[0])
@@ -200,8 +241,14 @@ def spec_from_config(path: Path):
     from ddplan.registry import validate
     from ddplan.specs import Architecture, ModelSpec, present_param_groups
 
-    cfg = read_config(path)
+    cfg = _Reads(read_config(path))
     fields, family, notes = architecture_from_config(cfg, path)
+    unread = sorted(k for k in cfg if k not in cfg.read and k not in NOT_COST)
+    if unread:
+        warnings.warn(InputWarning(
+            f"{path}: {len(unread)} field{'s' if len(unread) > 1 else ''} of model_type {cfg['model_type']} not "
+            f"read: {', '.join(unread[:12])}{', ...' if len(unread) > 12 else ''}; the spec is built without them "
+            f"(if they change the model, e.g. experts or latent attention on a config relabelled, the price is off)"))
     arch = validate(Architecture, fields, f"{path}: (the architecture it gives)")
     groups = present_param_groups(arch)
     seq = min(DEFAULT_SEQ_LEN, arch.max_seq_len)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from ddplan import run
 from ddplan.calibration import CalibrationSpec, measurement_for
-from ddplan.errors import LayoutError, UsageError
+from ddplan.errors import ImpossibleMeasurement, LayoutError, UsageError
 from ddplan.fitting import fitted
 from ddplan.layout import NATIVE_ZERO, Layout, Options, check_layout, cp_attention_problem, expert_parallel_degrees
 from ddplan.memory import HEADROOM
@@ -153,6 +153,8 @@ def pricer_for(req: PlanRequest, hw: HardwareSpec) -> Pricer:
         return pricer
     try:
         return fitted(pricer, m, "auto", f"{req.calibration_path or 'calibration'}: step_times")[0]
+    except ImpossibleMeasurement:
+        raise
     except UsageError:  # as `table` does: a step no factor explains leaves the micro-benchmarks alone
         return pricer
 

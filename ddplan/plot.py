@@ -312,18 +312,25 @@ def _save(fig, path: str | os.PathLike, fmt: str) -> None:
     The file gets the permissions the umask gives a new file (mkstemp's own are 0600), as ddplan.files does."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
+    from ddplan.errors import DdplanError
     from ddplan.files import _umask
 
     FigureCanvasAgg(fig)
     target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)  # as ddplan.files.atomic_write (checked writable first)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as e:
+        raise DdplanError(f"cannot write here: {(e.strerror or type(e).__name__).lower()}", file=str(path)) from None
     try:
         with os.fdopen(fd, "wb") as f:
             fig.savefig(f, format=fmt, dpi=DPI, metadata={"Date": None} if fmt == "svg" else {"Software": None})
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as e:
         os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise DdplanError(f"cannot write here: {(e.strerror or type(e).__name__).lower()}", file=str(path)) from None
         raise
 
 

@@ -234,10 +234,23 @@ def pareto_lines(result, limit: int = 8) -> list[str]:
     return out
 
 
+COMM_TERMS = ("dp_comm_exposed_s", "tp_comm_s", "cp_comm_s", "ep_comm_s")  # a plan row's exposed communication
+LOW_MFU_PCT = 10.0  # assumed: published pre-training runs report 20-60% MFU; a choice below 10% is far outside them
+
+
 def plan_warnings(result) -> list[str]:
     words = {"deadline": "no layout finishes within {:g} h; ranked by time instead",
              "budget": "no layout costs at most ${:,.0f}; ranked by cost instead"}
-    return [words[k].format(v) for k, v in result.missed]
+    out = [words[k].format(v) for k, v in result.missed]
+    if result.rows and result.rows[0]["mfu_pct"] < LOW_MFU_PCT:
+        top = result.rows[0]
+        out.append(f"the choice ({top['gpus']:,} GPUs) runs at MFU {top['mfu_pct']:.1f}%, far below the "
+                   f"{LOW_MFU_PCT:g}% and more that real pre-training runs reach: {result.request.model.name} "
+                   f"is too small for this many GPUs (exposed communication "
+                   f"{100 * sum(top[k] for k in COMM_TERMS) / top['step_s']:.0f}% of the step, micro-batch "
+                   f"{top['micro_batch']} x {top['accum']}); fewer GPUs cost less "
+                   f"per token (see the Pareto lines), or search a smaller --gpus range")
+    return out
 
 
 def plan_title(spec: ModelSpec, result, top: int, headroom: float, objective: str) -> str:

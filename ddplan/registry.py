@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from ddplan.errors import SpecError
+from ddplan.errors import SpecError, kind_of
 from ddplan.specs import HardwareSpec, ModelSpec, nanochat_depth
 
 T = TypeVar("T", bound=BaseModel)
@@ -143,7 +143,7 @@ KINDS = ("hardware", "model", "calibration", "runs")  # the files ddplan reads, 
 def validate(schema: type[T], data: Any, source: str) -> T:
     """Validate data against a schema; the first error names the field path and what is allowed."""
     if not isinstance(data, dict):
-        raise SpecError(f"expected a mapping of keys to values, got {type(data).__name__}", file=source)
+        raise SpecError(f"expected a mapping of keys to values, got {kind_of(data)}", file=source)
     kind = getattr(schema, "model_fields", {}).get("kind")
     expected = typing.get_args(kind.annotation) if kind is not None else ()
     given = data.get("kind")
@@ -164,9 +164,21 @@ def _first_error(errors: list[dict]) -> dict:
     return next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
 
 
+# pydantic's sentences that speak Python ("a valid dictionary or instance of MoE"), in a spec's words
+_WORDS = {"model_type": "must be a mapping of keys to values", "dict_type": "must be a mapping of keys to values",
+          "model_attributes_type": "must be a mapping of keys to values", "list_type": "must be a list",
+          "tuple_type": "must be a list", "string_type": "must be text", "int_type": "must be a whole number",
+          "int_parsing": "must be a whole number", "int_from_float": "must be a whole number",
+          "float_type": "must be a number", "float_parsing": "must be a number",
+          "bool_type": "must be true or false", "bool_parsing": "must be true or false",
+          "date_type": "must be a date (YYYY-MM-DD)", "date_parsing": "must be a date (YYYY-MM-DD)",
+          "date_from_datetime_parsing": "must be a date (YYYY-MM-DD)", "datetime_type": "must be a date and time",
+          "datetime_parsing": "must be a date and time", "finite_number": "must be a finite number"}
+
+
 def _describe(schema: type[BaseModel], err: dict) -> str:
     """One sentence for a pydantic error, with the allowed keys for an unknown one."""
-    msg = err["msg"]
+    msg = _WORDS.get(err["type"], err["msg"])
     if err["type"] == "extra_forbidden":
         allowed = _fields_at(schema, err["loc"][:-1])
         if allowed:
@@ -177,8 +189,9 @@ def _describe(schema: type[BaseModel], err: dict) -> str:
     if err["type"] == "missing":
         return "missing required field"
     if err["type"] not in {"value_error", "assertion_error"} and "input" in err:
-        got = repr(err["input"])
-        return f"{msg} (got {got if len(got) <= 80 else got[:77] + '...'})"
+        got = err["input"]
+        shown = kind_of(got) if isinstance(got, (dict, list, tuple, bool, type(None))) else repr(got)
+        return f"{msg} (got {shown if len(shown) <= 80 else shown[:77] + '...'})"
     return msg.removeprefix("Value error, ")
 
 

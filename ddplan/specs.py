@@ -13,11 +13,13 @@ Loading and name resolution live in `ddplan.registry`; this module has no I/O.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import math
 import re
+import typing
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from ddplan import units
 
@@ -33,6 +35,42 @@ GroupSize = Annotated[int, Field(ge=2)]
 class Strict(BaseModel):
     # every float finite: `.inf` and `.nan` in a spec are errors, not numbers (`gt=0` alone admits inf)
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, value, info: ValidationInfo):
+        """A YAML or JSON `true` where a number is expected is an error, not 1: pydantic's lax mode reads
+        True as 1 for int, float and Literal[0, 1, ...] fields (`tokens: true` priced "1 steps")."""
+        if info.field_name in _numeric_fields(cls):
+            items = value if isinstance(value, (list, tuple)) else (value,)
+            if any(isinstance(v, bool) for v in items):
+                raise ValueError(f"must be a number, got {str(value).lower()} (a true/false value)")
+        return value
+
+
+@functools.lru_cache(maxsize=None)
+def _numeric_fields(model: type[BaseModel]) -> frozenset[str]:
+    """The fields of a model whose type holds numbers (int, float, a Literal of numbers, a list of them) and
+    no bool: where a bool must be refused."""
+    return frozenset(name for name, f in model.model_fields.items() if _takes_numbers_not_bools(f.annotation))
+
+
+def _takes_numbers_not_bools(annotation) -> bool:
+    found: set[str] = set()
+
+    def walk(a) -> None:
+        if a is bool:
+            found.add("bool")
+        elif a in (int, float):
+            found.add("number")
+        elif typing.get_origin(a) is Literal:
+            for v in typing.get_args(a):
+                found.add("bool" if isinstance(v, bool) else "number" if isinstance(v, (int, float)) else "other")
+        elif typing.get_origin(a) in (list, tuple, Annotated, typing.Union) or type(a).__name__ == "UnionType":
+            for arg in typing.get_args(a):
+                walk(arg)
+    walk(annotation)
+    return "number" in found and "bool" not in found
 
 
 class Sourced(Strict):

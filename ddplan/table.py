@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from ddplan import run
 from ddplan.calibration import CalibrationSpec, StepMeasurement, measurement_for
-from ddplan.errors import LayoutError, UsageError
+from ddplan.errors import ImpossibleMeasurement, LayoutError, UsageError
 from ddplan.fitting import MEASURED_FLAGS, Fit, fitted
 from ddplan.layout import (NATIVE_ZERO, Layout, Options, check_layout, cp_attention_problem, data_parallel, layout_for,
                            split_batch)
@@ -184,11 +184,14 @@ def _build_table(req: TableRequest, progress: Callable[[str, int, int], None] | 
         try:
             pricer, table.fit = fitted(pricer, m, req.knob, where)
         except UsageError as e:
-            if req.measurement is not None:  # stated on the command line: the user must hear it as an error
+            # stated on the command line, or impossible on this hardware: the user must hear it as an error
+            if req.measurement is not None or isinstance(e, ImpossibleMeasurement):
                 raise
             # a calibration's own held-out step that no efficiency factor explains: the micro-benchmarks
             # still stand; say so and go on without the fit
             table.notes.append(Flag("unfitted", (("reason", e.message),)))
+        if table.fit is not None and table.fit.implausible and req.measurement is not None:
+            raise implausible_measurement(table.fit, hw, spec, req)
         if table.fit is not None and m.total_batch_tokens != total_batch:
             table.notes.append(Flag("measured_batch", (("measured_tokens", m.total_batch_tokens),
                                                        ("table_tokens", total_batch))))
@@ -300,3 +303,22 @@ def _shape(r: PricedLayout) -> tuple:
     """A row's layout apart from its kernel choices (attention, window) and the micro-batch that follows."""
     lay = r.layout
     return (lay.num_gpus, lay.dp, lay.tp, lay.pp, lay.pp_virtual_stages, lay.cp, lay.zero, lay.recompute)
+
+
+def implausible_measurement(fit: Fit, hw: HardwareSpec, spec: ModelSpec, req: TableRequest) -> ImpossibleMeasurement:
+    """The error for a step stated with --measured-step-time that needs its fitted kernels faster than the
+    device's best measured GEMM (ddplan.fitting.Fit.implausible): the figures it was tied to, each with where it
+    came from, so the wrong one can be found. Most often the batch or the window was left at the recipe's."""
+    m = fit.measurement
+    batch = (f"{m.total_batch_tokens:,} tokens a step ("
+             + ("--total-batch-size" if req.total_batch_tokens else "the recipe's default; --total-batch-size") + ")")
+    window = f"window {fit.window} (" + ("--measured-window/--window" if req.windows else
+                                        "the model's default; --measured-window") + ")"
+    micro = (f"micro-batch {m.device_batch_size} (" + ("--device-batch-size" if req.micro_batches else
+                                                    "the recipe's default; --device-batch-size") + ")")
+    layout = f"{m.gpus} GPU{'s' if m.gpus > 1 else ''}, tp {m.tp}, pp {m.pp} (--measured-gpus/--measured-tp/--measured-pp)"
+    return ImpossibleMeasurement(
+        f"the measured {m.step_time_s:g} s/step needs {fit.knob} efficiency {fit.implied:.2f} of peak, above the "
+        f"best GEMM ever measured on {hw.name} ({fit.ceiling:.2f}): it cannot have run as stated. It was tied to "
+        f"{batch}, {window}, {micro}, {layout}, attention {m.attention}, recompute {m.recompute}: state what ran",
+        field="--measured-step-time")

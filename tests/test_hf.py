@@ -99,7 +99,7 @@ def test_specs_import_writes_a_spec_that_loads_back(capsys, tmp_path):
       "num_experts_per_tok": 3}, "top_k (3) cannot exceed num_experts (2)"),
     ({"model_type": "t5"}, "allowed: llama, mistral"),
     ({"hidden_size": 4096}, "model_type"),
-    ({"model_type": "llama", "hidden_size": "4096"}, "hidden_size: must be int"),
+    ({"model_type": "llama", "hidden_size": "4096"}, "hidden_size: must be a whole number, got the text"),
     ({"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32}, "missing"),
     ([1, 2], "JSON object"),
 ])

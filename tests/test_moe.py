@@ -454,6 +454,7 @@ def test_sequence_parallelism_keeps_the_gathered_expert_input_whole(mixtral):
 def test_moe_with_biases_is_one_line(capsys, tmp_path):
     cfg = {**QWEN3_30B, "model_type": "olmoe", "intermediate_size": 96, "attention_bias": True, "num_hidden_layers": 2,
            "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 16}
+    del cfg["moe_intermediate_size"]  # Qwen3's: OLMoE's experts are intermediate_size wide (else: an unread field)
     _, err = fails(capsys, ["table", "--model", _config(tmp_path, "olmoe-bias", cfg), "--gpus", "8"])
     assert "linear_bias" in err
 

@@ -153,8 +153,9 @@ def test_measured_layout_keeps_its_batch(capsys):
 def test_a_measured_step_above_peak_is_refused(capsys):
     """A stated step faster than the hardware can run its matmuls cannot have been measured: one line naming
     the flag, exit 2. The bound: 1,048,576 tokens x (6N + causal SSSL attention FLOPs per token, the lower
-    bound flops.exact_flops_per_token) / (8 x 989.4e12 FLOP/s); just above it the step is priced
-    (implausible, flagged), just below refused."""
+    bound flops.exact_flops_per_token) / (8 x 989.4e12 FLOP/s): just below it refused as faster than the peak;
+    just above it refused too, as needing kernels faster than H100's best GEMM (issue 33: no "measured" row on an
+    impossible fit); three times the bound (GEMMs near 0.6 of peak) is priced as measured."""
     from ddplan.flops import exact_flops_per_token
 
     spec = load_model("d24")
@@ -163,21 +164,25 @@ def test_a_measured_step_above_peak_is_refused(capsys):
     argv = ["table", "--model", "d24", "--hardware", "h100-sxm", "--gpus", "8", "--format", "csv"]
     code, err = fails(capsys, argv + ["--measured-step-time", f"{0.98 * bound:.6f}"])
     assert code == 2 and err.startswith("error: --measured-step-time: ") and "(102% of peak)" in err
-    rows = csv_rows(run_ok(capsys, argv + ["--measured-step-time", f"{1.02 * bound:.6f}"]))
+    code, err = fails(capsys, argv + ["--measured-step-time", f"{1.02 * bound:.6f}"])
+    assert code == 2 and "above the best GEMM ever measured on h100-sxm (0.80)" in err
+    rows = csv_rows(run_ok(capsys, argv + ["--measured-step-time", f"{3 * bound:.6f}"]))
     assert any(r["basis"] == "measured" for r in rows)
 
 
-def test_implausible_measurement_is_said_on_stdout_and_keeps_a_band(capsys):
-    """d24 on one MI300X in 2.5 s/step (85% MFU) would sustain more than the best GEMM: the verdict says so and the
-    measured row's band is the model's, not zero-width."""
-    out = run_ok(capsys, ["table", "--model", "d24", "--gpus", "1", "--total-batch-size", "524288",
-                          "--device-batch-size", "32", "--measured-step-time", "2.5", "--fit", "compute",
-                          "--window", "L", "--attention", "sdpa-fused", "--format", "markdown"])
+def test_implausible_measurement_is_said_on_stdout_and_keeps_a_band(capsys, tmp_path):
+    """d24 on one MI300X in 2.5 s/step (85% MFU) would sustain more than the best GEMM. Stated with
+    --measured-step-time it is an error (test_strict_inputs); a calibration file's own step is priced: the verdict
+    says so and the measured row's band is the model's, not zero-width."""
+    cal = tmp_path / "cal.yaml"
+    cal.write_text(yaml.safe_dump({"kind": "calibration", "version": 1, "hardware": "mi300x", "step_times": [
+        {"model": "nanochat-d24", "gpus": 1, "step_time_s": 2.5, "device_batch_size": 32, "total_batch_tokens": 524288,
+         "attention": "sdpa-fused", "window_pattern": "L", "source": "a test"}]}), encoding="utf-8")
+    argv = ["table", "--model", "d24", "--gpus", "1", "--total-batch-size", "524288", "--fit", "compute",
+            "--window", "L", "--attention", "sdpa-fused", "--calibration", str(cal)]
+    out = run_ok(capsys, [*argv, "--format", "markdown"])
     assert "above the best measured GEMM" in out and "check the stated configuration" in out
-    rows = csv_rows(run_ok(capsys, ["table", "--model", "d24", "--gpus", "1", "--total-batch-size", "524288",
-                                    "--device-batch-size", "32", "--measured-step-time", "2.5", "--fit", "compute",
-                                    "--window", "L", "--attention", "sdpa-fused", "--format", "csv"]))
-    (m,) = rows
+    (m,) = csv_rows(run_ok(capsys, [*argv, "--format", "csv"]))
     assert m["basis"] == "measured" and f(m, "step_s") == 2.5
     assert f(m, "step_high_s") > f(m, "step_low_s")
 
@@ -326,7 +331,8 @@ def test_the_measured_row_is_never_reshaped_and_says_when_memory_disagrees(capsy
 
 def test_a_measured_single_gpu_row_is_measured_whatever_zero_says(capsys):
     rows = csv_rows(run_ok(capsys, ["table", "-m", "d24", "--gpus", "1", "--zero", "3", "--measured-step-time", "8",
-                                    "--attention", "flash-attn-ck", "--window", "L", "--format", "csv"]))
+                                    "--total-batch-size", "524288", "--attention", "flash-attn-ck", "--window", "L",
+                                    "--format", "csv"]))
     assert [r["basis"] for r in rows] == ["measured"]
 
 
@@ -372,20 +378,26 @@ def test_memory_fixes_keep_the_gpus(capsys):
 
 
 def test_a_calibration_step_no_factor_explains_is_said_not_fatal(capsys, tmp_path):
-    """A calibration file's measured step far faster than any efficiency allows: the table warns and
-    prices from the model; the same figure stated with --measured-step-time is an error."""
-    cal = tmp_path / "cal.yaml"
-    cal.write_text(yaml.safe_dump({"kind": "calibration", "version": 1, "hardware": "mi300x", "step_times": [
-        {"model": "nanochat-d24", "gpus": 1, "step_time_s": 1e-6, "device_batch_size": 32, "total_batch_tokens": 524288,
-         "attention": "sdpa-fused", "window_pattern": "L", "source": "a typo"}]}), encoding="utf-8")
+    """A calibration file's measured step far slower than any efficiency allows (2e5 s, 10^5 times the model's):
+    the table warns and prices from the model; the same figure stated with --measured-step-time is an error. A
+    step faster than the hardware's peak (1e-6 s) is an error from the file too (issue 33)."""
     from cli_helpers import run
 
-    code, out, err = run(capsys, ["table", "-m", "d24", "--gpus", "1", "--calibration", str(cal), "--format", "csv"])
+    def cal(step_s: float) -> str:
+        path = tmp_path / f"cal-{step_s:g}.yaml"
+        path.write_text(yaml.safe_dump({"kind": "calibration", "version": 1, "hardware": "mi300x", "step_times": [
+            {"model": "nanochat-d24", "gpus": 1, "step_time_s": step_s, "device_batch_size": 32,
+             "total_batch_tokens": 524288, "attention": "sdpa-fused", "window_pattern": "L", "source": "a typo"}]}),
+            encoding="utf-8")
+        return str(path)
+
+    code, out, err = run(capsys, ["table", "-m", "d24", "--gpus", "1", "--calibration", cal(2e5), "--format", "csv"])
     assert code == 0 and "measured step is not fitted" in err
     assert {r["basis"] for r in csv_rows(out)} == {"model"}
-    code, _ = fails(capsys, ["table", "-m", "d24", "--gpus", "1", "--total-batch-size", "524288",
-                             "--measured-step-time", "0.000001"])
-    assert code == 2
+    for argv in (["--calibration", cal(1e-6)], ["--total-batch-size", "524288", "--measured-step-time", "0.000001"],
+                 ["--total-batch-size", "524288", "--measured-step-time", "200000"]):
+        code, _ = fails(capsys, ["table", "-m", "d24", "--gpus", "1", *argv])
+        assert code == 2
 
 
 def _cal_file(tmp_path, **extra) -> str:
