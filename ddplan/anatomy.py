@@ -24,7 +24,8 @@ Conventions:
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+import typing
 from typing import Literal
 
 from ddplan.params import param_counts
@@ -119,11 +120,14 @@ class Anatomy:
         return self.batch * self.seq_len
 
     def saved_tensors(self) -> dict[str, Saved]:
-        """Unique tensors kept for backward under this recompute policy and compile mode."""
+        """Unique tensors kept for backward under this recompute policy and compile mode (a tensor saved by
+        several ops: the last one's Saved, at the place of the first)."""
+        keeps = _keep_table(self.recompute, self.compiled)
         kept: dict[str, Saved] = {}
         for op in self.ops:
+            in_block = op.layer is not None
             for s in op.saves:
-                if _kept(s, op, self.recompute, self.compiled):
+                if keeps[s.tag, in_block]:
                     kept[s.name] = s
         return kept
 
@@ -151,11 +155,25 @@ class Anatomy:
 
     @functools.cached_property
     def saved_split(self) -> tuple[float, float]:
-        """(bytes saved by block ops, bytes saved by embedding/head ops), each storage once; cached."""
-        saved = self.saved_tensors()
-        owner = {s.name: op for op in self.ops for s in op.saves if s.name in saved}
-        layers = sum(s.bytes for n, s in saved.items() if owner[n].layer is not None)
-        return layers, sum(s.bytes for s in saved.values()) - layers
+        """(bytes saved by block ops, bytes saved by embedding/head ops), each storage once; cached.
+
+        A tensor counts as its last kept Saved's bytes (saved_tensors) and belongs to the blocks when the last
+        op that saves it (kept or not) is a block's."""
+        keeps = _keep_table(self.recompute, self.compiled)
+        rows, in_blocks = self._save_rows
+        kept: dict[str, float] = {}
+        for name, nbytes, tag, in_block in rows:
+            if keeps[tag, in_block]:
+                kept[name] = nbytes
+        layers = sum(b for n, b in kept.items() if in_blocks[n])
+        return layers, sum(kept.values()) - layers
+
+    @functools.cached_property
+    def _save_rows(self) -> tuple[tuple[tuple[str, float, str, bool], ...], dict[str, bool]]:
+        """Every saved tensor of the ops in order as (name, bytes, tag, saved by a block op), and whether the
+        last op saving each name is a block's: what saved_split reads under any policy (with_recompute keeps it)."""
+        rows = tuple((s.name, s.bytes, s.tag, op.layer is not None) for op in self.ops for s in op.saves)
+        return rows, {name: in_block for name, _, _, in_block in rows}
 
     def transient_bytes(self) -> float:
         """Largest working set of gradients during backward, on top of the saved tensors.
@@ -196,6 +214,23 @@ class Anatomy:
         return total
 
 
+# what an anatomy caches from its ops alone, the same under every recompute policy
+_OPS_ONLY_CACHES = ("op_repeats", "_transient", "_save_rows")
+
+
+def with_recompute(anatomy: Anatomy, recompute: Recompute) -> Anatomy:
+    """The same ops under another recompute policy (dataclasses.replace), keeping what the anatomy already cached
+    from its ops alone (_OPS_ONLY_CACHES: none of them reads the policy), so a search's three policies of one
+    share walk its ops once."""
+    if recompute == anatomy.recompute:
+        return anatomy
+    new = replace(anatomy, recompute=recompute)
+    for name in _OPS_ONLY_CACHES:
+        if name in anatomy.__dict__:
+            new.__dict__[name] = anatomy.__dict__[name]
+    return new
+
+
 def recomputed_under(op: Op, policy: str) -> bool:
     """Whether a recompute policy re-runs an op's forward in backward (torch's non-reentrant checkpoint
     stops early: the region's last op is not re-run, see Op.recompute_skip)."""
@@ -206,18 +241,26 @@ def recomputed_under(op: Op, policy: str) -> bool:
     return policy == "selective" and op.attention_core
 
 
-def _kept(s: Saved, op: Op, recompute: str, compiled: bool) -> bool:
-    if s.tag == "pointwise" and compiled or s.tag == "compiled" and not compiled:
+def _kept(tag: str, in_block: bool, recompute: str, compiled: bool) -> bool:
+    """Whether a tensor saved with this tag by an op (in a block or not) is kept for backward (SaveTag)."""
+    if tag == "pointwise" and compiled or tag == "compiled" and not compiled:
         return False
-    if s.tag == "ckpt_input":
+    if tag == "ckpt_input":
         return recompute != "none"
-    if s.tag == "core_input":
+    if tag == "core_input":
         return recompute == "selective"
-    if op.layer is None or s.tag == "input" or recompute == "none":
+    if not in_block or tag == "input" or recompute == "none":
         return True
     if recompute == "full":
         return False
-    return s.tag != "core"  # selective
+    return tag != "core"  # selective
+
+
+@functools.lru_cache(maxsize=None)
+def _keep_table(recompute: str, compiled: bool) -> dict[tuple[str, bool], bool]:
+    """_kept for every (tag, in a block) under one policy and compile mode: a lookup per saved tensor."""
+    return {(tag, in_block): _kept(tag, in_block, recompute, compiled)
+            for tag in typing.get_args(SaveTag) for in_block in (False, True)}
 
 
 def attention_pairs(seq_len: int, window: int, kind: AttentionKind, windows: WindowSupport) -> int:

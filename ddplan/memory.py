@@ -62,8 +62,8 @@ class MemoryBreakdown:
 
     @property
     def limit(self) -> float:
-        """Bytes a setup may use: capacity less the headroom fraction."""
-        return (1 - self.headroom_fraction) * self.capacity
+        """Bytes a setup may use: capacity less the headroom fraction (limit_bytes)."""
+        return limit_bytes(self.capacity, self.headroom_fraction)
 
     @property
     def fits(self) -> bool:
@@ -73,6 +73,11 @@ class MemoryBreakdown:
     @property
     def headroom(self) -> float:
         return self.capacity - self.total
+
+
+def limit_bytes(capacity_bytes: float, headroom: float) -> float:
+    """Bytes a setup may use per GPU: capacity less the headroom fraction, (1 - headroom) x capacity."""
+    return (1 - headroom) * capacity_bytes
 
 
 def _busiest_stage_share(layout: Layout, num_layers: int) -> float:
@@ -246,6 +251,21 @@ def memory_per_gpu(spec: ModelSpec, layout: Layout, anatomy: Anatomy, capacity_b
         terms["activation_transient"] = max(transient, stacked - saved)
     if layout.offload_optimizer:
         notes.append("optimizer states (and fp32 master weights) are in host memory (--offload-optimizer)")
+    terms["comm_buffers"] = comm_buffer_bytes(spec, layout, states, assumptions)
+    terms["framework"] = assumptions.framework_gib * GiB
+    terms["allocator_slack"] = assumptions.allocator_fraction * (saved + transient)
+    # by_group is the states mapping itself (a search shares it across layouts): read it, never write it
+    return MemoryBreakdown(terms=terms, by_group=states, capacity=capacity_bytes, notes=tuple(notes),
+                           headroom_fraction=headroom)
+
+
+def comm_buffer_bytes(spec: ModelSpec, layout: Layout, states: dict[str, dict[str, float]],
+                      assumptions: MemoryAssumptions = MemoryAssumptions()) -> float:
+    """Communication buffers per GPU, bytes: NCCL's own (comm_gib when more than one GPU), DDP's gradient
+    bucket copy (ZeRO-0) or ZeRO-1's reduce buckets, and ZeRO-3's gathered parameters (two FSDP units, or every
+    layer of the stage without resharding after forward). Depends on the layout and its model states only (not
+    on the micro-batch, the recompute policy or the anatomy): memory_per_gpu's comm_buffers term.
+    """
     comm = 0.0
     if layout.num_gpus > 1:
         comm += assumptions.comm_gib * GiB
@@ -270,9 +290,25 @@ def memory_per_gpu(spec: ModelSpec, layout: Layout, anatomy: Anatomy, capacity_b
                        for g, b in states["params"].items())  # bytes of the stage's parameters, as gathered
         per_layer = gathered / stage_layers
         comm += (2 if layout.reshard_after_forward else stage_layers) * per_layer
-    terms["comm_buffers"] = comm
-    terms["framework"] = assumptions.framework_gib * GiB
-    terms["allocator_slack"] = assumptions.allocator_fraction * (saved + transient)
-    # by_group is the states mapping itself (a search shares it across layouts): read it, never write it
-    return MemoryBreakdown(terms=terms, by_group=states, capacity=capacity_bytes, notes=tuple(notes),
-                           headroom_fraction=headroom)
+    return comm
+
+
+def state_floor_bytes(spec: ModelSpec, layout: Layout, states: dict[str, dict[str, float]],
+                      assumptions: MemoryAssumptions = MemoryAssumptions()) -> float:
+    """A lower bound on memory_per_gpu(...).total, bytes, that needs no anatomy: params + gradients + optimizer
+    + comm_buffers + framework, summed in memory_per_gpu's order with its activation terms left out.
+
+    Exact as a bound, in floating point too: the total adds the same terms in the same order plus three more
+    (activations, activation_transient, allocator_slack), each >= 0 (saved bytes and the largest gradient
+    working set are >= 0, the transient term is max(transient, ...) >= transient, and the slack is
+    allocator_fraction x (saved + transient) >= 0 when allocator_fraction >= 0). Rounding is monotone
+    (a <= b gives fl(a + c) <= fl(b + c), and fl(a + c) >= a for c >= 0), so each partial sum of the total is
+    >= the bound's. It depends on neither the micro-batch nor the recompute policy, so when it is over a
+    limit no layout that differs only in those fits (ddplan.plan rejects such a group without building an
+    anatomy). With a negative allocator_fraction no bound is claimed (-inf).
+    """
+    if assumptions.allocator_fraction < 0:
+        return float("-inf")
+    return sum((sum(states["params"].values()), sum(states["gradients"].values()),
+                sum(states["optimizer"].values()), comm_buffer_bytes(spec, layout, states, assumptions),
+                assumptions.framework_gib * GiB))

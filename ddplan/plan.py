@@ -180,7 +180,9 @@ def search(req: PlanRequest, progress: Callable[[str, int, int], None] | None = 
         return _search(req, progress or (lambda what, done, total: None))
 
 
-def _search(req: PlanRequest, progress: Callable[[str, int, int], None]) -> PlanResult:
+def _search(req: PlanRequest, progress: Callable[[str, int, int], None], shortcuts: bool = True) -> PlanResult:
+    """search's work. shortcuts=False prices every candidate without the exact bounds that skip work (tests
+    compare the two: same rows, considered and rejected)."""
     import pandas as pd
 
     if req.objective not in OBJECTIVES:
@@ -222,6 +224,9 @@ def _search(req: PlanRequest, progress: Callable[[str, int, int], None]) -> Plan
                 except LayoutError as e:
                     rejected["divisibility"] += n
                     why_not.setdefault("divisibility", e.message)
+                    continue
+                if shortcuts and pricer.cannot_fit(group[0][0]):  # model states alone: no micro-batch fits
+                    rejected["memory"] += n
                     continue
                 for i, by_rc in enumerate(group):  # micro-batch ascending
                     fitting = [lay for lay in by_rc if pricer.memory(lay, window).fits]

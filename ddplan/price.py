@@ -20,12 +20,12 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from ddplan import run
-from ddplan.anatomy import Anatomy, build_anatomy, for_cp, for_tp
+from ddplan.anatomy import Anatomy, build_anatomy, for_cp, for_tp, with_recompute
 from ddplan.calibration import CalibrationSpec, calibrated_rates, comm_points
 from ddplan.flops import mfu, nanochat_flops_per_token
 from ddplan.layout import Layout, breaks_world_size_rule
-from ddplan.memory import (HEADROOM, MemoryAssumptions, MemoryBreakdown, in_flight_micro_batches, memory_per_gpu,
-                           model_states)
+from ddplan.memory import (HEADROOM, MemoryAssumptions, MemoryBreakdown, in_flight_micro_batches, limit_bytes,
+                           memory_per_gpu, model_states, state_floor_bytes)
 from ddplan.runs import highest_measured_mfu
 from ddplan.roofline import SCENARIOS, Rates, Scenario, comm_end, op_times, rates
 from ddplan.specs import Budget, HardwareSpec, ModelSpec, Price
@@ -185,11 +185,20 @@ class Pricer:
 
     def anatomy(self, layout: Layout, window: str) -> Anatomy:
         """One rank's ops of one micro-batch (its tp, sp and cp share); recompute policies share one ops tuple."""
-        key = ("anatomy", layout.micro_batch, layout.attention, window, layout.compiled, layout.rank_share,
-               layout.recompute)
+        key = ("anatomy", layout.micro_batch, self._kind(layout.attention), window, layout.compiled,
+               layout.rank_share, layout.recompute)
         if key not in self._shared:
             share = self._share(layout.micro_batch, layout.attention, window, layout.compiled, layout.rank_share)
-            self._shared[key] = replace(share, recompute=layout.recompute) if layout.recompute != "none" else share
+            self._shared[key] = with_recompute(share, layout.recompute)
+        return self._shared[key]
+
+    def _kind(self, attention: str) -> tuple[str, str]:
+        """What an anatomy depends on of an attention implementation: its kind and window support (FA2 and FA3
+        build the same ops), cached by name; keys of the anatomies' caches and what is read off them."""
+        key = ("kind", attention)
+        if key not in self._shared:
+            impl = self.hw.attention_impl(attention)
+            self._shared[key] = (impl.kind, impl.windows)
         return self._shared[key]
 
     def _share(self, batch: int, attention: str, window: str, compiled: bool, rank: tuple[int, bool, int, int, int],
@@ -231,7 +240,7 @@ class Pricer:
 
     def flops(self, layout: Layout, window: str) -> tuple[float, float]:
         """(model FLOPs, recomputed FLOPs) of one micro-batch on one tp rank, summed once per anatomy."""
-        key = ("flops", layout.micro_batch, layout.attention, window, layout.compiled, layout.rank_share,
+        key = ("flops", layout.micro_batch, self._kind(layout.attention), window, layout.compiled, layout.rank_share,
                layout.recompute)
         if key not in self._shared:
             an = self.anatomy(layout, window)
@@ -299,18 +308,29 @@ class Pricer:
         stage holds (ddplan.memory.in_flight_micro_batches).
         """
         key = ("memory", window, layout.dp, layout.rank_share, layout.pp, layout.zero, layout.micro_batch,
-               layout.attention, layout.recompute, layout.compiled, layout.pp_schedule, layout.pp_virtual_stages,
-               in_flight_micro_batches(layout), layout.shard_group, layout.reshard_after_forward, layout.fp8_all_gather,
-               layout.offload_optimizer)
+               self._kind(layout.attention), layout.recompute, layout.compiled, layout.pp_schedule,
+               layout.pp_virtual_stages, in_flight_micro_batches(layout), layout.shard_group,
+               layout.reshard_after_forward, layout.fp8_all_gather, layout.offload_optimizer)
         if key not in self._shared:
-            skey = ("states", layout.grad_ranks, layout.rank_share, layout.pp, layout.zero, layout.shard_group,
-                    layout.offload_optimizer)  # rank_share: tp, and ep / expert rows (the experts' shards)
-            if skey not in self._shared:
-                self._shared[skey] = model_states(self.spec, layout)
             self._shared[key] = memory_per_gpu(self.spec, layout, self.anatomy(layout, window),
                                                self.hw.memory.usable_bytes, self.assumptions,
-                                               states=self._shared[skey], headroom=self.plan.headroom)
+                                               states=self._states(layout), headroom=self.plan.headroom)
         return self._shared[key]
+
+    def _states(self, layout: Layout) -> dict[str, dict[str, float]]:
+        """The layout's model states (ddplan.memory.model_states), cached by what they depend on."""
+        key = ("states", layout.grad_ranks, layout.rank_share, layout.pp, layout.zero, layout.shard_group,
+               layout.offload_optimizer)  # rank_share: tp, and ep / expert rows (the experts' shards)
+        if key not in self._shared:
+            self._shared[key] = model_states(self.spec, layout)
+        return self._shared[key]
+
+    def cannot_fit(self, layout: Layout) -> bool:
+        """Whether the layout's model states, communication buffers and framework alone are over the memory
+        limit (ddplan.memory.state_floor_bytes): then memory(layout).fits is False at every micro-batch and
+        recompute policy, and no anatomy is needed to say so. False says nothing (memory() decides)."""
+        floor = state_floor_bytes(self.spec, layout, self._states(layout), self.assumptions)
+        return floor > limit_bytes(self.hw.memory.usable_bytes, self.plan.headroom)
 
     def steps(self, batch_tokens: int) -> int:
         """Optimizer steps of the run's budget at this global batch (ddplan.run.steps_for)."""

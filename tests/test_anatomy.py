@@ -14,9 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ddplan.anatomy import (
+    RECOMPUTE_POLICIES,
     adamw_bytes,
     attention_pairs,
     build_anatomy,
+    for_tp,
     megatron_unfused_saved_bytes,
     muon_flops,
     sdpa_math_saved_bytes,
@@ -534,3 +536,32 @@ def test_moe_saved_bytes_in_16_bits(model, compute):
     dense, _ = residual(TINY[model](compute=compute, moe=None))
     print(f"{model} {compute}: measured {total:,}; anatomy short by {moe:,.0f} B, on the dense twin by {dense:,.0f} B")
     assert moe == pytest.approx(dense, abs=SAVED_TOLERANCE * total)
+
+
+def _saved_split_by_definition(an):
+    """saved_split as first written: the kept tensors, each owned by the last op that saves its name."""
+    saved = an.saved_tensors()
+    owner = {s.name: op for op in an.ops for s in op.saves if s.name in saved}
+    layers = sum(s.bytes for n, s in saved.items() if owner[n].layer is not None)
+    return layers, sum(s.bytes for s in saved.values()) - layers
+
+
+@pytest.mark.parametrize("model", ["d24", "llama-3-8b", "mixtral-8x7b"])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_saved_split_and_with_recompute_match_the_definition_to_the_bit(model, compiled):
+    """Anatomy.saved_split (one pass over _save_rows) equals the definition above exactly, for every policy, on a
+    fresh anatomy and on with_recompute's (which keeps the share's op caches); so do the other cached figures."""
+    from dataclasses import replace
+
+    from ddplan.anatomy import with_recompute
+
+    spec = load_model(model)
+    for kind in ("flash_package", "sdpa_math"):
+        share = for_tp(build_anatomy(spec, batch=1, seq_len=1024, attention=kind, compiled=compiled), 2)
+        _ = share.saved_split, share.op_repeats, share.transient_bytes()  # fill the share's caches first
+        for policy in RECOMPUTE_POLICIES:
+            fresh, kept = replace(share, recompute=policy), with_recompute(share, policy)
+            assert kept.saved_split == fresh.saved_split == _saved_split_by_definition(fresh)
+            assert kept.op_repeats == fresh.op_repeats
+            assert kept.transient_bytes() == fresh.transient_bytes()
+            assert kept.recompute_flops() == fresh.recompute_flops()

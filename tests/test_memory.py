@@ -261,3 +261,24 @@ def test_uneven_pipeline_memory_is_the_fuller_of_the_first_two_stages():
     assert activation_bytes(an, lay, 48)[0] == pytest.approx(max((9 / 48 * L + o) * 5, 10 / 48 * L * 4))
     even = Layout(dp=1, tp=1, pp=4, micro_batch=1, grad_accum=8)  # 12 a stage: the first stage, as before
     assert activation_bytes(an, even, 48)[0] == pytest.approx((L / 4 + o) * 4)
+
+
+def test_state_floor_is_every_term_but_the_activations_and_claims_nothing_with_negative_slack():
+    """state_floor_bytes adds params, gradients, optimizer, comm_buffers and framework (memory_per_gpu's terms
+    without the three activation ones); a negative allocator fraction could make the total smaller: -inf."""
+    from dataclasses import replace as dc_replace
+
+    from ddplan.memory import MemoryAssumptions, comm_buffer_bytes, state_floor_bytes
+
+    spec = load_model("llama-3-8b")
+    for lay in (Layout(dp=8, zero=0), Layout(dp=4, tp=2, zero=3), Layout(dp=2, pp=4, zero=1, micro_batch=2,
+                                                                       grad_accum=8)):
+        an = build_anatomy(spec, batch=lay.micro_batch, tp=lay.tp)
+        mem = memory_per_gpu(spec, lay, an, 80e9)
+        t = mem.terms
+        assert state_floor_bytes(spec, lay, mem.by_group) == (
+            t["params"] + t["gradients"] + t["optimizer"] + t["comm_buffers"] + t["framework"])
+        assert comm_buffer_bytes(spec, lay, mem.by_group) == t["comm_buffers"]
+        assert state_floor_bytes(spec, lay, mem.by_group) <= mem.total
+    negative = dc_replace(MemoryAssumptions(), allocator_fraction=-0.5)
+    assert state_floor_bytes(spec, Layout(dp=8), model_states(spec, Layout(dp=8)), negative) == float("-inf")

@@ -335,3 +335,51 @@ def test_a_family_within_the_tie_is_not_said_to_lose_on_figures():
     assert zero["wall_clock_h"] < top["wall_clock_h"]  # the setup of the bug: it is faster, within TIE
     line = next(line for line in reasons_of(result) if line.startswith("+ZeRO/FSDP"))
     assert "2%" in line or "simpler" in line
+
+
+# --------------------------------------------------------------------------------------------
+# the search's exact shortcuts (ddplan.memory.state_floor_bytes via Pricer.cannot_fit): the same result without
+
+
+def _outcome(result):
+    """What a search decides: the rows (layout and figures), the counts and the example reasons."""
+    rows = [{k: v for k, v in r.items() if k != "_priced"} for r in result.rows]
+    return rows, result.considered, result.rejected, result.why_not, result.missed, result.memory_forces
+
+
+@pytest.mark.parametrize(("model", "hardware", "gpus", "attentions"), [
+    ("llama-3-70b", "h100-sxm", (16, 32), ("fa3",)),  # the model states alone rule out many groups
+    ("d24", "mi300x", (1, 8), ()),  # nanochat's sharded optimizer (its stacked-gradient transient)
+    ("mixtral-8x7b", "h100-sxm", (16,), ()),  # expert parallelism: the experts' own shards
+])
+def test_search_shortcuts_change_nothing(model, hardware, gpus, attentions):
+    """search with its bounds gives the rows, considered and rejected counts of the search that checks the
+    memory of every candidate in full (ddplan.plan._search(shortcuts=False))."""
+    from ddplan.plan import _search
+
+    spec = MODELS.get(model) or load_model(model)
+    req = PlanRequest(model=spec, hardware=(HARDWARE[hardware],), gpus=gpus, attentions=attentions)
+    fast, full = _search(req, lambda *a: None), _search(req, lambda *a: None, shortcuts=False)
+    assert _outcome(fast) == _outcome(full)
+    assert fast.rejected["memory"] > 0
+
+
+@pytest.mark.parametrize(("model", "hardware", "gpus"), [("llama-3-70b", "h100-sxm", 64), ("d24", "mi300x", 8),
+                                                         ("mixtral-8x7b", "h100-sxm", 16)])
+def test_cannot_fit_only_where_no_micro_batch_or_recompute_fits(model, hardware, gpus):
+    """Pricer.cannot_fit is a bound: where it says so, the full memory model puts every layout of the group (each
+    micro-batch, each recompute policy) over the limit; and the floor is under every layout's total."""
+    from ddplan.memory import state_floor_bytes
+
+    spec = MODELS.get(model) or load_model(model)
+    req = PlanRequest(model=spec, hardware=(HARDWARE[hardware],), gpus=(gpus,))
+    pricer, window = pricer_for(req, HARDWARE[hardware]), spec.architecture.window_pattern
+    bounded = 0
+    for group in layouts_for(spec, HARDWARE[hardware], gpus, spec.recipe.total_batch_tokens, req):
+        cannot = pricer.cannot_fit(group[0][0])
+        bounded += cannot
+        for lay in (lay for by_rc in group[:2] for lay in by_rc):  # the two smallest micro-batches
+            mem = pricer.memory(lay, window)
+            assert state_floor_bytes(spec, lay, mem.by_group, pricer.assumptions) <= mem.total
+            assert not (cannot and mem.fits)
+    assert bounded > 0 or model == "d24"
