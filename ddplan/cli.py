@@ -81,6 +81,53 @@ MoeImbalanceOpt = typer.Option(None, "--moe-imbalance", help="Mixture of experts
 HeadroomOpt = typer.Option(0.05, "--headroom", help="Fraction of usable memory a layout must leave free.")
 SequenceParallelOpt = typer.Option(False, "--sequence-parallel", help="Megatron sequence parallelism on layouts with "
                                    "tp: norms and saved activations split over tp too.")
+def _config_callback(ctx: typer.Context, param: typer.CallbackParam, value: str | None) -> str | None:
+    """--config FILE (eager: read before every other option): the file's fields become the command's defaults
+    (click's default_map), so that a flag given on the command line wins over the file."""
+    if value is None:
+        return None
+    from ddplan import runconfig
+    from ddplan.errors import UsageError
+    from ddplan.registry import read_yaml, validate
+
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise UsageError(f"no such file: {value!r}" if not path.is_dir() else f"{value!r} is a folder", field="--config")
+    config = validate(runconfig.RunConfig, read_yaml(path), str(path))
+    lists = runconfig.LIST_PARAMS.get(ctx.info_name or "", frozenset())
+    single = {p.name: p.name not in lists for p in ctx.command.params}
+    defaults, lists = runconfig.defaults_for(config, single, str(path))
+    ctx.default_map = {**(ctx.default_map or {}), **defaults}
+    ctx.meta["config_lists"] = lists  # said by _config_first unless the flag is given
+    return value
+
+
+ConfigOpt = typer.Option(None, "--config", is_eager=True, callback=_config_callback,
+                         help="A run configuration file (kind: run; examples/seed-d24-mi300x.yaml): its fields are "
+                              "the flags' values, and a flag given wins over its field.")
+PrintConfigOpt = typer.Option(False, "--print-config", help="Print this command line as a run configuration file "
+                              "(YAML, for --config) instead of pricing it.")
+
+
+def _config_first(ctx: typer.Context, print_config: bool) -> bool:
+    """What a command does with --config and --print-config before its own work: a list the file gives for a
+    flag of one value (memory's --gpus) is an error unless the flag is given; with --print-config, the run
+    configuration of what was stated (on the command line or by the file) as YAML on stdout. True: done."""
+    from ddplan import render, runconfig
+    from ddplan.errors import SpecError
+
+    for name, (source, field, values) in ctx.meta.get("config_lists", {}).items():
+        if getattr(ctx.get_parameter_source(name), "name", None) != "COMMANDLINE":
+            flag = "--" + name.replace("_", "-")
+            raise SpecError(f"`ddplan {ctx.info_name}` prices one value; the file lists {len(values)}: {values} (keep "
+                            f"one there, or give {flag})", file=source, field=field)
+    if not print_config:
+        return False
+    stated = {name for name in ctx.params if _given(ctx, name)}
+    render.echo(runconfig.to_yaml(runconfig.from_params(ctx.params, stated)).rstrip("\n"))
+    return True
+
+
 WideOpt = typer.Option(False, "--wide", help="On a terminal, show every column however wide (pipes and files "
                        "always get every column, at full width).")
 TpOverlapOpt = typer.Option(False, "--tp-comm-overlap", help="Layouts with tp overlap their communication with the "
@@ -318,6 +365,8 @@ def memory_cmd(
                                     "compile mode not given, and its peak memory (if any) is used as --measured-peak "
                                     "when no flag moves the shape away from it."),
     plot: str = typer.Option(None, "--plot", help="Also write the memory per GPU, stacked by term (PNG or SVG)."),
+    config: str = ConfigOpt,
+    print_config: bool = PrintConfigOpt,
     format: Format = FormatOpt,
     wide: bool = WideOpt,
 ) -> None:
@@ -329,6 +378,8 @@ def memory_cmd(
       ddplan memory -m llama-3-8b --hardware h100 --gpus 8 --zero 2 --seq-len 8192
       ddplan memory --model d24 --measured-peak 105
     """
+    if _config_first(ctx, print_config):
+        return
     from ddplan import render, verdicts
     from ddplan.provenance import line as prov_line
     from ddplan.provenance import provenance
@@ -446,9 +497,9 @@ def _calibrated_run(ctx: typer.Context, calibration: str | None, **given) -> tup
 
 
 def _given(ctx: typer.Context, name: str) -> bool:
-    """Whether the flag of parameter `name` was given on the command line (not its default)."""
+    """Whether the flag of parameter `name` was given: on the command line, or as a --config file's field."""
     # by name: typer >= 0.22 carries its own copy of click, whose ParameterSource is another enum class
-    return getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"
+    return getattr(ctx.get_parameter_source(name), "name", None) in ("COMMANDLINE", "DEFAULT_MAP")
 
 
 def _step_values(cal, m) -> dict:
@@ -560,6 +611,8 @@ def table_cmd(
     overlap_param_gather: bool = ParamGatherOpt,
     offload_optimizer: bool = OffloadOpt,
     plot: str = typer.Option(None, "--plot", help="Also write wall-clock and cost against GPU count (PNG or SVG)."),
+    config: str = ConfigOpt,
+    print_config: bool = PrintConfigOpt,
     format: Format = FormatOpt,
     wide: bool = WideOpt,
 ) -> None:
@@ -577,6 +630,8 @@ def table_cmd(
     ZeRO, micro-batch, batch, recompute, attention, window, compile mode and sequence length; flags given
     win): `ddplan table --calibration cal.yaml`.
     """
+    if _config_first(ctx, print_config):
+        return
     import datetime as dt
 
     from ddplan import render, verdicts
@@ -896,6 +951,7 @@ class Objective(str, Enum):
 
 @app.command("plan", short_help="Search the layouts and recommend one.")
 def plan_cmd(
+    ctx: typer.Context,
     model: str = ModelOpt,
     hardware: str = typer.Option(None, "--hardware", help="One or more GPUs, comma-separated (built-in names or "
                                  "YAML paths; all: every built-in; default: the calibration's, else mi300x)."),
@@ -934,6 +990,8 @@ def plan_cmd(
     headroom: float = HeadroomOpt,
     startup_min: float = typer.Option(5.0, "--startup-min", help="Minutes outside steps at start."),
     plot: str = typer.Option(None, "--plot", help="Also write a plot (PNG or SVG) of the Pareto layouts."),
+    config: str = ConfigOpt,
+    print_config: bool = PrintConfigOpt,
     format: Format = FormatOpt,
     wide: bool = WideOpt,
 ) -> None:
@@ -945,6 +1003,8 @@ def plan_cmd(
       ddplan plan --model d26 --hardware all --gpus 8-64 --budget 500
       ddplan plan -m llama-3-8b --hardware h100,b200 --gpus 8-16 --objective cost
     """
+    if _config_first(ctx, print_config):
+        return
     import datetime as dt
 
     from ddplan import reasons as words

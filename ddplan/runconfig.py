@@ -1,0 +1,260 @@
+"""The run configuration: one training run stated in a file, read by `table`, `memory` and `plan --config FILE`.
+
+A YAML file, `kind: run`, `version: 1`, grouped as a run is described (the seed's: examples/seed-d24-mi300x.yaml):
+
+    kind: run
+    version: 1
+    model: d24                        # a built-in name, a model YAML, or a Hugging Face config.json
+    hardware: mi300x
+    gpus: [1, 8]                      # a list makes one row per value, as `--gpus 1,8` does
+    layout: {tp: 1, pp: 1, zero: 1}
+    precision: {dtype: bf16}
+    attention: [sdpa-fused, flash-attn-ck]
+    window: [L, SSSL]
+    batch: {device: 32, total_tokens: 524288}
+    measured: {step_time_s: 7.7, gpus: 1, attention: sdpa-fused, window: L}
+
+Every field is optional and is exactly one command-line flag (FLAGS below): a field stated in the file is read as
+if its flag were given, and a flag given on the command line wins over the file's field. A command reads the fields
+it has flags for (`memory` prices one layout: a list there must hold one value; `plan` searches the layout degrees
+itself) and no other. `--print-config` writes the configuration of a command line in this form.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from ddplan.specs import Strict
+
+IntList = list[int] | int
+TextList = list[str] | str
+
+
+class Layout(Strict):
+    """How the GPUs split the model and the data (one row per value of each list, in `table`)."""
+
+    tp: IntList | None = Field(default=None, description="tensor-parallel degrees (--tp)")
+    pp: IntList | None = Field(default=None, description="pipeline-parallel degrees (--pp)")
+    vp: IntList | None = Field(default=None, description="interleaved chunks per pipeline stage, 1: 1F1B (--vp)")
+    cp: IntList | None = Field(default=None, description="context-parallel degrees (--cp)")
+    ep: IntList | None = Field(default=None, description="expert-parallel degrees, mixtures of experts (--ep)")
+    etp: int | None = Field(default=None, ge=1, description="expert tensor-parallel degree (--etp)")
+    zero: IntList | None = Field(default=None, description="ZeRO stages 0-3, 3 = FSDP (--zero; default: the "
+                                                           "model's native data-parallel setup)")
+    shard_group: int | None = Field(default=None, ge=1, description="GPUs a hybrid-sharded group spans (--shard-group)")
+    sequence_parallel: bool | None = Field(default=None, description="Megatron sequence parallelism (--sequence-parallel)")
+    tp_comm_overlap: bool | None = Field(default=None, description="tensor-parallel communication overlapped "
+                                                                   "(--tp-comm-overlap)")
+    reshard_after_forward: bool | None = Field(default=None, description="FSDP frees gathered weights after "
+                                                                         "forward (--reshard-after-forward)")
+    overlap_param_gather: bool | None = Field(default=None, description="parameter all-gather overlapped "
+                                                                        "(--overlap-param-gather)")
+    offload_optimizer: bool | None = Field(default=None, description="optimizer states in host memory "
+                                                                     "(--offload-optimizer)")
+    cp_comm: str | None = Field(default=None, description="context-parallel communication (--cp-comm)")
+    tp_across_nodes: bool | None = Field(default=None, description="plan: tensor parallelism beyond one node "
+                                                                   "(--tp-across-nodes)")
+
+
+class Precision(Strict):
+    dtype: str | None = Field(default=None, description="compute dtype: bf16, fp16, fp32 (--dtype)")
+    grads: str | None = Field(default=None, description="gradient dtype for reduction (--grads)")
+    fp8: bool | None = Field(default=None, description="fp8 GEMMs (--fp8)")
+    fp8_recipe: str | None = Field(default=None, description="how fp8 scales are kept (--fp8-recipe)")
+    fp8_all_gather: bool | None = Field(default=None, description="weights all-gathered in fp8 (--fp8-all-gather)")
+
+
+class Batch(Strict):
+    device: IntList | None = Field(default=None, description="sequences per GPU per micro-batch (--device-batch-size)")
+    total_tokens: int | None = Field(default=None, gt=0, description="tokens per optimizer step (--total-batch-size)")
+
+
+class Budget(Strict):
+    """How long the run trains: at most one of the three (the recipe's budget otherwise)."""
+
+    steps: int | None = Field(default=None, gt=0, description="optimizer steps (--steps)")
+    tokens: float | None = Field(default=None, gt=0, description="training tokens (--tokens)")
+    param_data_ratio: float | None = Field(default=None, gt=0, description="tokens per parameter (--param-data-ratio)")
+
+
+class Outside(Strict):
+    """Time outside the training steps."""
+
+    startup_min: float | None = Field(default=None, ge=0, description="minutes at start: launch, warm-up "
+                                                                      "(--startup-min)")
+    eval_every: int | None = Field(default=None, ge=0, description="evaluate every N steps, 0: never (--eval-every)")
+    eval_tokens: int | None = Field(default=None, gt=0, description="tokens per evaluation (--eval-tokens)")
+    checkpoint_every: int | None = Field(default=None, ge=0, description="checkpoint every N steps, 0: at the end "
+                                                                          "(--checkpoint-every)")
+    interruptions_per_gpu_hour: float | None = Field(default=None, ge=0, description="job interruptions a GPU-hour "
+                                                                                     "(--interruptions-per-gpu-hour)")
+    restart_min: float | None = Field(default=None, ge=0, description="minutes to restart after an interruption "
+                                                                      "(--restart-min)")
+
+
+class Measured(Strict):
+    """A step measured on this run (table fits one efficiency to it; memory takes its peak)."""
+
+    step_time_s: float | None = Field(default=None, gt=0, description="seconds a step (--measured-step-time)")
+    gpus: int | None = Field(default=None, gt=0, description="GPUs of the measured run (--measured-gpus)")
+    tp: int | None = Field(default=None, gt=0, description="its tensor-parallel degree (--measured-tp)")
+    pp: int | None = Field(default=None, gt=0, description="its pipeline-parallel degree (--measured-pp)")
+    attention: str | None = Field(default=None, description="its attention (--measured-attention)")
+    window: str | None = Field(default=None, description="its window pattern (--measured-window)")
+    fit: str | None = Field(default=None, description="the efficiency it calibrates: auto, gemm, attention, "
+                                                      "compute (--fit)")
+    peak_gib: float | None = Field(default=None, gt=0, description="memory: measured peak per GPU, GiB "
+                                                                   "(--measured-peak)")
+
+
+class Plan(Strict):
+    """What `plan` optimises."""
+
+    objective: Literal["time", "cost"] | None = Field(default=None, description="rank by wall-clock or cost "
+                                                                                "(--objective)")
+    deadline_h: float | None = Field(default=None, gt=0, description="hours: the cheapest layout in time (--deadline)")
+    budget_usd: float | None = Field(default=None, gt=0, description="USD: the fastest layout within it (--budget)")
+    top: int | None = Field(default=None, gt=0, description="rows shown (--top)")
+
+
+class RunConfig(Strict):
+    """One training run: what `table`, `memory` and `plan` price. Every field optional (its flag's default)."""
+
+    kind: Literal["run"]
+    version: Literal[1] = 1
+    model: str | None = Field(default=None, description="a built-in model, a model YAML or a config.json (--model)")
+    hardware: TextList | None = Field(default=None, description="a built-in hardware or a hardware YAML; plan takes "
+                                                              "a list (or all) (--hardware)")
+    gpus: IntList | str | None = Field(default=None, description="GPUs in total: a list, or ranges as the flag "
+                                                                 "takes them ('8-64') (--gpus)")
+    layout: Layout = Layout()
+    precision: Precision = Precision()
+    recompute: TextList | None = Field(default=None, description="none, selective, full (--recompute)")
+    attention: TextList | None = Field(default=None, description="attention implementations (--attention)")
+    window: TextList | None = Field(default=None, description="window patterns of S and L, e.g. SSSL (--window)")
+    seq_len: int | None = Field(default=None, gt=0, description="sequence length, tokens (--seq-len)")
+    compiled: bool | None = Field(default=None, description="torch.compile'd model (--compile/--no-compile)")
+    moe_imbalance: float | None = Field(default=None, ge=1, description="busiest expert rank over the mean "
+                                                                        "(--moe-imbalance)")
+    batch: Batch = Batch()
+    budget: Budget = Budget()
+    outside: Outside = Outside()
+    price_usd_per_gpu_hour: float | None = Field(default=None, gt=0, description="USD per GPU-hour (--price)")
+    headroom: float | None = Field(default=None, ge=0, lt=1, description="share of usable memory left free "
+                                                                         "(--headroom)")
+    calibration: str | None = Field(default=None, description="a calibration file (--calibration)")
+    measured: Measured = Measured()
+    plan: Plan = Plan()
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> RunConfig:
+        given = [k for k, v in self.budget.model_dump().items() if v is not None]
+        if len(given) > 1:
+            raise ValueError(f"budget: give at most one of steps, tokens, param_data_ratio (got {', '.join(given)})")
+        return self
+
+
+# field path in the file -> the command's parameter (its flag: the name with - for _)
+FLAGS: dict[tuple[str, ...], str] = {
+    ("model",): "model", ("hardware",): "hardware", ("gpus",): "gpus",
+    **{("layout", k): k for k in Layout.model_fields},
+    **{("precision", k): k for k in Precision.model_fields},
+    ("recompute",): "recompute", ("attention",): "attention", ("window",): "window", ("seq_len",): "seq_len",
+    ("compiled",): "compiled", ("moe_imbalance",): "moe_imbalance",
+    ("batch", "device"): "device_batch_size", ("batch", "total_tokens"): "total_batch_size",
+    **{("budget", k): k for k in Budget.model_fields},
+    ("outside", "startup_min"): "startup_min", ("outside", "eval_every"): "eval_every",
+    ("outside", "eval_tokens"): "eval_tokens", ("outside", "checkpoint_every"): "checkpoint_every",
+    ("outside", "interruptions_per_gpu_hour"): "interruptions", ("outside", "restart_min"): "restart_min",
+    ("price_usd_per_gpu_hour",): "price", ("headroom",): "headroom", ("calibration",): "calibration",
+    ("measured", "step_time_s"): "measured_step_time", ("measured", "gpus"): "measured_gpus",
+    ("measured", "tp"): "measured_tp", ("measured", "pp"): "measured_pp",
+    ("measured", "attention"): "measured_attention", ("measured", "window"): "measured_window",
+    ("measured", "fit"): "fit", ("measured", "peak_gib"): "measured_peak",
+    ("plan", "objective"): "objective", ("plan", "deadline_h"): "deadline", ("plan", "budget_usd"): "budget",
+    ("plan", "top"): "top",
+}
+# the parameters each command takes as a comma-separated list (one row each, or a search's choices); every other
+# parameter takes one value, and a list in the file for it is an error unless its flag is given
+LIST_PARAMS = {"table": frozenset({"gpus", "tp", "pp", "vp", "cp", "ep", "zero", "device_batch_size", "recompute",
+                                   "attention", "window"}),
+               "memory": frozenset({"zero"}),
+               "plan": frozenset({"gpus", "ep", "cp", "hardware"})}
+SECTIONS = {"layout": Layout, "precision": Precision, "batch": Batch, "budget": Budget, "outside": Outside,
+            "measured": Measured, "plan": Plan}
+
+
+def field_paths() -> list[tuple[str, ...]]:
+    """Every leaf field of RunConfig, as a path (kind and version excepted)."""
+    out = []
+    for name in RunConfig.model_fields:
+        if name in ("kind", "version"):
+            continue
+        out += [(name, k) for k in SECTIONS[name].model_fields] if name in SECTIONS else [(name,)]
+    return out
+
+
+def _get(config: RunConfig, path: tuple[str, ...]) -> Any:
+    node: Any = config
+    for part in path:
+        node = getattr(node, part)
+    return node
+
+
+def as_flag_value(value: Any) -> Any:
+    """A field's value as its flag takes it: a list joined with commas, anything else as is."""
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return value
+
+
+def defaults_for(config: RunConfig, params: dict[str, bool], source: str
+                 ) -> tuple[dict[str, Any], dict[str, tuple[str, str, list]]]:
+    """(the command's parameter defaults the file states, as click's default_map: each stated field under its
+    parameter's name, for the parameters this command has; the lists of several values given for a parameter of
+    one value, by name: (file, field, values), an error unless the flag is given). params: name -> whether it
+    takes one value (memory's --gpus) rather than a comma-separated list (table's)."""
+    out: dict[str, Any] = {}
+    lists: dict[str, tuple[str, str, list]] = {}
+    for path, name in FLAGS.items():
+        value = _get(config, path)
+        if value is None or name not in params:
+            continue
+        if params[name] and isinstance(value, list):
+            if len(value) != 1:
+                lists[name] = (source, ".".join(path), value)
+                continue
+            value = value[0]
+        out[name] = as_flag_value(value)
+    return out, lists
+
+
+def from_params(params: dict[str, Any], stated: set[str]) -> RunConfig:
+    """The run configuration of a command line: each parameter in `stated` (given on the command line or by a
+    file) under its field; lists written as lists."""
+    data: dict[str, Any] = {"kind": "run", "version": 1}
+    for path, name in FLAGS.items():
+        if name not in stated or params.get(name) is None:
+            continue
+        value = params[name]
+        value = getattr(value, "value", value)  # an Enum choice
+        if isinstance(value, str) and "," in value:
+            items = [v.strip() for v in value.split(",")]
+            value = [int(v) if v.isdigit() else v for v in items]
+        node = data
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+    return RunConfig.model_validate(data)
+
+
+def to_yaml(config: RunConfig) -> str:
+    """The configuration as a file: the stated fields only, in the schema's order."""
+    import yaml
+
+    data = config.model_dump(mode="json", exclude_none=True, exclude_defaults=False)
+    data = {k: v for k, v in data.items() if v != {}}
+    return ("# a ddplan run configuration: `ddplan table --config FILE` (or memory, plan) prices it; a flag given\n"
+            "# with it wins over its field. Fields: ddplan/runconfig.py\n" + yaml.safe_dump(data, sort_keys=False, default_flow_style=None))

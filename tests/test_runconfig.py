@@ -1,0 +1,104 @@
+"""The run configuration (ddplan/runconfig.py): `table`, `memory` and `plan --config FILE` price what the flags
+price, a flag given wins over the file's field, `--print-config` writes a command line as a file that prices the
+same, and every field is one flag of a command (and every pricing flag a field)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import typer
+import yaml
+
+from cli_helpers import fails, run, run_ok
+
+from ddplan import cli, runconfig
+
+ROOT = Path(__file__).resolve().parent.parent
+SEED = ROOT / "examples" / "seed-d24-mi300x.yaml"
+# README, "Reproducing the MI300X note"
+SEED_FLAGS = ["--model", "d24", "--gpus", "1,8", "--total-batch-size", "524288", "--device-batch-size", "32",
+              "--steps", "29000", "--price", "2", "--measured-step-time", "7.7", "--measured-window", "L",
+              "--window", "L,SSSL", "--eval-every", "0", "--startup-min", "0"]
+# flags that say how to show the result, not what run is priced
+NOT_RUN = {"config", "print_config", "format", "wide", "plot"}
+
+
+def test_the_seed_file_prices_the_readme_command(capsys):
+    by_file = run_ok(capsys, ["table", "--config", str(SEED), "--format", "csv"])
+    by_flags = run_ok(capsys, ["table", *SEED_FLAGS, "--format", "csv"])
+    assert by_file == by_flags
+    measured = [line for line in by_file.splitlines() if ",measured," in line]
+    assert len(measured) == 1 and '"1x mi300x, sdpa-fused, L"' in measured[0] and ",7.7," in measured[0]
+
+
+def test_a_flag_wins_over_the_file(capsys):
+    import csv
+    import io
+
+    from cli_helpers import data_lines
+
+    out = run_ok(capsys, ["table", "--config", str(SEED), "--gpus", "1,8,64", "--window", "L", "--format", "csv"])
+    rows = list(csv.DictReader(io.StringIO(data_lines(out))))
+    assert {r["gpus"] for r in rows} == {"1", "8", "64"} and {r["window"] for r in rows} == {"L"}
+
+
+@pytest.mark.parametrize("argv", [
+    ["table", *SEED_FLAGS],
+    ["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8,16", "--tp", "1,2", "--zero", "1,3",
+     "--recompute", "none,selective", "--seq-len", "4096", "--sequence-parallel", "--fp8", "--tokens", "1e9"],
+    ["memory", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--zero", "0,1,2,3", "--window", "L",
+     "--measured-peak", "60"],
+    ["plan", "-m", "d26", "--hardware", "mi300x,h100-sxm", "--gpus", "8-16", "--budget", "500", "--objective", "cost",
+     "--top", "3"],
+], ids=["seed", "llama-table", "memory", "plan"])
+def test_print_config_writes_a_file_that_prices_the_same(capsys, tmp_path, argv):
+    text = run_ok(capsys, [*argv, "--print-config"])
+    config = runconfig.RunConfig.model_validate(yaml.safe_load(text))  # a valid run file
+    assert config.kind == "run"
+    path = tmp_path / "run.yaml"
+    path.write_text(text, encoding="utf-8")
+    by_file = run_ok(capsys, [argv[0], "--config", str(path), "--format", "csv"])
+    by_flags = run_ok(capsys, [*argv, "--format", "csv"])
+    assert by_file == by_flags
+    # and the file of the file is the file
+    assert run_ok(capsys, [argv[0], "--config", str(path), "--print-config"]) == text
+
+
+def test_a_list_for_a_single_value_flag_is_said_unless_the_flag_is_given(capsys):
+    _, err = fails(capsys, ["memory", "--config", str(SEED)])
+    assert "gpus: `ddplan memory` prices one value; the file lists 2: [1, 8]" in err and "--gpus" in err
+    _, err = fails(capsys, ["memory", "--config", str(SEED), "--gpus", "8"])
+    assert "window" in err  # the next list: window [L, SSSL]
+    run_ok(capsys, ["memory", "--config", str(SEED), "--gpus", "8", "--window", "L"])
+
+
+@pytest.mark.parametrize("text, words", [
+    ("kind: run\nmodel: d24\nlayout: {tpp: 2}\n", "layout.tpp: unknown key; did you mean 'tp'?"),
+    ("kind: run\nbudget: {steps: 10, tokens: 1e9}\n", "at most one of steps, tokens, param_data_ratio"),
+    ("kind: run\ngpus: true\n", "gpus"),
+    ("kind: run\nheadroom: 1.5\n", "headroom"),
+    ("kind: model\nname: x\n", "this is a model file (kind: model), where a run spec (kind: run) is expected"),
+])
+def test_a_bad_run_file_is_one_line(capsys, tmp_path, text, words):
+    path = tmp_path / "run.yaml"
+    path.write_text(text, encoding="utf-8")
+    code, err = fails(capsys, ["table", "--config", str(path)])
+    assert code == 1 and err.startswith(f"error: {path}: ") and words in err
+
+
+def test_a_missing_run_file_is_one_line(capsys, tmp_path):
+    _, err = fails(capsys, ["plan", "--config", str(tmp_path / "nope.yaml")])
+    assert err.startswith("error: --config: no such file")
+
+
+def test_every_field_is_a_flag_and_every_pricing_flag_a_field():
+    """Adding a field adds its flag (FLAGS), and a new flag of table, memory or plan needs its field."""
+    group = typer.main.get_command(cli.app)
+    params = {name: {p.name for p in group.commands[name].params} for name in ("table", "memory", "plan")}
+    every = set().union(*params.values())
+    assert set(runconfig.FLAGS) == set(runconfig.field_paths())  # every leaf of the schema has its flag
+    assert not [name for name in runconfig.FLAGS.values() if name not in every]  # and the flag exists
+    for command, names in params.items():
+        assert names - NOT_RUN - set(runconfig.FLAGS.values()) == set(), command
+        assert runconfig.LIST_PARAMS[command] <= names
