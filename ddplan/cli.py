@@ -35,6 +35,20 @@ Examples:
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+def _version(value: bool) -> None:
+    if value:
+        from ddplan import __version__
+
+        print(f"ddplan {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _app(version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
+                                      help="Print ddplan's version and exit.")) -> None:
+    """Plan distributed training of language models: time, cost, memory, and what to fix first."""
+
+
 specs_app = typer.Typer(help="""The built-in hardware and model specs (any spec can also be a YAML path).
 
 \b
@@ -264,7 +278,8 @@ def specs_list(wide: bool = WideOpt) -> None:
 
 @specs_app.command("show")
 def specs_show(
-    name: str = typer.Argument(..., help="A built-in name or alias (mi300x, d24, nanochat-d24, gpt2) or a YAML path."),
+    name: str = typer.Argument(..., help="A built-in name or alias (mi300x, d24, nanochat-d24, gpt2), a YAML path, "
+                               "or a Hugging Face config.json (as --model takes them)."),
     format: SpecFormat = typer.Option(SpecFormat.text, "--format", help="text: the spec as YAML and derived "
                                       "figures; json: both as one JSON object."),
 ) -> None:
@@ -425,7 +440,7 @@ def memory_cmd(
                 moved.append("--zero")
             if moved:  # a peak says nothing of another shape
                 peak_note = (f"The calibration's measured peak ({m.peak_memory_gb:g} GB) is for the shape its step ran "
-                             f"({m.gpus} GPU(s), micro-batch {m.device_batch_size}, ZeRO-{m.zero if m.zero is not None else 'native'}); "
+                             f"({verdicts.gpus_word(m.gpus)}, micro-batch {m.device_batch_size}, ZeRO-{m.zero if m.zero is not None else 'native'}); "
                              f"{', '.join(moved).replace('--compiled', '--compile')} moved away from it, so it is not compared.")
             else:
                 measured_peak, measured_zero = m.peak_memory_gb, m.zero
@@ -1060,7 +1075,9 @@ def plan_cmd(
     if format is Format.json:
         import json
 
-        render.echo(json.dumps({"rows": data[:top], "pareto": render.plan_data(result.pareto),
+        render.echo(json.dumps({"objective": objective.value, "deadline_h": deadline, "budget_usd": budget,
+                                "limits_met": not result.missed, "ranked_by": result.ranked_by,
+                                "rows": data[:top], "pareto": render.plan_data(result.pareto),
                                 "reasons": why, "warnings": warnings, "considered": result.considered,
                                 "rejected": result.rejected, "provenance": prov}, indent=2, default=str))
     elif format is Format.csv:  # data: every kept layout, ranked (--top limits the human formats)
@@ -1084,6 +1101,11 @@ def plan_cmd(
 
         plot_scenarios(best_per_family(data), plot, title=f"{spec.name}: best layout per family\n{prov_line(prov)}",
                        best="cost_usd" if objective.value == "cost" else "wall_clock_h")
+    missed = words.missed_limit(result)
+    if missed:  # the ranking is printed (the closest first); the exit code says no layout meets the limit
+        flags = "/".join(f"--{what}" for what, _ in result.missed)
+        print(f"error: {flags}: {missed}", file=sys.stderr)
+        return 1
 
 
 @app.command("validate", short_help="How far to trust ddplan: published runs, priced.")
@@ -1300,6 +1322,24 @@ def _check_pattern(pattern: str | None, flag: str = "--window-pattern") -> None:
         raise UsageError(f"window pattern must be letters S and L only (e.g. L, SSSL), got {pattern!r}", field=flag)
 
 
+def _click_words(message: str) -> str:
+    """click's usage error in ddplan's form: "Invalid value for '--fit': Value error, 'x' is not one of ..." ->
+    "--fit: 'x' is not one of ...", on one line."""
+    import re
+
+    text = " ".join(message.split())
+    found = re.match(r"Invalid value for '(-[^']+)'(?: / '[^']+')*: (.*)", text)
+    if found:
+        text = f"{found.group(1)}: {found.group(2)}"
+    for python, words in (("Input should be a valid number, unable to parse string as a number", "must be a number"),
+                          ("Input should be a valid integer, unable to parse string as an integer",
+                           "must be a whole number"),
+                          ("Input should be a valid integer", "must be a whole number"),
+                          ("Input should be a valid number", "must be a number"), ("Value error, ", "")):
+        text = text.replace(python, words)
+    return text
+
+
 def _empty_value(args: list[str]) -> str | None:
     """The flag (or argument) given an empty value (`--window ''`, `--ep=`), if any: no flag of ddplan takes an
     empty string, and reading one as "not given" would silently price the default."""
@@ -1366,7 +1406,7 @@ def main(argv: list[str] | None = None) -> int:
             print(e.ctx.get_help() if getattr(e, "ctx", None) is not None else e.format_message())
             return 0
         if hasattr(e, "format_message") and hasattr(e, "exit_code"):
-            print("error: " + " ".join(e.format_message().split()), file=sys.stderr)
+            print("error: " + _click_words(e.format_message()), file=sys.stderr)
             return int(e.exit_code)
         if type(e).__name__ == "Abort":
             print("error: aborted", file=sys.stderr)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ddplan import flops, params, registry, run, units
 from ddplan.errors import SpecError
+from ddplan.hf import config_path
 from ddplan.specs import HardwareSpec, ModelSpec, nanochat_depth
 
 Derived = list[tuple[str, float | int | str, str, str]]  # (figure, value, unit, where it comes from)
@@ -35,7 +36,10 @@ def list_rows() -> list[dict[str, str]]:
 
 
 def load_any(name: str) -> HardwareSpec | ModelSpec:
-    """A spec of either kind by name or path (a path's `kind:` key decides)."""
+    """A spec of either kind by name or path (a path's `kind:` key decides); a Hugging Face config.json, or a
+    folder holding one, is a model, as `--model` reads it (ddplan.hf)."""
+    if config_path(name) is not None:
+        return registry.load_model(name)
     if name.endswith((".yaml", ".yml")) or "/" in name:
         path = Path(name)
         if not path.exists():

@@ -239,9 +239,7 @@ LOW_MFU_PCT = 10.0  # assumed: published pre-training runs report 20-60% MFU; a 
 
 
 def plan_warnings(result) -> list[str]:
-    words = {"deadline": "no layout finishes within {:g} h; ranked by time instead",
-             "budget": "no layout costs at most ${:,.0f}; ranked by cost instead"}
-    out = [words[k].format(v) for k, v in result.missed]
+    out = []  # a missed deadline or budget is the command's error (missed_limit), not a warning
     if result.rows and result.rows[0]["mfu_pct"] < LOW_MFU_PCT:
         top = result.rows[0]
         out.append(f"the choice ({top['gpus']:,} GPUs) runs at MFU {top['mfu_pct']:.1f}%, far below the "
@@ -258,4 +256,39 @@ def plan_title(spec: ModelSpec, result, top: int, headroom: float, objective: st
     return (f"{spec.name}: best {min(top, len(result.rows))} of {len(result.rows):,} layouts that fit "
             f"({result.considered:,} considered; rejected: {rej['memory']:,} memory (> {100 * (1 - headroom):.0f}% "
             f"of usable), {rej['divisibility']:,} divisibility, {rej['dominated']:,} dominated by less recompute), "
-            f"by {objective}")
+            f"{ranking_words(result)}")
+
+
+RANKED = {"wall_clock_h": "by time", "cost_usd": "by cost"}
+
+
+def ranking_words(result) -> str:
+    """How the rows are ranked, with the limits asked and whether they were met: 'by time', 'by time within the
+    $500 budget', 'by cost (no layout meets the $10 budget)'."""
+    req, missed = result.request, dict(result.missed)
+    words = RANKED[getattr(result, "ranked_by", None) or _ranked_by(result)]
+    limits = []
+    if req.deadline_h is not None:
+        limits.append(f"the {req.deadline_h:g} h deadline")
+    if req.budget_usd is not None:
+        limits.append(f"the ${req.budget_usd:,.0f} budget")
+    if not limits:
+        return words
+    if missed:
+        return f"{words} (no layout meets {' and '.join(limits)})"
+    return f"{words} within {' and '.join(limits)}"
+
+
+def missed_limit(result) -> str | None:
+    """When no layout meets the deadline or budget: how far the closest one is from it (one sentence)."""
+    if not result.missed or not result.rows:
+        return None
+    top, parts = result.rows[0], []
+    for what, limit in result.missed:
+        if what == "budget":
+            parts.append(f"no layout costs at most ${limit:,.0f}: the closest, {describe(top)}, costs "
+                         f"${top['cost_usd']:,.0f} ({top['cost_usd'] / limit:.1f}x the budget)")
+        else:
+            parts.append(f"no layout finishes within {limit:g} h: the closest, {describe(top)}, takes "
+                         f"{top['wall_clock_h']:,.1f} h ({top['wall_clock_h'] / limit:.1f}x the deadline)")
+    return "; ".join(parts)

@@ -22,6 +22,11 @@ DISTRIBUTION_NAMES = {"sharded_optimizer": "nanochat's sharded optimizer (ZeRO-1
 # ddplan table
 
 
+def gpus_word(n: int) -> str:
+    """'1 GPU', '8 GPUs', '1,024 GPUs'."""
+    return f"{n:,} GPU" + ("" if n == 1 else "s")
+
+
 def config_label(p: PricedLayout, native_zero: int | None = None) -> str:
     """A row's name: GPUs and hardware, any model parallelism, ZeRO if not the model's native stage,
     recompute if any, then attention and window."""
@@ -209,8 +214,8 @@ def table_notes(table) -> list[str]:
             out.append(f"the measurement used total batch {v['measured_tokens']:,}, the table {v['table_tokens']:,}: "
                        f"rows are derived at the table's batch")
         elif n.kind == "per_node":
-            out.append(f"the price ({v['provider']}) bills whole {v['gpus_per_node']}-GPU nodes: rows with "
-                       f"{v['gpus']} GPU(s) pay for full nodes; give --price for a per-GPU offer")
+            out.append(f"the price ({v['provider']}) bills whole {v['gpus_per_node']}-GPU nodes: rows on part of a node "
+                       f"(GPU counts {v['gpus']}) pay for full nodes; give --price for a per-GPU offer")
         elif n.kind == "unfitted":
             out.append(f"the calibration's measured step is not fitted ({v['reason']}): rows use its "
                        f"micro-benchmarks alone")
@@ -307,7 +312,7 @@ def table_verdict(table) -> list[str]:
     bk = v.best_kernel
     if bk is not None and bk.wall_clock_h < 0.95 * base.wall_clock_h:
         gain = 1 - bk.wall_clock_h / base.wall_clock_h
-        out.append(f"Fix the kernel first: {bk.layout.attention} with window {bk.window} on the same {g0} GPU(s) "
+        out.append(f"Fix the kernel first: {bk.layout.attention} with window {bk.window} on the same {gpus_word(g0)} "
                    f"cuts wall-clock by {100 * gain:.0f}% ({_hours(bk.wall_clock_h)}) and cost by the same share "
                    f"(${bk.cost_usd:,.0f}): per-FLOP efficiency is a kernel problem that more GPUs cannot fix.")
     elif v.kernel_choices > 1:
@@ -318,8 +323,10 @@ def table_verdict(table) -> list[str]:
         r = v.more_gpus
         out.append(f"Then add GPUs: {label(r)} runs {base.wall_clock_h / r.wall_clock_h:.1f}x faster "
                    f"({_hours(r.wall_clock_h)}) for {r.cost_usd / base.cost_usd:.2f}x the cost: data parallelism "
-                   f"removes the serial accumulation ({base.layout.grad_accum} -> {r.layout.grad_accum} micro-batches) "
-                   f"but multiplies whatever per-GPU efficiency you have (exposed communication "
+                   + (f"removes the serial accumulation ({base.layout.grad_accum} -> {r.layout.grad_accum} "
+                      f"micro-batches) but " if base.layout.grad_accum != r.layout.grad_accum else
+                      "keeps the micro-batches a GPU runs in turn and ")
+                   + f"multiplies whatever per-GPU efficiency you have (exposed communication "
                    f"{1000 * (r.step.dp_comm_exposed_s + r.step.tp_comm_s + r.step.cp_comm_s + r.step.ep_comm_s):.0f} "
                    f"ms/step"
                    + (f", pipeline bubble {1000 * r.step.bubble_s:.0f} ms/step)." if r.step.bubble_s else ")."))
@@ -456,7 +463,7 @@ def table_assumptions(table) -> list[str]:
     if fit is not None:
         m, lay = fit.measurement, fit.layout
         shape = f"dp {lay.dp}" + (f" x tp {lay.tp}" if lay.tp > 1 else "") + (f" x pp {lay.pp}" if lay.pp > 1 else "")
-        out.append(f"Measured: {m.step_time_s:g} s/step on {m.gpus} GPU(s) ({shape}), {m.attention}, window "
+        out.append(f"Measured: {m.step_time_s:g} s/step on {gpus_word(m.gpus)} ({shape}), {m.attention}, window "
                    f"{fit.window}, device batch {m.device_batch_size} x {lay.grad_accum} micro-batches, "
                    f"{m.total_batch_tokens:,} tokens/step ({m.source}). Fitted knob: {fit.knob} efficiency "
                    f"x{fit.factors['value']:.3f} (x{min(fit.factors.values()):.3f}-x{max(fit.factors.values()):.3f} "
@@ -538,7 +545,7 @@ def memory_title(spec: ModelSpec, hw: HardwareSpec, setup) -> str:
 
 def from_log_line(m, out: str) -> str:
     """What `calibrate --from-log` read from a training log."""
-    return (f"{m.step_time_s:.4g} s/step (median over the logged steps after step 10), {m.gpus} GPU(s), "
+    return (f"{m.step_time_s:.4g} s/step (median over the logged steps after step 10), {gpus_word(m.gpus)}, "
             f"{m.total_batch_tokens:,} tokens/step -> {out}")
 
 

@@ -130,29 +130,48 @@ def test_deadline_keeps_rows_within_it_ranked_by_cost(capsys, d24_rows):
     assert f(rows[0], "cost_usd") <= cheapest * (1 + TIE)
 
 
-def test_deadline_below_every_layout_warns_and_still_ranks(capsys, d24_rows):
+def test_deadline_below_every_layout_fails_and_still_ranks(capsys, d24_rows):
+    """Issue 38: a deadline nothing meets is exit 1 with one error line saying how far the closest is; the ranking
+    (by time, the closest first) is still printed, and its title says the deadline was missed."""
     fastest = min(f(r, "wall_clock_h") for r in d24_rows)
     deadline = fastest / 10
     code, out, err = run(capsys, [*D24_MI300X, "--deadline", repr(deadline), "--format", "markdown"])
-    assert code == 0
-    assert f"no layout finishes within {deadline:g} h; ranked by time instead" in out + err
+    assert code == 1
+    (line,) = [x for x in err.splitlines() if x.startswith("error: ")]
+    assert line.startswith(f"error: --deadline: no layout finishes within {deadline:g} h: the closest, 8x mi300x")
+    assert "x the deadline)" in line
+    assert f"by time (no layout meets the {deadline:g} h deadline)" in out
     assert "- Choice: 8x mi300x, dp 8, ZeRO-1 (native)" in out
     code, out, err = run(capsys, [*D24_MI300X, "--deadline", repr(deadline), "--format", "csv"])
-    assert code == 0 and err.startswith("warning: no layout finishes")  # data on stdout, the warning on stderr
+    assert code == 1 and err.startswith("error: --deadline: no layout finishes")  # data on stdout, the error below
     rows = csv_rows(out)
     assert len(rows) == len(d24_rows)
     assert f(rows[0], "wall_clock_h") <= fastest * (1 + TIE)
 
 
-def test_budget_below_every_layout_warns_and_ranks_by_cost(capsys, d24_rows):
+def test_budget_below_every_layout_fails_and_ranks_by_cost(capsys, d24_rows):
+    """`plan --budget 1`: exit 1, the budget in the title and the JSON, and how far over the cheapest layout is."""
+    import json
+
     code, out, err = run(capsys, [*D24_MI300X, "--budget", "1", "--format", "markdown"])
-    assert code == 0
-    assert "no layout costs at most $1; ranked by cost instead" in out + err
-    code, out, err = run(capsys, [*D24_MI300X, "--budget", "1", "--format", "csv"])
-    assert code == 0 and err.startswith("warning: no layout costs")
+    assert code == 1 and "by cost (no layout meets the $1 budget)" in out
+    assert "error: --budget: no layout costs at most $1: the closest, 8x mi300x" in err
+    code, out, err_csv = run(capsys, [*D24_MI300X, "--budget", "1", "--format", "csv"])
+    assert code == 1 and err_csv.startswith("error: --budget: no layout costs")
     rows = csv_rows(out)
+    closest = f(rows[0], "cost_usd")  # the first ranked: within 2% of the cheapest (TIE), the simplest
+    assert f"costs ${closest:,.0f} ({closest:.1f}x the budget)" in err
     assert len(rows) == len(d24_rows)
     assert f(rows[0], "cost_usd") <= min(f(r, "cost_usd") for r in rows) * (1 + TIE)
+    code, out, _ = run(capsys, [*D24_MI300X, "--budget", "1", "--format", "json"])
+    data = json.loads(out)
+    assert code == 1 and (data["budget_usd"], data["limits_met"], data["ranked_by"]) == (1.0, False, "cost_usd")
+    code, out, _ = run(capsys, [*D24_MI300X, "--budget", "100000", "--format", "json"])
+    data = json.loads(out)
+    assert code == 0 and (data["budget_usd"], data["limits_met"], data["ranked_by"]) == (100000.0, True,
+                                                                                         "wall_clock_h")
+    code, out, _ = run(capsys, [*D24_MI300X, "--budget", "100000", "--format", "markdown"])
+    assert "by time within the $100,000 budget" in out
 
 
 # --------------------------------------------------------------------------------------------
@@ -219,9 +238,9 @@ def test_total_batch_below_seq_len_is_a_usage_error(capsys):
     assert "--total-batch-size" in line
 
 
-def test_csv_deadline_warning_reaches_stderr(capsys):
+def test_csv_deadline_error_reaches_stderr(capsys):
     code, _, err = run(capsys, [*D24_MI300X, "--deadline", "0.1", "--format", "csv"])
-    assert code == 0
+    assert code == 1
     assert "no layout finishes within 0.1 h" in err
 
 

@@ -315,6 +315,20 @@ def test_a_runs_table_command_prices_it_as_validate_does(capsys, scored):
         assert float(row["step_s"]) == pytest.approx(by_id[r.id].predicted_s, rel=1e-12), r.id
 
 
+def test_a_runs_table_command_as_a_run_configuration_prices_the_same(capsys, tmp_path):
+    """Issue 34: each dataset run that `ddplan table` flags can state, written as a run configuration
+    (--print-config) and priced with --config, gives the same row as its flags."""
+    from ddplan.runs import table_command
+
+    commands = [c for c in (table_command(r) for r in load_runs().runs) if c is not None]
+    assert len(commands) >= 9
+    for i, argv in enumerate(commands):
+        path = tmp_path / f"run-{i}.yaml"
+        path.write_text(run_ok(capsys, argv + ["--print-config"]), encoding="utf-8")
+        assert run_ok(capsys, ["table", "--config", str(path), "--format", "csv"]) == run_ok(
+            capsys, argv + ["--format", "csv"]), argv
+
+
 def test_an_unstated_micro_batch_is_the_fastest_that_fits(tmp_path, capsys):
     """A run without `micro_batch` (the Megatron README states none) is priced at the fastest power-of-two
     micro-batch that fits (runs.fastest_fitting): 64 sequences over dp 8 are 8 a rank, so 1, 2, 4 and 8 are
