@@ -98,7 +98,15 @@ class Op:
 
 @dataclass(frozen=True)
 class Anatomy:
-    """The ops of one micro-batch for one configuration, plus what it needs to interpret them."""
+    """The ops of one micro-batch for one configuration, plus what it needs to interpret them.
+
+    The ops are kept as the blocks' distinct kinds, not one copy per layer: `pre` (before the blocks), each
+    distinct block's ops once (`blocks`, as built for the first layer that has it), which block each layer is
+    (`layer_blocks`), and `post` (after the blocks); `ops` spells them out in order, each layer's copy with its
+    own `h{i}.` names. Layers differ where the model makes them differ (window, MoE or dense MLP, value
+    embeddings, block 0 reading x0 itself: _block_kind); a share (for_tp, for_cp) transforms each distinct
+    block once, and the sums (op_repeats, saved_split, FLOPs) walk a block's ops once per kind, not per layer.
+    """
 
     model: str
     batch: int
@@ -107,7 +115,10 @@ class Anatomy:
     windows: WindowSupport
     recompute: Recompute
     compiled: bool
-    ops: tuple[Op, ...]
+    pre: tuple[Op, ...]  # embeddings, before the blocks
+    blocks: tuple[tuple[Op, ...], ...]  # each distinct block's ops, as built for the first layer that has it
+    layer_blocks: tuple[int, ...]  # layer i runs blocks[layer_blocks[i]] (first appearances in index order)
+    post: tuple[Op, ...]  # final norm, head and loss
     optimizer_ops: tuple[Op, ...] = field(default=())
     tp: int = 1  # the ops are one tensor-parallel rank's share
     sequence_parallel: bool = False  # with tp: norms, residual stream and saved inputs split over tp too
@@ -118,6 +129,15 @@ class Anatomy:
     @property
     def tokens(self) -> int:
         return self.batch * self.seq_len
+
+    @functools.cached_property
+    def ops(self) -> tuple[Op, ...]:
+        """Every op in order: pre, each layer's block (its own copy, named h{i}.), post; built once, cached."""
+        ops = list(self.pre)
+        for i, b in enumerate(self.layer_blocks):
+            ops.extend(_moved(self.blocks[b], i))
+        ops.extend(self.post)
+        return tuple(ops)
 
     def saved_tensors(self) -> dict[str, Saved]:
         """Unique tensors kept for backward under this recompute policy and compile mode (a tensor saved by
@@ -135,22 +155,53 @@ class Anatomy:
         """Bytes saved for backward by one micro-batch (activation memory at the end of forward)."""
         return sum(self.saved_split)
 
+    def _walk(self, value, where=None) -> list:
+        """value(op) for every op in order (those where `where(op)`), each distinct block's ops computed once:
+        a sum over it adds the same numbers in the same order as a sum over `ops`."""
+        def values(ops):
+            return [value(op) for op in ops if where is None or where(op)]
+        per_block = [values(b) for b in self.blocks]
+        out = values(self.pre)
+        for b in self.layer_blocks:
+            out.extend(per_block[b])
+        out.extend(values(self.post))
+        return out
+
+    @functools.cached_property
+    def _block_counts(self) -> tuple[tuple[int, int], ...]:
+        """(block index, layers that run it), blocks in order of first appearance."""
+        counts: dict[int, int] = {}
+        for b in self.layer_blocks:
+            counts[b] = counts.get(b, 0) + 1
+        return tuple(counts.items())
+
     @functools.cached_property
     def op_repeats(self) -> tuple[tuple[Op, int], ...]:
         """The ops with the blocks' repeats merged: (the first op of a kind, how many ops are like it), in
         order. Ops merge when they differ only in their block (layer index, the `h{i}.` name prefix) and
         what they save: their times, FLOPs and recompute are the same, so a sum over ops can walk these
-        (ddplan.roofline.op_times; a 32-layer model's ~430 ops are ~30 of them). Cached per anatomy."""
+        (ddplan.roofline.op_times; a 32-layer model's ~430 ops are ~30 of them). Cached per anatomy.
+        Walks each distinct block once with its count of layers: the same groups, counts, order and first ops
+        as walking `ops` (a kind first seen in the block that appears first, whose ops are its first layer's)."""
         groups: dict[tuple, list] = {}
-        for op in self.ops:
+
+        def add(op: Op, n: int) -> None:
             name = op.name if op.layer is None else op.name.removeprefix(f"h{op.layer}.")
             key = (name, op.layer is None, op.kind, op.shape, op.flops_fwd, op.flops_bwd, op.bytes_fwd,
                    op.bytes_bwd, op.recompute_flops_bwd, op.attention_core, op.recompute_skip, op.tp_done, op.wait,
                    op.calls)
             if key in groups:
-                groups[key][1] += 1
+                groups[key][1] += n
             else:
-                groups[key] = [op, 1]
+                groups[key] = [op, n]
+
+        for op in self.pre:
+            add(op, 1)
+        for b, n in self._block_counts:
+            for op in self.blocks[b]:
+                add(op, n)
+        for op in self.post:
+            add(op, 1)
         return tuple((op, n) for op, n in groups.values())
 
     @functools.cached_property
@@ -158,8 +209,13 @@ class Anatomy:
         """(bytes saved by block ops, bytes saved by embedding/head ops), each storage once; cached.
 
         A tensor counts as its last kept Saved's bytes (saved_tensors) and belongs to the blocks when the last
-        op that saves it (kept or not) is a block's."""
+        op that saves it (kept or not) is a block's. Summed per distinct block and multiplied by its layers
+        when every kept size is a whole number of bytes and the total is below 2^53 (then every partial sum
+        in any order is exact, so this is the walk's float to the bit); else the walk over every saved tensor."""
         keeps = _keep_table(self.recompute, self.compiled)
+        exact = self._saved_split_exact(keeps)
+        if exact is not None:
+            return exact
         rows, in_blocks = self._save_rows
         kept: dict[str, float] = {}
         for name, nbytes, tag, in_block in rows:
@@ -169,11 +225,99 @@ class Anatomy:
         return layers, sum(kept.values()) - layers
 
     @functools.cached_property
+    def _block_rows(self) -> tuple[tuple[tuple[str, float, str, bool], ...], ...]:
+        """Per distinct block, its saved tensors in order as (name, bytes, tag, own): own when the name is the
+        block's (`h{i}.` of its first layer, removed here), which no other layer saves; else the name as is
+        (shared by layers: x0, the attention masks)."""
+        out = []
+        for ops in self.blocks:
+            prefix = f"h{ops[0].layer}." if ops else ""
+            out.append(tuple((s.name.removeprefix(prefix), s.bytes, s.tag, s.name.startswith(prefix))
+                             for op in ops for s in op.saves))
+        return tuple(out)
+
+    def _saved_split_exact(self, keeps: dict) -> tuple[float, float] | None:
+        """saved_split in whole bytes (Python ints, exact), or None where a kept size is not a whole number of
+        bytes or the total reaches 2^53 (saved_split then walks every tensor)."""
+        outside = [(s.name, s.bytes, s.tag, False) for op in self.pre for s in op.saves]
+        after = [(s.name, s.bytes, s.tag, False) for op in self.post for s in op.saves]
+        layers = len(self.layer_blocks)
+        # a layer's own tensor that pre or post saves too (nanochat's backout keeps h{L/2+1}.x_in): that layer's
+        # rows of it join the walk over shared names below
+        also_outside: dict[int, set[str]] = {}
+        for name, *_ in (*outside, *after):
+            head, dot, rest = name.partition(".")
+            if dot and head[:1] == "h" and head[1:].isdigit() and int(head[1:]) < layers:
+                also_outside.setdefault(int(head[1:]), set()).add(rest)
+        # own tensors of each distinct block: the last kept size of each name (all in a block)
+        own_sum, own_count, own_last = [], [], []
+        for rows in self._block_rows:
+            last: dict[str, int | None] = {}
+            for name, nbytes, tag, own in rows:
+                if own:
+                    if keeps[tag, True]:
+                        if not (nbytes >= 0 and float(nbytes).is_integer()):
+                            return None
+                        last[name] = int(nbytes)
+                    else:
+                        last.setdefault(name, None)
+            sizes = [b for b in last.values() if b is not None]
+            own_sum.append(sum(sizes))
+            own_count.append(len(sizes))
+            own_last.append(last)
+        block_total, block_names = 0, 0
+        for b, n in self._block_counts:
+            block_total += n * own_sum[b]
+            block_names += n * own_count[b]
+        # shared names (and the own ones above) in order: last kept size, and whether the last save is a block's
+        kept: dict[str, float] = {}
+        in_blocks: dict[str, bool] = {}
+        shared_rows = [tuple(r for r in rows if not r[3]) for rows in self._block_rows]
+
+        def walk(name: str, nbytes: float, tag: str, in_block: bool) -> None:
+            in_blocks[name] = in_block
+            if keeps[tag, in_block]:
+                kept[name] = nbytes
+
+        for row in outside:
+            walk(*row)
+        for i, b in enumerate(self.layer_blocks):
+            if i in also_outside:
+                for name, nbytes, tag, own in self._block_rows[b]:
+                    if not own:
+                        walk(name, nbytes, tag, True)
+                    elif name in also_outside[i]:
+                        walk(f"h{i}.{name}", nbytes, tag, True)
+                for name in also_outside[i]:
+                    if own_last[b].get(name) is not None:
+                        block_total -= own_last[b][name]
+                        block_names -= 1
+            else:
+                for name, nbytes, tag, _ in shared_rows[b]:
+                    walk(name, nbytes, tag, True)
+        for row in after:
+            walk(*row)
+        for nbytes in kept.values():
+            if not (nbytes >= 0 and float(nbytes).is_integer()):
+                return None
+        in_layers = block_total + sum(int(b) for n, b in kept.items() if in_blocks[n])
+        total = in_layers + sum(int(b) for n, b in kept.items() if not in_blocks[n])
+        if total >= 2**53:
+            return None
+        # as the walk's sums: an int 0 when nothing is summed
+        layer_value = float(in_layers) if block_names or any(in_blocks[n] for n in kept) else 0
+        return layer_value, (float(total) if block_names or kept else 0) - layer_value
+
+    @functools.cached_property
     def _save_rows(self) -> tuple[tuple[tuple[str, float, str, bool], ...], dict[str, bool]]:
         """Every saved tensor of the ops in order as (name, bytes, tag, saved by a block op), and whether the
         last op saving each name is a block's: what saved_split reads under any policy (with_recompute keeps it)."""
-        rows = tuple((s.name, s.bytes, s.tag, op.layer is not None) for op in self.ops for s in op.saves)
-        return rows, {name: in_block for name, _, _, in_block in rows}
+        rows = [(s.name, s.bytes, s.tag, False) for op in self.pre for s in op.saves]
+        for i, b in enumerate(self.layer_blocks):
+            rows.extend((f"h{i}.{name}" if own else name, nbytes, tag, True)
+                        for name, nbytes, tag, own in self._block_rows[b])
+        rows.extend((s.name, s.bytes, s.tag, False) for op in self.post for s in op.saves)
+        return tuple(rows), {name: in_block for name, _, _, in_block in rows}
 
     def transient_bytes(self) -> float:
         """Largest working set of gradients during backward, on top of the saved tensors.
@@ -186,19 +330,19 @@ class Anatomy:
 
     @functools.cached_property
     def _transient(self) -> float:
-        return max((op.transient_bytes for op in self.ops), default=0.0)
+        return max((op.transient_bytes for ops in (self.pre, *self.blocks, self.post) for op in ops), default=0.0)
 
     def flops_fwd(self) -> float:
-        return sum(op.flops_fwd for op in self.ops)
+        return sum(self._walk(lambda op: op.flops_fwd))
 
     def flops_bwd(self) -> float:
         """Model FLOPs of backward (no recompute)."""
-        return sum(op.flops_bwd for op in self.ops)
+        return sum(self._walk(lambda op: op.flops_bwd))
 
     def recompute_flops(self) -> float:
         """FLOPs re-run in backward: the recompute policy's forward re-runs plus kernel-internal recompute."""
-        total = sum(op.recompute_flops_bwd for op in self.ops)
-        return total + sum(op.flops_fwd for op in self.ops if self.recomputes(op))
+        total = sum(self._walk(lambda op: op.recompute_flops_bwd))
+        return total + sum(self._walk(lambda op: op.flops_fwd, self.recomputes))
 
     def recomputes(self, op: Op) -> bool:
         """Whether the recompute policy re-runs this op's forward inside backward."""
@@ -208,14 +352,29 @@ class Anatomy:
         """FLOPs of GEMMs and attention only, forward + backward + recompute, excluding flash's internal
         recompute: what torch.utils.flop_counter.FlopCounterMode counts with the math attention backend."""
         total = 0.0
-        for op in self.ops:
-            if op.kind in ("gemm", "attention"):
-                total += op.flops_fwd + op.flops_bwd + (op.flops_fwd if self.recomputes(op) else 0.0)
+        for flops in self._walk(lambda op: op.flops_fwd + op.flops_bwd + (op.flops_fwd if self.recomputes(op) else 0.0),
+                                lambda op: op.kind in ("gemm", "attention")):
+            total += flops
         return total
 
 
+def _moved(ops: tuple[Op, ...], layer: int) -> tuple[Op, ...]:
+    """A block's ops as another layer's copy: its layer index and the `h{i}.` names of the ops and of what they
+    save (names without that prefix, shared by layers, stay)."""
+    if not ops or ops[0].layer == layer:
+        return ops
+    old, new = f"h{ops[0].layer}.", f"h{layer}."
+
+    def name(n: str) -> str:
+        return new + n[len(old):] if n.startswith(old) else n
+
+    return tuple(_with(op, name=name(op.name), layer=layer,
+                       saves=tuple(_with(s, name=name(s.name)) if s.name.startswith(old) else s for s in op.saves))
+                 for op in ops)
+
+
 # what an anatomy caches from its ops alone, the same under every recompute policy
-_OPS_ONLY_CACHES = ("op_repeats", "_transient", "_save_rows")
+_OPS_ONLY_CACHES = ("ops", "op_repeats", "_transient", "_save_rows", "_block_rows", "_block_counts")
 
 
 def with_recompute(anatomy: Anatomy, recompute: Recompute) -> Anatomy:
@@ -383,13 +542,35 @@ def build_anatomy(spec: ModelSpec, *, batch: int, seq_len: int | None = None,
             update={"window_pattern": window_pattern})})
     bld = _Builder(spec, batch, s, ep, expert_rows)
     _embeddings(bld)
+    pre, bld.ops = tuple(bld.ops), []
+    blocks: list[tuple[Op, ...]] = []
+    index: dict[tuple, int] = {}  # a block's kind -> its index in blocks
+    layer_blocks = []
+    value_layers = frozenset(spec.architecture.value_embedding_layers())
     for i, window in enumerate(spec.architecture.windows(s)):
-        _block(bld, i, window, attention, windows)
+        kind = _block_kind(spec.architecture, i, window, value_layers)
+        if kind not in index:  # the first layer of its kind is built; the later ones are its copies (Anatomy.ops)
+            _block(bld, i, window, attention, windows)
+            index[kind] = len(blocks)
+            blocks.append(tuple(bld.ops))
+            bld.ops = []
+        layer_blocks.append(index[kind])
     _head(bld)
-    ops = tuple(bld.ops) if tp == 1 else tuple(_tp_share(op, tp) for op in bld.ops)
+    post = tuple(bld.ops)
+    if tp > 1:
+        pre, post = (tuple(_tp_share(op, tp) for op in ops) for ops in (pre, post))
+        blocks = [tuple(_tp_share(op, tp) for op in ops) for ops in blocks]
     return Anatomy(model=spec.name, batch=batch, seq_len=s, attention=attention, windows=windows,
-                   recompute=recompute, compiled=compiled, ops=ops, optimizer_ops=tuple(optimizer_ops(spec)), tp=tp,
+                   recompute=recompute, compiled=compiled, pre=pre, blocks=tuple(blocks),
+                   layer_blocks=tuple(layer_blocks), post=post, optimizer_ops=tuple(optimizer_ops(spec)), tp=tp,
                    ep=ep, expert_rows=expert_rows)
+
+
+def _block_kind(a, i: int, window: int, value_layers: frozenset[int]) -> tuple:
+    """What makes block i's ops differ from another block's, besides its index and `h{i}.` names (what _block
+    reads of i): its attention window, block 0 reading x0 as its input (nanochat's per-layer scalars), a value
+    embedding, a mixture-of-experts MLP. Blocks of one kind are one block's copies (Anatomy.ops)."""
+    return (window, i == 0 and bool(a.scalars_per_layer), i in value_layers, a.is_moe_layer(i))
 
 
 # expert MLPs split over tp as the dense MLP is (Megatron-Core's expert tensor parallelism = tp)
@@ -446,9 +627,13 @@ def for_tp(base: Anatomy, tp: int, sequence_parallel: bool = False) -> Anatomy:
         raise ValueError(f"need a tp=1 anatomy, got tp={base.tp}")
     if tp == 1:
         return base
-    ops = tuple(_sp_share(op, tp) if sequence_parallel and (op.layer is not None or op.name == "norm_f")
-                else _tp_share(op, tp) for op in base.ops)
-    return _with(base, ops=ops, tp=tp, sequence_parallel=sequence_parallel)
+    def share(ops: tuple[Op, ...]) -> tuple[Op, ...]:
+        return tuple(_sp_share(op, tp) if sequence_parallel and (op.layer is not None or op.name == "norm_f")
+                     else _tp_share(op, tp) for op in ops)
+
+    # each distinct block once: a share reads an op's kind and the end of its name, the same in every layer
+    return _with(base, pre=share(base.pre), blocks=tuple(share(b) for b in base.blocks), post=share(base.post), tp=tp,
+                 sequence_parallel=sequence_parallel)
 
 
 def for_cp(full: Anatomy, short: Anatomy, cp: int) -> Anatomy:
@@ -468,9 +653,22 @@ def for_cp(full: Anatomy, short: Anatomy, cp: int) -> Anatomy:
         return full
     if short.seq_len * cp != full.seq_len or (short.tp, short.sequence_parallel) != (full.tp, full.sequence_parallel):
         raise ValueError(f"need the same tp share at s and s / cp; got s {full.seq_len}, {short.seq_len} with cp {cp}")
-    core = {op.name: op for op in full.ops if op.attention_core}
-    ops = tuple(_cp_core(core[op.name], cp, short.seq_len) if op.attention_core else op for op in short.ops)
-    return _with(short, ops=ops, cp=cp)
+    def share(ops: tuple[Op, ...], full_ops: tuple[Op, ...]) -> tuple[Op, ...]:
+        core = {op.name: op for op in full_ops if op.attention_core}
+        return tuple(_cp_core(core[op.name], cp, short.seq_len) if op.attention_core else op for op in ops)
+
+    # a layer's block is its pair (short block, full block): the windows at s / cp can merge kinds that differ at s
+    blocks: list[tuple[Op, ...]] = []
+    index: dict[tuple[int, int], int] = {}
+    layer_blocks = []
+    for i, pair in enumerate(zip(short.layer_blocks, full.layer_blocks)):
+        if pair not in index:
+            index[pair] = len(blocks)
+            blocks.append(share(_moved(short.blocks[pair[0]], i), _moved(full.blocks[pair[1]], i)))
+        layer_blocks.append(index[pair])
+    edges = (*full.pre, *full.post)
+    return _with(short, pre=share(short.pre, edges), blocks=tuple(blocks), layer_blocks=tuple(layer_blocks),
+                 post=share(short.post, edges), cp=cp)
 
 
 def _cp_core(op: Op, cp: int, seq: int) -> Op:

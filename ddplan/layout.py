@@ -55,10 +55,11 @@ class Layout:
     offload_optimizer: bool = False  # ZeRO >= 1: optimizer states on the host, Adam on the CPU (ZeRO-Offload)
 
     def __post_init__(self) -> None:
-        bad = {k: getattr(self, k) for k in ("dp", "tp", "pp", "cp", "ep", "micro_batch", "grad_accum",
-                                             "pp_virtual_stages")
-               if getattr(self, k) < 1}
-        if bad:
+        if (self.dp < 1 or self.tp < 1 or self.pp < 1 or self.cp < 1 or self.ep < 1 or self.micro_batch < 1
+                or self.grad_accum < 1 or self.pp_virtual_stages < 1):  # a search makes ~35,000: the named test below
+            bad = {k: getattr(self, k) for k in ("dp", "tp", "pp", "cp", "ep", "micro_batch", "grad_accum",
+                                                 "pp_virtual_stages")
+                   if getattr(self, k) < 1}
             raise LayoutError("must be >= 1: " + ", ".join(f"{k}={v}" for k, v in bad.items()))
         if self.zero not in ZERO_STAGES:
             raise LayoutError(f"zero stage must be one of {ZERO_STAGES}, got {self.zero}")

@@ -71,7 +71,9 @@ def param_counts(arch: Architecture) -> dict[str, int]:
         "wpe": arch.max_seq_len * arch.d_model if arch.position == "learned" else 0,
         "value_embeddings": ve_layers * arch.vocab_size * kv_width,
         "lm_head": 0 if arch.tied_embeddings else arch.vocab_size * arch.d_model,
-        "block_matrices": sum(block_matrix_params_per_layer(arch, i) for i in range(arch.num_layers)),
+        # the dense blocks (all of them, or a mixture of experts' first dense_layers), then the MoE blocks
+        "block_matrices": ((arch.num_layers - arch.moe_layers) * block_matrix_params_per_layer(arch, 0)
+                           + arch.moe_layers * block_matrix_params_per_layer(arch, arch.num_layers - 1)),
         "ve_gates": ve_layers * (arch.value_embeddings.gate_in_features * arch.num_kv_heads
                                  if arch.value_embeddings else 0),
         "smear_gate": arch.smear_gate_in_features or 0,

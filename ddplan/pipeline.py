@@ -47,9 +47,10 @@ def moe_layers_by_stage(arch, p: int) -> list[int]:
     e.g. 48 layers, the first 12 dense, p 4: [0, 12, 12, 12]."""
     first, middle, last = stage_layers(arch.num_layers, p) if p > 1 else (arch.num_layers,) * 3
     sizes = [first] if p == 1 else [first, *([middle] * (p - 2)), last]
+    dense = arch.num_layers - arch.moe_layers  # the MoE blocks are layers dense.. (ModelArchitecture.is_moe_layer)
     out, start = [], 0
     for n in sizes:
-        out.append(sum(1 for i in range(start, start + n) if arch.is_moe_layer(i)))
+        out.append(max(0, start + n - max(start, dense)))
         start += n
     return out
 

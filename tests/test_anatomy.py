@@ -565,3 +565,166 @@ def test_saved_split_and_with_recompute_match_the_definition_to_the_bit(model, c
             assert kept.op_repeats == fresh.op_repeats
             assert kept.transient_bytes() == fresh.transient_bytes()
             assert kept.recompute_flops() == fresh.recompute_flops()
+
+
+# --------------------------------------------------------------------------------------------
+# Blocks built once per kind (Anatomy.blocks, layer_blocks) against the definition: every layer built
+
+
+def _ops_layer_by_layer(spec, batch, seq_len=None, attention="flash_package", windows="native", window_pattern=None,
+                        tp=1, ep=1, expert_rows=1):
+    """The ops as build_anatomy first built them: every layer's block built on its own (_block per layer), then
+    each op's tp share."""
+    from ddplan.anatomy import _Builder, _block, _embeddings, _head, _tp_share
+
+    if window_pattern is not None:
+        spec = spec.model_copy(update={"architecture": spec.architecture.model_copy(
+            update={"window_pattern": window_pattern})})
+    s = seq_len or spec.recipe.seq_len
+    bld = _Builder(spec, batch, s, ep, expert_rows)
+    _embeddings(bld)
+    for i, window in enumerate(spec.architecture.windows(s)):
+        _block(bld, i, window, attention, windows)
+    _head(bld)
+    return tuple(bld.ops) if tp == 1 else tuple(_tp_share(op, tp) for op in bld.ops)
+
+
+def _tp_ops(ops, tp, sp):
+    """for_tp as first written: each op's share."""
+    from ddplan.anatomy import _sp_share, _tp_share
+
+    return tuple(_sp_share(op, tp) if sp and (op.layer is not None or op.name == "norm_f") else _tp_share(op, tp)
+                 for op in ops)
+
+
+def _cp_ops(full_ops, short_ops, cp, short_seq):
+    """for_cp as first written: the short sequence's ops, its attention core the full sequence's over cp."""
+    from ddplan.anatomy import _cp_core
+
+    core = {op.name: op for op in full_ops if op.attention_core}
+    return tuple(_cp_core(core[op.name], cp, short_seq) if op.attention_core else op for op in short_ops)
+
+
+def _op_repeats_by_definition(ops):
+    """Anatomy.op_repeats as first written: one walk over every op."""
+    groups: dict[tuple, list] = {}
+    for op in ops:
+        name = op.name if op.layer is None else op.name.removeprefix(f"h{op.layer}.")
+        key = (name, op.layer is None, op.kind, op.shape, op.flops_fwd, op.flops_bwd, op.bytes_fwd, op.bytes_bwd,
+               op.recompute_flops_bwd, op.attention_core, op.recompute_skip, op.tp_done, op.wait, op.calls)
+        if key in groups:
+            groups[key][1] += 1
+        else:
+            groups[key] = [op, 1]
+    return tuple((op, n) for op, n in groups.values())
+
+
+def _assert_as_walked(an, ops):
+    """An anatomy built block by block against its ops built layer by layer: the same ops, and every figure read
+    off them the same float as the walk over every op gives (FLOPs, saved tensors, repeats, under every policy)."""
+    from dataclasses import replace
+
+    from ddplan.anatomy import recomputed_under
+
+    assert an.ops == ops
+    assert an.flops_fwd() == sum(op.flops_fwd for op in ops)
+    assert an.flops_bwd() == sum(op.flops_bwd for op in ops)
+    assert an.transient_bytes() == max(op.transient_bytes for op in ops)
+    assert an.op_repeats == _op_repeats_by_definition(ops)
+    for policy in RECOMPUTE_POLICIES:
+        again = [op for op in ops if recomputed_under(op, policy)]
+        matmul = 0.0
+        for op in ops:
+            if op.kind in ("gemm", "attention"):
+                matmul += op.flops_fwd + op.flops_bwd + (op.flops_fwd if recomputed_under(op, policy) else 0.0)
+        for compiled in (False, True):
+            one = replace(an, recompute=policy, compiled=compiled)
+            assert one.recompute_flops() == (sum(op.recompute_flops_bwd for op in ops)
+                                             + sum(op.flops_fwd for op in again))
+            assert one.matmul_flops() == matmul
+            assert one.saved_split == _saved_split_by_definition(one)  # saved_tensors and the owners walk one.ops
+
+
+def _variant(name, **arch):
+    spec = load_model(name)
+    return spec.model_copy(update={"architecture": spec.architecture.model_copy(update=arch)})
+
+
+def _dense_first(name, dense_layers):
+    spec = load_model(name)
+    moe = spec.architecture.moe.model_copy(update={"dense_layers": dense_layers})
+    return _variant(name, moe=moe, mlp_hidden_dim=2 * spec.architecture.d_model)
+
+
+@pytest.mark.parametrize("spec, kw", [
+    (load_model("d24"), {}),  # nanochat: S/L windows, value embeddings on alternate layers, x0, backout
+    (load_model("d24"), {"window_pattern": "SSSL", "attention": "fused_sdpa", "windows": "mask", "tp": 2}),
+    (load_model("d24"), {"attention": "sdpa_math", "windows": "mask", "seq_len": 512}),
+    (load_model("llama-3-70b"), {"tp": 8}),
+    (load_model("llama-3-70b"), {"attention": "unfused_math", "windows": "mask", "seq_len": 1024}),
+    (load_model("gpt3-175b"), {"attention": "unfused_math", "windows": "mask", "tp": 8}),  # vocab 50257 / 8
+    (load_model("mixtral-8x7b"), {"ep": 4, "seq_len": 2048}),
+    (load_model("mixtral-8x7b"), {"ep": 2, "expert_rows": 2, "seq_len": 2048}),
+    (_dense_first("qwen3-30b-a3b", 3), {"ep": 8, "seq_len": 1024}),  # dense layers first, then MoE
+])
+def test_blocks_built_once_per_kind_are_the_layers_built_one_by_one(spec, kw):
+    """build_anatomy builds each kind of block once (_block_kind) and copies it to the other layers of its kind;
+    the result is the layer-by-layer build's ops exactly, and its sums are the walk's to the bit."""
+    batch = 2
+    an = build_anatomy(spec, batch=batch, **kw)
+    assert len(an.blocks) < len(an.layer_blocks) == spec.architecture.num_layers
+    _assert_as_walked(an, _ops_layer_by_layer(spec, batch, **kw))
+
+
+@pytest.mark.parametrize("model, tp, sp", [("llama-3-70b", 8, False), ("llama-3-70b", 8, True), ("d24", 4, True),
+                                           ("gpt3-22b", 8, True), ("gpt3-175b", 8, False)])
+def test_for_tp_shares_each_block_once_as_every_op_was(model, tp, sp):
+    spec = load_model(model)
+    kind = {"attention": "unfused_math", "windows": "mask"} if model.startswith("gpt3") else {}
+    base = build_anatomy(spec, batch=1, seq_len=1024, **kind)
+    _ = base.ops, base.saved_split, base.op_repeats  # the base's caches are not the share's
+    _assert_as_walked(for_tp(base, tp, sp), _tp_ops(_ops_layer_by_layer(spec, 1, seq_len=1024, **kind), tp, sp))
+
+
+@pytest.mark.parametrize("model, cp, tp, sp, pattern", [("llama-3-8b", 2, 1, False, None),
+                                                         ("llama-3-8b", 4, 2, True, None),
+                                                         ("d24", 2, 2, False, "SSSL"),  # S at s/2 is L: kinds merge
+                                                         ("d24", 4, 1, False, "SL")])
+def test_for_cp_shares_each_pair_of_blocks_once_as_every_op_was(model, cp, tp, sp, pattern):
+    from ddplan.anatomy import for_cp
+
+    spec, seq = load_model(model), 8192 if model == "llama-3-8b" else 2048
+    full = for_tp(build_anatomy(spec, batch=1, seq_len=seq, window_pattern=pattern), tp, sp)
+    short = for_tp(build_anatomy(spec, batch=1, seq_len=seq // cp, window_pattern=pattern), tp, sp)
+    share = for_cp(full, short, cp)
+    old = _cp_ops(_tp_ops(_ops_layer_by_layer(spec, 1, seq, window_pattern=pattern), tp, sp),
+                  _tp_ops(_ops_layer_by_layer(spec, 1, seq // cp, window_pattern=pattern), tp, sp), cp, seq // cp)
+    _assert_as_walked(share, old)
+
+
+def test_every_shipped_model_builds_its_blocks_as_layer_by_layer():
+    """_block_kind names everything a block's ops depend on besides its index, for every shipped model."""
+    from pathlib import Path
+
+    for path in sorted((Path(__file__).resolve().parent.parent / "models").glob("*.yaml")):
+        spec = load_model(path.stem)
+        an = build_anatomy(spec, batch=1, seq_len=min(1024, spec.recipe.seq_len))
+        assert an.ops == _ops_layer_by_layer(spec, 1, seq_len=min(1024, spec.recipe.seq_len)), path.stem
+
+
+@pytest.mark.parametrize("model, batch, tp, policies", [
+    ("d24", 2, 3, RECOMPUTE_POLICIES),  # sizes over tp 3 are not whole bytes
+    ("llama-3-8b", 2**18, 1, ("none", "selective")),  # 1.5 x 2^53 bytes saved (full recompute: 0.19 x)
+])
+def test_saved_split_walks_every_tensor_where_whole_bytes_would_not_be_exact(model, batch, tp, policies):
+    """saved_split sums whole bytes per kind of block only where that is exact (every size whole, the total
+    under 2^53); elsewhere it walks every saved tensor in order, as first written."""
+    from dataclasses import replace
+
+    from ddplan.anatomy import _keep_table
+
+    base = build_anatomy(load_model(model), batch=batch)
+    for policy in RECOMPUTE_POLICIES:
+        an = replace(for_tp(base, tp), recompute=policy)
+        assert (an._saved_split_exact(_keep_table(policy, False)) is None) == (policy in policies)
+        assert an.saved_split == _saved_split_by_definition(an)

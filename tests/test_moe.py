@@ -418,6 +418,24 @@ def test_dense_layers_sit_on_the_first_stages():
     assert _stage_share("block_matrices", Layout(dp=4, pp=4, ep=4), 48, dense12) == pytest.approx(12 / 48)
 
 
+@pytest.mark.parametrize("dense_layers", [0, 1, 11, 12, 13, 47])
+def test_moe_blocks_by_stage_and_block_matrices_count_layer_by_layer(dense_layers):
+    """moe_layers_by_stage and param_counts' block matrices count whole ranges of layers; the definition walks
+    every layer (ModelArchitecture.is_moe_layer)."""
+    from ddplan.params import block_matrix_params_per_layer, param_counts
+    from ddplan.pipeline import moe_layers_by_stage, stage_layers
+
+    q = load_model("qwen3-30b-a3b").architecture
+    arch = q.model_copy(update={"moe": q.moe.model_copy(update={"dense_layers": dense_layers, "shared_width": 512})})
+    assert param_counts(arch)["block_matrices"] == sum(block_matrix_params_per_layer(arch, i) for i in range(48))
+    for p in (1, 2, 3, 4, 5, 8):
+        first, middle, last = stage_layers(48, p) if p > 1 else (48,) * 3
+        sizes = [first] if p == 1 else [first, *([middle] * (p - 2)), last]
+        starts = [sum(sizes[:k]) for k in range(p)]
+        assert moe_layers_by_stage(arch, p) == [sum(arch.is_moe_layer(i) for i in range(s, s + n))
+                                                for s, n in zip(starts, sizes)]
+
+
 def test_whole_experts_on_one_data_parallel_rank_still_sync_their_gradients(capsys):
     """tp 8 x ep 4 with whole experts on 8 GPUs: dp 1, but each expert lives on 2 GPUs (expert-data-parallel 2)."""
     rows = csv_rows(run_ok(capsys, ["table", "--model", "mixtral-8x7b", "--hardware", "h100-sxm", "--gpus", "8",
