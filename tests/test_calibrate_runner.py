@@ -482,8 +482,6 @@ def test_progress_lines_re_estimate_from_the_run_s_own_speed(capsys):
     one; the time left is the stages' estimates scaled by the run's speed so far (ddplan.calibrate.eta). Stages
     estimated at 10 and 20 s; half the first done after 10 s (twice its estimate): ratio (10 + 5) / (5 + 5) = 1.5,
     2 s later 1.5 x (5 + 20) - 2 = 35.5 s left; the first stage done at 20 s: (20 + 5) / (10 + 5) x 20 = 33 s."""
-    from ddplan import cli
-
     now = {"t": 0.0}
     lines = eta.StageLines(("a", "b"), (10.0, 20.0), ("bench", "bench"), clock=lambda: now["t"])
     lines.beat()  # before the first stage: nothing to say

@@ -10,7 +10,7 @@ import pytest
 import typer
 import yaml
 
-from cli_helpers import fails, run, run_ok
+from cli_helpers import fails, run_ok
 
 from ddplan import cli, runconfig
 
