@@ -38,8 +38,10 @@ def faults_of_fresh_64mib_tensors(times: int) -> list[int]:
 @glibc
 def test_a_large_tensor_faults_every_page_without_and_none_with_reuse():
     # 64 MiB is above glibc's largest adaptive mmap threshold (32 MiB on 64-bit): mmapped, unmapped on free,
-    # so every allocation faults in all its pages
-    assert min(faults_of_fresh_64mib_tensors(5)) >= 0.9 * PAGES
+    # so every allocation faults in all its pages. The first may instead take a free heap block that earlier
+    # work in this process left (a test before it on the same worker: seen as [0, 16385, 16385, ...]); from the
+    # second on, each is a fresh mapping
+    assert min(faults_of_fresh_64mib_tensors(5)[1:]) >= 0.9 * PAGES
     with allocator.reuse_freed_memory() as how:
         assert how == allocator.REUSE
         # from the heap: the first few grow it (posix_memalign's alignment slop does not fit the block just
