@@ -23,6 +23,9 @@ from ddplan.calibration import CollectivePoint
 
 MiB = 2**20
 
+# one worker: the module's torchrun launch (gloo_run) runs once, not once per pytest-xdist worker
+pytestmark = pytest.mark.xdist_group("collectives")
+
 
 # --------------------------------------------------------------------------------------------
 # Without launching

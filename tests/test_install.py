@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+# one worker: the module's wheel and venv are built once, not once per pytest-xdist worker
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("install")]
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -17,6 +17,8 @@ from ddplan.layout import Layout
 from ddplan.registry import load_hardware, load_model
 
 pytest.importorskip("matplotlib")
+# one worker: the module's priced rows (fixtures) are computed once, not once per pytest-xdist worker
+pytestmark = pytest.mark.xdist_group("plot")
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
