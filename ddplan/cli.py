@@ -127,7 +127,6 @@ def _config_first(ctx: typer.Context, print_config: bool) -> bool:
     """What a command does with --config and --print-config before its own work: a list the file gives for a
     flag of one value (memory's --gpus) is an error unless the flag is given; with --print-config, the run
     configuration of what was stated (on the command line or by the file) as YAML on stdout. True: done."""
-    from ddplan import render, runconfig
     from ddplan.errors import SpecError
 
     for name, (source, field, values) in ctx.meta.get("config_lists", {}).items():
@@ -137,6 +136,8 @@ def _config_first(ctx: typer.Context, print_config: bool) -> bool:
                             f"one there, or give {flag})", file=source, field=field)
     if not print_config:
         return False
+    from ddplan import render, runconfig  # here: the schema's models cost ~0.1 s to build, on every command
+
     stated = {name for name in ctx.params if _given(ctx, name)}
     render.echo(runconfig.to_yaml(runconfig.from_params(ctx.params, stated)).rstrip("\n"))
     return True

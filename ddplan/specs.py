@@ -34,7 +34,9 @@ GroupSize = Annotated[int, Field(ge=2)]
 
 class Strict(BaseModel):
     # every float finite: `.inf` and `.nan` in a spec are errors, not numbers (`gt=0` alone admits inf)
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    # defer_build: a model's validator is built on its first use, not on import (a command that reads no
+    # calibration or runs file does not pay ~0.1 s for their schemas)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, defer_build=True)
 
     @field_validator("*", mode="before")
     @classmethod
