@@ -56,20 +56,32 @@ def check_output_path(path: str | os.PathLike, flag: str, suffixes: tuple[str, .
     `suffixes` (when given), and a folder above it that exists as a folder and takes a new file (probed by
     making and removing one; a missing folder below it is created at write time). One-line UsageError naming
     the flag otherwise."""
-    target = Path(path).expanduser()
     if not str(path).strip():
         raise UsageError("is empty: give a file name", field=flag)
+    try:
+        target = Path(path).expanduser()
+    except RuntimeError as e:  # ~someone who has no home here
+        raise UsageError(f"cannot write {str(path)!r}: {e}", field=flag) from None
     if suffixes and target.suffix.lower() not in suffixes:
         raise UsageError(f"must end in {' or '.join(suffixes)}, got {str(path)!r}", field=flag)
+    try:
+        return _writable(target, str(path), flag)
+    except OSError as e:  # a name too long for the filesystem, a path through something unreadable
+        raise UsageError(f"cannot write {str(path)[:80]!r}: {_reason(e)}", field=flag) from None
+
+
+def _writable(target: Path, path: str, flag: str) -> Path:
     if target.is_dir():
-        raise UsageError(f"{str(path)!r} is a folder: give a file name inside it", field=flag)
+        raise UsageError(f"{path!r} is a folder: give a file name inside it", field=flag)
     if target.exists() and not os.access(target, os.W_OK):
-        raise UsageError(f"{str(path)!r} exists and cannot be written (permission denied)", field=flag)
+        raise UsageError(f"{path!r} exists and cannot be written (permission denied)", field=flag)
+    if len(target.name.encode()) > 255:  # NAME_MAX of every common filesystem; is_dir() may not say so
+        raise OSError(errno.ENAMETOOLONG, "file name too long")
     folder = target.absolute().parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     if not folder.is_dir():
-        raise UsageError(f"{str(folder)!r} is a file, not a folder: cannot write {str(path)!r}", field=flag)
+        raise UsageError(f"{str(folder)!r} is a file, not a folder: cannot write {path!r}", field=flag)
     try:  # a real probe: permissions alone miss a read-only mount, /proc, and everything for root
         fd, probe = tempfile.mkstemp(dir=folder, prefix=".ddplan-probe.", suffix=".tmp")
         os.close(fd)

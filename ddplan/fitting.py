@@ -173,9 +173,11 @@ def check_physical(pricer, m: StepMeasurement, window: str, where: str = MEASURE
     whole windows, more than a causal kernel runs, so it is not used here). Such a figure cannot have been
     measured as stated: a typo in the step time, the batch or the GPU count. The peak is the fastest the
     step could use (fp8's with --fp8). Between the best measured GEMM rate and the peak a measurement is
-    only implausible (Fit.implausible: said, and priced with the model's band). e.g. d24 at T = 2048, window
-    SSSL, 1,048,576 tokens on 8 H100 (989.4 TFLOP/s bf16): at least 0.6148 s; 0.45 s/step -> refused,
-    0.9 s -> priced.
+    only implausible (Fit.implausible: said, and priced with the model's band), up to ddplan.table's
+    IMPLAUSIBLE_MARGIN above it for a step stated with --measured-step-time (refused past it). e.g. d24 at
+    T = 2048, window SSSL, 1,048,576 tokens on 8 H100 (989.4 TFLOP/s bf16): at least 0.6148 s; 0.45 s/step is
+    refused here; 0.9 s passes here but needs GEMMs at 1.45 of peak, 1.8x H100's best (0.80): refused by
+    table; 1.8 s is priced.
     """
     from ddplan.flops import exact_flops_per_token, mfu
 

@@ -263,32 +263,34 @@ RANKED = {"wall_clock_h": "by time", "cost_usd": "by cost"}
 
 
 def ranking_words(result) -> str:
-    """How the rows are ranked, with the limits asked and whether they were met: 'by time', 'by time within the
-    $500 budget', 'by cost (no layout meets the $10 budget)'."""
+    """How the rows are ranked, with the limits asked and whether each was met: 'by time', 'by time within the
+    $500 budget', 'by cost within the 10 h deadline (no layout meets the $1 budget)'."""
     req, missed = result.request, dict(result.missed)
     words = RANKED[getattr(result, "ranked_by", None) or _ranked_by(result)]
-    limits = []
-    if req.deadline_h is not None:
-        limits.append(f"the {req.deadline_h:g} h deadline")
-    if req.budget_usd is not None:
-        limits.append(f"the ${req.budget_usd:,.0f} budget")
-    if not limits:
-        return words
-    if missed:
-        return f"{words} (no layout meets {' and '.join(limits)})"
-    return f"{words} within {' and '.join(limits)}"
+    named = {"deadline": None if req.deadline_h is None else f"the {req.deadline_h:g} h deadline",
+             "budget": None if req.budget_usd is None else f"the ${req.budget_usd:,.0f} budget"}
+    met = [text for what, text in named.items() if text and what not in missed]
+    lost = [text for what, text in named.items() if text and what in missed]
+    if met:
+        words += f" within {' and '.join(met)}"
+    if lost:
+        words += f" (no layout meets {' and '.join(lost)})"
+    return words
 
 
 def missed_limit(result) -> str | None:
-    """When no layout meets the deadline or budget: how far the closest one is from it (one sentence)."""
+    """When no layout meets the deadline or budget: how far the layout nearest to each missed limit is from it
+    (the cheapest for a budget, the fastest for a deadline, over every kept layout), one sentence."""
     if not result.missed or not result.rows:
         return None
-    top, parts = result.rows[0], []
+    parts = []
     for what, limit in result.missed:
         if what == "budget":
-            parts.append(f"no layout costs at most ${limit:,.0f}: the closest, {describe(top)}, costs "
-                         f"${top['cost_usd']:,.0f} ({top['cost_usd'] / limit:.1f}x the budget)")
+            near = min(result.rows, key=lambda r: r["cost_usd"])
+            parts.append(f"no layout costs at most ${limit:,.0f}: the cheapest, {describe(near)}, costs "
+                         f"${near['cost_usd']:,.0f} ({near['cost_usd'] / limit:.1f}x the budget)")
         else:
-            parts.append(f"no layout finishes within {limit:g} h: the closest, {describe(top)}, takes "
-                         f"{top['wall_clock_h']:,.1f} h ({top['wall_clock_h'] / limit:.1f}x the deadline)")
+            near = min(result.rows, key=lambda r: r["wall_clock_h"])
+            parts.append(f"no layout finishes within {limit:g} h: the fastest, {describe(near)}, takes "
+                         f"{near['wall_clock_h']:,.1f} h ({near['wall_clock_h'] / limit:.1f}x the deadline)")
     return "; ".join(parts)

@@ -155,13 +155,26 @@ def validate(schema: type[T], data: Any, source: str) -> T:
     except ValidationError as e:
         err = _first_error(e.errors())
         raise SpecError(_describe(schema, err), file=source,
-                        field=".".join(str(p) for p in err["loc"]) or None) from None
+                        field=".".join(str(p) for p in _untagged(err["loc"])) or None) from None
 
 
 def _first_error(errors: list[dict]) -> dict:
     """The error to report: an unknown key before anything else, since a misspelled key
-    (`num_layer`) also makes the real one (`num_layers`) missing, and the typo is the cause."""
-    return next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    (`num_layer`) also makes the real one (`num_layers`) missing, and the typo is the cause. A field that takes
+    one value or a list of them (`zero: 1` or `zero: [0, 1]`) fails once per form: the one value's error says
+    what is wrong with it, the list's only "must be a list"."""
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    same = [e for e in errors if _untagged(e["loc"]) == _untagged(first["loc"]) and e["type"] != "list_type"]
+    return same[0] if first["type"] == "list_type" and same else first
+
+
+_BRANCH_NAMES = {"str", "int", "float", "bool", "none", "list", "dict"}
+
+
+def _untagged(loc: tuple) -> tuple:
+    """A pydantic error location without the union branches it names ('list[constrained-int]', 'literal[0,1]',
+    'str'): the path of keys in the file."""
+    return tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or "-" in p or p in _BRANCH_NAMES)))
 
 
 # pydantic's sentences that speak Python ("a valid dictionary or instance of MoE"), in a spec's words

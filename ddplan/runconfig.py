@@ -22,14 +22,18 @@ itself) and no other. `--print-config` writes the configuration of a command lin
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
 from ddplan.specs import Strict
 
-IntList = list[int] | int
+Count = Annotated[int, Field(gt=0)]
+IntList = list[Count] | Count
 TextList = list[str] | str
+Stage = Literal[0, 1, 2, 3]
+RecomputePolicy = Literal["none", "selective", "full"]
+GPU_RANGES = r"^\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*$"  # as --gpus takes them: 1,8-64
 
 
 class Layout(Strict):
@@ -41,7 +45,7 @@ class Layout(Strict):
     cp: IntList | None = Field(default=None, description="context-parallel degrees (--cp)")
     ep: IntList | None = Field(default=None, description="expert-parallel degrees, mixtures of experts (--ep)")
     etp: int | None = Field(default=None, ge=1, description="expert tensor-parallel degree (--etp)")
-    zero: IntList | None = Field(default=None, description="ZeRO stages 0-3, 3 = FSDP (--zero; default: the "
+    zero: list[Stage] | Stage | None = Field(default=None, description="ZeRO stages 0-3, 3 = FSDP (--zero; default: the "
                                                            "model's native data-parallel setup)")
     shard_group: int | None = Field(default=None, ge=1, description="GPUs a hybrid-sharded group spans (--shard-group)")
     sequence_parallel: bool | None = Field(default=None, description="Megatron sequence parallelism (--sequence-parallel)")
@@ -103,10 +107,11 @@ class Measured(Strict):
     pp: int | None = Field(default=None, gt=0, description="its pipeline-parallel degree (--measured-pp)")
     attention: str | None = Field(default=None, description="its attention (--measured-attention)")
     window: str | None = Field(default=None, description="its window pattern (--measured-window)")
-    fit: str | None = Field(default=None, description="the efficiency it calibrates: auto, gemm, attention, "
-                                                      "compute (--fit)")
-    peak_gib: float | None = Field(default=None, gt=0, description="memory: measured peak per GPU, GiB "
-                                                                   "(--measured-peak)")
+    fit: Literal["auto", "gemm", "attention", "compute"] | None = Field(
+        default=None, description="the efficiency it calibrates (--fit)")
+    peak_gb: float | None = Field(default=None, gt=0, description="memory: measured peak per GPU, GB (10^9 bytes, "
+                                                                  "as torch.cuda.max_memory_allocated / 1e9) "
+                                                                  "(--measured-peak)")
 
 
 class Plan(Strict):
@@ -127,11 +132,12 @@ class RunConfig(Strict):
     model: str | None = Field(default=None, description="a built-in model, a model YAML or a config.json (--model)")
     hardware: TextList | None = Field(default=None, description="a built-in hardware or a hardware YAML; plan takes "
                                                               "a list (or all) (--hardware)")
-    gpus: IntList | str | None = Field(default=None, description="GPUs in total: a list, or ranges as the flag "
-                                                                 "takes them ('8-64') (--gpus)")
+    gpus: IntList | Annotated[str, Field(pattern=GPU_RANGES)] | None = Field(
+        default=None, description="GPUs in total: a list, or ranges as the flag takes them ('1,8-64') (--gpus)")
     layout: Layout = Layout()
     precision: Precision = Precision()
-    recompute: TextList | None = Field(default=None, description="none, selective, full (--recompute)")
+    recompute: list[RecomputePolicy] | RecomputePolicy | None = Field(default=None, description="none, selective, "
+                                                                                              "full (--recompute)")
     attention: TextList | None = Field(default=None, description="attention implementations (--attention)")
     window: TextList | None = Field(default=None, description="window patterns of S and L, e.g. SSSL (--window)")
     seq_len: int | None = Field(default=None, gt=0, description="sequence length, tokens (--seq-len)")
@@ -172,7 +178,7 @@ FLAGS: dict[tuple[str, ...], str] = {
     ("measured", "step_time_s"): "measured_step_time", ("measured", "gpus"): "measured_gpus",
     ("measured", "tp"): "measured_tp", ("measured", "pp"): "measured_pp",
     ("measured", "attention"): "measured_attention", ("measured", "window"): "measured_window",
-    ("measured", "fit"): "fit", ("measured", "peak_gib"): "measured_peak",
+    ("measured", "fit"): "fit", ("measured", "peak_gb"): "measured_peak",
     ("plan", "objective"): "objective", ("plan", "deadline_h"): "deadline", ("plan", "budget_usd"): "budget",
     ("plan", "top"): "top",
 }
@@ -182,6 +188,7 @@ LIST_PARAMS = {"table": frozenset({"gpus", "tp", "pp", "vp", "cp", "ep", "zero",
                                    "attention", "window"}),
                "memory": frozenset({"zero"}),
                "plan": frozenset({"gpus", "ep", "cp", "hardware"})}
+NAMES = frozenset({"model", "hardware", "calibration"})  # text even when written in digits (a file named 7)
 SECTIONS = {"layout": Layout, "precision": Precision, "batch": Batch, "budget": Budget, "outside": Outside,
             "measured": Measured, "plan": Plan}
 
@@ -242,7 +249,10 @@ def from_params(params: dict[str, Any], stated: set[str]) -> RunConfig:
         value = getattr(value, "value", value)  # an Enum choice
         if isinstance(value, str) and "," in value:
             items = [v.strip() for v in value.split(",")]
-            value = [int(v) if v.isdigit() else v for v in items]
+            numbers = all(v.isdigit() for v in items)
+            value = [int(v) for v in items] if numbers else value if name == "gpus" else items
+        elif isinstance(value, str) and value.strip().isdigit() and name not in NAMES:
+            value = int(value)  # a list flag given one count: `--zero 1`
         node = data
         for part in path[:-1]:
             node = node.setdefault(part, {})
@@ -250,11 +260,18 @@ def from_params(params: dict[str, Any], stated: set[str]) -> RunConfig:
     return RunConfig.model_validate(data)
 
 
-def to_yaml(config: RunConfig) -> str:
-    """The configuration as a file: the stated fields only, in the schema's order."""
+def _flow(value: Any) -> str:
+    """One value in YAML's flow style, on one line: d24, [1, 8], '1,8-64', {device: 32}."""
     import yaml
 
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+    return text[:-3].strip() if text.endswith("\n...") or text.endswith("...") else text
+
+
+def to_yaml(config: RunConfig) -> str:
+    """The configuration as a file: the stated fields only, in the schema's order."""
     data = config.model_dump(mode="json", exclude_none=True, exclude_defaults=False)
-    data = {k: v for k, v in data.items() if v != {}}
+    # a key a line, a section's few fields on its line: `batch: {device: 32, total_tokens: 524288}`
+    lines = "".join(f"{k}: {_flow(v)}\n" for k, v in data.items() if v != {})
     return ("# a ddplan run configuration: `ddplan table --config FILE` (or memory, plan) prices it; a flag given\n"
-            "# with it wins over its field. Fields: ddplan/runconfig.py\n" + yaml.safe_dump(data, sort_keys=False, default_flow_style=None))
+            "# with it wins over its field. Fields: ddplan/runconfig.py\n" + lines)

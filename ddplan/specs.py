@@ -47,6 +47,8 @@ class Strict(BaseModel):
             items = value if isinstance(value, (list, tuple)) else (value,)
             if any(isinstance(v, bool) for v in items):
                 raise ValueError(f"must be a number, got {str(value).lower()} (a true/false value)")
+        elif info.field_name in _bool_fields(cls) and isinstance(value, (int, float)) and not isinstance(value, bool):
+            raise ValueError(f"must be true or false, got the number {value!r}")  # and 1 is not true
         return value
 
 
@@ -57,7 +59,19 @@ def _numeric_fields(model: type[BaseModel]) -> frozenset[str]:
     return frozenset(name for name, f in model.model_fields.items() if _takes_numbers_not_bools(f.annotation))
 
 
+@functools.lru_cache(maxsize=None)
+def _bool_fields(model: type[BaseModel]) -> frozenset[str]:
+    """The fields of a model that hold true or false and no number: where a number must be refused."""
+    return frozenset(name for name, f in model.model_fields.items() if _kinds(f.annotation) == {"bool"})
+
+
 def _takes_numbers_not_bools(annotation) -> bool:
+    found = _kinds(annotation)
+    return "number" in found and "bool" not in found
+
+
+def _kinds(annotation) -> set[str]:
+    """What an annotation admits, coarsely: 'number', 'bool', 'other' (None aside)."""
     found: set[str] = set()
 
     def walk(a) -> None:
@@ -71,8 +85,10 @@ def _takes_numbers_not_bools(annotation) -> bool:
         elif typing.get_origin(a) in (list, tuple, Annotated, typing.Union) or type(a).__name__ == "UnionType":
             for arg in typing.get_args(a):
                 walk(arg)
+        elif a is not type(None) and isinstance(a, type):
+            found.add("other")
     walk(annotation)
-    return "number" in found and "bool" not in found
+    return found
 
 
 class Sourced(Strict):

@@ -138,7 +138,7 @@ def test_deadline_below_every_layout_fails_and_still_ranks(capsys, d24_rows):
     code, out, err = run(capsys, [*D24_MI300X, "--deadline", repr(deadline), "--format", "markdown"])
     assert code == 1
     (line,) = [x for x in err.splitlines() if x.startswith("error: ")]
-    assert line.startswith(f"error: --deadline: no layout finishes within {deadline:g} h: the closest, 8x mi300x")
+    assert line.startswith(f"error: --deadline: no layout finishes within {deadline:g} h: the fastest, 8x mi300x")
     assert "x the deadline)" in line
     assert f"by time (no layout meets the {deadline:g} h deadline)" in out
     assert "- Choice: 8x mi300x, dp 8, ZeRO-1 (native)" in out
@@ -155,12 +155,12 @@ def test_budget_below_every_layout_fails_and_ranks_by_cost(capsys, d24_rows):
 
     code, out, err = run(capsys, [*D24_MI300X, "--budget", "1", "--format", "markdown"])
     assert code == 1 and "by cost (no layout meets the $1 budget)" in out
-    assert "error: --budget: no layout costs at most $1: the closest, 8x mi300x" in err
+    assert "error: --budget: no layout costs at most $1: the cheapest, 8x mi300x" in err
     code, out, err_csv = run(capsys, [*D24_MI300X, "--budget", "1", "--format", "csv"])
     assert code == 1 and err_csv.startswith("error: --budget: no layout costs")
     rows = csv_rows(out)
-    closest = f(rows[0], "cost_usd")  # the first ranked: within 2% of the cheapest (TIE), the simplest
-    assert f"costs ${closest:,.0f} ({closest:.1f}x the budget)" in err
+    cheapest = min(f(r, "cost_usd") for r in rows)  # over every kept layout, not the tie-broken first
+    assert f"costs ${cheapest:,.0f} ({cheapest:.1f}x the budget)" in err
     assert len(rows) == len(d24_rows)
     assert f(rows[0], "cost_usd") <= min(f(r, "cost_usd") for r in rows) * (1 + TIE)
     code, out, _ = run(capsys, [*D24_MI300X, "--budget", "1", "--format", "json"])
@@ -172,6 +172,23 @@ def test_budget_below_every_layout_fails_and_ranks_by_cost(capsys, d24_rows):
                                                                                          "wall_clock_h")
     code, out, _ = run(capsys, [*D24_MI300X, "--budget", "100000", "--format", "markdown"])
     assert "by time within the $100,000 budget" in out
+
+
+def test_a_met_deadline_and_a_missed_budget_are_each_said_as_they_are(capsys, d24_rows):
+    """Only the missed limit is called missed; each sentence measures its own limit's nearest layout."""
+    slowest = max(f(r, "wall_clock_h") for r in d24_rows)
+    code, out, err = run(capsys, [*D24_MI300X, "--deadline", repr(2 * slowest), "--budget", "1", "--format",
+                                  "markdown"])
+    assert code == 1
+    assert f"within the {2 * slowest:g} h deadline (no layout meets the $1 budget)" in out
+    (line,) = [x for x in err.splitlines() if x.startswith("error: ")]
+    assert line.startswith("error: --budget: no layout costs at most $1: the cheapest") and "deadline" not in line
+    fastest = min(f(r, "wall_clock_h") for r in d24_rows)
+    code, out, err = run(capsys, [*D24_MI300X, "--deadline", repr(fastest / 10), "--budget", "1", "--format",
+                                  "csv"])
+    (line,) = [x for x in err.splitlines() if x.startswith("error: ")]
+    assert code == 1 and line.startswith("error: --deadline/--budget: no layout finishes within")
+    assert f"takes {fastest:,.1f} h (10.0x the deadline)" in line and "; no layout costs at most $1" in line
 
 
 # --------------------------------------------------------------------------------------------

@@ -43,6 +43,9 @@ def run(argv: list[str]) -> tuple[int, str, str]:
 
 
 OUTCOMES: dict[int, int] = {}  # exit code -> count, to see that the fuzz reaches both outcomes
+# one pytest-xdist worker runs the module in file order: test_the_fuzz_reached_both_outcomes reads what the fuzz
+# tests before it counted in the same process
+pytestmark = pytest.mark.xdist_group("fuzz")
 
 
 def check_outcome(argv: list[str]) -> int:

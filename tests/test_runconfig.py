@@ -51,7 +51,8 @@ def test_a_flag_wins_over_the_file(capsys):
      "--measured-peak", "60"],
     ["plan", "-m", "d26", "--hardware", "mi300x,h100-sxm", "--gpus", "8-16", "--budget", "500", "--objective", "cost",
      "--top", "3"],
-], ids=["seed", "llama-table", "memory", "plan"])
+    ["table", "-m", "d24", "--gpus", "1,8-16", "--zero", "1", "--device-batch-size", "16"],
+], ids=["seed", "llama-table", "memory", "plan", "ranges"])
 def test_print_config_writes_a_file_that_prices_the_same(capsys, tmp_path, argv):
     text = run_ok(capsys, [*argv, "--print-config"])
     config = runconfig.RunConfig.model_validate(yaml.safe_load(text))  # a valid run file
@@ -76,7 +77,11 @@ def test_a_list_for_a_single_value_flag_is_said_unless_the_flag_is_given(capsys)
 @pytest.mark.parametrize("text, words", [
     ("kind: run\nmodel: d24\nlayout: {tpp: 2}\n", "layout.tpp: unknown key; did you mean 'tp'?"),
     ("kind: run\nbudget: {steps: 10, tokens: 1e9}\n", "at most one of steps, tokens, param_data_ratio"),
-    ("kind: run\ngpus: true\n", "gpus"),
+    ("kind: run\ngpus: true\n", "gpus: must be a number, got true (a true/false value)"),
+    ("kind: run\ngpus: 0\n", "gpus: Input should be greater than 0 (got 0)"),
+    ("kind: run\nrecompute: sometimes\n", "recompute: Input should be 'none', 'selective' or 'full'"),
+    ("kind: run\nlayout: {zero: 5}\n", "layout.zero: Input should be 0, 1, 2 or 3 (got 5)"),
+    ("kind: run\nmeasured: {fit: bogus}\n", "measured.fit: Input should be 'auto', 'gemm', 'attention' or"),
     ("kind: run\nheadroom: 1.5\n", "headroom"),
     ("kind: model\nname: x\n", "this is a model file (kind: model), where a run spec (kind: run) is expected"),
 ])
