@@ -188,7 +188,8 @@ LIST_PARAMS = {"table": frozenset({"gpus", "tp", "pp", "vp", "cp", "ep", "zero",
                                    "attention", "window"}),
                "memory": frozenset({"zero"}),
                "plan": frozenset({"gpus", "ep", "cp", "hardware"})}
-NAMES = frozenset({"model", "hardware", "calibration"})  # text even when written in digits (a file named 7)
+# names or file paths: text even when written in digits (a file named 7); a relative path is the run file's folder's
+NAMES = frozenset({"model", "hardware", "calibration"})
 SECTIONS = {"layout": Layout, "precision": Precision, "batch": Batch, "budget": Budget, "outside": Outside,
             "measured": Measured, "plan": Plan}
 
@@ -210,6 +211,19 @@ def _get(config: RunConfig, path: tuple[str, ...]) -> Any:
     return node
 
 
+def _beside(source: str, value: Any) -> Any:
+    """A relative file path in the run file (model: my-model.yaml) read from the run file's folder, as a reader
+    of the file would (a built-in name, or a path that only exists from the working folder, as given)."""
+    from pathlib import Path
+
+    if isinstance(value, list):
+        return [_beside(source, v) for v in value]
+    if not isinstance(value, str) or Path(value).is_absolute():
+        return value
+    here = Path(source).expanduser().parent / value
+    return str(here) if here.exists() and not Path(value).exists() else value
+
+
 def as_flag_value(value: Any) -> Any:
     """A field's value as its flag takes it: a list joined with commas, anything else as is."""
     if isinstance(value, list):
@@ -229,6 +243,8 @@ def defaults_for(config: RunConfig, params: dict[str, bool], source: str
         value = _get(config, path)
         if value is None or name not in params:
             continue
+        if name in NAMES:
+            value = _beside(source, value)
         if params[name] and isinstance(value, list):
             if len(value) != 1:
                 lists[name] = (source, ".".join(path), value)

@@ -107,3 +107,22 @@ def test_every_field_is_a_flag_and_every_pricing_flag_a_field():
     for command, names in params.items():
         assert names - NOT_RUN - set(runconfig.FLAGS.values()) == set(), command
         assert runconfig.LIST_PARAMS[command] <= names
+
+
+def test_a_relative_path_in_a_run_file_is_read_from_the_file_s_folder(capsys, tmp_path, monkeypatch):
+    """model: my-model.yaml beside the run file prices from any working folder; a built-in name stays a name."""
+    import shutil
+
+    from ddplan.registry import builtin_dir
+
+    (tmp_path / "runs").mkdir()
+    shutil.copy(builtin_dir("models") / "gpt2-124m.yaml", tmp_path / "runs" / "my-model.yaml")
+    run_file = tmp_path / "runs" / "run.yaml"
+    run_file.write_text("kind: run\nmodel: my-model.yaml\nhardware: h100-sxm\ngpus: [8]\n", encoding="utf-8")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    by_file = run_ok(capsys, ["table", "--config", str(run_file), "--format", "csv"])
+    by_flags = run_ok(capsys, ["table", "--model", str(tmp_path / "runs" / "my-model.yaml"), "--hardware", "h100-sxm",
+                               "--gpus", "8", "--format", "csv"])
+    assert by_file == by_flags and "gpt2-124m" in by_file
