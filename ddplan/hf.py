@@ -49,6 +49,16 @@ NOT_COST = frozenset({
     "pretraining_tp", "id2label", "label2id", "is_encoder_decoder", "tokenizer_class", "classifier_dropout",
     "auto_map", "quantization_config", "bias", "use_qk_norm", "attn_implementation", "n_ctx", "vocab_file",
     "tie_encoder_decoder", "layer_types", "clip_qkv", "qk_layernorm",
+    # transformers' PretrainedConfig attributes that older saved configs carry (generation and output switches)
+    "output_past", "return_dict", "_num_labels", "n_special", "predict_special_tokens", "torchscript",
+    "use_return_dict", "output_hidden_states", "output_attentions", "problem_type", "finetuning_task", "prefix",
+    "bad_words_ids", "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+    "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty",
+    "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "num_return_sequences", "chunk_size_feed_forward",
+    "is_decoder", "pruned_heads", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
+    "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
+    "begin_suppress_tokens", "tf_legacy_loss", "use_bfloat16", "cross_attention_hidden_size",
+    "add_cross_attention",
 })
 
 
