@@ -518,6 +518,16 @@ def _given(ctx: typer.Context, name: str) -> bool:
     return getattr(ctx.get_parameter_source(name), "name", None) in ("COMMANDLINE", "DEFAULT_MAP")
 
 
+def _stated_by(ctx: typer.Context, name: str) -> str:
+    """Where a given value came from, in words: its flag, or the --config file's field."""
+    if getattr(ctx.get_parameter_source(name), "name", None) == "DEFAULT_MAP":
+        from ddplan import runconfig
+
+        path = next(p for p, n in runconfig.FLAGS.items() if n == name)
+        return f"the run file's {'.'.join(path)}"
+    return "--" + name.replace("_", "-")
+
+
 def _step_values(cal, m) -> dict:
     """What the measured step m (a step of calibration cal) ran, by the name of the flag that sets it."""
     return dict(gpus=m.gpus, tp=m.tp, pp=m.pp, vp=m.pp_virtual_stages, zero=m.zero,
@@ -717,7 +727,8 @@ def table_cmd(
         micro_batches=mbs,
         recomputes=recomputes, attentions=tuple(a.strip() for a in attention.split(",")) if attention else (),
         windows=windows, total_batch_tokens=total_batch_size, budget=budget, price=price_spec,
-        batch_from=(("--total-batch-size, the measured step's" if measurement is not None else "--total-batch-size")
+        batch_from=((f"{_stated_by(ctx, 'total_batch_size')}, the measured step's" if measurement is not None
+                     else _stated_by(ctx, "total_batch_size"))
                     if _given(ctx, "total_batch_size") else
                     "the measured step's batch" if total_batch_size is not None else "the recipe's batch"),
         overheads=RunOverheads(startup_s=startup_min * 60, eval_every_steps=eval_every, eval_tokens=eval_tokens,

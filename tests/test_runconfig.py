@@ -126,3 +126,11 @@ def test_a_relative_path_in_a_run_file_is_read_from_the_file_s_folder(capsys, tm
     by_flags = run_ok(capsys, ["table", "--model", str(tmp_path / "runs" / "my-model.yaml"), "--hardware", "h100-sxm",
                                "--gpus", "8", "--format", "csv"])
     assert by_file == by_flags and "gpt2-124m" in by_file
+
+
+def test_the_title_says_the_batch_came_from_the_run_file(capsys):
+    """Where the priced batch comes from: the file's field, or the flag when one is given with the file."""
+    by_file = run_ok(capsys, ["table", "--config", str(SEED), "--format", "markdown"])
+    assert "524,288 tokens, the run file's batch.total_tokens, the measured step's" in by_file
+    by_flag = run_ok(capsys, ["table", "--config", str(SEED), "--total-batch-size", "524288", "--format", "markdown"])
+    assert "524,288 tokens, --total-batch-size, the measured step's" in by_flag
