@@ -130,7 +130,7 @@ def _config_first(ctx: typer.Context, print_config: bool) -> bool:
     from ddplan.errors import SpecError
 
     for name, (source, field, values) in ctx.meta.get("config_lists", {}).items():
-        if getattr(ctx.get_parameter_source(name), "name", None) != "COMMANDLINE":
+        if _source(ctx, name) != "COMMANDLINE":
             flag = "--" + name.replace("_", "-")
             raise SpecError(f"`ddplan {ctx.info_name}` prices one value; the file lists {len(values)}: {values} (keep "
                             f"one there, or give {flag})", file=source, field=field)
@@ -189,11 +189,11 @@ def _inputs(model: str, hardware: str | None, calibration: str | None, seq_len: 
     if hardware:
         hw = load_hardware(hardware)
         if check_hardware:
-            _check_calibration_hardware(cal, (hw,))
+            _check_calibration_hardware(cal, (hw,), calibration)
     else:
         hw = calibration_hardware(cal, calibration) if cal is not None else load_hardware(DEFAULT_HARDWARE)
-    if cal is not None and check_hardware:
-        check_against_hardware(cal, hw, calibration)
+        if cal is not None:
+            check_against_hardware(cal, hw, calibration)
     spec = load_model(model)
     if cal is not None and measurement_for(cal, spec) is not None:  # the shapes it measured this model at
         given = (seq_len, dtype)
@@ -210,15 +210,21 @@ def _inputs(model: str, hardware: str | None, calibration: str | None, seq_len: 
     return _variant(spec, seq_len, dtype, grads, moe_imbalance), hw, cal
 
 
-def _check_calibration_hardware(cal, hws) -> None:
+def _check_calibration_hardware(cal, hws, path: str | None = None) -> None:
     """A calibration given with --hardware must be for one of them (its seq_len and dtype would otherwise
-    be applied to hardware it never measured)."""
+    be applied to hardware it never measured), and its figures possible on it (calibration.check_against_hardware)."""
+    from ddplan.calibration import check_against_hardware
     from ddplan.errors import UsageError
 
-    if cal is not None and not any(cal.hardware in (h.name, *h.aliases) for h in hws):
+    if cal is None:
+        return
+    if not any(cal.hardware in (h.name, *h.aliases) for h in hws):
         raise UsageError(f"calibration file is for {cal.hardware!r}, not --hardware "
                          f"{', '.join(h.name for h in hws)}; drop --hardware to use the calibration's",
                          field="--calibration")
+    for h in hws:
+        if cal.hardware in (h.name, *h.aliases):
+            check_against_hardware(cal, h, path or "--calibration")
 
 
 def _check(*pairs: tuple[int | float | None, str]) -> None:
@@ -512,15 +518,20 @@ def _calibrated_run(ctx: typer.Context, calibration: str | None, **given) -> tup
     return (m.model, *_as_measured(ctx, cal, m, **given))
 
 
+def _source(ctx: typer.Context, name: str) -> str | None:
+    """Where parameter `name`'s value came from: COMMANDLINE, DEFAULT_MAP (a --config file's field), DEFAULT..."""
+    # by name: typer >= 0.22 carries its own copy of click, whose ParameterSource is another enum class
+    return getattr(ctx.get_parameter_source(name), "name", None)
+
+
 def _given(ctx: typer.Context, name: str) -> bool:
     """Whether the flag of parameter `name` was given: on the command line, or as a --config file's field."""
-    # by name: typer >= 0.22 carries its own copy of click, whose ParameterSource is another enum class
-    return getattr(ctx.get_parameter_source(name), "name", None) in ("COMMANDLINE", "DEFAULT_MAP")
+    return _source(ctx, name) in ("COMMANDLINE", "DEFAULT_MAP")
 
 
 def _stated_by(ctx: typer.Context, name: str) -> str:
     """Where a given value came from, in words: its flag, or the --config file's field."""
-    if getattr(ctx.get_parameter_source(name), "name", None) == "DEFAULT_MAP":
+    if _source(ctx, name) == "DEFAULT_MAP":
         from ddplan import runconfig
 
         path = next(p for p, n in runconfig.FLAGS.items() if n == name)
@@ -830,11 +841,11 @@ def calibrate_cmd(
     spec = load_model(model)
     hw = load_hardware(hardware) if hardware else None
     check_output_path(out, "--out")  # before any benchmark: a bad path is said now, not after minutes of work
-    hw_names = tuple(a.name for a in hw.attention) if hw else ()
     if from_log:
-        if log_attention is not None and hw is not None and log_attention not in hw_names:
+        names = [a.name for a in hw.attention] if hw else []
+        if log_attention is not None and hw is not None and log_attention not in names:
             raise UsageError(f"{log_attention!r} is not an attention implementation of {hw.name}; allowed: "
-                             f"{', '.join(hw_names)}", field="--log-attention")
+                             f"{', '.join(names)}", field="--log-attention")
         _calibrate_from_log(spec, hw, from_log, out, gpus, device_batch_size, total_batch_size, log_attention, window)
         return
     if cpu_malloc not in (None, "reuse", "system"):
@@ -844,13 +855,9 @@ def calibrate_cmd(
         if value is not None:
             raise UsageError("only with --from-log (it describes the logged run)", field=flag)
     if attention is not None:
-        from ddplan.calibrate.bench import ATTENTION_IMPLS  # torch: calibrate runs it anyway
+        from ddplan.calibrate.runner import check_attention  # torch: calibrate runs it anyway
 
-        allowed = tuple(n for n in hw_names if n in ATTENTION_IMPLS) if hw else ATTENTION_IMPLS
-        bad = [a.strip() for a in attention.split(",") if a.strip() not in allowed]
-        if bad:
-            raise UsageError(f"{', '.join(map(repr, bad))}: not an attention implementation calibrate can time"
-                             f"{' on ' + hw.name if hw else ''}; allowed: {', '.join(allowed)}", field="--attention")
+        check_attention([a.strip() for a in attention.split(",")], hw)
     if micro_batches:
         _int_list(micro_batches, "--micro-batches")
     _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_batch_size, seq_len, attention,
@@ -1050,13 +1057,7 @@ def plan_cmd(
     spec, hw0, cal = _inputs(model, names[0] if names else None, calibration, seq_len, dtype, check_hardware=False,
                              grads=grads, moe_imbalance=moe_imbalance)
     hws = (hw0, *(load_hardware(h) for h in names[1:]))
-    _check_calibration_hardware(cal, hws)
-    if cal is not None:
-        from ddplan.calibration import check_against_hardware
-
-        for h in hws:
-            if cal.hardware in (h.name, *h.aliases):
-                check_against_hardware(cal, h, calibration)
+    _check_calibration_hardware(cal, hws, calibration)
     price_spec = None if price is None else Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price",
                                                   date=dt.date.today(), source="given on the command line")
     options = _options(sequence_parallel, tp_comm_overlap, None, shard_group, reshard_after_forward,

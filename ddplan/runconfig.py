@@ -28,6 +28,12 @@ from pydantic import Field, model_validator
 
 from ddplan.specs import Strict
 
+def stated(description: str, **bounds: Any) -> Any:
+    """A field of the run file: absent unless stated (then its flag's default applies), with what it is and its
+    flag in the description, and the range `bounds` gives (gt, ge, lt, ...)."""
+    return Field(default=None, description=description, **bounds)
+
+
 Count = Annotated[int, Field(gt=0)]
 IntList = list[Count] | Count
 TextList = list[str] | str
@@ -39,89 +45,88 @@ GPU_RANGES = r"^\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*$"  # as --gpus 
 class Layout(Strict):
     """How the GPUs split the model and the data (one row per value of each list, in `table`)."""
 
-    tp: IntList | None = Field(default=None, description="tensor-parallel degrees (--tp)")
-    pp: IntList | None = Field(default=None, description="pipeline-parallel degrees (--pp)")
-    vp: IntList | None = Field(default=None, description="interleaved chunks per pipeline stage, 1: 1F1B (--vp)")
-    cp: IntList | None = Field(default=None, description="context-parallel degrees (--cp)")
-    ep: IntList | None = Field(default=None, description="expert-parallel degrees, mixtures of experts (--ep)")
-    etp: int | None = Field(default=None, ge=1, description="expert tensor-parallel degree (--etp)")
-    zero: list[Stage] | Stage | None = Field(default=None, description="ZeRO stages 0-3, 3 = FSDP (--zero; default: the "
-                                                           "model's native data-parallel setup)")
-    shard_group: int | None = Field(default=None, ge=1, description="GPUs a hybrid-sharded group spans (--shard-group)")
-    sequence_parallel: bool | None = Field(default=None, description="Megatron sequence parallelism (--sequence-parallel)")
-    tp_comm_overlap: bool | None = Field(default=None, description="tensor-parallel communication overlapped "
-                                                                   "(--tp-comm-overlap)")
-    reshard_after_forward: bool | None = Field(default=None, description="FSDP frees gathered weights after "
-                                                                         "forward (--reshard-after-forward)")
-    overlap_param_gather: bool | None = Field(default=None, description="parameter all-gather overlapped "
-                                                                        "(--overlap-param-gather)")
-    offload_optimizer: bool | None = Field(default=None, description="optimizer states in host memory "
-                                                                     "(--offload-optimizer)")
-    cp_comm: str | None = Field(default=None, description="context-parallel communication (--cp-comm)")
-    tp_across_nodes: bool | None = Field(default=None, description="plan: tensor parallelism beyond one node "
-                                                                   "(--tp-across-nodes)")
+    tp: IntList | None = stated("tensor-parallel degrees (--tp)")
+    pp: IntList | None = stated("pipeline-parallel degrees (--pp)")
+    vp: IntList | None = stated("interleaved chunks per pipeline stage, 1: 1F1B (--vp)")
+    cp: IntList | None = stated("context-parallel degrees (--cp)")
+    ep: IntList | None = stated("expert-parallel degrees, mixtures of experts (--ep)")
+    etp: int | None = stated("expert tensor-parallel degree (--etp)", ge=1)
+    zero: list[Stage] | Stage | None = stated("ZeRO stages 0-3, 3 = FSDP (--zero; default: the "
+                                              "model's native data-parallel setup)")
+    shard_group: int | None = stated("GPUs a hybrid-sharded group spans (--shard-group)", ge=1)
+    sequence_parallel: bool | None = stated("Megatron sequence parallelism (--sequence-parallel)")
+    tp_comm_overlap: bool | None = stated("tensor-parallel communication overlapped "
+                                          "(--tp-comm-overlap)")
+    reshard_after_forward: bool | None = stated("FSDP frees gathered weights after "
+                                                "forward (--reshard-after-forward)")
+    overlap_param_gather: bool | None = stated("parameter all-gather overlapped "
+                                               "(--overlap-param-gather)")
+    offload_optimizer: bool | None = stated("optimizer states in host memory "
+                                            "(--offload-optimizer)")
+    cp_comm: str | None = stated("context-parallel communication (--cp-comm)")
+    tp_across_nodes: bool | None = stated("plan: tensor parallelism beyond one node "
+                                          "(--tp-across-nodes)")
 
 
 class Precision(Strict):
-    dtype: str | None = Field(default=None, description="compute dtype: bf16, fp16, fp32 (--dtype)")
-    grads: str | None = Field(default=None, description="gradient dtype for reduction (--grads)")
-    fp8: bool | None = Field(default=None, description="fp8 GEMMs (--fp8)")
-    fp8_recipe: str | None = Field(default=None, description="how fp8 scales are kept (--fp8-recipe)")
-    fp8_all_gather: bool | None = Field(default=None, description="weights all-gathered in fp8 (--fp8-all-gather)")
+    dtype: str | None = stated("compute dtype: bf16, fp16, fp32 (--dtype)")
+    grads: str | None = stated("gradient dtype for reduction (--grads)")
+    fp8: bool | None = stated("fp8 GEMMs (--fp8)")
+    fp8_recipe: str | None = stated("how fp8 scales are kept (--fp8-recipe)")
+    fp8_all_gather: bool | None = stated("weights all-gathered in fp8 (--fp8-all-gather)")
 
 
 class Batch(Strict):
-    device: IntList | None = Field(default=None, description="sequences per GPU per micro-batch (--device-batch-size)")
-    total_tokens: int | None = Field(default=None, gt=0, description="tokens per optimizer step (--total-batch-size)")
+    device: IntList | None = stated("sequences per GPU per micro-batch (--device-batch-size)")
+    total_tokens: int | None = stated("tokens per optimizer step (--total-batch-size)", gt=0)
 
 
 class Budget(Strict):
     """How long the run trains: at most one of the three (the recipe's budget otherwise)."""
 
-    steps: int | None = Field(default=None, gt=0, description="optimizer steps (--steps)")
-    tokens: float | None = Field(default=None, gt=0, description="training tokens (--tokens)")
-    param_data_ratio: float | None = Field(default=None, gt=0, description="tokens per parameter (--param-data-ratio)")
+    steps: int | None = stated("optimizer steps (--steps)", gt=0)
+    tokens: float | None = stated("training tokens (--tokens)", gt=0)
+    param_data_ratio: float | None = stated("tokens per parameter (--param-data-ratio)", gt=0)
 
 
 class Outside(Strict):
     """Time outside the training steps."""
 
-    startup_min: float | None = Field(default=None, ge=0, description="minutes at start: launch, warm-up "
-                                                                      "(--startup-min)")
-    eval_every: int | None = Field(default=None, ge=0, description="evaluate every N steps, 0: never (--eval-every)")
-    eval_tokens: int | None = Field(default=None, gt=0, description="tokens per evaluation (--eval-tokens)")
-    checkpoint_every: int | None = Field(default=None, ge=0, description="checkpoint every N steps, 0: at the end "
-                                                                          "(--checkpoint-every)")
-    interruptions_per_gpu_hour: float | None = Field(default=None, ge=0, description="job interruptions a GPU-hour "
-                                                                                     "(--interruptions-per-gpu-hour)")
-    restart_min: float | None = Field(default=None, ge=0, description="minutes to restart after an interruption "
-                                                                      "(--restart-min)")
+    startup_min: float | None = stated("minutes at start: launch, warm-up "
+                                       "(--startup-min)", ge=0)
+    eval_every: int | None = stated("evaluate every N steps, 0: never (--eval-every)", ge=0)
+    eval_tokens: int | None = stated("tokens per evaluation (--eval-tokens)", gt=0)
+    checkpoint_every: int | None = stated("checkpoint every N steps, 0: at the end "
+                                          "(--checkpoint-every)", ge=0)
+    interruptions_per_gpu_hour: float | None = stated("job interruptions a GPU-hour "
+                                                      "(--interruptions-per-gpu-hour)", ge=0)
+    restart_min: float | None = stated("minutes to restart after an interruption "
+                                       "(--restart-min)", ge=0)
 
 
 class Measured(Strict):
     """A step measured on this run (table fits one efficiency to it; memory takes its peak)."""
 
-    step_time_s: float | None = Field(default=None, gt=0, description="seconds a step (--measured-step-time)")
-    gpus: int | None = Field(default=None, gt=0, description="GPUs of the measured run (--measured-gpus)")
-    tp: int | None = Field(default=None, gt=0, description="its tensor-parallel degree (--measured-tp)")
-    pp: int | None = Field(default=None, gt=0, description="its pipeline-parallel degree (--measured-pp)")
-    attention: str | None = Field(default=None, description="its attention (--measured-attention)")
-    window: str | None = Field(default=None, description="its window pattern (--measured-window)")
-    fit: Literal["auto", "gemm", "attention", "compute"] | None = Field(
-        default=None, description="the efficiency it calibrates (--fit)")
-    peak_gb: float | None = Field(default=None, gt=0, description="memory: measured peak per GPU, GB (10^9 bytes, "
-                                                                  "as torch.cuda.max_memory_allocated / 1e9) "
-                                                                  "(--measured-peak)")
+    step_time_s: float | None = stated("seconds a step (--measured-step-time)", gt=0)
+    gpus: int | None = stated("GPUs of the measured run (--measured-gpus)", gt=0)
+    tp: int | None = stated("its tensor-parallel degree (--measured-tp)", gt=0)
+    pp: int | None = stated("its pipeline-parallel degree (--measured-pp)", gt=0)
+    attention: str | None = stated("its attention (--measured-attention)")
+    window: str | None = stated("its window pattern (--measured-window)")
+    fit: Literal["auto", "gemm", "attention", "compute"] | None = stated("the efficiency it calibrates (--fit)")
+    peak_gb: float | None = stated("memory: measured peak per GPU, GB (10^9 bytes, "
+                                   "as torch.cuda.max_memory_allocated / 1e9) "
+                                   "(--measured-peak)", gt=0)
 
 
 class Plan(Strict):
     """What `plan` optimises."""
 
-    objective: Literal["time", "cost"] | None = Field(default=None, description="rank by wall-clock or cost "
-                                                                                "(--objective)")
-    deadline_h: float | None = Field(default=None, gt=0, description="hours: the cheapest layout in time (--deadline)")
-    budget_usd: float | None = Field(default=None, gt=0, description="USD: the fastest layout within it (--budget)")
-    top: int | None = Field(default=None, gt=0, description="rows shown (--top)")
+    objective: Literal["time", "cost"] | None = stated("rank by wall-clock or cost "
+                                                       "(--objective)")
+    deadline_h: float | None = stated("hours: the cheapest layout in time (--deadline)", gt=0)
+    budget_usd: float | None = stated("USD: the fastest layout within it (--budget)", gt=0)
+    top: int | None = stated("rows shown (--top)", gt=0)
 
 
 class RunConfig(Strict):
@@ -129,28 +134,28 @@ class RunConfig(Strict):
 
     kind: Literal["run"]
     version: Literal[1] = 1
-    model: str | None = Field(default=None, description="a built-in model, a model YAML or a config.json (--model)")
-    hardware: TextList | None = Field(default=None, description="a built-in hardware or a hardware YAML; plan takes "
-                                                              "a list (or all) (--hardware)")
-    gpus: IntList | Annotated[str, Field(pattern=GPU_RANGES)] | None = Field(
-        default=None, description="GPUs in total: a list, or ranges as the flag takes them ('1,8-64') (--gpus)")
+    model: str | None = stated("a built-in model, a model YAML or a config.json (--model)")
+    hardware: TextList | None = stated("a built-in hardware or a hardware YAML; plan takes "
+                                       "a list (or all) (--hardware)")
+    gpus: IntList | Annotated[str, Field(pattern=GPU_RANGES)] | None = stated(
+        "GPUs in total: a list, or ranges as the flag takes them ('1,8-64') (--gpus)")
     layout: Layout = Layout()
     precision: Precision = Precision()
-    recompute: list[RecomputePolicy] | RecomputePolicy | None = Field(default=None, description="none, selective, "
-                                                                                              "full (--recompute)")
-    attention: TextList | None = Field(default=None, description="attention implementations (--attention)")
-    window: TextList | None = Field(default=None, description="window patterns of S and L, e.g. SSSL (--window)")
-    seq_len: int | None = Field(default=None, gt=0, description="sequence length, tokens (--seq-len)")
-    compiled: bool | None = Field(default=None, description="torch.compile'd model (--compile/--no-compile)")
-    moe_imbalance: float | None = Field(default=None, ge=1, description="busiest expert rank over the mean "
-                                                                        "(--moe-imbalance)")
+    recompute: list[RecomputePolicy] | RecomputePolicy | None = stated("none, selective, "
+                                                                       "full (--recompute)")
+    attention: TextList | None = stated("attention implementations (--attention)")
+    window: TextList | None = stated("window patterns of S and L, e.g. SSSL (--window)")
+    seq_len: int | None = stated("sequence length, tokens (--seq-len)", gt=0)
+    compiled: bool | None = stated("torch.compile'd model (--compile/--no-compile)")
+    moe_imbalance: float | None = stated("busiest expert rank over the mean "
+                                         "(--moe-imbalance)", ge=1)
     batch: Batch = Batch()
     budget: Budget = Budget()
     outside: Outside = Outside()
-    price_usd_per_gpu_hour: float | None = Field(default=None, gt=0, description="USD per GPU-hour (--price)")
-    headroom: float | None = Field(default=None, ge=0, lt=1, description="share of usable memory left free "
-                                                                         "(--headroom)")
-    calibration: str | None = Field(default=None, description="a calibration file (--calibration)")
+    price_usd_per_gpu_hour: float | None = stated("USD per GPU-hour (--price)", gt=0)
+    headroom: float | None = stated("share of usable memory left free "
+                                    "(--headroom)", ge=0, lt=1)
+    calibration: str | None = stated("a calibration file (--calibration)")
     measured: Measured = Measured()
     plan: Plan = Plan()
 

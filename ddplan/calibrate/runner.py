@@ -359,6 +359,19 @@ def stage_kinds(quick: bool) -> tuple[str, ...]:
     return tuple("step" if name == STAGES[HELD_OUT_STAGE] else "bench" for name in stages_for(quick))
 
 
+def check_attention(names: list[str], hw: HardwareSpec | None) -> None:
+    """--attention's names, before any benchmark: each one an implementation calibrate can time
+    (bench.ATTENTION_IMPLS) and, with --hardware, one of that hardware's; a UsageError naming the others."""
+    from ddplan.calibrate import bench
+
+    hw_names = {a.name for a in hw.attention} if hw else None
+    allowed = tuple(n for n in bench.ATTENTION_IMPLS if hw_names is None or n in hw_names)
+    bad = [n for n in names if n not in allowed]
+    if bad:
+        raise UsageError(f"{', '.join(map(repr, bad))}: not an attention implementation calibrate can time"
+                         f"{' on ' + hw.name if hw else ''}; allowed: {', '.join(allowed)}", field="--attention")
+
+
 def attention_impls(req: CalibrateRequest) -> tuple[str, ...]:
     """The attention implementations a run times: --attention, else every one the hardware spec lists (both
     SDPA paths without a spec)."""
