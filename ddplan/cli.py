@@ -35,6 +35,15 @@ Examples:
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+
+def _today():
+    """The date a --price offer is stamped with (a function, so tests can fix it without patching datetime)."""
+    import datetime as dt
+
+    return dt.date.today()
+
+
 def _version(value: bool) -> None:
     if value:
         from ddplan import __version__
@@ -669,8 +678,6 @@ def table_cmd(
     """
     if _config_first(ctx, print_config):
         return
-    import datetime as dt
-
     from ddplan import render, verdicts
     from ddplan.calibration import StepMeasurement
     from ddplan.errors import UsageError
@@ -714,7 +721,7 @@ def table_cmd(
                         ratio_params=spec.recipe.budget.ratio_params)
     price_spec = None
     if price is not None:
-        price_spec = Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price", date=dt.date.today(),
+        price_spec = Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price", date=_today(),
                            source="given on the command line")
     measurement = None
     if measured_step_time is not None:
@@ -1039,7 +1046,6 @@ def plan_cmd(
     """
     if _config_first(ctx, print_config):
         return
-    import datetime as dt
 
     from ddplan import reasons as words
     from ddplan import render
@@ -1059,7 +1065,7 @@ def plan_cmd(
     hws = (hw0, *(load_hardware(h) for h in names[1:]))
     _check_calibration_hardware(cal, hws, calibration)
     price_spec = None if price is None else Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price",
-                                                  date=dt.date.today(), source="given on the command line")
+                                                  date=_today(), source="given on the command line")
     options = _options(sequence_parallel, tp_comm_overlap, None, shard_group, reshard_after_forward,
                        overlap_param_gather, cp_comm, _etp(etp, spec), spec, fp8_all_gather, offload_optimizer)
     eps = tuple(_int_list(ep, "--ep")) if ep else ()

@@ -41,16 +41,13 @@ def snapshot(snapshot):
     return snapshot.use_extension(Golden)
 
 
-class _FrozenDate(datetime.date):
-    @classmethod
-    def today(cls) -> datetime.date:
-        return cls(FROZEN_TODAY.year, FROZEN_TODAY.month, FROZEN_TODAY.day)
-
-
 @pytest.fixture
 def frozen_today(monkeypatch):
-    """`--price` dates its offer with datetime.date.today(), looked up at call time: swap the class."""
-    monkeypatch.setattr(datetime, "date", _FrozenDate)
+    """`--price` dates its offer with ddplan.cli._today(): fix it. (Swapping datetime.date itself broke pydantic,
+    which builds a model's schema on first use and then met the test's subclass of date.)"""
+    import ddplan.cli
+
+    monkeypatch.setattr(ddplan.cli, "_today", lambda: FROZEN_TODAY)
 
 
 @pytest.fixture(scope="session")
