@@ -918,9 +918,10 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
         raise UsageError("needs torch: pip install 'ddplan[calibrate]' (a CUDA or ROCm build on a GPU box)",
                          field="calibrate") from None
     from ddplan import verdicts
-    from ddplan.calibrate.eta import PROBE_QUIET_S, StageLines
-    from ddplan.calibrate.runner import (CalibrateRequest, Interrupted, check_step, compile_estimate_s, plan_shapes,
-                                         run, spec_for_device, stage_estimates_s, stage_kinds, stages_for, step_program)
+    from ddplan.calibrate.eta import PROBE_QUIET_S, Eta, StageLines
+    from ddplan.calibrate.runner import (CalibrateRequest, Interrupted, check_step, compile_estimate_s, first_probes_s,
+                                         plan_shapes, run, spec_for_device, stage_estimates_s, stage_kinds, stages_for,
+                                         step_program)
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -944,10 +945,12 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
     program, compile_s = step_program(req), compile_estimate_s(spec, step_program(req))
     stages = stages_for(quick)  # quick: one GEMM pass
     estimates_s = stage_estimates_s(req, shapes, shape_list, compile_s)
-    _info(verdicts.calibrate_plan(spec, req, shapes, stages, len(shape_list), program, compile_s, sum(estimates_s)))
     # the probe's quiet time is the CPU's (a GPU's probe is another kernel): there the step goes as the benchmarks
     plan = dict(stages=stages, estimates_s=estimates_s, kinds=stage_kinds(quick),
-                probe_quiet_s=PROBE_QUIET_S if device == "cpu" else None)
+                probe_quiet_s=PROBE_QUIET_S if device == "cpu" else None, first_probes_s=first_probes_s(device))
+    first = Eta(plan["estimates_s"], plan["kinds"], probe_quiet_s=plan["probe_quiet_s"],
+                first_probes_s=plan["first_probes_s"]).left_s()
+    _info(verdicts.calibrate_plan(spec, req, shapes, stages, len(shape_list), program, compile_s, first))
     try:
         if console.is_terminal:
             with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,

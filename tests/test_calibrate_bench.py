@@ -176,6 +176,16 @@ def test_the_speed_probe_runs_between_timed_steps_only():
     assert bench.probe_words("cpu", "fp32") == "fp32 512x512x512 GEMM, median of 5"
 
 
+def test_the_probes_before_a_run_are_the_cpus_only():
+    """calibrate probes the machine's speed before its first estimate on CPU (eta.FIRST_PROBES times); on a GPU
+    there is no quiet figure to compare with, so none run."""
+    from ddplan.calibrate import eta, runner
+
+    times = runner.first_probes_s("cpu")
+    assert len(times) == eta.FIRST_PROBES and all(positive(t) for t in times)
+    assert runner.first_probes_s("cuda") == ()
+
+
 INDUCTOR = pytest.mark.xdist_group("inductor")  # one worker compiles them all: Inductor starts once, not thrice
 
 

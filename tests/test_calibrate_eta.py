@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from ddplan.calibrate import eta as eta_
-from ddplan.calibrate.eta import PRIOR_WEIGHT_S, STEP_SHARE_AS_PROBE, Eta, probe_ratio, speed_ratio, step_prior
+from ddplan.calibrate.eta import (BENCH_SHARE_AS_PROBE, PRIOR_WEIGHT_S, STEP_SHARE_AS_PROBE, Eta, probe_ratio,
+                                speed_ratio, step_prior)
 from ddplan.registry import load_model
 
 W = PRIOR_WEIGHT_S["bench"]
@@ -145,3 +146,21 @@ def test_the_pre_run_figures_by_hand():
     d4 = load_model("d4")
     assert eta_.step_s(d4.architecture, 4, 256) == pytest.approx(0.2 + 0.030 * 72.880668672, rel=1e-9)
     assert eta_.optimizer_stage_s(load_model("d2")) == pytest.approx(4.5 + 0.054 * 1.25829145, rel=1e-6)
+
+
+def test_probes_before_the_run_set_the_first_estimate_of_both_kinds():
+    """Benchmarks estimated at 20 s and a step at 8 s; before the run the probe took (16 ms cold,) 6, 5 and 7 ms
+    against 2 ms quiet: 3x. The benchmarks' prior is 1 + 0.1 x (3 - 1) = 1.2 (24 s), the step's 1 + 0.5 x 2 = 2
+    (16 s): 40 s before any work, where without the probes it is 28 s. The same probes given after the start
+    give the same estimate."""
+    assert BENCH_SHARE_AS_PROBE == 0.1 and STEP_SHARE_AS_PROBE == 0.5
+    probes = (16e-3, 6e-3, 5e-3, 7e-3)
+    first = Eta((20.0, 8.0), ("bench", "step"), Clock(), probe_quiet_s=2e-3, first_probes_s=probes)
+    assert first.left_s() == pytest.approx(40.0, rel=1e-12)
+    later = Eta((20.0, 8.0), ("bench", "step"), Clock(), probe_quiet_s=2e-3)
+    assert later.left_s() == 28.0
+    for seconds in probes:
+        later.probed(seconds)
+    assert later.left_s() == pytest.approx(first.left_s(), rel=1e-12)
+    # on a GPU (no quiet probe time) the probes change nothing
+    assert Eta((20.0, 8.0), ("bench", "step"), Clock(), first_probes_s=probes).left_s() == 28.0

@@ -80,6 +80,14 @@ def speed_ratio(spent_s: float, estimated_s: float, prior: float, prior_weight_s
 # 1.9-2.1x (a share of 0.3); another session's load and that process, 11x and 6.8x (0.6). Between the two:
 # the probe sets the step's estimate only until one step has run.
 STEP_SHARE_AS_PROBE = 0.5
+# The same share for the micro-benchmarks, which slow far less (torch's adaptive timer bounds each one's time):
+# one CPU-bound process beside d4 --quick on the VM, probe 4.6x slower, benchmarks 0.96-1.37x their quiet 27 s
+# (shares 0-0.1; the docstring's runs); again 2026-12-03, probe 3.25x, benchmarks 56 s against 43.7 s estimated,
+# 1.28x (0.12). Assumed 0.1: the prior until the benchmarks' own speed takes over (PRIOR_WEIGHT_S).
+BENCH_SHARE_AS_PROBE = 0.1
+# probes run before the first progress line, so its estimate already knows the machine's speed: the first runs
+# cold and is left out (probe_ratio); ~10 ms each on the VM's CPU
+FIRST_PROBES = 4
 
 
 def probe_ratio(probes_s: list[float], quiet_s: float) -> float | None:
@@ -94,12 +102,13 @@ def probe_ratio(probes_s: list[float], quiet_s: float) -> float | None:
     return statistics.fmean(probes_s[1:]) / quiet_s if len(probes_s) > 1 else None
 
 
-def step_prior(probe_over_quiet: float) -> float:
-    """How much slower than estimated the held-out step will run, from the probe's ratio: 1 + s x (ratio - 1),
-    s = STEP_SHARE_AS_PROBE, the share of the step's time that slows as the probe does."""
+def step_prior(probe_over_quiet: float, share: float = STEP_SHARE_AS_PROBE) -> float:
+    """How much slower than estimated a kind of work will run, from the probe's ratio: 1 + s x (ratio - 1),
+    s = the share of its time that slows as the probe does (STEP_SHARE_AS_PROBE for the held-out step,
+    BENCH_SHARE_AS_PROBE for the micro-benchmarks)."""
     if probe_over_quiet <= 0:
         raise ValueError(f"need a probe ratio > 0, got {probe_over_quiet}")
-    return 1.0 + STEP_SHARE_AS_PROBE * (probe_over_quiet - 1.0)
+    return 1.0 + share * (probe_over_quiet - 1.0)
 
 
 def gemm_part_s(m: int, n: int, k: int, quick: bool) -> float:
@@ -146,8 +155,8 @@ class Eta:
 
     estimates_s and kinds: one per stage ("bench" or "step", PRIOR_WEIGHT_S). begin(i) at the start of
     stage i, advance(fraction) as parts of it finish, probed(seconds) after each machine-speed probe, which
-    sets the step's prior (step_prior of probe_ratio) where probe_quiet_s is known (None, as on a GPU: the
-    step goes as the rest of the run); left_s() re-estimates from the times of the reports. clock: seconds
+    sets the priors of both kinds (step_prior of probe_ratio, each with its share) where probe_quiet_s is known
+    (None, as on a GPU: the step goes as the rest of the run); left_s() re-estimates from the times of the reports. clock: seconds
     (time.monotonic; a fake one in tests).
     """
 
@@ -155,12 +164,13 @@ class Eta:
     kinds: tuple[str, ...]
     clock: Callable[[], float] = time.monotonic
     probe_quiet_s: float | None = None
+    first_probes_s: tuple[float, ...] = ()  # probes run before the first stage (FIRST_PROBES), as if probed()
     start: float = field(init=False)
     stage: int = field(init=False, default=0)
     fraction: float = field(init=False, default=0.0)
     tick: float = field(init=False)
     spent_s: list[float] = field(init=False)  # per stage, up to the last report
-    priors: dict[str, float] = field(init=False, default_factory=lambda: {"bench": 1.0})  # the estimate itself
+    priors: dict[str, float] = field(init=False, default_factory=lambda: {"bench": 1.0})  # the estimate, until probed
     probes_s: list[float] = field(init=False, default_factory=list)
     stage_start: float = field(init=False)
     begun: bool = field(init=False, default=False)
@@ -172,6 +182,8 @@ class Eta:
             raise ValueError(f"kinds must be among {', '.join(PRIOR_WEIGHT_S)}, got {self.kinds}")
         self.start = self.tick = self.stage_start = self.clock()
         self.spent_s = [0.0] * len(self.estimates_s)
+        for seconds in self.first_probes_s:
+            self.probed(seconds)
 
     def begin(self, stage: int) -> None:
         now = self.clock()
@@ -192,6 +204,7 @@ class Eta:
         ratio = probe_ratio(self.probes_s, self.probe_quiet_s) if self.probe_quiet_s is not None else None
         if ratio is not None:
             self.priors["step"] = step_prior(ratio)
+            self.priors["bench"] = step_prior(ratio, BENCH_SHARE_AS_PROBE)
 
     def elapsed_s(self) -> float:
         return self.clock() - self.start
@@ -228,13 +241,15 @@ class StageLines:
     """Calibrate's progress: the stage, its number, the elapsed time and the time left, re-estimated from the
     run's own speed (ddplan.calibrate.eta.Eta), shown at each stage's start and at least every every_s
     within one (show(text, stage index); by default a line on stderr). probe_quiet_s: the machine-speed
-    probe's time where the estimates were made (Eta). clock: seconds (a fake one in tests)."""
+    probe's time where the estimates were made, first_probes_s: its times before the run (Eta). clock: seconds
+    (a fake one in tests)."""
 
     def __init__(self, stages: tuple[str, ...], estimates_s: tuple[float, ...], kinds: tuple[str, ...], *,
-                 probe_quiet_s: float | None = None, every_s: float = PROGRESS_EVERY_S, show=None, clock=None):
+                 probe_quiet_s: float | None = None, first_probes_s: tuple[float, ...] = (),
+                 every_s: float = PROGRESS_EVERY_S, show=None, clock=None):
         self.stages, self.every_s, self.clock = stages, every_s, clock or time.monotonic
         self.show = show or (lambda text, stage: print(f"calibrate: {text}", file=sys.stderr, flush=True))
-        self.eta = Eta(estimates_s, kinds, self.clock, probe_quiet_s)
+        self.eta = Eta(estimates_s, kinds, self.clock, probe_quiet_s, first_probes_s)
         self.count, self.name, self.shown = 0, "", self.clock()
         self.lock = threading.Lock()  # the heartbeat thread reads what the run's thread writes
 

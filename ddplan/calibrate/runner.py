@@ -220,6 +220,20 @@ GEMM_PASSES = 2
 PROBE_EVERY = 4
 
 
+def first_probes_s(device: str) -> tuple[float, ...]:
+    """eta.FIRST_PROBES runs of the machine-speed probe before the run, on CPU (where eta.PROBE_QUIET_S says
+    what they take on a quiet machine), so the first estimate of the time left knows this machine's speed; ()
+    on a GPU or where the probe fails (the estimate then starts from the quiet figures)."""
+    from ddplan.calibrate import bench
+
+    if device != "cpu":
+        return ()
+    try:
+        return tuple(bench.bench_probe_s(device, dtype="fp32") for _ in range(eta.FIRST_PROBES))
+    except Exception:  # the probe only refines the estimate: without it the run goes on
+        return ()
+
+
 def shape_count(label: str) -> int:
     """GEMMs a gemm_shapes label stands for: 1, plus N for "(+N same shape)"."""
     more = re.search(r"\(\+(\d+) same shape\)", label)
