@@ -4,7 +4,7 @@ each priced through the CLI exactly as a user would ask for it.
     python benchmarks/published_korthikanti2022.py
 
 Rows and layouts: the korthikanti2022 runs of validation/published_runs.yaml (each with its source), priced
-with the `ddplan table` command each stands for (ddplan.runs.table_command). The "present work" rows use
+with the `ddplan table` command each stands for (ddplan.replay.table_command). The "present work" rows use
 sequence parallelism with selective recompute (--sequence-parallel).
 Prints, per row, the command, the prediction with its band, the measured time and the error; then the
 median and largest |error| and how many measurements fall inside the band. tests/test_price.py holds
@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ddplan import cli  # noqa: E402
-from ddplan.runs import load_runs, table_command  # noqa: E402
+from ddplan.replay import table_command  # noqa: E402
+from ddplan.runs import load_runs  # noqa: E402
 
 # Figure 1 (GPT-3 175B, tp 8, pp 8, micro-batch 1, no recompute): GiB per GPU
 FIG1_STATES_GIB, FIG1_ACTIVATIONS_GIB = 45.56, 66.84

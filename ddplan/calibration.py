@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Callable, Literal
 
 from pydantic import Field
 
+from ddplan.errors import SpecError
 from ddplan.specs import Strict
 
 if TYPE_CHECKING:
@@ -206,8 +207,6 @@ def check_against_hardware(cal: CalibrationSpec, hw, source: str) -> None:
     it, HBM copy bandwidth above the datasheet's (x PEAK_SLACK), a measured peak memory above the device's.
     One SpecError naming the file and the entry (e.g. `gemm[3].tflops`). The held-out step's own bound (no
     step faster than its FLOPs at peak) is ddplan.fitting.check_physical, where the step is priced."""
-    from ddplan.errors import SpecError
-
     def peak_tflops(dtype: str) -> float | None:
         try:
             return hw.peak.flops_per_s(dtype) / 1e12

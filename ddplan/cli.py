@@ -111,7 +111,7 @@ def _config_callback(ctx: typer.Context, param: typer.CallbackParam, value: str 
         return None
     from ddplan import runconfig
     from ddplan.errors import UsageError
-    from ddplan.registry import read_yaml, validate
+    from ddplan.specfile import read_yaml, validate
 
     path = Path(value).expanduser()
     if not path.is_file():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
-from ddplan import flops, params, registry, run, units
+from ddplan import flops, params, registry, run, specfile, units
 from ddplan.errors import SpecError
 from ddplan.hf import config_path
 from ddplan.specs import HardwareSpec, ModelSpec, nanochat_depth
@@ -44,7 +44,7 @@ def load_any(name: str) -> HardwareSpec | ModelSpec:
         path = Path(name)
         if not path.exists():
             raise SpecError("no such file", file=name)
-        data = registry.read_yaml(path)  # a folder, an unreadable or malformed file: one line naming it
+        data = specfile.read_yaml(path)  # a folder, an unreadable or malformed file: one line naming it
         kind = data.get("kind") if isinstance(data, dict) else None
         if kind == "hardware":
             return registry.load_hardware(name)

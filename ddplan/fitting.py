@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 from ddplan.calibration import StepMeasurement, fit_factor
 from ddplan.errors import ImpossibleMeasurement, LayoutError, UsageError
+from ddplan.flops import exact_flops_per_token, mfu
 from ddplan.layout import Layout, check_layout, data_parallel, layout_for
 from ddplan.roofline import FIT_SCENARIOS, Rates, Scenario
 from ddplan.specs import ModelSpec, run_variant
@@ -179,8 +180,6 @@ def check_physical(pricer, m: StepMeasurement, window: str, where: str = MEASURE
     refused here; 0.9 s passes here but needs GEMMs at 1.45 of peak, 1.8x H100's best (0.80): refused by
     table; 1.8 s is priced.
     """
-    from ddplan.flops import exact_flops_per_token, mfu
-
     hw, spec = pricer.hw, pricer.spec
     dtype = "fp8" if pricer.fp8 else spec.dtypes.compute
     peak = hw.peak.flops_per_s(dtype)

@@ -6,6 +6,7 @@ count at window L; the same run reads ~25% under the SSSL count.
 
 from __future__ import annotations
 
+from ddplan.anatomy import attention_pairs
 from ddplan.params import param_counts
 from ddplan.specs import Architecture
 
@@ -58,7 +59,6 @@ def exact_flops_per_token(arch: Architecture, seq_len: int) -> float:
     native windows needs. Ref: ddplan.anatomy.attention_pairs.
     """
     _check_seq(seq_len)
-    from ddplan.anatomy import attention_pairs
 
     attn = sum(12 * arch.num_heads * arch.head_dim * attention_pairs(seq_len, w, "flash_package", "native")
                for w in arch.windows(seq_len))

@@ -4,7 +4,8 @@ all-gather sends at 1 byte. ddplan.roofline prices the GEMMs and casts; ddplan.s
 
 from __future__ import annotations
 
-from ddplan.anatomy import Op
+from ddplan.anatomy import Op, build_anatomy
+from ddplan.params import param_counts
 
 # GEMMs an fp8 recipe leaves in the compute dtype whatever their shape: the output layer (torchtitan's float8 and
 # MXFP8 converters filter "output", torchtitan/components/quantization/float8.md and mx.py; Megatron-Core builds
@@ -94,9 +95,6 @@ def fp8_weight_fractions(spec) -> dict[str, float]:
     recipe's LM-head rule): the weights an fp8 all-gather sends at 1 byte. Counted on the model's own GEMMs
     (ddplan.anatomy, one sequence, no parallelism), so the shapes are the ones that are priced.
     e.g. a dense GPT with untied embeddings: block_matrices 1.0, lm_head 0.0, wte 0.0."""
-    from ddplan.anatomy import build_anatomy
-    from ddplan.params import param_counts
-
     key = spec.model_dump_json()
     if key not in _FRACTIONS:
         an = build_anatomy(spec, batch=1)

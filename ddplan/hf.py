@@ -23,7 +23,9 @@ from typing import Any
 
 from ddplan.errors import InputWarning, SpecError, kind_of
 from ddplan.files import loads_json
-from ddplan.specs import DROPLESS_IMBALANCE
+from ddplan.params import total_params
+from ddplan.specfile import validate
+from ddplan.specs import DROPLESS_IMBALANCE, Architecture, ModelSpec, present_param_groups
 
 # Defaults for what a config.json does not carry; each is listed in the spec it builds.
 DEFAULT_SEQ_LEN = 4096  # capped at the config's max_position_embeddings
@@ -247,10 +249,6 @@ def _moe_from_config(cfg: dict, path: Path, model_type: str, layers: int, notes:
 
 def spec_from_config(path: Path):
     """The ModelSpec of a local config.json: its architecture, and ddplan's stated defaults for the rest."""
-    from ddplan.params import total_params
-    from ddplan.registry import validate
-    from ddplan.specs import Architecture, ModelSpec, present_param_groups
-
     cfg = _Reads(read_config(path))
     fields, family, notes = architecture_from_config(cfg, path)
     unread = sorted(k for k in cfg if k not in cfg.read and k not in NOT_COST)

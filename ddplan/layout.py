@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from ddplan.anatomy import UNFUSED_KINDS
 from ddplan.errors import LayoutError
+from ddplan.pipeline import stage_layers
 from ddplan.specs import ModelSpec
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -350,7 +351,6 @@ def check_layout(layout: Layout, spec: ModelSpec, total_batch_tokens: int | None
     problems = []
     if a.num_heads % layout.tp or a.num_kv_heads % layout.tp:
         problems.append(f"tp={layout.tp} must divide num_heads={a.num_heads} and num_kv_heads={a.num_kv_heads}")
-    from ddplan.pipeline import stage_layers
 
     try:
         first, middle, last = stage_layers(a.num_layers, layout.pp)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from ddplan.anatomy import Anatomy, muon_matrices
 from ddplan.params import param_counts
 from ddplan.fp8 import fp8_weight_fractions
+from ddplan.pipeline import moe_layers_by_stage, stage_layers
 from ddplan.specs import ModelSpec
 from ddplan.layout import Layout
 from ddplan.units import GiB, MiB, dtype_bytes
@@ -83,8 +84,6 @@ def limit_bytes(capacity_bytes: float, headroom: float) -> float:
 def _busiest_stage_share(layout: Layout, num_layers: int) -> float:
     """Fraction of the layers on the pipeline stage with the most (ddplan.pipeline.stage_layers); 1/pp when
     pp divides them; ceil(L / pp) / L for a split that leaves an end stage empty (refused by check_layout)."""
-    from ddplan.pipeline import stage_layers
-
     try:
         return max(stage_layers(num_layers, layout.pp)) / num_layers
     except ValueError:
@@ -103,8 +102,6 @@ def _stage_share(group: str, layout: Layout, num_layers: int, arch=None) -> floa
     if group in EMBEDDING_GROUPS or group in HEAD_GROUPS:
         return 1.0 / layout.tp
     if arch is not None and arch.moe is not None and group in (EXPERT_GROUP, "router") and layout.pp > 1:
-        from ddplan.pipeline import moe_layers_by_stage
-
         try:
             return max(moe_layers_by_stage(arch, layout.pp)) / arch.moe_layers / layout.tp
         except ValueError:  # a split check_layout refuses: the even share, rounded up
@@ -208,8 +205,6 @@ def activation_bytes(anatomy: Anatomy, layout: Layout, num_layers: int) -> tuple
     (ddplan.pipeline.stage_layers) the first stage has fewer of them, and the second stage, holding one
     micro-batch fewer with the most layers, may hold more: the larger of the two.
     """
-    from ddplan.pipeline import stage_layers
-
     if anatomy.tp != layout.tp:
         raise ValueError(f"the anatomy is for tp={anatomy.tp}, the layout has tp={layout.tp}")
     layer_bytes, other = anatomy.saved_split

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ddplan.anatomy import adamw_bytes
 from ddplan.errors import UsageError
-from ddplan.layout import Layout
+from ddplan.layout import NATIVE_ZERO, Layout
 from ddplan.memory import state_share
 from ddplan.params import param_counts
 from ddplan.specs import HardwareSpec, ModelSpec
@@ -37,8 +37,6 @@ def offload_problem(spec: ModelSpec, hw: HardwareSpec) -> str | None:
 def check_offload(spec: ModelSpec, hw: HardwareSpec, zeros: tuple[int, ...] | None) -> None:
     """Raise UsageError (naming --offload-optimizer) when optimizer offload cannot apply. zeros: the ZeRO stages
     asked for (() = the model's native one; None: searched, as plan does)."""
-    from ddplan.layout import NATIVE_ZERO
-
     problem = offload_problem(spec, hw)
     if problem:
         raise UsageError(problem, field="--offload-optimizer")

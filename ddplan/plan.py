@@ -19,8 +19,10 @@ from ddplan.fitting import fitted
 from ddplan.layout import NATIVE_ZERO, Layout, Options, check_layout, cp_attention_problem, expert_parallel_degrees
 from ddplan.memory import HEADROOM
 from ddplan.gcpause import no_cycle_collection
+from ddplan.offload import check_offload
 from ddplan.price import PricedLayout, Pricer, RunPlan
 from ddplan.specs import HardwareSpec, ModelSpec, Price
+from ddplan.table import check_fp8, check_fp8_options
 from ddplan.units import GiB
 
 MAX_SEARCHES = 64  # (hardware, GPU count) pairs one search covers, checked before any work
@@ -193,15 +195,12 @@ def _search(req: PlanRequest, progress: Callable[[str, int, int], None], shortcu
     if total_batch < seq or total_batch % seq:
         raise UsageError(f"{total_batch:,} tokens is not a positive multiple of the sequence length {seq:,}",
                          field="--total-batch-size")
-    from ddplan.table import check_fp8, check_fp8_options
 
     if req.fp8:
         for hw in req.hardware:
             check_fp8(spec, hw)
     check_fp8_options(spec, req.fp8, req.fp8_recipe, req.options.fp8_all_gather, None)
     if req.options.offload_optimizer:
-        from ddplan.offload import check_offload
-
         for hw in req.hardware:
             check_offload(spec, hw, None)
     window = spec.architecture.window_pattern

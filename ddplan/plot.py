@@ -16,6 +16,9 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+from ddplan.errors import DdplanError
+from ddplan.files import _umask
+
 FORMATS = {".png": "png", ".svg": "svg"}
 DPI = 150
 SCENARIO_SIZE_IN = (12.0, 6.0)
@@ -311,9 +314,6 @@ def _save(fig, path: str | os.PathLike, fmt: str) -> None:
     """Render to a temporary file beside `path`, then os.replace: readers never see a half-written plot.
     The file gets the permissions the umask gives a new file (mkstemp's own are 0600), as ddplan.files does."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    from ddplan.errors import DdplanError
-    from ddplan.files import _umask
 
     FigureCanvasAgg(fig)
     target = Path(path)

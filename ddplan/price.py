@@ -407,8 +407,6 @@ class Pricer:
     def checkpoint_bytes(self) -> float:
         """Bytes of one checkpoint: parameters and optimizer states, each counted once (whatever the layout
         replicates), as their shards over a fully sharded layout add up (ddplan.memory.model_states)."""
-        from ddplan.layout import Layout
-
         states = model_states(self.spec, Layout(dp=1, zero=0))
         return sum(states["params"].values()) + sum(states["optimizer"].values())
 

@@ -8,6 +8,10 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from ddplan.layout import NATIVE_ZERO
+from ddplan.provenance import line
+from ddplan.verdicts import config_label
+
 
 def echo(text: str) -> None:
     """Write a result to stdout (results only; messages go to stderr); nothing for an empty result."""
@@ -105,15 +109,11 @@ def _cell(value: Any, digits: int) -> str:
 def csv_with(prov: dict, rows: list[dict]) -> str:
     """CSV with a first comment line saying what produced it (ddplan.provenance); read it with
     `pandas.read_csv(..., comment="#")` or skip lines starting with '#'."""
-    from ddplan.provenance import line
-
     return "# " + line(prov) + "\n" + table(rows, "csv")
 
 
 def footer(prov: dict, fmt: str, screen: Screen | None = None) -> str:
     """The provenance line under a table or markdown output (nothing for csv/json, which carry it as data)."""
-    from ddplan.provenance import line
-
     return lines(["Produced by " + line(prov) + "."], fmt, screen)
 
 
@@ -160,9 +160,6 @@ def _sig(x: float) -> str:
 
 def table_data(table) -> list[dict]:
     """Decision-table rows as data: the row's name first, then every figure (units in the keys)."""
-    from ddplan.layout import NATIVE_ZERO
-    from ddplan.verdicts import config_label
-
     native = NATIVE_ZERO[table.request.model.recipe.distribution]
     return [{"config": config_label(p, native), **p.row()} for p in table.rows]
 

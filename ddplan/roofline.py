@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ddplan.anatomy import UNFUSED_KINDS, Anatomy, Op, attention_pairs
+from ddplan.anatomy import UNFUSED_KINDS, Anatomy, Op, attention_pairs, recomputed_under
 from ddplan.fp8 import FP8_CAST_LAUNCHES, FP8_RECIPES, fp8_cast_bytes, fp8_eligible
 from ddplan.specs import Efficiency, HardwareSpec
 from ddplan.units import US
@@ -390,8 +390,6 @@ def _part(op: Op) -> str:
 
 def op_times(anatomy: Anatomy, r: Rates) -> OpTimes:
     """Per-part sums of op times (the recompute policy of the anatomy is not applied here)."""
-    from ddplan.anatomy import recomputed_under
-
     fwd: dict[str, float] = {}
     bwd: dict[str, float] = {}
     again: dict[tuple[str, str], float] = {}

@@ -10,8 +10,8 @@ import itertools
 from dataclasses import dataclass, replace
 
 from ddplan.errors import LayoutError, UsageError
-from ddplan.layout import (NATIVE_ZERO, Layout, Options, check_layout, cp_attention_problem, data_parallel, layout_for,
-                           split_batch)
+from ddplan.layout import (NATIVE_ZERO, Layout, Options, check_layout, cp_attention_problem, data_parallel,
+                           expert_parallel_degrees, layout_for, split_batch)
 from ddplan.memory import HEADROOM, MemoryAssumptions, MemoryBreakdown
 from ddplan.price import Pricer, RunPlan
 from ddplan.specs import HardwareSpec, ModelSpec
@@ -150,7 +150,6 @@ def _expert_degrees(spec: ModelSpec, base: Layout, tp: int, ranks: int) -> list[
     is carved from (ddplan.layout.expert_parallel_degrees); a dense model: the asked one (1)."""
     if spec.architecture.moe is None:
         return [base.ep]
-    from ddplan.layout import expert_parallel_degrees
 
     pool = ranks * (tp if base.etp == 1 else 1)
     return sorted({base.ep, *expert_parallel_degrees(spec, pool)})

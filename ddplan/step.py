@@ -16,9 +16,10 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ddplan import comm, pipeline
-from ddplan.anatomy import Anatomy, muon_matrices
+from ddplan.anatomy import Anatomy, adamw_bytes, muon_matrices
 from ddplan.layout import NATIVE_ZERO, Layout, placement
 from ddplan.memory import EXPERT_GROUP, _stage_share, expert_shard, state_share
+from ddplan.offload import offload_time_s
 from ddplan.params import param_counts
 from ddplan.comm import CommPoints, GroupTimer
 from ddplan.fp8 import fp8_weight_fractions
@@ -116,8 +117,6 @@ def optimizer_time_s(spec: ModelSpec, layout: Layout, r: Rates) -> float:
     bytes it moves at the optimizer's rate, whichever is longer; calibrated, a shape's measured Muon step
     (ddplan.calibrate.bench.bench_muon_s) scaled by the matrices the rank owns.
     """
-    from ddplan.anatomy import adamw_bytes
-
     counts, dt, opt = param_counts(spec.architecture), spec.dtypes, spec.recipe.optimizer
     policy = dp_policy(spec, layout)
     bw = r.optimizer_bytes_per_s or r.hbm_bytes_per_s * r.hbm  # measured AdamW rate when calibrated
@@ -244,8 +243,6 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
         bubble += pipeline.p2p_time_s(sent, tier.busbw_bytes_per_s, tier.latency_s, accum, layout.pp_virtual_stages)
 
     if layout.offload_optimizer:  # the step runs on the host (ddplan.offload); no optimizer math on the GPU
-        from ddplan.offload import offload_time_s
-
         opt_s = offload_time_s(spec, hw, layout, mbt.bwd_s)
     else:
         opt_s = optimizer_time_s(spec, layout, r) if optimizer_s is None else optimizer_s

@@ -22,8 +22,11 @@ from typing import Literal
 
 from pydantic import Field
 
+from ddplan.errors import SpecError
 from ddplan.fitting import golden_min
+from ddplan.registry import builtin_dir
 from ddplan.roofline import Rates, gemm_forward_s, rates
+from ddplan.specfile import read_yaml, validate
 from ddplan.specs import HardwareSpec, Strict
 from ddplan.units import BYTES_PER_DTYPE, US
 
@@ -51,17 +54,12 @@ class GemmSweepSet(Strict):
 
 
 def shipped_sweeps() -> str:
-    from ddplan.registry import builtin_dir
-
     return str(builtin_dir("validation") / SWEEPS)
 
 
 def load_sweeps(path: str | None = None) -> GemmSweepSet:
     """A sweeps file (default: the shipped one), validated; errors name the file and field."""
     from pathlib import Path
-
-    from ddplan.errors import SpecError
-    from ddplan.registry import read_yaml, validate
 
     p = Path(path or shipped_sweeps())
     if not p.exists():

@@ -16,10 +16,12 @@ from ddplan import run
 from ddplan.calibration import CalibrationSpec, StepMeasurement, measurement_for
 from ddplan.errors import ImpossibleMeasurement, LayoutError, UsageError
 from ddplan.fitting import MEASURED_FLAGS, Fit, fitted
+from ddplan.fp8 import FP8_RECIPES
 from ddplan.layout import (NATIVE_ZERO, Layout, Options, check_layout, cp_attention_problem, data_parallel, layout_for,
                            split_batch)
 from ddplan.memory import HEADROOM
 from ddplan.gcpause import no_cycle_collection
+from ddplan.offload import check_offload
 from ddplan.price import Flag, PriceCache, PricedLayout, Pricer, RunPlan
 from ddplan.specs import Budget, HardwareSpec, ModelSpec, Price
 
@@ -107,9 +109,6 @@ def check_fp8_options(spec: ModelSpec, fp8: bool, recipe: str | None, all_gather
                       zeros: tuple[int, ...] | None) -> None:
     """Raise UsageError when --fp8-recipe or --fp8-all-gather cannot apply, saying why. zeros: the ZeRO stages
     asked for (() = the model's native one; None: searched, as plan does)."""
-    from ddplan.layout import NATIVE_ZERO
-    from ddplan.fp8 import FP8_RECIPES
-
     if recipe is not None and recipe not in FP8_RECIPES:
         raise UsageError(f"must be one of {', '.join(FP8_RECIPES)}, got {recipe!r}", field="--fp8-recipe")
     if recipe is not None and not fp8:
@@ -171,8 +170,6 @@ def _build_table(req: TableRequest, progress: Callable[[str, int, int], None] | 
         check_fp8(spec, hw)
     check_fp8_options(spec, req.fp8, req.fp8_recipe, req.options.fp8_all_gather, req.zeros)
     if req.options.offload_optimizer:
-        from ddplan.offload import check_offload
-
         check_offload(spec, hw, req.zeros)
     pricer = Pricer(spec, hw, RunPlan(budget, price, req.overheads, req.headroom), req.calibration,
                     req.fp8, fp8_recipe=req.fp8_recipe, _caches=PriceCache(shared=shared) if shared is not None else None)

@@ -21,8 +21,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from ddplan.errors import DdplanError, SpecError
+from ddplan.fitting import golden_min
 from ddplan.gcpause import no_cycle_collection
-from ddplan.runs import PublishedRun, RoutingSweep, RunSet, price_run, run_spec
+from ddplan.params import param_counts
+from ddplan.registry import builtin_names, load_hardware
+from ddplan.replay import price_run
+from ddplan.runs import PublishedRun, RoutingSweep, RunSet, load_routing, run_spec
 
 # Hardware specs that share one fitted sustained fraction: the same die at the same power limit (the A100
 # SXM4 40 GB and 80 GB are one GA100 at 400 W; only memory differs).
@@ -114,8 +118,6 @@ def score(run: PublishedRun, where: str, sustained: dict[str, float] | None = No
     fraction replacing the spec's; imbalance: the dropless load imbalance replacing the spec's (what
     leave-one-source-out re-fits); shared: the run's rate-independent pricing cache at this imbalance
     (Scorer keeps one)."""
-    from ddplan.params import param_counts
-
     spec, hw, row = price_run(run, where, sustained=sustained, imbalance=imbalance, shared=shared)
     lay = run.layout
     params = sum(param_counts(spec.architecture).values())
@@ -310,8 +312,6 @@ def fit_sustained(runs: Sequence[PublishedRun], hardware: str, where: str, lo: f
         return statistics.fmean(abs(math.log(1 + scorer.score(r, where, dict.fromkeys(names, f)).error))
                                 for r in mine)
 
-    from ddplan.fitting import golden_min
-
     return round(golden_min(cost, lo, hi, tol), 3)
 
 
@@ -400,15 +400,11 @@ def dropless_imbalance(fits: Sequence[ImbalanceFit]) -> float:
 
 
 def _hw_name(name: str) -> str:
-    from ddplan.registry import load_hardware
-
     return load_hardware(name).name
 
 
 def fitted_hardware() -> list[str]:
     """Built-in hardware whose sustained GEMM fraction is fitted to the shipped dataset (basis: fitted)."""
-    from ddplan.registry import builtin_names, load_hardware
-
     out = []
     for name in builtin_names("hardware"):
         s = load_hardware(name).efficiency.gemm.sustained
@@ -428,8 +424,6 @@ def leave_one_source_out(runs: RunSet, where: str, hardware: Iterable[str],
     is re-fitted from the shipped routing sweep (validation/moe_routing.yaml) at those fractions, and set to
     1 (balanced, the model without the term) when the sweep's own source is the one held out; otherwise a
     dataset that lacks the sweep's runs keeps the shipped value."""
-    from ddplan.runs import load_routing
-
     scorer = scorer or Scorer()
     sweep = load_routing()
     ids = {r.id for r in runs.runs}

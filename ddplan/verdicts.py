@@ -9,8 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from ddplan.layout import NATIVE_ZERO, breaks_world_size_rule
+from ddplan.params import active_params, total_params
 from ddplan.price import MFU_CONVENTION, VALIDATED_RATIO_MOE, Flag, PricedLayout, validated_ratio
 from ddplan.roofline import GROUPED_GEMM_STREAMS
+from ddplan.run import LLAMA3_INTERRUPTIONS_PER_GPU_HOUR, eval_cadence
 from ddplan.specs import DROPLESS_IMBALANCE, HardwareSpec, ModelSpec
 from ddplan.units import GiB
 
@@ -51,8 +53,6 @@ def config_label(p: PricedLayout, native_zero: int | None = None) -> str:
 
 def moe_line(spec) -> str:
     """The assumptions of a mixture-of-experts model, in one line."""
-    from ddplan.params import active_params, total_params
-
     a = spec.architecture
     m = a.moe
     shared = f", {m.shared_experts} shared of {m.shared_hidden_dim or m.expert_hidden_dim}" if m.shared_experts else ""
@@ -259,8 +259,6 @@ def table_title(table) -> str:
 
 def _interruptions_line(table) -> str:
     """How the wall-clock counts interruptions (ddplan.run.goodput), in words."""
-    from ddplan.run import LLAMA3_INTERRUPTIONS_PER_GPU_HOUR
-
     o = table.request.overheads
     lost = [p for p in table.rows if p.goodput.lost_s > 0]
     if not lost:
@@ -399,7 +397,6 @@ def table_assumptions(table) -> list[str]:
     how = ("given" if req.budget and req.budget.steps else "the recipe's step budget" if budget.steps
            else f"{budget.tokens:,} tokens" if budget.tokens
            else f"param:data ratio {budget.param_data_ratio:g} x {budget.ratio_params} params")
-    from ddplan.run import eval_cadence
 
     every, tokens = eval_cadence(spec, o)
     evals = f"evaluation every {every:,} steps of {tokens:,} tokens (forward only)" if every and tokens else \

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddplan import cli, registry
+from ddplan import cli, registry, specfile
 from ddplan.errors import DdplanError, LayoutError, SpecError, UsageError
 
 MODELS = registry.builtin_dir("models")
@@ -435,16 +435,16 @@ SHIPPED_YAML = sorted(p for kind in ("hardware", "models", "validation")
 
 @pytest.mark.skipif(not yaml.__with_libyaml__, reason="PyYAML built without libyaml")
 def test_specs_load_with_the_c_parser():
-    assert issubclass(registry._UniqueKeyLoader, yaml.CSafeLoader)
+    assert issubclass(specfile._UniqueKeyLoader, yaml.CSafeLoader)
 
 
 @pytest.mark.parametrize("path", SHIPPED_YAML, ids=lambda p: p.name)
 def test_both_loaders_read_every_shipped_file_alike(path):
     text = path.read_text(encoding="utf-8")
-    assert yaml.load(text, Loader=registry._UniqueKeyLoader) == yaml.load(text, Loader=registry._PyUniqueKeyLoader)
+    assert yaml.load(text, Loader=specfile._UniqueKeyLoader) == yaml.load(text, Loader=specfile._PyUniqueKeyLoader)
 
 
-@pytest.mark.parametrize("loader", [registry._UniqueKeyLoader, registry._PyUniqueKeyLoader])
+@pytest.mark.parametrize("loader", [specfile._UniqueKeyLoader, specfile._PyUniqueKeyLoader])
 @pytest.mark.parametrize("text, line", [("a: 1\nb: 2\na: 3\n", "lines 1 and 3"),
                                         ("top:\n  x: 1\n  x: 2\n", "lines 2 and 3")])
 def test_both_loaders_refuse_a_duplicate_key(loader, text, line):

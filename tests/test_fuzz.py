@@ -230,7 +230,7 @@ def test_readme_lists_every_flag_range():
 
 
 def test_yaml_merge_keys_still_load_and_same_line_duplicates_do_not(tmp_path):
-    from ddplan.registry import read_yaml
+    from ddplan.specfile import read_yaml
     from ddplan.errors import SpecError
 
     merge = Path(_write(tmp_path, "merge.yaml", "base: &b {x: 1, y: 2}\nthing:\n  <<: *b\n  y: 3\n"))

@@ -17,7 +17,8 @@ from ddplan.layout import NATIVE_ZERO
 from ddplan.plan import PlanRequest, search
 from ddplan.price import Pricer, RunPlan
 from ddplan.registry import load_hardware, load_model
-from ddplan.runs import load_runs, table_command
+from ddplan.replay import table_command
+from ddplan.runs import load_runs
 from ddplan.table import TableRequest, build_table
 
 from cli_helpers import csv_rows, f, fails, run_ok

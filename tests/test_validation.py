@@ -12,7 +12,8 @@ from ddplan import validation as V
 from ddplan.errors import SpecError
 from ddplan.price import VALIDATED_RATIO, VALIDATED_RATIO_MOE
 from ddplan.registry import load_hardware
-from ddplan.runs import highest_measured_mfu, load_runs, price_run, shipped_dataset
+from ddplan.replay import price_run
+from ddplan.runs import highest_measured_mfu, load_runs, shipped_dataset
 
 from cli_helpers import csv_rows, fails, run_ok
 
@@ -302,7 +303,7 @@ def test_tp_comm_overlap_hides_tensor_parallel_communication(capsys):
 def test_a_runs_table_command_prices_it_as_validate_does(capsys, scored):
     """Every dataset run whose model is a built-in gets a `ddplan table` command (runs.table_command); run through
     the CLI it gives the step validate scores (the seed and Korthikanti's rows: 9 commands)."""
-    from ddplan.runs import table_command
+    from ddplan.replay import table_command
 
     by_id = {s.id: s for s in scored}
     commands = [(r, table_command(r)) for r in load_runs().runs]
@@ -318,7 +319,7 @@ def test_a_runs_table_command_prices_it_as_validate_does(capsys, scored):
 def test_a_runs_table_command_as_a_run_configuration_prices_the_same(capsys, tmp_path):
     """Issue 34: each dataset run that `ddplan table` flags can state, written as a run configuration
     (--print-config) and priced with --config, gives the same row as its flags."""
-    from ddplan.runs import table_command
+    from ddplan.replay import table_command
 
     commands = [c for c in (table_command(r) for r in load_runs().runs) if c is not None]
     assert len(commands) >= 9
@@ -333,7 +334,7 @@ def test_an_unstated_micro_batch_is_the_fastest_that_fits(tmp_path, capsys):
     """A run without `micro_batch` (the Megatron README states none) is priced at the fastest power-of-two
     micro-batch that fits (runs.fastest_fitting): 64 sequences over dp 8 are 8 a rank, so 1, 2, 4 and 8 are
     tried, and the scored step is the fastest fitting row of the `ddplan table` command the run stands for."""
-    from ddplan.runs import micro_batches, table_command
+    from ddplan.replay import micro_batches, table_command
 
     lay = {"gpus": 8, "global_batch_sequences": 64, "attention": "fa2"}
     runs = load_runs(str(_runs_file(tmp_path, [_run(1.0, layout=lay)])))

@@ -1,0 +1,118 @@
+"""A published run priced as `ddplan table` prices it: one row of ddplan.table.build_table per run.
+
+ddplan.runs holds what a run is (the runs file's schema, loading, the model spec it ran); this module turns a
+run into the table request it stands for (price_run) or the command line that asks for it (table_command),
+so a validation row and a table row of the same layout are one number. ddplan.validation scores the rows.
+"""
+
+from __future__ import annotations
+
+from ddplan.errors import DdplanError, SpecError
+from ddplan.layout import Options
+from ddplan.registry import load_hardware
+from ddplan.runs import PublishedRun, run_spec
+from ddplan.specs import Efficiency
+from ddplan.table import TableRequest, build_table
+
+
+def table_command(run: PublishedRun) -> list[str] | None:
+    """The `ddplan table` arguments that price this run as one row, or None when its model needs a YAML
+    (architecture overrides) or its network differs from the hardware spec's (no flag for either)."""
+    if run.model.architecture or run.network is not None:
+        return None
+    lay = run.layout
+    argv = ["table", "--model", run.model.base, "--hardware", run.hardware, "--gpus", str(lay.gpus),
+            "--tp", str(lay.tp), "--pp", str(lay.pp), "--vp", str(lay.vp), "--cp", str(lay.cp), "--ep", str(lay.ep),
+            "--zero", str(lay.zero), *(["--etp", "1"] if lay.etp else []),
+            "--device-batch-size", ",".join(map(str, micro_batches(run))), "--total-batch-size",
+            str(run.tokens_per_step),
+            "--recompute", lay.recompute, "--seq-len", str(run.model.seq_len),
+            "--dtype", "bf16" if run.precision == "fp8" else run.precision,
+            "--compile" if lay.compiled else "--no-compile"]
+    if run.model.grads:
+        argv += ["--grads", run.model.grads]
+    if run.model.routing == "balanced":
+        argv += ["--moe-imbalance", "1"]
+    if lay.attention:
+        argv += ["--attention", lay.attention]
+    if lay.window:
+        argv += ["--window", lay.window]
+    if lay.tp_comm_overlap:
+        argv.append("--tp-comm-overlap")
+    if lay.sequence_parallel:
+        argv.append("--sequence-parallel")
+    if lay.overlap_param_gather:
+        argv.append("--overlap-param-gather")
+    if lay.shard_group:
+        argv += ["--shard-group", str(lay.shard_group)]
+    if run.precision == "fp8":
+        argv.append("--fp8")
+    if run.fp8_recipe:
+        argv += ["--fp8-recipe", run.fp8_recipe]
+    return argv
+
+
+def with_sustained(hw, fraction: float, source: str):
+    """The hardware spec with its GEMM sustained fraction replaced (a point value: no range)."""
+    g = hw.efficiency.gemm
+    kept = Efficiency(value=fraction, basis="assumed", source=source)
+    return hw.model_copy(update={"efficiency": hw.efficiency.model_copy(
+        update={"gemm": g.model_copy(update={"sustained": kept})})})
+
+
+def price_run(run: PublishedRun, where: str, sustained: dict[str, float] | None = None,
+              imbalance: float | None = None, shared: dict | None = None):
+    """(spec, hardware, priced row) of one run, through ddplan.table.build_table as `ddplan table` prices it.
+
+    sustained: hardware name -> GEMM sustained fraction replacing the spec's (validation's re-fits);
+    imbalance: the dropless load imbalance replacing the spec's (run_spec); shared: build_table's
+    rate-independent cache, kept by the caller across prices of this run at one imbalance."""
+    try:
+        hw = load_hardware(run.hardware)
+    except DdplanError as e:
+        raise SpecError(e.message, file=where, field="hardware") from None
+    if sustained and hw.name in sustained:
+        hw = with_sustained(hw, sustained[hw.name], "re-fitted by ddplan.validation")
+    if run.network is not None:
+        n = run.network
+        nic = hw.inter_node.nic_gbit_per_s.model_copy(update={"value": n.nic_gbit_per_s, "source": n.why})
+        hw = hw.model_copy(update={"inter_node": hw.inter_node.model_copy(
+            update={"nics_per_node": n.nics_per_node, "nic_gbit_per_s": nic})})
+    spec = run_spec(run, where, imbalance)
+    lay = run.layout
+    attention = lay.attention or hw.default_attention
+    req = TableRequest(model=spec, hardware=hw, gpus=(lay.gpus,), tps=(lay.tp,), pps=(lay.pp,), vps=(lay.vp,),
+                       cps=(lay.cp,), eps=(lay.ep,),
+                       zeros=(lay.zero,), micro_batches=micro_batches(run), recomputes=(lay.recompute,),
+                       attentions=(attention,), windows=(lay.window or spec.architecture.window_pattern,),
+                       total_batch_tokens=run.tokens_per_step, compiled=lay.compiled, fp8=run.precision == "fp8",
+                       fp8_recipe=run.fp8_recipe,
+                       options=Options(sequence_parallel=lay.sequence_parallel, tp_overlap=lay.tp_comm_overlap,
+                                       overlap_param_gather=lay.overlap_param_gather,
+                                       shard_group=lay.shard_group, expert_tp=lay.etp or 0).for_model(spec))
+    try:
+        table = build_table(req, shared=shared)
+    except DdplanError as e:
+        raise SpecError(e.message, file=where, field="layout") from None
+    row = fastest_fitting(table.rows)
+    if lay.micro_batch and row.layout.micro_batch != lay.micro_batch or row.global_batch_tokens != run.tokens_per_step:
+        raise SpecError(f"the layout does not split as it ran: {lay.global_batch_sequences} sequences over dp "
+                        f"{row.layout.dp} at micro-batch {lay.micro_batch}", file=where, field="layout")
+    return spec, hw, row
+
+
+def micro_batches(run: PublishedRun) -> tuple[int, ...]:
+    """The micro-batches a run is priced at: the one it states, else every power of two that divides the
+    sequences of one data-parallel rank (fastest_fitting picks among them)."""
+    lay = run.layout
+    if lay.micro_batch:
+        return (lay.micro_batch,)
+    per_rank = lay.global_batch_sequences // (lay.gpus // (lay.tp * lay.pp * lay.cp))
+    return tuple(m for m in (2 ** i for i in range(17)) if m <= per_rank and per_rank % m == 0) or (1,)
+
+
+def fastest_fitting(rows: list):
+    """The row a run with an unstated micro-batch is scored by: the fastest that fits in memory (a published
+    throughput figure is the tuned one), else the smallest micro-batch; with one row, that row."""
+    fits = [r for r in rows if r.memory.fits]
+    return min(fits, key=lambda r: r.step_s) if fits else min(rows, key=lambda r: r.layout.micro_batch)
