@@ -15,7 +15,7 @@ from pathlib import Path
 
 import typer
 
-from ddplan.errors import DdplanError, SpecError
+from ddplan.errors import DdplanError
 from ddplan.gcpause import no_cycle_collection
 
 app = typer.Typer(
@@ -82,8 +82,6 @@ class Format(str, Enum):
 RECOMPUTE = ("none", "selective", "full")
 
 
-DEFAULT_HARDWARE = "mi300x"  # the canonical case (shared/seed): nanochat d24 on AMD MI300X
-
 ModelOpt = typer.Option(..., "--model", "-m", help="Model: a built-in (d24, nanochat-d24, gpt2, llama-3-8b), "
                         "any nanochat dN, or a YAML path.")
 HardwareOpt = typer.Option(None, "--hardware", help="GPU: a built-in (mi300x, h100-sxm, h200, b200, ...) or a "
@@ -119,9 +117,10 @@ def _config_callback(ctx: typer.Context, param: typer.CallbackParam, value: str 
     config = validate(runconfig.RunConfig, read_yaml(path), str(path))
     lists = runconfig.LIST_PARAMS.get(ctx.info_name or "", frozenset())
     single = {p.name: p.name not in lists for p in ctx.command.params}
-    defaults, lists = runconfig.defaults_for(config, single, str(path))
+    defaults, lists, unread = runconfig.defaults_for(config, single, str(path))
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
     ctx.meta["config_lists"] = lists  # said by _config_first unless the flag is given
+    ctx.meta["config_unread"] = (str(path), unread)  # said by _config_first
     return value
 
 
@@ -143,6 +142,10 @@ def _config_first(ctx: typer.Context, print_config: bool) -> bool:
             flag = "--" + name.replace("_", "-")
             raise SpecError(f"`ddplan {ctx.info_name}` prices one value; the file lists {len(values)}: {values} (keep "
                             f"one there, or give {flag})", file=source, field=field)
+    source, unread = ctx.meta.get("config_unread", ("", []))
+    if unread:  # a field the command has no flag for is not silently dropped
+        _warn([f"{source}: `ddplan {ctx.info_name}` has no flag for {', '.join(unread)}, so it does not read "
+               f"{'it' if len(unread) == 1 else 'them'}"])
     if not print_config:
         return False
     from ddplan import render, runconfig  # here: the schema's models cost ~0.1 s to build, on every command
@@ -150,6 +153,22 @@ def _config_first(ctx: typer.Context, print_config: bool) -> bool:
     stated = {name for name in ctx.params if _given(ctx, name)}
     render.echo(runconfig.to_yaml(runconfig.from_params(ctx.params, stated)).rstrip("\n"))
     return True
+
+
+# the training budget and the time outside steps: table and plan take them alike (a run file's budget and
+# outside sections)
+StepsOpt = typer.Option(None, "--steps", help="Optimizer steps (overrides the recipe's budget).")
+TokensOpt = typer.Option(None, "--tokens", help="Training tokens (overrides the recipe's budget).")
+ParamDataRatioOpt = typer.Option(None, "--param-data-ratio", help="Tokens per parameter (overrides the recipe's "
+                                 "budget).")
+StartupOpt = typer.Option(5.0, "--startup-min", help="Minutes outside steps at start (launch, compile warm-up).")
+EvalEveryOpt = typer.Option(None, "--eval-every", help="Evaluate every N steps (0: never; default: the recipe's).")
+EvalTokensOpt = typer.Option(None, "--eval-tokens", help="Tokens per evaluation (default: the recipe's).")
+CheckpointOpt = typer.Option(0, "--checkpoint-every", help="Checkpoint every N steps (0: at the end only).")
+InterruptionsOpt = typer.Option(None, "--interruptions-per-gpu-hour", help="Job interruptions a GPU-hour (default: "
+                                "Llama 3's 1.97e-5 on more than one node, 0 on one; 0: none).")
+RestartOpt = typer.Option(10.0, "--restart-min", help="Minutes to restart after an interruption (reschedule, reload "
+                          "the checkpoint, warm up).")
 
 
 WideOpt = typer.Option(False, "--wide", help="On a terminal, show every column however wide (pipes and files "
@@ -180,101 +199,6 @@ ParamGatherOpt = typer.Option(False, "--overlap-param-gather", help="ZeRO-1/2: o
 OffloadOpt = typer.Option(False, "--offload-optimizer", help="ZeRO-1/2/3: optimizer states and fp32 masters in host "
                           "memory, Adam on the CPU, gradients and parameters over the host link (ZeRO-Offload, "
                           "without its delayed update); needs the hardware spec's host figures.")
-
-
-def _inputs(model: str, hardware: str | None, calibration: str | None, seq_len: int | None, dtype: str | None,
-            check_hardware: bool = True, grads: str | None = None, moe_imbalance: float | None = None):
-    """(model spec, hardware spec, calibration or None). A calibration file supplies what is not given:
-    its hardware (the spec it carries, or the built-in it names) and, when it measured this model, its
-    sequence length and compute dtype."""
-    from ddplan.calibration import check_against_hardware, measurement_for
-    from ddplan.errors import UsageError
-    from ddplan.registry import calibration_hardware, load_calibration, load_hardware, load_model
-
-    cal = load_calibration(calibration) if calibration else None
-    if hardware and hardware.strip().lower() == "all":
-        raise UsageError("this command prices one hardware; `ddplan plan --hardware all` compares every built-in",
-                         field="--hardware")
-    if hardware:
-        hw = load_hardware(hardware)
-        if check_hardware:
-            _check_calibration_hardware(cal, (hw,), calibration)
-    else:
-        hw = calibration_hardware(cal, calibration) if cal is not None else load_hardware(DEFAULT_HARDWARE)
-        if cal is not None:
-            check_against_hardware(cal, hw, calibration)
-    spec = load_model(model)
-    if cal is not None and measurement_for(cal, spec) is not None:  # the shapes it measured this model at
-        given = (seq_len, dtype)
-        seq_len = seq_len if seq_len is not None else cal.seq_len
-        dtype = dtype if dtype is not None else cal.dtype
-        if (seq_len, dtype) != given:
-            try:
-                return _variant(spec, seq_len, dtype, grads, moe_imbalance), hw, cal
-            except DdplanError as e:
-                if e.field == "--moe-imbalance":
-                    raise
-                raise SpecError(f"its sequence length or dtype does not fit {spec.name}: {e.message}",
-                                file=calibration) from None
-    return _variant(spec, seq_len, dtype, grads, moe_imbalance), hw, cal
-
-
-def _check_calibration_hardware(cal, hws, path: str | None = None) -> None:
-    """A calibration given with --hardware must be for one of them (its seq_len and dtype would otherwise
-    be applied to hardware it never measured), and its figures possible on it (calibration.check_against_hardware)."""
-    from ddplan.calibration import check_against_hardware
-    from ddplan.errors import UsageError
-
-    if cal is None:
-        return
-    if not any(cal.hardware in (h.name, *h.aliases) for h in hws):
-        raise UsageError(f"calibration file is for {cal.hardware!r}, not --hardware "
-                         f"{', '.join(h.name for h in hws)}; drop --hardware to use the calibration's",
-                         field="--calibration")
-    for h in hws:
-        if cal.hardware in (h.name, *h.aliases):
-            check_against_hardware(cal, h, path or "--calibration")
-
-
-def _check(*pairs: tuple[int | float | None, str]) -> None:
-    """Every (value, flag) finite and in the flag's range (ddplan.bounds.RANGES); None means not given."""
-    from ddplan import bounds
-
-    for value, flag in pairs:
-        bounds.check(flag, value)
-
-
-def _variant(spec, seq_len: int | None, dtype: str | None, grads: str | None = None,
-             moe_imbalance: float | None = None):
-    """The model at the run's sequence length, compute dtype, gradient dtype and MoE load imbalance
-    (ddplan.specs.run_variant)."""
-    from ddplan.errors import UsageError
-    from ddplan.specs import run_variant
-
-    _check((seq_len, "--seq-len"), (moe_imbalance, "--moe-imbalance"))
-    if moe_imbalance is not None:
-        try:
-            spec = run_variant(spec, load_imbalance=moe_imbalance)
-        except ValueError as e:
-            raise UsageError(str(e), field="--moe-imbalance") from None
-    if dtype is not None and dtype not in ("bf16", "fp16", "fp32"):
-        raise UsageError(f"must be bf16, fp16 or fp32, got {dtype!r}", field="--dtype")
-    if grads is not None and grads not in ("param", "fp32"):
-        raise UsageError(f"must be param or fp32, got {grads!r}", field="--grads")
-    try:
-        return run_variant(spec, seq_len=seq_len, dtype=dtype, grads=grads)
-    except ValueError as e:
-        raise UsageError(str(e), field="--seq-len") from None
-
-
-def _choices(text: str, flag: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
-    from ddplan.errors import UsageError
-
-    values = tuple(v.strip() for v in text.split(",") if v.strip())
-    bad = [v for v in values if v not in allowed]
-    if bad or not values:
-        raise UsageError(f"invalid values {bad or [text]}; allowed: {', '.join(allowed)}", field=flag)
-    return values
 
 
 @specs_app.command("list")
@@ -409,6 +333,8 @@ def memory_cmd(
       ddplan memory -m llama-3-8b --hardware h100 --gpus 8 --zero 2 --seq-len 8192
       ddplan memory --model d24 --measured-peak 105
     """
+    from ddplan import inputs
+
     if _config_first(ctx, print_config):
         return
     from ddplan import render, verdicts
@@ -422,11 +348,11 @@ def memory_cmd(
         model, *values = _calibrated_run(ctx, calibration, **flags, seq_len=seq_len)
         gpus, tp, pp, vp, device_batch_size, recompute, attention, window, compiled, seq_len = _memory_run(values)
         flags = {}  # taken from the calibration's step already
-    _check((gpus, "--gpus"), (tp, "--tp"), (pp, "--pp"), (vp, "--vp"), (cp, "--cp"), (ep, "--ep"),
+    inputs.check_ranges((gpus, "--gpus"), (tp, "--tp"), (pp, "--pp"), (vp, "--vp"), (cp, "--cp"), (ep, "--ep"),
            (device_batch_size, "--device-batch-size"),
            (measured_peak, "--measured-peak"), (headroom, "--headroom"))
-    stages = _int_list(zero, "--zero", allowed=(0, 1, 2, 3))
-    spec, hw, cal = _inputs(model, hardware, calibration, seq_len, dtype, grads=grads, moe_imbalance=moe_imbalance)
+    stages = inputs.int_list(zero, "--zero", allowed=(0, 1, 2, 3))
+    spec, hw, cal = inputs.load(model, hardware, calibration, seq_len, dtype, grads=grads, moe_imbalance=moe_imbalance)
     if fp8_all_gather:
         from ddplan.table import check_fp8, check_fp8_options
 
@@ -448,7 +374,7 @@ def memory_cmd(
                 _as_measured(ctx, cal, peaked[0], **flags))
         if peaked:
             m = peaked[0]
-            ran = {**_step_values(cal, m), "dtype": cal.dtype}
+            ran = {**inputs.step_values(cal, m), "dtype": cal.dtype}
             now = dict(gpus=gpus, tp=tp, pp=pp, vp=vp, device_batch_size=device_batch_size, recompute=recompute,
                        attention=attention, window=window, compiled=compiled, seq_len=seq_len, dtype=dtype)
             moved = [f"--{k.replace('_', '-')}" for k in now if _given(ctx, k) and now[k] != ran[k]]
@@ -460,12 +386,12 @@ def memory_cmd(
                              f"{', '.join(moved).replace('--compiled', '--compile')} moved away from it, so it is not compared.")
             else:
                 measured_peak, measured_zero = m.peak_memory_gb, m.zero
-    _check_pattern(window, "--window")
-    options = _options(sequence_parallel, False, tp, shard_group, reshard_after_forward,
-                       overlap_param_gather, cp_comm, _etp(etp, spec), spec, fp8_all_gather, offload_optimizer)
+    inputs.check_pattern(window, "--window")
+    options = inputs.options(sequence_parallel, False, tp, shard_group, reshard_after_forward, overlap_param_gather,
+                             cp_comm, inputs.expert_tp(etp, spec), spec, fp8_all_gather, offload_optimizer)
     setup = memory_setup(spec, hw, gpus=gpus, tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, micro_batch=device_batch_size,
                          attention=attention,
-                         recompute=_choices(recompute, "--recompute", RECOMPUTE)[0], compiled=compiled,
+                         recompute=inputs.choices(recompute, "--recompute", RECOMPUTE)[0], compiled=compiled,
                          window_pattern=window, headroom=headroom, options=options)
     if len(stages) == 1:  # one stage asked about: the verdict is about it (else the model's native stage)
         setup = replace(setup, layout=setup.at_zero(stages[0]))
@@ -548,13 +474,6 @@ def _stated_by(ctx: typer.Context, name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _step_values(cal, m) -> dict:
-    """What the measured step m (a step of calibration cal) ran, by the name of the flag that sets it."""
-    return dict(gpus=m.gpus, tp=m.tp, pp=m.pp, vp=m.pp_virtual_stages, zero=m.zero,
-                device_batch_size=m.device_batch_size, total_batch_size=m.total_batch_tokens, recompute=m.recompute,
-                attention=m.attention, window=m.window_pattern, compiled=m.compiled, seq_len=cal.seq_len or m.seq_len)
-
-
 # flags that table takes as comma-separated lists (strings); memory turns them back with _memory_run
 _LISTED = ("gpus", "tp", "pp", "vp", "zero", "device_batch_size")
 
@@ -562,7 +481,9 @@ _LISTED = ("gpus", "tp", "pp", "vp", "zero", "device_batch_size")
 def _as_measured(ctx: typer.Context, cal, m, **given) -> tuple:
     """The given flags' values, each left at its default taking the value of the measured step m (a step
     of calibration cal); a flag given on the command line wins."""
-    measured = {k: (str(v) if k in _LISTED and v is not None else v) for k, v in _step_values(cal, m).items()}
+    from ddplan import inputs
+
+    measured = {k: (str(v) if k in _LISTED and v is not None else v) for k, v in inputs.step_values(cal, m).items()}
     return tuple(v if _given(ctx, k) else measured[k] for k, v in given.items())
 
 
@@ -612,10 +533,9 @@ def table_cmd(
     grads: str = GradsOpt,
     moe_imbalance: float = MoeImbalanceOpt,
     price: float = typer.Option(None, "--price", help="USD per GPU-hour (default: the hardware spec's first price)."),
-    steps: int = typer.Option(None, "--steps", help="Optimizer steps (overrides the recipe's budget)."),
-    tokens: float = typer.Option(None, "--tokens", help="Training tokens (overrides the recipe's budget)."),
-    param_data_ratio: float = typer.Option(None, "--param-data-ratio", help="Tokens per parameter (overrides the "
-                                           "recipe's budget)."),
+    steps: int = StepsOpt,
+    tokens: float = TokensOpt,
+    param_data_ratio: float = ParamDataRatioOpt,
     total_batch_size: int = typer.Option(None, "--total-batch-size", help="Tokens per optimizer step (default: the "
                                          "recipe's)."),
     compiled: bool = typer.Option(None, "--compile/--no-compile", help="torch.compile'd model (default: recipe)."),
@@ -636,17 +556,12 @@ def table_cmd(
                                         "(default: the first of --window)."),
     fit: Knob = typer.Option(Knob.auto, "--fit", help="Which efficiency the measurement calibrates; auto picks "
                              "the one whose range moves the measured row most."),
-    startup_min: float = typer.Option(5.0, "--startup-min", help="Minutes outside steps at start (launch, "
-                                      "compile warm-up)."),
-    eval_every: int = typer.Option(None, "--eval-every", help="Evaluate every N steps (0: never; default: the "
-                                   "recipe's)."),
-    eval_tokens: int = typer.Option(None, "--eval-tokens", help="Tokens per evaluation (default: the recipe's)."),
-    checkpoint_every: int = typer.Option(0, "--checkpoint-every", help="Checkpoint every N steps (0: at the end "
-                                         "only)."),
-    interruptions: float = typer.Option(None, "--interruptions-per-gpu-hour", help="Job interruptions a GPU-hour "
-                                        "(default: Llama 3's 1.97e-5 on more than one node, 0 on one; 0: none)."),
-    restart_min: float = typer.Option(10.0, "--restart-min", help="Minutes to restart after an interruption "
-                                      "(reschedule, reload the checkpoint, warm up)."),
+    startup_min: float = StartupOpt,
+    eval_every: int = EvalEveryOpt,
+    eval_tokens: int = EvalTokensOpt,
+    checkpoint_every: int = CheckpointOpt,
+    interruptions: float = InterruptionsOpt,
+    restart_min: float = RestartOpt,
     fp8: bool = Fp8Opt,
     fp8_recipe: str = Fp8RecipeOpt,
     fp8_all_gather: bool = Fp8AllGatherOpt,
@@ -676,13 +591,14 @@ def table_cmd(
     ZeRO, micro-batch, batch, recompute, attention, window, compile mode and sequence length; flags given
     win): `ddplan table --calibration cal.yaml`.
     """
+    from ddplan import inputs
+
     if _config_first(ctx, print_config):
         return
     from ddplan import render, verdicts
     from ddplan.calibration import StepMeasurement
     from ddplan.errors import UsageError
-    from ddplan.run import RunOverheads
-    from ddplan.specs import Budget, Price
+    from ddplan.specs import Price
     from ddplan.table import TableRequest, build_table
 
     if model is None:
@@ -692,33 +608,27 @@ def table_cmd(
                                               total_batch_size=total_batch_size, recompute=recompute,
                                               attention=attention, window=window, compiled=compiled,
                                               seq_len=seq_len)
-    _check((price, "--price"), (steps, "--steps"), (tokens, "--tokens"), (param_data_ratio, "--param-data-ratio"),
-           (total_batch_size, "--total-batch-size"), (measured_step_time, "--measured-step-time"),
-           (measured_gpus, "--measured-gpus"), (measured_tp, "--measured-tp"), (measured_pp, "--measured-pp"),
-           (eval_tokens, "--eval-tokens"), (startup_min, "--startup-min"), (eval_every, "--eval-every"),
-           (checkpoint_every, "--checkpoint-every"), (headroom, "--headroom"),
-           (interruptions, "--interruptions-per-gpu-hour"), (restart_min, "--restart-min"))
-    gpu_list = tuple(_int_list(gpus, "--gpus", ranges=True))
-    tps, pps, vps, cps, eps = (tuple(_int_list(v, f)) for v, f in ((tp, "--tp"), (pp, "--pp"), (vp, "--vp"),
+    inputs.check_ranges((price, "--price"), (steps, "--steps"), (tokens, "--tokens"),
+                        (param_data_ratio, "--param-data-ratio"), (total_batch_size, "--total-batch-size"),
+                        (measured_step_time, "--measured-step-time"), (measured_gpus, "--measured-gpus"),
+                        (measured_tp, "--measured-tp"), (measured_pp, "--measured-pp"), (eval_tokens, "--eval-tokens"),
+                        (startup_min, "--startup-min"), (eval_every, "--eval-every"),
+                        (checkpoint_every, "--checkpoint-every"), (headroom, "--headroom"),
+                        (interruptions, "--interruptions-per-gpu-hour"), (restart_min, "--restart-min"))
+    gpu_list = tuple(inputs.int_list(gpus, "--gpus", ranges=True))
+    tps, pps, vps, cps, eps = (tuple(inputs.int_list(v, f)) for v, f in ((tp, "--tp"), (pp, "--pp"), (vp, "--vp"),
                                                                   (cp, "--cp"), (ep, "--ep")))
-    zeros = tuple(_int_list(zero, "--zero", allowed=(0, 1, 2, 3))) if zero else ()
-    mbs = tuple(_int_list(device_batch_size, "--device-batch-size")) if device_batch_size else ()
-    recomputes = _choices(recompute, "--recompute", RECOMPUTE)
+    zeros = tuple(inputs.int_list(zero, "--zero", allowed=(0, 1, 2, 3))) if zero else ()
+    mbs = tuple(inputs.int_list(device_batch_size, "--device-batch-size")) if device_batch_size else ()
+    recomputes = inputs.choices(recompute, "--recompute", RECOMPUTE)
     windows = tuple(w.strip() for w in window.split(",")) if window else ()
     for w in windows:
-        _check_pattern(w, "--window")
-    given = [f for f, v in (("--steps", steps), ("--tokens", tokens), ("--param-data-ratio", param_data_ratio)) if v]
-    if len(given) > 1:
-        raise UsageError(f"give at most one of --steps, --tokens, --param-data-ratio (got {', '.join(given)})",
-                         field=given[1])
-    spec, hw, cal = _inputs(model, hardware, calibration, seq_len, dtype, grads=grads, moe_imbalance=moe_imbalance)
-    options = _options(sequence_parallel, tp_comm_overlap, max(tps), shard_group,
-                       reshard_after_forward, overlap_param_gather, cp_comm, _etp(etp, spec), spec, fp8_all_gather,
-                       offload_optimizer)
-    budget = None
-    if given:
-        budget = Budget(steps=steps, tokens=int(tokens) if tokens else None, param_data_ratio=param_data_ratio,
-                        ratio_params=spec.recipe.budget.ratio_params)
+        inputs.check_pattern(w, "--window")
+    spec, hw, cal = inputs.load(model, hardware, calibration, seq_len, dtype, grads=grads, moe_imbalance=moe_imbalance)
+    options = inputs.options(sequence_parallel, tp_comm_overlap, max(tps), shard_group, reshard_after_forward,
+                             overlap_param_gather, cp_comm, inputs.expert_tp(etp, spec), spec, fp8_all_gather,
+                             offload_optimizer)
+    budget = inputs.training_budget(spec, steps, tokens, param_data_ratio)
     price_spec = None
     if price is not None:
         price_spec = Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price", date=_today(),
@@ -726,7 +636,7 @@ def table_cmd(
     measurement = None
     if measured_step_time is not None:
         if measured_window:
-            _check_pattern(measured_window, "--measured-window")
+            inputs.check_pattern(measured_window, "--measured-window")
         measurement = StepMeasurement(
             model=spec.name, gpus=measured_gpus or gpu_list[0], step_time_s=measured_step_time,
             device_batch_size=mbs[0] if mbs else spec.recipe.device_batch_size,
@@ -749,9 +659,7 @@ def table_cmd(
                      else _stated_by(ctx, "total_batch_size"))
                     if _given(ctx, "total_batch_size") else
                     "the measured step's batch" if total_batch_size is not None else "the recipe's batch"),
-        overheads=RunOverheads(startup_s=startup_min * 60, eval_every_steps=eval_every, eval_tokens=eval_tokens,
-                               checkpoint_every_steps=checkpoint_every, interruptions_per_gpu_hour=interruptions,
-                               restart_s=restart_min * 60),
+        overheads=inputs.overheads(startup_min, eval_every, eval_tokens, checkpoint_every, interruptions, restart_min),
         compiled=compiled, measurement=measurement, knob=fit.value, calibration=cal, calibration_path=calibration,
         fp8=fp8, fp8_recipe=fp8_recipe, headroom=headroom, options=options)
     _check_plot_path(plot)
@@ -838,13 +746,13 @@ def calibrate_cmd(
     On a GPU box run `ddplan calibrate --model MODEL` (all visible GPUs; it launches itself under torchrun
     for the collectives); the first example is a quick test run on a CPU.
     """
-    from ddplan.registry import load_hardware, load_model
-
+    from ddplan import inputs
     from ddplan.errors import UsageError
     from ddplan.files import check_output_path
+    from ddplan.registry import load_hardware, load_model
 
-    _check((nproc, "--nproc"), (device_batch_size, "--device-batch-size"), (seq_len, "--seq-len"), (gpus, "--gpus"),
-           (total_batch_size, "--total-batch-size"))
+    inputs.check_ranges((nproc, "--nproc"), (device_batch_size, "--device-batch-size"), (seq_len, "--seq-len"),
+                        (gpus, "--gpus"), (total_batch_size, "--total-batch-size"))
     spec = load_model(model)
     hw = load_hardware(hardware) if hardware else None
     check_output_path(out, "--out")  # before any benchmark: a bad path is said now, not after minutes of work
@@ -866,7 +774,7 @@ def calibrate_cmd(
 
         check_attention([a.strip() for a in attention.split(",")], hw)
     if micro_batches:
-        _int_list(micro_batches, "--micro-batches")
+        inputs.int_list(micro_batches, "--micro-batches")
     _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_batch_size, seq_len, attention,
                    compile_step, cpu_malloc)
 
@@ -874,7 +782,7 @@ def calibrate_cmd(
 def _calibrate_from_log(spec, hw, path, out, gpus, device_batch_size, total_batch_size, attention, window) -> None:
     import yaml
 
-    from ddplan import render
+    from ddplan import inputs, render
     from ddplan.calibrate.fromlog import measurement_from_log
     from ddplan.files import atomic_write
     from ddplan.calibration import CalibrationSpec
@@ -883,7 +791,7 @@ def _calibrate_from_log(spec, hw, path, out, gpus, device_batch_size, total_batc
     if hw is None:
         raise UsageError("--from-log needs --hardware (the GPU the log was written on)", field="--hardware")
     if window:
-        _check_pattern(window, "--window")
+        inputs.check_pattern(window, "--window")
     try:
         text = Path(path).read_text(encoding="utf-8", errors="replace")
     except OSError as e:
@@ -909,6 +817,8 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    from ddplan import inputs
+
     from ddplan import render
     from ddplan.errors import UsageError
 
@@ -933,7 +843,7 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
         nproc = torch.cuda.device_count() if device == "cuda" else 1
     req = CalibrateRequest(
         model=spec, hardware=hw, device=device, out=Path(out), quick=quick,
-        micro_batches=tuple(_int_list(micro_batches, "--micro-batches")) if micro_batches else (),
+        micro_batches=tuple(inputs.int_list(micro_batches, "--micro-batches")) if micro_batches else (),
         attention=tuple(a.strip() for a in attention.split(",")) if attention else (), nproc=nproc,
         seq_len=seq_len, step_batch=device_batch_size, compile_step=compile_step, cpu_malloc=cpu_malloc)
     console = Console(stderr=True)
@@ -1032,7 +942,21 @@ def plan_cmd(
                                          "node (kept inside a node by default)."),
     top: int = typer.Option(10, "--top", help="How many layouts to list (table, markdown, json; csv lists all)."),
     headroom: float = HeadroomOpt,
-    startup_min: float = typer.Option(5.0, "--startup-min", help="Minutes outside steps at start."),
+    recompute: str = typer.Option(None, "--recompute", help="Recompute policies to search among: none, selective, "
+                                  "full, comma-separated (default: all three; plan keeps the least that fits)."),
+    zero: str = typer.Option(None, "--zero", help="ZeRO stages 0-3 to search among, comma-separated (default: "
+                             "all four)."),
+    attention: str = typer.Option(None, "--attention", help="Attention implementations to search among, "
+                                  "comma-separated (default: every one on each hardware)."),
+    steps: int = StepsOpt,
+    tokens: float = TokensOpt,
+    param_data_ratio: float = ParamDataRatioOpt,
+    startup_min: float = StartupOpt,
+    eval_every: int = EvalEveryOpt,
+    eval_tokens: int = EvalTokensOpt,
+    checkpoint_every: int = CheckpointOpt,
+    interruptions: float = InterruptionsOpt,
+    restart_min: float = RestartOpt,
     plot: str = typer.Option(None, "--plot", help="Also write a plot (PNG or SVG) of the Pareto layouts."),
     config: str = ConfigOpt,
     print_config: bool = PrintConfigOpt,
@@ -1047,6 +971,8 @@ def plan_cmd(
       ddplan plan --model d26 --hardware all --gpus 8-64 --budget 500
       ddplan plan -m llama-3-8b --hardware h100,b200 --gpus 8-16 --objective cost
     """
+    from ddplan import inputs
+
     if _config_first(ctx, print_config):
         return
 
@@ -1054,34 +980,46 @@ def plan_cmd(
     from ddplan import render
     from ddplan.plan import PlanRequest, best_per_family, search
     from ddplan.registry import load_hardware
-    from ddplan.run import RunOverheads
     from ddplan.specs import Price
 
-    _check((deadline, "--deadline"), (budget, "--budget"), (price, "--price"), (total_batch_size, "--total-batch-size"),
-           (top, "--top"), (startup_min, "--startup-min"), (headroom, "--headroom"))
+    inputs.check_ranges((deadline, "--deadline"), (budget, "--budget"), (price, "--price"),
+                        (total_batch_size, "--total-batch-size"), (top, "--top"), (startup_min, "--startup-min"),
+                        (headroom, "--headroom"), (steps, "--steps"), (tokens, "--tokens"),
+                        (param_data_ratio, "--param-data-ratio"), (eval_tokens, "--eval-tokens"),
+                        (eval_every, "--eval-every"), (checkpoint_every, "--checkpoint-every"),
+                        (interruptions, "--interruptions-per-gpu-hour"), (restart_min, "--restart-min"))
     _check_plot_path(plot)
-    names = _hardware_list(hardware)
-    gpu_list = tuple(_int_list(gpus, "--gpus", ranges=True))
+    names = inputs.hardware_list(hardware)
+    gpu_list = tuple(inputs.int_list(gpus, "--gpus", ranges=True))
     # several hardware: the calibration applies to the one it names (ddplan.plan.pricer_for), in any order
-    spec, hw0, cal = _inputs(model, names[0] if names else None, calibration, seq_len, dtype, check_hardware=False,
+    spec, hw0, cal = inputs.load(model, names[0] if names else None, calibration, seq_len, dtype, check_hardware=False,
                              grads=grads, moe_imbalance=moe_imbalance)
     hws = (hw0, *(load_hardware(h) for h in names[1:]))
-    _check_calibration_hardware(cal, hws, calibration)
+    inputs.check_calibration_hardware(cal, hws, calibration)
     price_spec = None if price is None else Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price",
                                                   date=_today(), source="given on the command line")
-    options = _options(sequence_parallel, tp_comm_overlap, None, shard_group, reshard_after_forward,
-                       overlap_param_gather, cp_comm, _etp(etp, spec), spec, fp8_all_gather, offload_optimizer)
-    eps = tuple(_int_list(ep, "--ep")) if ep else ()
+    options = inputs.options(sequence_parallel, tp_comm_overlap, None, shard_group, reshard_after_forward,
+                             overlap_param_gather, cp_comm, inputs.expert_tp(etp, spec), spec, fp8_all_gather,
+                             offload_optimizer)
+    eps = tuple(inputs.int_list(ep, "--ep")) if ep else ()
     if spec.architecture.moe is None and any(e > 1 for e in eps):
         from ddplan.errors import UsageError
 
         raise UsageError(f"{spec.name} is dense (no experts): expert parallelism needs a mixture-of-experts model",
                          field="--ep")
-    req = PlanRequest(fp8=fp8, fp8_recipe=fp8_recipe, cps=tuple(_int_list(cp, "--cp")) if cp else (), eps=eps,
+    req = PlanRequest(fp8=fp8, fp8_recipe=fp8_recipe, cps=tuple(inputs.int_list(cp, "--cp")) if cp else (), eps=eps,
                       model=spec, hardware=hws, gpus=gpu_list, objective=objective.value,
                       deadline_h=deadline, budget_usd=budget, top=top,
                       calibration=cal, calibration_path=calibration, price=price_spec,
-                      overheads=RunOverheads(startup_s=startup_min * 60), total_batch_tokens=total_batch_size,
+                      overheads=inputs.overheads(startup_min, eval_every, eval_tokens, checkpoint_every, interruptions,
+                                           restart_min),
+                      budget=inputs.training_budget(spec, steps, tokens, param_data_ratio),
+                      recomputes=tuple(r for r in RECOMPUTE if r in inputs.choices(recompute, "--recompute", RECOMPUTE))
+                      if recompute else RECOMPUTE,  # searched lightest first (ddplan.plan.layouts_for)
+                      zero_stages=tuple(sorted(set(inputs.int_list(zero, "--zero", allowed=(0, 1, 2, 3))))) if zero
+                      else (0, 1, 2, 3),
+                      attentions=tuple(a.strip() for a in attention.split(",")) if attention else (),
+                      total_batch_tokens=total_batch_size,
                       tp_across_nodes=tp_across_nodes, headroom=headroom, options=options)
     result = search(req, _progress("plan"))
     why = words.plan_reasons(result)
@@ -1200,97 +1138,6 @@ def validate_cmd(
     render.echo(render.footer(prov, format.value, scr))
 
 
-def _etp(etp: int | None, spec) -> int:
-    """--etp as Options.expert_tp: 1, or 0 (the default: the experts' tp is tp); only for a mixture of experts."""
-    from ddplan.errors import UsageError
-
-    if etp is None:
-        return 0
-    if etp != 1:
-        raise UsageError(f"must be 1 (experts whole on each GPU); leave it out for the experts to split over tp, got "
-                         f"{etp}", field="--etp")
-    if spec.architecture.moe is None:
-        raise UsageError(f"{spec.name} is dense (no experts)", field="--etp")
-    return 1
-
-
-def _options(sequence_parallel: bool, tp_comm_overlap: bool, max_tp: int | None, shard_group: int | None = None,
-             reshard_after_forward: bool = True, overlap_param_gather: bool = False, cp_comm: str = "ring",
-             expert_tp: int = 0, spec=None, fp8_all_gather: bool = False, offload_optimizer: bool = False):
-    """The framework options (ddplan.layout.Options) from their flags, for the model (Options.for_model: a
-    mixture of experts runs tp > 1 with sequence parallelism, on by itself). --sequence-parallel and
-    --tp-comm-overlap are Megatron's, so they need tensor parallelism, and overlap needs sequence
-    parallelism (Megatron-Core refuses --tp-comm-overlap without it)."""
-    from ddplan.errors import UsageError
-    from ddplan.layout import Options
-
-    moe = spec is not None and spec.architecture.moe is not None
-    if tp_comm_overlap and not (sequence_parallel or moe):
-        raise UsageError("needs --sequence-parallel (Megatron-Core overlaps tensor-parallel communication only with "
-                         "sequence parallelism)", field="--tp-comm-overlap")
-    if sequence_parallel and max_tp == 1:
-        raise UsageError("needs tensor parallelism: give --tp above 1", field="--sequence-parallel")
-    _check((shard_group, "--shard-group"))
-    if cp_comm not in ("ring", "all-gather"):
-        raise UsageError(f"must be ring or all-gather, got {cp_comm!r}", field="--cp-comm")
-    options = Options(sequence_parallel=sequence_parallel, tp_overlap=tp_comm_overlap, shard_group=shard_group or 0,
-                      reshard_after_forward=reshard_after_forward, overlap_param_gather=overlap_param_gather,
-                      cp_comm=cp_comm.replace("-", "_"), expert_tp=expert_tp, fp8_all_gather=fp8_all_gather,
-                      offload_optimizer=offload_optimizer)
-    return options.for_model(spec) if spec is not None else options
-
-
-def _int_list(text: str, flag: str, allowed: tuple[int, ...] | None = None, ranges: bool = False) -> list[int]:
-    """Comma-separated integers, each once (in the order given), each allowed or within the flag's range.
-    With `ranges`, an item A-B doubles from A up to B: 1-512 is 1, 2, 4, ..., 512 (`8,16-64`: 8, 16, 32, 64)."""
-    from ddplan import bounds
-    from ddplan.errors import UsageError
-
-    parts = [v.strip() for v in text.split(",")]
-    shape = "comma-separated integers" + (" or doubling ranges A-B (e.g. 8,16 or 1-512)" if ranges else "")
-    if "" in parts and text.strip():  # "1,,8" or "8,": a count left out, not a separator to skip
-        raise UsageError(f"expected {shape}, got {text!r}: an empty item between commas", field=flag)
-    parts = [v for v in parts if v]
-    if not parts or any(len(v) > 50 or not (v.lstrip("+-").isdigit() or ranges and _is_range(v)) for v in parts):
-        raise UsageError(f"expected {shape}, got {text!r}", field=flag)
-    values: list[int] = []
-    for part in parts:
-        if not _is_range(part) or not ranges:
-            values.append(int(part))
-            continue
-        low, high = (int(x) for x in part.split("-"))
-        for v in (low, high):
-            bounds.check(flag, v)
-        if low > high:
-            raise UsageError(f"range {part!r} runs backwards: give the smaller count first (e.g. 1-512)", field=flag)
-        while low <= high:
-            values.append(low)
-            low *= 2
-    values = list(dict.fromkeys(values))
-    if allowed is not None:
-        bad = [v for v in values if v not in allowed]
-        if bad:
-            raise UsageError(f"invalid values {bad}; allowed: {', '.join(map(str, allowed))}", field=flag)
-    else:
-        for v in values:
-            bounds.check(flag, v)
-    return values
-
-
-def _is_range(text: str) -> bool:
-    low, dash, high = text.partition("-")
-    return bool(dash) and low.isdigit() and high.isdigit()
-
-
-def _hardware_list(text: str | None) -> list[str]:
-    """--hardware of `plan`: comma-separated names or YAML paths, `all` for every built-in, each once."""
-    from ddplan.registry import builtin_names
-
-    names = [h.strip() for h in (text or "").split(",") if h.strip()]
-    out = [n for name in names for n in (builtin_names("hardware") if name.lower() == "all" else [name])]
-    return list(dict.fromkeys(out))
-
-
 def _progress(command: str):
     """A progress callback on stderr, one line at a time, so that it shows in a terminal and in a log
     alike: silent for the first 2 s (most commands are done by then), then at most one line a second."""
@@ -1335,13 +1182,6 @@ def _check_plot_path(path: str | None) -> None:
         import matplotlib  # noqa: F401
     except ImportError:
         raise UsageError("needs matplotlib: pip install 'ddplan[plot]'", field="--plot") from None
-
-
-def _check_pattern(pattern: str | None, flag: str = "--window-pattern") -> None:
-    from ddplan.errors import UsageError
-
-    if pattern is not None and (not pattern or set(pattern) - {"S", "L"}):
-        raise UsageError(f"window pattern must be letters S and L only (e.g. L, SSSL), got {pattern!r}", field=flag)
 
 
 def _click_words(message: str) -> str:

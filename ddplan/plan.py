@@ -21,8 +21,8 @@ from ddplan.memory import HEADROOM
 from ddplan.gcpause import no_cycle_collection
 from ddplan.offload import check_offload
 from ddplan.price import PricedLayout, Pricer, RunPlan
-from ddplan.specs import HardwareSpec, ModelSpec, Price
-from ddplan.table import check_fp8, check_fp8_options
+from ddplan.specs import Budget, HardwareSpec, ModelSpec, Price
+from ddplan.table import check_attentions, check_fp8, check_fp8_options
 from ddplan.units import GiB
 
 MAX_SEARCHES = 64  # (hardware, GPU count) pairs one search covers, checked before any work
@@ -43,6 +43,7 @@ class PlanRequest:
     calibration_path: str | None = None
     price: Price | None = None
     overheads: run.RunOverheads = run.RunOverheads()
+    budget: Budget | None = None  # the training budget (steps, tokens or tokens per parameter); None: the recipe's
     total_batch_tokens: int | None = None
     tp_across_nodes: bool = False
     attentions: tuple[str, ...] = ()  # () = every implementation on each hardware
@@ -145,9 +146,9 @@ def context_parallel_degrees(seq_len: int) -> tuple[int, ...]:
 
 
 def pricer_for(req: PlanRequest, hw: HardwareSpec) -> Pricer:
-    """The pricer of one hardware in a search: the model's budget, the request's price and overheads, and
+    """The pricer of one hardware in a search: the request's budget (else the model's), price and overheads, and
     the calibration when it is for this hardware, with its measured step fitted as `table` fits it."""
-    plan = RunPlan(req.model.recipe.budget, req.price or hw.price, req.overheads, req.headroom)
+    plan = RunPlan(req.budget or req.model.recipe.budget, req.price or hw.price, req.overheads, req.headroom)
     cal = req.calibration if req.calibration and req.calibration.hardware in (hw.name, *hw.aliases) else None
     pricer = Pricer(req.model, hw, plan, cal, req.fp8, fp8_recipe=req.fp8_recipe)
     m = measurement_for(cal, req.model)
@@ -196,6 +197,8 @@ def _search(req: PlanRequest, progress: Callable[[str, int, int], None], shortcu
         raise UsageError(f"{total_batch:,} tokens is not a positive multiple of the sequence length {seq:,}",
                          field="--total-batch-size")
 
+    for hw in req.hardware:
+        check_attentions(req.attentions, hw)
     if req.fp8:
         for hw in req.hardware:
             check_fp8(spec, hw)

@@ -15,6 +15,43 @@ from ddplan.specs import Efficiency
 from ddplan.table import TableRequest, build_table
 
 
+# How a published run states each field of a run configuration (ddplan.runconfig): the runs format's field, or why
+# it has none. A test walks both: a new run-configuration field needs its line here.
+STATED_BY: dict[tuple[str, ...], str] = {
+    ("model",): "model.base (with model.architecture)", ("hardware",): "hardware", ("gpus",): "layout.gpus",
+    ("layout", "tp"): "layout.tp", ("layout", "pp"): "layout.pp", ("layout", "vp"): "layout.vp",
+    ("layout", "cp"): "layout.cp", ("layout", "ep"): "layout.ep", ("layout", "etp"): "layout.etp",
+    ("layout", "zero"): "layout.zero", ("layout", "shard_group"): "layout.shard_group",
+    ("layout", "sequence_parallel"): "layout.sequence_parallel",
+    ("layout", "tp_comm_overlap"): "layout.tp_comm_overlap",
+    ("layout", "reshard_after_forward"): "layout.reshard_after_forward",
+    ("layout", "overlap_param_gather"): "layout.overlap_param_gather",
+    ("layout", "offload_optimizer"): "layout.offload_optimizer", ("layout", "cp_comm"): "layout.cp_comm",
+    ("precision", "dtype"): "precision", ("precision", "grads"): "model.grads", ("precision", "fp8"): "precision",
+    ("precision", "fp8_recipe"): "fp8_recipe", ("precision", "fp8_all_gather"): "layout.fp8_all_gather",
+    ("recompute",): "layout.recompute", ("attention",): "layout.attention", ("window",): "layout.window",
+    ("seq_len",): "model.seq_len", ("compiled",): "layout.compiled", ("moe_imbalance",): "model.routing",
+    ("batch", "device"): "layout.micro_batch", ("batch", "total_tokens"): "layout.global_batch_sequences",
+    ("measured", "step_time_s"): "measured", ("measured", "gpus"): "layout.gpus", ("measured", "tp"): "layout.tp",
+    ("measured", "pp"): "layout.pp", ("measured", "attention"): "layout.attention",
+    ("measured", "window"): "layout.window",
+}
+# fields that are not the step a run measured: what the run costs around its steps, or how ddplan reports
+NOT_A_STEP: dict[tuple[str, ...], str] = {
+    **{("budget", k): "the training budget: a published step time does not depend on it"
+       for k in ("steps", "tokens", "param_data_ratio")},
+    **{("outside", k): "time outside the steps: not in a measured step" for k in (
+        "startup_min", "eval_every", "eval_tokens", "checkpoint_every", "interruptions_per_gpu_hour", "restart_min")},
+    ("price_usd_per_gpu_hour",): "what a GPU-hour costs: not in a step time",
+    ("headroom",): "the memory a plan keeps free; a run that ran fit",
+    ("calibration",): "this machine's measurements; a published run is scored uncalibrated",
+    ("measured", "fit"): "which efficiency a measured step calibrates; validate scores, it does not fit",
+    ("measured", "peak_gb"): "a measured peak: no published run in the dataset states one",
+    ("layout", "tp_across_nodes"): "plan's search space; a run states its tp",
+    **{("plan", k): "what plan optimises" for k in ("objective", "deadline_h", "budget_usd", "top")},
+}
+
+
 def table_command(run: PublishedRun) -> list[str] | None:
     """The `ddplan table` arguments that price this run as one row, or None when its model needs a YAML
     (architecture overrides) or its network differs from the hardware spec's (no flag for either)."""
@@ -23,7 +60,7 @@ def table_command(run: PublishedRun) -> list[str] | None:
     lay = run.layout
     argv = ["table", "--model", run.model.base, "--hardware", run.hardware, "--gpus", str(lay.gpus),
             "--tp", str(lay.tp), "--pp", str(lay.pp), "--vp", str(lay.vp), "--cp", str(lay.cp), "--ep", str(lay.ep),
-            "--zero", str(lay.zero), *(["--etp", "1"] if lay.etp else []),
+            *(["--zero", str(lay.zero)] if lay.zero is not None else []), *(["--etp", "1"] if lay.etp else []),
             "--device-batch-size", ",".join(map(str, micro_batches(run))), "--total-batch-size",
             str(run.tokens_per_step),
             "--recompute", lay.recompute, "--seq-len", str(run.model.seq_len),
@@ -45,6 +82,14 @@ def table_command(run: PublishedRun) -> list[str] | None:
         argv.append("--overlap-param-gather")
     if lay.shard_group:
         argv += ["--shard-group", str(lay.shard_group)]
+    if not lay.reshard_after_forward:
+        argv.append("--no-reshard-after-forward")
+    if lay.fp8_all_gather:
+        argv.append("--fp8-all-gather")
+    if lay.offload_optimizer:
+        argv.append("--offload-optimizer")
+    if lay.cp_comm != "ring":
+        argv += ["--cp-comm", lay.cp_comm]
     if run.precision == "fp8":
         argv.append("--fp8")
     if run.fp8_recipe:
@@ -83,13 +128,17 @@ def price_run(run: PublishedRun, where: str, sustained: dict[str, float] | None 
     attention = lay.attention or hw.default_attention
     req = TableRequest(model=spec, hardware=hw, gpus=(lay.gpus,), tps=(lay.tp,), pps=(lay.pp,), vps=(lay.vp,),
                        cps=(lay.cp,), eps=(lay.ep,),
-                       zeros=(lay.zero,), micro_batches=micro_batches(run), recomputes=(lay.recompute,),
+                       zeros=(lay.zero,) if lay.zero is not None else (), micro_batches=micro_batches(run),
+                       recomputes=(lay.recompute,),
                        attentions=(attention,), windows=(lay.window or spec.architecture.window_pattern,),
                        total_batch_tokens=run.tokens_per_step, compiled=lay.compiled, fp8=run.precision == "fp8",
                        fp8_recipe=run.fp8_recipe,
                        options=Options(sequence_parallel=lay.sequence_parallel, tp_overlap=lay.tp_comm_overlap,
                                        overlap_param_gather=lay.overlap_param_gather,
-                                       shard_group=lay.shard_group, expert_tp=lay.etp or 0).for_model(spec))
+                                       shard_group=lay.shard_group, expert_tp=lay.etp or 0,
+                                       reshard_after_forward=lay.reshard_after_forward,
+                                       fp8_all_gather=lay.fp8_all_gather, offload_optimizer=lay.offload_optimizer,
+                                       cp_comm=lay.cp_comm.replace("-", "_")).for_model(spec))
     try:
         table = build_table(req, shared=shared)
     except DdplanError as e:

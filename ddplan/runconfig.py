@@ -192,7 +192,7 @@ FLAGS: dict[tuple[str, ...], str] = {
 LIST_PARAMS = {"table": frozenset({"gpus", "tp", "pp", "vp", "cp", "ep", "zero", "device_batch_size", "recompute",
                                    "attention", "window"}),
                "memory": frozenset({"zero"}),
-               "plan": frozenset({"gpus", "ep", "cp", "hardware"})}
+               "plan": frozenset({"gpus", "ep", "cp", "hardware", "recompute", "zero", "attention"})}
 # names or file paths: text even when written in digits (a file named 7); a relative path is the run file's folder's
 NAMES = frozenset({"model", "hardware", "calibration"})
 SECTIONS = {"layout": Layout, "precision": Precision, "batch": Batch, "budget": Budget, "outside": Outside,
@@ -237,16 +237,21 @@ def as_flag_value(value: Any) -> Any:
 
 
 def defaults_for(config: RunConfig, params: dict[str, bool], source: str
-                 ) -> tuple[dict[str, Any], dict[str, tuple[str, str, list]]]:
+                 ) -> tuple[dict[str, Any], dict[str, tuple[str, str, list]], list[str]]:
     """(the command's parameter defaults the file states, as click's default_map: each stated field under its
     parameter's name, for the parameters this command has; the lists of several values given for a parameter of
-    one value, by name: (file, field, values), an error unless the flag is given). params: name -> whether it
-    takes one value (memory's --gpus) rather than a comma-separated list (table's)."""
+    one value, by name: (file, field, values), an error unless the flag is given; the stated fields this command
+    has no flag for, which it does not read). params: name -> whether it takes one value (memory's --gpus) rather
+    than a comma-separated list (table's)."""
     out: dict[str, Any] = {}
     lists: dict[str, tuple[str, str, list]] = {}
+    unread: list[str] = []
     for path, name in FLAGS.items():
         value = _get(config, path)
-        if value is None or name not in params:
+        if value is None:
+            continue
+        if name not in params:
+            unread.append(".".join(path))
             continue
         if name in NAMES:
             value = _beside(source, value)
@@ -256,7 +261,7 @@ def defaults_for(config: RunConfig, params: dict[str, bool], source: str
                 continue
             value = value[0]
         out[name] = as_flag_value(value)
-    return out, lists
+    return out, lists, unread
 
 
 def from_params(params: dict[str, Any], stated: set[str]) -> RunConfig:

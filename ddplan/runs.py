@@ -70,7 +70,9 @@ class RunLayout(Strict):
     cp: int = Field(default=1, gt=0, le=1024)  # context parallelism
     ep: int = Field(default=1, gt=0, le=4096)  # expert parallelism (mixture of experts): out of dp x cp
     etp: Literal[1] | None = None  # 1: experts whole (Megatron-Core --expert-tensor-parallel-size 1); None: tp
-    zero: int = Field(default=0, ge=0, le=3)  # 3: FSDP FULL_SHARD; 2: SHARD_GRAD_OP
+    # 3: FSDP FULL_SHARD; 2: SHARD_GRAD_OP; None: the model's own data-parallel setup (nanochat's sharded
+    # optimizer, a Llama recipe's FSDP), as `ddplan table` without --zero
+    zero: int | None = Field(default=None, ge=0, le=3)
     # None: not stated; priced at the fastest power-of-two micro-batch that fits in memory (fastest_fitting),
     # as a published throughput benchmark is tuned
     micro_batch: int | None = Field(default=None, gt=0, le=65536)
@@ -82,6 +84,10 @@ class RunLayout(Strict):
     tp_comm_overlap: bool = False  # Megatron-Core --tp-comm-overlap
     overlap_param_gather: bool = False  # Megatron-Core --overlap-param-gather (distributed optimizer)
     shard_group: int = Field(default=0, ge=0, le=10**6)  # ZeRO-3 hybrid sharding (HSDP) group; 0: all of dp
+    reshard_after_forward: bool = True  # ZeRO-3: torch FSDP2's reshard_after_forward (False: ZeRO-2-like gathers)
+    fp8_all_gather: bool = False  # ZeRO-3 with fp8: weights all-gathered in fp8 (torchao enable_fsdp_float8_all_gather)
+    offload_optimizer: bool = False  # optimizer states and the optimizer step on the host (DeepSpeed ZeRO-Offload)
+    cp_comm: Literal["ring", "all-gather"] = "ring"  # context parallelism's exchange (--cp-comm)
     compiled: bool = False
 
 

@@ -105,6 +105,16 @@ def check_fp8(spec: ModelSpec, hw: HardwareSpec) -> None:
                          f"not run on MI300X, which has the fnuz formats)", field="--fp8")
 
 
+def check_attentions(names: tuple[str, ...], hw: HardwareSpec) -> None:
+    """Raise UsageError naming the first attention implementation the hardware spec does not list, and those it
+    does."""
+    known = [a.name for a in hw.attention]
+    for name in names:
+        if name not in known:
+            raise UsageError(f"{name!r} is not available on {hw.name}; allowed: {', '.join(known)}",
+                             field="--attention")
+
+
 def check_fp8_options(spec: ModelSpec, fp8: bool, recipe: str | None, all_gather: bool,
                       zeros: tuple[int, ...] | None) -> None:
     """Raise UsageError when --fp8-recipe or --fp8-all-gather cannot apply, saying why. zeros: the ZeRO stages
@@ -152,12 +162,8 @@ def _build_table(req: TableRequest, progress: Callable[[str, int, int], None] | 
         raise UsageError(f"{total_batch:,} is not a multiple of the sequence length {seq}", field="--total-batch-size")
     budget = req.budget or spec.recipe.budget
     compiled = spec.recipe.compiled if req.compiled is None else req.compiled
-    names = [a.name for a in hw.attention]
     attentions = req.attentions or tuple(a.name for a in hw.default_attention_impls())
-    for name in attentions:
-        if name not in names:
-            raise UsageError(f"{name!r} is not available on {hw.name}; allowed: {', '.join(names)}",
-                             field="--attention")
+    check_attentions(attentions, hw)
     pattern = spec.architecture.window_pattern
     windows = req.windows or ((pattern, "L") if pattern != "L" else ("L",))
     rows = math.prod(len(x) for x in (req.gpus, req.tps, req.pps, req.vps, req.cps, req.eps, req.zeros or (0,),

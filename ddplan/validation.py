@@ -133,7 +133,7 @@ def score(run: PublishedRun, where: str, sustained: dict[str, float] | None = No
     measured_mfu = run.measured.mfu_pct if run.measured.mfu_pct is not None else mfu(measured)
     return Scored(
         id=run.id, source=run.source.name, hardware=hw.name, model=run.model.name, params=params,
-        params_reported=run.model.params_reported, gpus=lay.gpus, family=family_of(lay.tp, lay.pp, lay.zero, lay.gpus),
+        params_reported=run.model.params_reported, gpus=lay.gpus, family=family_of(lay.tp, lay.pp, row.layout.zero, lay.gpus),
         size=size_of(params), assumed=len(run.assumed), measured_s=measured, predicted_s=row.step_s,
         low_s=row.step_low_s, high_s=row.step_high_s, measured_mfu_pct=measured_mfu, predicted_mfu_pct=predicted_mfu,
         ddplan_mfu_measured_pct=row.mfu_pct * row.step_s / measured,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddplan import cli
+from ddplan import inputs
 from ddplan.errors import UsageError
 from ddplan.plan import MAX_SEARCHES
 from ddplan.registry import builtin_names
@@ -23,7 +23,7 @@ from cli_helpers import csv_rows, fails, run_ok
     ("8,4-16", [8, 4, 16]),  # each once, in the order given
 ])
 def test_gpu_lists(text, expected):
-    assert cli._int_list(text, "--gpus", ranges=True) == expected
+    assert inputs.int_list(text, "--gpus", ranges=True) == expected
 
 
 @pytest.mark.parametrize("text, words", [
@@ -36,14 +36,14 @@ def test_gpu_lists(text, expected):
 ])
 def test_bad_gpu_ranges(text, words):
     with pytest.raises(UsageError) as e:
-        cli._int_list(text, "--gpus", ranges=True)
+        inputs.int_list(text, "--gpus", ranges=True)
     assert e.value.field == "--gpus" and words in e.value.message
 
 
 def test_ranges_only_where_asked():
     """--tp, --zero, ... stay plain integer lists."""
     with pytest.raises(UsageError):
-        cli._int_list("1-4", "--tp")
+        inputs.int_list("1-4", "--tp")
 
 
 def test_table_takes_a_range(capsys):

@@ -419,7 +419,9 @@ def test_a_validation_error_from_values_built_here_reads_without_pydantic_wordin
     def fail(*_a, **_k):
         Sized(n=-1)
 
-    monkeypatch.setattr(registry, "load_model", fail)
+    from ddplan import inputs
+
+    monkeypatch.setattr(inputs, "load_model", fail)  # where the command calls it
     code, _, err = run(capsys, "table", "--model", "d24")
     line = one_error_line(err)
     assert code == 2 and line == "error: n: must be positive", line

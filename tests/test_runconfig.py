@@ -134,3 +134,55 @@ def test_the_title_says_the_batch_came_from_the_run_file(capsys):
     assert "524,288 tokens, the run file's batch.total_tokens, the measured step's" in by_file
     by_flag = run_ok(capsys, ["table", "--config", str(SEED), "--total-batch-size", "524288", "--format", "markdown"])
     assert "524,288 tokens, --total-batch-size, the measured step's" in by_flag
+
+
+PLAN = ["plan", "-m", "d20", "--hardware", "h100-sxm", "--gpus", "8", "--startup-min", "0", "--eval-every", "0",
+        "--interruptions-per-gpu-hour", "0", "--format", "csv"]
+
+
+def test_plan_reads_the_training_budget_and_the_time_outside_steps(capsys, tmp_path):
+    """1,000 more steps add 1,000 x step_s to each layout's wall-clock (nothing else outside the steps changes:
+    no evaluation, no interruptions, one checkpoint at the end either way), and a run file's budget.steps and
+    outside fields price as their flags do (plan read neither before: it priced the recipe's budget)."""
+    from cli_helpers import csv_rows, f
+
+    layout = ("tp", "pp", "cp", "ep", "zero", "micro_batch", "attention", "recompute", "schedule")
+    one = {tuple(r[k] for k in layout): r for r in csv_rows(run_ok(capsys, [*PLAN, "--steps", "1000"]))}
+    two = {tuple(r[k] for k in layout): r for r in csv_rows(run_ok(capsys, [*PLAN, "--steps", "2000"]))}
+    assert one.keys() == two.keys() and one
+    for key, row in one.items():
+        extra_h = f(two[key], "wall_clock_h") - f(row, "wall_clock_h")
+        assert extra_h == pytest.approx(1000 * f(row, "step_s") / 3600, rel=1e-6)
+    path = tmp_path / "run.yaml"
+    path.write_text("kind: run\nmodel: d20\nhardware: h100-sxm\ngpus: [8]\nbudget: {steps: 2000}\n"
+                    "outside: {startup_min: 0, eval_every: 0, interruptions_per_gpu_hour: 0}\n", encoding="utf-8")
+    assert run_ok(capsys, ["plan", "--config", str(path), "--format", "csv"]) == run_ok(
+        capsys, [*PLAN, "--steps", "2000"])
+
+
+def test_plan_searches_among_the_recompute_zero_and_attention_it_is_given(capsys):
+    from cli_helpers import csv_rows
+
+    rows = csv_rows(run_ok(capsys, [*PLAN, "--recompute", "selective,none", "--zero", "3",
+                                    "--attention", "sdpa-fused"]))
+    assert rows and {r["recompute"] for r in rows} <= {"none", "selective"}
+    # one data-parallel rank has nothing to shard: it keeps the model's own setup (d20: ZeRO-1)
+    assert {r["zero"] for r in rows if r["dp"] != "1"} == {"3"} and {r["attention"] for r in rows} == {"sdpa-fused"}
+    _, err = fails(capsys, [*PLAN, "--attention", "nope"])
+    assert "--attention: 'nope' is not available on h100-sxm; allowed: " in err
+    _, err = fails(capsys, [*PLAN, "--zero", "4"])
+    assert "--zero" in err
+
+
+def test_a_field_the_command_cannot_read_is_named(capsys, tmp_path):
+    """plan searches the layout: the run file's tp and micro-batch are not read, and it says so (once silent)."""
+    path = tmp_path / "run.yaml"
+    path.write_text("kind: run\nmodel: d20\nhardware: h100-sxm\ngpus: [8]\nlayout: {tp: 2}\nbatch: {device: 4}\n",
+                    encoding="utf-8")
+    code = cli.main(["plan", "--config", str(path), "--format", "csv"])
+    err = capsys.readouterr().err
+    assert code == 0
+    assert (f"warning: {path}: `ddplan plan` has no flag for layout.tp, batch.device, so it does not read them"
+            in err.splitlines())
+    code = cli.main(["table", "--config", str(path), "--format", "csv"])
+    assert code == 0 and "no flag for" not in capsys.readouterr().err

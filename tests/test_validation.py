@@ -301,7 +301,7 @@ def test_tp_comm_overlap_hides_tensor_parallel_communication(capsys):
 
 
 def test_a_runs_table_command_prices_it_as_validate_does(capsys, scored):
-    """Every dataset run whose model is a built-in gets a `ddplan table` command (runs.table_command); run through
+    """Every dataset run whose model is a built-in gets a `ddplan table` command (replay.table_command); run through
     the CLI it gives the step validate scores (the seed and Korthikanti's rows: 9 commands)."""
     from ddplan.replay import table_command
 
@@ -332,7 +332,7 @@ def test_a_runs_table_command_as_a_run_configuration_prices_the_same(capsys, tmp
 
 def test_an_unstated_micro_batch_is_the_fastest_that_fits(tmp_path, capsys):
     """A run without `micro_batch` (the Megatron README states none) is priced at the fastest power-of-two
-    micro-batch that fits (runs.fastest_fitting): 64 sequences over dp 8 are 8 a rank, so 1, 2, 4 and 8 are
+    micro-batch that fits (replay.fastest_fitting): 64 sequences over dp 8 are 8 a rank, so 1, 2, 4 and 8 are
     tried, and the scored step is the fastest fitting row of the `ddplan table` command the run stands for."""
     from ddplan.replay import micro_batches, table_command
 
@@ -488,3 +488,45 @@ def test_leave_one_source_out_after_the_in_sample_pass_is_the_same_as_alone(tmp_
     assert cli.main(["validate", "--dataset", where, "--leave-one-source-out", "--format", "csv"]) == 0
     rows = list(csv.DictReader(line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")))
     assert [float(r["loso_predicted_s"]) for r in rows] == pytest.approx([a.predicted_s for a in alone], rel=1e-9)
+
+
+def test_the_runs_format_states_every_field_of_a_run_configuration():
+    """Issue 34: every run-configuration field is either stated by a published run (replay.STATED_BY names the
+    runs-format field, which exists) or listed with the reason a measured step does not depend on it."""
+    from ddplan import runconfig
+    from ddplan.replay import NOT_A_STEP, STATED_BY
+    from ddplan.runs import PublishedRun
+
+    paths = set(runconfig.field_paths())
+    assert set(STATED_BY) | set(NOT_A_STEP) == paths and not set(STATED_BY) & set(NOT_A_STEP)
+    for where in STATED_BY.values():
+        node = PublishedRun
+        for part in where.split(" ")[0].split("."):
+            assert part in node.model_fields, where
+            annotation = node.model_fields[part].annotation
+            node = next((a for a in (annotation, *getattr(annotation, "__args__", ())) if hasattr(a, "model_fields")),
+                        None)
+
+
+def test_a_run_s_framework_options_price_as_their_flags(capsys, tmp_path):
+    """The options the runs format gained (issue 34: no reshard after forward, fp8 all-gather, optimizer offload,
+    the cp exchange, and an unstated ZeRO stage meaning the model's own setup): a run stating them scores the step
+    its `ddplan table` command prices, and each changes the step (or its memory) as its flag does."""
+    from ddplan.replay import price_run, table_command
+
+    base = {"gpus": 16, "global_batch_sequences": 64, "micro_batch": 1, "zero": 3, "attention": "fa2"}
+    variants = {"reshard": {"reshard_after_forward": False}, "offload": {"offload_optimizer": True},
+                "native": {"zero": None}}
+    runs = load_runs(str(_runs_file(tmp_path, [_run(1.0, layout={**base, **v}, id=k) for k, v in variants.items()]
+                                    + [_run(1.0, layout=base, id="plain")])))
+    rows = {}
+    for i, run in enumerate(runs.runs):
+        _, _, row = price_run(run, f"runs.{i}")
+        flags = csv_rows(run_ok(capsys, table_command(run) + ["--format", "csv"]))
+        assert len(flags) == 1 and float(flags[0]["step_s"]) == pytest.approx(row.step_s, rel=1e-12), run.id
+        rows[run.id] = row
+    assert "--no-reshard-after-forward" in table_command(runs.runs[0])
+    # the gathered weights kept from forward to backward: more memory, no second all-gather
+    assert rows["reshard"].memory.total > rows["plain"].memory.total and rows["reshard"].step_s <= rows["plain"].step_s
+    assert rows["offload"].memory.total < rows["plain"].memory.total  # optimizer states on the host
+    assert "--zero" not in table_command(runs.runs[2])  # the model's own setup: table without --zero
