@@ -345,8 +345,9 @@ def memory_cmd(
     flags = dict(gpus=gpus, tp=tp, pp=pp, vp=vp, device_batch_size=device_batch_size, recompute=recompute,
                  attention=attention, window=window, compiled=compiled)
     if model is None:  # the run the calibration measured, as it ran
-        model, *values = _calibrated_run(ctx, calibration, **flags, seq_len=seq_len)
-        gpus, tp, pp, vp, device_batch_size, recompute, attention, window, compiled, seq_len = _memory_run(values)
+        model, cal, m = inputs.calibrated_model(calibration)
+        (gpus, tp, pp, vp, device_batch_size, recompute, attention, window, compiled, seq_len) = inputs.as_measured(
+            cal, m, {**flags, "seq_len": seq_len}, _given_names(ctx), as_text=False).values()
         flags = {}  # taken from the calibration's step already
     inputs.check_ranges((gpus, "--gpus"), (tp, "--tp"), (pp, "--pp"), (vp, "--vp"), (cp, "--cp"), (ep, "--ep"),
            (device_batch_size, "--device-batch-size"),
@@ -363,29 +364,18 @@ def memory_cmd(
 
         check_offload(spec, hw, tuple(stages))
     measured_zero, peak_note = None, None  # the ZeRO stage of the step whose peak is compared (the verdict's)
-    if cal is not None and measured_peak is None:
-        from ddplan.calibration import steps_for_model
-
-        # the step the shape came from (no --model: the calibration's first), else this model's first with a peak
-        steps = cal.step_times[:1] if not flags else steps_for_model(cal, {spec.name, *spec.aliases})
-        peaked = [m for m in steps if m.peak_memory_gb]
-        if peaked and flags:  # its peak is for the shape it ran: price that shape, unless a flag says otherwise
-            gpus, tp, pp, vp, device_batch_size, recompute, attention, window, compiled = _memory_run(
-                _as_measured(ctx, cal, peaked[0], **flags))
-        if peaked:
-            m = peaked[0]
-            ran = {**inputs.step_values(cal, m), "dtype": cal.dtype}
-            now = dict(gpus=gpus, tp=tp, pp=pp, vp=vp, device_batch_size=device_batch_size, recompute=recompute,
-                       attention=attention, window=window, compiled=compiled, seq_len=seq_len, dtype=dtype)
-            moved = [f"--{k.replace('_', '-')}" for k in now if _given(ctx, k) and now[k] != ran[k]]
-            if len(stages) == 1 and m.zero is not None and stages[0] != m.zero:
-                moved.append("--zero")
-            if moved:  # a peak says nothing of another shape
-                peak_note = (f"The calibration's measured peak ({m.peak_memory_gb:g} GB) is for the shape its step ran "
-                             f"({verdicts.gpus_word(m.gpus)}, micro-batch {m.device_batch_size}, ZeRO-{m.zero if m.zero is not None else 'native'}); "
-                             f"{', '.join(moved).replace('--compiled', '--compile')} moved away from it, so it is not compared.")
-            else:
-                measured_peak, measured_zero = m.peak_memory_gb, m.zero
+    m = inputs.peak_step(cal, spec, from_calibration=not flags) if measured_peak is None else None
+    if m is not None:
+        if flags:  # its peak is for the shape it ran: price that shape, unless a flag says otherwise
+            gpus, tp, pp, vp, device_batch_size, recompute, attention, window, compiled = inputs.as_measured(
+                cal, m, flags, _given_names(ctx), as_text=False).values()
+        now = dict(gpus=gpus, tp=tp, pp=pp, vp=vp, device_batch_size=device_batch_size, recompute=recompute,
+                   attention=attention, window=window, compiled=compiled, seq_len=seq_len, dtype=dtype)
+        moved = inputs.moved_from(cal, m, now, _given_names(ctx), stages)
+        if moved:  # a peak says nothing of another shape
+            peak_note = verdicts.peak_not_compared(m, moved)
+        else:
+            measured_peak, measured_zero = m.peak_memory_gb, m.zero
     inputs.check_pattern(window, "--window")
     options = inputs.options(sequence_parallel, False, tp, shard_group, reshard_after_forward, overlap_param_gather,
                              cp_comm, inputs.expert_tp(etp, spec), spec, fp8_all_gather, offload_optimizer)
@@ -430,33 +420,15 @@ def memory_cmd(
     render.echo(render.footer(prov, format.value, scr))
 
 
-def _calibrated_run(ctx: typer.Context, calibration: str | None, **given) -> tuple:
-    """`table --calibration FILE` without --model: the run the calibration measured (its first step's model,
-    GPUs, tp, pp, vp, ZeRO, micro-batch, batch, recompute, attention, window, compile mode and sequence
-    length), each flag left at its default taking the measured value; a flag given on the command line wins."""
-    from ddplan.errors import DdplanError, UsageError
-    from ddplan.registry import load_calibration, load_model
-
-    if calibration is None:
-        raise UsageError("give a model (or --calibration FILE with a measured step to price what it ran)",
-                         field="--model")
-    cal = load_calibration(calibration)
-    if not cal.step_times:
-        raise UsageError(f"{calibration} holds no measured training step to take the model from; give --model",
-                         field="--model")
-    m = cal.step_times[0]
-    try:
-        load_model(m.model)
-    except DdplanError:
-        raise UsageError(f"{calibration} measured model '{m.model}', which is not a built-in; give its spec with "
-                         "--model PATH", field="--model") from None
-    return (m.model, *_as_measured(ctx, cal, m, **given))
-
-
 def _source(ctx: typer.Context, name: str) -> str | None:
     """Where parameter `name`'s value came from: COMMANDLINE, DEFAULT_MAP (a --config file's field), DEFAULT..."""
     # by name: typer >= 0.22 carries its own copy of click, whose ParameterSource is another enum class
     return getattr(ctx.get_parameter_source(name), "name", None)
+
+
+def _given_names(ctx: typer.Context) -> set[str]:
+    """The parameters whose flags were given (on the command line or as a --config file's field)."""
+    return {name for name in ctx.params if _given(ctx, name)}
 
 
 def _given(ctx: typer.Context, name: str) -> bool:
@@ -472,25 +444,6 @@ def _stated_by(ctx: typer.Context, name: str) -> str:
         path = next(p for p, n in runconfig.FLAGS.items() if n == name)
         return f"the run file's {'.'.join(path)}"
     return "--" + name.replace("_", "-")
-
-
-# flags that table takes as comma-separated lists (strings); memory turns them back with _memory_run
-_LISTED = ("gpus", "tp", "pp", "vp", "zero", "device_batch_size")
-
-
-def _as_measured(ctx: typer.Context, cal, m, **given) -> tuple:
-    """The given flags' values, each left at its default taking the value of the measured step m (a step
-    of calibration cal); a flag given on the command line wins."""
-    from ddplan import inputs
-
-    measured = {k: (str(v) if k in _LISTED and v is not None else v) for k, v in inputs.step_values(cal, m).items()}
-    return tuple(v if _given(ctx, k) else measured[k] for k, v in given.items())
-
-
-def _memory_run(values: tuple) -> tuple:
-    """_as_measured's values of memory's flags in their order (gpus, tp, pp, vp, micro-batch, then the
-    rest): the first five as integers, as memory's options are."""
-    return (*(None if v is None else int(v) for v in values[:5]), *values[5:])
 
 
 class Knob(str, Enum):
@@ -596,18 +549,16 @@ def table_cmd(
     if _config_first(ctx, print_config):
         return
     from ddplan import render, verdicts
-    from ddplan.calibration import StepMeasurement
-    from ddplan.errors import UsageError
     from ddplan.specs import Price
     from ddplan.table import TableRequest, build_table
 
     if model is None:
-        (model, gpus, tp, pp, vp, zero, device_batch_size, total_batch_size, recompute, attention, window,
-         compiled, seq_len) = _calibrated_run(ctx, calibration, gpus=gpus, tp=tp, pp=pp, vp=vp, zero=zero,
-                                              device_batch_size=device_batch_size,
-                                              total_batch_size=total_batch_size, recompute=recompute,
-                                              attention=attention, window=window, compiled=compiled,
-                                              seq_len=seq_len)
+        model, cal, m = inputs.calibrated_model(calibration)
+        (gpus, tp, pp, vp, zero, device_batch_size, total_batch_size, recompute, attention, window, compiled,
+         seq_len) = inputs.as_measured(cal, m, dict(
+             gpus=gpus, tp=tp, pp=pp, vp=vp, zero=zero, device_batch_size=device_batch_size,
+             total_batch_size=total_batch_size, recompute=recompute, attention=attention, window=window,
+             compiled=compiled, seq_len=seq_len), _given_names(ctx)).values()
     inputs.check_ranges((price, "--price"), (steps, "--steps"), (tokens, "--tokens"),
                         (param_data_ratio, "--param-data-ratio"), (total_batch_size, "--total-batch-size"),
                         (measured_step_time, "--measured-step-time"), (measured_gpus, "--measured-gpus"),
@@ -633,23 +584,14 @@ def table_cmd(
     if price is not None:
         price_spec = Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price", date=_today(),
                            source="given on the command line")
-    measurement = None
-    if measured_step_time is not None:
-        if measured_window:
-            inputs.check_pattern(measured_window, "--measured-window")
-        measurement = StepMeasurement(
-            model=spec.name, gpus=measured_gpus or gpu_list[0], step_time_s=measured_step_time,
-            device_batch_size=mbs[0] if mbs else spec.recipe.device_batch_size,
-            total_batch_tokens=total_batch_size or spec.recipe.total_batch_tokens,
-            tp=measured_tp or tps[0], pp=measured_pp or pps[0], pp_virtual_stages=vps[0],
-            zero=zeros[0] if zeros else None,
-            attention=measured_attention or (attention.split(",")[0].strip() if attention else hw.default_attention),
-            window_pattern=measured_window or (windows[0] if windows else spec.architecture.window_pattern),
-            compiled=spec.recipe.compiled if compiled is None else compiled, recompute=recomputes[0],
-            source="stated with --measured-step-time")
-    elif any(v is not None for v in (measured_gpus, measured_tp, measured_pp, measured_attention, measured_window)):
-        raise UsageError("needs --measured-step-time",
-                         field="--measured-gpus/--measured-tp/--measured-pp/--measured-attention/--measured-window")
+    measurement = inputs.stated_measurement(
+        spec, hw, measured_step_time, gpus=measured_gpus or gpu_list[0], tp=measured_tp or tps[0],
+        pp=measured_pp or pps[0], vp=vps[0], zero=zeros[0] if zeros else None,
+        micro_batch=mbs[0] if mbs else None, total_batch_tokens=total_batch_size,
+        attention=measured_attention or (attention.split(",")[0].strip() if attention else None),
+        window=measured_window or (windows[0] if windows else None), compiled=compiled, recompute=recomputes[0],
+        others_given=any(v is not None for v in (measured_gpus, measured_tp, measured_pp, measured_attention,
+                                                  measured_window)))
     req = TableRequest(
         model=spec, hardware=hw, gpus=gpu_list, tps=tps, pps=pps, vps=vps, cps=cps, eps=eps, zeros=zeros,
         micro_batches=mbs,

@@ -8,8 +8,10 @@ ddplan.cli only parses, calls and prints (issue 34).
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
+
 from ddplan import bounds
-from ddplan.calibration import check_against_hardware, measurement_for
+from ddplan.calibration import StepMeasurement, check_against_hardware, measurement_for, steps_for_model
 from ddplan.errors import DdplanError, SpecError, UsageError
 from ddplan.layout import Options
 from ddplan.registry import builtin_names, calibration_hardware, load_calibration, load_hardware, load_model
@@ -211,3 +213,82 @@ def hardware_list(text: str | None) -> list[str]:
 def check_pattern(pattern: str | None, flag: str = "--window-pattern") -> None:
     if pattern is not None and (not pattern or set(pattern) - {"S", "L"}):
         raise UsageError(f"window pattern must be letters S and L only (e.g. L, SSSL), got {pattern!r}", field=flag)
+
+
+def calibrated_model(calibration: str | None) -> tuple:
+    """`table` or `memory --calibration FILE` without --model: (the model the calibration's first measured step
+    ran, the calibration, that step); the model must be a built-in (a calibration names it, it does not carry
+    it)."""
+    if calibration is None:
+        raise UsageError("give a model (or --calibration FILE with a measured step to price what it ran)",
+                         field="--model")
+    cal = load_calibration(calibration)
+    if not cal.step_times:
+        raise UsageError(f"{calibration} holds no measured training step to take the model from; give --model",
+                         field="--model")
+    m = cal.step_times[0]
+    try:
+        load_model(m.model)
+    except DdplanError:
+        raise UsageError(f"{calibration} measured model '{m.model}', which is not a built-in; give its spec with "
+                         "--model PATH", field="--model") from None
+    return m.model, cal, m
+
+
+# the values table takes as comma-separated lists (text); memory takes them as integers
+LISTED = ("gpus", "tp", "pp", "vp", "zero", "device_batch_size")
+
+
+def as_measured(cal, m, values: dict, given: Collection[str], as_text: bool = True) -> dict:
+    """The run a measured step ran (step m of calibration cal: its GPUs, tp, pp, vp, ZeRO, micro-batch, batch,
+    recompute, attention, window, compile mode and sequence length), each of `values` not in `given` taking
+    the measured value and a given one kept: a flag given wins. as_text: the LISTED values as text, as table's
+    comma-separated flags are (else as integers, as memory's)."""
+    measured = {k: (str(v) if as_text and k in LISTED and v is not None else v)
+                for k, v in step_values(cal, m).items()}
+    return {k: v if k in given else measured[k] for k, v in values.items()}
+
+
+def stated_measurement(spec, hw, step_time_s: float | None, *, gpus: int, tp: int, pp: int, vp: int,
+                       zero: int | None, micro_batch: int | None, total_batch_tokens: int | None,
+                       attention: str | None, window: str | None, compiled: bool | None, recompute: str,
+                       others_given: bool) -> StepMeasurement | None:
+    """The step a user measured (--measured-step-time, or a run file's measured.step_time_s) as ddplan's
+    StepMeasurement: the layout it ran, each part not stated being the table's first row's (the caller passes
+    those), else the recipe's micro-batch, batch and compile mode and the hardware's default attention. None
+    without a step time; the measured run's other flags without one are an error (they would say nothing)."""
+    if step_time_s is None:
+        if others_given:
+            raise UsageError("needs --measured-step-time",
+                             field="--measured-gpus/--measured-tp/--measured-pp/--measured-attention/--measured-window")
+        return None
+    check_pattern(window, "--measured-window")
+    return StepMeasurement(
+        model=spec.name, gpus=gpus, step_time_s=step_time_s,
+        device_batch_size=micro_batch or spec.recipe.device_batch_size,
+        total_batch_tokens=total_batch_tokens or spec.recipe.total_batch_tokens, tp=tp, pp=pp,
+        pp_virtual_stages=vp, zero=zero, attention=attention or hw.default_attention,
+        window_pattern=window or spec.architecture.window_pattern,
+        compiled=spec.recipe.compiled if compiled is None else compiled, recompute=recompute,
+        source="stated with --measured-step-time")
+
+
+def peak_step(cal, spec, from_calibration: bool):
+    """The measured step whose peak memory `memory` compares with its prediction: the calibration's first step
+    when the run is the calibration's (no --model), else this model's first step with a peak; None when it has
+    none (or there is no calibration)."""
+    if cal is None:
+        return None
+    steps = cal.step_times[:1] if from_calibration else steps_for_model(cal, {spec.name, *spec.aliases})
+    return next((m for m in steps if m.peak_memory_gb), None)
+
+
+def moved_from(cal, m, now: dict, given: Collection[str], stages: Sequence[int]) -> list[str]:
+    """The flags given that move the run away from the shape measured step m ran (its peak then says nothing of
+    it): each given value in `now` that differs from the step's, and --zero when one stage is asked that is not
+    the step's."""
+    ran = {**step_values(cal, m), "dtype": cal.dtype}
+    moved = [f"--{k.replace('_', '-')}" for k in now if k in given and now[k] != ran[k]]
+    if len(stages) == 1 and m.zero is not None and stages[0] != m.zero:
+        moved.append("--zero")
+    return moved

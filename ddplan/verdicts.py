@@ -562,6 +562,14 @@ def calibrate_plan(spec: ModelSpec, req, shapes, stages: tuple[str, ...], gemm_s
     ]
 
 
+def peak_not_compared(m, moved: list[str]) -> str:
+    """Why a calibration's measured peak is not compared: flags moved the run away from the shape it ran."""
+    zero = m.zero if m.zero is not None else "native"
+    return (f"The calibration's measured peak ({m.peak_memory_gb:g} GB) is for the shape its step ran "
+            f"({gpus_word(m.gpus)}, micro-batch {m.device_batch_size}, ZeRO-{zero}); "
+            f"{', '.join(moved).replace('--compiled', '--compile')} moved away from it, so it is not compared.")
+
+
 def held_out_title(cal) -> str:
     """The held-out step table's title: how the step ran, and that the prediction is priced the same way."""
     ran = cal.step_program
