@@ -567,8 +567,8 @@ def table_cmd(
                         (checkpoint_every, "--checkpoint-every"), (headroom, "--headroom"),
                         (interruptions, "--interruptions-per-gpu-hour"), (restart_min, "--restart-min"))
     gpu_list = tuple(inputs.int_list(gpus, "--gpus", ranges=True))
-    tps, pps, vps, cps, eps = (tuple(inputs.int_list(v, f)) for v, f in ((tp, "--tp"), (pp, "--pp"), (vp, "--vp"),
-                                                                  (cp, "--cp"), (ep, "--ep")))
+    tps, pps, vps, cps, eps = (tuple(inputs.int_list(v, f))
+                               for v, f in ((tp, "--tp"), (pp, "--pp"), (vp, "--vp"), (cp, "--cp"), (ep, "--ep")))
     zeros = tuple(inputs.int_list(zero, "--zero", allowed=(0, 1, 2, 3))) if zero else ()
     mbs = tuple(inputs.int_list(device_batch_size, "--device-batch-size")) if device_batch_size else ()
     recomputes = inputs.choices(recompute, "--recompute", RECOMPUTE)
@@ -699,10 +699,6 @@ def calibrate_cmd(
     hw = load_hardware(hardware) if hardware else None
     check_output_path(out, "--out")  # before any benchmark: a bad path is said now, not after minutes of work
     if from_log:
-        names = [a.name for a in hw.attention] if hw else []
-        if log_attention is not None and hw is not None and log_attention not in names:
-            raise UsageError(f"{log_attention!r} is not an attention implementation of {hw.name}; allowed: "
-                             f"{', '.join(names)}", field="--log-attention")
         _calibrate_from_log(spec, hw, from_log, out, gpus, device_batch_size, total_batch_size, log_attention, window)
         return
     if cpu_malloc not in (None, "reuse", "system"):
@@ -724,33 +720,14 @@ def calibrate_cmd(
 def _calibrate_from_log(spec, hw, path, out, gpus, device_batch_size, total_batch_size, attention, window) -> None:
     import yaml
 
-    from ddplan import inputs, render
-    from ddplan.calibrate.fromlog import measurement_from_log
+    from ddplan import render
+    from ddplan.calibrate.fromlog import calibration_from_log
     from ddplan.files import atomic_write
-    from ddplan.calibration import CalibrationSpec
-    from ddplan.errors import SpecError, UsageError
-
-    if hw is None:
-        raise UsageError("--from-log needs --hardware (the GPU the log was written on)", field="--hardware")
-    if window:
-        inputs.check_pattern(window, "--window")
-    try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
-    except OSError as e:
-        raise SpecError(f"cannot read: {e.strerror}", file=path) from None
-    try:
-        m = measurement_from_log(text, model=spec.name, gpus=gpus,
-                                 device_batch_size=device_batch_size or spec.recipe.device_batch_size,
-                                 total_batch_tokens=total_batch_size, attention=attention or hw.default_attention,
-                                 window_pattern=window or spec.architecture.window_pattern,
-                                 source=f"training log {Path(path).name}")
-    except ValueError as e:
-        raise SpecError(str(e), file=path) from None
-    data = {"kind": "calibration", "version": 1, "hardware": hw.name, "step_times": [m.model_dump(mode="json")]}
-    CalibrationSpec.model_validate(data)
-    atomic_write(Path(out), "# written by `ddplan calibrate --from-log`\n" + yaml.safe_dump(data, sort_keys=False))
     from ddplan.verdicts import from_log_line
 
+    data, m = calibration_from_log(path, spec, hw, gpus=gpus, device_batch_size=device_batch_size,
+                                   total_batch_size=total_batch_size, attention=attention, window=window)
+    atomic_write(Path(out), "# written by `ddplan calibrate --from-log`\n" + yaml.safe_dump(data, sort_keys=False))
     render.echo(from_log_line(m, out))
 
 
@@ -770,39 +747,20 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
         raise UsageError("needs torch: pip install 'ddplan[calibrate]' (a CUDA or ROCm build on a GPU box)",
                          field="calibrate") from None
     from ddplan import verdicts
-    from ddplan.calibrate.eta import PROBE_QUIET_S, Eta, StageLines
-    from ddplan.calibrate.runner import (CalibrateRequest, Interrupted, check_step, compile_estimate_s, first_probes_s,
-                                         plan_shapes, run, spec_for_device, stage_estimates_s, stage_kinds, stages_for,
-                                         step_program)
+    from ddplan.calibrate.eta import StageLines
+    from ddplan.calibrate.runner import CalibrateRequest, Interrupted, check_step, prepare, resolve_device, run
 
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda"):
-        raise UsageError(f"must be auto, cuda or cpu, got {device!r}", field="--device")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("torch sees no GPU (CUDA or ROCm); use --device cpu for a test run", field="--device")
-    if nproc is None:
-        nproc = torch.cuda.device_count() if device == "cuda" else 1
+    device, nproc = resolve_device(device, nproc)
     req = CalibrateRequest(
         model=spec, hardware=hw, device=device, out=Path(out), quick=quick,
         micro_batches=tuple(inputs.int_list(micro_batches, "--micro-batches")) if micro_batches else (),
         attention=tuple(a.strip() for a in attention.split(",")) if attention else (), nproc=nproc,
         seq_len=seq_len, step_batch=device_batch_size, compile_step=compile_step, cpu_malloc=cpu_malloc)
     console = Console(stderr=True)
-    free = torch.cuda.mem_get_info()[0] if device == "cuda" else None
-    shapes = plan_shapes(req, free)
-    from ddplan.calibrate.bench import gemm_shapes
-
-    shape_list = gemm_shapes(spec_for_device(spec, device), list(shapes.micro_batches), shapes.seq_len)
-    program, compile_s = step_program(req), compile_estimate_s(spec, step_program(req))
-    stages = stages_for(quick)  # quick: one GEMM pass
-    estimates_s = stage_estimates_s(req, shapes, shape_list, compile_s)
-    # the probe's quiet time is the CPU's (a GPU's probe is another kernel): there the step goes as the benchmarks
-    plan = dict(stages=stages, estimates_s=estimates_s, kinds=stage_kinds(quick),
-                probe_quiet_s=PROBE_QUIET_S if device == "cpu" else None, first_probes_s=first_probes_s(device))
-    first = Eta(plan["estimates_s"], plan["kinds"], probe_quiet_s=plan["probe_quiet_s"],
-                first_probes_s=plan["first_probes_s"]).left_s()
-    _info(verdicts.calibrate_plan(spec, req, shapes, stages, len(shape_list), program, compile_s, first))
+    ready = prepare(req, torch.cuda.mem_get_info()[0] if device == "cuda" else None)
+    shapes, stages, plan = ready.shapes, ready.stages, ready.progress_args()
+    _info(verdicts.calibrate_plan(spec, req, shapes, stages, ready.gemm_shape_count, ready.program, ready.compile_s,
+                                  ready.first_estimate_s))
     try:
         if console.is_terminal:
             with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
@@ -820,18 +778,7 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
         kept = (f"{out} keeps what was measured and lists what was not" if Path(out).exists()
                 else "nothing was written yet")
         raise DdplanError(f"interrupted ({e or 'SIGINT'}); {kept}", field="calibrate") from None
-    best = max(cal.gemm, key=lambda g: g.tflops, default=None)
-    rows = [{"figure": "peak GEMM (square sweep)", "value": cal.peak_gemm_tflops, "unit": "TFLOP/s"},
-            *([{"figure": f"best GEMM at the model's shapes ({best.m}x{best.n}x{best.k}"
-                          f"{', ' + best.label if best.label else ''})", "value": best.tflops, "unit": "TFLOP/s"}]
-              if best is not None else []),
-            {"figure": "GEMM shapes measured", "value": len(cal.gemm), "unit": "shapes"},
-            {"figure": "attention points", "value": len(cal.attention), "unit": "points"},
-            {"figure": "HBM copy", "value": cal.hbm_tbyte_per_s, "unit": "TB/s"},
-            {"figure": "elementwise ops", "value": cal.pointwise_tbyte_per_s, "unit": "TB/s"},
-            {"figure": "AdamW step", "value": cal.optimizer_tbyte_per_s, "unit": "TB/s"},
-            {"figure": "kernel overhead", "value": cal.kernel_overhead_us, "unit": "us"},
-            {"figure": "collective points", "value": len(cal.collectives), "unit": "points"}]
+    rows = verdicts.calibration_rows(cal)
     render.echo(render.table(rows, "table", title=f"calibration of {hw_used.name} -> {out}", digits=4))
     check = check_step(spec, hw_used, cal, held_out, device)
     if check:
@@ -943,12 +890,7 @@ def plan_cmd(
     options = inputs.options(sequence_parallel, tp_comm_overlap, None, shard_group, reshard_after_forward,
                              overlap_param_gather, cp_comm, inputs.expert_tp(etp, spec), spec, fp8_all_gather,
                              offload_optimizer)
-    eps = tuple(inputs.int_list(ep, "--ep")) if ep else ()
-    if spec.architecture.moe is None and any(e > 1 for e in eps):
-        from ddplan.errors import UsageError
-
-        raise UsageError(f"{spec.name} is dense (no experts): expert parallelism needs a mixture-of-experts model",
-                         field="--ep")
+    eps = inputs.expert_degrees(ep, spec)
     req = PlanRequest(fp8=fp8, fp8_recipe=fp8_recipe, cps=tuple(inputs.int_list(cp, "--cp")) if cp else (), eps=eps,
                       model=spec, hardware=hws, gpus=gpu_list, objective=objective.value,
                       deadline_h=deadline, budget_usd=budget, top=top,

@@ -292,3 +292,13 @@ def moved_from(cal, m, now: dict, given: Collection[str], stages: Sequence[int])
     if len(stages) == 1 and m.zero is not None and stages[0] != m.zero:
         moved.append("--zero")
     return moved
+
+
+def expert_degrees(text: str | None, spec) -> tuple[int, ...]:
+    """plan's --ep: the expert-parallel degrees to search (() = every one that divides, ddplan.layout); above 1
+    only for a mixture-of-experts model."""
+    eps = tuple(int_list(text, "--ep")) if text else ()
+    if spec.architecture.moe is None and any(e > 1 for e in eps):
+        raise UsageError(f"{spec.name} is dense (no experts): expert parallelism needs a mixture-of-experts model",
+                         field="--ep")
+    return eps

@@ -570,6 +570,22 @@ def peak_not_compared(m, moved: list[str]) -> str:
             f"{', '.join(moved).replace('--compiled', '--compile')} moved away from it, so it is not compared.")
 
 
+def calibration_rows(cal) -> list[dict]:
+    """What a calibration measured, a figure a row with its unit (calibrate's summary table)."""
+    best = max(cal.gemm, key=lambda g: g.tflops, default=None)
+    return [{"figure": "peak GEMM (square sweep)", "value": cal.peak_gemm_tflops, "unit": "TFLOP/s"},
+            *([{"figure": f"best GEMM at the model's shapes ({best.m}x{best.n}x{best.k}"
+                          f"{', ' + best.label if best.label else ''})", "value": best.tflops, "unit": "TFLOP/s"}]
+              if best is not None else []),
+            {"figure": "GEMM shapes measured", "value": len(cal.gemm), "unit": "shapes"},
+            {"figure": "attention points", "value": len(cal.attention), "unit": "points"},
+            {"figure": "HBM copy", "value": cal.hbm_tbyte_per_s, "unit": "TB/s"},
+            {"figure": "elementwise ops", "value": cal.pointwise_tbyte_per_s, "unit": "TB/s"},
+            {"figure": "AdamW step", "value": cal.optimizer_tbyte_per_s, "unit": "TB/s"},
+            {"figure": "kernel overhead", "value": cal.kernel_overhead_us, "unit": "us"},
+            {"figure": "collective points", "value": len(cal.collectives), "unit": "points"}]
+
+
 def held_out_title(cal) -> str:
     """The held-out step table's title: how the step ran, and that the prediction is priced the same way."""
     ran = cal.step_program

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import re
 import statistics
+from pathlib import Path
 
-from ddplan.calibration import StepMeasurement
+from ddplan.calibration import CalibrationSpec, StepMeasurement
+from ddplan.errors import SpecError, UsageError
+from ddplan.inputs import check_pattern
 
 # "step 00012/08352" or "step 00012", anywhere in the line (after any launcher prefix)
 _STEP = re.compile(r"(?<![A-Za-z_])step\s+(\d+)(?:/(\d+))?")
@@ -84,3 +87,34 @@ def measurement_from_log(text: str, *, model: str, gpus: int, device_batch_size:
         total_batch_tokens=total_batch_tokens, attention=attention, window_pattern=window_pattern,
         seq_len=seq_len, compiled=compiled, source=f"{source}; {'; '.join(notes)}",
     )
+
+
+def calibration_from_log(path: str, spec, hw, *, gpus: int, device_batch_size: int | None,
+                         total_batch_size: int | None, attention: str | None, window: str | None
+                         ) -> tuple[dict, StepMeasurement]:
+    """(a calibration file's data holding the log's step, that step) for `calibrate --from-log PATH`: the run
+    the log records on `hw` (--hardware, required), its attention one of the hardware's (default: its default)
+    and its micro-batch and window the recipe's unless given. Errors name the flag or the file."""
+    if hw is None:
+        raise UsageError("--from-log needs --hardware (the GPU the log was written on)", field="--hardware")
+    names = [a.name for a in hw.attention]
+    if attention is not None and attention not in names:
+        raise UsageError(f"{attention!r} is not an attention implementation of {hw.name}; allowed: "
+                         f"{', '.join(names)}", field="--log-attention")
+    if window:
+        check_pattern(window, "--window")
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise SpecError(f"cannot read: {e.strerror}", file=path) from None
+    try:
+        m = measurement_from_log(text, model=spec.name, gpus=gpus,
+                                 device_batch_size=device_batch_size or spec.recipe.device_batch_size,
+                                 total_batch_tokens=total_batch_size, attention=attention or hw.default_attention,
+                                 window_pattern=window or spec.architecture.window_pattern,
+                                 source=f"training log {Path(path).name}")
+    except ValueError as e:
+        raise SpecError(str(e), file=path) from None
+    data = {"kind": "calibration", "version": 1, "hardware": hw.name, "step_times": [m.model_dump(mode="json")]}
+    CalibrationSpec.model_validate(data)
+    return data, m

@@ -373,6 +373,64 @@ def stage_kinds(quick: bool) -> tuple[str, ...]:
     return tuple("step" if name == STAGES[HELD_OUT_STAGE] else "bench" for name in stages_for(quick))
 
 
+def resolve_device(device: str, nproc: int | None) -> tuple[str, int]:
+    """(device, GPUs for the collectives) from --device and --nproc: auto takes a GPU where torch sees one;
+    cuda without one, or another name, is a UsageError; --nproc defaults to every visible GPU (1 on CPU)."""
+    import torch
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise UsageError(f"must be auto, cuda or cpu, got {device!r}", field="--device")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("torch sees no GPU (CUDA or ROCm); use --device cpu for a test run", field="--device")
+    return device, nproc if nproc is not None else torch.cuda.device_count() if device == "cuda" else 1
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a run will do, known before it starts: its shapes, the GEMM shapes it times, how the held-out step
+    runs (and its compile estimate), the stages with each one's estimate and kind, and the machine-speed probes
+    run before it (on CPU), which make the first estimate (first_estimate_s) this machine's."""
+
+    shapes: Shapes
+    gemm_shape_count: int
+    program: StepProgram
+    compile_s: float
+    stages: tuple[str, ...]
+    estimates_s: tuple[float, ...]
+    kinds: tuple[str, ...]
+    probe_quiet_s: float | None
+    first_probes_s: tuple[float, ...]
+
+    def progress_args(self) -> dict:
+        """The arguments of eta.StageLines (and eta.Eta, less the stages) for this run."""
+        return dict(stages=self.stages, estimates_s=self.estimates_s, kinds=self.kinds,
+                    probe_quiet_s=self.probe_quiet_s, first_probes_s=self.first_probes_s)
+
+    @property
+    def first_estimate_s(self) -> float:
+        return eta.Eta(self.estimates_s, self.kinds, probe_quiet_s=self.probe_quiet_s,
+                       first_probes_s=self.first_probes_s).left_s()
+
+
+def prepare(req: CalibrateRequest, free_bytes: float | None) -> Prepared:
+    """A run's plan before any benchmark (plan_shapes, the GEMM shapes, step_program, stage_estimates_s), with
+    the machine-speed probes on CPU (first_probes_s). The probe's quiet time is the CPU's (a GPU's probe is
+    another kernel): on a GPU the step's estimate goes as the benchmarks go."""
+    from ddplan.calibrate.bench import gemm_shapes
+
+    shapes = plan_shapes(req, free_bytes)
+    shape_list = gemm_shapes(spec_for_device(req.model, req.device), list(shapes.micro_batches), shapes.seq_len)
+    program = step_program(req)
+    compile_s = compile_estimate_s(req.model, program)
+    return Prepared(shapes=shapes, gemm_shape_count=len(shape_list), program=program, compile_s=compile_s,
+                    stages=stages_for(req.quick), estimates_s=stage_estimates_s(req, shapes, shape_list, compile_s),
+                    kinds=stage_kinds(req.quick),
+                    probe_quiet_s=eta.PROBE_QUIET_S if req.device == "cpu" else None,
+                    first_probes_s=first_probes_s(req.device))
+
+
 def check_attention(names: list[str], hw: HardwareSpec | None) -> None:
     """--attention's names, before any benchmark: each one an implementation calibrate can time
     (bench.ATTENTION_IMPLS) and, with --hardware, one of that hardware's; a UsageError naming the others."""
