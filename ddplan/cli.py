@@ -100,7 +100,8 @@ MoeImbalanceOpt = typer.Option(None, "--moe-imbalance", help="Mixture of experts
                                "--moe-router-force-load-balancing); default the model's, else 1.52 (fitted: "
                                "validation/moe_routing.yaml).")
 HeadroomOpt = typer.Option(0.05, "--headroom", help="Fraction of usable memory a layout must leave free.")
-SequenceParallelOpt = typer.Option(False, "--sequence-parallel", help="Megatron sequence parallelism on layouts with "
+SequenceParallelOpt = typer.Option(False, "--sequence-parallel/--no-sequence-parallel",
+                                   help="Megatron sequence parallelism on layouts with "
                                    "tp: norms and saved activations split over tp too.")
 def _config_callback(ctx: typer.Context, param: typer.CallbackParam, value: str | None) -> str | None:
     """--config FILE (eager: read before every other option): the file's fields become the command's defaults
@@ -118,7 +119,8 @@ def _config_callback(ctx: typer.Context, param: typer.CallbackParam, value: str 
     lists = runconfig.LIST_PARAMS.get(ctx.info_name or "", frozenset())
     single = {p.name: p.name not in lists for p in ctx.command.params}
     defaults, lists, unread = runconfig.defaults_for(config, single, str(path))
-    ctx.default_map = {**(ctx.default_map or {}), **defaults}
+    ctx.default_map = {**(ctx.default_map or {}), **defaults}  # over a --framework profile's values
+    ctx.meta["config_names"] = set(defaults)
     ctx.meta["config_lists"] = lists  # said by _config_first unless the flag is given
     ctx.meta["config_unread"] = (str(path), unread)  # said by _config_first
     return value
@@ -127,6 +129,29 @@ def _config_callback(ctx: typer.Context, param: typer.CallbackParam, value: str 
 ConfigOpt = typer.Option(None, "--config", is_eager=True, callback=_config_callback,
                          help="A run configuration file (kind: run; examples/seed-d24-mi300x.yaml): its fields are "
                               "the flags' values, and a flag given wins over its field.")
+def _framework_callback(ctx: typer.Context, param: typer.CallbackParam, value: str | None) -> str | None:
+    """--framework NAME (eager, or a run file's `framework:`): the profile's fields (ddplan.frameworks) become
+    the command's defaults where nothing else states them: a flag given and a run file's field both win."""
+    if value is None:
+        return None
+    from ddplan import runconfig
+    from ddplan.registry import load_framework
+
+    profile = load_framework(value)
+    params = {p.name for p in ctx.command.params}
+    if ctx.info_name == "plan":  # plan searches the choices the stack offers (ZeRO stages, recompute), not its default
+        params -= runconfig.LIST_PARAMS["plan"]
+    filled = {runconfig.FLAGS[path]: runconfig.as_flag_value(v) for path, v in profile.fields().items()
+              if runconfig.FLAGS[path] in params}
+    ctx.default_map = {**filled, **(ctx.default_map or {})}  # a run file's field, read first or after, wins
+    ctx.meta["framework"] = profile
+    ctx.meta["framework_names"] = set(filled)
+    return value
+
+
+FrameworkOpt = typer.Option(None, "--framework", is_eager=True, callback=_framework_callback,
+                            help="A training stack's defaults (frameworks/: torchtitan, ...): the fields its profile "
+                                 "states that ddplan prices, each with its source; a flag or run-file field wins.")
 PrintConfigOpt = typer.Option(False, "--print-config", help="Print this command line as a run configuration file "
                               "(YAML, for --config) instead of pricing it.")
 
@@ -150,7 +175,7 @@ def _config_first(ctx: typer.Context, print_config: bool) -> bool:
         return False
     from ddplan import render, runconfig  # here: the schema's models cost ~0.1 s to build, on every command
 
-    stated = {name for name in ctx.params if _given(ctx, name)}
+    stated = {name for name in ctx.params if _given(ctx, name) and not _from_profile(ctx, name)}  # from `framework`
     render.echo(runconfig.to_yaml(runconfig.from_params(ctx.params, stated)).rstrip("\n"))
     return True
 
@@ -173,7 +198,8 @@ RestartOpt = typer.Option(10.0, "--restart-min", help="Minutes to restart after 
 
 WideOpt = typer.Option(False, "--wide", help="On a terminal, show every column however wide (pipes and files "
                        "always get every column, at full width).")
-TpOverlapOpt = typer.Option(False, "--tp-comm-overlap", help="Layouts with tp overlap their communication with the "
+TpOverlapOpt = typer.Option(False, "--tp-comm-overlap/--no-tp-comm-overlap",
+                            help="Layouts with tp overlap their communication with the "
                             "layers' GEMMs (Megatron-Core --tp-comm-overlap; needs --sequence-parallel).")
 CpCommOpt = typer.Option("ring", "--cp-comm", help="Context parallelism's exchange: ring (KV blocks passed on under "
                          "attention, Megatron-Core p2p) or all-gather (torchtitan's default; not overlapped).")
@@ -190,10 +216,12 @@ Fp8Opt = typer.Option(False, "--fp8", help="Run eligible GEMMs in fp8: every dim
 Fp8RecipeOpt = typer.Option(None, "--fp8-recipe", help="With --fp8, how the casts run: tensorwise (torchao "
                             "Float8Linear, dynamic scaling), delayed (Transformer Engine DelayedScaling) or nanochat "
                             "(nanochat/fp8.py). Default: the model's (nanochat: nanochat; others: tensorwise).")
-Fp8AllGatherOpt = typer.Option(False, "--fp8-all-gather", help="With --fp8 (tensorwise) and ZeRO-3: all-gather "
+Fp8AllGatherOpt = typer.Option(False, "--fp8-all-gather/--no-fp8-all-gather",
+                               help="With --fp8 (tensorwise) and ZeRO-3: all-gather "
                                "the fp8 GEMMs' weights in fp8, 1 byte an element (torchao "
                                "enable_fsdp_float8_all_gather).")
-ParamGatherOpt = typer.Option(False, "--overlap-param-gather", help="ZeRO-1/2: overlap the parameter all-gather "
+ParamGatherOpt = typer.Option(False, "--overlap-param-gather/--no-overlap-param-gather",
+                              help="ZeRO-1/2: overlap the parameter all-gather "
                               "after the optimizer step with the next forward (Megatron-Core distributed optimizer).")
 
 OffloadOpt = typer.Option(False, "--offload-optimizer", help="ZeRO-1/2/3: optimizer states and fp32 masters in host "
@@ -305,7 +333,8 @@ def memory_cmd(
     reshard_after_forward: bool = ReshardOpt,
     overlap_param_gather: bool = ParamGatherOpt,
     offload_optimizer: bool = OffloadOpt,
-    fp8_all_gather: bool = typer.Option(False, "--fp8-all-gather", help="ZeRO-3 with fp8 GEMMs: their weights "
+    fp8_all_gather: bool = typer.Option(False, "--fp8-all-gather/--no-fp8-all-gather",
+                                        help="ZeRO-3 with fp8 GEMMs: their weights "
                                         "gathered in fp8, 1 byte an element (torchao enable_fsdp_float8_all_gather); "
                                         "memory has no --fp8, so this implies it."),
     window: str = typer.Option(None, "--window", "--window-pattern", help="Window pattern, e.g. L or SSSL (default: "
@@ -321,6 +350,7 @@ def memory_cmd(
                                     "when no flag moves the shape away from it."),
     plot: str = typer.Option(None, "--plot", help="Also write the memory per GPU, stacked by term (PNG or SVG)."),
     config: str = ConfigOpt,
+    framework: str = FrameworkOpt,
     print_config: bool = PrintConfigOpt,
     format: Format = FormatOpt,
     wide: bool = WideOpt,
@@ -354,6 +384,7 @@ def memory_cmd(
            (measured_peak, "--measured-peak"), (headroom, "--headroom"))
     stages = inputs.int_list(zero, "--zero", allowed=(0, 1, 2, 3))
     spec, hw, cal = inputs.load(model, hardware, calibration, seq_len, dtype, grads=grads, moe_imbalance=moe_imbalance)
+    _framework_notes(ctx, spec)
     if fp8_all_gather:
         from ddplan.table import check_fp8, check_fp8_options
 
@@ -377,8 +408,9 @@ def memory_cmd(
         else:
             measured_peak, measured_zero = m.peak_memory_gb, m.zero
     inputs.check_pattern(window, "--window")
-    options = inputs.options(sequence_parallel, False, tp, shard_group, reshard_after_forward, overlap_param_gather,
-                             cp_comm, inputs.expert_tp(etp, spec), spec, fp8_all_gather, offload_optimizer)
+    options = inputs.options(sequence_parallel, False, _tp_to_check(ctx, tp), shard_group, reshard_after_forward,
+                             overlap_param_gather, cp_comm, inputs.expert_tp(etp, spec), spec, fp8_all_gather,
+                             offload_optimizer)
     setup = memory_setup(spec, hw, gpus=gpus, tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, micro_batch=device_batch_size,
                          attention=attention,
                          recompute=inputs.choices(recompute, "--recompute", RECOMPUTE)[0], compiled=compiled,
@@ -426,6 +458,45 @@ def _source(ctx: typer.Context, name: str) -> str | None:
     return getattr(ctx.get_parameter_source(name), "name", None)
 
 
+def _as_flag(ctx: typer.Context, name: str) -> str:
+    """Parameter `name`'s value as the flag that would give it: --zero 3, --no-compile, --sequence-parallel."""
+    param = next(p for p in ctx.command.params if p.name == name)
+    value = ctx.params[name]
+    if isinstance(value, bool):
+        return param.opts[0] if value else (param.secondary_opts or [f"no {param.opts[0]}"])[0]
+    return f"{param.opts[0]} {value}"
+
+
+def _from_profile(ctx: typer.Context, name: str) -> bool:
+    """Whether parameter `name` took its value from the --framework profile (not a flag, not the run file)."""
+    return (_source(ctx, name) == "DEFAULT_MAP" and name in ctx.meta.get("framework_names", set())
+            and name not in ctx.meta.get("config_names", set()))
+
+
+def _framework_notes(ctx: typer.Context, spec) -> None:
+    """With a --framework profile: what it set (an info line) and what the stack runs that the figures leave out
+    (a warning each; the expert items only for a mixture of experts)."""
+    profile = ctx.meta.get("framework")
+    if profile is None:
+        return
+    used = [name for name in sorted(ctx.meta.get("framework_names", set())) if _from_profile(ctx, name)
+            and (name != "fp8_recipe" or ctx.params.get("fp8"))]
+    _info([f"{ctx.info_name}: the {profile.name} profile (@{profile.commit[:7]}, {profile.commit_date}) sets "
+           + (", ".join(_as_flag(ctx, n) for n in used) or "nothing a flag or the run file left open")])
+    _warn(profile.unpriced_words(moe=spec.architecture.moe is not None))
+
+
+def _fp8_recipe(ctx: typer.Context, fp8: bool, recipe: str | None) -> str | None:
+    """--fp8-recipe, but a profile's recipe only with --fp8: it says how the stack runs fp8 when fp8 is on."""
+    return None if not fp8 and _from_profile(ctx, "fp8_recipe") else recipe
+
+
+def _tp_to_check(ctx: typer.Context, tp: int) -> int | None:
+    """The tp that --sequence-parallel is checked against: a profile's sequence parallelism is the stack's default
+    where there is tensor parallelism (ddplan.layout.Options.for_layout), not a request that needs it."""
+    return None if _from_profile(ctx, "sequence_parallel") else tp
+
+
 def _given_names(ctx: typer.Context) -> set[str]:
     """The parameters whose flags were given (on the command line or as a --config file's field)."""
     return {name for name in ctx.params if _given(ctx, name)}
@@ -437,12 +508,14 @@ def _given(ctx: typer.Context, name: str) -> bool:
 
 
 def _stated_by(ctx: typer.Context, name: str) -> str:
-    """Where a given value came from, in words: its flag, or the --config file's field."""
+    """Where a given value came from, in words: its flag, the --config file's field, or the framework profile."""
     if _source(ctx, name) == "DEFAULT_MAP":
         from ddplan import runconfig
 
         path = next(p for p, n in runconfig.FLAGS.items() if n == name)
-        return f"the run file's {'.'.join(path)}"
+        if name in ctx.meta.get("config_names", set()):
+            return f"the run file's {'.'.join(path)}"
+        return f"the {ctx.meta['framework'].name} profile's {'.'.join(path)}"
     return "--" + name.replace("_", "-")
 
 
@@ -526,6 +599,7 @@ def table_cmd(
     offload_optimizer: bool = OffloadOpt,
     plot: str = typer.Option(None, "--plot", help="Also write wall-clock and cost against GPU count (PNG or SVG)."),
     config: str = ConfigOpt,
+    framework: str = FrameworkOpt,
     print_config: bool = PrintConfigOpt,
     format: Format = FormatOpt,
     wide: bool = WideOpt,
@@ -576,7 +650,9 @@ def table_cmd(
     for w in windows:
         inputs.check_pattern(w, "--window")
     spec, hw, cal = inputs.load(model, hardware, calibration, seq_len, dtype, grads=grads, moe_imbalance=moe_imbalance)
-    options = inputs.options(sequence_parallel, tp_comm_overlap, max(tps), shard_group, reshard_after_forward,
+    _framework_notes(ctx, spec)
+    options = inputs.options(sequence_parallel, tp_comm_overlap, _tp_to_check(ctx, max(tps)), shard_group,
+                             reshard_after_forward,
                              overlap_param_gather, cp_comm, inputs.expert_tp(etp, spec), spec, fp8_all_gather,
                              offload_optimizer)
     budget = inputs.training_budget(spec, steps, tokens, param_data_ratio)
@@ -603,7 +679,7 @@ def table_cmd(
                     "the measured step's batch" if total_batch_size is not None else "the recipe's batch"),
         overheads=inputs.overheads(startup_min, eval_every, eval_tokens, checkpoint_every, interruptions, restart_min),
         compiled=compiled, measurement=measurement, knob=fit.value, calibration=cal, calibration_path=calibration,
-        fp8=fp8, fp8_recipe=fp8_recipe, headroom=headroom, options=options)
+        fp8=fp8, fp8_recipe=_fp8_recipe(ctx, fp8, fp8_recipe), headroom=headroom, options=options)
     _check_plot_path(plot)
     result = build_table(req, _progress("table"))
     rows = render.table_data(result)
@@ -848,6 +924,7 @@ def plan_cmd(
     restart_min: float = RestartOpt,
     plot: str = typer.Option(None, "--plot", help="Also write a plot (PNG or SVG) of the Pareto layouts."),
     config: str = ConfigOpt,
+    framework: str = FrameworkOpt,
     print_config: bool = PrintConfigOpt,
     format: Format = FormatOpt,
     wide: bool = WideOpt,
@@ -883,6 +960,7 @@ def plan_cmd(
     # several hardware: the calibration applies to the one it names (ddplan.plan.pricer_for), in any order
     spec, hw0, cal = inputs.load(model, names[0] if names else None, calibration, seq_len, dtype, check_hardware=False,
                              grads=grads, moe_imbalance=moe_imbalance)
+    _framework_notes(ctx, spec)
     hws = (hw0, *(load_hardware(h) for h in names[1:]))
     inputs.check_calibration_hardware(cal, hws, calibration)
     price_spec = None if price is None else Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price",
@@ -891,7 +969,7 @@ def plan_cmd(
                              overlap_param_gather, cp_comm, inputs.expert_tp(etp, spec), spec, fp8_all_gather,
                              offload_optimizer)
     eps = inputs.expert_degrees(ep, spec)
-    req = PlanRequest(fp8=fp8, fp8_recipe=fp8_recipe, cps=tuple(inputs.int_list(cp, "--cp")) if cp else (), eps=eps,
+    req = PlanRequest(fp8=fp8, fp8_recipe=_fp8_recipe(ctx, fp8, fp8_recipe), cps=tuple(inputs.int_list(cp, "--cp")) if cp else (), eps=eps,
                       model=spec, hardware=hws, gpus=gpu_list, objective=objective.value,
                       deadline_h=deadline, budget_usd=budget, top=top,
                       calibration=cal, calibration_path=calibration, price=price_spec,

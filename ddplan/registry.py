@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ddplan.calibration import CalibrationSpec
 from ddplan.errors import SpecError
+from ddplan.frameworks import FrameworkProfile
 from ddplan.hf import config_path, spec_from_config
 from ddplan.nanochat import nanochat_spec
 from ddplan.specfile import read_yaml, validate
@@ -105,6 +106,13 @@ def load_model(name: str) -> ModelSpec:
         return nanochat_spec(depth)
     path = _resolve("models", name, "--model")
     return validate(ModelSpec, read_yaml(path), str(path))
+
+
+@functools.lru_cache(maxsize=16)
+def load_framework(name: str) -> FrameworkProfile:
+    """A framework profile (ddplan.frameworks) by built-in name, alias, or YAML path."""
+    path = _resolve("frameworks", name, "--framework")
+    return validate(FrameworkProfile, read_yaml(path), str(path))
 
 
 def calibration_hardware(cal, path: str) -> HardwareSpec:

@@ -43,6 +43,7 @@ NOT_A_STEP: dict[tuple[str, ...], str] = {
     **{("outside", k): "time outside the steps: not in a measured step" for k in (
         "startup_min", "eval_every", "eval_tokens", "checkpoint_every", "interruptions_per_gpu_hour", "restart_min")},
     ("price_usd_per_gpu_hour",): "what a GPU-hour costs: not in a step time",
+    ("framework",): "a published run states its layout whole (runs.RunLayout), so no profile fills it",
     ("headroom",): "the memory a plan keeps free; a run that ran fit",
     ("calibration",): "this machine's measurements; a published run is scored uncalibrated",
     ("measured", "fit"): "which efficiency a measured step calibrates; validate scores, it does not fit",

@@ -135,6 +135,8 @@ class RunConfig(Strict):
     kind: Literal["run"]
     version: Literal[1] = 1
     model: str | None = stated("a built-in model, a model YAML or a config.json (--model)")
+    framework: str | None = stated("the training stack, whose profile fills what the file does not state: "
+                                   "torchtitan, ... (--framework; ddplan/frameworks.py)")
     hardware: TextList | None = stated("a built-in hardware or a hardware YAML; plan takes "
                                        "a list (or all) (--hardware)")
     gpus: IntList | Annotated[str, Field(pattern=GPU_RANGES)] | None = stated(
@@ -169,7 +171,7 @@ class RunConfig(Strict):
 
 # field path in the file -> the command's parameter (its flag: the name with - for _)
 FLAGS: dict[tuple[str, ...], str] = {
-    ("model",): "model", ("hardware",): "hardware", ("gpus",): "gpus",
+    ("model",): "model", ("framework",): "framework", ("hardware",): "hardware", ("gpus",): "gpus",
     **{("layout", k): k for k in Layout.model_fields},
     **{("precision", k): k for k in Precision.model_fields},
     ("recompute",): "recompute", ("attention",): "attention", ("window",): "window", ("seq_len",): "seq_len",
@@ -194,7 +196,7 @@ LIST_PARAMS = {"table": frozenset({"gpus", "tp", "pp", "vp", "cp", "ep", "zero",
                "memory": frozenset({"zero"}),
                "plan": frozenset({"gpus", "ep", "cp", "hardware", "recompute", "zero", "attention"})}
 # names or file paths: text even when written in digits (a file named 7); a relative path is the run file's folder's
-NAMES = frozenset({"model", "hardware", "calibration"})
+NAMES = frozenset({"model", "hardware", "calibration", "framework"})
 SECTIONS = {"layout": Layout, "precision": Precision, "batch": Batch, "budget": Budget, "outside": Outside,
             "measured": Measured, "plan": Plan}
 

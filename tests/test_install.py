@@ -63,11 +63,11 @@ def installed(tmp_path_factory) -> tuple[Path, Path]:
 def test_wheel_ships_the_specs(installed):
     _, wheel = installed
     names = zipfile.ZipFile(wheel).namelist()
-    for kind in ("models", "hardware"):
+    for kind in ("models", "hardware", "frameworks", "validation"):
         shipped = {Path(n).name for n in names if n.startswith(f"ddplan/_specs/{kind}/") and n.endswith(".yaml")}
         in_repo = {p.name for p in (REPO / kind).glob("*.yaml")}
         assert shipped == in_repo, kind
-    assert not any(n.startswith(("tests/", "models/", "hardware/")) for n in names)
+    assert not any(n.startswith(("tests/", "models/", "hardware/", "frameworks/")) for n in names)
 
 
 def test_installed_ddplan_runs_from_elsewhere(installed, tmp_path):

@@ -1,0 +1,88 @@
+"""Training stacks as they run: what a framework does when its user says nothing, each item sourced.
+
+A profile (frameworks/*.yaml, `kind: framework`, shipped like the hardware and model specs) is one stack at one
+commit: torchtitan, Megatron-Core (NeMo runs on it), Composer with llm-foundry, nanochat. Every item names the
+file and commit it comes from (`where`, path@commit) with the line that says it (`quote`), because a stack's
+defaults move between releases (torchtitan's attention went from SDPA to FlexAttention in 2026).
+
+`applies`: the items ddplan prices, each one a run-configuration field (APPLIES maps the item to the field).
+`--framework NAME`, or a run file's `framework:`, fills those fields where nothing else states them; a flag given
+or a field of the run file wins over the profile, and the profile wins over ddplan's own default.
+`unpriced`: what the stack runs that ddplan does not price yet (a kernel it has no efficiency for, a recompute
+policy it cannot state, CUDA graphs); a command that takes the profile says each one, so a reader knows what
+the figure leaves out (the frameworks issue, #35, prices them one by one).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from ddplan.specs import Strict
+
+# profile item -> the run-configuration field it fills (ddplan.runconfig field paths)
+APPLIES: dict[str, tuple[str, ...]] = {
+    "zero": ("layout", "zero"),
+    "reshard_after_forward": ("layout", "reshard_after_forward"),
+    "overlap_param_gather": ("layout", "overlap_param_gather"),
+    "tp_comm_overlap": ("layout", "tp_comm_overlap"),
+    "sequence_parallel": ("layout", "sequence_parallel"),
+    "cp_comm": ("layout", "cp_comm"),
+    "compiled": ("compiled",),
+    "recompute": ("recompute",),
+    "fp8_recipe": ("precision", "fp8_recipe"),
+    "fp8_all_gather": ("precision", "fp8_all_gather"),
+    "grads": ("precision", "grads"),
+}
+COMMIT = r"^[0-9a-f]{40}$"
+WHERE = r"^\S+@[0-9a-f]{7,40}\b"  # path@commit (a short commit is enough beside the profile's full one)
+
+
+class Item(Strict):
+    """One thing a stack does by default, with where it says so."""
+
+    value: bool | int | str
+    where: str = Field(pattern=WHERE)  # e.g. torchtitan/distributed/fsdp.py@b5bcd76 (line numbers may follow)
+    quote: str = Field(default="", max_length=400)  # the line (or a paraphrase of it) that says it
+
+
+class RecomputePolicy(Strict):
+    """A recompute (activation checkpointing) policy as the stack names and defines it."""
+
+    name: str = Field(min_length=1)
+    saves: str = Field(min_length=3)  # what it keeps for backward, and what it recomputes
+    where: str = Field(pattern=WHERE)
+
+
+class FrameworkProfile(Strict):
+    kind: Literal["framework"]
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
+    aliases: list[str] = []
+    repo: str = Field(pattern=r"^[\w.-]+/[\w.-]+$")  # owner/name on GitHub
+    commit: str = Field(pattern=COMMIT)
+    commit_date: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}$")
+    also: dict[str, str] = {}  # other repositories the profile read (owner/name -> commit)
+    applies: dict[str, Item] = {}
+    unpriced: dict[str, Item] = {}
+    recompute_policies: list[RecomputePolicy] = []
+    notes: list[str] = []
+
+    @model_validator(mode="after")
+    def _known_items(self) -> FrameworkProfile:
+        unknown = sorted(set(self.applies) - set(APPLIES))
+        if unknown:
+            raise ValueError(f"applies: {', '.join(unknown)} is not an item ddplan prices; allowed: "
+                             f"{', '.join(APPLIES)} (put what ddplan cannot price under `unpriced`)")
+        return self
+
+    def fields(self) -> dict[tuple[str, ...], bool | int | str]:
+        """The run-configuration fields this profile fills, by field path."""
+        return {APPLIES[k]: item.value for k, item in self.applies.items()}
+
+    def unpriced_words(self, moe: bool = True) -> list[str]:
+        """One sentence per item ddplan does not price: what the stack runs and where it says so (the expert
+        items, `moe_...`, only for a mixture of experts)."""
+        return [f"{self.name} (@{self.commit[:7]}) runs {k.replace('_', ' ')} = {item.value} by default "
+                f"({item.where}); ddplan does not price it yet" for k, item in self.unpriced.items()
+                if moe or not k.startswith("moe_")]

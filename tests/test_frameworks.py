@@ -1,0 +1,114 @@
+"""Framework profiles (ddplan/frameworks.py, frameworks/*.yaml): each item sourced at the profile's commit,
+`--framework` (or a run file's `framework:`) filling only what nothing else states, and what a stack runs that
+ddplan does not price said, not dropped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from cli_helpers import csv_rows, fails, run, run_ok
+
+from ddplan.frameworks import APPLIES, FrameworkProfile
+from ddplan.registry import builtin_names, load_framework
+from ddplan.specfile import validate
+
+ROOT = Path(__file__).resolve().parent.parent
+SEED = ROOT / "examples" / "seed-d24-mi300x.yaml"
+LLAMA = ["-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--format", "csv"]
+
+
+def test_every_shipped_profile_names_its_source_at_its_commit():
+    """Every item of every profile says where (path@commit), and that commit is the profile's (or one of the
+    other repositories it read, `also`): a profile is one stack at one commit."""
+    names = builtin_names("frameworks")
+    assert set(names) >= {"torchtitan", "megatron-core", "composer", "nanochat"}
+    for name in names:
+        p = load_framework(name)
+        commits = [p.commit, *p.also.values()]
+        items = [*p.applies.values(), *p.unpriced.values(), *p.recompute_policies]
+        assert items, name
+        for item in items:
+            short = item.where.split("@", 1)[1].split()[0]
+            assert any(c.startswith(short) for c in commits), (name, item.where)
+
+
+def test_a_profile_item_ddplan_cannot_price_must_say_so():
+    """An `applies` item ddplan has no field for is refused, naming the ones it has (and where the rest go)."""
+    data = yaml.safe_load((ROOT / "frameworks" / "nanochat.yaml").read_text(encoding="utf-8"))
+    data["applies"]["cuda_graphs"] = {"value": True, "where": "x.py@92d63d4"}
+    with pytest.raises(Exception) as e:
+        validate(FrameworkProfile, data, "nanochat.yaml")
+    assert "cuda_graphs is not an item ddplan prices" in str(e.value) and "unpriced" in str(e.value)
+    assert set(APPLIES) >= {"zero", "compiled", "recompute"}
+
+
+def test_the_profile_fills_what_nothing_states_and_a_flag_wins(capsys):
+    """Llama 3's own recipe shards fully (its spec: FSDP, ZeRO-3); Megatron-LM's command line without
+    --use-distributed-optimizer is plain DDP: with --framework megatron-core the rows are ZeRO-0, priced exactly as
+    the flags the profile stands for price them; --zero 1 given with the profile wins."""
+    assert {r["zero"] for r in csv_rows(run_ok(capsys, ["table", *LLAMA]))} == {"3"}
+    rows = csv_rows(run_ok(capsys, ["table", *LLAMA, "--framework", "megatron-core"]))
+    assert {r["zero"] for r in rows} == {"0"}
+    by_flags = csv_rows(run_ok(capsys, ["table", *LLAMA, "--zero", "0", "--grads", "fp32", "--no-compile",
+                                        "--recompute", "none", "--no-sequence-parallel", "--no-tp-comm-overlap",
+                                        "--no-overlap-param-gather", "--no-fp8-all-gather"]))
+    assert [r["step_s"] for r in rows] == [r["step_s"] for r in by_flags]
+    rows = csv_rows(run_ok(capsys, ["table", *LLAMA, "--framework", "megatron-core", "--zero", "1"]))
+    assert {r["zero"] for r in rows} == {"1"}
+
+
+def test_a_run_file_field_wins_over_the_profile_and_a_run_file_can_name_it(capsys, tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("kind: run\nmodel: llama-3-8b\nhardware: h100-sxm\ngpus: [8]\nframework: torchtitan\n"
+                    "layout: {zero: 2}\n", encoding="utf-8")
+    rows = csv_rows(run_ok(capsys, ["table", "--config", str(path), "--format", "csv"]))
+    assert {r["zero"] for r in rows} == {"2"}
+    rows = csv_rows(run_ok(capsys, ["table", "--config", str(path), "--framework", "megatron-core", "--format",
+                                    "csv"]))
+    assert {r["zero"] for r in rows} == {"2"}  # the file's field over the other profile too
+
+
+def test_what_the_profile_set_and_what_it_leaves_out_are_said(capsys):
+    code, _, err = run(capsys, ["table", *LLAMA, "--framework", "torchtitan", "--zero", "1"])
+    assert code == 0
+    lines = err.splitlines()
+    said = next(line for line in lines if line.startswith("table: the torchtitan profile (@b5bcd76, 2026-08-21) sets"))
+    assert "--zero" not in said and "--reshard-after-forward" in said and "--no-compile" in said
+    assert any("runs attention = flex_attention" in line and "ddplan does not price it yet" in line for line in lines)
+    # the expert items only for a mixture of experts
+    _, _, err = run(capsys, ["table", *LLAMA, "--framework", "megatron-core"])
+    assert "moe dispatcher" not in err and "overlap grad reduce = False" in err
+    _, _, err = run(capsys, ["table", "-m", "mixtral-8x7b", "--hardware", "h100-sxm", "--gpus", "64", "--tp", "2",
+                             "--ep", "8", "--framework", "megatron-core", "--format", "csv"])
+    assert "moe dispatcher = allgather" in err
+
+
+def test_the_seed_prices_the_same_under_nanochat_s_profile(capsys):
+    """nanochat's defaults (ZeRO-1-like sharded optimizer, torch.compile, no recompute) are what the nanochat
+    model specs already state: the seed's table does not move."""
+    plain = run_ok(capsys, ["table", "--config", str(SEED), "--format", "csv"])
+    assert run_ok(capsys, ["table", "--config", str(SEED), "--framework", "nanochat", "--format", "csv"]) == plain
+
+
+def test_plan_searches_what_the_stack_offers(capsys):
+    """A profile's recompute and ZeRO stage are its defaults, not the only choices: plan still searches them."""
+    rows = csv_rows(run_ok(capsys, ["plan", "-m", "d20", "--hardware", "h100-sxm", "--gpus", "8",
+                                    "--framework", "megatron-core", "--format", "csv"]))
+    assert len({r["zero"] for r in rows}) > 1
+
+
+def test_print_config_keeps_the_framework_not_what_it_filled(capsys, tmp_path):
+    text = run_ok(capsys, ["table", *LLAMA[:-2], "--framework", "torchtitan", "--print-config"])
+    data = yaml.safe_load(text)
+    assert data["framework"] == "torchtitan" and "layout" not in data and "compiled" not in data
+    path = tmp_path / "run.yaml"
+    path.write_text(text, encoding="utf-8")
+    assert run_ok(capsys, ["table", "--config", str(path), "--format", "csv"]) == run_ok(
+        capsys, ["table", *LLAMA, "--framework", "torchtitan"])
+
+
+def test_an_unknown_framework_is_one_line(capsys):
+    _, err = fails(capsys, ["table", *LLAMA, "--framework", "torchtitn"])
+    assert "--framework" in err and "did you mean torchtitan" in err
