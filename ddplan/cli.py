@@ -231,7 +231,7 @@ OffloadOpt = typer.Option(False, "--offload-optimizer", help="ZeRO-1/2/3: optimi
 
 @specs_app.command("list")
 def specs_list(wide: bool = WideOpt) -> None:
-    """List the built-in hardware and models, one line each.
+    """List the built-in hardware, models and framework profiles, one line each.
 
     \b
     Examples:

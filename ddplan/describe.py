@@ -32,6 +32,11 @@ def list_rows() -> list[dict[str, str]]:
                                 f"{a.num_heads} heads ({a.num_kv_heads} kv), vocab {a.vocab_size}"})
     rows.append({"kind": "model", "name": "nanochat-dN", "aliases": "dN",
                  "summary": "any nanochat depth N, by nanochat's depth rule (e.g. d12, d30)"})
+    for name in registry.builtin_names("frameworks"):  # --framework: a stack's defaults (frameworks/NAME.yaml)
+        f = registry.load_framework(name)
+        rows.append({"kind": "framework", "name": f.name, "aliases": ", ".join(f.aliases),
+                     "summary": f"{f.repo}@{f.commit[:7]} ({f.commit_date}): sets {', '.join(f.applies) or '-'}; "
+                                f"not priced yet: {', '.join(f.unpriced) or '-'}"})
     return rows
 
 

@@ -35,7 +35,8 @@ def test_specs_list_one_line_per_spec(capsys):
     out = run_ok(capsys, "specs", "list")
     rows = table_rows(out)
     expected = [("hardware", n) for n in hardware_names()] + \
-               [("model", n) for n in registry.builtin_names("models")] + [("model", "nanochat-dN")]
+               [("model", n) for n in registry.builtin_names("models")] + [("model", "nanochat-dN")] + \
+               [("framework", n) for n in registry.builtin_names("frameworks")]
     # one line per spec: a wrapped cell would add a continuation line with an empty name
     assert [(r[0], r[1]) for r in rows] == expected
     assert all(len(r) == 4 and r[3] for r in rows)
