@@ -1038,6 +1038,9 @@ def validate_cmd(
                               "each source in turn and price that source with them (slower: out-of-sample error)."),
     plot: str = typer.Option(None, "--plot", help="Also write the error of each run against its GPU count (PNG or "
                              "SVG)."),
+    memory: bool = typer.Option(False, "--memory", help="Score the memory model instead: measured peaks per GPU "
+                                "(validation/memory_peaks.yaml, or --dataset FILE of `kind: memory_peaks`) against "
+                                "ddplan's prediction, and its fits verdict."),
     format: Format = FormatOpt,
     wide: bool = WideOpt,
 ) -> None:
@@ -1048,13 +1051,23 @@ def validate_cmd(
       ddplan validate
       ddplan validate --format csv
       ddplan validate --leave-one-source-out
+      ddplan validate --memory
 
     For each run: predicted vs measured step time, the error, and whether the measurement falls inside
-    the band; then the error by kind (dense, MoE), hardware, size, family and source.
+    the band; then the error by kind (dense, MoE), hardware, size, precision, family and source. With
+    --memory: predicted vs measured peak memory per GPU, and whether the fits verdict was right.
     """
     from ddplan import render, validation
     from ddplan.runs import load_runs, shipped_dataset
 
+    if memory:
+        from ddplan.errors import UsageError
+
+        if loso or plot:
+            raise UsageError("--memory scores the measured peaks; it has no --leave-one-source-out or --plot yet",
+                             field="--memory")
+        _validate_memory(dataset, format, wide)
+        return
     _check_plot_path(plot)
     where = dataset or shipped_dataset()
     runs = load_runs(dataset)
@@ -1096,6 +1109,40 @@ def validate_cmd(
         "band = the prediction's band; MFU in the source's own convention (its FLOPs per token and peak); "
         "assumed = layout facts the source does not state (see the dataset's `assumed`)."], format.value, scr))
     render.echo(render.fit(summary_shown, scr, "Summary", render.SUMMARY_DROP) if scr
+                else render.table(summary_shown, format.value, title="Summary"))
+    render.echo(render.footer(prov, format.value, scr))
+
+
+def _validate_memory(dataset: str | None, format: Format, wide: bool) -> None:
+    """`validate --memory`: each measured peak priced as `ddplan table` prices its layout, then summaries."""
+    from ddplan import render, validation
+    from ddplan.provenance import provenance
+    from ddplan.registry import builtin_dir
+    from ddplan.runs import MEMORY_PEAKS, load_peaks
+
+    where = dataset or str(builtin_dir("validation") / MEMORY_PEAKS)
+    peaks = load_peaks(dataset)
+    scored = [validation.score_peak(p, f"{where}: peaks.{i} ({p.id})") for i, p in enumerate(peaks.peaks)]
+    rows, summary = [s.row() for s in scored], validation.peak_summaries(scored)
+    prov = provenance(dataset=(Path(where).name, peaks))
+    title = f"ddplan's memory model against {len(rows)} measured peaks per GPU ({where})"
+    if format is Format.json:
+        import json
+
+        render.echo(json.dumps({"title": title, "peaks": rows, "summary": summary, "provenance": prov}, indent=2))
+        return
+    if format is Format.csv:
+        render.echo(render.csv_with(prov, rows))
+        return
+    scr = render.screen(format.value, wide)
+    shown = render.peak_rows(rows)
+    render.echo(render.fit(shown, scr, title, ()) if scr else render.table(shown, format.value, title=title))
+    render.echo(render.lines([
+        "error = predicted / measured - 1 in what the measurement counts (allocated: tensors; reserved: and the "
+        "allocator's slack; device: and the CUDA context); verdict = ddplan's fits against the limit (usable "
+        "memory less the headroom), right when it says fits for a run that ran."], format.value, scr))
+    summary_shown = render.peak_summary_rows(summary)
+    render.echo(render.fit(summary_shown, scr, "Summary", ()) if scr
                 else render.table(summary_shown, format.value, title="Summary"))
     render.echo(render.footer(prov, format.value, scr))
 

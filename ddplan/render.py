@@ -218,6 +218,29 @@ def validation_rows(rows: list[dict]) -> list[dict]:
              "MFU % meas/pred": f"{mfu(r['measured_mfu_pct'])} / {mfu(r['predicted_mfu_pct'])}"} for r in rows]
 
 
+def peak_rows(rows: list[dict]) -> list[dict]:
+    """`ddplan validate --memory`'s peaks as people read them (GB = 1e9 bytes)."""
+    def gb(v):
+        return "-" if v is None else f"{v:.1f}"
+
+    return [{"peak": r["id"], "GPUs": f"{r['gpus']:,}", "framework": r["framework"], "counts": r["measured_what"],
+             "measured GB": gb(r["measured_gb"]) if r["outcome"] == "ran" else "out of memory",
+             "predicted GB": gb(r["predicted_gb"]),
+             "error %": "-" if r["error_pct"] is None else f"{r['error_pct']:+.1f}",
+             "verdict": ("fits" if r["fits"] else "does not fit") + ("" if r["verdict_right"] else " (WRONG)")}
+            for r in rows]
+
+
+def peak_summary_rows(rows: list[dict]) -> list[dict]:
+    """`ddplan validate --memory`'s summaries as people read them."""
+    def pct(v):
+        return "-" if v is None else f"{v:.1f}"
+
+    return [{"group": r["group"], "peaks": r["peaks"], "median |error| %": pct(r["median_abs_error_pct"]),
+             "max |error| %": pct(r["max_abs_error_pct"]), "verdict right %": f"{r['verdict_right_pct']:.0f}",
+             "false 'does not fit'": r["false_does_not_fit"], "false 'fits'": r["false_fits"]} for r in rows]
+
+
 def summary_rows(rows: list[dict]) -> list[dict]:
     """`ddplan validate`'s summaries as people read them."""
     return [{"group": r["group"], "runs": r["runs"], "median |error| %": f"{r['median_abs_error_pct']:.1f}",

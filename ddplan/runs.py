@@ -178,6 +178,62 @@ class RunSet(Strict):
         return self
 
 
+class PeakMeasured(Strict):
+    """A measured peak of GPU memory per GPU in training, and what the number counts: `allocated` (torch's
+    max_memory_allocated: tensors), `reserved` (max_memory_reserved: the caching allocator's segments too), or
+    `device` (nvidia-smi / rocm-smi: the process's whole use, the CUDA context and workspaces included)."""
+
+    peak_gb: float = Field(gt=0, le=1e5)  # GB = 1e9 bytes, as the tools report (GiB sources say so in `tool`)
+    what: Literal["allocated", "reserved", "device"]
+    tool: str = Field(min_length=3)  # how the source measured it, e.g. "torch.cuda.max_memory_allocated / 1e9"
+
+
+class MeasuredPeak(Strict):
+    """One training configuration whose peak memory a source measured (or that it saw run out of memory):
+    the same model, hardware, precision and layout fields as a published run (PublishedRun), priced the same
+    way, with the peak in place of a step time."""
+
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$", max_length=120)
+    source: RunSource
+    model: RunModel
+    hardware: str = Field(min_length=1)
+    precision: Precision
+    fp8_recipe: Literal["tensorwise", "delayed", "nanochat"] | None = None
+    framework: str | None = None  # the stack that ran it (frameworks/NAME.yaml), for the summaries
+    layout: RunLayout
+    outcome: Literal["ran", "out_of_memory"] = "ran"
+    measured: PeakMeasured | None = None  # None only for a configuration seen to run out of memory
+    assumed: list[str] = []
+    notes: str = ""
+    network: None = None  # a peak does not depend on the network (price_run reads the field)
+
+    @model_validator(mode="after")
+    def _measured(self) -> MeasuredPeak:
+        if self.outcome == "ran" and self.measured is None:
+            raise ValueError("a configuration that ran needs `measured` (its peak)")
+        if self.layout.micro_batch is None:
+            raise ValueError("layout.micro_batch: a peak depends on it; state it (the source's, or `assumed`)")
+        return self
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.layout.global_batch_sequences * self.model.seq_len
+
+
+class PeakSet(Strict):
+    kind: Literal["memory_peaks"]
+    description: str = Field(min_length=3)
+    peaks: list[MeasuredPeak] = Field(min_length=1, max_length=10_000)
+
+    @model_validator(mode="after")
+    def _unique(self) -> PeakSet:
+        ids = [p.id for p in self.peaks]
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        if twice:
+            raise ValueError(f"peak id {twice[0]!r} appears twice")
+        return self
+
+
 class RoutingPoint(Strict):
     """One forced-balance run of the dataset (its id) and the dropless throughput the source measured beside it."""
 
@@ -213,6 +269,17 @@ def load_routing(path: str | None = None) -> RoutingSweep:
     if not p.exists():
         raise SpecError("no such file", file=str(p))
     return validate(RoutingSweep, read_yaml(p), str(p))
+
+
+MEMORY_PEAKS = "memory_peaks.yaml"
+
+
+def load_peaks(path: str | None = None) -> PeakSet:
+    """A measured-peaks file (default: the shipped one), validated; errors name the file and field."""
+    p = Path(path or builtin_dir("validation") / MEMORY_PEAKS).expanduser()
+    if not p.exists():
+        raise SpecError("no such file for --dataset", file=str(p))
+    return validate(PeakSet, read_yaml(p), str(p))
 
 
 def load_runs(path: str | None = None) -> RunSet:

@@ -123,7 +123,7 @@ def read_yaml(path: Path) -> Any:
     return data
 
 
-KINDS = ("hardware", "model", "calibration", "runs", "run", "framework")  # the files ddplan reads, by their `kind`
+KINDS = ("hardware", "model", "calibration", "runs", "run", "framework", "memory_peaks")  # the files ddplan reads, by their `kind`
 
 
 def validate(schema: type[T], data: Any, source: str) -> T:

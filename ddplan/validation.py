@@ -26,7 +26,7 @@ from ddplan.gcpause import no_cycle_collection
 from ddplan.params import param_counts
 from ddplan.registry import builtin_names, load_hardware
 from ddplan.replay import price_run
-from ddplan.runs import PublishedRun, RoutingSweep, RunSet, load_routing, run_spec
+from ddplan.runs import MeasuredPeak, PublishedRun, RoutingSweep, RunSet, load_routing, run_spec
 
 # Hardware specs that share one fitted sustained fraction: the same die at the same power limit (the A100
 # SXM4 40 GB and 80 GB are one GA100 at 400 W; only memory differs).
@@ -454,3 +454,93 @@ def leave_one_source_out(runs: RunSet, where: str, hardware: Iterable[str],
         out += [scorer.score(r, where, refit, imbalance) for r in held]
     order = {r.id: i for i, r in enumerate(runs.runs)}
     return sorted(out, key=lambda s: order[s.id])
+
+
+# --------------------------------------------------------------------------------------------
+# Measured peak memory (validation/memory_peaks.yaml): predicted vs measured, and whether the verdict was right
+
+# the memory terms each kind of measurement counts (ddplan.memory.memory_per_gpu's terms): torch's allocated
+# peak counts tensors only; reserved adds the caching allocator's slack; a device tool (nvidia-smi) adds the
+# CUDA context and workspaces (`framework`)
+NOT_COUNTED = {"allocated": ("framework", "allocator_slack"), "reserved": ("framework",), "device": ()}
+
+
+def predicted_peak_bytes(terms: dict[str, float], what: str) -> float:
+    """The predicted peak in the measurement's terms: the memory model's terms less those `what` does not
+    count (NOT_COUNTED)."""
+    if what not in NOT_COUNTED:
+        raise ValueError(f"what must be one of {', '.join(NOT_COUNTED)}, got {what!r}")
+    return sum(v for k, v in terms.items() if k not in NOT_COUNTED[what])
+
+
+@dataclass(frozen=True)
+class PeakScored:
+    """One measured peak priced: GB = 1e9 bytes, as the tools report."""
+
+    id: str
+    source: str
+    hardware: str
+    gpus: int
+    framework: str
+    outcome: str  # ran | out_of_memory
+    what: str  # what the measurement counts (NOT_COUNTED's keys); "-" for an out-of-memory report
+    measured_gb: float | None
+    predicted_gb: float  # in the measurement's terms
+    total_gb: float  # the whole predicted peak, the one the verdict compares with the limit
+    limit_gb: float  # usable memory less the headroom
+    fits: bool  # ddplan's verdict
+
+    @property
+    def error(self) -> float | None:
+        """predicted / measured - 1 (None without a measured figure)."""
+        return None if self.measured_gb is None else self.predicted_gb / self.measured_gb - 1
+
+    @property
+    def verdict_right(self) -> bool:
+        """ddplan said "fits" for a configuration that ran, or "does not fit" for one that ran out of memory."""
+        return self.fits == (self.outcome == "ran")
+
+    def row(self) -> dict:
+        e = self.error
+        return {"id": self.id, "source": self.source, "hardware": self.hardware, "gpus": self.gpus,
+                "framework": self.framework, "outcome": self.outcome, "measured_what": self.what,
+                "measured_gb": self.measured_gb, "predicted_gb": self.predicted_gb,
+                "error_pct": None if e is None else 100 * e, "predicted_total_gb": self.total_gb,
+                "limit_gb": self.limit_gb, "fits": self.fits, "verdict_right": self.verdict_right}
+
+
+def score_peak(peak: MeasuredPeak, where: str) -> PeakScored:
+    """Price one measured peak through `ddplan table`'s path (ddplan.replay.price_run) and compare."""
+    _, hw, row = price_run(peak, where)
+    terms = row.memory.terms
+    what = peak.measured.what if peak.measured is not None else "-"
+    predicted = predicted_peak_bytes(terms, peak.measured.what if peak.measured is not None else "device")
+    return PeakScored(id=peak.id, source=peak.source.name, hardware=hw.name, gpus=peak.layout.gpus,
+                      framework=peak.framework or "-", outcome=peak.outcome, what=what,
+                      measured_gb=peak.measured.peak_gb if peak.measured is not None else None,
+                      predicted_gb=predicted / 1e9, total_gb=row.memory.total / 1e9, limit_gb=row.memory.limit / 1e9,
+                      fits=row.memory.fits)
+
+
+def peak_summary(scored: Sequence[PeakScored], group: str = "all") -> dict:
+    """Median and largest |error| of the measured peaks, the share of right verdicts, and the two wrong ones
+    counted apart: "does not fit" for a configuration that ran, "fits" for one that ran out of memory."""
+    errors = [abs(s.error) for s in scored if s.error is not None]
+    return {"group": group, "peaks": len(scored), "measured": len(errors),
+            "median_abs_error_pct": 100 * statistics.median(errors) if errors else None,
+            "max_abs_error_pct": 100 * max(errors) if errors else None,
+            "verdict_right_pct": 100 * sum(s.verdict_right for s in scored) / len(scored),
+            "false_does_not_fit": sum(s.outcome == "ran" and not s.fits for s in scored),
+            "false_fits": sum(s.outcome == "out_of_memory" and s.fits for s in scored)}
+
+
+def peak_summaries(scored: Sequence[PeakScored]) -> list[dict]:
+    """The overall summary, then one per source, framework and hardware."""
+    out = [peak_summary(scored)]
+    for name, key in (("source", lambda s: s.source), ("framework", lambda s: s.framework),
+                      ("hardware", lambda s: s.hardware)):
+        groups: dict[str, list[PeakScored]] = {}
+        for s in scored:
+            groups.setdefault(key(s), []).append(s)
+        out += [peak_summary(v, f"{name}={k}") for k, v in sorted(groups.items())]
+    return out

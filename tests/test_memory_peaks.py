@@ -1,0 +1,91 @@
+"""Measured peak memory (validation/memory_peaks.yaml, `ddplan validate --memory`): each peak priced as `ddplan
+table` prices its layout, compared in what the measurement counts, and the fits verdict checked."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from cli_helpers import csv_rows, fails, run_ok
+
+from ddplan import validation as V
+from ddplan.errors import DdplanError
+from ddplan.runs import load_peaks
+
+GB_PER_GIB = 2**30 / 1e9
+
+
+def test_a_measurement_is_compared_in_what_it_counts():
+    """Hand sums: torch's allocated peak counts tensors (not the context, not the allocator's slack); reserved adds
+    the slack; a device tool counts everything."""
+    terms = {"params": 10.0, "gradients": 10.0, "optimizer": 20.0, "activations": 30.0, "activation_transient": 5.0,
+             "comm_buffers": 1.0, "framework": 4.0, "allocator_slack": 2.0}
+    assert V.predicted_peak_bytes(terms, "allocated") == 76.0
+    assert V.predicted_peak_bytes(terms, "reserved") == 78.0
+    assert V.predicted_peak_bytes(terms, "device") == 82.0
+    with pytest.raises(ValueError):
+        V.predicted_peak_bytes(terms, "nvml")
+
+
+def test_the_seed_s_peak_is_what_memory_predicts_for_its_layout(capsys):
+    """The seed ran nanochat d24 on one MI300X at micro-batch 32, window L, fused SDPA, and used ~105 GB (a device
+    reading). `ddplan memory` for that layout predicts its whole peak in GiB; the score is that x 2^30 / 1e9,
+    -7.6% of 105 GB."""
+    (seed,) = [p for p in load_peaks().peaks if p.id == "seed-nanochat-d24-mi300x-1g"]
+    scored = V.score_peak(seed, "seed")
+    (row,) = [r for r in csv_rows(run_ok(capsys, ["memory", "--model", "d24", "--attention", "sdpa-fused", "--window",
+                                                  "L", "--zero", "1", "--format", "csv"]))]
+    assert scored.predicted_gb == pytest.approx(float(row["total_gib"]) * GB_PER_GIB, rel=1e-9)
+    assert scored.error == pytest.approx(scored.predicted_gb / 105 - 1, rel=1e-12)
+    assert -0.08 < scored.error < -0.07 and scored.fits and scored.verdict_right
+
+
+def _peaks_file(tmp_path, peaks: list[dict]):
+    path = tmp_path / "peaks.yaml"
+    path.write_text(yaml.safe_dump({"kind": "memory_peaks", "description": "a test", "peaks": peaks}), encoding="utf-8")
+    return path
+
+
+def _peak(**kw) -> dict:
+    p = {"id": "p1", "source": {"name": "test", "ref": "a test", "where": "here"},
+         "model": {"base": "llama-3-8b", "name": "Llama 3 8B", "seq_len": 8192}, "hardware": "h100-sxm",
+         "precision": "bf16", "layout": {"gpus": 8, "micro_batch": 1, "global_batch_sequences": 8, "zero": 3,
+                                         "attention": "fa2"},
+         "measured": {"peak_gb": 60.0, "what": "allocated", "tool": "torch.cuda.max_memory_allocated"}}
+    p.update(kw)
+    return p
+
+
+def test_an_out_of_memory_report_checks_the_verdict_and_the_summary_counts_both_wrong_ones(tmp_path):
+    """Llama 3 8B on 8 H100 with plain DDP at 8,192 tokens needs full fp32 states a GPU (~16 B a parameter, 128 GB
+    for 8B): ddplan says it does not fit, which an out-of-memory report confirms; the same layout reported as
+    having run is a false "does not fit", counted apart."""
+    ddp = {"gpus": 8, "micro_batch": 1, "global_batch_sequences": 8, "zero": 0, "attention": "fa2"}
+    oom = _peak(id="oom", layout=ddp, outcome="out_of_memory", measured=None)
+    ran = _peak(id="ran", layout=ddp)
+    peaks = load_peaks(str(_peaks_file(tmp_path, [oom, ran]))).peaks
+    scored = [V.score_peak(p, "t") for p in peaks]
+    assert [s.fits for s in scored] == [False, False]
+    assert [s.verdict_right for s in scored] == [True, False] and scored[0].error is None
+    summary = V.peak_summary(scored)
+    assert summary["false_does_not_fit"] == 1 and summary["false_fits"] == 0 and summary["verdict_right_pct"] == 50
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"measured": None}, "a configuration that ran needs `measured`"),
+    ({"layout": {"gpus": 8, "global_batch_sequences": 8}}, "layout.micro_batch: a peak depends on it"),
+    ({"measured": {"peak_gb": 60.0, "what": "nvml", "tool": "x"}}, "measured.what"),
+])
+def test_a_bad_peak_entry_is_one_line(tmp_path, change, words):
+    with pytest.raises(DdplanError) as e:
+        load_peaks(str(_peaks_file(tmp_path, [_peak(**change)])))
+    assert words in e.value.message or words in (e.value.field or "")
+
+
+def test_validate_memory_prints_every_peak_and_refuses_what_it_cannot_do(capsys, tmp_path):
+    rows = csv_rows(run_ok(capsys, ["validate", "--memory", "--format", "csv"]))
+    assert len(rows) == len(load_peaks().peaks) and {"measured_gb", "predicted_gb", "verdict_right"} <= set(rows[0])
+    rows = csv_rows(run_ok(capsys, ["validate", "--memory", "--dataset", str(_peaks_file(tmp_path, [_peak()])),
+                                    "--format", "csv"]))
+    assert [r["id"] for r in rows] == ["p1"]
+    _, err = fails(capsys, ["validate", "--memory", "--leave-one-source-out"])
+    assert "--memory" in err
