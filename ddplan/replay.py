@@ -30,7 +30,8 @@ STATED_BY: dict[tuple[str, ...], str] = {
     ("precision", "dtype"): "precision", ("precision", "grads"): "model.grads", ("precision", "fp8"): "precision",
     ("precision", "fp8_recipe"): "fp8_recipe", ("precision", "fp8_all_gather"): "layout.fp8_all_gather",
     ("recompute",): "layout.recompute", ("attention",): "layout.attention", ("window",): "layout.window",
-    ("seq_len",): "model.seq_len", ("compiled",): "layout.compiled", ("moe_imbalance",): "model.routing",
+    ("seq_len",): "model.seq_len", ("framework",): "framework", ("compiled",): "layout.compiled",
+    ("moe_imbalance",): "model.routing",
     ("batch", "device"): "layout.micro_batch", ("batch", "total_tokens"): "layout.global_batch_sequences",
     ("measured", "step_time_s"): "measured", ("measured", "gpus"): "layout.gpus", ("measured", "tp"): "layout.tp",
     ("measured", "pp"): "layout.pp", ("measured", "attention"): "layout.attention",
@@ -43,7 +44,7 @@ NOT_A_STEP: dict[tuple[str, ...], str] = {
     **{("outside", k): "time outside the steps: not in a measured step" for k in (
         "startup_min", "eval_every", "eval_tokens", "checkpoint_every", "interruptions_per_gpu_hour", "restart_min")},
     ("price_usd_per_gpu_hour",): "what a GPU-hour costs: not in a step time",
-    ("framework",): "a published run states its layout whole (runs.RunLayout), so no profile fills it",
+
     ("headroom",): "the memory a plan keeps free; a run that ran fit",
     ("calibration",): "this machine's measurements; a published run is scored uncalibrated",
     ("measured", "fit"): "which efficiency a measured step calibrates; validate scores, it does not fit",

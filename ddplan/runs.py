@@ -132,6 +132,9 @@ class PublishedRun(Strict):
     precision: Precision
     # with precision fp8: how its casts ran (ddplan.fp8.FP8_RECIPES); None: the model spec's
     fp8_recipe: Literal["tensorwise", "delayed", "nanochat"] | None = None
+    # the training stack (a frameworks/ profile's name where there is one: composer, megatron-core, nanochat;
+    # else its own, e.g. megatron-deepspeed): validate's summaries group by it; the layout states the run whole
+    framework: str | None = Field(default=None, min_length=2, max_length=40)
     network: Network | None = None
     layout: RunLayout
     measured: Measured

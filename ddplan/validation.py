@@ -69,6 +69,7 @@ class Scored:
     moe: bool = False  # a mixture-of-experts model (its own band: ddplan.price.VALIDATED_RATIO_MOE)
     attention_share: float = 0.0  # the attention kernels' share of the predicted step
     precision: str = "bf16"  # the run's GEMM precision (bf16, fp16, fp8)
+    framework: str = "-"  # the run's training stack (PublishedRun.framework), "-" where not stated
 
     @property
     def error(self) -> float:
@@ -85,7 +86,8 @@ class Scored:
 
     def row(self) -> dict:
         """Flat data for csv/json: units in the keys; the band also as % of the measured value."""
-        return {"id": self.id, "source": self.source, "hardware": self.hardware, "precision": self.precision,
+        return {"id": self.id, "source": self.source, "framework": self.framework, "hardware": self.hardware,
+                "precision": self.precision,
                 "model": self.model,
                 "params": self.params, "params_reported": self.params_reported, "gpus": self.gpus,
                 "family": self.family, "size": self.size, "assumed": self.assumed, "measured_s": self.measured_s,
@@ -141,7 +143,8 @@ def score(run: PublishedRun, where: str, sustained: dict[str, float] | None = No
         ddplan_mfu_measured_pct=row.mfu_pct * row.step_s / measured,
         flags=tuple(f.kind for f in row.flags) + (("params_differ",) if run.model.params_reported and abs(
             params / run.model.params_reported - 1) > 0.005 else ()), moe=spec.architecture.moe is not None,
-        attention_share=row.step.by_kind_s.get("attention", 0.0) / row.step_s, precision=run.precision)
+        attention_share=row.step.by_kind_s.get("attention", 0.0) / row.step_s, precision=run.precision,
+        framework=run.framework or "-")
 
 
 class Scorer:
@@ -243,12 +246,13 @@ def summarise(scored: Sequence[Scored], group: str = "all") -> Summary:
 
 GROUPINGS: tuple[tuple[str, Callable[[Scored], str]], ...] = (
     ("kind", lambda s: "moe" if s.moe else "dense"), ("hardware", lambda s: s.hardware), ("size", lambda s: s.size),
-    ("precision", lambda s: s.precision), ("family", lambda s: s.family), ("source", lambda s: s.source))
+    ("precision", lambda s: s.precision), ("framework", lambda s: s.framework), ("family", lambda s: s.family),
+    ("source", lambda s: s.source))
 
 
 def summaries(scored: Sequence[Scored]) -> list[Summary]:
     """The overall summary, then one per kind (dense, mixture of experts), hardware, model size, precision,
-    parallelism family and source."""
+    training stack, parallelism family and source."""
     out = [summarise(scored)]
     for name, key in GROUPINGS:
         groups: dict[str, list[Scored]] = {}
