@@ -143,6 +143,8 @@ def _framework_callback(ctx: typer.Context, param: typer.CallbackParam, value: s
         params -= runconfig.LIST_PARAMS["plan"]
     filled = {runconfig.FLAGS[path]: runconfig.as_flag_value(v) for path, v in profile.fields().items()
               if runconfig.FLAGS[path] in params}
+    ctx.meta["framework_unread"] = [".".join(path) for path in profile.fields()
+                                    if runconfig.FLAGS[path] not in {p.name for p in ctx.command.params}]
     ctx.default_map = {**filled, **(ctx.default_map or {})}  # a run file's field, read first or after, wins
     ctx.meta["framework"] = profile
     ctx.meta["framework_names"] = set(filled)
@@ -484,6 +486,10 @@ def _framework_notes(ctx: typer.Context, spec) -> None:
     _info([f"{ctx.info_name}: the {profile.name} profile (@{profile.commit[:7]}, {profile.commit_date}) sets "
            + (", ".join(_as_flag(ctx, n) for n in used) or "nothing a flag or the run file left open")])
     _warn(profile.unpriced_words(moe=spec.architecture.moe is not None))
+    unread = ctx.meta.get("framework_unread", [])
+    if unread:  # a profile field this command has no flag for: said, not dropped silently
+        _warn([f"the {profile.name} profile states {', '.join(unread)}, which `ddplan {ctx.info_name}` has no flag "
+               f"for: {'it is' if len(unread) == 1 else 'they are'} not applied"])
 
 
 def _fp8_recipe(ctx: typer.Context, fp8: bool, recipe: str | None) -> str | None:
@@ -498,8 +504,10 @@ def _tp_to_check(ctx: typer.Context, tp: int) -> int | None:
 
 
 def _given_names(ctx: typer.Context) -> set[str]:
-    """The parameters whose flags were given (on the command line or as a --config file's field)."""
-    return {name for name in ctx.params if _given(ctx, name)}
+    """The parameters whose flags were given (on the command line or as a --config file's field); a --framework
+    profile's values are defaults, below what a calibration measured (review: the profile's --no-compile had
+    replaced a measured compiled step)."""
+    return {name for name in ctx.params if _given(ctx, name) and not _from_profile(ctx, name)}
 
 
 def _given(ctx: typer.Context, name: str) -> bool:

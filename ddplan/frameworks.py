@@ -19,6 +19,9 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from ddplan.errors import SpecError
+from ddplan.runconfig import RunConfig
+from ddplan.specfile import validate
 from ddplan.specs import Strict
 
 # profile item -> the run-configuration field it fills (ddplan.runconfig field paths)
@@ -74,6 +77,16 @@ class FrameworkProfile(Strict):
         if unknown:
             raise ValueError(f"applies: {', '.join(unknown)} is not an item ddplan prices; allowed: "
                              f"{', '.join(APPLIES)} (put what ddplan cannot price under `unpriced`)")
+        for key, item in self.applies.items():  # each value one its run-configuration field takes
+            data: dict = {"kind": "run"}
+            node = data
+            for part in APPLIES[key][:-1]:
+                node = node.setdefault(part, {})
+            node[APPLIES[key][-1]] = item.value
+            try:
+                validate(RunConfig, data, "applies")
+            except SpecError as e:
+                raise ValueError(f"applies.{key}.value: {e.message}") from None
         return self
 
     def fields(self) -> dict[tuple[str, ...], bool | int | str]:

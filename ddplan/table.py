@@ -310,7 +310,7 @@ def _shape(r: PricedLayout) -> tuple:
 
 
 # A stated step whose fit needs kernels more than this factor above the device's best measured GEMM is refused
-# (assumed: past the model's own out-of-sample spread, 0.84-1.15 x on the published runs, with room). Between
+# (assumed: past the model's own out-of-sample spread, 0.84-1.17 x on the published runs, with room). Between
 # the best GEMM and this factor it is priced, flagged implausible, with the model's band (ddplan.fitting).
 IMPLAUSIBLE_MARGIN = 1.25
 

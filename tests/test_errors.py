@@ -431,7 +431,7 @@ def test_a_validation_error_from_values_built_here_reads_without_pydantic_wordin
 # the YAML loaders: PyYAML's C parser where it has one, the pure-Python one elsewhere, the same checks
 
 
-SHIPPED_YAML = sorted(p for kind in ("hardware", "models", "validation")
+SHIPPED_YAML = sorted(p for kind in ("hardware", "models", "validation", "frameworks")
                       for p in (Path(__file__).parent.parent / kind).glob("*.yaml"))
 
 

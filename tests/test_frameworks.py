@@ -75,7 +75,7 @@ def test_what_the_profile_set_and_what_it_leaves_out_are_said(capsys):
     assert code == 0
     lines = err.splitlines()
     said = next(line for line in lines if line.startswith("table: the torchtitan profile (@b5bcd76, 2026-08-21) sets"))
-    assert "--zero" not in said and "--reshard-after-forward" in said and "--no-compile" in said
+    assert "--zero" not in said and "--sequence-parallel" in said and "--no-compile" in said
     assert any("runs attention = flex_attention" in line and "ddplan does not price it yet" in line for line in lines)
     # the expert items only for a mixture of experts
     _, _, err = run(capsys, ["table", *LLAMA, "--framework", "megatron-core"])
@@ -92,8 +92,9 @@ def test_the_seed_prices_the_same_under_nanochat_s_profile(capsys):
     assert run_ok(capsys, ["table", "--config", str(SEED), "--framework", "nanochat", "--format", "csv"]) == plain
 
 
-def test_plan_searches_what_the_stack_offers(capsys):
-    """A profile's recompute and ZeRO stage are its defaults, not the only choices: plan still searches them."""
+def test_a_profile_does_not_narrow_plan_s_search(capsys):
+    """A profile's recompute and ZeRO stage are its defaults, not the only choices: plan still searches every
+    stage (Megatron-LM's default, plain DDP, would leave one)."""
     rows = csv_rows(run_ok(capsys, ["plan", "-m", "d20", "--hardware", "h100-sxm", "--gpus", "8",
                                     "--framework", "megatron-core", "--format", "csv"]))
     assert len({r["zero"] for r in rows}) > 1
@@ -112,3 +113,29 @@ def test_print_config_keeps_the_framework_not_what_it_filled(capsys, tmp_path):
 def test_an_unknown_framework_is_one_line(capsys):
     _, err = fails(capsys, ["table", *LLAMA, "--framework", "torchtitn"])
     assert "--framework" in err and "did you mean torchtitan" in err
+
+
+@pytest.mark.parametrize("key, value, words", [("zero", 7, "applies.zero.value: Input should be 0, 1, 2 or 3"),
+                                               ("compiled", 3, "applies.compiled.value: must be true or false")])
+def test_a_profile_value_its_field_refuses_is_said_at_load(capsys, tmp_path, key, value, words):
+    """A bad value in a profile names the profile's item, not a flag the user never typed (a review)."""
+    data = yaml.safe_load((ROOT / "frameworks" / "nanochat.yaml").read_text(encoding="utf-8"))
+    data["applies"][key]["value"] = value
+    path = tmp_path / "fw.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    _, err = fails(capsys, ["table", "-m", "d20", "--framework", str(path)])
+    assert err.startswith(f"error: {path}: ") and words in err
+
+
+def test_a_profile_never_overrides_what_a_calibration_measured(capsys, tmp_path):
+    """A calibration's measured step states the run it priced (the seed's log: d24 compiled, as nanochat runs): a
+    profile's defaults rank below it, so `table --calibration` prices the measured run as it ran with or without
+    --framework (a review: torchtitan's --no-compile had replaced the measured compiled step)."""
+    cal = tmp_path / "log.yaml"
+    assert run(capsys, ["calibrate", "--model", "d24", "--hardware", "mi300x", "--from-log",
+                        str(ROOT / "tests" / "data" / "nanochat_train.log"), "--window", "L", "--out", str(cal)])[0] == 0
+    plain = csv_rows(run_ok(capsys, ["table", "--calibration", str(cal), "--format", "csv"]))
+    framed = csv_rows(run_ok(capsys, ["table", "--calibration", str(cal), "--framework", "torchtitan", "--format",
+                                      "csv"]))
+    assert [(r["config"], r["basis"], r["step_s"]) for r in framed] == [
+        (r["config"], r["basis"], r["step_s"]) for r in plain]

@@ -22,6 +22,11 @@ def test_a_measurement_is_compared_in_what_it_counts():
     assert V.predicted_peak_bytes(terms, "allocated") == 76.0
     assert V.predicted_peak_bytes(terms, "reserved") == 78.0
     assert V.predicted_peak_bytes(terms, "device") == 82.0
+    # the names are the memory model's own terms (a renamed term would make NOT_COUNTED exclude nothing)
+    from ddplan.replay import price_run
+
+    *_, row = price_run(load_peaks().peaks[0], "seed")
+    assert {n for names in V.NOT_COUNTED.values() for n in names} <= set(row.memory.terms)
     with pytest.raises(ValueError):
         V.predicted_peak_bytes(terms, "nvml")
 

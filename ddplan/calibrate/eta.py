@@ -216,7 +216,7 @@ class Eta:
                 for i, e in enumerate(self.estimates_s)]
 
     def ratio(self, kind: str) -> float:
-        """speed_ratio of the work of `kind` done so far; its prior: the one set (1 for the benchmarks, the
+        """speed_ratio of the work of `kind` done so far; its prior: the one set (1 for the benchmarks until probed, the
         probe's for the step), else the ratio of all the work done so far (the step, with no probe to go by,
         goes as the benchmarks went)."""
         done, spent = self.done_s(), self.spent_s
