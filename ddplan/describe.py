@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ddplan import flops, params, registry, run, specfile, units
 from ddplan.errors import SpecError
+from ddplan.frameworks import APPLIES, FrameworkProfile
 from ddplan.hf import config_path
 from ddplan.specs import HardwareSpec, ModelSpec, nanochat_depth
 
@@ -40,9 +41,9 @@ def list_rows() -> list[dict[str, str]]:
     return rows
 
 
-def load_any(name: str) -> HardwareSpec | ModelSpec:
-    """A spec of either kind by name or path (a path's `kind:` key decides); a Hugging Face config.json, or a
-    folder holding one, is a model, as `--model` reads it (ddplan.hf)."""
+def load_any(name: str) -> HardwareSpec | ModelSpec | FrameworkProfile:
+    """A spec of any kind by name or path (a path's `kind:` key decides): hardware, model or framework profile; a
+    Hugging Face config.json, or a folder holding one, is a model, as `--model` reads it (ddplan.hf)."""
     if config_path(name) is not None:
         return registry.load_model(name)
     if name.endswith((".yaml", ".yml")) or "/" in name:
@@ -55,22 +56,37 @@ def load_any(name: str) -> HardwareSpec | ModelSpec:
             return registry.load_hardware(name)
         if kind == "model":
             return registry.load_model(name)
-        raise SpecError("need `kind: hardware` or `kind: model`", file=name, field="kind")
+        if kind == "framework":
+            return registry.load_framework(name)
+        raise SpecError("need `kind: hardware`, `kind: model` or `kind: framework`", file=name, field="kind")
     key = name.lower()
     models, hardware = registry._builtins("models"), registry._builtins("hardware")
     if key in models or nanochat_depth(key) is not None:
         return registry.load_model(name)
     if key in hardware:
         return registry.load_hardware(name)
-    close = difflib.get_close_matches(key, [*models, *hardware], n=3, cutoff=0.5)
+    frameworks = registry._builtins("frameworks")
+    if key in frameworks:
+        return registry.load_framework(name)
+    close = difflib.get_close_matches(key, [*models, *hardware, *frameworks], n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}? " if close else ""
     raise SpecError(f"unknown spec {name!r}; {hint}see `ddplan specs list` (or give a path to a YAML file)",
                     field="NAME")
 
 
-def describe(name: str) -> tuple[HardwareSpec | ModelSpec, Derived]:
+def describe(name: str) -> tuple[HardwareSpec | ModelSpec | FrameworkProfile, Derived]:
     spec = load_any(name)
+    if isinstance(spec, FrameworkProfile):
+        return spec, framework_figures(spec)
     return spec, (hardware_figures(spec) if isinstance(spec, HardwareSpec) else model_figures(spec))
+
+
+def framework_figures(f: FrameworkProfile) -> Derived:
+    """What a profile does to a run: each field it sets (its flag) and each thing ddplan does not price yet,
+    with where the stack says so."""
+    out: Derived = [(f"sets {'.'.join(APPLIES[k])}", str(item.value), "-", item.where) for k, item in f.applies.items()]
+    out += [(f"not priced: {k}", str(item.value), "-", item.where) for k, item in f.unpriced.items()]
+    return out
 
 
 def hardware_figures(hw: HardwareSpec) -> Derived:

@@ -89,9 +89,12 @@ def table(rows: list[dict], fmt: str, title: str | None = None, digits: int = 2,
         return buf.getvalue()
     places = {c: (column_digits or {}).get(c, digits) for c in columns}
     cells = [[_cell(r[c], places[c]) for c in columns] for r in rows]
-    if fmt == "markdown":
-        lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-        lines += ["| " + " | ".join(row) + " |" for row in cells]
+    if fmt == "markdown":  # a | inside a cell (`median |error| %`) is escaped, or it would split the cell
+        def md(text: str) -> str:
+            return str(text).replace("|", "\\|")
+
+        lines = ["| " + " | ".join(map(md, columns)) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+        lines += ["| " + " | ".join(map(md, row)) + " |" for row in cells]
         return ("**" + title + "**\n\n" if title else "") + "\n".join(lines) + "\n"
     return rich_table(columns, cells, title=title, width=width)
 

@@ -216,6 +216,8 @@ class MeasuredPeak(Strict):
             raise ValueError("a configuration that ran needs `measured` (its peak)")
         if self.layout.micro_batch is None:
             raise ValueError("layout.micro_batch: a peak depends on it; state it (the source's, or `assumed`)")
+        if self.fp8_recipe is not None and self.precision != "fp8":
+            raise ValueError(f"fp8_recipe is for fp8 runs; this one is {self.precision}")
         return self
 
     @property

@@ -114,3 +114,16 @@ def test_specs_show_every_hardware(capsys, name):
     figures = {d["figure"]: d["value"] for d in data["derived"]}
     assert figures["best bf16 GEMM"] > 0 and figures["ridge point (bf16 GEMM / HBM)"] > 0
     assert "derived" in run_ok(capsys, "specs", "show", name)
+
+
+def test_specs_show_a_framework_profile_says_what_it_sets_and_what_it_leaves_out(capsys):
+    """`specs list` lists the profiles, so `specs show` takes them: each field it sets and each thing ddplan does
+    not price, with where the stack says so (a review: it said "unknown spec")."""
+    import json
+
+    out = run_ok(capsys, "specs", "show", "torchtitan", "--format", "json")
+    data = json.loads(out)
+    assert data["spec"]["name"] == "torchtitan" and data["spec"]["commit"].startswith("b5bcd76")
+    figures = {d["figure"]: d for d in data["derived"]}
+    assert figures["sets layout.zero"]["value"] == "3"
+    assert figures["not priced: attention"]["from"].startswith("torchtitan/models/llama3/__init__.py@b5bcd76")

@@ -257,7 +257,7 @@ def test_yaml_without_a_known_kind(capsys, tmp_path, text):
     path = tmp_path / "what.yaml"
     path.write_text(text, encoding="utf-8")
     line = fails(capsys, "specs", "show", str(path))
-    assert line.startswith(f"error: {path}: kind: need `kind: hardware` or `kind: model`")
+    assert line.startswith(f"error: {path}: kind: need `kind: hardware`, `kind: model` or `kind: framework`")
 
 
 # --------------------------------------------------------------------------------------------

@@ -79,6 +79,7 @@ def test_an_out_of_memory_report_checks_the_verdict_and_the_summary_counts_both_
     ({"measured": None}, "a configuration that ran needs `measured`"),
     ({"layout": {"gpus": 8, "global_batch_sequences": 8}}, "layout.micro_batch: a peak depends on it"),
     ({"measured": {"peak_gb": 60.0, "what": "nvml", "tool": "x"}}, "measured.what"),
+    ({"fp8_recipe": "delayed"}, "fp8_recipe is for fp8 runs; this one is bf16"),
 ])
 def test_a_bad_peak_entry_is_one_line(tmp_path, change, words):
     with pytest.raises(DdplanError) as e:
@@ -94,3 +95,15 @@ def test_validate_memory_prints_every_peak_and_refuses_what_it_cannot_do(capsys,
     assert [r["id"] for r in rows] == ["p1"]
     _, err = fails(capsys, ["validate", "--memory", "--leave-one-source-out"])
     assert "--memory" in err
+
+
+def test_the_markdown_summary_keeps_one_cell_per_column(capsys):
+    """`median |error| %` in a markdown header: the | is escaped, so every line has the header's cells (a review
+    found the table split into 11 cells over 7 columns)."""
+    import re
+
+    out = run_ok(capsys, ["validate", "--memory", "--format", "markdown"])
+    summary = out[out.index("**Summary**"):]
+    table = [line for line in summary.splitlines() if line.startswith("|")]
+    cells = {len(re.split(r"(?<!\\)\|", line)) for line in table}
+    assert table and len(cells) == 1
