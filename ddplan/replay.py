@@ -10,7 +10,7 @@ from __future__ import annotations
 from ddplan.errors import DdplanError, SpecError
 from ddplan.layout import Options
 from ddplan.registry import load_hardware
-from ddplan.runs import PublishedRun, run_spec
+from ddplan.runs import PublishedRun, RunFacts, run_spec
 from ddplan.specs import Efficiency
 from ddplan.table import TableRequest, build_table
 
@@ -107,7 +107,7 @@ def with_sustained(hw, fraction: float, source: str):
         update={"gemm": g.model_copy(update={"sustained": kept})})})
 
 
-def price_run(run: PublishedRun, where: str, sustained: dict[str, float] | None = None,
+def price_run(run: RunFacts, where: str, sustained: dict[str, float] | None = None,
               imbalance: float | None = None, shared: dict | None = None):
     """(spec, hardware, priced row) of one run, through ddplan.table.build_table as `ddplan table` prices it.
 
@@ -152,7 +152,7 @@ def price_run(run: PublishedRun, where: str, sustained: dict[str, float] | None 
     return spec, hw, row
 
 
-def micro_batches(run: PublishedRun) -> tuple[int, ...]:
+def micro_batches(run: RunFacts) -> tuple[int, ...]:
     """The micro-batches a run is priced at: the one it states, else every power of two that divides the
     sequences of one data-parallel rank (fastest_fitting picks among them)."""
     lay = run.layout

@@ -124,7 +124,10 @@ class Network(Strict):
     why: str = Field(min_length=3)  # the source's words
 
 
-class PublishedRun(Strict):
+class RunFacts(Strict):
+    """What a published run and a measured peak share: where it comes from, the model, hardware, precision,
+    stack and layout it ran, priced the same way (ddplan.replay.price_run), and what the entry had to assume."""
+
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$", max_length=120)
     source: RunSource
     model: RunModel
@@ -137,22 +140,29 @@ class PublishedRun(Strict):
     framework: str | None = Field(default=None, min_length=2, max_length=40)
     network: Network | None = None
     layout: RunLayout
-    measured: Measured
-    mfu_convention: MfuConvention | None = None
     assumed: list[str] = []  # what the source does not state and this entry assumes
     notes: str = ""
 
     @model_validator(mode="after")
-    def _convention(self) -> PublishedRun:
+    def _fp8(self) -> RunFacts:
         if self.fp8_recipe is not None and self.precision != "fp8":
             raise ValueError(f"fp8_recipe is for fp8 runs; this one is {self.precision}")
-        if self.measured.model_tflops_per_gpu is not None and self.mfu_convention is None:
-            raise ValueError("measured.model_tflops_per_gpu needs mfu_convention (the FLOPs per token it counts)")
         return self
 
     @property
     def tokens_per_step(self) -> int:
         return self.layout.global_batch_sequences * self.model.seq_len
+
+
+class PublishedRun(RunFacts):
+    measured: Measured
+    mfu_convention: MfuConvention | None = None
+
+    @model_validator(mode="after")
+    def _convention(self) -> PublishedRun:
+        if self.measured.model_tflops_per_gpu is not None and self.mfu_convention is None:
+            raise ValueError("measured.model_tflops_per_gpu needs mfu_convention (the FLOPs per token it counts)")
+        return self
 
     @property
     def measured_step_s(self) -> float:
@@ -173,12 +183,17 @@ class RunSet(Strict):
 
     @model_validator(mode="after")
     def _unique(self) -> RunSet:
-        seen: set[str] = set()
-        for r in self.runs:
-            if r.id in seen:
-                raise ValueError(f"run id {r.id!r} appears twice")
-            seen.add(r.id)
+        _refuse_repeated_ids(self.runs, "run")
         return self
+
+
+def _refuse_repeated_ids(entries: list[RunFacts], what: str) -> None:
+    """A dataset names each entry once: the first id that appears twice is an error."""
+    seen: set[str] = set()
+    for e in entries:
+        if e.id in seen:
+            raise ValueError(f"{what} id {e.id!r} appears twice")
+        seen.add(e.id)
 
 
 class PeakMeasured(Strict):
@@ -191,24 +206,12 @@ class PeakMeasured(Strict):
     tool: str = Field(min_length=3)  # how the source measured it, e.g. "torch.cuda.max_memory_allocated / 1e9"
 
 
-class MeasuredPeak(Strict):
+class MeasuredPeak(RunFacts):
     """One training configuration whose peak memory a source measured (or that it saw run out of memory):
-    the same model, hardware, precision and layout fields as a published run (PublishedRun), priced the same
-    way, with the peak in place of a step time."""
+    a published run's facts (RunFacts), priced the same way, with the peak in place of a step time."""
 
-    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$", max_length=120)
-    source: RunSource
-    model: RunModel
-    hardware: str = Field(min_length=1)
-    precision: Precision
-    fp8_recipe: Literal["tensorwise", "delayed", "nanochat"] | None = None
-    framework: str | None = None  # the stack that ran it (frameworks/NAME.yaml), for the summaries
-    layout: RunLayout
     outcome: Literal["ran", "out_of_memory"] = "ran"
     measured: PeakMeasured | None = None  # None only for a configuration seen to run out of memory
-    assumed: list[str] = []
-    notes: str = ""
-    network: None = None  # a peak does not depend on the network (price_run reads the field)
 
     @model_validator(mode="after")
     def _measured(self) -> MeasuredPeak:
@@ -216,13 +219,7 @@ class MeasuredPeak(Strict):
             raise ValueError("a configuration that ran needs `measured` (its peak)")
         if self.layout.micro_batch is None:
             raise ValueError("layout.micro_batch: a peak depends on it; state it (the source's, or `assumed`)")
-        if self.fp8_recipe is not None and self.precision != "fp8":
-            raise ValueError(f"fp8_recipe is for fp8 runs; this one is {self.precision}")
         return self
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.layout.global_batch_sequences * self.model.seq_len
 
 
 class PeakSet(Strict):
@@ -232,10 +229,7 @@ class PeakSet(Strict):
 
     @model_validator(mode="after")
     def _unique(self) -> PeakSet:
-        ids = [p.id for p in self.peaks]
-        twice = sorted({i for i in ids if ids.count(i) > 1})
-        if twice:
-            raise ValueError(f"peak id {twice[0]!r} appears twice")
+        _refuse_repeated_ids(self.peaks, "peak")
         return self
 
 
@@ -295,7 +289,7 @@ def load_runs(path: str | None = None) -> RunSet:
     return validate(RunSet, read_yaml(p), str(p))
 
 
-def run_spec(run: PublishedRun, where: str, imbalance: float | None = None):
+def run_spec(run: RunFacts, where: str, imbalance: float | None = None):
     """The ddplan model spec of a run: its base with the architecture overrides, the run's sequence
     length, batch and compute dtype (fp8 runs compute in bf16 with fp8 GEMMs), and its routing.
 
