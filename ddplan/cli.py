@@ -372,7 +372,7 @@ def memory_cmd(
     from ddplan import render, verdicts
     from ddplan.provenance import line as prov_line
     from ddplan.provenance import provenance
-    from ddplan.sizing import PEAK_TOLERANCE, consistent_with, memory_setup, what_fits, zero_rows
+    from ddplan.sizing import PEAK_TOLERANCE, consistent_with, fixes_for, memory_setup, zero_rows
 
     flags = dict(gpus=gpus, tp=tp, pp=pp, vp=vp, device_batch_size=device_batch_size, recompute=recompute,
                  attention=attention, window=window, compiled=compiled)
@@ -430,7 +430,7 @@ def memory_cmd(
         plot_memory(rows, plot, title=f"{spec.name} on {gpus} x {hw.name}\n{prov_line(prov)}",
                     capacity_gib=hw.memory.usable_gib.value, headroom=setup.headroom)
     asked = next((r for r in rows if r["zero"] == setup.layout.zero), None)
-    step_s, fixes = what_fits(spec, hw, setup) if not (asked and asked["fits"]) else (None, [])
+    step_s, fixes = fixes_for(spec, hw, setup, asked)
     words = verdicts.memory_verdict(spec, hw, rows, fixes, step_s, setup.layout, setup.headroom)
     matches = consistent_with(spec, hw, setup, measured_peak) if measured_peak else []
     if measured_peak:

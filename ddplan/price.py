@@ -24,7 +24,7 @@ from ddplan.anatomy import Anatomy, build_anatomy, for_cp, for_tp, with_recomput
 from ddplan.calibration import CalibrationSpec, calibrated_rates, comm_points
 from ddplan.flops import mfu, nanochat_flops_per_token
 from ddplan.layout import Layout, breaks_world_size_rule
-from ddplan.memory import (HEADROOM, MemoryAssumptions, MemoryBreakdown, in_flight_micro_batches, limit_bytes,
+from ddplan.memory import (FITS, HEADROOM, MemoryAssumptions, MemoryBreakdown, in_flight_micro_batches, limit_bytes,
                            memory_per_gpu, model_states, state_floor_bytes)
 from ddplan.runs import highest_measured_mfu
 from ddplan.roofline import SCENARIOS, Rates, Scenario, comm_end, op_times, rates
@@ -70,7 +70,9 @@ class Flag:
     """Something a user must see about a priced layout or a table, as data: `kind` plus its figures (SI
     units); ddplan.verdicts words each kind.
 
-    On a priced layout: "memory" (total_bytes, limit_bytes): does not fit; "memory_vs_measured" (same): a
+    On a priced layout: "memory" (total_bytes, limit_bytes, low_bytes, high_bytes, verdict: the error band's
+    ddplan.memory.fit_verdict): the central estimate does not fit; "memory_tight" (same): it fits, the band's
+    high end does not; "memory_vs_measured" (same): a
     measured row the memory model says does not fit; "world_size" (gpus): breaks the model's world-size
     rule; "implausible" (sustained_flops_per_s, best_flops_per_s): the step would sustain more than the
     best measured GEMM; "batch" (change, asked_micro_batch, micro_batch, sequences, recipe_sequences,
@@ -141,7 +143,9 @@ class PricedLayout:
             "checkpoint_interval_h": run.hours(self.goodput.interval_s), "wall_clock_h": self.wall_clock_h,
             "wall_low_h": self.wall_low_h, "wall_high_h": self.wall_high_h, "cost_usd": self.cost_usd,
             "cost_low_usd": self.cost_low_usd, "cost_high_usd": self.cost_high_usd,
-            "memory_gib": self.memory.total / GiB, "fits": self.memory.fits, "basis": self.basis,
+            "memory_gib": self.memory.total / GiB, "memory_low_gib": self.memory.band[0] / GiB,
+            "memory_high_gib": self.memory.band[1] / GiB, "fits": self.memory.fits,
+            "memory_verdict": self.memory.verdict, "basis": self.basis,
             "flags": ";".join(f.kind for f in self.flags),
         }
 
@@ -420,9 +424,12 @@ class Pricer:
 
     def _flags(self, layout: Layout, mem: MemoryBreakdown, sustained: float, measured: bool) -> list[Flag]:
         out = []
+        figures = (("total_bytes", mem.total), ("limit_bytes", mem.limit), ("low_bytes", mem.band[0]),
+                   ("high_bytes", mem.band[1]), ("verdict", mem.verdict))
         if not mem.fits:  # a measured row ran: there the memory model is what is wrong
-            kind = "memory_vs_measured" if measured else "memory"
-            out.append(Flag(kind, (("total_bytes", mem.total), ("limit_bytes", mem.limit))))
+            out.append(Flag("memory_vs_measured" if measured else "memory", figures))
+        elif mem.verdict != FITS and not measured:  # fits as predicted, not with the model's error on it
+            out.append(Flag("memory_tight", figures))
         if breaks_world_size_rule(layout, self.spec):
             out.append(Flag("world_size", (("gpus", layout.num_gpus),)))
         best = self.best_flops_per_s

@@ -134,6 +134,11 @@ def lines(text_lines: list[str], fmt: str, screen: Screen | None = None) -> str:
     return "\n".join(prefix + t for t in text_lines) + "\n"
 
 
+# a row's memory verdict beside its GiB (ddplan.memory.fit_verdict: "may not fit" when the limit lies inside the
+# predicted peak's error band)
+OOM_MARK = {"fits": "", "may not fit": " OOM?", "does not fit": " OOM"}
+OOM_NOTE = {"fits": "", "may not fit": " (OOM?)", "does not fit": " (OOM)"}
+
 PLAN_COLUMNS = ("hardware", "gpus", "dp", "tp", "sp", "tp_overlap", "pp", "cp", "ep", "zero", "micro_batch", "accum", "attention",
                 "recompute", "schedule", "family", "step_s", "wall_clock_h", "cost_usd", "mfu_pct", "memory_gib")
 # the table and markdown formats show the top rows' bands too (csv lists every row; only the rows shown
@@ -202,7 +207,7 @@ def decision_rows(rows: list[dict]) -> list[dict]:
             "MFU %": f"{r['mfu_pct']:.1f}",
             "wall-clock h (band)": f"{_sig(r['wall_clock_h'])} ({_sig(r['wall_low_h'])}-{_sig(r['wall_high_h'])})",
             "cost $ (band)": f"{r['cost_usd']:,.0f} ({r['cost_low_usd']:,.0f}-{r['cost_high_usd']:,.0f})",
-            "mem GiB": f"{r['memory_gib']:.0f}" + ("" if r["fits"] else " (OOM)"),
+            "mem GiB": f"{r['memory_gib']:.0f}" + OOM_NOTE[r["memory_verdict"]],
             "basis": r["basis"] + (" !" if r["flags"] else ""),
         })
         out.append(row)
@@ -398,7 +403,7 @@ def decision_cells(rows: list[dict]) -> list[dict[str, str]]:
         row.update({"MFU %": f"{r['mfu_pct']:.1f}", "wall h": hours(r["wall_clock_h"]),
                     "wall band h": band(r["wall_low_h"], r["wall_high_h"]), "cost $": money(r["cost_usd"]),
                     "cost band $": f"{money(r['cost_low_usd'])}-{money(r['cost_high_usd'])}",
-                    "mem GiB": num(r["memory_gib"]) + ("" if r["fits"] else " OOM"),
+                    "mem GiB": num(r["memory_gib"]) + OOM_MARK[r["memory_verdict"]],
                     "basis": r["basis"] + (" !" if r["flags"] else "")})
         out.append(row)
     return out
@@ -407,8 +412,9 @@ def decision_cells(rows: list[dict]) -> list[dict[str, str]]:
 MEMORY_HEADERS = {"zero": "ZeRO", "setup": "setup", "params_gib": "params", "gradients_gib": "grads",
                   "optimizer_gib": "optimizer", "activations_gib": "activations", "transient_gib": "transient",
                   "buffers_gib": "buffers", "framework_gib": "framework", "allocator_gib": "allocator",
-                  "total_gib": "total GiB", "usable_gib": "usable GiB", "fits": "fits", "headroom_gib": "free GiB"}
-MEMORY_DROP = ("allocator", "framework", "buffers", "usable GiB", "transient", "setup", "optimizer", "grads",
+                  "total_gib": "total GiB", "usable_gib": "usable GiB", "headroom_gib": "free GiB", "verdict": "verdict"}
+MEMORY_BAND_KEYS = ("fits", "low_gib", "high_gib", "limit_gib")  # on a terminal: the verdict and one band column
+MEMORY_DROP = ("band GiB", "allocator", "framework", "buffers", "usable GiB", "transient", "setup", "optimizer", "grads",
                "params", "activations")
 
 
@@ -419,7 +425,12 @@ def memory_cells(rows: list[dict]) -> list[dict[str, str]]:
             return "yes" if v else "no"
         return num(v) if isinstance(v, float) else str(v)
 
-    return [{MEMORY_HEADERS.get(k, k): cell(k, v) for k, v in r.items()} for r in rows]
+    out = []
+    for r in rows:
+        row = {MEMORY_HEADERS.get(k, k): cell(k, v) for k, v in r.items() if k not in MEMORY_BAND_KEYS}
+        row["band GiB"] = f"{num(r['low_gib'])}-{num(r['high_gib'])}"  # the verdict's: ddplan.memory.PEAK_RATIO
+        out.append(row)
+    return out
 
 
 PLAN_DROP = ("schedule", "family", "recompute", "wall band h", "MFU %", "mem GiB", "mb x accum", "ZeRO", "attention")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from ddplan.errors import LayoutError, UsageError
 from ddplan.layout import (NATIVE_ZERO, Layout, Options, check_layout, cp_attention_problem, data_parallel,
                            expert_parallel_degrees, layout_for, split_batch)
-from ddplan.memory import HEADROOM, MemoryAssumptions, MemoryBreakdown
+from ddplan.memory import FITS, HEADROOM, MemoryAssumptions, MemoryBreakdown
 from ddplan.price import Pricer, RunPlan
 from ddplan.specs import HardwareSpec, ModelSpec
 from ddplan.units import GB, GiB
@@ -79,7 +79,8 @@ def zero_rows(spec: ModelSpec, hw: HardwareSpec, setup: Setup, stages: list[int]
         row = {"zero": z, "setup": "native" if z == native else "what-if"}
         row.update({TERM_COLUMNS[k]: v / GiB for k, v in mb.terms.items()})
         row.update({"total_gib": mb.total / GiB, "usable_gib": mb.capacity / GiB,
-                    "fits": mb.fits, "headroom_gib": mb.headroom / GiB})
+                    "fits": mb.fits, "headroom_gib": mb.headroom / GiB, "verdict": mb.verdict,
+                    "low_gib": mb.band[0] / GiB, "high_gib": mb.band[1] / GiB, "limit_gib": mb.limit / GiB})
         rows.append(row)
     return rows
 
@@ -95,8 +96,10 @@ class Fix:
 
 
 def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3,
-              assumptions: MemoryAssumptions = MemoryAssumptions()) -> tuple[float, list[Fix]]:
-    """(the asked setup's step time, the cheapest sets of changes that make it fit, fastest first).
+              assumptions: MemoryAssumptions = MemoryAssumptions(), certain: bool = False) -> tuple[float, list[Fix]]:
+    """(the asked setup's step time, the cheapest sets of changes that make it fit, fastest first). certain: a
+    change must make it fit with the memory model's error on it (ddplan.memory.fit_verdict FITS), as for a
+    setup that may not fit; otherwise its central estimate must fit.
 
     On the same GPUs, every combination of: a smaller micro-batch (more accumulation, same total batch),
     recompute, a higher ZeRO stage, another attention implementation, more tensor parallelism inside a
@@ -134,7 +137,7 @@ def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3,
                     if lay == base:
                         continue
                     mem = pricer.memory(lay, window)
-                    if mem.fits:
+                    if (mem.verdict == FITS) if certain else mem.fits:
                         found.append(Fix(_changes(base, lay, spec), lay, mem.total / GiB,
                                          pricer.price(lay, window, bands=False).step_s))
     found.sort(key=lambda f: (f.step_s, len(f.changes)))
@@ -143,6 +146,16 @@ def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3,
         fewest.setdefault(len(f.changes), f)
     kept = found[:1] + [f for n, f in sorted(fewest.items()) if n < len(found[0].changes)]
     return pricer.price(base, window, bands=False).step_s, kept[:top]
+
+
+def fixes_for(spec: ModelSpec, hw: HardwareSpec, setup: Setup, asked: dict | None,
+              assumptions: MemoryAssumptions = MemoryAssumptions()) -> tuple[float | None, list[Fix]]:
+    """What `ddplan memory` proposes for the setup asked (its zero_rows row, None if its stage was not priced):
+    nothing when it fits even with the memory model's error on it; when it fits only as predicted (may not fit),
+    the changes that make it certain; otherwise the changes that make its predicted peak fit (what_fits)."""
+    if asked is not None and asked["verdict"] == FITS:
+        return None, []
+    return what_fits(spec, hw, setup, assumptions=assumptions, certain=asked is not None and asked["fits"])
 
 
 def _expert_degrees(spec: ModelSpec, base: Layout, tp: int, ranks: int) -> list[int]:

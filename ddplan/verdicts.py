@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ddplan.layout import NATIVE_ZERO, breaks_world_size_rule
+from ddplan import memory
+from ddplan.memory import DOES_NOT_FIT, FITS, MAY_NOT_FIT
 from ddplan.params import active_params, total_params
 from ddplan.price import MFU_CONVENTION, VALIDATED_RATIO_MOE, Flag, PricedLayout, validated_ratio
 from ddplan.roofline import GROUPED_GEMM_STREAMS
@@ -97,8 +99,8 @@ def dp_option_words(lay) -> list[str]:
 def flag_text(f: Flag) -> str:
     """One flag in words."""
     v = dict(f.values)
-    if f.kind == "memory":
-        return f"does not fit: {v['total_bytes'] / GiB:.0f} of {v['limit_bytes'] / GiB:.0f} GiB usable"
+    if f.kind in ("memory", "memory_tight"):
+        return memory_flag_text(v)
     if f.kind == "world_size":
         return f"world size {v['gpus']} is not a power of two (nanochat needs one)"
     if f.kind == "implausible":
@@ -127,6 +129,17 @@ def flag_text(f: Flag) -> str:
     return f.kind
 
 
+def memory_flag_text(v: dict) -> str:
+    """A row's memory verdict in words: the predicted peak, its band (ddplan.memory.PEAK_RATIO: the memory
+    model's error on measured peaks) and the limit (usable memory less the headroom)."""
+    total, limit = v["total_bytes"] / GiB, v["limit_bytes"] / GiB
+    band = f"{v['low_bytes'] / GiB:.0f}-{v['high_bytes'] / GiB:.0f} GiB with the memory model's error on measured peaks"
+    if v["verdict"] == DOES_NOT_FIT:
+        return f"does not fit: {total:.0f} GiB predicted ({band}), over the {limit:.0f} GiB a layout may use"
+    over = "over" if total > limit else "under"
+    return f"may not fit: {total:.0f} GiB predicted, {over} the {limit:.0f} GiB a layout may use ({band})"
+
+
 def row_warnings(table) -> list[str]:
     """One line per flagged row, every flag of the row (json's `warnings`: data, row by row)."""
     native = NATIVE_ZERO[table.request.model.recipe.distribution]
@@ -135,7 +148,7 @@ def row_warnings(table) -> list[str]:
 
 # flag kinds, most important first: a prediction the GPU cannot deliver, a row that does not fit, a
 # prediction past anything measured, then the changes ddplan made to the batch
-FLAG_ORDER = ("implausible", "memory_vs_measured", "memory", "beyond_measured", "batch", "micro_batch", "world_size")
+FLAG_ORDER = ("implausible", "memory_vs_measured", "memory", "memory_tight", "beyond_measured", "batch", "micro_batch", "world_size")
 
 
 def _flagged(table) -> dict[str, list[str]]:
@@ -482,9 +495,11 @@ def memory_verdict(spec: ModelSpec, hw: HardwareSpec, rows: list[dict], fixes: l
     native_zero = NATIVE_ZERO[spec.recipe.distribution]
     setup = f"the model's native setup ({name})" if layout.zero == native_zero else f"ZeRO-{layout.zero} as asked"
     lines = []
-    if asked and asked["fits"]:
+    band = (f"{asked['low_gib']:.1f}-{asked['high_gib']:.1f} GiB with the memory model's error on measured peaks, "
+            f"x{memory.PEAK_RATIO[0]:g}-x{memory.PEAK_RATIO[1]:g} (`ddplan validate --memory`)") if asked else ""
+    if asked and asked["verdict"] == FITS:
         lines.append(f"Fits with {setup}: {asked['total_gib']:.1f} of {asked['usable_gib']:.1f} "
-                     f"GiB, {asked['headroom_gib']:.1f} GiB headroom.")
+                     f"GiB, {asked['headroom_gib']:.1f} GiB headroom; {band}.")
         more = [r for r in rows if r["zero"] > asked["zero"]]
         if more and len({round(r["total_gib"], 2) for r in rows}) == 1:
             lines.append("ZeRO stages do not differ here: with one data-parallel rank there is nothing to shard.")
@@ -494,19 +509,27 @@ def memory_verdict(spec: ModelSpec, hw: HardwareSpec, rows: list[dict], fixes: l
                          f"not the limit (they {'add' if native_zero > asked['zero'] else 'need another training setup and add'} "
                          f"communication).")
     else:
-        total = (f": {asked['total_gib']:.1f} GiB, over the {asked['usable_gib'] * (1 - headroom):.1f} GiB a layout "
-                 f"may use" if asked else "")
-        lines.append(f"Does not fit as asked (ZeRO-{layout.zero}, device batch {layout.micro_batch}, recompute "
-                     f"{layout.recompute}, {layout.attention}){total}.")
+        certain = bool(asked and asked["fits"])  # fits as predicted, not with the error on it
+        if certain:
+            lines.append(f"May not fit with {setup}: {asked['total_gib']:.1f} GiB predicted, under the "
+                         f"{asked['limit_gib']:.1f} GiB a layout may use, but {band}.")
+        else:
+            word = "May not fit" if asked and asked["verdict"] == MAY_NOT_FIT else "Does not fit"
+            total = (f": {asked['total_gib']:.1f} GiB predicted, over the {asked['limit_gib']:.1f} GiB a layout may "
+                     f"use; {band}" if asked else "")
+            lines.append(f"{word} as asked (ZeRO-{layout.zero}, device batch {layout.micro_batch}, recompute "
+                         f"{layout.recompute}, {layout.attention}){total}.")
         for i, f in enumerate(fixes):
             cost = (f", {100 * (f.step_s / asked_step_s - 1):+.0f}% on the {asked_step_s:.3g} s/step it would take as "
                     f"asked if it fit" if asked_step_s else "")
             n = len(f.changes)
-            lead = "Fastest way to fit" if i == 0 else f"Fastest with {n} change{'s' if n > 1 else ''}"
+            goal = "to fit for certain" if certain else "to fit"
+            lead = f"Fastest way {goal}" if i == 0 else f"Fastest {goal} with {n} change{'s' if n > 1 else ''}"
             lines.append(f"{lead}: {' + '.join(f.changes)}: {f.total_gib:.1f} GiB, {f.step_s:.3g} s/step{cost}.")
         if not fixes:
-            lines.append(f"Nothing fits on these {layout.num_gpus} GPUs (micro-batch, recompute, ZeRO stage, attention, "
-                         f"TP inside a node and PP tried together): add GPUs or shorten the sequence.")
+            lines.append(f"Nothing {'fits for certain' if certain else 'fits'} on these {layout.num_gpus} GPUs "
+                         f"(micro-batch, recompute, ZeRO stage, attention, TP inside a node and PP tried together): "
+                         f"add GPUs or shorten the sequence.")
     if layout is not None and breaks_world_size_rule(layout, spec):
         lines.append(f"{spec.name} needs a power-of-two world size: it cannot run on {layout.num_gpus} GPUs as is.")
     return lines

@@ -73,7 +73,7 @@ def test_d24_native_row_is_zero_1(capsys):
                                                      ("3", "what-if")]
     assert all(r["fits"] == "True" for r in rows)
     for r in rows:
-        terms = [k for k in r if k.endswith("_gib") and k not in ("total_gib", "usable_gib", "headroom_gib")]
+        terms = [k for k in r if k.endswith("_gib") and k not in ("total_gib", "usable_gib", "headroom_gib", "low_gib", "high_gib", "limit_gib")]
         assert float(r["total_gib"]) == pytest.approx(sum(float(r[k]) for k in terms), rel=1e-12)
         assert float(r["headroom_gib"]) == pytest.approx(float(r["usable_gib"]) - float(r["total_gib"]), abs=1e-9)
 
@@ -199,3 +199,29 @@ def test_grads_flag_sets_the_gradient_dtype(capsys):
     assert got["fp32"] == pytest.approx(2 * got["param"], rel=1e-9)
     code, line = fails(capsys, ["memory", "--model", "d24", "--grads", "bf16"])
     assert code == 2 and "--grads" in line and "param or fp32" in line
+
+
+def test_a_setup_that_fits_only_as_predicted_may_not_fit_and_gets_the_changes_that_make_it_certain(capsys,
+                                                                                                  monkeypatch):
+    """Issue 36: with the memory model's error band at x0.8-x1.5, Llama-3-8B at FSDP on 8 x H100 (59.0 GiB
+    predicted, under the 75.7 GiB limit, 88.5 GiB at the band's high end) may not fit; every change proposed
+    fits even at the band's high end (at most 75.7 / 1.5 = 50.4 GiB predicted), and a row says 'may not fit'."""
+    import ddplan.memory as memory
+
+    monkeypatch.setattr(memory, "PEAK_RATIO", (0.8, 1.5))
+    argv = ["memory", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8"]
+    rows = {r["zero"]: r for r in csv_rows(run_ok(capsys, [*argv, "--format", "csv"]))}
+    assert rows["3"]["fits"] == "True" and rows["3"]["verdict"] == "may not fit"
+    assert float(rows["3"]["high_gib"]) == pytest.approx(1.5 * float(rows["3"]["total_gib"]))
+    assert rows["0"]["verdict"] == "does not fit"  # 192.7 GiB: even x0.8 is over
+    out = run_ok(capsys, [*argv, "--format", "markdown"])
+    verdict = [t for t in out.splitlines() if t.startswith("- ") and not t.startswith("- Produced")]
+    assert verdict[0].startswith("- May not fit with the model's native setup (FSDP (ZeRO-3)): 59.0 GiB predicted, "
+                                 "under the 75.7 GiB a layout may use, but 47.2-88.5 GiB"), verdict[0]
+    fixes = [t for t in verdict[1:] if t.startswith("- Fastest")]
+    assert fixes and fixes[0].startswith("- Fastest way to fit for certain: ")
+    assert all(float(t.split(": ")[-1].split(" GiB")[0]) <= 75.67 / 1.5 for t in fixes)
+    table = ["table", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--zero", "3",
+             "--device-batch-size", "1", "--recompute", "none", "--attention", "sdpa-fused", "--format", "csv"]
+    (row,) = csv_rows(run_ok(capsys, table))
+    assert row["memory_verdict"] == "may not fit" and "memory_tight" in row["flags"]

@@ -282,3 +282,27 @@ def test_state_floor_is_every_term_but_the_activations_and_claims_nothing_with_n
         assert state_floor_bytes(spec, lay, mem.by_group) <= mem.total
     negative = dc_replace(MemoryAssumptions(), allocator_fraction=-0.5)
     assert state_floor_bytes(spec, Layout(dp=8), model_states(spec, Layout(dp=8)), negative) == float("-inf")
+
+
+# ---- the fits verdict with the memory model's error band (issue 36)
+
+def test_fit_verdict_by_hand():
+    """Band x0.8-x1.25 on a 100-byte limit: 79 x 1.25 = 98.75 fits; 81 x 1.25 = 101.25 may not fit though 81 is
+    under the limit; 110 is over but 110 x 0.8 = 88 is not: may not fit; 126 x 0.8 = 100.8 does not fit."""
+    from ddplan.memory import DOES_NOT_FIT, FITS, MAY_NOT_FIT, fit_verdict
+
+    band = (0.8, 1.25)
+    assert [fit_verdict(t, 100.0, band) for t in (79.0, 81.0, 110.0, 126.0)] == [FITS, MAY_NOT_FIT, MAY_NOT_FIT,
+                                                                                DOES_NOT_FIT]
+    assert fit_verdict(80.0, 100.0, band) == FITS and fit_verdict(125.0, 100.0, band) == MAY_NOT_FIT  # edges
+
+
+def test_breakdown_verdict_and_band_follow_peak_ratio(monkeypatch):
+    """A breakdown's band is its total times PEAK_RATIO, and its verdict is fit_verdict's on total and limit."""
+    import ddplan.memory as memory
+
+    mb = memory.MemoryBreakdown(terms={"a": 60.0, "b": 20.0}, capacity=100.0, headroom_fraction=0.1)  # limit 90
+    monkeypatch.setattr(memory, "PEAK_RATIO", (0.5, 1.5))
+    assert mb.band == (40.0, 120.0) and mb.verdict == memory.MAY_NOT_FIT and mb.fits
+    monkeypatch.setattr(memory, "PEAK_RATIO", (0.9, 1.1))
+    assert mb.band == pytest.approx((72.0, 88.0)) and mb.verdict == memory.FITS
