@@ -198,6 +198,10 @@ RestartOpt = typer.Option(10.0, "--restart-min", help="Minutes to restart after 
                           "the checkpoint, warm up).")
 
 
+QuietOpt = typer.Option(False, "--quiet", "-q", help="Print the answer only (the verdict's first lines; warnings "
+                        "still go to stderr).")
+ExplainOpt = typer.Option(False, "--explain", help="Also print every assumption behind the figures (model recipe, "
+                          "hardware efficiencies, price, band, memory rule).")
 WideOpt = typer.Option(False, "--wide", help="On a terminal, show every column however wide (pipes and files "
                        "always get every column, at full width).")
 TpOverlapOpt = typer.Option(False, "--tp-comm-overlap/--no-tp-comm-overlap",
@@ -356,6 +360,7 @@ def memory_cmd(
     print_config: bool = PrintConfigOpt,
     format: Format = FormatOpt,
     wide: bool = WideOpt,
+    quiet: bool = QuietOpt,
 ) -> None:
     """Memory per GPU by ZeRO stage: each term, the total against usable memory, and the verdict.
 
@@ -448,9 +453,11 @@ def memory_cmd(
         render.echo(render.csv_with(prov, rows))
         return
     scr = render.screen(format.value, wide)
+    render.echo(render.lines(words, format.value, scr))  # answer first: fits or not, and the fix
+    if quiet:
+        return
     render.echo(render.fit(render.memory_cells(rows), scr, title, render.MEMORY_DROP) if scr
                 else render.table(rows, format.value, title=title))
-    render.echo(render.lines(words, format.value, scr))
     render.echo(render.footer(prov, format.value, scr))
 
 
@@ -611,6 +618,8 @@ def table_cmd(
     print_config: bool = PrintConfigOpt,
     format: Format = FormatOpt,
     wide: bool = WideOpt,
+    quiet: bool = QuietOpt,
+    explain: bool = ExplainOpt,
 ) -> None:
     """The decision table: time, cost, MFU and memory for each layout, attention and window, explained.
 
@@ -714,15 +723,24 @@ def table_cmd(
         return
     scr = render.screen(format.value, wide)
     title = verdicts.table_title(result)
+    answer = verdicts.table_verdict(result)  # answer first: the verdict, then the table it rests on
+    if quiet:
+        render.echo(render.lines(answer[:1], format.value, scr))
+        _warn(shown_warnings)
+        return
+    top = verdicts.top_warning(result) if scr else None  # pipes and files keep their fixed layout
+    render.echo(render.lines(answer + ([top] if top else []), format.value, scr))
     render.echo(render.fit(render.decision_cells(rows), scr, title, render.DECISION_DROP) if scr
                 else render.table(render.decision_rows(rows), format.value, title=title))
     render.echo(render.lines([render.DECISION_COLUMNS_NOTE], format.value, scr))
-    top = verdicts.top_warning(result) if scr else None  # pipes and files keep their fixed layout
-    render.echo(render.lines(["Verdict:"] + verdicts.table_verdict(result) + ([top] if top else []), format.value,
-                             scr))
-    _warn(shown_warnings)
-    render.echo(render.lines(["Assumptions:"] + verdicts.table_assumptions(result), format.value, scr))
+    assumptions = verdicts.table_assumptions(result)
+    measured = [a for a in assumptions if a.startswith("Measured:")]  # what the measurement ran: always said
+    render.echo(render.lines(["Assumptions:"] + assumptions if explain else measured +
+                             [f"Assumptions: {len(assumptions) - len(measured)} more lie behind these figures "
+                              f"(recipe, hardware efficiencies, price, band); --explain prints them."],
+                             format.value, scr))
     render.echo(render.footer(prov, format.value, scr))
+    _warn(shown_warnings)
 
 
 @app.command("calibrate", short_help="Measure this machine; write a calibration file.")
@@ -936,6 +954,7 @@ def plan_cmd(
     print_config: bool = PrintConfigOpt,
     format: Format = FormatOpt,
     wide: bool = WideOpt,
+    quiet: bool = QuietOpt,
 ) -> None:
     """Search the layouts (dp, tp, pp, ZeRO, micro-batch, attention, recompute, schedule) and recommend one.
 
@@ -1015,10 +1034,14 @@ def plan_cmd(
     else:
         scr = render.screen(format.value, wide)
         title = words.plan_title(spec, result, top, headroom, objective.value)
+        render.echo(render.lines(why[:1], format.value, scr))  # answer first: the choice, then the table
+        if quiet:
+            _warn(warnings)
+            return
         if shown:
             render.echo(render.fit(render.plan_cells(data[:top]), scr, title, render.PLAN_DROP) if scr
                         else render.table(shown, format.value, title=title, digits=2))
-        render.echo(render.lines(["Why:"] + why, format.value, scr))
+        render.echo(render.lines(["Why:"] + why[1:], format.value, scr))
         if result.pareto:
             render.echo(render.lines(["Pareto front (time vs cost):"] + words.pareto_lines(result), format.value,
                                      scr))
@@ -1181,10 +1204,19 @@ def _info(lines: list[str]) -> None:
 def _warn(warnings: list[str]) -> None:
     """Warnings go to stderr, one line each: stdout carries the result only. A line given n times is
     printed once, with ' (xn)'."""
+    import shutil
+    import textwrap
     from collections import Counter
 
+    from ddplan.render import MIN_WIDTH
+
+    width = shutil.get_terminal_size().columns if sys.stderr.isatty() else 0  # a file or pipe: one line each
     for w, n in Counter(" ".join(w.split()) for w in warnings).items():
-        print("warning: " + w + (f" (x{n})" if n > 1 else ""), file=sys.stderr)
+        text = "warning: " + w + (f" (x{n})" if n > 1 else "")
+        if width:
+            text = textwrap.fill(text, width=max(MIN_WIDTH, width), subsequent_indent="  ",
+                                 break_on_hyphens=False)
+        print(text, file=sys.stderr)
 
 
 def _check_plot_path(path: str | None) -> None:

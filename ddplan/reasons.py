@@ -9,6 +9,7 @@ from ddplan import render
 from ddplan.layout import NATIVE_ZERO
 from ddplan.plan import FAMILIES, TIE, best_per_pair, context_parallel_degrees
 from ddplan.specs import ModelSpec
+from ddplan.units import hours_band
 from ddplan.verdicts import dp_option_words
 
 
@@ -78,8 +79,11 @@ def reasons(rows: list[dict], spec: ModelSpec, cps: tuple[int, ...] = ()) -> lis
     cps: the context-parallel degrees searched (() = plan.context_parallel_degrees of the sequence)."""
     top = rows[0]
     out = [f"Choice: {describe(top)}{'' if top['native'] else ' (needs another training setup than the model ships)'}"
-           f": {top['step_s']:.3f} s/step, {render.duration(top['wall_clock_h'])}, "
-           f"${top['cost_usd']:,.0f}, MFU {top['mfu_pct']:.1f}%, {top['memory_gib']:.0f} of "
+           f": {top['step_s']:.3f} s/step, {render.duration(top['wall_clock_h'])}"
+           + (f" ({hours_band(top['wall_low_h'], top['wall_high_h'])})" if "wall_low_h" in top else "")
+           + f", ${top['cost_usd']:,.0f}"
+           + (f" (${top['cost_low_usd']:,.0f}-${top['cost_high_usd']:,.0f})" if "cost_low_usd" in top else "")
+           + f", MFU {top['mfu_pct']:.1f}%, {top['memory_gib']:.0f} of "
            f"{top['usable_gib']:.0f} GiB per GPU."]
     t = _terms(top)
     main = max(t, key=t.get)

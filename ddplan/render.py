@@ -297,7 +297,14 @@ def fit(rows: list[dict[str, Any]], screen: Screen, title: str | None = None, dr
                 columns.remove(name)
     width = max(screen.width, _natural_width(columns, rows)) if screen.wide else screen.width
     text = _capture(_terminal_table(columns, rows, title), width)
-    return "\n".join(line.rstrip() for line in text.splitlines()) + "\n"
+    hidden = [c for c in rows[0] if c not in columns]
+    note = lines([hidden_note(hidden, screen.width)], "table", screen) if hidden else ""
+    return "\n".join(line.rstrip() for line in text.splitlines()) + "\n" + note
+
+
+def hidden_note(columns: list[str], width: int) -> str:
+    """The line under a table that named what it left out to fit the terminal."""
+    return f"Hidden to fit {width} columns: {', '.join(columns)} (--wide shows them; csv and json carry every one)."
 
 
 def _terminal_table(columns: list[str], rows: list[dict[str, str]], title: str | None):

@@ -33,3 +33,12 @@ def dtype_bytes(dtype: str) -> int:
         return BYTES_PER_DTYPE[dtype]
     except KeyError:
         raise ValueError(f"unknown dtype {dtype!r}; allowed: {', '.join(BYTES_PER_DTYPE)}") from None
+
+
+def hours_band(low_h: float, high_h: float) -> str:
+    """A band of hours, 'low-high h', as a verdict writes hours: whole hours from 100 h, tenths from 1 h, three
+    significant figures below ('0.35-0.495 h', '3.1-5.4 h', '23,772-35,161 h')."""
+    def one(h: float) -> str:
+        return f"{h:,.0f}" if h >= 100 else f"{h:,.1f}" if h >= 1 else f"{h:.3g}"
+
+    return f"{one(low_h)}-{one(high_h)} h"

@@ -16,7 +16,7 @@ from ddplan.price import MFU_CONVENTION, VALIDATED_RATIO_MOE, Flag, PricedLayout
 from ddplan.roofline import GROUPED_GEMM_STREAMS
 from ddplan.run import LLAMA3_INTERRUPTIONS_PER_GPU_HOUR, eval_cadence
 from ddplan.specs import DROPLESS_IMBALANCE, HardwareSpec, ModelSpec
-from ddplan.units import GiB
+from ddplan.units import GiB, hours_band
 
 DISTRIBUTION_NAMES = {"sharded_optimizer": "nanochat's sharded optimizer (ZeRO-1 memory)", "ddp": "DDP",
                       "zero1": "ZeRO-1", "zero2": "ZeRO-2", "fsdp": "FSDP (ZeRO-3)"}
@@ -289,6 +289,23 @@ def _interruptions_line(table) -> str:
             f"'restarts h' column is in the wall-clock.")
 
 
+def table_answer(table) -> str:
+    """The verdict's first line: the fastest row and the cheapest, each with its band (wall-clock and cost at
+    the band's ends), or the one row that can run."""
+    v, native = table.verdict, NATIVE_ZERO[table.request.model.recipe.distribution]
+
+    def priced(p: PricedLayout) -> str:
+        return (f"{config_label(p, native)}: {_hours(p.wall_clock_h)} ({hours_band(p.wall_low_h, p.wall_high_h)}), "
+                f"${p.cost_usd:,.0f} (${p.cost_low_usd:,.0f}-${p.cost_high_usd:,.0f})")
+
+    f, c = v.fastest, v.cheapest
+    if v.runnable == 1:
+        return f"Answer: one row can run, {priced(f)}."
+    if f is c:
+        return f"Answer: fastest and cheapest, {priced(f)}."
+    return f"Answer: fastest {priced(f)}; cheapest {priced(c)}."
+
+
 def table_verdict(table) -> list[str]:
     """The decision in words: baseline, fix the kernel first, then add GPUs, fastest and cheapest."""
     v, hw, spec = table.verdict, table.request.hardware, table.request.model
@@ -309,6 +326,7 @@ def table_verdict(table) -> list[str]:
                "memory": "some rows do not fit in memory (see `ddplan memory`)",
                "implausible": "some rows are implausible"}
         return out + ["No row can run as given: " + "; ".join(why[k] for k in v.blocked or ()) + "."]
+    out.insert(0, table_answer(table))
     base = v.baseline
     out.append(f"Baseline: {label(base)}: {base.step_s:.4g} s/step, MFU {base.mfu_pct:.1f}%, "
                f"{_hours(base.wall_clock_h)}, ${base.cost_usd:,.0f} ({base.basis}).")
@@ -341,10 +359,6 @@ def table_verdict(table) -> list[str]:
                    f"{1000 * (r.step.dp_comm_exposed_s + r.step.tp_comm_s + r.step.cp_comm_s + r.step.ep_comm_s):.0f} "
                    f"ms/step"
                    + (f", pipeline bubble {1000 * r.step.bubble_s:.0f} ms/step)." if r.step.bubble_s else ")."))
-    f, c = v.fastest, v.cheapest
-    if v.runnable > 1:
-        out.append(f"Fastest: {label(f)} ({_hours(f.wall_clock_h)}, ${f.cost_usd:,.0f}). "
-                   f"Cheapest: {label(c)} (${c.cost_usd:,.0f}, {_hours(c.wall_clock_h)}).")
     cap = hw.memory.usable_gib.value
     if v.all_fit and v.largest_fitting is not None and v.model_parallel:
         out.append(f"Every row fits in memory: the largest uses {v.largest_fitting.memory.total / GiB:.0f} of "

@@ -50,15 +50,16 @@ def test_golden_gpt2_h100_csv(capsys, snapshot):
 
 
 def test_golden_seed_rich_table(capsys, snapshot, frozen_today):
-    """The rich table sizes itself from its content, so the output does not depend on the terminal."""
-    out = run_ok(capsys, [*SEED, "--format", "table"])
+    """The rich table sizes itself from its content, so the output does not depend on the terminal; --explain
+    keeps every assumption of the seed pinned here."""
+    out = run_ok(capsys, [*SEED, "--format", "table", "--explain"])
     assert out == snapshot
     assert "2026-06-01" in out
 
 
 def test_price_flag_dates_the_markdown_only(capsys, frozen_today):
     """--price is dated today (frozen here) in the assumptions; csv is data only and carries no date."""
-    md = run_ok(capsys, [*SEED, "--format", "markdown"])
+    md = run_ok(capsys, [*SEED, "--format", "markdown", "--explain"])
     assert "Price: $2/GPU-h, billed per gpu (--price, 2026-06-01)." in md
     assert not re.search(r"\d{4}-\d{2}-\d{2}", run_ok(capsys, [*SEED, "--format", "csv"]))
 
@@ -275,3 +276,18 @@ def test_calibration_file_round_trip(capsys, tmp_path):
     assert csv_rows(from_file) == csv_rows(flags)
     assert data_lines(from_file) == data_lines(flags)
     assert "calibration cal.yaml (" in from_file.splitlines()[0]  # the provenance names the file it read
+
+
+def test_quiet_prints_the_answer_only_and_explain_the_assumptions(capsys, frozen_today):
+    """Issue 38: -q prints the verdict's first line (the fastest and cheapest rows with their bands) and nothing
+    else on stdout; without --explain one line says how many assumptions lie behind the figures, with it every
+    one is printed, the count matching."""
+    quiet = run_ok(capsys, [*SEED, "-q"])
+    assert quiet.count("\n") == 1 and quiet.startswith("Answer: fastest 8x mi300x, ") and "cheapest 1x mi300x" in quiet
+    short = run_ok(capsys, [*SEED, "--format", "markdown"])
+    (pointer,) = [t for t in short.splitlines() if t.startswith("- Assumptions: ")]
+    n = int(pointer.split()[2]) + len([t for t in short.splitlines() if t.startswith("- Measured:")])
+    full = run_ok(capsys, [*SEED, "--format", "markdown", "--explain"]).splitlines()
+    start = full.index("- Assumptions:")
+    assert len([t for t in full[start + 1:] if not t.startswith("- Produced by")]) == n
+    assert short.splitlines()[0] == quiet.rstrip("\n").join(["- ", ""])

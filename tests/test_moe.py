@@ -264,7 +264,7 @@ def test_table_takes_ep_and_shows_the_exchange(capsys, mixtral):
 
 def test_table_assumptions_name_the_moe_conventions(capsys, mixtral):
     out = run_ok(capsys, ["table", "--model", mixtral, "--hardware", "h100-sxm", "--gpus", "8", "--ep", "8",
-                          "--attention", "fa3", "--format", "markdown"])
+                          "--attention", "fa3", "--format", "markdown", "--explain"])
     assert "12.9B of 46.7B parameters active" in out and "all-to-all" in out
 
 
@@ -575,7 +575,7 @@ def test_moe_imbalance_flag(capsys, mixtral):
     assert steps[()]["1"] == steps[("--moe-imbalance", "1")]["1"] == steps[("--moe-imbalance", "2")]["1"]
     assert steps[("--moe-imbalance", "1")]["8"] < steps[()]["8"] < steps[("--moe-imbalance", "2")]["8"]
     out = run_ok(capsys, ["table", "--model", mixtral, "--hardware", "h100-sxm", "--gpus", "8", "--ep", "8",
-                          "--attention", "fa3", "--format", "markdown"])
+                          "--attention", "fa3", "--format", "markdown", "--explain"])
     assert f"{DROPLESS_IMBALANCE:g}x the mean" in out
     _, err = fails(capsys, ["table", "--model", "llama-3-8b", "--gpus", "8", "--moe-imbalance", "1.2"])
     assert "--moe-imbalance" in err and "dense" in err

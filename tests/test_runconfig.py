@@ -21,7 +21,7 @@ SEED_FLAGS = ["--model", "d24", "--gpus", "1,8", "--total-batch-size", "524288",
               "--steps", "29000", "--price", "2", "--measured-step-time", "7.7", "--measured-window", "L",
               "--window", "L,SSSL", "--eval-every", "0", "--startup-min", "0"]
 # flags that say how to show the result, not what run is priced
-NOT_RUN = {"config", "print_config", "format", "wide", "plot"}
+NOT_RUN = {"config", "print_config", "format", "wide", "plot", "quiet", "explain"}
 
 
 def test_the_seed_file_prices_the_readme_command(capsys):

@@ -31,8 +31,9 @@ def _env(columns: int | None) -> dict[str, str]:
     return env
 
 
-def in_terminal(argv: list[str], columns: int) -> tuple[int, str]:
-    """(exit code, stdout) of `python -m ddplan ARGV` with stdout on a pseudo-terminal `columns` wide."""
+def in_terminal(argv: list[str], columns: int, stderr_too: bool = False) -> tuple[int, str]:
+    """(exit code, stdout) of `python -m ddplan ARGV` with stdout on a pseudo-terminal `columns` wide (and
+    stderr on it too, its lines among stdout's, with stderr_too)."""
     import fcntl
     import pty
     import struct
@@ -40,7 +41,7 @@ def in_terminal(argv: list[str], columns: int) -> tuple[int, str]:
 
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
-    proc = subprocess.Popen([sys.executable, "-m", "ddplan", *argv], stdout=slave, stderr=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, "-m", "ddplan", *argv], stdout=slave, stderr=slave if stderr_too else subprocess.DEVNULL,
                             stdin=subprocess.DEVNULL, env=_env(columns), cwd=ROOT)
     os.close(slave)
     chunks = []
@@ -79,7 +80,8 @@ def test_every_line_fits_the_terminal(name, columns):
 def test_wide_shows_every_column_on_a_terminal():
     _, narrow = in_terminal(COMMANDS["table"], 80)
     _, wide = in_terminal([*COMMANDS["table"], "--wide"], 80)
-    assert "compute s" not in narrow and "compute s" in wide
+    table, hidden = narrow.split("Hidden to fit 80 columns: ")
+    assert "compute s" not in table and "compute s" in hidden and "compute s" in wide and "Hidden" not in wide
     assert max(len(line) for line in wide.splitlines()) > 80
 
 
@@ -104,7 +106,8 @@ def test_numbers_for_people():
 def test_fit_drops_the_named_columns_first_and_wraps_the_rest():
     rows = [{"name": "a long name " * 3, "keep": "1.5", "extra": "x" * 30}]
     out = render.fit(rows, render.Screen(width=40), title="a title " * 10, drop=("extra",))
-    assert "extra" not in out and "keep" in out
+    table, hidden = out.split("Hidden to fit 40 columns: ")
+    assert "extra" not in table and "keep" in table and " ".join(hidden.split()).startswith("extra (--wide shows them")
     assert max(len(line) for line in out.splitlines()) <= 40
     wide = render.fit(rows, render.Screen(width=40, wide=True), drop=("extra",))
     assert "extra" in wide
@@ -131,3 +134,18 @@ def test_a_column_can_have_its_own_decimals():
     assert md.splitlines()[-1] == "| step | 0.7123 | -3.1 |"
     assert render.table(rows, "csv", digits=4, column_digits={"after_error_pct": 1}).splitlines()[1] \
         == "step,0.712345,-3.14159"
+
+
+ANSWERS = {"table": "Answer: fastest ", "memory": "Fits with ", "plan": "Choice: "}
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
+@pytest.mark.parametrize("name", sorted(ANSWERS))
+def test_the_answer_comes_first_at_80_columns(name):
+    """Issue 38: at 80 columns the answer is within the first 5 lines of stdout (the verdict before the table),
+    and every line of stdout and stderr together (warnings wrapped) fits the terminal."""
+    code, out = in_terminal(COMMANDS[name], 80, stderr_too=True)
+    assert code == 0
+    assert any(line.startswith(ANSWERS[name]) for line in out.splitlines()[:5]), out.splitlines()[:5]
+    too_long = [line for line in out.splitlines() if len(line) > 80]
+    assert too_long == [], too_long[:3]

@@ -68,7 +68,8 @@ def test_the_verdict_names_the_most_important_warning_on_a_terminal(capsys, monk
     monkeypatch.setattr(render, "screen", lambda fmt, wide=False: render.Screen(width=200, wide=wide))
     code, out, _ = run(capsys, MEASURED)
     assert code == 0
-    verdict = out[out.index("Verdict:"):out.index("Assumptions:")]
+    assert out.startswith("Answer: ")  # answer first, then the verdict, then the table
+    verdict = out[:out.index("decision table")]
     assert "Warning: 8x h100-sxm, fa3, SSSL: implausible: sustains" in verdict
 
 

@@ -57,3 +57,11 @@ def test_flag_type_errors_speak_ddplan_s_words(capsys, flag, value, line):
 
     _, err = fails(capsys, ["table", "--model", "d24", flag, value])
     assert err == line
+
+
+def test_hours_band_by_hand():
+    from ddplan.units import hours_band
+
+    assert hours_band(0.3501, 0.4952) == "0.35-0.495 h"
+    assert hours_band(3.12, 5.4) == "3.1-5.4 h"
+    assert hours_band(23771.6, 35161.2) == "23,772-35,161 h"
