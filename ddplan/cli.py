@@ -1063,10 +1063,13 @@ def plan_cmd(
 
 @app.command("validate", short_help="How far to trust ddplan: published runs, priced.")
 def validate_cmd(
+    ctx: typer.Context,
     dataset: str = typer.Option(None, "--dataset", help="A runs file (YAML, `kind: runs`; see validation/"
                                 "published_runs.yaml). Default: the published runs shipped with ddplan."),
-    loso: bool = typer.Option(False, "--leave-one-source-out", help="Also re-fit the fitted parameters without "
-                              "each source in turn and price that source with them (slower: out-of-sample error)."),
+    loso: bool = typer.Option(True, "--leave-one-source-out/--in-sample", help="Re-fit the fitted parameters "
+                              "without each source in turn and price that source with them: the out-of-sample "
+                              "error a new run can expect (the default; --in-sample scores only the fits that "
+                              "saw every run)."),
     plot: str = typer.Option(None, "--plot", help="Also write the error of each run against its GPU count (PNG or "
                              "SVG)."),
     memory: bool = typer.Option(False, "--memory", help="Score the memory model instead: measured peaks per GPU "
@@ -1081,20 +1084,21 @@ def validate_cmd(
     Examples:
       ddplan validate
       ddplan validate --format csv
-      ddplan validate --leave-one-source-out
+      ddplan validate --in-sample
       ddplan validate --memory
 
-    For each run: predicted vs measured step time, the error, and whether the measurement falls inside
+    First the bottom line (the error leaving each source out, its worst run, the share inside the band); for
+    each run: predicted vs measured step time, the error, and whether the measurement falls inside
     the band; then the error by kind (dense, MoE), hardware, size, precision, family and source. With
     --memory: predicted vs measured peak memory per GPU, and whether the fits verdict was right.
     """
-    from ddplan import render, validation
+    from ddplan import render, validation, verdicts
     from ddplan.runs import load_runs, shipped_dataset
 
     if memory:
         from ddplan.errors import UsageError
 
-        if loso or plot:
+        if (loso and _given(ctx, "loso")) or plot:  # nothing in the memory model is fitted: no source to leave out
             raise UsageError("--memory scores the measured peaks; it has no --leave-one-source-out or --plot yet",
                              field="--memory")
         _validate_memory(dataset, format, wide)
@@ -1110,7 +1114,7 @@ def validate_cmd(
     prov = provenance(dataset=(Path(where).name, runs))
     rows = [s.row() for s in scored]
     summary = [s.row() for s in validation.summaries(scored)]
-    out_of_sample = None
+    out_of_sample, held = None, None
     if loso:
         held = validation.leave_one_source_out(runs, where, validation.fitted_hardware(),
                                                progress=_progress("validate"), scorer=scorer)
@@ -1133,6 +1137,7 @@ def validate_cmd(
         return
     scr = render.screen(format.value, wide)
     runs_shown, summary_shown = render.validation_rows(rows), render.summary_rows(summary + (out_of_sample or []))
+    render.echo(render.lines(verdicts.validation_bottom_line(scored, held), format.value, scr))  # answer first
     render.echo(render.fit(runs_shown, scr, title, render.VALIDATION_DROP) if scr
                 else render.table(runs_shown, format.value, title=title))
     render.echo(render.lines([

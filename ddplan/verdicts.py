@@ -674,3 +674,31 @@ def calibrate_summary(cal) -> list[str]:
         out.append(f"calibrate: host memory: {host}{faults}")
     out += [f"calibrate: note: {f}" for f in cal.failures]  # what failed or was skipped, and why
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# ddplan validate
+
+
+def validation_bottom_line(scored, held=None) -> list[str]:
+    """validate's first line: how far to trust a prediction. Out of sample (held: each source priced with fits
+    made without it, ddplan.validation.leave_one_source_out) when given, with the in-sample figure beside it;
+    in sample alone otherwise, said as such."""
+    from ddplan.validation import summarise
+
+    sources = len({s.source for s in scored})
+    inside = summarise(scored)
+    if held is None:
+        worst = max(scored, key=lambda s: abs(s.error))
+        return [f"Bottom line, in sample (the fits saw every run; leaving each source out, the default, is the "
+                f"figure a new run can expect): on {len(scored)} published runs from {sources} sources, the step "
+                f"time is off by {100 * inside.median_abs_error:.1f}% (median), at most "
+                f"{100 * inside.max_abs_error:.1f}% ({worst.id}); {100 * inside.inside_share:.0f}% of the runs lie "
+                f"inside their band."]
+    out = summarise(held)
+    worst = max(held, key=lambda s: abs(s.error))
+    return [f"Bottom line: on {len(held)} published runs from {sources} sources, each priced with fits made without "
+            f"its source, the step time is off by {100 * out.median_abs_error:.1f}% (median), at most "
+            f"{100 * out.max_abs_error:.1f}% ({worst.id}); {100 * out.inside_share:.0f}% of the runs lie inside "
+            f"their band (median half-width {100 * out.median_half_width:.0f}%). In sample: "
+            f"{100 * inside.median_abs_error:.1f}% (median)."]

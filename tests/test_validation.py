@@ -534,3 +534,20 @@ def test_a_run_s_framework_options_price_as_their_flags(capsys, tmp_path):
     assert rows["reshard"].memory.total > rows["plain"].memory.total and rows["reshard"].step_s <= rows["plain"].step_s
     assert rows["offload"].memory.total < rows["plain"].memory.total  # optimizer states on the host
     assert "--zero" not in table_command(runs.runs[2])  # the model's own setup: table without --zero
+
+
+def test_validate_leads_with_its_out_of_sample_bottom_line(capsys):
+    """Issue 38: `ddplan validate` leaves each source out by default and says so first: its median, its worst run
+    and the share inside the band are the leave-one-source-out summary's (json's `leave_one_source_out`); with
+    --in-sample the first line says the figure is in sample."""
+    import json
+
+    data = json.loads(run_ok(capsys, ["validate", "--format", "json"]))
+    (overall,) = [s for s in data["leave_one_source_out"] if s["group"] == "leave-one-source-out all"]
+    worst = max(data["runs"], key=lambda r: abs(r["loso_error_pct"]))
+    first = run_ok(capsys, ["validate", "--format", "markdown"]).splitlines()[0]
+    assert first.startswith(f"- Bottom line: on {len(data['runs'])} published runs from ")
+    assert (f"off by {overall['median_abs_error_pct']:.1f}% (median), at most {overall['max_abs_error_pct']:.1f}% "
+            f"({worst['id']}); {overall['inside_band_pct']:.0f}% of the runs lie inside their band") in first
+    in_sample = run_ok(capsys, ["validate", "--in-sample", "--format", "markdown"]).splitlines()[0]
+    assert in_sample.startswith("- Bottom line, in sample (the fits saw every run;")
