@@ -65,7 +65,8 @@ class Verdict:
     """What the table decides, as rows; None where there is nothing to say."""
 
     baseline: PricedLayout | None = None
-    best_kernel: PricedLayout | None = None  # the fastest attention/window at the baseline's layout
+    best_kernel: PricedLayout | None = None  # the fastest attention at the baseline's layout and window
+    best_window: PricedLayout | None = None  # faster still with another window pattern: a model change
     more_gpus: PricedLayout | None = None  # the baseline's kernel on the most GPUs
     fastest: PricedLayout | None = None
     cheapest: PricedLayout | None = None
@@ -286,7 +287,9 @@ def decide(rows: list[PricedLayout], default_attention: str, pattern: str) -> Ve
     base = (measured or first or [max((r for r in ok if r.layout.num_gpus == g0), key=lambda r: r.wall_clock_h)])[0]
     same = _shape(base)
     kernels = [r for r in ok if _shape(r) == same]
-    best_kernel = min(kernels, key=lambda r: r.wall_clock_h)
+    best_kernel = min((r for r in kernels if r.window == base.window), key=lambda r: r.wall_clock_h)
+    windows = [r for r in kernels if r.window != base.window and r.wall_clock_h < best_kernel.wall_clock_h]
+    best_window = min(windows, key=lambda r: r.wall_clock_h) if windows else None
     more = [r for r in ok if r.layout.num_gpus > base.layout.num_gpus and r.layout.attention == base.layout.attention
             and r.window == base.window]
     more_gpus = None
@@ -295,7 +298,8 @@ def decide(rows: list[PricedLayout], default_attention: str, pattern: str) -> Ve
         more_gpus = min((r for r in more if r.layout.num_gpus == top), key=lambda r: r.wall_clock_h)
     fitting = [r for r in rows if r.memory.fits]
     return Verdict(
-        baseline=base, best_kernel=best_kernel if best_kernel is not base else None, more_gpus=more_gpus,
+        baseline=base, best_kernel=best_kernel if best_kernel is not base else None, best_window=best_window,
+        more_gpus=more_gpus,
         fastest=min(ok, key=lambda r: r.wall_clock_h), cheapest=min(ok, key=lambda r: r.cost_usd),
         largest_fitting=max(fitting, key=lambda r: r.memory.total) if fitting else None,
         all_fit=all(r.memory.fits for r in rows if r.layout.attention == base.layout.attention),

@@ -339,26 +339,42 @@ def table_verdict(table) -> list[str]:
                    + (f", and interruptions lose {lost_h:,.1f} h" if lost_h >= 0.05 else "") + ".")
     g0 = base.layout.num_gpus
     bk = v.best_kernel
+    kernel = gpus = None
     if bk is not None and bk.wall_clock_h < 0.95 * base.wall_clock_h:
         gain = 1 - bk.wall_clock_h / base.wall_clock_h
-        out.append(f"Fix the kernel first: {bk.layout.attention} with window {bk.window} on the same {gpus_word(g0)} "
-                   f"cuts wall-clock by {100 * gain:.0f}% ({_hours(bk.wall_clock_h)}) and cost by the same share "
-                   f"(${bk.cost_usd:,.0f}): per-FLOP efficiency is a kernel problem that more GPUs cannot fix.")
+        kernel = (f"{bk.layout.attention} on the same {gpus_word(g0)} and window cuts wall-clock by {100 * gain:.0f}% "
+                  f"({_hours(bk.wall_clock_h)}) and cost by the same share (${bk.cost_usd:,.0f}): per-FLOP efficiency "
+                  f"is a kernel problem that more GPUs cannot fix.")
     elif v.kernel_choices > 1:
         gemm = base.step.by_kind_s.get("gemm", 0.0)
         out.append(f"No attention implementation on {hw.name} beats the baseline by 5% or more: the step is dominated "
                    f"by GEMMs ({gemm:.3g} of {base.step_s:.3g} s).")
     if v.more_gpus is not None:
         r = v.more_gpus
-        out.append(f"Then add GPUs: {label(r)} runs {base.wall_clock_h / r.wall_clock_h:.1f}x faster "
-                   f"({_hours(r.wall_clock_h)}) for {r.cost_usd / base.cost_usd:.2f}x the cost: data parallelism "
-                   + (f"removes the serial accumulation ({base.layout.grad_accum} -> {r.layout.grad_accum} "
-                      f"micro-batches) but " if base.layout.grad_accum != r.layout.grad_accum else
-                      "keeps the micro-batches a GPU runs in turn and ")
-                   + f"multiplies whatever per-GPU efficiency you have (exposed communication "
-                   f"{1000 * (r.step.dp_comm_exposed_s + r.step.tp_comm_s + r.step.cp_comm_s + r.step.ep_comm_s):.0f} "
-                   f"ms/step"
-                   + (f", pipeline bubble {1000 * r.step.bubble_s:.0f} ms/step)." if r.step.bubble_s else ")."))
+        gpus = (f"{label(r)} runs {base.wall_clock_h / r.wall_clock_h:.1f}x faster "
+                f"({_hours(r.wall_clock_h)}) for {r.cost_usd / base.cost_usd:.2f}x the cost: data parallelism "
+                + (f"removes the serial accumulation ({base.layout.grad_accum} -> {r.layout.grad_accum} "
+                   f"micro-batches) but " if base.layout.grad_accum != r.layout.grad_accum else
+                   "keeps the micro-batches a GPU runs in turn and ")
+                + f"multiplies whatever per-GPU efficiency you have (exposed communication "
+                f"{1000 * (r.step.dp_comm_exposed_s + r.step.tp_comm_s + r.step.cp_comm_s + r.step.ep_comm_s):.0f} "
+                f"ms/step"
+                + (f", pipeline bubble {1000 * r.step.bubble_s:.0f} ms/step)." if r.step.bubble_s else ")."))
+    # lead with the larger gain: more GPUs first when they cost less than the kernel fix does (faster and cheaper)
+    gpus_lead = gpus is not None and (kernel is None or v.more_gpus.cost_usd < bk.cost_usd)
+    if gpus_lead:
+        out.append(("Add GPUs first: " if kernel is not None else "Add GPUs: ") + gpus)
+    if kernel is not None:
+        out.append(("Then fix the kernel: " if gpus_lead else "Fix the kernel first: ") + kernel)
+    if gpus is not None and not gpus_lead:
+        out.append("Then add GPUs: " + gpus)
+    bw = v.best_window
+    if bw is not None and bw.wall_clock_h < 0.95 * (bk or base).wall_clock_h:
+        ref = bk if kernel is not None else base
+        out.append(f"A model change, not a kernel one: window {bw.window} instead of {base.window} ({bw.layout.attention}, "
+                   f"same {gpus_word(g0)}) cuts wall-clock by a further {100 * (1 - bw.wall_clock_h / ref.wall_clock_h):.0f}% "
+                   f"({_hours(bw.wall_clock_h)}, ${bw.cost_usd:,.0f}), but trains another model: its sliding-window "
+                   f"layers see less context.")
     cap = hw.memory.usable_gib.value
     if v.all_fit and v.largest_fitting is not None and v.model_parallel:
         out.append(f"Every row fits in memory: the largest uses {v.largest_fitting.memory.total / GiB:.0f} of "
