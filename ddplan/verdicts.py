@@ -550,8 +550,10 @@ def memory_verdict(spec: ModelSpec, hw: HardwareSpec, rows: list[dict], fixes: l
             lines.append(f"{word} as asked (ZeRO-{layout.zero}, device batch {layout.micro_batch}, recompute "
                          f"{layout.recompute}, {layout.attention}){total}.")
         for i, f in enumerate(fixes):
-            cost = (f", {100 * (f.step_s / asked_step_s - 1):+.0f}% on the {asked_step_s:.3g} s/step it would take as "
-                    f"asked if it fit" if asked_step_s else "")
+            pct = 100 * (f.step_s / asked_step_s - 1) if asked_step_s else 0.0
+            change = f"{pct:+.0f}% on" if round(pct) else "within 0.5% of"  # never '+0%'
+            cost = (f", {change} the {asked_step_s:.3g} s/step it would take as asked if it fit" if asked_step_s
+                    else "")
             n = len(f.changes)
             goal = "to fit for certain" if certain else "to fit"
             lead = f"Fastest way {goal}" if i == 0 else f"Fastest {goal} with {n} change{'s' if n > 1 else ''}"
