@@ -456,8 +456,12 @@ def memory_cmd(
     render.echo(render.lines(words, format.value, scr))  # answer first: fits or not, and the fix
     if quiet:
         return
-    render.echo(render.fit(render.memory_cells(rows), scr, title, render.MEMORY_DROP) if scr
+    cells = render.memory_cells(rows, None if scr is None or scr.wide else scr.width) if scr else []
+    render.echo(render.fit(cells, scr, title, render.MEMORY_DROP) if scr
                 else render.table(rows, format.value, title=title))
+    if cells and "other" in cells[0]:
+        render.echo(render.lines([f"other = {' + '.join(render.MEMORY_OTHER)} (--wide shows each)."],
+                                 format.value, scr))
     render.echo(render.footer(prov, format.value, scr))
 
 

@@ -149,3 +149,21 @@ def test_the_answer_comes_first_at_80_columns(name):
     assert any(line.startswith(ANSWERS[name]) for line in out.splitlines()[:5]), out.splitlines()[:5]
     too_long = [line for line in out.splitlines() if len(line) > 80]
     assert too_long == [], too_long[:3]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
+def test_memory_terms_shown_at_80_columns_add_up_to_the_total():
+    """Issue 38: at 80 columns `memory` once showed terms adding to 169 GiB under a 210 GiB total; the small
+    terms now share an 'other' column and no term is dropped, so each row's terms add up to its total (to the
+    3 significant figures shown)."""
+    code, out = in_terminal(COMMANDS["memory"], 80)
+    assert code == 0
+    lines = out.splitlines()
+    header = next(t for t in lines if t.startswith("ZeRO"))
+    assert header.split() == ["ZeRO", "params", "grads", "optimizer", "activations", "other", "total", "GiB",
+                              "verdict"]
+    rows = [t.split() for t in lines[lines.index(header) + 2:lines.index(header) + 6]]
+    for r in rows:
+        terms, total = [float(x) for x in r[1:6]], float(r[6])
+        assert sum(terms) == pytest.approx(total, rel=0.01), r
+    assert any(t.startswith("other = transient + buffers + framework + allocator") for t in lines)
