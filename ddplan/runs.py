@@ -16,7 +16,6 @@ layout are one number.
 from __future__ import annotations
 
 import copy
-import functools
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -348,32 +347,39 @@ def same_gpu(name: str) -> tuple[str, ...]:
     return next((g for g in SAME_GPU if name in g), (name,))
 
 
-@functools.lru_cache(maxsize=64)
+# The shipped dataset's highest measured MFU per GPU (SAME_GPU's first name) and precision class (fp8 or not), as
+# highest_measured_in computes it: (MFU %, run id). Kept as figures so that pricing a table does not read and
+# validate the whole dataset for one number per GPU (0.13 s of `ddplan table`'s ~0.7 s); tests/test_validation.py
+# fails when they drift from validation/published_runs.yaml.
+HIGHEST_MEASURED_MFU: dict[tuple[str, bool], tuple[float, str]] = {
+    ("a100-sxm-80gb", False): (56.27, "korthikanti2022-gpt3-1t-sp-selective"),
+    ("gb200", False): (33.90, "modelzoo-qwen3-235b-a22b-gb200-256g-tp1pp8ep8"),
+    ("h100-sxm", False): (71.74, "modelzoo-qwen3-235b-a22b-h100-256g-s131072-cp8-balanced"),
+    ("h100-sxm", True): (60.46, "llmfoundry-mpt3b-H100-80GB-SXM-8g-s512-amp_fp8"),
+    ("mi300x", False): (27.52, "seed-nanochat-d24-mi300x-1g"),
+}
+
+
 def highest_measured_mfu(hardware: str, fp8: bool = False) -> tuple[float, str] | None:
-    """(MFU %, run id) of the shipped dataset's best run on this GPU, in ddplan's MFU convention
-    (ddplan.price.MFU_CONVENTION: FLOPs per token at the run's window, dense peak of the compute dtype),
-    among runs of the same precision class (fp8 or not); None when the dataset has no such run."""
-    try:
-        runs = load_runs()
-    except DdplanError:
-        return None
-    names = same_gpu(hardware)
-    best = None
+    """(MFU %, run id) of the shipped dataset's best run on this GPU (HIGHEST_MEASURED_MFU), among runs of the
+    same precision class (fp8 or not); None when the dataset has no such run."""
+    return HIGHEST_MEASURED_MFU.get((same_gpu(hardware)[0], fp8))
+
+
+def highest_measured_in(runs: RunSet, where: str) -> dict[tuple[str, bool], tuple[float, str]]:
+    """Each GPU's (SAME_GPU's first name) and precision class's best run in a dataset: (MFU %, run id) in
+    ddplan's MFU convention (ddplan.price.MFU_CONVENTION: FLOPs per token at the run's window, dense peak of the
+    compute dtype) -- what HIGHEST_MEASURED_MFU holds for the shipped dataset."""
+    best: dict[tuple[str, bool], tuple[float, str]] = {}
     for i, r in enumerate(runs.runs):
-        if (r.precision == "fp8") != fp8:
-            continue
-        try:
-            hw = load_hardware(r.hardware)
-        except DdplanError:
-            continue
-        if hw.name not in names:
-            continue
-        spec = run_spec(r, f"{shipped_dataset()}: runs.{i}")
+        hw = load_hardware(r.hardware)
+        spec = run_spec(r, f"{where}: runs.{i}")
         arch = spec.architecture
         if r.layout.window:
             arch = arch.model_copy(update={"window_pattern": r.layout.window})
         flops = nanochat_flops_per_token(arch, r.model.seq_len) * r.tokens_per_step / r.measured_step_s
         mfu = 100 * flops / (r.layout.gpus * hw.peak.flops_per_s(spec.dtypes.compute))
-        if best is None or mfu > best[0]:
-            best = (mfu, r.id)
+        key = (same_gpu(hw.name)[0], r.precision == "fp8")
+        if key not in best or mfu > best[key][0]:
+            best[key] = (mfu, r.id)
     return best

@@ -224,6 +224,18 @@ def test_highest_measured_mfu_is_the_seed_on_mi300x():
     assert run == "seed-nanochat-d24-mi300x-1g"
     assert mfu == pytest.approx(27.5, abs=0.3)
     assert highest_measured_mfu("b200") is None
+    assert highest_measured_mfu("a100-sxm-40gb") == highest_measured_mfu("a100-sxm-80gb")  # one GPU (SAME_GPU)
+
+
+def test_highest_measured_mfu_figures_are_the_shipped_datasets():
+    """HIGHEST_MEASURED_MFU (kept as figures so a table does not read the dataset) is what the shipped dataset
+    gives, run by run, to the 0.01 percentage point it is written to."""
+    from ddplan.runs import HIGHEST_MEASURED_MFU, highest_measured_in
+
+    computed = highest_measured_in(load_runs(), shipped_dataset())
+    assert set(computed) == set(HIGHEST_MEASURED_MFU)
+    for key, (mfu, run) in computed.items():
+        assert HIGHEST_MEASURED_MFU[key] == (pytest.approx(mfu, abs=0.005), run), key
 
 
 def test_table_marks_predictions_beyond_the_highest_measured_mfu(capsys):
