@@ -17,6 +17,7 @@ from ddplan.roofline import GROUPED_GEMM_STREAMS
 from ddplan.run import LLAMA3_INTERRUPTIONS_PER_GPU_HOUR, eval_cadence
 from ddplan.specs import DROPLESS_IMBALANCE, HardwareSpec, ModelSpec
 from ddplan.units import GiB, hours_band
+from ddplan.validation import summarise
 
 DISTRIBUTION_NAMES = {"sharded_optimizer": "nanochat's sharded optimizer (ZeRO-1 memory)", "ddp": "DDP",
                       "zero1": "ZeRO-1", "zero2": "ZeRO-2", "fsdp": "FSDP (ZeRO-3)"}
@@ -702,8 +703,6 @@ def validation_bottom_line(scored, held=None) -> list[str]:
     """validate's first line: how far to trust a prediction. Out of sample (held: each source priced with fits
     made without it, ddplan.validation.leave_one_source_out) when given, with the in-sample figure beside it;
     in sample alone otherwise, said as such."""
-    from ddplan.validation import summarise
-
     sources = len({s.source for s in scored})
     inside = summarise(scored)
     if held is None:
