@@ -1030,11 +1030,12 @@ def plan_cmd(
 
         render.echo(json.dumps({"objective": objective.value, "deadline_h": deadline, "budget_usd": budget,
                                 "limits_met": not result.missed, "ranked_by": result.ranked_by,
+                                "ranking": words.ranking_words(result), "choice": data[0] if data else None,
                                 "rows": data[:top], "pareto": render.plan_data(result.pareto),
                                 "reasons": why, "warnings": warnings, "considered": result.considered,
                                 "rejected": result.rejected, "provenance": prov}, indent=2, default=str))
     elif format is Format.csv:  # data: every kept layout, ranked (--top limits the human formats)
-        render.echo(render.csv_with(prov, render.plan_columns(data)))
+        render.echo(render.csv_with(prov, render.plan_columns(data), notes=[f"ranked {words.ranking_words(result)}"]))
     else:
         scr = render.screen(format.value, wide)
         title = words.plan_title(spec, result, top, headroom, objective.value)

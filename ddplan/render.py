@@ -109,10 +109,10 @@ def _cell(value: Any, digits: int) -> str:
     return str(value)
 
 
-def csv_with(prov: dict, rows: list[dict]) -> str:
-    """CSV with a first comment line saying what produced it (ddplan.provenance); read it with
-    `pandas.read_csv(..., comment="#")` or skip lines starting with '#'."""
-    return "# " + line(prov) + "\n" + table(rows, "csv")
+def csv_with(prov: dict, rows: list[dict], notes: list[str] = ()) -> str:
+    """CSV with a first comment line saying what produced it (ddplan.provenance), then one per note (e.g. plan's
+    ranking and its budget); read it with `pandas.read_csv(..., comment="#")` or skip lines starting with '#'."""
+    return "".join("# " + t + "\n" for t in [line(prov), *notes]) + table(rows, "csv")
 
 
 def footer(prov: dict, fmt: str, screen: Screen | None = None) -> str:

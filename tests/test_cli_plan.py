@@ -329,3 +329,18 @@ def test_the_experts_line_at_fixed_ep():
         "Experts: every GPU holds all 8 routed experts of each MoE block (no expert parallelism); top 2 of them "
         "run for each token."]
     assert expert_lines({"ep": 1}, load_model("d24")) == []
+
+
+def test_plan_csv_and_json_state_the_budget_and_the_choice(capsys):
+    """Issue 38: a plan's data carries its limits and its recommendation: the csv's second comment line says how
+    it is ranked and against which budget (and when none meets it); json has the ranking and the choice (the
+    first row, with its band)."""
+    import json
+
+    argv = ["plan", "--model", "d26", "--hardware", "all", "--gpus", "8-64"]
+    code, out, _ = run(capsys, [*argv, "--budget", "500", "--format", "csv"])
+    assert code == 0 and out.splitlines()[1] == "# ranked by time within the $500 budget"
+    code, out, _ = run(capsys, [*argv, "--budget", "10", "--format", "json"])
+    data = json.loads(out)
+    assert code == 1 and data["ranking"] == "by cost (no layout meets the $10 budget)" and data["budget_usd"] == 10
+    assert data["choice"] == data["rows"][0] and data["choice"]["wall_low_h"] <= data["choice"]["wall_clock_h"]
