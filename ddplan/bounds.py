@@ -1,7 +1,7 @@
 """The range every number given on the command line must fall in, with its unit.
 
 Finite, and within physical sense: a value outside is a one-line usage error naming the flag and the
-range (README, "Input ranges", lists this table). The ranges are generous on purpose (a thousand times
+range (docs/reference.md, "Input ranges", lists this table). The ranges are generous on purpose (a thousand times
 past the largest runs published) and exist so that nonsense (NaN, infinity, 10^30 GPUs) is refused
 before any work, and so that the work a command does stays bounded.
 """

@@ -139,7 +139,7 @@ class StepProgram(Strict):
 class MachineSpeed(Strict):
     """A fixed probe kernel (ddplan.calibrate.bench.bench_probe_s) timed between the benchmarks and between
     the held-out step's timed steps: how fast the machine ran while each was measured. On a shared machine
-    the two differ (this project's 2-core VM: the probe moved -7% to +15% between them in round 9, README), and the held-out step's error then
+    the two differ (this project's 2-core VM: the probe moved -7% to +15% between them in round 9, docs/reference.md), and the held-out step's error then
     holds the difference as well as the model's."""
 
     probe: str = Field(min_length=3)  # e.g. "fp32 512x512x512 GEMM, median of 5"
@@ -186,7 +186,7 @@ class CalibrationSpec(Strict):
     machine_speed: MachineSpeed | None = None
     # the same error with the prediction moved to the machine's speed during the step (x step_vs_benchmarks):
     # a diagnostic of how much of the error is the machine's drift as the probe sees it (on this project's VM
-    # it was no smaller than the error as measured: README, Calibrate); bands use the one above
+    # it was no smaller than the error as measured: docs/reference.md, Calibrate); bands use the one above
     held_out_error_same_speed_pct: float | None = Field(default=None, ge=-100, le=1e4)
     failures: list[str] = []
 

@@ -1211,6 +1211,18 @@ def _info(lines: list[str]) -> None:
         print(line, file=sys.stderr)
 
 
+def command_paths(group=None, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command and group of the app, as argv prefixes, parents first: (), ('table',), ('specs',),
+    ('specs', 'list'), ... (the help tests and tools/cli_reference.py walk them)."""
+    import typer.main
+
+    group = group or typer.main.get_command(app)
+    paths = [prefix]
+    for name, command in getattr(group, "commands", {}).items():
+        paths += command_paths(command, (*prefix, name)) if hasattr(command, "commands") else [(*prefix, name)]
+    return paths
+
+
 def _warn(warnings: list[str]) -> None:
     """Warnings go to stderr, one line each: stdout carries the result only. A line given n times is
     printed once, with ' (xn)'."""

@@ -520,7 +520,7 @@ def test_moe_saved_bytes_in_16_bits(model, compute):
     routing weights cast to the compute dtype, each expert GEMM saving its cast weight): what the anatomy
     misses against torch 2.13 on CPU is what it misses on the dense twin (the same model with dense MLPs),
     to 1% of the total. That residual is outside the MoE layer: torch's CPU rms_norm keeps fp32 copies of
-    16-bit inputs (about 10% here; see the README's known limits)."""
+    16-bit inputs (about 10% here; see docs/reference.md's known limits)."""
     torch = pytest.importorskip("torch")
     from ddplan.calibrate.reference import measure
 

@@ -9,7 +9,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import typer.main
 
 from ddplan import cli
 
@@ -20,15 +19,6 @@ LLAMA_CONFIG = {  # meta-llama/Meta-Llama-3-8B config.json (the fields ddplan re
     "max_position_embeddings": 8192, "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "tie_word_embeddings": False,
     "torch_dtype": "bfloat16", "hidden_act": "silu", "attention_bias": False,
 }
-
-
-def command_paths(group=None, prefix=()) -> list[tuple[str, ...]]:
-    """Every command and group of the app, as argv prefixes: (), ('table',), ('specs', 'list'), ..."""
-    group = group or typer.main.get_command(cli.app)
-    paths = [prefix]
-    for name, command in getattr(group, "commands", {}).items():
-        paths += command_paths(command, (*prefix, name)) if hasattr(command, "commands") else [(*prefix, name)]
-    return paths
 
 
 def help_text(capsys, path: tuple[str, ...]) -> str:
@@ -50,7 +40,7 @@ def examples(text: str) -> list[str]:
     return [line for line in block if line.startswith("ddplan ")]
 
 
-PATHS = command_paths()
+PATHS = cli.command_paths()
 
 
 @pytest.mark.parametrize("path", PATHS, ids=[" ".join(p) or "ddplan" for p in PATHS])
@@ -74,6 +64,17 @@ def all_examples() -> list[tuple[str, str]]:
         with contextlib.redirect_stdout(buf):
             cli.main([*path, "--help"])
         out += [(" ".join(path) or "ddplan", line) for line in examples(buf.getvalue())]
+    return out + [("README", line) for line in readme_commands()]
+
+
+def readme_commands() -> list[str]:
+    """The `ddplan ...` lines of the README's ```bash blocks, continuation lines joined: each runs here as
+    the help examples do (issue 38: every command in the README runs in CI)."""
+    text = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    out = []
+    for block in text.split("```bash\n")[1:]:
+        joined = block.split("```", 1)[0].replace("\\\n", " ")
+        out += [" ".join(line.split()) for line in joined.splitlines() if line.startswith("ddplan ")]
     return out
 
 

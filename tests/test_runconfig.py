@@ -16,7 +16,7 @@ from ddplan import cli, runconfig
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = ROOT / "examples" / "seed-d24-mi300x.yaml"
-# README, "Reproducing the MI300X note"
+# docs/reference.md, "Reproducing the MI300X note"
 SEED_FLAGS = ["--model", "d24", "--gpus", "1,8", "--total-batch-size", "524288", "--device-batch-size", "32",
               "--steps", "29000", "--price", "2", "--measured-step-time", "7.7", "--measured-window", "L",
               "--window", "L,SSSL", "--eval-every", "0", "--startup-min", "0"]

@@ -265,7 +265,7 @@ def test_a_measured_step_that_needs_a_kernel_faster_than_the_best_gemm_is_an_err
     for named in ("1,048,576 tokens a step (the recipe's default; --total-batch-size)",
                   "window SSSL (the model's default; --measured-window)", "state what ran"):
         assert named in err
-    # the seed's real configuration prices (README's seed command)
+    # the seed's real configuration prices (docs/reference.md's seed command)
     run_ok(capsys, ["table", "--model", "d24", "--gpus", "1,8", "--measured-step-time", "7.7", "--total-batch-size",
                     "524288", "--window", "L", "--attention", "sdpa-fused", "--format", "csv"])
 

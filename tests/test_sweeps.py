@@ -143,7 +143,7 @@ def test_each_spec_keeps_the_shape_curve_its_sweep_gives(name):
                                               ("h200", 0.074, 0.16), ("gb200", 0.06, 0.11), ("mi300x", 0.113, 0.21)])
 def test_ddplan_gemm_times_against_the_published_sweeps(name, rms, worst):
     """Every published point priced with the spec's half_dim and fixed_us (and the sweep's level): the rms and
-    the worst error of ddplan's GEMM time (the README's table of sweep residuals)."""
+    the worst error of ddplan's GEMM time (docs/reference.md's table of sweep residuals)."""
     hw = load_hardware(name)
     fit = fit_half_dim(SWEEPS[name], hw, half_dim=hw.efficiency.gemm.half_dim.value)
     assert fit.rms() <= rms

@@ -83,7 +83,7 @@ def test_attention_heavy_rows_are_priced_as_well_as_gemm_heavy_ones(sweep):
     """Attention by sequence length, out of sample: in the sweep (attention 5% to 89% of the step), the rows
     where attention is at least 40% of the step are off by no more than 10 points more than those where it is
     under 15% (mean errors), and none is off by more than 25%. With FlashAttention-2's rates instead of the
-    FlashAttention v1 kernels these runs used, the attention-heavy rows came out 29-42% fast (README,
+    FlashAttention v1 kernels these runs used, the attention-heavy rows came out 29-42% fast (docs/reference.md,
     Validation)."""
     _, scored = sweep
     heavy = [s.error for s in scored if s.attention_share >= 0.40]
