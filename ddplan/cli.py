@@ -733,6 +733,9 @@ def table_cmd(
         _warn(shown_warnings)
         return
     top = verdicts.top_warning(result) if scr else None  # pipes and files keep their fixed layout
+    if top:  # said once: in the verdict, not again on stderr
+        said = verdicts.top_warning_text(result)
+        shown_warnings = [w for w in shown_warnings if said not in w]
     render.echo(render.lines(answer + ([top] if top else []), format.value, scr))
     render.echo(render.fit(render.decision_cells(rows), scr, title, render.DECISION_DROP) if scr
                 else render.table(render.decision_rows(rows), format.value, title=title))

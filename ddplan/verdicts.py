@@ -205,18 +205,31 @@ def grouped_row_warnings(table) -> list[str]:
     return lines
 
 
-def top_warning(table) -> str | None:
-    """The most important row warning (FLAG_ORDER), as a verdict line; None when no row is flagged."""
-    native = NATIVE_ZERO[table.request.model.recipe.distribution]
+def _top_flag(table):
+    """(row, flag) of the most important row warning (FLAG_ORDER, then table order); None when none."""
     flagged = [(FLAG_ORDER.index(f.kind) if f.kind in FLAG_ORDER else len(FLAG_ORDER), i, p, f)
                for i, p in enumerate(table.rows) for f in p.flags]
-    if not flagged:
+    return min(flagged, key=lambda t: t[:2])[2:] if flagged else None
+
+
+def top_warning(table) -> str | None:
+    """The most important row warning (FLAG_ORDER), as a verdict line; None when no row is flagged. On a
+    terminal it stands in the verdict and not again among the warnings on stderr (top_warning_text)."""
+    top = _top_flag(table)
+    if top is None:
         return None
-    _, _, p, f = min(flagged, key=lambda t: t[:2])
+    p, f = top
     text = flag_text(f)
     others = len(_flagged(table)[text]) - 1
     more = f" (and {others} more rows)" if others else ""
-    return f"Warning: {config_label(p, native)}{more}: {text}; every warning is on stderr."
+    native = NATIVE_ZERO[table.request.model.recipe.distribution]
+    return f"Warning: {config_label(p, native)}{more}: {text}; the other warnings follow on stderr."
+
+
+def top_warning_text(table) -> str | None:
+    """The words of top_warning's flag, to leave its line out of stderr's warnings when the verdict says it."""
+    top = _top_flag(table)
+    return None if top is None else flag_text(top[1])
 
 
 def table_notes(table) -> list[str]:

@@ -167,3 +167,14 @@ def test_memory_terms_shown_at_80_columns_add_up_to_the_total():
         terms, total = [float(x) for x in r[1:6]], float(r[6])
         assert sum(terms) == pytest.approx(total, rel=0.01), r
     assert any(t.startswith("other = transient + buffers + framework + allocator") for t in lines)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
+def test_the_top_warning_is_said_once_on_a_terminal():
+    """Issue 38: the most important warning stands in the verdict on a terminal and is not printed again on
+    stderr (it once was, first of the stderr lines); every other warning still is."""
+    _, both = in_terminal(COMMANDS["table"], 100, stderr_too=True)
+    text = " ".join(both.split())
+    said = "MFU 30.9% is beyond anything measured on this GPU"
+    assert text.count(said) == 1 and "Warning: 1x mi300x, flash-attn-ck, SSSL" in text
+    assert "warning: device batch 32 does not fit" in text  # the others are still there
