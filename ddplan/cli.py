@@ -1043,17 +1043,16 @@ def plan_cmd(
         scr = render.screen(format.value, wide)
         title = words.plan_title(spec, result, top, headroom, objective.value)
         render.echo(render.lines(why[:1], format.value, scr))  # answer first: the choice, then the table
-        if quiet:
-            _warn(warnings)
-            return
-        if shown:
+        if shown and not quiet:  # -q: the answer only (the plot and the exit code still follow)
             render.echo(render.fit(render.plan_cells(data[:top]), scr, title, render.PLAN_DROP) if scr
                         else render.table(shown, format.value, title=title, digits=2))
-        render.echo(render.lines(["Why:"] + why[1:], format.value, scr))
-        if result.pareto:
+        if not quiet:
+            render.echo(render.lines(["Why:"] + why[1:], format.value, scr))
+        if result.pareto and not quiet:
             render.echo(render.lines(["Pareto front (time vs cost):"] + words.pareto_lines(result), format.value,
                                      scr))
-        render.echo(render.footer(prov, format.value, scr))
+        if not quiet:
+            render.echo(render.footer(prov, format.value, scr))
         _warn(warnings)
     if format in (Format.csv, Format.json):  # data on stdout; warnings still reach the user
         _warn(warnings + ([] if result.rows else why))
@@ -1061,7 +1060,8 @@ def plan_cmd(
         from ddplan.plot import plot_scenarios
 
         plot_scenarios(best_per_family(data), plot, title=f"{spec.name}: best layout per family\n{prov_line(prov)}",
-                       best="cost_usd" if objective.value == "cost" else "wall_clock_h")
+                       best="cost_usd" if objective.value == "cost" else "wall_clock_h",
+                       choice=data[0] if data else None, budget_usd=budget, deadline_h=deadline)
     missed = words.missed_limit(result)
     if missed:  # the ranking is printed (the closest first); the exit code says no layout meets the limit
         flags = "/".join(f"--{what}" for what, _ in result.missed)

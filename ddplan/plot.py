@@ -38,13 +38,15 @@ COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
            "#17becf")  # matplotlib's tab10, spelled out so the output does not depend on the rc style
 LINESTYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D", "v", "P")
+LIMIT_COLOUR = "#b00000"  # a plan's budget and deadline lines: darker than any series colour (COLOURS)
 BAND_ALPHA = 0.15  # the low-high band's fill, and its legend swatch
 FADED_ALPHA, FADED_WIDTH = 0.3, 0.8  # a family's series other than its best (plan plots over several hardware)
 VALIDATION_BAR_ALPHA = 0.35
 
 
 def plot_scenarios(rows: list[dict], path: str | os.PathLike, *, title: str,
-                   series: str | tuple[str, ...] | None = None, best: str = "wall_clock_h"):
+                   series: str | tuple[str, ...] | None = None, best: str = "wall_clock_h",
+                   choice: dict | None = None, budget_usd: float | None = None, deadline_h: float | None = None):
     """Wall-clock (h) and cost (USD) against GPU count, one line per scenario, bands shaded; PNG or SVG.
 
     rows: decision-table rows (`ddplan.plan.build_table`) or plan rows (`ddplan.search.search`).
@@ -56,7 +58,9 @@ def plot_scenarios(rows: list[dict], path: str | os.PathLike, *, title: str,
     the family's smallest `best` is drawn in full with its band; the others are faded (thin, no band, no
     markers) under one legend entry. Each full line's legend swatch is its band's colour and alpha with the
     line drawn over it. The GPU axis is log base 2; wall-clock and cost go log when they span more than 10x.
-    Rows with fits == False are drawn hollow, rows with basis == "measured" get a star.
+    Rows with fits == False are drawn hollow, rows with basis == "measured" get a star. choice: the row a plan
+    chose, ringed in black on both panels and named in the legend; budget_usd and deadline_h: the limits asked,
+    a dashed red line on the cost and the time panel (the value axes reach them).
     Returns the matplotlib Figure (already written to `path`).
     """
     fmt = _format(path)
@@ -127,11 +131,25 @@ def plot_scenarios(rows: list[dict], path: str | os.PathLike, *, title: str,
             extra.append((Line2D([], [], linestyle="none", marker="*", markersize=14, markerfacecolor="gold",
                                  markeredgecolor="black"), "measured step time"))
 
+        if choice is not None:
+            for ax, v in ((ax_time, "wall_clock_h"), (ax_cost, "cost_usd")):
+                ax.plot([choice["gpus"]], [choice[v]], linestyle="none", marker="o", markersize=16,
+                        markerfacecolor="none", markeredgecolor="black", markeredgewidth=2.0, zorder=6)
+            extra.append((Line2D([], [], linestyle="none", marker="o", markersize=12, markerfacecolor="none",
+                                 markeredgecolor="black", markeredgewidth=2.0),
+                          f"the choice: {choice['gpus']}x {choice.get('hardware', '')}".rstrip()))
+        limits = {ax_time: deadline_h, ax_cost: budget_usd}
+        for ax, limit, words in ((ax_time, deadline_h, "deadline {:,.4g} h"), (ax_cost, budget_usd, "budget ${:,.0f}")):
+            if limit is not None:
+                ax.axhline(limit, color=LIMIT_COLOUR, linestyle="--", linewidth=1.4, zorder=1)
+                extra.append((Line2D([], [], color=LIMIT_COLOUR, linestyle="--", linewidth=1.4), words.format(limit)))
+
         gpus = sorted({r["gpus"] for r in rows})
         for ax, ylabel, (v, lo, hi) in ((ax_time, "wall-clock (h)", ("wall_clock_h", "wall_low_h", "wall_high_h")),
                                         (ax_cost, "cost (USD)", ("cost_usd", "cost_low_usd", "cost_high_usd"))):
             _gpu_axis(ax, gpus)
             ys = [p[k] for s, pts in lines.items() for p in pts.values() for k in ((lo, hi) if s in lead else (v,))]
+            ys += [limits[ax]] if limits[ax] is not None else []
             _value_axis(ax, min(ys), max(ys))
             ax.set_ylabel(ylabel)
             ax.grid(True, which="major", alpha=0.3)

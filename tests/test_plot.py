@@ -405,3 +405,31 @@ def test_title_keeps_its_line_breaks(tmp_path, memory_rows):
     fig = plot.plot_memory(memory_rows[0], tmp_path / "m.png", title="first line\nsecond",
                            capacity_gib=memory_rows[1])
     assert fig.get_suptitle() == "first line\nsecond"
+
+
+def test_plan_plot_shows_the_decision(tmp_path, plan_rows):
+    """Issue 38: a plan's plot marks its choice on both panels and draws the budget on the cost panel and the
+    deadline on the time panel (dashed red, inside the value axis), each named in the legend."""
+    choice = min(plan_rows, key=lambda r: r["wall_clock_h"])
+    budget = 2 * max(r["cost_usd"] for r in plan_rows)  # above every row: the axis must reach it
+    fig = plot.plot_scenarios(plan_rows, tmp_path / "plan.png", title="plan", choice=choice, budget_usd=budget,
+                              deadline_h=choice["wall_clock_h"] * 1.5)
+    ax_time, ax_cost = fig.axes[:2]
+    for ax, v, limit in ((ax_time, "wall_clock_h", choice["wall_clock_h"] * 1.5), (ax_cost, "cost_usd", budget)):
+        rings = [ln for ln in ax.lines if ln.get_marker() == "o" and ln.get_markerfacecolor() == "none"]
+        assert [(list(ln.get_xdata()), list(ln.get_ydata())) for ln in rings] == [([choice["gpus"]], [choice[v]])]
+        dashed = [ln for ln in ax.lines if ln.get_linestyle() == "--" and ln.get_color() == plot.LIMIT_COLOUR]
+        assert len(dashed) == 1 and list(dashed[0].get_ydata()) == [limit, limit]
+        assert ax.get_ylim()[1] >= limit
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert f"the choice: {choice['gpus']}x {choice['hardware']}" in labels
+    assert f"budget ${budget:,.0f}" in labels and any(t.startswith("deadline ") for t in labels)
+
+
+def test_quiet_plan_still_plots_and_fails_a_missed_budget(tmp_path, capsys):
+    """-q prints the answer only; the plot is still written and a budget no layout meets still exits 1."""
+    argv = ["plan", "--model", "d24", "--gpus", "8,16", "-q"]
+    assert cli.main([*argv, "--plot", str(tmp_path / "p.png")]) == 0 and (tmp_path / "p.png").stat().st_size > 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and out.startswith("Choice: ")
+    assert cli.main([*argv, "--budget", "1"]) == 1
