@@ -67,6 +67,40 @@ Examples:
 app.add_typer(specs_app, name="specs", short_help="The built-in hardware and model specs.")
 
 
+# --help groups the planning commands' options into panels (issue 38: table --help listed 52 options in one run)
+PANELS: dict[str, tuple[str, ...]] = {
+    "Model and hardware": ("config", "framework", "model", "hardware", "seq_len", "dtype", "grads", "moe_imbalance",
+                           "calibration", "price"),
+    "Layout": ("gpus", "tp", "pp", "vp", "cp", "cp_comm", "ep", "etp", "zero", "device_batch_size", "recompute",
+               "attention", "window", "compiled", "fp8", "fp8_recipe", "fp8_all_gather", "tp_comm_overlap",
+               "sequence_parallel", "shard_group", "reshard_after_forward", "overlap_param_gather",
+               "offload_optimizer", "tp_across_nodes", "headroom"),
+    "Batch, budget and time outside steps": ("total_batch_size", "steps", "tokens", "param_data_ratio", "objective",
+                                             "deadline", "budget", "startup_min", "eval_every", "eval_tokens",
+                                             "checkpoint_every", "interruptions", "restart_min"),
+    "Measurement": ("measured_step_time", "measured_gpus", "measured_tp", "measured_pp", "measured_attention",
+                    "measured_window", "fit", "measured_peak"),
+    "Output": ("format", "wide", "quiet", "explain", "top", "plot", "print_config"),
+}
+PANEL_OF = {name: panel for panel, names in PANELS.items() for name in names}
+
+
+class PanelledCommand(typer.core.TyperCommand):
+    """A command whose --help lists its options in PANELS' groups, in that order (the rest under 'Other
+    options', --help last)."""
+
+    def format_options(self, ctx, formatter) -> None:
+        groups: dict[str, list] = {panel: [] for panel in (*PANELS, "Other options")}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None and param.param_type_name == "option":
+                groups[PANEL_OF.get(param.name, "Other options")].append(record)
+        for panel, records in groups.items():
+            if records:
+                with formatter.section(panel):
+                    formatter.write_dl(records)
+
+
 class SpecFormat(str, Enum):
     text = "text"
     json = "json"
@@ -307,7 +341,7 @@ def specs_import(
     print(f"wrote {target} ({spec.name})", file=sys.stderr)
 
 
-@app.command("memory", short_help="Memory per GPU by ZeRO stage, and what fits.")
+@app.command("memory", short_help="Memory per GPU by ZeRO stage, and what fits.", cls=PanelledCommand)
 def memory_cmd(
     ctx: typer.Context,
     model: str = typer.Option(None, "--model", "-m", help="Model: a built-in (d24, nanochat-d24, gpt2, llama-3-8b), "
@@ -545,7 +579,7 @@ class Knob(str, Enum):
     compute = "compute"
 
 
-@app.command("table", short_help="The decision table: time, cost, MFU, memory per layout.")
+@app.command("table", short_help="The decision table: time, cost, MFU, memory per layout.", cls=PanelledCommand)
 def table_cmd(
     ctx: typer.Context,
     model: str = typer.Option(None, "--model", "-m", help="Model: a built-in (d24, nanochat-d24, gpt2, llama-3-8b), "
@@ -901,7 +935,7 @@ class Objective(str, Enum):
     cost = "cost"
 
 
-@app.command("plan", short_help="Search the layouts and recommend one.")
+@app.command("plan", short_help="Search the layouts and recommend one.", cls=PanelledCommand)
 def plan_cmd(
     ctx: typer.Context,
     model: str = ModelOpt,

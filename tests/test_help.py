@@ -49,7 +49,8 @@ def test_help_leads_with_examples(capsys, monkeypatch, path):
     text = help_text(capsys, path)
     found = examples(text)
     assert 2 <= len(found) <= 4, found
-    assert text.index("Examples:") < text.index("Options:")
+    first_options = min(text.index(f"\n{head}:\n") for head in ("Options", *cli.PANELS) if f"\n{head}:\n" in text)
+    assert text.index("Examples:") < first_options
     too_long = [line for line in text.splitlines() if len(line) > 80]
     assert too_long == []
 
@@ -143,3 +144,18 @@ def test_every_example_runs(capsys, workdir, line, request, monkeypatch):
     out, err = capsys.readouterr()
     assert code == 0, err[-2000:]
     assert out.strip() or err.startswith("wrote ")  # specs import writes a file and says so on stderr
+
+
+@pytest.mark.parametrize("command", ["table", "memory", "plan"])
+def test_options_are_grouped_in_panels(capsys, command):
+    """Issue 38: the planning commands' --help lists their options in panels (cli.PANELS), each option in a
+    named one (only --help is left to 'Other options'), in PANELS' order."""
+    import typer.main
+
+    params = [p.name for p in typer.main.get_command(cli.app).commands[command].params]
+    assert [p for p in params if p not in cli.PANEL_OF] == []
+    text = help_text(capsys, (command,))
+    heads = [t[:-1] for t in text.splitlines() if t.endswith(":") and not t.startswith(" ")]
+    panels = [h for h in heads if h in (*cli.PANELS, "Other options")]
+    assert panels == [p for p in (*cli.PANELS, "Other options") if p in panels] and len(panels) >= 4
+    assert text.split("Other options:")[1].split() == ["--help", "Show", "this", "message", "and", "exit."]
