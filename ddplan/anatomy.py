@@ -36,8 +36,14 @@ OpKind = Literal["gemm", "attention", "elementwise", "reduction", "embedding", "
 AttentionKind = Literal["sdpa_math", "unfused_math", "fused_sdpa", "flash_package"]
 UNFUSED_KINDS: tuple[str, ...] = ("sdpa_math", "unfused_math")  # materialise (and save) the s x s scores
 WindowSupport = Literal["native", "mask"]
-Recompute = Literal["none", "selective", "full"]
-RECOMPUTE_POLICIES: tuple[str, ...] = ("none", "selective", "full")
+Recompute = Literal["none", "selective", "full", "per-op"]
+# none; Megatron's selective (the attention core, Korthikanti et al. 2022); full (every block); per-op:
+# torchtitan's per-op selective activation checkpointing (SelectiveAC, `PER_OP_SOURCE`): each block is
+# checkpointed, and the outputs of its matmuls and attention kernels are kept, except every second matmul
+RECOMPUTE_POLICIES: tuple[str, ...] = ("none", "selective", "full", "per-op")
+PER_OP_SOURCE = ("pytorch/torchtitan torchtitan/distributed/activation_checkpoint.py@b5bcd76 SelectiveAC "
+                 "(2026-08-21; the same rule as torchtitan/models/llama3/infra/parallelize.py@c26ea60 _apply_op_sac, "
+                 "2026-01)")
 
 # Tags on saved tensors, deciding what each policy keeps:
 #   "input"     a checkpoint region's input (a block's input, x0, the attention masks): kept by every
@@ -50,8 +56,11 @@ RECOMPUTE_POLICIES: tuple[str, ...] = ("none", "selective", "full")
 #   "pointwise" the output of a cheap pointwise op that the compiler recomputes from other saved
 #               tensors in backward (torch.compile min-cut partitioner, AOTAutograd): eager only;
 #   "compiled"  saved only when compiled (what the partitioner keeps instead, e.g. bf16 logits);
-#   "keep"      anything else (GEMM inputs, norm statistics).
-SaveTag = Literal["input", "core", "ckpt_input", "core_input", "pointwise", "compiled", "keep"]
+#   "keep"      anything else (GEMM inputs, norm statistics);
+#   "op_output" an output that per-op recompute keeps (a block's matmul or attention kernel whose output
+#               torchtitan's SelectiveAC saves: Op.per_op_saved); no other policy keeps it as such (the
+#               same tensor, saved by its consumer under another name and tag, counts there).
+SaveTag = Literal["input", "core", "ckpt_input", "core_input", "pointwise", "compiled", "keep", "op_output"]
 
 
 @dataclass(frozen=True)
@@ -94,6 +103,8 @@ class Op:
     # GEMM launches of one pass: a grouped GEMM's local experts, one cuBLAS GEMM each (Transformer Engine's
     # GroupedLinear; ddplan.roofline.grouped_call_waves prices their fixed costs)
     calls: int = 1
+    # per-op recompute (torchtitan's SelectiveAC) keeps this op's output, so backward does not re-run it
+    per_op_saved: bool = False
 
 
 @dataclass(frozen=True)
@@ -189,7 +200,7 @@ class Anatomy:
             name = op.name if op.layer is None else op.name.removeprefix(f"h{op.layer}.")
             key = (name, op.layer is None, op.kind, op.shape, op.flops_fwd, op.flops_bwd, op.bytes_fwd,
                    op.bytes_bwd, op.recompute_flops_bwd, op.attention_core, op.recompute_skip, op.tp_done, op.wait,
-                   op.calls)
+                   op.calls, op.per_op_saved)
             if key in groups:
                 groups[key][1] += n
             else:
@@ -319,6 +330,50 @@ class Anatomy:
         rows.extend((s.name, s.bytes, s.tag, False) for op in self.post for s in op.saves)
         return tuple(rows), {name: in_block for name, _, _, in_block in rows}
 
+    def backward_transient_bytes(self) -> float:
+        """Largest working set of backward on top of the kept tensors: the gradients of one op (transient_bytes)
+        plus, under recompute, the tensors the policy brings back for the block being differentiated.
+
+        A checkpointed region's tensors come back when backward first reaches the region (its last op that
+        saves one) and each is freed once the first op that saved it is differentiated, so at op j's backward
+        the live ones are those whose first saver is at or before j and whose region ends at or after j. The
+        peak is the largest of (those bytes + op j's gradient working set) over the ops of every distinct block,
+        and the loss/head gradients; backward starts at the last block with every block's kept tensors held.
+        Equal to transient_bytes() without recompute. Cached per anatomy.
+        Ref: Chen et al., "Training Deep Nets with Sublinear Memory Cost", arXiv 1604.06174, sec. 4 (the cost of
+        recomputation is the checkpoints plus the largest segment's activations); Korthikanti et al., arXiv
+        2205.05198, sec. 5 (full recompute keeps each layer's input and re-creates one layer at a time)."""
+        return self._backward_transient
+
+    @functools.cached_property
+    def _backward_transient(self) -> float:
+        if self.recompute == "none":
+            return self._transient
+        plain, policy = _keep_table("none", self.compiled), _keep_table(self.recompute, self.compiled)
+        worst = max((op.transient_bytes for op in (*self.pre, *self.post)), default=0.0)
+        for ops in self.blocks:
+            first: dict[str, int] = {}  # a brought-back tensor's first saver, and its size
+            size: dict[str, float] = {}
+            kept: set[str] = set()
+            end = -1  # the region's last op that saves a brought-back tensor
+            for j, op in enumerate(ops):
+                for t in op.saves:
+                    if policy[t.tag, True]:
+                        kept.add(t.name)
+                    elif plain[t.tag, True]:
+                        first.setdefault(t.name, j)
+                        size[t.name] = max(size.get(t.name, 0.0), t.bytes)
+                        end = j
+            born = [0.0] * (len(ops) + 1)
+            for name, j in first.items():
+                if name not in kept:
+                    born[j] += size[name]
+            live = 0.0
+            for j, op in enumerate(ops):
+                live += born[j]
+                worst = max(worst, (live if j <= end else 0.0) + op.transient_bytes)
+        return worst
+
     def transient_bytes(self) -> float:
         """Largest working set of gradients during backward, on top of the saved tensors.
 
@@ -393,6 +448,8 @@ def with_recompute(anatomy: Anatomy, recompute: Recompute) -> Anatomy:
 def recomputed_under(op: Op, policy: str) -> bool:
     """Whether a recompute policy re-runs an op's forward in backward (torch's non-reentrant checkpoint
     stops early: the region's last op is not re-run, see Op.recompute_skip)."""
+    if policy == "per-op":  # torchtitan checkpoints with early_stop=False: the whole block re-runs
+        return op.layer is not None and not op.per_op_saved
     if policy in op.recompute_skip:
         return False
     if policy == "full":
@@ -402,6 +459,9 @@ def recomputed_under(op: Op, policy: str) -> bool:
 
 def _kept(tag: str, in_block: bool, recompute: str, compiled: bool) -> bool:
     """Whether a tensor saved with this tag by an op (in a block or not) is kept for backward (SaveTag)."""
+    if tag == "op_output" or recompute == "per-op" and in_block:
+        # per-op: a block keeps its checkpoint's inputs and the outputs SelectiveAC saves, nothing else
+        return recompute == "per-op" and in_block and tag in ("input", "ckpt_input", "op_output")
     if tag == "pointwise" and compiled or tag == "compiled" and not compiled:
         return False
     if tag == "ckpt_input":
@@ -452,6 +512,21 @@ class _Builder:
         self.b, self.s, self.t = batch, seq_len, batch * seq_len
         self.e = dtype_bytes(spec.dtypes.compute)  # activation element size
         self.ops: list[Op] = []
+        self.matmuls: dict[int, int] = {}  # a block's matmuls so far (per_op_keeps)
+
+    def per_op_keeps(self, layer: int | None, weight_group: str, name: str) -> bool:
+        """Whether torchtitan's per-op SelectiveAC keeps the output of this block's next matmul: it counts a
+        checkpointed block's aten.mm calls in forward order and saves the odd ones (1st, 3rd, ...), recomputing
+        every second; grouped expert GEMMs (torch._grouped_mm, not in its save list) and the router's gate
+        (force-recomputed by default, `force_recompute_mm_shapes_by_fqns`) are recomputed and not counted.
+        Ref: PER_OP_SOURCE (SelectiveAC._wrap_block's policy). A linear with a bias runs aten.addmm, which the
+        policy saves without counting (as the reference model checks)."""
+        if layer is None or weight_group in ("experts", "router"):
+            return False
+        if self.a.linear_bias or self.a.qkv_bias and name.endswith((".c_q", ".c_k", ".c_v")):
+            return True  # aten.addmm: saved, not counted
+        self.matmuls[layer] = self.matmuls.get(layer, 0) + 1
+        return self.matmuls[layer] % 2 == 1
 
     def gemm(self, name: str, layer: int | None, k: int, n: int, x: str, weight_group: str,
              *, x_saved_tag: SaveTag = "keep", m: float | None = None, x_bytes: float | None = None,
@@ -471,6 +546,9 @@ class _Builder:
         w = k * n * experts  # weight elements
         if cast:
             saves.append(Saved(f"{name}.weight_cast", w * e, "pointwise"))
+        kept = self.per_op_keeps(layer, weight_group, name)
+        if kept:  # its output, m x n (a column-parallel GEMM's is split over tp, a row-parallel one's partial sum not)
+            saves.append(Saved(f"{name}.out", m * n * e, "op_output", tp_sharded=tp_split(name, "gemm") == "n"))
         self.ops.append(Op(
             name=name, kind="gemm", layer=layer, shape=(max(1, round(m / experts)), n, k),
             flops_fwd=2.0 * m * n * k, flops_bwd=4.0 * m * n * k,
@@ -479,6 +557,7 @@ class _Builder:
             bytes_fwd=m * k * e + w * e + m * n * e + (w * (w_master + e) if cast else 0),
             bytes_bwd=m * n * e * 2 + m * k * e * 2 + w * e * 2 + (w * w_master * 2 if cast else 0),
             saves=tuple(saves), weight_group=weight_group, weight_elements=float(w), calls=experts,
+            per_op_saved=kept,
         ))
 
     def pointwise(self, name: str, layer: int | None, numel: int, *, reads: int, writes: int = 1,
@@ -960,7 +1039,9 @@ def _attention(bld: _Builder, i: int, window: int, kind: AttentionKind, windows:
     out = Saved(f"{p}.attn_out", b * s * h * hd * e)
     io = b * s * (2 * h + 2 * hkv) * hd * e  # read q, k, v, write o
     half_fwd, half_bwd = 2.0 * b * h * pairs * hd, 4.0 * b * h * pairs * hd
-    saves = (*qkv, Saved(f"{p}.lse", b * h * s * 4, "core"), out)
+    saves = (*qkv, Saved(f"{p}.lse", b * h * s * 4, "core"), out,
+             # per-op recompute keeps the kernel's outputs (output and log-sum-exp; its RNG state is bytes)
+             Saved(out.name, out.bytes, "op_output"), Saved(f"{p}.lse", b * h * s * 4, "op_output"))
     mask_bytes = 0
     if kind == "fused_sdpa" and window < s:
         # a sliding window needs an explicit boolean mask, which SDPA converts to an additive mask in the
@@ -971,7 +1052,7 @@ def _attention(bld: _Builder, i: int, window: int, kind: AttentionKind, windows:
     bld.ops.append(Op(name=f"{p}.attn.core", kind="attention", layer=i, shape=(b, h, s, window, hd),
                       flops_fwd=2 * half_fwd, flops_bwd=2 * half_bwd, bytes_fwd=io + b * h * s * 4 + mask_bytes,
                       bytes_bwd=2 * io + b * h * s * 4 + mask_bytes, saves=saves,
-                      recompute_flops_bwd=half_fwd, attention_core=True))
+                      recompute_flops_bwd=half_fwd, attention_core=True, per_op_saved=True))
 
 
 def _unfused_attention(bld: _Builder, i: int, window: int, kind: AttentionKind) -> None:
@@ -1019,16 +1100,22 @@ def _unfused_attention(bld: _Builder, i: int, window: int, kind: AttentionKind) 
     # scores = q k^T, mask, softmax (saves the b x h x s x s probabilities), then probabilities @ v
     bld.ops.append(Op(name=f"{p}.attn.scores", kind="attention", layer=i, shape=(b, h, s, window, hd),
                       flops_fwd=half_fwd, flops_bwd=half_bwd, bytes_fwd=qkv_in + 4 * sq,
-                      bytes_bwd=2 * qkv_in + 6 * sq, attention_core=True,
-                      saves=(*scores_saves, Saved(f"{p}.probs", n["probs"], "core"))))
+                      bytes_bwd=2 * qkv_in + 6 * sq, attention_core=True, per_op_saved=True,
+                      # per-op recompute keeps the q k^T product (aten.bmm, in SelectiveAC's save list at b5bcd76;
+                      # the softmax is re-run from it), as large as the probabilities
+                      saves=(*scores_saves, Saved(f"{p}.probs", n["probs"], "core"),
+                             Saved(f"{p}.scores", n["probs"], "op_output"))))
     pv_probs = Saved(f"{p}.probs", n["probs"], "core")
     if dropout:  # dropout on the probabilities: its mask, and its output for P @ V
         _dropout(bld, f"{p}.attn.probs_dropout", i, b * h * s * s, a.dropout.attention, core=True, tp_sharded=True)
         pv_probs = Saved(f"{p}.probs_dropped", n["probs_dropped"], "core")
     bld.ops.append(Op(name=f"{p}.attn.pv", kind="attention", layer=i, shape=(b, h, s, window, hd),
                       flops_fwd=half_fwd, flops_bwd=half_bwd, bytes_fwd=qkv_in + sq,
-                      bytes_bwd=2 * qkv_in + 3 * sq, attention_core=True,
-                      saves=(v_saved, pv_probs, out), recompute_skip=("selective",)))
+                      bytes_bwd=2 * qkv_in + 3 * sq, attention_core=True, per_op_saved=True,
+                      # per-op keeps the P @ V product, in fp32 under torch's math SDPA (cast back after)
+                      saves=(v_saved, pv_probs, out, Saved(f"{p}.pv_out", n["v_fp32"], "op_output")
+                             if kind == "sdpa_math" else Saved(out.name, out.bytes, "op_output")),
+                      recompute_skip=("selective",)))
 
 
 def _head(bld: _Builder) -> None:

@@ -113,7 +113,7 @@ class Format(str, Enum):
     json = "json"
 
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "per-op", "full")  # lightest first (plan searches in this order)
 
 
 ModelOpt = typer.Option(..., "--model", "-m", help="Model: a built-in (d24, nanochat-d24, gpt2, llama-3-8b), "
@@ -367,7 +367,8 @@ def memory_cmd(
     moe_imbalance: float = MoeImbalanceOpt,
     attention: str = typer.Option(None, "--attention", help="Attention implementation (default: the hardware's "
                                   "default; see `ddplan specs show HARDWARE`)."),
-    recompute: str = typer.Option("none", "--recompute", help="Activation recompute: none, selective or full."),
+    recompute: str = typer.Option("none", "--recompute", help="Activation recompute: none, selective (Megatron's: "
+                                   "the attention core), per-op (torchtitan's selective AC) or full."),
     sequence_parallel: bool = SequenceParallelOpt,
     shard_group: int = ShardGroupOpt,
     reshard_after_forward: bool = ReshardOpt,
@@ -601,8 +602,8 @@ def table_cmd(
                              "model's native data-parallel setup)."),
     device_batch_size: str = typer.Option(None, "--device-batch-size", help="Sequences per GPU per micro-batch, "
                                           "comma-separated (default: the recipe's, made smaller until it fits)."),
-    recompute: str = typer.Option("none", "--recompute", help="Activation recompute: none, selective, full; "
-                                  "comma-separated."),
+    recompute: str = typer.Option("none", "--recompute", help="Activation recompute: none, selective (Megatron's: "
+                                  "the attention core), per-op (torchtitan's selective AC), full; comma-separated."),
     attention: str = typer.Option(None, "--attention", help="Attention implementations, comma-separated "
                                   "(default: every one on the hardware)."),
     window: str = typer.Option(None, "--window", help="Window patterns, comma-separated, e.g. L,SSSL (default: the "
@@ -975,7 +976,8 @@ def plan_cmd(
     top: int = typer.Option(10, "--top", help="How many layouts to list (table, markdown, json; csv lists all)."),
     headroom: float = HeadroomOpt,
     recompute: str = typer.Option(None, "--recompute", help="Recompute policies to search among: none, selective, "
-                                  "full, comma-separated (default: all three; plan keeps the least that fits)."),
+                                  "per-op, full, comma-separated (default: none, selective, full; plan keeps the "
+                                  "least that fits)."),
     zero: str = typer.Option(None, "--zero", help="ZeRO stages 0-3 to search among, comma-separated (default: "
                              "all four)."),
     attention: str = typer.Option(None, "--attention", help="Attention implementations to search among, "
@@ -1045,7 +1047,7 @@ def plan_cmd(
                                            restart_min),
                       budget=inputs.training_budget(spec, steps, tokens, param_data_ratio),
                       recomputes=tuple(r for r in RECOMPUTE if r in inputs.choices(recompute, "--recompute", RECOMPUTE))
-                      if recompute else RECOMPUTE,  # searched lightest first (ddplan.plan.layouts_for)
+                      if recompute else PlanRequest.recomputes,  # lightest first (ddplan.plan.layouts_for)
                       zero_stages=tuple(sorted(set(inputs.int_list(zero, "--zero", allowed=(0, 1, 2, 3))))) if zero
                       else (0, 1, 2, 3),
                       attentions=tuple(a.strip() for a in attention.split(",")) if attention else (),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from ddplan.anatomy import UNFUSED_KINDS
+from ddplan.anatomy import RECOMPUTE_POLICIES, UNFUSED_KINDS
 from ddplan.errors import LayoutError
 from ddplan.pipeline import stage_layers
 from ddplan.specs import ModelSpec
@@ -97,8 +97,8 @@ class Layout:
                               field="--offload-optimizer")
         if self.cp_comm not in ("ring", "all_gather"):
             raise LayoutError(f"context-parallel communication must be ring or all_gather, got {self.cp_comm!r}")
-        if self.recompute not in ("none", "selective", "full"):
-            raise LayoutError(f"recompute must be none, selective or full, got {self.recompute!r}")
+        if self.recompute not in RECOMPUTE_POLICIES:
+            raise LayoutError(f"recompute must be one of {', '.join(RECOMPUTE_POLICIES)}, got {self.recompute!r}")
         if self.etp not in (0, 1):
             raise LayoutError(f"expert tensor parallelism must be 1 or the tp degree, got {self.etp}", field="--etp")
         if self.expert_pool % self.ep:

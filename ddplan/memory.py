@@ -229,7 +229,8 @@ def in_flight_micro_batches(layout: Layout, stage: int = 0) -> float:
 
 
 def activation_bytes(anatomy: Anatomy, layout: Layout, num_layers: int) -> tuple[float, float]:
-    """(saved, transient) activation bytes on one GPU: the anatomy (already one tp rank's share) over pp.
+    """(saved, transient) activation bytes on one GPU: the anatomy (already one tp rank's share) over pp; the
+    transient is backward's largest working set: an op's gradients plus what recompute has brought back then.
 
     The first stage holds its layers for each of its in-flight micro-batches, plus the embeddings and the
     head (both counted: a slight overestimate for pp > 1). Where pp does not divide the layers
@@ -246,7 +247,7 @@ def activation_bytes(anatomy: Anatomy, layout: Layout, num_layers: int) -> tuple
     saved = (layer_bytes * first / num_layers + other) * in_flight_micro_batches(layout)
     if layout.pp > 2 and middle > first:
         saved = max(saved, layer_bytes * middle / num_layers * in_flight_micro_batches(layout, stage=1))
-    return saved, anatomy.transient_bytes()
+    return saved, anatomy.backward_transient_bytes()
 
 
 def memory_per_gpu(spec: ModelSpec, layout: Layout, anatomy: Anatomy, capacity_bytes: float,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ddplan.anatomy import UNFUSED_KINDS, Anatomy, Op, attention_pairs, recomputed_under
+from ddplan.anatomy import RECOMPUTE_POLICIES, UNFUSED_KINDS, Anatomy, Op, attention_pairs, recomputed_under
 from ddplan.fp8 import FP8_CAST_LAUNCHES, FP8_RECIPES, fp8_cast_bytes, fp8_eligible
 from ddplan.specs import Efficiency, HardwareSpec
 from ddplan.units import US
@@ -404,7 +404,7 @@ def op_times(anatomy: Anatomy, r: Rates) -> OpTimes:
         bwd[part] = bwd.get(part, 0.0) + b
         by_kind[(part, op.kind)] = by_kind.get((part, op.kind), 0.0) + f + b
         fwd_by_kind[(part, op.kind)] = fwd_by_kind.get((part, op.kind), 0.0) + f
-        for policy in ("selective", "full"):
+        for policy in RECOMPUTE_POLICIES[1:]:
             if recomputed_under(op, policy):
                 again[(part, policy)] = again.get((part, policy), 0.0) + f
                 key = (part, policy, op.kind)

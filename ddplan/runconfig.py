@@ -38,7 +38,7 @@ Count = Annotated[int, Field(gt=0)]
 IntList = list[Count] | Count
 TextList = list[str] | str
 Stage = Literal[0, 1, 2, 3]
-RecomputePolicy = Literal["none", "selective", "full"]
+RecomputePolicy = Literal["none", "selective", "per-op", "full"]
 GPU_RANGES = r"^\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*$"  # as --gpus takes them: 1,8-64
 
 
@@ -143,8 +143,8 @@ class RunConfig(Strict):
         "GPUs in total: a list, or ranges as the flag takes them ('1,8-64') (--gpus)")
     layout: Layout = Layout()
     precision: Precision = Precision()
-    recompute: list[RecomputePolicy] | RecomputePolicy | None = stated("none, selective, "
-                                                                       "full (--recompute)")
+    recompute: list[RecomputePolicy] | RecomputePolicy | None = stated("none, selective (Megatron's), "
+                                                                       "full, per-op (torchtitan's) (--recompute)")
     attention: TextList | None = stated("attention implementations (--attention)")
     window: TextList | None = stated("window patterns of S and L, e.g. SSSL (--window)")
     seq_len: int | None = stated("sequence length, tokens (--seq-len)", gt=0)

@@ -29,7 +29,7 @@ from ddplan.specfile import read_yaml, validate
 from ddplan.specs import Architecture, ModelSpec, Strict, present_param_groups
 
 Precision = Literal["bf16", "fp16", "fp8"]
-Recompute = Literal["none", "selective", "full"]
+Recompute = Literal["none", "selective", "full", "per-op"]
 
 
 class RunSource(Strict):

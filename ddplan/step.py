@@ -204,12 +204,15 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
     tp_s = 0.0
     if layout.tp > 1:
         # Megatron: 2 all-reduces of b s h forward and 2 backward per layer; full recompute repeats the
-        # forward pair (Korthikanti et al., arXiv 2205.05198, sec. 4.2.2)
+        # forward pair (Korthikanti et al., arXiv 2205.05198, sec. 4.2.2); per-op recompute keeps reduce-scatter
+        # outputs but re-runs all-gathers and all-reduces (anatomy.PER_OP_SOURCE's save list): with sequence
+        # parallelism the forward's all-gather half again, without it the forward pair
         timer = _Cached(GroupTimer(hw, placement(layout, hw.gpus_per_node).tp_per_node, comm_efficiency,
                                    comm_points), cache)
         fwd, bwd = comm.tp_comm_time_per_layer_s(layout.micro_batch, anatomy.seq_len, a.d_model, e, layout.tp, timer,
                                                  layout.sequence_parallel)
-        per_layer = fwd + bwd + (fwd if anatomy.recompute == "full" else 0.0)
+        again = {"full": fwd, "per-op": fwd / 2 if layout.sequence_parallel else fwd}.get(anatomy.recompute, 0.0)
+        per_layer = fwd + bwd + again
         # an MoE block without shared experts has no MLP-side pair: its dispatcher's gathers (ep_s) replace it
         swapped = stage_moe if a.moe is not None and not a.moe.shared_width else 0
         tp_s = accum * (stage - swapped / 2) * per_layer

@@ -20,6 +20,7 @@ from ddplan.anatomy import (
     build_anatomy,
     for_tp,
     megatron_unfused_saved_bytes,
+    with_recompute,
     muon_flops,
     sdpa_math_saved_bytes,
 )
@@ -83,29 +84,35 @@ TINY = {
 BATCH = 2
 # reference attention name -> (anatomy attention kind, window support)
 ATTENTION = {"sdpa-math": ("sdpa_math", "mask"), "sdpa-fused": ("fused_sdpa", "mask")}
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "per-op")
 
 # Saved-for-backward bytes as measured with torch 2.13 on CPU (fp32), batch 2, attention by
 # F.scaled_dot_product_attention under the math backend or the CPU flash kernel; the anatomy gives the
-# same figure to the byte for every one of them (the test asserts 1% and prints both):
+# same figure to the byte for every one of them (the test asserts 1% and prints both). per-op: torchtitan's
+# SelectiveAC policy (reference.Transformer.per_op_contexts), its kept outputs read from torch's own
+# selective-checkpoint storage:
 #
-#   model        attention   none        selective   full
-#   nanochat-d2  sdpa-math   15,028,020  14,044,980  4,063,028
-#   nanochat-d2  sdpa-fused  14,245,684  14,044,980  4,063,028
-#   nanochat-d3  sdpa-math   38,784,820  35,704,628  5,898,036
-#   nanochat-d3  sdpa-fused  36,175,668  35,704,628  5,898,036
-#   gpt2         sdpa-math    5,520,388   4,996,100  1,055,748
-#   gpt2         sdpa-fused   5,000,196   4,996,100  1,055,748
-#   llama-gqa    sdpa-math    7,775,236   6,464,516  1,184,772
-#   llama-gqa    sdpa-fused   6,472,708   6,464,516  1,184,772
-#   mixtral-moe  sdpa-math    7,279,620   5,968,900  1,184,772
+#   model        attention   none        selective   full       per-op
+#   nanochat-d2  sdpa-math   15,028,020  14,044,980  4,063,028   8,257,332
+#   nanochat-d2  sdpa-fused  14,245,684  14,044,980  4,063,028   7,212,852
+#   nanochat-d3  sdpa-math   38,784,820  35,704,628  5,898,036  17,956,660
+#   nanochat-d3  sdpa-fused  36,175,668  35,704,628  5,898,036  14,823,220
+#   gpt2         sdpa-math    5,520,388   4,996,100  1,055,748   4,201,476
+#   gpt2         sdpa-fused   5,000,196   4,996,100  1,055,748   3,681,284
+#   llama-gqa    sdpa-math    7,775,236   6,464,516  1,184,772   3,937,284
+#   llama-gqa    sdpa-fused   6,472,708   6,464,516  1,184,772   2,896,900
+#   mixtral-moe  sdpa-math    7,279,620   5,968,900  1,184,772   (not compared: see PER_OP_UNLIKE_TORCHTITAN)
 #   mixtral-moe  sdpa-fused   5,977,092   5,968,900  1,184,772
 #   qwen2-moe    sdpa-math    8,314,884   7,004,164  1,184,772
 #   qwen2-moe    sdpa-fused   7,012,356   7,004,164  1,184,772
 SAVED_TOLERANCE = 0.01
 FLOPS_TOLERANCE = 0.01
+# The reference runs a mixture of experts' experts one after another, an aten.mm each, which the per-op policy
+# counts and saves; torchtitan runs them as one torch._grouped_mm, outside its save list, as the anatomy does.
+PER_OP_UNLIKE_TORCHTITAN = ("mixtral-moe", "qwen2-moe")
 
-CASES = [pytest.param(m, a, rc, id=f"{m}-{a}-{rc}") for m in TINY for a in ATTENTION for rc in RECOMPUTE]
+CASES = [pytest.param(m, a, rc, id=f"{m}-{a}-{rc}") for m in TINY for a in ATTENTION for rc in RECOMPUTE
+         if not (rc == "per-op" and m in PER_OP_UNLIKE_TORCHTITAN)]
 
 
 @functools.cache
@@ -363,9 +370,16 @@ def _saved(cfg, kind, windows, recompute, **over):
 @settings(max_examples=60, deadline=None)
 @given(configs)
 def test_saved_bytes_non_increasing_none_selective_full(cfg):
+    """none >= selective >= full, and per-op >= full (it keeps the checkpoints' inputs, as full does, and some
+    outputs); in eager also none >= per-op. Compiled, none can keep less than per-op: the compiler's partitioner
+    recomputes cheap ops from what it chooses to keep, while per-op keeps every odd matmul's output and the
+    fp32 scores of the math attention whatever the compiler would have chosen."""
     for kind, windows in KINDS:
-        none, sel, full = (_saved(cfg, kind, windows, rc) for rc in RECOMPUTE)
+        none, sel, full, per_op = (_saved(cfg, kind, windows, rc) for rc in RECOMPUTE)
         assert none >= sel >= full > 0, (kind, none, sel, full)
+        assert per_op >= full, (kind, per_op, full)
+        if not cfg["compiled"]:
+            assert none >= per_op, (kind, none, per_op)
 
 
 @settings(max_examples=60, deadline=None)
@@ -436,6 +450,7 @@ def test_op_repeats_merge_only_the_blocks_repeats(model, kw):
     for op, n in reps:
         like = [o for o in a.ops if o.kind == op.kind and o.shape == op.shape and o.flops_fwd == op.flops_fwd
                 and o.bytes_bwd == op.bytes_bwd and o.attention_core == op.attention_core and o.wait == op.wait
+                and o.per_op_saved == op.per_op_saved
                 and (o.layer is None) == (op.layer is None)
                 and (o.name if o.layer is None else o.name.split(".", 1)[1])
                 == (op.name if op.layer is None else op.name.split(".", 1)[1])]
@@ -611,7 +626,8 @@ def _op_repeats_by_definition(ops):
     for op in ops:
         name = op.name if op.layer is None else op.name.removeprefix(f"h{op.layer}.")
         key = (name, op.layer is None, op.kind, op.shape, op.flops_fwd, op.flops_bwd, op.bytes_fwd, op.bytes_bwd,
-               op.recompute_flops_bwd, op.attention_core, op.recompute_skip, op.tp_done, op.wait, op.calls)
+               op.recompute_flops_bwd, op.attention_core, op.recompute_skip, op.tp_done, op.wait, op.calls,
+               op.per_op_saved)
         if key in groups:
             groups[key][1] += 1
         else:
@@ -728,3 +744,60 @@ def test_saved_split_walks_every_tensor_where_whole_bytes_would_not_be_exact(mod
         an = replace(for_tp(base, tp), recompute=policy)
         assert (an._saved_split_exact(_keep_table(policy, False)) is None) == (policy in policies)
         assert an.saved_split == _saved_split_by_definition(an)
+
+
+def test_per_op_recompute_keeps_what_torchtitan_selective_ac_keeps_by_hand():
+    """torchtitan's per-op SelectiveAC (anatomy.PER_OP_SOURCE) on a Llama 3 8B block, by hand. Forward's matmuls
+    in order: wq 1, wk 2, wv 3, wo 4, w1 (gate) 5, w3 (up) 6, w2 (down) 7; the odd ones' outputs are kept, with
+    the attention kernel's output and log-sum-exp and the block's input (the checkpoint's). Per layer, bf16
+    (e = 2), t = 2048 tokens, d = 4096, kv = 8 x 128 = 1024, f = 14336, 32 heads:
+        t e (d [input] + d [wq] + kv [wv] + d [attention out] + f [w1] + d [w2]) + 32 t 4 [lse]
+        = 2048 x 2 x (4 x 4096 + 1024 + 14336) + 32 x 2048 x 4 = 130,285,568 bytes.
+    Backward re-runs wk, wo and w3 (and the norms, rope and elementwise ops): the recomputed matmul FLOPs per
+    layer are 2 t d (kv + d + f) = 2 x 2048 x 4096 x 19456 = 326,417,514,496."""
+    spec = load_model("llama-3-8b")
+    a = spec.architecture
+    assert (a.d_model, a.num_kv_heads * a.head_dim, a.mlp_hidden_dim, a.num_heads) == (4096, 1024, 14336, 32)
+    per_op = build_anatomy(spec, batch=1, seq_len=2048, recompute="per-op")
+    assert per_op.saved_split[0] / a.num_layers == 130_285_568
+    again = sum(op.flops_fwd for op in per_op.ops if op.kind == "gemm" and per_op.recomputes(op))
+    assert again / a.num_layers == 326_417_514_496
+    kept = [op.name.split(".", 1)[1] for op in per_op.ops if op.layer == 0 and op.per_op_saved]
+    assert kept == ["attn.c_q", "attn.c_v", "attn.core", "mlp.gate", "mlp.c_proj"]
+    # outside the blocks nothing changes: the embeddings' and head's saves are those without recompute
+    none = build_anatomy(spec, batch=1, seq_len=2048)
+    assert per_op.saved_split[1] == none.saved_split[1]
+
+
+def test_recompute_brings_back_one_block_as_korthikanti_counts_it():
+    """backward_transient_bytes on GPT-3 22B (Korthikanti et al., arXiv 2205.05198, Table 3: 48 layers, h 6144,
+    a 64), b 1, s 2048, fp16, Megatron's unfused attention with dropout. A layer saves 34 s b h + 5 a s^2 b
+    bytes (their eq. 1) plus two LayerNorms' fp32 mean and 1/std (2 x 2 x 4 s b); selective recompute brings back the
+    attention core's 5 a s^2 b (sec. 4.2: the softmax's output, the dropout mask, the dropped probabilities)
+    and full recompute all but the layer's input (2 s b h). Both exceed the loss's gradient working set (fp32
+    logits and their gradient over the 51,200-token vocabulary, 2 x 4 s b v), all that stays without recompute."""
+    spec = load_model("gpt3-22b")
+    none = build_anatomy(spec, batch=1, seq_len=2048, attention="unfused_math")
+    s, b, h, a, v = 2048, 1, 6144, 64, 51200
+    layer = 34 * s * b * h + 5 * a * s * s * b + 2 * 2 * 4 * s * b
+    assert layer == 1_770_029_056
+    loss = max(op.transient_bytes for op in none.post)
+    assert none.backward_transient_bytes() == none.transient_bytes() == loss == 2 * 4 * s * b * v == 838_860_800
+    assert with_recompute(none, "selective").backward_transient_bytes() == 5 * a * s * s * b == 1_342_177_280
+    assert with_recompute(none, "full").backward_transient_bytes() == layer - 2 * s * b * h == 1_744_863_232
+    # per-op keeps the input, the odd matmuls' outputs and the attention products: between the two here
+    per_op = with_recompute(none, "per-op").backward_transient_bytes()
+    assert 5 * a * s * s * b < per_op < layer - 2 * s * b * h
+
+
+@pytest.mark.parametrize("recompute", RECOMPUTE_POLICIES)
+def test_backward_transient_is_the_gradients_or_the_largest_live_recompute(recompute):
+    """Brought-back tensors live from their region's recompute until their first saver's backward: never more
+    than all of a block's not-kept tensors at once on top of the gradients, never less than the gradients."""
+    spec = load_model("llama-3-8b")
+    none = build_anatomy(spec, batch=1, seq_len=2048, attention="sdpa_math")
+    an = with_recompute(none, recompute)
+    layers = spec.architecture.num_layers
+    brought = (none.saved_split[0] - an.saved_split[0]) / layers + sum(
+        t.bytes for n, t in an.saved_tensors().items() if t.tag == "op_output" and n.startswith("h0."))
+    assert an.transient_bytes() <= an.backward_transient_bytes() <= an.transient_bytes() + brought

@@ -669,7 +669,7 @@ def test_op_times_over_the_merged_repeats_equal_the_walk_over_every_op(model, fp
         f, b = op_time_s(op, a, r)
         fwd[_part(op)] = fwd.get(_part(op), 0.0) + f
         bwd[_part(op)] = bwd.get(_part(op), 0.0) + b
-        for policy in ("selective", "full"):
+        for policy in ("selective", "full", "per-op"):
             if recomputed_under(op, policy):
                 again[(_part(op), policy)] = again.get((_part(op), policy), 0.0) + f
     assert got.fwd == pytest.approx(fwd, rel=1e-12) and got.bwd == pytest.approx(bwd, rel=1e-12)

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ddplan import comm, step
-from ddplan.anatomy import build_anatomy, muon_flops
+from ddplan.anatomy import build_anatomy, for_tp, muon_flops
 from ddplan.layout import NATIVE_ZERO, Layout, check_layout
 from ddplan.registry import load_hardware, load_model
 from ddplan.roofline import Rates, rates
@@ -47,7 +47,8 @@ def _anatomy(model, micro_batch, attention, recompute="none", compiled=True, tp=
 
 def run_step(model, layout, scenario="value"):
     spec, hw = _spec(model), _hw()
-    an = _anatomy(model, layout.micro_batch, layout.attention, layout.recompute, layout.compiled, layout.tp)
+    an = _anatomy(model, layout.micro_batch, layout.attention, layout.recompute, layout.compiled)
+    an = for_tp(an, layout.tp, layout.sequence_parallel) if layout.tp > 1 else an
     return step_time(spec, hw, layout, an, rates(hw, layout.attention, scenario), comm_efficiency=scenario)
 
 
@@ -298,6 +299,18 @@ def test_step_tp_full_recompute_repeats_the_forward_all_reduces():
     none = run_step("gpt2-124m", gpt2(dp=1, tp=2))
     full = run_step("gpt2-124m", gpt2(dp=1, tp=2, recompute="full"))
     assert full.tp_comm_s == pytest.approx(1.5 * none.tp_comm_s, rel=1e-9)
+
+
+def test_step_tp_per_op_recompute_repeats_the_gathers_not_the_reduce_scatters():
+    """torchtitan's per-op SelectiveAC keeps reduce-scatter outputs (its save list) and re-runs the rest: without
+    sequence parallelism the forward's two all-reduces again (as full recompute, x1.5 of 2 + 2), with it the two
+    all-gathers only (a quarter of the 8 collectives: x1.25)."""
+    none = run_step("gpt2-124m", gpt2(dp=1, tp=2))
+    per_op = run_step("gpt2-124m", gpt2(dp=1, tp=2, recompute="per-op"))
+    assert per_op.tp_comm_s == pytest.approx(1.5 * none.tp_comm_s, rel=1e-9)
+    sp = run_step("gpt2-124m", gpt2(dp=1, tp=2, sequence_parallel=True))
+    sp_per_op = run_step("gpt2-124m", gpt2(dp=1, tp=2, sequence_parallel=True, recompute="per-op"))
+    assert sp.tp_comm_s > 0 and sp_per_op.tp_comm_s == pytest.approx(1.25 * sp.tp_comm_s, rel=1e-9)
 
 
 def _p2p_s(model, layout):

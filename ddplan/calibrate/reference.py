@@ -32,13 +32,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from ddplan.specs import PARAM_GROUPS, Architecture, ModelSpec
 
 ATTENTION = ("sdpa-math", "sdpa-fused")  # names shared with hardware/*.yaml `attention`
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "per-op")
+# per-op: torchtitan's SelectiveAC policy (ddplan.anatomy.PER_OP_SOURCE) restated: a layer is checkpointed, the
+# outputs of these ops are kept, except every second aten.mm of the layer's forward. torchtitan's list names the
+# CUDA attention kernels; on a CPU the fused SDPA runs `_scaled_dot_product_flash_attention_for_cpu`, its stand-in.
+_PER_OP_SAVED = frozenset(op for op in (
+    torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    torch.ops.aten.max.default, torch.ops.aten.topk.default))
 DTYPE_POLICIES = ("spec", "fp32")
 _TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -316,6 +326,7 @@ class Transformer(nn.Module):
         arch, family = spec.architecture, _FAMILY[spec.family]
         self.arch, self.attention, self.recompute, self.seq_len = arch, attention, recompute, seq_len
         self.compute_dtype, self.logits_fp32 = compute_dtype, logits_fp32
+        self.per_op_storage: list[dict] = []  # per-op recompute: each layer's kept outputs (per_op_contexts)
         self.windows = arch.windows(seq_len)
         c = arch.d_model
         self.wte = nn.Embedding(arch.vocab_size, c)
@@ -365,6 +376,9 @@ class Transformer(nn.Module):
         for i in range(self.arch.num_layers):
             if self.recompute == "full":  # only the layer's inputs are saved
                 x = checkpoint(self.layer, i, x, x0, idx, cos, sin, masks[i], use_reentrant=False)
+            elif self.recompute == "per-op":  # the layer's inputs and the outputs the policy keeps
+                x = checkpoint(self.layer, i, x, x0, idx, cos, sin, masks[i], use_reentrant=False,
+                               context_fn=self.per_op_contexts, early_stop=False)  # as torchtitan wraps it
             else:
                 x = self.layer(i, x, x0, idx, cos, sin, masks[i])
             if i == backout_layer:
@@ -381,6 +395,23 @@ class Transformer(nn.Module):
         if targets is None:
             return logits
         return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1), ignore_index=-1)
+
+    def per_op_contexts(self):
+        """torch's selective-checkpoint contexts under the per-op policy, one pair per checkpointed call (the
+        matmul count starts again in each layer); the outputs kept go to `per_op_storage` (measure reads it)."""
+        matmuls = {"forward": 0, "recompute": 0}
+
+        def policy(ctx, func, *args, **kwargs):
+            mode = "recompute" if ctx.is_recompute else "forward"
+            if func == torch.ops.aten.mm.default:
+                matmuls[mode] += 1
+                if matmuls[mode] % 2 == 0:
+                    return CheckpointPolicy.PREFER_RECOMPUTE
+            return CheckpointPolicy.MUST_SAVE if func in _PER_OP_SAVED else CheckpointPolicy.PREFER_RECOMPUTE
+
+        contexts = create_selective_checkpoint_contexts(policy)
+        self.per_op_storage.append(contexts[0].storage)
+        return contexts
 
     def layer(self, i, x, x0, idx, cos, sin, mask):
         """One layer: nanochat's x0 mixing (l.500) and value-embedding lookup, then the block."""
@@ -412,7 +443,8 @@ def build_model(spec: ModelSpec, *, attention: str, recompute: str, seq_len: int
     attention: F.scaled_dot_product_attention (is_causal for full windows, an explicit boolean mask for
     sliding ones, the spec's attention dropout) under torch's math backend ("sdpa-math": fp32 inside for
     16-bit inputs, saves the T x T probabilities) or its fused backends only ("sdpa-fused"), see `sdpa`.
-    recompute: "none", "selective" (checkpoint the attention core) or "full" (checkpoint every layer).
+    recompute: "none", "selective" (checkpoint the attention core), "full" (checkpoint every layer) or "per-op"
+    (checkpoint every layer under torchtitan's per-op policy: Transformer.per_op_contexts).
     dtype_policy: "spec" stores each parameter group in spec.dtypes.params and computes in
     spec.dtypes.compute; "fp32" stores and computes everything in fp32.
     """
@@ -518,6 +550,12 @@ def measure(spec: ModelSpec, *, batch: int, seq_len: int, attention: str, recomp
     with FlopCounterMode(display=False, custom_mapping=_CPU_FLASH_FLOPS) as counter:
         with saved_tensors_hooks(pack, lambda t: t):
             loss = model(idx, targets)
+        for storage in model.per_op_storage:  # what selective checkpointing keeps, outside the hooks' view
+            for outputs in storage.values():
+                for out in outputs.values():
+                    for wrapped in torch.utils._pytree.tree_leaves(out):
+                        if isinstance(getattr(wrapped, "val", None), torch.Tensor):
+                            pack(wrapped.val)
         loss.backward()
     detail = list(saved.values())
 
