@@ -341,6 +341,86 @@ def specs_import(
     print(f"wrote {target} ({spec.name})", file=sys.stderr)
 
 
+class ImportFormat(str, Enum):
+    torchtitan = "torchtitan"
+    megatron = "megatron"
+    nemo = "nemo"
+    nanochat = "nanochat"
+
+
+@app.command("import", short_help="A run file from a torchtitan TOML, Megatron-LM arguments, NeMo YAML, nanochat line.")
+def import_cmd(
+    file: str = typer.Argument(..., help="The stack's file: a torchtitan job TOML, a Megatron-LM launch script or "
+                                         "argument file, a NeMo training YAML, or a file holding a nanochat "
+                                         "base_train command line."),
+    out: str = typer.Option(..., "--out", "-o", help="Where to write the run configuration (YAML)."),
+    source_format: ImportFormat | None = typer.Option(None, "--from", help="The file's format (default: from its "
+                                                                                "name and contents)."),
+    gpus: int | None = typer.Option(None, "--gpus", min=1, help="GPUs in total, where the file does not say (or "
+                                                                    "to override it)."),
+    hardware: str | None = typer.Option(None, "--hardware", help="The GPU, which none of these files names "
+                                                                    "(default: h100-sxm, marked assumed)."),
+    model: str | None = typer.Option(None, "--model", help="The model, where the file's is not one import reads "
+                                                              "(a built-in, a model YAML or a config.json)."),
+) -> None:
+    """Write a ddplan run configuration from the file a training stack already runs, with its framework set.
+
+    \b
+    Examples:
+      ddplan import llama3_8b.toml -o run.yaml
+      ddplan table --config run.yaml
+      ddplan import train_gpt3_175b_distributed.sh -o gpt3.yaml --gpus 1024
+
+    Every field the file states is written; fields it does not state are left to the framework's profile
+    (frameworks/), except those no profile sets (GPUs, hardware), which are written marked `# assumed:`. Options
+    not priced as stated are warnings; options that do not change a step's cost (learning rates, data, logging)
+    are counted. A model that is no built-in is written beside as OUT's name with .config.json.
+    """
+    import warnings
+
+    from ddplan import importers
+    from ddplan.errors import InputWarning, UsageError
+    from ddplan.files import atomic_write, check_output_path
+    from ddplan.registry import load_hardware, load_model
+
+    path = Path(file).expanduser()
+    if not path.exists():
+        raise UsageError(f"no such file: {file!r}", field="FILE")
+    target = check_output_path(out, "--out", (".yaml", ".yml"))
+    if hardware:
+        load_hardware(hardware)  # a typo is one error line naming the choices, before anything is written
+    if model:
+        load_model(model)
+    imp = importers.read(path, source_format.value if source_format else None, gpus=gpus, hardware=hardware,
+                         model=model)
+    extra = None
+    if imp.architecture is not None:
+        extra = target.with_name(target.name.rsplit(".", 1)[0] + ".config.json")
+        imp.fields[("model",)] = extra.name
+    command = "ddplan import " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["import"] else f"ddplan import {file}"
+    text = importers.to_run_yaml(imp, command)
+    if extra is not None:
+        import json
+
+        atomic_write(extra, json.dumps(imp.architecture, indent=2) + "\n")
+        try:
+            load_model(str(extra))  # the written architecture reads back as a model
+        except Exception:
+            extra.unlink()
+            raise
+    atomic_write(target, text)
+    for w in imp.warnings:
+        warnings.warn(InputWarning(f"{file}: {w}"))
+    assumed = ", ".join(".".join(p) for p in imp.assumed)
+    print(f"import: wrote {target} ({imp.format}: framework {importers.PROFILE[imp.format]}, {len(imp.fields)} fields"
+          + (f"; assumed, check them: {assumed}" if assumed else "") + ")"
+          + (f" and {extra} (the model's architecture)" if extra else ""), file=sys.stderr)
+    if imp.ignored:
+        shown = ", ".join(imp.ignored[:6]) + (", ..." if len(imp.ignored) > 6 else "")
+        print(f"import: not read, as they do not change a step's cost: {len(imp.ignored)} options ({shown})", file=sys.stderr)
+    print(f"import: next: ddplan table --config {target}", file=sys.stderr)
+
+
 @app.command("memory", short_help="Memory per GPU by ZeRO stage, and what fits.", cls=PanelledCommand)
 def memory_cmd(
     ctx: typer.Context,

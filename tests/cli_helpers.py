@@ -22,7 +22,7 @@ def run_ok(capsys, argv: list[str]) -> str:
     """stdout of a successful run; stderr may hold warnings and progress lines only, one line each."""
     code, out, err = run(capsys, argv)
     assert code == 0, err
-    assert all(line.startswith(("warning: ", "plan: ", "table: ", "memory: ", "validate: "))
+    assert all(line.startswith(("warning: ", "plan: ", "table: ", "memory: ", "validate: ", "import: "))
                for line in err.splitlines()), err
     return out
 

@@ -43,7 +43,7 @@ def quoted_outputs() -> list[tuple[str, str]]:
     """(command, the first paragraph of the output quoted under it, unwrapped) for each ```bash block that a
     ```text block follows."""
     out = []
-    for m in re.finditer(r"```bash\n(.*?)```\s*\n```text\n(.*?)```", README, re.S):
+    for m in re.finditer(r"```bash\n((?:(?!```).)*)```\s*\n```text\n(.*?)```", README, re.S):
         command = " ".join(m.group(1).replace("\\\n", " ").split())
         first, *rest = m.group(2).splitlines()
         para = [first] + [t for t in (rest[:next((i for i, t in enumerate(rest) if not t.startswith("  ")),

@@ -1,0 +1,803 @@
+"""`ddplan import`: a run as a training stack states it (torchtitan TOML, Megatron-LM arguments, a NeMo config, a
+nanochat command line), turned into ddplan's run configuration (ddplan/runconfig.py) with its framework set.
+
+Each reader maps the options that change a step's cost to run-config fields; what the file does not say is left
+to the framework's profile (frameworks/*.yaml), which `table`/`memory`/`plan --config` apply; a field the file does
+not give and no profile sets (GPUs, hardware) is written with an `# assumed:` comment naming why. Options a reader
+does not map are named in warnings: cost-relevant ones one by one, the rest (learning rates, data paths, logging)
+counted. Sources, each read from the code at the commit named:
+- torchtitan: torchtitan/config/job_config.py@238fa99 (2026-02-23, the last commit with TOML job files; the
+  TOML presets under torchtitan/models/*/train_configs/) and the llama3 flavors in
+  torchtitan/models/llama3/__init__.py@238fa99;
+- Megatron-LM: megatron/training/arguments.py@d98e8a6 (2026-08-22) and the launch scripts under examples/;
+- NeMo: the NeMo-Framework-Launcher training configs (launcher_scripts/conf/training/*@26e42fa, 2025-04-18),
+  NeMo 1.x's megatron_gpt_config.yaml schema, which runs Megatron-Core (profile megatron-core);
+- nanochat: scripts/base_train.py@92d63d4 argument parser (2026-07-03) and runs/speedrun.sh.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddplan.errors import SpecError
+from ddplan.registry import builtin_names, load_model
+from ddplan.runconfig import RunConfig, field_paths
+from ddplan.specfile import read_yaml, validate
+
+FORMATS = ("torchtitan", "megatron", "nemo", "nanochat")
+PROFILE = {"torchtitan": "torchtitan", "megatron": "megatron-core", "nemo": "megatron-core", "nanochat": "nanochat"}
+MAX_BYTES = 1 << 20
+DEFAULT_HARDWARE = "h100-sxm"
+
+
+@dataclass
+class Imported:
+    """A run read from a stack's file: run-config fields by path, why each assumed one was assumed, what was not
+    read, and a Hugging Face style config.json of the architecture where no built-in model is it."""
+
+    source: str
+    format: str
+    fields: dict[tuple[str, ...], Any] = field(default_factory=dict)
+    assumed: dict[tuple[str, ...], str] = field(default_factory=dict)
+    notes: dict[tuple[str, ...], str] = field(default_factory=dict)  # where a stated field came from, when not plain
+    warnings: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)  # options that do not change a step's cost
+    architecture: dict | None = None  # config.json contents, when the model is not a built-in
+    gpus_given: int | None = None  # import --gpus: wins over the file
+
+    def set(self, path: tuple[str, ...] | str, value: Any, note: str | None = None) -> None:
+        key = (path,) if isinstance(path, str) else path
+        self.fields[key] = value
+        if note:
+            self.notes[key] = note
+
+    def assume(self, path: tuple[str, ...] | str, value: Any, why: str) -> None:
+        key = (path,) if isinstance(path, str) else path
+        self.fields[key] = value
+        self.assumed[key] = why
+
+
+def detect(path: Path, text: str) -> str:
+    """Which stack's file this is, from its name and contents; one clear error when it is none of them."""
+    if path.suffix == ".toml":
+        return "torchtitan"
+    if path.suffix in (".yaml", ".yml") and re.search(r"^trainer:\s*$", text, re.M) and re.search(r"^model:\s*$",
+                                                                                                   text, re.M):
+        return "nemo"
+    if "base_train" in text:
+        return "nanochat"
+    if re.search(r"--(num-layers|tensor-model-parallel-size|hidden-size)\b", text):
+        return "megatron"
+    raise SpecError("not a torchtitan job TOML, a NeMo training YAML (trainer: and model:), Megatron-LM arguments "
+                    "(--num-layers ...) or a nanochat base_train command line; name the format with --from "
+                    f"({', '.join(FORMATS)})", file=str(path))
+
+
+def read(path: Path, fmt: str | None = None, *, gpus: int | None = None, hardware: str | None = None,
+         model: str | None = None) -> Imported:
+    """The run a stack's file states. gpus, hardware, model: what the caller knows that the file may not say (they
+    win over the file)."""
+    if path.is_dir():
+        raise SpecError("is a folder, not a file", file=str(path))
+    try:
+        if path.stat().st_size > MAX_BYTES:
+            raise SpecError(f"over {MAX_BYTES:,} bytes: not a training config", file=str(path))
+        text = path.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise SpecError(f"cannot read: {e.strerror}", file=str(path)) from None
+    except UnicodeDecodeError:
+        raise SpecError("not UTF-8 text", file=str(path)) from None
+    fmt = fmt or detect(path, text)
+    out = Imported(source=str(path), format=fmt, gpus_given=gpus)
+    out.set("framework", PROFILE[fmt])
+    {"torchtitan": _torchtitan, "megatron": _megatron, "nemo": _nemo, "nanochat": _nanochat}[fmt](text, path, out)
+    if model:
+        out.set("model", model, "given to import")
+        out.architecture = None
+    if hardware:
+        out.fields[("hardware",)] = hardware
+        out.assumed.pop(("hardware",), None)
+    if ("hardware",) not in out.fields:
+        out.assume("hardware", DEFAULT_HARDWARE, "the file names no GPU (import --hardware, or edit)")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the model: a built-in when one has these dimensions, else a config.json of them
+
+
+def _builtin_like(arch: dict) -> str | None:
+    """The built-in model whose architecture has every dimension in `arch` (layers, width, heads, MLP, vocabulary,
+    dropout), or None."""
+    for name in builtin_names("models"):
+        a = load_model(name).architecture
+        have = {"num_layers": a.num_layers, "d_model": a.d_model, "num_heads": a.num_heads,
+                "num_kv_heads": a.num_kv_heads, "mlp_hidden_dim": a.mlp_hidden_dim, "vocab_size": a.vocab_size,
+                "mlp": a.mlp, "tied_embeddings": a.tied_embeddings, "moe": a.moe is not None,
+                "dropout": (a.dropout.hidden, a.dropout.attention) if a.dropout else (0.0, 0.0)}
+        if all(have[k] == v for k, v in arch.items() if k in have):
+            return name
+    return None
+
+
+def _hf_config(arch: dict, name: str) -> dict:
+    """A Hugging Face config.json of these dimensions (ddplan.hf reads it): Llama's layout for SwiGLU, GPT-2's for
+    GELU with learned positions, GPT-NeoX's for GELU with rotary ones."""
+    hidden, attention = arch.get("dropout", (0.0, 0.0))
+    common = {"_name_or_path": name, "hidden_size": arch["d_model"], "num_hidden_layers": arch["num_layers"],
+              "num_attention_heads": arch["num_heads"], "vocab_size": arch["vocab_size"],
+              "max_position_embeddings": arch["max_seq_len"], "tie_word_embeddings": arch["tied_embeddings"]}
+    if arch["mlp"] == "swiglu":
+        cfg = {"model_type": "llama", **common, "num_key_value_heads": arch["num_kv_heads"],
+               "intermediate_size": arch["mlp_hidden_dim"], "hidden_act": "silu",
+               "attention_bias": arch.get("bias", False), "mlp_bias": arch.get("bias", False),
+               "attention_dropout": attention, "hidden_dropout": hidden}
+        if arch["d_model"] // arch["num_heads"] != arch.get("head_dim", arch["d_model"] // arch["num_heads"]):
+            cfg["head_dim"] = arch["head_dim"]
+        return cfg
+    if arch.get("position") == "learned":
+        return {"_name_or_path": name, "model_type": "gpt2", "n_layer": arch["num_layers"], "n_embd": arch["d_model"],
+                "n_head": arch["num_heads"], "n_positions": arch["max_seq_len"], "vocab_size": arch["vocab_size"],
+                "n_inner": arch["mlp_hidden_dim"], "tie_word_embeddings": arch["tied_embeddings"],
+                "resid_pdrop": hidden, "attn_pdrop": attention}
+    return {"model_type": "gpt_neox", **common, "intermediate_size": arch["mlp_hidden_dim"],
+            "use_parallel_residual": False, "hidden_dropout": hidden, "attention_dropout": attention}
+
+
+def _model(out: Imported, arch: dict, name: str, how: str) -> None:
+    builtin = _builtin_like(arch)
+    if builtin:
+        out.set("model", builtin, f"the built-in with the file's dimensions ({how})")
+    else:
+        out.architecture = _hf_config(arch, name)
+        out.set("model", None, f"no built-in has the file's dimensions ({how}): written as a config.json beside")
+
+
+def _degrees(out: Imported, gpus: int | None, per_replica: int, stated: str, assumed: str = "") -> None:
+    """GPUs in total: import --gpus, else what the file says, else `assumed`'s count or one node of 8 (assumed);
+    checked against the model-parallel size per_replica."""
+    if out.gpus_given:
+        if out.gpus_given % per_replica:
+            raise SpecError(f"--gpus {out.gpus_given}: the file's model-parallel size {per_replica} does not divide it",
+                            file=out.source, field="--gpus")
+        out.set("gpus", out.gpus_given, "given to import")
+        return
+    if gpus and gpus % per_replica == 0:
+        out.set("gpus", gpus, stated)
+        return
+    if gpus:
+        out.warnings.append(f"{stated} gives {gpus} GPUs, which the model-parallel size {per_replica} does not "
+                            f"divide: {per_replica} assumed (data-parallel 1)")
+        out.assume("gpus", per_replica, f"{stated} ({gpus}) cannot hold a model replica of {per_replica} GPUs")
+        return
+    m = re.match(r"(\d+) ", assumed)
+    if m and int(m.group(1)) % per_replica == 0:
+        out.assume("gpus", int(m.group(1)), assumed)
+        return
+    n = per_replica * max(1, 8 // per_replica) if per_replica <= 8 else per_replica
+    out.assume("gpus", n, (assumed + "; " if assumed else "") + "the file does not say how many GPUs: one node of 8 "
+               "(or one model replica); import --gpus, or edit")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# torchtitan
+
+# torchtitan/models/llama3/__init__.py@238fa99 llama3_args: dim, n_layers, n_heads, n_kv_heads, ffn_dim_multiplier,
+# multiple_of; vocab 128,256 (the Llama 3 tokenizer)
+TITAN_LLAMA3 = {"8B": (4096, 32, 32, 8, 1.3, 1024), "70B": (8192, 80, 64, 8, 1.3, 4096),
+                "405B": (16384, 126, 128, 8, 1.2, 4096)}
+
+
+def titan_ffn(dim: int, multiplier: float, multiple_of: int) -> int:
+    """torchtitan's (and Meta's Llama 3) FeedForward hidden size: 2/3 of 4 dim, times ffn_dim_multiplier, rounded up
+    to multiple_of. Ref: torchtitan/models/llama3/model/model.py@238fa99 FeedForward.__init__ (8B: 14,336; 70B:
+    28,672; 405B: 53,248, as Meta's configs)."""
+    hidden = int(multiplier * int(2 * 4 * dim / 3))
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+
+
+TITAN_READ = {
+    "model": {"name", "flavor", "converters"},
+    "training": {"local_batch_size", "batch_size", "global_batch_size", "seq_len", "steps", "mixed_precision_param",
+                 "mixed_precision_reduce", "compile", "data_parallel_replicate_degree", "data_parallel_shard_degree",
+                 "tensor_parallel_degree"},
+    "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree", "tensor_parallel_degree",
+                    "pipeline_parallel_degree", "context_parallel_degree", "expert_parallel_degree",
+                    "expert_tensor_parallel_degree", "enable_async_tensor_parallel", "fsdp_reshard_after_forward",
+                    "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size"},
+    "activation_checkpoint": {"mode", "selective_ac_option"},
+    "compile": {"enable", "components"},
+    "float8": {"enable_fsdp_float8_all_gather", "recipe_name", "precompute_float8_dynamic_scale_for_fsdp",
+               "filter_fqns"},
+}
+TITAN_NOT_COST = ("job", "profiling", "metrics", "optimizer", "lr_scheduler", "checkpoint", "validation",
+                  "comm", "fault_tolerance", "experimental", "memory_estimation", "dataloader")
+
+
+def _toml(text: str, path: Path) -> dict:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError(f"not valid TOML: {e}", file=str(path)) from None
+
+
+def _torchtitan(text: str, path: Path, out: Imported) -> None:
+    """A torchtitan job TOML (JobConfig: [model], [training], [parallelism], [activation_checkpoint], [compile],
+    [quantize.linear.float8] or the older [float8])."""
+    cfg = _toml(text, path)
+    if not isinstance(cfg.get("model"), dict) and not isinstance(cfg.get("training"), dict):
+        raise SpecError("no [model] or [training] table: not a torchtitan job config", file=str(path))
+
+    def get(section: str, key: str, default: Any = None) -> Any:
+        table = cfg.get(section, {})
+        return table.get(key, default) if isinstance(table, dict) else default
+
+    training, par = cfg.get("training", {}), cfg.get("parallelism", {})
+    name, flavor = get("model", "name", "llama3"), str(get("model", "flavor", "debugmodel"))
+    if name == "llama3" and flavor in TITAN_LLAMA3:
+        dim, layers, heads, kv, mult, multiple = TITAN_LLAMA3[flavor]
+        arch = {"num_layers": layers, "d_model": dim, "num_heads": heads, "num_kv_heads": kv,
+                "mlp_hidden_dim": titan_ffn(dim, mult, multiple), "vocab_size": 128256, "mlp": "swiglu",
+                "tied_embeddings": False, "moe": False, "dropout": (0.0, 0.0), "max_seq_len": 131072,
+                "position": "rope"}
+        _model(out, arch, f"llama3-{flavor.lower()}", f"[model] name {name!r}, flavor {flavor!r}")
+    else:
+        raise SpecError(f"[model] name {name!r}, flavor {flavor!r}: import reads llama3 flavors "
+                        f"{', '.join(TITAN_LLAMA3)}; for another model give import --model NAME (a built-in, a "
+                        f"model YAML or a config.json)", file=str(path), field="model")
+
+    # parallelism: the older releases kept the degrees in [training]
+    def degree(key: str, default: int = 1) -> int:
+        value = par.get(key, training.get(key, default))
+        if not isinstance(value, int) or isinstance(value, bool) or value == 0 or value < -1:
+            raise SpecError(f"must be a positive whole number (or -1 for the shard degree), got {value!r}",
+                            file=str(path), field=f"parallelism.{key}")
+        return value
+
+    replicate, shard = degree("data_parallel_replicate_degree"), degree("data_parallel_shard_degree", -1)
+    tp, pp, cp = degree("tensor_parallel_degree"), degree("pipeline_parallel_degree"), degree("context_parallel_degree")
+    ep, etp = degree("expert_parallel_degree"), degree("expert_tensor_parallel_degree")
+    for key, value in (("tp", tp), ("pp", pp), ("cp", cp)):
+        out.set(("layout", key), value)
+    if ep > 1:
+        out.set(("layout", "ep"), ep)
+    if etp > 1:
+        out.set(("layout", "etp"), etp)
+    per_replica = tp * pp * cp
+    if shard == -1:  # torchtitan: the shard degree is whatever the world size leaves
+        _degrees(out, None, per_replica * replicate, "", _note_gpus(text))
+        shard = out.fields[("gpus",)] // (per_replica * replicate)
+    else:
+        out.set("gpus", replicate * shard * per_replica, "the product of the [parallelism] degrees")
+    hw = _note_hardware(text)
+    if hw:
+        out.assume("hardware", hw[0], hw[1])
+    if shard > 1:
+        out.set(("layout", "zero"), 3, "data_parallel_shard_degree > 1: FSDP2 shards parameters, gradients and "
+                                       "optimizer states")
+        if replicate > 1:
+            out.set(("layout", "shard_group"), shard, "HSDP: sharded over data_parallel_shard_degree ranks")
+    else:
+        out.set(("layout", "zero"), 0, "no shard degree: replicated (DDP)")
+    if par.get("enable_async_tensor_parallel"):
+        out.set(("layout", "tp_comm_overlap"), True)
+    reshard = par.get("fsdp_reshard_after_forward", "default")
+    if reshard in ("always", "never"):
+        out.set(("layout", "reshard_after_forward"), reshard == "always")
+    if pp > 1:
+        schedule = par.get("pipeline_parallel_schedule", "1F1B")
+        if schedule not in ("1F1B", "GPipe"):
+            out.warnings.append(f"parallelism.pipeline_parallel_schedule {schedule!r}: priced as 1F1B (vp 1)")
+
+    local = training.get("local_batch_size", training.get("batch_size", 8))
+    seq = training.get("seq_len", 2048)
+    dp = replicate * shard
+    out.set(("batch", "device"), local)
+    global_batch = training.get("global_batch_size", -1)
+    global_batch = local * dp if global_batch in (-1, None) else global_batch
+    out.set(("batch", "total_tokens"), global_batch * seq, f"{global_batch} sequences of {seq} tokens")
+    out.set("seq_len", seq)
+    out.set(("budget", "steps"), training.get("steps", 10000))
+    precision = training.get("mixed_precision_param", "bfloat16")
+    out.set(("precision", "dtype"), {"bfloat16": "bf16", "float32": "fp32"}.get(precision, precision))
+    reduce = training.get("mixed_precision_reduce", "float32")
+    out.set(("precision", "grads"), "fp32" if reduce == "float32" else "param",
+            None if reduce == "float32" else f"training.mixed_precision_reduce {reduce}")
+
+    ac = cfg.get("activation_checkpoint", {})
+    mode, option = ac.get("mode", "selective"), str(ac.get("selective_ac_option", "2"))
+    if mode == "selective" and option == "op":
+        out.set("recompute", "per-op", "activation_checkpoint selective, op: SelectiveAC")
+    elif mode in ("none", "full"):
+        out.set("recompute", mode)
+    elif mode == "selective" and option.isdigit():
+        out.set("recompute", "full" if option == "1" else "per-op")
+        out.warnings.append(f"activation_checkpoint selective_ac_option {option!r} (every {option}th block fully "
+                            f"checkpointed) is not modelled: priced as "
+                            f"{'full' if option == '1' else 'per-op (an estimate of its memory and time)'}")
+    else:
+        out.warnings.append(f"activation_checkpoint mode {mode!r} is not modelled: priced as full recompute")
+        out.set("recompute", "full")
+
+    compiled = get("compile", "enable", training.get("compile", False))
+    out.set("compiled", bool(compiled))
+    converters = get("model", "converters", []) or []
+    fp8 = [c for c in converters if "float8" in c]
+    if fp8:
+        f8 = cfg.get("quantize", {}).get("linear", {}).get("float8", {}) or cfg.get("float8", {})
+        out.set(("precision", "fp8"), True)
+        recipe = f8.get("recipe_name") or "tensorwise"
+        if recipe != "tensorwise":
+            out.warnings.append(f"float8 recipe_name {recipe!r}: priced as tensorwise scaling")
+        out.set(("precision", "fp8_recipe"), "tensorwise")
+        if f8.get("enable_fsdp_float8_all_gather"):
+            out.set(("precision", "fp8_all_gather"), True)
+    other = [c for c in converters if "float8" not in c]
+    if other:
+        out.warnings.append(f"model.converters {other}: not modelled (priced without them)")
+
+    for section, table in cfg.items():
+        if section in TITAN_NOT_COST:
+            out.ignored.append(f"[{section}]")
+        elif section == "quantize":
+            continue
+        elif isinstance(table, dict):
+            unread = sorted(k for k in table if k not in TITAN_READ.get(section, ()) and not _titan_not_cost(k))
+            out.warnings.extend(f"{section}.{k} is not read" for k in unread)
+            out.ignored.extend(f"{section}.{k}" for k in table if _titan_not_cost(k))
+
+
+def _titan_not_cost(key: str) -> bool:
+    return key in ("hf_assets_path", "tokenizer_path", "dataset", "dataset_path", "max_norm", "seed",
+                   "deterministic", "gc_freq", "description", "print_config", "enable_cpu_offload")
+
+
+def _note_gpus(text: str) -> str:
+    """A torchtitan preset's own note of its world size ("NOTE: this toml config is a preset for 64 A100 GPUs"),
+    as `N GPUs: why`, or ''."""
+    m = re.search(r"#.*?preset for (\d+)\s+(\w+)\s+GPUs", text)
+    if m:
+        return (f"{m.group(1)} GPUs: data_parallel_shard_degree -1 takes the world size, which the file gives only "
+                f"in its note 'a preset for {m.group(1)} {m.group(2)} GPUs'; import --gpus, or edit")
+    return ""
+
+
+def _note_hardware(text: str) -> tuple[str, str] | None:
+    m = re.search(r"#.*?preset for \d+\s+(\w+)\s+GPUs", text)
+    names = {"A100": "a100-sxm-80gb", "H100": "h100-sxm", "H200": "h200", "MI300X": "mi300x", "B200": "b200"}
+    if m and m.group(1).upper() in names:
+        return names[m.group(1).upper()], (f"the file's note names {m.group(1)} GPUs (the 80 GB part for A100); "
+                                           f"import --hardware, or edit")
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Megatron-LM arguments (and NeMo, which states the same settings in YAML)
+
+MEGATRON_NOT_COST = re.compile(
+    r"^--(lr|min-lr|decoupled|adam|weight-decay|clip-grad|init-method|data|split|vocab-file|merge-file|tokenizer|"
+    r"save|load|log|tensorboard|eval|wandb|seed|exit|mock-data|num-workers|no-mmap|no-create|tiktoken|"
+    r"lr-|attention-dropout|hidden-dropout|rotary|apply-layernorm|use-mcore|manual-gc|empty-unused|"
+    r"cross-entropy|calculate-per-token|distributed-timeout|ckpt|finetune|no-load|dist-ckpt|"
+    r"step-batch-size-schedule|rampup|use-checkpoint|timing|profile|masked-softmax|bias-gelu|bias-dropout|"
+    r"no-bias|no-masked|no-gradient|no-async|norm-epsilon|layernorm-epsilon|kv-channels|max-position|"
+    r"position-embedding|swiglu|normalization|untie|disable-bias|group-query|num-query-groups|attention-backend|"
+    r"use-flash-attn|fp8-amax|fp8-margin|fp8-interval|recompute-method|recompute-num-layers|recompute-modules)")
+
+
+def _shell_args(text: str) -> tuple[list[str], dict[str, str]]:
+    """The arguments a launch script passes (or an argument file lists): its simple assignments expanded (VAR=x,
+    ${1:-x}, arrays), comments and line continuations removed. Not a shell: conditionals are read as if taken."""
+    text = re.sub(r"\\\n", " ", text)
+    env: dict[str, str] = {}
+    arrays: dict[str, list[str]] = {}
+    tokens: list[str] = []
+
+    def expand(s: str) -> str:
+        s = re.sub(r"\$\{(\w+)\[@\]\}", lambda m: " ".join(arrays.get(m.group(1), [])), s)
+        s = re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: env.get(m.group(1), m.group(2)), s)
+        s = re.sub(r"\$\(\(\s*\$?(\w+)\s*\*\s*\$?(\w+)\s*\)\)", lambda m: _product(env, m.group(1), m.group(2)), s)
+        return re.sub(r"\$\{?(\w+)\}?", lambda m: env.get(m.group(1), m.group(0)), s)
+
+    lines = iter(text.splitlines())
+    for raw in lines:
+        line = raw.split("#", 1)[0].strip() if not raw.lstrip().startswith("#!") else ""
+        if not line:
+            continue
+        m = re.match(r"^(?:export\s+)?(\w+)(\+?)=\($", line) or re.match(r"^(?:export\s+)?(\w+)(\+?)=\((.*)\)$", line)
+        if m:
+            body = [m.group(3)] if m.lastindex == 3 else []
+            if m.lastindex != 3:
+                for more in lines:
+                    item = more.split("#", 1)[0].strip()
+                    if item == ")":
+                        break
+                    body.append(item)
+            items = [w for part in body for piece in _split(expand(part)) for w in _split(piece)]
+            arrays[m.group(1)] = (arrays.get(m.group(1), []) if m.group(2) else []) + items
+            continue
+        m = re.match(r"^(?:export\s+)?(\w+)=(.*)$", line)
+        if m:
+            words = _split(expand(m.group(2)))
+            env[m.group(1)] = words[0] if words else ""
+            continue
+        tokens += [w for piece in _split(expand(line)) for w in _split(piece)]
+    return tokens, env
+
+
+def _product(env: dict[str, str], a: str, b: str) -> str:
+    x, y = env.get(a, a), env.get(b, b)
+    return str(int(x) * int(y)) if x.isdigit() and y.isdigit() else f"{x}*{y}"
+
+
+def _split(s: str) -> list[str]:
+    try:
+        return shlex.split(s)
+    except ValueError:
+        return s.split()
+
+
+def _flags(tokens: list[str]) -> dict[str, str | bool]:
+    """--name value / --name=value / --name (a switch: True), the last given winning."""
+    out: dict[str, str | bool] = {}
+    i = 0
+    while i < len(tokens):
+        t = tokens[i]
+        if t.startswith("--") and len(t) > 2:
+            if "=" in t:
+                k, v = t.split("=", 1)
+                out[k] = v
+            elif i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+                out[t] = tokens[i + 1]
+                i += 1
+            else:
+                out[t] = True
+        i += 1
+    return out
+
+
+GPT2_VOCAB = 50257  # the GPT-2 BPE vocabulary (Radford et al. 2019), Megatron's GPT2BPETokenizer
+
+
+def padded_vocab(vocab: int, divisible_by: int, tp: int) -> int:
+    """Megatron's padded vocabulary: rounded up to a multiple of make_vocab_size_divisible_by x tp.
+    Ref: megatron/training/tokenizer/tokenizer.py@d98e8a6 _vocab_size_with_padding (50,257 -> 51,200 at tp 8)."""
+    multiple = divisible_by * tp
+    return -(-vocab // multiple) * multiple
+
+
+def _int(value: Any, path: Path, flag: str) -> int:
+    try:
+        n = int(str(value))
+    except ValueError:
+        raise SpecError(f"must be a whole number, got {value!r}", file=str(path), field=flag) from None
+    if n <= 0:
+        raise SpecError(f"must be positive, got {n}", file=str(path), field=flag)
+    return n
+
+
+def _megatron(text: str, path: Path, out: Imported) -> None:
+    """Megatron-LM's pretrain_gpt.py arguments, in a launch script or an argument file."""
+    tokens, _ = _shell_args(text)
+    a = _flags(tokens)
+    read: set[str] = set()
+
+    def arg(name: str, default: Any = None) -> Any:
+        read.add(name)
+        return a.get(name, default)
+
+    def num(name: str, default: int | None = None) -> int | None:
+        v = arg(name)
+        return default if v is None else _int(v, path, name)
+
+    for needed in ("--num-layers", "--hidden-size", "--num-attention-heads"):
+        if needed not in a:
+            raise SpecError(f"{needed} is not given: Megatron-LM arguments state the model", file=str(path),
+                            field=needed)
+    tp, pp, cp = num("--tensor-model-parallel-size", 1), num("--pipeline-model-parallel-size", 1), \
+        num("--context-parallel-size", 1)
+    d, layers, heads = num("--hidden-size"), num("--num-layers"), num("--num-attention-heads")
+    groups = num("--num-query-groups", heads) if arg("--group-query-attention") else heads
+    read.add("--num-query-groups")
+    swiglu = bool(arg("--swiglu"))
+    ffn = num("--ffn-hidden-size", 4 * d)
+    seq = num("--seq-length")
+    vocab = num("--vocab-size")
+    if vocab is None:
+        tokenizer = arg("--tokenizer-type", "GPT2BPETokenizer")
+        if tokenizer != "GPT2BPETokenizer":
+            raise SpecError(f"--tokenizer-type {tokenizer}: the vocabulary size is not in the arguments; give "
+                            f"--vocab-size in the file or import --model", file=str(path), field="--vocab-size")
+        vocab = GPT2_VOCAB
+    vocab = padded_vocab(vocab, num("--make-vocab-size-divisible-by", 128), tp)
+    hidden_drop = float(arg("--hidden-dropout", 0.1))
+    attn_drop = float(arg("--attention-dropout", 0.1))
+    position = arg("--position-embedding-type", "learned_absolute")
+    arch = {"num_layers": layers, "d_model": d, "num_heads": heads, "num_kv_heads": groups, "mlp_hidden_dim": ffn,
+            "vocab_size": vocab, "mlp": "swiglu" if swiglu else "gelu",
+            "tied_embeddings": not arg("--untie-embeddings-and-output-weights"), "moe": bool(arg("--num-experts")),
+            "dropout": (hidden_drop, attn_drop), "max_seq_len": num("--max-position-embeddings", seq) or seq,
+            "position": "rope" if position == "rope" else "learned", "bias": not arg("--disable-bias-linear"),
+            "head_dim": num("--kv-channels", d // heads)}
+    if arch["moe"]:
+        raise SpecError("--num-experts: mixture-of-experts arguments are not imported yet; give import --model "
+                        "(a built-in or a config.json)", file=str(path), field="--num-experts")
+    _model(out, arch, path.stem, "--num-layers, --hidden-size, --num-attention-heads, ...")
+    if seq is None:
+        raise SpecError("--seq-length is not given", file=str(path), field="--seq-length")
+    out.set("seq_len", seq)
+    out.set(("layout", "tp"), tp)
+    out.set(("layout", "pp"), pp)
+    out.set(("layout", "cp"), cp)
+    vp = num("--virtual-pipeline-model-parallel-size")
+    per_vp = num("--num-layers-per-virtual-pipeline-stage")
+    if vp is None and per_vp:
+        vp = layers // (pp * per_vp)
+    if vp:
+        out.set(("layout", "vp"), vp)
+    for flag, key in (("--sequence-parallel", "sequence_parallel"), ("--tp-comm-overlap", "tp_comm_overlap"),
+                      ("--overlap-param-gather", "overlap_param_gather")):
+        if arg(flag) and key != "overlap_param_gather" and tp == 1:
+            # megatron/training/arguments.py@d98e8a6 L1433-1439: sequence parallelism is turned off at tp 1
+            out.ignored.append(f"{flag} (off at tensor-parallel size 1, as Megatron-LM turns it off)")
+        elif arg(flag):
+            out.set(("layout", key), True)
+    read.add("--overlap-grad-reduce")
+    if arg("--use-megatron-fsdp") or arg("--use-custom-fsdp"):
+        out.set(("layout", "zero"), 3, "Megatron-FSDP")
+    elif arg("--use-distributed-optimizer"):
+        out.set(("layout", "zero"), 1, "--use-distributed-optimizer shards the optimizer states")
+    nodes = num("--nnodes", 1)
+    per_node = num("--nproc_per_node") or num("--nproc-per-node")
+    _degrees(out, per_node * nodes if per_node else None, tp * pp * cp,
+             f"torchrun --nproc_per_node {per_node} --nnodes {nodes}" if per_node else "")
+    micro, global_batch = num("--micro-batch-size", 1), num("--global-batch-size")
+    out.set(("batch", "device"), micro)
+    if global_batch:
+        out.set(("batch", "total_tokens"), global_batch * seq, f"--global-batch-size {global_batch} x {seq}")
+    steps, samples = num("--train-iters"), num("--train-samples")
+    if steps:
+        out.set(("budget", "steps"), steps)
+    elif samples:
+        out.set(("budget", "tokens"), float(samples * seq), f"--train-samples {samples} x {seq}")
+    dtype = "bf16" if arg("--bf16") else "fp16" if arg("--fp16") else "fp32"
+    out.set(("precision", "dtype"), dtype)
+    if arg("--grad-reduce-in-bf16"):
+        out.set(("precision", "grads"), "param", "--grad-reduce-in-bf16: gradients kept and reduced in bf16")
+    fmt = arg("--fp8-format")
+    if fmt:
+        out.set(("precision", "fp8"), True)
+        recipe = arg("--fp8-recipe", "delayed")
+        if recipe not in ("delayed", "tensorwise"):
+            out.warnings.append(f"--fp8-recipe {recipe}: priced as delayed scaling")
+            recipe = "delayed"
+        out.set(("precision", "fp8_recipe"), recipe)
+        if arg("--fp8-param-gather") and recipe == "tensorwise":
+            out.set(("precision", "fp8_all_gather"), True)
+        elif arg("--fp8-param-gather"):
+            out.warnings.append(f"--fp8-param-gather: ddplan prices fp8 all-gathers with tensorwise scaling only; "
+                                f"with {recipe} scaling the weights are priced gathered in 16 bits")
+    granularity = arg("--recompute-granularity")
+    if arg("--recompute-activations") or granularity == "selective":
+        out.set("recompute", "selective")
+        modules = arg("--recompute-modules")
+        if modules and modules != "core_attn":
+            out.warnings.append(f"--recompute-modules {modules}: only core_attn is modelled (priced as selective)")
+    elif granularity == "full":
+        out.set("recompute", "full")
+        if arg("--recompute-num-layers") not in (None, "1") and arg("--recompute-method") == "block":
+            out.warnings.append("--recompute-method block with --recompute-num-layers: priced as every layer")
+    backend = arg("--attention-backend")
+    if backend == "unfused":
+        out.set("attention", "megatron-unfused")
+    elif arg("--use-flash-attn") or backend == "flash":
+        out.set("attention", "fa2")
+    _unread(out, a, read | {"--nnodes", "--nproc_per_node", "--nproc-per-node", "--node_rank", "--master_addr",
+                            "--master_port", "--standalone"}, MEGATRON_NOT_COST)
+
+
+def _unread(out: Imported, given: dict, read: set[str], not_cost: re.Pattern) -> None:
+    for k in given:
+        if k in read:
+            continue
+        if not_cost.match(k):
+            out.ignored.append(k)
+        else:
+            out.warnings.append(f"{k} is not read")
+
+
+def _nemo(text: str, path: Path, out: Imported) -> None:
+    """A NeMo (1.x, Megatron-Core) training YAML as the NeMo-Framework-Launcher's conf/training files state it:
+    trainer (nodes, devices, precision, steps) and model (the Megatron settings under their NeMo names)."""
+    cfg = read_yaml(path)
+    trainer, model = cfg.get("trainer"), cfg.get("model")
+    if not isinstance(trainer, dict) or not isinstance(model, dict):
+        raise SpecError("no trainer: and model: mappings: not a NeMo training config", file=str(path))
+
+    def num(section: dict, key: str, default: int | None = None, where: str = "model") -> int | None:
+        v = section.get(key)
+        return default if v is None else _int(v, path, f"{where}.{key}")
+
+    tp, pp = num(model, "tensor_model_parallel_size", 1), num(model, "pipeline_model_parallel_size", 1)
+    cp = num(model, "context_parallel_size", 1)
+    d, layers, heads = num(model, "hidden_size"), num(model, "num_layers"), num(model, "num_attention_heads")
+    if not (d and layers and heads):
+        raise SpecError("model.hidden_size, num_layers and num_attention_heads are needed", file=str(path),
+                        field="model")
+    seq = num(model, "encoder_seq_length") or num(model, "seq_length")
+    if seq is None:
+        raise SpecError("model.encoder_seq_length is not given", file=str(path), field="model.encoder_seq_length")
+    tok = model.get("tokenizer", {}) or {}
+    tok_type = str(tok.get("type", ""))
+    vocab = (128256 if "Llama-3" in tok_type or "Llama-3" in tok_type.replace("llama-3", "Llama-3")
+             else 32000 if "Llama-2" in tok_type else GPT2_VOCAB if "GPT2BPE" in tok_type else None)
+    if vocab is None:
+        raise SpecError(f"tokenizer type {tok_type!r}: its vocabulary size is not known to import; give import "
+                        f"--model", file=str(path), field="model.tokenizer.type")
+    activation = str(model.get("activation", "gelu"))
+    arch = {"num_layers": layers, "d_model": d, "num_heads": heads,
+            "num_kv_heads": num(model, "num_query_groups") or heads,
+            "mlp_hidden_dim": num(model, "ffn_hidden_size", 4 * d),
+            "vocab_size": padded_vocab(vocab, num(model, "make_vocab_size_divisible_by", 128), tp) if vocab ==
+            GPT2_VOCAB else vocab,
+            "mlp": "swiglu" if "swiglu" in activation else "gelu",
+            "tied_embeddings": bool(model.get("share_embeddings_and_output_weights", True)), "moe": False,
+            "dropout": (float(model.get("hidden_dropout", 0.1)), float(model.get("attention_dropout", 0.1))),
+            "max_seq_len": num(model, "max_position_embeddings", seq),
+            "position": "rope" if model.get("position_embedding_type") == "rope" else "learned",
+            "bias": bool(model.get("bias", True))}
+    if model.get("num_moe_experts"):
+        raise SpecError("num_moe_experts: mixture-of-experts configs are not imported yet; give import --model",
+                        file=str(path), field="model.num_moe_experts")
+    _model(out, arch, str(cfg.get("run", {}).get("name", path.stem)), "model.num_layers, hidden_size, ...")
+    out.set("seq_len", seq)
+    for key, value in (("tp", tp), ("pp", pp), ("cp", cp)):
+        out.set(("layout", key), value)
+    vp = model.get("virtual_pipeline_model_parallel_size")
+    if vp:
+        out.set(("layout", "vp"), _int(vp, path, "model.virtual_pipeline_model_parallel_size"))
+    if model.get("sequence_parallel"):
+        out.set(("layout", "sequence_parallel"), True)
+    if model.get("ub_tp_comm_overlap"):
+        out.set(("layout", "tp_comm_overlap"), True)
+    optim = model.get("optim", {}) or {}
+    if optim.get("name") in ("distributed_fused_adam", "mcore_distributed_optim"):
+        out.set(("layout", "zero"), 1, f"optim {optim.get('name')} shards the optimizer states")
+    if optim.get("overlap_param_sync"):
+        out.set(("layout", "overlap_param_gather"), True)
+    nodes, devices = num(trainer, "num_nodes", 1, "trainer"), num(trainer, "devices", None, "trainer")
+    _degrees(out, nodes * devices if devices else None, tp * pp * cp,
+             f"trainer.num_nodes {nodes} x devices {devices}")
+    out.set(("batch", "device"), num(model, "micro_batch_size", 1))
+    global_batch = num(model, "global_batch_size")
+    if global_batch:
+        out.set(("batch", "total_tokens"), global_batch * seq, f"model.global_batch_size {global_batch} x {seq}")
+    steps = num(trainer, "max_steps", None, "trainer")
+    if steps:
+        out.set(("budget", "steps"), steps)
+    precision = str(trainer.get("precision", "32"))
+    out.set(("precision", "dtype"), "bf16" if "bf16" in precision else "fp16" if precision.startswith("16") else
+            "fp32")
+    if model.get("fp8"):
+        out.set(("precision", "fp8"), True)
+        out.set(("precision", "fp8_recipe"), "delayed")
+    granularity = model.get("activations_checkpoint_granularity")
+    if granularity in ("selective", "full"):
+        out.set("recompute", granularity)
+        if granularity == "full" and model.get("activations_checkpoint_num_layers") not in (None, 1):
+            out.warnings.append("model.activations_checkpoint_num_layers: priced as every layer recomputed")
+    if model.get("mcore_gpt") is False:
+        out.warnings.append("model.mcore_gpt false (NeMo's legacy model): priced as Megatron-Core")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# nanochat
+
+NANOCHAT_READ = {"--depth", "--max-seq-len", "--window-pattern", "--num-iterations", "--target-param-data-ratio",
+                 "--device-batch-size", "--total-batch-size", "--fp8", "--fp8-recipe", "--eval-every",
+                 "--eval-tokens", "--save-every"}
+NANOCHAT_NOT_COST = re.compile(r"^--(run|device-type|embedding-lr|unembedding-lr|weight-decay|matrix-lr|scalar-lr|"
+                               r"warmup-steps|warmdown-ratio|final-lr-frac|resume-from-step|core-metric|sample-every|"
+                               r"model-tag|standalone|master|node_rank|rdzv)")
+
+
+def _nanochat(text: str, path: Path, out: Imported) -> None:
+    """A nanochat `scripts.base_train` command line (e.g. runs/speedrun.sh's torchrun line)."""
+    line = next((ln for ln in re.sub(r"\\\n", " ", text).splitlines() if "base_train" in ln
+                 and not ln.lstrip().startswith("#")), None)
+    if line is None:
+        raise SpecError("no scripts.base_train command line", file=str(path))
+    tokens = _split(line.split("#", 1)[0])
+    a = _flags(tokens)
+    depth = _int(a.get("--depth", 20), path, "--depth")
+    out.set("model", f"d{depth}", f"--depth {depth}")
+    for flag in ("--aspect-ratio", "--head-dim"):
+        if flag in a:
+            out.warnings.append(f"{flag} {a[flag]}: the model is priced at nanochat's default (64 and 128)")
+    nodes = _int(a.get("--nnodes", 1), path, "--nnodes")
+    per_node = a.get("--nproc_per_node", a.get("--nproc-per-node"))
+    if per_node is None:
+        out.assume("gpus", nodes, "torchrun gives no --nproc_per_node (one process a node)")
+    else:
+        out.set("gpus", _int(per_node, path, "--nproc_per_node") * nodes, "torchrun --nproc_per_node x --nnodes")
+    for flag, key in (("--device-batch-size", ("batch", "device")), ("--total-batch-size", ("batch", "total_tokens")),
+                      ("--max-seq-len", ("seq_len",)), ("--num-iterations", ("budget", "steps")),
+                      ("--eval-tokens", ("outside", "eval_tokens"))):
+        if flag in a and str(a[flag]) != "-1":
+            out.set(key, _int(a[flag], path, flag))
+    if "--num-iterations" not in a or str(a["--num-iterations"]) == "-1":
+        ratio = float(a.get("--target-param-data-ratio", 12))
+        if ratio > 0:
+            out.set(("budget", "param_data_ratio"), ratio)
+    if "--window-pattern" in a:
+        out.set("window", str(a["--window-pattern"]))
+    if a.get("--fp8"):
+        out.set(("precision", "fp8"), True)
+        if a.get("--fp8-recipe", "tensorwise") != "tensorwise":
+            out.warnings.append(f"--fp8-recipe {a['--fp8-recipe']}: priced as nanochat's tensorwise recipe")
+        out.set(("precision", "fp8_recipe"), "nanochat")
+    if "--eval-every" in a:
+        every = int(str(a["--eval-every"]))
+        out.set(("outside", "eval_every"), max(0, every))
+    if "--save-every" in a:
+        out.set(("outside", "checkpoint_every"), max(0, int(str(a["--save-every"]))))
+    if "--target-flops" in a and str(a["--target-flops"]) != "-1":
+        out.warnings.append("--target-flops is not read: give the budget as --num-iterations or a data ratio")
+    _unread(out, a, NANOCHAT_READ | {"--nnodes", "--nproc_per_node", "--nproc-per-node", "--target-flops",
+                                     "--aspect-ratio", "--head-dim"}, NANOCHAT_NOT_COST)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the run file
+
+
+def to_run_yaml(imp: Imported, command: str) -> str:
+    """The run configuration as a file: each field on its line, the assumed ones marked `# assumed: why`; the
+    result is checked against the run-config schema (one error line if a value is out of its range)."""
+    import yaml
+
+
+    data: dict[str, Any] = {"kind": "run", "version": 1}
+    order = {path: i for i, path in enumerate(field_paths())}
+    for path, value in sorted(imp.fields.items(), key=lambda kv: order[kv[0]]):
+        node = data
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+    validate(RunConfig, data, f"{imp.source}: (the run it gives)")
+
+    def flow(v: Any) -> str:
+        text = yaml.safe_dump(v, default_flow_style=True, width=10**6).strip()
+        return text[:-3].strip() if text.endswith("...") else text
+
+    lines = [f"# written by `{command}` from {imp.source} ({imp.format}); ddplan table/memory/plan --config",
+             "# FILE price it. Fields marked `# assumed:` are not in the source file: check them. What no field",
+             f"# states comes from the {PROFILE[imp.format]} profile (frameworks/), then ddplan's defaults."]
+    for key, value in data.items():
+        if isinstance(value, dict):
+            lines.append(f"{key}:")
+            for sub, v in value.items():
+                lines.append(_with_comment(f"  {sub}: {flow(v)}", imp, (key, sub)))
+        else:
+            lines.append(_with_comment(f"{key}: {flow(value)}", imp, (key,)))
+    if imp.warnings:
+        lines.append("# not priced as the file states (also printed as warnings):")
+        lines += [f"#   {w}" for w in imp.warnings]
+    return "\n".join(lines) + "\n"
+
+
+def _with_comment(line: str, imp: Imported, path: tuple[str, ...]) -> str:
+    if path in imp.assumed:
+        return f"{line}  # assumed: {imp.assumed[path]}"
+    if path in imp.notes:
+        return f"{line}  # {imp.notes[path]}"
+    return line

@@ -1,0 +1,156 @@
+"""`ddplan import`: a run as torchtitan, Megatron-LM, NeMo and nanochat state it, priced as the same flags would.
+
+Each file under tests/data/import/ is a real config from its repository at a pinned commit (the first lines name
+it). Each test states, by hand from that file, the `table` flags that describe the same run, and checks that the
+imported run file prices to the same row: the import's mapping is checked against a reading of the source, not
+against its own output.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cli_helpers import csv_rows, fails, run, run_ok
+
+DATA = Path(__file__).parent / "data" / "import"
+
+# file -> (import options, the same run as table flags, read by hand from the file), each with the reason
+CASES = {
+    # [parallelism] shard -1, tp/pp/cp 1 -> FSDP over the world size, which the file gives only in its note ("a
+    # preset for 64 A100 GPUs"); local_batch_size 1, seq_len 8192 -> 64 x 8192 tokens a step; steps 1000;
+    # activation_checkpoint selective + op -> per-op; compile off; bf16 params, fp32 reduce; no fp8 converter
+    "torchtitan-llama3-8b.toml": ([], [
+        "--model", "llama-3-8b", "--framework", "torchtitan", "--hardware", "a100-sxm-80gb", "--gpus", "64",
+        "--tp", "1", "--pp", "1", "--cp", "1", "--zero", "3", "--device-batch-size", "1",
+        "--total-batch-size", str(64 * 8192), "--seq-len", "8192", "--steps", "1000", "--dtype", "bf16",
+        "--grads", "fp32", "--recompute", "per-op", "--no-compile"]),
+    # the 70B preset: tp 8, local batch 8, full AC; world size 64 from its note -> dp 8, 64 sequences a step
+    "torchtitan-llama3-70b.toml": ([], [
+        "--model", "llama-3-70b", "--framework", "torchtitan", "--hardware", "a100-sxm-80gb", "--gpus", "64",
+        "--tp", "8", "--pp", "1", "--cp", "1", "--zero", "3", "--device-batch-size", "8",
+        "--total-batch-size", str(64 * 8192), "--seq-len", "8192", "--steps", "1000", "--dtype", "bf16",
+        "--grads", "fp32", "--recompute", "full", "--no-compile"]),
+    # GPT-3 175B dims (96 x 12288, 96 heads, GPT-2 BPE padded to 51200 at tp 8), tp 8 pp 16, micro-batch 1,
+    # global batch 1536 x 2048, fp16, 500,000 iterations; the script's 8 GPUs cannot hold tp x pp = 128, so
+    # import --gpus 1024 states the run (as its "Change for multinode config" comment asks)
+    "megatron-gpt3-175b.sh": (["--gpus", "1024", "--hardware", "a100-sxm-80gb"], [
+        "--model", "gpt3-175b", "--framework", "megatron-core", "--hardware", "a100-sxm-80gb", "--gpus", "1024",
+        "--tp", "8", "--pp", "16", "--cp", "1", "--device-batch-size", "1", "--total-batch-size",
+        str(1536 * 2048), "--seq-len", "2048", "--steps", "500000", "--dtype", "fp16"]),
+    # Llama 3 8B dims, 8 GPUs (GPUS_PER_NODE 8 x NUM_NODES 1), tp/cp 1 (its --sequence-parallel is off at tp 1),
+    # distributed optimizer (ZeRO-1), param gather overlapped, micro-batch 1, global 128 x 8192, bf16 with bf16
+    # gradient reduction, fp8 hybrid (delayed scaling), --train-samples 1,953,125,000 x 8192 tokens
+    "megatron-llama3-8b-fp8.sh": ([], [
+        "--model", "llama-3-8b", "--framework", "megatron-core", "--hardware", "h100-sxm", "--gpus", "8",
+        "--tp", "1", "--pp", "1", "--cp", "1", "--zero", "1", "--overlap-param-gather", "--device-batch-size", "1",
+        "--total-batch-size", str(128 * 8192), "--seq-len", "8192", "--tokens", str(1_953_125_000 * 8192),
+        "--dtype", "bf16", "--grads", "param", "--fp8", "--fp8-recipe", "delayed"]),
+    # NeMo launcher Llama 3.1 8B: 16 nodes x 8, tp 1 pp 1 cp 2, micro 1, global 2048 x 8192, bf16, 300,000 steps,
+    # mcore_distributed_optim with overlap_param_sync -> ZeRO-1 with the gather overlapped; no recompute
+    "nemo-llama3-1-8b.yaml": ([], [
+        "--model", "llama-3-8b", "--framework", "megatron-core", "--hardware", "h100-sxm", "--gpus", "128",
+        "--tp", "1", "--pp", "1", "--cp", "2", "--zero", "1", "--overlap-param-gather", "--device-batch-size", "1",
+        "--total-batch-size", str(2048 * 8192), "--seq-len", "8192", "--steps", "300000", "--dtype", "bf16"]),
+    # speedrun.sh: 8 processes, depth 24, data:param ratio 8, 16 sequences a GPU, fp8 (nanochat's tensorwise)
+    "nanochat-speedrun.sh": ([], [
+        "--model", "d24", "--framework", "nanochat", "--hardware", "h100-sxm", "--gpus", "8",
+        "--device-batch-size", "16", "--param-data-ratio", "8", "--fp8", "--fp8-recipe", "nanochat"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_an_imported_file_prices_as_the_same_run_stated_by_flags(capsys, tmp_path, name):
+    options, flags = CASES[name]
+    out = tmp_path / "run.yaml"
+    run_ok(capsys, ["import", str(DATA / name), "-o", str(out), *options])
+    text = out.read_text(encoding="utf-8")
+    assert text.startswith("# written by `ddplan import") and "kind: run" in text
+    attention = ["--attention", "fa2"]  # one row each; the files do not name an attention kernel
+    imported = csv_rows(run_ok(capsys, ["table", "--config", str(out), *attention, "--format", "csv"]))
+    stated = csv_rows(run_ok(capsys, ["table", *flags, *attention, "--format", "csv"]))
+    assert len(imported) == len(stated) >= 1
+    assert imported == stated
+
+
+def test_what_the_file_does_not_say_is_marked_assumed(capsys, tmp_path):
+    """torchtitan's shard degree -1 takes the world size, which only the preset's note gives; no file names the
+    GPU: both are written, each marked `# assumed:` with why; --gpus and --hardware to import replace them."""
+    out = tmp_path / "run.yaml"
+    run_ok(capsys, ["import", str(DATA / "torchtitan-llama3-8b.toml"), "-o", str(out)])
+    lines = out.read_text(encoding="utf-8").splitlines()
+    gpus = next(ln for ln in lines if ln.startswith("gpus:"))
+    assert gpus.startswith("gpus: 64  # assumed: ") and "preset for 64 A100 GPUs" in gpus
+    assert next(ln for ln in lines if ln.startswith("hardware:")).startswith("hardware: a100-sxm-80gb  # assumed: ")
+    assert "framework: torchtitan" in lines
+    run_ok(capsys, ["import", str(DATA / "torchtitan-llama3-8b.toml"), "-o", str(out), "--gpus", "16",
+                    "--hardware", "h100-sxm"])
+    text = out.read_text(encoding="utf-8")
+    assert "gpus: 16  # given to import" in text and "hardware: h100-sxm\n" in text
+    assert "total_tokens: 131072" in text  # local batch 1 x dp 16 x 8192
+
+
+def test_what_is_not_priced_as_stated_is_a_warning(capsys, tmp_path):
+    """The GPT-3 script's 8 GPUs cannot hold tp 8 x pp 16: a warning, and 128 (one replica) marked assumed; an
+    option import does not know is named; options that do not change cost are counted on stderr."""
+    out = tmp_path / "run.yaml"
+    code, _, err = run(capsys, ["import", str(DATA / "megatron-gpt3-175b.sh"), "-o", str(out)])
+    assert code == 0
+    assert "warning: " in err and "does not divide: 128 assumed" in err
+    assert "gpus: 128  # assumed: " in out.read_text(encoding="utf-8")
+    assert "import: not read, as they do not change a step's cost: 22 options" in err
+    script = tmp_path / "args.txt"
+    script.write_text("--num-layers 2 --hidden-size 256 --num-attention-heads 4 --seq-length 128 "
+                      "--micro-batch-size 2 --frobnicate 3 --lr 1e-4\n", encoding="utf-8")
+    code, _, err = run(capsys, ["import", str(script), "-o", str(out), "--from", "megatron"])
+    assert code == 0 and "warning: " in err and "--frobnicate is not read" in err
+    # no built-in has these dimensions: the architecture is written beside as a config.json, and it prices
+    assert "model: run.config.json" in out.read_text(encoding="utf-8")
+    assert (tmp_path / "run.config.json").is_file()
+    (row,) = csv_rows(run_ok(capsys, ["table", "--config", str(out), "--attention", "fa2", "--format", "csv"]))
+    assert row["tp"] == "1" and float(row["step_s"]) > 0
+
+
+@pytest.mark.parametrize("text, suffix, words", [
+    ("hello\n", ".txt", "not a torchtitan job TOML"),
+    ("[model\n", ".toml", "not valid TOML"),
+    ('[model]\nname = "llama3"\nflavor = "3B"\n', ".toml", "import reads llama3 flavors 8B, 70B, 405B"),
+    ("--num-layers 2 --hidden-size 64\n", ".sh", "--num-attention-heads is not given"),
+    ("--num-layers x --hidden-size 64 --num-attention-heads 2\n", ".sh", "--num-layers: must be a whole number"),
+    ("trainer:\n  devices: 8\nmodel:\n  num_layers: 2\n", ".yaml", "hidden_size, num_layers and num_attention_heads"),
+])
+def test_a_file_that_is_not_what_it_claims_is_one_error_line(capsys, tmp_path, text, suffix, words):
+    path = tmp_path / f"cfg{suffix}"
+    path.write_text(text, encoding="utf-8")
+    out = tmp_path / "run.yaml"
+    code, line = fails(capsys, ["import", str(path), "-o", str(out)])
+    assert code == 1 and words in line and str(path) in line
+    assert not out.exists()  # nothing half-written
+
+
+def test_import_flags_are_checked_before_anything_is_written(capsys, tmp_path):
+    out = tmp_path / "run.yaml"
+    _, line = fails(capsys, ["import", str(DATA / "nanochat-speedrun.sh"), "-o", str(out), "--hardware", "h1000"])
+    assert "h1000" in line and not out.exists()
+    _, line = fails(capsys, ["import", str(DATA / "nanochat-speedrun.sh"), "-o", str(tmp_path / "run.txt")])
+    assert "--out" in line
+    _, line = fails(capsys, ["import", str(tmp_path / "missing.toml"), "-o", str(out)])
+    assert "no such file" in line
+
+
+def test_torchtitan_ffn_sizes_are_meta_llama3s():
+    """torchtitan's FeedForward rule gives Llama 3's published hidden sizes (HF configs: 14,336, 28,672, 53,248)."""
+    from ddplan.importers import TITAN_LLAMA3, titan_ffn
+
+    got = {f: titan_ffn(dim, mult, multiple) for f, (dim, _, _, _, mult, multiple) in TITAN_LLAMA3.items()}
+    assert got == {"8B": 14336, "70B": 28672, "405B": 53248}
+
+
+def test_megatron_pads_the_vocabulary_as_megatron_does():
+    """_vocab_size_with_padding: 50,257 to a multiple of 128 x tp (51,200 at tp 8, as Korthikanti et al.'s runs;
+    50,304 at tp 1, nanoGPT's well-known padded size)."""
+    from ddplan.importers import padded_vocab
+
+    assert padded_vocab(50257, 128, 8) == 51200
+    assert padded_vocab(50257, 128, 1) == 50304
+    assert padded_vocab(128256, 128, 1) == 128256
