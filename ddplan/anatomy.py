@@ -247,6 +247,21 @@ class Anatomy:
                              for op in ops for s in op.saves))
         return tuple(out)
 
+    @functools.cached_property
+    def weight_cast_split(self) -> tuple[float, float]:
+        """(bytes in the blocks, all layers; bytes outside) of the 16-bit weight copies the matmuls save
+        (`*.weight_cast`: fp32 weights cast by autocast) that this policy keeps; cached. Under FSDP mixed
+        precision the matmuls get the gathered 16-bit weights instead (memory.activation_bytes leaves these out)."""
+        keeps = _keep_table(self.recompute, self.compiled)
+
+        def casts(saves) -> float:
+            return sum(s.bytes for s in saves if s.name.endswith(".weight_cast") and keeps[s.tag, True])
+
+        block = sum(n * sum(casts(op.saves) for op in self.blocks[b]) for b, n in self._block_counts)
+        outside = sum(s.bytes for op in (*self.pre, *self.post) for s in op.saves
+                      if s.name.endswith(".weight_cast") and keeps[s.tag, False])
+        return block, outside
+
     def _saved_split_exact(self, keeps: dict) -> tuple[float, float] | None:
         """saved_split in whole bytes (Python ints, exact), or None where a kept size is not a whole number of
         bytes or the total reaches 2^53 (saved_split then walks every tensor)."""

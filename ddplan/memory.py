@@ -236,10 +236,19 @@ def activation_bytes(anatomy: Anatomy, layout: Layout, num_layers: int) -> tuple
     head (both counted: a slight overestimate for pp > 1). Where pp does not divide the layers
     (ddplan.pipeline.stage_layers) the first stage has fewer of them, and the second stage, holding one
     micro-batch fewer with the most layers, may hold more: the larger of the two.
+
+    ZeRO-3 runs its matmuls on the gathered 16-bit weights (FSDP's mixed precision: the shard is cast, then
+    all-gathered; no autocast), which comm_buffer_bytes counts: the per-micro-batch weight casts the anatomy
+    saves under autocast (Anatomy.weight_cast_split) are not held. Ref: torch.distributed.fsdp
+    MixedPrecisionPolicy(param_dtype); torchtitan distributed/utils.py@238fa99 L243-264 (maybe_enable_amp: no
+    autocast when FSDP is on); ZeRO (arXiv 1910.02054) sec. 5 (16-bit parameters gathered per layer).
     """
     if anatomy.tp != layout.tp:
         raise ValueError(f"the anatomy is for tp={anatomy.tp}, the layout has tp={layout.tp}")
     layer_bytes, other = anatomy.saved_split
+    if layout.zero == 3:
+        cast_layers, cast_other = anatomy.weight_cast_split
+        layer_bytes, other = layer_bytes - cast_layers, other - cast_other
     try:
         first, middle, _ = stage_layers(num_layers, layout.pp)
     except ValueError:  # a split check_layout refuses: the even share, rounded up

@@ -306,3 +306,22 @@ def test_breakdown_verdict_and_band_follow_peak_ratio(monkeypatch):
     assert mb.band == (40.0, 120.0) and mb.verdict == memory.MAY_NOT_FIT and mb.fits
     monkeypatch.setattr(memory, "PEAK_RATIO", (0.9, 1.1))
     assert mb.band == pytest.approx((72.0, 88.0)) and mb.verdict == memory.FITS
+
+
+def test_fsdp_holds_the_gathered_weights_not_a_cast_per_micro_batch():
+    """Llama-3-8B, eager, fp32 weights, bf16 compute, 1 x 8192. Under autocast (ZeRO-0/1/2) each matmul saves the
+    bf16 copy of its weight: per layer (2 x 4096^2 + 2 x 4096 x 1024 + 3 x 4096 x 14336) x 2 B = 436,207,616 B, 32
+    layers = 13,958,643,712 B, and the head's 128,256 x 4096 x 2 B = 1,050,673,152 B. Under ZeRO-3 the matmuls
+    run on FSDP's gathered bf16 weights (counted with the communication buffers), so the saved activations are
+    exactly those bytes fewer (torchtitan distributed/utils.py@238fa99 L243-264: no autocast under FSDP)."""
+    spec = load_model("llama-3-8b")
+    an = build_anatomy(spec, batch=1, seq_len=8192, compiled=False)
+    per_layer = (2 * 4096**2 + 2 * 4096 * 1024 + 3 * 4096 * 14336) * 2
+    assert per_layer == 436_207_616
+    assert an.weight_cast_split == (32 * per_layer, 128256 * 4096 * 2)
+    fsdp, ddp = Layout(dp=8, zero=3, micro_batch=1), Layout(dp=8, zero=1, micro_batch=1)
+    assert activation_bytes(an, ddp, 32)[0] - activation_bytes(an, fsdp, 32)[0] == 32 * per_layer + 1_050_673_152
+    # compiled, the partitioner already recomputes the casts: nothing to leave out, and both stages agree
+    compiled = build_anatomy(spec, batch=1, seq_len=8192, compiled=True)
+    assert compiled.weight_cast_split == (0, 0)
+    assert activation_bytes(compiled, ddp, 32) == activation_bytes(compiled, fsdp, 32)
