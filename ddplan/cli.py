@@ -69,7 +69,8 @@ app.add_typer(specs_app, name="specs", short_help="The built-in hardware and mod
 
 # --help groups the planning commands' options into panels (issue 38: table --help listed 52 options in one run)
 PANELS: dict[str, tuple[str, ...]] = {
-    "Model and hardware": ("config", "framework", "model", "hardware", "seq_len", "dtype", "grads", "moe_imbalance",
+    "Model and hardware": ("config", "framework", "model", "hardware", "seq_len", "dtype", "grads", "weights",
+                           "moe_imbalance",
                            "calibration", "price"),
     "Layout": ("gpus", "tp", "pp", "vp", "cp", "cp_comm", "ep", "etp", "zero", "device_batch_size", "recompute",
                "attention", "window", "compiled", "fp8", "fp8_recipe", "fp8_all_gather", "tp_comm_overlap",
@@ -128,6 +129,10 @@ DtypeOpt = typer.Option(None, "--dtype", help="Compute dtype: bf16, fp16 or fp32
 GradsOpt = typer.Option(None, "--grads", help="Gradient dtype: param (each parameter's own, e.g. bf16 gradients "
                         "reduced in bf16, Megatron's --grad-reduce-in-bf16) or fp32 (fp32 gradients, Megatron's "
                         "default); default: the model spec's.")
+WeightsOpt = typer.Option(None, "--weights", help="How the weights are kept: fp32 (fp32 weights, cast to the "
+                          "compute dtype each forward: torch autocast, FSDP mixed precision) or master (16-bit "
+                          "weights, an fp32 master copy in the optimizer: Megatron-LM, DeepSpeed); default: the "
+                          "model spec's.")
 MoeImbalanceOpt = typer.Option(None, "--moe-imbalance", help="Mixture of experts, dropless routing under expert "
                                "parallelism: the busiest expert-parallel rank's routed rows over the mean, which "
                                "the step waits for (1: forced balance, Megatron-Core "
@@ -444,6 +449,7 @@ def memory_cmd(
     seq_len: int = SeqLenOpt,
     dtype: str = DtypeOpt,
     grads: str = GradsOpt,
+    weights: str = WeightsOpt,
     moe_imbalance: float = MoeImbalanceOpt,
     attention: str = typer.Option(None, "--attention", help="Attention implementation (default: the hardware's "
                                   "default; see `ddplan specs show HARDWARE`)."),
@@ -505,7 +511,8 @@ def memory_cmd(
            (device_batch_size, "--device-batch-size"),
            (measured_peak, "--measured-peak"), (headroom, "--headroom"))
     stages = inputs.int_list(zero, "--zero", allowed=(0, 1, 2, 3))
-    spec, hw, cal = inputs.load(model, hardware, calibration, seq_len, dtype, grads=grads, moe_imbalance=moe_imbalance)
+    spec, hw, cal = inputs.load(model, hardware, calibration, seq_len, dtype, grads=grads, weights=weights,
+                                  moe_imbalance=moe_imbalance)
     _framework_notes(ctx, spec)
     if fp8_all_gather:
         from ddplan.table import check_fp8, check_fp8_options
@@ -691,6 +698,7 @@ def table_cmd(
     seq_len: int = SeqLenOpt,
     dtype: str = DtypeOpt,
     grads: str = GradsOpt,
+    weights: str = WeightsOpt,
     moe_imbalance: float = MoeImbalanceOpt,
     price: float = typer.Option(None, "--price", help="USD per GPU-hour (default: the hardware spec's first price)."),
     steps: int = StepsOpt,
@@ -785,7 +793,8 @@ def table_cmd(
     windows = tuple(w.strip() for w in window.split(",")) if window else ()
     for w in windows:
         inputs.check_pattern(w, "--window")
-    spec, hw, cal = inputs.load(model, hardware, calibration, seq_len, dtype, grads=grads, moe_imbalance=moe_imbalance)
+    spec, hw, cal = inputs.load(model, hardware, calibration, seq_len, dtype, grads=grads, weights=weights,
+                                  moe_imbalance=moe_imbalance)
     _framework_notes(ctx, spec)
     options = inputs.options(sequence_parallel, tp_comm_overlap, _tp_to_check(ctx, max(tps)), shard_group,
                              reshard_after_forward,
@@ -1034,6 +1043,7 @@ def plan_cmd(
     seq_len: int = SeqLenOpt,
     dtype: str = DtypeOpt,
     grads: str = GradsOpt,
+    weights: str = WeightsOpt,
     moe_imbalance: float = MoeImbalanceOpt,
     sequence_parallel: bool = SequenceParallelOpt,
     tp_comm_overlap: bool = TpOverlapOpt,
@@ -1109,7 +1119,8 @@ def plan_cmd(
     gpu_list = tuple(inputs.int_list(gpus, "--gpus", ranges=True))
     # several hardware: the calibration applies to the one it names (ddplan.plan.pricer_for), in any order
     spec, hw0, cal = inputs.load(model, names[0] if names else None, calibration, seq_len, dtype, check_hardware=False,
-                             grads=grads, moe_imbalance=moe_imbalance)
+                             grads=grads, weights=weights,
+                                  moe_imbalance=moe_imbalance)
     _framework_notes(ctx, spec)
     hws = (hw0, *(load_hardware(h) for h in names[1:]))
     inputs.check_calibration_hardware(cal, hws, calibration)

@@ -37,6 +37,7 @@ APPLIES: dict[str, tuple[str, ...]] = {
     "fp8_recipe": ("precision", "fp8_recipe"),
     "fp8_all_gather": ("precision", "fp8_all_gather"),
     "grads": ("precision", "grads"),
+    "weights": ("precision", "weights"),
 }
 COMMIT = r"^[0-9a-f]{40}$"
 WHERE = r"^\S+@[0-9a-f]{7,40}\b"  # path@commit (a short commit is enough beside the profile's full one)

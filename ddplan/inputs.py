@@ -16,7 +16,7 @@ from ddplan.errors import DdplanError, SpecError, UsageError
 from ddplan.layout import Options
 from ddplan.registry import builtin_names, calibration_hardware, load_calibration, load_hardware, load_model
 from ddplan.run import RunOverheads
-from ddplan.specs import Budget, run_variant
+from ddplan.specs import WEIGHTS, Budget, run_variant
 
 DEFAULT_HARDWARE = "mi300x"  # the canonical case (shared/seed): nanochat d24 on AMD MI300X
 
@@ -42,7 +42,8 @@ def overheads(startup_min: float, eval_every: int | None, eval_tokens: int | Non
 
 
 def load(model: str, hardware: str | None, calibration: str | None, seq_len: int | None, dtype: str | None,
-            check_hardware: bool = True, grads: str | None = None, moe_imbalance: float | None = None):
+            check_hardware: bool = True, grads: str | None = None, moe_imbalance: float | None = None,
+            weights: str | None = None):
     """(model spec, hardware spec, calibration or None). A calibration file supplies what is not given:
     its hardware (the spec it carries, or the built-in it names) and, when it measured this model, its
     sequence length and compute dtype."""
@@ -65,13 +66,13 @@ def load(model: str, hardware: str | None, calibration: str | None, seq_len: int
         dtype = dtype if dtype is not None else cal.dtype
         if (seq_len, dtype) != given:
             try:
-                return variant(spec, seq_len, dtype, grads, moe_imbalance), hw, cal
+                return variant(spec, seq_len, dtype, grads, moe_imbalance, weights), hw, cal
             except DdplanError as e:
                 if e.field == "--moe-imbalance":
                     raise
                 raise SpecError(f"its sequence length or dtype does not fit {spec.name}: {e.message}",
                                 file=calibration) from None
-    return variant(spec, seq_len, dtype, grads, moe_imbalance), hw, cal
+    return variant(spec, seq_len, dtype, grads, moe_imbalance, weights), hw, cal
 
 
 def check_calibration_hardware(cal, hws, path: str | None = None) -> None:
@@ -95,9 +96,9 @@ def check_ranges(*pairs: tuple[int | float | None, str]) -> None:
 
 
 def variant(spec, seq_len: int | None, dtype: str | None, grads: str | None = None,
-             moe_imbalance: float | None = None):
-    """The model at the run's sequence length, compute dtype, gradient dtype and MoE load imbalance
-    (ddplan.specs.run_variant)."""
+            moe_imbalance: float | None = None, weights: str | None = None):
+    """The model at the run's sequence length, compute dtype, gradient dtype, weight storage and MoE load
+    imbalance (ddplan.specs.run_variant)."""
     check_ranges((seq_len, "--seq-len"), (moe_imbalance, "--moe-imbalance"))
     if moe_imbalance is not None:
         try:
@@ -108,8 +109,10 @@ def variant(spec, seq_len: int | None, dtype: str | None, grads: str | None = No
         raise UsageError(f"must be bf16, fp16 or fp32, got {dtype!r}", field="--dtype")
     if grads is not None and grads not in ("param", "fp32"):
         raise UsageError(f"must be param or fp32, got {grads!r}", field="--grads")
+    if weights is not None and weights not in WEIGHTS:
+        raise UsageError(f"must be {' or '.join(WEIGHTS)}, got {weights!r}", field="--weights")
     try:
-        return run_variant(spec, seq_len=seq_len, dtype=dtype, grads=grads)
+        return run_variant(spec, seq_len=seq_len, dtype=dtype, grads=grads, weights=weights)
     except ValueError as e:
         raise UsageError(str(e), field="--seq-len") from None
 

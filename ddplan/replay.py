@@ -27,7 +27,8 @@ STATED_BY: dict[tuple[str, ...], str] = {
     ("layout", "reshard_after_forward"): "layout.reshard_after_forward",
     ("layout", "overlap_param_gather"): "layout.overlap_param_gather",
     ("layout", "offload_optimizer"): "layout.offload_optimizer", ("layout", "cp_comm"): "layout.cp_comm",
-    ("precision", "dtype"): "precision", ("precision", "grads"): "model.grads", ("precision", "fp8"): "precision",
+    ("precision", "dtype"): "precision", ("precision", "grads"): "model.grads",
+    ("precision", "weights"): "model.weights", ("precision", "fp8"): "precision",
     ("precision", "fp8_recipe"): "fp8_recipe", ("precision", "fp8_all_gather"): "layout.fp8_all_gather",
     ("recompute",): "layout.recompute", ("attention",): "layout.attention", ("window",): "layout.window",
     ("seq_len",): "model.seq_len", ("framework",): "framework", ("compiled",): "layout.compiled",
@@ -70,6 +71,8 @@ def table_command(run: PublishedRun) -> list[str] | None:
             "--compile" if lay.compiled else "--no-compile"]
     if run.model.grads:
         argv += ["--grads", run.model.grads]
+    if run.model.weights:
+        argv += ["--weights", run.model.weights]
     if run.model.routing == "balanced":
         argv += ["--moe-imbalance", "1"]
     if lay.attention:

@@ -71,6 +71,8 @@ class Layout(Strict):
 class Precision(Strict):
     dtype: str | None = stated("compute dtype: bf16, fp16, fp32 (--dtype)")
     grads: str | None = stated("gradient dtype for reduction (--grads)")
+    weights: str | None = stated("how the weights are kept: fp32, or master (16-bit with an fp32 copy in the "
+                                 "optimizer) (--weights)")
     fp8: bool | None = stated("fp8 GEMMs (--fp8)")
     fp8_recipe: str | None = stated("how fp8 scales are kept (--fp8-recipe)")
     fp8_all_gather: bool | None = stated("weights all-gathered in fp8 (--fp8-all-gather)")

@@ -26,7 +26,7 @@ from ddplan.errors import DdplanError, SpecError
 from ddplan.flops import nanochat_flops_per_token
 from ddplan.registry import builtin_dir, load_hardware, load_model
 from ddplan.specfile import read_yaml, validate
-from ddplan.specs import Architecture, ModelSpec, Strict, present_param_groups
+from ddplan.specs import Architecture, ModelSpec, Strict, present_param_groups, run_variant
 
 Precision = Literal["bf16", "fp16", "fp8"]
 Recompute = Literal["none", "selective", "full", "per-op"]
@@ -53,6 +53,9 @@ class RunModel(Strict):
     # the dtype gradients are kept and reduced in, where the run states it: "param" (Megatron's
     # --grad-reduce-in-bf16 with bf16 params), "fp32" (main_grad in fp32); None: the base spec's
     grads: Literal["param", "fp32"] | None = None
+    # how the weights were kept, where the run states it: "master" (16-bit weights, an fp32 copy in the optimizer:
+    # Megatron-LM's --bf16), "fp32" (fp32 weights cast each forward); None: the base spec's (ddplan.specs.run_variant)
+    weights: Literal["fp32", "master"] | None = None
     # mixture of experts, how its tokens were routed: "balanced" (forced, Megatron-Core
     # --moe-router-force-load-balancing: ddplan's moe.load_imbalance 1) or "dropless" (real routing: the base
     # spec's imbalance, ddplan.specs.DROPLESS_IMBALANCE unless it sets one); None: the base spec's
@@ -330,7 +333,7 @@ def run_spec(run: RunFacts, where: str, imbalance: float | None = None):
     r.update(seq_len=run.model.seq_len, device_batch_size=run.layout.micro_batch or 1,
              total_batch_tokens=run.tokens_per_step, world_size_rule="any", compiled=run.layout.compiled)
     spec = validate(ModelSpec, data, f"{where}: model")
-    return spec
+    return run_variant(spec, weights=run.model.weights) if run.model.weights else spec
 
 
 def _slug(name: str) -> str:

@@ -673,8 +673,12 @@ def nanochat_dims(depth: int, aspect_ratio: int = 64, head_dim: int = 128) -> tu
     return d_model, d_model // head_dim
 
 
+WEIGHTS = ("fp32", "master")  # how the weights are kept (run_variant)
+
+
 def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | None = None,
-                grads: str | None = None, load_imbalance: float | None = None) -> ModelSpec:
+                grads: str | None = None, load_imbalance: float | None = None,
+                weights: str | None = None) -> ModelSpec:
     """The model as one run trains it: another sequence length and/or compute dtype.
 
     seq_len: the recipe's sequence length (at most architecture.max_seq_len); the total batch in tokens
@@ -684,6 +688,13 @@ def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | Non
     `ddplan calibrate` measures on a CPU). grads: the gradients' dtype, "param" (each parameter's own:
     Megatron's --grad-reduce-in-bf16) or "fp32" (Megatron's default main_grads, nanochat's fp32 masters).
     load_imbalance: a dropless mixture-of-experts model's MoE.load_imbalance (1: forced balance).
+    weights: how the weights are kept, applied after dtype. "fp32": every group in fp32, no master copy (torch
+    autocast or FSDP mixed precision cast them to the compute dtype each forward); "master": every group in the
+    16-bit compute dtype with an fp32 master copy in the optimizer, whose AdamW states are fp32 (Megatron-LM's
+    --bf16/--fp16: Float16Module, megatron/core/transformer/module.py@d98e8a6 L479, and
+    Float16OptimizerWithFloat16Params' "fp32 copy of float16 parameters", megatron/core/optimizer/optimizer.py
+    L964-996; DeepSpeed's bf16/fp16 optimizers, ZeRO arXiv 1910.02054 sec. 3.1). With an fp32 compute dtype
+    "master" is "fp32".
     Raises ValueError naming the value when it cannot be.
     """
     if seq_len is not None and seq_len != spec.recipe.seq_len:
@@ -707,6 +718,17 @@ def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | Non
         if grads not in ("param", "fp32"):
             raise ValueError(f"gradient dtype must be param or fp32, got {grads!r}")
         spec = spec.model_copy(update={"dtypes": spec.dtypes.model_copy(update={"grads": grads})})
+    if weights is not None:
+        if weights not in WEIGHTS:
+            raise ValueError(f"weights must be {' or '.join(WEIGHTS)}, got {weights!r}")
+        master = weights == "master" and spec.dtypes.compute != "fp32"
+        kept = spec.dtypes.compute if master else "fp32"
+        opt = spec.recipe.optimizer
+        opt = opt.model_copy(update={"master_weights": master,
+                                     "adamw_state_dtype": "fp32" if master else opt.adamw_state_dtype})
+        spec = spec.model_copy(update={
+            "dtypes": spec.dtypes.model_copy(update={"params": dict.fromkeys(spec.dtypes.params, kept)}),
+            "recipe": spec.recipe.model_copy(update={"optimizer": opt})})
     if load_imbalance is not None:
         moe = spec.architecture.moe
         if moe is None:

@@ -53,7 +53,7 @@ def test_the_profile_fills_what_nothing_states_and_a_flag_wins(capsys):
     assert {r["zero"] for r in rows} == {"0"}
     by_flags = csv_rows(run_ok(capsys, ["table", *LLAMA, "--zero", "0", "--grads", "fp32", "--no-compile",
                                         "--recompute", "none", "--no-sequence-parallel", "--no-tp-comm-overlap",
-                                        "--no-overlap-param-gather", "--no-fp8-all-gather"]))
+                                        "--no-overlap-param-gather", "--no-fp8-all-gather", "--weights", "master"]))
     assert [r["step_s"] for r in rows] == [r["step_s"] for r in by_flags]
     rows = csv_rows(run_ok(capsys, ["table", *LLAMA, "--framework", "megatron-core", "--zero", "1"]))
     assert {r["zero"] for r in rows} == {"1"}

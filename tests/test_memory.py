@@ -325,3 +325,28 @@ def test_fsdp_holds_the_gathered_weights_not_a_cast_per_micro_batch():
     compiled = build_anatomy(spec, batch=1, seq_len=8192, compiled=True)
     assert compiled.weight_cast_split == (0, 0)
     assert activation_bytes(compiled, ddp, 32) == activation_bytes(compiled, fsdp, 32)
+
+
+def test_master_weights_as_megatron_keeps_them_by_hand():
+    """--weights master (Megatron-LM --bf16: bf16 weights, the optimizer's fp32 copy; ZeRO arXiv 1910.02054
+    sec. 3.1's 2 + 2 + 12 bytes a parameter with fp16 gradients, 2 + 4 + 12 with fp32 ones): Llama-3-8B
+    (8,030,261,248 parameters), dp 8, ZeRO-1 (the distributed optimizer) with fp32 gradients: 2 B of weights,
+    4 B of gradients, 12 / 8 B of optimizer state a parameter; against the spec's fp32 weights (4 + 4 + 8 / 8)."""
+    from ddplan.params import total_params
+    from ddplan.specs import run_variant
+
+    spec = load_model("llama-3-8b")
+    n = total_params(spec.architecture)
+    assert n == 8_030_261_248
+    layout = Layout(dp=8, zero=1, micro_batch=1)
+    master = model_states(run_variant(spec, weights="master", grads="fp32"), layout)
+    assert sum(master["params"].values()) == 2 * n
+    assert sum(master["gradients"].values()) == 4 * n
+    assert sum(master["optimizer"].values()) == pytest.approx(12 * n / 8, rel=1e-12)
+    fp32 = model_states(run_variant(spec, weights="fp32", grads="fp32"), layout)
+    assert (sum(fp32["params"].values()), sum(fp32["optimizer"].values())) == (4 * n, pytest.approx(8 * n / 8))
+    # 16-bit weights need no per-micro-batch cast: the anatomy saves none
+    an = build_anatomy(run_variant(spec, weights="master"), batch=1, seq_len=8192, compiled=False)
+    assert an.weight_cast_split == (0, 0)
+    # and fp32 compute has nothing to keep a master of
+    assert run_variant(spec, dtype="fp32", weights="master").recipe.optimizer.master_weights is False
