@@ -118,9 +118,14 @@ def _builtin_like(arch: dict) -> str | None:
         a = load_model(name).architecture
         have = {"num_layers": a.num_layers, "d_model": a.d_model, "num_heads": a.num_heads,
                 "num_kv_heads": a.num_kv_heads, "mlp_hidden_dim": a.mlp_hidden_dim, "vocab_size": a.vocab_size,
-                "mlp": a.mlp, "tied_embeddings": a.tied_embeddings, "moe": a.moe is not None,
+                "mlp": a.mlp, "tied_embeddings": a.tied_embeddings,
+                "moe": (a.moe.num_experts, a.moe.top_k, a.moe.expert_hidden_dim, a.moe.shared_experts)
+                if a.moe else False,
                 "dropout": (a.dropout.hidden, a.dropout.attention) if a.dropout else (0.0, 0.0)}
-        if all(have[k] == v for k, v in arch.items() if k in have):
+        # Megatron pads the vocabulary (padded_vocab): the built-in may hold the tokenizer's own size
+        same = {k: v for k, v in arch.items() if k in have and k != "vocab_size"}
+        if all(have[k] == v for k, v in same.items()) and have["vocab_size"] in (
+                arch.get("vocab_size"), arch.get("vocab_unpadded", arch.get("vocab_size"))):
             return name
     return None
 
@@ -132,6 +137,17 @@ def _hf_config(arch: dict, name: str) -> dict:
     common = {"_name_or_path": name, "hidden_size": arch["d_model"], "num_hidden_layers": arch["num_layers"],
               "num_attention_heads": arch["num_heads"], "vocab_size": arch["vocab_size"],
               "max_position_embeddings": arch["max_seq_len"], "tie_word_embeddings": arch["tied_embeddings"]}
+    if arch.get("moe"):  # SwiGLU experts: Qwen3-MoE's layout with q/k norms, Mixtral's without
+        experts, top_k, hidden_e, _ = arch["moe"]
+        cfg = {"model_type": "qwen3_moe" if arch.get("qk_norm") else "mixtral", **common,
+               "num_key_value_heads": arch["num_kv_heads"], "num_experts_per_tok": top_k,
+               "attention_dropout": attention, "hidden_dropout": hidden}
+        if arch.get("qk_norm"):
+            cfg.update(num_experts=experts, moe_intermediate_size=hidden_e, intermediate_size=arch["mlp_hidden_dim"],
+                       head_dim=arch["head_dim"])
+        else:
+            cfg.update(num_local_experts=experts, intermediate_size=hidden_e)
+        return cfg
     if arch["mlp"] == "swiglu":
         cfg = {"model_type": "llama", **common, "num_key_value_heads": arch["num_kv_heads"],
                "intermediate_size": arch["mlp_hidden_dim"], "hidden_act": "silu",
@@ -152,7 +168,10 @@ def _hf_config(arch: dict, name: str) -> dict:
 def _model(out: Imported, arch: dict, name: str, how: str) -> None:
     builtin = _builtin_like(arch)
     if builtin:
-        out.set("model", builtin, f"the built-in with the file's dimensions ({how})")
+        pad = arch.get("vocab_unpadded", arch["vocab_size"])
+        padded = (f"; Megatron pads the vocabulary of {pad:,} to {arch['vocab_size']:,}, priced at the built-in's"
+                  if pad != arch["vocab_size"] else "")
+        out.set("model", builtin, f"the built-in with the file's dimensions ({how}){padded}")
     else:
         out.architecture = _hf_config(arch, name)
         out.set("model", None, f"no built-in has the file's dimensions ({how}): written as a config.json beside")
@@ -375,8 +394,8 @@ def _note_hardware(text: str) -> tuple[str, str] | None:
     m = re.search(r"#.*?preset for \d+\s+(\w+)\s+GPUs", text)
     names = {"A100": "a100-sxm-80gb", "H100": "h100-sxm", "H200": "h200", "MI300X": "mi300x", "B200": "b200"}
     if m and m.group(1).upper() in names:
-        return names[m.group(1).upper()], (f"the file's note names {m.group(1)} GPUs (the 80 GB part for A100); "
-                                           f"import --hardware, or edit")
+        part = " (the 80 GB part)" if m.group(1).upper() == "A100" else ""
+        return names[m.group(1).upper()], f"the file's note names {m.group(1)} GPUs{part}; import --hardware, or edit"
     return None
 
 
@@ -391,7 +410,9 @@ MEGATRON_NOT_COST = re.compile(
     r"step-batch-size-schedule|rampup|use-checkpoint|timing|profile|masked-softmax|bias-gelu|bias-dropout|"
     r"no-bias|no-masked|no-gradient|no-async|norm-epsilon|layernorm-epsilon|kv-channels|max-position|"
     r"position-embedding|swiglu|normalization|untie|disable-bias|group-query|num-query-groups|attention-backend|"
-    r"use-flash-attn|fp8-amax|fp8-margin|fp8-interval|recompute-method|recompute-num-layers|recompute-modules)")
+    r"use-flash-attn|fp8-amax|fp8-margin|fp8-interval|recompute-method|recompute-num-layers|recompute-modules|"
+    r"te-rng-tracker|use-rotary-position-embeddings|moe-aux-loss-coeff|moe-z-loss|qk-layernorm|moe-router-topk|"
+    r"moe-ffn-hidden-size|moe-layer-freq|num-experts)")
 
 
 def _shell_args(text: str) -> tuple[list[str], dict[str, str]]:
@@ -427,8 +448,10 @@ def _shell_args(text: str) -> tuple[list[str], dict[str, str]]:
             continue
         m = re.match(r"^(?:export\s+)?(\w+)=(.*)$", line)
         if m:
-            words = _split(expand(m.group(2)))
-            env[m.group(1)] = words[0] if words else ""
+            words = [w for piece in _split(expand(m.group(2))) for w in _split(piece)]
+            env[m.group(1)] = " ".join(words)
+            if any(w.startswith("--") for w in words):  # a string of arguments (MODEL_OPTIONS="--num-layers ...")
+                tokens += words
             continue
         tokens += [w for piece in _split(expand(line)) for w in _split(piece)]
     return tokens, env
@@ -505,6 +528,11 @@ def _megatron(text: str, path: Path, out: Imported) -> None:
                             field=needed)
     tp, pp, cp = num("--tensor-model-parallel-size", 1), num("--pipeline-model-parallel-size", 1), \
         num("--context-parallel-size", 1)
+    ep, etp = num("--expert-model-parallel-size", 1), num("--expert-tensor-parallel-size")
+    if ep > 1:
+        out.set(("layout", "ep"), ep)
+    if etp:
+        out.set(("layout", "etp"), etp)
     d, layers, heads = num("--hidden-size"), num("--num-layers"), num("--num-attention-heads")
     groups = num("--num-query-groups", heads) if arg("--group-query-attention") else heads
     read.add("--num-query-groups")
@@ -518,19 +546,17 @@ def _megatron(text: str, path: Path, out: Imported) -> None:
             raise SpecError(f"--tokenizer-type {tokenizer}: the vocabulary size is not in the arguments; give "
                             f"--vocab-size in the file or import --model", file=str(path), field="--vocab-size")
         vocab = GPT2_VOCAB
-    vocab = padded_vocab(vocab, num("--make-vocab-size-divisible-by", 128), tp)
+    unpadded, vocab = vocab, padded_vocab(vocab, num("--make-vocab-size-divisible-by", 128), tp)
     hidden_drop = float(arg("--hidden-dropout", 0.1))
     attn_drop = float(arg("--attention-dropout", 0.1))
     position = arg("--position-embedding-type", "learned_absolute")
     arch = {"num_layers": layers, "d_model": d, "num_heads": heads, "num_kv_heads": groups, "mlp_hidden_dim": ffn,
-            "vocab_size": vocab, "mlp": "swiglu" if swiglu else "gelu",
-            "tied_embeddings": not arg("--untie-embeddings-and-output-weights"), "moe": bool(arg("--num-experts")),
+            "vocab_size": vocab, "vocab_unpadded": unpadded, "mlp": "swiglu" if swiglu else "gelu",
+            "tied_embeddings": not arg("--untie-embeddings-and-output-weights"), "moe": _megatron_moe(arg, num, path),
+            "qk_norm": bool(arg("--qk-layernorm")),
             "dropout": (hidden_drop, attn_drop), "max_seq_len": num("--max-position-embeddings", seq) or seq,
             "position": "rope" if position == "rope" else "learned", "bias": not arg("--disable-bias-linear"),
             "head_dim": num("--kv-channels", d // heads)}
-    if arch["moe"]:
-        raise SpecError("--num-experts: mixture-of-experts arguments are not imported yet; give import --model "
-                        "(a built-in or a config.json)", file=str(path), field="--num-experts")
     _model(out, arch, path.stem, "--num-layers, --hidden-size, --num-attention-heads, ...")
     if seq is None:
         raise SpecError("--seq-length is not given", file=str(path), field="--seq-length")
@@ -596,6 +622,8 @@ def _megatron(text: str, path: Path, out: Imported) -> None:
         out.set("recompute", "full")
         if arg("--recompute-num-layers") not in (None, "1") and arg("--recompute-method") == "block":
             out.warnings.append("--recompute-method block with --recompute-num-layers: priced as every layer")
+    if arg("--optimizer", "adam") != "adam":
+        out.warnings.append(f"--optimizer {arg('--optimizer')}: priced as Adam (the model spec's optimizer)")
     backend = arg("--attention-backend")
     if backend == "unfused":
         out.set("attention", "megatron-unfused")
@@ -603,6 +631,23 @@ def _megatron(text: str, path: Path, out: Imported) -> None:
         out.set("attention", "fa2")
     _unread(out, a, read | {"--nnodes", "--nproc_per_node", "--nproc-per-node", "--node_rank", "--master_addr",
                             "--master_port", "--standalone"}, MEGATRON_NOT_COST)
+
+
+def _megatron_moe(arg, num, path: Path) -> tuple[int, int, int, int] | bool:
+    """(experts, top-k, expert width, shared experts) of Megatron-LM's MoE arguments, or False for a dense model.
+    Every layer is an MoE layer (--moe-layer-freq 1); another frequency is one clear error."""
+    experts = num("--num-experts")
+    if not experts:
+        return False
+    freq = arg("--moe-layer-freq", "1")
+    if str(freq) != "1":
+        raise SpecError(f"--moe-layer-freq {freq}: import reads MoE models whose every layer is an MoE layer; give "
+                        f"import --model", file=str(path), field="--moe-layer-freq")
+    if num("--moe-shared-expert-intermediate-size"):
+        raise SpecError("--moe-shared-expert-intermediate-size: shared experts are not imported yet; give import "
+                        "--model", file=str(path), field="--moe-shared-expert-intermediate-size")
+    ffn = num("--ffn-hidden-size")
+    return experts, num("--moe-router-topk", 2), num("--moe-ffn-hidden-size", ffn), 0
 
 
 def _unread(out: Imported, given: dict, read: set[str], not_cost: re.Pattern) -> None:

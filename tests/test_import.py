@@ -46,6 +46,12 @@ CASES = {
         "--tp", "1", "--pp", "1", "--cp", "1", "--zero", "1", "--overlap-param-gather", "--device-batch-size", "1",
         "--total-batch-size", str(128 * 8192), "--seq-len", "8192", "--tokens", str(1_953_125_000 * 8192),
         "--dtype", "bf16", "--grads", "param", "--fp8", "--fp8-recipe", "delayed"]),
+    # Qwen3-30B-A3B dims (48 x 2048, 32 heads, 4 KV groups, 128 experts of 768, top 8, vocab 151,936), tp 4
+    # (TP default), ep 2, micro-batch 1, global 256 x 8192, bf16; no GPU count: one node of 8 assumed
+    "megatron-qwen3-30b-a3b.sh": ([], [
+        "--model", "qwen3-30b-a3b", "--framework", "megatron-core", "--hardware", "h100-sxm", "--gpus", "8",
+        "--tp", "4", "--pp", "1", "--cp", "1", "--ep", "2", "--device-batch-size", "1",
+        "--total-batch-size", str(256 * 8192), "--seq-len", "8192", "--dtype", "bf16"]),
     # NeMo launcher Llama 3.1 8B: 16 nodes x 8, tp 1 pp 1 cp 2, micro 1, global 2048 x 8192, bf16, 300,000 steps,
     # mcore_distributed_optim with overlap_param_sync -> ZeRO-1 with the gather overlapped; no recompute
     "nemo-llama3-1-8b.yaml": ([], [
@@ -154,3 +160,29 @@ def test_megatron_pads_the_vocabulary_as_megatron_does():
     assert padded_vocab(50257, 128, 8) == 51200
     assert padded_vocab(50257, 128, 1) == 50304
     assert padded_vocab(128256, 128, 1) == 128256
+
+
+def test_a_mixture_of_experts_no_built_in_has_is_written_as_its_config(capsys, tmp_path):
+    """Megatron-LM MoE arguments of no built-in model: a Mixtral-style config.json beside (experts, top-k, expert
+    width), which prices with the experts split over --expert-model-parallel-size; a layer frequency other than 1
+    is one error line (not priced as something else)."""
+    args = ("--num-layers 4 --hidden-size 512 --num-attention-heads 8 --group-query-attention --num-query-groups 2 "
+            "--ffn-hidden-size 2048 --swiglu --untie-embeddings-and-output-weights --position-embedding-type rope "
+            "--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 1024 --expert-model-parallel-size 2 "
+            "--seq-length 1024 --micro-batch-size 2 --global-batch-size 64 --bf16 --vocab-size 32000 "
+            "--nproc_per_node 8")
+    path = tmp_path / "moe.sh"
+    path.write_text(args + "\n", encoding="utf-8")
+    out = tmp_path / "run.yaml"
+    run_ok(capsys, ["import", str(path), "-o", str(out), "--from", "megatron"])
+    import json
+
+    cfg = json.loads((tmp_path / "run.config.json").read_text(encoding="utf-8"))
+    assert (cfg["model_type"], cfg["num_local_experts"], cfg["num_experts_per_tok"], cfg["intermediate_size"]) == (
+        "mixtral", 8, 2, 1024)
+    assert cfg["vocab_size"] == 32000 and cfg["num_key_value_heads"] == 2
+    (row,) = csv_rows(run_ok(capsys, ["table", "--config", str(out), "--attention", "fa2", "--format", "csv"]))
+    assert row["ep"] == "2" and row["gpus"] == "8"
+    path.write_text(args + " --moe-layer-freq 2\n", encoding="utf-8")
+    _, line = fails(capsys, ["import", str(path), "-o", str(out), "--from", "megatron"])
+    assert "--moe-layer-freq 2" in line
