@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ddplan.errors import DdplanError, SpecError
 from ddplan.layout import Options
-from ddplan.registry import load_hardware
+from ddplan.registry import load_framework, load_hardware
 from ddplan.runs import PublishedRun, RunFacts, run_spec
 from ddplan.specs import Efficiency
 from ddplan.table import TableRequest, build_table
@@ -55,6 +55,20 @@ NOT_A_STEP: dict[tuple[str, ...], str] = {
 }
 
 
+def run_weights(run: RunFacts) -> str | None:
+    """How a run kept its weights (ddplan.specs.run_variant): as it states (model.weights), else as its framework's
+    profile says the stack does (frameworks/*.yaml `weights`, e.g. Megatron-Core's 16-bit weights with fp32
+    masters), else None (the base spec's)."""
+    if run.model.weights or not run.framework:
+        return run.model.weights
+    try:
+        profile = load_framework(run.framework)
+    except DdplanError:  # a stack without a profile (megatron-lm, megatron-deepspeed): the base spec's
+        return None
+    item = profile.applies.get("weights")
+    return str(item.value) if item is not None else None
+
+
 def table_command(run: PublishedRun) -> list[str] | None:
     """The `ddplan table` arguments that price this run as one row, or None when its model needs a YAML
     (architecture overrides) or its network differs from the hardware spec's (no flag for either)."""
@@ -71,8 +85,8 @@ def table_command(run: PublishedRun) -> list[str] | None:
             "--compile" if lay.compiled else "--no-compile"]
     if run.model.grads:
         argv += ["--grads", run.model.grads]
-    if run.model.weights:
-        argv += ["--weights", run.model.weights]
+    if run_weights(run):
+        argv += ["--weights", run_weights(run)]
     if run.model.routing == "balanced":
         argv += ["--moe-imbalance", "1"]
     if lay.attention:
@@ -128,7 +142,7 @@ def price_run(run: RunFacts, where: str, sustained: dict[str, float] | None = No
         nic = hw.inter_node.nic_gbit_per_s.model_copy(update={"value": n.nic_gbit_per_s, "source": n.why})
         hw = hw.model_copy(update={"inter_node": hw.inter_node.model_copy(
             update={"nics_per_node": n.nics_per_node, "nic_gbit_per_s": nic})})
-    spec = run_spec(run, where, imbalance)
+    spec = run_spec(run, where, imbalance, weights=run_weights(run))
     lay = run.layout
     attention = lay.attention or hw.default_attention
     req = TableRequest(model=spec, hardware=hw, gpus=(lay.gpus,), tps=(lay.tp,), pps=(lay.pp,), vps=(lay.vp,),

@@ -291,12 +291,13 @@ def load_runs(path: str | None = None) -> RunSet:
     return validate(RunSet, read_yaml(p), str(p))
 
 
-def run_spec(run: RunFacts, where: str, imbalance: float | None = None):
+def run_spec(run: RunFacts, where: str, imbalance: float | None = None, weights: str | None = None):
     """The ddplan model spec of a run: its base with the architecture overrides, the run's sequence
     length, batch and compute dtype (fp8 runs compute in bf16 with fp8 GEMMs), and its routing.
 
     imbalance: the dropless load imbalance a dropless run (routing "dropless" or unstated) is priced at, in
-    place of the spec's (what ddplan.validation fits and leaves out); forced-balance runs keep 1."""
+    place of the spec's (what ddplan.validation fits and leaves out); forced-balance runs keep 1. weights: how
+    the weights were kept (ddplan.specs.run_variant) where the run does not say (ddplan.replay.run_weights)."""
     try:
         base = load_model(run.model.base)
     except DdplanError as e:
@@ -333,7 +334,8 @@ def run_spec(run: RunFacts, where: str, imbalance: float | None = None):
     r.update(seq_len=run.model.seq_len, device_batch_size=run.layout.micro_batch or 1,
              total_batch_tokens=run.tokens_per_step, world_size_rule="any", compiled=run.layout.compiled)
     spec = validate(ModelSpec, data, f"{where}: model")
-    return run_variant(spec, weights=run.model.weights) if run.model.weights else spec
+    weights = run.model.weights or weights  # as the run states, else as the caller knows its stack keeps them
+    return run_variant(spec, weights=weights) if weights else spec
 
 
 def _slug(name: str) -> str:

@@ -548,6 +548,30 @@ def test_a_run_s_framework_options_price_as_their_flags(capsys, tmp_path):
     assert "--zero" not in table_command(runs.runs[2])  # the model's own setup: table without --zero
 
 
+def test_a_run_on_megatron_keeps_its_weights_as_megatron_does(capsys, tmp_path):
+    """A run whose framework has a profile and that does not state model.weights is priced with the profile's
+    (megatron-core: 16-bit weights and fp32 masters, frameworks/megatron-core.yaml), in validate and in the
+    `ddplan table` command it replays alike; a stated model.weights wins; a stack without a profile keeps the base
+    spec's. GPT-2 small's spec keeps fp32 weights: under Megatron 2 bytes a parameter fewer, and no cast."""
+    from ddplan.replay import price_run, run_weights, table_command
+
+    layout = {"gpus": 8, "micro_batch": 8, "global_batch_sequences": 64, "attention": "fa2", "zero": 1}
+    runs = load_runs(str(_runs_file(tmp_path, [
+        _run(1.0, id="mcore", framework="megatron-core", layout=layout),
+        _run(1.0, id="stated", framework="megatron-core", layout=layout,
+             model={"base": "gpt2-124m", "name": "GPT-2 small", "seq_len": 1024, "weights": "fp32"}),
+        _run(1.0, id="other", framework="megatron-lm", layout=layout)])))
+    assert [run_weights(r) for r in runs.runs] == ["master", "fp32", None]
+    rows = {}
+    for i, run in enumerate(runs.runs):
+        _, _, row = price_run(run, f"runs.{i}")
+        flags = csv_rows(run_ok(capsys, table_command(run) + ["--format", "csv"]))
+        assert float(flags[0]["step_s"]) == pytest.approx(row.step_s, rel=1e-12), run.id
+        assert float(flags[0]["memory_gib"]) == pytest.approx(row.memory.total / 2**30, rel=1e-12), run.id
+        rows[run.id] = row
+    assert rows["mcore"].memory.total < rows["stated"].memory.total == pytest.approx(rows["other"].memory.total)
+
+
 def test_validate_leads_with_its_out_of_sample_bottom_line(capsys):
     """Issue 38: `ddplan validate` leaves each source out by default and says so first: its median, its worst run
     and the share inside the band are the leave-one-source-out summary's (json's `leave_one_source_out`); with
