@@ -248,6 +248,22 @@ class Anatomy:
         return tuple(out)
 
     @functools.cached_property
+    def outside_split(self) -> tuple[float, float]:
+        """(embedding side, head side) of saved_split's bytes outside the blocks: what the embedding ops save
+        (a pipeline's first stage holds it) and the rest, the final norm's, head's and loss's (the last stage);
+        kept under this policy, each name once (a name a block or the head saves too is not the embedding's)."""
+        keeps = _keep_table(self.recompute, self.compiled)
+        later = {s.name for op in self.post for s in op.saves} | {
+            name for rows in self._block_rows for name, *_ in rows}
+        pre: dict[str, float] = {}
+        for op in self.pre:
+            for s in op.saves:
+                if keeps[s.tag, False] and s.name not in later:
+                    pre[s.name] = s.bytes
+        embedding = sum(pre.values())
+        return embedding, self.saved_split[1] - embedding
+
+    @functools.cached_property
     def weight_cast_split(self) -> tuple[float, float]:
         """(bytes in the blocks, all layers; bytes outside) of the 16-bit weight copies the matmuls save
         (`*.weight_cast`: fp32 weights cast by autocast) that this policy keeps; cached. Under FSDP mixed

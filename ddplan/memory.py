@@ -232,10 +232,12 @@ def activation_bytes(anatomy: Anatomy, layout: Layout, num_layers: int) -> tuple
     """(saved, transient) activation bytes on one GPU: the anatomy (already one tp rank's share) over pp; the
     transient is backward's largest working set: an op's gradients plus what recompute has brought back then.
 
-    The first stage holds its layers for each of its in-flight micro-batches, plus the embeddings and the
-    head (both counted: a slight overestimate for pp > 1). Where pp does not divide the layers
-    (ddplan.pipeline.stage_layers) the first stage has fewer of them, and the second stage, holding one
-    micro-batch fewer with the most layers, may hold more: the larger of the two.
+    The first stage holds its layers and the embeddings' saved tensors for each of its in-flight micro-batches;
+    the last stage its layers and the head's (final norm, logits, loss) for its own (one in 1F1B); a middle
+    stage its layers only. The largest of them. Where pp does not divide the layers (ddplan.pipeline.stage_layers)
+    the end stages have fewer of them, and the second stage, holding one micro-batch fewer than the first with
+    the most layers, may hold more. Ref: Narayanan et al., arXiv 2104.04473, sec. 2.2 (1F1B: stage i holds
+    p - i micro-batches); Korthikanti et al., arXiv 2205.05198, sec. 4.2.3 (the first stage's activations).
 
     ZeRO-3 runs its matmuls on the gathered 16-bit weights (FSDP's mixed precision: the shard is cast, then
     all-gathered; no autocast), which comm_buffer_bytes counts: the per-micro-batch weight casts the anatomy
@@ -249,11 +251,16 @@ def activation_bytes(anatomy: Anatomy, layout: Layout, num_layers: int) -> tuple
     if layout.zero == 3:
         cast_layers, cast_other = anatomy.weight_cast_split
         layer_bytes, other = layer_bytes - cast_layers, other - cast_other
+    if layout.pp == 1:
+        return layer_bytes + other, anatomy.backward_transient_bytes()
+    embedding, head = anatomy.outside_split
+    head = other - embedding  # the casts left out above are the head's (the embedding lookup casts nothing)
     try:
-        first, middle, _ = stage_layers(num_layers, layout.pp)
+        first, middle, last = stage_layers(num_layers, layout.pp)
     except ValueError:  # a split check_layout refuses: the even share, rounded up
-        first = middle = -(-num_layers // layout.pp)
-    saved = (layer_bytes * first / num_layers + other) * in_flight_micro_batches(layout)
+        first = middle = last = -(-num_layers // layout.pp)
+    saved = max((layer_bytes * first / num_layers + embedding) * in_flight_micro_batches(layout),
+                (layer_bytes * last / num_layers + head) * in_flight_micro_batches(layout, stage=layout.pp - 1))
     if layout.pp > 2 and middle > first:
         saved = max(saved, layer_bytes * middle / num_layers * in_flight_micro_batches(layout, stage=1))
     return saved, anatomy.backward_transient_bytes()

@@ -247,8 +247,9 @@ def test_seed_consistent_with_says_fused_compiled_not_math_eager(seed):
 
 def test_uneven_pipeline_memory_is_the_fuller_of_the_first_two_stages():
     """gpt3-22b's 48 layers over pp 5 split 9, 10, 10, 10, 9 (ddplan.pipeline.stage_layers). 1F1B with 8
-    micro-batches: the first stage holds 5 in flight (its 9 layers, embeddings and head counted), the second
-    4 (10 layers). Saved bytes = max((9/48 L + o) x 5, 10/48 L x 4) with (L, o) = the anatomy's saved_split."""
+    micro-batches: the first stage holds 5 in flight (its 9 layers and the embeddings' saves), the second 4
+    (10 layers), the last 1 (9 layers and the head's saves: final norm, logits, loss). Saved bytes =
+    max((9/48 L + e) x 5, 10/48 L x 4, 9/48 L + h) with (L, e + h) = saved_split, (e, h) = outside_split."""
     from ddplan.layout import Layout
     from ddplan.memory import activation_bytes
     from ddplan.anatomy import build_anatomy
@@ -258,9 +259,17 @@ def test_uneven_pipeline_memory_is_the_fuller_of_the_first_two_stages():
     an = build_anatomy(spec, batch=1, attention="unfused_math", windows="mask")
     lay = Layout(dp=1, tp=1, pp=5, micro_batch=1, grad_accum=8)
     L, o = an.saved_split
-    assert activation_bytes(an, lay, 48)[0] == pytest.approx(max((9 / 48 * L + o) * 5, 10 / 48 * L * 4))
-    even = Layout(dp=1, tp=1, pp=4, micro_batch=1, grad_accum=8)  # 12 a stage: the first stage, as before
-    assert activation_bytes(an, even, 48)[0] == pytest.approx((L / 4 + o) * 4)
+    e, h = an.outside_split
+    # the embeddings save the token and position ids (2 x 8 B x 2048); the head the rest: x_final and xn_f
+    # (2 x 2 B x 2048 x 6144), the norm's stats, the fp32 log-probabilities (4 B x 2048 x 51200), targets, loss
+    assert e == 2 * 8 * 2048 and e + h == o
+    assert h == 2 * 2 * 2048 * 6144 + 16384 + 4 * 2048 * 51200 + 16384 + 4
+    assert activation_bytes(an, lay, 48)[0] == pytest.approx(max((9 / 48 * L + e) * 5, 10 / 48 * L * 4,
+                                                                 9 / 48 * L + h))
+    even = Layout(dp=1, tp=1, pp=4, micro_batch=1, grad_accum=8)  # 12 a stage: the first stage, 4 in flight
+    assert activation_bytes(an, even, 48)[0] == pytest.approx((L / 4 + e) * 4)
+    # without a pipeline one stage holds it all
+    assert activation_bytes(an, Layout(dp=1, micro_batch=1, grad_accum=8), 48)[0] == pytest.approx(L + o)
 
 
 def test_state_floor_is_every_term_but_the_activations_and_claims_nothing_with_negative_slack():
