@@ -69,6 +69,8 @@ def detect(path: Path, text: str) -> str:
     if path.suffix in (".yaml", ".yml") and re.search(r"^trainer:\s*$", text, re.M) and re.search(r"^model:\s*$",
                                                                                                    text, re.M):
         return "nemo"
+    if path.suffix in (".yaml", ".yml") and re.search(r"^MODEL_ARGS:\s*$", text, re.M):
+        return "megatron"  # Megatron-LM's argument map (its functional tests' model_config.yaml)
     if "base_train" in text:
         return "nanochat"
     if re.search(r"--(num-layers|tensor-model-parallel-size|hidden-size)\b", text):
@@ -156,6 +158,10 @@ def _hf_config(arch: dict, name: str) -> dict:
         if arch["d_model"] // arch["num_heads"] != arch.get("head_dim", arch["d_model"] // arch["num_heads"]):
             cfg["head_dim"] = arch["head_dim"]
         return cfg
+    if arch["num_kv_heads"] != arch["num_heads"]:
+        raise SpecError(f"{arch['num_kv_heads']} KV groups for {arch['num_heads']} heads with a {arch['mlp']} MLP: "
+                        f"no config.json layout ddplan reads holds both; give import --model (a model YAML: "
+                        f"`ddplan specs show gpt3-22b` prints one to edit)", field="--num-query-groups")
     if arch.get("position") == "learned":
         return {"_name_or_path": name, "model_type": "gpt2", "n_layer": arch["num_layers"], "n_embd": arch["d_model"],
                 "n_head": arch["num_heads"], "n_positions": arch["max_seq_len"], "vocab_size": arch["vocab_size"],
@@ -412,7 +418,7 @@ MEGATRON_NOT_COST = re.compile(
     r"position-embedding|swiglu|normalization|untie|disable-bias|group-query|num-query-groups|attention-backend|"
     r"use-flash-attn|fp8-amax|fp8-margin|fp8-interval|recompute-method|recompute-num-layers|recompute-modules|"
     r"te-rng-tracker|use-rotary-position-embeddings|moe-aux-loss-coeff|moe-z-loss|qk-layernorm|moe-router-topk|"
-    r"moe-ffn-hidden-size|moe-layer-freq|num-experts)")
+    r"moe-ffn-hidden-size|moe-layer-freq|num-experts|distributed-backend|async-save|use-persistent-ckpt-worker)")
 
 
 def _shell_args(text: str) -> tuple[list[str], dict[str, str]]:
@@ -509,8 +515,9 @@ def _int(value: Any, path: Path, flag: str) -> int:
 
 
 def _megatron(text: str, path: Path, out: Imported) -> None:
-    """Megatron-LM's pretrain_gpt.py arguments, in a launch script or an argument file."""
-    tokens, _ = _shell_args(text)
+    """Megatron-LM's pretrain_gpt.py arguments, in a launch script, an argument file, or a YAML map of them
+    (MODEL_ARGS: {--num-layers: 32, --bf16: true, ...}, as its functional tests' model_config.yaml)."""
+    tokens, _ = _shell_args(text) if path.suffix not in (".yaml", ".yml") else (_yaml_args(path), {})
     a = _flags(tokens)
     read: set[str] = set()
 
@@ -631,6 +638,21 @@ def _megatron(text: str, path: Path, out: Imported) -> None:
         out.set("attention", "fa2")
     _unread(out, a, read | {"--nnodes", "--nproc_per_node", "--nproc-per-node", "--node_rank", "--master_addr",
                             "--master_port", "--standalone"}, MEGATRON_NOT_COST)
+
+
+def _yaml_args(path: Path) -> list[str]:
+    """A YAML map's MODEL_ARGS as a command line: `--flag: value` -> --flag value, `--switch: true` -> --switch,
+    false -> left out."""
+    cfg = read_yaml(path)
+    args = cfg.get("MODEL_ARGS") if isinstance(cfg, dict) else None
+    if not isinstance(args, dict):
+        raise SpecError("no MODEL_ARGS mapping of Megatron-LM arguments", file=str(path), field="MODEL_ARGS")
+    tokens: list[str] = []
+    for key, value in args.items():
+        if value is False or value is None:
+            continue
+        tokens += [str(key)] if value is True else [str(key), str(value)]
+    return tokens
 
 
 def _megatron_moe(arg, num, path: Path) -> tuple[int, int, int, int] | bool:

@@ -186,3 +186,31 @@ def test_a_mixture_of_experts_no_built_in_has_is_written_as_its_config(capsys, t
     path.write_text(args + " --moe-layer-freq 2\n", encoding="utf-8")
     _, line = fails(capsys, ["import", str(path), "-o", str(out), "--from", "megatron"])
     assert "--moe-layer-freq 2" in line
+
+
+def test_megatron_s_own_argument_map_prices_as_the_memory_dataset_states_that_run(capsys, tmp_path):
+    """Megatron-LM's functional tests keep their arguments as a YAML map (MODEL_ARGS). Imported, the 12-layer tp 4
+    distributed-optimizer test prices to the same memory and step as validation/memory_peaks.yaml's entry for
+    that run (megatron-test-tiny-tp4-distopt-h100, stated by hand from the same file): two ways in, one run."""
+    from ddplan.replay import price_run
+    from ddplan.runs import load_peaks
+
+    out = tmp_path / "run.yaml"
+    run_ok(capsys, ["import", str(DATA / "megatron-test-tiny-tp4-model_config.yaml"), "-o", str(out)])
+    text = out.read_text(encoding="utf-8")
+    assert "framework: megatron-core" in text and "  tp: 4" in text and "  zero: 1" in text
+    (row,) = csv_rows(run_ok(capsys, ["table", "--config", str(out), "--format", "csv"]))
+    (peak,) = [p for p in load_peaks().peaks if p.id == "megatron-test-tiny-tp4-distopt-h100"]
+    *_, priced = price_run(peak, peak.id)
+    assert float(row["memory_gib"]) == pytest.approx(priced.memory.total / 2**30, rel=1e-12)
+    assert float(row["step_s"]) == pytest.approx(priced.step_s, rel=1e-12)
+
+
+def test_grouped_query_attention_with_a_gelu_mlp_is_an_error_not_a_dropped_group(capsys, tmp_path):
+    """No config.json layout ddplan reads holds KV groups with a GELU MLP (Llama's is SwiGLU, GPT-2's has no
+    groups): import says so and names --model, rather than writing a model without its groups."""
+    path = tmp_path / "args.sh"
+    path.write_text("--num-layers 2 --hidden-size 512 --num-attention-heads 8 --group-query-attention "
+                    "--num-query-groups 2 --seq-length 128\n", encoding="utf-8")
+    _, line = fails(capsys, ["import", str(path), "-o", str(tmp_path / "run.yaml"), "--from", "megatron"])
+    assert "KV groups" in line and "--model" in line
