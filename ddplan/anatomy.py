@@ -361,7 +361,7 @@ class Anatomy:
         rows.extend((s.name, s.bytes, s.tag, False) for op in self.post for s in op.saves)
         return tuple(rows), {name: in_block for name, _, _, in_block in rows}
 
-    def backward_transient_bytes(self) -> float:
+    def backward_transient_bytes(self, head: bool = True) -> float:
         """Largest working set of backward on top of the kept tensors: the gradients of one op (transient_bytes)
         plus, under recompute, the tensors the policy brings back for the block being differentiated.
 
@@ -370,18 +370,23 @@ class Anatomy:
         the live ones are those whose first saver is at or before j and whose region ends at or after j. The
         peak is the largest of (those bytes + op j's gradient working set) over the ops of every distinct block,
         and the loss/head gradients; backward starts at the last block with every block's kept tensors held.
-        Equal to transient_bytes() without recompute. Cached per anatomy.
+        Equal to transient_bytes() without recompute. head=False: without the head's and loss's gradients (a
+        pipeline stage that does not hold the head). Cached per anatomy.
         Ref: Chen et al., "Training Deep Nets with Sublinear Memory Cost", arXiv 1604.06174, sec. 4 (the cost of
         recomputation is the checkpoints plus the largest segment's activations); Korthikanti et al., arXiv
         2205.05198, sec. 5 (full recompute keeps each layer's input and re-creates one layer at a time)."""
-        return self._backward_transient
+        body, tail = self._backward_transient
+        return max(body, tail) if head else body
 
     @functools.cached_property
-    def _backward_transient(self) -> float:
+    def _backward_transient(self) -> tuple[float, float]:
+        """(the largest working set in the embeddings and blocks, the largest in the head and loss)."""
+        tail = max((op.transient_bytes for op in self.post), default=0.0)
+        body = max((op.transient_bytes for ops in (self.pre, *self.blocks) for op in ops), default=0.0)
         if self.recompute == "none":
-            return self._transient
+            return body, tail
         plain, policy = _keep_table("none", self.compiled), _keep_table(self.recompute, self.compiled)
-        worst = max((op.transient_bytes for op in (*self.pre, *self.post)), default=0.0)
+        worst = body
         for ops in self.blocks:
             first: dict[str, int] = {}  # a brought-back tensor's first saver, and its size
             size: dict[str, float] = {}
@@ -403,7 +408,7 @@ class Anatomy:
             for j, op in enumerate(ops):
                 live += born[j]
                 worst = max(worst, (live if j <= end else 0.0) + op.transient_bytes)
-        return worst
+        return worst, tail
 
     def transient_bytes(self) -> float:
         """Largest working set of gradients during backward, on top of the saved tensors.

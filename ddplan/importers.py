@@ -49,6 +49,7 @@ class Imported:
     ignored: list[str] = field(default_factory=list)  # options that do not change a step's cost
     architecture: dict | None = None  # config.json contents, when the model is not a built-in
     gpus_given: int | None = None  # import --gpus: wins over the file
+    model_given: str | None = None  # import --model: the readers do not build (or check) an architecture
 
     def set(self, path: tuple[str, ...] | str, value: Any, note: str | None = None) -> None:
         key = (path,) if isinstance(path, str) else path
@@ -95,7 +96,7 @@ def read(path: Path, fmt: str | None = None, *, gpus: int | None = None, hardwar
     except UnicodeDecodeError:
         raise SpecError("not UTF-8 text", file=str(path)) from None
     fmt = fmt or detect(path, text)
-    out = Imported(source=str(path), format=fmt, gpus_given=gpus)
+    out = Imported(source=str(path), format=fmt, gpus_given=gpus, model_given=model)
     out.set("framework", PROFILE[fmt])
     {"torchtitan": _torchtitan, "megatron": _megatron, "nemo": _nemo, "nanochat": _nanochat}[fmt](text, path, out)
     if model:
@@ -172,6 +173,8 @@ def _hf_config(arch: dict, name: str) -> dict:
 
 
 def _model(out: Imported, arch: dict, name: str, how: str) -> None:
+    if out.model_given:  # import --model states it: the file's architecture is not needed
+        return
     builtin = _builtin_like(arch)
     if builtin:
         pad = arch.get("vocab_unpadded", arch["vocab_size"])
@@ -275,7 +278,7 @@ def _torchtitan(text: str, path: Path, out: Imported) -> None:
                 "tied_embeddings": False, "moe": False, "dropout": (0.0, 0.0), "max_seq_len": 131072,
                 "position": "rope"}
         _model(out, arch, f"llama3-{flavor.lower()}", f"[model] name {name!r}, flavor {flavor!r}")
-    else:
+    elif not out.model_given:
         raise SpecError(f"[model] name {name!r}, flavor {flavor!r}: import reads llama3 flavors "
                         f"{', '.join(TITAN_LLAMA3)}; for another model give import --model NAME (a built-in, a "
                         f"model YAML or a config.json)", file=str(path), field="model")
@@ -302,7 +305,11 @@ def _torchtitan(text: str, path: Path, out: Imported) -> None:
         _degrees(out, None, per_replica * replicate, "", _note_gpus(text))
         shard = out.fields[("gpus",)] // (per_replica * replicate)
     else:
-        out.set("gpus", replicate * shard * per_replica, "the product of the [parallelism] degrees")
+        world = replicate * shard * per_replica
+        if out.gpus_given and out.gpus_given != world:
+            raise SpecError(f"--gpus {out.gpus_given}: the file's [parallelism] degrees multiply to {world} GPUs",
+                            file=out.source, field="--gpus")
+        out.set("gpus", world, "the product of the [parallelism] degrees")
     hw = _note_hardware(text)
     if hw:
         out.assume("hardware", hw[0], hw[1])
@@ -326,7 +333,11 @@ def _torchtitan(text: str, path: Path, out: Imported) -> None:
     local = training.get("local_batch_size", training.get("batch_size", 8))
     seq = training.get("seq_len", 2048)
     dp = replicate * shard
-    out.set(("batch", "device"), local)
+    if pp > 1:  # the pipeline runs the local batch as micro-batches of pipeline_parallel_microbatch_size
+        micro = par.get("pipeline_parallel_microbatch_size", 1)
+        out.set(("batch", "device"), micro, f"parallelism.pipeline_parallel_microbatch_size (local batch {local})")
+    else:
+        out.set(("batch", "device"), local)
     global_batch = training.get("global_batch_size", -1)
     global_batch = local * dp if global_batch in (-1, None) else global_batch
     out.set(("batch", "total_tokens"), global_batch * seq, f"{global_batch} sequences of {seq} tokens")
@@ -409,7 +420,7 @@ def _note_hardware(text: str) -> tuple[str, str] | None:
 # Megatron-LM arguments (and NeMo, which states the same settings in YAML)
 
 MEGATRON_NOT_COST = re.compile(
-    r"^--(lr|min-lr|decoupled|adam|weight-decay|clip-grad|init-method|data|split|vocab-file|merge-file|tokenizer|"
+    r"^--(lr|min-lr|decoupled|adam|weight-decay|clip-grad|init-method|data(?!-parallel)|split|vocab-file|merge-file|tokenizer|"
     r"save|load|log|tensorboard|eval|wandb|seed|exit|mock-data|num-workers|no-mmap|no-create|tiktoken|"
     r"lr-|attention-dropout|hidden-dropout|rotary|apply-layernorm|use-mcore|manual-gc|empty-unused|"
     r"cross-entropy|calculate-per-token|distributed-timeout|ckpt|finetune|no-load|dist-ckpt|"
@@ -417,7 +428,7 @@ MEGATRON_NOT_COST = re.compile(
     r"no-bias|no-masked|no-gradient|no-async|norm-epsilon|layernorm-epsilon|kv-channels|max-position|"
     r"position-embedding|swiglu|normalization|untie|disable-bias|group-query|num-query-groups|attention-backend|"
     r"use-flash-attn|fp8-amax|fp8-margin|fp8-interval|recompute-method|recompute-num-layers|recompute-modules|"
-    r"te-rng-tracker|use-rotary-position-embeddings|moe-aux-loss-coeff|moe-z-loss|qk-layernorm|moe-router-topk|"
+    r"te-rng-tracker|moe-aux-loss-coeff|moe-z-loss|qk-layernorm|moe-router-topk|"
     r"moe-ffn-hidden-size|moe-layer-freq|num-experts|distributed-backend|async-save|use-persistent-ckpt-worker)")
 
 
@@ -504,6 +515,15 @@ def padded_vocab(vocab: int, divisible_by: int, tp: int) -> int:
     return -(-vocab // multiple) * multiple
 
 
+def _number(value: Any, path: Path, flag: str, kind: type = float) -> float:
+    """A number the file gives (a dropout, a ratio, -1 for "never"), or one error line naming the field."""
+    try:
+        return kind(str(value))
+    except ValueError:
+        raise SpecError(f"must be a {'whole number' if kind is int else 'number'}, got {value!r}", file=str(path),
+                        field=flag) from None
+
+
 def _int(value: Any, path: Path, flag: str) -> int:
     try:
         n = int(str(value))
@@ -544,22 +564,24 @@ def _megatron(text: str, path: Path, out: Imported) -> None:
     groups = num("--num-query-groups", heads) if arg("--group-query-attention") else heads
     read.add("--num-query-groups")
     swiglu = bool(arg("--swiglu"))
-    ffn = num("--ffn-hidden-size", 4 * d)
+    # megatron/training/arguments.py@d98e8a6 L1327: with --swiglu the default width is 2/3 of 4h, to a multiple of 64
+    ffn = num("--ffn-hidden-size", int((4 * d * 2 / 3) / 64) * 64 if swiglu else 4 * d)
     seq = num("--seq-length")
     vocab = num("--vocab-size")
     if vocab is None:
         tokenizer = arg("--tokenizer-type", "GPT2BPETokenizer")
-        if tokenizer != "GPT2BPETokenizer":
+        if tokenizer != "GPT2BPETokenizer" and not out.model_given:
             raise SpecError(f"--tokenizer-type {tokenizer}: the vocabulary size is not in the arguments; give "
                             f"--vocab-size in the file or import --model", file=str(path), field="--vocab-size")
         vocab = GPT2_VOCAB
     unpadded, vocab = vocab, padded_vocab(vocab, num("--make-vocab-size-divisible-by", 128), tp)
-    hidden_drop = float(arg("--hidden-dropout", 0.1))
-    attn_drop = float(arg("--attention-dropout", 0.1))
-    position = arg("--position-embedding-type", "learned_absolute")
+    hidden_drop = _number(arg("--hidden-dropout", 0.1), path, "--hidden-dropout")
+    attn_drop = _number(arg("--attention-dropout", 0.1), path, "--attention-dropout")
+    position = arg("--position-embedding-type", "rope" if arg("--use-rotary-position-embeddings") else
+                   "learned_absolute")
     arch = {"num_layers": layers, "d_model": d, "num_heads": heads, "num_kv_heads": groups, "mlp_hidden_dim": ffn,
             "vocab_size": vocab, "vocab_unpadded": unpadded, "mlp": "swiglu" if swiglu else "gelu",
-            "tied_embeddings": not arg("--untie-embeddings-and-output-weights"), "moe": _megatron_moe(arg, num, path),
+            "tied_embeddings": not arg("--untie-embeddings-and-output-weights"), "moe": _megatron_moe(arg, num, path) if not out.model_given else False,
             "qk_norm": bool(arg("--qk-layernorm")),
             "dropout": (hidden_drop, attn_drop), "max_seq_len": num("--max-position-embeddings", seq) or seq,
             "position": "rope" if position == "rope" else "learned", "bias": not arg("--disable-bias-linear"),
@@ -707,7 +729,7 @@ def _nemo(text: str, path: Path, out: Imported) -> None:
     tok_type = str(tok.get("type", ""))
     vocab = (128256 if "Llama-3" in tok_type or "Llama-3" in tok_type.replace("llama-3", "Llama-3")
              else 32000 if "Llama-2" in tok_type else GPT2_VOCAB if "GPT2BPE" in tok_type else None)
-    if vocab is None:
+    if vocab is None and not out.model_given:
         raise SpecError(f"tokenizer type {tok_type!r}: its vocabulary size is not known to import; give import "
                         f"--model", file=str(path), field="model.tokenizer.type")
     activation = str(model.get("activation", "gelu"))
@@ -715,17 +737,19 @@ def _nemo(text: str, path: Path, out: Imported) -> None:
             "num_kv_heads": num(model, "num_query_groups") or heads,
             "mlp_hidden_dim": num(model, "ffn_hidden_size", 4 * d),
             "vocab_size": padded_vocab(vocab, num(model, "make_vocab_size_divisible_by", 128), tp) if vocab ==
-            GPT2_VOCAB else vocab,
+            GPT2_VOCAB else vocab or 1,
             "mlp": "swiglu" if "swiglu" in activation else "gelu",
             "tied_embeddings": bool(model.get("share_embeddings_and_output_weights", True)), "moe": False,
-            "dropout": (float(model.get("hidden_dropout", 0.1)), float(model.get("attention_dropout", 0.1))),
+            "dropout": (_number(model.get("hidden_dropout", 0.1), path, "model.hidden_dropout"),
+                        _number(model.get("attention_dropout", 0.1), path, "model.attention_dropout")),
             "max_seq_len": num(model, "max_position_embeddings", seq),
             "position": "rope" if model.get("position_embedding_type") == "rope" else "learned",
             "bias": bool(model.get("bias", True))}
     if model.get("num_moe_experts"):
         raise SpecError("num_moe_experts: mixture-of-experts configs are not imported yet; give import --model",
                         file=str(path), field="model.num_moe_experts")
-    _model(out, arch, str(cfg.get("run", {}).get("name", path.stem)), "model.num_layers, hidden_size, ...")
+    run = cfg.get("run") if isinstance(cfg.get("run"), dict) else {}
+    _model(out, arch, str(run.get("name") or path.stem), "model.num_layers, hidden_size, ...")
     out.set("seq_len", seq)
     for key, value in (("tp", tp), ("pp", pp), ("cp", cp)):
         out.set(("layout", key), value)
@@ -792,7 +816,9 @@ def _nanochat(text: str, path: Path, out: Imported) -> None:
             out.warnings.append(f"{flag} {a[flag]}: the model is priced at nanochat's default (64 and 128)")
     nodes = _int(a.get("--nnodes", 1), path, "--nnodes")
     per_node = a.get("--nproc_per_node", a.get("--nproc-per-node"))
-    if per_node is None:
+    if out.gpus_given:
+        out.set("gpus", out.gpus_given, "given to import")
+    elif per_node is None:
         out.assume("gpus", nodes, "torchrun gives no --nproc_per_node (one process a node)")
     else:
         out.set("gpus", _int(per_node, path, "--nproc_per_node") * nodes, "torchrun --nproc_per_node x --nnodes")
@@ -802,7 +828,7 @@ def _nanochat(text: str, path: Path, out: Imported) -> None:
         if flag in a and str(a[flag]) != "-1":
             out.set(key, _int(a[flag], path, flag))
     if "--num-iterations" not in a or str(a["--num-iterations"]) == "-1":
-        ratio = float(a.get("--target-param-data-ratio", 12))
+        ratio = _number(a.get("--target-param-data-ratio", 12), path, "--target-param-data-ratio")
         if ratio > 0:
             out.set(("budget", "param_data_ratio"), ratio)
     if "--window-pattern" in a:
@@ -813,10 +839,10 @@ def _nanochat(text: str, path: Path, out: Imported) -> None:
             out.warnings.append(f"--fp8-recipe {a['--fp8-recipe']}: priced as nanochat's tensorwise recipe")
         out.set(("precision", "fp8_recipe"), "nanochat")
     if "--eval-every" in a:
-        every = int(str(a["--eval-every"]))
+        every = _number(a["--eval-every"], path, "--eval-every", int)
         out.set(("outside", "eval_every"), max(0, every))
     if "--save-every" in a:
-        out.set(("outside", "checkpoint_every"), max(0, int(str(a["--save-every"]))))
+        out.set(("outside", "checkpoint_every"), max(0, _number(a["--save-every"], path, "--save-every", int)))
     if "--target-flops" in a and str(a["--target-flops"]) != "-1":
         out.warnings.append("--target-flops is not read: give the budget as --num-iterations or a data ratio")
     _unread(out, a, NANOCHAT_READ | {"--nnodes", "--nproc_per_node", "--nproc-per-node", "--target-flops",

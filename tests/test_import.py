@@ -214,3 +214,39 @@ def test_grouped_query_attention_with_a_gelu_mlp_is_an_error_not_a_dropped_group
                     "--num-query-groups 2 --seq-length 128\n", encoding="utf-8")
     _, line = fails(capsys, ["import", str(path), "-o", str(tmp_path / "run.yaml"), "--from", "megatron"])
     assert "KV groups" in line and "--model" in line
+
+
+def test_review_fixes_each_stated_by_the_source(capsys, tmp_path):
+    """Found in review (2026-12-04), each against its source:
+    - Megatron's --swiglu default width is int(4h x 2/3 / 64) x 64 (arguments.py@d98e8a6 L1327): 10,880 at h 4096;
+    - torchtitan runs a pipeline's local batch in micro-batches of pipeline_parallel_microbatch_size (default 1);
+    - import --model rescues a file whose model import cannot read (an unknown flavor, an unknown tokenizer);
+    - --gpus wins over nanochat's torchrun line; a file value that is not a number is one error line."""
+    out = tmp_path / "run.yaml"
+    args = tmp_path / "swiglu.sh"
+    args.write_text("--num-layers 2 --hidden-size 4096 --num-attention-heads 32 --swiglu --seq-length 128 "
+                    "--untie-embeddings-and-output-weights --position-embedding-type rope --vocab-size 32000\n",
+                    encoding="utf-8")
+    run_ok(capsys, ["import", str(args), "-o", str(out), "--from", "megatron"])
+    import json
+
+    assert json.loads((tmp_path / "run.config.json").read_text(encoding="utf-8"))["intermediate_size"] == 10880
+    toml = tmp_path / "pp.toml"
+    toml.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 16\nseq_len = 1024\n'
+                    '[parallelism]\npipeline_parallel_degree = 4\ndata_parallel_shard_degree = 2\n', encoding="utf-8")
+    run_ok(capsys, ["import", str(toml), "-o", str(out)])
+    text = out.read_text(encoding="utf-8")
+    assert "  device: 1  # parallelism.pipeline_parallel_microbatch_size (local batch 16)" in text
+    assert "gpus: 8  # the product" in text
+    toml.write_text('[model]\nname = "qwen3"\nflavor = "30B-A3B"\n[parallelism]\nexpert_parallel_degree = 2\n',
+                    encoding="utf-8")
+    run_ok(capsys, ["import", str(toml), "-o", str(out), "--model", "qwen3-30b-a3b", "--gpus", "8"])
+    assert "model: qwen3-30b-a3b  # given to import" in out.read_text(encoding="utf-8")
+    line = tmp_path / "nano.sh"
+    line.write_text("torchrun --nproc_per_node=8 -m scripts.base_train -- --depth=12\n", encoding="utf-8")
+    run_ok(capsys, ["import", str(line), "-o", str(out), "--gpus", "16"])
+    assert "gpus: 16  # given to import" in out.read_text(encoding="utf-8")
+    line.write_text("torchrun --nproc_per_node=8 -m scripts.base_train -- --depth=12 --eval-every=$EVAL\n",
+                    encoding="utf-8")
+    _, err = fails(capsys, ["import", str(line), "-o", str(out)])
+    assert "--eval-every: must be a whole number, got '$EVAL'" in err
