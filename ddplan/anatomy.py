@@ -555,8 +555,10 @@ class _Builder:
         checkpointed block's aten.mm calls in forward order and saves the odd ones (1st, 3rd, ...), recomputing
         every second; grouped expert GEMMs (torch._grouped_mm, not in its save list) and the router's gate
         (force-recomputed by default, `force_recompute_mm_shapes_by_fqns`) are recomputed and not counted.
-        Ref: PER_OP_SOURCE (SelectiveAC._wrap_block's policy). A linear with a bias runs aten.addmm, which the
-        policy saves without counting (as the reference model checks)."""
+        Ref: PER_OP_SOURCE (SelectiveAC._wrap_block's policy: it counts aten.mm and aten.linear; its save list is
+        _get_default_save_ops, torch._functorch.partitioners.get_default_op_list().compute_intensive_ops, which holds
+        mm, bmm, addmm and the SDPA kernels, plus SDPA's cuDNN and math variants). A linear with a bias runs
+        aten.addmm, which the policy saves without counting (as the reference model checks)."""
         if layer is None or weight_group in ("experts", "router"):
             return False
         if self.a.linear_bias or self.a.qkv_bias and name.endswith((".c_q", ".c_k", ".c_v")):

@@ -619,6 +619,13 @@ def _megatron(text: str, path: Path, out: Imported) -> None:
     out.set(("batch", "device"), micro)
     if global_batch:
         out.set(("batch", "total_tokens"), global_batch * seq, f"--global-batch-size {global_batch} x {seq}")
+    else:  # Megatron's default: one micro-batch a data-parallel rank (arguments.py: micro-batch x dp)
+        dp = out.fields[("gpus",)] // (tp * pp * cp)
+        why = f"no --global-batch-size: Megatron's default, --micro-batch-size {micro} x data-parallel {dp} x {seq}"
+        if ("gpus",) in out.assumed:
+            out.assume(("batch", "total_tokens"), micro * dp * seq, why + " (from the assumed GPU count)")
+        else:
+            out.set(("batch", "total_tokens"), micro * dp * seq, why)
     steps, samples = num("--train-iters"), num("--train-samples")
     if steps:
         out.set(("budget", "steps"), steps)
@@ -714,6 +721,9 @@ def _nemo(text: str, path: Path, out: Imported) -> None:
 
     def num(section: dict, key: str, default: int | None = None, where: str = "model") -> int | None:
         v = section.get(key)
+        ref = re.fullmatch(r"\$\{\.(\w+)\}", str(v)) if v is not None else None
+        if ref:  # OmegaConf's relative reference to a sibling key (max_position_embeddings: ${.encoder_seq_length})
+            v = section.get(ref.group(1))
         return default if v is None else _int(v, path, f"{where}.{key}")
 
     tp, pp = num(model, "tensor_model_parallel_size", 1), num(model, "pipeline_model_parallel_size", 1)
@@ -781,6 +791,9 @@ def _nemo(text: str, path: Path, out: Imported) -> None:
     if model.get("fp8"):
         out.set(("precision", "fp8"), True)
         out.set(("precision", "fp8_recipe"), "delayed")
+    if "megatron_amp_O2" in model:  # O2: 16-bit weights, fp32 masters in the optimizer; without: fp32 weights, autocast
+        o2 = bool(model["megatron_amp_O2"])
+        out.set(("precision", "weights"), "master" if o2 else "fp32", f"model.megatron_amp_O2 {str(o2).lower()}")
     granularity = model.get("activations_checkpoint_granularity")
     if granularity in ("selective", "full"):
         out.set("recompute", granularity)

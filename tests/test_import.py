@@ -250,3 +250,22 @@ def test_review_fixes_each_stated_by_the_source(capsys, tmp_path):
                     encoding="utf-8")
     _, err = fails(capsys, ["import", str(line), "-o", str(out)])
     assert "--eval-every: must be a whole number, got '$EVAL'" in err
+
+
+def test_nemo_s_amp_o2_and_megatron_s_default_global_batch(capsys, tmp_path):
+    """NeMo's megatron_amp_O2 decides how weights are kept (true: 16-bit with fp32 masters; false: fp32 under
+    autocast); a sibling reference (${.encoder_seq_length}) is read as its value. Megatron without
+    --global-batch-size takes one micro-batch a data-parallel rank (2 x 8 / tp 2 = 8 sequences here)."""
+    nemo = tmp_path / "nemo.yaml"
+    nemo.write_text("trainer:\n  devices: 8\n  precision: bf16\nmodel:\n  num_layers: 2\n  hidden_size: 256\n"
+                    "  num_attention_heads: 4\n  encoder_seq_length: 512\n  max_position_embeddings: "
+                    "${.encoder_seq_length}\n  megatron_amp_O2: false\n  tokenizer:\n    type: GPT2BPETokenizer\n",
+                    encoding="utf-8")
+    out = tmp_path / "run.yaml"
+    run_ok(capsys, ["import", str(nemo), "-o", str(out)])
+    assert "  weights: fp32  # model.megatron_amp_O2 false" in out.read_text(encoding="utf-8")
+    args = tmp_path / "args.sh"
+    args.write_text("--num-layers 2 --hidden-size 256 --num-attention-heads 4 --seq-length 128 --micro-batch-size 2 "
+                    "--nproc_per_node 8 --tensor-model-parallel-size 2\n", encoding="utf-8")
+    run_ok(capsys, ["import", str(args), "-o", str(out), "--from", "megatron"])
+    assert "  total_tokens: 1024  # no --global-batch-size" in out.read_text(encoding="utf-8")
