@@ -339,8 +339,13 @@ def _torchtitan(text: str, path: Path, out: Imported) -> None:
     else:
         out.set(("batch", "device"), local)
     global_batch = training.get("global_batch_size", -1)
-    global_batch = local * dp if global_batch in (-1, None) else global_batch
-    out.set(("batch", "total_tokens"), global_batch * seq, f"{global_batch} sequences of {seq} tokens")
+    if global_batch in (-1, None) and ("gpus",) in out.assumed:  # the local batch on every data-parallel rank
+        out.assume(("batch", "total_tokens"), local * dp * seq,
+                   f"{local * dp} sequences of {seq} tokens: local_batch_size {local} on each of the {dp} "
+                   f"data-parallel ranks the assumed GPU count gives")
+    else:
+        global_batch = local * dp if global_batch in (-1, None) else global_batch
+        out.set(("batch", "total_tokens"), global_batch * seq, f"{global_batch} sequences of {seq} tokens")
     out.set("seq_len", seq)
     out.set(("budget", "steps"), training.get("steps", 10000))
     precision = training.get("mixed_precision_param", "bfloat16")
@@ -448,7 +453,7 @@ def _shell_args(text: str) -> tuple[list[str], dict[str, str]]:
 
     lines = iter(text.splitlines())
     for raw in lines:
-        line = raw.split("#", 1)[0].strip() if not raw.lstrip().startswith("#!") else ""
+        line = _uncomment(raw) if not raw.lstrip().startswith("#!") else ""
         if not line:
             continue
         m = re.match(r"^(?:export\s+)?(\w+)(\+?)=\($", line) or re.match(r"^(?:export\s+)?(\w+)(\+?)=\((.*)\)$", line)
@@ -456,8 +461,9 @@ def _shell_args(text: str) -> tuple[list[str], dict[str, str]]:
             body = [m.group(3)] if m.lastindex == 3 else []
             if m.lastindex != 3:
                 for more in lines:
-                    item = more.split("#", 1)[0].strip()
-                    if item == ")":
+                    item = _uncomment(more)
+                    if item.endswith(")") and not item.endswith("$(") and item.count("(") < item.count(")"):
+                        body.append(item[:-1])  # `--hidden-size 64 )`: the array closes on its last item
                         break
                     body.append(item)
             items = [w for part in body for piece in _split(expand(part)) for w in _split(piece)]
@@ -472,6 +478,19 @@ def _shell_args(text: str) -> tuple[list[str], dict[str, str]]:
             continue
         tokens += [w for piece in _split(expand(line)) for w in _split(piece)]
     return tokens, env
+
+
+def _uncomment(line: str) -> str:
+    """A shell line without its comment: a # outside quotes that starts a word (`--name "run#3"` keeps its #)."""
+    quote = ""
+    for i, c in enumerate(line):
+        if quote:
+            quote = "" if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i].strip()
+    return line.strip()
 
 
 def _product(env: dict[str, str], a: str, b: str) -> str:

@@ -94,6 +94,9 @@ def test_what_the_file_does_not_say_is_marked_assumed(capsys, tmp_path):
     text = out.read_text(encoding="utf-8")
     assert "gpus: 16  # given to import" in text and "hardware: h100-sxm\n" in text
     assert "total_tokens: 131072" in text  # local batch 1 x dp 16 x 8192
+    run_ok(capsys, ["import", str(DATA / "torchtitan-llama3-8b.toml"), "-o", str(out)])
+    text = out.read_text(encoding="utf-8")  # derived from the assumed GPU count: assumed too
+    assert "  total_tokens: 524288  # assumed: 64 sequences of 8192 tokens" in text
 
 
 def test_what_is_not_priced_as_stated_is_a_warning(capsys, tmp_path):
@@ -269,3 +272,13 @@ def test_nemo_s_amp_o2_and_megatron_s_default_global_batch(capsys, tmp_path):
                     "--nproc_per_node 8 --tensor-model-parallel-size 2\n", encoding="utf-8")
     run_ok(capsys, ["import", str(args), "-o", str(out), "--from", "megatron"])
     assert "  total_tokens: 1024  # no --global-batch-size" in out.read_text(encoding="utf-8")
+
+
+def test_a_launch_script_s_comments_and_arrays_read_as_the_shell_reads_them():
+    """A # inside quotes is not a comment (`--wandb-exp-name "run#3" --bf16` keeps --bf16); an array may close on
+    its last item's line."""
+    from ddplan.importers import _flags, _shell_args
+
+    tokens, _ = _shell_args('ARGS=(\n  --num-layers 2\n  --hidden-size 64 )\n'
+                            'torchrun x.py ${ARGS[@]} --wandb-exp-name "run#3" --bf16 # a comment\n')
+    assert _flags(tokens) == {"--num-layers": "2", "--hidden-size": "64", "--wandb-exp-name": "run#3", "--bf16": True}
