@@ -264,8 +264,9 @@ class Anatomy:
         return embedding, self.saved_split[1] - embedding
 
     @functools.cached_property
-    def weight_cast_split(self) -> tuple[float, float]:
-        """(bytes in the blocks, all layers; bytes outside) of the 16-bit weight copies the matmuls save
+    def weight_cast_split(self) -> tuple[float, float, float]:
+        """(bytes in the blocks, all layers; on the embeddings' side; on the head's side) of the 16-bit weight
+        copies the matmuls save
         (`*.weight_cast`: fp32 weights cast by autocast) that this policy keeps; cached. Under FSDP mixed
         precision the matmuls get the gathered 16-bit weights instead (memory.activation_bytes leaves these out)."""
         keeps = _keep_table(self.recompute, self.compiled)
@@ -274,9 +275,11 @@ class Anatomy:
             return sum(s.bytes for s in saves if s.name.endswith(".weight_cast") and keeps[s.tag, True])
 
         block = sum(n * sum(casts(op.saves) for op in self.blocks[b]) for b, n in self._block_counts)
-        outside = sum(s.bytes for op in (*self.pre, *self.post) for s in op.saves
-                      if s.name.endswith(".weight_cast") and keeps[s.tag, False])
-        return block, outside
+        def outside(ops) -> float:
+            return sum(s.bytes for op in ops for s in op.saves
+                       if s.name.endswith(".weight_cast") and keeps[s.tag, False])
+
+        return block, outside(self.pre), outside(self.post)
 
     def _saved_split_exact(self, keeps: dict) -> tuple[float, float] | None:
         """saved_split in whole bytes (Python ints, exact), or None where a kept size is not a whole number of
@@ -361,7 +364,7 @@ class Anatomy:
         rows.extend((s.name, s.bytes, s.tag, False) for op in self.post for s in op.saves)
         return tuple(rows), {name: in_block for name, _, _, in_block in rows}
 
-    def backward_transient_bytes(self, head: bool = True) -> float:
+    def backward_transient_bytes(self) -> float:
         """Largest working set of backward on top of the kept tensors: the gradients of one op (transient_bytes)
         plus, under recompute, the tensors the policy brings back for the block being differentiated.
 
@@ -370,23 +373,18 @@ class Anatomy:
         the live ones are those whose first saver is at or before j and whose region ends at or after j. The
         peak is the largest of (those bytes + op j's gradient working set) over the ops of every distinct block,
         and the loss/head gradients; backward starts at the last block with every block's kept tensors held.
-        Equal to transient_bytes() without recompute. head=False: without the head's and loss's gradients (a
-        pipeline stage that does not hold the head). Cached per anatomy.
+        Equal to transient_bytes() without recompute. Cached per anatomy.
         Ref: Chen et al., "Training Deep Nets with Sublinear Memory Cost", arXiv 1604.06174, sec. 4 (the cost of
         recomputation is the checkpoints plus the largest segment's activations); Korthikanti et al., arXiv
         2205.05198, sec. 5 (full recompute keeps each layer's input and re-creates one layer at a time)."""
-        body, tail = self._backward_transient
-        return max(body, tail) if head else body
+        return self._backward_transient
 
     @functools.cached_property
-    def _backward_transient(self) -> tuple[float, float]:
-        """(the largest working set in the embeddings and blocks, the largest in the head and loss)."""
-        tail = max((op.transient_bytes for op in self.post), default=0.0)
-        body = max((op.transient_bytes for ops in (self.pre, *self.blocks) for op in ops), default=0.0)
+    def _backward_transient(self) -> float:
         if self.recompute == "none":
-            return body, tail
+            return self._transient
         plain, policy = _keep_table("none", self.compiled), _keep_table(self.recompute, self.compiled)
-        worst = body
+        worst = max((op.transient_bytes for op in (*self.pre, *self.post)), default=0.0)
         for ops in self.blocks:
             first: dict[str, int] = {}  # a brought-back tensor's first saver, and its size
             size: dict[str, float] = {}
@@ -408,7 +406,7 @@ class Anatomy:
             for j, op in enumerate(ops):
                 live += born[j]
                 worst = max(worst, (live if j <= end else 0.0) + op.transient_bytes)
-        return worst, tail
+        return worst
 
     def transient_bytes(self) -> float:
         """Largest working set of gradients during backward, on top of the saved tensors.

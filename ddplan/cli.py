@@ -385,7 +385,7 @@ def import_cmd(
 
     from ddplan import importers
     from ddplan.errors import InputWarning, UsageError
-    from ddplan.files import atomic_write, check_output_path
+    from ddplan.files import check_output_path
     from ddplan.registry import load_hardware, load_model
 
     path = Path(file).expanduser()
@@ -398,22 +398,8 @@ def import_cmd(
         load_model(model)
     imp = importers.read(path, source_format.value if source_format else None, gpus=gpus, hardware=hardware,
                          model=model)
-    extra = None
-    if imp.architecture is not None:
-        extra = target.with_name(target.name.rsplit(".", 1)[0] + ".config.json")
-        imp.fields[("model",)] = extra.name
     command = "ddplan import " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["import"] else f"ddplan import {file}"
-    text = importers.to_run_yaml(imp, command)
-    if extra is not None:
-        import json
-
-        atomic_write(extra, json.dumps(imp.architecture, indent=2) + "\n")
-        try:
-            load_model(str(extra))  # the written architecture reads back as a model
-        except Exception:
-            extra.unlink()
-            raise
-    atomic_write(target, text)
+    extra = importers.write(imp, target, command)
     for w in imp.warnings:
         warnings.warn(InputWarning(f"{file}: {w}"))
     assumed = ", ".join(".".join(p) for p in imp.assumed)
@@ -512,7 +498,7 @@ def memory_cmd(
            (measured_peak, "--measured-peak"), (headroom, "--headroom"))
     stages = inputs.int_list(zero, "--zero", allowed=(0, 1, 2, 3))
     spec, hw, cal = inputs.load(model, hardware, calibration, seq_len, dtype, grads=grads, weights=weights,
-                                  moe_imbalance=moe_imbalance)
+                                moe_imbalance=moe_imbalance)
     _framework_notes(ctx, spec)
     if fp8_all_gather:
         from ddplan.table import check_fp8, check_fp8_options
@@ -794,7 +780,7 @@ def table_cmd(
     for w in windows:
         inputs.check_pattern(w, "--window")
     spec, hw, cal = inputs.load(model, hardware, calibration, seq_len, dtype, grads=grads, weights=weights,
-                                  moe_imbalance=moe_imbalance)
+                                moe_imbalance=moe_imbalance)
     _framework_notes(ctx, spec)
     options = inputs.options(sequence_parallel, tp_comm_overlap, _tp_to_check(ctx, max(tps)), shard_group,
                              reshard_after_forward,
@@ -1119,8 +1105,7 @@ def plan_cmd(
     gpu_list = tuple(inputs.int_list(gpus, "--gpus", ranges=True))
     # several hardware: the calibration applies to the one it names (ddplan.plan.pricer_for), in any order
     spec, hw0, cal = inputs.load(model, names[0] if names else None, calibration, seq_len, dtype, check_hardware=False,
-                             grads=grads, weights=weights,
-                                  moe_imbalance=moe_imbalance)
+                             grads=grads, weights=weights, moe_imbalance=moe_imbalance)
     _framework_notes(ctx, spec)
     hws = (hw0, *(load_hardware(h) for h in names[1:]))
     inputs.check_calibration_hardware(cal, hws, calibration)

@@ -24,15 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddplan.errors import SpecError
+from ddplan.errors import DdplanError, SpecError
 from ddplan.registry import builtin_names, load_model
-from ddplan.runconfig import RunConfig, field_paths
-from ddplan.specfile import read_yaml, validate
+from ddplan.files import atomic_write
+from ddplan.runconfig import RunConfig, field_paths, flow
+from ddplan.specfile import read_text, read_yaml, validate
 
 FORMATS = ("torchtitan", "megatron", "nemo", "nanochat")
 PROFILE = {"torchtitan": "torchtitan", "megatron": "megatron-core", "nemo": "megatron-core", "nanochat": "nanochat"}
-MAX_BYTES = 1 << 20
-DEFAULT_HARDWARE = "h100-sxm"
+ASSUMED_HARDWARE = "h100-sxm"  # where the file names no GPU (marked assumed)
 
 
 @dataclass
@@ -85,16 +85,7 @@ def read(path: Path, fmt: str | None = None, *, gpus: int | None = None, hardwar
          model: str | None = None) -> Imported:
     """The run a stack's file states. gpus, hardware, model: what the caller knows that the file may not say (they
     win over the file)."""
-    if path.is_dir():
-        raise SpecError("is a folder, not a file", file=str(path))
-    try:
-        if path.stat().st_size > MAX_BYTES:
-            raise SpecError(f"over {MAX_BYTES:,} bytes: not a training config", file=str(path))
-        text = path.read_bytes().decode("utf-8")
-    except OSError as e:
-        raise SpecError(f"cannot read: {e.strerror}", file=str(path)) from None
-    except UnicodeDecodeError:
-        raise SpecError("not UTF-8 text", file=str(path)) from None
+    text = read_text(path, "a training config")
     fmt = fmt or detect(path, text)
     out = Imported(source=str(path), format=fmt, gpus_given=gpus, model_given=model)
     out.set("framework", PROFILE[fmt])
@@ -106,7 +97,7 @@ def read(path: Path, fmt: str | None = None, *, gpus: int | None = None, hardwar
         out.fields[("hardware",)] = hardware
         out.assumed.pop(("hardware",), None)
     if ("hardware",) not in out.fields:
-        out.assume("hardware", DEFAULT_HARDWARE, "the file names no GPU (import --hardware, or edit)")
+        out.assume("hardware", ASSUMED_HARDWARE, "the file names no GPU (import --hardware, or edit)")
     return out
 
 
@@ -270,6 +261,10 @@ def _torchtitan(text: str, path: Path, out: Imported) -> None:
         return table.get(key, default) if isinstance(table, dict) else default
 
     training, par = cfg.get("training", {}), cfg.get("parallelism", {})
+    for name, table in (("training", training), ("parallelism", par), ("model", cfg.get("model", {})),
+                        ("activation_checkpoint", cfg.get("activation_checkpoint", {}))):
+        if not isinstance(table, dict):
+            raise SpecError(f"must be a table ([{name}]), got {table!r}", file=str(path), field=name)
     name, flavor = get("model", "name", "llama3"), str(get("model", "flavor", "debugmodel"))
     if name == "llama3" and flavor in TITAN_LLAMA3:
         dim, layers, heads, kv, mult, multiple = TITAN_LLAMA3[flavor]
@@ -730,11 +725,19 @@ def _unread(out: Imported, given: dict, read: set[str], not_cost: re.Pattern) ->
             out.warnings.append(f"{k} is not read")
 
 
+def _mapping(model: dict, key: str, path: Path) -> dict:
+    """model.<key> of a NeMo config as a mapping ({} when absent), or one error line."""
+    value = model.get(key) or {}
+    if not isinstance(value, dict):
+        raise SpecError(f"must be a mapping, got {value!r}", file=str(path), field=f"model.{key}")
+    return value
+
+
 def _nemo(text: str, path: Path, out: Imported) -> None:
     """A NeMo (1.x, Megatron-Core) training YAML as the NeMo-Framework-Launcher's conf/training files state it:
     trainer (nodes, devices, precision, steps) and model (the Megatron settings under their NeMo names)."""
     cfg = read_yaml(path)
-    trainer, model = cfg.get("trainer"), cfg.get("model")
+    trainer, model = (cfg.get("trainer"), cfg.get("model")) if isinstance(cfg, dict) else (None, None)
     if not isinstance(trainer, dict) or not isinstance(model, dict):
         raise SpecError("no trainer: and model: mappings: not a NeMo training config", file=str(path))
 
@@ -754,7 +757,7 @@ def _nemo(text: str, path: Path, out: Imported) -> None:
     seq = num(model, "encoder_seq_length") or num(model, "seq_length")
     if seq is None:
         raise SpecError("model.encoder_seq_length is not given", file=str(path), field="model.encoder_seq_length")
-    tok = model.get("tokenizer", {}) or {}
+    tok = _mapping(model, "tokenizer", path)
     tok_type = str(tok.get("type", ""))
     vocab = (128256 if "Llama-3" in tok_type or "Llama-3" in tok_type.replace("llama-3", "Llama-3")
              else 32000 if "Llama-2" in tok_type else GPT2_VOCAB if "GPT2BPE" in tok_type else None)
@@ -789,7 +792,7 @@ def _nemo(text: str, path: Path, out: Imported) -> None:
         out.set(("layout", "sequence_parallel"), True)
     if model.get("ub_tp_comm_overlap"):
         out.set(("layout", "tp_comm_overlap"), True)
-    optim = model.get("optim", {}) or {}
+    optim = _mapping(model, "optim", path)
     if optim.get("name") in ("distributed_fused_adam", "mcore_distributed_optim"):
         out.set(("layout", "zero"), 1, f"optim {optim.get('name')} shards the optimizer states")
     if optim.get("overlap_param_sync"):
@@ -888,9 +891,6 @@ def _nanochat(text: str, path: Path, out: Imported) -> None:
 def to_run_yaml(imp: Imported, command: str) -> str:
     """The run configuration as a file: each field on its line, the assumed ones marked `# assumed: why`; the
     result is checked against the run-config schema (one error line if a value is out of its range)."""
-    import yaml
-
-
     data: dict[str, Any] = {"kind": "run", "version": 1}
     order = {path: i for i, path in enumerate(field_paths())}
     for path, value in sorted(imp.fields.items(), key=lambda kv: order[kv[0]]):
@@ -899,11 +899,6 @@ def to_run_yaml(imp: Imported, command: str) -> str:
             node = node.setdefault(part, {})
         node[path[-1]] = value
     validate(RunConfig, data, f"{imp.source}: (the run it gives)")
-
-    def flow(v: Any) -> str:
-        text = yaml.safe_dump(v, default_flow_style=True, width=10**6).strip()
-        return text[:-3].strip() if text.endswith("...") else text
-
     lines = [f"# written by `{command}` from {imp.source} ({imp.format}); ddplan table/memory/plan --config",
              "# FILE price it. Fields marked `# assumed:` are not in the source file: check them. What no field",
              f"# states comes from the {PROFILE[imp.format]} profile (frameworks/), then ddplan's defaults."]
@@ -918,6 +913,28 @@ def to_run_yaml(imp: Imported, command: str) -> str:
         lines.append("# not priced as the file states (also printed as warnings):")
         lines += [f"#   {w}" for w in imp.warnings]
     return "\n".join(lines) + "\n"
+
+
+def write(imp: Imported, target: Path, command: str) -> Path | None:
+    """Write the run file at target (atomically), and, where the model is no built-in, its config.json beside it
+    (target's name with .config.json), checked to read back as a model before the run file is written; returns
+    the config.json's path or None."""
+    extra = None
+    if imp.architecture is not None:
+        extra = target.with_name(target.name.rsplit(".", 1)[0] + ".config.json")
+        imp.fields[("model",)] = extra.name
+    text = to_run_yaml(imp, command)
+    if extra is not None:
+        import json
+
+        atomic_write(extra, json.dumps(imp.architecture, indent=2) + "\n")
+        try:
+            load_model(str(extra))
+        except DdplanError:
+            extra.unlink()
+            raise
+    atomic_write(target, text)
+    return extra
 
 
 def _with_comment(line: str, imp: Imported, path: tuple[str, ...]) -> str:

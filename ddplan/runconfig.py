@@ -290,7 +290,7 @@ def from_params(params: dict[str, Any], stated: set[str]) -> RunConfig:
     return RunConfig.model_validate(data)
 
 
-def _flow(value: Any) -> str:
+def flow(value: Any) -> str:
     """One value in YAML's flow style, on one line: d24, [1, 8], '1,8-64', {device: 32}."""
     import yaml
 
@@ -302,6 +302,6 @@ def to_yaml(config: RunConfig) -> str:
     """The configuration as a file: the stated fields only, in the schema's order."""
     data = config.model_dump(mode="json", exclude_none=True, exclude_defaults=False)
     # a key a line, a section's few fields on its line: `batch: {device: 32, total_tokens: 524288}`
-    lines = "".join(f"{k}: {_flow(v)}\n" for k, v in data.items() if v != {})
+    lines = "".join(f"{k}: {flow(v)}\n" for k, v in data.items() if v != {})
     return ("# a ddplan run configuration: `ddplan table --config FILE` (or memory, plan) prices it; a flag given\n"
             "# with it wins over its field. Fields: ddplan/runconfig.py\n" + lines)

@@ -84,21 +84,27 @@ def _depth(data: Any, limit: int) -> int:
     return deepest
 
 
-def read_yaml(path: Path) -> Any:
-    """Parse a YAML file with a safe loader; every failure names the file (and the line where known):
-    unreadable, a folder, over MAX_SPEC_BYTES, not UTF-8, a syntax error, a duplicate key, too deep, or a
-    number Python refuses (an integer of more than 4,300 digits)."""
+def read_text(path: Path, what: str = "a YAML file") -> str:
+    """A small text file's contents; every failure names the file: unreadable, a folder, over MAX_SPEC_BYTES,
+    or not UTF-8."""
     if path.is_dir():
-        raise SpecError("is a folder, not a YAML file", file=str(path))
+        raise SpecError(f"is a folder, not {what}", file=str(path))
     try:
         size = path.stat().st_size
         if size > MAX_SPEC_BYTES:
             raise SpecError(f"{size:,} bytes: a spec is at most {MAX_SPEC_BYTES:,}", file=str(path))
-        text = path.read_bytes().decode("utf-8")
+        return path.read_bytes().decode("utf-8")
     except OSError as e:
         raise SpecError(f"cannot read: {e.strerror}", file=str(path)) from None
     except UnicodeDecodeError as e:
         raise SpecError(f"not UTF-8 text (byte {e.start}: {e.reason})", file=str(path)) from None
+
+
+def read_yaml(path: Path) -> Any:
+    """Parse a YAML file with a safe loader; every failure names the file (and the line where known): those of
+    read_text, a syntax error, a duplicate key, too deep, or a number Python refuses (an integer of more than
+    4,300 digits)."""
+    text = read_text(path)
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 -- a SafeLoader subclass
     except yaml.YAMLError as e:

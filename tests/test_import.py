@@ -127,6 +127,10 @@ def test_what_is_not_priced_as_stated_is_a_warning(capsys, tmp_path):
     ("--num-layers 2 --hidden-size 64\n", ".sh", "--num-attention-heads is not given"),
     ("--num-layers x --hidden-size 64 --num-attention-heads 2\n", ".sh", "--num-layers: must be a whole number"),
     ("trainer:\n  devices: 8\nmodel:\n  num_layers: 2\n", ".yaml", "hidden_size, num_layers and num_attention_heads"),
+    # found by feeding each reader odd values (2026-12-04): each was an internal error
+    ("training = 3\n[model]\nname = \"llama3\"\n", ".toml", "training: must be a table ([training]), got 3"),
+    ("trainer:\n  devices: 8\nmodel:\n  num_layers: 2\n  hidden_size: 64\n  num_attention_heads: 2\n"
+     "  encoder_seq_length: 64\n  tokenizer: 3\n", ".yaml", "model.tokenizer: must be a mapping, got 3"),
 ])
 def test_a_file_that_is_not_what_it_claims_is_one_error_line(capsys, tmp_path, text, suffix, words):
     path = tmp_path / f"cfg{suffix}"
@@ -282,3 +286,11 @@ def test_a_launch_script_s_comments_and_arrays_read_as_the_shell_reads_them():
     tokens, _ = _shell_args('ARGS=(\n  --num-layers 2\n  --hidden-size 64 )\n'
                             'torchrun x.py ${ARGS[@]} --wandb-exp-name "run#3" --bf16 # a comment\n')
     assert _flags(tokens) == {"--num-layers": "2", "--hidden-size": "64", "--wandb-exp-name": "run#3", "--bf16": True}
+
+
+def test_a_named_format_the_file_is_not_is_one_error_line(capsys, tmp_path):
+    """--from nemo on a file that is not a NeMo YAML (here a bare word, which YAML reads as a string)."""
+    path = tmp_path / "e.txt"
+    path.write_text("x", encoding="utf-8")
+    _, line = fails(capsys, ["import", str(path), "-o", str(tmp_path / "run.yaml"), "--from", "nemo"])
+    assert "no trainer: and model: mappings" in line

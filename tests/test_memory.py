@@ -264,10 +264,9 @@ def test_uneven_pipeline_memory_is_the_fuller_of_the_first_two_stages():
     # (2 x 2 B x 2048 x 6144), the norm's stats, the fp32 log-probabilities (4 B x 2048 x 51200), targets, loss
     assert e == 2 * 8 * 2048 and e + h == o
     assert h == 2 * 2 * 2048 * 6144 + 16384 + 4 * 2048 * 51200 + 16384 + 4
-    # the working set: the whole model's on every stage (the head's fp32 logits and their gradient); without the
-    # head (Anatomy.backward_transient_bytes(head=False), what a first or middle stage holds) it is smaller
-    body, full = an.backward_transient_bytes(head=False), an.backward_transient_bytes()
-    assert full == 2 * 4 * 2048 * 51200 > body
+    # the working set: the whole model's on every stage (the head's fp32 logits and their gradient)
+    full = an.backward_transient_bytes()
+    assert full == 2 * 4 * 2048 * 51200
     assert activation_bytes(an, lay, 48) == pytest.approx(
         (max((9 / 48 * L + e) * 5, 10 / 48 * L * 4, 9 / 48 * L + h), full))
     even = Layout(dp=1, tp=1, pp=4, micro_batch=1, grad_accum=8)  # 12 a stage: the first stage, 4 in flight
@@ -331,12 +330,14 @@ def test_fsdp_holds_the_gathered_weights_not_a_cast_per_micro_batch():
     an = build_anatomy(spec, batch=1, seq_len=8192, compiled=False)
     per_layer = (2 * 4096**2 + 2 * 4096 * 1024 + 3 * 4096 * 14336) * 2
     assert per_layer == 436_207_616
-    assert an.weight_cast_split == (32 * per_layer, 128256 * 4096 * 2)
+    assert an.weight_cast_split == (32 * per_layer, 0, 128256 * 4096 * 2)  # the head's cast on the head's side
     fsdp, ddp = Layout(dp=8, zero=3, micro_batch=1), Layout(dp=8, zero=1, micro_batch=1)
     assert activation_bytes(an, ddp, 32)[0] - activation_bytes(an, fsdp, 32)[0] == 32 * per_layer + 1_050_673_152
     # compiled, the partitioner already recomputes the casts: nothing to leave out, and both stages agree
     compiled = build_anatomy(spec, batch=1, seq_len=8192, compiled=True)
-    assert compiled.weight_cast_split == (0, 0)
+    assert compiled.weight_cast_split == (0, 0, 0)
+    # nanochat's smear gate (24 -> 1, before the blocks) casts on the embeddings' side: 24 x 2 B
+    assert build_anatomy(load_model("d24"), batch=1, compiled=False).weight_cast_split[1] == 24 * 2
     assert activation_bytes(compiled, ddp, 32) == activation_bytes(compiled, fsdp, 32)
 
 
@@ -360,6 +361,6 @@ def test_master_weights_as_megatron_keeps_them_by_hand():
     assert (sum(fp32["params"].values()), sum(fp32["optimizer"].values())) == (4 * n, pytest.approx(8 * n / 8))
     # 16-bit weights need no per-micro-batch cast: the anatomy saves none
     an = build_anatomy(run_variant(spec, weights="master"), batch=1, seq_len=8192, compiled=False)
-    assert an.weight_cast_split == (0, 0)
+    assert an.weight_cast_split == (0, 0, 0)
     # and fp32 compute has nothing to keep a master of
     assert run_variant(spec, dtype="fp32", weights="master").recipe.optimizer.master_weights is False
