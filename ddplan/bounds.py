@@ -11,44 +11,17 @@ from __future__ import annotations
 import math
 
 from ddplan.errors import UsageError
+from ddplan.runfields import FIELDS
 
-# flag -> (lowest, highest, unit); lowest is inclusive unless LOW_EXCLUSIVE names the flag
+# flag -> (lowest, highest, unit); lowest is inclusive unless LOW_EXCLUSIVE names the flag. The run's fields
+# declare theirs (ddplan.runfields); calibrate's own flags are here.
 RANGES: dict[str, tuple[float, float, str]] = {
-    "--gpus": (1, 1_000_000, "GPUs in total"),
-    "--measured-gpus": (1, 1_000_000, "GPUs in total"),
-    "--tp": (1, 1024, "tensor-parallel degree"),
-    "--measured-tp": (1, 1024, "tensor-parallel degree"),
-    "--pp": (1, 1024, "pipeline stages"),
-    "--measured-pp": (1, 1024, "pipeline stages"),
-    "--vp": (1, 64, "chunks per pipeline stage"),
-    "--shard-group": (2, 1_000_000, "data-parallel ranks a ZeRO-3 shard spans"),
-    "--cp": (1, 1024, "context-parallel degree"),
-    "--ep": (1, 4096, "expert-parallel degree"),
-    "--moe-imbalance": (1, 64, "busiest expert-parallel rank's routed rows over the mean"),
-    "--device-batch-size": (1, 65_536, "sequences per GPU per micro-batch"),
+    **{f.flag: (f.range.low, f.range.high, f.range.unit) for f in FIELDS if f.range is not None},
     "--micro-batches": (1, 65_536, "sequences"),
-    "--total-batch-size": (1, 10**12, "tokens per step"),
-    "--seq-len": (1, 10**8, "tokens"),
-    "--steps": (1, 10**9, "optimizer steps"),
-    "--tokens": (1, 10**16, "training tokens"),
-    "--param-data-ratio": (1e-3, 1e6, "tokens per parameter"),
-    "--price": (0, 10_000, "USD per GPU-hour"),
-    "--budget": (0, 10**13, "USD"),
-    "--deadline": (0, 10**7, "hours"),
-    "--startup-min": (0, 100_000, "minutes"),
-    "--eval-every": (0, 10**9, "steps (0: never)"),
-    "--eval-tokens": (1, 10**15, "tokens"),
-    "--checkpoint-every": (0, 10**9, "steps (0: at the end only)"),
-    "--interruptions-per-gpu-hour": (0, 1, "job interruptions a GPU-hour (0: none)"),
-    "--restart-min": (0, 100_000, "minutes"),
-    "--measured-step-time": (0, 10**6, "seconds"),
-    "--measured-peak": (0, 10**6, "GB"),
-    "--headroom": (0, 1, "fraction of usable memory"),
-    "--top": (1, 10**6, "layouts"),
     "--nproc": (1, 1024, "GPUs on this box"),
 }
-LOW_EXCLUSIVE = {"--price", "--budget", "--deadline", "--measured-step-time", "--measured-peak"}
-HIGH_EXCLUSIVE = {"--headroom"}
+LOW_EXCLUSIVE = {f.flag for f in FIELDS if f.range is not None and f.range.low_open}
+HIGH_EXCLUSIVE = {f.flag for f in FIELDS if f.range is not None and f.range.high_open}
 
 
 def describe(flag: str) -> str:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import typer
 
-from ddplan.errors import DdplanError
+from ddplan import bounds, runfields
+from ddplan.errors import DdplanError, UsageError
 from ddplan.gcpause import no_cycle_collection
 
 app = typer.Typer(
@@ -67,25 +68,9 @@ Examples:
 app.add_typer(specs_app, name="specs", short_help="The built-in hardware and model specs.")
 
 
-# --help groups the planning commands' options into panels (issue 38: table --help listed 52 options in one run)
-PANELS: dict[str, tuple[str, ...]] = {
-    "Model and hardware": ("config", "framework", "model", "hardware", "seq_len", "dtype", "grads", "weights",
-                           "moe_imbalance",
-                           "calibration", "price"),
-    "Layout": ("gpus", "tp", "pp", "vp", "cp", "cp_comm", "ep", "etp", "zero", "device_batch_size", "recompute",
-               "attention", "window", "compiled", "fp8", "fp8_recipe", "fp8_all_gather", "tp_comm_overlap",
-               "sequence_parallel", "shard_group", "reshard_after_forward", "overlap_param_gather",
-               "offload_optimizer", "tp_across_nodes", "headroom"),
-    "Batch, budget and time outside steps": ("total_batch_size", "steps", "tokens", "param_data_ratio", "objective",
-                                             "deadline", "budget", "startup_min", "eval_every", "eval_tokens",
-                                             "checkpoint_every", "interruptions", "restart_min"),
-    "Measurement": ("measured_step_time", "measured_gpus", "measured_tp", "measured_pp", "measured_attention",
-                    "measured_window", "fit", "measured_peak"),
-    "Output": ("format", "wide", "quiet", "explain", "top", "plot", "print_config"),
-}
-PANEL_OF = {name: panel for panel, names in PANELS.items() for name in names}
-
-
+# --help groups the planning commands' options into panels (issue 38: table --help listed 52 options in one run):
+# each run field's panel (ddplan.runfields), and the output options'
+PANELS = runfields.PANELS
 class PanelledCommand(typer.core.TyperCommand):
     """A command whose --help lists its options in PANELS' groups, in that order (the rest under 'Other
     options', --help last)."""
@@ -114,34 +99,10 @@ class Format(str, Enum):
     json = "json"
 
 
-RECOMPUTE = ("none", "selective", "per-op", "full")  # lightest first (plan searches in this order)
-
-
-ModelOpt = typer.Option(..., "--model", "-m", help="Model: a built-in (d24, nanochat-d24, gpt2, llama-3-8b), "
-                        "any nanochat dN, or a YAML path.")
-HardwareOpt = typer.Option(None, "--hardware", help="GPU: a built-in (mi300x, h100-sxm, h200, b200, ...) or a "
-                           "YAML path. Default: the calibration's hardware, else mi300x (the canonical case).")
+RECOMPUTE = runfields.RECOMPUTE  # lightest first (plan searches in this order)
 FormatOpt = typer.Option(Format.table, "--format", help="Output format; csv and json are data only.")
-SeqLenOpt = typer.Option(None, "--seq-len", help="Sequence length in tokens (default: the recipe's; at most the "
-                         "model's max_seq_len).")
-DtypeOpt = typer.Option(None, "--dtype", help="Compute dtype: bf16, fp16 or fp32 (fp32: everything in fp32, as "
-                        "`ddplan calibrate` runs on a CPU; default: the model spec's).")
-GradsOpt = typer.Option(None, "--grads", help="Gradient dtype: param (each parameter's own, e.g. bf16 gradients "
-                        "reduced in bf16, Megatron's --grad-reduce-in-bf16) or fp32 (fp32 gradients, Megatron's "
-                        "default); default: the model spec's.")
-WeightsOpt = typer.Option(None, "--weights", help="How the weights are kept: fp32 (fp32 weights, cast to the "
-                          "compute dtype each forward: torch autocast, FSDP mixed precision) or master (16-bit "
-                          "weights, an fp32 master copy in the optimizer: Megatron-LM, DeepSpeed); default: the "
-                          "model spec's.")
-MoeImbalanceOpt = typer.Option(None, "--moe-imbalance", help="Mixture of experts, dropless routing under expert "
-                               "parallelism: the busiest expert-parallel rank's routed rows over the mean, which "
-                               "the step waits for (1: forced balance, Megatron-Core "
-                               "--moe-router-force-load-balancing); default the model's, else 1.52 (fitted: "
-                               "validation/moe_routing.yaml).")
-HeadroomOpt = typer.Option(0.05, "--headroom", help="Fraction of usable memory a layout must leave free.")
-SequenceParallelOpt = typer.Option(False, "--sequence-parallel/--no-sequence-parallel",
-                                   help="Megatron sequence parallelism on layouts with "
-                                   "tp: norms and saved activations split over tp too.")
+
+
 def _config_callback(ctx: typer.Context, param: typer.CallbackParam, value: str | None) -> str | None:
     """--config FILE (eager: read before every other option): the file's fields become the command's defaults
     (click's default_map), so that a flag given on the command line wins over the file."""
@@ -165,9 +126,6 @@ def _config_callback(ctx: typer.Context, param: typer.CallbackParam, value: str 
     return value
 
 
-ConfigOpt = typer.Option(None, "--config", is_eager=True, callback=_config_callback,
-                         help="A run configuration file (kind: run; examples/seed-d24-mi300x.yaml): its fields are "
-                              "the flags' values, and a flag given wins over its field.")
 def _framework_callback(ctx: typer.Context, param: typer.CallbackParam, value: str | None) -> str | None:
     """--framework NAME (eager, or a run file's `framework:`): the profile's fields (ddplan.frameworks) become
     the command's defaults where nothing else states them: a flag given and a run file's field both win."""
@@ -190,11 +148,6 @@ def _framework_callback(ctx: typer.Context, param: typer.CallbackParam, value: s
     return value
 
 
-FrameworkOpt = typer.Option(None, "--framework", is_eager=True, callback=_framework_callback,
-                            help="A training stack's defaults (frameworks/: torchtitan, ...): the fields its profile "
-                                 "states that ddplan prices, each with its source; a flag or run-file field wins.")
-PrintConfigOpt = typer.Option(False, "--print-config", help="Print this command line as a run configuration file "
-                              "(YAML, for --config) instead of pricing it.")
 
 
 def _config_first(ctx: typer.Context, print_config: bool) -> bool:
@@ -221,58 +174,86 @@ def _config_first(ctx: typer.Context, print_config: bool) -> bool:
     return True
 
 
-# the training budget and the time outside steps: table and plan take them alike (a run file's budget and
-# outside sections)
-StepsOpt = typer.Option(None, "--steps", help="Optimizer steps (overrides the recipe's budget).")
-TokensOpt = typer.Option(None, "--tokens", help="Training tokens (overrides the recipe's budget).")
-ParamDataRatioOpt = typer.Option(None, "--param-data-ratio", help="Tokens per parameter (overrides the recipe's "
-                                 "budget).")
-StartupOpt = typer.Option(5.0, "--startup-min", help="Minutes outside steps at start (launch, compile warm-up).")
-EvalEveryOpt = typer.Option(None, "--eval-every", help="Evaluate every N steps (0: never; default: the recipe's).")
-EvalTokensOpt = typer.Option(None, "--eval-tokens", help="Tokens per evaluation (default: the recipe's).")
-CheckpointOpt = typer.Option(0, "--checkpoint-every", help="Checkpoint every N steps (0: at the end only).")
-InterruptionsOpt = typer.Option(None, "--interruptions-per-gpu-hour", help="Job interruptions a GPU-hour (default: "
-                                "Llama 3's 1.97e-5 on more than one node, 0 on one; 0: none).")
-RestartOpt = typer.Option(10.0, "--restart-min", help="Minutes to restart after an interruption (reschedule, reload "
-                          "the checkpoint, warm up).")
-
-
-QuietOpt = typer.Option(False, "--quiet", "-q", help="Print the answer only (the verdict's first lines; warnings "
-                        "still go to stderr).")
-ExplainOpt = typer.Option(False, "--explain", help="Also print every assumption behind the figures (model recipe, "
-                          "hardware efficiencies, price, band, memory rule).")
 WideOpt = typer.Option(False, "--wide", help="On a terminal, show every column however wide (pipes and files "
                        "always get every column, at full width).")
-TpOverlapOpt = typer.Option(False, "--tp-comm-overlap/--no-tp-comm-overlap",
-                            help="Layouts with tp overlap their communication with the "
-                            "layers' GEMMs (Megatron-Core --tp-comm-overlap; needs --sequence-parallel).")
-CpCommOpt = typer.Option("ring", "--cp-comm", help="Context parallelism's exchange: ring (KV blocks passed on under "
-                         "attention, Megatron-Core p2p) or all-gather (torchtitan's default; not overlapped).")
-EtpOpt = typer.Option(None, "--etp", help="Expert tensor parallelism of a mixture of experts: 1 keeps each expert "
-                      "whole on a GPU, ep then spanning the tensor-parallel GPUs too (Megatron-Core "
-                      "--expert-tensor-parallel-size 1); default: the experts split over tp like the dense MLP.")
-ShardGroupOpt = typer.Option(None, "--shard-group", help="ZeRO-3 hybrid sharding: shard over this many data-parallel "
-                             "ranks (8: one node at tp 1) and replicate across the rest (torch HSDP).")
-ReshardOpt = typer.Option(True, "--reshard-after-forward/--no-reshard-after-forward", help="ZeRO-3: free gathered "
-                          "parameters after forward and gather them again in backward (torch FSDP's default).")
-Fp8Opt = typer.Option(False, "--fp8", help="Run eligible GEMMs in fp8: every dim a multiple of 16, the smaller weight "
-                      "dim >= 128, not the router and not the LM head unless the model's fp8 path converts it "
-                      "(nanochat's does); refused where the model's fp8 format does not run on the hardware.")
-Fp8RecipeOpt = typer.Option(None, "--fp8-recipe", help="With --fp8, how the casts run: tensorwise (torchao "
-                            "Float8Linear, dynamic scaling), delayed (Transformer Engine DelayedScaling) or nanochat "
-                            "(nanochat/fp8.py). Default: the model's (nanochat: nanochat; others: tensorwise).")
-Fp8AllGatherOpt = typer.Option(False, "--fp8-all-gather/--no-fp8-all-gather",
-                               help="With --fp8 (tensorwise) and ZeRO-3: all-gather "
-                               "the fp8 GEMMs' weights in fp8, 1 byte an element (torchao "
-                               "enable_fsdp_float8_all_gather).")
-ParamGatherOpt = typer.Option(False, "--overlap-param-gather/--no-overlap-param-gather",
-                              help="ZeRO-1/2: overlap the parameter all-gather "
-                              "after the optimizer step with the next forward (Megatron-Core distributed optimizer).")
 
-OffloadOpt = typer.Option(False, "--offload-optimizer", help="ZeRO-1/2/3: optimizer states and fp32 masters in host "
-                          "memory, Adam on the CPU, gradients and parameters over the host link (ZeRO-Offload, "
-                          "without its delayed update); needs the hardware spec's host figures.")
 
+
+# the options that say how to read and show a run, not what run is priced: each declared here once
+PLOT_HELP = {"table": "wall-clock and cost against GPU count", "memory": "the memory per GPU, stacked by term",
+             "plan": "the Pareto layouts, the choice and the budget or deadline"}
+OUTPUT_OPTIONS = {
+    "config": (str, lambda command: typer.Option(
+        None, "--config", is_eager=True, callback=_config_callback,
+        help="A run configuration file (kind: run; examples/seed-d24-mi300x.yaml): its fields are the flags' values, "
+             "and a flag given wins over its field.")),
+    "print_config": (bool, lambda command: typer.Option(
+        False, "--print-config", help="Print this command line as a run configuration file (YAML, for --config) "
+                                      "instead of pricing it.")),
+    "format": (Format, lambda command: FormatOpt),
+    "wide": (bool, lambda command: WideOpt),
+    "quiet": (bool, lambda command: typer.Option(False, "--quiet", "-q", help="Print the answer only (the verdict's "
+                                                 "first lines; warnings still go to stderr).")),
+    "explain": (bool, lambda command: typer.Option(False, "--explain", help="Also print every assumption behind the "
+                                                   "figures (model recipe, hardware efficiencies, price, band, memory "
+                                                   "rule).")),
+    "plot": (str, lambda command: typer.Option(None, "--plot", help=f"Also write a plot of {PLOT_HELP[command]} (PNG "
+                                               "or SVG).")),
+}
+PANEL_OF = {**{f.param: f.panel for f in runfields.FIELDS}, "config": runfields.MODEL,
+            **{name: runfields.OUTPUT for name in OUTPUT_OPTIONS if name != "config"}}
+CALLBACKS = {"framework": _framework_callback}
+
+
+def _run_option(command: str, name: str) -> tuple[object, object]:
+    """(the typer option of parameter `name` of a planning command, its type): an output option as declared
+    above, else the run field's (ddplan.runfields): its flags, its help and default for this command, a comma-
+    separated text where the command takes several values."""
+    if name in OUTPUT_OPTIONS:
+        kind, make = OUTPUT_OPTIONS[name]
+        return make(command), kind
+    f = runfields.BY_PARAM[name]
+    many = command in f.many
+    kind = str if many or isinstance(f.kind, tuple) else f.kind
+    default = f.default_for(command)
+    if many and default is not None and default is not runfields.REQUIRED:
+        default = str(default)
+    choices = f"[{'|'.join(str(k) for k in f.kind)}]" if isinstance(f.kind, tuple) and not many else None
+    callback = CALLBACKS.get(name)
+    return typer.Option(default, *f.decls, help=f.help_for(command), metavar=choices, is_eager=callback is not None,
+                        callback=callback), kind
+
+
+def run_options(command: str):
+    """Give a planning command its options from their one definition: the function names its parameters (ctx,
+    then the run fields and output options it reads, in --help's order within each panel) and this fills in
+    each one's flag, help, default and type, and checks every number given against its field's range before
+    the command runs (ddplan.bounds)."""
+    import functools
+    import inspect
+
+    def wrap(func):
+        sig = inspect.signature(func)
+        params = [p if p.name == "ctx" else p.replace(default=opt, annotation=kind)
+                  for p in sig.parameters.values() for opt, kind in [_run_option(command, p.name)
+                                                                     if p.name != "ctx" else (None, None)]]
+
+        @functools.wraps(func)
+        def checked(ctx: typer.Context, **values):
+            for name, value in values.items():
+                f = runfields.BY_PARAM.get(name)
+                if f is None or value is None or command in f.many:
+                    continue
+                if f.range is not None:
+                    bounds.check(f.flag, value)
+                elif isinstance(f.kind, tuple) and value not in f.kind:
+                    raise UsageError(f"{value!r} is not one of {', '.join(map(repr, f.kind))}.", field=f.flag)
+            return func(ctx, **values)
+
+        checked.__signature__ = sig.replace(parameters=params)
+        return checked
+
+    return wrap
 
 @specs_app.command("list")
 def specs_list(wide: bool = WideOpt) -> None:
@@ -413,61 +394,13 @@ def import_cmd(
 
 
 @app.command("memory", short_help="Memory per GPU by ZeRO stage, and what fits.", cls=PanelledCommand)
+@run_options("memory")
 def memory_cmd(
     ctx: typer.Context,
-    model: str = typer.Option(None, "--model", "-m", help="Model: a built-in (d24, nanochat-d24, gpt2, llama-3-8b), "
-                              "any nanochat dN, or a YAML path (default with --calibration: the model it measured, "
-                              "at the GPUs, layout, micro-batch and compile mode it ran)."),
-    hardware: str = HardwareOpt,
-    gpus: int = typer.Option(1, "--gpus", help="GPUs in total: dp x tp x pp."),
-    tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree."),
-    pp: int = typer.Option(1, "--pp", help="Pipeline-parallel degree."),
-    vp: int = typer.Option(1, "--vp", help="Interleaved chunks per pipeline stage (1: 1F1B)."),
-    cp: int = typer.Option(1, "--cp", help="Context-parallel degree: each sequence split over cp GPUs."),
-    ep: int = typer.Option(1, "--ep", help="Expert-parallel degree (mixture-of-experts models): routed experts split "
-                           "over ep of the data-parallel GPUs."),
-    cp_comm: str = CpCommOpt,
-    etp: int = EtpOpt,
-    zero: str = typer.Option("0,1,2,3", "--zero", help="ZeRO stages to show, comma-separated; one stage: the "
-                             "verdict is about it (default: the model's native stage)."),
-    device_batch_size: int = typer.Option(None, "--device-batch-size", help="Sequences per GPU per micro-batch "
-                                          "(default: the recipe's)."),
-    seq_len: int = SeqLenOpt,
-    dtype: str = DtypeOpt,
-    grads: str = GradsOpt,
-    weights: str = WeightsOpt,
-    moe_imbalance: float = MoeImbalanceOpt,
-    attention: str = typer.Option(None, "--attention", help="Attention implementation (default: the hardware's "
-                                  "default; see `ddplan specs show HARDWARE`)."),
-    recompute: str = typer.Option("none", "--recompute", help="Activation recompute: none, selective (Megatron's: "
-                                   "the attention core), per-op (torchtitan's selective AC) or full."),
-    sequence_parallel: bool = SequenceParallelOpt,
-    shard_group: int = ShardGroupOpt,
-    reshard_after_forward: bool = ReshardOpt,
-    overlap_param_gather: bool = ParamGatherOpt,
-    offload_optimizer: bool = OffloadOpt,
-    fp8_all_gather: bool = typer.Option(False, "--fp8-all-gather/--no-fp8-all-gather",
-                                        help="ZeRO-3 with fp8 GEMMs: their weights "
-                                        "gathered in fp8, 1 byte an element (torchao enable_fsdp_float8_all_gather); "
-                                        "memory has no --fp8, so this implies it."),
-    window: str = typer.Option(None, "--window", "--window-pattern", help="Window pattern, e.g. L or SSSL (default: "
-                               "the model's)."),
-    compiled: bool = typer.Option(None, "--compile/--no-compile", help="torch.compile'd model (changes what is "
-                                  "saved for backward; default: the recipe's)."),
-    headroom: float = HeadroomOpt,
-    measured_peak: float = typer.Option(None, "--measured-peak", help="A measured peak in GB (1e9 bytes): say which "
-                                        "attention and recompute setups it is consistent with."),
-    calibration: str = typer.Option(None, "--calibration", help="A calibration file: its measured step of this model "
-                                    "(without --model, its first step) sets the GPUs, layout, micro-batch, window and "
-                                    "compile mode not given, and its peak memory (if any) is used as --measured-peak "
-                                    "when no flag moves the shape away from it."),
-    plot: str = typer.Option(None, "--plot", help="Also write the memory per GPU, stacked by term (PNG or SVG)."),
-    config: str = ConfigOpt,
-    framework: str = FrameworkOpt,
-    print_config: bool = PrintConfigOpt,
-    format: Format = FormatOpt,
-    wide: bool = WideOpt,
-    quiet: bool = QuietOpt,
+    model, hardware, gpus, tp, pp, vp, cp, ep, cp_comm, etp, zero, device_batch_size, seq_len, dtype, grads,
+    weights, moe_imbalance, attention, recompute, sequence_parallel, shard_group, reshard_after_forward,
+    overlap_param_gather, offload_optimizer, fp8_all_gather, window, compiled, headroom, measured_peak, calibration,
+    plot, config, framework, print_config, format, wide, quiet,
 ) -> None:
     """Memory per GPU by ZeRO stage: each term, the total against usable memory, and the verdict.
 
@@ -646,93 +579,17 @@ def _stated_by(ctx: typer.Context, name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-class Knob(str, Enum):
-    auto = "auto"
-    gemm = "gemm"
-    attention = "attention"
-    compute = "compute"
-
-
 @app.command("table", short_help="The decision table: time, cost, MFU, memory per layout.", cls=PanelledCommand)
+@run_options("table")
 def table_cmd(
     ctx: typer.Context,
-    model: str = typer.Option(None, "--model", "-m", help="Model: a built-in (d24, nanochat-d24, gpt2, llama-3-8b), "
-                              "any nanochat dN, or a YAML path (default with --calibration: the model it measured, "
-                              "priced as it ran there)."),
-    hardware: str = HardwareOpt,
-    gpus: str = typer.Option("1,8", "--gpus", help="GPUs in total per row (dp x tp x pp), comma-separated; A-B "
-                             "doubles from A up to B (1-512: 1, 2, 4, ..., 512; mixes: 1,8-64)."),
-    tp: str = typer.Option("1", "--tp", help="Tensor-parallel degrees, comma-separated (one row each)."),
-    pp: str = typer.Option("1", "--pp", help="Pipeline-parallel degrees, comma-separated."),
-    vp: str = typer.Option("1", "--vp", help="Interleaved chunks per pipeline stage (1: 1F1B), comma-separated."),
-    cp: str = typer.Option("1", "--cp", help="Context-parallel degrees, comma-separated: each sequence split over "
-                           "cp GPUs (ring attention)."),
-    cp_comm: str = CpCommOpt,
-    etp: int = EtpOpt,
-    ep: str = typer.Option("1", "--ep", help="Expert-parallel degrees (mixture-of-experts models), comma-separated: "
-                           "routed experts split over ep of the data-parallel GPUs."),
-    zero: str = typer.Option(None, "--zero", help="ZeRO stages 0-3 (3 = FSDP), comma-separated (default: the "
-                             "model's native data-parallel setup)."),
-    device_batch_size: str = typer.Option(None, "--device-batch-size", help="Sequences per GPU per micro-batch, "
-                                          "comma-separated (default: the recipe's, made smaller until it fits)."),
-    recompute: str = typer.Option("none", "--recompute", help="Activation recompute: none, selective (Megatron's: "
-                                  "the attention core), per-op (torchtitan's selective AC), full; comma-separated."),
-    attention: str = typer.Option(None, "--attention", help="Attention implementations, comma-separated "
-                                  "(default: every one on the hardware)."),
-    window: str = typer.Option(None, "--window", help="Window patterns, comma-separated, e.g. L,SSSL (default: the "
-                               "model's, and L when it differs)."),
-    seq_len: int = SeqLenOpt,
-    dtype: str = DtypeOpt,
-    grads: str = GradsOpt,
-    weights: str = WeightsOpt,
-    moe_imbalance: float = MoeImbalanceOpt,
-    price: float = typer.Option(None, "--price", help="USD per GPU-hour (default: the hardware spec's first price)."),
-    steps: int = StepsOpt,
-    tokens: float = TokensOpt,
-    param_data_ratio: float = ParamDataRatioOpt,
-    total_batch_size: int = typer.Option(None, "--total-batch-size", help="Tokens per optimizer step (default: the "
-                                         "recipe's)."),
-    compiled: bool = typer.Option(None, "--compile/--no-compile", help="torch.compile'd model (default: recipe)."),
-    headroom: float = HeadroomOpt,
-    calibration: str = typer.Option(None, "--calibration", help="A calibration file (from `ddplan calibrate` or "
-                                    "written by hand): measurements replace assumptions."),
-    measured_step_time: float = typer.Option(None, "--measured-step-time", help="A step time you measured, "
-                                             "seconds; ddplan fits one knob to it and derives the other rows."),
-    measured_gpus: int = typer.Option(None, "--measured-gpus", help="GPUs in total of the measured run (default: "
-                                      "the first of --gpus)."),
-    measured_tp: int = typer.Option(None, "--measured-tp", help="Tensor-parallel degree of the measured run "
-                                    "(default: the first of --tp)."),
-    measured_pp: int = typer.Option(None, "--measured-pp", help="Pipeline-parallel degree of the measured run "
-                                    "(default: the first of --pp)."),
-    measured_attention: str = typer.Option(None, "--measured-attention", help="Attention of the measured run "
-                                           "(default: the first of --attention, else the hardware's default)."),
-    measured_window: str = typer.Option(None, "--measured-window", help="Window pattern of the measured run "
-                                        "(default: the first of --window)."),
-    fit: Knob = typer.Option(Knob.auto, "--fit", help="Which efficiency the measurement calibrates; auto picks "
-                             "the one whose range moves the measured row most."),
-    startup_min: float = StartupOpt,
-    eval_every: int = EvalEveryOpt,
-    eval_tokens: int = EvalTokensOpt,
-    checkpoint_every: int = CheckpointOpt,
-    interruptions: float = InterruptionsOpt,
-    restart_min: float = RestartOpt,
-    fp8: bool = Fp8Opt,
-    fp8_recipe: str = Fp8RecipeOpt,
-    fp8_all_gather: bool = Fp8AllGatherOpt,
-    tp_comm_overlap: bool = TpOverlapOpt,
-    sequence_parallel: bool = SequenceParallelOpt,
-    shard_group: int = ShardGroupOpt,
-    reshard_after_forward: bool = ReshardOpt,
-    overlap_param_gather: bool = ParamGatherOpt,
-    offload_optimizer: bool = OffloadOpt,
-    plot: str = typer.Option(None, "--plot", help="Also write wall-clock and cost against GPU count (PNG or SVG)."),
-    config: str = ConfigOpt,
-    framework: str = FrameworkOpt,
-    print_config: bool = PrintConfigOpt,
-    format: Format = FormatOpt,
-    wide: bool = WideOpt,
-    quiet: bool = QuietOpt,
-    explain: bool = ExplainOpt,
+    model, hardware, gpus, tp, pp, vp, cp, cp_comm, etp, ep, zero, device_batch_size, recompute, attention, window,
+    seq_len, dtype, grads, weights, moe_imbalance, price, steps, tokens, param_data_ratio, total_batch_size,
+    compiled, headroom, calibration, measured_step_time, measured_gpus, measured_tp, measured_pp,
+    measured_attention, measured_window, fit, startup_min, eval_every, eval_tokens, checkpoint_every, interruptions,
+    restart_min, fp8, fp8_recipe, fp8_all_gather, tp_comm_overlap, sequence_parallel, shard_group,
+    reshard_after_forward, overlap_param_gather, offload_optimizer, plot, config, framework, print_config, format,
+    wide, quiet, explain,
 ) -> None:
     """The decision table: time, cost, MFU and memory for each layout, attention and window, explained.
 
@@ -763,13 +620,6 @@ def table_cmd(
              gpus=gpus, tp=tp, pp=pp, vp=vp, zero=zero, device_batch_size=device_batch_size,
              total_batch_size=total_batch_size, recompute=recompute, attention=attention, window=window,
              compiled=compiled, seq_len=seq_len), _given_names(ctx)).values()
-    inputs.check_ranges((price, "--price"), (steps, "--steps"), (tokens, "--tokens"),
-                        (param_data_ratio, "--param-data-ratio"), (total_batch_size, "--total-batch-size"),
-                        (measured_step_time, "--measured-step-time"), (measured_gpus, "--measured-gpus"),
-                        (measured_tp, "--measured-tp"), (measured_pp, "--measured-pp"), (eval_tokens, "--eval-tokens"),
-                        (startup_min, "--startup-min"), (eval_every, "--eval-every"),
-                        (checkpoint_every, "--checkpoint-every"), (headroom, "--headroom"),
-                        (interruptions, "--interruptions-per-gpu-hour"), (restart_min, "--restart-min"))
     gpu_list = tuple(inputs.int_list(gpus, "--gpus", ranges=True))
     tps, pps, vps, cps, eps = (tuple(inputs.int_list(v, f))
                                for v, f in ((tp, "--tp"), (pp, "--pp"), (vp, "--vp"), (cp, "--cp"), (ep, "--ep")))
@@ -809,7 +659,7 @@ def table_cmd(
                     if _given(ctx, "total_batch_size") else
                     "the measured step's batch" if total_batch_size is not None else "the recipe's batch"),
         overheads=inputs.overheads(startup_min, eval_every, eval_tokens, checkpoint_every, interruptions, restart_min),
-        compiled=compiled, measurement=measurement, knob=fit.value, calibration=cal, calibration_path=calibration,
+        compiled=compiled, measurement=measurement, knob=fit, calibration=cal, calibration_path=calibration,
         fp8=fp8, fp8_recipe=_fp8_recipe(ctx, fp8, fp8_recipe), headroom=headroom, options=options)
     _check_plot_path(plot)
     result = build_table(req, _progress("table"))
@@ -862,7 +712,8 @@ def table_cmd(
 
 @app.command("calibrate", short_help="Measure this machine; write a calibration file.")
 def calibrate_cmd(
-    model: str = ModelOpt,
+    model: str = typer.Option(..., "--model", "-m", help="The model to measure: a built-in (d24, gpt2, ...), any "
+                              "nanochat dN, or a YAML path."),
     hardware: str = typer.Option(None, "--hardware", help="The hardware spec these measurements refine (default: "
                                  "guessed from the device name; on CPU a spec is built from the measurements)."),
     device: str = typer.Option("auto", "--device", help="auto (a GPU if torch sees one), cuda (NVIDIA or ROCm), "
@@ -1006,74 +857,16 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
     _info(verdicts.calibrate_summary(cal))
 
 
-class Objective(str, Enum):
-    time = "time"
-    cost = "cost"
-
-
 @app.command("plan", short_help="Search the layouts and recommend one.", cls=PanelledCommand)
+@run_options("plan")
 def plan_cmd(
     ctx: typer.Context,
-    model: str = ModelOpt,
-    hardware: str = typer.Option(None, "--hardware", help="One or more GPUs, comma-separated (built-in names or "
-                                 "YAML paths; all: every built-in; default: the calibration's, else mi300x)."),
-    gpus: str = typer.Option("8", "--gpus", help="GPUs in total to search, comma-separated; A-B doubles from A up "
-                             "to B (8-64: 8, 16, 32, 64; 1-512: every power of two to 512; mixes: 1,8-64)."),
-    objective: Objective = typer.Option(Objective.time, "--objective", help="Rank by wall-clock or by cost."),
-    deadline: float = typer.Option(None, "--deadline", help="Hours: the cheapest layout that finishes in time."),
-    budget: float = typer.Option(None, "--budget", help="USD: the fastest layout within the budget."),
-    calibration: str = typer.Option(None, "--calibration", help="A calibration file (measurements replace "
-                                    "assumptions)."),
-    price: float = typer.Option(None, "--price", help="USD per GPU-hour (default: each hardware's first price)."),
-    total_batch_size: int = typer.Option(None, "--total-batch-size", help="Tokens per optimizer step."),
-    seq_len: int = SeqLenOpt,
-    dtype: str = DtypeOpt,
-    grads: str = GradsOpt,
-    weights: str = WeightsOpt,
-    moe_imbalance: float = MoeImbalanceOpt,
-    sequence_parallel: bool = SequenceParallelOpt,
-    tp_comm_overlap: bool = TpOverlapOpt,
-    shard_group: int = ShardGroupOpt,
-    reshard_after_forward: bool = ReshardOpt,
-    overlap_param_gather: bool = ParamGatherOpt,
-    offload_optimizer: bool = OffloadOpt,
-    fp8: bool = Fp8Opt,
-    fp8_recipe: str = Fp8RecipeOpt,
-    fp8_all_gather: bool = Fp8AllGatherOpt,
-    ep: str = typer.Option(None, "--ep", help="Expert-parallel degrees to search, comma-separated (default: every "
-                           "number that divides both the experts and the data-parallel GPUs; mixture-of-experts "
-                           "models only)."),
-    cp: str = typer.Option(None, "--cp", help="Context-parallel degrees to search, comma-separated (default: 1, and "
-                           "each power of two up to 16 leaving a GPU at least 4,096 tokens of a sequence)."),
-    cp_comm: str = CpCommOpt,
-    etp: int = EtpOpt,
-    tp_across_nodes: bool = typer.Option(False, "--tp-across-nodes", help="Allow tensor parallelism beyond one "
-                                         "node (kept inside a node by default)."),
-    top: int = typer.Option(10, "--top", help="How many layouts to list (table, markdown, json; csv lists all)."),
-    headroom: float = HeadroomOpt,
-    recompute: str = typer.Option(None, "--recompute", help="Recompute policies to search among: none, selective, "
-                                  "per-op, full, comma-separated (default: none, selective, full; plan keeps the "
-                                  "least that fits)."),
-    zero: str = typer.Option(None, "--zero", help="ZeRO stages 0-3 to search among, comma-separated (default: "
-                             "all four)."),
-    attention: str = typer.Option(None, "--attention", help="Attention implementations to search among, "
-                                  "comma-separated (default: every one on each hardware)."),
-    steps: int = StepsOpt,
-    tokens: float = TokensOpt,
-    param_data_ratio: float = ParamDataRatioOpt,
-    startup_min: float = StartupOpt,
-    eval_every: int = EvalEveryOpt,
-    eval_tokens: int = EvalTokensOpt,
-    checkpoint_every: int = CheckpointOpt,
-    interruptions: float = InterruptionsOpt,
-    restart_min: float = RestartOpt,
-    plot: str = typer.Option(None, "--plot", help="Also write a plot (PNG or SVG) of the Pareto layouts."),
-    config: str = ConfigOpt,
-    framework: str = FrameworkOpt,
-    print_config: bool = PrintConfigOpt,
-    format: Format = FormatOpt,
-    wide: bool = WideOpt,
-    quiet: bool = QuietOpt,
+    model, hardware, gpus, objective, deadline, budget, calibration, price, total_batch_size, seq_len, dtype, grads,
+    weights, moe_imbalance, sequence_parallel, tp_comm_overlap, shard_group, reshard_after_forward,
+    overlap_param_gather, offload_optimizer, fp8, fp8_recipe, fp8_all_gather, ep, cp, cp_comm, etp, tp_across_nodes,
+    top, headroom, recompute, zero, attention, steps, tokens, param_data_ratio, startup_min, eval_every,
+    eval_tokens, checkpoint_every, interruptions, restart_min, plot, config, framework, print_config, format, wide,
+    quiet,
 ) -> None:
     """Search the layouts (dp, tp, pp, ZeRO, micro-batch, attention, recompute, schedule) and recommend one.
 
@@ -1094,12 +887,6 @@ def plan_cmd(
     from ddplan.registry import load_hardware
     from ddplan.specs import Price
 
-    inputs.check_ranges((deadline, "--deadline"), (budget, "--budget"), (price, "--price"),
-                        (total_batch_size, "--total-batch-size"), (top, "--top"), (startup_min, "--startup-min"),
-                        (headroom, "--headroom"), (steps, "--steps"), (tokens, "--tokens"),
-                        (param_data_ratio, "--param-data-ratio"), (eval_tokens, "--eval-tokens"),
-                        (eval_every, "--eval-every"), (checkpoint_every, "--checkpoint-every"),
-                        (interruptions, "--interruptions-per-gpu-hour"), (restart_min, "--restart-min"))
     _check_plot_path(plot)
     names = inputs.hardware_list(hardware)
     gpu_list = tuple(inputs.int_list(gpus, "--gpus", ranges=True))
@@ -1116,7 +903,7 @@ def plan_cmd(
                              offload_optimizer)
     eps = inputs.expert_degrees(ep, spec)
     req = PlanRequest(fp8=fp8, fp8_recipe=_fp8_recipe(ctx, fp8, fp8_recipe), cps=tuple(inputs.int_list(cp, "--cp")) if cp else (), eps=eps,
-                      model=spec, hardware=hws, gpus=gpu_list, objective=objective.value,
+                      model=spec, hardware=hws, gpus=gpu_list, objective=objective,
                       deadline_h=deadline, budget_usd=budget, top=top,
                       calibration=cal, calibration_path=calibration, price=price_spec,
                       overheads=inputs.overheads(startup_min, eval_every, eval_tokens, checkpoint_every, interruptions,
@@ -1143,7 +930,7 @@ def plan_cmd(
     if format is Format.json:
         import json
 
-        render.echo(json.dumps({"objective": objective.value, "deadline_h": deadline, "budget_usd": budget,
+        render.echo(json.dumps({"objective": objective, "deadline_h": deadline, "budget_usd": budget,
                                 "limits_met": not result.missed, "ranked_by": result.ranked_by,
                                 "ranking": words.ranking_words(result), "choice": data[0] if data else None,
                                 "rows": data[:top], "pareto": render.plan_data(result.pareto),
@@ -1153,7 +940,7 @@ def plan_cmd(
         render.echo(render.csv_with(prov, render.plan_columns(data), notes=[f"ranked {words.ranking_words(result)}"]))
     else:
         scr = render.screen(format.value, wide)
-        title = words.plan_title(spec, result, top, headroom, objective.value)
+        title = words.plan_title(spec, result, top, headroom, objective)
         render.echo(render.lines(why[:1], format.value, scr))  # answer first: the choice, then the table
         if shown and not quiet:  # -q: the answer only (the plot and the exit code still follow)
             render.echo(render.fit(render.plan_cells(data[:top]), scr, title, render.PLAN_DROP) if scr
@@ -1172,7 +959,7 @@ def plan_cmd(
         from ddplan.plot import plot_scenarios
 
         plot_scenarios(best_per_family(data), plot, title=f"{spec.name}: best layout per family\n{prov_line(prov)}",
-                       best="cost_usd" if objective.value == "cost" else "wall_clock_h",
+                       best="cost_usd" if objective == "cost" else "wall_clock_h",
                        choice=data[0] if data else None, budget_usd=budget, deadline_h=deadline)
     missed = words.missed_limit(result)
     if missed:  # the ranking is printed (the closest first); the exit code says no layout meets the limit

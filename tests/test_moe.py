@@ -611,9 +611,9 @@ def test_the_wait_survives_tp_cp_and_recompute(mixtral):
 def test_the_flags_help_names_the_shipped_imbalance():
     """The CLI help states the default imbalance as text (the CLI does not import the specs at start-up): it must
     be DROPLESS_IMBALANCE."""
-    from ddplan.cli import MoeImbalanceOpt
+    from ddplan.runfields import BY_PARAM
 
-    assert f"else {DROPLESS_IMBALANCE:g} (fitted" in MoeImbalanceOpt.help
+    assert f"else {DROPLESS_IMBALANCE:g} (fitted" in BY_PARAM["moe_imbalance"].help
 
 
 def test_a_balanced_run_keeps_its_capacity_factor(tmp_path):

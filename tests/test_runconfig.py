@@ -78,7 +78,7 @@ def test_a_list_for_a_single_value_flag_is_said_unless_the_flag_is_given(capsys)
     ("kind: run\nmodel: d24\nlayout: {tpp: 2}\n", "layout.tpp: unknown key; did you mean 'tp'?"),
     ("kind: run\nbudget: {steps: 10, tokens: 1e9}\n", "at most one of steps, tokens, param_data_ratio"),
     ("kind: run\ngpus: true\n", "gpus: must be a number, got true (a true/false value)"),
-    ("kind: run\ngpus: 0\n", "gpus: Input should be greater than 0 (got 0)"),
+    ("kind: run\ngpus: 0\n", "gpus: Input should be greater than or equal to 1 (got 0)"),
     ("kind: run\nrecompute: sometimes\n", "recompute: Input should be 'none', 'selective', 'per-op' or 'full'"),
     ("kind: run\nlayout: {zero: 5}\n", "layout.zero: Input should be 0, 1, 2 or 3 (got 5)"),
     ("kind: run\nmeasured: {fit: bogus}\n", "measured.fit: Input should be 'auto', 'gemm', 'attention' or"),
@@ -186,3 +186,59 @@ def test_a_field_the_command_cannot_read_is_named(capsys, tmp_path):
             in err.splitlines())
     code = cli.main(["table", "--config", str(path), "--format", "csv"])
     assert code == 0 and "no flag for" not in capsys.readouterr().err
+
+
+def test_each_run_option_is_declared_once():
+    """Issue 34: a run field's flag, help, default and range live in ddplan.runfields only; cli.py names the
+    parameters each planning command reads and declares none of their flags itself (calibrate, validate, specs
+    and import have options of their own)."""
+    import ast
+
+    from ddplan import runfields
+
+    tree = ast.parse((ROOT / "ddplan" / "cli.py").read_text(encoding="utf-8"))
+    own = {"calibrate_cmd", "validate_cmd", "specs_show", "specs_import", "specs_list", "import_cmd", "_app"}
+    mine = [arg.value for top in tree.body if getattr(top, "name", None) not in own for call in ast.walk(top)
+            if isinstance(call, ast.Call) and getattr(call.func, "attr", "") == "Option" for arg in call.args
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.startswith("-")]
+    assert "--plot" in mine and "--format" in mine  # the test sees the output options' declarations
+    run_flags = {flag for f in runfields.FIELDS for decl in f.decls for flag in decl.split("/")}
+    assert [d for d in mine if d in run_flags] == []
+    assert len(mine) == len(set(mine))  # an output option once too
+    assert len({f.param for f in runfields.FIELDS}) == len(runfields.FIELDS)
+    assert len({f.flag for f in runfields.FIELDS}) == len(runfields.FIELDS)
+
+
+@pytest.mark.parametrize("f", [f for f in __import__("ddplan.runfields").runfields.FIELDS if f.range is not None],
+                         ids=lambda f: f.flag)
+def test_the_file_and_the_flag_refuse_the_same_values(capsys, tmp_path, f):
+    """One range per field: a value just past either end is refused by the run file's schema and by the flag
+    (one line naming the field or the flag), and the end itself is taken where the range is closed."""
+    from pydantic import ValidationError
+
+    r = f.range
+    for value, ok in ((r.low, not r.low_open), (r.high, not r.high_open),
+                      (r.low - (1 if f.kind is int else 1e-9 * max(1, abs(r.low))), False),
+                      (r.high + (1 if f.kind is int else 1e-9 * r.high), False)):
+        value = int(value) if f.kind is int else float(value)
+        node: dict = {"kind": "run"}
+        leaf = node
+        for part in f.path[:-1]:
+            leaf = leaf.setdefault(part, {})
+        leaf[f.path[-1]] = value
+        if ok:
+            runconfig.RunConfig.model_validate(node)
+            continue
+        with pytest.raises(ValidationError):
+            runconfig.RunConfig.model_validate(node)
+        command = next(c for c in ("table", "memory", "plan") if c in _commands_of(f))
+        argv = [command, "--model", "d24", f.flag, str(value)]
+        if command in f.many:
+            continue  # a list flag checks its items where it parses them (ddplan.inputs.int_list)
+        _, err = fails(capsys, argv)
+        assert err.startswith(f"error: {f.flag}: must be a finite number in"), err
+
+
+def _commands_of(f) -> set[str]:
+    group = typer.main.get_command(cli.app)
+    return {c for c in ("table", "memory", "plan") if f.param in {p.name for p in group.commands[c].params}}

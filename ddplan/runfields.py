@@ -1,0 +1,257 @@
+"""The run configuration's fields, each declared once: where it sits in a run file, its flag, what it is, its
+allowed range and unit, its --help panel, and how `table`, `memory` and `plan` take it.
+
+Everything else is built from this list: the run file's schema (ddplan.runconfig.RunConfig), the planning
+commands' flags (ddplan.cli.run_options: their names, help, panels, defaults and types), the ranges every given
+number is checked against (ddplan.bounds.RANGES) and docs/reference.md's range table (a test compares them).
+Adding a field here adds it to the file and gives each command that names it in its signature its flag.
+
+Plain data, no pydantic: `ddplan --help` reads it without building the schema.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+COMMANDS = ("table", "memory", "plan")
+# --help's panels, in their order (issue 38: table --help listed 52 options in one run); the output options
+# (ddplan.cli.OUTPUT_OPTIONS) take the last
+MODEL, LAYOUT, BATCH, MEASURED, OUTPUT = ("Model and hardware", "Layout", "Batch, budget and time outside steps",
+                                          "Measurement", "Output")
+PANELS = (MODEL, LAYOUT, BATCH, MEASURED, OUTPUT)
+REQUIRED = ...  # a command's default that makes the flag required (plan's --model)
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a number may take, in its unit: [low, high], or open at an end (price > 0, headroom < 1)."""
+
+    low: float
+    high: float
+    unit: str
+    low_open: bool = False
+    high_open: bool = False
+
+
+@dataclass(frozen=True)
+class RunField:
+    """One field of a run: its path in a run file and its flag (--NAME, or `flags`).
+
+    kind: int, float, str or bool, or the tuple of the values allowed. many: the commands that take a
+    comma-separated list of values (a row each in `table`, the choices `plan` searches); a run file may then give
+    a list. default: the flag's value when neither the flag nor the file states it, for every command, unless
+    `defaults` gives a command its own. helps: a command's own words where the field's do not read right there.
+    """
+
+    path: tuple[str, ...]
+    help: str
+    kind: Any
+    panel: str
+    name: str = ""  # the command's parameter: the path's last part unless given
+    flags: tuple[str, ...] = ()  # the flag's names; a bool's "--x/--no-x"; default: --NAME
+    range: Range | None = None
+    default: Any = None
+    defaults: dict[str, Any] = field(default_factory=dict)
+    many: frozenset[str] = frozenset()
+    helps: dict[str, str] = field(default_factory=dict)
+    names_a_file: bool = False  # a name or a path: text however it is written; relative to the run file's folder
+
+    @property
+    def param(self) -> str:
+        return self.name or self.path[-1]
+
+    @property
+    def decls(self) -> tuple[str, ...]:
+        if self.flags:
+            return self.flags
+        flag = "--" + self.param.replace("_", "-")
+        return (f"{flag}/--no-{flag[2:]}",) if self.kind is bool else (flag,)
+
+    @property
+    def flag(self) -> str:
+        """The flag's main name: --tp, --compile."""
+        return self.decls[0].split("/")[0]
+
+    def default_for(self, command: str) -> Any:
+        return self.defaults.get(command, self.default)
+
+    def help_for(self, command: str) -> str:
+        """The flag's help in `command`: its own words there, else the field's (and in table, where it takes
+        several values, how)."""
+        if command in self.helps:
+            return self.helps[command]
+        return self.help + (" Comma-separated: a row each." if command in self.many else "")
+
+
+def _f(path: str, help: str, kind: Any, panel: str, **more: Any) -> RunField:
+    return RunField(tuple(path.split(".")), help, kind, panel, **more)
+
+
+TABLE, TABLE_PLAN, ALL = frozenset({"table"}), frozenset({"table", "plan"}), frozenset(COMMANDS)
+RECOMPUTE = ("none", "selective", "per-op", "full")  # lightest first (plan searches in this order)
+ZERO_STAGES = (0, 1, 2, 3)
+
+# in the run file's order (--print-config and `ddplan import` write them so); --help groups them by panel
+FIELDS: tuple[RunField, ...] = (
+    _f("model", "Model: a built-in (d24, nanochat-d24, gpt2, llama-3-8b), any nanochat dN, a YAML path or a Hugging "
+       "Face config.json (default with --calibration: the model it measured, priced as it ran there).", str, MODEL,
+       flags=("--model", "-m"), names_a_file=True, defaults={"plan": REQUIRED},
+       helps={"plan": "Model: a built-in (d24, nanochat-d24, gpt2, llama-3-8b), any nanochat dN, a YAML path or a "
+                      "Hugging Face config.json."}),
+    _f("framework", "A training stack's defaults (frameworks/: torchtitan, megatron-core, composer, nanochat): the "
+       "fields its profile states that ddplan prices, each with its source; a flag or run-file field wins.", str,
+       MODEL, names_a_file=True),
+    _f("hardware", "GPU: a built-in (mi300x, h100-sxm, h200, b200, ...) or a YAML path. Default: the calibration's "
+       "hardware, else mi300x (the canonical case).", str, MODEL, names_a_file=True, many=frozenset({"plan"}),
+       helps={"plan": "One or more GPUs, comma-separated (built-in names or YAML paths; all: every built-in; "
+                      "default: the calibration's, else mi300x)."}),
+    _f("gpus", "GPUs in total: dp x tp x pp.", int, LAYOUT, range=Range(1, 1_000_000, "GPUs in total"),
+       many=TABLE_PLAN, defaults={"table": "1,8", "memory": 1, "plan": "8"},
+       helps={"table": "GPUs in total per row (dp x tp x pp), comma-separated; A-B doubles from A up to B (1-512: "
+                       "1, 2, 4, ..., 512; mixes: 1,8-64).",
+              "plan": "GPUs in total to search, comma-separated; A-B doubles from A up to B (8-64: 8, 16, 32, 64; "
+                      "1-512: every power of two to 512; mixes: 1,8-64)."}),
+    _f("layout.tp", "Tensor-parallel degree.", int, LAYOUT,
+       range=Range(1, 1024, "tensor-parallel degree"), many=TABLE, default=1, defaults={"table": "1"}),
+    _f("layout.pp", "Pipeline-parallel degree.", int, LAYOUT,
+       range=Range(1, 1024, "pipeline stages"), many=TABLE, default=1, defaults={"table": "1"}),
+    _f("layout.vp", "Interleaved chunks per pipeline stage (1: 1F1B).", int, LAYOUT,
+       range=Range(1, 64, "chunks per pipeline stage"), many=TABLE, default=1, defaults={"table": "1"}),
+    _f("layout.cp", "Context-parallel degree: each sequence split over cp GPUs (ring attention).",
+       int, LAYOUT, range=Range(1, 1024, "context-parallel degree"), many=TABLE_PLAN, default=1,
+       defaults={"table": "1", "plan": None},
+       helps={"plan": "Context-parallel degrees to search, comma-separated (default: 1, and each power of two up to "
+                      "16 leaving a GPU at least 4,096 tokens of a sequence)."}),
+    _f("layout.ep", "Expert-parallel degree (mixture-of-experts models): routed experts split over ep of the "
+       "data-parallel GPUs.", int, LAYOUT,
+       range=Range(1, 4096, "expert-parallel degree"), many=TABLE_PLAN, default=1,
+       defaults={"table": "1", "plan": None},
+       helps={"plan": "Expert-parallel degrees to search, comma-separated (default: every number that divides both "
+                      "the experts and the data-parallel GPUs; mixture-of-experts models only)."}),
+    _f("layout.etp", "Expert tensor parallelism of a mixture of experts: 1 keeps each expert whole on a GPU, ep then "
+       "spanning the tensor-parallel GPUs too (Megatron-Core --expert-tensor-parallel-size 1); default: the experts "
+       "split over tp like the dense MLP.", int, LAYOUT, range=Range(1, 1024, "expert tensor-parallel degree")),
+    _f("layout.zero", "ZeRO stage 0-3 (3 = FSDP; default: the model's native data-parallel setup).", ZERO_STAGES, LAYOUT, many=ALL, defaults={"memory": "0,1,2,3"},
+       helps={"memory": "ZeRO stages to show, comma-separated; one stage: the verdict is about it (default: the "
+                        "model's native stage).",
+              "plan": "ZeRO stages 0-3 to search among, comma-separated (default: all four)."}),
+    _f("layout.shard_group", "ZeRO-3 hybrid sharding: shard over this many data-parallel ranks (8: one node at tp 1) "
+       "and replicate across the rest (torch HSDP).", int, LAYOUT,
+       range=Range(2, 1_000_000, "data-parallel ranks a ZeRO-3 shard spans")),
+    _f("layout.sequence_parallel", "Megatron sequence parallelism on layouts with tp: norms and saved activations "
+       "split over tp too.", bool, LAYOUT, default=False),
+    _f("layout.tp_comm_overlap", "Layouts with tp overlap their communication with the layers' GEMMs (Megatron-Core "
+       "--tp-comm-overlap; needs --sequence-parallel).", bool, LAYOUT, default=False),
+    _f("layout.reshard_after_forward", "ZeRO-3: free gathered parameters after forward and gather them again in "
+       "backward (torch FSDP's default).", bool, LAYOUT, default=True),
+    _f("layout.overlap_param_gather", "ZeRO-1/2: overlap the parameter all-gather after the optimizer step with the "
+       "next forward (Megatron-Core distributed optimizer).", bool, LAYOUT, default=False),
+    _f("layout.offload_optimizer", "ZeRO-1/2/3: optimizer states and fp32 masters in host memory, Adam on the CPU, "
+       "gradients and parameters over the host link (ZeRO-Offload, without its delayed update); needs the hardware "
+       "spec's host figures.", bool, LAYOUT, default=False),
+    _f("layout.cp_comm", "Context parallelism's exchange: ring (KV blocks passed on under attention, Megatron-Core "
+       "p2p) or all-gather (torchtitan's default; not overlapped).", str, LAYOUT, default="ring"),
+    _f("layout.tp_across_nodes", "Allow tensor parallelism beyond one node (kept inside a node by default).", bool,
+       LAYOUT, default=False),
+    _f("precision.dtype", "Compute dtype: bf16, fp16 or fp32 (fp32: everything in fp32, as `ddplan calibrate` runs "
+       "on a CPU; default: the model spec's).", str, MODEL),
+    _f("precision.grads", "Gradient dtype: param (each parameter's own, e.g. bf16 gradients reduced in bf16, "
+       "Megatron's --grad-reduce-in-bf16) or fp32 (fp32 gradients, Megatron's default); default: the model spec's.",
+       str, MODEL),
+    _f("precision.weights", "How the weights are kept: fp32 (fp32 weights, cast to the compute dtype each forward: "
+       "torch autocast, FSDP mixed precision) or master (16-bit weights, an fp32 master copy in the optimizer: "
+       "Megatron-LM, DeepSpeed); default: the model spec's.", str, MODEL),
+    _f("precision.fp8", "Run eligible GEMMs in fp8: every dim a multiple of 16, the smaller weight dim >= 128, not "
+       "the router and not the LM head unless the model's fp8 path converts it (nanochat's does); refused where the "
+       "model's fp8 format does not run on the hardware.", bool, LAYOUT, default=False),
+    _f("precision.fp8_recipe", "With --fp8, how the casts run: tensorwise (torchao Float8Linear, dynamic scaling), "
+       "delayed (Transformer Engine DelayedScaling) or nanochat (nanochat/fp8.py). Default: the model's (nanochat: "
+       "nanochat; others: tensorwise).", str, LAYOUT),
+    _f("precision.fp8_all_gather", "With --fp8 (tensorwise) and ZeRO-3: all-gather the fp8 GEMMs' weights in fp8, "
+       "1 byte an element (torchao enable_fsdp_float8_all_gather).", bool, LAYOUT, default=False,
+       helps={"memory": "ZeRO-3 with fp8 GEMMs: their weights gathered in fp8, 1 byte an element (torchao "
+                        "enable_fsdp_float8_all_gather); memory has no --fp8, so this implies it."}),
+    _f("recompute", "Activation recompute: none, selective (Megatron's: the attention core), per-op (torchtitan's "
+       "selective AC) or full.", RECOMPUTE, LAYOUT, many=TABLE_PLAN,
+       default="none", defaults={"plan": None},
+       helps={"plan": "Recompute policies to search among: none, selective, per-op, full, comma-separated (default: "
+                      "none, selective, full; plan keeps the least that fits)."}),
+    _f("attention", "Attention implementation (default: every one on the hardware; see `ddplan specs show "
+       "HARDWARE`).", str, LAYOUT, many=TABLE_PLAN,
+       helps={"memory": "Attention implementation (default: the hardware's default; see `ddplan specs show "
+                        "HARDWARE`).",
+              "plan": "Attention implementations to search among, comma-separated (default: every one on each "
+                      "hardware)."}),
+    _f("window", "Window pattern of S (short) and L (long) layers, e.g. L or SSSL (default: the model's, and L "
+       "when it differs).", str, LAYOUT, many=TABLE, flags=("--window", "--window-pattern"),
+       helps={"memory": "Window pattern of S (short) and L (long) layers, e.g. L or SSSL (default: the model's)."}),
+    _f("seq_len", "Sequence length in tokens (default: the recipe's; at most the model's max_seq_len).", int, MODEL,
+       range=Range(1, 10**8, "tokens")),
+    _f("compiled", "torch.compile'd model (changes what is saved for backward; default: the recipe's).", bool,
+       LAYOUT, flags=("--compile/--no-compile",)),
+    _f("moe_imbalance", "Mixture of experts, dropless routing under expert parallelism: the busiest expert-parallel "
+       "rank's routed rows over the mean, which the step waits for (1: forced balance, Megatron-Core "
+       "--moe-router-force-load-balancing); default the model's, else 1.52 (fitted: "
+       "validation/moe_routing.yaml).", float, MODEL,
+       range=Range(1, 64, "busiest expert-parallel rank's routed rows over the mean")),
+    _f("batch.device", "Sequences per GPU per micro-batch (default: the recipe's, made smaller until it fits).",
+       int, LAYOUT, name="device_batch_size", range=Range(1, 65_536, "sequences per GPU per micro-batch"),
+       many=TABLE, helps={"memory": "Sequences per GPU per micro-batch (default: the recipe's)."}),
+    _f("batch.total_tokens", "Tokens per optimizer step (default: the recipe's).", int, BATCH,
+       name="total_batch_size", range=Range(1, 10**12, "tokens per step")),
+    _f("budget.steps", "Optimizer steps (overrides the recipe's budget).", int, BATCH,
+       range=Range(1, 10**9, "optimizer steps")),
+    _f("budget.tokens", "Training tokens (overrides the recipe's budget).", float, BATCH,
+       range=Range(1, 10**16, "training tokens")),
+    _f("budget.param_data_ratio", "Tokens per parameter (overrides the recipe's budget).", float, BATCH,
+       range=Range(1e-3, 1e6, "tokens per parameter")),
+    _f("outside.startup_min", "Minutes outside steps at start (launch, compile warm-up).", float, BATCH,
+       range=Range(0, 100_000, "minutes"), default=5.0),
+    _f("outside.eval_every", "Evaluate every N steps (0: never; default: the recipe's).", int, BATCH,
+       range=Range(0, 10**9, "steps (0: never)")),
+    _f("outside.eval_tokens", "Tokens per evaluation (default: the recipe's).", int, BATCH,
+       range=Range(1, 10**15, "tokens")),
+    _f("outside.checkpoint_every", "Checkpoint every N steps (0: at the end only).", int, BATCH,
+       range=Range(0, 10**9, "steps (0: at the end only)"), default=0),
+    _f("outside.interruptions_per_gpu_hour", "Job interruptions a GPU-hour (default: Llama 3's 1.97e-5 on more than "
+       "one node, 0 on one; 0: none).", float, BATCH, name="interruptions",
+       flags=("--interruptions-per-gpu-hour",), range=Range(0, 1, "job interruptions a GPU-hour (0: none)")),
+    _f("outside.restart_min", "Minutes to restart after an interruption (reschedule, reload the checkpoint, warm "
+       "up).", float, BATCH, range=Range(0, 100_000, "minutes"), default=10.0),
+    _f("price_usd_per_gpu_hour", "USD per GPU-hour (default: each hardware spec's first price).", float, MODEL,
+       name="price", range=Range(0, 10_000, "USD per GPU-hour", low_open=True)),
+    _f("headroom", "Fraction of usable memory a layout must leave free.", float, LAYOUT,
+       range=Range(0, 1, "fraction of usable memory", high_open=True), default=0.05),
+    _f("calibration", "A calibration file (from `ddplan calibrate`, or written by hand): its measurements replace "
+       "assumptions.", str, MODEL, names_a_file=True,
+       helps={"memory": "A calibration file: its measured step of this model (without --model, its first step) "
+                        "sets the GPUs, layout, micro-batch, window and compile mode not given, and its peak memory "
+                        "(if any) is used as --measured-peak when no flag moves the shape away from it."}),
+    _f("measured.step_time_s", "A step time you measured, seconds; ddplan fits one knob to it and derives the other "
+       "rows.", float, MEASURED, name="measured_step_time", range=Range(0, 10**6, "seconds", low_open=True)),
+    _f("measured.gpus", "GPUs in total of the measured run (default: the first of --gpus).", int, MEASURED,
+       name="measured_gpus", range=Range(1, 1_000_000, "GPUs in total")),
+    _f("measured.tp", "Tensor-parallel degree of the measured run (default: the first of --tp).", int, MEASURED,
+       name="measured_tp", range=Range(1, 1024, "tensor-parallel degree")),
+    _f("measured.pp", "Pipeline-parallel degree of the measured run (default: the first of --pp).", int, MEASURED,
+       name="measured_pp", range=Range(1, 1024, "pipeline stages")),
+    _f("measured.attention", "Attention of the measured run (default: the first of --attention, else the "
+       "hardware's default).", str, MEASURED, name="measured_attention"),
+    _f("measured.window", "Window pattern of the measured run (default: the first of --window).", str, MEASURED,
+       name="measured_window"),
+    _f("measured.fit", "Which efficiency the measurement calibrates; auto picks the one whose range moves the "
+       "measured row most.", ("auto", "gemm", "attention", "compute"), MEASURED, default="auto"),
+    _f("measured.peak_gb", "A measured peak in GB (1e9 bytes, as torch.cuda.max_memory_allocated / 1e9): say which "
+       "attention and recompute setups it is consistent with.", float, MEASURED, name="measured_peak",
+       range=Range(0, 10**6, "GB", low_open=True)),
+    _f("plan.objective", "Rank by wall-clock or by cost.", ("time", "cost"), BATCH, default="time"),
+    _f("plan.deadline_h", "Hours: the cheapest layout that finishes in time.", float, BATCH, name="deadline",
+       range=Range(0, 10**7, "hours", low_open=True)),
+    _f("plan.budget_usd", "USD: the fastest layout within the budget.", float, BATCH, name="budget",
+       range=Range(0, 10**13, "USD", low_open=True)),
+    _f("plan.top", "How many layouts to list (table, markdown, json; csv lists all).", int, OUTPUT,
+       range=Range(1, 10**6, "layouts"), default=10),
+)
+BY_PARAM: dict[str, RunField] = {f.param: f for f in FIELDS}
+BY_PATH: dict[tuple[str, ...], RunField] = {f.path: f for f in FIELDS}
