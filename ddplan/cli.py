@@ -456,7 +456,7 @@ def memory_cmd(
         else:
             measured_peak, measured_zero = m.peak_memory_gb, m.zero
     inputs.check_pattern(window, "--window")
-    options = inputs.options(sequence_parallel, False, _tp_to_check(ctx, tp), shard_group, reshard_after_forward,
+    options = inputs.options(sequence_parallel, False, inputs.tp_to_check(tp, _stated(ctx)), shard_group, reshard_after_forward,
                              overlap_param_gather, cp_comm, inputs.expert_tp(etp, spec), spec, fp8_all_gather,
                              offload_optimizer)
     setup = memory_setup(spec, hw, gpus=gpus, tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, micro_batch=device_batch_size,
@@ -544,15 +544,14 @@ def _framework_notes(ctx: typer.Context, spec) -> None:
                f"for: {'it is' if len(unread) == 1 else 'they are'} not applied"])
 
 
-def _fp8_recipe(ctx: typer.Context, fp8: bool, recipe: str | None) -> str | None:
-    """--fp8-recipe, but a profile's recipe only with --fp8: it says how the stack runs fp8 when fp8 is on."""
-    return None if not fp8 and _from_profile(ctx, "fp8_recipe") else recipe
+def _stated(ctx: typer.Context):
+    """Where the command's values came from (ddplan.inputs.Stated): given by a flag or the run file, set by the
+    --framework profile, and each given value's source in words."""
+    from ddplan.inputs import Stated
 
-
-def _tp_to_check(ctx: typer.Context, tp: int) -> int | None:
-    """The tp that --sequence-parallel is checked against: a profile's sequence parallelism is the stack's default
-    where there is tensor parallelism (ddplan.layout.Options.for_layout), not a request that needs it."""
-    return None if _from_profile(ctx, "sequence_parallel") else tp
+    given = _given_names(ctx)
+    return Stated(given=frozenset(given), profile=frozenset(n for n in ctx.params if _from_profile(ctx, n)),
+                  words={n: _stated_by(ctx, n) for n in given})
 
 
 def _given_names(ctx: typer.Context) -> set[str]:
@@ -570,9 +569,7 @@ def _given(ctx: typer.Context, name: str) -> bool:
 def _stated_by(ctx: typer.Context, name: str) -> str:
     """Where a given value came from, in words: its flag, the --config file's field, or the framework profile."""
     if _source(ctx, name) == "DEFAULT_MAP":
-        from ddplan import runconfig
-
-        path = next(p for p, n in runconfig.FLAGS.items() if n == name)
+        path = runfields.BY_PARAM[name].path
         if name in ctx.meta.get("config_names", set()):
             return f"the run file's {'.'.join(path)}"
         return f"the {ctx.meta['framework'].name} profile's {'.'.join(path)}"
@@ -610,57 +607,10 @@ def table_cmd(
     if _config_first(ctx, print_config):
         return
     from ddplan import render, verdicts
-    from ddplan.specs import Price
-    from ddplan.table import TableRequest, build_table
+    from ddplan.table import build_table
 
-    if model is None:
-        model, cal, m = inputs.calibrated_model(calibration)
-        (gpus, tp, pp, vp, zero, device_batch_size, total_batch_size, recompute, attention, window, compiled,
-         seq_len) = inputs.as_measured(cal, m, dict(
-             gpus=gpus, tp=tp, pp=pp, vp=vp, zero=zero, device_batch_size=device_batch_size,
-             total_batch_size=total_batch_size, recompute=recompute, attention=attention, window=window,
-             compiled=compiled, seq_len=seq_len), _given_names(ctx)).values()
-    gpu_list = tuple(inputs.int_list(gpus, "--gpus", ranges=True))
-    tps, pps, vps, cps, eps = (tuple(inputs.int_list(v, f))
-                               for v, f in ((tp, "--tp"), (pp, "--pp"), (vp, "--vp"), (cp, "--cp"), (ep, "--ep")))
-    zeros = tuple(inputs.int_list(zero, "--zero", allowed=(0, 1, 2, 3))) if zero else ()
-    mbs = tuple(inputs.int_list(device_batch_size, "--device-batch-size")) if device_batch_size else ()
-    recomputes = inputs.choices(recompute, "--recompute", RECOMPUTE)
-    windows = tuple(w.strip() for w in window.split(",")) if window else ()
-    for w in windows:
-        inputs.check_pattern(w, "--window")
-    spec, hw, cal = inputs.load(model, hardware, calibration, seq_len, dtype, grads=grads, weights=weights,
-                                moe_imbalance=moe_imbalance)
+    req, spec, hw, cal = inputs.table_request(ctx.params, _stated(ctx), _today())
     _framework_notes(ctx, spec)
-    options = inputs.options(sequence_parallel, tp_comm_overlap, _tp_to_check(ctx, max(tps)), shard_group,
-                             reshard_after_forward,
-                             overlap_param_gather, cp_comm, inputs.expert_tp(etp, spec), spec, fp8_all_gather,
-                             offload_optimizer)
-    budget = inputs.training_budget(spec, steps, tokens, param_data_ratio)
-    price_spec = None
-    if price is not None:
-        price_spec = Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price", date=_today(),
-                           source="given on the command line")
-    measurement = inputs.stated_measurement(
-        spec, hw, measured_step_time, gpus=measured_gpus or gpu_list[0], tp=measured_tp or tps[0],
-        pp=measured_pp or pps[0], vp=vps[0], zero=zeros[0] if zeros else None,
-        micro_batch=mbs[0] if mbs else None, total_batch_tokens=total_batch_size,
-        attention=measured_attention or (attention.split(",")[0].strip() if attention else None),
-        window=measured_window or (windows[0] if windows else None), compiled=compiled, recompute=recomputes[0],
-        others_given=any(v is not None for v in (measured_gpus, measured_tp, measured_pp, measured_attention,
-                                                  measured_window)))
-    req = TableRequest(
-        model=spec, hardware=hw, gpus=gpu_list, tps=tps, pps=pps, vps=vps, cps=cps, eps=eps, zeros=zeros,
-        micro_batches=mbs,
-        recomputes=recomputes, attentions=tuple(a.strip() for a in attention.split(",")) if attention else (),
-        windows=windows, total_batch_tokens=total_batch_size, budget=budget, price=price_spec,
-        batch_from=((f"{_stated_by(ctx, 'total_batch_size')}, the measured step's" if measurement is not None
-                     else _stated_by(ctx, "total_batch_size"))
-                    if _given(ctx, "total_batch_size") else
-                    "the measured step's batch" if total_batch_size is not None else "the recipe's batch"),
-        overheads=inputs.overheads(startup_min, eval_every, eval_tokens, checkpoint_every, interruptions, restart_min),
-        compiled=compiled, measurement=measurement, knob=fit, calibration=cal, calibration_path=calibration,
-        fp8=fp8, fp8_recipe=_fp8_recipe(ctx, fp8, fp8_recipe), headroom=headroom, options=options)
     _check_plot_path(plot)
     result = build_table(req, _progress("table"))
     rows = render.table_data(result)
@@ -883,39 +833,11 @@ def plan_cmd(
 
     from ddplan import reasons as words
     from ddplan import render
-    from ddplan.plan import PlanRequest, best_per_family, search
-    from ddplan.registry import load_hardware
-    from ddplan.specs import Price
+    from ddplan.plan import best_per_family, search
 
     _check_plot_path(plot)
-    names = inputs.hardware_list(hardware)
-    gpu_list = tuple(inputs.int_list(gpus, "--gpus", ranges=True))
-    # several hardware: the calibration applies to the one it names (ddplan.plan.pricer_for), in any order
-    spec, hw0, cal = inputs.load(model, names[0] if names else None, calibration, seq_len, dtype, check_hardware=False,
-                             grads=grads, weights=weights, moe_imbalance=moe_imbalance)
+    req, spec, hws, cal = inputs.plan_request(ctx.params, _stated(ctx), _today())
     _framework_notes(ctx, spec)
-    hws = (hw0, *(load_hardware(h) for h in names[1:]))
-    inputs.check_calibration_hardware(cal, hws, calibration)
-    price_spec = None if price is None else Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price",
-                                                  date=_today(), source="given on the command line")
-    options = inputs.options(sequence_parallel, tp_comm_overlap, None, shard_group, reshard_after_forward,
-                             overlap_param_gather, cp_comm, inputs.expert_tp(etp, spec), spec, fp8_all_gather,
-                             offload_optimizer)
-    eps = inputs.expert_degrees(ep, spec)
-    req = PlanRequest(fp8=fp8, fp8_recipe=_fp8_recipe(ctx, fp8, fp8_recipe), cps=tuple(inputs.int_list(cp, "--cp")) if cp else (), eps=eps,
-                      model=spec, hardware=hws, gpus=gpu_list, objective=objective,
-                      deadline_h=deadline, budget_usd=budget, top=top,
-                      calibration=cal, calibration_path=calibration, price=price_spec,
-                      overheads=inputs.overheads(startup_min, eval_every, eval_tokens, checkpoint_every, interruptions,
-                                           restart_min),
-                      budget=inputs.training_budget(spec, steps, tokens, param_data_ratio),
-                      recomputes=tuple(r for r in RECOMPUTE if r in inputs.choices(recompute, "--recompute", RECOMPUTE))
-                      if recompute else PlanRequest.recomputes,  # lightest first (ddplan.plan.layouts_for)
-                      zero_stages=tuple(sorted(set(inputs.int_list(zero, "--zero", allowed=(0, 1, 2, 3))))) if zero
-                      else (0, 1, 2, 3),
-                      attentions=tuple(a.strip() for a in attention.split(",")) if attention else (),
-                      total_batch_tokens=total_batch_size,
-                      tp_across_nodes=tp_across_nodes, headroom=headroom, options=options)
     result = search(req, _progress("plan"))
     why = words.plan_reasons(result)
     warnings = words.plan_warnings(result)

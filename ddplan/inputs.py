@@ -9,14 +9,18 @@ ddplan.cli only parses, calls and prints (issue 34).
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 
 from ddplan import bounds
 from ddplan.calibration import StepMeasurement, check_against_hardware, measurement_for, steps_for_model
 from ddplan.errors import DdplanError, SpecError, UsageError
 from ddplan.layout import Options
+from ddplan.plan import PlanRequest
 from ddplan.registry import builtin_names, calibration_hardware, load_calibration, load_hardware, load_model
 from ddplan.run import RunOverheads
-from ddplan.specs import WEIGHTS, Budget, run_variant
+from ddplan.runfields import RECOMPUTE
+from ddplan.specs import WEIGHTS, Budget, Price, run_variant
+from ddplan.table import TableRequest
 
 DEFAULT_HARDWARE = "mi300x"  # the canonical case (shared/seed): nanochat d24 on AMD MI300X
 
@@ -305,3 +309,118 @@ def expert_degrees(text: str | None, spec) -> tuple[int, ...]:
         raise UsageError(f"{spec.name} is dense (no experts): expert parallelism needs a mixture-of-experts model",
                          field="--ep")
     return eps
+
+
+@dataclass(frozen=True)
+class Stated:
+    """Where a command's values came from: the names given (a flag, or a run file's field), the names a
+    --framework profile set (defaults below a calibration's measurement), and each given value's source in
+    words (its flag, `the run file's batch.total_tokens`, `the torchtitan profile's ...`)."""
+
+    given: frozenset[str] = frozenset()
+    profile: frozenset[str] = frozenset()
+    words: dict[str, str] = field(default_factory=dict)
+
+    def by(self, name: str) -> str:
+        return self.words.get(name, "--" + name.replace("_", "-"))
+
+
+def price_given(price: float | None, today) -> Price | None:
+    """--price as the offer every row is billed at, dated today."""
+    if price is None:
+        return None
+    return Price(usd_per_gpu_hour=price, billing="per_gpu", provider="--price", date=today,
+                 source="given on the command line")
+
+
+def fp8_recipe(fp8: bool, recipe: str | None, stated: Stated) -> str | None:
+    """--fp8-recipe, but a profile's recipe only with --fp8: it says how the stack runs fp8 when fp8 is on."""
+    return None if not fp8 and "fp8_recipe" in stated.profile else recipe
+
+
+def tp_to_check(tp: int | None, stated: Stated) -> int | None:
+    """The tp that --sequence-parallel is checked against: a profile's sequence parallelism is the stack's default
+    where there is tensor parallelism (ddplan.layout.Options.for_layout), not a request that needs it."""
+    return None if "sequence_parallel" in stated.profile else tp
+
+
+def table_request(v: dict, stated: Stated, today):
+    """The table a command line (or run file) asks for: (TableRequest, model, hardware, calibration). Without a
+    model, the run the calibration measured, as it ran (flags given win); a measured step time is tied to the
+    first of each list unless its own flags say otherwise."""
+    v = dict(v)
+    if v["model"] is None:
+        v["model"], cal, m = calibrated_model(v["calibration"])
+        names = ("gpus", "tp", "pp", "vp", "zero", "device_batch_size", "total_batch_size", "recompute", "attention",
+                 "window", "compiled", "seq_len")
+        v.update(as_measured(cal, m, {k: v[k] for k in names}, stated.given))
+    gpu_list = tuple(int_list(v["gpus"], "--gpus", ranges=True))
+    tps, pps, vps, cps, eps = (tuple(int_list(v[k], "--" + k)) for k in ("tp", "pp", "vp", "cp", "ep"))
+    zeros = tuple(int_list(v["zero"], "--zero", allowed=(0, 1, 2, 3))) if v["zero"] else ()
+    mbs = tuple(int_list(v["device_batch_size"], "--device-batch-size")) if v["device_batch_size"] else ()
+    recomputes = choices(v["recompute"], "--recompute", RECOMPUTE)
+    windows = tuple(w.strip() for w in v["window"].split(",")) if v["window"] else ()
+    for w in windows:
+        check_pattern(w, "--window")
+    attentions = tuple(a.strip() for a in v["attention"].split(",")) if v["attention"] else ()
+    spec, hw, cal = load(v["model"], v["hardware"], v["calibration"], v["seq_len"], v["dtype"], grads=v["grads"],
+                         weights=v["weights"], moe_imbalance=v["moe_imbalance"])
+    measured_flags = ("measured_gpus", "measured_tp", "measured_pp", "measured_attention", "measured_window")
+    measurement = stated_measurement(
+        spec, hw, v["measured_step_time"], gpus=v["measured_gpus"] or gpu_list[0], tp=v["measured_tp"] or tps[0],
+        pp=v["measured_pp"] or pps[0], vp=vps[0], zero=zeros[0] if zeros else None,
+        micro_batch=mbs[0] if mbs else None, total_batch_tokens=v["total_batch_size"],
+        attention=v["measured_attention"] or (attentions[0] if attentions else None),
+        window=v["measured_window"] or (windows[0] if windows else None), compiled=v["compiled"],
+        recompute=recomputes[0], others_given=any(v[k] is not None for k in measured_flags))
+    if "total_batch_size" in stated.given:
+        batch_from = stated.by("total_batch_size") + (", the measured step's" if measurement is not None else "")
+    else:
+        batch_from = "the measured step's batch" if v["total_batch_size"] is not None else "the recipe's batch"
+    req = TableRequest(
+        model=spec, hardware=hw, gpus=gpu_list, tps=tps, pps=pps, vps=vps, cps=cps, eps=eps, zeros=zeros,
+        micro_batches=mbs, recomputes=recomputes, attentions=attentions, windows=windows,
+        total_batch_tokens=v["total_batch_size"],
+        budget=training_budget(spec, v["steps"], v["tokens"], v["param_data_ratio"]),
+        price=price_given(v["price"], today), batch_from=batch_from, overheads=_overheads(v),
+        compiled=v["compiled"], measurement=measurement, knob=v["fit"], calibration=cal,
+        calibration_path=v["calibration"], fp8=v["fp8"], fp8_recipe=fp8_recipe(v["fp8"], v["fp8_recipe"], stated),
+        headroom=v["headroom"], options=_options(v, spec, tp_to_check(max(tps), stated)))
+    return req, spec, hw, cal
+
+
+def plan_request(v: dict, stated: Stated, today):
+    """The search a command line (or run file) asks for: (PlanRequest, model, hardware list, calibration); with
+    several hardware the calibration applies to the one it names (ddplan.plan.pricer_for), in any order."""
+    names = hardware_list(v["hardware"])
+    spec, hw0, cal = load(v["model"], names[0] if names else None, v["calibration"], v["seq_len"], v["dtype"],
+                          check_hardware=False, grads=v["grads"], weights=v["weights"],
+                          moe_imbalance=v["moe_imbalance"])
+    hws = (hw0, *(load_hardware(h) for h in names[1:]))
+    check_calibration_hardware(cal, hws, v["calibration"])
+    recomputes = (tuple(r for r in RECOMPUTE if r in choices(v["recompute"], "--recompute", RECOMPUTE))
+                  if v["recompute"] else PlanRequest.recomputes)  # lightest first (ddplan.plan.layouts_for)
+    req = PlanRequest(
+        model=spec, hardware=hws, gpus=tuple(int_list(v["gpus"], "--gpus", ranges=True)), objective=v["objective"],
+        deadline_h=v["deadline"], budget_usd=v["budget"], top=v["top"], calibration=cal,
+        calibration_path=v["calibration"], price=price_given(v["price"], today), overheads=_overheads(v),
+        budget=training_budget(spec, v["steps"], v["tokens"], v["param_data_ratio"]), recomputes=recomputes,
+        zero_stages=tuple(sorted(set(int_list(v["zero"], "--zero", allowed=(0, 1, 2, 3))))) if v["zero"]
+        else (0, 1, 2, 3),
+        attentions=tuple(a.strip() for a in v["attention"].split(",")) if v["attention"] else (),
+        total_batch_tokens=v["total_batch_size"], tp_across_nodes=v["tp_across_nodes"], headroom=v["headroom"],
+        fp8=v["fp8"], fp8_recipe=fp8_recipe(v["fp8"], v["fp8_recipe"], stated),
+        cps=tuple(int_list(v["cp"], "--cp")) if v["cp"] else (), eps=expert_degrees(v["ep"], spec),
+        options=_options(v, spec, None))
+    return req, spec, hws, cal
+
+
+def _overheads(v: dict) -> RunOverheads:
+    return overheads(v["startup_min"], v["eval_every"], v["eval_tokens"], v["checkpoint_every"], v["interruptions"],
+                     v["restart_min"])
+
+
+def _options(v: dict, spec, max_tp: int | None) -> Options:
+    return options(v["sequence_parallel"], v.get("tp_comm_overlap", False), max_tp, v["shard_group"],
+                   v["reshard_after_forward"], v["overlap_param_gather"], v["cp_comm"], expert_tp(v["etp"], spec),
+                   spec, v["fp8_all_gather"], v["offload_optimizer"])
