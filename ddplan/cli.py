@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 
@@ -417,63 +416,20 @@ def memory_cmd(
     from ddplan import render, verdicts
     from ddplan.provenance import line as prov_line
     from ddplan.provenance import provenance
-    from ddplan.sizing import PEAK_TOLERANCE, consistent_with, fixes_for, memory_setup, zero_rows
+    from ddplan.sizing import PEAK_TOLERANCE, consistent_with, fixes_for, zero_rows
 
-    flags = dict(gpus=gpus, tp=tp, pp=pp, vp=vp, device_batch_size=device_batch_size, recompute=recompute,
-                 attention=attention, window=window, compiled=compiled)
-    if model is None:  # the run the calibration measured, as it ran
-        model, cal, m = inputs.calibrated_model(calibration)
-        (gpus, tp, pp, vp, device_batch_size, recompute, attention, window, compiled, seq_len) = inputs.as_measured(
-            cal, m, {**flags, "seq_len": seq_len}, _given_names(ctx), as_text=False).values()
-        flags = {}  # taken from the calibration's step already
-    inputs.check_ranges((gpus, "--gpus"), (tp, "--tp"), (pp, "--pp"), (vp, "--vp"), (cp, "--cp"), (ep, "--ep"),
-           (device_batch_size, "--device-batch-size"),
-           (measured_peak, "--measured-peak"), (headroom, "--headroom"))
-    stages = inputs.int_list(zero, "--zero", allowed=(0, 1, 2, 3))
-    spec, hw, cal = inputs.load(model, hardware, calibration, seq_len, dtype, grads=grads, weights=weights,
-                                moe_imbalance=moe_imbalance)
+    ask = inputs.memory_request(ctx.params, _stated(ctx))
+    spec, hw, cal, setup, stages, measured_peak = (ask.spec, ask.hardware, ask.calibration, ask.setup, ask.stages,
+                                                   ask.measured_peak)
     _framework_notes(ctx, spec)
-    if fp8_all_gather:
-        from ddplan.table import check_fp8, check_fp8_options
-
-        check_fp8(spec, hw)
-        check_fp8_options(spec, True, None, True, tuple(stages))
-    if offload_optimizer:
-        from ddplan.offload import check_offload
-
-        check_offload(spec, hw, tuple(stages))
-    measured_zero, peak_note = None, None  # the ZeRO stage of the step whose peak is compared (the verdict's)
-    m = inputs.peak_step(cal, spec, from_calibration=not flags) if measured_peak is None else None
-    if m is not None:
-        if flags:  # its peak is for the shape it ran: price that shape, unless a flag says otherwise
-            gpus, tp, pp, vp, device_batch_size, recompute, attention, window, compiled = inputs.as_measured(
-                cal, m, flags, _given_names(ctx), as_text=False).values()
-        now = dict(gpus=gpus, tp=tp, pp=pp, vp=vp, device_batch_size=device_batch_size, recompute=recompute,
-                   attention=attention, window=window, compiled=compiled, seq_len=seq_len, dtype=dtype)
-        moved = inputs.moved_from(cal, m, now, _given_names(ctx), stages)
-        if moved:  # a peak says nothing of another shape
-            peak_note = verdicts.peak_not_compared(m, moved)
-        else:
-            measured_peak, measured_zero = m.peak_memory_gb, m.zero
-    inputs.check_pattern(window, "--window")
-    options = inputs.options(sequence_parallel, False, inputs.tp_to_check(tp, _stated(ctx)), shard_group, reshard_after_forward,
-                             overlap_param_gather, cp_comm, inputs.expert_tp(etp, spec), spec, fp8_all_gather,
-                             offload_optimizer)
-    setup = memory_setup(spec, hw, gpus=gpus, tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, micro_batch=device_batch_size,
-                         attention=attention,
-                         recompute=inputs.choices(recompute, "--recompute", RECOMPUTE)[0], compiled=compiled,
-                         window_pattern=window, headroom=headroom, options=options)
-    if len(stages) == 1:  # one stage asked about: the verdict is about it (else the model's native stage)
-        setup = replace(setup, layout=setup.at_zero(stages[0]))
-    elif measured_zero is not None and measured_zero in stages:  # else the measured step's
-        setup = replace(setup, layout=setup.at_zero(measured_zero))
+    peak_note = verdicts.peak_not_compared(ask.peak_step, list(ask.moved)) if ask.moved else None
     _check_plot_path(plot)
     prov = provenance(model=spec, hardware=hw, calibration=(Path(calibration).name, cal) if cal is not None else None)
     rows = zero_rows(spec, hw, setup, stages)
     if plot:
         from ddplan.plot import plot_memory
 
-        plot_memory(rows, plot, title=f"{spec.name} on {gpus} x {hw.name}\n{prov_line(prov)}",
+        plot_memory(rows, plot, title=f"{spec.name} on {setup.layout.num_gpus} x {hw.name}\n{prov_line(prov)}",
                     capacity_gib=hw.memory.usable_gib.value, headroom=setup.headroom)
     asked = next((r for r in rows if r["zero"] == setup.layout.zero), None)
     step_s, fixes = fixes_for(spec, hw, setup, asked)

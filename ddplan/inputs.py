@@ -9,18 +9,20 @@ ddplan.cli only parses, calls and prints (issue 34).
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ddplan import bounds
 from ddplan.calibration import StepMeasurement, check_against_hardware, measurement_for, steps_for_model
 from ddplan.errors import DdplanError, SpecError, UsageError
 from ddplan.layout import Options
+from ddplan.offload import check_offload
 from ddplan.plan import PlanRequest
 from ddplan.registry import builtin_names, calibration_hardware, load_calibration, load_hardware, load_model
 from ddplan.run import RunOverheads
 from ddplan.runfields import RECOMPUTE
+from ddplan.sizing import memory_setup
 from ddplan.specs import WEIGHTS, Budget, Price, run_variant
-from ddplan.table import TableRequest
+from ddplan.table import TableRequest, check_fp8, check_fp8_options
 
 DEFAULT_HARDWARE = "mi300x"  # the canonical case (shared/seed): nanochat d24 on AMD MI300X
 
@@ -424,3 +426,62 @@ def _options(v: dict, spec, max_tp: int | None) -> Options:
     return options(v["sequence_parallel"], v.get("tp_comm_overlap", False), max_tp, v["shard_group"],
                    v["reshard_after_forward"], v["overlap_param_gather"], v["cp_comm"], expert_tp(v["etp"], spec),
                    spec, v["fp8_all_gather"], v["offload_optimizer"])
+
+
+@dataclass(frozen=True)
+class MemoryAsk:
+    """What `memory` prices: the setup (its layout at the ZeRO stage the verdict is about), the stages shown,
+    and the measured peak compared with it (given, or the calibration's step's when the shape is the one it ran;
+    else that step and what moved away from it)."""
+
+    spec: object
+    hardware: object
+    calibration: object
+    setup: object
+    stages: tuple[int, ...]
+    measured_peak: float | None
+    peak_step: object = None  # the calibration's step whose peak is not compared, and why
+    moved: tuple[str, ...] = ()
+
+
+def memory_request(v: dict, stated: Stated) -> MemoryAsk:
+    """The memory question a command line (or run file) asks: without a model, the run the calibration measured,
+    as it ran; with a calibration whose step measured its peak, that shape unless a flag moves it (then the peak
+    is not compared: a peak says nothing of another shape)."""
+    v = dict(v)
+    shape = ("gpus", "tp", "pp", "vp", "device_batch_size", "recompute", "attention", "window", "compiled")
+    from_calibration = v["model"] is None
+    if from_calibration:  # the run the calibration measured, as it ran
+        v["model"], cal, m = calibrated_model(v["calibration"])
+        v.update(as_measured(cal, m, {k: v[k] for k in (*shape, "seq_len")}, stated.given, as_text=False))
+    check_ranges(*((v[k], "--" + k.replace("_", "-")) for k in ("gpus", "tp", "pp", "vp", "device_batch_size")))
+    stages = tuple(int_list(v["zero"], "--zero", allowed=(0, 1, 2, 3)))
+    spec, hw, cal = load(v["model"], v["hardware"], v["calibration"], v["seq_len"], v["dtype"], grads=v["grads"],
+                         weights=v["weights"], moe_imbalance=v["moe_imbalance"])
+    if v["fp8_all_gather"]:
+        check_fp8(spec, hw)
+        check_fp8_options(spec, True, None, True, stages)
+    if v["offload_optimizer"]:
+        check_offload(spec, hw, stages)
+    measured_peak, measured_zero, step, moved = v["measured_peak"], None, None, ()
+    m = peak_step(cal, spec, from_calibration=from_calibration) if measured_peak is None else None
+    if m is not None:
+        if not from_calibration:  # its peak is for the shape it ran: price that shape, unless a flag says otherwise
+            v.update(as_measured(cal, m, {k: v[k] for k in shape}, stated.given, as_text=False))
+        now = {k: v[k] for k in (*shape, "seq_len", "dtype")}
+        moved = tuple(moved_from(cal, m, now, stated.given, stages))
+        if moved:
+            step = m
+        else:
+            measured_peak, measured_zero = m.peak_memory_gb, m.zero
+    check_pattern(v["window"], "--window")
+    options = _options({**v, "tp_comm_overlap": False}, spec, tp_to_check(v["tp"], stated))
+    setup = memory_setup(spec, hw, gpus=v["gpus"], tp=v["tp"], pp=v["pp"], vp=v["vp"], cp=v["cp"], ep=v["ep"],
+                         micro_batch=v["device_batch_size"], attention=v["attention"],
+                         recompute=choices(v["recompute"], "--recompute", RECOMPUTE)[0], compiled=v["compiled"],
+                         window_pattern=v["window"], headroom=v["headroom"], options=options)
+    if len(stages) == 1:  # one stage asked about: the verdict is about it (else the model's native stage)
+        setup = replace(setup, layout=setup.at_zero(stages[0]))
+    elif measured_zero is not None and measured_zero in stages:  # else the measured step's
+        setup = replace(setup, layout=setup.at_zero(measured_zero))
+    return MemoryAsk(spec, hw, cal, setup, stages, measured_peak, step, moved)
