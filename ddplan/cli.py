@@ -883,10 +883,9 @@ def validate_cmd(
     if memory:
         from ddplan.errors import UsageError
 
-        if (loso and _given(ctx, "loso")) or plot:  # nothing in the memory model is fitted: no source to leave out
-            raise UsageError("--memory scores the measured peaks; it has no --leave-one-source-out or --plot yet",
-                             field="--memory")
-        _validate_memory(dataset, format, wide)
+        if plot:
+            raise UsageError("--memory scores the measured peaks; it has no --plot yet", field="--memory")
+        _validate_memory(dataset, format, wide, loso)
         return
     _check_plot_path(plot)
     where = dataset or shipped_dataset()
@@ -934,8 +933,9 @@ def validate_cmd(
     render.echo(render.footer(prov, format.value, scr))
 
 
-def _validate_memory(dataset: str | None, format: Format, wide: bool) -> None:
-    """`validate --memory`: each measured peak priced as `ddplan table` prices its layout, then summaries."""
+def _validate_memory(dataset: str | None, format: Format, wide: bool, loso: bool) -> None:
+    """`validate --memory`: each measured peak priced as `ddplan table` prices its layout, its verdict under the
+    band fitted without its source (loso) or the shipped band, then summaries."""
     from ddplan import render, validation
     from ddplan.provenance import provenance
     from ddplan.registry import builtin_dir
@@ -944,9 +944,12 @@ def _validate_memory(dataset: str | None, format: Format, wide: bool) -> None:
     where = dataset or str(builtin_dir("validation") / MEMORY_PEAKS)
     peaks = load_peaks(dataset)
     scored = [validation.score_peak(p, f"{where}: peaks.{i} ({p.id})") for i, p in enumerate(peaks.peaks)]
+    if loso:
+        scored = validation.peaks_leaving_each_source_out(scored)
     rows, summary = [s.row() for s in scored], validation.peak_summaries(scored)
     prov = provenance(dataset=(Path(where).name, peaks))
-    title = f"ddplan's memory model against {len(rows)} measured peaks per GPU ({where})"
+    title = (f"ddplan's memory model against {len(rows)} measured peaks per GPU ({where}), "
+             + ("each source's verdicts by a band fitted without it" if loso else "in sample"))
     if format is Format.json:
         import json
 
@@ -960,8 +963,11 @@ def _validate_memory(dataset: str | None, format: Format, wide: bool) -> None:
     render.echo(render.fit(shown, scr, title, ()) if scr else render.table(shown, format.value, title=title))
     render.echo(render.lines([
         "error = predicted / measured - 1 in what the measurement counts (allocated: tensors; reserved: and the "
-        "allocator's slack; device: and the CUDA context); verdict = ddplan's fits against the limit (usable "
-        "memory less the headroom), right when it says fits for a run that ran."], format.value, scr))
+        "allocator's slack; device: and the CUDA context); verdict = the predicted peak with its band (measured / "
+        "predicted: " + ("the band fitted on the other sources' peaks, each source left out in turn"
+                         if loso else "the shipped band, fitted on every peak, --in-sample") + ") against the limit "
+        "(usable memory less the headroom): wrong when it says does not fit for a run that ran, or fits for one that "
+        "ran out of memory."], format.value, scr))
     summary_shown = render.peak_summary_rows(summary)
     render.echo(render.fit(summary_shown, scr, "Summary", ()) if scr
                 else render.table(summary_shown, format.value, title="Summary"))

@@ -235,7 +235,7 @@ def peak_rows(rows: list[dict]) -> list[dict]:
              "measured GB": gb(r["measured_gb"]) if r["outcome"] == "ran" else "out of memory",
              "predicted GB": gb(r["predicted_gb"]),
              "error %": "-" if r["error_pct"] is None else f"{r['error_pct']:+.1f}",
-             "verdict": ("fits" if r["fits"] else "does not fit") + ("" if r["verdict_right"] else " (WRONG)")}
+             "verdict": r["verdict"] + ("" if r["verdict_right"] else " (WRONG)")}
             for r in rows]
 
 
@@ -246,6 +246,7 @@ def peak_summary_rows(rows: list[dict]) -> list[dict]:
 
     return [{"group": r["group"], "peaks": r["peaks"], "median |error| %": pct(r["median_abs_error_pct"]),
              "max |error| %": pct(r["max_abs_error_pct"]), "verdict right %": f"{r['verdict_right_pct']:.0f}",
+             "may not fit %": f"{r['may_not_fit_pct']:.0f}",
              "false 'does not fit'": r["false_does_not_fit"], "false 'fits'": r["false_fits"]} for r in rows]
 
 

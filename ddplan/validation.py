@@ -18,11 +18,12 @@ import functools
 import math
 import statistics
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ddplan.errors import DdplanError, SpecError
 from ddplan.fitting import golden_min
 from ddplan.gcpause import no_cycle_collection
+from ddplan.memory import DOES_NOT_FIT, FITS, MAY_NOT_FIT, PEAK_RATIO, fit_verdict
 from ddplan.params import param_counts
 from ddplan.registry import builtin_names, load_hardware
 from ddplan.replay import price_run
@@ -494,7 +495,9 @@ class PeakScored:
     predicted_gb: float  # in the measurement's terms
     total_gb: float  # the whole predicted peak, the one the verdict compares with the limit
     limit_gb: float  # usable memory less the headroom
-    fits: bool  # ddplan's verdict
+    fits: bool  # the central estimate's answer (what ranks layouts)
+    verdict: str  # ddplan's verdict with the band on it: fits, may not fit, does not fit (ddplan.memory.fit_verdict)
+    band: tuple[float, float] = PEAK_RATIO  # the band the verdict took: measured / predicted, (low, high)
 
     @property
     def error(self) -> float | None:
@@ -502,9 +505,20 @@ class PeakScored:
         return None if self.measured_gb is None else self.predicted_gb / self.measured_gb - 1
 
     @property
+    def ratio(self) -> float | None:
+        """measured / predicted (None without a measured figure): what the verdict's band is made of."""
+        return None if self.measured_gb is None else self.measured_gb / self.predicted_gb
+
+    @property
     def verdict_right(self) -> bool:
-        """ddplan said "fits" for a configuration that ran, or "does not fit" for one that ran out of memory."""
-        return self.fits == (self.outcome == "ran")
+        """Not wrong: ddplan did not say "does not fit" for a configuration that ran, nor "fits" for one that ran out
+        of memory ("may not fit" is right either way, and counted apart: peak_summary)."""
+        return not (self.outcome == "ran" and self.verdict == DOES_NOT_FIT
+                    or self.outcome == "out_of_memory" and self.verdict == FITS)
+
+    def with_band(self, band: tuple[float, float]) -> PeakScored:
+        """This peak's verdict under another band (leaving its source out of the band's fit)."""
+        return replace(self, verdict=fit_verdict(self.total_gb, self.limit_gb, band), band=band)
 
     def row(self) -> dict:
         e = self.error
@@ -512,7 +526,8 @@ class PeakScored:
                 "framework": self.framework, "outcome": self.outcome, "measured_what": self.what,
                 "measured_gb": self.measured_gb, "predicted_gb": self.predicted_gb,
                 "error_pct": None if e is None else 100 * e, "predicted_total_gb": self.total_gb,
-                "limit_gb": self.limit_gb, "fits": self.fits, "verdict_right": self.verdict_right}
+                "limit_gb": self.limit_gb, "fits": self.fits, "verdict": self.verdict,
+                "band_low": self.band[0], "band_high": self.band[1], "verdict_right": self.verdict_right}
 
 
 def score_peak(peak: MeasuredPeak, where: str) -> PeakScored:
@@ -525,19 +540,40 @@ def score_peak(peak: MeasuredPeak, where: str) -> PeakScored:
                       framework=peak.framework or "-", outcome=peak.outcome, what=what,
                       measured_gb=peak.measured.peak_gb if peak.measured is not None else None,
                       predicted_gb=predicted / 1e9, total_gb=row.memory.total / 1e9, limit_gb=row.memory.limit / 1e9,
-                      fits=row.memory.fits)
+                      fits=row.memory.fits, verdict=row.memory.verdict)
+
+
+def peak_band(scored: Sequence[PeakScored]) -> tuple[float, float]:
+    """(5th, 95th) percentile of measured / predicted over the measured peaks: what ddplan.memory.PEAK_RATIO, the
+    band a memory verdict carries, is built from (as the step time's band is: band_ratio). Nothing in the memory
+    model is fitted to the peaks; the band is."""
+    ratios = [s.ratio for s in scored if s.ratio is not None]
+    return percentile(ratios, 0.05), percentile(ratios, 0.95)
+
+
+def peaks_leaving_each_source_out(scored: Sequence[PeakScored]) -> list[PeakScored]:
+    """Each peak's verdict under the band fitted without its source's peaks: how the verdict does on a
+    configuration from a source it has not seen (the band of all the others; the shipped band where the others
+    measured no peak)."""
+    out = []
+    for s in scored:
+        others = [o for o in scored if o.source != s.source and o.ratio is not None]
+        out.append(s.with_band(peak_band(others) if others else PEAK_RATIO))
+    return out
 
 
 def peak_summary(scored: Sequence[PeakScored], group: str = "all") -> dict:
-    """Median and largest |error| of the measured peaks, the share of right verdicts, and the two wrong ones
-    counted apart: "does not fit" for a configuration that ran, "fits" for one that ran out of memory."""
+    """Median and largest |error| of the measured peaks, the share of right verdicts and of "may not fit", and
+    the two wrong ones counted apart: "does not fit" for a configuration that ran, "fits" for one that ran out
+    of memory."""
     errors = [abs(s.error) for s in scored if s.error is not None]
     return {"group": group, "peaks": len(scored), "measured": len(errors),
             "median_abs_error_pct": 100 * statistics.median(errors) if errors else None,
             "max_abs_error_pct": 100 * max(errors) if errors else None,
             "verdict_right_pct": 100 * sum(s.verdict_right for s in scored) / len(scored),
-            "false_does_not_fit": sum(s.outcome == "ran" and not s.fits for s in scored),
-            "false_fits": sum(s.outcome == "out_of_memory" and s.fits for s in scored)}
+            "may_not_fit_pct": 100 * sum(s.verdict == MAY_NOT_FIT for s in scored) / len(scored),
+            "false_does_not_fit": sum(s.outcome == "ran" and s.verdict == DOES_NOT_FIT for s in scored),
+            "false_fits": sum(s.outcome == "out_of_memory" and s.verdict == FITS for s in scored)}
 
 
 def peak_summaries(scored: Sequence[PeakScored]) -> list[dict]:

@@ -45,8 +45,8 @@ def test_a_flag_shared_by_rows_is_printed_once(capsys):
     assert len(lines) == len(set(lines))
     shrink = [line for line in lines if "does not fit in 79.65 GiB; using 16 (accumulation 1 -> 2" in line]
     assert len(shrink) == 1 and "(x6: 16x h100-sxm, sdpa-fused, SSSL and 5 more)" in shrink[0]
-    tight = [line for line in lines if "may not fit" in line]  # a family of its own, each shared by two rows
-    assert tight and all("(x2: " in line for line in tight)
+    tight = [line for line in lines if "may not fit" in line]  # a family of its own, each shared by several rows
+    assert tight and all(re.search(r"\(x[2-9]: ", line) for line in tight)
     assert len(lines) - len(tight) < 10  # 17 flagged rows before
 
 
