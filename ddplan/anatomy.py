@@ -1174,18 +1174,28 @@ def _head(bld: _Builder) -> None:
     # log-softmax in backward; eager keeps the fp32 intermediates below.
     compiled_logits = Saved("logits", tv * e, "compiled")
     if le != e:
+        in_place = bld.spec.recipe.cross_entropy == "vocab-parallel"  # the copy is the saved softmax (below)
         bld.pointwise("logits_cast", None, tv, reads=1, writes=1, flops_per_element=0.0, elem_bytes=(e + le) // 2,
-                      saves=(compiled_logits,), transient=tv * (le + e))
+                      saves=(compiled_logits,), transient=tv * e if in_place else tv * (le + e))
     if a.logit_softcap:
         # softcap * tanh(logits / softcap): tanh saves its output
         bld.pointwise("logits_softcap", None, tv, reads=1, writes=3, flops_per_element=4.0, elem_bytes=le,
                       saves=(Saved("logits_tanh", tv * le, "pointwise"), compiled_logits), transient=2 * tv * le)
     # cross-entropy: log_softmax saves its output; nll_loss reads one entry per row. Backward builds
     # the dense gradient of the log-probabilities, then of the logits: two vocab-wide fp32 buffers.
+    # Megatron's vocab-parallel cross entropy (spec.recipe.cross_entropy "vocab-parallel") works in place on
+    # the fp32 copy of the logits: max, exp and the division overwrite it, it is saved as the softmax, and backward
+    # writes the gradient into it; what lies beside it is the logits in the GEMM's dtype, once in forward (before
+    # the cast's input is freed) and once in backward (the gradient cast back for the GEMM): tv x e, nothing when
+    # the logits are the GEMM's dtype already. Ref: megatron/core/tensor_parallel/cross_entropy.py@d98e8a6
+    # (L25 .float(), L42 -=, L62 exp(out=), L77 div_, L88 grad_input = softmax, L111-114 in place), called
+    # unfused by default (language_module.py L200; cross_entropy_loss_fusion False, model_parallel_config.py L320).
+    in_place = bld.spec.recipe.cross_entropy == "vocab-parallel"
+    beside = tv * e if le != e else 0.0
     bld.pointwise("cross_entropy", None, tv, reads=1, writes=1, flops_per_element=5.0, elem_bytes=le,
                   saves=(Saved("log_probs", tv * le, "pointwise"), Saved("targets", t * 8, tp_sharded=False),
                          Saved("loss_total_weight", 4, tp_sharded=False), compiled_logits),  # nll_loss's 0-d fp32
-                  bwd_reads=1, bwd_writes=1, kind="reduction", transient=2 * tv * le)
+                  bwd_reads=1, bwd_writes=1, kind="reduction", transient=beside if in_place else 2 * tv * le)
 
 
 # --------------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ APPLIES: dict[str, tuple[str, ...]] = {
     "fp8_all_gather": ("precision", "fp8_all_gather"),
     "grads": ("precision", "grads"),
     "weights": ("precision", "weights"),
+    "cross_entropy": ("cross_entropy",),
 }
 COMMIT = r"^[0-9a-f]{40}$"
 WHERE = r"^\S+@[0-9a-f]{7,40}\b"  # path@commit (a short commit is enough beside the profile's full one)

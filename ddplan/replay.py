@@ -11,7 +11,7 @@ from ddplan.errors import DdplanError, SpecError
 from ddplan.layout import Options
 from ddplan.registry import load_framework, load_hardware
 from ddplan.runs import PublishedRun, RunFacts, run_spec
-from ddplan.specs import Efficiency
+from ddplan.specs import Efficiency, run_variant
 from ddplan.table import TableRequest, build_table
 
 
@@ -31,7 +31,7 @@ STATED_BY: dict[tuple[str, ...], str] = {
     ("precision", "weights"): "model.weights", ("precision", "fp8"): "precision",
     ("precision", "fp8_recipe"): "fp8_recipe", ("precision", "fp8_all_gather"): "layout.fp8_all_gather",
     ("recompute",): "layout.recompute", ("attention",): "layout.attention", ("window",): "layout.window",
-    ("seq_len",): "model.seq_len", ("framework",): "framework", ("compiled",): "layout.compiled",
+    ("seq_len",): "model.seq_len", ("framework",): "framework", ("cross_entropy",): "framework (its profile's)", ("compiled",): "layout.compiled",
     ("moe_imbalance",): "model.routing",
     ("batch", "device"): "layout.micro_batch", ("batch", "total_tokens"): "layout.global_batch_sequences",
     ("measured", "step_time_s"): "measured", ("measured", "gpus"): "layout.gpus", ("measured", "tp"): "layout.tp",
@@ -59,14 +59,26 @@ def run_weights(run: RunFacts) -> str | None:
     """How a run kept its weights (ddplan.specs.run_variant): as it states (model.weights), else as its framework's
     profile says the stack does (frameworks/*.yaml `weights`, e.g. Megatron-Core's 16-bit weights with fp32
     masters), else None (the base spec's)."""
-    if run.model.weights or not run.framework:
-        return run.model.weights
+    return run.model.weights or _profile_value(run, "weights")
+
+
+def run_cross_entropy(run: RunFacts) -> str | None:
+    """The loss kernel a run ran (ddplan.specs.Recipe.cross_entropy): its framework profile's (Megatron-Core's
+    vocab-parallel cross entropy), else None (the base spec's)."""
+    return _profile_value(run, "cross_entropy")
+
+
+def _profile_value(run: RunFacts, item: str) -> str | None:
+    """The value the run's framework profile applies for `item` (frameworks/*.yaml), or None: no framework, a
+    stack without a profile (megatron-lm, megatron-deepspeed), or a profile without the item."""
+    if not run.framework:
+        return None
     try:
         profile = load_framework(run.framework)
-    except DdplanError:  # a stack without a profile (megatron-lm, megatron-deepspeed): the base spec's
+    except DdplanError:
         return None
-    item = profile.applies.get("weights")
-    return str(item.value) if item is not None else None
+    found = profile.applies.get(item)
+    return str(found.value) if found is not None else None
 
 
 def table_command(run: PublishedRun) -> list[str] | None:
@@ -87,6 +99,8 @@ def table_command(run: PublishedRun) -> list[str] | None:
         argv += ["--grads", run.model.grads]
     if run_weights(run):
         argv += ["--weights", run_weights(run)]
+    if run_cross_entropy(run):
+        argv += ["--cross-entropy", run_cross_entropy(run)]
     if run.model.routing == "balanced":
         argv += ["--moe-imbalance", "1"]
     if lay.attention:
@@ -143,6 +157,8 @@ def price_run(run: RunFacts, where: str, sustained: dict[str, float] | None = No
         hw = hw.model_copy(update={"inter_node": hw.inter_node.model_copy(
             update={"nics_per_node": n.nics_per_node, "nic_gbit_per_s": nic})})
     spec = run_spec(run, where, imbalance, weights=run_weights(run))
+    if run_cross_entropy(run):
+        spec = run_variant(spec, cross_entropy=run_cross_entropy(run))
     lay = run.layout
     attention = lay.attention or hw.default_attention
     req = TableRequest(model=spec, hardware=hw, gpus=(lay.gpus,), tps=(lay.tp,), pps=(lay.pp,), vps=(lay.vp,),

@@ -186,13 +186,16 @@ FIELDS: tuple[RunField, ...] = (
     _f("window", "Window pattern of S (short) and L (long) layers, e.g. L or SSSL (default: the model's, and L "
        "when it differs).", str, LAYOUT, many=TABLE, flags=("--window", "--window-pattern"),
        helps={"memory": "Window pattern of S (short) and L (long) layers, e.g. L or SSSL (default: the model's)."}),
+    _f("cross_entropy", "The loss kernel: eager (torch's cross entropy on fp32 logits: two vocab-wide fp32 "
+       "gradients in backward) or vocab-parallel (Megatron's: the fp32 copy of the logits is the saved softmax and "
+       "takes the gradient in place); default: the model spec's (eager).", ("eager", "vocab-parallel"), MODEL),
     _f("seq_len", "Sequence length in tokens (default: the recipe's; at most the model's max_seq_len).", int, MODEL,
        range=Range(1, 10**8, "tokens")),
     _f("compiled", "torch.compile'd model (changes what is saved for backward; default: the recipe's).", bool,
        LAYOUT, flags=("--compile/--no-compile",)),
     _f("moe_imbalance", "Mixture of experts, dropless routing under expert parallelism: the busiest expert-parallel "
        "rank's routed rows over the mean, which the step waits for (1: forced balance, Megatron-Core "
-       "--moe-router-force-load-balancing); default the model's, else 1.52 (fitted: "
+       "--moe-router-force-load-balancing); default the model's, else 1.51 (fitted: "
        "validation/moe_routing.yaml).", float, MODEL,
        range=Range(1, 64, "busiest expert-parallel rank's routed rows over the mean")),
     _f("batch.device", "Sequences per GPU per micro-batch (default: the recipe's, made smaller until it fits).",

@@ -161,6 +161,7 @@ class Memory(Strict):
 Collective = Literal["all_reduce", "reduce_scatter", "all_gather"]
 Fp8Format = Literal["e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz"]
 Fp8Recipe = Literal["tensorwise", "delayed", "nanochat"]
+CrossEntropy = Literal["eager", "vocab-parallel"]
 
 
 class IntraNode(Strict):
@@ -371,10 +372,10 @@ class Dropout(Strict):
 # it at the next all-to-all). Fitted (ddplan.validation.fit_dropless_imbalance) to the ModelZoo's forced-
 # balance vs dropless throughput of one Qwen3-235B-A22B layout (128 experts, top 8, ep 8, H100) at four
 # sequence lengths (validation/moe_routing.yaml: 295/237 ... 389/357 TFLOP/s/GPU), where the MoE share of
-# the step falls from 46% to 18%; the four fits agree within 0.04 (1.49-1.53), as a constant factor on the
+# the step falls from 46% to 18%; the four fits agree within 0.05 (1.48-1.53), as a constant factor on the
 # experts' part alone predicts. Assumed the same at other ep, expert counts and auxiliary-loss weights
 # (no published sweep of those at hand); set moe.load_imbalance (or 1 for forced balance) to replace it.
-DROPLESS_IMBALANCE = 1.52
+DROPLESS_IMBALANCE = 1.51
 
 
 class MoE(Strict):
@@ -432,7 +433,7 @@ class MoE(Strict):
 
     def rows_factor(self, ep: int = 1) -> float:
         """Routed rows the busiest of ep ranks receives, per token and top-k choice sent out by each: the
-        capacity factor (padding) when set, else the dropless imbalance. e.g. ep 8 dropless: 1.52."""
+        capacity factor (padding) when set, else the dropless imbalance. e.g. ep 8 dropless: 1.51."""
         return self.capacity_factor or self.imbalance(ep)
 
     def routed_tokens(self, tokens: float) -> float:
@@ -598,6 +599,11 @@ class Recipe(Strict):
     # whether that path converts the LM head too (nanochat's fp8_module_filter keeps no module by name);
     # torchtitan, Megatron-Core and Transformer Engine recipes keep it in the compute dtype
     fp8_lm_head: bool = False
+    # the loss kernel (ddplan.anatomy._head): eager torch's cross entropy on fp32 logits ("eager": log_softmax saves
+    # its output, backward builds two vocab-wide fp32 gradients) or Megatron's vocab-parallel cross entropy
+    # ("vocab-parallel": the fp32 copy of the logits becomes the saved softmax and backward writes the gradient
+    # into it in place; ddplan.specs.CROSS_ENTROPY)
+    cross_entropy: CrossEntropy = "eager"
     evaluation: Evaluation | None = None
     source: str = Field(min_length=3)
 
@@ -674,11 +680,12 @@ def nanochat_dims(depth: int, aspect_ratio: int = 64, head_dim: int = 128) -> tu
 
 
 WEIGHTS = ("fp32", "master")  # how the weights are kept (run_variant)
+CROSS_ENTROPY = ("eager", "vocab-parallel")  # the loss kernel (Recipe.cross_entropy)
 
 
 def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | None = None,
                 grads: str | None = None, load_imbalance: float | None = None,
-                weights: str | None = None) -> ModelSpec:
+                weights: str | None = None, cross_entropy: str | None = None) -> ModelSpec:
     """The model as one run trains it: another sequence length and/or compute dtype.
 
     seq_len: the recipe's sequence length (at most architecture.max_seq_len); the total batch in tokens
@@ -694,7 +701,7 @@ def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | Non
     --bf16/--fp16: Float16Module, megatron/core/transformer/module.py@d98e8a6 L479, and
     Float16OptimizerWithFloat16Params' "fp32 copy of float16 parameters", megatron/core/optimizer/optimizer.py
     L964-996; DeepSpeed's bf16/fp16 optimizers, ZeRO arXiv 1910.02054 sec. 3.1). With an fp32 compute dtype
-    "master" is "fp32".
+    "master" is "fp32". cross_entropy: the loss kernel (Recipe.cross_entropy, CROSS_ENTROPY).
     Raises ValueError naming the value when it cannot be.
     """
     if seq_len is not None and seq_len != spec.recipe.seq_len:
@@ -729,6 +736,10 @@ def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | Non
         spec = spec.model_copy(update={
             "dtypes": spec.dtypes.model_copy(update={"params": dict.fromkeys(spec.dtypes.params, kept)}),
             "recipe": spec.recipe.model_copy(update={"optimizer": opt})})
+    if cross_entropy is not None and cross_entropy != spec.recipe.cross_entropy:
+        if cross_entropy not in CROSS_ENTROPY:
+            raise ValueError(f"cross entropy must be {' or '.join(CROSS_ENTROPY)}, got {cross_entropy!r}")
+        spec = spec.model_copy(update={"recipe": spec.recipe.model_copy(update={"cross_entropy": cross_entropy})})
     if load_imbalance is not None:
         moe = spec.architecture.moe
         if moe is None:

@@ -364,3 +364,45 @@ def test_master_weights_as_megatron_keeps_them_by_hand():
     assert an.weight_cast_split == (0, 0, 0)
     # and fp32 compute has nothing to keep a master of
     assert run_variant(spec, dtype="fp32", weights="master").recipe.optimizer.master_weights is False
+
+
+def test_megatron_s_vocab_parallel_cross_entropy_keeps_one_vocab_wide_fp32_buffer():
+    """Megatron's loss (megatron/core/tensor_parallel/cross_entropy.py@d98e8a6): the fp32 copy of the logits is
+    overwritten in place (max, exp, division) into the softmax backward saves, and backward writes the gradient
+    into it. Hand count for GPT-2 small at 2 x 1,024 tokens (v = 50,257, bf16 logits from the GEMM, fp32 loss):
+    saved 4 B an element either way (log-probabilities / softmax); beside it, eager torch's backward builds two
+    fp32 gradients (8 B), Megatron's only the gradient cast back to bf16 for the GEMM (2 B), as its forward holds
+    only the bf16 logits beside the copy. So the head's working set falls from 8 tv to 2 tv bytes."""
+    from ddplan.anatomy import build_anatomy
+    from ddplan.specs import run_variant
+
+    eager = load_model("gpt2")
+    megatron = run_variant(eager, cross_entropy="vocab-parallel")
+    assert megatron.recipe.cross_entropy == "vocab-parallel" and eager.recipe.cross_entropy == "eager"
+    tv = 2 * 1024 * 50257
+    ops = {name: {o.name: o for o in build_anatomy(s, batch=2, seq_len=1024).ops}
+           for name, s in (("eager", eager), ("megatron", megatron))}
+    assert ops["eager"]["cross_entropy"].transient_bytes == 8 * tv
+    assert ops["megatron"]["cross_entropy"].transient_bytes == 2 * tv
+    assert ops["megatron"]["logits_cast"].transient_bytes == 2 * tv < ops["eager"]["logits_cast"].transient_bytes
+    saved = {k: sum(s.bytes for s in v["cross_entropy"].saves) for k, v in ops.items()}
+    assert saved["eager"] == saved["megatron"]  # the softmax is kept as the log-probabilities are
+    a_e, a_m = (build_anatomy(s, batch=2, seq_len=1024) for s in (eager, megatron))
+    assert a_e.transient_bytes() == 8 * tv and a_m.transient_bytes() < 8 * tv  # the head set eager's peak
+    assert a_e.flops_fwd() == a_m.flops_fwd()  # a memory change only: the step's work is the same
+
+
+def test_the_megatron_core_profile_applies_its_loss_kernel(capsys):
+    """frameworks/megatron-core.yaml applies cross_entropy: vocab-parallel, and a flag wins over it: with
+    --cross-entropy eager only the working set grows (the states and saved tensors are the same)."""
+    from cli_helpers import csv_rows, run_ok
+
+    base = ["memory", "--model", "gpt2", "--hardware", "h100-sxm", "--gpus", "8", "--zero", "1", "--format", "csv",
+            "--framework", "megatron-core"]
+    mcore, eager = (csv_rows(run_ok(capsys, base + extra))[0] for extra in ([], ["--cross-entropy", "eager"]))
+    assert float(mcore["transient_gib"]) < float(eager["transient_gib"])
+    for term in ("params_gib", "gradients_gib", "optimizer_gib", "activations_gib"):
+        assert mcore[term] == eager[term], term
+    cfg = run_ok(capsys, ["table", "--model", "gpt2", "--framework", "megatron-core", "--cross-entropy", "eager",
+                          "--print-config"])
+    assert "cross_entropy: eager" in cfg
