@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 
@@ -793,6 +794,8 @@ def plan_cmd(
 
     _check_plot_path(plot)
     req, spec, hws, cal = inputs.plan_request(ctx.params, _stated(ctx), _today())
+    if format is Format.csv:  # every row is listed: every row gets its band
+        req = replace(req, band_every_row=True)
     _framework_notes(ctx, spec)
     result = search(req, _progress("plan"))
     why = words.plan_reasons(result)
@@ -815,7 +818,7 @@ def plan_cmd(
                                 "reasons": why, "warnings": warnings, "considered": result.considered,
                                 "rejected": result.rejected, "provenance": prov}, indent=2, default=str))
     elif format is Format.csv:  # data: every kept layout, ranked (--top limits the human formats)
-        render.echo(render.csv_with(prov, render.plan_columns(data), notes=[f"ranked {words.ranking_words(result)}"]))
+        render.echo(render.csv_with(prov, render.plan_columns(data, render.PLAN_CSV), notes=[f"ranked {words.ranking_words(result)}"]))
     else:
         scr = render.screen(format.value, wide)
         title = words.plan_title(spec, result, top, headroom, objective)

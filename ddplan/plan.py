@@ -39,6 +39,7 @@ class PlanRequest:
     deadline_h: float | None = None
     budget_usd: float | None = None
     top: int = 10
+    band_every_row: bool = False  # price every kept row's band (csv lists them all), not only the rows shown
     calibration: CalibrationSpec | None = None  # applies to the hardware it names
     calibration_path: str | None = None
     price: Price | None = None
@@ -267,7 +268,7 @@ def _search(req: PlanRequest, progress: Callable[[str, int, int], None], shortcu
     shown = {id(r) for r in ordered[:req.top]} | {id(r) for r in front} | {id(r) for r in best_per_family(ordered)}
     shown |= {id(r) for r in best_per_pair(ordered)}  # the runner-up on other hardware or GPU count (reasons)
     for r in ordered:
-        if id(r) in shown:
+        if req.band_every_row or id(r) in shown:
             banded = pricers[r["hardware"]].price(r["_priced"].layout, window)
             r.update({k: v for k, v in banded.row().items() if k.endswith(("_low_s", "_high_s", "_low_h", "_high_h",
                                                                            "_low_usd", "_high_usd"))})

@@ -141,10 +141,12 @@ OOM_NOTE = {"fits": "", "may not fit": " (OOM?)", "does not fit": " (OOM)"}
 
 PLAN_COLUMNS = ("hardware", "gpus", "dp", "tp", "sp", "tp_overlap", "pp", "cp", "ep", "zero", "micro_batch", "accum", "attention",
                 "recompute", "schedule", "family", "step_s", "wall_clock_h", "cost_usd", "mfu_pct", "memory_gib")
-# the table and markdown formats show the top rows' bands too (csv lists every row; only the rows shown
-# are priced with bands)
+# the table and markdown formats show the top rows' bands too; csv lists every row with every band
 PLAN_SHOWN = (*PLAN_COLUMNS[:PLAN_COLUMNS.index("wall_clock_h") + 1], "wall_low_h", "wall_high_h",
               *PLAN_COLUMNS[PLAN_COLUMNS.index("wall_clock_h") + 1:])
+PLAN_CSV = (*PLAN_COLUMNS[:PLAN_COLUMNS.index("step_s") + 1], "step_low_s", "step_high_s", "wall_clock_h",
+            "wall_low_h", "wall_high_h", "cost_usd", "cost_low_usd", "cost_high_usd",
+            *PLAN_COLUMNS[PLAN_COLUMNS.index("cost_usd") + 1:])
 
 
 def plan_data(rows: list[dict]) -> list[dict]:

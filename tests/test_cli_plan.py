@@ -344,3 +344,14 @@ def test_plan_csv_and_json_state_the_budget_and_the_choice(capsys):
     data = json.loads(out)
     assert code == 1 and data["ranking"] == "by cost (no layout meets the $10 budget)" and data["budget_usd"] == 10
     assert data["choice"] == data["rows"][0] and data["choice"]["wall_low_h"] <= data["choice"]["wall_clock_h"]
+
+
+def test_plan_csv_gives_every_row_its_band(capsys):
+    """Issue 38: csv lists every kept layout, each with its step, wall-clock and cost band (the human formats band
+    the rows they show); each band holds its central figure."""
+    rows = csv_rows(run_ok(capsys, ["plan", "--model", "d24", "--gpus", "8,16", "--format", "csv"]))
+    assert len(rows) > 10  # more than --top: the rows beyond the shown ones are banded too
+    for r in rows:
+        for mid, low, high in (("step_s", "step_low_s", "step_high_s"), ("wall_clock_h", "wall_low_h", "wall_high_h"),
+                               ("cost_usd", "cost_low_usd", "cost_high_usd")):
+            assert float(r[low]) <= float(r[mid]) <= float(r[high]), (r["gpus"], mid)
