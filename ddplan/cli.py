@@ -427,13 +427,14 @@ def memory_cmd(
     _check_plot_path(plot)
     prov = provenance(model=spec, hardware=hw, calibration=(Path(calibration).name, cal) if cal is not None else None)
     rows = zero_rows(spec, hw, setup, stages)
+    asked = next((r for r in rows if r["zero"] == setup.layout.zero), None)
+    step_s, fixes = fixes_for(spec, hw, setup, asked)
     if plot:
         from ddplan.plot import plot_memory
 
         plot_memory(rows, plot, title=f"{spec.name} on {setup.layout.num_gpus} x {hw.name}\n{prov_line(prov)}",
-                    capacity_gib=hw.memory.usable_gib.value, headroom=setup.headroom)
-    asked = next((r for r in rows if r["zero"] == setup.layout.zero), None)
-    step_s, fixes = fixes_for(spec, hw, setup, asked)
+                    capacity_gib=hw.memory.usable_gib.value, headroom=setup.headroom,
+                    fix=(" + ".join(fixes[0].changes), fixes[0].total_gib) if fixes else None)
     words = verdicts.memory_verdict(spec, hw, rows, fixes, step_s, setup.layout, setup.headroom)
     matches = consistent_with(spec, hw, setup, measured_peak) if measured_peak else []
     if measured_peak:

@@ -47,7 +47,9 @@ VALIDATION_BAR_ALPHA = 0.35
 def plot_scenarios(rows: list[dict], path: str | os.PathLike, *, title: str,
                    series: str | tuple[str, ...] | None = None, best: str = "wall_clock_h",
                    choice: dict | None = None, budget_usd: float | None = None, deadline_h: float | None = None):
-    """Wall-clock (h) and cost (USD) against GPU count, one line per scenario, bands shaded; PNG or SVG.
+    """Wall-clock (h) and cost (USD) against GPU count, one line per scenario, bands shaded on the time panel
+    and drawn as bars at each point, side by side, on the cost panel (whose lines lie close together, where
+    shaded bands would cover each other); PNG or SVG.
 
     rows: decision-table rows (`ddplan.plan.build_table`) or plan rows (`ddplan.search.search`).
     series: the row key(s) that name a line; default: "family" (plus "hardware" when rows cover more than
@@ -92,6 +94,7 @@ def plot_scenarios(rows: list[dict], path: str | os.PathLike, *, title: str,
         colour = _index([s[0] for s in lines], COLOURS)
         style = _index([s[1:] for s in lines], range(len(lines)))
         handles, oom, measured = [], 0, 0
+        shown = [s for s in lines if s in lead]
         for s, points in lines.items():
             pts = [points[g] for g in sorted(points)]
             xs = [p["gpus"] for p in pts]
@@ -103,10 +106,16 @@ def plot_scenarios(rows: list[dict], path: str | os.PathLike, *, title: str,
                     ax.plot(xs, [p[v] for p in pts], color=c, linestyle=ls, linewidth=FADED_WIDTH, alpha=FADED_ALPHA,
                             zorder=1)
                     continue
-                ax.fill_between(xs, [p[lo] for p in pts], [p[hi] for p in pts], color=c, alpha=BAND_ALPHA,
-                                linewidth=0)
-                for k in (lo, hi):  # the band's edges, so overlapping bands can still be told apart
-                    ax.plot(xs, [p[k] for p in pts], color=c, linestyle=ls, linewidth=0.6, alpha=0.5, zorder=2)
+                if ax is ax_cost:  # a bar per point, each series a little apart on the (log 2) GPU axis
+                    shift = 2 ** (0.06 * (shown.index(s) - (len(shown) - 1) / 2))
+                    ax.errorbar([x * shift for x in xs], [p[v] for p in pts],
+                                yerr=[[p[v] - p[lo] for p in pts], [p[hi] - p[v] for p in pts]], fmt="none",
+                                ecolor=c, elinewidth=2.2, capsize=4, alpha=0.7, zorder=2)
+                else:
+                    ax.fill_between(xs, [p[lo] for p in pts], [p[hi] for p in pts], color=c, alpha=BAND_ALPHA,
+                                    linewidth=0)
+                    for k in (lo, hi):  # the band's edges, so overlapping bands can still be told apart
+                        ax.plot(xs, [p[k] for p in pts], color=c, linestyle=ls, linewidth=0.6, alpha=0.5, zorder=2)
                 (line,) = ax.plot(xs, [p[v] for p in pts], color=c, linestyle=ls, marker=mk, markersize=6,
                                   linewidth=1.6, zorder=3)
                 bad = [p for p in pts if p.get("fits") is False]
@@ -158,14 +167,14 @@ def plot_scenarios(rows: list[dict], path: str | os.PathLike, *, title: str,
         items = handles + extra
         fig.legend([h for h, _ in items], [label for _, label in items], loc="outside lower center",
                    ncol=min(len(items), 4), frameon=False, handler_map={tuple: HandlerTuple(ndivide=1)},
-                   title=f"{', '.join(keys)} (line: central estimate; shaded: low-high band)")
+                   title=f"{', '.join(keys)} (line: central estimate; low-high band: shaded for time, bars for cost)")
         fig.suptitle(_wrap(title), fontsize=11)
         _save(fig, path, fmt)
     return fig
 
 
 def plot_memory(rows: list[dict], path: str | os.PathLike, *, title: str, capacity_gib: float,
-                headroom: float = 0.05):
+                headroom: float = 0.05, fix: tuple[str, float] | None = None):
     """Memory per GPU (GiB) stacked by term, one bar per ZeRO stage, with the usable capacity and the limit a
     setup must stay under drawn; PNG or SVG.
 
@@ -173,11 +182,14 @@ def plot_memory(rows: list[dict], path: str | os.PathLike, *, title: str, capaci
     GiB = 2^30 bytes. headroom: the fraction of it kept free (`--headroom`, ddplan.memory.HEADROOM), so the
     limit line is at (1 - headroom) x capacity_gib. Terms under 3% of the axis are left unlabelled (the
     legend names every term); bars that do not fit (the row's fits, else total over the limit) are outlined
-    red. Returns the matplotlib Figure (already written to `path`).
+    red. fix: (the changes in words, its total GiB), the fix `ddplan memory` proposes, drawn as one more bar (its
+    total only, hatched green) after the stages. Returns the matplotlib Figure (already written to `path`).
     """
     fmt = _format(path)
     if not rows:
         raise ValueError("no rows to plot")
+    if fix is not None and not fix[1] > 0:
+        raise ValueError(f"the fix's total must be > 0 GiB, got {fix[1]}")
     missing = sorted({k for k in ("zero", "setup", "total_gib", *MEMORY_TERMS) if any(k not in r for r in rows)})
     if missing:
         raise ValueError(f"rows lack {', '.join(missing)}: not memory rows")
@@ -210,6 +222,15 @@ def plot_memory(rows: list[dict], path: str | os.PathLike, *, title: str, capaci
                 ax.bar([x], [r["total_gib"]], width=0.6, fill=False, edgecolor="#d00000", linewidth=2.0)
             ax.text(x, r["total_gib"] + 0.01 * top, f"{r['total_gib']:.1f} GiB" + ("" if fits else "\ndoes not fit"),
                     ha="center", va="bottom", fontsize=9, fontweight="bold", color="black" if fits else "#d00000")
+        labels = [f"ZeRO-{r['zero']} ({r['setup']})" for r in rows]
+        if fix is not None:  # the proposed change: one bar at its total
+            changes, fix_gib = fix
+            ax.bar([len(rows)], [fix_gib], width=0.6, color="none", edgecolor="#2a9d8f", hatch="//", linewidth=2.0,
+                   label="the proposed fix (total)")
+            ax.text(len(rows), fix_gib + 0.01 * top, f"{fix_gib:.1f} GiB\nfits", ha="center", va="bottom",
+                    fontsize=9, fontweight="bold", color="#2a9d8f")
+            labels.append("fix: " + _wrap(changes, 28))
+            xs = [*xs, len(rows)]
         ax.axhline(capacity_gib, color="black", linestyle="--", linewidth=1.2)
         ax.annotate(f"usable\n{capacity_gib:.1f} GiB", xy=(1.0, capacity_gib), xycoords=("axes fraction", "data"),
                     xytext=(4, 0), textcoords="offset points", ha="left", va="bottom", fontsize=9)
@@ -218,11 +239,11 @@ def plot_memory(rows: list[dict], path: str | os.PathLike, *, title: str, capaci
             ax.annotate(f"{100 * (1 - headroom):.4g}% of usable:\n{limit_gib:.1f} GiB", xy=(1.0, limit_gib),
                         xycoords=("axes fraction", "data"), xytext=(4, 0), textcoords="offset points", ha="left",
                         va="top", fontsize=9, color="#d00000")
-        ax.set_xticks(xs, [f"ZeRO-{r['zero']} ({r['setup']})" for r in rows])
+        ax.set_xticks(xs, labels)
         for tick, r in zip(ax.get_xticklabels(), rows):
             if r["setup"] == "native":
                 tick.set_fontweight("bold")
-        ax.set_xlim(-0.6, len(rows) - 0.4)
+        ax.set_xlim(-0.6, len(xs) - 0.4)
         ax.set_ylim(0, top)
         ax.set_ylabel("memory per GPU (GiB)")
         ax.grid(True, axis="y", alpha=0.3)

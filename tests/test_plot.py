@@ -293,10 +293,12 @@ def test_legend_swatches_are_the_bands_as_drawn(tmp_path, plan_rows, table_rows)
         legend = fig.legends[0]
         swatches = [p.get_facecolor() for p in legend.findobj(Rectangle) if p.get_figure() is not None
                     and p is not legend.legendPatch and p.get_facecolor()[3] < 1]
-        for ax in fig.axes[:2]:
-            bands = [tuple(c.get_facecolor()[0]) for c in ax.collections]
-            assert len(swatches) == len(bands) and all(_same_rgba(s, b) for s, b in zip(swatches, bands))
-            assert all(b[3] == pytest.approx(plot.BAND_ALPHA) for b in bands)
+        bands = [tuple(c.get_facecolor()[0]) for c in fig.axes[0].collections]  # time: shaded bands
+        assert len(swatches) == len(bands) and all(_same_rgba(s, b) for s, b in zip(swatches, bands))
+        assert all(b[3] == pytest.approx(plot.BAND_ALPHA) for b in bands)
+        bars = [tuple(c.get_color()[0]) for c in fig.axes[1].collections]  # cost: bars in the series' colour
+        assert len(bars) == len(swatches) and all(_same_rgba((*s[:3], 1.0), (*b[:3], 1.0))
+                                                  for s, b in zip(swatches, bars))
         legend_lines = [ln.get_color() for ln in legend.findobj(lambda a: a.__class__.__name__ == "Line2D")
                         if ln.get_linestyle() not in ("None", "none", "") and ln.get_alpha() in (None, 1.0)]
         for s in swatches:
@@ -433,3 +435,34 @@ def test_quiet_plan_still_plots_and_fails_a_missed_budget(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and out.startswith("Choice: ")
     assert cli.main([*argv, "--budget", "1"]) == 1
+
+
+def test_the_memory_plot_shows_the_proposed_fix(tmp_path, memory_rows):
+    """Issue 38: `ddplan memory --plot` draws the fix it proposes as one more bar after the stages, at its total,
+    labelled with the changes; a fix of no memory is refused."""
+    rows, capacity = memory_rows
+    fig = plot.plot_memory(rows, tmp_path / "m.png", title="m", capacity_gib=capacity,
+                           fix=("device batch 1 (accumulation 16 -> 64) + ZeRO-3", 59.0))
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert len(labels) == len(rows) + 1 and labels[-1].startswith("fix: device batch 1")
+    assert any(t.get_text() == "59.0 GiB\nfits" for t in ax.texts)
+    with pytest.raises(ValueError):
+        plot.plot_memory(rows, tmp_path / "n.png", title="m", capacity_gib=capacity, fix=("x", 0.0))
+
+
+def test_the_cost_panel_draws_bands_as_bars_side_by_side(tmp_path, table_rows):
+    """Issue 38: shaded bands covered each other on the cost panel, whose lines lie close; there each band is a
+    bar at its point (no shaded area), the series' bars a little apart, each spanning its row's low-high cost."""
+    from matplotlib.collections import LineCollection, PolyCollection
+
+    rows = table_rows[0]
+    fig = plot.plot_scenarios(rows, tmp_path / "t.png", title="t")
+    ax_time, ax_cost = fig.axes[:2]
+    assert any(isinstance(c, PolyCollection) for c in ax_time.collections)
+    assert not any(isinstance(c, PolyCollection) for c in ax_cost.collections)
+    bars = [seg for c in ax_cost.collections if isinstance(c, LineCollection) for seg in c.get_segments()]
+    spans = {(round(min(s[:, 1]), 6), round(max(s[:, 1]), 6)) for s in bars}
+    assert spans <= {(round(r["cost_low_usd"], 6), round(r["cost_high_usd"], 6)) for r in rows}
+    assert len(bars) == sum(len(ln.get_xdata()) for ln in _drawn_lines(ax_cost))  # one bar per point drawn
+    assert len({round(s[0, 0], 9) for s in bars}) > len({r["gpus"] for r in rows})  # apart, not stacked
