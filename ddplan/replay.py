@@ -7,6 +7,10 @@ so a validation row and a table row of the same layout are one number. ddplan.va
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import yaml
+
 from ddplan.errors import DdplanError, SpecError
 from ddplan.layout import Options
 from ddplan.registry import load_framework, load_hardware
@@ -81,13 +85,22 @@ def _profile_value(run: RunFacts, item: str) -> str | None:
     return str(found.value) if found is not None else None
 
 
-def table_command(run: PublishedRun) -> list[str] | None:
-    """The `ddplan table` arguments that price this run as one row, or None when its model needs a YAML
-    (architecture overrides) or its network differs from the hardware spec's (no flag for either)."""
+def table_command(run: PublishedRun, folder: Path | None = None) -> list[str] | None:
+    """The `ddplan table` arguments that price this run as one row. A run whose model has architecture overrides,
+    or whose network differs from its hardware spec's, has no flag for them: its model spec and hardware spec are
+    written into `folder` as YAML files (the model and hardware as price_run builds them) and named by path; None
+    for such a run without a folder."""
+    model, hardware = run.model.base, run.hardware
     if run.model.architecture or run.network is not None:
-        return None
+        if folder is None:
+            return None
+        where = f"{run.id} (table_command)"
+        if run.model.architecture:
+            model = _write_spec(folder / f"{run.id}.model.yaml", run_spec(run, where, weights=run_weights(run)))
+        if run.network is not None:
+            hardware = _write_spec(folder / f"{run.id}.hardware.yaml", run_hardware(run, where))
     lay = run.layout
-    argv = ["table", "--model", run.model.base, "--hardware", run.hardware, "--gpus", str(lay.gpus),
+    argv = ["table", "--model", model, "--hardware", hardware, "--gpus", str(lay.gpus),
             "--tp", str(lay.tp), "--pp", str(lay.pp), "--vp", str(lay.vp), "--cp", str(lay.cp), "--ep", str(lay.ep),
             *(["--zero", str(lay.zero)] if lay.zero is not None else []), *(["--etp", "1"] if lay.etp else []),
             "--device-batch-size", ",".join(map(str, micro_batches(run))), "--total-batch-size",
@@ -130,6 +143,27 @@ def table_command(run: PublishedRun) -> list[str] | None:
     return argv
 
 
+def _write_spec(path: Path, spec) -> str:
+    """A spec as the YAML file a --model or --hardware path reads; returns the path."""
+    path.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True), sort_keys=False),
+                    encoding="utf-8")
+    return str(path)
+
+
+def run_hardware(run: RunFacts, where: str):
+    """The hardware a run ran on: its spec, with the inter-node network the run states where it differs."""
+    try:
+        hw = load_hardware(run.hardware)
+    except DdplanError as e:
+        raise SpecError(e.message, file=where, field="hardware") from None
+    if run.network is not None:
+        n = run.network
+        nic = hw.inter_node.nic_gbit_per_s.model_copy(update={"value": n.nic_gbit_per_s, "source": n.why})
+        hw = hw.model_copy(update={"inter_node": hw.inter_node.model_copy(
+            update={"nics_per_node": n.nics_per_node, "nic_gbit_per_s": nic})})
+    return hw
+
+
 def with_sustained(hw, fraction: float, source: str):
     """The hardware spec with its GEMM sustained fraction replaced (a point value: no range)."""
     g = hw.efficiency.gemm
@@ -145,17 +179,9 @@ def price_run(run: RunFacts, where: str, sustained: dict[str, float] | None = No
     sustained: hardware name -> GEMM sustained fraction replacing the spec's (validation's re-fits);
     imbalance: the dropless load imbalance replacing the spec's (run_spec); shared: build_table's
     rate-independent cache, kept by the caller across prices of this run at one imbalance."""
-    try:
-        hw = load_hardware(run.hardware)
-    except DdplanError as e:
-        raise SpecError(e.message, file=where, field="hardware") from None
+    hw = run_hardware(run, where)
     if sustained and hw.name in sustained:
         hw = with_sustained(hw, sustained[hw.name], "re-fitted by ddplan.validation")
-    if run.network is not None:
-        n = run.network
-        nic = hw.inter_node.nic_gbit_per_s.model_copy(update={"value": n.nic_gbit_per_s, "source": n.why})
-        hw = hw.model_copy(update={"inter_node": hw.inter_node.model_copy(
-            update={"nics_per_node": n.nics_per_node, "nic_gbit_per_s": nic})})
     spec = run_spec(run, where, imbalance, weights=run_weights(run))
     if run_cross_entropy(run):
         spec = run_variant(spec, cross_entropy=run_cross_entropy(run))
