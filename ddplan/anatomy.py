@@ -1176,7 +1176,7 @@ def _head(bld: _Builder) -> None:
     if le != e:
         in_place = bld.spec.recipe.cross_entropy == "vocab-parallel"  # the copy is the saved softmax (below)
         bld.pointwise("logits_cast", None, tv, reads=1, writes=1, flops_per_element=0.0, elem_bytes=(e + le) // 2,
-                      saves=(compiled_logits,), transient=tv * e if in_place else tv * (le + e))
+                      saves=() if in_place else (compiled_logits,), transient=tv * e if in_place else tv * (le + e))
     if a.logit_softcap:
         # softcap * tanh(logits / softcap): tanh saves its output
         bld.pointwise("logits_softcap", None, tv, reads=1, writes=3, flops_per_element=4.0, elem_bytes=le,
@@ -1190,11 +1190,15 @@ def _head(bld: _Builder) -> None:
     # the logits are the GEMM's dtype already. Ref: megatron/core/tensor_parallel/cross_entropy.py@d98e8a6
     # (L25 .float(), L42 -=, L62 exp(out=), L77 div_, L88 grad_input = softmax, L111-114 in place), called
     # unfused by default (language_module.py L200; cross_entropy_loss_fusion False, model_parallel_config.py L320).
+    # Its autograd Function saves the softmax whether or not the model around it is compiled ("keep"), and no
+    # logits: a compiled graph cannot trade it for the GEMM's logits as it does eager torch's log-softmax.
     in_place = bld.spec.recipe.cross_entropy == "vocab-parallel"
     beside = tv * e if le != e else 0.0
+    probs = Saved("softmax", tv * le, "keep") if in_place else Saved("log_probs", tv * le, "pointwise")
     bld.pointwise("cross_entropy", None, tv, reads=1, writes=1, flops_per_element=5.0, elem_bytes=le,
-                  saves=(Saved("log_probs", tv * le, "pointwise"), Saved("targets", t * 8, tp_sharded=False),
-                         Saved("loss_total_weight", 4, tp_sharded=False), compiled_logits),  # nll_loss's 0-d fp32
+                  saves=(probs, Saved("targets", t * 8, tp_sharded=False),
+                         Saved("loss_total_weight", 4, tp_sharded=False),  # nll_loss's 0-d fp32
+                         *(() if in_place else (compiled_logits,))),
                   bwd_reads=1, bwd_writes=1, kind="reduction", transient=beside if in_place else 2 * tv * le)
 
 

@@ -430,11 +430,13 @@ def memory_cmd(
     asked = next((r for r in rows if r["zero"] == setup.layout.zero), None)
     step_s, fixes = fixes_for(spec, hw, setup, asked)
     if plot:
+        from ddplan.memory import fit_verdict
         from ddplan.plot import plot_memory
 
         plot_memory(rows, plot, title=f"{spec.name} on {setup.layout.num_gpus} x {hw.name}\n{prov_line(prov)}",
                     capacity_gib=hw.memory.usable_gib.value, headroom=setup.headroom,
-                    fix=(" + ".join(fixes[0].changes), fixes[0].total_gib) if fixes else None)
+                    fix=(" + ".join(fixes[0].changes), fixes[0].total_gib,
+                         fit_verdict(fixes[0].total_gib, rows[0]["limit_gib"])) if fixes else None)
     words = verdicts.memory_verdict(spec, hw, rows, fixes, step_s, setup.layout, setup.headroom)
     matches = consistent_with(spec, hw, setup, measured_peak) if measured_peak else []
     if measured_peak:
@@ -509,7 +511,7 @@ def _stated(ctx: typer.Context):
 
     given = _given_names(ctx)
     return Stated(given=frozenset(given), profile=frozenset(n for n in ctx.params if _from_profile(ctx, n)),
-                  words={n: _stated_by(ctx, n) for n in given})
+                  words={n: _stated_by(ctx, n) for n in given if n in runfields.BY_PARAM})
 
 
 def _given_names(ctx: typer.Context) -> set[str]:
@@ -531,7 +533,7 @@ def _stated_by(ctx: typer.Context, name: str) -> str:
         if name in ctx.meta.get("config_names", set()):
             return f"the run file's {'.'.join(path)}"
         return f"the {ctx.meta['framework'].name} profile's {'.'.join(path)}"
-    return "--" + name.replace("_", "-")
+    return runfields.BY_PARAM[name].flag
 
 
 @app.command("table", short_help="The decision table: time, cost, MFU, memory per layout.", cls=PanelledCommand)

@@ -19,7 +19,7 @@ from ddplan.offload import check_offload
 from ddplan.plan import PlanRequest
 from ddplan.registry import builtin_names, calibration_hardware, load_calibration, load_hardware, load_model
 from ddplan.run import RunOverheads
-from ddplan.runfields import RECOMPUTE
+from ddplan.runfields import BY_PARAM, RECOMPUTE
 from ddplan.sizing import memory_setup
 from ddplan.specs import WEIGHTS, Budget, Price, run_variant
 from ddplan.table import TableRequest, check_fp8, check_fp8_options
@@ -325,7 +325,7 @@ class Stated:
     words: dict[str, str] = field(default_factory=dict)
 
     def by(self, name: str) -> str:
-        return self.words.get(name, "--" + name.replace("_", "-"))
+        return self.words.get(name, BY_PARAM[name].flag)
 
 
 def price_given(price: float | None, today) -> Price | None:

@@ -174,7 +174,7 @@ def plot_scenarios(rows: list[dict], path: str | os.PathLike, *, title: str,
 
 
 def plot_memory(rows: list[dict], path: str | os.PathLike, *, title: str, capacity_gib: float,
-                headroom: float = 0.05, fix: tuple[str, float] | None = None):
+                headroom: float = 0.05, fix: tuple[str, float, str] | None = None):
     """Memory per GPU (GiB) stacked by term, one bar per ZeRO stage, with the usable capacity and the limit a
     setup must stay under drawn; PNG or SVG.
 
@@ -182,8 +182,9 @@ def plot_memory(rows: list[dict], path: str | os.PathLike, *, title: str, capaci
     GiB = 2^30 bytes. headroom: the fraction of it kept free (`--headroom`, ddplan.memory.HEADROOM), so the
     limit line is at (1 - headroom) x capacity_gib. Terms under 3% of the axis are left unlabelled (the
     legend names every term); bars that do not fit (the row's fits, else total over the limit) are outlined
-    red. fix: (the changes in words, its total GiB), the fix `ddplan memory` proposes, drawn as one more bar (its
-    total only, hatched green) after the stages. Returns the matplotlib Figure (already written to `path`).
+    red. fix: (the changes in words, its total GiB, its verdict: fits / may not fit), the fix `ddplan memory`
+    proposes, drawn as one more bar (its total only, hatched; green when it fits, orange when it may not) after
+    the stages. Returns the matplotlib Figure (already written to `path`).
     """
     fmt = _format(path)
     if not rows:
@@ -224,11 +225,12 @@ def plot_memory(rows: list[dict], path: str | os.PathLike, *, title: str, capaci
                     ha="center", va="bottom", fontsize=9, fontweight="bold", color="black" if fits else "#d00000")
         labels = [f"ZeRO-{r['zero']} ({r['setup']})" for r in rows]
         if fix is not None:  # the proposed change: one bar at its total
-            changes, fix_gib = fix
-            ax.bar([len(rows)], [fix_gib], width=0.6, color="none", edgecolor="#2a9d8f", hatch="//", linewidth=2.0,
+            changes, fix_gib, verdict = fix
+            tone = "#2a9d8f" if verdict == "fits" else "#e07b00"
+            ax.bar([len(rows)], [fix_gib], width=0.6, color="none", edgecolor=tone, hatch="//", linewidth=2.0,
                    label="the proposed fix (total)")
-            ax.text(len(rows), fix_gib + 0.01 * top, f"{fix_gib:.1f} GiB\nfits", ha="center", va="bottom",
-                    fontsize=9, fontweight="bold", color="#2a9d8f")
+            ax.text(len(rows), fix_gib + 0.01 * top, f"{fix_gib:.1f} GiB\n{verdict}", ha="center", va="bottom",
+                    fontsize=9, fontweight="bold", color=tone)
             labels.append("fix: " + _wrap(changes, 28))
             xs = [*xs, len(rows)]
         ax.axhline(capacity_gib, color="black", linestyle="--", linewidth=1.2)

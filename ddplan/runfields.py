@@ -131,7 +131,7 @@ FIELDS: tuple[RunField, ...] = (
                       "the experts and the data-parallel GPUs; mixture-of-experts models only)."}),
     _f("layout.etp", "Expert tensor parallelism of a mixture of experts: 1 keeps each expert whole on a GPU, ep then "
        "spanning the tensor-parallel GPUs too (Megatron-Core --expert-tensor-parallel-size 1); default: the experts "
-       "split over tp like the dense MLP.", int, LAYOUT, range=Range(1, 1024, "expert tensor-parallel degree")),
+       "split over tp like the dense MLP.", int, LAYOUT),  # 1 only: ddplan.inputs.expert_tp says so
     _f("layout.zero", "ZeRO stage 0-3 (3 = FSDP; default: the model's native data-parallel setup).", ZERO_STAGES, LAYOUT, many=ALL, defaults={"memory": "0,1,2,3"},
        helps={"memory": "ZeRO stages to show, comma-separated; one stage: the verdict is about it (default: the "
                         "model's native stage).",
@@ -222,8 +222,9 @@ FIELDS: tuple[RunField, ...] = (
        flags=("--interruptions-per-gpu-hour",), range=Range(0, 1, "job interruptions a GPU-hour (0: none)")),
     _f("outside.restart_min", "Minutes to restart after an interruption (reschedule, reload the checkpoint, warm "
        "up).", float, BATCH, range=Range(0, 100_000, "minutes"), default=10.0),
-    _f("price_usd_per_gpu_hour", "USD per GPU-hour (default: each hardware spec's first price).", float, MODEL,
-       name="price", range=Range(0, 10_000, "USD per GPU-hour", low_open=True)),
+    _f("price_usd_per_gpu_hour", "USD per GPU-hour (default: the hardware spec's first price).", float, MODEL,
+       name="price", range=Range(0, 10_000, "USD per GPU-hour", low_open=True),
+       helps={"plan": "USD per GPU-hour (default: each hardware spec's first price)."}),
     _f("headroom", "Fraction of usable memory a layout must leave free.", float, LAYOUT,
        range=Range(0, 1, "fraction of usable memory", high_open=True), default=0.05),
     _f("calibration", "A calibration file (from `ddplan calibrate`, or written by hand): its measurements replace "

@@ -442,13 +442,15 @@ def test_the_memory_plot_shows_the_proposed_fix(tmp_path, memory_rows):
     labelled with the changes; a fix of no memory is refused."""
     rows, capacity = memory_rows
     fig = plot.plot_memory(rows, tmp_path / "m.png", title="m", capacity_gib=capacity,
-                           fix=("device batch 1 (accumulation 16 -> 64) + ZeRO-3", 59.0))
+                           fix=("device batch 1 (accumulation 16 -> 64) + ZeRO-3", 59.0, "fits"))
     ax = fig.axes[0]
     labels = [t.get_text() for t in ax.get_xticklabels()]
     assert len(labels) == len(rows) + 1 and labels[-1].startswith("fix: device batch 1")
     assert any(t.get_text() == "59.0 GiB\nfits" for t in ax.texts)
+    fig = plot.plot_memory(rows, tmp_path / "o.png", title="m", capacity_gib=capacity, fix=("x", 75.1, "may not fit"))
+    assert any(t.get_text() == "75.1 GiB\nmay not fit" for t in fig.axes[0].texts)  # as its verdict says
     with pytest.raises(ValueError):
-        plot.plot_memory(rows, tmp_path / "n.png", title="m", capacity_gib=capacity, fix=("x", 0.0))
+        plot.plot_memory(rows, tmp_path / "n.png", title="m", capacity_gib=capacity, fix=("x", 0.0, "fits"))
 
 
 def test_the_cost_panel_draws_bands_as_bars_side_by_side(tmp_path, table_rows):
