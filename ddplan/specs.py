@@ -680,7 +680,7 @@ def nanochat_dims(depth: int, aspect_ratio: int = 64, head_dim: int = 128) -> tu
 
 
 WEIGHTS = ("fp32", "master")  # how the weights are kept (run_variant)
-CROSS_ENTROPY = ("eager", "vocab-parallel")  # the loss kernel (Recipe.cross_entropy)
+CROSS_ENTROPY = typing.get_args(CrossEntropy)  # the loss kernels (Recipe.cross_entropy)
 
 
 def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | None = None,
