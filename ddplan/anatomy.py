@@ -29,6 +29,7 @@ import typing
 from typing import Literal
 
 from ddplan.params import param_counts
+from ddplan.runfields import recompute_modules
 from ddplan.specs import ModelSpec
 from ddplan.units import dtype_bytes
 
@@ -41,6 +42,14 @@ Recompute = Literal["none", "selective", "full", "per-op"]
 # torchtitan's per-op selective activation checkpointing (SelectiveAC, `PER_OP_SOURCE`): each block is
 # checkpointed, and the outputs of its matmuls and attention kernels are kept, except every second matmul
 RECOMPUTE_POLICIES: tuple[str, ...] = ("none", "selective", "full", "per-op")
+# ... and Megatron-Core's per-module selective recompute, `selective:MODULE+MODULE` (ddplan.runfields.recompute_modules;
+# --recompute-granularity selective --recompute-modules ...): a module's forward is re-run in backward and what it
+# made is not kept (module_keeps). Ref: NVIDIA/Megatron-LM @d98e8a6 megatron/core/transformer/transformer_layer.py
+# L473-540 (layernorm: input_layernorm and pre_mlp_layernorm under CheckpointWithoutOutput, their outputs discarded
+# once used and recomputed before backward needs them, L684-718, L820-825, L1088-1091; mlp: a dense layer's MLP
+# checkpointed whole, L992-1006), moe/moe_layer.py L246-254, L701-716 (moe: the whole MoE layer, dispatch included,
+# under tensor_parallel.checkpoint; shared_experts: the shared experts, L517-527), moe/experts.py L269-273 (moe_act:
+# the experts' activation, its output discarded and recomputed)
 PER_OP_SOURCE = ("pytorch/torchtitan torchtitan/distributed/activation_checkpoint.py@b5bcd76 SelectiveAC "
                  "(2026-08-21; the same rule as torchtitan/models/llama3/infra/parallelize.py@c26ea60 _apply_op_sac, "
                  "2026-01)")
@@ -153,14 +162,28 @@ class Anatomy:
     def saved_tensors(self) -> dict[str, Saved]:
         """Unique tensors kept for backward under this recompute policy and compile mode (a tensor saved by
         several ops: the last one's Saved, at the place of the first)."""
-        keeps = _keep_table(self.recompute, self.compiled)
+        keep = self._save_kept
         kept: dict[str, Saved] = {}
         for op in self.ops:
-            in_block = op.layer is not None
             for s in op.saves:
-                if keeps[s.tag, in_block]:
+                if keep(op, s):
                     kept[s.name] = s
         return kept
+
+    @functools.cached_property
+    def modules(self) -> frozenset[str] | None:
+        """The Megatron modules this policy re-runs (`selective:a+b`), None under a named policy."""
+        return recompute_modules(self.recompute)
+
+    @functools.cached_property
+    def _save_kept(self):
+        """(op, saved) -> whether this policy keeps that save: the tag table under a named policy, module_keeps
+        under a per-module one."""
+        if self.modules is None:
+            keeps = _keep_table(self.recompute, self.compiled)
+            return lambda op, s: keeps[s.tag, op.layer is not None]
+        modules, compiled = self.modules, self.compiled
+        return lambda op, s: module_keeps(op, s, modules, compiled)
 
     def saved_bytes(self) -> float:
         """Bytes saved for backward by one micro-batch (activation memory at the end of forward)."""
@@ -223,6 +246,16 @@ class Anatomy:
         op that saves it (kept or not) is a block's. Summed per distinct block and multiplied by its layers
         when every kept size is a whole number of bytes and the total is below 2^53 (then every partial sum
         in any order is exact, so this is the walk's float to the bit); else the walk over every saved tensor."""
+        if self.modules is not None:  # per-module recompute: each tensor as its savers keep it
+            kept_saves: dict[str, tuple[float, bool]] = {}
+            last_block: dict[str, bool] = {}
+            for op in self.ops:
+                for s in op.saves:
+                    last_block[s.name] = op.layer is not None
+                    if self._save_kept(op, s):
+                        kept_saves[s.name] = (s.bytes, True)
+            layers = sum(b for n, (b, _) in kept_saves.items() if last_block[n])
+            return layers, sum(b for b, _ in kept_saves.values()) - layers
         keeps = _keep_table(self.recompute, self.compiled)
         exact = self._saved_split_exact(keeps)
         if exact is not None:
@@ -252,7 +285,7 @@ class Anatomy:
         """(embedding side, head side) of saved_split's bytes outside the blocks: what the embedding ops save
         (a pipeline's first stage holds it) and the rest, the final norm's, head's and loss's (the last stage);
         kept under this policy, each name once (a name a block or the head saves too is not the embedding's)."""
-        keeps = _keep_table(self.recompute, self.compiled)
+        keeps = _keep_table(self._named_policy, self.compiled)
         later = {s.name for op in self.post for s in op.saves} | {
             name for rows in self._block_rows for name, *_ in rows}
         pre: dict[str, float] = {}
@@ -269,17 +302,24 @@ class Anatomy:
         copies the matmuls save
         (`*.weight_cast`: fp32 weights cast by autocast) that this policy keeps; cached. Under FSDP mixed
         precision the matmuls get the gathered 16-bit weights instead (memory.activation_bytes leaves these out)."""
-        keeps = _keep_table(self.recompute, self.compiled)
+        keeps = _keep_table(self._named_policy, self.compiled)
+        keep = self._save_kept
 
-        def casts(saves) -> float:
-            return sum(s.bytes for s in saves if s.name.endswith(".weight_cast") and keeps[s.tag, True])
+        def casts(op) -> float:
+            return sum(s.bytes for s in op.saves if s.name.endswith(".weight_cast") and keep(op, s))
 
-        block = sum(n * sum(casts(op.saves) for op in self.blocks[b]) for b, n in self._block_counts)
+        block = sum(n * sum(casts(op) for op in self.blocks[b]) for b, n in self._block_counts)
         def outside(ops) -> float:
             return sum(s.bytes for op in ops for s in op.saves
                        if s.name.endswith(".weight_cast") and keeps[s.tag, False])
 
         return block, outside(self.pre), outside(self.post)
+
+    @property
+    def _named_policy(self) -> str:
+        """The named policy whose tag table holds outside the recomputed modules: a per-module policy keeps
+        everything there as no recompute does (the attention core aside: module_keeps)."""
+        return "none" if self.modules is not None else self.recompute
 
     def _saved_split_exact(self, keeps: dict) -> tuple[float, float] | None:
         """saved_split in whole bytes (Python ints, exact), or None where a kept size is not a whole number of
@@ -383,7 +423,7 @@ class Anatomy:
     def _backward_transient(self) -> float:
         if self.recompute == "none":
             return self._transient
-        plain, policy = _keep_table("none", self.compiled), _keep_table(self.recompute, self.compiled)
+        plain, keep = _keep_table("none", self.compiled), self._save_kept
         worst = max((op.transient_bytes for op in (*self.pre, *self.post)), default=0.0)
         for ops in self.blocks:
             first: dict[str, int] = {}  # a brought-back tensor's first saver, and its size
@@ -392,7 +432,7 @@ class Anatomy:
             end = -1  # the region's last op that saves a brought-back tensor
             for j, op in enumerate(ops):
                 for t in op.saves:
-                    if policy[t.tag, True]:
+                    if keep(op, t):
                         kept.add(t.name)
                     elif plain[t.tag, True]:
                         first.setdefault(t.name, j)
@@ -482,6 +522,11 @@ def with_recompute(anatomy: Anatomy, recompute: Recompute) -> Anatomy:
 def recomputed_under(op: Op, policy: str) -> bool:
     """Whether a recompute policy re-runs an op's forward in backward (torch's non-reentrant checkpoint
     stops early: the region's last op is not re-run, see Op.recompute_skip)."""
+    modules = recompute_modules(policy)
+    if modules is not None:  # Megatron's per-module recompute re-runs each module's whole forward
+        if op.attention_core:
+            return "core_attn" in modules and "selective" not in op.recompute_skip
+        return op.layer is not None and bool(op_modules(op.name.partition(".")[2]) & modules)
     if policy == "per-op":  # torchtitan checkpoints with early_stop=False: the whole block re-runs
         return op.layer is not None and not op.per_op_saved
     if policy in op.recompute_skip:
@@ -489,6 +534,49 @@ def recomputed_under(op: Op, policy: str) -> bool:
     if policy == "full":
         return op.layer is not None
     return policy == "selective" and op.attention_core
+
+
+def op_modules(name: str) -> frozenset[str]:
+    """The Megatron modules (ddplan.runfields.RECOMPUTE_MODULES) a block op belongs to, by its name within the block
+    (`norm1`, `mlp.c_fc`, `experts.act`); the attention core goes by Op.attention_core instead."""
+    if name in ("norm1", "norm2"):
+        return frozenset({"layernorm"})
+    if name.startswith("mlp."):
+        return frozenset({"mlp"})
+    if name == "experts.act":
+        return frozenset({"moe", "moe_act"})
+    if name.startswith(("shared.", "moe.shared_")):  # Megatron's SharedExpertMLP holds the shared gate too
+        return frozenset({"moe", "shared_experts"})
+    if name.startswith(("moe.", "experts.")):
+        return frozenset({"moe"})
+    return frozenset()
+
+
+def tensor_modules(name: str) -> frozenset[str]:
+    """The Megatron modules whose recompute drops a block's saved tensor (its name within the block): the ones that
+    made it. A checkpointed module keeps its inputs (what another module made) and re-makes the rest; layernorm's
+    and moe_act's outputs are discarded too (CheckpointWithoutOutput), so the normed inputs of the next GEMMs
+    (xn1, xn2) and the experts' activation output go with them. A module's output that the block saves elsewhere
+    (the attention core's, attn_out) stays."""
+    if name in ("xn1", "xn2") or name.startswith(("norm1.", "norm2.")):
+        return frozenset({"layernorm"})
+    if name in ("experts.silu_g", "experts.act_out", "experts.unweighted"):  # made by the activation (.h, .g are its input)
+        return frozenset({"moe", "moe_act"})
+    if name == "shared.out":  # the shared experts' output before their gate, inside the module
+        return frozenset({"moe", "shared_experts"})
+    return op_modules(name.removesuffix(".out").removesuffix(".weight_cast").removesuffix(".mask"))
+
+
+def module_keeps(op: Op, saved: Saved, modules: frozenset[str], compiled: bool) -> bool:
+    """Whether per-module recompute of `modules` keeps what `op` saves: the attention core as selective recompute
+    keeps it (core_attn in modules) or as no recompute does; a block's tensor made inside a re-run module is dropped;
+    the rest is kept as without recompute."""
+    in_block = op.layer is not None
+    if in_block and op.attention_core:
+        return _keep_table("selective" if "core_attn" in modules else "none", compiled)[saved.tag, True]
+    if in_block and tensor_modules(saved.name.partition(".")[2]) & modules:
+        return False
+    return _keep_table("none", compiled)[saved.tag, in_block]
 
 
 def _kept(tag: str, in_block: bool, recompute: str, compiled: bool) -> bool:
@@ -650,8 +738,8 @@ def build_anatomy(spec: ModelSpec, *, batch: int, seq_len: int | None = None,
     s = spec.recipe.seq_len if seq_len is None else seq_len
     if s <= 0 or s > spec.architecture.max_seq_len:
         raise ValueError(f"seq_len must be in 1..{spec.architecture.max_seq_len}, got {s}")
-    if recompute not in RECOMPUTE_POLICIES:
-        raise ValueError(f"recompute must be one of {RECOMPUTE_POLICIES}, got {recompute!r}")
+    if recompute not in RECOMPUTE_POLICIES and recompute_modules(recompute) is None:
+        raise ValueError(f"recompute must be one of {RECOMPUTE_POLICIES} or selective:MODULE+..., got {recompute!r}")
     if window_pattern is not None:
         spec = spec.model_copy(update={"architecture": spec.architecture.model_copy(
             update={"window_pattern": window_pattern})})
@@ -922,25 +1010,33 @@ def _block(bld: _Builder, i: int, window: int, kind: AttentionKind, windows: Win
 
 
 def _mlp(bld: _Builder, i: int, p: str, f: int, x: str, group: str, *, rows: float | None = None,
-         experts: int = 1, x_tag: SaveTag = "pointwise") -> None:
+         experts: int = 1, x_tag: SaveTag = "pointwise", weighted: bool = False) -> None:
     """An MLP of width f on `rows` token rows (default: the micro-batch's tokens) read from tensor `x`:
     SwiGLU (gate, up, silu(g) * u, down) or one matrix, an activation and down. experts > 1: that many
-    experts' MLPs as one grouped GEMM each (the rows split evenly over them; weights of every expert read)."""
+    experts' MLPs as one grouped GEMM each (the rows split evenly over them; weights of every expert read).
+    weighted: a mixture of experts' activation also multiplies each row by its routing probability
+    (Recipe.moe_weighting "activation"): Megatron-Core's fused weighted SwiGLU saves its input and the
+    probabilities only (fused_bias_swiglu.py@2659630721 WeightedSwiGLUFunction); another activation is followed by
+    an eager product, which saves its output and the probabilities (experts.py bias_act_func, the unfused path)."""
     a, e = bld.a, bld.e
     c, t = a.d_model, bld.t if rows is None else rows
+    # the routing probabilities, one fp32 number a row (the permuted probs the dispatcher hands the experts)
+    probs = (Saved(f"{p}.probs", t * 4.0, tp_sharded=False),) if weighted else ()
     if a.mlp == "swiglu":
         bld.gemm(f"{p}.gate", i, c, f, x, group, x_saved_tag=x_tag, m=t, experts=experts)
         bld.gemm(f"{p}.up", i, c, f, x, group, x_saved_tag=x_tag, m=t, experts=experts)
-        # silu(g) * u: silu saves g, the product saves silu(g) and u
-        bld.pointwise(f"{p}.act", i, t * f, reads=2, flops_per_element=5.0,
-                      saves=(Saved(f"{p}.g", t * f * e), Saved(f"{p}.u", t * f * e),
-                             Saved(f"{p}.silu_g", t * f * e, "pointwise")))
+        # silu(g) * u: silu saves g, the product saves silu(g) and u; the fused weighted kernel keeps g, u, probs
+        silu = () if weighted else (Saved(f"{p}.silu_g", t * f * e, "pointwise"),)
+        bld.pointwise(f"{p}.act", i, t * f, reads=2, flops_per_element=6.0 if weighted else 5.0,
+                      saves=(Saved(f"{p}.g", t * f * e), Saved(f"{p}.u", t * f * e), *silu, *probs))
     else:
         bld.gemm(f"{p}.c_fc", i, c, f, x, group, x_saved_tag=x_tag, m=t, experts=experts)
         # relu^2: relu saves its output and square saves its input, the same tensor; gelu saves its input
         acts = (Saved(f"{p}.h", t * f * e, "pointwise"),)
-        bld.pointwise(f"{p}.act", i, t * f, reads=1, flops_per_element=2.0 if a.mlp == "relu2" else 8.0,
-                      saves=acts)
+        if weighted:  # act(h) x prob: the product saves act(h) and the probabilities
+            acts = (*acts, Saved(f"{p}.unweighted", t * f * e), *probs)
+        bld.pointwise(f"{p}.act", i, t * f, reads=1,
+                      flops_per_element=(2.0 if a.mlp == "relu2" else 8.0) + weighted, saves=acts)
     bld.gemm(f"{p}.c_proj", i, f, c, f"{p}.act_out", group, m=t, experts=experts)
 
 
@@ -971,17 +1067,23 @@ def _moe(bld: _Builder, i: int) -> None:
     bld.pointwise(f"{p}.moe.permute", i, rows * c, reads=1, flops_per_element=0.0, bwd_reads=1, bwd_writes=1,
                   saves=(Saved(f"{p}.moe.order", t * moe.top_k * 8.0, tp_sharded=False),))
     first = len(bld.ops)
+    weighted = bld.spec.recipe.moe_weighting == "activation"
     _mlp(bld, i, f"{p}.experts", moe.expert_hidden_dim, f"{p}.moe.permuted", "experts", rows=rows / bld.expert_rows,
-         experts=max(1, experts // bld.ep), x_tag="keep")
+         experts=max(1, experts // bld.ep), x_tag="keep", weighted=weighted)
     wait = moe.imbalance(bld.ep)
     if bld.expert_rows > 1 or wait != 1:  # whole experts on a tp rank's own rows are already its share
         whole = bld.expert_rows > 1
         bld.ops[first:] = [_with(op, tp_done=op.tp_done or whole, wait=wait) for op in bld.ops[first:]]
-    # un-permute and combine: y = sum over k of prob_k x expert_out_k; saves the expert outputs and the
-    # routing weights, cast to the compute dtype
-    bld.pointwise(f"{p}.moe.combine", i, rows * c, reads=2, flops_per_element=2.0,
-                  saves=(Saved(f"{p}.moe.expert_out", rows * c * e), Saved(f"{p}.moe.weights", t * moe.top_k * e,
-                                                                          tp_sharded=False)))
+    if weighted:
+        # un-permute and sum the copies, already weighted in the activation: its backward gathers the gradient by
+        # the index the permute saved, and saves nothing of its own
+        bld.pointwise(f"{p}.moe.combine", i, rows * c, reads=1, flops_per_element=1.0)
+    else:
+        # un-permute and combine: y = sum over k of prob_k x expert_out_k; saves the expert outputs and the
+        # routing weights, cast to the compute dtype
+        bld.pointwise(f"{p}.moe.combine", i, rows * c, reads=2, flops_per_element=2.0,
+                      saves=(Saved(f"{p}.moe.expert_out", rows * c * e),
+                             Saved(f"{p}.moe.weights", t * moe.top_k * e, tp_sharded=False)))
     if moe.shared_width:
         _mlp(bld, i, f"{p}.shared", moe.shared_width, f"{p}.xn2", "block_matrices")
         if moe.shared_expert_gate:  # Qwen2-MoE: sigmoid(x @ w_gate) x shared expert output
@@ -1173,8 +1275,12 @@ def _head(bld: _Builder) -> None:
     # The compiled graph keeps the logits as the GEMM wrote them and recomputes the fp32 softcap and
     # log-softmax in backward; eager keeps the fp32 intermediates below.
     compiled_logits = Saved("logits", tv * e, "compiled")
+    kernel = bld.spec.recipe.cross_entropy
+    if kernel == "fused" and not a.logit_softcap:
+        _fused_cross_entropy(bld, tv * e, e)  # reads the GEMM's logits as they are
+        return
     if le != e:
-        in_place = bld.spec.recipe.cross_entropy == "vocab-parallel"  # the copy is the saved softmax (below)
+        in_place = kernel == "vocab-parallel"  # the copy is the saved softmax (below)
         bld.pointwise("logits_cast", None, tv, reads=1, writes=1, flops_per_element=0.0, elem_bytes=(e + le) // 2,
                       saves=() if in_place else (compiled_logits,), transient=tv * e if in_place else tv * (le + e))
     if a.logit_softcap:
@@ -1192,7 +1298,10 @@ def _head(bld: _Builder) -> None:
     # unfused by default (language_module.py L200; cross_entropy_loss_fusion False, model_parallel_config.py L320).
     # Its autograd Function saves the softmax whether or not the model around it is compiled ("keep"), and no
     # logits: a compiled graph cannot trade it for the GEMM's logits as it does eager torch's log-softmax.
-    in_place = bld.spec.recipe.cross_entropy == "vocab-parallel"
+    if kernel == "fused":  # after an fp32 softcap, the kernel reads (and saves) its fp32 output
+        _fused_cross_entropy(bld, tv * le, le)
+        return
+    in_place = kernel == "vocab-parallel"
     beside = tv * e if le != e else 0.0
     probs = Saved("softmax", tv * le, "keep") if in_place else Saved("log_probs", tv * le, "pointwise")
     bld.pointwise("cross_entropy", None, tv, reads=1, writes=1, flops_per_element=5.0, elem_bytes=le,
@@ -1200,6 +1309,23 @@ def _head(bld: _Builder) -> None:
                          Saved("loss_total_weight", 4, tp_sharded=False),  # nll_loss's 0-d fp32
                          *(() if in_place else (compiled_logits,))),
                   bwd_reads=1, bwd_writes=1, kind="reduction", transient=beside if in_place else 2 * tv * le)
+
+
+def _fused_cross_entropy(bld: _Builder, logits_bytes: float, elem: int) -> None:
+    """A fused cross-entropy kernel (spec.recipe.cross_entropy "fused"): it reads the logits in the dtype they come
+    in, computes the softmax in fp32 inside the kernel, and saves the logits as they are and each token's fp32
+    log-sum-exp; backward writes the logits' gradient into a new tensor of their dtype (not in place). No fp32 copy
+    of the logits and no vocab-wide fp32 gradient exists. Ref: flash-attention v1.0.9
+    flash_attn/losses/cross_entropy.py (L36 xentropy_cuda_lib.forward -> losses, lse; L89
+    ctx.save_for_backward(logits, lse, labels); L100 backward, inplace_backward False by default), the loss
+    llm-foundry's MPT uses by default (llmfoundry/models/mpt/modeling_mpt.py@b2a43a1 L724-730, loss_fn
+    fused_crossentropy)."""
+    t = bld.t
+    tv = logits_bytes / elem
+    bld.pointwise("cross_entropy", None, int(tv), reads=1, writes=0, flops_per_element=5.0, elem_bytes=elem,
+                  saves=(Saved("logits", logits_bytes, "keep"), Saved("loss_lse", t * 4.0, tp_sharded=False),
+                         Saved("targets", t * 8, tp_sharded=False)),
+                  bwd_reads=1, bwd_writes=1, kind="reduction", transient=logits_bytes)
 
 
 # --------------------------------------------------------------------------------------------

@@ -248,6 +248,11 @@ def run_options(command: str):
                     bounds.check(f.flag, value)
                 elif isinstance(f.kind, tuple) and value not in f.kind:
                     raise UsageError(f"{value!r} is not one of {', '.join(map(repr, f.kind))}.", field=f.flag)
+                elif f.check is not None:
+                    try:
+                        f.check(value)
+                    except ValueError as e:
+                        raise UsageError(str(e), field=f.flag) from None
             return func(ctx, **values)
 
         checked.__signature__ = sig.replace(parameters=params)
@@ -398,7 +403,7 @@ def import_cmd(
 def memory_cmd(
     ctx: typer.Context,
     model, hardware, gpus, tp, pp, vp, cp, ep, cp_comm, etp, zero, device_batch_size, seq_len, dtype, grads,
-    weights, cross_entropy, moe_imbalance, attention, recompute, sequence_parallel, shard_group,
+    weights, cross_entropy, moe_weighting, moe_imbalance, attention, recompute, sequence_parallel, shard_group,
     reshard_after_forward, overlap_param_gather, offload_optimizer, fp8_all_gather, window, compiled, headroom,
     measured_peak, calibration, plot, config, framework, print_config, format, wide, quiet,
 ) -> None:
@@ -541,7 +546,7 @@ def _stated_by(ctx: typer.Context, name: str) -> str:
 def table_cmd(
     ctx: typer.Context,
     model, hardware, gpus, tp, pp, vp, cp, cp_comm, etp, ep, zero, device_batch_size, recompute, attention, window,
-    seq_len, dtype, grads, weights, cross_entropy, moe_imbalance, price, steps, tokens, param_data_ratio,
+    seq_len, dtype, grads, weights, cross_entropy, moe_weighting, moe_imbalance, price, steps, tokens, param_data_ratio,
     total_batch_size, compiled, headroom, calibration, measured_step_time, measured_gpus, measured_tp, measured_pp,
     measured_attention, measured_window, fit, startup_min, eval_every, eval_tokens, checkpoint_every, interruptions,
     restart_min, fp8, fp8_recipe, fp8_all_gather, tp_comm_overlap, sequence_parallel, shard_group,
@@ -772,7 +777,7 @@ def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_ba
 def plan_cmd(
     ctx: typer.Context,
     model, hardware, gpus, objective, deadline, budget, calibration, price, total_batch_size, seq_len, dtype, grads,
-    weights, cross_entropy, moe_imbalance, sequence_parallel, tp_comm_overlap, shard_group, reshard_after_forward,
+    weights, cross_entropy, moe_weighting, moe_imbalance, sequence_parallel, tp_comm_overlap, shard_group, reshard_after_forward,
     overlap_param_gather, offload_optimizer, fp8, fp8_recipe, fp8_all_gather, ep, cp, cp_comm, etp, tp_across_nodes,
     top, headroom, recompute, zero, attention, steps, tokens, param_data_ratio, startup_min, eval_every,
     eval_tokens, checkpoint_every, interruptions, restart_min, plot, config, framework, print_config, format, wide,
@@ -945,16 +950,21 @@ def _validate_memory(dataset: str | None, format: Format, wide: bool, loso: bool
     from ddplan import render, validation
     from ddplan.provenance import provenance
     from ddplan.registry import builtin_dir
-    from ddplan.runs import MEMORY_PEAKS, load_peaks
+    from ddplan.runs import DATASET, MEMORY_PEAKS, load_peaks
 
     where = dataset or str(builtin_dir("validation") / MEMORY_PEAKS)
     peaks = load_peaks(dataset)
     scored = [validation.score_peak(p, f"{where}: peaks.{i} ({p.id})") for i, p in enumerate(peaks.peaks)]
+    if dataset is None:  # and the shipped step-time runs: configurations known to have run
+        scored += validation.score_published_ran({p.id for p in peaks.peaks})
     if loso:
         scored = validation.peaks_leaving_each_source_out(scored)
     rows, summary = [s.row() for s in scored], validation.peak_summaries(scored)
     prov = provenance(dataset=(Path(where).name, peaks))
-    title = (f"ddplan's memory model against {len(rows)} measured peaks per GPU ({where}), "
+    ran = sum(s.what == validation.RAN for s in scored)
+    title = (f"ddplan's memory model against {len(rows) - ran} measured peaks per GPU ({where})"
+             + (f" and {ran} published runs' configurations (validation/{DATASET}: they ran; no peak measured), "
+                if ran else ", ")
              + ("each source's verdicts by a band fitted without it" if loso else "in sample"))
     if format is Format.json:
         import json

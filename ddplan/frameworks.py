@@ -39,6 +39,7 @@ APPLIES: dict[str, tuple[str, ...]] = {
     "grads": ("precision", "grads"),
     "weights": ("precision", "weights"),
     "cross_entropy": ("cross_entropy",),
+    "moe_weighting": ("moe_weighting",),
 }
 COMMIT = r"^[0-9a-f]{40}$"
 WHERE = r"^\S+@[0-9a-f]{7,40}\b"  # path@commit (a short commit is enough beside the profile's full one)

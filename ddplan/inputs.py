@@ -19,7 +19,7 @@ from ddplan.offload import check_offload
 from ddplan.plan import PlanRequest
 from ddplan.registry import builtin_names, calibration_hardware, load_calibration, load_hardware, load_model
 from ddplan.run import RunOverheads
-from ddplan.runfields import BY_PARAM, RECOMPUTE
+from ddplan.runfields import BY_PARAM, RECOMPUTE, RECOMPUTE_HINT, recompute_policy
 from ddplan.sizing import memory_setup
 from ddplan.specs import WEIGHTS, Budget, Price, run_variant
 from ddplan.table import TableRequest, check_fp8, check_fp8_options
@@ -49,7 +49,7 @@ def overheads(startup_min: float, eval_every: int | None, eval_tokens: int | Non
 
 def load(model: str, hardware: str | None, calibration: str | None, seq_len: int | None, dtype: str | None,
             check_hardware: bool = True, grads: str | None = None, moe_imbalance: float | None = None,
-            weights: str | None = None, cross_entropy: str | None = None):
+            weights: str | None = None, cross_entropy: str | None = None, moe_weighting: str | None = None):
     """(model spec, hardware spec, calibration or None). A calibration file supplies what is not given:
     its hardware (the spec it carries, or the built-in it names) and, when it measured this model, its
     sequence length and compute dtype."""
@@ -72,13 +72,13 @@ def load(model: str, hardware: str | None, calibration: str | None, seq_len: int
         dtype = dtype if dtype is not None else cal.dtype
         if (seq_len, dtype) != given:
             try:
-                return variant(spec, seq_len, dtype, grads, moe_imbalance, weights, cross_entropy), hw, cal
+                return variant(spec, seq_len, dtype, grads, moe_imbalance, weights, cross_entropy, moe_weighting), hw, cal
             except DdplanError as e:
                 if e.field == "--moe-imbalance":
                     raise
                 raise SpecError(f"its sequence length or dtype does not fit {spec.name}: {e.message}",
                                 file=calibration) from None
-    return variant(spec, seq_len, dtype, grads, moe_imbalance, weights, cross_entropy), hw, cal
+    return variant(spec, seq_len, dtype, grads, moe_imbalance, weights, cross_entropy, moe_weighting), hw, cal
 
 
 def check_calibration_hardware(cal, hws, path: str | None = None) -> None:
@@ -102,9 +102,10 @@ def check_ranges(*pairs: tuple[int | float | None, str]) -> None:
 
 
 def variant(spec, seq_len: int | None, dtype: str | None, grads: str | None = None,
-            moe_imbalance: float | None = None, weights: str | None = None, cross_entropy: str | None = None):
-    """The model at the run's sequence length, compute dtype, gradient dtype, weight storage, loss kernel and MoE
-    load imbalance (ddplan.specs.run_variant)."""
+            moe_imbalance: float | None = None, weights: str | None = None, cross_entropy: str | None = None,
+            moe_weighting: str | None = None):
+    """The model at the run's sequence length, compute dtype, gradient dtype, weight storage, loss kernel, MoE
+    weighting and MoE load imbalance (ddplan.specs.run_variant)."""
     check_ranges((seq_len, "--seq-len"), (moe_imbalance, "--moe-imbalance"))
     if moe_imbalance is not None:
         try:
@@ -119,7 +120,7 @@ def variant(spec, seq_len: int | None, dtype: str | None, grads: str | None = No
         raise UsageError(f"must be {' or '.join(WEIGHTS)}, got {weights!r}", field="--weights")
     try:
         return run_variant(spec, seq_len=seq_len, dtype=dtype, grads=grads, weights=weights,
-                           cross_entropy=cross_entropy)
+                           cross_entropy=cross_entropy, moe_weighting=moe_weighting)
     except ValueError as e:
         raise UsageError(str(e), field="--seq-len") from None
 
@@ -130,6 +131,17 @@ def choices(text: str, flag: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
     if bad or not values:
         raise UsageError(f"invalid values {bad or [text]}; allowed: {', '.join(allowed)}", field=flag)
     return values
+
+
+def policies(text: str) -> tuple[str, ...]:
+    """--recompute's comma-separated policies, each in its one spelling (ddplan.runfields.recompute_policy)."""
+    values = tuple(v.strip() for v in text.split(",") if v.strip())
+    if not values:
+        raise UsageError(f"no policy in {text!r}; allowed: {RECOMPUTE_HINT}", field="--recompute")
+    try:
+        return tuple(dict.fromkeys(recompute_policy(v) for v in values))
+    except ValueError as e:
+        raise UsageError(str(e), field="--recompute") from None
 
 
 def step_values(cal, m) -> dict:
@@ -361,14 +373,14 @@ def table_request(v: dict, stated: Stated, today):
     tps, pps, vps, cps, eps = (tuple(int_list(v[k], "--" + k)) for k in ("tp", "pp", "vp", "cp", "ep"))
     zeros = tuple(int_list(v["zero"], "--zero", allowed=(0, 1, 2, 3))) if v["zero"] else ()
     mbs = tuple(int_list(v["device_batch_size"], "--device-batch-size")) if v["device_batch_size"] else ()
-    recomputes = choices(v["recompute"], "--recompute", RECOMPUTE)
+    recomputes = policies(v["recompute"])
     windows = tuple(w.strip() for w in v["window"].split(",")) if v["window"] else ()
     for w in windows:
         check_pattern(w, "--window")
     attentions = tuple(a.strip() for a in v["attention"].split(",")) if v["attention"] else ()
     spec, hw, cal = load(v["model"], v["hardware"], v["calibration"], v["seq_len"], v["dtype"], grads=v["grads"],
                          weights=v["weights"], moe_imbalance=v["moe_imbalance"],
-                         cross_entropy=v["cross_entropy"])
+                         cross_entropy=v["cross_entropy"], moe_weighting=v["moe_weighting"])
     measured_flags = ("measured_gpus", "measured_tp", "measured_pp", "measured_attention", "measured_window")
     measurement = stated_measurement(
         spec, hw, v["measured_step_time"], gpus=v["measured_gpus"] or gpu_list[0], tp=v["measured_tp"] or tps[0],
@@ -399,11 +411,12 @@ def plan_request(v: dict, stated: Stated, today):
     names = hardware_list(v["hardware"])
     spec, hw0, cal = load(v["model"], names[0] if names else None, v["calibration"], v["seq_len"], v["dtype"],
                           check_hardware=False, grads=v["grads"], weights=v["weights"],
-                          moe_imbalance=v["moe_imbalance"], cross_entropy=v["cross_entropy"])
+                          moe_imbalance=v["moe_imbalance"], cross_entropy=v["cross_entropy"], moe_weighting=v["moe_weighting"])
     hws = (hw0, *(load_hardware(h) for h in names[1:]))
     check_calibration_hardware(cal, hws, v["calibration"])
-    recomputes = (tuple(r for r in RECOMPUTE if r in choices(v["recompute"], "--recompute", RECOMPUTE))
-                  if v["recompute"] else PlanRequest.recomputes)  # lightest first (ddplan.plan.layouts_for)
+    asked = policies(v["recompute"]) if v["recompute"] else PlanRequest.recomputes
+    # lightest first (ddplan.plan.layouts_for): the named ones in their order, a per-module one after selective
+    recomputes = tuple(sorted(asked, key=lambda r: RECOMPUTE.index(r) if r in RECOMPUTE else 1.5))
     req = PlanRequest(
         model=spec, hardware=hws, gpus=tuple(int_list(v["gpus"], "--gpus", ranges=True)), objective=v["objective"],
         deadline_h=v["deadline"], budget_usd=v["budget"], top=v["top"], calibration=cal,
@@ -460,7 +473,7 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
     stages = tuple(int_list(v["zero"], "--zero", allowed=(0, 1, 2, 3)))
     spec, hw, cal = load(v["model"], v["hardware"], v["calibration"], v["seq_len"], v["dtype"], grads=v["grads"],
                          weights=v["weights"], moe_imbalance=v["moe_imbalance"],
-                         cross_entropy=v["cross_entropy"])
+                         cross_entropy=v["cross_entropy"], moe_weighting=v["moe_weighting"])
     if v["fp8_all_gather"]:
         check_fp8(spec, hw)
         check_fp8_options(spec, True, None, True, stages)
@@ -481,7 +494,7 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
     options = _options({**v, "tp_comm_overlap": False}, spec, tp_to_check(v["tp"], stated))
     setup = memory_setup(spec, hw, gpus=v["gpus"], tp=v["tp"], pp=v["pp"], vp=v["vp"], cp=v["cp"], ep=v["ep"],
                          micro_batch=v["device_batch_size"], attention=v["attention"],
-                         recompute=choices(v["recompute"], "--recompute", RECOMPUTE)[0], compiled=v["compiled"],
+                         recompute=policies(v["recompute"])[0], compiled=v["compiled"],
                          window_pattern=v["window"], headroom=v["headroom"], options=options)
     if len(stages) == 1:  # one stage asked about: the verdict is about it (else the model's native stage)
         setup = replace(setup, layout=setup.at_zero(stages[0]))

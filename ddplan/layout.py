@@ -5,9 +5,10 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from ddplan.anatomy import RECOMPUTE_POLICIES, UNFUSED_KINDS
+from ddplan.anatomy import UNFUSED_KINDS
 from ddplan.errors import LayoutError
 from ddplan.pipeline import stage_layers
+from ddplan.runfields import recompute_policy
 from ddplan.specs import ModelSpec
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -97,8 +98,11 @@ class Layout:
                               field="--offload-optimizer")
         if self.cp_comm not in ("ring", "all_gather"):
             raise LayoutError(f"context-parallel communication must be ring or all_gather, got {self.cp_comm!r}")
-        if self.recompute not in RECOMPUTE_POLICIES:
-            raise LayoutError(f"recompute must be one of {', '.join(RECOMPUTE_POLICIES)}, got {self.recompute!r}")
+        try:
+            if recompute_policy(self.recompute) != self.recompute:
+                raise ValueError(f"{self.recompute!r}: spell it {recompute_policy(self.recompute)!r}")
+        except ValueError as e:
+            raise LayoutError(f"recompute: {e}") from None
         if self.etp not in (0, 1):
             raise LayoutError(f"expert tensor parallelism must be 1 or the tp degree, got {self.etp}", field="--etp")
         if self.expert_pool % self.ep:

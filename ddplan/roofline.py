@@ -396,6 +396,8 @@ def op_times(anatomy: Anatomy, r: Rates) -> OpTimes:
     by_kind: dict[tuple[str, str], float] = {}
     fwd_by_kind: dict[tuple[str, str], float] = {}
     again_by_kind: dict[tuple[str, str, str], float] = {}
+    # every named policy (a search's shares one OpTimes), and the anatomy's own per-module one
+    policies = RECOMPUTE_POLICIES[1:] + ((anatomy.recompute,) if anatomy.recompute not in RECOMPUTE_POLICIES else ())
     for op, n in anatomy.op_repeats:  # the blocks' repeats priced once (Anatomy.op_repeats)
         part = _part(op)
         f, b = op_time_s(op, anatomy, r)
@@ -404,7 +406,7 @@ def op_times(anatomy: Anatomy, r: Rates) -> OpTimes:
         bwd[part] = bwd.get(part, 0.0) + b
         by_kind[(part, op.kind)] = by_kind.get((part, op.kind), 0.0) + f + b
         fwd_by_kind[(part, op.kind)] = fwd_by_kind.get((part, op.kind), 0.0) + f
-        for policy in RECOMPUTE_POLICIES[1:]:
+        for policy in policies:
             if recomputed_under(op, policy):
                 again[(part, policy)] = again.get((part, policy), 0.0) + f
                 key = (part, policy, op.kind)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, create_model, model_validator
+from pydantic import AfterValidator, Field, create_model, model_validator
 
 from ddplan.runfields import FIELDS, RunField
 from ddplan.specs import Strict
@@ -47,6 +47,8 @@ def annotation(f: RunField) -> Any:
     command takes several (--gpus also as the flag's ranges, '1,8-64')."""
     if isinstance(f.kind, tuple):
         one: Any = Literal[f.kind]
+    elif f.check is not None:
+        one = Annotated[f.kind, AfterValidator(f.check)]
     elif f.range is None or f.kind not in (int, float):
         one = f.kind
     else:

@@ -56,6 +56,8 @@ class RunField:
     many: frozenset[str] = frozenset()
     helps: dict[str, str] = field(default_factory=dict)
     names_a_file: bool = False  # a name or a path: text however it is written; relative to the run file's folder
+    # a text's grammar: value -> its one spelling, ValueError naming what is allowed (recompute_policy)
+    check: Any = None
 
     @property
     def param(self) -> str:
@@ -90,6 +92,41 @@ def _f(path: str, help: str, kind: Any, panel: str, **more: Any) -> RunField:
 
 TABLE, TABLE_PLAN, ALL = frozenset({"table"}), frozenset({"table", "plan"}), frozenset(COMMANDS)
 RECOMPUTE = ("none", "selective", "per-op", "full")  # lightest first (plan searches in this order)
+# Megatron-Core's --recompute-modules (its selective recompute's choices, the ones a dense or MoE GPT block has):
+# `selective:` and the modules joined by '+', e.g. selective:layernorm+moe (selective alone is core_attn, Megatron's
+# default). Ref: NVIDIA/Megatron-LM megatron/core/transformer/transformer_config.py@d98e8a6 L560-575, L1940-1960
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts")
+RECOMPUTE_HINT = "none, selective, per-op, full, or selective:MODULE+MODULE (" + ", ".join(RECOMPUTE_MODULES) + ")"
+
+
+def recompute_modules(policy: str) -> frozenset[str] | None:
+    """The Megatron modules a `selective:a+b` recompute policy re-runs (None for another policy). Raises
+    ValueError for an unknown or repeated module, or no module."""
+    head, colon, rest = policy.partition(":")
+    if not colon or head != "selective":
+        return None
+    names = rest.split("+")
+    bad = [n for n in names if n not in RECOMPUTE_MODULES]
+    if bad or len(set(names)) != len(names):
+        raise ValueError(f"{policy!r}: {'unknown module ' + ', '.join(map(repr, bad)) if bad else 'a module twice'}")
+    return frozenset(names)
+
+
+def recompute_policy(policy: str) -> str:
+    """A recompute policy in its one spelling: a named one as is, `selective:` with its modules in
+    RECOMPUTE_MODULES' order, and `selective:core_attn` as `selective` (the same policy). Raises ValueError for
+    anything else, naming what is allowed."""
+    if policy in RECOMPUTE:
+        return policy
+    try:
+        modules = recompute_modules(policy)
+    except ValueError as e:
+        raise ValueError(f"{e}; allowed: {RECOMPUTE_HINT}") from None
+    if modules is None:
+        raise ValueError(f"{policy!r} is not a recompute policy; allowed: {RECOMPUTE_HINT}")
+    if modules == {"core_attn"}:
+        return "selective"
+    return "selective:" + "+".join(m for m in RECOMPUTE_MODULES if m in modules)
 ZERO_STAGES = (0, 1, 2, 3)
 
 # in the run file's order (--print-config and `ddplan import` write them so); --help groups them by panel
@@ -173,10 +210,11 @@ FIELDS: tuple[RunField, ...] = (
        helps={"memory": "ZeRO-3 with fp8 GEMMs: their weights gathered in fp8, 1 byte an element (torchao "
                         "enable_fsdp_float8_all_gather); memory has no --fp8, so this implies it."}),
     _f("recompute", "Activation recompute: none, selective (Megatron's: the attention core), per-op (torchtitan's "
-       "selective AC) or full.", RECOMPUTE, LAYOUT, many=TABLE_PLAN,
-       default="none", defaults={"plan": None},
-       helps={"plan": "Recompute policies to search among: none, selective, per-op, full, comma-separated (default: "
-                      "none, selective, full; plan keeps the least that fits)."}),
+       "selective AC), full, or Megatron-Core's modules as selective:MODULE+MODULE (its --recompute-modules: "
+       "core_attn, layernorm, mlp, moe, moe_act, shared_experts; e.g. selective:layernorm+moe).", str, LAYOUT,
+       many=TABLE_PLAN, default="none", defaults={"plan": None}, check=recompute_policy,
+       helps={"plan": "Recompute policies to search among: none, selective, per-op, full, selective:MODULE+MODULE, "
+                      "comma-separated (default: none, selective, full; plan keeps the least that fits)."}),
     _f("attention", "Attention implementation (default: every one on the hardware; see `ddplan specs show "
        "HARDWARE`).", str, LAYOUT, many=TABLE_PLAN,
        helps={"memory": "Attention implementation (default: the hardware's default; see `ddplan specs show "
@@ -188,7 +226,14 @@ FIELDS: tuple[RunField, ...] = (
        helps={"memory": "Window pattern of S (short) and L (long) layers, e.g. L or SSSL (default: the model's)."}),
     _f("cross_entropy", "The loss kernel: eager (torch's cross entropy on fp32 logits: two vocab-wide fp32 "
        "gradients in backward) or vocab-parallel (Megatron's: the fp32 copy of the logits is the saved softmax and "
-       "takes the gradient in place); default: the model spec's (eager).", ("eager", "vocab-parallel"), MODEL),
+       "takes the gradient in place) or fused (a fused kernel, flash-attention's as llm-foundry's MPT runs it: keeps the "
+       "16-bit logits and a log-sum-exp, writes a 16-bit gradient); default: the model spec's (eager).",
+       ("eager", "vocab-parallel", "fused"), MODEL),
+    _f("moe_weighting", "Mixture of experts: where each routed copy is multiplied by its routing probability: combine "
+       "(on the experts' outputs at the un-permute, which saves them: HF transformers, Megatron-Core before "
+       "Megatron-LM !2668) or activation (inside the experts' fused weighted SwiGLU, which saves only its input and "
+       "the probabilities: Megatron-Core since April 2025); default: the model spec's (combine).",
+       ("combine", "activation"), MODEL),
     _f("seq_len", "Sequence length in tokens (default: the recipe's; at most the model's max_seq_len).", int, MODEL,
        range=Range(1, 10**8, "tokens")),
     _f("compiled", "torch.compile'd model (changes what is saved for backward; default: the recipe's).", bool,

@@ -18,18 +18,20 @@ from __future__ import annotations
 import copy
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from ddplan.errors import DdplanError, SpecError
 from ddplan.flops import nanochat_flops_per_token
 from ddplan.registry import builtin_dir, load_hardware, load_model
+from ddplan.runfields import recompute_policy
 from ddplan.specfile import read_yaml, validate
 from ddplan.specs import Architecture, ModelSpec, Strict, present_param_groups, run_variant
 
 Precision = Literal["bf16", "fp16", "fp8"]
-Recompute = Literal["none", "selective", "full", "per-op"]
+# a recompute policy in its one spelling: none, selective, per-op, full or selective:MODULE+MODULE (Megatron's)
+Recompute = Annotated[str, AfterValidator(recompute_policy)]
 
 
 class RunSource(Strict):
@@ -244,11 +246,10 @@ class RoutingPoint(Strict):
 
 class RoutingSweep(Strict):
     """Forced-balance vs dropless pairs of one layout (validation/moe_routing.yaml): what the dropless load
-    imbalance is fitted to. recompute_moe: the runs re-computed the whole MoE layers' forward."""
+    imbalance is fitted to. Each pair's recompute is its forced-balance run's (published_runs.yaml)."""
 
     kind: Literal["routing_sweep"]
     source: RunSource
-    recompute_moe: bool = False
     points: list[RoutingPoint] = Field(min_length=1, max_length=1000)
 
 

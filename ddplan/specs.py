@@ -161,7 +161,9 @@ class Memory(Strict):
 Collective = Literal["all_reduce", "reduce_scatter", "all_gather"]
 Fp8Format = Literal["e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz"]
 Fp8Recipe = Literal["tensorwise", "delayed", "nanochat"]
-CrossEntropy = Literal["eager", "vocab-parallel"]
+CrossEntropy = Literal["eager", "vocab-parallel", "fused"]
+# where a mixture of experts multiplies each routed copy by its routing probability (Recipe.moe_weighting)
+MoeWeighting = Literal["combine", "activation"]
 
 
 class IntraNode(Strict):
@@ -602,8 +604,17 @@ class Recipe(Strict):
     # the loss kernel (ddplan.anatomy._head): eager torch's cross entropy on fp32 logits ("eager": log_softmax saves
     # its output, backward builds two vocab-wide fp32 gradients) or Megatron's vocab-parallel cross entropy
     # ("vocab-parallel": the fp32 copy of the logits becomes the saved softmax and backward writes the gradient
-    # into it in place; ddplan.specs.CROSS_ENTROPY)
+    # into it in place) or a fused kernel ("fused": flash-attention's CrossEntropyLoss, llm-foundry's default, which
+    # keeps the 16-bit logits and each token's fp32 log-sum-exp and writes a 16-bit gradient; ddplan.specs.CROSS_ENTROPY)
     cross_entropy: CrossEntropy = "eager"
+    # where a mixture of experts weights each routed copy by its routing probability (ddplan.anatomy._moe):
+    # "combine" multiplies the experts' outputs at the un-permute, which saves them for the probabilities' gradient
+    # (HF transformers' MoE blocks; Megatron-Core before Megatron-LM !2668); "activation" multiplies inside the
+    # experts' fused weighted SwiGLU, which saves only its input and the probabilities, and the un-permute saves
+    # nothing but its index (Megatron-Core since !2668, commit 2659630721, 2025-04-09: experts.py bias_act_func
+    # weighted_bias_swiglu_impl, fused_bias_swiglu.py WeightedSwiGLUFunction save_for_backward(input, weights),
+    # token_dispatcher.py MoEAlltoAllTokenDispatcher.token_unpermutation: unpermute without probs)
+    moe_weighting: MoeWeighting = "combine"
     evaluation: Evaluation | None = None
     source: str = Field(min_length=3)
 
@@ -681,11 +692,13 @@ def nanochat_dims(depth: int, aspect_ratio: int = 64, head_dim: int = 128) -> tu
 
 WEIGHTS = ("fp32", "master")  # how the weights are kept (run_variant)
 CROSS_ENTROPY = typing.get_args(CrossEntropy)  # the loss kernels (Recipe.cross_entropy)
+MOE_WEIGHTING = typing.get_args(MoeWeighting)  # where routed copies are weighted (Recipe.moe_weighting)
 
 
 def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | None = None,
                 grads: str | None = None, load_imbalance: float | None = None,
-                weights: str | None = None, cross_entropy: str | None = None) -> ModelSpec:
+                weights: str | None = None, cross_entropy: str | None = None,
+                moe_weighting: str | None = None) -> ModelSpec:
     """The model as one run trains it: another sequence length and/or compute dtype.
 
     seq_len: the recipe's sequence length (at most architecture.max_seq_len); the total batch in tokens
@@ -701,7 +714,9 @@ def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | Non
     --bf16/--fp16: Float16Module, megatron/core/transformer/module.py@d98e8a6 L479, and
     Float16OptimizerWithFloat16Params' "fp32 copy of float16 parameters", megatron/core/optimizer/optimizer.py
     L964-996; DeepSpeed's bf16/fp16 optimizers, ZeRO arXiv 1910.02054 sec. 3.1). With an fp32 compute dtype
-    "master" is "fp32". cross_entropy: the loss kernel (Recipe.cross_entropy, CROSS_ENTROPY).
+    "master" is "fp32". cross_entropy: the loss kernel (Recipe.cross_entropy, CROSS_ENTROPY). moe_weighting: where a
+    mixture of experts weights its routed copies (Recipe.moe_weighting, MOE_WEIGHTING; a dense model takes it and
+    is unchanged, as a stack's profile applies it to any model).
     Raises ValueError naming the value when it cannot be.
     """
     if seq_len is not None and seq_len != spec.recipe.seq_len:
@@ -740,6 +755,10 @@ def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | Non
         if cross_entropy not in CROSS_ENTROPY:
             raise ValueError(f"cross entropy must be {' or '.join(CROSS_ENTROPY)}, got {cross_entropy!r}")
         spec = spec.model_copy(update={"recipe": spec.recipe.model_copy(update={"cross_entropy": cross_entropy})})
+    if moe_weighting is not None and moe_weighting != spec.recipe.moe_weighting:
+        if moe_weighting not in MOE_WEIGHTING:
+            raise ValueError(f"moe weighting must be {' or '.join(MOE_WEIGHTING)}, got {moe_weighting!r}")
+        spec = spec.model_copy(update={"recipe": spec.recipe.model_copy(update={"moe_weighting": moe_weighting})})
     if load_imbalance is not None:
         moe = spec.architecture.moe
         if moe is None:

@@ -224,7 +224,8 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
     cp_s = 0.0
     if layout.cp > 1:
         fwd, bwd = _cp_layer_s(spec, hw, layout, anatomy, parts, a_layers, comm_efficiency, comm_points, cache)
-        cp_s = accum * stage * (fwd + bwd + (fwd if anatomy.recompute != "none" else 0.0))  # recompute re-sends
+        attention_again = anatomy.recompute != "none" and (anatomy.modules is None or "core_attn" in anatomy.modules)
+        cp_s = accum * stage * (fwd + bwd + (fwd if attention_again else 0.0))  # recompute re-sends
 
     ep_s = 0.0
     if a.moe is not None and (layout.ep > 1 or layout.expert_tp > 1):
@@ -234,7 +235,9 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
             rows, layout.ep, layout.expert_tp,
             _Cached(GroupTimer(hw, place.ep_per_node, comm_efficiency, comm_points), cache),
             _Cached(GroupTimer(hw, place.tp_per_node, comm_efficiency, comm_points), cache))
-        ep_s = accum * stage_moe * (fwd + bwd + (fwd if anatomy.recompute == "full" else 0.0))
+        # full recompute, and Megatron's moe module (its checkpoint re-runs the dispatch), send the tokens again
+        moe_again = anatomy.recompute == "full" or anatomy.modules is not None and "moe" in anatomy.modules
+        ep_s = accum * stage_moe * (fwd + bwd + (fwd if moe_again else 0.0))
 
     bubble = pipeline.bubble_time_s(compute + tp_s + cp_s + ep_s, p, accum, layout.pp_virtual_stages) if p > 1 else 0.0
     if p > 1:  # activations to the next stage and gradients back, per micro-batch, not overlapped

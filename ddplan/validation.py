@@ -27,7 +27,8 @@ from ddplan.memory import DOES_NOT_FIT, FITS, MAY_NOT_FIT, PEAK_RATIO, fit_verdi
 from ddplan.params import param_counts
 from ddplan.registry import builtin_names, load_hardware
 from ddplan.replay import price_run
-from ddplan.runs import MeasuredPeak, PublishedRun, RoutingSweep, RunSet, load_routing, run_spec
+from ddplan.runs import (MeasuredPeak, PublishedRun, RoutingSweep, RunSet, load_routing, load_runs, run_spec,
+                         shipped_dataset)
 
 # Hardware specs that share one fitted sustained fraction: the same die at the same power limit (the A100
 # SXM4 40 GB and 80 GB are one GA100 at 400 W; only memory differs).
@@ -339,8 +340,8 @@ class ImbalanceFit:
     imbalance: float
 
 
-# the imbalance's search interval and tolerance (fit_dropless_imbalance); the step at 1 + SLOPE_STEP prices the
-# recomputed MoE forward at imbalance 1
+# the imbalance's search interval and tolerance (fit_dropless_imbalance); the step's slope at 1 over SLOPE_STEP is
+# the experts' share of it (ImbalanceFit.moe_share)
 IMBALANCE_RANGE = (1.0, 4.0)
 IMBALANCE_TOL = 1e-3
 SLOPE_STEP = 0.05
@@ -351,16 +352,14 @@ def fit_dropless_imbalance(sweep: RoutingSweep, runs: RunSet, where: str, sustai
                            sweep_file: str = "moe_routing.yaml", scorer: Scorer | None = None) -> list[ImbalanceFit]:
     """The dropless load imbalance of each pair of a routing sweep (ddplan.runs.RoutingSweep).
 
-    Each pair's forced-balance run is priced dropless at imbalance I: t(I) with its own recompute, t_f(I) with
-    full recompute. Only the experts' ops and exchanges depend on I. When the runs re-computed the MoE layers
-    (sweep.recompute_moe), their step is t(1) + F at I = 1, F the MoE forward, which is the extra slope full
-    recompute adds near I = 1: F = (t_f(1 + h) - t_f(1)) / h - (t(1 + h) - t(1)) / h; and as I grows the
-    step rises exactly as full recompute's does (the MoE forward twice, its backward once), so the imbalance
-    solves t_f(I) - t_f(1) = (S - 1) (t(1) + F), S the measured slowdown (forced / dropless throughput), by
-    bisection on IMBALANCE_RANGE. Without recompute: t(I) - t(1) = (S - 1) t(1). Exact where the step is
-    piecewise linear in I (the busiest pipeline stage may change as the experts grow). e.g. T(1) 12 s, S 1.245,
-    and t_f rising 5 s per unit of I: I = 1 + 0.245 x 12 / 5 = 1.59. sustained: GEMM fractions replacing the
-    specs' (leave-one-source-out's re-fits); sweep_file names the sweep in errors.
+    Each pair's forced-balance run is priced dropless at imbalance I, t(I), with its own recompute (the sweep's
+    runs re-compute the whole MoE layers, selective:layernorm+moe, so their step grows with I by the experts'
+    forward twice and backward once). Only the experts' ops and exchanges depend on I. The imbalance solves
+    t(I) - t(1) = (S - 1) t(1), S the measured slowdown (forced / dropless throughput), by bisection on
+    IMBALANCE_RANGE; exact where the step is piecewise linear in I (the busiest pipeline stage may change as the
+    experts grow). e.g. t(1) 12 s, S 1.245, and t rising 5 s per unit of I: I = 1 + 0.245 x 12 / 5 = 1.59.
+    sustained: GEMM fractions replacing the specs' (leave-one-source-out's re-fits); sweep_file names the sweep in
+    errors.
     """
     scorer = scorer or Scorer()
     by_id = {r.id: r for r in runs.runs}
@@ -379,29 +378,22 @@ def fit_dropless_imbalance(sweep: RoutingSweep, runs: RunSet, where: str, sustai
         slowdown = dropless_s / run.measured_step_s
         here = f"{where}: {run.id}"
 
-        variants = {rc: run.model_copy(update={"model": run.model.model_copy(update={"routing": "dropless"}),
-                                               "layout": run.layout.model_copy(update={"recompute": rc})})
-                    for rc in dict.fromkeys((run.layout.recompute, "full"))}
+        dropless = run.model_copy(update={"model": run.model.model_copy(update={"routing": "dropless"})})
 
-        def step(imbalance: float, recompute: str) -> float:
-            return scorer.score(variants[recompute], here, sustained, imbalance).predicted_s
+        def step(imbalance: float) -> float:
+            return scorer.score(dropless, here, sustained, imbalance).predicted_s
 
-        own = run.layout.recompute
-        grows = "full" if sweep.recompute_moe else own  # the recompute whose step rises with I as the run's did
-        t1 = step(1.0, own)
-        g1 = t1 if grows == own else step(1.0, grows)
-        slope = (step(1 + SLOPE_STEP, grows) - g1) / SLOPE_STEP  # the step's growth per unit of I, near 1
-        extra = slope - (step(1 + SLOPE_STEP, own) - t1) / SLOPE_STEP if sweep.recompute_moe else 0.0
-        total = t1 + extra
-        target = (slowdown - 1) * total
+        t1 = step(1.0)
+        slope = (step(1 + SLOPE_STEP) - t1) / SLOPE_STEP  # the step's growth per unit of I, near 1
+        target = (slowdown - 1) * t1
         lo, hi = IMBALANCE_RANGE
-        if step(hi, grows) - g1 < target:
+        if step(hi) - t1 < target:
             raise SpecError(f"{run.id}: the measured slowdown {slowdown:.3f} needs an imbalance above {hi:g}",
                             file=sweep_file, field=field)
         while hi - lo > IMBALANCE_TOL:
             mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if step(mid, grows) - g1 < target else (lo, mid)
-        out.append(ImbalanceFit(id=run.id, seq_len=run.model.seq_len, slowdown=slowdown, moe_share=slope / total,
+            lo, hi = (mid, hi) if step(mid) - t1 < target else (lo, mid)
+        out.append(ImbalanceFit(id=run.id, seq_len=run.model.seq_len, slowdown=slowdown, moe_share=slope / t1,
                                 imbalance=(lo + hi) / 2))
     return out
 
@@ -543,6 +535,31 @@ def score_peak(peak: MeasuredPeak, where: str) -> PeakScored:
                       fits=row.memory.fits, verdict=row.memory.verdict)
 
 
+RAN = "ran (step time)"  # PeakScored.what of a published step-time run: it ran, its peak unmeasured
+
+
+def score_ran(run: PublishedRun, where: str) -> PeakScored:
+    """A published step-time run as a configuration known to have run (no peak measured): its memory verdict,
+    which must not be "does not fit". Priced as `ddplan table` prices it, at the micro-batch it states, else at
+    micro-batch 1, the least it can have run at (so "does not fit" there is wrong whatever it ran at)."""
+    if run.layout.micro_batch is None:
+        run = run.model_copy(update={"layout": run.layout.model_copy(update={"micro_batch": 1})})
+    _, hw, row = price_run(run, where)
+    total = row.memory.total
+    return PeakScored(id=run.id, source=run.source.name, hardware=hw.name, gpus=run.layout.gpus,
+                      framework=run.framework or "-", outcome="ran", what=RAN, measured_gb=None,
+                      predicted_gb=total / 1e9, total_gb=total / 1e9, limit_gb=row.memory.limit / 1e9,
+                      fits=row.memory.fits, verdict=row.memory.verdict)
+
+
+def score_published_ran(skip: set[str] = frozenset(), path: str | None = None) -> list[PeakScored]:
+    """Every run of the step-time dataset (the shipped one, or `path`) as a configuration that ran (score_ran),
+    except those whose id is in `skip` (a peak dataset's own entry for the same run)."""
+    where = path or shipped_dataset()
+    return [score_ran(r, f"{where}: runs.{i} ({r.id})") for i, r in enumerate(load_runs(path).runs)
+            if r.id not in skip]
+
+
 def peak_band(scored: Sequence[PeakScored]) -> tuple[float, float]:
     """(5th, 95th) percentile of measured / predicted over the measured peaks: what ddplan.memory.PEAK_RATIO, the
     band a memory verdict carries, is built from (as the step time's band is: band_ratio). Nothing in the memory
@@ -576,10 +593,17 @@ def peak_summary(scored: Sequence[PeakScored], group: str = "all") -> dict:
             "false_fits": sum(s.outcome == "out_of_memory" and s.verdict == FITS for s in scored)}
 
 
+def _evidence(s: PeakScored) -> str:
+    """What a scored configuration's source saw: a measured peak, an out-of-memory failure, or a run (no peak)."""
+    if s.measured_gb is not None:
+        return "measured peak"
+    return "out of memory" if s.outcome == "out_of_memory" else "ran, no peak"
+
+
 def peak_summaries(scored: Sequence[PeakScored]) -> list[dict]:
-    """The overall summary, then one per source, framework and hardware."""
+    """The overall summary, then one per kind of evidence, source, framework and hardware."""
     out = [peak_summary(scored)]
-    for name, key in (("source", lambda s: s.source), ("framework", lambda s: s.framework),
+    for name, key in (("evidence", _evidence), ("source", lambda s: s.source), ("framework", lambda s: s.framework),
                       ("hardware", lambda s: s.hardware)):
         groups: dict[str, list[PeakScored]] = {}
         for s in scored:

@@ -25,7 +25,7 @@ from ddplan.anatomy import (
     sdpa_math_saved_bytes,
 )
 from ddplan.registry import load_model
-from ddplan.specs import Dropout, ModelSpec, MoE
+from ddplan.specs import Dropout, ModelSpec, MoE, run_variant
 
 # --------------------------------------------------------------------------------------------
 # Tiny models
@@ -73,6 +73,12 @@ def qwen2_moe_tiny(**kw) -> ModelSpec:
                  vocab_size=512, max_seq_len=128, mlp_hidden_dim=384, **kw)
 
 
+def weighted_in_activation(spec: ModelSpec) -> ModelSpec:
+    """The model with its routed copies weighted in the experts' activation (Recipe.moe_weighting "activation",
+    Megatron-Core's weighted SwiGLU) instead of at the combine."""
+    return run_variant(spec, moe_weighting="activation")
+
+
 TINY = {
     "nanochat-d2": lambda: nanochat_tiny(2),
     "nanochat-d3": lambda: nanochat_tiny(3),
@@ -80,6 +86,8 @@ TINY = {
     "llama-gqa": llama_gqa_tiny,
     "mixtral-moe": mixtral_tiny,
     "qwen2-moe": qwen2_moe_tiny,
+    "mixtral-weighted": lambda: weighted_in_activation(mixtral_tiny()),
+    "gelu-moe-weighted": lambda: weighted_in_activation(mixtral_tiny(mlp="gelu")),
 }
 BATCH = 2
 # reference attention name -> (anatomy attention kind, window support)
@@ -105,14 +113,29 @@ RECOMPUTE = ("none", "selective", "full", "per-op")
 #   mixtral-moe  sdpa-fused   5,977,092   5,968,900  1,184,772
 #   qwen2-moe    sdpa-math    8,314,884   7,004,164  1,184,772
 #   qwen2-moe    sdpa-fused   7,012,356   7,004,164  1,184,772
+#
+# and Megatron-Core's modules (MODULE_CASES), math attention: gpt2 selective:mlp 3,423,236; llama-gqa
+# selective:core_attn+mlp 3,318,788; mixtral-moe selective:moe 4,629,508 and selective:core_attn+moe 3,318,788;
+# qwen2-moe selective:mlp+moe 4,629,508 and selective:shared_experts 7,527,428; and with the routed copies weighted in
+# the activation (Megatron-Core's weighted SwiGLU), mixtral-weighted none 6,362,116 (mixtral-moe's 7,279,620 less
+# 917,504 B: each layer's 512 x 128 fp32 expert outputs and 512 x 96 silu(g), plus 512 fp32 row probabilities
+# kept in place of 256 x 2 combine weights), selective:moe 4,629,508
 SAVED_TOLERANCE = 0.01
 FLOPS_TOLERANCE = 0.01
 # The reference runs a mixture of experts' experts one after another, an aten.mm each, which the per-op policy
 # counts and saves; torchtitan runs them as one torch._grouped_mm, outside its save list, as the anatomy does.
-PER_OP_UNLIKE_TORCHTITAN = ("mixtral-moe", "qwen2-moe")
+PER_OP_UNLIKE_TORCHTITAN = ("mixtral-moe", "qwen2-moe", "mixtral-weighted", "gelu-moe-weighted")
 
+# Megatron-Core's per-module recompute where a torch checkpoint states it (reference.CHECKPOINTED_MODULES): the dense
+# MLP (qwen2-moe's first layer is dense), the MoE layer whole, the shared experts, with and without the core
+MODULE_CASES = {"gpt2": ("selective:mlp",), "llama-gqa": ("selective:core_attn+mlp",),
+                "mixtral-moe": ("selective:moe", "selective:core_attn+moe"),
+                "qwen2-moe": ("selective:mlp+moe", "selective:shared_experts"),
+                "mixtral-weighted": ("selective:moe",)}
 CASES = [pytest.param(m, a, rc, id=f"{m}-{a}-{rc}") for m in TINY for a in ATTENTION for rc in RECOMPUTE
-         if not (rc == "per-op" and m in PER_OP_UNLIKE_TORCHTITAN)]
+         if not (rc == "per-op" and m in PER_OP_UNLIKE_TORCHTITAN)] + [
+    pytest.param(m, a, rc, id=f"{m}-{a}-{rc}") for m, policies in MODULE_CASES.items() for a in ATTENTION
+    for rc in policies]
 
 
 @functools.cache
@@ -801,3 +824,38 @@ def test_backward_transient_is_the_gradients_or_the_largest_live_recompute(recom
     brought = (none.saved_split[0] - an.saved_split[0]) / layers + sum(
         t.bytes for n, t in an.saved_tensors().items() if t.tag == "op_output" and n.startswith("h0."))
     assert an.transient_bytes() <= an.backward_transient_bytes() <= an.transient_bytes() + brought
+
+
+def test_megatron_layernorm_and_moe_act_recompute_by_hand():
+    """Megatron's layernorm and moe_act recompute discard a module's output once used (CheckpointWithoutOutput,
+    transformer_layer.py@d98e8a6 L684-718, moe/experts.py L269-273), which torch.utils.checkpoint does not state,
+    so by hand on the Mixtral tiny block (d 128, 4 SwiGLU experts of 96, top 2, 2 layers) at 2 x 128 tokens in
+    fp32, t = 256 tokens, rows = t x 2 = 512:
+    - layernorm drops, per layer and norm, its output xn (t d 4 = 131,072 B), the normed x its weight's gradient
+      reads (131,072 B) and the rms statistic (t 4 = 1,024 B): 2 layers x 2 norms x 263,168 = 1,052,672 B; it re-runs
+      4 FLOPs an element: 4 x t d x 2 x 2 = 524,288 FLOPs;
+    - moe_act drops silu(g) and the product fed to the down projection (rows f 4 = 196,608 B each): 786,432 B;
+      it re-runs 5 FLOPs an element of rows x f: 5 x 512 x 96 x 2 = 491,520 FLOPs; g and u (its inputs) stay."""
+    base = _anatomy("mixtral-moe", "sdpa-fused", "none")
+    for policy, dropped, again in (("selective:layernorm", 1_052_672, 524_288),
+                                   ("selective:moe_act", 786_432, 491_520),
+                                   ("selective:layernorm+moe_act", 1_052_672 + 786_432, 524_288 + 491_520)):
+        an = _anatomy("mixtral-moe", "sdpa-fused", policy)
+        assert base.saved_bytes() - an.saved_bytes() == dropped, policy
+        assert an.recompute_flops() - base.recompute_flops() == again, policy
+    kept = _anatomy("mixtral-moe", "sdpa-fused", "selective:moe_act").saved_tensors()
+    assert {"h0.experts.g", "h0.experts.u", "h0.moe.permuted"} <= set(kept) and "h0.experts.act_out" not in kept
+    # the MoE checkpoint keeps its input (the pre-MLP norm's output) unless the norm is re-run too
+    assert "h0.xn2" in _anatomy("mixtral-moe", "sdpa-fused", "selective:moe").saved_tensors()
+    assert "h0.xn2" not in _anatomy("mixtral-moe", "sdpa-fused", "selective:layernorm+moe").saved_tensors()
+
+
+def test_a_recompute_policy_has_one_spelling():
+    """selective:MODULE+... in Megatron's names, in RECOMPUTE_MODULES' order; selective:core_attn is selective."""
+    from ddplan.runfields import recompute_policy
+
+    assert recompute_policy("selective:moe+layernorm") == "selective:layernorm+moe"
+    assert recompute_policy("selective:core_attn") == "selective" and recompute_policy("full") == "full"
+    for bad in ("selective:", "selective:moe+moe", "selective:attn", "partial", "full:moe"):
+        with pytest.raises(ValueError, match="allowed: none, selective, per-op, full"):
+            recompute_policy(bad)

@@ -395,6 +395,29 @@ def test_megatron_s_vocab_parallel_cross_entropy_keeps_one_vocab_wide_fp32_buffe
     assert c_m.saved_bytes() - c_e.saved_bytes() == (4 - 2) * tv
 
 
+def test_a_fused_cross_entropy_keeps_the_16_bit_logits_and_writes_a_16_bit_gradient():
+    """flash-attention's CrossEntropyLoss (v2.7.4.post1 flash_attn/ops/triton/cross_entropy.py L245, L261), MPT's loss
+    in llm-foundry: saves (logits, lse, labels) and writes the gradient into empty_like(logits). Hand count for
+    GPT-2 small at 2 x 1,024 tokens (t = 2,048, v = 50,257, bf16 logits): saved 2 tv + 4 t (lse) + 8 t (int64 targets)
+    where eager torch keeps the fp32 log-probabilities, 4 tv + 8 t + 4 (the 0-d weight): 2 tv - 4 t + 4 bytes less;
+    the working set is the bf16 gradient alone, 2 tv, with no fp32 cast of the logits before it (eager: 8 tv)."""
+    from ddplan.anatomy import build_anatomy
+    from ddplan.specs import run_variant
+
+    eager = load_model("gpt2")
+    fused = run_variant(eager, cross_entropy="fused")
+    t, tv = 2 * 1024, 2 * 1024 * 50257
+    a_e, a_f = (build_anatomy(s, batch=2, seq_len=1024) for s in (eager, fused))
+    ops = {o.name: o for o in a_f.ops}
+    assert "logits_cast" not in ops and ops["cross_entropy"].transient_bytes == 2 * tv
+    assert a_e.saved_bytes() - a_f.saved_bytes() == 2 * tv - 4 * t + 4
+    assert a_e.transient_bytes() == 8 * tv and a_f.transient_bytes() < a_e.transient_bytes()
+    assert a_e.flops_fwd() == a_f.flops_fwd()  # the same work, read once in 16 bits
+    # an autograd Function: compiled or not, it saves its logits and log-sum-exp
+    kept = build_anatomy(fused, batch=2, seq_len=1024, compiled=True).saved_tensors()
+    assert kept["logits"].bytes == 2 * tv and kept["loss_lse"].bytes == 4 * t
+
+
 def test_the_megatron_core_profile_applies_its_loss_kernel(capsys):
     """frameworks/megatron-core.yaml applies cross_entropy: vocab-parallel, and a flag wins over it: with
     --cross-entropy eager only the working set grows (the states and saved tensors are the same)."""

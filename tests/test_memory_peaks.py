@@ -9,7 +9,7 @@ from cli_helpers import csv_rows, fails, run_ok
 
 from ddplan import validation as V
 from ddplan.errors import DdplanError
-from ddplan.runs import load_peaks
+from ddplan.runs import load_peaks, load_runs
 
 GB_PER_GIB = 2**30 / 1e9
 
@@ -89,7 +89,13 @@ def test_a_bad_peak_entry_is_one_line(tmp_path, change, words):
 
 def test_validate_memory_prints_every_peak_and_refuses_what_it_cannot_do(capsys, tmp_path):
     rows = csv_rows(run_ok(capsys, ["validate", "--memory", "--format", "csv"]))
-    assert len(rows) == len(load_peaks().peaks) and {"measured_gb", "predicted_gb", "verdict_right"} <= set(rows[0])
+    peaks = load_peaks().peaks
+    # every peak, then every published step-time run that is not a peak's too (the seed is both): each ran
+    ran = [r for r in rows if r["measured_what"] == V.RAN]
+    assert [r["id"] for r in rows[:len(peaks)]] == [p.id for p in peaks] and len(rows) == len(peaks) + len(ran)
+    assert {r["id"] for r in ran} == {r.id for r in load_runs().runs} - {p.id for p in peaks}
+    assert all(r["outcome"] == "ran" and r["measured_gb"] == "" for r in ran)
+    assert {"measured_gb", "predicted_gb", "verdict_right"} <= set(rows[0])
     rows = csv_rows(run_ok(capsys, ["validate", "--memory", "--dataset", str(_peaks_file(tmp_path, [_peak()])),
                                     "--format", "csv"]))
     assert [r["id"] for r in rows] == ["p1"]
@@ -111,6 +117,12 @@ def test_the_verdict_band_is_the_peaks_spread_and_holds_leaving_each_source_out(
         summary = V.peak_summary(judged)
         assert summary["false_does_not_fit"] == 0 and summary["false_fits"] == 0
         assert summary["may_not_fit_pct"] <= 20
+    # the 41 published step-time runs that are not peaks ran too: none of them is "does not fit" (8 were, before
+    # Megatron's per-module recompute and llm-foundry's fused loss were stated)
+    ran = V.score_published_ran({p.id for p in load_peaks().peaks})
+    assert len(ran) == 41
+    for judged in (ran, V.peaks_leaving_each_source_out(scored + ran)):
+        assert V.peak_summary(judged)["false_does_not_fit"] == 0
     held = V.peaks_leaving_each_source_out(scored)
     bloom = next(s for s in held if s.source == "bigscience-bloom-prequel")
     others = [s for s in scored if s.source != "bigscience-bloom-prequel"]

@@ -79,7 +79,7 @@ def test_a_list_for_a_single_value_flag_is_said_unless_the_flag_is_given(capsys)
     ("kind: run\nbudget: {steps: 10, tokens: 1e9}\n", "at most one of steps, tokens, param_data_ratio"),
     ("kind: run\ngpus: true\n", "gpus: must be a number, got true (a true/false value)"),
     ("kind: run\ngpus: 0\n", "gpus: Input should be greater than or equal to 1 (got 0)"),
-    ("kind: run\nrecompute: sometimes\n", "recompute: Input should be 'none', 'selective', 'per-op' or 'full'"),
+    ("kind: run\nrecompute: sometimes\n", "recompute: 'sometimes' is not a recompute policy; allowed: none, selective"),
     ("kind: run\nlayout: {zero: 5}\n", "layout.zero: Input should be 0, 1, 2 or 3 (got 5)"),
     ("kind: run\nmeasured: {fit: bogus}\n", "measured.fit: Input should be 'auto', 'gemm', 'attention' or"),
     ("kind: run\nheadroom: 1.5\n", "headroom"),

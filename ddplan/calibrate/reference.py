@@ -35,10 +35,14 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
+from ddplan.runfields import recompute_modules
 from ddplan.specs import PARAM_GROUPS, Architecture, ModelSpec
 
 ATTENTION = ("sdpa-math", "sdpa-fused")  # names shared with hardware/*.yaml `attention`
 RECOMPUTE = ("none", "selective", "full", "per-op")
+# Megatron's recompute modules a torch checkpoint states as Megatron runs them (layernorm and moe_act discard a
+# module's output, CheckpointWithoutOutput, which torch.utils.checkpoint does not express)
+CHECKPOINTED_MODULES = frozenset({"core_attn", "mlp", "moe", "shared_experts"})
 # per-op: torchtitan's SelectiveAC policy (ddplan.anatomy.PER_OP_SOURCE) restated: a layer is checkpointed, the
 # outputs of these ops are kept, except every second aten.mm of the layer's forward. torchtitan's list names the
 # CUDA attention kernels; on a CPU the fused SDPA runs `_scaled_dot_product_flash_attention_for_cpu`, its stand-in.
@@ -238,14 +242,44 @@ class MLP(nn.Module):
         self.c_gate = Linear(c, hidden, bias=bias) if arch.mlp == "swiglu" else None
         self.c_proj = Linear(hidden, c, bias=bias)
 
-    def forward(self, x):
+    def forward(self, x, probs=None):
+        """probs: each row's routing probability (fp32), multiplied in the activation (Recipe.moe_weighting
+        "activation"): SwiGLU by WeightedSwiGLU, another activation by an eager product."""
+        if self.kind == "swiglu":
+            g, u = self.c_gate(x), self.c_fc(x)
+            h = F.silu(g) * u if probs is None else WeightedSwiGLU.apply(g, u, probs)
+            return self.c_proj(h)
         if self.kind == "relu2":
             h = F.relu(self.c_fc(x)).square()
-        elif self.kind == "gelu":
-            h = F.gelu(self.c_fc(x), approximate="tanh")
         else:
-            h = F.silu(self.c_gate(x)) * self.c_fc(x)
+            h = F.gelu(self.c_fc(x), approximate="tanh")
+        if probs is not None:
+            h = (h * probs.unsqueeze(-1)).to(x.dtype)
         return self.c_proj(h)
+
+
+class WeightedSwiGLU(torch.autograd.Function):
+    """silu(g) x u x p in one op, as Megatron-Core's fused weighted SwiGLU runs a mixture of experts' activation
+    (Recipe.moe_weighting "activation"): it saves its inputs (g, u and the fp32 probabilities p) and nothing it
+    makes. Ref: Megatron-LM megatron/core/fusions/fused_bias_swiglu.py@2659630721 WeightedSwiGLUFunction
+    (ctx.save_for_backward(input, weights)), weighted_swiglu / weighted_swiglu_back."""
+
+    @staticmethod
+    def forward(ctx, g, u, p):
+        ctx.save_for_backward(g, u, p)
+        return (F.silu(g.float()) * u.float() * p.unsqueeze(-1)).to(g.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        g, u, p = ctx.saved_tensors
+        gf, uf, grad = g.float(), u.float(), grad.float()
+        sig = torch.sigmoid(gf)
+        silu = gf * sig
+        d_act = grad * p.unsqueeze(-1)  # the gradient of silu(g) x u
+        dg = d_act * uf * sig * (1 + gf * (1 - sig))
+        du = d_act * silu
+        dp = (grad * silu * uf).sum(-1)
+        return dg.to(g.dtype), du.to(u.dtype), dp
 
 
 class MoE(nn.Module):
@@ -262,9 +296,10 @@ class MoE(nn.Module):
     Ref: Megatron-Core moe/router.py (TopKRouter), token_dispatcher.py (permute / unpermute with probs),
     experts.py (SequentialMLP); HF transformers MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock."""
 
-    def __init__(self, arch: Architecture):
+    def __init__(self, arch: Architecture, weighting: str = "combine"):
         super().__init__()
         m = arch.moe
+        self.weighting = weighting  # Recipe.moe_weighting: at the combine, or in the experts' activation
         if m.capacity_factor is not None:
             raise ValueError("the reference model runs dropless routing only (moe.capacity_factor must be unset)")
         self.k, c = m.top_k, arch.d_model
@@ -272,6 +307,7 @@ class MoE(nn.Module):
         self.experts = nn.ModuleList(MLP(arch, m.expert_hidden_dim) for _ in range(m.num_experts))
         self.shared = MLP(arch, m.shared_width) if m.shared_width else None
         self.shared_gate = Linear(c, 1, bias=False) if m.shared_expert_gate else None
+        self.checkpoint_shared = False  # Block sets it for Megatron's shared_experts recompute
 
     def forward(self, x):
         shape, c = x.shape, x.shape[-1]
@@ -283,31 +319,52 @@ class MoE(nn.Module):
         order = torch.argsort(flat, stable=True)  # the copies in expert order
         counts = torch.bincount(flat, minlength=len(self.experts)).tolist()
         permuted = xf.unsqueeze(1).expand(n, k, c).reshape(n * k, c)[order]
-        outs = [expert(rows) for expert, rows in zip(self.experts, permuted.split(counts)) if rows.shape[0]]
-        expert_out = torch.cat(outs) if outs else permuted
-        y_sorted = expert_out * weights.to(x.dtype).reshape(-1)[order].unsqueeze(-1)
+        if self.weighting == "activation":  # each row's probability goes in with it (the dispatcher's permuted probs)
+            row_probs = weights.reshape(-1)[order].split(counts)
+            outs = [expert(rows, p) for expert, rows, p in zip(self.experts, permuted.split(counts), row_probs)
+                    if rows.shape[0]]
+            y_sorted = torch.cat(outs) if outs else permuted
+        else:
+            outs = [expert(rows) for expert, rows in zip(self.experts, permuted.split(counts)) if rows.shape[0]]
+            expert_out = torch.cat(outs) if outs else permuted
+            y_sorted = expert_out * weights.to(x.dtype).reshape(-1)[order].unsqueeze(-1)
         # back to token order by index_put, which saves only `order` (index_copy would keep y_sorted too)
         y = torch.zeros_like(y_sorted).index_put((order,), y_sorted).view(n, k, c).sum(1)
         if self.shared is not None:
-            shared = self.shared(xf)
-            if self.shared_gate is not None:
-                shared = torch.sigmoid(self.shared_gate(xf)) * shared
+            shared = (checkpoint(self.shared_out, xf, use_reentrant=False, early_stop=False)
+                      if self.checkpoint_shared else self.shared_out(xf))
             y = y + shared
         return y.view(shape)
 
+    def shared_out(self, xf):
+        """The shared experts' output, gated (Megatron's SharedExpertMLP, its gate included)."""
+        shared = self.shared(xf)
+        if self.shared_gate is not None:
+            shared = torch.sigmoid(self.shared_gate(xf)) * shared
+        return shared
+
 
 class Block(nn.Module):
-    def __init__(self, arch, family, layer, attention, selective):
+    def __init__(self, arch, family, layer, attention, modules: frozenset[str], moe_weighting: str = "combine"):
         super().__init__()
         self.norm_attn = Norm(arch, family["norm_eps"])
-        self.attn = Attention(arch, layer in arch.value_embedding_layers(), attention, selective)
+        self.attn = Attention(arch, layer in arch.value_embedding_layers(), attention, "core_attn" in modules)
         self.norm_mlp = Norm(arch, family["norm_eps"])
-        self.mlp = MoE(arch) if arch.is_moe_layer(layer) else MLP(arch)
+        moe = arch.is_moe_layer(layer)
+        self.mlp = MoE(arch, moe_weighting) if moe else MLP(arch)
+        # Megatron's modules a checkpoint can express (ddplan.runfields.RECOMPUTE_MODULES): the dense MLP or the
+        # MoE layer whole, or the shared experts; re-run whole (early_stop=False), as Megatron's
+        # tensor_parallel.checkpoint re-runs a module's forward
+        self.checkpoint_mlp = "moe" in modules if moe else "mlp" in modules
+        if moe and "shared_experts" in modules and "moe" not in modules:
+            self.mlp.checkpoint_shared = True
         self.dropout_p = arch.dropout.hidden
 
     def forward(self, x, ve, cos, sin, mask):
         x = x + self.dropout(self.attn(self.norm_attn(x), ve, cos, sin, mask))
-        return x + self.dropout(self.mlp(self.norm_mlp(x)))
+        h = self.norm_mlp(x)
+        y = checkpoint(self.mlp, h, use_reentrant=False, early_stop=False) if self.checkpoint_mlp else self.mlp(h)
+        return x + self.dropout(y)
 
     def dropout(self, x):
         """Megatron's hidden dropout (after each output projection). torch.native_dropout keeps a one-byte
@@ -340,7 +397,8 @@ class Transformer(nn.Module):
         mix = arch.scalars_per_layer == 2
         self.resid_lambdas = nn.Parameter(torch.ones(arch.num_layers)) if mix else None
         self.x0_lambdas = nn.Parameter(torch.zeros(arch.num_layers)) if mix else None
-        self.blocks = nn.ModuleList([Block(arch, family, i, attention, recompute == "selective")
+        modules = recompute_modules(recompute) or (frozenset({"core_attn"}) if recompute == "selective" else frozenset())
+        self.blocks = nn.ModuleList([Block(arch, family, i, attention, modules, spec.recipe.moe_weighting)
                                      for i in range(arch.num_layers)])
         self.backout_lambda = nn.Parameter(torch.zeros(1)) if arch.backout else None
         self.norm_f = Norm(arch, family["norm_eps"])
@@ -450,8 +508,11 @@ def build_model(spec: ModelSpec, *, attention: str, recompute: str, seq_len: int
     """
     for name, value, allowed in (("attention", attention, ATTENTION), ("recompute", recompute, RECOMPUTE),
                                  ("dtype_policy", dtype_policy, DTYPE_POLICIES)):
-        if value not in allowed:
-            raise ValueError(f"{name}={value!r}; allowed: {', '.join(allowed)}")
+        if value not in allowed and not (name == "recompute" and recompute_modules(value) is not None
+                                         and recompute_modules(value) <= CHECKPOINTED_MODULES):
+            raise ValueError(f"{name}={value!r}; allowed: {', '.join(allowed)}"
+                             + (f", or selective: with {', '.join(sorted(CHECKPOINTED_MODULES))}"
+                                if name == "recompute" else ""))
     seq_len = seq_len or spec.recipe.seq_len
     if seq_len > spec.architecture.max_seq_len:
         raise ValueError(f"seq_len {seq_len} exceeds architecture.max_seq_len {spec.architecture.max_seq_len}")
