@@ -631,6 +631,7 @@ class _Builder:
 
     def __init__(self, spec: ModelSpec, batch: int, seq_len: int, ep: int = 1, expert_rows: int = 1):
         self.spec, self.a, self.ep, self.expert_rows = spec, spec.architecture, ep, expert_rows
+        self.fused = spec.recipe.fusions == "transformer-engine"  # fused norms, RoPE and SwiGLU (Recipe.fusions)
         self.b, self.s, self.t = batch, seq_len, batch * seq_len
         self.e = dtype_bytes(spec.dtypes.compute)  # activation element size
         self.ops: list[Op] = []
@@ -707,8 +708,9 @@ class _Builder:
         stats = 2 if a.norm == "layernorm" else 1
         saves = (Saved(x, t * w * self.e, tag, tp_sharded=core),
                  Saved(f"{name}.stats", t * rows_per_token * stats * 4, "keep", tp_sharded=core))
-        if learnable and a.norm == "rmsnorm":
-            # x * rstd * weight: the weight's gradient needs the normalised x, a tensor of its own
+        if learnable and a.norm == "rmsnorm" and not self.fused:
+            # x * rstd * weight: the weight's gradient needs the normalised x, a tensor of its own (a fused norm,
+            # Transformer Engine's, re-makes it from x and rstd)
             saves = (*saves, Saved(f"{name}.normed", t * w * self.e, "pointwise", tp_sharded=core))
         self.pointwise(name, layer, t * w, reads=1, saves=saves, flops_per_element=4.0,
                        bwd_reads=2, bwd_writes=1, kind="reduction", core=core)
@@ -983,11 +985,13 @@ def _block(bld: _Builder, i: int, window: int, kind: AttentionKind, windows: Win
                       saves=(Saved(f"{p}.ve_out", t * kv_w * e), Saved(f"{p}.ve_sigmoid", t * heads * e, "pointwise"),
                              Saved(f"{p}.ve_gate", t * heads * e, "pointwise")))
     if a.position == "rope":
-        # nanochat's rotary: y1 = x1 cos + x2 sin, y2 = x1 (-sin) + x2 cos; -sin is made per call and saved
+        # nanochat's rotary: y1 = x1 cos + x2 sin, y2 = x1 (-sin) + x2 cos; -sin is made per call and saved (a
+        # fused RoPE, Transformer Engine's FusedRoPEFunc, keeps only the shared frequency table)
         half = bld.s * hd // 2 * e
+        sins = () if bld.fused else (Saved(f"{p}.rope_q_sin", half, "pointwise", tp_sharded=False),
+                                     Saved(f"{p}.rope_k_sin", half, "pointwise", tp_sharded=False))
         bld.pointwise(f"{p}.attn.rope", i, t * (q_w + kv_w), reads=1, flops_per_element=3.0, bwd_reads=1,
-                      saves=(Saved(f"{p}.rope_q_sin", half, "pointwise", tp_sharded=False),
-                             Saved(f"{p}.rope_k_sin", half, "pointwise", tp_sharded=False)))
+                      saves=sins)
     if a.qk_norm:
         # per-head norms: one statistic per (token, head)
         bld.norm(f"{p}.attn.q_norm", i, f"{p}.q_rope", learnable=a.norm_learnable, tag="pointwise", core=True,
@@ -1025,8 +1029,9 @@ def _mlp(bld: _Builder, i: int, p: str, f: int, x: str, group: str, *, rows: flo
     if a.mlp == "swiglu":
         bld.gemm(f"{p}.gate", i, c, f, x, group, x_saved_tag=x_tag, m=t, experts=experts)
         bld.gemm(f"{p}.up", i, c, f, x, group, x_saved_tag=x_tag, m=t, experts=experts)
-        # silu(g) * u: silu saves g, the product saves silu(g) and u; the fused weighted kernel keeps g, u, probs
-        silu = () if weighted else (Saved(f"{p}.silu_g", t * f * e, "pointwise"),)
+        # silu(g) * u: silu saves g, the product saves silu(g) and u; a fused kernel (Megatron-Core's SwiGLU, its
+        # weighted one with the probabilities) keeps g and u only
+        silu = () if weighted or bld.fused else (Saved(f"{p}.silu_g", t * f * e, "pointwise"),)
         bld.pointwise(f"{p}.act", i, t * f, reads=2, flops_per_element=6.0 if weighted else 5.0,
                       saves=(Saved(f"{p}.g", t * f * e), Saved(f"{p}.u", t * f * e), *silu, *probs))
     else:

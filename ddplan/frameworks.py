@@ -40,6 +40,7 @@ APPLIES: dict[str, tuple[str, ...]] = {
     "weights": ("precision", "weights"),
     "cross_entropy": ("cross_entropy",),
     "moe_weighting": ("moe_weighting",),
+    "fusions": ("fusions",),
 }
 COMMIT = r"^[0-9a-f]{40}$"
 WHERE = r"^\S+@[0-9a-f]{7,40}\b"  # path@commit (a short commit is enough beside the profile's full one)

@@ -49,7 +49,8 @@ def overheads(startup_min: float, eval_every: int | None, eval_tokens: int | Non
 
 def load(model: str, hardware: str | None, calibration: str | None, seq_len: int | None, dtype: str | None,
             check_hardware: bool = True, grads: str | None = None, moe_imbalance: float | None = None,
-            weights: str | None = None, cross_entropy: str | None = None, moe_weighting: str | None = None):
+            weights: str | None = None, cross_entropy: str | None = None, moe_weighting: str | None = None,
+            fusions: str | None = None):
     """(model spec, hardware spec, calibration or None). A calibration file supplies what is not given:
     its hardware (the spec it carries, or the built-in it names) and, when it measured this model, its
     sequence length and compute dtype."""
@@ -72,13 +73,13 @@ def load(model: str, hardware: str | None, calibration: str | None, seq_len: int
         dtype = dtype if dtype is not None else cal.dtype
         if (seq_len, dtype) != given:
             try:
-                return variant(spec, seq_len, dtype, grads, moe_imbalance, weights, cross_entropy, moe_weighting), hw, cal
+                return variant(spec, seq_len, dtype, grads, moe_imbalance, weights, cross_entropy, moe_weighting, fusions), hw, cal
             except DdplanError as e:
                 if e.field == "--moe-imbalance":
                     raise
                 raise SpecError(f"its sequence length or dtype does not fit {spec.name}: {e.message}",
                                 file=calibration) from None
-    return variant(spec, seq_len, dtype, grads, moe_imbalance, weights, cross_entropy, moe_weighting), hw, cal
+    return variant(spec, seq_len, dtype, grads, moe_imbalance, weights, cross_entropy, moe_weighting, fusions), hw, cal
 
 
 def check_calibration_hardware(cal, hws, path: str | None = None) -> None:
@@ -103,9 +104,9 @@ def check_ranges(*pairs: tuple[int | float | None, str]) -> None:
 
 def variant(spec, seq_len: int | None, dtype: str | None, grads: str | None = None,
             moe_imbalance: float | None = None, weights: str | None = None, cross_entropy: str | None = None,
-            moe_weighting: str | None = None):
+            moe_weighting: str | None = None, fusions: str | None = None):
     """The model at the run's sequence length, compute dtype, gradient dtype, weight storage, loss kernel, MoE
-    weighting and MoE load imbalance (ddplan.specs.run_variant)."""
+    weighting, block fusions and MoE load imbalance (ddplan.specs.run_variant)."""
     check_ranges((seq_len, "--seq-len"), (moe_imbalance, "--moe-imbalance"))
     if moe_imbalance is not None:
         try:
@@ -120,7 +121,7 @@ def variant(spec, seq_len: int | None, dtype: str | None, grads: str | None = No
         raise UsageError(f"must be {' or '.join(WEIGHTS)}, got {weights!r}", field="--weights")
     try:
         return run_variant(spec, seq_len=seq_len, dtype=dtype, grads=grads, weights=weights,
-                           cross_entropy=cross_entropy, moe_weighting=moe_weighting)
+                           cross_entropy=cross_entropy, moe_weighting=moe_weighting, fusions=fusions)
     except ValueError as e:
         raise UsageError(str(e), field="--seq-len") from None
 
@@ -380,7 +381,8 @@ def table_request(v: dict, stated: Stated, today):
     attentions = tuple(a.strip() for a in v["attention"].split(",")) if v["attention"] else ()
     spec, hw, cal = load(v["model"], v["hardware"], v["calibration"], v["seq_len"], v["dtype"], grads=v["grads"],
                          weights=v["weights"], moe_imbalance=v["moe_imbalance"],
-                         cross_entropy=v["cross_entropy"], moe_weighting=v["moe_weighting"])
+                         cross_entropy=v["cross_entropy"], moe_weighting=v["moe_weighting"],
+                         fusions=v["fusions"])
     measured_flags = ("measured_gpus", "measured_tp", "measured_pp", "measured_attention", "measured_window")
     measurement = stated_measurement(
         spec, hw, v["measured_step_time"], gpus=v["measured_gpus"] or gpu_list[0], tp=v["measured_tp"] or tps[0],
@@ -411,7 +413,8 @@ def plan_request(v: dict, stated: Stated, today):
     names = hardware_list(v["hardware"])
     spec, hw0, cal = load(v["model"], names[0] if names else None, v["calibration"], v["seq_len"], v["dtype"],
                           check_hardware=False, grads=v["grads"], weights=v["weights"],
-                          moe_imbalance=v["moe_imbalance"], cross_entropy=v["cross_entropy"], moe_weighting=v["moe_weighting"])
+                          moe_imbalance=v["moe_imbalance"], cross_entropy=v["cross_entropy"],
+                          moe_weighting=v["moe_weighting"], fusions=v["fusions"])
     hws = (hw0, *(load_hardware(h) for h in names[1:]))
     check_calibration_hardware(cal, hws, v["calibration"])
     asked = policies(v["recompute"]) if v["recompute"] else PlanRequest.recomputes
@@ -473,7 +476,8 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
     stages = tuple(int_list(v["zero"], "--zero", allowed=(0, 1, 2, 3)))
     spec, hw, cal = load(v["model"], v["hardware"], v["calibration"], v["seq_len"], v["dtype"], grads=v["grads"],
                          weights=v["weights"], moe_imbalance=v["moe_imbalance"],
-                         cross_entropy=v["cross_entropy"], moe_weighting=v["moe_weighting"])
+                         cross_entropy=v["cross_entropy"], moe_weighting=v["moe_weighting"],
+                         fusions=v["fusions"])
     if v["fp8_all_gather"]:
         check_fp8(spec, hw)
         check_fp8_options(spec, True, None, True, stages)

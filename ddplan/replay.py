@@ -36,7 +36,8 @@ STATED_BY: dict[tuple[str, ...], str] = {
     ("precision", "fp8_recipe"): "fp8_recipe", ("precision", "fp8_all_gather"): "layout.fp8_all_gather",
     ("recompute",): "layout.recompute", ("attention",): "layout.attention", ("window",): "layout.window",
     ("seq_len",): "model.seq_len", ("framework",): "framework", ("cross_entropy",): "framework (its profile's)",
-    ("moe_weighting",): "framework (its profile's)", ("compiled",): "layout.compiled",
+    ("moe_weighting",): "framework (its profile's)", ("fusions",): "framework (its profile's)",
+    ("compiled",): "layout.compiled",
     ("moe_imbalance",): "model.routing",
     ("batch", "device"): "layout.micro_batch", ("batch", "total_tokens"): "layout.global_batch_sequences",
     ("measured", "step_time_s"): "measured", ("measured", "gpus"): "layout.gpus", ("measured", "tp"): "layout.tp",
@@ -77,6 +78,12 @@ def run_moe_weighting(run: RunFacts) -> str | None:
     """Where a run's mixture of experts weighted its routed copies (ddplan.specs.Recipe.moe_weighting): its framework
     profile's (Megatron-Core's weighted SwiGLU), else None (the base spec's)."""
     return _profile_value(run, "moe_weighting")
+
+
+def run_fusions(run: RunFacts) -> str | None:
+    """How a run's blocks ran their norms, rotary embedding and SwiGLU (ddplan.specs.Recipe.fusions): its framework
+    profile's (Megatron-Core's Transformer Engine modules), else None (the base spec's)."""
+    return _profile_value(run, "fusions")
 
 
 def _profile_value(run: RunFacts, item: str) -> str | None:
@@ -123,6 +130,8 @@ def table_command(run: PublishedRun, folder: Path | None = None) -> list[str] | 
         argv += ["--cross-entropy", run_cross_entropy(run)]
     if run_moe_weighting(run):
         argv += ["--moe-weighting", run_moe_weighting(run)]
+    if run_fusions(run):
+        argv += ["--fusions", run_fusions(run)]
     if run.model.routing == "balanced":
         argv += ["--moe-imbalance", "1"]
     if lay.attention:
@@ -192,8 +201,9 @@ def price_run(run: RunFacts, where: str, sustained: dict[str, float] | None = No
     if sustained and hw.name in sustained:
         hw = with_sustained(hw, sustained[hw.name], "re-fitted by ddplan.validation")
     spec = run_spec(run, where, imbalance, weights=run_weights(run))
-    if run_cross_entropy(run) or run_moe_weighting(run):
-        spec = run_variant(spec, cross_entropy=run_cross_entropy(run), moe_weighting=run_moe_weighting(run))
+    if run_cross_entropy(run) or run_moe_weighting(run) or run_fusions(run):
+        spec = run_variant(spec, cross_entropy=run_cross_entropy(run), moe_weighting=run_moe_weighting(run),
+                           fusions=run_fusions(run))
     lay = run.layout
     attention = lay.attention or hw.default_attention
     req = TableRequest(model=spec, hardware=hw, gpus=(lay.gpus,), tps=(lay.tp,), pps=(lay.pp,), vps=(lay.vp,),

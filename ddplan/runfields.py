@@ -234,6 +234,10 @@ FIELDS: tuple[RunField, ...] = (
        "Megatron-LM !2668) or activation (inside the experts' fused weighted SwiGLU, which saves only its input and "
        "the probabilities: Megatron-Core since April 2025); default: the model spec's (combine).",
        ("combine", "activation"), MODEL),
+    _f("fusions", "How a block's norms, rotary embedding and SwiGLU run: eager (torch's ops: a learnable RMSNorm keeps "
+       "its normalised input too, SwiGLU keeps silu(g)) or transformer-engine (Megatron-Core's Transformer Engine "
+       "layer spec: fused norms, RoPE and SwiGLU keep their inputs only); default: the model spec's (eager).",
+       ("eager", "transformer-engine"), MODEL),
     _f("seq_len", "Sequence length in tokens (default: the recipe's; at most the model's max_seq_len).", int, MODEL,
        range=Range(1, 10**8, "tokens")),
     _f("compiled", "torch.compile'd model (changes what is saved for backward; default: the recipe's).", bool,

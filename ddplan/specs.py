@@ -164,6 +164,8 @@ Fp8Recipe = Literal["tensorwise", "delayed", "nanochat"]
 CrossEntropy = Literal["eager", "vocab-parallel", "fused"]
 # where a mixture of experts multiplies each routed copy by its routing probability (Recipe.moe_weighting)
 MoeWeighting = Literal["combine", "activation"]
+# how a block's norms, rotary embedding and SwiGLU run (Recipe.fusions)
+Fusions = Literal["eager", "transformer-engine"]
 
 
 class IntraNode(Strict):
@@ -615,6 +617,14 @@ class Recipe(Strict):
     # weighted_bias_swiglu_impl, fused_bias_swiglu.py WeightedSwiGLUFunction save_for_backward(input, weights),
     # token_dispatcher.py MoEAlltoAllTokenDispatcher.token_unpermutation: unpermute without probs)
     moe_weighting: MoeWeighting = "combine"
+    # how a block's norms, rotary embedding and SwiGLU run (ddplan.anatomy): "eager" as torch's ops run them (the
+    # reference model, nanochat, HF): a learnable RMSNorm keeps its normalised input beside its input, the rotary
+    # embedding a -sin table a call, SwiGLU silu(g) beside g and u; "transformer-engine" as Megatron-Core's Transformer
+    # Engine layer spec runs them (transformer_config.py@d98e8a64 L1314 transformer_impl "transformer_engine"):
+    # TE's norms keep their input and statistics only, the fused RoPE nothing a token, the fused SwiGLU its input
+    # only (fused_bias_swiglu.py SwiGLUFunction save_for_backward(input); --no-bias-swiglu-fusion and
+    # --no-rope-fusion are off by default, arguments.py L2895-2905)
+    fusions: Fusions = "eager"
     evaluation: Evaluation | None = None
     source: str = Field(min_length=3)
 
@@ -693,12 +703,13 @@ def nanochat_dims(depth: int, aspect_ratio: int = 64, head_dim: int = 128) -> tu
 WEIGHTS = ("fp32", "master")  # how the weights are kept (run_variant)
 CROSS_ENTROPY = typing.get_args(CrossEntropy)  # the loss kernels (Recipe.cross_entropy)
 MOE_WEIGHTING = typing.get_args(MoeWeighting)  # where routed copies are weighted (Recipe.moe_weighting)
+FUSIONS = typing.get_args(Fusions)  # how a block's norms, rotary embedding and SwiGLU run (Recipe.fusions)
 
 
 def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | None = None,
                 grads: str | None = None, load_imbalance: float | None = None,
                 weights: str | None = None, cross_entropy: str | None = None,
-                moe_weighting: str | None = None) -> ModelSpec:
+                moe_weighting: str | None = None, fusions: str | None = None) -> ModelSpec:
     """The model as one run trains it: another sequence length and/or compute dtype.
 
     seq_len: the recipe's sequence length (at most architecture.max_seq_len); the total batch in tokens
@@ -716,7 +727,8 @@ def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | Non
     L964-996; DeepSpeed's bf16/fp16 optimizers, ZeRO arXiv 1910.02054 sec. 3.1). With an fp32 compute dtype
     "master" is "fp32". cross_entropy: the loss kernel (Recipe.cross_entropy, CROSS_ENTROPY). moe_weighting: where a
     mixture of experts weights its routed copies (Recipe.moe_weighting, MOE_WEIGHTING; a dense model takes it and
-    is unchanged, as a stack's profile applies it to any model).
+    is unchanged, as a stack's profile applies it to any model). fusions: how the block's norms, rotary embedding and
+    SwiGLU run (Recipe.fusions, FUSIONS).
     Raises ValueError naming the value when it cannot be.
     """
     if seq_len is not None and seq_len != spec.recipe.seq_len:
@@ -759,6 +771,10 @@ def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | Non
         if moe_weighting not in MOE_WEIGHTING:
             raise ValueError(f"moe weighting must be {' or '.join(MOE_WEIGHTING)}, got {moe_weighting!r}")
         spec = spec.model_copy(update={"recipe": spec.recipe.model_copy(update={"moe_weighting": moe_weighting})})
+    if fusions is not None and fusions != spec.recipe.fusions:
+        if fusions not in FUSIONS:
+            raise ValueError(f"fusions must be {' or '.join(FUSIONS)}, got {fusions!r}")
+        spec = spec.model_copy(update={"recipe": spec.recipe.model_copy(update={"fusions": fusions})})
     if load_imbalance is not None:
         moe = spec.architecture.moe
         if moe is None:

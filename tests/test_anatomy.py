@@ -88,6 +88,8 @@ TINY = {
     "qwen2-moe": qwen2_moe_tiny,
     "mixtral-weighted": lambda: weighted_in_activation(mixtral_tiny()),
     "gelu-moe-weighted": lambda: weighted_in_activation(mixtral_tiny(mlp="gelu")),
+    "llama-te": lambda: run_variant(llama_gqa_tiny(), fusions="transformer-engine"),
+    "mixtral-te": lambda: run_variant(mixtral_tiny(), fusions="transformer-engine"),
 }
 BATCH = 2
 # reference attention name -> (anatomy attention kind, window support)
@@ -119,12 +121,15 @@ RECOMPUTE = ("none", "selective", "full", "per-op")
 # qwen2-moe selective:mlp+moe 4,629,508 and selective:shared_experts 7,527,428; and with the routed copies weighted in
 # the activation (Megatron-Core's weighted SwiGLU), mixtral-weighted none 6,362,116 (mixtral-moe's 7,279,620 less
 # 917,504 B: each layer's 512 x 128 fp32 expert outputs and 512 x 96 silu(g), plus 512 fp32 row probabilities
-# kept in place of 256 x 2 combine weights), selective:moe 4,629,508
+# kept in place of 256 x 2 combine weights), selective:moe 4,629,508; with Transformer Engine's fused norms, RoPE and
+# SwiGLU (Recipe.fusions), llama-te none 6,300,676 (llama-gqa's 7,775,236 less 1,474,560 B: each layer's two
+# normalised 256 x 128 inputs, its 256 x 384 silu(g) and two 128 x 16 -sin tables, and the final norm's), mixtral-te
+# none 6,198,276
 SAVED_TOLERANCE = 0.01
 FLOPS_TOLERANCE = 0.01
 # The reference runs a mixture of experts' experts one after another, an aten.mm each, which the per-op policy
 # counts and saves; torchtitan runs them as one torch._grouped_mm, outside its save list, as the anatomy does.
-PER_OP_UNLIKE_TORCHTITAN = ("mixtral-moe", "qwen2-moe", "mixtral-weighted", "gelu-moe-weighted")
+PER_OP_UNLIKE_TORCHTITAN = ("mixtral-moe", "qwen2-moe", "mixtral-weighted", "gelu-moe-weighted", "mixtral-te")
 
 # Megatron-Core's per-module recompute where a torch checkpoint states it (reference.CHECKPOINTED_MODULES): the dense
 # MLP (qwen2-moe's first layer is dense), the MoE layer whole, the shared experts, with and without the core

@@ -117,9 +117,9 @@ class Linear(nn.Linear):
 class Norm(nn.Module):
     """RMSNorm or LayerNorm over the last dim; weight only if learnable, bias only for LayerNorm with biases."""
 
-    def __init__(self, arch: Architecture, eps: float | None):
+    def __init__(self, arch: Architecture, eps: float | None, fused: bool = False):
         super().__init__()
-        self.kind, self.eps, self.shape = arch.norm, eps, (arch.d_model,)
+        self.kind, self.eps, self.shape, self.fused = arch.norm, eps, (arch.d_model,), fused
         self.weight = nn.Parameter(torch.ones(arch.d_model)) if arch.norm_learnable else None
         has_bias = arch.norm_learnable and arch.norm == "layernorm" and arch.linear_bias
         self.bias = nn.Parameter(torch.zeros(arch.d_model)) if has_bias else None
@@ -127,9 +127,65 @@ class Norm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = None if self.weight is None else self.weight.to(x.dtype)
         if self.kind == "rmsnorm":
+            if self.fused and w is not None:
+                return FusedRMSNorm.apply(x, w, self.eps or torch.finfo(x.dtype).eps)
             return F.rms_norm(x, self.shape, w, self.eps)
         b = None if self.bias is None else self.bias.to(x.dtype)
         return F.layer_norm(x, self.shape, w, b, self.eps or 1e-5)
+
+
+class FusedRMSNorm(torch.autograd.Function):
+    """RMSNorm with a weight as Transformer Engine's fused kernel runs it (Recipe.fusions "transformer-engine"): it
+    keeps its input, the weight and one fp32 rstd a row, and re-makes the normalised input in backward, where
+    eager torch keeps x * rstd as a tensor of its own. Ref: TransformerEngine transformer_engine/pytorch/ops/basic/
+    rmsnorm.py (ctx.save_for_backward(x, rstd)); Megatron-Core's TENorm (extensions/transformer_engine.py)."""
+
+    @staticmethod
+    def forward(ctx, x, w, eps):
+        rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, w, rstd)
+        return (x.float() * rstd).to(x.dtype) * w
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w, rstd = ctx.saved_tensors
+        xhat = x.float() * rstd
+        gw = grad.float() * w.float()
+        dx = rstd * (gw - xhat * (gw * xhat).mean(-1, keepdim=True))
+        dw = (grad.float() * xhat).reshape(-1, x.shape[-1]).sum(0)
+        return dx.to(x.dtype), dw.to(w.dtype), None
+
+
+class FusedRotary(torch.autograd.Function):
+    """apply_rotary as one fused op (Transformer Engine's FusedRoPEFunc, Megatron-Core's apply_rope_fusion): it keeps
+    the shared cos/sin tables only (buffers, not activations), where eager torch makes and keeps -sin each call."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin):
+        ctx.save_for_backward(cos, sin)
+        return apply_rotary(x, cos, sin)
+
+    @staticmethod
+    def backward(ctx, grad):
+        cos, sin = ctx.saved_tensors
+        return apply_rotary(grad, cos, -sin), None, None
+
+
+class FusedSwiGLU(torch.autograd.Function):
+    """silu(g) x u as one fused op (Megatron-Core's bias_swiglu_impl, on by default): it keeps its input, g and u,
+    and re-makes silu(g) in backward. Ref: Megatron-LM megatron/core/fusions/fused_bias_swiglu.py@d98e8a64
+    SwiGLUFunction (ctx.save_for_backward(input_for_backward))."""
+
+    @staticmethod
+    def forward(ctx, g, u):
+        ctx.save_for_backward(g, u)
+        return F.silu(g) * u
+
+    @staticmethod
+    def backward(ctx, grad):
+        g, u = ctx.saved_tensors
+        sig = torch.sigmoid(g)
+        return grad * u * sig * (1 + g * (1 - sig)), grad * g * sig
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -188,8 +244,9 @@ def sdpa(q, k, v, mask, *, attention: str, dropout_p: float = 0.0):
 
 
 class Attention(nn.Module):
-    def __init__(self, arch: Architecture, has_ve: bool, attention: str, selective: bool):
+    def __init__(self, arch: Architecture, has_ve: bool, attention: str, selective: bool, fused: bool = False):
         super().__init__()
+        self.fused = fused  # Recipe.fusions "transformer-engine": the rotary embedding as one fused op
         self.h, self.h_kv, self.d = arch.num_heads, arch.num_kv_heads, arch.head_dim
         self.qk_norm, self.attention, self.selective = arch.qk_norm, attention, selective
         self.dropout_p = arch.dropout.attention
@@ -212,7 +269,8 @@ class Attention(nn.Module):
             gate = VE_GATE_RANGE * torch.sigmoid(self.ve_gate(x[..., : self.ve_gate.in_features]))
             v = v + gate.unsqueeze(-1) * ve.view(b, t, self.h_kv, self.d)
         if cos is not None:
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            rotary = FusedRotary.apply if self.fused else apply_rotary
+            q, k = rotary(q, cos, sin), rotary(k, cos, sin)
         if self.qk_norm:  # weightless rms_norm over head_dim, after rotary, then the 1.2 gain
             q, k = F.rms_norm(q, (self.d,)), F.rms_norm(k, (self.d,))
             q, k = q * QK_GAIN, k * QK_GAIN
@@ -234,9 +292,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """relu2: nanochat (gpt.py l.134-141); gelu (tanh): GPT-2; swiglu: Llama (c_gate, c_fc = up, c_proj = down)."""
 
-    def __init__(self, arch: Architecture, hidden: int | None = None):
+    def __init__(self, arch: Architecture, hidden: int | None = None, fused: bool = False):
         super().__init__()
-        self.kind = arch.mlp
+        self.kind, self.fused = arch.mlp, fused  # fused: SwiGLU as one op (Recipe.fusions "transformer-engine")
         c, hidden, bias = arch.d_model, hidden or arch.mlp_hidden_dim, arch.linear_bias
         self.c_fc = Linear(c, hidden, bias=bias)
         self.c_gate = Linear(c, hidden, bias=bias) if arch.mlp == "swiglu" else None
@@ -247,7 +305,10 @@ class MLP(nn.Module):
         "activation"): SwiGLU by WeightedSwiGLU, another activation by an eager product."""
         if self.kind == "swiglu":
             g, u = self.c_gate(x), self.c_fc(x)
-            h = F.silu(g) * u if probs is None else WeightedSwiGLU.apply(g, u, probs)
+            if probs is not None:
+                h = WeightedSwiGLU.apply(g, u, probs)
+            else:
+                h = FusedSwiGLU.apply(g, u) if self.fused else F.silu(g) * u
             return self.c_proj(h)
         if self.kind == "relu2":
             h = F.relu(self.c_fc(x)).square()
@@ -296,7 +357,7 @@ class MoE(nn.Module):
     Ref: Megatron-Core moe/router.py (TopKRouter), token_dispatcher.py (permute / unpermute with probs),
     experts.py (SequentialMLP); HF transformers MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock."""
 
-    def __init__(self, arch: Architecture, weighting: str = "combine"):
+    def __init__(self, arch: Architecture, weighting: str = "combine", fused: bool = False):
         super().__init__()
         m = arch.moe
         self.weighting = weighting  # Recipe.moe_weighting: at the combine, or in the experts' activation
@@ -304,8 +365,8 @@ class MoE(nn.Module):
             raise ValueError("the reference model runs dropless routing only (moe.capacity_factor must be unset)")
         self.k, c = m.top_k, arch.d_model
         self.router = Linear(c, m.num_experts, bias=False)
-        self.experts = nn.ModuleList(MLP(arch, m.expert_hidden_dim) for _ in range(m.num_experts))
-        self.shared = MLP(arch, m.shared_width) if m.shared_width else None
+        self.experts = nn.ModuleList(MLP(arch, m.expert_hidden_dim, fused) for _ in range(m.num_experts))
+        self.shared = MLP(arch, m.shared_width, fused) if m.shared_width else None
         self.shared_gate = Linear(c, 1, bias=False) if m.shared_expert_gate else None
         self.checkpoint_shared = False  # Block sets it for Megatron's shared_experts recompute
 
@@ -345,13 +406,14 @@ class MoE(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, arch, family, layer, attention, modules: frozenset[str], moe_weighting: str = "combine"):
+    def __init__(self, arch, family, layer, attention, modules: frozenset[str], moe_weighting: str = "combine",
+                 fused: bool = False):
         super().__init__()
-        self.norm_attn = Norm(arch, family["norm_eps"])
-        self.attn = Attention(arch, layer in arch.value_embedding_layers(), attention, "core_attn" in modules)
-        self.norm_mlp = Norm(arch, family["norm_eps"])
+        self.norm_attn = Norm(arch, family["norm_eps"], fused)
+        self.attn = Attention(arch, layer in arch.value_embedding_layers(), attention, "core_attn" in modules, fused)
+        self.norm_mlp = Norm(arch, family["norm_eps"], fused)
         moe = arch.is_moe_layer(layer)
-        self.mlp = MoE(arch, moe_weighting) if moe else MLP(arch)
+        self.mlp = MoE(arch, moe_weighting, fused) if moe else MLP(arch, fused=fused)
         # Megatron's modules a checkpoint can express (ddplan.runfields.RECOMPUTE_MODULES): the dense MLP or the
         # MoE layer whole, or the shared experts; re-run whole (early_stop=False), as Megatron's
         # tensor_parallel.checkpoint re-runs a module's forward
@@ -388,7 +450,8 @@ class Transformer(nn.Module):
         c = arch.d_model
         self.wte = nn.Embedding(arch.vocab_size, c)
         self.wpe = nn.Embedding(arch.max_seq_len, c) if arch.position == "learned" else None
-        self.norm_embed = Norm(arch, family["norm_eps"]) if family["embed_norm"] else None
+        fused = spec.recipe.fusions == "transformer-engine"
+        self.norm_embed = Norm(arch, family["norm_eps"], fused) if family["embed_norm"] else None
         self.smear_gate = (Linear(arch.smear_gate_in_features, 1, bias=False)
                            if arch.smear_gate_in_features else None)
         self.smear_lambda = nn.Parameter(torch.zeros(1)) if arch.smear_gate_in_features else None
@@ -398,10 +461,10 @@ class Transformer(nn.Module):
         self.resid_lambdas = nn.Parameter(torch.ones(arch.num_layers)) if mix else None
         self.x0_lambdas = nn.Parameter(torch.zeros(arch.num_layers)) if mix else None
         modules = recompute_modules(recompute) or (frozenset({"core_attn"}) if recompute == "selective" else frozenset())
-        self.blocks = nn.ModuleList([Block(arch, family, i, attention, modules, spec.recipe.moe_weighting)
+        self.blocks = nn.ModuleList([Block(arch, family, i, attention, modules, spec.recipe.moe_weighting, fused)
                                      for i in range(arch.num_layers)])
         self.backout_lambda = nn.Parameter(torch.zeros(1)) if arch.backout else None
-        self.norm_f = Norm(arch, family["norm_eps"])
+        self.norm_f = Norm(arch, family["norm_eps"], fused)
         self.lm_head = None if arch.tied_embeddings else Linear(c, arch.vocab_size, bias=False)
         if arch.position == "rope":  # nanochat gpt.py `_precompute_rotary_embeddings`, cached in compute dtype
             inv_freq = family["rope_theta"] ** (-torch.arange(0, arch.head_dim, 2, dtype=torch.float32) / arch.head_dim)
