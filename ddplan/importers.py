@@ -28,6 +28,7 @@ from ddplan.errors import DdplanError, SpecError
 from ddplan.registry import builtin_names, load_model
 from ddplan.files import atomic_write
 from ddplan.runconfig import RunConfig, field_paths, flow
+from ddplan.runfields import RECOMPUTE_MODULES, recompute_policy
 from ddplan.specfile import read_text, read_yaml, validate
 
 FORMATS = ("torchtitan", "megatron", "nemo", "nanochat")
@@ -500,8 +501,13 @@ def _split(s: str) -> list[str]:
         return s.split()
 
 
+# Megatron-LM flags that take a list (nargs='+'): their values, space-separated, up to the next flag
+LIST_FLAGS = ("--recompute-modules",)
+
+
 def _flags(tokens: list[str]) -> dict[str, str | bool]:
-    """--name value / --name=value / --name (a switch: True), the last given winning."""
+    """--name value / --name=value / --name (a switch: True), the last given winning; a LIST_FLAGS flag takes every
+    value up to the next flag, space-separated."""
     out: dict[str, str | bool] = {}
     i = 0
     while i < len(tokens):
@@ -510,6 +516,12 @@ def _flags(tokens: list[str]) -> dict[str, str | bool]:
             if "=" in t:
                 k, v = t.split("=", 1)
                 out[k] = v
+            elif t in LIST_FLAGS and i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+                values = []
+                while i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+                    values.append(tokens[i + 1])
+                    i += 1
+                out[t] = " ".join(values)
             elif i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
                 out[t] = tokens[i + 1]
                 i += 1
@@ -664,10 +676,7 @@ def _megatron(text: str, path: Path, out: Imported) -> None:
                                 f"with {recipe} scaling the weights are priced gathered in 16 bits")
     granularity = arg("--recompute-granularity")
     if arg("--recompute-activations") or granularity == "selective":
-        out.set("recompute", "selective")
-        modules = arg("--recompute-modules")
-        if modules and modules != "core_attn":
-            out.warnings.append(f"--recompute-modules {modules}: only core_attn is modelled (priced as selective)")
+        _recompute_modules(out, arg("--recompute-modules"), "--recompute-modules")
     elif granularity == "full":
         out.set("recompute", "full")
         if arg("--recompute-num-layers") not in (None, "1") and arg("--recompute-method") == "block":
@@ -816,13 +825,34 @@ def _nemo(text: str, path: Path, out: Imported) -> None:
     if "megatron_amp_O2" in model:  # O2: 16-bit weights, fp32 masters in the optimizer; without: fp32 weights, autocast
         o2 = bool(model["megatron_amp_O2"])
         out.set(("precision", "weights"), "master" if o2 else "fp32", f"model.megatron_amp_O2 {str(o2).lower()}")
-    granularity = model.get("activations_checkpoint_granularity")
-    if granularity in ("selective", "full"):
+    granularity = model.get("activations_checkpoint_granularity") or model.get("recompute_granularity")
+    if granularity == "selective":
+        modules = model.get("recompute_modules")
+        _recompute_modules(out, " ".join(modules) if isinstance(modules, list) else modules, "model.recompute_modules")
+    elif granularity == "full":
         out.set("recompute", granularity)
         if granularity == "full" and model.get("activations_checkpoint_num_layers") not in (None, 1):
             out.warnings.append("model.activations_checkpoint_num_layers: priced as every layer recomputed")
     if model.get("mcore_gpt") is False:
         out.warnings.append("model.mcore_gpt false (NeMo's legacy model): priced as Megatron-Core")
+
+
+def _recompute_modules(out, modules: str | None, where: str) -> None:
+    """Megatron-Core's selective recompute of `modules` (space-separated; none given: its default, core_attn) as
+    ddplan's policy (ddplan.runfields.recompute_policy: `selective` is selective:core_attn); modules ddplan does not
+    model are named in a warning and left out. Ref: megatron/core/transformer/transformer_config.py@d98e8a64
+    recompute_modules (default ["core_attn"])."""
+    if not modules:
+        out.set("recompute", "selective")
+        return
+    names = modules.split()
+    known = [m for m in names if m in RECOMPUTE_MODULES]
+    unknown = [m for m in names if m not in RECOMPUTE_MODULES]
+    if unknown:
+        out.warnings.append(f"{where} {' '.join(unknown)}: not modelled (ddplan prices {', '.join(RECOMPUTE_MODULES)}); "
+                            f"priced without recomputing {'it' if len(unknown) == 1 else 'them'}")
+    policy = recompute_policy("selective:" + "+".join(known)) if known else "none"
+    out.set("recompute", policy, f"{where} {modules}")
 
 
 # ----------------------------------------------------------------------------------------------------------------

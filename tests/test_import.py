@@ -278,6 +278,36 @@ def test_nemo_s_amp_o2_and_megatron_s_default_global_batch(capsys, tmp_path):
     assert "  total_tokens: 1024  # no --global-batch-size" in out.read_text(encoding="utf-8")
 
 
+def test_megatron_s_recompute_modules_are_the_per_module_policy(capsys, tmp_path):
+    """--recompute-modules takes a list (nargs '+'): the ModelZoo's `--recompute-granularity selective
+    --recompute-modules layernorm moe_act` is ddplan's selective:layernorm+moe_act, which prices less memory than
+    core_attn alone; selective with no modules is Megatron's default, core_attn (`selective`); a module ddplan does
+    not model is a warning, left out. NeMo's recompute_modules list reads the same way."""
+    out = tmp_path / "run.yaml"
+    args = tmp_path / "args.sh"
+    base = ("--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 512 --micro-batch-size 4 "
+            "--nproc_per_node 8 --bf16 --recompute-granularity selective")
+    memory = {}
+    for modules, policy in (("", "selective"), (" --recompute-modules layernorm mlp", "selective:layernorm+mlp"),
+                            (" --recompute-modules core_attn", "selective")):
+        args.write_text(base + modules + "\n", encoding="utf-8")
+        run_ok(capsys, ["import", str(args), "-o", str(out), "--from", "megatron"])
+        assert f"recompute: {policy}" in out.read_text(encoding="utf-8")
+        memory[policy] = float(csv_rows(run_ok(capsys, ["memory", "--config", str(out), "--format", "csv"]))[0]
+                               ["activations_gib"])
+    assert memory["selective:layernorm+mlp"] < memory["selective"]
+    args.write_text(base + " --recompute-modules mla_up_proj moe_act --lr 1e-4\n", encoding="utf-8")
+    code, _, err = run(capsys, ["import", str(args), "-o", str(out), "--from", "megatron"])
+    assert code == 0 and "--recompute-modules mla_up_proj: not modelled" in err
+    assert "recompute: selective:moe_act" in out.read_text(encoding="utf-8")
+    nemo = tmp_path / "nemo.yaml"
+    nemo.write_text("trainer:\n  devices: 8\n  precision: bf16\nmodel:\n  num_layers: 2\n  hidden_size: 256\n"
+                    "  num_attention_heads: 4\n  encoder_seq_length: 512\n  recompute_granularity: selective\n"
+                    "  recompute_modules: [mlp, core_attn]\n  tokenizer:\n    type: GPT2BPETokenizer\n", encoding="utf-8")
+    run_ok(capsys, ["import", str(nemo), "-o", str(out)])
+    assert "recompute: selective:core_attn+mlp" in out.read_text(encoding="utf-8")
+
+
 def test_a_launch_script_s_comments_and_arrays_read_as_the_shell_reads_them():
     """A # inside quotes is not a comment (`--wandb-exp-name "run#3" --bf16` keeps --bf16); an array may close on
     its last item's line."""
