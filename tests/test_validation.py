@@ -136,6 +136,10 @@ def test_percentile_by_hand():
     xs = [5.0, 1.0, 3.0, 2.0, 4.0]
     assert V.percentile(xs, 0.0) == 1.0 and V.percentile(xs, 1.0) == 5.0 and V.percentile(xs, 0.5) == 3.0
     assert V.percentile(xs, 0.05) == pytest.approx(1.2) and V.percentile(xs, 0.95) == pytest.approx(4.8)
+    # weighted (Hazen): 1..4 at 1/8, 3/8, 5/8, 7/8; (1, 2) weighing 3 and 1 sit at 3/8 and 7/8
+    assert V.weighted_percentile([4, 1, 3, 2], [1] * 4, 0.5) == 2.5 and V.weighted_percentile(xs[:4], [1] * 4, 0.05) == 1
+    assert V.weighted_percentile([1, 2], [3, 1], 0.5) == pytest.approx(1.25)
+    assert V.weighted_percentile([1, 2], [3, 1], 0.95) == 2
 
 
 @pytest.mark.slow
@@ -323,7 +327,7 @@ def test_a_runs_table_command_prices_it_as_validate_does(capsys, scored, tmp_pat
     by_id = {s.id: s for s in scored}
     runs = load_runs().runs
     commands = [(r, table_command(r, tmp_path)) for r in runs]
-    assert all(c is not None for _, c in commands) and len(commands) == len(runs) == 42
+    assert all(c is not None for _, c in commands) and len(commands) == len(runs) == 52
     assert [r.id for r in runs if table_command(r) is None]  # without a folder, those runs have no command
     grads = {r.id: c[c.index("--grads") + 1] for r, c in commands if "--grads" in c}
     assert grads == {"megatron-fsdp-qwen3-30b-a3b-gb200-8g": "param"}  # --grad-reduce-in-bf16: model.grads param
@@ -341,7 +345,7 @@ def test_a_runs_table_command_as_a_run_configuration_prices_the_same(capsys, tmp
     from ddplan.replay import table_command
 
     commands = [table_command(r, tmp_path) for r in load_runs().runs]
-    assert len(commands) == 42 and all(c is not None for c in commands)
+    assert len(commands) == 52 and all(c is not None for c in commands)
     for i, argv in enumerate(commands):
         path = tmp_path / f"run-{i}.yaml"
         path.write_text(run_ok(capsys, argv + ["--print-config"]), encoding="utf-8")
