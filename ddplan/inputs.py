@@ -17,7 +17,8 @@ from ddplan.errors import DdplanError, SpecError, UsageError
 from ddplan.layout import Options
 from ddplan.offload import check_offload
 from ddplan.plan import PlanRequest
-from ddplan.registry import builtin_names, calibration_hardware, load_calibration, load_hardware, load_model
+from ddplan.registry import (builtin_names, calibration_hardware, load_calibration, load_framework, load_hardware,
+                             load_model)
 from ddplan.run import RunOverheads
 from ddplan.runfields import BY_PARAM, RECOMPUTE, RECOMPUTE_HINT, recompute_policy
 from ddplan.sizing import memory_setup
@@ -403,7 +404,8 @@ def table_request(v: dict, stated: Stated, today):
         price=price_given(v["price"], today), batch_from=batch_from, overheads=_overheads(v),
         compiled=v["compiled"], measurement=measurement, knob=v["fit"], calibration=cal,
         calibration_path=v["calibration"], fp8=v["fp8"], fp8_recipe=fp8_recipe(v["fp8"], v["fp8_recipe"], stated),
-        headroom=v["headroom"], options=_options(v, spec, tp_to_check(max(tps), stated)))
+        headroom=v["headroom"], options=_options(v, spec, tp_to_check(max(tps), stated)),
+        framework=framework_name(v["framework"]))
     return req, spec, hw, cal
 
 
@@ -431,8 +433,13 @@ def plan_request(v: dict, stated: Stated, today):
         total_batch_tokens=v["total_batch_size"], tp_across_nodes=v["tp_across_nodes"], headroom=v["headroom"],
         fp8=v["fp8"], fp8_recipe=fp8_recipe(v["fp8"], v["fp8_recipe"], stated),
         cps=tuple(int_list(v["cp"], "--cp")) if v["cp"] else (), eps=expert_degrees(v["ep"], spec),
-        options=_options(v, spec, None))
+        options=_options(v, spec, None), framework=framework_name(v["framework"]))
     return req, spec, hws, cal
+
+
+def framework_name(given: str | None) -> str | None:
+    """A --framework value (a built-in name, an alias or a profile file) as its profile's name, or None."""
+    return load_framework(given).name if given else None
 
 
 def _overheads(v: dict) -> RunOverheads:

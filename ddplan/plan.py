@@ -56,6 +56,7 @@ class PlanRequest:
     eps: tuple[int, ...] = ()  # expert-parallel degrees to search; () = expert_parallel_degrees
     fp8: bool = False  # eligible GEMMs in fp8 (ddplan.fp8.fp8_eligible)
     fp8_recipe: str | None = None  # how their casts run; None: the model's
+    framework: str | None = None  # the training stack's profile name: its published runs weigh in the band
 
 
 @dataclass
@@ -149,7 +150,8 @@ def context_parallel_degrees(seq_len: int) -> tuple[int, ...]:
 def pricer_for(req: PlanRequest, hw: HardwareSpec) -> Pricer:
     """The pricer of one hardware in a search: the request's budget (else the model's), price and overheads, and
     the calibration when it is for this hardware, with its measured step fitted as `table` fits it."""
-    plan = RunPlan(req.budget or req.model.recipe.budget, req.price or hw.price, req.overheads, req.headroom)
+    plan = RunPlan(req.budget or req.model.recipe.budget, req.price or hw.price, req.overheads, req.headroom,
+                   req.framework)
     cal = req.calibration if req.calibration and req.calibration.hardware in (hw.name, *hw.aliases) else None
     pricer = Pricer(req.model, hw, plan, cal, req.fp8, fp8_recipe=req.fp8_recipe)
     m = measurement_for(cal, req.model)

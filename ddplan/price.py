@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from ddplan import run
 from ddplan.anatomy import Anatomy, build_anatomy, for_cp, for_tp, with_recompute
 from ddplan.calibration import CalibrationSpec, calibrated_rates, comm_points
+from ddplan.evidence import Thin, thin_values, widened
 from ddplan.flops import mfu, nanochat_flops_per_token
 from ddplan.layout import Layout, breaks_world_size_rule
 from ddplan.memory import (FITS, HEADROOM, MemoryAssumptions, MemoryBreakdown, in_flight_micro_batches, limit_bytes,
@@ -63,6 +64,7 @@ class RunPlan:
     price: Price
     overheads: run.RunOverheads = run.RunOverheads()
     headroom: float = HEADROOM
+    framework: str | None = None  # the training stack (a profile's name), weighed in the band (ddplan.evidence)
 
 
 @dataclass(frozen=True)
@@ -179,6 +181,16 @@ class Pricer:
         self.points = comm_points(calibration)
         self._caches = _caches or PriceCache()
         self._shared, self._rated = self._caches.shared, self._caches.rated
+
+    @property
+    def thin(self) -> tuple[Thin, ...]:
+        """The prediction's thin evidence: its stack, GPU or precision with few published runs (ddplan.evidence)."""
+        precision = "fp8" if self.fp8 else self.spec.dtypes.compute
+        return thin_values(self.plan.framework, self.hw.name, precision)
+
+    def uncalibrated_band(self) -> tuple[float, float]:
+        """The validated band (low, high factors on the prediction), widened where the evidence is thin."""
+        return widened(validated_ratio(self.spec), self.thin)
 
     def with_fit(self, fit: Fit | None) -> Pricer:
         """The same pricer with a measurement's fit applied; anatomies and memory stay cached."""
@@ -364,7 +376,7 @@ class Pricer:
         step_s, low_s, high_s = st.total_s, min(times), max(times)
         err = self.calibration.held_out_error_pct if self.calibration is not None else None
         if bands and err is None and self.fit is None:  # no measured model error: what validation found
-            lo, hi = validated_ratio(spec)
+            lo, hi = self.uncalibrated_band()
             low_s, high_s = min(low_s, step_s * lo), max(high_s, step_s * hi)
         if bands and err is not None:  # the model error a calibration measured on its own held-out step:
             e = abs(err) / 100  # a factor either way (x / (1 + e) .. x (1 + e)), never below zero

@@ -212,6 +212,7 @@ def price_run(run: RunFacts, where: str, sustained: dict[str, float] | None = No
                        recomputes=(lay.recompute,),
                        attentions=(attention,), windows=(lay.window or spec.architecture.window_pattern,),
                        total_batch_tokens=run.tokens_per_step, compiled=lay.compiled, fp8=run.precision == "fp8",
+                       framework=run.framework,
                        fp8_recipe=run.fp8_recipe,
                        options=Options(sequence_parallel=lay.sequence_parallel, tp_overlap=lay.tp_comm_overlap,
                                        overlap_param_gather=lay.overlap_param_gather,

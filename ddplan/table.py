@@ -58,6 +58,7 @@ class TableRequest:
     fp8_recipe: str | None = None  # how the fp8 casts run (ddplan.fp8.FP8_RECIPES); None: the model's
     headroom: float = HEADROOM
     options: Options = Options()  # sequence parallelism, TP overlap, hybrid sharding, ... where they apply
+    framework: str | None = None  # the training stack's profile name: its published runs weigh in the band
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,7 @@ def _build_table(req: TableRequest, progress: Callable[[str, int, int], None] | 
     check_fp8_options(spec, req.fp8, req.fp8_recipe, req.options.fp8_all_gather, req.zeros)
     if req.options.offload_optimizer:
         check_offload(spec, hw, req.zeros)
-    pricer = Pricer(spec, hw, RunPlan(budget, price, req.overheads, req.headroom), req.calibration,
+    pricer = Pricer(spec, hw, RunPlan(budget, price, req.overheads, req.headroom, req.framework), req.calibration,
                     req.fp8, fp8_recipe=req.fp8_recipe, _caches=PriceCache(shared=shared) if shared is not None else None)
     table = Table(request=req, rows=[], steps=pricer.steps(total_batch), total_batch_tokens=total_batch,
                   budget=budget, price=price, compiled=compiled)

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from ddplan.errors import DdplanError, SpecError
+from ddplan.evidence import is_thin
 from ddplan.fitting import golden_min
 from ddplan.gcpause import no_cycle_collection
 from ddplan.memory import DOES_NOT_FIT, FITS, MAY_NOT_FIT, PEAK_RATIO, fit_verdict
@@ -322,6 +323,36 @@ def band_ratio(scored: Sequence[Scored]) -> tuple[float, float]:
     ratios = [s.measured_s / s.predicted_s for s in dense]
     weights = [1 / per_source[s.source] for s in dense]
     return weighted_percentile(ratios, weights, 0.05), weighted_percentile(ratios, weights, 0.95)
+
+
+def evidence_counts(runs: Sequence[PublishedRun]) -> dict[str, dict[str, tuple[int, int]]]:
+    """ddplan.evidence.EVIDENCE of a dataset: per dimension and value, its runs and sources."""
+    keys = {"framework": lambda r: r.framework or "-", "hardware": lambda r: _hw_name(r.hardware),
+            "precision": lambda r: r.precision}
+    out: dict[str, dict[str, tuple[int, int]]] = {}
+    for dim, key in keys.items():
+        groups: dict[str, list[PublishedRun]] = {}
+        for r in runs:
+            groups.setdefault(key(r), []).append(r)
+        out[dim] = {v: (len(g), len({r.source.name for r in g})) for v, g in sorted(groups.items())}
+    return out
+
+
+def unseen_ratios(held: Sequence[Scored], counts: dict[str, dict[str, tuple[int, int]]]
+                  ) -> dict[str, tuple[float, float, int, int]]:
+    """ddplan.evidence.UNSEEN_RATIO: per dimension, the 5th-95th percentile of measured / predicted, each source
+    weighing one, over the dense runs (leave-one-source-out scores) whose value of that dimension is thin
+    (ddplan.evidence.is_thin), with their count of runs and sources."""
+    keys = {"framework": lambda s: s.framework, "hardware": lambda s: s.hardware, "precision": lambda s: s.precision}
+    out = {}
+    for dim, key in keys.items():
+        group = [s for s in held if not s.moe and is_thin(*counts[dim].get(key(s), (0, 0)))]
+        per_source = collections.Counter(s.source for s in group)
+        ratios = [s.measured_s / s.predicted_s for s in group]
+        weights = [1 / per_source[s.source] for s in group]
+        out[dim] = (weighted_percentile(ratios, weights, 0.05), weighted_percentile(ratios, weights, 0.95),
+                    len(group), len(per_source))
+    return out
 
 
 def moe_band_ratio(scored: Sequence[Scored]) -> tuple[float, float] | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ddplan.evidence import thin_values, widened
 from ddplan.layout import NATIVE_ZERO, breaks_world_size_rule
 from ddplan import memory
 from ddplan.memory import DOES_NOT_FIT, FITS, MAY_NOT_FIT
@@ -428,6 +429,26 @@ def _carried(req, hw: HardwareSpec) -> bool:
         return False
 
 
+def _thin_evidence(req, hw, spec) -> str:
+    """Where the band was widened because few published runs stand behind the prediction (ddplan.evidence), in
+    words: each thin value, its runs, and the group whose spread it took; "" where none is thin."""
+    thin = thin_values(req.framework, hw.name, "fp8" if req.fp8 else spec.dtypes.compute)
+    if not thin:
+        return "" if req.framework else "; the training stack, not stated (--framework), not weighed"
+    lo, hi = widened(validated_ratio(spec), thin)
+    parts = [f"{t.dimension} {t.value} has {_runs(t.runs, t.sources)} in the dataset: it takes the spread of the "
+             f"{t.group_runs} runs ({t.group_sources} sources) whose {t.dimension} is as thinly evidenced, each priced "
+             f"leaving its source out, {t.band[0]:g}-{t.band[1]:g} x (ddplan.evidence)" for t in thin]
+    return f"; then to {lo:g}-{hi:g} x, as " + "; ".join(parts)
+
+
+def _runs(runs: int, sources: int) -> str:
+    """"no published run", "1 run from 1 source", "18 runs from 1 source"."""
+    if runs == 0:
+        return "no published run"
+    return f"{runs} run{'s' if runs != 1 else ''} from {sources} source{'s' if sources != 1 else ''}"
+
+
 def _placement_line(hw: HardwareSpec) -> str:
     nic = hw.inter_node.nic_gbit_per_s.value * hw.inter_node.nics_per_node / hw.gpus_per_node
     return (f"Across nodes: ranks ordered tp, cp, dp, pp (Megatron-Core's and torchtitan's order) on "
@@ -491,7 +512,8 @@ def table_assumptions(table) -> list[str]:
            f"step times fell against ddplan's predictions on its dataset of published runs, each source priced with "
            f"fits made without it (`ddplan validate --leave-one-source-out`)"
            + ("; for a mixture of experts, the dense band stretched to every published MoE run's measured / "
-              "predicted, on either side" if spec.architecture.moe else "")) + ".",
+              "predicted, on either side" if spec.architecture.moe else "")
+           + _thin_evidence(req, hw, spec)) + ".",
     ]
     cal = req.calibration
     if cal is not None:

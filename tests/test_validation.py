@@ -10,6 +10,7 @@ import yaml
 
 from ddplan import validation as V
 from ddplan.errors import SpecError
+from ddplan.evidence import EVIDENCE, UNSEEN_RATIO, is_thin, thin_values, widened
 from ddplan.price import VALIDATED_RATIO, VALIDATED_RATIO_MOE
 from ddplan.registry import load_hardware
 from ddplan.replay import price_run
@@ -159,6 +160,46 @@ def test_uncalibrated_band_is_the_datasets_out_of_sample_spread(shipped_loso):
     # the fp8 runs (one source, left out of the percentiles and of every fit) fall inside the 16-bit band
     fp8 = [s for s in held if s.precision == "fp8"]
     assert len(fp8) == 7 and all(VALIDATED_RATIO[0] <= s.measured_s / s.predicted_s <= VALIDATED_RATIO[1] for s in fp8)
+
+
+@pytest.mark.xdist_group("loso")
+def test_bands_by_evidence_are_the_datasets(shipped_loso):
+    """Issue 35: ddplan.evidence's shipped counts are the dataset's (runs and sources per framework, hardware and
+    precision), and each dimension's thin-value band is the 5th-95th percentile (each source weighing one) of the
+    leave-one-source-out ratios of the dense runs on its thin values, rounded outward by at most 0.01."""
+    runs, *_, held = shipped_loso
+    counts = V.evidence_counts(runs.runs)
+    assert counts == EVIDENCE
+    for dim, (lo, hi, n, sources) in V.unseen_ratios(held, counts).items():
+        shipped = UNSEEN_RATIO[dim]
+        assert lo - 0.01 <= shipped[0] <= lo and hi <= shipped[1] <= hi + 0.01 and shipped[2:] == (n, sources), dim
+
+
+def test_a_thin_stack_gpu_or_precision_widens_the_band_by_hand():
+    """torchtitan has no run in the dataset (thin): the base band widens to the framework group's high end; a
+    stack with 14 runs from 3 sources (megatron-core) on H100 (27 from 3) in bf16 (27 from 6) is not thin; MI300X
+    (the seed's one run) is; fp8 (7 runs, one source) is thin but its group's band is inside the base one; a stack
+    not stated is not weighed."""
+    base = (0.84, 1.27)
+    (t,) = thin_values("torchtitan", "h100-sxm", "bf16")
+    assert (t.dimension, t.runs, t.sources) == ("framework", 0, 0) and widened(base, (t,)) == (0.84, 1.30)
+    assert thin_values("megatron-core", "h100-sxm", "bf16") == ()
+    assert [t.dimension for t in thin_values(None, "mi300x", "bf16")] == ["hardware"]
+    assert widened(base, thin_values("megatron-core", "h100-sxm", "fp8")) == base
+    assert is_thin(4, 2) and is_thin(18, 1) and not is_thin(5, 2)
+
+
+def test_table_says_which_thin_evidence_widened_its_band(capsys):
+    """The band of a torchtitan run on H100 is wider at the top than the same run's with its stack unstated, and
+    --explain names the thin value and the group whose spread it took."""
+    argv = ["table", "-m", "llama-3-8b", "--hardware", "h100", "--gpus", "8", "--attention", "fa3",
+            "--recompute", "per-op", "--format", "csv"]
+    (plain,) = csv_rows(run_ok(capsys, argv))
+    (titan,) = csv_rows(run_ok(capsys, argv + ["--framework", "torchtitan"]))
+    ratio = [float(r["step_high_s"]) / float(r["step_s"]) for r in (plain, titan)]
+    assert ratio[1] == pytest.approx(UNSEEN_RATIO["framework"][1]) and ratio[0] < ratio[1]
+    text = run_ok(capsys, argv[:-2] + ["--framework", "torchtitan", "--explain"])
+    assert "framework torchtitan has no published run in the dataset" in " ".join(text.split())
 
 
 @pytest.mark.slow

@@ -1,0 +1,75 @@
+"""Bands by evidence: how much of ddplan's dataset of published runs stands behind a prediction's stack, GPU and
+precision, and the wider band a prediction takes where little does (issue 35).
+
+The uncalibrated band (ddplan.price.VALIDATED_RATIO) is the spread of measured / predicted over every published run,
+each source priced with fits made without it. It speaks for runs like the dataset's. A run on a training stack, a
+GPU or a precision that the dataset has seen through fewer than MIN_RUNS runs, or through one source only, is not:
+nothing checked ddplan there from two directions. Such a value is *thin*, and a prediction on it takes, on either
+side, the wider of the base band and the spread ddplan showed on the dataset's own thin values: every run whose
+framework (or GPU, or precision) is thin, priced leaving its source out, each source weighing one
+(ddplan.validation.unseen_ratios). That group is the nearest one to "a value ddplan has not seen", measured out of
+sample. The figures below are the shipped dataset's (validation/published_runs.yaml); tests/test_validation.py
+fails when they drift from it, and benchmarks/validation.py prints them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MIN_RUNS = 5  # fewer runs than this on a value, or one source only, and the value is thin
+DIMENSIONS = ("framework", "hardware", "precision")
+
+# dimension -> value -> (runs, sources) in the shipped dataset (every run, mixtures of experts included: a run on a
+# stack is evidence about that stack whatever its model)
+EVIDENCE: dict[str, dict[str, tuple[int, int]]] = {
+    "framework": {"composer": (18, 1), "megatron-core": (14, 3), "megatron-deepspeed": (1, 1),
+                  "megatron-lm": (18, 2), "nanochat": (1, 1)},
+    "hardware": {"a100-sxm-40gb": (2, 1), "a100-sxm-80gb": (20, 4), "gb200": (2, 2), "h100-sxm": (27, 3),
+                 "mi300x": (1, 1)},
+    "precision": {"bf16": (27, 6), "fp16": (18, 2), "fp8": (7, 1)},
+}
+# dimension -> (low, high, runs, sources): the 5th-95th percentile of measured / predicted, leaving each source out
+# and each source weighing one, over the dense runs whose value of that dimension is thin (ddplan.validation
+# .unseen_ratios), rounded outward
+UNSEEN_RATIO: dict[str, tuple[float, float, int, int]] = {
+    "framework": (0.92, 1.30, 20, 3),
+    "hardware": (0.97, 1.32, 3, 2),
+    "precision": (0.96, 1.03, 7, 1),
+}
+
+
+@dataclass(frozen=True)
+class Thin:
+    """One thin value behind a prediction: its dimension, its value, the dataset's runs and sources on it, and the
+    band of the runs on thin values of that dimension (UNSEEN_RATIO)."""
+
+    dimension: str
+    value: str
+    runs: int
+    sources: int
+    band: tuple[float, float]
+    group_runs: int
+    group_sources: int
+
+
+def is_thin(runs: int, sources: int) -> bool:
+    """Fewer than MIN_RUNS runs, or one source: nothing checked ddplan on it from two directions."""
+    return runs < MIN_RUNS or sources < 2
+
+
+def thin_values(framework: str | None, hardware: str, precision: str) -> tuple[Thin, ...]:
+    """The thin values among a prediction's framework (None: not stated, not weighed), hardware and precision."""
+    out = []
+    for dim, value in zip(DIMENSIONS, (framework, hardware, precision)):
+        if value is None:
+            continue
+        runs, sources = EVIDENCE[dim].get(value, (0, 0))
+        if is_thin(runs, sources):
+            lo, hi, group_runs, group_sources = UNSEEN_RATIO[dim]
+            out.append(Thin(dim, value, runs, sources, (lo, hi), group_runs, group_sources))
+    return tuple(out)
+
+
+def widened(base: tuple[float, float], thin: tuple[Thin, ...]) -> tuple[float, float]:
+    """The base band widened, on each side, to the widest thin value's group band."""
+    return (min([base[0], *(t.band[0] for t in thin)]), max([base[1], *(t.band[1] for t in thin)]))
