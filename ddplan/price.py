@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from ddplan import run
-from ddplan.anatomy import Anatomy, build_anatomy, for_cp, for_tp, with_recompute
+from ddplan.anatomy import RECOMPUTE_POLICIES, Anatomy, build_anatomy, for_cp, for_tp, with_recompute
 from ddplan.calibration import CalibrationSpec, calibrated_rates, comm_points
 from ddplan.evidence import Thin, thin_values, widened
 from ddplan.flops import mfu, nanochat_flops_per_token
@@ -297,8 +297,10 @@ class Pricer:
             return step_time(self.spec, self.hw, layout, an, r=self._gathered(r, layout),
                              comm_efficiency=comm_end(scenario), comm_points=self.points, cache=self._shared)
         r = self._gathered(self.rates(layout.attention, scenario, fitted), layout)
+        # the named policies share one OpTimes (op_times prices each's re-run); a per-module one has its own
+        module_policy = None if layout.recompute in RECOMPUTE_POLICIES else layout.recompute
         parts_key = ("parts", layout.micro_batch, layout.attention, window, layout.compiled, layout.rank_share, scenario,
-                     fitted, r.fp8_weight_shards, r.fp8_gathers)
+                     fitted, r.fp8_weight_shards, r.fp8_gathers, module_policy)
         if parts_key not in self._rated:
             self._rated[parts_key] = op_times(an, r)
         opt_key = ("optimizer", layout.attention, scenario, fitted, layout.grad_ranks, layout.tp, layout.pp, layout.zero,

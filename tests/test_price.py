@@ -492,3 +492,17 @@ def test_plan_refuses_a_calibration_for_other_hardware(capsys, tmp_path):
 def test_an_empty_gpu_count_is_refused(capsys):
     code, err = fails(capsys, ["table", "--model", "d24", "--gpus", "1,,8"])
     assert code == 2 and "an empty item between commas" in err
+
+
+def test_a_per_module_recompute_row_prices_the_same_alone_and_in_a_list(capsys):
+    """Found in review (2026-12-05): the op times a search shares were keyed without the recompute policy, so a
+    per-module policy priced after a named one (or after another per-module one) re-used times with no re-run
+    of its modules: Qwen3-30B-A3B with selective:moe read 32.95 s in `--recompute none,selective:moe` against
+    37.93 s alone. Each row must be the row it is alone."""
+    argv = ["table", "-m", "qwen3-30b-a3b", "--hardware", "h100", "--gpus", "16", "--ep", "8", "--attention", "fa3",
+            "--device-batch-size", "1", "--format", "csv", "--recompute"]
+    alone = {r["recompute"]: r for p in ("selective:moe", "selective:moe_act") for r in csv_rows(run_ok(capsys, argv + [p]))}
+    listed = {r["recompute"]: r for r in csv_rows(run_ok(capsys, argv + ["none,selective:moe,selective:moe_act"]))}
+    for policy, row in alone.items():
+        assert float(listed[policy]["step_s"]) == pytest.approx(float(row["step_s"]), rel=1e-12), policy
+    assert float(alone["selective:moe"]["compute_s"]) > float(listed["none"]["compute_s"])
