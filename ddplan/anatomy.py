@@ -80,6 +80,7 @@ class Saved:
     bytes: float
     tag: SaveTag = "keep"
     tp_sharded: bool = True  # split across tensor-parallel ranks (False: norm inputs, residual stream)
+    module: str | None = None  # the Megatron module that made it, where not its name's (Op.module)
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,10 @@ class Op:
     calls: int = 1
     # per-op recompute (torchtitan's SelectiveAC) keeps this op's output, so backward does not re-run it
     per_op_saved: bool = False
+    # the Megatron module (ddplan.runfields.RECOMPUTE_MODULES) this op runs in where it is not the one its name
+    # says ("" : none that a per-module policy re-runs): Transformer Engine fuses a block's norms into the next
+    # Linear (_fused_norm_modules)
+    module: str | None = None
 
 
 @dataclass(frozen=True)
@@ -526,7 +531,8 @@ def recomputed_under(op: Op, policy: str) -> bool:
     if modules is not None:  # Megatron's per-module recompute re-runs each module's whole forward
         if op.attention_core:
             return "core_attn" in modules and "selective" not in op.recompute_skip
-        return op.layer is not None and bool(op_modules(op.name.partition(".")[2]) & modules)
+        mine = op_modules(op.name.partition(".")[2]) if op.module is None else frozenset({op.module} - {""})
+        return op.layer is not None and bool(mine & modules)
     if policy == "per-op":  # torchtitan checkpoints with early_stop=False: the whole block re-runs
         return op.layer is not None and not op.per_op_saved
     if policy in op.recompute_skip:
@@ -574,7 +580,8 @@ def module_keeps(op: Op, saved: Saved, modules: frozenset[str], compiled: bool) 
     in_block = op.layer is not None
     if in_block and op.attention_core:
         return _keep_table("selective" if "core_attn" in modules else "none", compiled)[saved.tag, True]
-    if in_block and tensor_modules(saved.name.partition(".")[2]) & modules:
+    mine = tensor_modules(saved.name.partition(".")[2]) if saved.module is None else frozenset({saved.module} - {""})
+    if in_block and mine & modules:
         return False
     return _keep_table("none", compiled)[saved.tag, in_block]
 
@@ -1011,6 +1018,22 @@ def _block(bld: _Builder, i: int, window: int, kind: AttentionKind, windows: Win
     _dropout(bld, f"{p}.mlp.dropout", i, t * c, a.dropout.hidden)
     bld.pointwise(f"{p}.resid_add2", i, t * c, reads=2, flops_per_element=1.0, bwd_reads=1, bwd_writes=1)
     bld.ops[-1] = _replace(bld.ops[-1], recompute_skip=("full",))
+    if bld.fused:
+        bld.ops = _fused_norm_modules(bld.ops, p, "layernorm" if a.moe is not None else "mlp")
+
+
+def _fused_norm_modules(ops: list[Op], p: str, norm2: str) -> list[Op]:
+    """A block's norms in the modules Megatron-Core's Transformer Engine layer spec puts them: the input norm fused
+    into the attention's QKV Linear (TELayerNormColumnParallelLinear; input_layernorm is an IdentityOp, which the
+    `layernorm` recompute skips), the pre-MLP norm into fc1 in a dense model (re-run with the `mlp` module) or, in
+    a mixture-of-experts model, a TENorm of its own (the `layernorm` module). Ref: Megatron-LM
+    megatron/core/models/gpt/gpt_layer_specs.py@d98e8a64 L319-336 (linear_qkv, pre_mlp_layernorm only with
+    experts); transformer_layer.py L470-530 (a norm is recomputed only if it is not an IdentityOp)."""
+    owner = {f"{p}.norm1": "", f"{p}.xn1": "", f"{p}.norm1.stats": "",
+             f"{p}.norm2": norm2, f"{p}.xn2": norm2, f"{p}.norm2.stats": norm2}
+    return [replace(op, module=owner.get(op.name, op.module),
+                    saves=tuple(replace(s, module=owner[s.name]) if s.name in owner else s for s in op.saves))
+            for op in ops]
 
 
 def _mlp(bld: _Builder, i: int, p: str, f: int, x: str, group: str, *, rows: float | None = None,

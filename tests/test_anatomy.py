@@ -136,7 +136,7 @@ PER_OP_UNLIKE_TORCHTITAN = ("mixtral-moe", "qwen2-moe", "mixtral-weighted", "gel
 MODULE_CASES = {"gpt2": ("selective:mlp",), "llama-gqa": ("selective:core_attn+mlp",),
                 "mixtral-moe": ("selective:moe", "selective:core_attn+moe"),
                 "qwen2-moe": ("selective:mlp+moe", "selective:shared_experts"),
-                "mixtral-weighted": ("selective:moe",)}
+                "mixtral-weighted": ("selective:moe",), "llama-te": ("selective:mlp",)}
 CASES = [pytest.param(m, a, rc, id=f"{m}-{a}-{rc}") for m in TINY for a in ATTENTION for rc in RECOMPUTE
          if not (rc == "per-op" and m in PER_OP_UNLIKE_TORCHTITAN)] + [
     pytest.param(m, a, rc, id=f"{m}-{a}-{rc}") for m, policies in MODULE_CASES.items() for a in ATTENTION
@@ -853,6 +853,25 @@ def test_megatron_layernorm_and_moe_act_recompute_by_hand():
     # the MoE checkpoint keeps its input (the pre-MLP norm's output) unless the norm is re-run too
     assert "h0.xn2" in _anatomy("mixtral-moe", "sdpa-fused", "selective:moe").saved_tensors()
     assert "h0.xn2" not in _anatomy("mixtral-moe", "sdpa-fused", "selective:layernorm+moe").saved_tensors()
+
+
+def test_layernorm_recompute_under_transformer_engine_re_runs_only_a_norm_of_its_own_by_hand():
+    """Under Transformer Engine's layer spec a block's input norm is fused into the QKV Linear (input_layernorm is an
+    IdentityOp, which Megatron's layernorm recompute skips) and, in a dense model, the pre-MLP norm into fc1 (found
+    in review, 2026-12-05; gpt_layer_specs.py@d98e8a64 L319-336, transformer_layer.py L470-530). So on the Llama
+    tiny block (dense) selective:layernorm saves what none does; on the Mixtral tiny block, whose pre-MLP norm is a
+    TENorm of its own, it drops per layer that norm's output xn2 (t d 4 = 131,072 B at t = 256, d = 128) and its rms
+    statistic (t 4 = 1,024 B): 2 x 132,096 = 264,192 B, re-running 4 t d = 131,072 FLOPs a layer; xn1 stays. In the
+    dense model the mlp module takes the fused norm with it: xn2 and its statistic go (the reference model states
+    that checkpoint: MODULE_CASES llama-te selective:mlp)."""
+    dense = {rc: _anatomy("llama-te", "sdpa-fused", rc) for rc in ("none", "selective:layernorm", "selective:mlp")}
+    assert dense["selective:layernorm"].saved_bytes() == dense["none"].saved_bytes()
+    assert dense["selective:layernorm"].recompute_flops() == dense["none"].recompute_flops()
+    assert not {"h0.xn2", "h0.norm2.stats"} & set(dense["selective:mlp"].saved_tensors())
+    none, norm = (_anatomy("mixtral-te", "sdpa-fused", rc) for rc in ("none", "selective:layernorm"))
+    assert none.saved_bytes() - norm.saved_bytes() == 2 * (131_072 + 1_024)
+    assert norm.recompute_flops() - none.recompute_flops() == 2 * 4 * 256 * 128
+    assert "h0.xn1" in norm.saved_tensors() and "h0.xn2" not in norm.saved_tensors()
 
 
 def test_a_recompute_policy_has_one_spelling():

@@ -420,13 +420,24 @@ class Block(nn.Module):
         self.checkpoint_mlp = "moe" in modules if moe else "mlp" in modules
         if moe and "shared_experts" in modules and "moe" not in modules:
             self.mlp.checkpoint_shared = True
+        # Transformer Engine's layer spec fuses a dense model's pre-MLP norm into fc1: the mlp module re-runs it
+        # (ddplan.anatomy._fused_norm_modules)
+        self.norm_in_mlp = fused and arch.moe is None
         self.dropout_p = arch.dropout.hidden
 
     def forward(self, x, ve, cos, sin, mask):
         x = x + self.dropout(self.attn(self.norm_attn(x), ve, cos, sin, mask))
-        h = self.norm_mlp(x)
-        y = checkpoint(self.mlp, h, use_reentrant=False, early_stop=False) if self.checkpoint_mlp else self.mlp(h)
+        if self.checkpoint_mlp and self.norm_in_mlp:
+            y = checkpoint(self.normed_mlp, x, use_reentrant=False, early_stop=False)
+        elif self.checkpoint_mlp:
+            y = checkpoint(self.mlp, self.norm_mlp(x), use_reentrant=False, early_stop=False)
+        else:
+            y = self.mlp(self.norm_mlp(x))
         return x + self.dropout(y)
+
+    def normed_mlp(self, x):
+        """The pre-MLP norm and the MLP as one module (Transformer Engine's LayerNormLinear fc1)."""
+        return self.mlp(self.norm_mlp(x))
 
     def dropout(self, x):
         """Megatron's hidden dropout (after each output projection). torch.native_dropout keeps a one-byte
