@@ -5,10 +5,12 @@ The uncalibrated band (ddplan.price.VALIDATED_RATIO) is the spread of measured /
 each source priced with fits made without it. It speaks for runs like the dataset's. A run on a training stack, a
 GPU or a precision that the dataset has seen through fewer than MIN_RUNS runs, or through one source only, is not:
 nothing checked ddplan there from two directions. Such a value is *thin*, and a prediction on it takes, on either
-side, the wider of the base band and the spread ddplan showed on the dataset's own thin values: every run whose
-framework (or GPU, or precision) is thin, priced leaving its source out, each source weighing one
+side, the wider of the base band and the spread ddplan showed on the dataset's own thin values: every dense run
+(16-bit or fp8) whose framework (or GPU, or precision) is thin, priced leaving its source out, each source weighing one
 (ddplan.validation.unseen_ratios). That group is the nearest one to "a value ddplan has not seen", measured out of
-sample. The figures below are the shipped dataset's (validation/published_runs.yaml); tests/test_validation.py
+sample. `ddplan validate --leave-one-source-out` widens each held-out run by tables made without its source
+(ddplan.validation._evidence_left_out), so its share in band does not credit a group with its own runs. The
+figures below are the shipped dataset's (validation/published_runs.yaml); tests/test_validation.py
 fails when they drift from it, and benchmarks/validation.py prints them.
 """
 
@@ -57,15 +59,21 @@ def is_thin(runs: int, sources: int) -> bool:
     return runs < MIN_RUNS or sources < 2
 
 
-def thin_values(framework: str | None, hardware: str, precision: str) -> tuple[Thin, ...]:
-    """The thin values among a prediction's framework (None: not stated, not weighed), hardware and precision."""
+def thin_values(framework: str | None, hardware: str, precision: str,
+                evidence: dict[str, dict[str, tuple[int, int]]] | None = None,
+                unseen: dict[str, tuple[float, float, int, int]] | None = None) -> tuple[Thin, ...]:
+    """The thin values among a prediction's framework (None: not stated, not weighed), hardware and precision, by
+    the shipped EVIDENCE and UNSEEN_RATIO or the tables given (leave-one-source-out's, without the held-out source;
+    a dimension missing from `unseen` has no thin run to measure a spread on, and widens nothing)."""
+    evidence = EVIDENCE if evidence is None else evidence
+    unseen = UNSEEN_RATIO if unseen is None else unseen
     out = []
     for dim, value in zip(DIMENSIONS, (framework, hardware, precision)):
-        if value is None:
+        if value is None or dim not in unseen:
             continue
-        runs, sources = EVIDENCE[dim].get(value, (0, 0))
+        runs, sources = evidence.get(dim, {}).get(value, (0, 0))
         if is_thin(runs, sources):
-            lo, hi, group_runs, group_sources = UNSEEN_RATIO[dim]
+            lo, hi, group_runs, group_sources = unseen[dim]
             out.append(Thin(dim, value, runs, sources, (lo, hi), group_runs, group_sources))
     return tuple(out)
 

@@ -828,6 +828,10 @@ def _nemo(text: str, path: Path, out: Imported) -> None:
     granularity = model.get("activations_checkpoint_granularity") or model.get("recompute_granularity")
     if granularity == "selective":
         modules = model.get("recompute_modules")
+        if modules is not None and not (isinstance(modules, str) or isinstance(modules, list)
+                                        and all(isinstance(m, str) for m in modules)):
+            raise SpecError(f"must be a list of module names (e.g. [core_attn, mlp]), got {modules!r}",
+                            file=str(path), field="model.recompute_modules")
         _recompute_modules(out, " ".join(modules) if isinstance(modules, list) else modules, "model.recompute_modules")
     elif granularity == "full":
         out.set("recompute", granularity)
@@ -845,7 +849,7 @@ def _recompute_modules(out, modules: str | None, where: str) -> None:
     if not modules:
         out.set("recompute", "selective")
         return
-    names = modules.split()
+    names = list(dict.fromkeys(modules.split()))  # Megatron takes a module named twice as once
     known = [m for m in names if m in RECOMPUTE_MODULES]
     unknown = [m for m in names if m not in RECOMPUTE_MODULES]
     if unknown:

@@ -65,6 +65,7 @@ class RunPlan:
     overheads: run.RunOverheads = run.RunOverheads()
     headroom: float = HEADROOM
     framework: str | None = None  # the training stack (a profile's name), weighed in the band (ddplan.evidence)
+    evidence: bool = True  # widen the uncalibrated band where the evidence is thin (False: the base band only)
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,8 @@ class Pricer:
     @property
     def thin(self) -> tuple[Thin, ...]:
         """The prediction's thin evidence: its stack, GPU or precision with few published runs (ddplan.evidence)."""
+        if not self.plan.evidence:
+            return ()
         precision = "fp8" if self.fp8 else self.spec.dtypes.compute
         return thin_values(self.plan.framework, self.hw.name, precision)
 

@@ -86,16 +86,27 @@ def run_fusions(run: RunFacts) -> str | None:
     return _profile_value(run, "fusions")
 
 
-def _profile_value(run: RunFacts, item: str) -> str | None:
-    """The value the run's framework profile applies for `item` (frameworks/*.yaml), or None: no framework, a
-    stack without a profile (megatron-lm, megatron-deepspeed), or a profile without the item."""
+def run_framework(run: RunFacts) -> str | None:
+    """The run's stack as `--framework` can name it: its name where it has a profile, else None."""
+    return run.framework if _profile(run) is not None else None
+
+
+def _profile(run: RunFacts):
+    """The run's framework profile (frameworks/*.yaml), or None: no framework, or a stack without a profile
+    (megatron-lm, megatron-deepspeed)."""
     if not run.framework:
         return None
     try:
-        profile = load_framework(run.framework)
+        return load_framework(run.framework)
     except DdplanError:
         return None
-    found = profile.applies.get(item)
+
+
+def _profile_value(run: RunFacts, item: str) -> str | None:
+    """The value the run's framework profile applies for `item` (frameworks/*.yaml), or None: no profile, or a
+    profile without the item."""
+    profile = _profile(run)
+    found = profile.applies.get(item) if profile is not None else None
     return str(found.value) if found is not None else None
 
 
@@ -132,6 +143,10 @@ def table_command(run: PublishedRun, folder: Path | None = None) -> list[str] | 
         argv += ["--moe-weighting", run_moe_weighting(run)]
     if run_fusions(run):
         argv += ["--fusions", run_fusions(run)]
+    if _profile(run) is not None:  # its stack's published runs weigh in the band (ddplan.evidence)
+        argv += ["--framework", run.framework]
+        if not run.model.grads:  # the profile fills only what validate prices: the gradients stay the spec's
+            argv += ["--grads", run_spec(run, f"{run.id} (table_command)").dtypes.grads]
     if run.model.routing == "balanced":
         argv += ["--moe-imbalance", "1"]
     if lay.attention:
@@ -191,12 +206,14 @@ def with_sustained(hw, fraction: float, source: str):
 
 
 def price_run(run: RunFacts, where: str, sustained: dict[str, float] | None = None,
-              imbalance: float | None = None, shared: dict | None = None):
+              imbalance: float | None = None, shared: dict | None = None, evidence: bool = True):
     """(spec, hardware, priced row) of one run, through ddplan.table.build_table as `ddplan table` prices it.
 
     sustained: hardware name -> GEMM sustained fraction replacing the spec's (validation's re-fits);
     imbalance: the dropless load imbalance replacing the spec's (run_spec); shared: build_table's
-    rate-independent cache, kept by the caller across prices of this run at one imbalance."""
+    rate-independent cache, kept by the caller across prices of this run at one imbalance; evidence=False: the
+    base uncalibrated band, not widened where the evidence is thin (leave-one-source-out widens it by tables made
+    without the run's source)."""
     hw = run_hardware(run, where)
     if sustained and hw.name in sustained:
         hw = with_sustained(hw, sustained[hw.name], "re-fitted by ddplan.validation")
@@ -212,7 +229,7 @@ def price_run(run: RunFacts, where: str, sustained: dict[str, float] | None = No
                        recomputes=(lay.recompute,),
                        attentions=(attention,), windows=(lay.window or spec.architecture.window_pattern,),
                        total_batch_tokens=run.tokens_per_step, compiled=lay.compiled, fp8=run.precision == "fp8",
-                       framework=run.framework,
+                       framework=run_framework(run), evidence=evidence,
                        fp8_recipe=run.fp8_recipe,
                        options=Options(sequence_parallel=lay.sequence_parallel, tp_overlap=lay.tp_comm_overlap,
                                        overlap_param_gather=lay.overlap_param_gather,

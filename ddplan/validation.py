@@ -22,23 +22,23 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from ddplan.errors import DdplanError, SpecError
-from ddplan.evidence import is_thin
+from ddplan.evidence import is_thin, thin_values
 from ddplan.fitting import golden_min
 from ddplan.gcpause import no_cycle_collection
 from ddplan.memory import DOES_NOT_FIT, FITS, MAY_NOT_FIT, PEAK_RATIO, fit_verdict
 from ddplan.params import param_counts
 from ddplan.registry import builtin_names, load_hardware
-from ddplan.replay import price_run
+from ddplan.replay import price_run, run_framework
 from ddplan.runs import (MeasuredPeak, PublishedRun, RoutingSweep, RunSet, load_routing, load_runs, run_spec,
                          shipped_dataset)
 
-# Hardware specs that share one fitted sustained fraction: the same die at the same power limit (the A100
-# SXM4 40 GB and 80 GB are one GA100 at 400 W; only memory differs).
 # Sources whose runs enter no fit: added after the fits, they check them out of sample, and the fits keep their stated
 # basis (issue 35). The April 2021 Megatron-LM README table (10 runs on A100 80GB) would move the A100 fraction from
 # 0.872 to 0.831 if folded in (its runs read 2-6% slower than the fit predicts, Korthikanti et al.'s a year later
 # up to 8% faster): a re-fit to decide with the next A100 source, not by this one.
 CHECK_ONLY_SOURCES = frozenset({"megatron-readme-2021"})
+# Hardware specs that share one fitted sustained fraction: the same die at the same power limit (the A100
+# SXM4 40 GB and 80 GB are one GA100 at 400 W; only memory differs).
 FIT_GROUPS: dict[str, tuple[str, ...]] = {"a100-sxm-80gb": ("a100-sxm-80gb", "a100-sxm-40gb"), "h100-sxm": ("h100-sxm",)}
 SIZE_BUCKETS = ((3e9, "<3B"), (30e9, "3-30B"), (200e9, "30-200B"), (math.inf, ">=200B"))
 
@@ -126,12 +126,12 @@ def size_of(params: float) -> str:
 
 
 def score(run: PublishedRun, where: str, sustained: dict[str, float] | None = None,
-          imbalance: float | None = None, shared: dict | None = None) -> Scored:
+          imbalance: float | None = None, shared: dict | None = None, evidence: bool = True) -> Scored:
     """Price one run and compare it with its measurement. sustained: hardware name -> GEMM sustained
     fraction replacing the spec's; imbalance: the dropless load imbalance replacing the spec's (what
     leave-one-source-out re-fits); shared: the run's rate-independent pricing cache at this imbalance
-    (Scorer keeps one)."""
-    spec, hw, row = price_run(run, where, sustained=sustained, imbalance=imbalance, shared=shared)
+    (Scorer keeps one); evidence=False: the base band, not widened where the evidence is thin (ddplan.evidence)."""
+    spec, hw, row = price_run(run, where, sustained=sustained, imbalance=imbalance, shared=shared, evidence=evidence)
     lay = run.layout
     params = sum(param_counts(spec.architecture).values())
     conv = run.mfu_convention
@@ -189,8 +189,8 @@ class Scorer:
         return self._moe[run_key]
 
     def score(self, run: PublishedRun, where: str, sustained: dict[str, float] | None = None,
-              imbalance: float | None = None) -> Scored:
-        """score(run, where, sustained, imbalance), priced at most once."""
+              imbalance: float | None = None, evidence: bool = True) -> Scored:
+        """score(run, where, sustained, imbalance, evidence), priced at most once."""
         try:
             own = (sustained or {}).get(_hw_name(run.hardware))
         except DdplanError:  # an unknown hardware: score() says so, naming the run
@@ -198,10 +198,11 @@ class Scorer:
         run_key = self._key(run)
         if imbalance is not None and not self._imbalanced(run, run_key, where):
             imbalance = None  # priced the same at any imbalance: one price, one cache
-        key = (run_key, own, imbalance)
+        key = (run_key, own, imbalance, evidence)
         if key not in self._scored:
             self._scored[key] = score(run, where, sustained if own is not None else None, imbalance,
-                                      shared=self._shared.setdefault((self._parts_key(run, run_key), imbalance), {}))
+                                      shared=self._shared.setdefault((self._parts_key(run, run_key), imbalance), {}),
+                                      evidence=evidence)
         return self._scored[key]
 
     def _parts_key(self, run: PublishedRun, run_key: str) -> str:
@@ -294,7 +295,8 @@ def weighted_percentile(xs: Sequence[float], weights: Sequence[float], q: float)
     total weight (Hazen's plotting position, (cumulative weight before it + half its own) / total), linear between
     neighbours, the end values beyond the first and last positions. With equal weights a value i of n sits at
     (i + 0.5) / n. Ref: Hyndman & Fan 1996, The American Statistician 50(4), definition 5."""
-    if not xs or len(xs) != len(weights) or not 0 <= q <= 1 or min(weights) <= 0:
+    if (len(xs) == 0 or len(xs) != len(weights) or not 0 <= q <= 1
+            or not all(math.isfinite(w) and w > 0 for w in weights) or not all(math.isfinite(x) for x in xs)):
         raise ValueError(f"need values with positive weights, one each, and q in [0, 1]; got {len(xs)} values, "
                          f"{len(weights)} weights, q={q}")
     pairs = sorted(zip(xs, weights))
@@ -341,12 +343,15 @@ def evidence_counts(runs: Sequence[PublishedRun]) -> dict[str, dict[str, tuple[i
 def unseen_ratios(held: Sequence[Scored], counts: dict[str, dict[str, tuple[int, int]]]
                   ) -> dict[str, tuple[float, float, int, int]]:
     """ddplan.evidence.UNSEEN_RATIO: per dimension, the 5th-95th percentile of measured / predicted, each source
-    weighing one, over the dense runs (leave-one-source-out scores) whose value of that dimension is thin
-    (ddplan.evidence.is_thin), with their count of runs and sources."""
+    weighing one, over the dense runs, 16-bit and fp8 (leave-one-source-out scores), whose value of that dimension
+    is thin (ddplan.evidence.is_thin), with their count of runs and sources; a dimension without such a run is left
+    out (it widens nothing)."""
     keys = {"framework": lambda s: s.framework, "hardware": lambda s: s.hardware, "precision": lambda s: s.precision}
     out = {}
     for dim, key in keys.items():
         group = [s for s in held if not s.moe and is_thin(*counts[dim].get(key(s), (0, 0)))]
+        if not group:  # no thin value to measure a spread on: the dimension widens nothing
+            continue
         per_source = collections.Counter(s.source for s in group)
         ratios = [s.measured_s / s.predicted_s for s in group]
         weights = [1 / per_source[s.source] for s in group]
@@ -515,9 +520,30 @@ def leave_one_source_out(runs: RunSet, where: str, hardware: Iterable[str],
             imbalance = 1.0  # nothing else to fit it to
         elif sweep_here:
             imbalance = dropless_imbalance(fit_dropless_imbalance(sweep, runs, where, refit, scorer=scorer))
-        out += [scorer.score(r, where, refit, imbalance) for r in held]
+        out += [scorer.score(r, where, refit, imbalance, evidence=False) for r in held]
+    out = _evidence_left_out(runs, out)
     order = {r.id: i for i, r in enumerate(runs.runs)}
     return sorted(out, key=lambda s: order[s.id])
+
+
+def _evidence_left_out(runs: RunSet, held: list[Scored]) -> list[Scored]:
+    """Each held-out run's band widened where the evidence is thin (ddplan.evidence) by tables made without its
+    source: the runs and sources per value from the other sources' runs, and each dimension's thin-value spread from
+    the other sources' leave-one-source-out ratios. The runs were priced with the base band only (evidence=False),
+    so widening their low and high ends here is exactly what pricing with those tables gives."""
+    by_id = {r.id: r for r in runs.runs}
+    out = []
+    for src in sorted({s.source for s in held}):
+        rest = [r for r in runs.runs if r.source.name != src]
+        counts = evidence_counts(rest)
+        unseen = unseen_ratios([s for s in held if s.source != src], counts)
+        for s in (x for x in held if x.source == src):
+            thin = thin_values(run_framework(by_id[s.id]), s.hardware, s.precision, counts, unseen)
+            if thin:
+                s = replace(s, low_s=min([s.low_s, *(s.predicted_s * t.band[0] for t in thin)]),
+                            high_s=max([s.high_s, *(s.predicted_s * t.band[1] for t in thin)]))
+            out.append(s)
+    return out
 
 
 # --------------------------------------------------------------------------------------------

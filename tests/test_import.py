@@ -306,6 +306,13 @@ def test_megatron_s_recompute_modules_are_the_per_module_policy(capsys, tmp_path
                     "  recompute_modules: [mlp, core_attn]\n  tokenizer:\n    type: GPT2BPETokenizer\n", encoding="utf-8")
     run_ok(capsys, ["import", str(nemo), "-o", str(out)])
     assert "recompute: selective:core_attn+mlp" in out.read_text(encoding="utf-8")
+    # found in review: a module named twice (Megatron takes it once) and a list item that is not a name
+    args.write_text(base + " --recompute-modules mlp core_attn mlp\n", encoding="utf-8")
+    run_ok(capsys, ["import", str(args), "-o", str(out), "--from", "megatron"])
+    assert "recompute: selective:core_attn+mlp" in out.read_text(encoding="utf-8")
+    nemo.write_text(nemo.read_text(encoding="utf-8").replace("[mlp, core_attn]", "[mlp, 3]"), encoding="utf-8")
+    _, err = fails(capsys, ["import", str(nemo), "-o", str(out)])
+    assert "model.recompute_modules: must be a list of module names" in err and "Traceback" not in err
 
 
 def test_a_launch_script_s_comments_and_arrays_read_as_the_shell_reads_them():

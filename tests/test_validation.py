@@ -141,6 +141,9 @@ def test_percentile_by_hand():
     assert V.weighted_percentile([4, 1, 3, 2], [1] * 4, 0.5) == 2.5 and V.weighted_percentile(xs[:4], [1] * 4, 0.05) == 1
     assert V.weighted_percentile([1, 2], [3, 1], 0.5) == pytest.approx(1.25)
     assert V.weighted_percentile([1, 2], [3, 1], 0.95) == 2
+    for xs_, ws in (([1, 2], [float("nan"), 1]), ([float("nan"), 1], [1, 1]), ([], []), ([1, 2], [1, 0])):
+        with pytest.raises(ValueError):
+            V.weighted_percentile(xs_, ws, 0.5)
 
 
 @pytest.mark.slow
@@ -371,13 +374,19 @@ def test_a_runs_table_command_prices_it_as_validate_does(capsys, scored, tmp_pat
     assert all(c is not None for _, c in commands) and len(commands) == len(runs) == 52
     assert [r.id for r in runs if table_command(r) is None]  # without a folder, those runs have no command
     grads = {r.id: c[c.index("--grads") + 1] for r, c in commands if "--grads" in c}
-    assert grads == {"megatron-fsdp-qwen3-30b-a3b-gb200-8g": "param"}  # --grad-reduce-in-bf16: model.grads param
+    # --grad-reduce-in-bf16: model.grads param; with --framework, the spec's gradients stated so that the profile
+    # fills only what validate prices
+    assert grads["megatron-fsdp-qwen3-30b-a3b-gb200-8g"] == "param"
+    assert {r.id for r, c in commands if "--framework" in c} <= set(grads)
     for r, argv in commands:
         rows = csv_rows(run_ok(capsys, argv + ["--format", "csv"]))  # one per micro-batch tried
         fit = [x for x in rows if x["fits"] == "True"]  # scored: the fastest that fits (replay.fastest_fitting)
         row = min(fit, key=lambda x: float(x["step_s"])) if fit else min(rows, key=lambda x: int(x["micro_batch"]))
         assert len(rows) == len(micro_batches(r)), r.id
         assert float(row["step_s"]) == pytest.approx(by_id[r.id].predicted_s, rel=1e-12), r.id
+        # and the band validate scores (its stack's evidence weighed the same: found in review, 2026-12-05)
+        assert (float(row["step_low_s"]), float(row["step_high_s"])) == pytest.approx(
+            (by_id[r.id].low_s, by_id[r.id].high_s), rel=1e-12), r.id
 
 
 def test_a_runs_table_command_as_a_run_configuration_prices_the_same(capsys, tmp_path):
