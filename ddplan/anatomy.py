@@ -570,7 +570,7 @@ def tensor_modules(name: str) -> frozenset[str]:
         return frozenset({"moe", "moe_act"})
     if name == "shared.out":  # the shared experts' output before their gate, inside the module
         return frozenset({"moe", "shared_experts"})
-    return op_modules(name.removesuffix(".out").removesuffix(".weight_cast").removesuffix(".mask"))
+    return op_modules(name.removesuffix(".fp8").removesuffix(".out").removesuffix(".weight_cast").removesuffix(".mask"))
 
 
 def module_keeps(op: Op, saved: Saved, modules: frozenset[str], compiled: bool) -> bool:

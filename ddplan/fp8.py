@@ -4,7 +4,9 @@ all-gather sends at 1 byte. ddplan.roofline prices the GEMMs and casts; ddplan.s
 
 from __future__ import annotations
 
-from ddplan.anatomy import Op, build_anatomy
+from dataclasses import replace
+
+from ddplan.anatomy import Anatomy, Op, build_anatomy
 from ddplan.params import param_counts
 
 # GEMMs an fp8 recipe leaves in the compute dtype whatever their shape: the output layer (torchtitan's float8 and
@@ -88,6 +90,39 @@ def fp8_cast_bytes(m: int, n: int, k: int, recipe: str, weight_shards: int = 0,
 
 
 _FRACTIONS: dict[str, dict[str, float]] = {}
+
+
+# recipes whose fp8 GEMMs keep for backward the fp8 copy of their input they cast (1 byte an element), not the
+# 16-bit tensor: Transformer Engine's Linear and LayerNormLinear (transformer_engine/pytorch/module/linear.py@d0067d0
+# L597-621: the quantized inputmat, its column-wise data only, is what backward gets; layernorm_linear.py L468-487:
+# ln_out likewise), which Composer's amp_fp8 and Megatron-Core run (delayed scaling); nanochat's fp8.py (its
+# autograd function saves the fp8 x). torchao's Float8Linear saves the high-precision input and casts it again in
+# backward (torchao/float8/float8_linear.py), so "tensorwise" keeps the 16-bit tensor.
+FP8_SAVES_QUANTIZED = ("delayed", "nanochat")
+
+
+def with_fp8_saves(anatomy: Anatomy, recipe: str, lm_head: bool, elem_bytes: int) -> Anatomy:
+    """The anatomy with each fp8 GEMM's saved input (fp8_eligible; its first Saved, as ddplan.anatomy builds a GEMM)
+    kept as an fp8 copy of one byte an element, named `<input>.fp8`, where the recipe saves it so
+    (FP8_SAVES_QUANTIZED): the 16-bit tensor is then kept only if another op saves it too (the attention core its
+    output, which the output projection also saves as fp8 under delayed scaling: both are kept, as Transformer
+    Engine's DotProductAttention and Linear do; Megatron-Core sets save_original_input on linear_proj only for
+    other recipes, attention.py@d98e8a64 L425-444). elem_bytes: the compute dtype's (the 16-bit tensor's) size.
+    The copies' scales (a few floats a tensor, or one byte per 32 under MXFP8) are not counted."""
+    if recipe not in FP8_SAVES_QUANTIZED:
+        return anatomy
+
+    def op_saves(op: Op) -> Op:
+        if op.kind != "gemm" or not op.saves or not fp8_eligible(op, lm_head):
+            return op
+        x = op.saves[0]
+        return replace(op, saves=(replace(x, name=f"{x.name}.fp8", bytes=x.bytes / elem_bytes), *op.saves[1:]))
+
+    def ops(group: tuple[Op, ...]) -> tuple[Op, ...]:
+        return tuple(op_saves(op) for op in group)
+
+    return replace(anatomy, pre=ops(anatomy.pre), blocks=tuple(ops(b) for b in anatomy.blocks),
+                   post=ops(anatomy.post))
 
 
 def fp8_weight_fractions(spec) -> dict[str, float]:

@@ -24,6 +24,7 @@ from ddplan.anatomy import RECOMPUTE_POLICIES, Anatomy, build_anatomy, for_cp, f
 from ddplan.calibration import CalibrationSpec, calibrated_rates, comm_points
 from ddplan.evidence import Thin, thin_values, widened
 from ddplan.flops import mfu, nanochat_flops_per_token
+from ddplan.fp8 import with_fp8_saves
 from ddplan.layout import Layout, breaks_world_size_rule
 from ddplan.memory import (FITS, HEADROOM, MemoryAssumptions, MemoryBreakdown, in_flight_micro_batches, limit_bytes,
                            memory_per_gpu, model_states, state_floor_bytes)
@@ -31,7 +32,7 @@ from ddplan.runs import highest_measured_mfu
 from ddplan.roofline import SCENARIOS, Rates, Scenario, comm_end, op_times, rates
 from ddplan.specs import Budget, HardwareSpec, ModelSpec, Price
 from ddplan.step import StepTime, optimizer_time_s, step_time
-from ddplan.units import GiB
+from ddplan.units import GiB, dtype_bytes
 
 if TYPE_CHECKING:
     from ddplan.fitting import Fit
@@ -205,10 +206,14 @@ class Pricer:
     def anatomy(self, layout: Layout, window: str) -> Anatomy:
         """One rank's ops of one micro-batch (its tp, sp and cp share); recompute policies share one ops tuple."""
         key = ("anatomy", layout.micro_batch, self._kind(layout.attention), window, layout.compiled,
-               layout.rank_share, layout.recompute)
+               layout.rank_share, layout.recompute, self.fp8, self.fp8_recipe)
         if key not in self._shared:
             share = self._share(layout.micro_batch, layout.attention, window, layout.compiled, layout.rank_share)
-            self._shared[key] = with_recompute(share, layout.recompute)
+            an = with_recompute(share, layout.recompute)
+            if self.fp8:  # the fp8 GEMMs' saved inputs, as the recipe keeps them (ddplan.fp8.with_fp8_saves)
+                an = with_fp8_saves(an, self.fp8_recipe, self.spec.recipe.fp8_lm_head,
+                                    dtype_bytes(self.spec.dtypes.compute))
+            self._shared[key] = an
         return self._shared[key]
 
     def _kind(self, attention: str) -> tuple[str, str]:

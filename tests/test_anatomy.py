@@ -883,3 +883,25 @@ def test_a_recompute_policy_has_one_spelling():
     for bad in ("selective:", "selective:moe+moe", "selective:attn", "partial", "full:moe"):
         with pytest.raises(ValueError, match="allowed: none, selective, per-op, full"):
             recompute_policy(bad)
+
+
+def test_fp8_gemms_keep_their_inputs_as_fp8_copies_by_hand():
+    """Transformer Engine (delayed scaling) and nanochat's fp8 save each fp8 GEMM's input as the fp8 copy they cast,
+    one byte an element (ddplan.fp8.with_fp8_saves; TE module/linear.py@d0067d0 L597-621); torchao's tensorwise
+    Float8Linear keeps the 16-bit input. GPT-2 tiny (d 128, 2 heads of 64, MLP 512, 2 layers) at 2 x 128 tokens in
+    fp32 (4 bytes an element), t = 256, every block GEMM eligible (dims multiples of 16, min >= 128), the LM head
+    not: per layer the QKV input xn1 (t d: 131,072 B) becomes a 32,768 B copy; the output projection's input, which
+    the attention core keeps too, gains a 32,768 B copy; the MLP input xn2 131,072 -> 32,768 B; the down
+    projection's input, GELU's output (t 512: 524,288 B), 131,072 B: -557,056 B a layer, -1,114,112 B in all."""
+    from ddplan.fp8 import with_fp8_saves
+
+    an = build_anatomy(gpt2_tiny(), batch=BATCH, attention="fused_sdpa", windows="mask")
+    fp8 = with_fp8_saves(an, "delayed", lm_head=False, elem_bytes=4)
+    assert an.saved_bytes() - fp8.saved_bytes() == 1_114_112
+    kept = fp8.saved_tensors()
+    assert {"h0.attn_out", "h0.attn_out.fp8", "h0.xn1.fp8"} <= set(kept) and "h0.xn1" not in kept
+    assert with_fp8_saves(an, "tensorwise", lm_head=False, elem_bytes=4) is an
+    assert with_fp8_saves(an, "nanochat", lm_head=False, elem_bytes=4).saved_bytes() == fp8.saved_bytes()
+    # a recompute policy drops the copy with the tensor it copies: full recompute keeps each block's input only
+    full = with_fp8_saves(with_recompute(an, "full"), "delayed", lm_head=False, elem_bytes=4)
+    assert full.saved_bytes() == with_recompute(an, "full").saved_bytes()
