@@ -372,6 +372,14 @@ def moe_band_ratio(scored: Sequence[Scored]) -> tuple[float, float] | None:
 
 # ---- fitted parameters and leave-one-source-out
 
+def fit_basis(runs: Sequence[PublishedRun], hardware: str, where: str) -> list[PublishedRun]:
+    """The runs a hardware's sustained fraction is fitted to (fit_sustained): its fit group's dense 16-bit runs,
+    those of CHECK_ONLY_SOURCES left out."""
+    names = FIT_GROUPS.get(hardware, (hardware,))
+    return [r for r in runs if _hw_name(r.hardware) in names and r.precision != "fp8"
+            and r.source.name not in CHECK_ONLY_SOURCES and run_spec(r, where).architecture.moe is None]
+
+
 @_paused
 def fit_sustained(runs: Sequence[PublishedRun], hardware: str, where: str, lo: float = 0.3,
                   hi: float = 1.0, tol: float = 0.005, scorer: Scorer | None = None) -> float:
@@ -384,8 +392,7 @@ def fit_sustained(runs: Sequence[PublishedRun], hardware: str, where: str, lo: f
     runs of CHECK_ONLY_SOURCES: a check of the fit it did not shape."""
 
     names = FIT_GROUPS.get(hardware, (hardware,))
-    mine = [r for r in runs if _hw_name(r.hardware) in names and r.precision != "fp8"
-            and r.source.name not in CHECK_ONLY_SOURCES and run_spec(r, where).architecture.moe is None]
+    mine = fit_basis(runs, hardware, where)
     if not mine:
         raise ValueError(f"no run on {hardware} to fit")
 
@@ -504,6 +511,12 @@ def leave_one_source_out(runs: RunSet, where: str, hardware: Iterable[str],
     sweep_here = all(p.balanced in ids for p in sweep.points)
     sources = sorted({r.source.name for r in runs.runs})
     out: list[Scored] = []
+    # a source without a run on a hardware leaves that hardware's fit as the others make it, and an unchanged fit
+    # leaves the imbalance fit unchanged: each distinct fit is made once (the same numbers, fewer prices)
+    fits: dict[tuple, float] = {}
+    imbalances: dict[tuple, float] = {}
+    sweep_ids = {p.balanced for p in sweep.points}  # the dropless twins run on the same hardware
+    sweep_hardware = {_hw_name(r.hardware) for r in runs.runs if r.id in sweep_ids}
     for i, src in enumerate(sources):
         if progress:
             progress(f"without {src}", i, len(sources))
@@ -514,12 +527,18 @@ def leave_one_source_out(runs: RunSet, where: str, hardware: Iterable[str],
         for hw in leaders:
             names = FIT_GROUPS.get(hw, (hw,))
             if any(_hw_name(r.hardware) in names for r in rest):
-                refit.update(dict.fromkeys(names, fit_sustained(rest, hw, where, scorer=scorer)))
+                basis = (hw, frozenset(r.id for r in rest if _hw_name(r.hardware) in names))  # cheap, may split
+                if basis not in fits:
+                    fits[basis] = fit_sustained(rest, hw, where, scorer=scorer)
+                refit.update(dict.fromkeys(names, fits[basis]))
         imbalance = None  # the shipped value, where the sweep's runs are not in this dataset
         if sweep.source.name == src:
             imbalance = 1.0  # nothing else to fit it to
         elif sweep_here:
-            imbalance = dropless_imbalance(fit_dropless_imbalance(sweep, runs, where, refit, scorer=scorer))
+            key = tuple(sorted((hw, f) for hw, f in refit.items() if hw in sweep_hardware))
+            if key not in imbalances:
+                imbalances[key] = dropless_imbalance(fit_dropless_imbalance(sweep, runs, where, refit, scorer=scorer))
+            imbalance = imbalances[key]
         out += [scorer.score(r, where, refit, imbalance, evidence=False) for r in held]
     out = _evidence_left_out(runs, out)
     order = {r.id: i for i, r in enumerate(runs.runs)}
