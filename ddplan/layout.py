@@ -23,6 +23,19 @@ def offload_applies(zero: int, grad_ranks: int) -> bool:
     return zero >= 1 or grad_ranks == 1
 
 
+# the layout families plan compares and reasons about (ddplan.plan.family)
+FAMILIES = ("pure DP", "+ZeRO/FSDP", "+TP", "+CP", "+PP")
+
+CP_MIN_TOKENS = 4096  # assumed: a context-parallel rank keeps at least this many tokens of a sequence
+
+
+def context_parallel_degrees(seq_len: int) -> tuple[int, ...]:
+    """The cp degrees plan searches at a sequence length: 1, and each of 2..16 (powers of two) that leaves a
+    rank at least CP_MIN_TOKENS tokens and splits the sequence into 2 cp balanced chunks.
+    e.g. 2048: (1,); 8192: (1, 2); 131072: (1, 2, 4, 8, 16)."""
+    return (1, *(c for c in (2, 4, 8, 16) if seq_len // c >= CP_MIN_TOKENS and seq_len % (2 * c) == 0))
+
+
 @dataclass(frozen=True)
 class Layout:
     """Degrees of parallelism and per-GPU work for one training step.

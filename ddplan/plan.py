@@ -16,17 +16,17 @@ from ddplan import run
 from ddplan.calibration import CalibrationSpec, measurement_for
 from ddplan.errors import ImpossibleMeasurement, LayoutError, UsageError
 from ddplan.fitting import fitted
-from ddplan.layout import NATIVE_ZERO, Layout, Options, check_layout, cp_attention_problem, expert_parallel_degrees
+from ddplan.layout import (NATIVE_ZERO, Layout, Options, check_layout, context_parallel_degrees,
+                           cp_attention_problem, expert_parallel_degrees)
 from ddplan.memory import HEADROOM
 from ddplan.gcpause import no_cycle_collection
 from ddplan.offload import check_offload
-from ddplan.price import PricedLayout, Pricer, RunPlan
+from ddplan.price import TIE, PricedLayout, Pricer, RunPlan, best_per_pair
 from ddplan.specs import Budget, HardwareSpec, ModelSpec, Price
 from ddplan.table import check_attentions, check_fp8, check_fp8_options
 from ddplan.units import GiB
 
 MAX_SEARCHES = 64  # (hardware, GPU count) pairs one search covers, checked before any work
-FAMILIES = ("pure DP", "+ZeRO/FSDP", "+TP", "+CP", "+PP")
 OBJECTIVES = ("time", "cost")
 
 
@@ -135,16 +135,6 @@ def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, 
                                            compiled=spec.recipe.compiled, pp_schedule=sched, pp_virtual_stages=v,
                                            ep=ep, **options) for rc in req.recomputes]
                                    for mb in mbs]
-
-
-CP_MIN_TOKENS = 4096  # assumed: a context-parallel rank keeps at least this many tokens of a sequence
-
-
-def context_parallel_degrees(seq_len: int) -> tuple[int, ...]:
-    """The cp degrees plan searches at a sequence length: 1, and each of 2..16 (powers of two) that leaves a
-    rank at least CP_MIN_TOKENS tokens and splits the sequence into 2 cp balanced chunks.
-    e.g. 2048: (1,); 8192: (1, 2); 131072: (1, 2, 4, 8, 16)."""
-    return (1, *(c for c in (2, 4, 8, 16) if seq_len // c >= CP_MIN_TOKENS and seq_len % (2 * c) == 0))
 
 
 def pricer_for(req: PlanRequest, hw: HardwareSpec) -> Pricer:
@@ -298,7 +288,6 @@ def memory_forces(top: dict, pricer: Pricer, req: PlanRequest) -> dict[str, list
     return out
 
 
-TIE = 0.02  # layouts within 2% of the best are equivalent: far inside the model's band
 
 
 def _rank(df, key: str):
@@ -319,14 +308,6 @@ def pareto_front(rows: list[dict]) -> list[dict]:
             front.append(r)
             best_cost = r["cost_usd"]
     return front
-
-
-def best_per_pair(rows: list[dict]) -> list[dict]:
-    """The first of the ranked rows on each (hardware, GPU count) pair, in rank order."""
-    best: dict = {}
-    for r in rows:
-        best.setdefault((r["hardware"], r["gpus"]), r)
-    return list(best.values())
 
 
 def best_per_family(rows: list[dict]) -> list[dict]:

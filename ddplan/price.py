@@ -50,6 +50,17 @@ VALIDATED_RATIO = (0.84, 1.27)  # 0.846 and 1.266 over the 37 dense 16-bit runs 
 VALIDATED_RATIO_MOE = (0.84, 2.18)  # the dense low end; 2.177 (Megatron-FSDP Qwen3-30B-A3B), rounded outward
 
 
+TIE = 0.02  # layouts within 2% of the best are equivalent: far inside the model's band
+
+
+def best_per_pair(rows: list[dict]) -> list[dict]:
+    """The first of the ranked rows on each (hardware, GPU count) pair, in rank order."""
+    best: dict = {}
+    for r in rows:
+        best.setdefault((r["hardware"], r["gpus"]), r)
+    return list(best.values())
+
+
 def validated_ratio(spec: ModelSpec) -> tuple[float, float]:
     """The uncalibrated band's (low, high) factors on a prediction for this model (ddplan validate)."""
     return VALIDATED_RATIO_MOE if spec.architecture.moe is not None else VALIDATED_RATIO

@@ -6,8 +6,8 @@ and calibrate's); ddplan.plan returns rows and facts.
 from __future__ import annotations
 
 from ddplan import render
-from ddplan.layout import NATIVE_ZERO
-from ddplan.plan import FAMILIES, TIE, best_per_pair, context_parallel_degrees
+from ddplan.layout import FAMILIES, NATIVE_ZERO, context_parallel_degrees
+from ddplan.price import TIE, best_per_pair
 from ddplan.specs import ModelSpec
 from ddplan.units import hours_band
 from ddplan.verdicts import dp_option_words
@@ -76,7 +76,7 @@ def zero3_lines(r: dict) -> list[str]:
 
 def reasons(rows: list[dict], spec: ModelSpec, cps: tuple[int, ...] = ()) -> list[str]:
     """The top choice in plain words, and for the best of each other family why it loses, in figures.
-    cps: the context-parallel degrees searched (() = plan.context_parallel_degrees of the sequence)."""
+    cps: the context-parallel degrees searched (() = layout.context_parallel_degrees of the sequence)."""
     top = rows[0]
     out = [f"Choice: {describe(top)}{'' if top['native'] else ' (needs another training setup than the model ships)'}"
            f": {top['step_s']:.3f} s/step, {render.duration(top['wall_clock_h'])}"
@@ -97,7 +97,7 @@ def reasons(rows: list[dict], spec: ModelSpec, cps: tuple[int, ...] = ()) -> lis
     searched_cp = max(cps or context_parallel_degrees(spec.recipe.seq_len)) > 1
     for fam in FAMILIES:
         if fam == "+CP" and not searched_cp:
-            continue  # sequences too short for context parallelism (plan.context_parallel_degrees)
+            continue  # sequences too short for context parallelism (layout.context_parallel_degrees)
         cands = [r for r in rows if r["family"] == fam and r["gpus"] == top["gpus"] and r["hardware"] == top["hardware"]]
         if fam == top["family"] or not cands:
             if fam == "+ZeRO/FSDP" and native_zero == 3:

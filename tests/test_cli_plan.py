@@ -15,7 +15,7 @@ import json
 import pytest
 
 from ddplan import cli
-from ddplan.plan import TIE
+from ddplan.price import TIE
 from ddplan.registry import load_model
 
 from cli_helpers import run, run_ok, fails, csv_rows, f, readable

@@ -15,7 +15,7 @@ from ddplan.anatomy import build_anatomy, for_cp, for_tp
 from ddplan.errors import LayoutError
 from ddplan.layout import Layout, check_layout, placement
 from ddplan.memory import model_states
-from ddplan.plan import context_parallel_degrees
+from ddplan.layout import context_parallel_degrees
 from ddplan.registry import load_hardware, load_model
 from ddplan.specs import run_variant
 

@@ -9,7 +9,8 @@ import copy
 import pytest
 
 from ddplan import reasons
-from ddplan.plan import PlanRequest, best_per_pair, search
+from ddplan.plan import PlanRequest, search
+from ddplan.price import best_per_pair
 from ddplan.registry import load_hardware, load_model
 
 from cli_helpers import run_ok

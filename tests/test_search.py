@@ -19,7 +19,9 @@ from ddplan.errors import DdplanError, LayoutError
 from ddplan.sizing import Setup, breakdown
 from ddplan.layout import NATIVE_ZERO, Layout, check_layout
 from ddplan.registry import load_hardware, load_model
-from ddplan.plan import FAMILIES, TIE, PlanRequest, family, layouts_for, pareto_front, pricer_for, search
+from ddplan.layout import FAMILIES
+from ddplan.price import TIE
+from ddplan.plan import PlanRequest, family, layouts_for, pareto_front, pricer_for, search
 from ddplan.reasons import plan_reasons
 from ddplan.units import GiB
 
