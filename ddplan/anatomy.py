@@ -80,7 +80,9 @@ class Saved:
     bytes: float
     tag: SaveTag = "keep"
     tp_sharded: bool = True  # split across tensor-parallel ranks (False: norm inputs, residual stream)
-    module: str | None = None  # the Megatron module that made it, where not its name's (Op.module)
+    # the Megatron modules whose recompute drops it, where not its name's: one name (Op.module; "" for none), or
+    # the set of the op that keeps it (an fp8 GEMM's copy of its input: ddplan.fp8.with_fp8_saves)
+    module: str | frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -570,7 +572,7 @@ def tensor_modules(name: str) -> frozenset[str]:
         return frozenset({"moe", "moe_act"})
     if name == "shared.out":  # the shared experts' output before their gate, inside the module
         return frozenset({"moe", "shared_experts"})
-    return op_modules(name.removesuffix(".fp8").removesuffix(".out").removesuffix(".weight_cast").removesuffix(".mask"))
+    return op_modules(name.removesuffix(".out").removesuffix(".weight_cast").removesuffix(".mask"))
 
 
 def module_keeps(op: Op, saved: Saved, modules: frozenset[str], compiled: bool) -> bool:
@@ -580,7 +582,10 @@ def module_keeps(op: Op, saved: Saved, modules: frozenset[str], compiled: bool) 
     in_block = op.layer is not None
     if in_block and op.attention_core:
         return _keep_table("selective" if "core_attn" in modules else "none", compiled)[saved.tag, True]
-    mine = tensor_modules(saved.name.partition(".")[2]) if saved.module is None else frozenset({saved.module} - {""})
+    if saved.module is None:
+        mine = tensor_modules(saved.name.partition(".")[2])
+    else:
+        mine = saved.module if isinstance(saved.module, frozenset) else frozenset({saved.module} - {""})
     if in_block and mine & modules:
         return False
     return _keep_table("none", compiled)[saved.tag, in_block]
@@ -1019,14 +1024,15 @@ def _block(bld: _Builder, i: int, window: int, kind: AttentionKind, windows: Win
     bld.pointwise(f"{p}.resid_add2", i, t * c, reads=2, flops_per_element=1.0, bwd_reads=1, bwd_writes=1)
     bld.ops[-1] = _replace(bld.ops[-1], recompute_skip=("full",))
     if bld.fused:
-        bld.ops = _fused_norm_modules(bld.ops, p, "layernorm" if a.moe is not None else "mlp")
+        bld.ops = _fused_norm_modules(bld.ops, p, "layernorm" if a.is_moe_layer(i) else "mlp")
 
 
 def _fused_norm_modules(ops: list[Op], p: str, norm2: str) -> list[Op]:
     """A block's norms in the modules Megatron-Core's Transformer Engine layer spec puts them: the input norm fused
     into the attention's QKV Linear (TELayerNormColumnParallelLinear; input_layernorm is an IdentityOp, which the
-    `layernorm` recompute skips), the pre-MLP norm into fc1 in a dense model (re-run with the `mlp` module) or, in
-    a mixture-of-experts model, a TENorm of its own (the `layernorm` module). Ref: Megatron-LM
+    `layernorm` recompute skips), the pre-MLP norm into fc1 in a dense layer (re-run with the `mlp` module) or, in
+    a mixture-of-experts layer, a TENorm of its own (the `layernorm` module; a MoE model's dense layers take the
+    dense spec, get_gpt_decoder_block_spec). Ref: Megatron-LM
     megatron/core/models/gpt/gpt_layer_specs.py@d98e8a64 L319-336 (linear_qkv, pre_mlp_layernorm only with
     experts); transformer_layer.py L470-530 (a norm is recomputed only if it is not an IdentityOp)."""
     owner = {f"{p}.norm1": "", f"{p}.xn1": "", f"{p}.norm1.stats": "",

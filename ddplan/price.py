@@ -347,7 +347,8 @@ class Pricer:
         key = ("memory", window, layout.dp, layout.rank_share, layout.pp, layout.zero, layout.micro_batch,
                self._kind(layout.attention), layout.recompute, layout.compiled, layout.pp_schedule,
                layout.pp_virtual_stages, in_flight_micro_batches(layout), layout.shard_group,
-               layout.reshard_after_forward, layout.fp8_all_gather, layout.offload_optimizer)
+               layout.reshard_after_forward, layout.fp8_all_gather, layout.offload_optimizer, self.fp8,
+               self.fp8_recipe)  # fp8: what the GEMMs save (Pricer.anatomy)
         if key not in self._shared:
             self._shared[key] = memory_per_gpu(self.spec, layout, self.anatomy(layout, window),
                                                self.hw.memory.usable_bytes, self.assumptions,

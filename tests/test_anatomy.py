@@ -872,6 +872,13 @@ def test_layernorm_recompute_under_transformer_engine_re_runs_only_a_norm_of_its
     assert none.saved_bytes() - norm.saved_bytes() == 2 * (131_072 + 1_024)
     assert norm.recompute_flops() - none.recompute_flops() == 2 * 4 * 256 * 128
     assert "h0.xn1" in norm.saved_tensors() and "h0.xn2" not in norm.saved_tensors()
+    # a MoE model's dense layers take the dense spec (found in review): Qwen2-MoE tiny's layer 0 fuses its pre-MLP
+    # norm into fc1 (mlp recompute takes it), its MoE layer 1 keeps a TENorm (layernorm recompute takes it)
+    qwen = run_variant(qwen2_moe_tiny(), fusions="transformer-engine")
+    dense_mlp = build_anatomy(qwen, batch=BATCH, attention="fused_sdpa", windows="mask", recompute="selective:mlp")
+    moe_norm = build_anatomy(qwen, batch=BATCH, attention="fused_sdpa", windows="mask", recompute="selective:layernorm")
+    assert "h0.xn2" not in dense_mlp.saved_tensors() and "h1.xn2" in dense_mlp.saved_tensors()
+    assert "h0.xn2" in moe_norm.saved_tensors() and "h1.xn2" not in moe_norm.saved_tensors()
 
 
 def test_a_recompute_policy_has_one_spelling():
@@ -905,3 +912,9 @@ def test_fp8_gemms_keep_their_inputs_as_fp8_copies_by_hand():
     # a recompute policy drops the copy with the tensor it copies: full recompute keeps each block's input only
     full = with_fp8_saves(with_recompute(an, "full"), "delayed", lm_head=False, elem_bytes=4)
     assert full.saved_bytes() == with_recompute(an, "full").saved_bytes()
+    # per-module recompute drops a copy with the GEMM that keeps it, not with the module that made its 16-bit
+    # original (found in review): layernorm recompute drops xn1 and xn2 but not their copies; mlp drops xn2's
+    for policy, gone, kept in (("selective:layernorm", {"h0.xn1", "h0.xn2"}, {"h0.xn1.fp8", "h0.xn2.fp8"}),
+                               ("selective:mlp", {"h0.xn2.fp8", "h0.mlp.act_out.fp8"}, {"h0.xn1.fp8"})):
+        names = set(with_fp8_saves(with_recompute(an, policy), "delayed", False, 4).saved_tensors())
+        assert not gone & names and kept <= names, policy

@@ -506,3 +506,24 @@ def test_a_per_module_recompute_row_prices_the_same_alone_and_in_a_list(capsys):
     for policy, row in alone.items():
         assert float(listed[policy]["step_s"]) == pytest.approx(float(row["step_s"]), rel=1e-12), policy
     assert float(alone["selective:moe"]["compute_s"]) > float(listed["none"]["compute_s"])
+
+
+def test_fp8_and_16_bit_pricers_sharing_a_cache_keep_their_own_memory():
+    """Found in review (2026-12-05): under delayed scaling an fp8 GEMM saves a 1-byte copy of its input, so the
+    memory of one layout differs with fp8; two pricers sharing one cache (build_table's `shared`) must not hand
+    each other their figures, in either order."""
+    from ddplan.layout import Layout
+    from ddplan.registry import load_hardware, load_model
+
+    spec, hw = load_model("llama-3-8b"), load_hardware("h100-sxm")
+    plan = price_module.RunPlan(spec.recipe.budget, hw.price)
+    lay = Layout(dp=8, tp=1, pp=1, zero=3, micro_batch=2, grad_accum=1, attention="fa3", recompute="none")
+    alone = {fp8: price_module.Pricer(spec, hw, plan, fp8=fp8, fp8_recipe="delayed").memory(lay, "L").total
+             for fp8 in (False, True)}
+    assert alone[True] < alone[False]
+    for first in (False, True):
+        shared = {}
+        got = {fp8: price_module.Pricer(spec, hw, plan, fp8=fp8, fp8_recipe="delayed",
+                                        _caches=price_module.PriceCache(shared=shared)).memory(lay, "L").total
+               for fp8 in (first, not first)}
+        assert got == alone

@@ -422,7 +422,7 @@ class Block(nn.Module):
             self.mlp.checkpoint_shared = True
         # Transformer Engine's layer spec fuses a dense model's pre-MLP norm into fc1: the mlp module re-runs it
         # (ddplan.anatomy._fused_norm_modules)
-        self.norm_in_mlp = fused and arch.moe is None
+        self.norm_in_mlp = fused and not moe
         self.dropout_p = arch.dropout.hidden
 
     def forward(self, x, ve, cos, sin, mask):
