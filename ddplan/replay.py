@@ -7,6 +7,7 @@ so a validation row and a table row of the same layout are one number. ddplan.va
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import yaml
@@ -94,10 +95,15 @@ def run_framework(run: RunFacts) -> str | None:
 def _profile(run: RunFacts):
     """The run's framework profile (frameworks/*.yaml), or None: no framework, or a stack without a profile
     (megatron-lm, megatron-deepspeed)."""
-    if not run.framework:
-        return None
+    return _profile_named(run.framework) if run.framework else None
+
+
+@functools.lru_cache(maxsize=64)
+def _profile_named(name: str):
+    """load_framework(name), or None where no profile has that name; read once a process (a dataset names a few
+    stacks over and over)."""
     try:
-        return load_framework(run.framework)
+        return load_framework(name)
     except DdplanError:
         return None
 

@@ -171,6 +171,7 @@ class Scorer:
         self._keys: dict[int, tuple[str, PublishedRun]] = {}  # id(run) -> (its JSON, the run, kept alive)
         self._moe: dict[str, bool] = {}  # run -> whether the imbalance moves its price
         self._parts: dict[str, str] = {}  # run -> the run without its recompute policy (_parts_key)
+        self._thin: dict[str, tuple] = {}  # run -> its thin evidence by the shipped tables (ddplan.evidence)
 
     def _key(self, run: PublishedRun) -> str:
         known = self._keys.get(id(run))
@@ -198,12 +199,17 @@ class Scorer:
         run_key = self._key(run)
         if imbalance is not None and not self._imbalanced(run, run_key, where):
             imbalance = None  # priced the same at any imbalance: one price, one cache
-        key = (run_key, own, imbalance, evidence)
-        if key not in self._scored:
+        key = (run_key, own, imbalance)
+        if key not in self._scored:  # priced with the base band; the evidence widens it after (exactly, _widened)
             self._scored[key] = score(run, where, sustained if own is not None else None, imbalance,
                                       shared=self._shared.setdefault((self._parts_key(run, run_key), imbalance), {}),
-                                      evidence=evidence)
-        return self._scored[key]
+                                      evidence=False)
+        base = self._scored[key]
+        if not evidence:
+            return base
+        if run_key not in self._thin:
+            self._thin[run_key] = thin_values(run_framework(run), base.hardware, base.precision)
+        return _widened(base, self._thin[run_key])
 
     def _parts_key(self, run: PublishedRun, run_key: str) -> str:
         """The run apart from its recompute policy: the pricing cache's entries that depend on the policy
@@ -399,7 +405,7 @@ def fit_sustained(runs: Sequence[PublishedRun], hardware: str, where: str, lo: f
     scorer = scorer or Scorer()
 
     def cost(f: float) -> float:
-        return statistics.fmean(abs(math.log(1 + scorer.score(r, where, dict.fromkeys(names, f)).error))
+        return statistics.fmean(abs(math.log(1 + scorer.score(r, where, dict.fromkeys(names, f), evidence=False).error))
                                 for r in mine)
 
     return round(golden_min(cost, lo, hi, tol), 3)
@@ -458,7 +464,7 @@ def fit_dropless_imbalance(sweep: RoutingSweep, runs: RunSet, where: str, sustai
         dropless = run.model_copy(update={"model": run.model.model_copy(update={"routing": "dropless"})})
 
         def step(imbalance: float) -> float:
-            return scorer.score(dropless, here, sustained, imbalance).predicted_s
+            return scorer.score(dropless, here, sustained, imbalance, evidence=False).predicted_s
 
         t1 = step(1.0)
         slope = (step(1 + SLOPE_STEP) - t1) / SLOPE_STEP  # the step's growth per unit of I, near 1
@@ -557,12 +563,18 @@ def _evidence_left_out(runs: RunSet, held: list[Scored]) -> list[Scored]:
         counts = evidence_counts(rest)
         unseen = unseen_ratios([s for s in held if s.source != src], counts)
         for s in (x for x in held if x.source == src):
-            thin = thin_values(run_framework(by_id[s.id]), s.hardware, s.precision, counts, unseen)
-            if thin:
-                s = replace(s, low_s=min([s.low_s, *(s.predicted_s * t.band[0] for t in thin)]),
-                            high_s=max([s.high_s, *(s.predicted_s * t.band[1] for t in thin)]))
-            out.append(s)
+            out.append(_widened(s, thin_values(run_framework(by_id[s.id]), s.hardware, s.precision, counts, unseen)))
     return out
+
+
+def _widened(s: Scored, thin: tuple) -> Scored:
+    """A run scored with the base uncalibrated band, its band widened where the evidence is thin: the prediction
+    times each thin value's group band, on either side. The priced band is min/max of the efficiency ends and the
+    prediction times the band's factors, so widening after pricing gives what pricing with the wider band does."""
+    if not thin:
+        return s
+    return replace(s, low_s=min([s.low_s, *(s.predicted_s * t.band[0] for t in thin)]),
+                   high_s=max([s.high_s, *(s.predicted_s * t.band[1] for t in thin)]))
 
 
 # --------------------------------------------------------------------------------------------
