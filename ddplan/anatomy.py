@@ -80,9 +80,9 @@ class Saved:
     bytes: float
     tag: SaveTag = "keep"
     tp_sharded: bool = True  # split across tensor-parallel ranks (False: norm inputs, residual stream)
-    # the Megatron modules whose recompute drops it, where not its name's: one name (Op.module; "" for none), or
-    # the set of the op that keeps it (an fp8 GEMM's copy of its input: ddplan.fp8.with_fp8_saves)
-    module: str | frozenset[str] | None = None
+    # the Megatron modules whose recompute drops it where its name does not say (tensor_modules): a fused norm's
+    # (_fused_norm_modules), or those of the GEMM that keeps an fp8 copy of its input (ddplan.fp8.with_fp8_saves)
+    module: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -117,10 +117,10 @@ class Op:
     calls: int = 1
     # per-op recompute (torchtitan's SelectiveAC) keeps this op's output, so backward does not re-run it
     per_op_saved: bool = False
-    # the Megatron module (ddplan.runfields.RECOMPUTE_MODULES) this op runs in where it is not the one its name
-    # says ("" : none that a per-module policy re-runs): Transformer Engine fuses a block's norms into the next
-    # Linear (_fused_norm_modules)
-    module: str | None = None
+    # the Megatron modules (ddplan.runfields.RECOMPUTE_MODULES) this op runs in where its name does not say
+    # (op_modules; empty: none a per-module policy re-runs): Transformer Engine fuses a block's norms into the
+    # next Linear (_fused_norm_modules)
+    module: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -254,15 +254,15 @@ class Anatomy:
         when every kept size is a whole number of bytes and the total is below 2^53 (then every partial sum
         in any order is exact, so this is the walk's float to the bit); else the walk over every saved tensor."""
         if self.modules is not None:  # per-module recompute: each tensor as its savers keep it
-            kept_saves: dict[str, tuple[float, bool]] = {}
+            kept: dict[str, float] = {}
             last_block: dict[str, bool] = {}
             for op in self.ops:
                 for s in op.saves:
                     last_block[s.name] = op.layer is not None
                     if self._save_kept(op, s):
-                        kept_saves[s.name] = (s.bytes, True)
-            layers = sum(b for n, (b, _) in kept_saves.items() if last_block[n])
-            return layers, sum(b for b, _ in kept_saves.values()) - layers
+                        kept[s.name] = s.bytes
+            layers = sum(b for n, b in kept.items() if last_block[n])
+            return layers, sum(kept.values()) - layers
         keeps = _keep_table(self.recompute, self.compiled)
         exact = self._saved_split_exact(keeps)
         if exact is not None:
@@ -533,8 +533,7 @@ def recomputed_under(op: Op, policy: str) -> bool:
     if modules is not None:  # Megatron's per-module recompute re-runs each module's whole forward
         if op.attention_core:
             return "core_attn" in modules and "selective" not in op.recompute_skip
-        mine = op_modules(op.name.partition(".")[2]) if op.module is None else frozenset({op.module} - {""})
-        return op.layer is not None and bool(mine & modules)
+        return bool(modules_of(op) & modules)
     if policy == "per-op":  # torchtitan checkpoints with early_stop=False: the whole block re-runs
         return op.layer is not None and not op.per_op_saved
     if policy in op.recompute_skip:
@@ -542,6 +541,14 @@ def recomputed_under(op: Op, policy: str) -> bool:
     if policy == "full":
         return op.layer is not None
     return policy == "selective" and op.attention_core
+
+
+def modules_of(op: Op) -> frozenset[str]:
+    """The Megatron modules a block op runs in (Op.module where a kernel put it elsewhere, else op_modules by its
+    name); none outside the blocks."""
+    if op.layer is None:
+        return frozenset()
+    return op_modules(op.name.partition(".")[2]) if op.module is None else op.module
 
 
 def op_modules(name: str) -> frozenset[str]:
@@ -582,10 +589,7 @@ def module_keeps(op: Op, saved: Saved, modules: frozenset[str], compiled: bool) 
     in_block = op.layer is not None
     if in_block and op.attention_core:
         return _keep_table("selective" if "core_attn" in modules else "none", compiled)[saved.tag, True]
-    if saved.module is None:
-        mine = tensor_modules(saved.name.partition(".")[2])
-    else:
-        mine = saved.module if isinstance(saved.module, frozenset) else frozenset({saved.module} - {""})
+    mine = tensor_modules(saved.name.partition(".")[2]) if saved.module is None else saved.module
     if in_block and mine & modules:
         return False
     return _keep_table("none", compiled)[saved.tag, in_block]
@@ -1035,8 +1039,9 @@ def _fused_norm_modules(ops: list[Op], p: str, norm2: str) -> list[Op]:
     dense spec, get_gpt_decoder_block_spec). Ref: Megatron-LM
     megatron/core/models/gpt/gpt_layer_specs.py@d98e8a64 L319-336 (linear_qkv, pre_mlp_layernorm only with
     experts); transformer_layer.py L470-530 (a norm is recomputed only if it is not an IdentityOp)."""
-    owner = {f"{p}.norm1": "", f"{p}.xn1": "", f"{p}.norm1.stats": "",
-             f"{p}.norm2": norm2, f"{p}.xn2": norm2, f"{p}.norm2.stats": norm2}
+    none, second = frozenset(), frozenset({norm2})
+    owner = {f"{p}.norm1": none, f"{p}.xn1": none, f"{p}.norm1.stats": none,
+             f"{p}.norm2": second, f"{p}.xn2": second, f"{p}.norm2.stats": second}
     return [replace(op, module=owner.get(op.name, op.module),
                     saves=tuple(replace(s, module=owner[s.name]) if s.name in owner else s for s in op.saves))
             for op in ops]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ddplan.anatomy import Anatomy, Op, build_anatomy, op_modules
+from ddplan.anatomy import Anatomy, Op, build_anatomy, modules_of
 from ddplan.params import param_counts
 
 # GEMMs an fp8 recipe leaves in the compute dtype whatever their shape: the output layer (torchtitan's float8 and
@@ -119,11 +119,7 @@ def with_fp8_saves(anatomy: Anatomy, recipe: str, lm_head: bool, elem_bytes: int
         # the copy lives in the GEMM's saved state: a per-module recompute drops it with the GEMM's module, not
         # with the module that made the 16-bit tensor (Megatron's layernorm / moe_act checkpoints free only their
         # own outputs)
-        if op.module is not None:
-            keeper = frozenset({op.module} - {""})
-        else:
-            keeper = op_modules(op.name.partition(".")[2]) if op.layer is not None else frozenset()
-        copy = replace(x, name=f"{x.name}.fp8", bytes=x.bytes / elem_bytes, module=keeper)
+        copy = replace(x, name=f"{x.name}.fp8", bytes=x.bytes / elem_bytes, module=modules_of(op))
         return replace(op, saves=(copy, *op.saves[1:]))
 
     def ops(group: tuple[Op, ...]) -> tuple[Op, ...]:

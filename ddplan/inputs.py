@@ -22,7 +22,7 @@ from ddplan.registry import (builtin_names, calibration_hardware, load_calibrati
 from ddplan.run import RunOverheads
 from ddplan.runfields import BY_PARAM, RECOMPUTE, RECOMPUTE_HINT, recompute_policy
 from ddplan.sizing import memory_setup
-from ddplan.specs import WEIGHTS, Budget, Price, run_variant
+from ddplan.specs import KERNELS, WEIGHTS, Budget, Price, run_variant
 from ddplan.table import TableRequest, check_fp8, check_fp8_options
 
 DEFAULT_HARDWARE = "mi300x"  # the canonical case (shared/seed): nanochat d24 on AMD MI300X
@@ -50,8 +50,7 @@ def overheads(startup_min: float, eval_every: int | None, eval_tokens: int | Non
 
 def load(model: str, hardware: str | None, calibration: str | None, seq_len: int | None, dtype: str | None,
             check_hardware: bool = True, grads: str | None = None, moe_imbalance: float | None = None,
-            weights: str | None = None, cross_entropy: str | None = None, moe_weighting: str | None = None,
-            fusions: str | None = None):
+            weights: str | None = None, kernels: dict[str, str | None] | None = None):
     """(model spec, hardware spec, calibration or None). A calibration file supplies what is not given:
     its hardware (the spec it carries, or the built-in it names) and, when it measured this model, its
     sequence length and compute dtype."""
@@ -74,13 +73,13 @@ def load(model: str, hardware: str | None, calibration: str | None, seq_len: int
         dtype = dtype if dtype is not None else cal.dtype
         if (seq_len, dtype) != given:
             try:
-                return variant(spec, seq_len, dtype, grads, moe_imbalance, weights, cross_entropy, moe_weighting, fusions), hw, cal
+                return variant(spec, seq_len, dtype, grads, moe_imbalance, weights, kernels), hw, cal
             except DdplanError as e:
                 if e.field == "--moe-imbalance":
                     raise
                 raise SpecError(f"its sequence length or dtype does not fit {spec.name}: {e.message}",
                                 file=calibration) from None
-    return variant(spec, seq_len, dtype, grads, moe_imbalance, weights, cross_entropy, moe_weighting, fusions), hw, cal
+    return variant(spec, seq_len, dtype, grads, moe_imbalance, weights, kernels), hw, cal
 
 
 def check_calibration_hardware(cal, hws, path: str | None = None) -> None:
@@ -104,10 +103,10 @@ def check_ranges(*pairs: tuple[int | float | None, str]) -> None:
 
 
 def variant(spec, seq_len: int | None, dtype: str | None, grads: str | None = None,
-            moe_imbalance: float | None = None, weights: str | None = None, cross_entropy: str | None = None,
-            moe_weighting: str | None = None, fusions: str | None = None):
-    """The model at the run's sequence length, compute dtype, gradient dtype, weight storage, loss kernel, MoE
-    weighting, block fusions and MoE load imbalance (ddplan.specs.run_variant)."""
+            moe_imbalance: float | None = None, weights: str | None = None,
+            kernels: dict[str, str | None] | None = None):
+    """The model at the run's sequence length, compute dtype, gradient dtype, weight storage, kernels (the loss, the
+    MoE weighting, the block's fusions: ddplan.specs.KERNELS) and MoE load imbalance (ddplan.specs.run_variant)."""
     check_ranges((seq_len, "--seq-len"), (moe_imbalance, "--moe-imbalance"))
     if moe_imbalance is not None:
         try:
@@ -122,7 +121,7 @@ def variant(spec, seq_len: int | None, dtype: str | None, grads: str | None = No
         raise UsageError(f"must be {' or '.join(WEIGHTS)}, got {weights!r}", field="--weights")
     try:
         return run_variant(spec, seq_len=seq_len, dtype=dtype, grads=grads, weights=weights,
-                           cross_entropy=cross_entropy, moe_weighting=moe_weighting, fusions=fusions)
+                           **(kernels or {}))
     except ValueError as e:
         raise UsageError(str(e), field="--seq-len") from None
 
@@ -381,9 +380,7 @@ def table_request(v: dict, stated: Stated, today):
         check_pattern(w, "--window")
     attentions = tuple(a.strip() for a in v["attention"].split(",")) if v["attention"] else ()
     spec, hw, cal = load(v["model"], v["hardware"], v["calibration"], v["seq_len"], v["dtype"], grads=v["grads"],
-                         weights=v["weights"], moe_imbalance=v["moe_imbalance"],
-                         cross_entropy=v["cross_entropy"], moe_weighting=v["moe_weighting"],
-                         fusions=v["fusions"])
+                         weights=v["weights"], moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v))
     measured_flags = ("measured_gpus", "measured_tp", "measured_pp", "measured_attention", "measured_window")
     measurement = stated_measurement(
         spec, hw, v["measured_step_time"], gpus=v["measured_gpus"] or gpu_list[0], tp=v["measured_tp"] or tps[0],
@@ -415,8 +412,7 @@ def plan_request(v: dict, stated: Stated, today):
     names = hardware_list(v["hardware"])
     spec, hw0, cal = load(v["model"], names[0] if names else None, v["calibration"], v["seq_len"], v["dtype"],
                           check_hardware=False, grads=v["grads"], weights=v["weights"],
-                          moe_imbalance=v["moe_imbalance"], cross_entropy=v["cross_entropy"],
-                          moe_weighting=v["moe_weighting"], fusions=v["fusions"])
+                          moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v))
     hws = (hw0, *(load_hardware(h) for h in names[1:]))
     check_calibration_hardware(cal, hws, v["calibration"])
     asked = policies(v["recompute"]) if v["recompute"] else PlanRequest.recomputes
@@ -435,6 +431,11 @@ def plan_request(v: dict, stated: Stated, today):
         cps=tuple(int_list(v["cp"], "--cp")) if v["cp"] else (), eps=expert_degrees(v["ep"], spec),
         options=_options(v, spec, None), framework=framework_name(v["framework"]))
     return req, spec, hws, cal
+
+
+def given_kernels(v: dict) -> dict[str, str | None]:
+    """The kernel fields (ddplan.specs.KERNELS) as given (None: the model spec's)."""
+    return {name: v[name] for name in KERNELS}
 
 
 def framework_name(given: str | None) -> str | None:
@@ -482,9 +483,7 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
     check_ranges(*((v[k], "--" + k.replace("_", "-")) for k in ("gpus", "tp", "pp", "vp", "device_batch_size")))
     stages = tuple(int_list(v["zero"], "--zero", allowed=(0, 1, 2, 3)))
     spec, hw, cal = load(v["model"], v["hardware"], v["calibration"], v["seq_len"], v["dtype"], grads=v["grads"],
-                         weights=v["weights"], moe_imbalance=v["moe_imbalance"],
-                         cross_entropy=v["cross_entropy"], moe_weighting=v["moe_weighting"],
-                         fusions=v["fusions"])
+                         weights=v["weights"], moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v))
     if v["fp8_all_gather"]:
         check_fp8(spec, hw)
         check_fp8_options(spec, True, None, True, stages)

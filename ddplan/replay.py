@@ -16,7 +16,7 @@ from ddplan.errors import DdplanError, SpecError
 from ddplan.layout import Options
 from ddplan.registry import load_framework, load_hardware
 from ddplan.runs import PublishedRun, RunFacts, run_spec
-from ddplan.specs import Efficiency, run_variant
+from ddplan.specs import KERNELS, Efficiency, run_variant
 from ddplan.table import TableRequest, build_table
 
 
@@ -69,22 +69,11 @@ def run_weights(run: RunFacts) -> str | None:
     return run.model.weights or _profile_value(run, "weights")
 
 
-def run_cross_entropy(run: RunFacts) -> str | None:
-    """The loss kernel a run ran (ddplan.specs.Recipe.cross_entropy): its framework profile's (Megatron-Core's
-    vocab-parallel cross entropy), else None (the base spec's)."""
-    return _profile_value(run, "cross_entropy")
-
-
-def run_moe_weighting(run: RunFacts) -> str | None:
-    """Where a run's mixture of experts weighted its routed copies (ddplan.specs.Recipe.moe_weighting): its framework
-    profile's (Megatron-Core's weighted SwiGLU), else None (the base spec's)."""
-    return _profile_value(run, "moe_weighting")
-
-
-def run_fusions(run: RunFacts) -> str | None:
-    """How a run's blocks ran their norms, rotary embedding and SwiGLU (ddplan.specs.Recipe.fusions): its framework
-    profile's (Megatron-Core's Transformer Engine modules), else None (the base spec's)."""
-    return _profile_value(run, "fusions")
+def run_kernels(run: RunFacts) -> dict[str, str]:
+    """The kernel fields (ddplan.specs.KERNELS: the loss, the MoE weighting, the block's fusions) a run ran where its
+    framework profile sets them (Megatron-Core's vocab-parallel loss, weighted SwiGLU and Transformer Engine
+    modules; llm-foundry's fused loss); the base spec's for the rest."""
+    return {name: value for name in KERNELS if (value := _profile_value(run, name)) is not None}
 
 
 def run_framework(run: RunFacts) -> str | None:
@@ -143,12 +132,8 @@ def table_command(run: PublishedRun, folder: Path | None = None) -> list[str] | 
         argv += ["--grads", run.model.grads]
     if run_weights(run):
         argv += ["--weights", run_weights(run)]
-    if run_cross_entropy(run):
-        argv += ["--cross-entropy", run_cross_entropy(run)]
-    if run_moe_weighting(run):
-        argv += ["--moe-weighting", run_moe_weighting(run)]
-    if run_fusions(run):
-        argv += ["--fusions", run_fusions(run)]
+    for name, value in run_kernels(run).items():
+        argv += ["--" + name.replace("_", "-"), value]
     if _profile(run) is not None:  # its stack's published runs weigh in the band (ddplan.evidence)
         argv += ["--framework", run.framework]
         if not run.model.grads:  # the profile fills only what validate prices: the gradients stay the spec's
@@ -224,9 +209,8 @@ def price_run(run: RunFacts, where: str, sustained: dict[str, float] | None = No
     if sustained and hw.name in sustained:
         hw = with_sustained(hw, sustained[hw.name], "re-fitted by ddplan.validation")
     spec = run_spec(run, where, imbalance, weights=run_weights(run))
-    if run_cross_entropy(run) or run_moe_weighting(run) or run_fusions(run):
-        spec = run_variant(spec, cross_entropy=run_cross_entropy(run), moe_weighting=run_moe_weighting(run),
-                           fusions=run_fusions(run))
+    if run_kernels(run):
+        spec = run_variant(spec, **run_kernels(run))
     lay = run.layout
     attention = lay.attention or hw.default_attention
     req = TableRequest(model=spec, hardware=hw, gpus=(lay.gpus,), tps=(lay.tp,), pps=(lay.pp,), vps=(lay.vp,),

@@ -704,6 +704,10 @@ WEIGHTS = ("fp32", "master")  # how the weights are kept (run_variant)
 CROSS_ENTROPY = typing.get_args(CrossEntropy)  # the loss kernels (Recipe.cross_entropy)
 MOE_WEIGHTING = typing.get_args(MoeWeighting)  # where routed copies are weighted (Recipe.moe_weighting)
 FUSIONS = typing.get_args(Fusions)  # how a block's norms, rotary embedding and SwiGLU run (Recipe.fusions)
+# the Recipe's kernel fields (how the stack runs the loss, the MoE weighting, the block's pointwise ops), which a
+# framework profile may set and run_variant replaces: field -> its values
+KERNELS: dict[str, tuple[str, ...]] = {"cross_entropy": CROSS_ENTROPY, "moe_weighting": MOE_WEIGHTING,
+                                       "fusions": FUSIONS}
 
 
 def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | None = None,
@@ -763,18 +767,11 @@ def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | Non
         spec = spec.model_copy(update={
             "dtypes": spec.dtypes.model_copy(update={"params": dict.fromkeys(spec.dtypes.params, kept)}),
             "recipe": spec.recipe.model_copy(update={"optimizer": opt})})
-    if cross_entropy is not None and cross_entropy != spec.recipe.cross_entropy:
-        if cross_entropy not in CROSS_ENTROPY:
-            raise ValueError(f"cross entropy must be {' or '.join(CROSS_ENTROPY)}, got {cross_entropy!r}")
-        spec = spec.model_copy(update={"recipe": spec.recipe.model_copy(update={"cross_entropy": cross_entropy})})
-    if moe_weighting is not None and moe_weighting != spec.recipe.moe_weighting:
-        if moe_weighting not in MOE_WEIGHTING:
-            raise ValueError(f"moe weighting must be {' or '.join(MOE_WEIGHTING)}, got {moe_weighting!r}")
-        spec = spec.model_copy(update={"recipe": spec.recipe.model_copy(update={"moe_weighting": moe_weighting})})
-    if fusions is not None and fusions != spec.recipe.fusions:
-        if fusions not in FUSIONS:
-            raise ValueError(f"fusions must be {' or '.join(FUSIONS)}, got {fusions!r}")
-        spec = spec.model_copy(update={"recipe": spec.recipe.model_copy(update={"fusions": fusions})})
+    for name, value in (("cross_entropy", cross_entropy), ("moe_weighting", moe_weighting), ("fusions", fusions)):
+        if value is not None and value != getattr(spec.recipe, name):
+            if value not in KERNELS[name]:
+                raise ValueError(f"{name.replace('_', ' ')} must be {' or '.join(KERNELS[name])}, got {value!r}")
+            spec = spec.model_copy(update={"recipe": spec.recipe.model_copy(update={name: value})})
     if load_imbalance is not None:
         moe = spec.architecture.moe
         if moe is None:

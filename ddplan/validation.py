@@ -326,10 +326,14 @@ def band_ratio(scored: Sequence[Scored]) -> tuple[float, float]:
     band for every prediction). fp8 runs are left out as the fits leave them out: all of them are one source's
     (llm-foundry's H100 FP8 table), with no 16-bit evidence; they are checked against the band instead
     (tests/test_validation.py)."""
-    dense = [s for s in scored if not s.moe and s.precision != "fp8"]
-    per_source = collections.Counter(s.source for s in dense)
-    ratios = [s.measured_s / s.predicted_s for s in dense]
-    weights = [1 / per_source[s.source] for s in dense]
+    return _spread_by_source([s for s in scored if not s.moe and s.precision != "fp8"])
+
+
+def _spread_by_source(scored: Sequence[Scored]) -> tuple[float, float]:
+    """(5th, 95th) percentile of measured / predicted, each source weighing one (each of its runs 1 / its runs)."""
+    per_source = collections.Counter(s.source for s in scored)
+    ratios = [s.measured_s / s.predicted_s for s in scored]
+    weights = [1 / per_source[s.source] for s in scored]
     return weighted_percentile(ratios, weights, 0.05), weighted_percentile(ratios, weights, 0.95)
 
 
@@ -358,11 +362,7 @@ def unseen_ratios(held: Sequence[Scored], counts: dict[str, dict[str, tuple[int,
         group = [s for s in held if not s.moe and is_thin(*counts[dim].get(key(s), (0, 0)))]
         if not group:  # no thin value to measure a spread on: the dimension widens nothing
             continue
-        per_source = collections.Counter(s.source for s in group)
-        ratios = [s.measured_s / s.predicted_s for s in group]
-        weights = [1 / per_source[s.source] for s in group]
-        out[dim] = (weighted_percentile(ratios, weights, 0.05), weighted_percentile(ratios, weights, 0.95),
-                    len(group), len(per_source))
+        out[dim] = (*_spread_by_source(group), len(group), len({s.source for s in group}))
     return out
 
 

@@ -211,3 +211,24 @@ def test_meta_device_measures_full_size_without_allocating():
     assert r["loss"] is None and r["flops_fwd_bwd"] > 6 * matmul_params(spec) * 2048
     with pytest.raises(ValueError, match="meta"):
         measure(spec, batch=1, seq_len=2048, attention="sdpa-fused", recompute="none", device="meta")
+
+
+def test_the_fused_functions_backward_is_their_forward_s_gradient():
+    """The reference model's stand-ins for fused kernels (Transformer Engine's RMSNorm and RoPE, Megatron-Core's
+    SwiGLU and weighted SwiGLU) write their own backward: torch.autograd.gradcheck compares each with finite
+    differences in float64."""
+    torch = pytest.importorskip("torch")
+    from torch.autograd import gradcheck
+
+    from ddplan.calibrate.reference import FusedRMSNorm, FusedRotary, FusedSwiGLU, WeightedSwiGLU
+
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape, grad=True):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64, requires_grad=grad)
+
+    assert gradcheck(lambda x, w: FusedRMSNorm.apply(x, w, 1e-6), (rand(3, 8), rand(8)))
+    cos, sin = rand(5, 1, 2, grad=False), rand(5, 1, 2, grad=False)
+    assert gradcheck(lambda x: FusedRotary.apply(x, cos, sin), (rand(2, 5, 3, 4),))
+    assert gradcheck(FusedSwiGLU.apply, (rand(4, 6), rand(4, 6)))
+    assert gradcheck(WeightedSwiGLU.apply, (rand(4, 6), rand(4, 6), rand(4)))

@@ -240,3 +240,13 @@ def test_the_file_and_the_flag_refuse_the_same_values(capsys, tmp_path, f):
 def _commands_of(f) -> set[str]:
     group = typer.main.get_command(cli.app)
     return {c for c in ("table", "memory", "plan") if f.param in {p.name for p in group.commands[c].params}}
+
+
+def test_a_kernel_flag_offers_exactly_the_values_the_spec_takes():
+    """runfields keeps its own tuples (it stays free of pydantic for a fast --help): each kernel field's choices are
+    the Recipe Literal's (ddplan.specs.KERNELS), so a value one accepts the other cannot refuse."""
+    from ddplan.runfields import BY_PARAM
+    from ddplan.specs import KERNELS
+
+    for name, values in KERNELS.items():
+        assert BY_PARAM[name].kind == values, name

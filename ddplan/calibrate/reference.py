@@ -134,6 +134,11 @@ class Norm(nn.Module):
         return F.layer_norm(x, self.shape, w, b, self.eps or 1e-5)
 
 
+def wide(t):
+    """t in fp32 at least (a fused kernel's accumulation precision; float64 stays float64, as gradcheck needs)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 class FusedRMSNorm(torch.autograd.Function):
     """RMSNorm with a weight as Transformer Engine's fused kernel runs it (Recipe.fusions "transformer-engine"): it
     keeps its input, the weight and one fp32 rstd a row, and re-makes the normalised input in backward, where
@@ -142,17 +147,17 @@ class FusedRMSNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, eps):
-        rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+        rstd = torch.rsqrt(wide(x).pow(2).mean(-1, keepdim=True) + eps)
         ctx.save_for_backward(x, w, rstd)
-        return (x.float() * rstd).to(x.dtype) * w
+        return (wide(x) * rstd).to(x.dtype) * w
 
     @staticmethod
     def backward(ctx, grad):
         x, w, rstd = ctx.saved_tensors
-        xhat = x.float() * rstd
-        gw = grad.float() * w.float()
+        xhat = wide(x) * rstd
+        gw = wide(grad) * wide(w)
         dx = rstd * (gw - xhat * (gw * xhat).mean(-1, keepdim=True))
-        dw = (grad.float() * xhat).reshape(-1, x.shape[-1]).sum(0)
+        dw = (wide(grad) * xhat).reshape(-1, x.shape[-1]).sum(0)
         return dx.to(x.dtype), dw.to(w.dtype), None
 
 
@@ -184,8 +189,13 @@ class FusedSwiGLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         g, u = ctx.saved_tensors
-        sig = torch.sigmoid(g)
-        return grad * u * sig * (1 + g * (1 - sig)), grad * g * sig
+        return swiglu_grads(g, u, grad)
+
+
+def swiglu_grads(g, u, grad):
+    """(dL/dg, dL/du) of silu(g) x u given dL/d(out): silu'(g) = sigmoid(g) (1 + g (1 - sigmoid(g)))."""
+    sig = torch.sigmoid(g)
+    return grad * u * sig * (1 + g * (1 - sig)), grad * g * sig
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -328,18 +338,14 @@ class WeightedSwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, g, u, p):
         ctx.save_for_backward(g, u, p)
-        return (F.silu(g.float()) * u.float() * p.unsqueeze(-1)).to(g.dtype)
+        return (F.silu(wide(g)) * wide(u) * p.unsqueeze(-1)).to(g.dtype)
 
     @staticmethod
     def backward(ctx, grad):
         g, u, p = ctx.saved_tensors
-        gf, uf, grad = g.float(), u.float(), grad.float()
-        sig = torch.sigmoid(gf)
-        silu = gf * sig
-        d_act = grad * p.unsqueeze(-1)  # the gradient of silu(g) x u
-        dg = d_act * uf * sig * (1 + gf * (1 - sig))
-        du = d_act * silu
-        dp = (grad * silu * uf).sum(-1)
+        gf, uf, grad = wide(g), wide(u), wide(grad)
+        dg, du = swiglu_grads(gf, uf, grad * p.unsqueeze(-1))
+        dp = (grad * F.silu(gf) * uf).sum(-1)
         return dg.to(g.dtype), du.to(u.dtype), dp
 
 
