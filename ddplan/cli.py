@@ -954,9 +954,7 @@ def _validate_memory(dataset: str | None, format: Format, wide: bool, loso: bool
 
     where = dataset or str(builtin_dir("validation") / MEMORY_PEAKS)
     peaks = load_peaks(dataset)
-    scored = [validation.score_peak(p, f"{where}: peaks.{i} ({p.id})") for i, p in enumerate(peaks.peaks)]
-    if dataset is None:  # and the shipped step-time runs: configurations known to have run
-        scored += validation.score_published_ran({p.id for p in peaks.peaks})
+    scored = validation.score_memory(dataset)
     if loso:
         scored = validation.peaks_leaving_each_source_out(scored)
     rows, summary = [s.row() for s in scored], validation.peak_summaries(scored)

@@ -676,7 +676,11 @@ def _megatron(text: str, path: Path, out: Imported) -> None:
                                 f"with {recipe} scaling the weights are priced gathered in 16 bits")
     granularity = arg("--recompute-granularity")
     if arg("--recompute-activations") or granularity == "selective":
-        _recompute_modules(out, arg("--recompute-modules"), "--recompute-modules")
+        modules = arg("--recompute-modules")
+        if modules is True:  # the flag with no module after it (Megatron's nargs '+' refuses it too)
+            raise SpecError("--recompute-modules needs at least one module (e.g. --recompute-modules core_attn mlp)",
+                            file=str(path), field="--recompute-modules")
+        _recompute_modules(out, modules, "--recompute-modules")
     elif granularity == "full":
         out.set("recompute", "full")
         if arg("--recompute-num-layers") not in (None, "1") and arg("--recompute-method") == "block":

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from ddplan import run
 from ddplan.calibration import CalibrationSpec, StepMeasurement, measurement_for
 from ddplan.errors import ImpossibleMeasurement, LayoutError, UsageError
+from ddplan.evidence import Thin
 from ddplan.fitting import MEASURED_FLAGS, Fit, fitted
 from ddplan.fp8 import FP8_RECIPES
 from ddplan.layout import (NATIVE_ZERO, Layout, Options, check_layout, cp_attention_problem, data_parallel, layout_for,
@@ -92,6 +93,7 @@ class Table:
     fit: Fit | None = None
     verdict: Verdict = Verdict()
     notes: list[Flag] = field(default_factory=list)  # about the whole table (ddplan.render words them)
+    thin: tuple[Thin, ...] = ()  # the thin evidence that widened the uncalibrated band (ddplan.price.Pricer.thin)
 
 
 def check_fp8(spec: ModelSpec, hw: HardwareSpec) -> None:
@@ -180,10 +182,11 @@ def _build_table(req: TableRequest, progress: Callable[[str, int, int], None] | 
     check_fp8_options(spec, req.fp8, req.fp8_recipe, req.options.fp8_all_gather, req.zeros)
     if req.options.offload_optimizer:
         check_offload(spec, hw, req.zeros)
-    pricer = Pricer(spec, hw, RunPlan(budget, price, req.overheads, req.headroom, req.framework, req.evidence), req.calibration,
-                    req.fp8, fp8_recipe=req.fp8_recipe, _caches=PriceCache(shared=shared) if shared is not None else None)
+    pricer = Pricer(spec, hw, RunPlan(budget, price, req.overheads, req.headroom, req.framework, req.evidence),
+                    req.calibration, req.fp8, fp8_recipe=req.fp8_recipe,
+                    _caches=PriceCache(shared=shared) if shared is not None else None)
     table = Table(request=req, rows=[], steps=pricer.steps(total_batch), total_batch_tokens=total_batch,
-                  budget=budget, price=price, compiled=compiled)
+                  budget=budget, price=price, compiled=compiled, thin=pricer.thin)
     m = measurement_of(req)
     if m is not None:
         where = MEASURED_FLAGS if req.measurement is not None else f"{req.calibration_path or 'calibration'}: step_times"

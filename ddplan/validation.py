@@ -27,10 +27,10 @@ from ddplan.fitting import golden_min
 from ddplan.gcpause import no_cycle_collection
 from ddplan.memory import DOES_NOT_FIT, FITS, MAY_NOT_FIT, PEAK_RATIO, fit_verdict
 from ddplan.params import param_counts
-from ddplan.registry import builtin_names, load_hardware
+from ddplan.registry import builtin_dir, builtin_names, load_hardware
 from ddplan.replay import price_run, run_framework
-from ddplan.runs import (MeasuredPeak, PublishedRun, RoutingSweep, RunSet, load_routing, load_runs, run_spec,
-                         shipped_dataset)
+from ddplan.runs import (MEMORY_PEAKS, MeasuredPeak, PublishedRun, RoutingSweep, RunSet, load_peaks, load_routing,
+                         load_runs, run_spec, shipped_dataset)
 
 # Sources whose runs enter no fit: added after the fits, they check them out of sample, and the fits keep their stated
 # basis (issue 35). The April 2021 Megatron-LM README table (10 runs on A100 80GB) would move the A100 fraction from
@@ -680,6 +680,18 @@ def score_published_ran(skip: set[str] = frozenset(), path: str | None = None) -
     where = path or shipped_dataset()
     return [score_ran(r, f"{where}: runs.{i} ({r.id})") for i, r in enumerate(load_runs(path).runs)
             if r.id not in skip]
+
+
+def score_memory(dataset: str | None = None) -> list[PeakScored]:
+    """Every peak of a peak dataset (the shipped validation/memory_peaks.yaml, or `dataset`) priced and compared
+    (score_peak); with the shipped one, the shipped step-time runs after them, as configurations that ran
+    (score_published_ran, without those a peak already states)."""
+    where = dataset or str(builtin_dir("validation") / MEMORY_PEAKS)
+    peaks = load_peaks(dataset).peaks
+    scored = [score_peak(p, f"{where}: peaks.{i} ({p.id})") for i, p in enumerate(peaks)]
+    if dataset is None:
+        scored += score_published_ran({p.id for p in peaks})
+    return scored
 
 
 def peak_band(scored: Sequence[PeakScored]) -> tuple[float, float]:

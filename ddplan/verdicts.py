@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ddplan.evidence import thin_values, widened
+from ddplan.evidence import widened
 from ddplan.layout import NATIVE_ZERO, breaks_world_size_rule
 from ddplan import memory
 from ddplan.memory import DOES_NOT_FIT, FITS, MAY_NOT_FIT
@@ -429,10 +429,10 @@ def _carried(req, hw: HardwareSpec) -> bool:
         return False
 
 
-def _thin_evidence(req, hw, spec) -> str:
-    """Where the band was widened because few published runs stand behind the prediction (ddplan.evidence), in
-    words: each thin value, its runs, and the group whose spread it took; "" where none is thin."""
-    thin = thin_values(req.framework, hw.name, "fp8" if req.fp8 else spec.dtypes.compute)
+def _thin_evidence(table, spec) -> str:
+    """Where the band was widened because few published runs stand behind the prediction (Table.thin,
+    ddplan.evidence), in words: each thin value, its runs, and the group whose spread it took; "" where none is."""
+    thin, req = table.thin, table.request
     if not thin:
         return "" if req.framework else "; the training stack, not stated (--framework), not weighed"
     lo, hi = widened(validated_ratio(spec), thin)
@@ -513,7 +513,7 @@ def table_assumptions(table) -> list[str]:
            f"fits made without it (`ddplan validate --leave-one-source-out`)"
            + ("; for a mixture of experts, the dense band stretched to every published MoE run's measured / "
               "predicted, on either side" if spec.architecture.moe else "")
-           + _thin_evidence(req, hw, spec)) + ".",
+           + _thin_evidence(table, spec)) + ".",
     ]
     cal = req.calibration
     if cal is not None:

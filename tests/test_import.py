@@ -313,6 +313,9 @@ def test_megatron_s_recompute_modules_are_the_per_module_policy(capsys, tmp_path
     nemo.write_text(nemo.read_text(encoding="utf-8").replace("[mlp, core_attn]", "[mlp, 3]"), encoding="utf-8")
     _, err = fails(capsys, ["import", str(nemo), "-o", str(out)])
     assert "model.recompute_modules: must be a list of module names" in err and "Traceback" not in err
+    args.write_text(base + " --recompute-modules --bf16\n", encoding="utf-8")  # the flag with no module
+    _, err = fails(capsys, ["import", str(args), "-o", str(out), "--from", "megatron"])
+    assert "--recompute-modules needs at least one module" in err and "internal error" not in err
 
 
 def test_a_launch_script_s_comments_and_arrays_read_as_the_shell_reads_them():

@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ddplan import validation as V  # noqa: E402
-from ddplan.runs import load_peaks, load_runs, shipped_dataset  # noqa: E402
+from ddplan.runs import load_runs, shipped_dataset  # noqa: E402
 
 STEP_TABLES = (("By training stack", ("framework=",)), ("By precision", ("precision=",)),
                ("By kind and hardware", ("kind=", "hardware=")))
@@ -45,15 +45,12 @@ def _pct(x: float | None) -> str:
 
 
 def memory_table() -> None:
-    peaks = load_peaks().peaks
-    where = "validation/memory_peaks.yaml"
-    scored = [V.score_peak(p, f"{where}: peaks.{i} ({p.id})") for i, p in enumerate(peaks)]
-    ran = V.score_published_ran({p.id for p in peaks})
+    scored = V.score_memory()
     print("| group | configurations | median abs error | max abs error | verdict right | \"may not fit\" "
           "| false \"does not fit\" | false \"fits\" |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    rows = [("all, each source left out of the band", V.peaks_leaving_each_source_out(scored + ran)),
-            ("all, in sample (the shipped band)", scored + ran)]
+    rows = [("all, each source left out of the band", V.peaks_leaving_each_source_out(scored)),
+            ("all, in sample (the shipped band)", scored)]
     for title, judged in rows:
         for s in V.peak_summaries(judged):
             if s["group"] == "all" or s["group"].startswith(("evidence=", "source=")):
