@@ -225,16 +225,23 @@ def placement(layout: "Layout", gpus_per_node: int) -> Placement:
     """The nodes each group of `layout` spans (Placement's rank order); gpus_per_node >= 1."""
     if gpus_per_node < 1:
         raise ValueError(f"gpus_per_node must be >= 1, got {gpus_per_node}")
-    tp, g, total = layout.tp, gpus_per_node, layout.num_gpus
+    return _placement(layout.tp, layout.cp, layout.grad_ranks, layout.shard_degree, layout.ep, layout.expert_tp,
+                      layout.expert_ranks, layout.pp, layout.num_gpus, gpus_per_node)
+
+
+@functools.lru_cache(maxsize=4096)
+def _placement(tp: int, cp: int, grad_ranks: int, shard: int, ep: int, expert_tp: int, expert_ranks: int, pp: int,
+               total: int, g: int) -> Placement:
+    """placement by what it reads of a layout (a search asks for the same few thousands of times)."""
     tp_per_node, tp_crosses = group_on_nodes(tp, 1, g, total)
-    cp_per_node, cp_crosses = group_on_nodes(layout.cp, tp, g, total)
-    dp_per_node, dp_crosses = group_on_nodes(layout.grad_ranks, tp, g, total)  # cp inside dp: dp x cp ranks
-    shard_per_node, shard_crosses = group_on_nodes(layout.shard_degree, tp, g, total)
+    cp_per_node, cp_crosses = group_on_nodes(cp, tp, g, total)
+    dp_per_node, dp_crosses = group_on_nodes(grad_ranks, tp, g, total)  # cp inside dp: dp x cp ranks
+    shard_per_node, shard_crosses = group_on_nodes(shard, tp, g, total)
     # Megatron-Core's expert grid (parallel folding) orders etp, ep, edp, pp: ep strides by etp
-    ep_per_node, ep_crosses = group_on_nodes(layout.ep, layout.expert_tp, g, total)
-    edp_per_node, edp_crosses = group_on_nodes(layout.expert_ranks, layout.expert_tp * layout.ep, g, total)
+    ep_per_node, ep_crosses = group_on_nodes(ep, expert_tp, g, total)
+    edp_per_node, edp_crosses = group_on_nodes(expert_ranks, expert_tp * ep, g, total)
     return Placement(tp_per_node=tp_per_node, tp_crosses=tp_crosses, dp_per_node=dp_per_node,
-                     dp_crosses=dp_crosses, pp_crosses=layout.pp > 1 and total > g,
+                     dp_crosses=dp_crosses, pp_crosses=pp > 1 and total > g,
                      shard_per_node=shard_per_node, shard_crosses=shard_crosses, cp_per_node=cp_per_node,
                      cp_crosses=cp_crosses, ep_per_node=ep_per_node, ep_crosses=ep_crosses,
                      edp_per_node=edp_per_node, edp_crosses=edp_crosses)

@@ -10,6 +10,8 @@ ZeRO-1 in memory. Activations come from the anatomy (ddplan.anatomy), so memory 
 
 from __future__ import annotations
 
+import functools
+
 import math
 from collections import Counter
 from dataclasses import dataclass, field

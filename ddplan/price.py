@@ -192,6 +192,7 @@ class Pricer:
         self.calibration, self.fp8, self.fit, self.assumptions = calibration, fp8, fit, assumptions
         self.fp8_recipe = fp8_recipe or spec.recipe.fp8_recipe  # how the fp8 casts run (ddplan.fp8.FP8_RECIPES)
         self.points = comm_points(calibration)
+        self._last_memory: tuple[Layout, str, MemoryBreakdown] | None = None
         self._caches = _caches or PriceCache()
         self._shared, self._rated = self._caches.shared, self._caches.rated
 
@@ -344,6 +345,9 @@ class Pricer:
         Cached by what memory depends on: accumulation only through the micro-batches a pipeline
         stage holds (ddplan.memory.in_flight_micro_batches).
         """
+        last = self._last_memory  # a search checks a layout's memory, then prices it: the same object twice
+        if last is not None and last[0] is layout and last[1] == window:
+            return last[2]
         key = ("memory", window, layout.dp, layout.rank_share, layout.pp, layout.zero, layout.micro_batch,
                self._kind(layout.attention), layout.recompute, layout.compiled, layout.pp_schedule,
                layout.pp_virtual_stages, in_flight_micro_batches(layout), layout.shard_group,
@@ -353,6 +357,7 @@ class Pricer:
             self._shared[key] = memory_per_gpu(self.spec, layout, self.anatomy(layout, window),
                                                self.hw.memory.usable_bytes, self.assumptions,
                                                states=self._states(layout), headroom=self.plan.headroom)
+        self._last_memory = (layout, window, self._shared[key])
         return self._shared[key]
 
     def _states(self, layout: Layout) -> dict[str, dict[str, float]]:
@@ -424,10 +429,13 @@ class Pricer:
         rate = run.interruption_rate(plan.overheads, nodes)
         delta = self.checkpoint_bytes / (plan.overheads.checkpoint_gbyte_per_s * 1e9 * nodes)
         every_ckpt = plan.overheads.checkpoint_every_steps  # 0: ddplan picks Young's interval
+        ends = (step_s,) if low_s == step_s == high_s else (step_s, low_s, high_s)  # no band: one end prices all
         lost = [run.goodput(steps * t, gpus, rate, delta, plan.overheads.restart_s,
-                            every_ckpt * t if every_ckpt else None) for t in (step_s, low_s, high_s)]
-        wall = [run.hours(steps * t + outside + g.lost_s) for t, g in zip((step_s, low_s, high_s), lost)]
+                            every_ckpt * t if every_ckpt else None) for t in ends]
+        wall = [run.hours(steps * t + outside + g.lost_s) for t, g in zip(ends, lost)]
         cost = [run.cost_usd(plan.price, gpus, hw.gpus_per_node, h) for h in wall]
+        if len(ends) == 1:
+            lost, wall, cost = lost * 3, wall * 3, cost * 3
         mfu_pct = 100 * mfu(self.flops_per_token(window), batch / step_s, peak, gpus)
         if basis == "model" and self.calibration is None and spec.dtypes.compute in ("bf16", "fp16"):
             top = highest_measured_mfu(hw.name, self.fp8)

@@ -16,7 +16,7 @@ an explicit mask processes the full window) and flash's backward recompute are i
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ddplan.anatomy import RECOMPUTE_POLICIES, UNFUSED_KINDS, Anatomy, Op, attention_pairs, recomputed_under
 from ddplan.fp8 import FP8_CAST_LAUNCHES, FP8_RECIPES, fp8_cast_bytes, fp8_eligible
@@ -380,6 +380,9 @@ class OpTimes:
     by_kind: dict[tuple[str, str], float]  # (part, kind) -> forward + backward
     fwd_by_kind: dict[tuple[str, str], float]  # (part, kind) -> forward
     again_by_kind: dict[tuple[str, str, str], float]  # (part, policy, kind)
+    # micro_batch_time's results on these sums, by (policy, layer fraction, embeddings, head): pipeline layouts
+    # of a search ask for the same few stages thousands of times
+    memo: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 def _part(op: Op) -> str:
@@ -425,9 +428,17 @@ def micro_batch_time(anatomy: Anatomy, r: Rates, layer_fraction: float = 1.0,
     op_times, for these rates and ops) skips walking the ops again.
     """
     parts = op_times(anatomy, r) if parts is None else parts
+    key = (anatomy.recompute, layer_fraction, include_embeddings, include_head)
+    if key not in parts.memo:
+        parts.memo[key] = _micro_batch_time(parts, *key)
+    return parts.memo[key]
+
+
+def _micro_batch_time(parts: OpTimes, policy: str, layer_fraction: float, include_embeddings: bool,
+                      include_head: bool) -> MicroBatchTime:
+    """micro_batch_time's sums."""
     shares = {"layers": layer_fraction, "embeddings": 1.0 if include_embeddings else 0.0,
               "head": 1.0 if include_head else 0.0}
-    policy = anatomy.recompute
     fwd = sum(sh * parts.fwd.get(p, 0.0) for p, sh in shares.items())
     rec = sum(sh * parts.again.get((p, policy), 0.0) for p, sh in shares.items())
     bwd = sum(sh * parts.bwd.get(p, 0.0) for p, sh in shares.items()) + rec

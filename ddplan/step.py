@@ -193,8 +193,9 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
     if p == 1:
         mbt, stage, stage_moe = mb_time(1.0, True, True), a_layers, a.moe_layers
     else:  # the busiest stage: the first (its layers + embeddings), a middle one, or the last (+ head)
-        first, middle, last = pipeline.stage_layers(a_layers, p)
-        moe = pipeline.moe_layers_by_stage(a, p)  # MoE blocks a stage holds (the middle: the one with most)
+        if ("stages", p) not in cache:  # (layers, MoE blocks) per stage: the middle one with most MoE blocks
+            cache[("stages", p)] = pipeline.stage_layers(a_layers, p), pipeline.moe_layers_by_stage(a, p)
+        (first, middle, last), moe = cache[("stages", p)]
         stage, stage_moe, mbt = max(((n, k, mb_time(n / a_layers, emb, head)) for n, k, emb, head in
                                      ((first, moe[0], True, False), (middle, max(moe[1:-1], default=0), False, False),
                                       (last, moe[-1], False, True))),
@@ -244,7 +245,10 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
         # neighbouring stages are tp x dp ranks apart (ddplan.layout.placement): once the job spans nodes
         # some boundary crosses them, and each GPU sends to its peer through its own NIC
         crosses = placement(layout, hw.gpus_per_node).pp_crosses
-        tier = comm.tier_for(hw, "all_gather", 2, efficiency=comm_efficiency, per_node=1 if crosses else 2)
+        tier_key = ("p2p tier", comm_efficiency, crosses)
+        if tier_key not in cache:
+            cache[tier_key] = comm.tier_for(hw, "all_gather", 2, efficiency=comm_efficiency, per_node=1 if crosses else 2)
+        tier = cache[tier_key]
         sent = pipeline.p2p_bytes_per_microbatch(layout.micro_batch, anatomy.seq_len, a.d_model, e) / layout.tp
         bubble += pipeline.p2p_time_s(sent, tier.busbw_bytes_per_s, tier.latency_s, accum, layout.pp_virtual_stages)
 

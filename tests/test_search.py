@@ -97,6 +97,7 @@ def test_every_candidate_layout_divides(model, hardware, gpus, tp_across_nodes):
     n = 0
     for group in layouts_for(spec, hw, gpus, total, req):
         assert [by_rc[0].micro_batch for by_rc in group] == sorted({by_rc[0].micro_batch for by_rc in group})
+        assert group.size == sum(len(by_rc) for by_rc in group)  # what the search counts as considered
         for by_rc in group:
             assert [lay.recompute for lay in by_rc] == list(req.recomputes)
             assert len({replace(lay, recompute="none") for lay in by_rc}) == 1
