@@ -836,12 +836,18 @@ def _cached_names(cls: type) -> tuple[str, ...]:
                  if isinstance(v, functools.cached_property))
 
 
+EMBEDDING_DROPOUT = "emb.dropout"
+# ops outside the layers that sequence parallelism splits over the sequence: the final norm, and the embeddings'
+# dropout (Megatron scatters the embeddings to the sequence-parallel region first; Korthikanti et al. sec. 4.3)
+SP_OUTSIDE_LAYERS = ("norm_f", EMBEDDING_DROPOUT)
+
+
 def for_tp(base: Anatomy, tp: int, sequence_parallel: bool = False) -> Anatomy:
     """One tensor-parallel rank's share of a tp=1 anatomy (same as build_anatomy(..., tp=tp), cheaper).
 
     sequence_parallel: Megatron's sequence parallelism (Korthikanti et al., arXiv 2205.05198, sec. 4.2.2):
-    the ops tp leaves replicated inside the layers (norms, residual adds, dropout) and the final norm run on
-    1/tp of the sequence, and every tensor a layer saves is kept split over tp, so a layer's activation
+    the ops tp leaves replicated inside the layers (norms, residual adds, dropout), the final norm and the
+    embeddings' dropout (SP_OUTSIDE_LAYERS) run on 1/tp of the sequence, and every tensor a layer saves is kept split over tp, so a layer's activation
     memory is exactly the tp = 1 figure over tp (their Table 2: sbh(34 + 5as/h) / t).
     """
     if base.tp != 1:
@@ -849,7 +855,7 @@ def for_tp(base: Anatomy, tp: int, sequence_parallel: bool = False) -> Anatomy:
     if tp == 1:
         return base
     def share(ops: tuple[Op, ...]) -> tuple[Op, ...]:
-        return tuple(_sp_share(op, tp) if sequence_parallel and (op.layer is not None or op.name == "norm_f")
+        return tuple(_sp_share(op, tp) if sequence_parallel and (op.layer is not None or op.name in SP_OUTSIDE_LAYERS)
                      else _tp_share(op, tp) for op in ops)
 
     # each distinct block once: a share reads an op's kind and the end of its name, the same in every layer
@@ -955,8 +961,12 @@ def _embeddings(bld: _Builder) -> None:
         # the position lookup wpe(arange(s)) saves its int64 indices for the embedding backward
         bld.pointwise("wpe_add", None, t * a.d_model, reads=2, flops_per_element=1.0,
                       saves=(Saved("pos_idx", bld.s * 8, "input", tp_sharded=False),))
-    if bld.spec.family == "nanochat":
-        bld.norm("embed_norm", None, "emb", learnable=False)  # x = norm(wte(idx))
+    if bld.spec.family == "nanochat" or a.embedding_norm:  # x = norm(wte(idx)); nanochat's has no weight
+        bld.norm("embed_norm", None, "emb", learnable=a.norm_learnable)
+    # the embeddings' dropout (Megatron's Embedding: hidden_dropout; GPT-2's embd_pdrop), its mask kept for
+    # backward on the first pipeline stage whatever the recompute policy: Korthikanti et al., arXiv 2205.05198,
+    # sec. 4.3 ("the dropout following the embeddings does require storage", sbhp / t with sequence parallelism)
+    _dropout(bld, EMBEDDING_DROPOUT, None, t * a.d_model, a.dropout.hidden)
     if a.smear_gate_in_features:
         # smear: gate = lambda * sigmoid(smear_gate(x[:, 1:, :24])); x = cat(x[:, :1], x[:, 1:] + gate * x[:, :-1])
         n_in, tm = a.smear_gate_in_features, t - bld.b  # the gate sees every position but the first

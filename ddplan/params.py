@@ -53,13 +53,14 @@ def bias_params_per_layer(arch: Architecture) -> int:
 
 
 def norm_params(arch: Architecture) -> int:
-    """Learnable norm weights: 2 per block + the final norm; LayerNorm with bias has 2 vectors each; with QK
-    norm, a head_dim weight each for q and k per block (Qwen3's per-head q_norm / k_norm)."""
+    """Learnable norm weights: 2 per block + the final norm (+ the embeddings' norm, BLOOM's); LayerNorm with
+    bias has 2 vectors each; with QK norm, a head_dim weight each for q and k per block (Qwen3's per-head q_norm /
+    k_norm). e.g. BLOOM-176B (70 layers, 14336 wide, LayerNorm with bias, embedding norm): 142 x 2 x 14336."""
     if not arch.norm_learnable:
         return 0
     per_norm = arch.d_model * (2 if arch.norm == "layernorm" and arch.linear_bias else 1)
     qk = 2 * arch.head_dim * arch.num_layers if arch.qk_norm else 0
-    return (2 * arch.num_layers + 1) * per_norm + qk
+    return (2 * arch.num_layers + 1 + arch.embedding_norm) * per_norm + qk
 
 
 def param_counts(arch: Architecture) -> dict[str, int]:

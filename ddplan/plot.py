@@ -31,7 +31,7 @@ SCENARIO_KEYS = ("gpus", "wall_clock_h", "wall_low_h", "wall_high_h", "cost_usd"
 MEMORY_TERMS = {
     "params_gib": "parameters", "gradients_gib": "gradients", "optimizer_gib": "optimizer states",
     "activations_gib": "activations (saved for backward)", "transient_gib": "activation transient",
-    "buffers_gib": "communication buffers", "framework_gib": "framework (CUDA/ROCm context)",
+    "buffers_gib": "communication buffers", "framework_gib": "framework (CUDA/ROCm context, NCCL/RCCL buffers)",
     "allocator_gib": "allocator slack",
 }
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",

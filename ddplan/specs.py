@@ -473,6 +473,9 @@ class Architecture(Strict):
     tied_embeddings: bool
     position: Literal["rope", "learned"]
     qk_norm: bool = False
+    # a norm of the token embeddings before the first block (BLOOM's word_embeddings_layernorm; Megatron-DeepSpeed
+    # --embed-layernorm), of the model's norm kind; nanochat's own, unweighted, is its family's
+    embedding_norm: bool = False
     value_embeddings: ValueEmbeddings | None = None
     smear_gate_in_features: PositiveInt | None = None  # nanochat's smear: Linear(24 -> 1)
     backout: bool = False  # nanochat: subtract lambda * x at layer L//2 before the final norm

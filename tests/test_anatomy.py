@@ -276,6 +276,37 @@ def test_saved_bytes_match_torch_math_sdpa_with_dropout(compute, recompute):
     assert an.saved_bytes() == pytest.approx(m["saved_bytes"] - cpu_noise, rel=SDPA_TOLERANCE)
 
 
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_an_embedding_norm_saves_and_weighs_what_torch_does(recompute):
+    """BLOOM's word_embeddings_layernorm (Megatron-DeepSpeed --embed-layernorm; bigscience tr11-200B-ml.slurm
+    @a16f0ea L124) on the tiny GPT-2 with dropout 0.1, bf16: the saved bytes match the reference model within the
+    dropout test's tolerance (CPU's dropout noise on the probabilities taken out as there), and the norm adds its
+    input (2 B x b s h) and fp32 mean and rstd (8 B x b s) to the embeddings' saves, and 2 h parameters."""
+    torch = pytest.importorskip("torch")
+    from ddplan.calibrate.reference import Transformer, count_params, measure
+    from ddplan.params import param_counts
+
+    spec = gpt2_sdpa("bf16", dropout=Dropout(hidden=0.1, attention=0.1), embedding_norm=True)
+    plain = gpt2_sdpa("bf16", dropout=Dropout(hidden=0.1, attention=0.1))
+    a, s = spec.architecture, 256
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        m = measure(spec, batch=BATCH, seq_len=s, attention="sdpa-math", recompute=recompute, dtype_policy="spec")
+    finally:
+        torch.set_num_threads(threads)
+    kind, windows = ATTENTION["sdpa-math"]
+    an = build_anatomy(spec, batch=BATCH, attention=kind, windows=windows, recompute=recompute)
+    cpu_noise = 3 * BATCH * a.num_heads * s**2 * a.num_layers if recompute == "none" else 0
+    assert an.saved_bytes() == pytest.approx(m["saved_bytes"] - cpu_noise, rel=SDPA_TOLERANCE)
+    base = build_anatomy(plain, batch=BATCH, attention=kind, windows=windows, recompute=recompute)
+    assert an.outside_split[0] - base.outside_split[0] == BATCH * s * (2 * a.d_model + 8)
+    assert param_counts(a)["norms"] - param_counts(plain.architecture)["norms"] == 2 * a.d_model
+    model = Transformer(spec, attention="sdpa-math", recompute="none", seq_len=s, compute_dtype=torch.bfloat16,
+                        logits_fp32=True)
+    assert count_params(model)["norms"] == param_counts(a)["norms"]
+
+
 @pytest.mark.filterwarnings("ignore:.*(kernel not used|do not support):UserWarning")
 def test_fused_backend_refuses_what_its_kernels_cannot_run():
     """The CPU flash kernel takes no dropout; sdpa-fused says so instead of falling back to math."""
@@ -539,6 +570,24 @@ def test_korthikanti_table2_activations_per_layer(model, tp, sp, recompute, per_
     assert got == pytest.approx(per_layer(s, b, h, heads, tp), rel=0.004)
 
 
+@pytest.mark.parametrize(("tp", "sp"), [(1, False), (8, False), (8, True)])
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_the_embeddings_dropout_mask_is_kept_on_the_first_stage(tp, sp, recompute):
+    """Korthikanti et al. 2022 (arXiv 2205.05198) sec. 4.3: the embeddings need no activation, "but the dropout
+    following the embeddings does": sbh one-byte mask per micro-batch, sbh / t with sequence parallelism, under
+    every recompute policy. GPT-3 22B (s 2048, h 6144, dropout 0.1), b 1: 12,582,912 bytes, / 8 = 1,572,864 with
+    sp; ddplan also keeps the token and position indices for the lookups' backward (s x 8 bytes each)."""
+    from ddplan.anatomy import build_anatomy, for_tp, with_recompute
+    from ddplan.registry import load_model
+
+    spec = load_model("gpt3-22b")
+    an = with_recompute(for_tp(build_anatomy(spec, batch=1, attention="unfused_math", windows="mask"), tp, sp),
+                        recompute)
+    mask = 2048 * 6144 / (tp if sp else 1)
+    assert an.outside_split[0] == mask + 2 * 2048 * 8
+    assert an.saved_tensors()["emb.dropout.mask"].bytes == mask
+
+
 def test_dropout_masks_are_kept_under_compile_and_dropped_by_full_recompute():
     """torch.compile's min-cut partitioner never recomputes random ops, so the hidden dropout masks stay
     (one byte an element, sbh each, two a layer); full recompute keeps only each layer's input."""
@@ -634,9 +683,10 @@ def _ops_layer_by_layer(spec, batch, seq_len=None, attention="flash_package", wi
 
 def _tp_ops(ops, tp, sp):
     """for_tp as first written: each op's share."""
-    from ddplan.anatomy import _sp_share, _tp_share
+    from ddplan.anatomy import SP_OUTSIDE_LAYERS, _sp_share, _tp_share
 
-    return tuple(_sp_share(op, tp) if sp and (op.layer is not None or op.name == "norm_f") else _tp_share(op, tp)
+    return tuple(_sp_share(op, tp) if sp and (op.layer is not None or op.name in SP_OUTSIDE_LAYERS)
+                 else _tp_share(op, tp)
                  for op in ops)
 
 

@@ -260,9 +260,10 @@ def test_uneven_pipeline_memory_is_the_fuller_of_the_first_two_stages():
     lay = Layout(dp=1, tp=1, pp=5, micro_batch=1, grad_accum=8)
     L, o = an.saved_split
     e, h = an.outside_split
-    # the embeddings save the token and position ids (2 x 8 B x 2048); the head the rest: x_final and xn_f
-    # (2 x 2 B x 2048 x 6144), the norm's stats, the fp32 log-probabilities (4 B x 2048 x 51200), targets, loss
-    assert e == 2 * 8 * 2048 and e + h == o
+    # the embeddings save the token and position ids (2 x 8 B x 2048) and their dropout's one-byte mask (2048 x
+    # 6144, Korthikanti et al. sec. 4.3); the head the rest: x_final and xn_f (2 x 2 B x 2048 x 6144), the norm's
+    # stats, the fp32 log-probabilities (4 B x 2048 x 51200), targets, loss
+    assert e == 2 * 8 * 2048 + 2048 * 6144 and e + h == o
     assert h == 2 * 2 * 2048 * 6144 + 16384 + 4 * 2048 * 51200 + 16384 + 4
     # the working set: the whole model's on every stage (the head's fp32 logits and their gradient)
     full = an.backward_transient_bytes()

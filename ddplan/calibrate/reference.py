@@ -468,7 +468,7 @@ class Transformer(nn.Module):
         self.wte = nn.Embedding(arch.vocab_size, c)
         self.wpe = nn.Embedding(arch.max_seq_len, c) if arch.position == "learned" else None
         fused = spec.recipe.fusions == "transformer-engine"
-        self.norm_embed = Norm(arch, family["norm_eps"], fused) if family["embed_norm"] else None
+        self.norm_embed = Norm(arch, family["norm_eps"], fused) if family["embed_norm"] or arch.embedding_norm else None
         self.smear_gate = (Linear(arch.smear_gate_in_features, 1, bias=False)
                            if arch.smear_gate_in_features else None)
         self.smear_lambda = nn.Parameter(torch.zeros(1)) if arch.smear_gate_in_features else None
@@ -501,6 +501,8 @@ class Transformer(nn.Module):
             x = x + self.wpe(torch.arange(t, device=idx.device)).to(self.compute_dtype)
         if self.norm_embed is not None:
             x = self.norm_embed(x)
+        if self.training and self.arch.dropout.hidden > 0:  # Megatron's embedding dropout (GPT-2's embd_pdrop)
+            x = torch.native_dropout(x, self.arch.dropout.hidden, True)[0]
         if self.smear_gate is not None:  # previous token's embedding mixed into the current one (l.479-480)
             n = self.smear_gate.in_features
             gate = self.smear_lambda.to(x.dtype) * torch.sigmoid(self.smear_gate(x[:, 1:, :n]))
