@@ -382,7 +382,7 @@ class OpTimes:
     again_by_kind: dict[tuple[str, str, str], float]  # (part, policy, kind)
     # micro_batch_time's results on these sums, by (policy, layer fraction, embeddings, head): pipeline layouts
     # of a search ask for the same few stages thousands of times
-    memo: dict = field(default_factory=dict, compare=False, repr=False)
+    memo: dict = field(default_factory=dict, init=False, compare=False, repr=False)  # a replace() starts empty
 
 
 def _part(op: Op) -> str:
