@@ -113,6 +113,7 @@ class LayoutGroup(Sequence):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
+        i = range(len(self._mbs))[i]  # one key per micro-batch (group[-1] is group[len - 1]); IndexError past the end
         if i not in self._built:
             mb = self._mbs[i]
             self._built[i] = [Layout(micro_batch=mb, grad_accum=self._per_dp // mb, recompute=rc, **self._fields)
