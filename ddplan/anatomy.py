@@ -847,8 +847,9 @@ def for_tp(base: Anatomy, tp: int, sequence_parallel: bool = False) -> Anatomy:
 
     sequence_parallel: Megatron's sequence parallelism (Korthikanti et al., arXiv 2205.05198, sec. 4.2.2):
     the ops tp leaves replicated inside the layers (norms, residual adds, dropout), the final norm and the
-    embeddings' dropout (SP_OUTSIDE_LAYERS) run on 1/tp of the sequence, and every tensor a layer saves is kept split over tp, so a layer's activation
-    memory is exactly the tp = 1 figure over tp (their Table 2: sbh(34 + 5as/h) / t).
+    embeddings' dropout (SP_OUTSIDE_LAYERS) run on 1/tp of the sequence, and every tensor a layer saves is kept
+    split over tp, so a layer's activation memory is exactly the tp = 1 figure over tp (their Table 2:
+    sbh(34 + 5as/h) / t).
     """
     if base.tp != 1:
         raise ValueError(f"need a tp=1 anatomy, got tp={base.tp}")

@@ -10,8 +10,6 @@ ZeRO-1 in memory. Activations come from the anatomy (ddplan.anatomy), so memory 
 
 from __future__ import annotations
 
-import functools
-
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -320,9 +318,10 @@ def outside_allocator_bytes(layout: Layout, assumptions: MemoryAssumptions = Mem
 
 def comm_buffer_bytes(spec: ModelSpec, layout: Layout, states: dict[str, dict[str, float]],
                       assumptions: MemoryAssumptions = MemoryAssumptions()) -> float:
-    """Communication buffers per GPU that torch allocates, bytes: DDP's gradient bucket copy (ZeRO-0) or ZeRO-1's reduce buckets, and ZeRO-3's gathered parameters (two FSDP units, or every
-    layer of the stage without resharding after forward). Depends on the layout and its model states only (not
-    on the micro-batch, the recompute policy or the anatomy): memory_per_gpu's comm_buffers term.
+    """Communication buffers per GPU that torch allocates, bytes: DDP's gradient bucket copy (ZeRO-0) or ZeRO-1's
+    reduce buckets, and ZeRO-3's gathered parameters (two FSDP units, or every layer of the stage without
+    resharding after forward); NCCL's own buffers are outside_allocator_bytes'. Depends on the layout and its model
+    states only (not on the micro-batch, the recompute policy or the anatomy): memory_per_gpu's comm_buffers term.
     """
     comm = 0.0
     if layout.grad_ranks > 1 and layout.zero == 0:

@@ -247,7 +247,8 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
         crosses = placement(layout, hw.gpus_per_node).pp_crosses
         tier_key = ("p2p tier", comm_efficiency, crosses)
         if tier_key not in cache:
-            cache[tier_key] = comm.tier_for(hw, "all_gather", 2, efficiency=comm_efficiency, per_node=1 if crosses else 2)
+            cache[tier_key] = comm.tier_for(hw, "all_gather", 2, efficiency=comm_efficiency,
+                                            per_node=1 if crosses else 2)
         tier = cache[tier_key]
         sent = pipeline.p2p_bytes_per_microbatch(layout.micro_batch, anatomy.seq_len, a.d_model, e) / layout.tp
         bubble += pipeline.p2p_time_s(sent, tier.busbw_bytes_per_s, tier.latency_s, accum, layout.pp_virtual_stages)

@@ -433,3 +433,21 @@ def test_the_megatron_core_profile_applies_its_loss_kernel(capsys):
     cfg = run_ok(capsys, ["table", "--model", "gpt2", "--framework", "megatron-core", "--cross-entropy", "eager",
                           "--print-config"])
     assert "cross_entropy: eager" in cfg
+
+
+def test_nccl_buffers_sit_outside_torch_s_allocator():
+    """NCCL allocates its own buffers (pytorch/pytorch#150880: torch's allocator sees only its own allocations), so
+    comm_gib is in the `framework` term with the context, never in comm_buffers: at the defaults 1.25 GiB =
+    1,342,177,280 bytes on 8 GPUs, 1 GiB on one. ZeRO-1 of a model whose own setup is DDP (GPT-2) or nanochat's
+    sharded optimizer (d24) allocates no torch-side communication buffer at all: 0 bytes, with 8 GPUs."""
+    from ddplan.layout import Layout
+    from ddplan.memory import MemoryAssumptions, comm_buffer_bytes, model_states, outside_allocator_bytes
+    from ddplan.registry import load_model
+
+    assert outside_allocator_bytes(Layout(dp=8)) == 1_342_177_280
+    assert outside_allocator_bytes(Layout(dp=1)) == 2**30
+    assert outside_allocator_bytes(Layout(dp=8), MemoryAssumptions(framework_gib=0.5, comm_gib=1.5)) == 2 * 2**30
+    lay = Layout(dp=8, zero=1)
+    for model in ("d24", "gpt2-124m"):
+        spec = load_model(model)
+        assert comm_buffer_bytes(spec, lay, model_states(spec, lay)) == 0.0

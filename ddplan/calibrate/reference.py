@@ -468,7 +468,8 @@ class Transformer(nn.Module):
         self.wte = nn.Embedding(arch.vocab_size, c)
         self.wpe = nn.Embedding(arch.max_seq_len, c) if arch.position == "learned" else None
         fused = spec.recipe.fusions == "transformer-engine"
-        self.norm_embed = Norm(arch, family["norm_eps"], fused) if family["embed_norm"] or arch.embedding_norm else None
+        embed_norm = family["embed_norm"] or arch.embedding_norm  # nanochat's, or BLOOM's word_embeddings_layernorm
+        self.norm_embed = Norm(arch, family["norm_eps"], fused) if embed_norm else None
         self.smear_gate = (Linear(arch.smear_gate_in_features, 1, bias=False)
                            if arch.smear_gate_in_features else None)
         self.smear_lambda = nn.Parameter(torch.zeros(1)) if arch.smear_gate_in_features else None
