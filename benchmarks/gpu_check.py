@@ -72,6 +72,16 @@ def main() -> None:
             print(f"  held-out step, {row['term']}: measured {row['measured_s']:.4g} s; predicted "
                   f"{row['before_s']:.4g} s before calibration ({row['before_error_pct']:+.1f}%), "
                   f"{row['after_s']:.4g} s after ({row['after_error_pct']:+.1f}%)")
+        if cal.memory is not None and cal.memory.measured is not None:
+            m = cal.memory.measured
+            print(f"  memory at the held-out step (micro-batch {m.batch}): allocated {m.allocated_gb:.4g} GB, reserved "
+                  f"{m.reserved_gb:.4g} GB (allocator slack {100 * cal.memory.allocator_fraction:.3g}% of the "
+                  f"{m.predicted_activations_gb:.4g} GB of predicted activations; assumed 5%), outside the allocator "
+                  f"{m.outside_allocator_gb:.4g} GB (framework {cal.memory.framework_gib:.3g} GiB; assumed 1)")
+            for step in cal.step_times[:1]:
+                if step.peak_memory_gb:
+                    print(f"  held-out peak: measured {step.peak_memory_gb:.4g} GB allocated; `ddplan memory "
+                          f"--calibration FILE` compares it with the prediction")
         for failure in cal.failures:
             print(f"  not measured: {failure}")
     print(f"\ntotal {time.monotonic() - start:.0f} s (python {sys.version.split()[0]}, torch {torch.__version__})")

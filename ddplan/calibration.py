@@ -18,6 +18,8 @@ and `ddplan calibrate`'s output. YAML, `kind: calibration`, `version: 1`:
     step_program: {compiled_model: true, compiled_optimizer: true, first_step_s: 41.0,
                    asked: "compiled model, compiled optimizer",    # how calibrate's held-out step ran
                    page_faults_per_step: 0}                           # CPU only
+    memory: {framework_gib: 0.61, allocator_fraction: 0.07,           # replace ddplan.memory.MemoryAssumptions
+             measured: {allocated_gb: 41.2, reserved_gb: 44.0, ...}}  # at the held-out step (GPU only)
     held_out_error_pct: -4.1          # the held-out step, predicted from the benchmarks vs measured
     machine_speed: {probe: "fp32 512x512x512 GEMM, median of 5", benchmarks_s: 0.0021, step_s: 0.0023,
                     benchmark_probes: 31, step_probes: 7}    # the same kernel timed through the run
@@ -37,7 +39,9 @@ from typing import TYPE_CHECKING, Callable, Literal
 from pydantic import Field
 
 from ddplan.errors import SpecError
+from ddplan.memory import MemoryAssumptions
 from ddplan.specs import Strict
+from ddplan.units import GiB
 
 if TYPE_CHECKING:
     from ddplan.comm import CommPoints
@@ -109,6 +113,9 @@ class StepMeasurement(Strict):
     compiled: bool = True
     recompute: Literal["none", "selective", "full"] = "none"
     peak_memory_gb: float | None = Field(default=None, gt=0, le=1e6)
+    # what the peak counts (ddplan.memory.NOT_COUNTED): calibrate writes torch.cuda.max_memory_allocated; a
+    # device tool's reading (nvidia-smi, rocm-smi) is "device"
+    peak_memory_kind: Literal["allocated", "reserved", "device"] = "allocated"
     source: str = Field(min_length=3)
 
 
@@ -154,6 +161,31 @@ class MachineSpeed(Strict):
         return self.step_s / self.benchmarks_s
 
 
+class MemoryMeasured(Strict):
+    """What `ddplan calibrate` read off torch's allocator at its held-out step (GB = 1e9 bytes)."""
+
+    allocated_gb: float = Field(gt=0, le=1e6)  # torch.cuda.max_memory_allocated over the step
+    reserved_gb: float = Field(gt=0, le=1e6)  # torch.cuda.max_memory_reserved over the step
+    # ddplan's predicted activations for that step, saved + backward's transient: the reserve's denominator
+    predicted_activations_gb: float = Field(gt=0, le=1e6)
+    # (total - free) by torch.cuda.mem_get_info less torch.cuda.memory_reserved, after the step: device-wide, so a
+    # second process on the same GPU is counted too
+    outside_allocator_gb: float = Field(ge=0, le=1e6)
+    batch: int = Field(gt=0, le=65536)  # the step's micro-batch
+    seq_len: int = Field(gt=0, le=10**8)
+
+
+class MemorySection(Strict):
+    """The memory terms outside ddplan's tensor counts (ddplan.memory.MemoryAssumptions), measured by `ddplan
+    calibrate` on this GPU or stated by hand; a term left out keeps its assumed default."""
+
+    framework_gib: float | None = Field(default=None, ge=0, le=1e4)  # context, kernels, library handles per process
+    allocator_fraction: float | None = Field(default=None, ge=0, le=10)  # reserved - allocated, of the activations
+    comm_gib: float | None = Field(default=None, ge=0, le=1e4)  # NCCL/RCCL's own buffers with more than one GPU
+    bucket_mb: float | None = Field(default=None, gt=0, le=1e6)  # a ZeRO-1 reduce bucket
+    measured: MemoryMeasured | None = None  # how calibrate got the first two (absent when stated by hand)
+
+
 class CalibrationSpec(Strict):
     kind: Literal["calibration"]
     version: Literal[1] = 1
@@ -188,6 +220,7 @@ class CalibrationSpec(Strict):
     # a diagnostic of how much of the error is the machine's drift as the probe sees it (on this project's VM
     # it was no smaller than the error as measured: docs/reference.md, Calibrate); bands use the one above
     held_out_error_same_speed_pct: float | None = Field(default=None, ge=-100, le=1e4)
+    memory: MemorySection | None = None  # replaces ddplan.memory.MemoryAssumptions' defaults (memory_assumptions)
     failures: list[str] = []
 
 
@@ -238,10 +271,49 @@ def check_against_hardware(cal: CalibrationSpec, hw, source: str) -> None:
         raise SpecError(f"{cal.hbm_tbyte_per_s:g} TB/s is above {hw.name}'s {datasheet:g} TB/s datasheet bandwidth",
                         file=source, field="hbm_tbyte_per_s")
     usable_gb = hw.memory.usable_bytes / 1e9
+    outside = cal.memory.framework_gib if cal.memory is not None else None
+    if outside is not None and outside * GiB / 1e9 >= usable_gb:
+        raise SpecError(f"{outside:g} GiB outside the allocator leaves nothing of {hw.name}'s "
+                        f"{usable_gb:.4g} GB usable", file=source, field="memory.framework_gib")
     for i, m in enumerate(cal.step_times):
         if m.peak_memory_gb is not None and m.peak_memory_gb > usable_gb:
             raise SpecError(f"{m.peak_memory_gb:g} GB is more than {hw.name} holds ({usable_gb:.4g} GB usable)",
                             file=source, field=f"step_times[{i}].peak_memory_gb")
+
+
+def allocator_fraction(allocated_bytes: float, reserved_bytes: float, activation_bytes: float) -> float:
+    """The caching allocator's reserve beyond what is allocated, as a fraction of the activations (the form of
+    ddplan.memory.MemoryAssumptions.allocator_fraction, which memory_per_gpu multiplies by the predicted saved +
+    transient bytes): (max_memory_reserved - max_memory_allocated) / predicted activations, so the step that
+    measured it is predicted its reserved peak exactly. e.g. allocated 30 GB, reserved 33 GB, activations 20 GB:
+    0.15. The reserve grows with what is allocated and freed each step (activations), not with the model states
+    allocated once (PyTorch docs, torch_cuda_memory.rst: blocks are cached per size and segment)."""
+    if activation_bytes <= 0 or allocated_bytes <= 0:
+        raise ValueError(f"need positive allocated and activation bytes, got {allocated_bytes}, {activation_bytes}")
+    if reserved_bytes < allocated_bytes:
+        raise ValueError(f"reserved ({reserved_bytes:g}) below allocated ({allocated_bytes:g}): not torch's figures")
+    return (reserved_bytes - allocated_bytes) / activation_bytes
+
+
+def memory_section(allocated_bytes: float, reserved_bytes: float, activation_bytes: float,
+                   outside_allocator_bytes: float, batch: int, seq_len: int) -> dict:
+    """The calibration's `memory:` section from the held-out step's allocator figures (bytes): framework_gib is
+    what lives outside the allocator (the process's context, kernels and library handles: ddplan.memory's
+    `framework` term for one GPU), allocator_fraction by allocator_fraction()."""
+    return {"framework_gib": outside_allocator_bytes / 2**30,
+            "allocator_fraction": allocator_fraction(allocated_bytes, reserved_bytes, activation_bytes),
+            "measured": {"allocated_gb": allocated_bytes / 1e9, "reserved_gb": reserved_bytes / 1e9,
+                         "predicted_activations_gb": activation_bytes / 1e9,
+                         "outside_allocator_gb": outside_allocator_bytes / 1e9, "batch": batch, "seq_len": seq_len}}
+
+
+def memory_assumptions(calibration: CalibrationSpec | None) -> MemoryAssumptions:
+    """The memory terms outside the tensor counts: the calibration's `memory:` section where it states them, the
+    assumed defaults (ddplan.memory.MemoryAssumptions) for the rest."""
+    if calibration is None or calibration.memory is None:
+        return MemoryAssumptions()
+    given = calibration.memory.model_dump(exclude={"measured"}, exclude_none=True)
+    return MemoryAssumptions(**given)
 
 
 def steps_for_model(calibration: CalibrationSpec, names: set[str]) -> list[StepMeasurement]:

@@ -405,7 +405,7 @@ def memory_cmd(
     model, hardware, gpus, tp, pp, vp, cp, ep, cp_comm, etp, zero, device_batch_size, seq_len, dtype, grads,
     weights, cross_entropy, moe_weighting, fusions, moe_imbalance, attention, recompute, sequence_parallel, shard_group,
     reshard_after_forward, overlap_param_gather, offload_optimizer, fp8_all_gather, window, compiled, headroom,
-    measured_peak, calibration, plot, config, framework, print_config, format, wide, quiet,
+    measured_peak, measured_peak_kind, calibration, plot, config, framework, print_config, format, wide, quiet,
 ) -> None:
     """Memory per GPU by ZeRO stage: each term, the total against usable memory, and the verdict.
 
@@ -443,17 +443,18 @@ def memory_cmd(
                     fix=(" + ".join(fixes[0].changes), fixes[0].total_gib,
                          fit_verdict(fixes[0].total_gib, rows[0]["limit_gib"])) if fixes else None)
     words = verdicts.memory_verdict(spec, hw, rows, fixes, step_s, setup.layout, setup.headroom)
-    matches = consistent_with(spec, hw, setup, measured_peak) if measured_peak else []
+    matches = consistent_with(spec, hw, setup, measured_peak, ask.peak_kind) if measured_peak else []
     if measured_peak:
-        words.append(verdicts.peak_matches(measured_peak, matches, PEAK_TOLERANCE))
+        words.append(verdicts.peak_matches(measured_peak, ask.peak_kind, matches, PEAK_TOLERANCE))
     if peak_note:
         words.append(peak_note)
     title = verdicts.memory_title(spec, hw, setup)
+    outside = verdicts.outside_terms(setup.assumptions, cal, Path(calibration).name if calibration else None)
     if format is Format.json:
         import json
 
         render.echo(json.dumps({"title": title, "rows": rows, "verdict": words, "measured_peak_matches": matches,
-                                "provenance": prov}, indent=2))
+                                "assumptions": [outside], "provenance": prov}, indent=2))
         return
     if format is Format.csv:
         render.echo(render.csv_with(prov, rows))
@@ -465,9 +466,9 @@ def memory_cmd(
     cells = render.memory_cells(rows, None if scr is None or scr.wide else scr.width) if scr else []
     render.echo(render.fit(cells, scr, title, render.MEMORY_DROP) if scr
                 else render.table(rows, format.value, title=title))
-    if cells and "other" in cells[0]:
-        render.echo(render.lines([f"other = {' + '.join(render.MEMORY_OTHER)} (--wide shows each)."],
-                                 format.value, scr))
+    below = [f"other = {' + '.join(render.MEMORY_OTHER)} (--wide shows each)."] \
+        if cells and "other" in cells[0] else []
+    render.echo(render.lines(below + [outside], format.value, scr))
     render.echo(render.footer(prov, format.value, scr))
 
 

@@ -12,7 +12,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 from ddplan import bounds
-from ddplan.calibration import StepMeasurement, check_against_hardware, measurement_for, steps_for_model
+from ddplan.calibration import (StepMeasurement, check_against_hardware, measurement_for, memory_assumptions,
+                                steps_for_model)
 from ddplan.errors import DdplanError, SpecError, UsageError
 from ddplan.layout import Options
 from ddplan.offload import check_offload
@@ -468,6 +469,7 @@ class MemoryAsk:
     measured_peak: float | None
     peak_step: object = None  # the calibration's step whose peak is not compared, and why
     moved: tuple[str, ...] = ()
+    peak_kind: str = "device"  # what the measured peak counts (ddplan.memory.NOT_COUNTED)
 
 
 def memory_request(v: dict, stated: Stated) -> MemoryAsk:
@@ -490,6 +492,7 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
     if v["offload_optimizer"]:
         check_offload(spec, hw, stages)
     measured_peak, measured_zero, step, moved = v["measured_peak"], None, None, ()
+    peak_kind = v.get("measured_peak_kind") or "device"
     m = peak_step(cal, spec, from_calibration=from_calibration) if measured_peak is None else None
     if m is not None:
         if not from_calibration:  # its peak is for the shape it ran: price that shape, unless a flag says otherwise
@@ -499,15 +502,16 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
         if moved:
             step = m
         else:
-            measured_peak, measured_zero = m.peak_memory_gb, m.zero
+            measured_peak, measured_zero, peak_kind = m.peak_memory_gb, m.zero, m.peak_memory_kind
     check_pattern(v["window"], "--window")
     options = _options({**v, "tp_comm_overlap": False}, spec, tp_to_check(v["tp"], stated))
     setup = memory_setup(spec, hw, gpus=v["gpus"], tp=v["tp"], pp=v["pp"], vp=v["vp"], cp=v["cp"], ep=v["ep"],
                          micro_batch=v["device_batch_size"], attention=v["attention"],
                          recompute=policies(v["recompute"])[0], compiled=v["compiled"],
-                         window_pattern=v["window"], headroom=v["headroom"], options=options)
+                         window_pattern=v["window"], headroom=v["headroom"], options=options,
+                         assumptions=memory_assumptions(cal))
     if len(stages) == 1:  # one stage asked about: the verdict is about it (else the model's native stage)
         setup = replace(setup, layout=setup.at_zero(stages[0]))
     elif measured_zero is not None and measured_zero in stages:  # else the measured step's
         setup = replace(setup, layout=setup.at_zero(measured_zero))
-    return MemoryAsk(spec, hw, cal, setup, stages, measured_peak, step, moved)
+    return MemoryAsk(spec, hw, cal, setup, stages, measured_peak, step, moved, peak_kind)

@@ -316,6 +316,23 @@ def outside_allocator_bytes(layout: Layout, assumptions: MemoryAssumptions = Mem
     return (assumptions.framework_gib + (assumptions.comm_gib if layout.num_gpus > 1 else 0.0)) * GiB
 
 
+# What each kind of measured peak counts of memory_per_gpu's terms: torch's allocated peak
+# (max_memory_allocated) counts tensors only; reserved (max_memory_reserved) adds the caching allocator's slack;
+# a device tool (nvidia-smi, rocm-smi) adds what lives outside the allocator (`framework`: the CUDA/HIP context,
+# kernels, NCCL's buffers). Ref: PyTorch docs, torch_cuda_memory.rst and "CUDA semantics: memory management".
+NOT_COUNTED = {"allocated": ("framework", "allocator_slack"), "reserved": ("framework",), "device": ()}
+PEAK_KINDS = tuple(NOT_COUNTED)
+
+
+def predicted_peak_bytes(terms: dict[str, float], what: str) -> float:
+    """The predicted peak in a measurement's terms: memory_per_gpu's terms less those `what` does not count
+    (NOT_COUNTED). e.g. terms params 60, activations 16, allocator_slack 2, framework 4: allocated 76, reserved 78,
+    device 82."""
+    if what not in NOT_COUNTED:
+        raise ValueError(f"what must be one of {', '.join(NOT_COUNTED)}, got {what!r}")
+    return sum(v for k, v in terms.items() if k not in NOT_COUNTED[what])
+
+
 def comm_buffer_bytes(spec: ModelSpec, layout: Layout, states: dict[str, dict[str, float]],
                       assumptions: MemoryAssumptions = MemoryAssumptions()) -> float:
     """Communication buffers per GPU that torch allocates, bytes: DDP's gradient bucket copy (ZeRO-0) or ZeRO-1's

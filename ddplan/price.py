@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from ddplan import run
 from ddplan.anatomy import RECOMPUTE_POLICIES, Anatomy, build_anatomy, for_cp, for_tp, with_recompute
-from ddplan.calibration import CalibrationSpec, calibrated_rates, comm_points
+from ddplan.calibration import CalibrationSpec, calibrated_rates, comm_points, memory_assumptions
 from ddplan.evidence import Thin, thin_values, widened
 from ddplan.flops import mfu, nanochat_flops_per_token
 from ddplan.fp8 import with_fp8_saves
@@ -186,10 +186,12 @@ class Pricer:
     """Prices layouts of one model on one hardware for one run (see the module docstring)."""
 
     def __init__(self, spec: ModelSpec, hw: HardwareSpec, plan: RunPlan, calibration: CalibrationSpec | None = None,
-                 fp8: bool = False, fit: Fit | None = None, assumptions: MemoryAssumptions = MemoryAssumptions(),
+                 fp8: bool = False, fit: Fit | None = None, assumptions: MemoryAssumptions | None = None,
                  _caches: PriceCache | None = None, fp8_recipe: str | None = None):
         self.spec, self.hw, self.plan = spec, hw, plan
-        self.calibration, self.fp8, self.fit, self.assumptions = calibration, fp8, fit, assumptions
+        # the memory terms outside the tensor counts: as given, else the calibration's `memory:` section, else assumed
+        self.assumptions = assumptions or memory_assumptions(calibration)
+        self.calibration, self.fp8, self.fit = calibration, fp8, fit
         self.fp8_recipe = fp8_recipe or spec.recipe.fp8_recipe  # how the fp8 casts run (ddplan.fp8.FP8_RECIPES)
         self.points = comm_points(calibration)
         self._last_memory: tuple[Layout, str, MemoryBreakdown] | None = None

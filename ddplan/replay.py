@@ -57,6 +57,8 @@ NOT_A_STEP: dict[tuple[str, ...], str] = {
     ("calibration",): "this machine's measurements; a published run is scored uncalibrated",
     ("measured", "fit"): "which efficiency a measured step calibrates; validate scores, it does not fit",
     ("measured", "peak_gb"): "a measured peak: no published run in the dataset states one",
+    ("measured", "peak_kind"): "what a measured peak counts: as peak_gb (validation/memory_peaks.yaml states it as "
+                               "measured.what)",
     ("layout", "tp_across_nodes"): "plan's search space; a run states its tp",
     **{("plan", k): "what plan optimises" for k in ("objective", "deadline_h", "budget_usd", "top")},
 }

@@ -295,9 +295,12 @@ FIELDS: tuple[RunField, ...] = (
        name="measured_window"),
     _f("measured.fit", "Which efficiency the measurement calibrates; auto picks the one whose range moves the "
        "measured row most.", ("auto", "gemm", "attention", "compute"), MEASURED, default="auto"),
-    _f("measured.peak_gb", "A measured peak in GB (1e9 bytes, as torch.cuda.max_memory_allocated / 1e9): say which "
-       "attention and recompute setups it is consistent with.", float, MEASURED, name="measured_peak",
-       range=Range(0, 10**6, "GB", low_open=True)),
+    _f("measured.peak_gb", "A measured peak in GB (1e9 bytes): say which attention and recompute setups it is "
+       "consistent with.", float, MEASURED, name="measured_peak", range=Range(0, 10**6, "GB", low_open=True)),
+    _f("measured.peak_kind", "What the measured peak counts: device (nvidia-smi, rocm-smi: everything), reserved "
+       "(torch.cuda.max_memory_reserved: no context) or allocated (max_memory_allocated: tensors only; a "
+       "calibration's step).", ("device", "reserved", "allocated"), MEASURED, name="measured_peak_kind",
+       default="device"),
     _f("plan.objective", "Rank by wall-clock or by cost.", ("time", "cost"), BATCH, default="time"),
     _f("plan.deadline_h", "Hours: the cheapest layout that finishes in time.", float, BATCH, name="deadline",
        range=Range(0, 10**7, "hours", low_open=True)),

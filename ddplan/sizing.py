@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from ddplan.errors import LayoutError, UsageError
 from ddplan.layout import (NATIVE_ZERO, Layout, Options, check_layout, cp_attention_problem, data_parallel,
                            expert_parallel_degrees, layout_for, split_batch)
-from ddplan.memory import FITS, HEADROOM, MemoryAssumptions, MemoryBreakdown
+from ddplan.memory import FITS, HEADROOM, PEAK_KINDS, MemoryAssumptions, MemoryBreakdown, predicted_peak_bytes
 from ddplan.price import Pricer, RunPlan
 from ddplan.specs import HardwareSpec, ModelSpec
 from ddplan.units import GB, GiB
@@ -31,6 +31,9 @@ class Setup:
     headroom: float = HEADROOM
     asked_micro_batch: int | None = None  # when the batch split took a smaller one (ddplan.layout.split_batch)
     options: Options = Options()  # applied to each ZeRO stage asked about, where they apply
+    # the terms outside the model (context, allocator slack, buffers): assumed, or a calibration's `memory:`
+    # section (ddplan.calibration.memory_assumptions)
+    assumptions: MemoryAssumptions = MemoryAssumptions()
 
     def at_zero(self, zero: int) -> Layout:
         """The setup's layout at another ZeRO stage, with the options that apply there."""
@@ -53,29 +56,26 @@ def attention_mode(hw: HardwareSpec, name: str) -> tuple[str, str]:
     return impl.kind, impl.windows
 
 
-def memory_pricer(spec: ModelSpec, hw: HardwareSpec, setup: Setup,
-                  assumptions: MemoryAssumptions = MemoryAssumptions()) -> Pricer:
+def memory_pricer(spec: ModelSpec, hw: HardwareSpec, setup: Setup) -> Pricer:
     """A pricer for memory questions about one setup (the recipe's run; memory does not depend on it)."""
     plan = RunPlan(spec.recipe.budget, hw.price, headroom=setup.headroom)
-    return Pricer(spec, hw, plan, assumptions=assumptions)
+    return Pricer(spec, hw, plan, assumptions=setup.assumptions)
 
 
-def breakdown(spec: ModelSpec, hw: HardwareSpec, setup: Setup,
-              assumptions: MemoryAssumptions = MemoryAssumptions(), pricer: Pricer | None = None) -> MemoryBreakdown:
+def breakdown(spec: ModelSpec, hw: HardwareSpec, setup: Setup, pricer: Pricer | None = None) -> MemoryBreakdown:
     """Memory per GPU of a setup, by term (the pricer's; pass one to share its cache)."""
     attention_mode(hw, setup.layout.attention)  # an unknown implementation: one line naming --attention
-    pricer = pricer or memory_pricer(spec, hw, setup, assumptions)
+    pricer = pricer or memory_pricer(spec, hw, setup)
     return pricer.memory(setup.layout, setup.window_pattern or pricer.spec.architecture.window_pattern)
 
 
-def zero_rows(spec: ModelSpec, hw: HardwareSpec, setup: Setup, stages: list[int],
-              assumptions: MemoryAssumptions = MemoryAssumptions()) -> list[dict]:
+def zero_rows(spec: ModelSpec, hw: HardwareSpec, setup: Setup, stages: list[int]) -> list[dict]:
     """One row per ZeRO stage: each term in GiB, total against usable memory, the native stage marked."""
     native = NATIVE_ZERO[spec.recipe.distribution]
-    pricer = memory_pricer(spec, hw, setup, assumptions)
+    pricer = memory_pricer(spec, hw, setup)
     rows = []
     for z in stages:
-        mb = breakdown(spec, hw, replace(setup, layout=setup.at_zero(z)), assumptions, pricer)
+        mb = breakdown(spec, hw, replace(setup, layout=setup.at_zero(z)), pricer)
         row = {"zero": z, "setup": "native" if z == native else "what-if"}
         row.update({TERM_COLUMNS[k]: v / GiB for k, v in mb.terms.items()})
         row.update({"total_gib": mb.total / GiB, "usable_gib": mb.capacity / GiB,
@@ -95,8 +95,7 @@ class Fix:
     step_s: float  # the changed setup's step time (seconds, the pricer's central estimate)
 
 
-def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3,
-              assumptions: MemoryAssumptions = MemoryAssumptions(), certain: bool = False) -> tuple[float, list[Fix]]:
+def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3, certain: bool = False) -> tuple[float, list[Fix]]:
     """(the asked setup's step time, the cheapest sets of changes that make it fit, fastest first). certain: a
     change must make it fit with the memory model's error on it (ddplan.memory.fit_verdict FITS), as for a
     setup that may not fit; otherwise its central estimate must fit.
@@ -108,7 +107,7 @@ def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3,
     all. The step time of the setup as asked (which does not fit) is the reference.
     """
     base = setup.layout
-    pricer = memory_pricer(spec, hw, setup, assumptions)
+    pricer = memory_pricer(spec, hw, setup)
     window = setup.window_pattern or pricer.spec.architecture.window_pattern
     a = spec.architecture
     sequences = base.dp * base.micro_batch * base.grad_accum
@@ -148,14 +147,13 @@ def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3,
     return pricer.price(base, window, bands=False).step_s, kept[:top]
 
 
-def fixes_for(spec: ModelSpec, hw: HardwareSpec, setup: Setup, asked: dict | None,
-              assumptions: MemoryAssumptions = MemoryAssumptions()) -> tuple[float | None, list[Fix]]:
+def fixes_for(spec: ModelSpec, hw: HardwareSpec, setup: Setup, asked: dict | None) -> tuple[float | None, list[Fix]]:
     """What `ddplan memory` proposes for the setup asked (its zero_rows row, None if its stage was not priced):
     nothing when it fits even with the memory model's error on it; when it fits only as predicted (may not fit),
     the changes that make it certain; otherwise the changes that make its predicted peak fit (what_fits)."""
     if asked is not None and asked["verdict"] == FITS:
         return None, []
-    return what_fits(spec, hw, setup, assumptions=assumptions, certain=asked is not None and asked["fits"])
+    return what_fits(spec, hw, setup, certain=asked is not None and asked["fits"])
 
 
 def _expert_degrees(spec: ModelSpec, base: Layout, tp: int, ranks: int) -> list[int]:
@@ -189,24 +187,27 @@ def _changes(base: Layout, lay: Layout, spec: ModelSpec) -> tuple[str, ...]:
 PEAK_TOLERANCE = 0.10  # a measured peak matches a configuration predicted within +-10%
 
 
-def consistent_with(spec: ModelSpec, hw: HardwareSpec, setup: Setup, measured_gb: float,
-                    tolerance: float = PEAK_TOLERANCE,
-                    assumptions: MemoryAssumptions = MemoryAssumptions()) -> list[dict]:
+def consistent_with(spec: ModelSpec, hw: HardwareSpec, setup: Setup, measured_gb: float, what: str = "device",
+                    tolerance: float = PEAK_TOLERANCE) -> list[dict]:
     """Every (attention, recompute, compiled) combination, its predicted peak, and whether it matches.
 
-    A measured peak (GB = 1e9 bytes, as rocm-smi / nvidia-smi style tools report in decimal or as
-    torch.cuda.max_memory_reserved / 1e9) is consistent with a configuration when the prediction is
-    within +-tolerance of it.
+    A measured peak (GB = 1e9 bytes) is consistent with a configuration when the prediction, in the terms the
+    measurement counts (`what`: device, as nvidia-smi / rocm-smi report; reserved, torch.cuda.max_memory_reserved;
+    allocated, torch.cuda.max_memory_allocated; ddplan.memory.predicted_peak_bytes), is within +-tolerance of it.
     """
     if measured_gb <= 0:
         raise UsageError(f"must be positive, got {measured_gb}", field="--measured-peak")
+    if what not in PEAK_KINDS:
+        raise UsageError(f"{what!r} is not a kind of peak; allowed: {', '.join(PEAK_KINDS)}",
+                         field="--measured-peak-kind")
     out = []
-    pricer = memory_pricer(spec, hw, setup, assumptions)
+    pricer = memory_pricer(spec, hw, setup)
     for impl in hw.default_attention_impls():
         for rc in ("none", "selective", "full"):
             for compiled in (True, False):
                 layout = replace(setup.layout, attention=impl.name, recompute=rc, compiled=compiled)
-                t = breakdown(spec, hw, replace(setup, layout=layout), assumptions, pricer).total / GB
+                terms = breakdown(spec, hw, replace(setup, layout=layout), pricer).terms
+                t = predicted_peak_bytes(terms, what) / GB
                 err = (t - measured_gb) / measured_gb
                 out.append({"attention": impl.name, "recompute": rc, "compiled": compiled, "predicted_gb": t,
                             "error_pct": 100 * err, "consistent": abs(err) <= tolerance})
@@ -217,7 +218,8 @@ def memory_setup(spec: ModelSpec, hw: HardwareSpec, *, gpus: int, tp: int = 1, p
                  ep: int = 1,
                  micro_batch: int | None = None, attention: str | None = None, recompute: str = "none",
                  compiled: bool | None = None, window_pattern: str | None = None,
-                 headroom: float = HEADROOM, options: Options = Options()) -> Setup:
+                 headroom: float = HEADROOM, options: Options = Options(),
+                 assumptions: MemoryAssumptions = MemoryAssumptions()) -> Setup:
     """The setup `ddplan memory` asks about: gpus in total (ddplan.layout.layout_for), the recipe's batch split
     by the one rule (ddplan.layout.split_batch), as `table` splits it."""
     attention = attention or hw.default_attention
@@ -235,4 +237,5 @@ def memory_setup(spec: ModelSpec, hw: HardwareSpec, *, gpus: int, tp: int = 1, p
     except LayoutError as e:  # the layout comes from the flags: a usage error (exit 2), as in `table`
         raise UsageError(e.message, field=e.field or "--gpus/--tp/--pp/--vp/--cp/--ep") from None
     return Setup(layout=layout, window_pattern=window_pattern, headroom=headroom,
-                 asked_micro_batch=asked if split.micro_batch != asked else None, options=options)
+                 asked_micro_batch=asked if split.micro_batch != asked else None, options=options,
+                 assumptions=assumptions)

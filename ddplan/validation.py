@@ -25,7 +25,8 @@ from ddplan.errors import DdplanError, SpecError
 from ddplan.evidence import is_thin, thin_values
 from ddplan.fitting import golden_min
 from ddplan.gcpause import no_cycle_collection
-from ddplan.memory import DOES_NOT_FIT, FITS, MAY_NOT_FIT, PEAK_RATIO, fit_verdict
+from ddplan.memory import (DOES_NOT_FIT, FITS, MAY_NOT_FIT, NOT_COUNTED, PEAK_RATIO, fit_verdict,  # noqa: F401
+                           predicted_peak_bytes)
 from ddplan.params import param_counts
 from ddplan.registry import builtin_dir, builtin_names, load_hardware
 from ddplan.replay import price_run, run_framework
@@ -579,20 +580,6 @@ def _widened(s: Scored, thin: tuple) -> Scored:
 
 # --------------------------------------------------------------------------------------------
 # Measured peak memory (validation/memory_peaks.yaml): predicted vs measured, and whether the verdict was right
-
-# the memory terms each kind of measurement counts (ddplan.memory.memory_per_gpu's terms): torch's allocated
-# peak counts tensors only; reserved adds the caching allocator's slack; a device tool (nvidia-smi) adds the
-# CUDA context and workspaces (`framework`)
-NOT_COUNTED = {"allocated": ("framework", "allocator_slack"), "reserved": ("framework",), "device": ()}
-
-
-def predicted_peak_bytes(terms: dict[str, float], what: str) -> float:
-    """The predicted peak in the measurement's terms: the memory model's terms less those `what` does not
-    count (NOT_COUNTED)."""
-    if what not in NOT_COUNTED:
-        raise ValueError(f"what must be one of {', '.join(NOT_COUNTED)}, got {what!r}")
-    return sum(v for k, v in terms.items() if k not in NOT_COUNTED[what])
-
 
 @dataclass(frozen=True)
 class PeakScored:

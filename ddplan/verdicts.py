@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ddplan.calibration import memory_assumptions
 from ddplan.evidence import widened
 from ddplan.layout import NATIVE_ZERO, breaks_world_size_rule
 from ddplan import memory
@@ -499,7 +500,9 @@ def table_assumptions(table) -> list[str]:
         f"Outside steps: start-up {o.startup_s:g} s, {evals}, checkpoints "
         f"{'at the end' if not o.checkpoint_every_steps else f'every {o.checkpoint_every_steps} steps'} "
         f"at {o.checkpoint_gbyte_per_s:g} GB/s.",
-        f"Memory: a row fits when it leaves {100 * req.headroom:.0f}% of usable memory free.",
+        f"Memory: a row fits when it leaves {100 * req.headroom:.0f}% of usable memory free. "
+        + outside_terms(memory_assumptions(req.calibration), req.calibration,
+                        Path(req.calibration_path).name if req.calibration_path else None),
         *([_placement_line(hw)] if any(r.layout.num_gpus > hw.gpus_per_node for r in table.rows) else []),
         _interruptions_line(table),
         f"MFU convention: {MFU_CONVENTION}, at each row's window pattern.",
@@ -603,8 +606,13 @@ def memory_verdict(spec: ModelSpec, hw: HardwareSpec, rows: list[dict], fixes: l
     return lines
 
 
-def peak_matches(measured_gb: float, matches: list[dict], tolerance: float) -> str:
-    """Which setups a measured peak is consistent with (ddplan.sizing.consistent_with rows)."""
+PEAK_KIND_WORDS = {"device": "a device reading (everything on the GPU)",
+                   "reserved": "torch's reserved peak (no context)", "allocated": "torch's allocated peak (tensors)"}
+
+
+def peak_matches(measured_gb: float, kind: str, matches: list[dict], tolerance: float) -> str:
+    """Which setups a measured peak is consistent with (ddplan.sizing.consistent_with rows), compared as `kind`
+    (device, reserved, allocated: ddplan.memory.NOT_COUNTED)."""
     ok = [m for m in matches if m["consistent"]]
     if ok:
         listed = "; ".join(f"{m['attention']}, recompute {m['recompute']}, {'compiled' if m['compiled'] else 'eager'} "
@@ -613,7 +621,29 @@ def peak_matches(measured_gb: float, matches: list[dict], tolerance: float) -> s
         c = matches[0]
         listed = (f"none of the configurations within {100 * tolerance:.0f}% (closest: {c['attention']}, {c['recompute']}, "
                   f"{c['predicted_gb']:.1f} GB)")
-    return f"Measured {measured_gb:g} GB is consistent with: {listed}."
+    return f"Measured {measured_gb:g} GB, {PEAK_KIND_WORDS[kind]}, is consistent with: {listed}."
+
+
+def outside_terms(assumptions: memory.MemoryAssumptions, calibration=None, calibration_name: str | None = None) -> str:
+    """The memory terms outside the tensor counts, each with where it comes from: assumed (ddplan.memory's
+    defaults) or a calibration's `memory:` section (measured by calibrate at its held-out step, or stated)."""
+    section = calibration.memory if calibration is not None else None
+    given = set() if section is None else {k for k, v in section.model_dump(exclude={"measured"}).items()
+                                           if v is not None}
+    how = ("measured by `ddplan calibrate`" if section is not None and section.measured is not None
+           else "stated") + (f" in {calibration_name}" if calibration_name else " in the calibration")
+
+    def src(name: str) -> str:
+        return how if name in given else "assumed"
+
+    a = assumptions
+    return (f"Outside the tensor counts: framework {a.framework_gib:g} GiB a GPU (CUDA/ROCm context, kernels; "
+            f"{src('framework_gib')}), NCCL/RCCL buffers {a.comm_gib:g} GiB with more than one GPU "
+            f"({src('comm_gib')}), allocator slack {100 * a.allocator_fraction:.3g}% of the activations "
+            f"({src('allocator_fraction')})"
+            + ("" if {"framework_gib", "allocator_fraction"} <= given else
+               "; `ddplan calibrate` on the GPU measures the framework and the slack, and its file (--calibration) "
+               "replaces them") + ".")
 
 
 def memory_title(spec: ModelSpec, hw: HardwareSpec, setup) -> str:
@@ -674,7 +704,11 @@ def calibration_rows(cal) -> list[dict]:
             {"figure": "elementwise ops", "value": cal.pointwise_tbyte_per_s, "unit": "TB/s"},
             {"figure": "AdamW step", "value": cal.optimizer_tbyte_per_s, "unit": "TB/s"},
             {"figure": "kernel overhead", "value": cal.kernel_overhead_us, "unit": "us"},
-            {"figure": "collective points", "value": len(cal.collectives), "unit": "points"}]
+            {"figure": "collective points", "value": len(cal.collectives), "unit": "points"},
+            *([{"figure": "outside the allocator (context, kernels)", "value": cal.memory.framework_gib,
+                "unit": "GiB"},
+               {"figure": "allocator reserve over allocated, of the activations", "value": cal.memory.allocator_fraction,
+                "unit": "fraction"}] if cal.memory is not None else [])]
 
 
 def held_out_title(cal) -> str:
@@ -699,7 +733,7 @@ def calibrate_summary(cal) -> list[str]:
         ("elementwise", cal.pointwise_tbyte_per_s), ("AdamW", cal.optimizer_tbyte_per_s),
         (f"{len(cal.muon)} Muon shapes", cal.muon),
         ("kernel overhead", cal.kernel_overhead_us), (f"{len(cal.collectives)} collective points", cal.collectives),
-        ("the held-out step", cal.step_times)) if present]
+        ("the held-out step", cal.step_times), ("memory outside the tensors", cal.memory)) if present]
     out = ["calibrate: measured " + (", ".join(measured) or "nothing")]
     ran = cal.step_program
     if ran is not None:

@@ -324,3 +324,13 @@ def test_build_optimizer_follows_the_spec_groups():
     opt.zero_grad()
     assert all(p.grad is None for p in model.parameters())
     assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
+
+
+def test_outside_allocator_is_device_use_less_what_torch_reserved(monkeypatch):
+    """Hand: 80 GB total, 30 GB free, 45 GB reserved by torch's allocator: 5 GB outside it (context, kernels,
+    library handles, other processes); never negative (a reading taken while the allocator grows)."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (30e9, 80e9))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: 45e9)
+    assert bench.outside_allocator_bytes("cuda:0") == 5e9
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: 55e9)
+    assert bench.outside_allocator_bytes("cuda:0") == 0.0

@@ -41,6 +41,8 @@ def test_cpu_calibration_writes_every_section(cpu_calibration):
     step = cal.step_times[0]
     assert step.model == "nanochat-d2" and step.step_time_s > 0 and step.device_batch_size == 2
     assert any("collectives: skipped" in f for f in cal.failures)  # one device: said, not silent
+    # the context and the allocator's reserve are torch.cuda's figures: on CPU said, and the defaults stay
+    assert cal.memory is None and any(f.startswith("memory: ") and "GPU only" in f for f in cal.failures)
 
 
 def test_cpu_calibration_prints_the_held_out_step(cpu_calibration):
@@ -193,11 +195,12 @@ def test_memory_takes_the_measured_peak_from_a_calibration_file(tmp_path, capsys
     cal.write_text(yaml.safe_dump({"kind": "calibration", "version": 1, "hardware": "mi300x", "step_times": [{
         "model": "nanochat-d24", "gpus": 1, "step_time_s": 7.7, "device_batch_size": 32,
         "total_batch_tokens": 524288, "attention": "sdpa-fused", "window_pattern": "L", "peak_memory_gb": 105,
-        "source": "the seed note"}]}))
+        "peak_memory_kind": "device", "source": "the seed note"}]}))
     code, out, err = run(capsys, "memory", "--model", "d24", "--window-pattern", "L", "--calibration", str(cal),
                          "--format", "markdown")
     assert code == 0, err
-    assert "Measured 105 GB is consistent with: sdpa-fused, recompute none, compiled" in out
+    assert ("Measured 105 GB, a device reading (everything on the GPU), is consistent with: sdpa-fused, recompute "
+            "none, compiled (97.1 GB" in out)
 
 
 @pytest.mark.parametrize("model", [[], ["--model", "d24"]])
@@ -268,3 +271,68 @@ def test_the_table_points_to_the_carried_hardware_spec_only_when_it_is_the_one_u
     other.write_text(yaml.safe_dump(spec))
     text = assumptions("--hardware", str(other))
     assert "carries the spec" not in text and "`ddplan specs show my-box`" in text
+
+
+def _seed_step(**more) -> dict:
+    return {"model": "nanochat-d24", "gpus": 1, "step_time_s": 7.7, "device_batch_size": 32,
+            "total_batch_tokens": 524288, "attention": "sdpa-fused", "window_pattern": "L", "source": "by hand", **more}
+
+
+def test_a_calibrations_memory_section_replaces_the_assumed_terms(tmp_path, capsys):
+    """framework 0.5 GiB and allocator slack 10% of the activations, stated in the file: the framework column is
+    0.5, the slack 10% of activations + transient, every other term as without the file; the words say where
+    each term came from."""
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(yaml.safe_dump({"kind": "calibration", "version": 1, "hardware": "mi300x"}))
+    cal = tmp_path / "cal.yaml"
+    cal.write_text(yaml.safe_dump({"kind": "calibration", "version": 1, "hardware": "mi300x",
+                                   "memory": {"framework_gib": 0.5, "allocator_fraction": 0.10}}))
+    rows = {}
+    for name, path in (("plain", plain), ("cal", cal)):
+        code, out, err = run(capsys, "memory", "--model", "d24", "--calibration", str(path), "--format", "json")
+        assert code == 0, err
+        rows[name] = json.loads(out)
+    before, after = rows["plain"]["rows"][0], rows["cal"]["rows"][0]
+    assert before["framework_gib"] == 1.0 and after["framework_gib"] == 0.5
+    assert after["allocator_gib"] == pytest.approx(0.10 * (after["activations_gib"] + after["transient_gib"]))
+    assert before["allocator_gib"] == pytest.approx(0.05 * (before["activations_gib"] + before["transient_gib"]))
+    for term in ("params_gib", "gradients_gib", "optimizer_gib", "activations_gib", "transient_gib", "buffers_gib"):
+        assert after[term] == before[term]
+    words = rows["cal"]["assumptions"][0]
+    assert "framework 0.5 GiB a GPU (CUDA/ROCm context, kernels; stated in cal.yaml)" in words
+    assert "allocator slack 10% of the activations (stated in cal.yaml)" in words
+    assert "NCCL/RCCL buffers 0.25 GiB with more than one GPU (assumed)" in words
+    assert "(assumed)" in rows["plain"]["assumptions"][0] and "stated" not in rows["plain"]["assumptions"][0]
+
+
+def test_a_calibrated_allocated_peak_is_compared_without_the_context_and_the_slack(tmp_path, capsys):
+    """calibrate's step peak is torch's max_memory_allocated: its prediction is the total less the framework and
+    allocator terms (the table's own columns), not the total a device tool would read."""
+    cal = tmp_path / "cal.yaml"
+    cal.write_text(yaml.safe_dump({"kind": "calibration", "version": 1, "hardware": "mi300x", "step_times": [
+        _seed_step(peak_memory_gb=92.0)]}))
+    code, out, err = run(capsys, "memory", "--model", "d24", "--calibration", str(cal), "--format", "json")
+    assert code == 0, err
+    data = json.loads(out)
+    row = data["rows"][0]
+    allocated_gb = (row["total_gib"] - row["framework_gib"] - row["allocator_gib"]) * 2**30 / 1e9
+    (asked,) = [m for m in data["measured_peak_matches"]
+                if (m["attention"], m["recompute"], m["compiled"]) == ("sdpa-fused", "none", True)]
+    assert asked["predicted_gb"] == pytest.approx(allocated_gb, rel=1e-9)
+    assert "torch's allocated peak (tensors)" in " ".join(data["verdict"])
+    # the same figure as a device reading is compared with the whole total
+    code, out, err = run(capsys, "memory", "--model", "d24", "--measured-peak", "92", "--measured-peak-kind",
+                         "device", "--format", "json")
+    assert code == 0, err
+    data = json.loads(out)
+    (asked,) = [m for m in data["measured_peak_matches"]
+                if (m["attention"], m["recompute"], m["compiled"]) == ("sdpa-fused", "none", True)]
+    assert asked["predicted_gb"] == pytest.approx(data["rows"][0]["total_gib"] * 2**30 / 1e9, rel=1e-9)
+
+
+def test_a_memory_section_that_leaves_nothing_is_refused(tmp_path, capsys):
+    cal = tmp_path / "cal.yaml"
+    cal.write_text(yaml.safe_dump({"kind": "calibration", "version": 1, "hardware": "mi300x",
+                                   "memory": {"framework_gib": 500}}))
+    code, out, err = run(capsys, "memory", "--model", "d24", "--calibration", str(cal))
+    assert code in (1, 2) and "memory.framework_gib" in err and err.count("\n") == 1

@@ -223,3 +223,37 @@ def test_fit_factor_custom_bracket():
     with pytest.raises(ValueError):
         fit_factor(predict, predict(0.7), lo=0.8, hi=2.0)
     assert math.isfinite(fit_factor(predict, predict(1e-3)))  # the bracket's end is reachable
+
+
+def test_allocator_fraction_is_the_reserve_over_the_predicted_activations():
+    """Hand: allocated 30 GB, reserved 33 GB, activations 20 GB: (33 - 30) / 20 = 0.15."""
+    from ddplan.calibration import allocator_fraction, memory_section
+
+    assert allocator_fraction(30e9, 33e9, 20e9) == pytest.approx(0.15)
+    assert allocator_fraction(30e9, 30e9, 20e9) == 0.0
+    with pytest.raises(ValueError):
+        allocator_fraction(30e9, 29e9, 20e9)  # reserved below allocated is not torch's figures
+    with pytest.raises(ValueError):
+        allocator_fraction(30e9, 33e9, 0.0)
+    section = memory_section(30e9, 33e9, 20e9, 2**30 * 0.75, 16, 2048)
+    assert section["framework_gib"] == pytest.approx(0.75) and section["allocator_fraction"] == pytest.approx(0.15)
+    assert section["measured"] == {"allocated_gb": 30.0, "reserved_gb": 33.0, "predicted_activations_gb": 20.0,
+                                   "outside_allocator_gb": pytest.approx(0.805306368), "batch": 16, "seq_len": 2048}
+
+
+def test_memory_assumptions_take_what_the_section_states_and_assume_the_rest():
+    from ddplan.calibration import memory_assumptions
+    from ddplan.memory import MemoryAssumptions
+
+    base = {"kind": "calibration", "version": 1, "hardware": "h100"}
+    assert memory_assumptions(None) == MemoryAssumptions()
+    assert memory_assumptions(CalibrationSpec.model_validate(base)) == MemoryAssumptions()
+    cal = CalibrationSpec.model_validate({**base, "memory": {"framework_gib": 0.6}})
+    assert memory_assumptions(cal) == MemoryAssumptions(framework_gib=0.6)
+    measured = {"allocated_gb": 30.0, "reserved_gb": 33.0, "predicted_activations_gb": 20.0,
+                "outside_allocator_gb": 0.8, "batch": 16, "seq_len": 2048}
+    cal = CalibrationSpec.model_validate({**base, "memory": {"framework_gib": 0.75, "allocator_fraction": 0.15,
+                                                             "measured": measured}})
+    assert memory_assumptions(cal) == MemoryAssumptions(framework_gib=0.75, allocator_fraction=0.15)
+    with pytest.raises(ValueError):  # a typo is refused, not ignored
+        CalibrationSpec.model_validate({**base, "memory": {"framework_gb": 0.6}})

@@ -527,3 +527,22 @@ def test_fp8_and_16_bit_pricers_sharing_a_cache_keep_their_own_memory():
                                         _caches=price_module.PriceCache(shared=shared)).memory(lay, "L").total
                for fp8 in (first, not first)}
         assert got == alone
+
+
+def test_a_pricer_takes_a_calibrations_memory_terms_unless_given_its_own():
+    from ddplan.calibration import CalibrationSpec
+    from ddplan.layout import Layout
+    from ddplan.memory import MemoryAssumptions
+    from ddplan.price import Pricer, RunPlan
+    from ddplan.registry import load_hardware, load_model
+    from ddplan.units import GiB
+
+    spec, hw = load_model("d24"), load_hardware("mi300x")
+    cal = CalibrationSpec.model_validate({"kind": "calibration", "version": 1, "hardware": "mi300x",
+                                          "memory": {"framework_gib": 0.5}})
+    plan = RunPlan(spec.recipe.budget, hw.price)
+    lay = Layout(dp=1, zero=1, micro_batch=4, attention="sdpa-fused")
+    assert Pricer(spec, hw, plan).memory(lay, "L").terms["framework"] == 1.0 * GiB
+    assert Pricer(spec, hw, plan, cal).memory(lay, "L").terms["framework"] == 0.5 * GiB
+    given = MemoryAssumptions(framework_gib=2.0)
+    assert Pricer(spec, hw, plan, cal, assumptions=given).memory(lay, "L").terms["framework"] == 2.0 * GiB

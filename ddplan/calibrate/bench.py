@@ -560,7 +560,8 @@ def bench_train_step(spec: ModelSpec, *, batch: int, seq_len: int | None = None,
     part whose compilation fails runs eager, and the result says so.
     Returns step_time_s (median over `steps` steps after `warmup`), fwd_s, bwd_s, optimizer_s (medians
     of each phase; they need not add up to the step's median), peak_memory_bytes and peak_memory_gb
-    (torch.cuda.max_memory_allocated over model, optimizer and activations; None on CPU), the loss, the
+    (torch.cuda.max_memory_allocated over model, optimizer and activations; None on CPU), peak_reserved_bytes
+    (max_memory_reserved) and outside_allocator_bytes (after the step; both None on CPU), the loss, the
     StepMeasurement fields (device_batch_size, total_batch_tokens = batch x seq_len: one micro-batch, no
     accumulation, compiled = the model ran compiled), compiled_optimizer, first_step_s (the first warm-up
     step, compilation included), page_faults (on CPU: the median of the timed steps' minor page faults,
@@ -591,6 +592,16 @@ def bench_train_step(spec: ModelSpec, *, batch: int, seq_len: int | None = None,
     if d.type == "cuda":
         torch.cuda.empty_cache()
     return {"skipped": f"does not fit: {message}"}
+
+
+def outside_allocator_bytes(d) -> float:
+    """Device memory in use that torch's caching allocator does not hold, bytes: (total - free) by
+    torch.cuda.mem_get_info (cudaMemGetInfo / hipMemGetInfo) less torch.cuda.memory_reserved. It is the CUDA/HIP
+    context, loaded kernels and library handles of this process (ddplan.memory's `framework` term), and any
+    other process's memory on the same GPU (the reading is device-wide). Ref: PyTorch docs, "CUDA semantics:
+    memory management" (the context is outside the allocator's statistics)."""
+    free, total = torch.cuda.mem_get_info(d)
+    return max(0.0, float(total - free - torch.cuda.memory_reserved(d)))
 
 
 def _out_of_memory(e: BaseException) -> bool:
@@ -698,6 +709,8 @@ def _train_step(spec, batch, seq_len, attention, d, dtype_policy, steps, warmup,
             after_step(i)
     _sync(d)
     peak = torch.cuda.max_memory_allocated(d) if gpu else None
+    reserved = torch.cuda.max_memory_reserved(d) if gpu else None
+    outside = outside_allocator_bytes(d) if gpu else None  # model and optimizer still alive: after the step
     return {
         "step_time_s": statistics.median(sum(p) for p in phases),
         "fwd_s": statistics.median(p[0] for p in phases),
@@ -707,6 +720,8 @@ def _train_step(spec, batch, seq_len, attention, d, dtype_policy, steps, warmup,
         "loss": float(loss.item()),
         "peak_memory_bytes": peak,
         "peak_memory_gb": None if peak is None else peak / GB,
+        "peak_reserved_bytes": reserved,
+        "outside_allocator_bytes": outside,
         "device_batch_size": batch,
         "seq_len": seq_len,
         "total_batch_tokens": batch * seq_len,

@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from ddplan.calibrate import eta
 from ddplan.calibrate.allocator import reuse_freed_memory
-from ddplan.calibration import CalibrationSpec
+from ddplan.calibration import CalibrationSpec, memory_section
 from ddplan.errors import UsageError
 from ddplan.files import atomic_write
 from ddplan.specs import HardwareSpec, ModelSpec
@@ -260,6 +260,9 @@ class Shapes:
     micro_batches: tuple[int, ...]
     peak_bytes: float
     notes: tuple[str, ...] = ()
+    # the held-out step's predicted activations, saved + backward's transient (bytes): what the measured
+    # allocator reserve is a fraction of (ddplan.calibration.allocator_fraction)
+    activation_bytes: float = 0.0
     skip_step: bool = False  # not even micro-batch 1 fits: the held-out step is skipped, with the reason
 
 
@@ -282,11 +285,14 @@ def plan_shapes(req: CalibrateRequest, free_bytes: float | None) -> Shapes:
 
     compiled = step_program(req).model
 
-    def peak(batch: int) -> float:
+    def terms(batch: int) -> dict[str, float]:
         layout = Layout(dp=1, zero=NATIVE_ZERO[spec.recipe.distribution], micro_batch=batch, attention=attention,
                         compiled=compiled)
         hw = cpu_hardware(1.0, 1.0, 1.0, "sizing only", {}) if req.hardware is None else req.hardware
-        total = breakdown(run_spec, hw, Setup(layout=layout), MemoryAssumptions(framework_gib=0.5)).total
+        return breakdown(run_spec, hw, Setup(layout=layout, assumptions=MemoryAssumptions(framework_gib=0.5))).terms
+
+    def peak(batch: int) -> float:
+        total = sum(terms(batch).values())
         return total * (REUSE_PEAK_FACTOR if cpu and cpu_malloc(req) == "reuse" else 1.0)
 
     notes, skip = [], False
@@ -304,8 +310,9 @@ def plan_shapes(req: CalibrateRequest, free_bytes: float | None) -> Shapes:
             notes.append(f"held-out step at micro-batch {mb}: the recipe's does not fit in "
                          f"{GPU_MEMORY_SHARE:.0%} of the {free_bytes / 2**30:.1f} GiB free")
     batches = req.micro_batches or tuple(sorted({max(1, mb // 4), max(1, mb // 2), mb}))
+    at = terms(mb)
     return Shapes(seq_len=seq, step_batch=mb, micro_batches=batches, peak_bytes=peak(mb), notes=tuple(notes),
-                  skip_step=skip)
+                  skip_step=skip, activation_bytes=at["activations"] + at["activation_transient"])
 
 
 def _available_ram_bytes() -> float | None:
@@ -697,6 +704,17 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
             "peak_memory_gb": sig(res["peak_memory_bytes"] / 1e9) if res.get("peak_memory_bytes") else None,
             "source": f"ddplan calibrate: reference model, one micro-batch, {ran.words()}, "
                       f"{prov.get('device_name')}"}])
+        record_memory(res, shapes.activation_bytes)
+
+    def record_memory(res: dict, activation_bytes: float) -> None:
+        if res.get("peak_reserved_bytes") is None or res.get("outside_allocator_bytes") is None:
+            note("memory: the CUDA/ROCm context and the allocator's reserve are measured on a GPU only; the assumed "
+                 "defaults stay (ddplan.memory.MemoryAssumptions)")
+            return
+        section = memory_section(res["peak_memory_bytes"], res["peak_reserved_bytes"], activation_bytes,
+                                 res["outside_allocator_bytes"], mb0, seq)
+        measured = {k: sig(v) if isinstance(v, float) else v for k, v in section.pop("measured").items()}
+        rec.set("memory", {**{k: sig(v) for k, v in section.items()}, "measured": measured})
 
     fns = (gemms, peak, attention, hbm, pointwise, optimizer, overhead, collectives, train_step, gemms_again)
     done: list[str] = []
