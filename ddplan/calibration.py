@@ -180,7 +180,7 @@ class MemorySection(Strict):
     calibrate` on this GPU or stated by hand; a term left out keeps its assumed default."""
 
     framework_gib: float | None = Field(default=None, ge=0, le=1e4)  # context, kernels, library handles per process
-    allocator_fraction: float | None = Field(default=None, ge=0, le=10)  # reserved - allocated, of the activations
+    allocator_fraction: float | None = Field(default=None, ge=0, le=1e3)  # reserved - allocated, of the activations
     comm_gib: float | None = Field(default=None, ge=0, le=1e4)  # NCCL/RCCL's own buffers with more than one GPU
     bucket_mb: float | None = Field(default=None, gt=0, le=1e6)  # a ZeRO-1 reduce bucket
     measured: MemoryMeasured | None = None  # how calibrate got the first two (absent when stated by hand)

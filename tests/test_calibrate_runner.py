@@ -545,3 +545,21 @@ def test_no_step_no_machine_speed(tmp_path, monkeypatch):
                            seq_len=64, step_batch=1, micro_batches=(1,))
     cal, _, _ = run(req)
     assert cal.machine_speed is None and cal.held_out_error_same_speed_pct is None
+
+
+def test_a_gpu_steps_allocator_figures_make_the_memory_section_a_calibration_file_takes(tmp_path):
+    """The held-out step's result as bench_train_step returns it on a GPU (figures by hand: 30 GB allocated, 33 GB
+    reserved, 0.75 GiB outside the allocator, 20 GB of predicted activations): framework 0.75 GiB, slack 0.15, and
+    the file validates with it; a CPU result (no allocator statistics) gives no section."""
+    from ddplan.calibrate.runner import step_memory
+    from ddplan.calibration import CalibrationSpec, memory_assumptions
+
+    res = {"peak_memory_bytes": 30e9, "peak_reserved_bytes": 33e9, "outside_allocator_bytes": 0.75 * 2**30}
+    section = step_memory(res, 20e9, 16, 2048)
+    assert section == {"framework_gib": 0.75, "allocator_fraction": 0.15, "measured": {
+        "allocated_gb": 30.0, "reserved_gb": 33.0, "predicted_activations_gb": 20.0,
+        "outside_allocator_gb": 0.80531, "batch": 16, "seq_len": 2048}}
+    cal = CalibrationSpec.model_validate({"kind": "calibration", "version": 1, "hardware": "h100", "memory": section})
+    assert (memory_assumptions(cal).framework_gib, memory_assumptions(cal).allocator_fraction) == (0.75, 0.15)
+    assert step_memory({"peak_memory_bytes": None, "peak_reserved_bytes": None, "outside_allocator_bytes": None},
+                       20e9, 16, 2048) is None

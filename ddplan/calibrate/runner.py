@@ -315,6 +315,23 @@ def plan_shapes(req: CalibrateRequest, free_bytes: float | None) -> Shapes:
                   skip_step=skip, activation_bytes=at["activations"] + at["activation_transient"])
 
 
+MEMORY_ON_GPU_ONLY = ("memory: the CUDA/ROCm context and the allocator's reserve are measured on a GPU only; the "
+                      "assumed defaults stay (ddplan.memory.MemoryAssumptions)")
+
+
+def step_memory(res: dict, activation_bytes: float, batch: int, seq_len: int) -> dict | None:
+    """The calibration's `memory:` section from a held-out step's result (bench.bench_train_step: its allocated
+    and reserved peaks and what was outside the allocator, bytes) and the step's predicted activations
+    (Shapes.activation_bytes), figures to 5 significant digits; None where torch's allocator has no statistics
+    (CPU)."""
+    if res.get("peak_reserved_bytes") is None or res.get("outside_allocator_bytes") is None:
+        return None
+    section = memory_section(res["peak_memory_bytes"], res["peak_reserved_bytes"], activation_bytes,
+                             res["outside_allocator_bytes"], batch, seq_len)
+    measured = {k: sig(v) if isinstance(v, float) else v for k, v in section.pop("measured").items()}
+    return {**{k: sig(v) for k, v in section.items()}, "measured": measured}
+
+
 def _available_ram_bytes() -> float | None:
     """MemAvailable from /proc/meminfo (Linux), else None (then nothing is checked)."""
     try:
@@ -704,17 +721,11 @@ def run(req: CalibrateRequest, progress: Progress = lambda msg: None, shapes: Sh
             "peak_memory_gb": sig(res["peak_memory_bytes"] / 1e9) if res.get("peak_memory_bytes") else None,
             "source": f"ddplan calibrate: reference model, one micro-batch, {ran.words()}, "
                       f"{prov.get('device_name')}"}])
-        record_memory(res, shapes.activation_bytes)
-
-    def record_memory(res: dict, activation_bytes: float) -> None:
-        if res.get("peak_reserved_bytes") is None or res.get("outside_allocator_bytes") is None:
-            note("memory: the CUDA/ROCm context and the allocator's reserve are measured on a GPU only; the assumed "
-                 "defaults stay (ddplan.memory.MemoryAssumptions)")
-            return
-        section = memory_section(res["peak_memory_bytes"], res["peak_reserved_bytes"], activation_bytes,
-                                 res["outside_allocator_bytes"], mb0, seq)
-        measured = {k: sig(v) if isinstance(v, float) else v for k, v in section.pop("measured").items()}
-        rec.set("memory", {**{k: sig(v) for k, v in section.items()}, "measured": measured})
+        section = step_memory(res, shapes.activation_bytes, mb0, seq)
+        if section is None:
+            note(MEMORY_ON_GPU_ONLY)
+        else:
+            rec.set("memory", section)
 
     fns = (gemms, peak, attention, hbm, pointwise, optimizer, overhead, collectives, train_step, gemms_again)
     done: list[str] = []
