@@ -4,6 +4,7 @@ ddplan does not price said, not dropped."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,26 @@ def test_a_profile_never_overrides_what_a_calibration_measured(capsys, tmp_path)
                                       "csv"]))
     assert [(r["config"], r["basis"], r["step_s"]) for r in framed] == [
         (r["config"], r["basis"], r["step_s"]) for r in plain]
+
+
+def test_nemo_s_performance_scripts_reduce_gradients_in_bf16_under_the_distributed_optimizer(capsys):
+    """Hand: Llama 3 8B (8,030,261,248 parameters) on 8 GPUs, dp 8: NeMo's profile keeps bf16 gradients
+    (grad_reduce_in_fp32 False) under ZeRO-1, 2 bytes each, where Megatron-LM's command line keeps them in fp32,
+    4 bytes each (both unsharded at ZeRO-1); the optimizer's fp32 master and two Adam moments, 12 bytes, sharded
+    over 8; sequence parallelism on with tp > 1 and the parameter all-gather overlapped."""
+    from ddplan.params import total_params
+    from ddplan.registry import load_model
+
+    n = total_params(load_model("llama-3-8b").architecture)
+    assert n == 8_030_261_248
+    common = ["memory", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--attention", "fa2",
+              "--format", "json"]
+    nemo = json.loads(run_ok(capsys, [*common, "--framework", "nemo"]))
+    asked = next(r for r in nemo["rows"] if r["zero"] == 1)
+    assert asked["gradients_gib"] == pytest.approx(2 * n / 2**30, rel=1e-9)
+    assert asked["optimizer_gib"] == pytest.approx(12 * n / 8 / 2**30, rel=1e-9)
+    mcore = json.loads(run_ok(capsys, [*common, "--framework", "megatron-core", "--zero", "1"]))
+    assert next(r for r in mcore["rows"] if r["zero"] == 1)["gradients_gib"] == pytest.approx(4 * n / 2**30, rel=1e-9)
+    rows = csv_rows(run_ok(capsys, ["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--tp", "2",
+                                    "--framework", "nemo", "--format", "csv"]))
+    assert {(r["zero"], r["sp"]) for r in rows} == {("1", "True")}
