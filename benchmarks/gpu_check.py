@@ -36,6 +36,7 @@ def main() -> None:
 
     from ddplan.calibrate.runner import CalibrateRequest, check_step, plan_shapes, run
     from ddplan.registry import load_model
+    from ddplan.memory import MemoryAssumptions
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("torch sees no GPU (CUDA or ROCm); use --device cpu for a dry run")
@@ -76,8 +77,10 @@ def main() -> None:
             m = cal.memory.measured
             print(f"  memory at the held-out step (micro-batch {m.batch}): allocated {m.allocated_gb:.4g} GB, reserved "
                   f"{m.reserved_gb:.4g} GB (allocator slack {100 * cal.memory.allocator_fraction:.3g}% of the "
-                  f"{m.predicted_activations_gb:.4g} GB of predicted activations; assumed 5%), outside the allocator "
-                  f"{m.outside_allocator_gb:.4g} GB (framework {cal.memory.framework_gib:.3g} GiB; assumed 1)")
+                  f"{m.predicted_activations_gb:.4g} GB of predicted activations; assumed "
+                  f"{100 * MemoryAssumptions().allocator_fraction:g}%), outside the allocator "
+                  f"{m.outside_allocator_gb:.4g} GB (framework {cal.memory.framework_gib:.3g} GiB; assumed "
+                  f"{MemoryAssumptions().framework_gib:g})")
             for step in cal.step_times[:1]:
                 if step.peak_memory_gb:
                     print(f"  held-out peak: measured {step.peak_memory_gb:.4g} GB allocated; `ddplan memory "

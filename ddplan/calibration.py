@@ -300,7 +300,7 @@ def memory_section(allocated_bytes: float, reserved_bytes: float, activation_byt
     """The calibration's `memory:` section from the held-out step's allocator figures (bytes): framework_gib is
     what lives outside the allocator (the process's context, kernels and library handles: ddplan.memory's
     `framework` term for one GPU), allocator_fraction by allocator_fraction()."""
-    return {"framework_gib": outside_allocator_bytes / 2**30,
+    return {"framework_gib": outside_allocator_bytes / GiB,
             "allocator_fraction": allocator_fraction(allocated_bytes, reserved_bytes, activation_bytes),
             "measured": {"allocated_gb": allocated_bytes / 1e9, "reserved_gb": reserved_bytes / 1e9,
                          "predicted_activations_gb": activation_bytes / 1e9,

@@ -449,7 +449,7 @@ def memory_cmd(
     if peak_note:
         words.append(peak_note)
     title = verdicts.memory_title(spec, hw, setup)
-    outside = verdicts.outside_terms(setup.assumptions, cal, Path(calibration).name if calibration else None)
+    outside = verdicts.outside_terms(cal, Path(calibration).name if calibration else None)
     if format is Format.json:
         import json
 

@@ -492,7 +492,7 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
     if v["offload_optimizer"]:
         check_offload(spec, hw, stages)
     measured_peak, measured_zero, step, moved = v["measured_peak"], None, None, ()
-    peak_kind = v.get("measured_peak_kind") or "device"
+    peak_kind = v["measured_peak_kind"]
     m = peak_step(cal, spec, from_calibration=from_calibration) if measured_peak is None else None
     if m is not None:
         if not from_calibration:  # its peak is for the shape it ran: price that shape, unless a flag says otherwise

@@ -36,7 +36,8 @@ EXPERT_GROUP = "experts"  # routed experts: split over expert-parallel ranks
 
 @dataclass(frozen=True)
 class MemoryAssumptions:
-    """Terms that are not in the model: each is a stated assumption, replaceable from the CLI.
+    """Terms that are not in the model: each is a stated assumption, replaced by a calibration's `memory:` section
+    (ddplan.calibration.memory_assumptions: measured by `ddplan calibrate` on a GPU, or written by hand).
 
     framework_gib: CUDA/HIP context, BLAS workspaces and loaded kernels, ~0.5-1.5 GiB per process
       (assumed; PyTorch docs "CUDA semantics: memory management" note the context is outside the

@@ -95,7 +95,8 @@ class Fix:
     step_s: float  # the changed setup's step time (seconds, the pricer's central estimate)
 
 
-def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3, certain: bool = False) -> tuple[float, list[Fix]]:
+def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3,
+              certain: bool = False) -> tuple[float, list[Fix]]:
     """(the asked setup's step time, the cheapest sets of changes that make it fit, fastest first). certain: a
     change must make it fit with the memory model's error on it (ddplan.memory.fit_verdict FITS), as for a
     setup that may not fit; otherwise its central estimate must fit.

@@ -501,8 +501,7 @@ def table_assumptions(table) -> list[str]:
         f"{'at the end' if not o.checkpoint_every_steps else f'every {o.checkpoint_every_steps} steps'} "
         f"at {o.checkpoint_gbyte_per_s:g} GB/s.",
         f"Memory: a row fits when it leaves {100 * req.headroom:.0f}% of usable memory free. "
-        + outside_terms(memory_assumptions(req.calibration), req.calibration,
-                        Path(req.calibration_path).name if req.calibration_path else None),
+        + outside_terms(req.calibration, Path(req.calibration_path).name if req.calibration_path else None),
         *([_placement_line(hw)] if any(r.layout.num_gpus > hw.gpus_per_node for r in table.rows) else []),
         _interruptions_line(table),
         f"MFU convention: {MFU_CONVENTION}, at each row's window pattern.",
@@ -624,9 +623,10 @@ def peak_matches(measured_gb: float, kind: str, matches: list[dict], tolerance: 
     return f"Measured {measured_gb:g} GB, {PEAK_KIND_WORDS[kind]}, is consistent with: {listed}."
 
 
-def outside_terms(assumptions: memory.MemoryAssumptions, calibration=None, calibration_name: str | None = None) -> str:
-    """The memory terms outside the tensor counts, each with where it comes from: assumed (ddplan.memory's
-    defaults) or a calibration's `memory:` section (measured by calibrate at its held-out step, or stated)."""
+def outside_terms(calibration=None, calibration_name: str | None = None) -> str:
+    """The memory terms outside the tensor counts (ddplan.calibration.memory_assumptions), each with where it comes
+    from: assumed (ddplan.memory's defaults) or a calibration's `memory:` section (measured by calibrate at its
+    held-out step, or stated)."""
     section = calibration.memory if calibration is not None else None
     given = set() if section is None else {k for k, v in section.model_dump(exclude={"measured"}).items()
                                            if v is not None}
@@ -636,7 +636,7 @@ def outside_terms(assumptions: memory.MemoryAssumptions, calibration=None, calib
     def src(name: str) -> str:
         return how if name in given else "assumed"
 
-    a = assumptions
+    a = memory_assumptions(calibration)
     return (f"Outside the tensor counts: framework {a.framework_gib:g} GiB a GPU (CUDA/ROCm context, kernels; "
             f"{src('framework_gib')}), NCCL/RCCL buffers {a.comm_gib:g} GiB with more than one GPU "
             f"({src('comm_gib')}), allocator slack {100 * a.allocator_fraction:.3g}% of the activations "
@@ -707,8 +707,8 @@ def calibration_rows(cal) -> list[dict]:
             {"figure": "collective points", "value": len(cal.collectives), "unit": "points"},
             *([{"figure": "outside the allocator (context, kernels)", "value": cal.memory.framework_gib,
                 "unit": "GiB"},
-               {"figure": "allocator reserve over allocated, of the activations", "value": cal.memory.allocator_fraction,
-                "unit": "fraction"}] if cal.memory is not None else [])]
+               {"figure": "allocator reserve over allocated, of the activations",
+                "value": cal.memory.allocator_fraction, "unit": "fraction"}] if cal.memory is not None else [])]
 
 
 def held_out_title(cal) -> str:

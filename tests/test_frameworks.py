@@ -24,7 +24,7 @@ def test_every_shipped_profile_names_its_source_at_its_commit():
     """Every item of every profile says where (path@commit), and that commit is the profile's (or one of the
     other repositories it read, `also`): a profile is one stack at one commit."""
     names = builtin_names("frameworks")
-    assert set(names) >= {"torchtitan", "megatron-core", "composer", "nanochat"}
+    assert set(names) >= {"torchtitan", "megatron-core", "nemo", "composer", "nanochat"}
     for name in names:
         p = load_framework(name)
         commits = [p.commit, *p.also.values()]
