@@ -503,7 +503,8 @@ def _framework_notes(ctx: typer.Context, spec) -> None:
             and (name != "fp8_recipe" or ctx.params.get("fp8"))]
     _info([f"{ctx.info_name}: the {profile.name} profile (@{profile.commit[:7]}, {profile.commit_date}) sets "
            + (", ".join(_as_flag(ctx, n) for n in used) or "nothing a flag or the run file left open")])
-    _warn(profile.unpriced_words(moe=spec.architecture.moe is not None))
+    stated = frozenset(k for k in profile.unpriced if k in ctx.params and _source(ctx, k) != "DEFAULT")
+    _warn(profile.unpriced_words(moe=spec.architecture.moe is not None, stated=stated))
     unread = ctx.meta.get("framework_unread", [])
     if unread:  # a profile field this command has no flag for: said, not dropped silently
         _warn([f"the {profile.name} profile states {', '.join(unread)}, which `ddplan {ctx.info_name}` has no flag "

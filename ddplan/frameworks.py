@@ -97,9 +97,11 @@ class FrameworkProfile(Strict):
         """The run-configuration fields this profile fills, by field path."""
         return {APPLIES[k]: item.value for k, item in self.applies.items()}
 
-    def unpriced_words(self, moe: bool = True) -> list[str]:
+    def unpriced_words(self, moe: bool = True, stated: frozenset[str] = frozenset()) -> list[str]:
         """One sentence per item ddplan does not price: what the stack runs and where it says so (the expert
-        items, `moe_...`, only for a mixture of experts)."""
+        items, `moe_...`, only for a mixture of experts). stated: items the run states itself (a flag or a run
+        file's field), left out: an item unpriced only because its value is per model (nemo's tp_comm_overlap)
+        is priced once the run says it."""
         return [f"{self.name} (@{self.commit[:7]}) runs {k.replace('_', ' ')} = {item.value} by default "
                 f"({item.where}); ddplan does not price it yet" for k, item in self.unpriced.items()
-                if moe or not k.startswith("moe_")]
+                if (moe or not k.startswith("moe_")) and k not in stated]

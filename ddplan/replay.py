@@ -190,19 +190,31 @@ def run_hardware(run: RunFacts, where: str):
     return hw
 
 
-def with_sustained(hw, fraction: float, source: str):
-    """The hardware spec with its GEMM sustained fraction replaced (a point value: no range)."""
+FP8_FIT = ":fp8"  # a re-fit's key suffix: "h100-sxm:fp8" holds the fraction fp8 training keeps (sustained_fp8)
+
+
+def fp8_fit_key(hardware: str) -> str:
+    """The key of a hardware's fp8 fraction in a dict of re-fitted fractions (price_run's `sustained`)."""
+    return hardware + FP8_FIT
+
+
+def with_sustained(hw, fraction: float, source: str, field: str = "sustained"):
+    """The hardware spec with its GEMM sustained fraction (field "sustained", 16-bit, or "sustained_fp8")
+    replaced by a point value (no range)."""
+    if field not in ("sustained", "sustained_fp8"):
+        raise ValueError(f"field must be sustained or sustained_fp8, got {field!r}")
     g = hw.efficiency.gemm
     kept = Efficiency(value=fraction, basis="assumed", source=source)
     return hw.model_copy(update={"efficiency": hw.efficiency.model_copy(
-        update={"gemm": g.model_copy(update={"sustained": kept})})})
+        update={"gemm": g.model_copy(update={field: kept})})})
 
 
 def price_run(run: RunFacts, where: str, sustained: dict[str, float] | None = None,
               imbalance: float | None = None, shared: dict | None = None, evidence: bool = True):
     """(spec, hardware, priced row) of one run, through ddplan.table.build_table as `ddplan table` prices it.
 
-    sustained: hardware name -> GEMM sustained fraction replacing the spec's (validation's re-fits);
+    sustained: hardware name -> GEMM sustained fraction replacing the spec's, and fp8_fit_key(name) -> the fraction
+    fp8 training keeps (validation's re-fits);
     imbalance: the dropless load imbalance replacing the spec's (run_spec); shared: build_table's
     rate-independent cache, kept by the caller across prices of this run at one imbalance; evidence=False: the
     base uncalibrated band, not widened where the evidence is thin (leave-one-source-out widens it by tables made
@@ -210,6 +222,8 @@ def price_run(run: RunFacts, where: str, sustained: dict[str, float] | None = No
     hw = run_hardware(run, where)
     if sustained and hw.name in sustained:
         hw = with_sustained(hw, sustained[hw.name], "re-fitted by ddplan.validation")
+    if sustained and fp8_fit_key(hw.name) in sustained:
+        hw = with_sustained(hw, sustained[fp8_fit_key(hw.name)], "re-fitted by ddplan.validation", "sustained_fp8")
     spec = run_spec(run, where, imbalance, weights=run_weights(run))
     if run_kernels(run):
         spec = run_variant(spec, **run_kernels(run))

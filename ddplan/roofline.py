@@ -121,7 +121,8 @@ def rates(hw: HardwareSpec, attention: str, scenario: Scenario = "value", dtype:
     """Rates for the named attention implementation on this hardware, at one end of the ranges.
 
     fp8: eligible GEMMs (fp8_eligible) run at the dense fp8 peak x the fp8 GEMM efficiency (the bf16 fraction
-    where no fp8 measurement exists), with the recipe's casts (fp8_cast_bytes); attention and everything else
+    where no fp8 measurement exists) x the fraction fp8 training keeps (`sustained_fp8`, fitted on fp8 runs; the
+    16-bit `sustained` where none is), with the recipe's casts (fp8_cast_bytes); attention and everything else
     stay in the compute dtype.
     """
     if fp8_recipe not in FP8_RECIPES:
@@ -132,6 +133,7 @@ def rates(hw: HardwareSpec, attention: str, scenario: Scenario = "value", dtype:
     e = hw.efficiency
     fp8_best = e.gemm.best_fp8 or e.gemm.best
     kept = pick(e.gemm.sustained, scenario) if e.gemm.sustained is not None else 1.0
+    kept_fp8 = pick(e.gemm.sustained_fp8, scenario) if e.gemm.sustained_fp8 is not None else kept
     return Rates(
         peak_flops_per_s=hw.peak.flops_per_s(dtype),
         vector_flops_per_s=hw.peak.fp32_vector_tflops.value * 1e12,
@@ -144,7 +146,7 @@ def rates(hw: HardwareSpec, attention: str, scenario: Scenario = "value", dtype:
         kernel_overhead_s=e.kernel_overhead_us.value * US,
         gemm_overhead_s=e.gemm.fixed_us.value * US if e.gemm.fixed_us else None,
         fp8_flops_per_s=hw.peak.flops_per_s("fp8") if fp8 else None,
-        gemm_best_fp8=pick(fp8_best, scenario) * kept,
+        gemm_best_fp8=pick(fp8_best, scenario) * kept_fp8,
         fp8_recipe=fp8_recipe,
         fp8_lm_head=fp8_lm_head,
         attn_seq_curve=impl.kind in FUSED_KINDS,

@@ -246,6 +246,8 @@ class GemmEfficiency(Strict):
     half_dim: Sourced  # dimension at which that dimension alone halves the efficiency
     best_fp8: Efficiency | None = None  # fraction of the dense fp8 peak (None: assume the bf16 fraction)
     sustained: Efficiency | None = None  # fraction of `best` kept in training (None: 1, all of it)
+    # fraction of `best_fp8` kept in fp8 training, fitted on fp8 runs (None: `sustained`, the 16-bit runs' fraction)
+    sustained_fp8: Efficiency | None = None
     # seconds one GEMM call costs beyond its work at the curve's rate (launch, prologue, epilogue, tail),
     # fitted with half_dim to a published sweep (ddplan.sweeps); None: the kernel overhead of every kernel
     fixed_us: Sourced | None = None

@@ -29,7 +29,7 @@ from ddplan.memory import (DOES_NOT_FIT, FITS, MAY_NOT_FIT, NOT_COUNTED, PEAK_RA
                            predicted_peak_bytes)
 from ddplan.params import param_counts
 from ddplan.registry import builtin_dir, builtin_names, load_hardware
-from ddplan.replay import price_run, run_framework
+from ddplan.replay import fp8_fit_key, price_run, run_framework
 from ddplan.runs import (MEMORY_PEAKS, MeasuredPeak, PublishedRun, RoutingSweep, RunSet, load_peaks, load_routing,
                          load_runs, run_spec, shipped_dataset)
 
@@ -41,6 +41,9 @@ CHECK_ONLY_SOURCES = frozenset({"megatron-readme-2021"})
 # Hardware specs that share one fitted sustained fraction: the same die at the same power limit (the A100
 # SXM4 40 GB and 80 GB are one GA100 at 400 W; only memory differs).
 FIT_GROUPS: dict[str, tuple[str, ...]] = {"a100-sxm-80gb": ("a100-sxm-80gb", "a100-sxm-40gb"), "h100-sxm": ("h100-sxm",)}
+# The fewest runs a fitted number may rest on (issue 35): a fit with fewer, as leave-one-source-out can leave one,
+# is not made and the spec's fallback stands (fp8: the 16-bit fraction).
+MIN_FIT_RUNS = 5
 SIZE_BUCKETS = ((3e9, "<3B"), (30e9, "3-30B"), (200e9, "30-200B"), (math.inf, ">=200B"))
 
 
@@ -158,7 +161,7 @@ def score(run: PublishedRun, where: str, sustained: dict[str, float] | None = No
 
 
 class Scorer:
-    """score() with a memory: each (run, its hardware's GEMM sustained fraction, imbalance) is priced once,
+    """score() with a memory: each (run, its hardware's GEMM sustained fractions, imbalance) is priced once,
     and each run's rate-independent parts (anatomies, memory, collective times: ddplan.price.PriceCache) are
     built once per imbalance and reused at every fraction. A fit prices the same runs at a dozen fractions
     and leave-one-source-out fits once per source, so most of its prices are repeats or share those parts.
@@ -194,15 +197,17 @@ class Scorer:
               imbalance: float | None = None, evidence: bool = True) -> Scored:
         """score(run, where, sustained, imbalance, evidence), priced at most once."""
         try:
-            own = (sustained or {}).get(_hw_name(run.hardware))
+            name = _hw_name(run.hardware)
+            given = sustained or {}
+            own = (given.get(name), given.get(fp8_fit_key(name)) if run.precision == "fp8" else None)
         except DdplanError:  # an unknown hardware: score() says so, naming the run
-            own = None
+            own = (None, None)
         run_key = self._key(run)
         if imbalance is not None and not self._imbalanced(run, run_key, where):
             imbalance = None  # priced the same at any imbalance: one price, one cache
         key = (run_key, own, imbalance)
         if key not in self._scored:  # priced with the base band; the evidence widens it after (exactly, _widened)
-            self._scored[key] = score(run, where, sustained if own is not None else None, imbalance,
+            self._scored[key] = score(run, where, sustained if own != (None, None) else None, imbalance,
                                       shared=self._shared.setdefault((self._parts_key(run, run_key), imbalance), {}),
                                       evidence=False)
         base = self._scored[key]
@@ -379,35 +384,39 @@ def moe_band_ratio(scored: Sequence[Scored]) -> tuple[float, float] | None:
 
 # ---- fitted parameters and leave-one-source-out
 
-def fit_basis(runs: Sequence[PublishedRun], hardware: str, where: str) -> list[PublishedRun]:
-    """The runs a hardware's sustained fraction is fitted to (fit_sustained): its fit group's dense 16-bit runs,
-    those of CHECK_ONLY_SOURCES left out."""
+def fit_basis(runs: Sequence[PublishedRun], hardware: str, where: str, fp8: bool = False) -> list[PublishedRun]:
+    """The runs a hardware's sustained fraction is fitted to (fit_sustained): its fit group's dense runs in 16 bits
+    (fp8=False) or in fp8 (fp8=True, for sustained_fp8), those of CHECK_ONLY_SOURCES left out."""
     names = FIT_GROUPS.get(hardware, (hardware,))
-    return [r for r in runs if _hw_name(r.hardware) in names and r.precision != "fp8"
+    return [r for r in runs if _hw_name(r.hardware) in names and (r.precision == "fp8") == fp8
             and r.source.name not in CHECK_ONLY_SOURCES and run_spec(r, where).architecture.moe is None]
 
 
 @_paused
 def fit_sustained(runs: Sequence[PublishedRun], hardware: str, where: str, lo: float = 0.3,
-                  hi: float = 1.0, tol: float = 0.005, scorer: Scorer | None = None) -> float:
+                  hi: float = 1.0, tol: float = 0.005, scorer: Scorer | None = None, fp8: bool = False,
+                  fixed: dict[str, float] | None = None) -> float:
     """The GEMM sustained fraction on one hardware that minimises the mean |log(predicted / measured)| of
-    its dense 16-bit runs (golden-section search on [lo, hi]). The step time falls monotonically as the
-    fraction rises, so the objective has one minimum. Mixture-of-experts runs are left out: they test the MoE
-    model (routing, all-to-alls) and must not move the GEMM fit that every dense plan rests on. fp8 runs are
-    left out too (issue 35: fp8 is priced from fp8 evidence, not fitted into the bf16 fraction): they are
-    priced with the 16-bit fraction, which makes them a check of the fp8 path that no fit has seen. So are the
-    runs of CHECK_ONLY_SOURCES: a check of the fit it did not shape."""
+    its dense runs (golden-section search on [lo, hi]). The step time falls monotonically as the fraction
+    rises, so the objective has one minimum. Mixture-of-experts runs are left out: they test the MoE model
+    (routing, all-to-alls) and must not move the GEMM fit that every dense plan rests on. So are the runs of
+    CHECK_ONLY_SOURCES: a check of the fit it did not shape.
 
+    fp8=False: the 16-bit fraction (`sustained`), fitted on 16-bit runs only. fp8=True: the fraction of the best
+    fp8 GEMM rate that fp8 training keeps (`sustained_fp8`, issue 35: fp8 priced from fp8 evidence), fitted on fp8
+    runs only, with the 16-bit fraction (which an fp8 run's 16-bit GEMMs, the LM head's, run at) held at
+    `fixed`'s value for this hardware or the spec's. fixed: other fractions held (price_run's keys)."""
     names = FIT_GROUPS.get(hardware, (hardware,))
-    mine = fit_basis(runs, hardware, where)
+    mine = fit_basis(runs, hardware, where, fp8)
     if not mine:
-        raise ValueError(f"no run on {hardware} to fit")
+        raise ValueError(f"no {'fp8 ' if fp8 else ''}run on {hardware} to fit")
 
     scorer = scorer or Scorer()
+    keys = [fp8_fit_key(n) for n in names] if fp8 else list(names)
 
     def cost(f: float) -> float:
-        return statistics.fmean(abs(math.log(1 + scorer.score(r, where, dict.fromkeys(names, f), evidence=False).error))
-                                for r in mine)
+        given = {**(fixed or {}), **dict.fromkeys(keys, f)}
+        return statistics.fmean(abs(math.log(1 + scorer.score(r, where, given, evidence=False).error)) for r in mine)
 
     return round(golden_min(cost, lo, hi, tol), 3)
 
@@ -491,11 +500,13 @@ def _hw_name(name: str) -> str:
     return load_hardware(name).name
 
 
-def fitted_hardware() -> list[str]:
-    """Built-in hardware whose sustained GEMM fraction is fitted to the shipped dataset (basis: fitted)."""
+def fitted_hardware(fp8: bool = False) -> list[str]:
+    """Built-in hardware whose sustained GEMM fraction (fp8: the fraction fp8 training keeps, sustained_fp8) is
+    fitted to the shipped dataset (basis: fitted)."""
     out = []
     for name in builtin_names("hardware"):
-        s = load_hardware(name).efficiency.gemm.sustained
+        gemm = load_hardware(name).efficiency.gemm
+        s = gemm.sustained_fp8 if fp8 else gemm.sustained
         if s is not None and s.basis == "fitted":
             out.append(name)
     return out
@@ -504,11 +515,14 @@ def fitted_hardware() -> list[str]:
 @_paused
 def leave_one_source_out(runs: RunSet, where: str, hardware: Iterable[str],
                          progress: Callable[[str, int, int], None] | None = None,
-                         scorer: Scorer | None = None) -> list[Scored]:
+                         scorer: Scorer | None = None, fp8_hardware: Iterable[str] | None = None) -> list[Scored]:
     """Every run priced with the fitted parameters re-fitted on the other sources' runs only.
 
     Each fitted hardware's sustained fraction is re-fitted without the held-out source; a hardware the
-    other sources never ran on keeps the shipped value (nothing to fit it to). The dropless load imbalance
+    other sources never ran on keeps the shipped value (nothing to fit it to). Then each hardware of fp8_hardware
+    (default: fitted_hardware(fp8=True)) has the fraction fp8 training keeps re-fitted on the other sources' fp8
+    runs, at its re-fitted 16-bit fraction; with fewer than MIN_FIT_RUNS of them left it takes the 16-bit fraction,
+    as a spec without an fp8 fit does (the shipped fp8 fit saw the held-out runs). The dropless load imbalance
     is re-fitted from the shipped routing sweep (validation/moe_routing.yaml) at those fractions, and set to
     1 (balanced, the model without the term) when the sweep's own source is the one held out; otherwise a
     dataset that lacks the sweep's runs keeps the shipped value."""
@@ -517,6 +531,8 @@ def leave_one_source_out(runs: RunSet, where: str, hardware: Iterable[str],
     ids = {r.id for r in runs.runs}
     sweep_here = all(p.balanced in ids for p in sweep.points)
     sources = sorted({r.source.name for r in runs.runs})
+    fp8_leaders = [next((k for k, g in FIT_GROUPS.items() if hw in g), hw)
+                   for hw in (fitted_hardware(fp8=True) if fp8_hardware is None else fp8_hardware)]
     out: list[Scored] = []
     # a source without a run on a hardware leaves that hardware's fit as the others make it, and an unchanged fit
     # leaves the imbalance fit unchanged: each distinct fit is made once (the same numbers, fewer prices)
@@ -538,6 +554,18 @@ def leave_one_source_out(runs: RunSet, where: str, hardware: Iterable[str],
                 if basis not in fits:
                     fits[basis] = fit_sustained(rest, hw, where, scorer=scorer)
                 refit.update(dict.fromkeys(names, fits[basis]))
+        for hw in dict.fromkeys(fp8_leaders):
+            names = FIT_GROUPS.get(hw, (hw,))
+            mine = frozenset(r.id for r in fit_basis(rest, hw, where, fp8=True))
+            held16 = {n: refit[n] for n in names if n in refit}
+            if len(mine) < MIN_FIT_RUNS:
+                kept = held16.get(hw, _spec_sustained(hw))
+            else:
+                basis = (fp8_fit_key(hw), mine, tuple(sorted(held16.items())))
+                if basis not in fits:
+                    fits[basis] = fit_sustained(rest, hw, where, scorer=scorer, fp8=True, fixed=held16)
+                kept = fits[basis]
+            refit.update(dict.fromkeys(map(fp8_fit_key, names), kept))
         imbalance = None  # the shipped value, where the sweep's runs are not in this dataset
         if sweep.source.name == src:
             imbalance = 1.0  # nothing else to fit it to
@@ -550,6 +578,12 @@ def leave_one_source_out(runs: RunSet, where: str, hardware: Iterable[str],
     out = _evidence_left_out(runs, out)
     order = {r.id: i for i, r in enumerate(runs.runs)}
     return sorted(out, key=lambda s: order[s.id])
+
+
+def _spec_sustained(hardware: str) -> float:
+    """A hardware spec's 16-bit GEMM sustained fraction (1 where it states none: all of the best rate kept)."""
+    s = load_hardware(hardware).efficiency.gemm.sustained
+    return s.value if s is not None else 1.0
 
 
 def _evidence_left_out(runs: RunSet, held: list[Scored]) -> list[Scored]:

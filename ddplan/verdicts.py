@@ -466,8 +466,18 @@ def _fp8_line(req, spec, e) -> str:
     return (f"fp8: GEMMs with every dim a multiple of 16 and min(k, n) >= 128, "
             f"{'the LM head included' if spec.recipe.fp8_lm_head else 'not the LM head'}, not the router, at the "
             f"dense fp8 peak x {(e.gemm.best_fp8 or e.gemm.best).value:.3f}"
-            f" {basis}, plus the {recipe} recipe's casts as memory-bound kernels; attention stays {spec.dtypes.compute}; "
+            f" {basis}{_fp8_kept(e)}, plus the {recipe} recipe's casts as memory-bound kernels; attention stays {spec.dtypes.compute}; "
             f"MFU still against the dense {spec.dtypes.compute} peak.{gather}")
+
+
+def _fp8_kept(e) -> str:
+    """The fraction of the best fp8 rate fp8 training keeps, and where it comes from."""
+    kept = e.gemm.sustained_fp8
+    if kept is not None:
+        return f", of which fp8 training keeps {kept.value:.3f} ({kept.source.split(':')[0]})"
+    if e.gemm.sustained is not None:
+        return f", of which it keeps {e.gemm.sustained.value:.3f} as 16-bit training does (no fp8 fit)"
+    return ""
 
 
 def table_assumptions(table) -> list[str]:

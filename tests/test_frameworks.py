@@ -86,6 +86,17 @@ def test_what_the_profile_set_and_what_it_leaves_out_are_said(capsys):
     assert "moe dispatcher = allgather" in err
 
 
+def test_an_unpriced_item_the_run_states_is_not_called_unpriced(capsys):
+    """nemo leaves TP comm overlap unpriced because its value is per model; a run that says --tp-comm-overlap (or
+    --no-tp-comm-overlap) has it priced, and the warning would be false."""
+    args = ["table", *LLAMA, "--tp", "2", "--framework", "nemo", "--format", "csv"]
+    _, _, err = run(capsys, args)
+    assert "runs tp comm overlap = per model" in err
+    for flag in ("--tp-comm-overlap", "--no-tp-comm-overlap"):
+        _, _, err = run(capsys, [*args, flag])
+        assert "tp comm overlap" not in err and "runs cuda graphs" in err
+
+
 def test_the_seed_prices_the_same_under_nanochat_s_profile(capsys):
     """nanochat's defaults (ZeRO-1-like sharded optimizer, torch.compile, no recompute) are what the nanochat
     model specs already state: the seed's table does not move."""

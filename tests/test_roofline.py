@@ -395,6 +395,10 @@ def test_rates_pick_value_low_high_and_low_le_value_le_high(hw_name):
             assert by[scen].attn_bwd == impl.efficiency_bwd.range[idx]
         assert by["value"].gemm_best == pytest.approx(e.gemm.best.value * (e.gemm.sustained.value if e.gemm.sustained
                                                                           else 1.0))
+        # fp8 keeps its own fitted fraction of its own best rate, or the 16-bit fraction where none is fitted
+        kept_fp8 = e.gemm.sustained_fp8 or e.gemm.sustained
+        assert by["value"].gemm_best_fp8 == pytest.approx((e.gemm.best_fp8 or e.gemm.best).value
+                                                          * (kept_fp8.value if kept_fp8 else 1.0))
         assert by["value"].attn_fwd == impl.efficiency_fwd.value
         for knob in ("gemm_best", "gemm_best_fp8", "hbm", "attn_fwd", "attn_bwd"):
             assert getattr(by["low"], knob) <= getattr(by["value"], knob) <= getattr(by["high"], knob), knob

@@ -13,8 +13,8 @@ from ddplan.errors import SpecError
 from ddplan.evidence import EVIDENCE, UNSEEN_RATIO, is_thin, thin_values, widened
 from ddplan.price import VALIDATED_RATIO, VALIDATED_RATIO_MOE
 from ddplan.registry import load_hardware
-from ddplan.replay import price_run
-from ddplan.runs import highest_measured_mfu, load_runs, shipped_dataset
+from ddplan.replay import fp8_fit_key, price_run
+from ddplan.runs import RunSet, highest_measured_mfu, load_runs, shipped_dataset
 
 from cli_helpers import csv_rows, fails, run_ok
 
@@ -237,6 +237,47 @@ def test_fit_recovers_a_known_sustained_fraction(tmp_path):
     truth = V.score(runs.runs[0], "t", {"h100-sxm": 0.7}).predicted_s
     p = _runs_file(tmp_path, [_run(truth)])
     assert V.fit_sustained(load_runs(str(p)).runs, "h100-sxm", "t") == pytest.approx(0.7, abs=0.01)
+
+
+def _fp8_runs(tmp_path, steps: list[float], source: str = "test") -> list:
+    """gpt3-22b-sized fp8 runs on 8 H100 (GEMMs large enough to be fp8-eligible), one per step time."""
+    model = {"base": "gpt3-22b", "name": "GPT-3 22B", "seq_len": 2048}
+    runs = [_run(s, id=f"f{i}", model=model, precision="fp8", fp8_recipe="delayed",
+                 source={"name": source, "ref": "a test", "where": "here"},
+                 layout={"gpus": 8, "tp": 8, "micro_batch": 1 + i, "global_batch_sequences": 8 * (1 + i),
+                         "attention": "fa2"}) for i, s in enumerate(steps)]
+    return load_runs(str(_runs_file(tmp_path, runs))).runs
+
+
+def test_fp8_fit_recovers_a_known_fraction_and_leaves_16_bit_runs_alone(tmp_path):
+    """Runs whose 'measured' times are ddplan's own predictions with fp8 training keeping 0.8 of the best fp8 rate:
+    the fp8 fit finds 0.8; the fraction moves only fp8 runs (a 16-bit run prices the same at any fp8 fraction)."""
+    key = fp8_fit_key("h100-sxm")
+    probe = _fp8_runs(tmp_path, [1.0] * 5)
+    truth = [V.score(r, "t", {key: 0.8}).predicted_s for r in probe]
+    assert V.fit_sustained(_fp8_runs(tmp_path, truth), "h100-sxm", "t", fp8=True) == pytest.approx(0.8, abs=0.01)
+    assert V.score(probe[0], "t", {key: 0.8}).predicted_s < V.score(probe[0], "t", {key: 0.6}).predicted_s
+    (plain,) = load_runs(str(_runs_file(tmp_path, [_run(1.0)]))).runs
+    assert V.score(plain, "t", {key: 0.8}).predicted_s == V.score(plain, "t", {key: 0.6}).predicted_s
+    assert V.fit_basis(probe, "h100-sxm", "t") == [] and len(V.fit_basis(probe, "h100-sxm", "t", fp8=True)) == 5
+
+
+def test_leaving_a_source_out_re_fits_fp8_only_on_five_runs_or_more(tmp_path):
+    """Leave-one-source-out fits the fp8 fraction on the other sources' fp8 runs, if there are at least
+    MIN_FIT_RUNS; with fewer, the held-out runs take the 16-bit fraction (the spec's fp8 fit saw them)."""
+    fast = _fp8_runs(tmp_path, [1.0] * 5, source="aa")
+    truth = [V.score(r, "t", {fp8_fit_key("h100-sxm"): 0.9}).predicted_s for r in fast]
+    held = _fp8_runs(tmp_path, truth, source="aa")
+    other = [r.model_copy(update={"id": f"b{i}", "source": r.source.model_copy(update={"name": "bb"})})
+             for i, r in enumerate(held)]
+    runs = RunSet(kind="runs", description="a test", runs=[*held, *other])
+    scored = V.leave_one_source_out(runs, "t", [], fp8_hardware=["h100-sxm"])
+    assert all(s.error == pytest.approx(0, abs=0.01) for s in scored)  # each source fitted on its twin: 0.9
+    runs = RunSet(kind="runs", description="a test", runs=[*held, *other[:4]])
+    scored = V.leave_one_source_out(runs, "t", [], fp8_hardware=["h100-sxm"])
+    sixteen = load_hardware("h100-sxm").efficiency.gemm.sustained.value
+    assert scored[0].predicted_s == pytest.approx(V.score(held[0], "t", {fp8_fit_key("h100-sxm"): sixteen}).predicted_s)
+    assert scored[-1].predicted_s == pytest.approx(truth[3], rel=0.01)  # b's 4 runs: a's 5 fit them
 
 
 def test_network_override_slows_a_multi_node_run(tmp_path):
