@@ -217,3 +217,36 @@ def golden_min(cost: Callable[[float], float], lo: float, hi: float, tol: float)
             d = a + g * (b - a)
             fd = cost(d)
     return (a + b) / 2
+
+
+def rising_root(f: Callable[[float], float], lo: float, hi: float, tol: float, ftol: float,
+                f_lo: float | None = None, f_hi: float | None = None) -> float:
+    """The x in [lo, hi] where a rising f crosses 0, to within tol in x or ftol in f (the Illinois variant of
+    false position; Dowell & Jarratt 1971, BIT 11:168). f_lo, f_hi: f at the ends where the caller has them.
+
+    On a straight line the first guess is the root; on a piecewise-linear f (a step time against the
+    imbalance: the busiest stage may change) it takes a few guesses where bisection takes log2((hi - lo) / tol).
+    e.g. f(x) = 2x - 3 on [1, 4]: f(1) = -1, f(4) = 5, the guess (1 x 5 - 4 x -1) / 6 = 1.5 is the root."""
+    if not lo < hi or tol <= 0 or ftol < 0:
+        raise ValueError(f"need lo < hi, tol > 0 and ftol >= 0; got {lo}, {hi}, {tol}, {ftol}")
+    f_lo = f(lo) if f_lo is None else f_lo
+    f_hi = f(hi) if f_hi is None else f_hi
+    if f_lo > 0 or f_hi < 0:
+        raise ValueError(f"f does not cross 0 rising on [{lo}, {hi}]: f = {f_lo:g} and {f_hi:g}")
+    if f_lo == 0 or f_hi == 0:
+        return lo if f_lo == 0 else hi
+    kept = 0  # the end kept twice in a row has its f halved (Illinois), so the bracket shrinks from both sides
+    while hi - lo > tol:
+        x = (lo * f_hi - hi * f_lo) / (f_hi - f_lo)
+        fx = f(x)
+        if abs(fx) <= ftol:
+            return x
+        if fx < 0:
+            lo, f_lo = x, fx
+            f_hi = f_hi / 2 if kept == 1 else f_hi
+            kept = 1
+        else:
+            hi, f_hi = x, fx
+            f_lo = f_lo / 2 if kept == -1 else f_lo
+            kept = -1
+    return (lo + hi) / 2

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 from ddplan.errors import DdplanError, SpecError
 from ddplan.evidence import is_thin, thin_values
-from ddplan.fitting import golden_min
+from ddplan.fitting import golden_min, rising_root
 from ddplan.gcpause import no_cycle_collection
 from ddplan.memory import (DOES_NOT_FIT, FITS, MAY_NOT_FIT, NOT_COUNTED, PEAK_RATIO, fit_verdict,  # noqa: F401
                            predicted_peak_bytes)
@@ -437,6 +437,7 @@ class ImbalanceFit:
 # the experts' share of it (ImbalanceFit.moe_share)
 IMBALANCE_RANGE = (1.0, 4.0)
 IMBALANCE_TOL = 1e-3
+IMBALANCE_FTOL = 1e-7  # of the step: a root this close in time is exact (the step is piecewise linear in I)
 SLOPE_STEP = 0.05
 
 
@@ -448,8 +449,8 @@ def fit_dropless_imbalance(sweep: RoutingSweep, runs: RunSet, where: str, sustai
     Each pair's forced-balance run is priced dropless at imbalance I, t(I), with its own recompute (the sweep's
     runs re-compute the whole MoE layers, selective:layernorm+moe, so their step grows with I by the experts'
     forward twice and backward once). Only the experts' ops and exchanges depend on I. The imbalance solves
-    t(I) - t(1) = (S - 1) t(1), S the measured slowdown (forced / dropless throughput), by bisection on
-    IMBALANCE_RANGE; exact where the step is piecewise linear in I (the busiest pipeline stage may change as the
+    t(I) - t(1) = (S - 1) t(1), S the measured slowdown (forced / dropless throughput), by false position on
+    IMBALANCE_RANGE (ddplan.fitting.rising_root); exact where the step is piecewise linear in I (the busiest pipeline stage may change as the
     experts grow). e.g. t(1) 12 s, S 1.245, and t rising 5 s per unit of I: I = 1 + 0.245 x 12 / 5 = 1.59.
     sustained: GEMM fractions replacing the specs' (leave-one-source-out's re-fits); sweep_file names the sweep in
     errors.
@@ -480,14 +481,14 @@ def fit_dropless_imbalance(sweep: RoutingSweep, runs: RunSet, where: str, sustai
         slope = (step(1 + SLOPE_STEP) - t1) / SLOPE_STEP  # the step's growth per unit of I, near 1
         target = (slowdown - 1) * t1
         lo, hi = IMBALANCE_RANGE
-        if step(hi) - t1 < target:
+        at_hi = step(hi) - t1 - target
+        if at_hi < 0:
             raise SpecError(f"{run.id}: the measured slowdown {slowdown:.3f} needs an imbalance above {hi:g}",
                             file=sweep_file, field=field)
-        while hi - lo > IMBALANCE_TOL:
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if step(mid) - t1 < target else (lo, mid)
+        imbalance = rising_root(lambda i: step(i) - t1 - target, lo, hi, IMBALANCE_TOL, IMBALANCE_FTOL * t1,
+                                f_lo=-target, f_hi=at_hi)
         out.append(ImbalanceFit(id=run.id, seq_len=run.model.seq_len, slowdown=slowdown, moe_share=slope / t1,
-                                imbalance=(lo + hi) / 2))
+                                imbalance=imbalance))
     return out
 
 

@@ -504,6 +504,24 @@ def test_the_fit_recovers_a_known_imbalance():
     assert fit.slowdown == pytest.approx(t / forced_s)
 
 
+def test_rising_root_by_hand():
+    """ddplan.fitting.rising_root, the imbalance fit's solver: a line's root at the first guess (f(x) = 2x - 3 on
+    [1, 4]: (1 x 5 - 4 x -1) / 6 = 1.5, one call), a kinked line's to its tolerance, and no crossing refused."""
+    from ddplan.fitting import rising_root
+
+    calls = []
+
+    def line(x: float) -> float:
+        calls.append(x)
+        return 2 * x - 3
+
+    assert rising_root(line, 1.0, 4.0, 1e-3, 1e-12, f_lo=-1.0, f_hi=5.0) == 1.5 and calls == [1.5]
+    kinked = lambda x: x - 1.2 if x < 2 else 0.8 + 10 * (x - 2)  # noqa: E731 -- crosses 0 at 1.2, steep past 2
+    assert rising_root(kinked, 1.0, 4.0, 1e-6, 0.0) == pytest.approx(1.2, abs=1e-6)
+    with pytest.raises(ValueError, match="does not cross 0"):
+        rising_root(line, 2.0, 4.0, 1e-3, 0.0)
+
+
 def test_without_recompute_the_step_is_affine_in_the_imbalance():
     """What the fit's slope near 1 stands for: without recompute, the step at imbalance I is t(1) + (I - 1)
     (t(2) - t(1)) (the experts' ops and exchanges scale, nothing else moves)."""
