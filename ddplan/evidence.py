@@ -25,18 +25,17 @@ DIMENSIONS = ("framework", "hardware", "precision")
 # stack is evidence about that stack whatever its model)
 EVIDENCE: dict[str, dict[str, tuple[int, int]]] = {
     "framework": {"composer": (18, 1), "megatron-core": (14, 3), "megatron-deepspeed": (1, 1),
-                  "megatron-lm": (18, 2), "nanochat": (1, 1)},
-    "hardware": {"a100-sxm-40gb": (2, 1), "a100-sxm-80gb": (20, 4), "gb200": (2, 2), "h100-sxm": (27, 3),
-                 "mi300x": (1, 1)},
-    "precision": {"bf16": (27, 6), "fp16": (18, 2), "fp8": (7, 1)},
+                  "megatron-lm": (18, 2), "nanochat": (1, 1), "nemo": (37, 1)},
+    "hardware": {"a100-sxm-40gb": (2, 1), "a100-sxm-80gb": (20, 4), "b200": (13, 1), "gb200": (11, 3),
+                 "h100-sxm": (39, 4), "h200": (3, 1), "mi300x": (1, 1)},
+    "precision": {"bf16": (27, 6), "fp16": (18, 2), "fp8": (44, 2)},
 }
 # dimension -> (low, high, runs, sources): the 5th-95th percentile of measured / predicted, leaving each source out
 # and each source weighing one, over the dense runs whose value of that dimension is thin (ddplan.validation
 # .unseen_ratios), rounded outward
 UNSEEN_RATIO: dict[str, tuple[float, float, int, int]] = {
-    "framework": (0.92, 1.30, 20, 3),
-    "hardware": (0.97, 1.32, 3, 2),
-    "precision": (0.96, 1.03, 7, 1),
+    "framework": (0.79, 1.23, 57, 4),
+    "hardware": (0.82, 1.32, 19, 3),
 }
 
 

@@ -359,9 +359,12 @@ def same_gpu(name: str) -> tuple[str, ...]:
 # fails when they drift from validation/published_runs.yaml.
 HIGHEST_MEASURED_MFU: dict[tuple[str, bool], tuple[float, str]] = {
     ("a100-sxm-80gb", False): (56.27, "korthikanti2022-gpt3-1t-sp-selective"),
+    ("b200", True): (86.53, "mlperf4.1-nvidia-b200_n8_preview_nemo-gpt3"),
     ("gb200", False): (33.90, "modelzoo-qwen3-235b-a22b-gb200-256g-tp1pp8ep8"),
+    ("gb200", True): (78.26, "mlperf5.0-nvidia-tyche_ngpu256_ngc25.04_nemo-llama31_405b"),
     ("h100-sxm", False): (71.74, "modelzoo-qwen3-235b-a22b-h100-256g-s131072-cp8-balanced"),
-    ("h100-sxm", True): (60.46, "llmfoundry-mpt3b-H100-80GB-SXM-8g-s512-amp_fp8"),
+    ("h100-sxm", True): (97.01, "mlperf4.1-nvidia-eos_n32_ngc24.09_nemo-gpt3"),
+    ("h200", True): (97.44, "mlperf5.0-nebius-nebius_soperator_8xh200_n64_ngc25.01_nemo-llama31_405b"),
     ("mi300x", False): (27.52, "seed-nanochat-d24-mi300x-1g"),
 }
 

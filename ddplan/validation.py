@@ -39,8 +39,9 @@ from ddplan.runs import (MEMORY_PEAKS, MeasuredPeak, PublishedRun, RoutingSweep,
 # up to 8% faster): a re-fit to decide with the next A100 source, not by this one.
 CHECK_ONLY_SOURCES = frozenset({"megatron-readme-2021"})
 # Hardware specs that share one fitted sustained fraction: the same die at the same power limit (the A100
-# SXM4 40 GB and 80 GB are one GA100 at 400 W; only memory differs).
-FIT_GROUPS: dict[str, tuple[str, ...]] = {"a100-sxm-80gb": ("a100-sxm-80gb", "a100-sxm-40gb"), "h100-sxm": ("h100-sxm",)}
+# SXM4 40 GB and 80 GB are one GA100 at 400 W; the H100 SXM and H200 one GH100 at 700 W: only memory differs).
+FIT_GROUPS: dict[str, tuple[str, ...]] = {"a100-sxm-80gb": ("a100-sxm-80gb", "a100-sxm-40gb"),
+                                          "h100-sxm": ("h100-sxm", "h200")}
 # The fewest runs a fitted number may rest on (issue 35): a fit with fewer, as leave-one-source-out can leave one,
 # is not made and the spec's fallback stands (fp8: the 16-bit fraction).
 MIN_FIT_RUNS = 5
@@ -324,15 +325,14 @@ def weighted_percentile(xs: Sequence[float], weights: Sequence[float], q: float)
     return pairs[-1][0]
 
 
-def band_ratio(scored: Sequence[Scored]) -> tuple[float, float]:
-    """(5th, 95th) percentile of measured / predicted over the dense 16-bit runs, each source weighing one (each of
-    its runs 1 / its runs): what ddplan.price.VALIDATED_RATIO is built from. The band answers "how far off on a run
-    from a source ddplan has not seen", and a source's runs come from one campaign, one stack, one way of
-    measuring: ten close rows of one table are one piece of evidence, not ten (unweighted, they would narrow the
-    band for every prediction). fp8 runs are left out as the fits leave them out: all of them are one source's
-    (llm-foundry's H100 FP8 table), with no 16-bit evidence; they are checked against the band instead
-    (tests/test_validation.py)."""
-    return _spread_by_source([s for s in scored if not s.moe and s.precision != "fp8"])
+def band_ratio(scored: Sequence[Scored], fp8: bool = False) -> tuple[float, float]:
+    """(5th, 95th) percentile of measured / predicted over the dense 16-bit runs (fp8=True: the dense fp8 runs),
+    each source weighing one (each of its runs 1 / its runs): what ddplan.price.VALIDATED_RATIO (VALIDATED_RATIO_FP8)
+    is built from. The band answers "how far off on a run from a source ddplan has not seen", and a source's runs
+    come from one campaign, one stack, one way of measuring: ten close rows of one table are one piece of evidence,
+    not ten (unweighted, they would narrow the band for every prediction). fp8 has its own band as it has its own
+    fit (sustained_fp8): its sources' spread is not the 16-bit runs'."""
+    return _spread_by_source([s for s in scored if not s.moe and (s.precision == "fp8") == fp8])
 
 
 def _spread_by_source(scored: Sequence[Scored]) -> tuple[float, float]:

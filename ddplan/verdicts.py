@@ -436,7 +436,7 @@ def _thin_evidence(table, spec) -> str:
     thin, req = table.thin, table.request
     if not thin:
         return "" if req.framework else "; the training stack, not stated (--framework), not weighed"
-    lo, hi = widened(validated_ratio(spec), thin)
+    lo, hi = widened(validated_ratio(spec, req.fp8), thin)
     parts = [f"{t.dimension} {t.value} has {_runs(t.runs, t.sources)} in the dataset: it takes the spread of the "
              f"{t.group_runs} runs ({t.group_sources} sources) whose {t.dimension} is as thinly evidenced, each priced "
              f"leaving its source out, {t.band[0]:g}-{t.band[1]:g} x (ddplan.evidence)" for t in thin]
@@ -520,11 +520,12 @@ def table_assumptions(table) -> list[str]:
         "Band (low-high): every efficiency at the fast and slow ends of its range in the hardware spec"
         + ("" if table.fit is not None or (req.calibration is not None and
                                             req.calibration.held_out_error_pct is not None) else
-           f", widened to {validated_ratio(spec)[0]:g}-{validated_ratio(spec)[1]:g} x the prediction: where measured "
-           f"step times fell against ddplan's predictions on its dataset of published runs, each source priced with "
+           f", widened to {validated_ratio(spec, req.fp8)[0]:g}-{validated_ratio(spec, req.fp8)[1]:g} x the prediction: "
+           f"where measured step times fell against ddplan's predictions on its dataset of published runs, each source priced with "
            f"fits made without it (`ddplan validate --leave-one-source-out`)"
            + ("; for a mixture of experts, the dense band stretched to every published MoE run's measured / "
               "predicted, on either side" if spec.architecture.moe else "")
+           + ("; in fp8, the spread of the published fp8 runs (its own fit, its own band)" if req.fp8 else "")
            + _thin_evidence(table, spec)) + ".",
     ]
     cal = req.calibration

@@ -11,7 +11,7 @@ import yaml
 from ddplan import validation as V
 from ddplan.errors import SpecError
 from ddplan.evidence import EVIDENCE, UNSEEN_RATIO, is_thin, thin_values, widened
-from ddplan.price import VALIDATED_RATIO, VALIDATED_RATIO_MOE
+from ddplan.price import VALIDATED_RATIO, VALIDATED_RATIO_FP8, VALIDATED_RATIO_MOE
 from ddplan.registry import load_hardware
 from ddplan.replay import fp8_fit_key, price_run
 from ddplan.runs import RunSet, highest_measured_mfu, load_runs, shipped_dataset
@@ -160,9 +160,10 @@ def test_uncalibrated_band_is_the_datasets_out_of_sample_spread(shipped_loso):
     assert lo - 0.01 <= VALIDATED_RATIO_MOE[0] <= lo and hi <= VALIDATED_RATIO_MOE[1] <= hi + 0.01
     moe = [s for s in held if s.moe]
     assert moe and all(VALIDATED_RATIO_MOE[0] <= s.measured_s / s.predicted_s <= VALIDATED_RATIO_MOE[1] for s in moe)
-    # the fp8 runs (one source, left out of the percentiles and of every fit) fall inside the 16-bit band
-    fp8 = [s for s in held if s.precision == "fp8"]
-    assert len(fp8) == 7 and all(VALIDATED_RATIO[0] <= s.measured_s / s.predicted_s <= VALIDATED_RATIO[1] for s in fp8)
+    # fp8 (its own fit, sustained_fp8): its own band, the same percentiles over the dense fp8 runs
+    lo, hi = V.band_ratio(held, fp8=True)
+    assert lo - 0.01 <= VALIDATED_RATIO_FP8[0] <= lo and hi <= VALIDATED_RATIO_FP8[1] <= hi + 0.01
+    assert len([s for s in held if s.precision == "fp8" and not s.moe]) == 44
 
 
 @pytest.mark.xdist_group("loso")
@@ -179,28 +180,29 @@ def test_bands_by_evidence_are_the_datasets(shipped_loso):
 
 
 def test_a_thin_stack_gpu_or_precision_widens_the_band_by_hand():
-    """torchtitan has no run in the dataset (thin): the base band widens to the framework group's high end; a
-    stack with 14 runs from 3 sources (megatron-core) on H100 (27 from 3) in bf16 (27 from 6) is not thin; MI300X
-    (the seed's one run) is; fp8 (7 runs, one source) is thin but its group's band is inside the base one; a stack
-    not stated is not weighed."""
+    """torchtitan has no run in the dataset (thin): the base band widens to the framework group's low end (its high
+    end, 1.23, is inside the base one); a stack with 14 runs from 3 sources (megatron-core) on H100 (39 from 4) in
+    bf16 (27 from 6) is not thin, nor is fp8 (44 runs, 2 sources); MI300X (the seed's one run) is; a stack not
+    stated is not weighed."""
     base = (0.84, 1.27)
     (t,) = thin_values("torchtitan", "h100-sxm", "bf16")
-    assert (t.dimension, t.runs, t.sources) == ("framework", 0, 0) and widened(base, (t,)) == (0.84, 1.30)
+    assert (t.dimension, t.runs, t.sources) == ("framework", 0, 0) and widened(base, (t,)) == (0.79, 1.27)
     assert thin_values("megatron-core", "h100-sxm", "bf16") == ()
     assert [t.dimension for t in thin_values(None, "mi300x", "bf16")] == ["hardware"]
-    assert widened(base, thin_values("megatron-core", "h100-sxm", "fp8")) == base
+    assert thin_values("megatron-core", "h100-sxm", "fp8") == ()
     assert is_thin(4, 2) and is_thin(18, 1) and not is_thin(5, 2)
 
 
 def test_table_says_which_thin_evidence_widened_its_band(capsys):
-    """The band of a torchtitan run on H100 is wider at the top than the same run's with its stack unstated, and
-    --explain names the thin value and the group whose spread it took."""
+    """The band of a torchtitan run on H100 is wider at the bottom than the same run's with its stack unstated (the
+    thin stacks' spread reaches lower than the base band; its top is inside it), and --explain names the thin value
+    and the group whose spread it took."""
     argv = ["table", "-m", "llama-3-8b", "--hardware", "h100", "--gpus", "8", "--attention", "fa3",
             "--recompute", "per-op", "--format", "csv"]
     (plain,) = csv_rows(run_ok(capsys, argv))
     (titan,) = csv_rows(run_ok(capsys, argv + ["--framework", "torchtitan"]))
-    ratio = [float(r["step_high_s"]) / float(r["step_s"]) for r in (plain, titan)]
-    assert ratio[1] == pytest.approx(UNSEEN_RATIO["framework"][1]) and ratio[0] < ratio[1]
+    ratio = [float(r["step_low_s"]) / float(r["step_s"]) for r in (plain, titan)]
+    assert ratio[1] == pytest.approx(UNSEEN_RATIO["framework"][0]) and ratio[1] < ratio[0]
     text = run_ok(capsys, argv[:-2] + ["--framework", "torchtitan", "--explain"])
     assert "framework torchtitan has no published run in the dataset" in " ".join(text.split())
 
@@ -212,6 +214,14 @@ def test_fitted_sustained_values_are_what_the_dataset_gives():
     for hw in V.FIT_GROUPS:
         assert V.fit_sustained(runs.runs, hw, "test") == pytest.approx(
             load_hardware(hw).efficiency.gemm.sustained.value, abs=0.01)
+    # fp8 (sustained_fp8, issue 35): each fitted spec on at least MIN_FIT_RUNS fp8 runs, one value per fit group
+    fp8 = V.fitted_hardware(fp8=True)
+    assert set(fp8) == {"h100-sxm", "h200", "b200", "gb200"}
+    for hw in fp8:
+        leader = next((k for k, group in V.FIT_GROUPS.items() if hw in group), hw)
+        assert len(V.fit_basis(runs.runs, leader, "test", fp8=True)) >= V.MIN_FIT_RUNS
+        assert V.fit_sustained(runs.runs, leader, "test", fp8=True) == pytest.approx(
+            load_hardware(hw).efficiency.gemm.sustained_fp8.value, abs=0.01)
 
 
 def _runs_file(tmp_path, runs: list[dict]):
@@ -412,7 +422,7 @@ def test_a_runs_table_command_prices_it_as_validate_does(capsys, scored, tmp_pat
     by_id = {s.id: s for s in scored}
     runs = load_runs().runs
     commands = [(r, table_command(r, tmp_path)) for r in runs]
-    assert all(c is not None for _, c in commands) and len(commands) == len(runs) == 52
+    assert all(c is not None for _, c in commands) and len(commands) == len(runs) == 89
     assert [r.id for r in runs if table_command(r) is None]  # without a folder, those runs have no command
     grads = {r.id: c[c.index("--grads") + 1] for r, c in commands if "--grads" in c}
     # --grad-reduce-in-bf16: model.grads param; with --framework, the spec's gradients stated so that the profile
@@ -436,7 +446,7 @@ def test_a_runs_table_command_as_a_run_configuration_prices_the_same(capsys, tmp
     from ddplan.replay import table_command
 
     commands = [table_command(r, tmp_path) for r in load_runs().runs]
-    assert len(commands) == 52 and all(c is not None for c in commands)
+    assert len(commands) == 89 and all(c is not None for c in commands)
     for i, argv in enumerate(commands):
         path = tmp_path / f"run-{i}.yaml"
         path.write_text(run_ok(capsys, argv + ["--print-config"]), encoding="utf-8")
