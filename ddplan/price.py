@@ -66,11 +66,12 @@ def best_per_pair(rows: list[dict]) -> list[dict]:
 
 def validated_ratio(spec: ModelSpec, fp8: bool = False) -> tuple[float, float]:
     """The uncalibrated band's (low, high) factors on a prediction for this model, in fp8 or not (ddplan validate):
-    the dense 16-bit band, the MoE one for a mixture of experts, the fp8 one in fp8 (both joined for an fp8 MoE)."""
-    lo, hi = VALIDATED_RATIO_MOE if spec.architecture.moe is not None else VALIDATED_RATIO
-    if fp8:
-        lo, hi = min(lo, VALIDATED_RATIO_FP8[0]), max(hi, VALIDATED_RATIO_FP8[1])
-    return lo, hi
+    the dense 16-bit band, the fp8 one in fp8, the MoE one for a mixture of experts (joined with fp8's for an fp8
+    MoE: too few MoE runs to have a spread of their own in fp8)."""
+    if spec.architecture.moe is None:
+        return VALIDATED_RATIO_FP8 if fp8 else VALIDATED_RATIO
+    lo, hi = VALIDATED_RATIO_MOE
+    return (min(lo, VALIDATED_RATIO_FP8[0]), max(hi, VALIDATED_RATIO_FP8[1])) if fp8 else (lo, hi)
 MFU_CONVENTION = "6N + 12 h q min(window, T) per layer (nanochat / PaLM App. B), dense peak of the compute dtype"
 
 
