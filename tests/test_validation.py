@@ -350,7 +350,9 @@ def test_table_marks_predictions_beyond_the_highest_measured_mfu(capsys):
 
 
 def test_cli_validate_formats_and_plot(capsys, tmp_path):
-    out = run_ok(capsys, ["validate", "--format", "csv"])
+    """Each format, and the plot (in sample for csv and the plot: leaving each source out is the same rows with
+    two more columns, and test_validate_leads_with_its_out_of_sample_bottom_line prices it)."""
+    out = run_ok(capsys, ["validate", "--in-sample", "--format", "csv"])
     assert out.startswith("# ddplan ") and "dataset published_runs.yaml (" in out.splitlines()[0]
     header = out.splitlines()[1].split(",")
     assert {"id", "measured_s", "predicted_s", "error_pct", "inside_band"} <= set(header)
@@ -358,7 +360,7 @@ def test_cli_validate_formats_and_plot(capsys, tmp_path):
     out = run_ok(capsys, ["validate"])
     assert "Summary" in out and "median |error| %" in out
     png = tmp_path / "v.png"
-    run_ok(capsys, ["validate", "--plot", str(png), "--format", "json"])
+    run_ok(capsys, ["validate", "--in-sample", "--plot", str(png), "--format", "json"])
     assert png.stat().st_size > 1000
 
 
