@@ -137,6 +137,19 @@ class Layout:
             object.__setattr__(self, "_hash", h)
         return h
 
+    def at_batch(self, micro_batch: int, grad_accum: int, recompute: str) -> Layout:
+        """This layout at another micro-batch, accumulation and recompute policy: replace() without re-running
+        __post_init__'s checks, for the tens of thousands of layouts a search derives from one that passed them.
+        Of those checks only two read these fields: micro_batch and grad_accum >= 1 (asserted here) and the
+        recompute policy's spelling (the caller passes policies a checked layout already has)."""
+        assert micro_batch >= 1 and grad_accum >= 1, (micro_batch, grad_accum)
+        lay = object.__new__(Layout)
+        fields = lay.__dict__
+        fields.update(self.__dict__)
+        fields.pop("_hash", None)  # the hash covers these three fields
+        fields["micro_batch"], fields["grad_accum"], fields["recompute"] = micro_batch, grad_accum, recompute
+        return lay
+
     @property
     def offloads(self) -> bool:
         return offload_applies(self.zero, self.grad_ranks)

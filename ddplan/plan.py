@@ -8,6 +8,7 @@ the family); ranking and the Pareto front use pandas. Reasons are facts; ddplan.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -96,6 +97,14 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+@functools.lru_cache(maxsize=64)
+def _checked_policies(recomputes: tuple[str, ...]) -> tuple[str, ...]:
+    """The recompute policies as given, each checked once as Layout checks it (LayoutError if misspelt)."""
+    for policy in recomputes:
+        Layout(recompute=policy)
+    return recomputes
+
+
 class LayoutGroup(Sequence):
     """Candidate layouts that differ only in micro-batch (ascending) and, within one micro-batch, in recompute
     (the request's order): group[i] is the list at the i-th micro-batch, built when first read (a search
@@ -103,7 +112,10 @@ class LayoutGroup(Sequence):
     them was a fifth of its time). len(group): micro-batches; group.size: layouts."""
 
     def __init__(self, fields: dict, micro_batches: list[int], per_dp: int, recomputes: tuple[str, ...]):
-        self._fields, self._mbs, self._per_dp, self._recomputes = fields, micro_batches, per_dp, recomputes
+        self._mbs, self._per_dp, self._recomputes = micro_batches, per_dp, _checked_policies(recomputes)
+        # the one layout built with Layout's checks; the others are derived from it (Layout.at_batch)
+        self._first = Layout(micro_batch=micro_batches[0], grad_accum=per_dp // micro_batches[0],
+                             recompute=recomputes[0], **fields)
         self._built: dict[int, list[Layout]] = {}
         self.size = len(micro_batches) * len(recomputes)
 
@@ -116,8 +128,8 @@ class LayoutGroup(Sequence):
         i = range(len(self._mbs))[i]  # one key per micro-batch (group[-1] is group[len - 1]); IndexError past the end
         if i not in self._built:
             mb = self._mbs[i]
-            self._built[i] = [Layout(micro_batch=mb, grad_accum=self._per_dp // mb, recompute=rc, **self._fields)
-                              for rc in self._recomputes]
+            self._built[i] = [self._first.at_batch(mb, self._per_dp // mb, rc) if i or j else self._first
+                              for j, rc in enumerate(self._recomputes)]
         return self._built[i]
 
 
