@@ -137,6 +137,19 @@ class Layout:
             object.__setattr__(self, "_hash", h)
         return h
 
+    @property
+    def parallel_key(self) -> tuple:
+        """Every field but micro_batch, grad_accum and recompute, as one tuple made once per layout (at_batch
+        passes it on): what the layouts of one search group share, a key for what is priced once per group."""
+        key = self.__dict__.get("_parallel_key")
+        if key is None:
+            key = (self.dp, self.tp, self.pp, self.cp, self.zero, self.attention, self.compiled, self.pp_schedule,
+                   self.pp_virtual_stages, self.tp_overlap, self.sequence_parallel, self.shard_group,
+                   self.reshard_after_forward, self.overlap_param_gather, self.cp_comm, self.ep, self.etp,
+                   self.fp8_all_gather, self.offload_optimizer)
+            object.__setattr__(self, "_parallel_key", key)
+        return key
+
     def at_batch(self, micro_batch: int, grad_accum: int, recompute: str) -> Layout:
         """This layout at another micro-batch, accumulation and recompute policy: replace() without re-running
         __post_init__'s checks, for the tens of thousands of layouts a search derives from one that passed them.

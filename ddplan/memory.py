@@ -273,21 +273,36 @@ def activation_bytes(anatomy: Anatomy, layout: Layout, num_layers: int) -> tuple
     return saved, anatomy.backward_transient_bytes()
 
 
+def fixed_terms(spec: ModelSpec, layout: Layout, states: dict[str, dict[str, float]],
+                assumptions: MemoryAssumptions = MemoryAssumptions()) -> dict[str, float]:
+    """memory_per_gpu's terms that depend on neither the micro-batch nor the recompute policy, bytes per GPU:
+    params, gradients, optimizer (each summed over the groups of `states`, the layout's model_states),
+    comm_buffers (comm_buffer_bytes) and framework (outside_allocator_bytes), in memory_per_gpu's order. A search
+    computes them once for the layouts that differ only in those (ddplan.price.Pricer)."""
+    return {"params": sum(states["params"].values()), "gradients": sum(states["gradients"].values()),
+            "optimizer": sum(states["optimizer"].values()),
+            "comm_buffers": comm_buffer_bytes(spec, layout, states, assumptions),
+            "framework": outside_allocator_bytes(layout, assumptions)}
+
+
 def memory_per_gpu(spec: ModelSpec, layout: Layout, anatomy: Anatomy, capacity_bytes: float,
                    assumptions: MemoryAssumptions = MemoryAssumptions(),
-                   states: dict[str, dict[str, float]] | None = None, headroom: float = HEADROOM) -> MemoryBreakdown:
+                   states: dict[str, dict[str, float]] | None = None, headroom: float = HEADROOM,
+                   fixed: dict[str, float] | None = None) -> MemoryBreakdown:
     """Peak bytes per GPU over a training step, by term.
 
     Peak = params + gradients + optimizer state + max(activations saved + gradient transients,
     optimizer-step transients) + communication buffers + framework overhead + allocator slack.
     Gradients count in full from the first micro-batch on (accumulation keeps them live).
+    states and fixed: the layout's model_states and fixed_terms, passed when a caller keeps them (a search).
     """
     states = model_states(spec, layout) if states is None else states  # a search passes them cached
+    fixed = fixed_terms(spec, layout, states, assumptions) if fixed is None else fixed
     saved, transient = activation_bytes(anatomy, layout, spec.architecture.num_layers)
     terms = {
-        "params": sum(states["params"].values()),
-        "gradients": sum(states["gradients"].values()),
-        "optimizer": sum(states["optimizer"].values()),
+        "params": fixed["params"],
+        "gradients": fixed["gradients"],
+        "optimizer": fixed["optimizer"],
         "activations": saved,
         "activation_transient": transient,
     }
@@ -301,8 +316,8 @@ def memory_per_gpu(spec: ModelSpec, layout: Layout, anatomy: Anatomy, capacity_b
         terms["activation_transient"] = max(transient, stacked - saved)
     if layout.offload_optimizer:
         notes.append("optimizer states (and fp32 master weights) are in host memory (--offload-optimizer)")
-    terms["comm_buffers"] = comm_buffer_bytes(spec, layout, states, assumptions)
-    terms["framework"] = outside_allocator_bytes(layout, assumptions)
+    terms["comm_buffers"] = fixed["comm_buffers"]
+    terms["framework"] = fixed["framework"]
     terms["allocator_slack"] = assumptions.allocator_fraction * (saved + transient)
     # by_group is the states mapping itself (a search shares it across layouts): read it, never write it
     return MemoryBreakdown(terms=terms, by_group=states, capacity=capacity_bytes, notes=tuple(notes),
@@ -380,8 +395,12 @@ def state_floor_bytes(spec: ModelSpec, layout: Layout, states: dict[str, dict[st
     limit no layout that differs only in those fits (ddplan.plan rejects such a group without building an
     anatomy). With a negative allocator_fraction no bound is claimed (-inf).
     """
+    return floor_bytes(fixed_terms(spec, layout, states, assumptions), assumptions)
+
+
+def floor_bytes(fixed: dict[str, float], assumptions: MemoryAssumptions = MemoryAssumptions()) -> float:
+    """state_floor_bytes from the layout's fixed_terms: their sum in memory_per_gpu's order (-inf with a negative
+    allocator_fraction, where no bound is claimed)."""
     if assumptions.allocator_fraction < 0:
         return float("-inf")
-    return sum((sum(states["params"].values()), sum(states["gradients"].values()),
-                sum(states["optimizer"].values()), comm_buffer_bytes(spec, layout, states, assumptions),
-                outside_allocator_bytes(layout, assumptions)))
+    return sum(fixed.values())

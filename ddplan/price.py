@@ -26,8 +26,8 @@ from ddplan.evidence import Thin, thin_values, widened
 from ddplan.flops import mfu, nanochat_flops_per_token
 from ddplan.fp8 import with_fp8_saves
 from ddplan.layout import Layout, breaks_world_size_rule
-from ddplan.memory import (FITS, HEADROOM, MemoryAssumptions, MemoryBreakdown, in_flight_micro_batches, limit_bytes,
-                           memory_per_gpu, model_states, state_floor_bytes)
+from ddplan.memory import (FITS, HEADROOM, MemoryAssumptions, MemoryBreakdown, fixed_terms, floor_bytes,
+                           in_flight_micro_batches, limit_bytes, memory_per_gpu, model_states)
 from ddplan.runs import highest_measured_mfu
 from ddplan.roofline import SCENARIOS, Rates, Scenario, comm_end, op_times, rates
 from ddplan.specs import Budget, HardwareSpec, ModelSpec, Price
@@ -182,6 +182,17 @@ _SHARES: OrderedDict[tuple, Anatomy] = OrderedDict()
 SHARES_KEPT = 64
 
 
+@dataclass(frozen=True)
+class _Group:
+    """What layouts that differ only in micro-batch, accumulation and recompute share (Pricer._group): a search
+    prices such a group's layouts one after another."""
+
+    states: dict[str, dict[str, float]]  # ddplan.memory.model_states (read, never written)
+    fixed: dict[str, float]  # ddplan.memory.fixed_terms
+    ops_key: tuple  # what its anatomies depend on besides the micro-batch, the recompute policy and the window
+    memory_key: tuple  # what its memory depends on besides those and the micro-batches in flight
+
+
 class Pricer:
     """Prices layouts of one model on one hardware for one run (see the module docstring)."""
 
@@ -217,18 +228,34 @@ class Pricer:
 
     # ---- the parts, each cached by value
 
+    def _group(self, layout: Layout) -> _Group:
+        """What the layout shares with the layouts that differ from it only in micro-batch, accumulation and
+        recompute (a search's group), worked out once per Layout.parallel_key."""
+        key = ("group", layout.parallel_key)
+        group = self._shared.get(key)
+        if group is None:
+            ops = (self._kind(layout.attention), layout.compiled, layout.rank_share)
+            states = self._states(layout)
+            group = self._shared[key] = _Group(
+                states=states, fixed=fixed_terms(self.spec, layout, states, self.assumptions), ops_key=ops,
+                memory_key=(ops, layout.dp, layout.pp, layout.zero, layout.pp_schedule, layout.pp_virtual_stages,
+                            layout.shard_group, layout.reshard_after_forward, layout.fp8_all_gather,
+                            layout.offload_optimizer))
+        return group
+
     def anatomy(self, layout: Layout, window: str) -> Anatomy:
         """One rank's ops of one micro-batch (its tp, sp and cp share); recompute policies share one ops tuple."""
-        key = ("anatomy", layout.micro_batch, self._kind(layout.attention), window, layout.compiled,
-               layout.rank_share, layout.recompute, self.fp8, self.fp8_recipe)
-        if key not in self._shared:
+        key = ("anatomy", window, self._group(layout).ops_key, layout.micro_batch, layout.recompute, self.fp8,
+               self.fp8_recipe)
+        an = self._shared.get(key)
+        if an is None:
             share = self._share(layout.micro_batch, layout.attention, window, layout.compiled, layout.rank_share)
             an = with_recompute(share, layout.recompute)
             if self.fp8:  # the fp8 GEMMs' saved inputs, as the recipe keeps them (ddplan.fp8.with_fp8_saves)
                 an = with_fp8_saves(an, self.fp8_recipe, self.spec.recipe.fp8_lm_head,
                                     dtype_bytes(self.spec.dtypes.compute))
             self._shared[key] = an
-        return self._shared[key]
+        return an
 
     def _kind(self, attention: str) -> tuple[str, str]:
         """What an anatomy depends on of an attention implementation: its kind and window support (FA2 and FA3
@@ -278,8 +305,7 @@ class Pricer:
 
     def flops(self, layout: Layout, window: str) -> tuple[float, float]:
         """(model FLOPs, recomputed FLOPs) of one micro-batch on one tp rank, summed once per anatomy."""
-        key = ("flops", layout.micro_batch, self._kind(layout.attention), window, layout.compiled, layout.rank_share,
-               layout.recompute)
+        key = ("flops", window, self._group(layout).ops_key, layout.micro_batch, layout.recompute)
         if key not in self._shared:
             an = self.anatomy(layout, window)
             self._shared[key] = (an.flops_fwd() + an.flops_bwd(), an.recompute_flops())
@@ -350,17 +376,16 @@ class Pricer:
         last = self._last_memory  # a search checks a layout's memory, then prices it: the same object twice
         if last is not None and last[0] is layout and last[1] == window:
             return last[2]
-        key = ("memory", window, layout.dp, layout.rank_share, layout.pp, layout.zero, layout.micro_batch,
-               self._kind(layout.attention), layout.recompute, layout.compiled, layout.pp_schedule,
-               layout.pp_virtual_stages, in_flight_micro_batches(layout), layout.shard_group,
-               layout.reshard_after_forward, layout.fp8_all_gather, layout.offload_optimizer, self.fp8,
-               self.fp8_recipe)  # fp8: what the GEMMs save (Pricer.anatomy)
-        if key not in self._shared:
-            self._shared[key] = memory_per_gpu(self.spec, layout, self.anatomy(layout, window),
-                                               self.hw.memory.usable_bytes, self.assumptions,
-                                               states=self._states(layout), headroom=self.plan.headroom)
-        self._last_memory = (layout, window, self._shared[key])
-        return self._shared[key]
+        group = self._group(layout)
+        key = ("memory", window, group.memory_key, layout.micro_batch, layout.recompute,
+               in_flight_micro_batches(layout), self.fp8, self.fp8_recipe)  # fp8: what the GEMMs save (anatomy)
+        mem = self._shared.get(key)
+        if mem is None:
+            mem = self._shared[key] = memory_per_gpu(
+                self.spec, layout, self.anatomy(layout, window), self.hw.memory.usable_bytes, self.assumptions,
+                states=group.states, headroom=self.plan.headroom, fixed=group.fixed)
+        self._last_memory = (layout, window, mem)
+        return mem
 
     def _states(self, layout: Layout) -> dict[str, dict[str, float]]:
         """The layout's model states (ddplan.memory.model_states), cached by what they depend on."""
@@ -374,7 +399,7 @@ class Pricer:
         """Whether the layout's model states, communication buffers and framework alone are over the memory
         limit (ddplan.memory.state_floor_bytes): then memory(layout).fits is False at every micro-batch and
         recompute policy, and no anatomy is needed to say so. False says nothing (memory() decides)."""
-        floor = state_floor_bytes(self.spec, layout, self._states(layout), self.assumptions)
+        floor = floor_bytes(self._group(layout).fixed, self.assumptions)  # ddplan.memory.state_floor_bytes
         return floor > limit_bytes(self.hw.memory.usable_bytes, self.plan.headroom)
 
     def steps(self, batch_tokens: int) -> int:
