@@ -237,7 +237,7 @@ class Pricer:
             ops = (self._kind(layout.attention), layout.compiled, layout.rank_share)
             states = self._states(layout)
             group = self._shared[key] = _Group(
-                states=states, fixed=fixed_terms(self.spec, layout, states, self.assumptions), ops_key=ops,
+                states=states, fixed=self._fixed_terms(layout, states), ops_key=ops,
                 memory_key=(ops, layout.dp, layout.pp, layout.zero, layout.pp_schedule, layout.pp_virtual_stages,
                             layout.shard_group, layout.reshard_after_forward, layout.fp8_all_gather,
                             layout.offload_optimizer))
@@ -393,6 +393,15 @@ class Pricer:
                layout.offload_optimizer)  # rank_share: tp, and ep / expert rows (the experts' shards)
         if key not in self._shared:
             self._shared[key] = model_states(self.spec, layout)
+        return self._shared[key]
+
+    def _fixed_terms(self, layout: Layout, states: dict[str, dict[str, float]]) -> dict[str, float]:
+        """The layout's memory terms that no micro-batch or recompute policy changes (ddplan.memory.fixed_terms),
+        cached by what they depend on: what its model states do, and ZeRO-3's gathered parameters."""
+        key = ("fixed terms", layout.grad_ranks, layout.rank_share, layout.pp, layout.zero, layout.shard_group,
+               layout.offload_optimizer, layout.reshard_after_forward, layout.fp8_all_gather)
+        if key not in self._shared:
+            self._shared[key] = fixed_terms(self.spec, layout, states, self.assumptions)
         return self._shared[key]
 
     def cannot_fit(self, layout: Layout) -> bool:

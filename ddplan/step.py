@@ -360,7 +360,8 @@ def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, m
         if size_e:  # after the other buckets, under what is left of backward
             exposed += comm.ddp_exposed_s(size_e, DDP_BUCKET_BYTES, n_e, timer_e, max(0.0, bwd_s - total))
         return total + total_e, exposed, 0.0, 0.0
-    key = ("dp collectives", layout.parallel_key, hw.gpus_per_node, efficiency)
+    key = ("dp collectives", policy, layout.dp, layout.tp, layout.pp, layout.cp, layout.ep, layout.etp,
+           layout.shard_group, layout.fp8_all_gather, hw.gpus_per_node, efficiency)  # what they depend on
     times = cache.get(key)
     if times is None:
         times = cache[key] = _dp_collectives(spec, hw, layout, policy, place, efficiency, points, cache)
@@ -380,7 +381,7 @@ def _dp_collectives(spec: ModelSpec, hw: HardwareSpec, layout: Layout, policy: s
     """(rs, ag, ar, last) seconds of a sharded policy's collectives (dp_comm_s, every policy but DDP): the gradient
     reduce-scatters, parameter all-gathers and all-reduces of one synchronisation (FSDP: of one micro-batch, ar the
     hybrid replicas' all-reduce, _fsdp_collectives) and ZeRO-1/2's last reduce-scatter bucket (0 otherwise). They
-    depend on the layout's degrees and sharding only: a search's group shares them."""
+    depend on the layout's degrees and sharding only (dp_comm_s keeps them by those)."""
     buffers, expert = (_buffers(spec, layout, policy, experts, cache) for experts in (False, True))
     if policy == "fsdp":
         return (*_fsdp_collectives(buffers, expert, hw, layout, place, efficiency, points, cache), 0.0)
