@@ -90,7 +90,8 @@ class MemoryBreakdown:
     @property
     def band(self) -> tuple[float, float]:
         """(low, high) bytes: the total times PEAK_RATIO."""
-        return self.total * PEAK_RATIO[0], self.total * PEAK_RATIO[1]
+        total = self.total
+        return total * PEAK_RATIO[0], total * PEAK_RATIO[1]
 
     @property
     def headroom(self) -> float:

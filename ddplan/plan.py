@@ -125,12 +125,19 @@ class LayoutGroup(Sequence):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        i = range(len(self._mbs))[i]  # one key per micro-batch (group[-1] is group[len - 1]); IndexError past the end
-        if i not in self._built:
+        return self._at(range(len(self._mbs))[i])  # group[-1] is group[len - 1]; IndexError past the end
+
+    def __iter__(self):
+        return map(self._at, range(len(self._mbs)))
+
+    def _at(self, i: int) -> list[Layout]:
+        """The layouts at the i-th micro-batch (0 <= i < len), built once."""
+        built = self._built.get(i)
+        if built is None:
             mb = self._mbs[i]
-            self._built[i] = [self._first.at_batch(mb, self._per_dp // mb, rc) if i or j else self._first
-                              for j, rc in enumerate(self._recomputes)]
-        return self._built[i]
+            built = self._built[i] = [self._first.at_batch(mb, self._per_dp // mb, rc) if i or j else self._first
+                                      for j, rc in enumerate(self._recomputes)]
+        return built
 
 
 def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, req: PlanRequest):
@@ -147,6 +154,9 @@ def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, 
     impls = req.attentions or tuple(x.name for x in hw.default_attention_impls())
     native = NATIVE_ZERO[spec.recipe.distribution]
     cps = req.cps or context_parallel_degrees(seq)
+    # context parallelism runs on fused attention kernels only: the implementations each cp degree runs on
+    runs_on = {cp: [name for name in impls if not cp_attention_problem(
+        Layout(cp=cp), hw.attention_impl(name).kind, hw.attention_impl(name).windows, spec)] for cp in cps}
     for tp, cp in [(t, c) for t in _divisors(gpus) for c in cps if t <= tp_cap and a.num_heads % t == 0
                    and a.num_kv_heads % t == 0 and (gpus // t) % c == 0]:
         for pp in [p for p in _divisors(gpus // (tp * cp)) if a.num_layers % p == 0]:
@@ -157,16 +167,13 @@ def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, 
             schedules = [("1f1b", 1)] + ([("interleaved", 2)] if pp > 1 and a.num_layers % (2 * pp) == 0 else [])
             mbs = [m for m in _powers_of_two_up_to(min(per_dp, 64)) if per_dp % m == 0]
             for zero in (req.zero_stages if dp * cp > 1 else (native,)):  # one rank: nothing to shard
-                for attention in impls:
-                    impl = hw.attention_impl(attention)
-                    if cp_attention_problem(Layout(cp=cp), impl.kind, impl.windows, spec):
-                        continue  # context parallelism runs on fused attention kernels only
-                    options = req.options.searched(tp, dp * cp, zero, cp)
+                options = req.options.searched(tp, dp * cp, zero, cp)
+                pool = dp * cp * (tp if options["etp"] == 1 else 1)  # Layout.expert_pool
+                # a hybrid shard group holds whole expert-parallel groups
+                eps = [ep for ep in expert_parallel_degrees(spec, pool, req.eps) if options["shard_group"] % ep == 0]
+                for attention in runs_on[cp]:
                     for sched, v in schedules:
-                        pool = dp * cp * (tp if options["etp"] == 1 else 1)  # Layout.expert_pool
-                        for ep in expert_parallel_degrees(spec, pool, req.eps):
-                            if options["shard_group"] % ep:
-                                continue  # a hybrid shard group holds whole expert-parallel groups
+                        for ep in eps:
                             yield LayoutGroup(dict(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, attention=attention,
                                                    compiled=spec.recipe.compiled, pp_schedule=sched,
                                                    pp_virtual_stages=v, ep=ep, **options),

@@ -140,7 +140,8 @@ class PricedLayout:
 
     def row(self) -> dict:
         """Flat data for tables (csv/json): units in the keys, no words."""
-        lay, st = self.layout, self.step
+        lay, st, mem = self.layout, self.step, self.memory
+        low, high = mem.band
         return {
             "hardware": self.hardware, "gpus": lay.num_gpus, "dp": lay.dp, "tp": lay.tp, "pp": lay.pp,
             "vp": lay.pp_virtual_stages, "cp": lay.cp, "ep": lay.ep, "etp": lay.expert_tp, "tp_overlap": lay.tp_overlap,
@@ -158,9 +159,8 @@ class PricedLayout:
             "checkpoint_interval_h": run.hours(self.goodput.interval_s), "wall_clock_h": self.wall_clock_h,
             "wall_low_h": self.wall_low_h, "wall_high_h": self.wall_high_h, "cost_usd": self.cost_usd,
             "cost_low_usd": self.cost_low_usd, "cost_high_usd": self.cost_high_usd,
-            "memory_gib": self.memory.total / GiB, "memory_low_gib": self.memory.band[0] / GiB,
-            "memory_high_gib": self.memory.band[1] / GiB, "fits": self.memory.fits,
-            "memory_verdict": self.memory.verdict, "basis": self.basis,
+            "memory_gib": mem.total / GiB, "memory_low_gib": low / GiB, "memory_high_gib": high / GiB,
+            "fits": mem.fits, "memory_verdict": mem.verdict, "basis": self.basis,
             "flags": ";".join(f.kind for f in self.flags),
         }
 
@@ -502,8 +502,9 @@ class Pricer:
 
     def _flags(self, layout: Layout, mem: MemoryBreakdown, sustained: float, measured: bool) -> list[Flag]:
         out = []
-        figures = (("total_bytes", mem.total), ("limit_bytes", mem.limit), ("low_bytes", mem.band[0]),
-                   ("high_bytes", mem.band[1]), ("verdict", mem.verdict))
+        low, high = mem.band
+        figures = (("total_bytes", mem.total), ("limit_bytes", mem.limit), ("low_bytes", low), ("high_bytes", high),
+                   ("verdict", mem.verdict))
         if not mem.fits:  # a measured row ran: there the memory model is what is wrong
             out.append(Flag("memory_vs_measured" if measured else "memory", figures))
         elif mem.verdict != FITS and not measured:  # fits as predicted, not with the model's error on it
