@@ -286,20 +286,22 @@ def fixed_terms(spec: ModelSpec, layout: Layout, states: dict[str, dict[str, flo
             "framework": outside_allocator_bytes(layout, assumptions)}
 
 
-def memory_per_gpu(spec: ModelSpec, layout: Layout, anatomy: Anatomy, capacity_bytes: float,
+def memory_per_gpu(spec: ModelSpec, layout: Layout, anatomy: Anatomy | None, capacity_bytes: float,
                    assumptions: MemoryAssumptions = MemoryAssumptions(),
                    states: dict[str, dict[str, float]] | None = None, headroom: float = HEADROOM,
-                   fixed: dict[str, float] | None = None) -> MemoryBreakdown:
+                   fixed: dict[str, float] | None = None,
+                   activations: tuple[float, float] | None = None) -> MemoryBreakdown:
     """Peak bytes per GPU over a training step, by term.
 
     Peak = params + gradients + optimizer state + max(activations saved + gradient transients,
     optimizer-step transients) + communication buffers + framework overhead + allocator slack.
     Gradients count in full from the first micro-batch on (accumulation keeps them live).
-    states and fixed: the layout's model_states and fixed_terms, passed when a caller keeps them (a search).
+    states, fixed and activations: the layout's model_states, fixed_terms and activation_bytes(anatomy, ...),
+    passed when a caller keeps them (a search); the anatomy is read only when activations are not given.
     """
     states = model_states(spec, layout) if states is None else states  # a search passes them cached
     fixed = fixed_terms(spec, layout, states, assumptions) if fixed is None else fixed
-    saved, transient = activation_bytes(anatomy, layout, spec.architecture.num_layers)
+    saved, transient = activations or activation_bytes(anatomy, layout, spec.architecture.num_layers)
     terms = {
         "params": fixed["params"],
         "gradients": fixed["gradients"],

@@ -8,9 +8,11 @@ schedule; v = 1 is GPipe / 1F1B). Two conventions for the same bubble, named in 
 
 from __future__ import annotations
 
+import functools
 import math
 
 
+@functools.lru_cache(maxsize=1024)  # memory and step ask for the same few splits for every layout of a search
 def stage_layers(num_layers: int, p: int) -> tuple[int, int, int]:
     """(first, middle, last) stage layer counts when `num_layers` are split over p pipeline stages.
 

@@ -26,8 +26,8 @@ from ddplan.evidence import Thin, thin_values, widened
 from ddplan.flops import mfu, nanochat_flops_per_token
 from ddplan.fp8 import with_fp8_saves
 from ddplan.layout import Layout, breaks_world_size_rule
-from ddplan.memory import (FITS, HEADROOM, MemoryAssumptions, MemoryBreakdown, fixed_terms, floor_bytes,
-                           in_flight_micro_batches, limit_bytes, memory_per_gpu, model_states)
+from ddplan.memory import (FITS, HEADROOM, MemoryAssumptions, MemoryBreakdown, activation_bytes, fixed_terms,
+                           floor_bytes, in_flight_micro_batches, limit_bytes, memory_per_gpu, model_states)
 from ddplan.runs import highest_measured_mfu
 from ddplan.roofline import SCENARIOS, Rates, Scenario, comm_end, op_times, rates
 from ddplan.specs import Budget, HardwareSpec, ModelSpec, Price
@@ -377,15 +377,29 @@ class Pricer:
         if last is not None and last[0] is layout and last[1] == window:
             return last[2]
         group = self._group(layout)
-        key = ("memory", window, group.memory_key, layout.micro_batch, layout.recompute,
-               in_flight_micro_batches(layout), self.fp8, self.fp8_recipe)  # fp8: what the GEMMs save (anatomy)
+        in_flight = in_flight_micro_batches(layout)
+        key = ("memory", window, group.memory_key, layout.micro_batch, layout.recompute, in_flight, self.fp8,
+               self.fp8_recipe)  # fp8: what the GEMMs save (Pricer.anatomy)
         mem = self._shared.get(key)
         if mem is None:
             mem = self._shared[key] = memory_per_gpu(
-                self.spec, layout, self.anatomy(layout, window), self.hw.memory.usable_bytes, self.assumptions,
-                states=group.states, headroom=self.plan.headroom, fixed=group.fixed)
+                self.spec, layout, None, self.hw.memory.usable_bytes, self.assumptions, states=group.states,
+                headroom=self.plan.headroom, fixed=group.fixed,
+                activations=self._activations(layout, window, group, in_flight))
         self._last_memory = (layout, window, mem)
         return mem
+
+    def _activations(self, layout: Layout, window: str, group: _Group, in_flight: float) -> tuple[float, float]:
+        """(saved, transient) activation bytes of the layout (ddplan.memory.activation_bytes), cached by what they
+        depend on: its anatomy, its pipeline split and schedule with the micro-batches in flight, and whether
+        ZeRO-3 leaves out the weight casts (layouts that differ only in dp or ZeRO 0-2 share them)."""
+        key = ("activations", window, group.ops_key, layout.micro_batch, layout.recompute, self.fp8, self.fp8_recipe,
+               layout.pp, layout.zero == 3, layout.pp_schedule, layout.pp_virtual_stages, in_flight)
+        act = self._shared.get(key)
+        if act is None:
+            act = self._shared[key] = activation_bytes(self.anatomy(layout, window), layout,
+                                                       self.spec.architecture.num_layers)
+        return act
 
     def _states(self, layout: Layout) -> dict[str, dict[str, float]]:
         """The layout's model states (ddplan.memory.model_states), cached by what they depend on."""
