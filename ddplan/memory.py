@@ -66,15 +66,14 @@ class MemoryBreakdown:
     capacity: float = 0.0
     notes: tuple[str, ...] = ()
     headroom_fraction: float = HEADROOM  # of capacity kept free (fragmentation, spikes, other processes)
+    # the sum of the terms, and the bytes a setup may use (capacity less the headroom fraction, limit_bytes): worked
+    # out once, as a search reads them ~10 times a priced layout (fits, verdict, band, flags, row)
+    total: float = field(init=False, repr=False, compare=False)
+    limit: float = field(init=False, repr=False, compare=False)
 
-    @property
-    def total(self) -> float:
-        return sum(self.terms.values())
-
-    @property
-    def limit(self) -> float:
-        """Bytes a setup may use: capacity less the headroom fraction (limit_bytes)."""
-        return limit_bytes(self.capacity, self.headroom_fraction)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "total", sum(self.terms.values()))
+        object.__setattr__(self, "limit", limit_bytes(self.capacity, self.headroom_fraction))
 
     @property
     def fits(self) -> bool:

@@ -469,9 +469,9 @@ class Pricer:
         gpus = layout.num_gpus
         model_flops, recompute_flops = self.flops(layout, window)
         executed = layout.grad_accum * (model_flops + recompute_flops) / layout.pp  # per GPU
-        peak = hw.peak.flops_per_s(spec.dtypes.compute)
+        peak = self._peak_flops_per_s
         out = list(flags) + self._flags(layout, mem, executed / step_s, measured=basis == "measured")
-        every, eval_tokens = run.eval_cadence(spec, plan.overheads)
+        every, eval_tokens = self._eval_cadence
         nodes = -(-gpus // hw.gpus_per_node)
         outside = run.outside_steps_s(plan.overheads, steps=steps, eval_every=every, eval_tokens=eval_tokens,
                                       tokens_per_forward=layout.dp * layout.micro_batch * spec.recipe.seq_len,
@@ -488,7 +488,7 @@ class Pricer:
             lost, wall, cost = lost * 3, wall * 3, cost * 3
         mfu_pct = 100 * mfu(self.flops_per_token(window), batch / step_s, peak, gpus)
         if basis == "model" and self.calibration is None and spec.dtypes.compute in ("bf16", "fp16"):
-            top = highest_measured_mfu(hw.name, self.fp8)
+            top = self._highest_measured_mfu
             if top is not None and mfu_pct > top[0]:
                 out.append(Flag("beyond_measured", (("mfu_pct", mfu_pct), ("highest_pct", top[0]), ("run", top[1]))))
         return PricedLayout(
@@ -498,6 +498,21 @@ class Pricer:
             cost_usd=cost[0], cost_low_usd=cost[1], cost_high_usd=cost[2],
             mfu_pct=mfu_pct, hfu_pct=mfu_pct * (1 + recompute_flops / model_flops),
             basis=basis, flags=tuple(out))
+
+    @functools.cached_property
+    def _peak_flops_per_s(self) -> float:
+        """The device's dense peak in the model's compute dtype (MFU's, per GPU)."""
+        return self.hw.peak.flops_per_s(self.spec.dtypes.compute)
+
+    @functools.cached_property
+    def _eval_cadence(self) -> tuple[int, int]:
+        """(every N steps, tokens per evaluation) of the run (ddplan.run.eval_cadence)."""
+        return run.eval_cadence(self.spec, self.plan.overheads)
+
+    @functools.cached_property
+    def _highest_measured_mfu(self) -> tuple[float, str] | None:
+        """The shipped dataset's best run on this GPU and precision class (ddplan.runs.highest_measured_mfu)."""
+        return highest_measured_mfu(self.hw.name, self.fp8)
 
     @functools.cached_property
     def checkpoint_bytes(self) -> float:
