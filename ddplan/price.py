@@ -206,6 +206,7 @@ class Pricer:
         self.fp8_recipe = fp8_recipe or spec.recipe.fp8_recipe  # how the fp8 casts run (ddplan.fp8.FP8_RECIPES)
         self.points = comm_points(calibration)
         self._last_memory: tuple[Layout, str, MemoryBreakdown] | None = None
+        self._last_group: tuple[tuple, _Group] | None = None
         self._caches = _caches or PriceCache()
         self._shared, self._rated = self._caches.shared, self._caches.rated
 
@@ -231,7 +232,11 @@ class Pricer:
     def _group(self, layout: Layout) -> _Group:
         """What the layout shares with the layouts that differ from it only in micro-batch, accumulation and
         recompute (a search's group), worked out once per Layout.parallel_key."""
-        key = ("group", layout.parallel_key)
+        parallel = layout.parallel_key
+        last = self._last_group  # a search asks for one group's many times in a row: the same key object
+        if last is not None and last[0] is parallel:
+            return last[1]
+        key = ("group", parallel)
         group = self._shared.get(key)
         if group is None:
             ops = (self._kind(layout.attention), layout.compiled, layout.rank_share)
@@ -241,6 +246,7 @@ class Pricer:
                 memory_key=(ops, layout.dp, layout.pp, layout.zero, layout.pp_schedule, layout.pp_virtual_stages,
                             layout.shard_group, layout.reshard_after_forward, layout.fp8_all_gather,
                             layout.offload_optimizer))
+        self._last_group = (parallel, group)
         return group
 
     def anatomy(self, layout: Layout, window: str) -> Anatomy:

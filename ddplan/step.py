@@ -186,6 +186,7 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
 
     a_layers = max(1, spec.architecture.num_layers)
     a, e = spec.architecture, dtype_bytes(spec.dtypes.compute)
+    place = _placed(layout, hw, cache)  # where its tp, cp, ep and pipeline groups sit
     stage, stage_moe, mbt = _busiest_stage(spec, anatomy, r, parts, p, cache)
     compute = accum * mbt.total_s
 
@@ -195,7 +196,7 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
         # forward pair (Korthikanti et al., arXiv 2205.05198, sec. 4.2.2); per-op recompute keeps reduce-scatter
         # outputs but re-runs all-gathers and all-reduces (anatomy.PER_OP_SOURCE's save list): with sequence
         # parallelism the forward's all-gather half again, without it the forward pair
-        per_node = _placed(layout, hw, cache).tp_per_node
+        per_node = place.tp_per_node
         key = ("tp layer", layout.micro_batch, anatomy.seq_len, layout.tp, layout.sequence_parallel, per_node,
                comm_efficiency)
         if key not in cache:
@@ -215,13 +216,12 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
 
     cp_s = 0.0
     if layout.cp > 1:
-        fwd, bwd = _cp_layer_s(spec, hw, layout, anatomy, parts, a_layers, comm_efficiency, comm_points, cache)
+        fwd, bwd = _cp_layer_s(spec, hw, layout, place, anatomy, parts, a_layers, comm_efficiency, comm_points, cache)
         attention_again = anatomy.recompute != "none" and (anatomy.modules is None or "core_attn" in anatomy.modules)
         cp_s = accum * stage * (fwd + bwd + (fwd if attention_again else 0.0))  # recompute re-sends
 
     ep_s = 0.0
     if a.moe is not None and (layout.ep > 1 or layout.expert_tp > 1):
-        place = _placed(layout, hw, cache)
         rows = comm.moe_rows_bytes(anatomy.tokens / layout.tp, a.moe.top_k, a.d_model, e, a.moe.rows_factor(layout.ep))
         fwd, bwd = comm.moe_layer_comm_s(
             rows, layout.ep, layout.expert_tp,
@@ -235,7 +235,7 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
     if p > 1:  # activations to the next stage and gradients back, per micro-batch, not overlapped
         # neighbouring stages are tp x dp ranks apart (ddplan.layout.placement): once the job spans nodes
         # some boundary crosses them, and each GPU sends to its peer through its own NIC
-        crosses = _placed(layout, hw, cache).pp_crosses
+        crosses = place.pp_crosses
         tier_key = ("p2p tier", comm_efficiency, crosses)
         if tier_key not in cache:
             cache[tier_key] = comm.tier_for(hw, "all_gather", 2, efficiency=comm_efficiency,
@@ -288,15 +288,15 @@ def _busiest_stage(spec: ModelSpec, anatomy: Anatomy, r: Rates, parts: OpTimes, 
     return busiest
 
 
-def _cp_layer_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatomy, parts: OpTimes, layers: int,
-                efficiency: str, points: CommPoints | None, cache: Cache) -> tuple[float, float]:
+def _cp_layer_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, place: Placement, anatomy: Anatomy,
+                parts: OpTimes, layers: int, efficiency: str, points: CommPoints | None,
+                cache: Cache) -> tuple[float, float]:
     """(forward, backward) seconds of one layer's context-parallel exchange on the critical path: the ring's
     sends beyond the attention they overlap (comm.cp_ring_exposed_s), or the all-gather variant's
     collectives (comm.cp_all_gather_s). The KV block: this tp rank's KV heads for its s / cp tokens."""
     a = spec.architecture
     block = comm.cp_kv_block_bytes(layout.micro_batch, anatomy.seq_len, max(1, a.num_kv_heads // layout.tp),
                                    a.head_dim, dtype_bytes(spec.dtypes.compute))
-    place = _placed(layout, hw, cache)
     if layout.cp_comm == "all_gather":
         return comm.cp_all_gather_s(block, layout.cp, _Cached(GroupTimer(hw, place.cp_per_node, efficiency, points),
                                                               cache))
