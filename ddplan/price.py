@@ -191,6 +191,7 @@ class _Group:
     fixed: dict[str, float]  # ddplan.memory.fixed_terms
     ops_key: tuple  # what its anatomies depend on besides the micro-batch, the recompute policy and the window
     memory_key: tuple  # what its memory depends on besides those and the micro-batches in flight
+    optimizer_key: tuple  # what its optimizer step depends on besides the scenario (its rates: the attention's)
 
 
 class Pricer:
@@ -245,7 +246,9 @@ class Pricer:
                 states=states, fixed=self._fixed_terms(layout, states), ops_key=ops,
                 memory_key=(ops, layout.dp, layout.pp, layout.zero, layout.pp_schedule, layout.pp_virtual_stages,
                             layout.shard_group, layout.reshard_after_forward, layout.fp8_all_gather,
-                            layout.offload_optimizer))
+                            layout.offload_optimizer),
+                optimizer_key=(layout.attention, layout.grad_ranks, layout.tp, layout.pp, layout.zero, layout.shard_group,
+                               layout.ep, layout.etp))
         self._last_group = (parallel, group)
         return group
 
@@ -357,8 +360,7 @@ class Pricer:
                      fitted, r.fp8_weight_shards, r.fp8_gathers, module_policy)
         if parts_key not in self._rated:
             self._rated[parts_key] = op_times(an, r)
-        opt_key = ("optimizer", layout.attention, scenario, fitted, layout.grad_ranks, layout.tp, layout.pp, layout.zero,
-                   layout.shard_group, layout.ep, layout.etp)
+        opt_key = ("optimizer", scenario, fitted, self._group(layout).optimizer_key)
         if opt_key not in self._rated:
             self._rated[opt_key] = optimizer_time_s(self.spec, layout, r)
         return step_time(self.spec, self.hw, layout, an, r, comm_efficiency=comm_end(scenario),
@@ -451,12 +453,12 @@ class Pricer:
         window = window or spec.architecture.window_pattern
         mem = self.memory(layout, window)
         st = self.step(layout, window, "value")
-        times = [st.total_s]
+        step_s = low_s = high_s = st.total_s
         if bands:
-            times += [self.step(layout, window, s).total_s for s in self.scenarios() if s != "value"]
+            times = [step_s] + [self.step(layout, window, s).total_s for s in self.scenarios() if s != "value"]
             if self.fit is not None and self.fit.implausible:  # a fit outside physics pins no band
                 times += [self.step(layout, window, s, fitted=False).total_s for s in ("low", "high")]
-        step_s, low_s, high_s = st.total_s, min(times), max(times)
+            low_s, high_s = min(times), max(times)
         err = self.calibration.held_out_error_pct if self.calibration is not None else None
         if bands and err is None and self.fit is None:  # no measured model error: what validation found
             lo, hi = self.uncalibrated_band()

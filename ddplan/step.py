@@ -216,7 +216,12 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
 
     cp_s = 0.0
     if layout.cp > 1:
-        fwd, bwd = _cp_layer_s(spec, hw, layout, place, anatomy, parts, a_layers, comm_efficiency, comm_points, cache)
+        # the same for every layout with these op times (one micro-batch and rank share) and this exchange
+        key = ("cp layer", layout.cp_comm, place.cp_per_node, place.cp_crosses, comm_efficiency)
+        if key not in parts.memo:
+            parts.memo[key] = _cp_layer_s(spec, hw, layout, place, anatomy, parts, a_layers, comm_efficiency,
+                                          comm_points, cache)
+        fwd, bwd = parts.memo[key]
         attention_again = anatomy.recompute != "none" and (anatomy.modules is None or "core_attn" in anatomy.modules)
         cp_s = accum * stage * (fwd + bwd + (fwd if attention_again else 0.0))  # recompute re-sends
 
