@@ -271,7 +271,7 @@ def _search(req: PlanRequest, progress: Callable[[str, int, int], None], shortcu
                 for i, by_rc in enumerate(group):  # micro-batch ascending
                     # the least recompute that fits; more recompute at the same micro-batch only adds compute, so
                     # it is dominated by that one whether or not it fits itself (its memory is not looked at)
-                    least = next((j for j, lay in enumerate(by_rc) if pricer.memory(lay, window).fits), None)
+                    least = pricer.least_fitting(by_rc, window)
                     if least is None:  # larger micro-batches need more memory still
                         rejected["memory"] += (len(group) - i) * len(by_rc)
                         break

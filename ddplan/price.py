@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -384,8 +385,25 @@ class Pricer:
         last = self._last_memory  # a search checks a layout's memory, then prices it: the same object twice
         if last is not None and last[0] is layout and last[1] == window:
             return last[2]
-        group = self._group(layout)
-        in_flight = in_flight_micro_batches(layout)
+        mem = self._memory(layout, window, self._group(layout), in_flight_micro_batches(layout))
+        self._last_memory = (layout, window, mem)
+        return mem
+
+    def least_fitting(self, layouts: Sequence[Layout], window: str) -> int | None:
+        """The index of the first of `layouts` whose memory fits (memory(layout).fits), None when none does: what a
+        search asks of the layouts of one micro-batch, which differ only in recompute (so share one group and one
+        count of micro-batches in flight, looked up once here). The one that fits is kept for pricing it next."""
+        group, in_flight = self._group(layouts[0]), in_flight_micro_batches(layouts[0])
+        for i, layout in enumerate(layouts):
+            mem = self._memory(layout, window, group, in_flight)
+            if mem.fits:
+                self._last_memory = (layout, window, mem)
+                return i
+        return None
+
+    def _memory(self, layout: Layout, window: str, group: _Group, in_flight: float) -> MemoryBreakdown:
+        """memory(layout), given the layout's group and micro-batches in flight: cached by the group's memory key,
+        the micro-batch, the recompute policy and that count."""
         key = ("memory", window, group.memory_key, layout.micro_batch, layout.recompute, in_flight, self.fp8,
                self.fp8_recipe)  # fp8: what the GEMMs save (Pricer.anatomy)
         mem = self._shared.get(key)
@@ -394,7 +412,6 @@ class Pricer:
                 self.spec, layout, None, self.hw.memory.usable_bytes, self.assumptions, states=group.states,
                 headroom=self.plan.headroom, fixed=group.fixed,
                 activations=self._activations(layout, window, group, in_flight))
-        self._last_memory = (layout, window, mem)
         return mem
 
     def _activations(self, layout: Layout, window: str, group: _Group, in_flight: float) -> tuple[float, float]:
