@@ -3,7 +3,7 @@
 A layout is (hardware, GPUs, dp, tp, pp, ZeRO stage, micro-batch, accumulation, attention, recompute,
 pipeline schedule). Each is priced by ddplan.price, the same pricer as `ddplan table`, whose cache
 keeps what layouts share (anatomies, op times, memory). Rows are flat dicts (PricedLayout.row plus
-the family); ranking and the Pareto front use pandas. Reasons are facts; ddplan.render words them.
+the family); ranking and the Pareto front sort them in Python. Reasons are facts; ddplan.render words them.
 """
 
 from __future__ import annotations
@@ -224,8 +224,6 @@ def search(req: PlanRequest, progress: Callable[[str, int, int], None] | None = 
 def _search(req: PlanRequest, progress: Callable[[str, int, int], None], shortcuts: bool = True) -> PlanResult:
     """search's work. shortcuts=False prices every candidate without the exact bounds that skip work (tests
     compare the two: same rows, considered and rejected)."""
-    import pandas as pd
-
     if req.objective not in OBJECTIVES:
         raise UsageError(f"must be one of {', '.join(OBJECTIVES)}, got {req.objective!r}", field="--objective")
     spec = req.model
@@ -281,25 +279,20 @@ def _search(req: PlanRequest, progress: Callable[[str, int, int], None], shortcu
     result = PlanResult(rows=[], pareto=[], request=req, considered=considered, rejected=rejected, why_not=why_not)
     if not rows:
         return result
-    ranking = ("wall_clock_h", "cost_usd", "native", "tp", "pp", "recompute", "gpus", "hardware")
-    df = pd.DataFrame({c: [r[c] for r in rows] for c in ranking})  # what ranking reads; rows stay dicts
-    # simpler first among near-equals: the native setup, fewer parallel dimensions, no recompute
-    df["_simplicity"] = (~df["native"]).astype(int) * 4 + (df["tp"] > 1) + (df["pp"] > 1) * 2 + (
-        df["recompute"] != "none") * 1
     key = "wall_clock_h" if req.objective == "time" else "cost_usd"
-    pool = df
+    pool = rows
     # a deadline: the cheapest that finishes in time; a budget: the fastest within it (else rank by the limit)
     for column, limit, what, then in (("wall_clock_h", req.deadline_h, "deadline", "cost_usd"),
                                       ("cost_usd", req.budget_usd, "budget", "wall_clock_h")):
         if limit is None:
             continue
-        ok = pool[pool[column] <= limit]
-        if ok.empty:
+        ok = [r for r in pool if r[column] <= limit]
+        if not ok:
             result.missed.append((what, limit))
             key = column
         else:
             pool, key = ok, then
-    ordered = [rows[i] for i in _rank(pool, key).index]
+    ordered = _rank(pool, key)
     result.ranked_by = key
     front = pareto_front(ordered)
     # bands for what is shown: the top rows, the Pareto front and each family's best (what the plot draws)
@@ -336,14 +329,19 @@ def memory_forces(top: dict, pricer: Pricer, req: PlanRequest) -> dict[str, list
 
 
 
-def _rank(df, key: str):
-    """Sort by key, but among the layouts within TIE of the best put the simplest first."""
-    import pandas as pd
+def _simplicity(row: dict) -> int:
+    """How far a row is from the simplest setup, for ties: not the native setup 4, pipeline 2, tensor parallelism 1,
+    recompute 1 (lower is simpler)."""
+    return (not row["native"]) * 4 + (row["tp"] > 1) + (row["pp"] > 1) * 2 + (row["recompute"] != "none")
 
-    best = df[key].min()
-    near = df[df[key] <= best * (1 + TIE)].sort_values(["_simplicity", key, "gpus", "hardware"], kind="stable")
-    rest = df[df[key] > best * (1 + TIE)].sort_values([key, "_simplicity", "gpus", "hardware"], kind="stable")
-    return pd.concat([near, rest])
+
+def _rank(rows: list[dict], key: str) -> list[dict]:
+    """Sort by key, but among the layouts within TIE of the best put the simplest first (then by key, fewer GPUs,
+    hardware name); sorts are stable: equal rows keep the search's order."""
+    cut = min(r[key] for r in rows) * (1 + TIE)
+    near = sorted((r for r in rows if r[key] <= cut), key=lambda r: (_simplicity(r), r[key], r["gpus"], r["hardware"]))
+    rest = sorted((r for r in rows if r[key] > cut), key=lambda r: (r[key], _simplicity(r), r["gpus"], r["hardware"]))
+    return near + rest
 
 
 def pareto_front(rows: list[dict]) -> list[dict]:
