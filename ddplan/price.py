@@ -556,13 +556,15 @@ class Pricer:
 
     def _flags(self, layout: Layout, mem: MemoryBreakdown, sustained: float, measured: bool) -> list[Flag]:
         out = []
-        low, high = mem.band
-        figures = (("total_bytes", mem.total), ("limit_bytes", mem.limit), ("low_bytes", low), ("high_bytes", high),
-                   ("verdict", mem.verdict))
+        kind = None
         if not mem.fits:  # a measured row ran: there the memory model is what is wrong
-            out.append(Flag("memory_vs_measured" if measured else "memory", figures))
+            kind = "memory_vs_measured" if measured else "memory"
         elif mem.verdict != FITS and not measured:  # fits as predicted, not with the model's error on it
-            out.append(Flag("memory_tight", figures))
+            kind = "memory_tight"
+        if kind is not None:
+            low, high = mem.band
+            out.append(Flag(kind, (("total_bytes", mem.total), ("limit_bytes", mem.limit), ("low_bytes", low),
+                                   ("high_bytes", high), ("verdict", mem.verdict))))
         if breaks_world_size_rule(layout, self.spec):
             out.append(Flag("world_size", (("gpus", layout.num_gpus),)))
         best = self.best_flops_per_s
