@@ -255,15 +255,15 @@ def _search(req: PlanRequest, progress: Callable[[str, int, int], None], shortcu
             progress(f"{gpus}x {hw.name}", done, len(req.hardware) * len(req.gpus))
             done += 1
             for group in layouts_for(spec, hw, gpus, total_batch, req):
-                n = group.size
+                n, first = group.size, group[0][0]
                 considered += n
                 try:
-                    check_layout(group[0][0], spec)
+                    check_layout(first, spec)
                 except LayoutError as e:
                     rejected["divisibility"] += n
                     why_not.setdefault("divisibility", e.message)
                     continue
-                if shortcuts and pricer.cannot_fit(group[0][0]):  # model states alone: no micro-batch fits
+                if shortcuts and pricer.cannot_fit(first):  # model states alone: no micro-batch fits
                     rejected["memory"] += n
                     continue
                 for i, by_rc in enumerate(group):  # micro-batch ascending
