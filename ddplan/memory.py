@@ -145,6 +145,20 @@ def _stage_share(group: str, layout: Layout, num_layers: int, arch=None) -> floa
     return _busiest_stage_share(layout, num_layers) / layout.tp
 
 
+_COUNTS: dict[int, tuple[object, dict[str, int]]] = {}  # id(architecture) -> (the architecture, its counts)
+
+
+def counts_of(arch) -> dict[str, int]:
+    """ddplan.params.param_counts(arch), worked out once per architecture object (specs are frozen; the memory and
+    step models ask for the same model's counts for every layout of a search). Read it; never write it."""
+    known = _COUNTS.get(id(arch))
+    if known is None or known[0] is not arch:  # the object is kept with its counts, so its id is not reused
+        if len(_COUNTS) >= 64:
+            _COUNTS.clear()
+        known = _COUNTS[id(arch)] = (arch, param_counts(arch))
+    return known[1]
+
+
 def model_states(spec: ModelSpec, layout: Layout) -> dict[str, dict[str, float]]:
     """Parameters, gradients and optimizer state per group, bytes on one GPU of the worst stage.
 
@@ -155,7 +169,7 @@ def model_states(spec: ModelSpec, layout: Layout) -> dict[str, dict[str, float]]
     expert-data-parallel group). With layout.offload_optimizer the optimizer state, fp32 masters included,
     lives in host memory: 0 bytes on the GPU (Ren et al., ZeRO-Offload, arXiv 2101.06840, sec. 4.1).
     """
-    counts = param_counts(spec.architecture)
+    counts = counts_of(spec.architecture)
     opt, dp, zero = spec.recipe.optimizer, layout.grad_ranks, layout.zero  # dp x cp ranks share the parameters
     native_sharding = spec.recipe.distribution == "sharded_optimizer" and zero == 1
     out: dict[str, dict[str, float]] = {"params": {}, "gradients": {}, "optimizer": {}}

@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from ddplan import comm, pipeline
 from ddplan.anatomy import Anatomy, adamw_bytes, muon_matrices
 from ddplan.layout import NATIVE_ZERO, Layout, Placement, placement
-from ddplan.memory import EXPERT_GROUP, _stage_share, expert_shard, state_share
+from ddplan.memory import EXPERT_GROUP, _stage_share, counts_of, expert_shard, state_share
 from ddplan.offload import offload_time_s
-from ddplan.params import param_counts
 from ddplan.comm import CommPoints, GroupTimer
 from ddplan.fp8 import fp8_weight_fractions
 from ddplan.roofline import MicroBatchTime, OpTimes, Rates, gemm_call_s, gemm_fraction, micro_batch_time, op_times
@@ -75,7 +74,7 @@ def grad_sync_buffers(spec: ModelSpec, layout: Layout, experts: bool = False) ->
     experts: the routed experts' buffers alone (1 / ep of them a rank, reduced over the expert-data-parallel
     ranks, Layout.expert_ranks); else every other group's.
     """
-    counts, dt, opt = param_counts(spec.architecture), spec.dtypes, spec.recipe.optimizer
+    counts, dt, opt = counts_of(spec.architecture), spec.dtypes, spec.recipe.optimizer
     policy, n = dp_policy(spec, layout), (layout.expert_ranks if experts else layout.grad_ranks)
     fp8 = fp8_weight_fractions(spec) if layout.fp8_all_gather else {}
     out: list[tuple[str, float]] = []
@@ -117,7 +116,7 @@ def optimizer_time_s(spec: ModelSpec, layout: Layout, r: Rates) -> float:
     bytes it moves at the optimizer's rate, whichever is longer; calibrated, a shape's measured Muon step
     (ddplan.calibrate.bench.bench_muon_s) scaled by the matrices the rank owns.
     """
-    counts, dt, opt = param_counts(spec.architecture), spec.dtypes, spec.recipe.optimizer
+    counts, dt, opt = counts_of(spec.architecture), spec.dtypes, spec.recipe.optimizer
     policy = dp_policy(spec, layout)
     bw = r.optimizer_bytes_per_s or r.hbm_bytes_per_s * r.hbm  # measured AdamW rate when calibrated
     measured = {(rows, cols): (count, seconds) for rows, cols, count, seconds in r.muon_points}  # calibrated Muon
