@@ -163,6 +163,18 @@ class Layout:
         fields["micro_batch"], fields["grad_accum"], fields["recompute"] = micro_batch, grad_accum, recompute
         return lay
 
+    def with_attention(self, attention: str) -> Layout:
+        """This layout with another attention implementation: replace() without re-running __post_init__'s checks,
+        none of which reads the attention (a search copies each group's checked first layout to the implementations
+        it tries)."""
+        lay = object.__new__(Layout)
+        fields = lay.__dict__
+        fields.update(self.__dict__)
+        fields.pop("_hash", None)  # both cover the attention
+        fields.pop("_parallel_key", None)
+        fields["attention"] = attention
+        return lay
+
     @property
     def offloads(self) -> bool:
         return offload_applies(self.zero, self.grad_ranks)

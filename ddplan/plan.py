@@ -111,11 +111,13 @@ class LayoutGroup(Sequence):
     rejects most groups from their first layout, ddplan.price.Pricer.cannot_fit; building every layout of
     them was a fifth of its time). len(group): micro-batches; group.size: layouts."""
 
-    def __init__(self, fields: dict, micro_batches: list[int], per_dp: int, recomputes: tuple[str, ...]):
+    def __init__(self, first: Layout, micro_batches: list[int], per_dp: int, recomputes: tuple[str, ...]):
+        """first: the group's checked layout at micro_batches[0] (accumulation per_dp / it) and recomputes[0]; the
+        others are derived from it (Layout.at_batch), at recompute policies checked once (_checked_policies)."""
+        assert (first.micro_batch, first.grad_accum, first.recompute) == (
+            micro_batches[0], per_dp // micro_batches[0], recomputes[0]), first
         self._mbs, self._per_dp, self._recomputes = micro_batches, per_dp, _checked_policies(recomputes)
-        # the one layout built with Layout's checks; the others are derived from it (Layout.at_batch)
-        self._first = Layout(micro_batch=micro_batches[0], grad_accum=per_dp // micro_batches[0],
-                             recompute=recomputes[0], **fields)
+        self._first = first
         self._built: dict[int, list[Layout]] = {}
         self.size = len(micro_batches) * len(recomputes)
 
@@ -171,12 +173,18 @@ def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, 
                 pool = dp * cp * (tp if options["etp"] == 1 else 1)  # Layout.expert_pool
                 # a hybrid shard group holds whole expert-parallel groups
                 eps = [ep for ep in expert_parallel_degrees(spec, pool, req.eps) if options["shard_group"] % ep == 0]
+                # each (schedule, ep)'s first layout is built with Layout's checks once, and copied to each
+                # attention implementation (Layout.with_attention: no check reads it)
+                checked = {(sched, ep): Layout(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, micro_batch=mbs[0],
+                                               grad_accum=per_dp // mbs[0], attention=runs_on[cp][0],
+                                               recompute=req.recomputes[0], compiled=spec.recipe.compiled,
+                                               pp_schedule=sched, pp_virtual_stages=v, ep=ep, **options)
+                           for sched, v in schedules for ep in eps} if runs_on[cp] else {}
                 for attention in runs_on[cp]:
                     for sched, v in schedules:
                         for ep in eps:
-                            yield LayoutGroup(dict(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, attention=attention,
-                                                   compiled=spec.recipe.compiled, pp_schedule=sched,
-                                                   pp_virtual_stages=v, ep=ep, **options),
+                            first = checked[sched, ep]
+                            yield LayoutGroup(first if first.attention == attention else first.with_attention(attention),
                                               mbs, per_dp, req.recomputes)
 
 
@@ -305,7 +313,8 @@ def _search(req: PlanRequest, progress: Callable[[str, int, int], None], shortcu
                                                                            "_low_usd", "_high_usd"))})
             r["_priced"] = banded
     result.rows = ordered
-    result.pareto = [r for r in ordered if any(r is p for p in front)]
+    on_front = {id(r) for r in front}
+    result.pareto = [r for r in ordered if id(r) in on_front]
     result.memory_forces = memory_forces(ordered[0], pricers[ordered[0]["hardware"]], req)
     return result
 

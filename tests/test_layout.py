@@ -71,3 +71,15 @@ def test_at_batch_is_replace_without_the_checks(micro_batch, grad_accum, recompu
 def test_at_batch_refuses_a_zero_batch():
     with pytest.raises(AssertionError):
         Layout().at_batch(0, 1, "none")
+
+
+def test_with_attention_is_replace_without_the_checks():
+    """Layout.with_attention gives the layout replace() gives, its cached hash and parallel key not carried over."""
+    from dataclasses import replace
+
+    base = Layout(dp=4, tp=2, pp=2, zero=3, micro_batch=2, grad_accum=8, attention="fa3", recompute="full")
+    hash(base), base.parallel_key  # cached on the original: must not travel
+    other = base.with_attention("sdpa-fused")
+    expected = replace(base, attention="sdpa-fused")
+    assert other == expected and hash(other) == hash(expected) and other.parallel_key == expected.parallel_key
+    assert base.attention == "fa3" and other.parallel_key != base.parallel_key
