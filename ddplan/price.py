@@ -192,6 +192,7 @@ class _Group:
     fixed: dict[str, float]  # ddplan.memory.fixed_terms
     ops_key: tuple  # what its anatomies depend on besides the micro-batch, the recompute policy and the window
     memory_key: tuple  # what its memory depends on besides those and the micro-batches in flight
+    activations_key: tuple  # what its activation bytes depend on besides those (memory_key less dp and sharding)
     optimizer_key: tuple  # what its optimizer step depends on besides the scenario (its rates: the attention's)
 
 
@@ -248,6 +249,7 @@ class Pricer:
                 memory_key=(ops, layout.dp, layout.pp, layout.zero, layout.pp_schedule, layout.pp_virtual_stages,
                             layout.shard_group, layout.reshard_after_forward, layout.fp8_all_gather,
                             layout.offload_optimizer),
+                activations_key=(ops, layout.pp, layout.zero == 3, layout.pp_schedule, layout.pp_virtual_stages),
                 optimizer_key=(layout.attention, layout.grad_ranks, layout.tp, layout.pp, layout.zero, layout.shard_group,
                                layout.ep, layout.etp))
         self._last_group = (parallel, group)
@@ -418,8 +420,8 @@ class Pricer:
         """(saved, transient) activation bytes of the layout (ddplan.memory.activation_bytes), cached by what they
         depend on: its anatomy, its pipeline split and schedule with the micro-batches in flight, and whether
         ZeRO-3 leaves out the weight casts (layouts that differ only in dp or ZeRO 0-2 share them)."""
-        key = ("activations", window, group.ops_key, layout.micro_batch, layout.recompute, self.fp8, self.fp8_recipe,
-               layout.pp, layout.zero == 3, layout.pp_schedule, layout.pp_virtual_stages, in_flight)
+        key = ("activations", window, group.activations_key, layout.micro_batch, layout.recompute, self.fp8,
+               self.fp8_recipe, in_flight)
         act = self._shared.get(key)
         if act is None:
             act = self._shared[key] = activation_bytes(self.anatomy(layout, window), layout,
