@@ -37,15 +37,15 @@ def _check_n(n: int) -> None:
 
 
 def _check_nonneg(**values: float) -> None:
-    bad = {k: v for k, v in values.items() if not (v >= 0 and math.isfinite(v))}
+    bad = [f"{k}={v!r}" for k, v in values.items() if not 0 <= v < math.inf]  # nan and inf fail both ways
     if bad:
-        raise ValueError("must be finite and >= 0: " + ", ".join(f"{k}={v!r}" for k, v in bad.items()))
+        raise ValueError("must be finite and >= 0: " + ", ".join(bad))
 
 
 def _check_pos(**values: float) -> None:
-    bad = {k: v for k, v in values.items() if not (v > 0 and math.isfinite(v))}
+    bad = [f"{k}={v!r}" for k, v in values.items() if not 0 < v < math.inf]
     if bad:
-        raise ValueError("must be finite and > 0: " + ", ".join(f"{k}={v!r}" for k, v in bad.items()))
+        raise ValueError("must be finite and > 0: " + ", ".join(bad))
 
 
 # --------------------------------------------------------------------------------------------

@@ -138,6 +138,44 @@ class Layout:
         return h
 
     @property
+    def parallel_key(self) -> tuple:
+        """Every field but micro_batch, grad_accum and recompute, as one tuple made once per layout (at_batch
+        passes it on): what the layouts of one search group share, a key for what is priced once per group."""
+        key = self.__dict__.get("_parallel_key")
+        if key is None:
+            key = (self.dp, self.tp, self.pp, self.cp, self.zero, self.attention, self.compiled, self.pp_schedule,
+                   self.pp_virtual_stages, self.tp_overlap, self.sequence_parallel, self.shard_group,
+                   self.reshard_after_forward, self.overlap_param_gather, self.cp_comm, self.ep, self.etp,
+                   self.fp8_all_gather, self.offload_optimizer)
+            object.__setattr__(self, "_parallel_key", key)
+        return key
+
+    def at_batch(self, micro_batch: int, grad_accum: int, recompute: str) -> Layout:
+        """This layout at another micro-batch, accumulation and recompute policy: replace() without re-running
+        __post_init__'s checks, for the tens of thousands of layouts a search derives from one that passed them.
+        Of those checks only two read these fields: micro_batch and grad_accum >= 1 (asserted here) and the
+        recompute policy's spelling (the caller passes policies a checked layout already has)."""
+        assert micro_batch >= 1 and grad_accum >= 1, (micro_batch, grad_accum)
+        lay = object.__new__(Layout)
+        fields = lay.__dict__
+        fields.update(self.__dict__)
+        fields.pop("_hash", None)  # the hash covers these three fields
+        fields["micro_batch"], fields["grad_accum"], fields["recompute"] = micro_batch, grad_accum, recompute
+        return lay
+
+    def with_attention(self, attention: str) -> Layout:
+        """This layout with another attention implementation: replace() without re-running __post_init__'s checks,
+        none of which reads the attention (a search copies each group's checked first layout to the implementations
+        it tries)."""
+        lay = object.__new__(Layout)
+        fields = lay.__dict__
+        fields.update(self.__dict__)
+        fields.pop("_hash", None)  # both cover the attention
+        fields.pop("_parallel_key", None)
+        fields["attention"] = attention
+        return lay
+
+    @property
     def offloads(self) -> bool:
         return offload_applies(self.zero, self.grad_ranks)
 

@@ -66,15 +66,14 @@ class MemoryBreakdown:
     capacity: float = 0.0
     notes: tuple[str, ...] = ()
     headroom_fraction: float = HEADROOM  # of capacity kept free (fragmentation, spikes, other processes)
+    # the sum of the terms, and the bytes a setup may use (capacity less the headroom fraction, limit_bytes): worked
+    # out once, as a search reads them ~10 times a priced layout (fits, verdict, band, flags, row)
+    total: float = field(init=False, repr=False, compare=False)
+    limit: float = field(init=False, repr=False, compare=False)
 
-    @property
-    def total(self) -> float:
-        return sum(self.terms.values())
-
-    @property
-    def limit(self) -> float:
-        """Bytes a setup may use: capacity less the headroom fraction (limit_bytes)."""
-        return limit_bytes(self.capacity, self.headroom_fraction)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "total", sum(self.terms.values()))
+        object.__setattr__(self, "limit", limit_bytes(self.capacity, self.headroom_fraction))
 
     @property
     def fits(self) -> bool:
@@ -90,7 +89,8 @@ class MemoryBreakdown:
     @property
     def band(self) -> tuple[float, float]:
         """(low, high) bytes: the total times PEAK_RATIO."""
-        return self.total * PEAK_RATIO[0], self.total * PEAK_RATIO[1]
+        total = self.total
+        return total * PEAK_RATIO[0], total * PEAK_RATIO[1]
 
     @property
     def headroom(self) -> float:
@@ -145,6 +145,20 @@ def _stage_share(group: str, layout: Layout, num_layers: int, arch=None) -> floa
     return _busiest_stage_share(layout, num_layers) / layout.tp
 
 
+_COUNTS: dict[int, tuple[object, dict[str, int]]] = {}  # id(architecture) -> (the architecture, its counts)
+
+
+def counts_of(arch) -> dict[str, int]:
+    """ddplan.params.param_counts(arch), worked out once per architecture object (specs are frozen; the memory and
+    step models ask for the same model's counts for every layout of a search). Read it; never write it."""
+    known = _COUNTS.get(id(arch))
+    if known is None or known[0] is not arch:  # the object is kept with its counts, so its id is not reused
+        if len(_COUNTS) >= 64:
+            _COUNTS.clear()
+        known = _COUNTS[id(arch)] = (arch, param_counts(arch))
+    return known[1]
+
+
 def model_states(spec: ModelSpec, layout: Layout) -> dict[str, dict[str, float]]:
     """Parameters, gradients and optimizer state per group, bytes on one GPU of the worst stage.
 
@@ -155,7 +169,7 @@ def model_states(spec: ModelSpec, layout: Layout) -> dict[str, dict[str, float]]
     expert-data-parallel group). With layout.offload_optimizer the optimizer state, fp32 masters included,
     lives in host memory: 0 bytes on the GPU (Ren et al., ZeRO-Offload, arXiv 2101.06840, sec. 4.1).
     """
-    counts = param_counts(spec.architecture)
+    counts = counts_of(spec.architecture)
     opt, dp, zero = spec.recipe.optimizer, layout.grad_ranks, layout.zero  # dp x cp ranks share the parameters
     native_sharding = spec.recipe.distribution == "sharded_optimizer" and zero == 1
     out: dict[str, dict[str, float]] = {"params": {}, "gradients": {}, "optimizer": {}}
@@ -273,21 +287,38 @@ def activation_bytes(anatomy: Anatomy, layout: Layout, num_layers: int) -> tuple
     return saved, anatomy.backward_transient_bytes()
 
 
-def memory_per_gpu(spec: ModelSpec, layout: Layout, anatomy: Anatomy, capacity_bytes: float,
+def fixed_terms(spec: ModelSpec, layout: Layout, states: dict[str, dict[str, float]],
+                assumptions: MemoryAssumptions = MemoryAssumptions()) -> dict[str, float]:
+    """memory_per_gpu's terms that depend on neither the micro-batch nor the recompute policy, bytes per GPU:
+    params, gradients, optimizer (each summed over the groups of `states`, the layout's model_states),
+    comm_buffers (comm_buffer_bytes) and framework (outside_allocator_bytes), in memory_per_gpu's order. A search
+    computes them once for the layouts that differ only in those (ddplan.price.Pricer)."""
+    return {"params": sum(states["params"].values()), "gradients": sum(states["gradients"].values()),
+            "optimizer": sum(states["optimizer"].values()),
+            "comm_buffers": comm_buffer_bytes(spec, layout, states, assumptions),
+            "framework": outside_allocator_bytes(layout, assumptions)}
+
+
+def memory_per_gpu(spec: ModelSpec, layout: Layout, anatomy: Anatomy | None, capacity_bytes: float,
                    assumptions: MemoryAssumptions = MemoryAssumptions(),
-                   states: dict[str, dict[str, float]] | None = None, headroom: float = HEADROOM) -> MemoryBreakdown:
+                   states: dict[str, dict[str, float]] | None = None, headroom: float = HEADROOM,
+                   fixed: dict[str, float] | None = None,
+                   activations: tuple[float, float] | None = None) -> MemoryBreakdown:
     """Peak bytes per GPU over a training step, by term.
 
     Peak = params + gradients + optimizer state + max(activations saved + gradient transients,
     optimizer-step transients) + communication buffers + framework overhead + allocator slack.
     Gradients count in full from the first micro-batch on (accumulation keeps them live).
+    states, fixed and activations: the layout's model_states, fixed_terms and activation_bytes(anatomy, ...),
+    passed when a caller keeps them (a search); the anatomy is read only when activations are not given.
     """
     states = model_states(spec, layout) if states is None else states  # a search passes them cached
-    saved, transient = activation_bytes(anatomy, layout, spec.architecture.num_layers)
+    fixed = fixed_terms(spec, layout, states, assumptions) if fixed is None else fixed
+    saved, transient = activations or activation_bytes(anatomy, layout, spec.architecture.num_layers)
     terms = {
-        "params": sum(states["params"].values()),
-        "gradients": sum(states["gradients"].values()),
-        "optimizer": sum(states["optimizer"].values()),
+        "params": fixed["params"],
+        "gradients": fixed["gradients"],
+        "optimizer": fixed["optimizer"],
         "activations": saved,
         "activation_transient": transient,
     }
@@ -301,8 +332,8 @@ def memory_per_gpu(spec: ModelSpec, layout: Layout, anatomy: Anatomy, capacity_b
         terms["activation_transient"] = max(transient, stacked - saved)
     if layout.offload_optimizer:
         notes.append("optimizer states (and fp32 master weights) are in host memory (--offload-optimizer)")
-    terms["comm_buffers"] = comm_buffer_bytes(spec, layout, states, assumptions)
-    terms["framework"] = outside_allocator_bytes(layout, assumptions)
+    terms["comm_buffers"] = fixed["comm_buffers"]
+    terms["framework"] = fixed["framework"]
     terms["allocator_slack"] = assumptions.allocator_fraction * (saved + transient)
     # by_group is the states mapping itself (a search shares it across layouts): read it, never write it
     return MemoryBreakdown(terms=terms, by_group=states, capacity=capacity_bytes, notes=tuple(notes),
@@ -380,8 +411,12 @@ def state_floor_bytes(spec: ModelSpec, layout: Layout, states: dict[str, dict[st
     limit no layout that differs only in those fits (ddplan.plan rejects such a group without building an
     anatomy). With a negative allocator_fraction no bound is claimed (-inf).
     """
+    return floor_bytes(fixed_terms(spec, layout, states, assumptions), assumptions)
+
+
+def floor_bytes(fixed: dict[str, float], assumptions: MemoryAssumptions = MemoryAssumptions()) -> float:
+    """state_floor_bytes from the layout's fixed_terms: their sum in memory_per_gpu's order (-inf with a negative
+    allocator_fraction, where no bound is claimed)."""
     if assumptions.allocator_fraction < 0:
         return float("-inf")
-    return sum((sum(states["params"].values()), sum(states["gradients"].values()),
-                sum(states["optimizer"].values()), comm_buffer_bytes(spec, layout, states, assumptions),
-                outside_allocator_bytes(layout, assumptions)))
+    return sum(fixed.values())

@@ -8,9 +8,11 @@ schedule; v = 1 is GPipe / 1F1B). Two conventions for the same bubble, named in 
 
 from __future__ import annotations
 
+import functools
 import math
 
 
+@functools.lru_cache(maxsize=1024)  # memory and step ask for the same few splits for every layout of a search
 def stage_layers(num_layers: int, p: int) -> tuple[int, int, int]:
     """(first, middle, last) stage layer counts when `num_layers` are split over p pipeline stages.
 
@@ -56,6 +58,8 @@ def moe_layers_by_stage(arch, p: int) -> list[int]:
 
 
 def _check_pmv(p: int, m: int, v: int) -> None:
+    if type(p) is type(m) is type(v) is int and p >= 1 and m >= 1 and v >= 1:  # the common case, checked fast
+        return
     bad = {k: x for k, x in (("p", p), ("m", m), ("v", v))
            if isinstance(x, bool) or not isinstance(x, int) or x < 1}
     if bad:
@@ -108,10 +112,10 @@ def p2p_bytes_per_microbatch(batch: int, seq: int, hidden: int, elem_bytes: floa
     b s h / t per link. e.g. b=1, s=2048, h=4096, bf16: 16.78 MB each way.
     Ref: Narayanan et al., arXiv 2104.04473, sec. 3.2 and 4.1 (b s h per micro-batch; scatter/gather).
     """
-    bad = {k: x for k, x in (("batch", batch), ("seq", seq), ("hidden", hidden), ("elem_bytes", elem_bytes))
-           if not (x > 0 and math.isfinite(x))}
+    bad = [f"{k}={x!r}" for k, x in (("batch", batch), ("seq", seq), ("hidden", hidden), ("elem_bytes", elem_bytes))
+           if not 0 < x < math.inf]  # nan and inf fail both ways
     if bad:
-        raise ValueError("must be finite and > 0: " + ", ".join(f"{k}={x!r}" for k, x in bad.items()))
+        raise ValueError("must be finite and > 0: " + ", ".join(bad))
     return float(batch) * seq * hidden * elem_bytes
 
 

@@ -3,11 +3,12 @@
 A layout is (hardware, GPUs, dp, tp, pp, ZeRO stage, micro-batch, accumulation, attention, recompute,
 pipeline schedule). Each is priced by ddplan.price, the same pricer as `ddplan table`, whose cache
 keeps what layouts share (anatomies, op times, memory). Rows are flat dicts (PricedLayout.row plus
-the family); ranking and the Pareto front use pandas. Reasons are facts; ddplan.render words them.
+the family); ranking and the Pareto front sort them in Python. Reasons are facts; ddplan.render words them.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -96,14 +97,27 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+@functools.lru_cache(maxsize=64)
+def _checked_policies(recomputes: tuple[str, ...]) -> tuple[str, ...]:
+    """The recompute policies as given, each checked once as Layout checks it (LayoutError if misspelt)."""
+    for policy in recomputes:
+        Layout(recompute=policy)
+    return recomputes
+
+
 class LayoutGroup(Sequence):
     """Candidate layouts that differ only in micro-batch (ascending) and, within one micro-batch, in recompute
     (the request's order): group[i] is the list at the i-th micro-batch, built when first read (a search
     rejects most groups from their first layout, ddplan.price.Pricer.cannot_fit; building every layout of
     them was a fifth of its time). len(group): micro-batches; group.size: layouts."""
 
-    def __init__(self, fields: dict, micro_batches: list[int], per_dp: int, recomputes: tuple[str, ...]):
-        self._fields, self._mbs, self._per_dp, self._recomputes = fields, micro_batches, per_dp, recomputes
+    def __init__(self, first: Layout, micro_batches: list[int], per_dp: int, recomputes: tuple[str, ...]):
+        """first: the group's checked layout at micro_batches[0] (accumulation per_dp / it) and recomputes[0]; the
+        others are derived from it (Layout.at_batch), at recompute policies checked once (_checked_policies)."""
+        assert (first.micro_batch, first.grad_accum, first.recompute) == (
+            micro_batches[0], per_dp // micro_batches[0], recomputes[0]), first
+        self._mbs, self._per_dp, self._recomputes = micro_batches, per_dp, _checked_policies(recomputes)
+        self._first = first
         self._built: dict[int, list[Layout]] = {}
         self.size = len(micro_batches) * len(recomputes)
 
@@ -113,12 +127,19 @@ class LayoutGroup(Sequence):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        i = range(len(self._mbs))[i]  # one key per micro-batch (group[-1] is group[len - 1]); IndexError past the end
-        if i not in self._built:
+        return self._at(range(len(self._mbs))[i])  # group[-1] is group[len - 1]; IndexError past the end
+
+    def __iter__(self):
+        return map(self._at, range(len(self._mbs)))
+
+    def _at(self, i: int) -> list[Layout]:
+        """The layouts at the i-th micro-batch (0 <= i < len), built once."""
+        built = self._built.get(i)
+        if built is None:
             mb = self._mbs[i]
-            self._built[i] = [Layout(micro_batch=mb, grad_accum=self._per_dp // mb, recompute=rc, **self._fields)
-                              for rc in self._recomputes]
-        return self._built[i]
+            built = self._built[i] = [self._first.at_batch(mb, self._per_dp // mb, rc) if i or j else self._first
+                                      for j, rc in enumerate(self._recomputes)]
+        return built
 
 
 def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, req: PlanRequest):
@@ -135,6 +156,9 @@ def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, 
     impls = req.attentions or tuple(x.name for x in hw.default_attention_impls())
     native = NATIVE_ZERO[spec.recipe.distribution]
     cps = req.cps or context_parallel_degrees(seq)
+    # context parallelism runs on fused attention kernels only: the implementations each cp degree runs on
+    runs_on = {cp: [name for name in impls if not cp_attention_problem(
+        Layout(cp=cp), hw.attention_impl(name).kind, hw.attention_impl(name).windows, spec)] for cp in cps}
     for tp, cp in [(t, c) for t in _divisors(gpus) for c in cps if t <= tp_cap and a.num_heads % t == 0
                    and a.num_kv_heads % t == 0 and (gpus // t) % c == 0]:
         for pp in [p for p in _divisors(gpus // (tp * cp)) if a.num_layers % p == 0]:
@@ -145,19 +169,22 @@ def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, 
             schedules = [("1f1b", 1)] + ([("interleaved", 2)] if pp > 1 and a.num_layers % (2 * pp) == 0 else [])
             mbs = [m for m in _powers_of_two_up_to(min(per_dp, 64)) if per_dp % m == 0]
             for zero in (req.zero_stages if dp * cp > 1 else (native,)):  # one rank: nothing to shard
-                for attention in impls:
-                    impl = hw.attention_impl(attention)
-                    if cp_attention_problem(Layout(cp=cp), impl.kind, impl.windows, spec):
-                        continue  # context parallelism runs on fused attention kernels only
-                    options = req.options.searched(tp, dp * cp, zero, cp)
+                options = req.options.searched(tp, dp * cp, zero, cp)
+                pool = dp * cp * (tp if options["etp"] == 1 else 1)  # Layout.expert_pool
+                # a hybrid shard group holds whole expert-parallel groups
+                eps = [ep for ep in expert_parallel_degrees(spec, pool, req.eps) if options["shard_group"] % ep == 0]
+                # each (schedule, ep)'s first layout is built with Layout's checks once, and copied to each
+                # attention implementation (Layout.with_attention: no check reads it)
+                checked = {(sched, ep): Layout(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, micro_batch=mbs[0],
+                                               grad_accum=per_dp // mbs[0], attention=runs_on[cp][0],
+                                               recompute=req.recomputes[0], compiled=spec.recipe.compiled,
+                                               pp_schedule=sched, pp_virtual_stages=v, ep=ep, **options)
+                           for sched, v in schedules for ep in eps} if runs_on[cp] else {}
+                for attention in runs_on[cp]:
                     for sched, v in schedules:
-                        pool = dp * cp * (tp if options["etp"] == 1 else 1)  # Layout.expert_pool
-                        for ep in expert_parallel_degrees(spec, pool, req.eps):
-                            if options["shard_group"] % ep:
-                                continue  # a hybrid shard group holds whole expert-parallel groups
-                            yield LayoutGroup(dict(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, attention=attention,
-                                                   compiled=spec.recipe.compiled, pp_schedule=sched,
-                                                   pp_virtual_stages=v, ep=ep, **options),
+                        for ep in eps:
+                            first = checked[sched, ep]
+                            yield LayoutGroup(first if first.attention == attention else first.with_attention(attention),
                                               mbs, per_dp, req.recomputes)
 
 
@@ -182,8 +209,10 @@ def pricer_for(req: PlanRequest, hw: HardwareSpec) -> Pricer:
 def plan_row(p: PricedLayout, native_zero: int, usable_gib: float) -> dict:
     """A priced layout as a plan row: its data plus the family and whether it is the native setup."""
     lay = p.layout
-    return {**p.row(), "schedule": lay.pp_schedule if lay.pp > 1 else "-", "family": family(lay, native_zero),
-            "native": lay.zero == native_zero, "usable_gib": usable_gib, "_priced": p}
+    row = p.row()  # a new dict: the plan's columns go after its own
+    row.update(schedule=lay.pp_schedule if lay.pp > 1 else "-", family=family(lay, native_zero),
+               native=lay.zero == native_zero, usable_gib=usable_gib, _priced=p)
+    return row
 
 
 def search(req: PlanRequest, progress: Callable[[str, int, int], None] | None = None) -> PlanResult:
@@ -203,8 +232,6 @@ def search(req: PlanRequest, progress: Callable[[str, int, int], None] | None = 
 def _search(req: PlanRequest, progress: Callable[[str, int, int], None], shortcuts: bool = True) -> PlanResult:
     """search's work. shortcuts=False prices every candidate without the exact bounds that skip work (tests
     compare the two: same rows, considered and rejected)."""
-    import pandas as pd
-
     if req.objective not in OBJECTIVES:
         raise UsageError(f"must be one of {', '.join(OBJECTIVES)}, got {req.objective!r}", field="--objective")
     spec = req.model
@@ -236,21 +263,21 @@ def _search(req: PlanRequest, progress: Callable[[str, int, int], None], shortcu
             progress(f"{gpus}x {hw.name}", done, len(req.hardware) * len(req.gpus))
             done += 1
             for group in layouts_for(spec, hw, gpus, total_batch, req):
-                n = group.size
+                n, first = group.size, group[0][0]
                 considered += n
                 try:
-                    check_layout(group[0][0], spec)
+                    check_layout(first, spec)
                 except LayoutError as e:
                     rejected["divisibility"] += n
                     why_not.setdefault("divisibility", e.message)
                     continue
-                if shortcuts and pricer.cannot_fit(group[0][0]):  # model states alone: no micro-batch fits
+                if shortcuts and pricer.cannot_fit(first):  # model states alone: no micro-batch fits
                     rejected["memory"] += n
                     continue
                 for i, by_rc in enumerate(group):  # micro-batch ascending
                     # the least recompute that fits; more recompute at the same micro-batch only adds compute, so
                     # it is dominated by that one whether or not it fits itself (its memory is not looked at)
-                    least = next((j for j, lay in enumerate(by_rc) if pricer.memory(lay, window).fits), None)
+                    least = pricer.least_fitting(by_rc, window)
                     if least is None:  # larger micro-batches need more memory still
                         rejected["memory"] += (len(group) - i) * len(by_rc)
                         break
@@ -260,25 +287,20 @@ def _search(req: PlanRequest, progress: Callable[[str, int, int], None], shortcu
     result = PlanResult(rows=[], pareto=[], request=req, considered=considered, rejected=rejected, why_not=why_not)
     if not rows:
         return result
-    ranking = ("wall_clock_h", "cost_usd", "native", "tp", "pp", "recompute", "gpus", "hardware")
-    df = pd.DataFrame({c: [r[c] for r in rows] for c in ranking})  # what ranking reads; rows stay dicts
-    # simpler first among near-equals: the native setup, fewer parallel dimensions, no recompute
-    df["_simplicity"] = (~df["native"]).astype(int) * 4 + (df["tp"] > 1) + (df["pp"] > 1) * 2 + (
-        df["recompute"] != "none") * 1
     key = "wall_clock_h" if req.objective == "time" else "cost_usd"
-    pool = df
+    pool = rows
     # a deadline: the cheapest that finishes in time; a budget: the fastest within it (else rank by the limit)
     for column, limit, what, then in (("wall_clock_h", req.deadline_h, "deadline", "cost_usd"),
                                       ("cost_usd", req.budget_usd, "budget", "wall_clock_h")):
         if limit is None:
             continue
-        ok = pool[pool[column] <= limit]
-        if ok.empty:
+        ok = [r for r in pool if r[column] <= limit]
+        if not ok:
             result.missed.append((what, limit))
             key = column
         else:
             pool, key = ok, then
-    ordered = [rows[i] for i in _rank(pool, key).index]
+    ordered = _rank(pool, key)
     result.ranked_by = key
     front = pareto_front(ordered)
     # bands for what is shown: the top rows, the Pareto front and each family's best (what the plot draws)
@@ -291,7 +313,8 @@ def _search(req: PlanRequest, progress: Callable[[str, int, int], None], shortcu
                                                                            "_low_usd", "_high_usd"))})
             r["_priced"] = banded
     result.rows = ordered
-    result.pareto = [r for r in ordered if any(r is p for p in front)]
+    on_front = {id(r) for r in front}
+    result.pareto = [r for r in ordered if id(r) in on_front]
     result.memory_forces = memory_forces(ordered[0], pricers[ordered[0]["hardware"]], req)
     return result
 
@@ -315,14 +338,19 @@ def memory_forces(top: dict, pricer: Pricer, req: PlanRequest) -> dict[str, list
 
 
 
-def _rank(df, key: str):
-    """Sort by key, but among the layouts within TIE of the best put the simplest first."""
-    import pandas as pd
+def _simplicity(row: dict) -> int:
+    """How far a row is from the simplest setup, for ties: not the native setup 4, pipeline 2, tensor parallelism 1,
+    recompute 1 (lower is simpler)."""
+    return (not row["native"]) * 4 + (row["tp"] > 1) + (row["pp"] > 1) * 2 + (row["recompute"] != "none")
 
-    best = df[key].min()
-    near = df[df[key] <= best * (1 + TIE)].sort_values(["_simplicity", key, "gpus", "hardware"], kind="stable")
-    rest = df[df[key] > best * (1 + TIE)].sort_values([key, "_simplicity", "gpus", "hardware"], kind="stable")
-    return pd.concat([near, rest])
+
+def _rank(rows: list[dict], key: str) -> list[dict]:
+    """Sort by key, but among the layouts within TIE of the best put the simplest first (then by key, fewer GPUs,
+    hardware name); sorts are stable: equal rows keep the search's order."""
+    cut = min(r[key] for r in rows) * (1 + TIE)
+    near = sorted((r for r in rows if r[key] <= cut), key=lambda r: (_simplicity(r), r[key], r["gpus"], r["hardware"]))
+    rest = sorted((r for r in rows if r[key] > cut), key=lambda r: (r[key], _simplicity(r), r["gpus"], r["hardware"]))
+    return near + rest
 
 
 def pareto_front(rows: list[dict]) -> list[dict]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -26,8 +27,8 @@ from ddplan.evidence import Thin, thin_values, widened
 from ddplan.flops import mfu, nanochat_flops_per_token
 from ddplan.fp8 import with_fp8_saves
 from ddplan.layout import Layout, breaks_world_size_rule
-from ddplan.memory import (FITS, HEADROOM, MemoryAssumptions, MemoryBreakdown, in_flight_micro_batches, limit_bytes,
-                           memory_per_gpu, model_states, state_floor_bytes)
+from ddplan.memory import (FITS, HEADROOM, MemoryAssumptions, MemoryBreakdown, activation_bytes, fixed_terms,
+                           floor_bytes, in_flight_micro_batches, limit_bytes, memory_per_gpu, model_states)
 from ddplan.runs import highest_measured_mfu
 from ddplan.roofline import SCENARIOS, Rates, Scenario, comm_end, op_times, rates
 from ddplan.specs import Budget, HardwareSpec, ModelSpec, Price
@@ -148,7 +149,8 @@ class PricedLayout:
 
     def row(self) -> dict:
         """Flat data for tables (csv/json): units in the keys, no words."""
-        lay, st = self.layout, self.step
+        lay, st, mem = self.layout, self.step, self.memory
+        low, high = mem.band
         return {
             "hardware": self.hardware, "gpus": lay.num_gpus, "dp": lay.dp, "tp": lay.tp, "pp": lay.pp,
             "vp": lay.pp_virtual_stages, "cp": lay.cp, "ep": lay.ep, "etp": lay.expert_tp, "tp_overlap": lay.tp_overlap,
@@ -166,9 +168,8 @@ class PricedLayout:
             "checkpoint_interval_h": run.hours(self.goodput.interval_s), "wall_clock_h": self.wall_clock_h,
             "wall_low_h": self.wall_low_h, "wall_high_h": self.wall_high_h, "cost_usd": self.cost_usd,
             "cost_low_usd": self.cost_low_usd, "cost_high_usd": self.cost_high_usd,
-            "memory_gib": self.memory.total / GiB, "memory_low_gib": self.memory.band[0] / GiB,
-            "memory_high_gib": self.memory.band[1] / GiB, "fits": self.memory.fits,
-            "memory_verdict": self.memory.verdict, "basis": self.basis,
+            "memory_gib": mem.total / GiB, "memory_low_gib": low / GiB, "memory_high_gib": high / GiB,
+            "fits": mem.fits, "memory_verdict": mem.verdict, "basis": self.basis,
             "flags": ";".join(f.kind for f in self.flags),
         }
 
@@ -190,6 +191,19 @@ _SHARES: OrderedDict[tuple, Anatomy] = OrderedDict()
 SHARES_KEPT = 64
 
 
+@dataclass(frozen=True)
+class _Group:
+    """What layouts that differ only in micro-batch, accumulation and recompute share (Pricer._group): a search
+    prices such a group's layouts one after another."""
+
+    states: dict[str, dict[str, float]]  # ddplan.memory.model_states (read, never written)
+    fixed: dict[str, float]  # ddplan.memory.fixed_terms
+    ops_key: tuple  # what its anatomies depend on besides the micro-batch, the recompute policy and the window
+    memory_key: tuple  # what its memory depends on besides those and the micro-batches in flight
+    activations_key: tuple  # what its activation bytes depend on besides those (memory_key less dp and sharding)
+    optimizer_key: tuple  # what its optimizer step depends on besides the scenario (its rates: the attention's)
+
+
 class Pricer:
     """Prices layouts of one model on one hardware for one run (see the module docstring)."""
 
@@ -203,6 +217,7 @@ class Pricer:
         self.fp8_recipe = fp8_recipe or spec.recipe.fp8_recipe  # how the fp8 casts run (ddplan.fp8.FP8_RECIPES)
         self.points = comm_points(calibration)
         self._last_memory: tuple[Layout, str, MemoryBreakdown] | None = None
+        self._last_group: tuple[tuple, _Group] | None = None
         self._caches = _caches or PriceCache()
         self._shared, self._rated = self._caches.shared, self._caches.rated
 
@@ -225,18 +240,42 @@ class Pricer:
 
     # ---- the parts, each cached by value
 
+    def _group(self, layout: Layout) -> _Group:
+        """What the layout shares with the layouts that differ from it only in micro-batch, accumulation and
+        recompute (a search's group), worked out once per Layout.parallel_key."""
+        parallel = layout.parallel_key
+        last = self._last_group  # a search asks for one group's many times in a row: the same key object
+        if last is not None and last[0] is parallel:
+            return last[1]
+        key = ("group", parallel)
+        group = self._shared.get(key)
+        if group is None:
+            ops = (self._kind(layout.attention), layout.compiled, layout.rank_share)
+            states = self._states(layout)
+            group = self._shared[key] = _Group(
+                states=states, fixed=self._fixed_terms(layout, states), ops_key=ops,
+                memory_key=(ops, layout.dp, layout.pp, layout.zero, layout.pp_schedule, layout.pp_virtual_stages,
+                            layout.shard_group, layout.reshard_after_forward, layout.fp8_all_gather,
+                            layout.offload_optimizer),
+                activations_key=(ops, layout.pp, layout.zero == 3, layout.pp_schedule, layout.pp_virtual_stages),
+                optimizer_key=(layout.attention, layout.grad_ranks, layout.tp, layout.pp, layout.zero, layout.shard_group,
+                               layout.ep, layout.etp))
+        self._last_group = (parallel, group)
+        return group
+
     def anatomy(self, layout: Layout, window: str) -> Anatomy:
         """One rank's ops of one micro-batch (its tp, sp and cp share); recompute policies share one ops tuple."""
-        key = ("anatomy", layout.micro_batch, self._kind(layout.attention), window, layout.compiled,
-               layout.rank_share, layout.recompute, self.fp8, self.fp8_recipe)
-        if key not in self._shared:
+        key = ("anatomy", window, self._group(layout).ops_key, layout.micro_batch, layout.recompute, self.fp8,
+               self.fp8_recipe)
+        an = self._shared.get(key)
+        if an is None:
             share = self._share(layout.micro_batch, layout.attention, window, layout.compiled, layout.rank_share)
             an = with_recompute(share, layout.recompute)
             if self.fp8:  # the fp8 GEMMs' saved inputs, as the recipe keeps them (ddplan.fp8.with_fp8_saves)
                 an = with_fp8_saves(an, self.fp8_recipe, self.spec.recipe.fp8_lm_head,
                                     dtype_bytes(self.spec.dtypes.compute))
             self._shared[key] = an
-        return self._shared[key]
+        return an
 
     def _kind(self, attention: str) -> tuple[str, str]:
         """What an anatomy depends on of an attention implementation: its kind and window support (FA2 and FA3
@@ -286,8 +325,7 @@ class Pricer:
 
     def flops(self, layout: Layout, window: str) -> tuple[float, float]:
         """(model FLOPs, recomputed FLOPs) of one micro-batch on one tp rank, summed once per anatomy."""
-        key = ("flops", layout.micro_batch, self._kind(layout.attention), window, layout.compiled, layout.rank_share,
-               layout.recompute)
+        key = ("flops", window, self._group(layout).ops_key, layout.micro_batch, layout.recompute)
         if key not in self._shared:
             an = self.anatomy(layout, window)
             self._shared[key] = (an.flops_fwd() + an.flops_bwd(), an.recompute_flops())
@@ -333,8 +371,7 @@ class Pricer:
                      fitted, r.fp8_weight_shards, r.fp8_gathers, module_policy)
         if parts_key not in self._rated:
             self._rated[parts_key] = op_times(an, r)
-        opt_key = ("optimizer", layout.attention, scenario, fitted, layout.grad_ranks, layout.tp, layout.pp, layout.zero,
-                   layout.shard_group, layout.ep, layout.etp)
+        opt_key = ("optimizer", scenario, fitted, self._group(layout).optimizer_key)
         if opt_key not in self._rated:
             self._rated[opt_key] = optimizer_time_s(self.spec, layout, r)
         return step_time(self.spec, self.hw, layout, an, r, comm_efficiency=comm_end(scenario),
@@ -358,17 +395,46 @@ class Pricer:
         last = self._last_memory  # a search checks a layout's memory, then prices it: the same object twice
         if last is not None and last[0] is layout and last[1] == window:
             return last[2]
-        key = ("memory", window, layout.dp, layout.rank_share, layout.pp, layout.zero, layout.micro_batch,
-               self._kind(layout.attention), layout.recompute, layout.compiled, layout.pp_schedule,
-               layout.pp_virtual_stages, in_flight_micro_batches(layout), layout.shard_group,
-               layout.reshard_after_forward, layout.fp8_all_gather, layout.offload_optimizer, self.fp8,
+        mem = self._memory(layout, window, self._group(layout), in_flight_micro_batches(layout))
+        self._last_memory = (layout, window, mem)
+        return mem
+
+    def least_fitting(self, layouts: Sequence[Layout], window: str) -> int | None:
+        """The index of the first of `layouts` whose memory fits (memory(layout).fits), None when none does: what a
+        search asks of the layouts of one micro-batch, which differ only in recompute (so share one group and one
+        count of micro-batches in flight, looked up once here). The one that fits is kept for pricing it next."""
+        group, in_flight = self._group(layouts[0]), in_flight_micro_batches(layouts[0])
+        for i, layout in enumerate(layouts):
+            mem = self._memory(layout, window, group, in_flight)
+            if mem.fits:
+                self._last_memory = (layout, window, mem)
+                return i
+        return None
+
+    def _memory(self, layout: Layout, window: str, group: _Group, in_flight: float) -> MemoryBreakdown:
+        """memory(layout), given the layout's group and micro-batches in flight: cached by the group's memory key,
+        the micro-batch, the recompute policy and that count."""
+        key = ("memory", window, group.memory_key, layout.micro_batch, layout.recompute, in_flight, self.fp8,
                self.fp8_recipe)  # fp8: what the GEMMs save (Pricer.anatomy)
-        if key not in self._shared:
-            self._shared[key] = memory_per_gpu(self.spec, layout, self.anatomy(layout, window),
-                                               self.hw.memory.usable_bytes, self.assumptions,
-                                               states=self._states(layout), headroom=self.plan.headroom)
-        self._last_memory = (layout, window, self._shared[key])
-        return self._shared[key]
+        mem = self._shared.get(key)
+        if mem is None:
+            mem = self._shared[key] = memory_per_gpu(
+                self.spec, layout, None, self.hw.memory.usable_bytes, self.assumptions, states=group.states,
+                headroom=self.plan.headroom, fixed=group.fixed,
+                activations=self._activations(layout, window, group, in_flight))
+        return mem
+
+    def _activations(self, layout: Layout, window: str, group: _Group, in_flight: float) -> tuple[float, float]:
+        """(saved, transient) activation bytes of the layout (ddplan.memory.activation_bytes), cached by what they
+        depend on: its anatomy, its pipeline split and schedule with the micro-batches in flight, and whether
+        ZeRO-3 leaves out the weight casts (layouts that differ only in dp or ZeRO 0-2 share them)."""
+        key = ("activations", window, group.activations_key, layout.micro_batch, layout.recompute, self.fp8,
+               self.fp8_recipe, in_flight)
+        act = self._shared.get(key)
+        if act is None:
+            act = self._shared[key] = activation_bytes(self.anatomy(layout, window), layout,
+                                                       self.spec.architecture.num_layers)
+        return act
 
     def _states(self, layout: Layout) -> dict[str, dict[str, float]]:
         """The layout's model states (ddplan.memory.model_states), cached by what they depend on."""
@@ -378,11 +444,20 @@ class Pricer:
             self._shared[key] = model_states(self.spec, layout)
         return self._shared[key]
 
+    def _fixed_terms(self, layout: Layout, states: dict[str, dict[str, float]]) -> dict[str, float]:
+        """The layout's memory terms that no micro-batch or recompute policy changes (ddplan.memory.fixed_terms),
+        cached by what they depend on: what its model states do, and ZeRO-3's gathered parameters."""
+        key = ("fixed terms", layout.grad_ranks, layout.rank_share, layout.pp, layout.zero, layout.shard_group,
+               layout.offload_optimizer, layout.reshard_after_forward, layout.fp8_all_gather)
+        if key not in self._shared:
+            self._shared[key] = fixed_terms(self.spec, layout, states, self.assumptions)
+        return self._shared[key]
+
     def cannot_fit(self, layout: Layout) -> bool:
         """Whether the layout's model states, communication buffers and framework alone are over the memory
         limit (ddplan.memory.state_floor_bytes): then memory(layout).fits is False at every micro-batch and
         recompute policy, and no anatomy is needed to say so. False says nothing (memory() decides)."""
-        floor = state_floor_bytes(self.spec, layout, self._states(layout), self.assumptions)
+        floor = floor_bytes(self._group(layout).fixed, self.assumptions)  # ddplan.memory.state_floor_bytes
         return floor > limit_bytes(self.hw.memory.usable_bytes, self.plan.headroom)
 
     def steps(self, batch_tokens: int) -> int:
@@ -405,12 +480,12 @@ class Pricer:
         window = window or spec.architecture.window_pattern
         mem = self.memory(layout, window)
         st = self.step(layout, window, "value")
-        times = [st.total_s]
+        step_s = low_s = high_s = st.total_s
         if bands:
-            times += [self.step(layout, window, s).total_s for s in self.scenarios() if s != "value"]
+            times = [step_s] + [self.step(layout, window, s).total_s for s in self.scenarios() if s != "value"]
             if self.fit is not None and self.fit.implausible:  # a fit outside physics pins no band
                 times += [self.step(layout, window, s, fitted=False).total_s for s in ("low", "high")]
-        step_s, low_s, high_s = st.total_s, min(times), max(times)
+            low_s, high_s = min(times), max(times)
         err = self.calibration.held_out_error_pct if self.calibration is not None else None
         if bands and err is None and self.fit is None:  # no measured model error: what validation found
             lo, hi = self.uncalibrated_band()
@@ -429,9 +504,9 @@ class Pricer:
         gpus = layout.num_gpus
         model_flops, recompute_flops = self.flops(layout, window)
         executed = layout.grad_accum * (model_flops + recompute_flops) / layout.pp  # per GPU
-        peak = hw.peak.flops_per_s(spec.dtypes.compute)
+        peak = self._peak_flops_per_s
         out = list(flags) + self._flags(layout, mem, executed / step_s, measured=basis == "measured")
-        every, eval_tokens = run.eval_cadence(spec, plan.overheads)
+        every, eval_tokens = self._eval_cadence
         nodes = -(-gpus // hw.gpus_per_node)
         outside = run.outside_steps_s(plan.overheads, steps=steps, eval_every=every, eval_tokens=eval_tokens,
                                       tokens_per_forward=layout.dp * layout.micro_batch * spec.recipe.seq_len,
@@ -448,7 +523,7 @@ class Pricer:
             lost, wall, cost = lost * 3, wall * 3, cost * 3
         mfu_pct = 100 * mfu(self.flops_per_token(window), batch / step_s, peak, gpus)
         if basis == "model" and self.calibration is None and spec.dtypes.compute in ("bf16", "fp16"):
-            top = highest_measured_mfu(hw.name, self.fp8)
+            top = self._highest_measured_mfu
             if top is not None and mfu_pct > top[0]:
                 out.append(Flag("beyond_measured", (("mfu_pct", mfu_pct), ("highest_pct", top[0]), ("run", top[1]))))
         return PricedLayout(
@@ -458,6 +533,21 @@ class Pricer:
             cost_usd=cost[0], cost_low_usd=cost[1], cost_high_usd=cost[2],
             mfu_pct=mfu_pct, hfu_pct=mfu_pct * (1 + recompute_flops / model_flops),
             basis=basis, flags=tuple(out))
+
+    @functools.cached_property
+    def _peak_flops_per_s(self) -> float:
+        """The device's dense peak in the model's compute dtype (MFU's, per GPU)."""
+        return self.hw.peak.flops_per_s(self.spec.dtypes.compute)
+
+    @functools.cached_property
+    def _eval_cadence(self) -> tuple[int, int]:
+        """(every N steps, tokens per evaluation) of the run (ddplan.run.eval_cadence)."""
+        return run.eval_cadence(self.spec, self.plan.overheads)
+
+    @functools.cached_property
+    def _highest_measured_mfu(self) -> tuple[float, str] | None:
+        """The shipped dataset's best run on this GPU and precision class (ddplan.runs.highest_measured_mfu)."""
+        return highest_measured_mfu(self.hw.name, self.fp8)
 
     @functools.cached_property
     def checkpoint_bytes(self) -> float:
@@ -476,12 +566,15 @@ class Pricer:
 
     def _flags(self, layout: Layout, mem: MemoryBreakdown, sustained: float, measured: bool) -> list[Flag]:
         out = []
-        figures = (("total_bytes", mem.total), ("limit_bytes", mem.limit), ("low_bytes", mem.band[0]),
-                   ("high_bytes", mem.band[1]), ("verdict", mem.verdict))
+        kind = None
         if not mem.fits:  # a measured row ran: there the memory model is what is wrong
-            out.append(Flag("memory_vs_measured" if measured else "memory", figures))
+            kind = "memory_vs_measured" if measured else "memory"
         elif mem.verdict != FITS and not measured:  # fits as predicted, not with the model's error on it
-            out.append(Flag("memory_tight", figures))
+            kind = "memory_tight"
+        if kind is not None:
+            low, high = mem.band
+            out.append(Flag(kind, (("total_bytes", mem.total), ("limit_bytes", mem.limit), ("low_bytes", low),
+                                   ("high_bytes", high), ("verdict", mem.verdict))))
         if breaks_world_size_rule(layout, self.spec):
             out.append(Flag("world_size", (("gpus", layout.num_gpus),)))
         best = self.best_flops_per_s

@@ -17,13 +17,12 @@ from dataclasses import dataclass
 
 from ddplan import comm, pipeline
 from ddplan.anatomy import Anatomy, adamw_bytes, muon_matrices
-from ddplan.layout import NATIVE_ZERO, Layout, placement
-from ddplan.memory import EXPERT_GROUP, _stage_share, expert_shard, state_share
+from ddplan.layout import NATIVE_ZERO, Layout, Placement, placement
+from ddplan.memory import EXPERT_GROUP, _stage_share, counts_of, expert_shard, state_share
 from ddplan.offload import offload_time_s
-from ddplan.params import param_counts
 from ddplan.comm import CommPoints, GroupTimer
 from ddplan.fp8 import fp8_weight_fractions
-from ddplan.roofline import OpTimes, Rates, gemm_call_s, gemm_fraction, micro_batch_time, op_times
+from ddplan.roofline import MicroBatchTime, OpTimes, Rates, gemm_call_s, gemm_fraction, micro_batch_time, op_times
 from ddplan.specs import HardwareSpec, ModelSpec
 from ddplan.units import dtype_bytes
 
@@ -75,7 +74,7 @@ def grad_sync_buffers(spec: ModelSpec, layout: Layout, experts: bool = False) ->
     experts: the routed experts' buffers alone (1 / ep of them a rank, reduced over the expert-data-parallel
     ranks, Layout.expert_ranks); else every other group's.
     """
-    counts, dt, opt = param_counts(spec.architecture), spec.dtypes, spec.recipe.optimizer
+    counts, dt, opt = counts_of(spec.architecture), spec.dtypes, spec.recipe.optimizer
     policy, n = dp_policy(spec, layout), (layout.expert_ranks if experts else layout.grad_ranks)
     fp8 = fp8_weight_fractions(spec) if layout.fp8_all_gather else {}
     out: list[tuple[str, float]] = []
@@ -117,7 +116,7 @@ def optimizer_time_s(spec: ModelSpec, layout: Layout, r: Rates) -> float:
     bytes it moves at the optimizer's rate, whichever is longer; calibrated, a shape's measured Muon step
     (ddplan.calibrate.bench.bench_muon_s) scaled by the matrices the rank owns.
     """
-    counts, dt, opt = param_counts(spec.architecture), spec.dtypes, spec.recipe.optimizer
+    counts, dt, opt = counts_of(spec.architecture), spec.dtypes, spec.recipe.optimizer
     policy = dp_policy(spec, layout)
     bw = r.optimizer_bytes_per_s or r.hbm_bytes_per_s * r.hbm  # measured AdamW rate when calibrated
     measured = {(rows, cols): (count, seconds) for rows, cols, count, seconds in r.muon_points}  # calibrated Muon
@@ -184,22 +183,10 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
     p, accum = layout.pp, layout.grad_accum
     parts = op_times(anatomy, r) if parts is None else parts
 
-    def mb_time(fraction: float, emb: bool, head: bool):
-        return micro_batch_time(anatomy, r, layer_fraction=fraction, include_embeddings=emb, include_head=head,
-                                parts=parts)
-
     a_layers = max(1, spec.architecture.num_layers)
     a, e = spec.architecture, dtype_bytes(spec.dtypes.compute)
-    if p == 1:
-        mbt, stage, stage_moe = mb_time(1.0, True, True), a_layers, a.moe_layers
-    else:  # the busiest stage: the first (its layers + embeddings), a middle one, or the last (+ head)
-        if ("stages", p) not in cache:  # (layers, MoE blocks) per stage: the middle one with most MoE blocks
-            cache[("stages", p)] = pipeline.stage_layers(a_layers, p), pipeline.moe_layers_by_stage(a, p)
-        (first, middle, last), moe = cache[("stages", p)]
-        stage, stage_moe, mbt = max(((n, k, mb_time(n / a_layers, emb, head)) for n, k, emb, head in
-                                     ((first, moe[0], True, False), (middle, max(moe[1:-1], default=0), False, False),
-                                      (last, moe[-1], False, True))),
-                                    key=lambda c: c[2].total_s)
+    place = _placed(layout, hw, cache)  # where its tp, cp, ep and pipeline groups sit
+    stage, stage_moe, mbt = _busiest_stage(spec, anatomy, r, parts, p, cache)
     compute = accum * mbt.total_s
 
     tp_s = 0.0
@@ -208,10 +195,14 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
         # forward pair (Korthikanti et al., arXiv 2205.05198, sec. 4.2.2); per-op recompute keeps reduce-scatter
         # outputs but re-runs all-gathers and all-reduces (anatomy.PER_OP_SOURCE's save list): with sequence
         # parallelism the forward's all-gather half again, without it the forward pair
-        timer = _Cached(GroupTimer(hw, placement(layout, hw.gpus_per_node).tp_per_node, comm_efficiency,
-                                   comm_points), cache)
-        fwd, bwd = comm.tp_comm_time_per_layer_s(layout.micro_batch, anatomy.seq_len, a.d_model, e, layout.tp, timer,
-                                                 layout.sequence_parallel)
+        per_node = place.tp_per_node
+        key = ("tp layer", layout.micro_batch, anatomy.seq_len, layout.tp, layout.sequence_parallel, per_node,
+               comm_efficiency)
+        if key not in cache:
+            cache[key] = comm.tp_comm_time_per_layer_s(
+                layout.micro_batch, anatomy.seq_len, a.d_model, e, layout.tp,
+                _Cached(GroupTimer(hw, per_node, comm_efficiency, comm_points), cache), layout.sequence_parallel)
+        fwd, bwd = cache[key]
         again = {"full": fwd, "per-op": fwd / 2 if layout.sequence_parallel else fwd}.get(anatomy.recompute, 0.0)
         per_layer = fwd + bwd + again
         # an MoE block without shared experts has no MLP-side pair: its dispatcher's gathers (ep_s) replace it
@@ -224,13 +215,17 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
 
     cp_s = 0.0
     if layout.cp > 1:
-        fwd, bwd = _cp_layer_s(spec, hw, layout, anatomy, parts, a_layers, comm_efficiency, comm_points, cache)
+        # the same for every layout with these op times (one micro-batch and rank share) and this exchange
+        key = ("cp layer", layout.cp_comm, place.cp_per_node, place.cp_crosses, comm_efficiency)
+        if key not in parts.memo:
+            parts.memo[key] = _cp_layer_s(spec, hw, layout, place, anatomy, parts, a_layers, comm_efficiency,
+                                          comm_points, cache)
+        fwd, bwd = parts.memo[key]
         attention_again = anatomy.recompute != "none" and (anatomy.modules is None or "core_attn" in anatomy.modules)
         cp_s = accum * stage * (fwd + bwd + (fwd if attention_again else 0.0))  # recompute re-sends
 
     ep_s = 0.0
     if a.moe is not None and (layout.ep > 1 or layout.expert_tp > 1):
-        place = placement(layout, hw.gpus_per_node)
         rows = comm.moe_rows_bytes(anatomy.tokens / layout.tp, a.moe.top_k, a.d_model, e, a.moe.rows_factor(layout.ep))
         fwd, bwd = comm.moe_layer_comm_s(
             rows, layout.ep, layout.expert_tp,
@@ -244,7 +239,7 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
     if p > 1:  # activations to the next stage and gradients back, per micro-batch, not overlapped
         # neighbouring stages are tp x dp ranks apart (ddplan.layout.placement): once the job spans nodes
         # some boundary crosses them, and each GPU sends to its peer through its own NIC
-        crosses = placement(layout, hw.gpus_per_node).pp_crosses
+        crosses = place.pp_crosses
         tier_key = ("p2p tier", comm_efficiency, crosses)
         if tier_key not in cache:
             cache[tier_key] = comm.tier_for(hw, "all_gather", 2, efficiency=comm_efficiency,
@@ -268,19 +263,52 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
                     ep_comm_s=ep_s, mb_gather_s=gather_s, mb_scatter_s=scatter_s)
 
 
-def _cp_layer_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatomy, parts: OpTimes, layers: int,
-                efficiency: str, points: CommPoints | None, cache: Cache) -> tuple[float, float]:
+def _busiest_stage(spec: ModelSpec, anatomy: Anatomy, r: Rates, parts: OpTimes, p: int,
+                   cache: Cache) -> tuple[int, int, MicroBatchTime]:
+    """(layers, MoE blocks, micro-batch time) of the pipeline stage that takes longest: the first (its layers +
+    embeddings), a middle one (the one with most MoE blocks), or the last (+ head); the whole model at p = 1.
+    Kept in parts.memo by recompute policy and p (every layout with these op times and stages asks the same)."""
+    key = ("busiest stage", anatomy.recompute, p)
+    if key in parts.memo:
+        return parts.memo[key]
+
+    def mb_time(fraction: float, emb: bool, head: bool) -> MicroBatchTime:
+        return micro_batch_time(anatomy, r, layer_fraction=fraction, include_embeddings=emb, include_head=head,
+                                parts=parts)
+
+    a = spec.architecture
+    a_layers = max(1, a.num_layers)
+    if p == 1:
+        busiest = a_layers, a.moe_layers, mb_time(1.0, True, True)
+    else:
+        if ("stages", p) not in cache:  # (layers, MoE blocks) per stage: the middle one with most MoE blocks
+            cache[("stages", p)] = pipeline.stage_layers(a_layers, p), pipeline.moe_layers_by_stage(a, p)
+        (first, middle, last), moe = cache[("stages", p)]
+        busiest = max(((n, k, mb_time(n / a_layers, emb, head)) for n, k, emb, head in
+                       ((first, moe[0], True, False), (middle, max(moe[1:-1], default=0), False, False),
+                        (last, moe[-1], False, True))),
+                      key=lambda c: c[2].total_s)
+    parts.memo[key] = busiest
+    return busiest
+
+
+def _cp_layer_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, place: Placement, anatomy: Anatomy,
+                parts: OpTimes, layers: int, efficiency: str, points: CommPoints | None,
+                cache: Cache) -> tuple[float, float]:
     """(forward, backward) seconds of one layer's context-parallel exchange on the critical path: the ring's
     sends beyond the attention they overlap (comm.cp_ring_exposed_s), or the all-gather variant's
     collectives (comm.cp_all_gather_s). The KV block: this tp rank's KV heads for its s / cp tokens."""
     a = spec.architecture
     block = comm.cp_kv_block_bytes(layout.micro_batch, anatomy.seq_len, max(1, a.num_kv_heads // layout.tp),
                                    a.head_dim, dtype_bytes(spec.dtypes.compute))
-    place = placement(layout, hw.gpus_per_node)
     if layout.cp_comm == "all_gather":
         return comm.cp_all_gather_s(block, layout.cp, _Cached(GroupTimer(hw, place.cp_per_node, efficiency, points),
                                                               cache))
-    tier = comm.tier_for(hw, "all_gather", 2, efficiency=efficiency, per_node=1 if place.cp_crosses else 2)
+    tier_key = ("p2p tier", efficiency, place.cp_crosses)  # the ring's sends: to the next rank, as a pipeline's
+    if tier_key not in cache:
+        cache[tier_key] = comm.tier_for(hw, "all_gather", 2, efficiency=efficiency,
+                                        per_node=1 if place.cp_crosses else 2)
+    tier = cache[tier_key]
     send = tier.latency_s + block / tier.busbw_bytes_per_s  # to the next rank of the ring, both directions at once
     attn_fwd = parts.fwd_by_kind.get(("layers", "attention"), 0.0) / layers
     attn_bwd = parts.by_kind.get(("layers", "attention"), 0.0) / layers - attn_fwd
@@ -324,32 +352,65 @@ def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, m
         return 0.0, 0.0, 0.0, 0.0
     cache = {} if cache is None else cache
     policy = dp_policy(spec, layout)
-    place = placement(layout, hw.gpus_per_node)  # ranks ordered tp, dp, pp: a dp group strides by tp
-    buffers, expert = (_buffers(spec, layout, policy, experts, cache) for experts in (False, True))
-    if policy == "fsdp":
-        return _fsdp_comm_s(buffers, expert, hw, layout, place, mb_s, spec.architecture.num_layers, efficiency, points,
-                            cache)
-    # the routed experts' gradients reduce over their own group (Layout.expert_ranks, etp x ep ranks apart)
-    timer = _Cached(GroupTimer(hw, place.dp_per_node, efficiency, points), cache)
-    n_e, timer_e = layout.expert_ranks, _Cached(GroupTimer(hw, place.edp_per_node, efficiency, points), cache)
+    place = _placed(layout, hw, cache)  # ranks ordered tp, dp, pp: a dp group strides by tp
     if policy == "ddp":
+        buffers, expert = (_buffers(spec, layout, policy, experts, cache) for experts in (False, True))
+        # the routed experts' gradients reduce over their own group (Layout.expert_ranks, etp x ep ranks apart)
+        timer = _Cached(GroupTimer(hw, place.dp_per_node, efficiency, points), cache)
+        n_e, timer_e = layout.expert_ranks, _Cached(GroupTimer(hw, place.edp_per_node, efficiency, points), cache)
         size, size_e = sum(s for _, s in buffers), sum(s for _, s in expert)
         total, total_e = timer.time_s("all_reduce", size, n), timer_e.time_s("all_reduce", size_e, n_e)
         exposed = comm.ddp_exposed_s(size, DDP_BUCKET_BYTES, n, timer, bwd_s)
         if size_e:  # after the other buckets, under what is left of backward
             exposed += comm.ddp_exposed_s(size_e, DDP_BUCKET_BYTES, n_e, timer_e, max(0.0, bwd_s - total))
         return total + total_e, exposed, 0.0, 0.0
-    rs, ag, ar = (sum(timer.time_s(c, s, n) for c, s in buffers if c == kind)
-                  + sum(timer_e.time_s(c, s, n_e) for c, s in expert if c == kind)
-                  for kind in ("reduce_scatter", "all_gather", "all_reduce"))
+    key = ("dp collectives", policy, layout.dp, layout.tp, layout.pp, layout.cp, layout.ep, layout.etp,
+           layout.shard_group, layout.fp8_all_gather, hw.gpus_per_node, efficiency)  # what they depend on
+    times = cache.get(key)
+    if times is None:
+        times = cache[key] = _dp_collectives(spec, hw, layout, policy, place, efficiency, points, cache)
+    rs, ag, ar, last = times
+    if policy == "fsdp":
+        return _fsdp_comm_s(rs, ag, ar, layout, place, mb_s, spec.architecture.num_layers)
     if policy == "sharded_optimizer":
         return rs + ag + ar, rs + ag + ar, 0.0, 0.0  # overlap with optimizer math applied by the caller
-    last = timer.time_s("reduce_scatter", min(DDP_BUCKET_BYTES, sum(s for c, s in buffers if c == "reduce_scatter")),
-                        n)
     forward = (mb_s - bwd_s) if layout.overlap_param_gather else None  # the next step's first forward
     if policy == "zero1":
         return (*comm.zero1_comm_s(rs, ag, last, bwd_s, forward), 0.0, 0.0)
     return (*comm.zero2_comm_s(rs, ag, last, bwd_s, layout.grad_accum, forward), 0.0, 0.0)
+
+
+def _dp_collectives(spec: ModelSpec, hw: HardwareSpec, layout: Layout, policy: str, place: Placement,
+                    efficiency: str, points: CommPoints | None, cache: Cache) -> tuple[float, float, float, float]:
+    """(rs, ag, ar, last) seconds of a sharded policy's collectives (dp_comm_s, every policy but DDP): the gradient
+    reduce-scatters, parameter all-gathers and all-reduces of one synchronisation (FSDP: of one micro-batch, ar the
+    hybrid replicas' all-reduce, _fsdp_collectives) and ZeRO-1/2's last reduce-scatter bucket (0 otherwise). They
+    depend on the layout's degrees and sharding only (dp_comm_s keeps them by those)."""
+    buffers, expert = (_buffers(spec, layout, policy, experts, cache) for experts in (False, True))
+    if policy == "fsdp":
+        return (*_fsdp_collectives(buffers, expert, hw, layout, place, efficiency, points, cache), 0.0)
+    n = layout.grad_ranks
+    # the routed experts' gradients reduce over their own group (Layout.expert_ranks, etp x ep ranks apart)
+    timer = _Cached(GroupTimer(hw, place.dp_per_node, efficiency, points), cache)
+    n_e, timer_e = layout.expert_ranks, _Cached(GroupTimer(hw, place.edp_per_node, efficiency, points), cache)
+    rs, ag, ar = (sum(timer.time_s(c, s, n) for c, s in buffers if c == kind)
+                  + sum(timer_e.time_s(c, s, n_e) for c, s in expert if c == kind)
+                  for kind in ("reduce_scatter", "all_gather", "all_reduce"))
+    if policy == "sharded_optimizer":
+        return rs, ag, ar, 0.0
+    last = timer.time_s("reduce_scatter", min(DDP_BUCKET_BYTES, sum(s for c, s in buffers if c == "reduce_scatter")),
+                        n)
+    return rs, ag, ar, last
+
+
+def _placed(layout: Layout, hw: HardwareSpec, cache: Cache) -> Placement:
+    """placement(layout, hw.gpus_per_node), kept in the caller's cache by Layout.parallel_key (a search's group
+    shares it)."""
+    key = ("placement", layout.parallel_key, hw.gpus_per_node)
+    place = cache.get(key)
+    if place is None:
+        place = cache[key] = placement(layout, hw.gpus_per_node)
+    return place
 
 
 def _buffers(spec: ModelSpec, layout: Layout, policy: str, experts: bool, cache: Cache) -> list[tuple[str, float]]:
@@ -361,19 +422,17 @@ def _buffers(spec: ModelSpec, layout: Layout, policy: str, experts: bool, cache:
     return cache[key]
 
 
-def _fsdp_comm_s(buffers: list[tuple[str, float]], expert: list[tuple[str, float]], hw: HardwareSpec, layout: Layout,
-                 place, mb_s: float, num_layers: int, efficiency: str, points: CommPoints | None,
-                 cache: Cache) -> tuple[float, float, float, float]:
-    """(total, exposed, gather, scatter) seconds of ZeRO-3 / FSDP communication (comm.fsdp_comm_s): total and
-    exposed in one step; gather and scatter in one micro-batch (its all-gathers, every pass, and its
-    reduce-scatter).
+def _fsdp_collectives(buffers: list[tuple[str, float]], expert: list[tuple[str, float]], hw: HardwareSpec,
+                      layout: Layout, place: Placement, efficiency: str, points: CommPoints | None,
+                      cache: Cache) -> tuple[float, float, float]:
+    """(rs, ag, ar) seconds of one micro-batch's ZeRO-3 / FSDP collectives: its gradient reduce-scatter, one
+    pass's parameter all-gather and the hybrid replicas' all-reduce (0 without hybrid sharding).
 
     The gathers and reduce-scatters run over the shard group (all of dp, or the hybrid shard group,
     its members placed as ddplan.layout.placement says); hybrid sharding adds an all-reduce of each
     gradient shard across the dp / shard replicas every micro-batch (torch FSDP2's default
-    set_requires_all_reduce(True)), on the NICs: while the shard group stays inside a node (NVLink) the
-    two streams overlap; when it crosses nodes too, both use the NICs and add up. The routed experts'
-    buffers (expert) gather and reduce over shard / ep ranks, placed as the expert-data-parallel group.
+    set_requires_all_reduce(True)). The routed experts' buffers (expert) gather and reduce over shard / ep ranks,
+    placed as the expert-data-parallel group.
     """
     s = layout.shard_degree
     shard = _Cached(GroupTimer(hw, place.shard_per_node, efficiency, points), cache)
@@ -388,6 +447,17 @@ def _fsdp_comm_s(buffers: list[tuple[str, float]], expert: list[tuple[str, float
         across = _Cached(GroupTimer(hw, per_node, efficiency, points), cache)
         ar = across.time_s("all_reduce", sum(size for c, size in buffers if c == "reduce_scatter") / s
                            + sum(size for c, size in expert if c == "reduce_scatter") / s_e, replicas)
+    return rs, ag, ar
+
+
+def _fsdp_comm_s(rs: float, ag: float, ar: float, layout: Layout, place: Placement, mb_s: float,
+                 num_layers: int) -> tuple[float, float, float, float]:
+    """(total, exposed, gather, scatter) seconds of ZeRO-3 / FSDP communication (comm.fsdp_comm_s) from its
+    collectives (_fsdp_collectives): total and exposed in one step; gather and scatter in one micro-batch (its
+    all-gathers, every pass, and its reduce-scatter). The hybrid replicas' all-reduce runs on the NICs: while the
+    shard group stays inside a node (NVLink) the two streams overlap; when it crosses nodes too, both use the NICs
+    and add up.
+    """
     gathers = 2 if layout.reshard_after_forward else 1
     total, exposed = comm.fsdp_comm_s(rs, ag, mb_s, layout.grad_accum, max(1, num_layers), gathers=gathers,
                                       replica_all_reduce_s=ar, separate_links=not place.shard_crosses)

@@ -50,3 +50,36 @@ def test_world_size_rule_is_flagged_not_refused_when_asked():
     with pytest.raises(LayoutError, match="power-of-two"):
         check_layout(six, spec)
     assert not breaks_world_size_rule(Layout(dp=8, zero=1), spec)
+
+
+@given(micro_batch=st.integers(1, 64), grad_accum=st.integers(1, 64),
+       recompute=st.sampled_from(["none", "selective", "full", "selective:mlp"]))
+def test_at_batch_is_replace_without_the_checks(micro_batch, grad_accum, recompute):
+    """Layout.at_batch gives the layout replace() gives: equal, same hash, same fields (the search derives its
+    layouts so); the original keeps its own."""
+    from dataclasses import replace
+
+    base = Layout(dp=4, tp=2, pp=2, zero=3, micro_batch=2, grad_accum=8, attention="fa3", recompute="full",
+                  pp_schedule="interleaved", pp_virtual_stages=2, sequence_parallel=True)
+    hash(base)  # a cached hash must not travel to the derived layout
+    derived = base.at_batch(micro_batch, grad_accum, recompute)
+    expected = replace(base, micro_batch=micro_batch, grad_accum=grad_accum, recompute=recompute)
+    assert derived == expected and hash(derived) == hash(expected) and repr(derived) == repr(expected)
+    assert (base.micro_batch, base.grad_accum, base.recompute) == (2, 8, "full")
+
+
+def test_at_batch_refuses_a_zero_batch():
+    with pytest.raises(AssertionError):
+        Layout().at_batch(0, 1, "none")
+
+
+def test_with_attention_is_replace_without_the_checks():
+    """Layout.with_attention gives the layout replace() gives, its cached hash and parallel key not carried over."""
+    from dataclasses import replace
+
+    base = Layout(dp=4, tp=2, pp=2, zero=3, micro_batch=2, grad_accum=8, attention="fa3", recompute="full")
+    hash(base), base.parallel_key  # cached on the original: must not travel
+    other = base.with_attention("sdpa-fused")
+    expected = replace(base, attention="sdpa-fused")
+    assert other == expected and hash(other) == hash(expected) and other.parallel_key == expected.parallel_key
+    assert base.attention == "fa3" and other.parallel_key != base.parallel_key
