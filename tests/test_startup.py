@@ -38,7 +38,9 @@ def test_import_cli_is_light():
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["specs", "--help"], ["specs", "list"],
-                                  ["specs", "show", "d24", "--format", "json"], ["specs", "show", "d12"]])
+                                  ["specs", "show", "d24", "--format", "json"], ["specs", "show", "d12"],
+                                  ["table", "--model", "d24", "--gpus", "1,8"],
+                                  ["plan", "--model", "gpt2-124m", "--hardware", "h100-sxm", "--gpus", "8"]])
 def test_cli_commands_are_light(argv):
     proc, modules = imported_modules("-m", "ddplan.cli", *argv)
     assert proc.returncode == 0, proc.stderr[-2000:]
