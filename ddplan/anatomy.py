@@ -24,6 +24,7 @@ Conventions:
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 import typing
 from typing import Literal
@@ -254,15 +255,8 @@ class Anatomy:
         when every kept size is a whole number of bytes and the total is below 2^53 (then every partial sum
         in any order is exact, so this is the walk's float to the bit); else the walk over every saved tensor."""
         if self.modules is not None:  # per-module recompute: each tensor as its savers keep it
-            kept: dict[str, float] = {}
-            last_block: dict[str, bool] = {}
-            for op in self.ops:
-                for s in op.saves:
-                    last_block[s.name] = op.layer is not None
-                    if self._save_kept(op, s):
-                        kept[s.name] = s.bytes
-            layers = sum(b for n, b in kept.items() if last_block[n])
-            return layers, sum(kept.values()) - layers
+            exact = self._saved_split_exact(_AS_FLAGGED, self._save_kept)
+            return exact if exact is not None else self._saved_split_walk()
         keeps = _keep_table(self.recompute, self.compiled)
         exact = self._saved_split_exact(keeps)
         if exact is not None:
@@ -275,15 +269,33 @@ class Anatomy:
         layers = sum(b for n, b in kept.items() if in_blocks[n])
         return layers, sum(kept.values()) - layers
 
+    def _saved_split_walk(self) -> tuple[float, float]:
+        """saved_split by the walk over every op's saved tensors (each name its last kept size; in the blocks when its
+        last saver is a block op): the definition that _saved_split_exact sums per distinct block."""
+        keep = self._save_kept
+        kept: dict[str, float] = {}
+        last_block: dict[str, bool] = {}
+        for op in self.ops:
+            for s in op.saves:
+                last_block[s.name] = op.layer is not None
+                if keep(op, s):
+                    kept[s.name] = s.bytes
+        layers = sum(b for n, b in kept.items() if last_block[n])
+        return layers, sum(kept.values()) - layers
+
     @functools.cached_property
     def _block_rows(self) -> tuple[tuple[tuple[str, float, str, bool], ...], ...]:
         """Per distinct block, its saved tensors in order as (name, bytes, tag, own): own when the name is the
         block's (`h{i}.` of its first layer, removed here), which no other layer saves; else the name as is
         (shared by layers: x0, the attention masks)."""
+        return self._block_rows_by(lambda op, s: s.tag)
+
+    def _block_rows_by(self, tag: Callable) -> tuple[tuple[tuple[str, float, object, bool], ...], ...]:
+        """_block_rows with tag(op, saved) in place of each saved tensor's tag (a per-module policy's keep flag)."""
         out = []
         for ops in self.blocks:
             prefix = f"h{ops[0].layer}." if ops else ""
-            out.append(tuple((s.name.removeprefix(prefix), s.bytes, s.tag, s.name.startswith(prefix))
+            out.append(tuple((s.name.removeprefix(prefix), s.bytes, tag(op, s), s.name.startswith(prefix))
                              for op in ops for s in op.saves))
         return tuple(out)
 
@@ -328,11 +340,18 @@ class Anatomy:
         everything there as no recompute does (the attention core aside: module_keeps)."""
         return "none" if self.modules is not None else self.recompute
 
-    def _saved_split_exact(self, keeps: dict) -> tuple[float, float] | None:
+    def _saved_split_exact(self, keeps: dict, tag: Callable | None = None) -> tuple[float, float] | None:
         """saved_split in whole bytes (Python ints, exact), or None where a kept size is not a whole number of
-        bytes or the total reaches 2^53 (saved_split then walks every tensor)."""
-        outside = [(s.name, s.bytes, s.tag, False) for op in self.pre for s in op.saves]
-        after = [(s.name, s.bytes, s.tag, False) for op in self.post for s in op.saves]
+        bytes or the total reaches 2^53 (saved_split then walks every tensor). keeps[tag, in block]: whether a
+        tensor is kept; tag(op, saved): the tag it is looked up by (default the saved tensor's own; a per-module
+        policy passes its keep flag, looked up in _AS_FLAGGED)."""
+        if tag is None:
+            block_rows = self._block_rows
+            tag = _OWN_TAG
+        else:
+            block_rows = self._block_rows_by(tag)
+        outside = [(s.name, s.bytes, tag(op, s), False) for op in self.pre for s in op.saves]
+        after = [(s.name, s.bytes, tag(op, s), False) for op in self.post for s in op.saves]
         layers = len(self.layer_blocks)
         # a layer's own tensor that pre or post saves too (nanochat's backout keeps h{L/2+1}.x_in): that layer's
         # rows of it join the walk over shared names below
@@ -343,11 +362,11 @@ class Anatomy:
                 also_outside.setdefault(int(head[1:]), set()).add(rest)
         # own tensors of each distinct block: the last kept size of each name (all in a block)
         own_sum, own_count, own_last = [], [], []
-        for rows in self._block_rows:
+        for rows in block_rows:
             last: dict[str, int | None] = {}
-            for name, nbytes, tag, own in rows:
+            for name, nbytes, key, own in rows:
                 if own:
-                    if keeps[tag, True]:
+                    if keeps[key, True]:
                         if not (nbytes >= 0 and float(nbytes).is_integer()):
                             return None
                         last[name] = int(nbytes)
@@ -364,29 +383,29 @@ class Anatomy:
         # shared names (and the own ones above) in order: last kept size, and whether the last save is a block's
         kept: dict[str, float] = {}
         in_blocks: dict[str, bool] = {}
-        shared_rows = [tuple(r for r in rows if not r[3]) for rows in self._block_rows]
+        shared_rows = [tuple(r for r in rows if not r[3]) for rows in block_rows]
 
-        def walk(name: str, nbytes: float, tag: str, in_block: bool) -> None:
+        def walk(name: str, nbytes: float, key, in_block: bool) -> None:
             in_blocks[name] = in_block
-            if keeps[tag, in_block]:
+            if keeps[key, in_block]:
                 kept[name] = nbytes
 
         for row in outside:
             walk(*row)
         for i, b in enumerate(self.layer_blocks):
             if i in also_outside:
-                for name, nbytes, tag, own in self._block_rows[b]:
+                for name, nbytes, key, own in block_rows[b]:
                     if not own:
-                        walk(name, nbytes, tag, True)
+                        walk(name, nbytes, key, True)
                     elif name in also_outside[i]:
-                        walk(f"h{i}.{name}", nbytes, tag, True)
+                        walk(f"h{i}.{name}", nbytes, key, True)
                 for name in also_outside[i]:
                     if own_last[b].get(name) is not None:
                         block_total -= own_last[b][name]
                         block_names -= 1
             else:
-                for name, nbytes, tag, _ in shared_rows[b]:
-                    walk(name, nbytes, tag, True)
+                for name, nbytes, key, _ in shared_rows[b]:
+                    walk(name, nbytes, key, True)
         for row in after:
             walk(*row)
         for nbytes in kept.values():
@@ -815,6 +834,15 @@ def tp_split(name: str, kind: str) -> str | None:
     if name in _HEAD or name.endswith(_NUMEL):
         return "numel"
     return None
+
+
+def _OWN_TAG(op: Op, saved: Saved) -> str:
+    """A saved tensor's own tag (what a named policy's keep table is looked up by)."""
+    return saved.tag
+
+
+# a per-module policy's keep table: each tensor's tag is already whether the policy keeps it
+_AS_FLAGGED = {(True, True): True, (True, False): True, (False, True): False, (False, False): False}
 
 
 def _with(obj, **changes):

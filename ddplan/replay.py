@@ -210,7 +210,8 @@ def with_sustained(hw, fraction: float, source: str, field: str = "sustained"):
 
 
 def price_run(run: RunFacts, where: str, sustained: dict[str, float] | None = None,
-              imbalance: float | None = None, shared: dict | None = None, evidence: bool = True):
+              imbalance: float | None = None, shared: dict | None = None, evidence: bool = True,
+              bands: bool = True):
     """(spec, hardware, priced row) of one run, through ddplan.table.build_table as `ddplan table` prices it.
 
     sustained: hardware name -> GEMM sustained fraction replacing the spec's, and fp8_fit_key(name) -> the fraction
@@ -218,7 +219,7 @@ def price_run(run: RunFacts, where: str, sustained: dict[str, float] | None = No
     imbalance: the dropless load imbalance replacing the spec's (run_spec); shared: build_table's
     rate-independent cache, kept by the caller across prices of this run at one imbalance; evidence=False: the
     base uncalibrated band, not widened where the evidence is thin (leave-one-source-out widens it by tables made
-    without the run's source)."""
+    without the run's source); bands=False: the row's value only, its band collapsed to it (a fit's cost)."""
     hw = run_hardware(run, where)
     if sustained and hw.name in sustained:
         hw = with_sustained(hw, sustained[hw.name], "re-fitted by ddplan.validation")
@@ -235,7 +236,7 @@ def price_run(run: RunFacts, where: str, sustained: dict[str, float] | None = No
                        recomputes=(lay.recompute,),
                        attentions=(attention,), windows=(lay.window or spec.architecture.window_pattern,),
                        total_batch_tokens=run.tokens_per_step, compiled=lay.compiled, fp8=run.precision == "fp8",
-                       framework=run_framework(run), evidence=evidence,
+                       framework=run_framework(run), evidence=evidence, bands=bands,
                        fp8_recipe=run.fp8_recipe,
                        options=Options(sequence_parallel=lay.sequence_parallel, tp_overlap=lay.tp_comm_overlap,
                                        overlap_param_gather=lay.overlap_param_gather,

@@ -61,6 +61,7 @@ class TableRequest:
     options: Options = Options()  # sequence parallelism, TP overlap, hybrid sharding, ... where they apply
     framework: str | None = None  # the training stack's profile name: its published runs weigh in the band
     evidence: bool = True  # False: the base band, not widened where the evidence is thin (validation re-widens it)
+    bands: bool = True  # False: each row's value only, its band collapsed to it (what a fit's cost reads)
 
 
 @dataclass(frozen=True)
@@ -223,11 +224,11 @@ def _build_table(req: TableRequest, progress: Callable[[str, int, int], None] | 
         if (layout, win) in seen:  # e.g. --zero 0,3 on one GPU: the same layout twice
             continue
         seen.add((layout, win))
-        table.rows.append(pricer.price(layout, win, flags=flags))
+        table.rows.append(pricer.price(layout, win, bands=req.bands, flags=flags))
     fit = table.fit
     if (fit is not None and fit.seq_len == seq and not any(r.basis == "measured" for r in table.rows)
             and (fit.layout, fit.window) not in seen):  # the measured configuration is always a row
-        table.rows.insert(0, pricer.price(fit.layout, fit.window))
+        table.rows.insert(0, pricer.price(fit.layout, fit.window, bands=req.bands))
     if not table.rows:
         raise UsageError(f"no layout can exist: {skipped[0]}", field="--gpus/--tp/--pp/--vp/--cp/--ep")
     if skipped:

@@ -172,6 +172,7 @@ class Scorer:
 
     def __init__(self) -> None:
         self._scored: dict[tuple, Scored] = {}
+        self._values: dict[tuple, float] = {}  # a price's value alone (predicted_s)
         self._shared: dict[tuple, dict] = {}
         self._keys: dict[int, tuple[str, PublishedRun]] = {}  # id(run) -> (its JSON, the run, kept alive)
         self._moe: dict[str, bool] = {}  # run -> whether the imbalance moves its price
@@ -194,9 +195,10 @@ class Scorer:
                                   and run.layout.ep > 1)
         return self._moe[run_key]
 
-    def score(self, run: PublishedRun, where: str, sustained: dict[str, float] | None = None,
-              imbalance: float | None = None, evidence: bool = True) -> Scored:
-        """score(run, where, sustained, imbalance, evidence), priced at most once."""
+    def _price_key(self, run: PublishedRun, where: str, sustained: dict[str, float] | None,
+                   imbalance: float | None) -> tuple[tuple, dict[str, float] | None, dict]:
+        """(the cache key of a price, the fractions it takes, its rate-independent cache): a run is priced the same
+        at any fraction of another hardware's and at any imbalance that does not act on it."""
         try:
             name = _hw_name(run.hardware)
             given = sustained or {}
@@ -206,11 +208,28 @@ class Scorer:
         run_key = self._key(run)
         if imbalance is not None and not self._imbalanced(run, run_key, where):
             imbalance = None  # priced the same at any imbalance: one price, one cache
-        key = (run_key, own, imbalance)
+        shared = self._shared.setdefault((self._parts_key(run, run_key), imbalance), {})
+        return (run_key, own, imbalance), (sustained if own != (None, None) else None), shared
+
+    def predicted_s(self, run: PublishedRun, where: str, sustained: dict[str, float] | None = None,
+                    imbalance: float | None = None) -> float:
+        """score(run, ...).predicted_s, priced at most once and without the band's other scenarios (what a fit's
+        cost reads: the value is the same, its low and high ends are two more step models)."""
+        key, given, shared = self._price_key(run, where, sustained, imbalance)
+        if key in self._scored:
+            return self._scored[key].predicted_s
+        if key not in self._values:
+            self._values[key] = price_run(run, where, given, key[2], shared=shared, evidence=False,
+                                          bands=False)[2].step_s
+        return self._values[key]
+
+    def score(self, run: PublishedRun, where: str, sustained: dict[str, float] | None = None,
+              imbalance: float | None = None, evidence: bool = True) -> Scored:
+        """score(run, where, sustained, imbalance, evidence), priced at most once."""
+        key, given, shared = self._price_key(run, where, sustained, imbalance)
+        run_key = key[0]
         if key not in self._scored:  # priced with the base band; the evidence widens it after (exactly, _widened)
-            self._scored[key] = score(run, where, sustained if own != (None, None) else None, imbalance,
-                                      shared=self._shared.setdefault((self._parts_key(run, run_key), imbalance), {}),
-                                      evidence=False)
+            self._scored[key] = score(run, where, given, key[2], shared=shared, evidence=False)
         base = self._scored[key]
         if not evidence:
             return base
@@ -416,7 +435,7 @@ def fit_sustained(runs: Sequence[PublishedRun], hardware: str, where: str, lo: f
 
     def cost(f: float) -> float:
         given = {**(fixed or {}), **dict.fromkeys(keys, f)}
-        return statistics.fmean(abs(math.log(1 + scorer.score(r, where, given, evidence=False).error)) for r in mine)
+        return statistics.fmean(abs(math.log(1 + (scorer.predicted_s(r, where, given) / r.measured_step_s - 1))) for r in mine)
 
     return round(golden_min(cost, lo, hi, tol), 3)
 
@@ -475,7 +494,7 @@ def fit_dropless_imbalance(sweep: RoutingSweep, runs: RunSet, where: str, sustai
         dropless = run.model_copy(update={"model": run.model.model_copy(update={"routing": "dropless"})})
 
         def step(imbalance: float) -> float:
-            return scorer.score(dropless, here, sustained, imbalance, evidence=False).predicted_s
+            return scorer.predicted_s(dropless, here, sustained, imbalance)
 
         t1 = step(1.0)
         slope = (step(1 + SLOPE_STEP) - t1) / SLOPE_STEP  # the step's growth per unit of I, near 1

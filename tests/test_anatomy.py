@@ -659,6 +659,27 @@ def test_saved_split_and_with_recompute_match_the_definition_to_the_bit(model, c
             assert kept.recompute_flops() == fresh.recompute_flops()
 
 
+@pytest.mark.parametrize("model", ["d24", "llama-3-8b", "mixtral-8x7b", "qwen3-30b-a3b"])
+@pytest.mark.parametrize("policy", ["selective:layernorm", "selective:core_attn+mlp", "selective:layernorm+moe",
+                                    "selective:moe_act", "selective:core_attn+layernorm+mlp+moe+shared_experts"])
+def test_per_module_saved_split_sums_per_block_to_the_bit(model, policy):
+    """Under Megatron's per-module recompute, saved_split sums each distinct block once (_saved_split_exact with
+    each tensor's keep flag) and equals the walk over every op's tensors and the definition, exactly; at tp 3
+    (sizes not whole bytes) it takes the walk."""
+    from dataclasses import replace
+
+    from ddplan.anatomy import _AS_FLAGGED
+
+    base = build_anatomy(load_model(model), batch=2, seq_len=1024, compiled=True)
+    for tp, exact in ((1, True), (2, True), (3, False)):
+        an = replace(for_tp(base, tp), recompute=policy)
+        assert (an._saved_split_exact(_AS_FLAGGED, an._save_kept) is not None) == exact
+        assert an.saved_split == an._saved_split_walk() == _saved_split_by_definition(an)
+    kept, none = replace(base, recompute=policy).saved_split[0], replace(base, recompute="none").saved_split[0]
+    dense_alone = policy == "selective:moe_act" and load_model(model).architecture.moe is None  # no experts
+    assert kept == none if dense_alone else kept < none
+
+
 # --------------------------------------------------------------------------------------------
 # Blocks built once per kind (Anatomy.blocks, layer_blocks) against the definition: every layer built
 

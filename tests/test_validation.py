@@ -608,6 +608,25 @@ def test_scorer_prices_as_score_does_and_each_point_once(monkeypatch):
     assert priced == []
 
 
+def test_scorer_predicted_s_is_the_scored_value_without_the_band(monkeypatch):
+    """Scorer.predicted_s (what a fit's cost reads) prices without the band's low and high step models and gives
+    score()'s predicted_s exactly: on a fresh Scorer, and from a point already scored (not re-priced)."""
+    runs = {r.id: r for r in load_runs().runs}
+    dense = runs["megatron-gpt7.1B-h100-96g"]
+    moe = runs["modelzoo-qwen3-235b-a22b-h100-256g-a2a"]
+    fp8 = next(r for r in runs.values() if r.precision == "fp8")
+    points = [(dense, None, None), (dense, {"h100-sxm": 0.6}, None), (moe, {"h100-sxm": 0.7}, 1.3),
+              (fp8, {V.fp8_fit_key(load_hardware(fp8.hardware).name): 0.8}, None)]
+    fresh, scored = V.Scorer(), V.Scorer()
+    for run, sustained, imbalance in points:
+        want = V.score(run, "t", sustained, imbalance).predicted_s
+        assert fresh.predicted_s(run, "t", sustained, imbalance) == want
+        assert scored.score(run, "t", sustained, imbalance).predicted_s == want
+    monkeypatch.setattr(V, "price_run", lambda *a, **k: pytest.fail("re-priced"))
+    for run, sustained, imbalance in points:
+        assert scored.predicted_s(run, "t", sustained, imbalance) == fresh.predicted_s(run, "t", sustained, imbalance)
+
+
 def test_leave_one_source_out_after_the_in_sample_pass_is_the_same_as_alone(tmp_path, capsys):
     """`validate --leave-one-source-out` hands the in-sample pass's Scorer to leave-one-source-out: on a small
     dataset of two sources on the fitted A100s plus the seed, the held-out figures are the same as with a
