@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 
@@ -419,57 +418,22 @@ def memory_cmd(
 
     if _config_first(ctx, print_config):
         return
-    from ddplan import render, verdicts
-    from ddplan.provenance import line as prov_line
+    from ddplan import report
     from ddplan.provenance import provenance
     from ddplan.sizing import PEAK_TOLERANCE, consistent_with, fixes_for, zero_rows
+    from ddplan.verdicts import outside_terms
 
     ask = inputs.memory_request(ctx.params, _stated(ctx))
-    spec, hw, cal, setup, stages, measured_peak = (ask.spec, ask.hardware, ask.calibration, ask.setup, ask.stages,
-                                                   ask.measured_peak)
+    spec, hw, cal, setup = ask.spec, ask.hardware, ask.calibration, ask.setup
     _framework_notes(ctx, spec)
-    peak_note = verdicts.peak_not_compared(ask.peak_step, list(ask.moved)) if ask.moved else None
     _check_plot_path(plot)
     prov = provenance(model=spec, hardware=hw, calibration=(Path(calibration).name, cal) if cal is not None else None)
-    rows = zero_rows(spec, hw, setup, stages)
+    rows = zero_rows(spec, hw, setup, ask.stages)
     asked = next((r for r in rows if r["zero"] == setup.layout.zero), None)
     step_s, fixes = fixes_for(spec, hw, setup, asked)
-    if plot:
-        from ddplan.memory import fit_verdict
-        from ddplan.plot import plot_memory
-
-        plot_memory(rows, plot, title=f"{spec.name} on {setup.layout.num_gpus} x {hw.name}\n{prov_line(prov)}",
-                    capacity_gib=hw.memory.usable_gib.value, headroom=setup.headroom,
-                    fix=(" + ".join(fixes[0].changes), fixes[0].total_gib,
-                         fit_verdict(fixes[0].total_gib, rows[0]["limit_gib"])) if fixes else None)
-    words = verdicts.memory_verdict(spec, hw, rows, fixes, step_s, setup.layout, setup.headroom)
-    matches = consistent_with(spec, hw, setup, measured_peak, ask.peak_kind) if measured_peak else []
-    if measured_peak:
-        words.append(verdicts.peak_matches(measured_peak, ask.peak_kind, matches, PEAK_TOLERANCE))
-    if peak_note:
-        words.append(peak_note)
-    title = verdicts.memory_title(spec, hw, setup)
-    outside = verdicts.outside_terms(cal, Path(calibration).name if calibration else None)
-    if format is Format.json:
-        import json
-
-        render.echo(json.dumps({"title": title, "rows": rows, "verdict": words, "measured_peak_matches": matches,
-                                "assumptions": [outside], "provenance": prov}, indent=2))
-        return
-    if format is Format.csv:
-        render.echo(render.csv_with(prov, rows))
-        return
-    scr = render.screen(format.value, wide)
-    render.echo(render.lines(words, format.value, scr))  # answer first: fits or not, and the fix
-    if quiet:
-        return
-    cells = render.memory_cells(rows, None if scr is None or scr.wide else scr.width) if scr else []
-    render.echo(render.fit(cells, scr, title, render.MEMORY_DROP) if scr
-                else render.table(rows, format.value, title=title))
-    below = [f"other = {' + '.join(render.MEMORY_OTHER)} (--wide shows each)."] \
-        if cells and "other" in cells[0] else []
-    render.echo(render.lines(below + [outside], format.value, scr))
-    render.echo(render.footer(prov, format.value, scr))
+    matches = consistent_with(spec, hw, setup, ask.measured_peak, ask.peak_kind) if ask.measured_peak else []
+    outside = outside_terms(cal, Path(calibration).name if calibration else None)
+    report.memory(ask, rows, fixes, step_s, matches, outside, prov, format.value, wide, quiet, plot, PEAK_TOLERANCE)
 
 
 def _source(ctx: typer.Context, name: str) -> str | None:
@@ -501,14 +465,14 @@ def _framework_notes(ctx: typer.Context, spec) -> None:
         return
     used = [name for name in sorted(ctx.meta.get("framework_names", set())) if _from_profile(ctx, name)
             and (name != "fp8_recipe" or ctx.params.get("fp8"))]
-    _info([f"{ctx.info_name}: the {profile.name} profile (@{profile.commit[:7]}, {profile.commit_date}) sets "
-           + (", ".join(_as_flag(ctx, n) for n in used) or "nothing a flag or the run file left open")])
+    from ddplan.verdicts import profile_set, profile_unread
+
+    _info([profile_set(ctx.info_name, profile, [_as_flag(ctx, n) for n in used])])
     stated = frozenset(k for k in profile.unpriced if k in ctx.params and _source(ctx, k) != "DEFAULT")
     _warn(profile.unpriced_words(moe=spec.architecture.moe is not None, stated=stated))
     unread = ctx.meta.get("framework_unread", [])
     if unread:  # a profile field this command has no flag for: said, not dropped silently
-        _warn([f"the {profile.name} profile states {', '.join(unread)}, which `ddplan {ctx.info_name}` has no flag "
-               f"for: {'it is' if len(unread) == 1 else 'they are'} not applied"])
+        _warn([profile_unread(ctx.info_name, profile, unread)])
 
 
 def _stated(ctx: typer.Context):
@@ -573,58 +537,16 @@ def table_cmd(
 
     if _config_first(ctx, print_config):
         return
-    from ddplan import render, verdicts
+    from ddplan import report
+    from ddplan.provenance import provenance
     from ddplan.table import build_table
 
     req, spec, hw, cal = inputs.table_request(ctx.params, _stated(ctx), _today())
     _framework_notes(ctx, spec)
     _check_plot_path(plot)
     result = build_table(req, _progress("table"))
-    rows = render.table_data(result)
-    from ddplan.provenance import line as prov_line
-    from ddplan.provenance import provenance
-
     prov = provenance(model=spec, hardware=hw, calibration=(Path(calibration).name, cal) if cal is not None else None)
-    if plot:
-        from ddplan.plot import plot_scenarios
-
-        plot_scenarios(rows, plot, title=f"{spec.name} on {hw.name}\n{prov_line(prov)}")
-    warnings = verdicts.table_notes(result) + verdicts.row_warnings(result)  # json: row by row
-    shown_warnings = verdicts.table_notes(result) + verdicts.grouped_row_warnings(result)  # stderr: each once
-    if format is Format.json:
-        import json
-
-        render.echo(json.dumps({"title": verdicts.table_title(result), "rows": rows,
-                                "verdict": verdicts.table_verdict(result), "warnings": warnings,
-                                "assumptions": verdicts.table_assumptions(result), "provenance": prov}, indent=2))
-        return
-    if format is Format.csv:
-        render.echo(render.csv_with(prov, rows))
-        _warn(shown_warnings)
-        return
-    scr = render.screen(format.value, wide)
-    title = verdicts.table_title(result)
-    answer = verdicts.table_verdict(result)  # answer first: the verdict, then the table it rests on
-    if quiet:
-        render.echo(render.lines(answer[:1], format.value, scr))
-        _warn(shown_warnings)
-        return
-    top = verdicts.top_warning(result) if scr else None  # pipes and files keep their fixed layout
-    if top:  # said once: in the verdict, not again on stderr
-        said = verdicts.top_warning_text(result)
-        shown_warnings = [w for w in shown_warnings if said not in w]
-    render.echo(render.lines(answer + ([top] if top else []), format.value, scr))
-    render.echo(render.fit(render.decision_cells(rows), scr, title, render.DECISION_DROP) if scr
-                else render.table(render.decision_rows(rows), format.value, title=title))
-    render.echo(render.lines([render.DECISION_COLUMNS_NOTE], format.value, scr))
-    assumptions = verdicts.table_assumptions(result)
-    measured = [a for a in assumptions if a.startswith("Measured:")]  # what the measurement ran: always said
-    render.echo(render.lines(["Assumptions:"] + assumptions if explain else measured +
-                             [f"Assumptions: {len(assumptions) - len(measured)} more lie behind these figures "
-                              f"(recipe, hardware efficiencies, price, band); --explain prints them."],
-                             format.value, scr))
-    render.echo(render.footer(prov, format.value, scr))
-    _warn(shown_warnings)
+    _warn(report.table(result, prov, format.value, wide, quiet, explain, plot))
 
 
 @app.command("calibrate", short_help="Measure this machine; write a calibration file.")
@@ -676,7 +598,6 @@ def calibrate_cmd(
     for the collectives); the first example is a quick test run on a CPU.
     """
     from ddplan import inputs
-    from ddplan.errors import UsageError
     from ddplan.files import check_output_path
     from ddplan.registry import load_hardware, load_model
 
@@ -688,12 +609,8 @@ def calibrate_cmd(
     if from_log:
         _calibrate_from_log(spec, hw, from_log, out, gpus, device_batch_size, total_batch_size, log_attention, window)
         return
-    if cpu_malloc not in (None, "reuse", "system"):
-        raise UsageError(f"must be reuse or system, got {cpu_malloc!r}", field="--cpu-malloc")
-    for flag, value in (("--log-attention", log_attention), ("--window", window), ("--gpus", gpus if gpus != 1 else None),
-                        ("--total-batch-size", total_batch_size)):
-        if value is not None:
-            raise UsageError("only with --from-log (it describes the logged run)", field=flag)
+    inputs.check_benchmark_flags(cpu_malloc, log_attention=log_attention, window=window, gpus=gpus,
+                                 total_batch_size=total_batch_size)
     if attention is not None:
         from ddplan.calibrate.runner import check_attention  # torch: calibrate runs it anyway
 
@@ -798,61 +715,20 @@ def plan_cmd(
     if _config_first(ctx, print_config):
         return
 
-    from ddplan import reasons as words
-    from ddplan import render
-    from ddplan.plan import best_per_family, search
-
-    _check_plot_path(plot)
-    req, spec, hws, cal = inputs.plan_request(ctx.params, _stated(ctx), _today())
-    if format is Format.csv:  # every row is listed: every row gets its band
-        req = replace(req, band_every_row=True)
-    _framework_notes(ctx, spec)
-    result = search(req, _progress("plan"))
-    why = words.plan_reasons(result)
-    warnings = words.plan_warnings(result)
-    from ddplan.provenance import line as prov_line
+    from ddplan import report
+    from ddplan.plan import search
     from ddplan.provenance import provenance
 
+    _check_plot_path(plot)
+    req, spec, hws, cal = inputs.plan_request(ctx.params, _stated(ctx), _today(), every_band=format is Format.csv)
+    _framework_notes(ctx, spec)
+    result = search(req, _progress("plan"))
     ordered = sorted(hws, key=lambda h: h.name)  # the same provenance whatever order --hardware names them in
     prov = provenance(model=spec, calibration=(Path(calibration).name, req.calibration) if req.calibration else None,
                       **{("hardware" if len(hws) == 1 else f"hardware-{i + 1}"): h for i, h in enumerate(ordered)})
-    data = render.plan_data(result.rows)
-    shown = render.plan_columns(data[:top], render.PLAN_SHOWN)
-    if format is Format.json:
-        import json
-
-        render.echo(json.dumps({"objective": objective, "deadline_h": deadline, "budget_usd": budget,
-                                "limits_met": not result.missed, "ranked_by": result.ranked_by,
-                                "ranking": words.ranking_words(result), "choice": data[0] if data else None,
-                                "rows": data[:top], "pareto": render.plan_data(result.pareto),
-                                "reasons": why, "warnings": warnings, "considered": result.considered,
-                                "rejected": result.rejected, "provenance": prov}, indent=2, default=str))
-    elif format is Format.csv:  # data: every kept layout, ranked (--top limits the human formats)
-        render.echo(render.csv_with(prov, render.plan_columns(data, render.PLAN_CSV), notes=[f"ranked {words.ranking_words(result)}"]))
-    else:
-        scr = render.screen(format.value, wide)
-        title = words.plan_title(spec, result, top, headroom, objective)
-        render.echo(render.lines(why[:1], format.value, scr))  # answer first: the choice, then the table
-        if shown and not quiet:  # -q: the answer only (the plot and the exit code still follow)
-            render.echo(render.fit(render.plan_cells(data[:top]), scr, title, render.PLAN_DROP) if scr
-                        else render.table(shown, format.value, title=title, digits=2))
-        if not quiet:
-            render.echo(render.lines(["Why:"] + why[1:], format.value, scr))
-        if result.pareto and not quiet:
-            render.echo(render.lines(["Pareto front (time vs cost):"] + words.pareto_lines(result), format.value,
-                                     scr))
-        if not quiet:
-            render.echo(render.footer(prov, format.value, scr))
-        _warn(warnings)
-    if format in (Format.csv, Format.json):  # data on stdout; warnings still reach the user
-        _warn(warnings + ([] if result.rows else why))
-    if plot and result.pareto:
-        from ddplan.plot import plot_scenarios
-
-        plot_scenarios(best_per_family(data), plot, title=f"{spec.name}: best layout per family\n{prov_line(prov)}",
-                       best="cost_usd" if objective == "cost" else "wall_clock_h",
-                       choice=data[0] if data else None, budget_usd=budget, deadline_h=deadline)
-    missed = words.missed_limit(result)
+    warnings, missed = report.plan(result, prov, format.value, wide, quiet, top, headroom, objective, deadline, budget,
+                                   plot)
+    _warn(warnings)
     if missed:  # the ranking is printed (the closest first); the exit code says no layout meets the limit
         flags = "/".join(f"--{what}" for what, _ in result.missed)
         print(f"error: {flags}: {missed}", file=sys.stderr)
@@ -890,7 +766,8 @@ def validate_cmd(
     the band; then the error by kind (dense, MoE), hardware, size, precision, family and source. With
     --memory: predicted vs measured peak memory per GPU, and whether the fits verdict was right.
     """
-    from ddplan import render, validation, verdicts
+    from ddplan import report, validation
+    from ddplan.provenance import provenance
     from ddplan.runs import load_runs, shipped_dataset
 
     if memory:
@@ -905,89 +782,30 @@ def validate_cmd(
     runs = load_runs(dataset)
     scorer = validation.Scorer()  # leave-one-source-out re-uses what the in-sample pass priced
     scored = validation.score_all(runs, where, progress=_progress("validate"), scorer=scorer)
-    from ddplan.provenance import line as prov_line
-    from ddplan.provenance import provenance
-
+    held = validation.leave_one_source_out(runs, where, validation.fitted_hardware(), progress=_progress("validate"),
+                                           scorer=scorer) if loso else None
     prov = provenance(dataset=(Path(where).name, runs))
-    rows = [s.row() for s in scored]
-    summary = [s.row() for s in validation.summaries(scored)]
-    out_of_sample, held = None, None
-    if loso:
-        held = validation.leave_one_source_out(runs, where, validation.fitted_hardware(),
-                                               progress=_progress("validate"), scorer=scorer)
-        out_of_sample = [s.row() for s in validation.by_source(held, "leave-one-source-out ")]
-        for row, h in zip(rows, held):
-            row["loso_predicted_s"], row["loso_error_pct"] = h.predicted_s, 100 * h.error
-    if plot:
-        from ddplan.plot import plot_validation
-
-        plot_validation(rows, plot, title=f"ddplan against {len(rows)} measured runs\n{prov_line(prov)}")
-    title = f"ddplan against {len(rows)} measured runs: step time, predicted vs measured ({where})"
-    if format is Format.json:
-        import json
-
-        render.echo(json.dumps({"title": title, "runs": rows, "summary": summary,
-                                "leave_one_source_out": out_of_sample, "provenance": prov}, indent=2))
-        return
-    if format is Format.csv:
-        render.echo(render.csv_with(prov, rows))
-        return
-    scr = render.screen(format.value, wide)
-    runs_shown, summary_shown = render.validation_rows(rows), render.summary_rows(summary + (out_of_sample or []))
-    render.echo(render.lines(verdicts.validation_bottom_line(scored, held), format.value, scr))  # answer first
-    render.echo(render.fit(runs_shown, scr, title, render.VALIDATION_DROP) if scr
-                else render.table(runs_shown, format.value, title=title))
-    render.echo(render.lines([
-        "error = predicted / measured - 1 on the step time (negative: ddplan optimistic, the run was slower); "
-        "band = the prediction's band; MFU in the source's own convention (its FLOPs per token and peak); "
-        "assumed = layout facts the source does not state (see the dataset's `assumed`)."], format.value, scr))
-    render.echo(render.fit(summary_shown, scr, "Summary", render.SUMMARY_DROP) if scr
-                else render.table(summary_shown, format.value, title="Summary"))
-    render.echo(render.footer(prov, format.value, scr))
+    report.validation(scored, held, where, prov, format.value, wide, plot)
 
 
 def _validate_memory(dataset: str | None, format: Format, wide: bool, loso: bool) -> None:
     """`validate --memory`: each measured peak priced as `ddplan table` prices its layout, its verdict under the
     band fitted without its source (loso) or the shipped band, then summaries."""
-    from ddplan import render, validation
+    from ddplan import report, validation
     from ddplan.provenance import provenance
     from ddplan.registry import builtin_dir
     from ddplan.runs import DATASET, MEMORY_PEAKS, load_peaks
+    from ddplan.verdicts import peaks_title
 
     where = dataset or str(builtin_dir("validation") / MEMORY_PEAKS)
     peaks = load_peaks(dataset)
     scored = validation.score_memory(dataset)
     if loso:
         scored = validation.peaks_leaving_each_source_out(scored)
-    rows, summary = [s.row() for s in scored], validation.peak_summaries(scored)
-    prov = provenance(dataset=(Path(where).name, peaks))
     ran = sum(s.what == validation.RAN for s in scored)
-    title = (f"ddplan's memory model against {len(rows) - ran} measured peaks per GPU ({where})"
-             + (f" and {ran} published runs' configurations (validation/{DATASET}: they ran; no peak measured), "
-                if ran else ", ")
-             + ("each source's verdicts by a band fitted without it" if loso else "in sample"))
-    if format is Format.json:
-        import json
-
-        render.echo(json.dumps({"title": title, "peaks": rows, "summary": summary, "provenance": prov}, indent=2))
-        return
-    if format is Format.csv:
-        render.echo(render.csv_with(prov, rows))
-        return
-    scr = render.screen(format.value, wide)
-    shown = render.peak_rows(rows)
-    render.echo(render.fit(shown, scr, title, ()) if scr else render.table(shown, format.value, title=title))
-    render.echo(render.lines([
-        "error = predicted / measured - 1 in what the measurement counts (allocated: tensors; reserved: and the "
-        "allocator's slack; device: and the CUDA context); verdict = the predicted peak with its band (measured / "
-        "predicted: " + ("the band fitted on the other sources' peaks, each source left out in turn"
-                         if loso else "the shipped band, fitted on every peak, --in-sample") + ") against the limit "
-        "(usable memory less the headroom): wrong when it says does not fit for a run that ran, or fits for one that "
-        "ran out of memory."], format.value, scr))
-    summary_shown = render.peak_summary_rows(summary)
-    render.echo(render.fit(summary_shown, scr, "Summary", ()) if scr
-                else render.table(summary_shown, format.value, title="Summary"))
-    render.echo(render.footer(prov, format.value, scr))
+    title = peaks_title(len(scored) - ran, ran, where, DATASET, loso)
+    report.peaks(scored, validation.peak_summaries(scored), title, loso, provenance(dataset=(Path(where).name, peaks)),
+                 format.value, wide)
 
 
 def _progress(command: str):

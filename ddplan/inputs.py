@@ -407,9 +407,10 @@ def table_request(v: dict, stated: Stated, today):
     return req, spec, hw, cal
 
 
-def plan_request(v: dict, stated: Stated, today):
+def plan_request(v: dict, stated: Stated, today, every_band: bool = False):
     """The search a command line (or run file) asks for: (PlanRequest, model, hardware list, calibration); with
-    several hardware the calibration applies to the one it names (ddplan.plan.pricer_for), in any order."""
+    several hardware the calibration applies to the one it names (ddplan.plan.pricer_for), in any order.
+    every_band: every kept row gets its band (csv lists every row), not only the rows shown."""
     names = hardware_list(v["hardware"])
     spec, hw0, cal = load(v["model"], names[0] if names else None, v["calibration"], v["seq_len"], v["dtype"],
                           check_hardware=False, grads=v["grads"], weights=v["weights"],
@@ -430,7 +431,7 @@ def plan_request(v: dict, stated: Stated, today):
         total_batch_tokens=v["total_batch_size"], tp_across_nodes=v["tp_across_nodes"], headroom=v["headroom"],
         fp8=v["fp8"], fp8_recipe=fp8_recipe(v["fp8"], v["fp8_recipe"], stated),
         cps=tuple(int_list(v["cp"], "--cp")) if v["cp"] else (), eps=expert_degrees(v["ep"], spec),
-        options=_options(v, spec, None), framework=framework_name(v["framework"]))
+        options=_options(v, spec, None), framework=framework_name(v["framework"]), band_every_row=every_band)
     return req, spec, hws, cal
 
 
@@ -515,3 +516,13 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
     elif measured_zero is not None and measured_zero in stages:  # else the measured step's
         setup = replace(setup, layout=setup.at_zero(measured_zero))
     return MemoryAsk(spec, hw, cal, setup, stages, measured_peak, step, moved, peak_kind)
+
+
+def check_benchmark_flags(cpu_malloc: str | None, **log_flags) -> None:
+    """`calibrate` without --from-log: --cpu-malloc is reuse or system, and no flag that describes a logged run
+    (--log-attention, --window, --gpus other than 1, --total-batch-size) is given."""
+    if cpu_malloc not in (None, "reuse", "system"):
+        raise UsageError(f"must be reuse or system, got {cpu_malloc!r}", field="--cpu-malloc")
+    for name, value in log_flags.items():
+        if value is not None and not (name == "gpus" and value == 1):
+            raise UsageError("only with --from-log (it describes the logged run)", field="--" + name.replace("_", "-"))

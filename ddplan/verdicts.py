@@ -657,6 +657,28 @@ def outside_terms(calibration=None, calibration_name: str | None = None) -> str:
                "replaces them") + ".")
 
 
+def profile_set(command: str, profile, flags: list[str]) -> str:
+    """The info line of a --framework profile: which flags it set (as flags: --zero 3, --no-compile)."""
+    return (f"{command}: the {profile.name} profile (@{profile.commit[:7]}, {profile.commit_date}) sets "
+            + (", ".join(flags) or "nothing a flag or the run file left open"))
+
+
+def profile_unread(command: str, profile, unread: list[str]) -> str:
+    """The warning for a profile's fields the command has no flag for: said, not dropped silently."""
+    return (f"the {profile.name} profile states {', '.join(unread)}, which `ddplan {command}` has no flag "
+            f"for: {'it is' if len(unread) == 1 else 'they are'} not applied")
+
+
+def assumptions_shown(assumptions: list[str], explain: bool) -> list[str]:
+    """The assumptions under a table: all of them with --explain; else what the measurement ran (always said) and
+    how many more lie behind the figures."""
+    if explain:
+        return ["Assumptions:"] + assumptions
+    measured = [a for a in assumptions if a.startswith("Measured:")]
+    return measured + [f"Assumptions: {len(assumptions) - len(measured)} more lie behind these figures "
+                       f"(recipe, hardware efficiencies, price, band); --explain prints them."]
+
+
 def memory_title(spec: ModelSpec, hw: HardwareSpec, setup) -> str:
     lay = setup.layout
     vp = f" x{lay.pp_virtual_stages} interleaved" if lay.pp_virtual_stages > 1 else ""
@@ -777,6 +799,30 @@ def calibrate_summary(cal) -> list[str]:
 
 # --------------------------------------------------------------------------------------------
 # ddplan validate
+
+
+VALIDATION_COLUMNS_NOTE = (
+    "error = predicted / measured - 1 on the step time (negative: ddplan optimistic, the run was slower); "
+    "band = the prediction's band; MFU in the source's own convention (its FLOPs per token and peak); "
+    "assumed = layout facts the source does not state (see the dataset's `assumed`).")
+
+
+def peaks_title(peaks: int, ran: int, where: str, dataset: str, loso: bool) -> str:
+    """The title of `validate --memory`'s table: the measured peaks, the published runs that ran, the band."""
+    return (f"ddplan's memory model against {peaks} measured peaks per GPU ({where})"
+            + (f" and {ran} published runs' configurations (validation/{dataset}: they ran; no peak measured), "
+               if ran else ", ")
+            + ("each source's verdicts by a band fitted without it" if loso else "in sample"))
+
+
+def peaks_columns_note(loso: bool) -> str:
+    """What `validate --memory`'s columns mean."""
+    return ("error = predicted / measured - 1 in what the measurement counts (allocated: tensors; reserved: and the "
+            "allocator's slack; device: and the CUDA context); verdict = the predicted peak with its band (measured / "
+            "predicted: " + ("the band fitted on the other sources' peaks, each source left out in turn"
+                             if loso else "the shipped band, fitted on every peak, --in-sample") + ") against the "
+            "limit (usable memory less the headroom): wrong when it says does not fit for a run that ran, or fits for "
+            "one that ran out of memory.")
 
 
 def validation_bottom_line(scored, held=None) -> list[str]:
