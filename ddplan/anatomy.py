@@ -30,7 +30,7 @@ import typing
 from typing import Literal
 
 from ddplan.params import param_counts
-from ddplan.runfields import recompute_modules
+from ddplan.runfields import recompute_layers, recompute_modules
 from ddplan.specs import ModelSpec
 from ddplan.units import dtype_bytes
 
@@ -153,6 +153,7 @@ class Anatomy:
     cp: int = 1  # and one context-parallel rank's: seq_len is then its s / cp tokens of each sequence
     ep: int = 1  # expert parallelism: this rank holds num_experts / ep of each block's routed experts
     expert_rows: int = 1  # the experts' rows split this many ways over tp (whole experts, etp 1): already applied
+    chunks: int = 1  # model chunks (pp x vp) whose first N layers a `full:N` policy re-runs (full_share)
 
     @property
     def tokens(self) -> int:
@@ -184,9 +185,49 @@ class Anatomy:
         return recompute_modules(self.recompute)
 
     @functools.cached_property
+    def full_share(self) -> float:
+        """The share of the layers re-run whole in backward (layer_again): 1 under full recompute; under `full:N`
+        (Megatron's block method, ddplan.runfields.recompute_layers) the first N layers of each of the `chunks`
+        model chunks, N x chunks / L where the chunks split the layers evenly; 0 otherwise. e.g. Llama 3 70B (80
+        layers) at pp 4, vp 5 (20 chunks of 4 layers) under full:1: 20 of 80 layers, 0.25."""
+        if self.recompute == "full":
+            return 1.0
+        if not self.by_layers:
+            return 0.0
+        layers = len(self.layer_blocks)
+        return sum(map(self.layer_again, range(layers))) / max(1, layers)
+
+    @functools.cached_property
+    def layers_again(self) -> tuple[int, ...]:
+        """Per distinct block (blocks), how many layers running it a `full:N` policy re-runs whole (layer_again)."""
+        counts = [0] * len(self.blocks)
+        for layer, b in enumerate(self.layer_blocks):
+            counts[b] += self.layer_again(layer)
+        return tuple(counts)
+
+    @property
+    def by_layers(self) -> bool:
+        """Whether the policy is `full:N` (some layers recomputed whole, the rest not)."""
+        return recompute_layers(self.recompute) is not None
+
+    def layer_again(self, layer: int) -> bool:
+        """Whether layer `layer` (0-based) is re-run whole: every layer under full recompute; under `full:N` the
+        first N of its model chunk (each chunk L / chunks contiguous layers, Megatron's get_num_layers_to_build; the
+        whole model at chunks 1; an uneven split is taken as the even one rounded down); none otherwise."""
+        if self.recompute == "full":
+            return True
+        n = recompute_layers(self.recompute)
+        if n is None:
+            return False
+        return layer % max(1, len(self.layer_blocks) // self.chunks) < n
+
+    @functools.cached_property
     def _save_kept(self):
         """(op, saved) -> whether this policy keeps that save: the tag table under a named policy, module_keeps
         under a per-module one."""
+        if self.by_layers:  # full:N: a recomputed layer keeps as full recompute does, another as none does
+            full, none, again = _keep_table("full", self.compiled), _keep_table("none", self.compiled), self.layer_again
+            return lambda op, s: (full if op.layer is not None and again(op.layer) else none)[s.tag, op.layer is not None]
         if self.modules is None:
             keeps = _keep_table(self.recompute, self.compiled)
             return lambda op, s: keeps[s.tag, op.layer is not None]
@@ -254,6 +295,8 @@ class Anatomy:
         op that saves it (kept or not) is a block's. Summed per distinct block and multiplied by its layers
         when every kept size is a whole number of bytes and the total is below 2^53 (then every partial sum
         in any order is exact, so this is the walk's float to the bit); else the walk over every saved tensor."""
+        if self.by_layers:  # full:N: the layers it re-runs keep as under full recompute, the rest as without
+            return self._saved_split_walk()
         if self.modules is not None:  # per-module recompute: each tensor as its savers keep it
             exact = self._saved_split_exact(_AS_FLAGGED, self._save_kept)
             return exact if exact is not None else self._saved_split_walk()
@@ -327,7 +370,10 @@ class Anatomy:
         def casts(op) -> float:
             return sum(s.bytes for s in op.saves if s.name.endswith(".weight_cast") and keep(op, s))
 
-        block = sum(n * sum(casts(op) for op in self.blocks[b]) for b, n in self._block_counts)
+        if self.by_layers:  # full:N: layers of one block kind keep differently: every layer's ops
+            block = sum(casts(op) for op in self.ops if op.layer is not None)
+        else:
+            block = sum(n * sum(casts(op) for op in self.blocks[b]) for b, n in self._block_counts)
         def outside(ops) -> float:
             return sum(s.bytes for op in ops for s in op.saves
                        if s.name.endswith(".weight_cast") and keeps[s.tag, False])
@@ -337,8 +383,9 @@ class Anatomy:
     @property
     def _named_policy(self) -> str:
         """The named policy whose tag table holds outside the recomputed modules: a per-module policy keeps
-        everything there as no recompute does (the attention core aside: module_keeps)."""
-        return "none" if self.modules is not None else self.recompute
+        everything there as no recompute does (the attention core aside: module_keeps); `full:N` outside the
+        blocks as full recompute (the checkpoints' shared inputs are kept)."""
+        return "none" if self.modules is not None else "full" if self.by_layers else self.recompute
 
     def _saved_split_exact(self, keeps: dict, tag: Callable | None = None) -> tuple[float, float] | None:
         """saved_split in whole bytes (Python ints, exact), or None where a kept size is not a whole number of
@@ -449,6 +496,8 @@ class Anatomy:
     def _backward_transient(self) -> float:
         if self.recompute == "none":
             return self._transient
+        if self.by_layers:  # a recomputed layer's backward brings its tensors back, as under full recompute
+            return with_recompute(self, "full").backward_transient_bytes()
         plain, keep = _keep_table("none", self.compiled), self._save_kept
         worst = max((op.transient_bytes for op in (*self.pre, *self.post)), default=0.0)
         for ops in self.blocks:
@@ -496,16 +545,25 @@ class Anatomy:
 
     def recompute_flops(self) -> float:
         """FLOPs re-run in backward: the recompute policy's forward re-runs plus kernel-internal recompute."""
+        if self.by_layers:  # layers of one block kind re-run or not: every layer's ops
+            return (sum(self._walk(lambda op: op.recompute_flops_bwd))
+                    + sum(op.flops_fwd for op in self.ops if self.recomputes(op)))
         total = sum(self._walk(lambda op: op.recompute_flops_bwd))
         return total + sum(self._walk(lambda op: op.flops_fwd, self.recomputes))
 
     def recomputes(self, op: Op) -> bool:
-        """Whether the recompute policy re-runs this op's forward inside backward."""
+        """Whether the recompute policy re-runs this op's forward inside backward (under `full:N`, an op of a layer
+        it re-runs: layer_again)."""
+        if self.by_layers:
+            return op.layer is not None and self.layer_again(op.layer) and recomputed_under(op, "full")
         return recomputed_under(op, self.recompute)
 
     def matmul_flops(self) -> float:
         """FLOPs of GEMMs and attention only, forward + backward + recompute, excluding flash's internal
         recompute: what torch.utils.flop_counter.FlopCounterMode counts with the math attention backend."""
+        if self.by_layers:  # layers of one block kind re-run or not: every layer's ops
+            return sum(op.flops_fwd + op.flops_bwd + (op.flops_fwd if self.recomputes(op) else 0.0)
+                       for op in self.ops if op.kind in ("gemm", "attention"))
         total = 0.0
         for flops in self._walk(lambda op: op.flops_fwd + op.flops_bwd + (op.flops_fwd if self.recomputes(op) else 0.0),
                                 lambda op: op.kind in ("gemm", "attention")):
@@ -532,13 +590,14 @@ def _moved(ops: tuple[Op, ...], layer: int) -> tuple[Op, ...]:
 _OPS_ONLY_CACHES = ("ops", "op_repeats", "_transient", "_save_rows", "_block_rows", "_block_counts")
 
 
-def with_recompute(anatomy: Anatomy, recompute: Recompute) -> Anatomy:
+def with_recompute(anatomy: Anatomy, recompute: Recompute, chunks: int | None = None) -> Anatomy:
     """The same ops under another recompute policy (dataclasses.replace), keeping what the anatomy already cached
     from its ops alone (_OPS_ONLY_CACHES: none of them reads the policy), so a search's three policies of one
-    share walk its ops once."""
-    if recompute == anatomy.recompute:
+    share walk its ops once. chunks: the model chunks a `full:N` policy counts in (pp x vp; default: as is)."""
+    chunks = anatomy.chunks if chunks is None else chunks
+    if recompute == anatomy.recompute and chunks == anatomy.chunks:
         return anatomy
-    new = replace(anatomy, recompute=recompute)
+    new = replace(anatomy, recompute=recompute, chunks=chunks)
     for name in _OPS_ONLY_CACHES:
         if name in anatomy.__dict__:
             new.__dict__[name] = anatomy.__dict__[name]
@@ -547,7 +606,10 @@ def with_recompute(anatomy: Anatomy, recompute: Recompute) -> Anatomy:
 
 def recomputed_under(op: Op, policy: str) -> bool:
     """Whether a recompute policy re-runs an op's forward in backward (torch's non-reentrant checkpoint
-    stops early: the region's last op is not re-run, see Op.recompute_skip)."""
+    stops early: the region's last op is not re-run, see Op.recompute_skip). Under `full:N`, whether a layer it
+    re-runs re-runs the op, as full recompute (which layers: Anatomy.layer_again; the sums: Anatomy.full_share)."""
+    if recompute_layers(policy) is not None:
+        policy = "full"
     modules = recompute_modules(policy)
     if modules is not None:  # Megatron's per-module recompute re-runs each module's whole forward
         if op.attention_core:
@@ -775,8 +837,9 @@ def build_anatomy(spec: ModelSpec, *, batch: int, seq_len: int | None = None,
     s = spec.recipe.seq_len if seq_len is None else seq_len
     if s <= 0 or s > spec.architecture.max_seq_len:
         raise ValueError(f"seq_len must be in 1..{spec.architecture.max_seq_len}, got {s}")
-    if recompute not in RECOMPUTE_POLICIES and recompute_modules(recompute) is None:
-        raise ValueError(f"recompute must be one of {RECOMPUTE_POLICIES} or selective:MODULE+..., got {recompute!r}")
+    if recompute not in RECOMPUTE_POLICIES and recompute_modules(recompute) is None and recompute_layers(recompute) is None:
+        raise ValueError(f"recompute must be one of {RECOMPUTE_POLICIES}, full:N or selective:MODULE+..., "
+                         f"got {recompute!r}")
     if window_pattern is not None:
         spec = spec.model_copy(update={"architecture": spec.architecture.model_copy(
             update={"window_pattern": window_pattern})})

@@ -682,9 +682,8 @@ def _megatron(text: str, path: Path, out: Imported) -> None:
                             file=str(path), field="--recompute-modules")
         _recompute_modules(out, modules, "--recompute-modules")
     elif granularity == "full":
-        out.set("recompute", "full")
-        if arg("--recompute-num-layers") not in (None, "1") and arg("--recompute-method") == "block":
-            out.warnings.append("--recompute-method block with --recompute-num-layers: priced as every layer")
+        _full_recompute(out, arg("--recompute-method"), arg("--recompute-num-layers"), "--recompute-method",
+                        "--recompute-num-layers", str(path))
     if arg("--optimizer", "adam") != "adam":
         out.warnings.append(f"--optimizer {arg('--optimizer')}: priced as Adam (the model spec's optimizer)")
     backend = arg("--attention-backend")
@@ -838,11 +837,32 @@ def _nemo(text: str, path: Path, out: Imported) -> None:
                             file=str(path), field="model.recompute_modules")
         _recompute_modules(out, " ".join(modules) if isinstance(modules, list) else modules, "model.recompute_modules")
     elif granularity == "full":
-        out.set("recompute", granularity)
-        if granularity == "full" and model.get("activations_checkpoint_num_layers") not in (None, 1):
-            out.warnings.append("model.activations_checkpoint_num_layers: priced as every layer recomputed")
+        method_key = ("activations_checkpoint_method" if "activations_checkpoint_method" in model
+                      else "recompute_method")
+        layers_key = ("activations_checkpoint_num_layers" if "activations_checkpoint_num_layers" in model
+                      else "recompute_num_layers")
+        _full_recompute(out, model.get(method_key), model.get(layers_key), f"model.{method_key}",
+                        f"model.{layers_key}", str(path))
     if model.get("mcore_gpt") is False:
         out.warnings.append("model.mcore_gpt false (NeMo's legacy model): priced as Megatron-Core")
+
+
+def _full_recompute(out, method, layers, method_field: str, layers_field: str, file: str) -> None:
+    """Megatron-Core's full recompute as ddplan's policy: the block method with N layers is `full:N` (the first N
+    layers of each model chunk re-run whole, ddplan.runfields.recompute_layers); the uniform method (the default)
+    re-runs every layer: `full`, which keeps each layer's input where uniform with N > 1 keeps one input per N
+    layers (said in a warning: ddplan's activations are then above the stack's by those inputs)."""
+    n = None if layers is None else str(layers).strip()
+    if method == "block" and n is not None:
+        if not n.isdigit() or int(n) < 1:
+            raise SpecError(f"must be a whole number >= 1 with the block method, got {layers!r}", file=file,
+                            field=layers_field)
+        out.set("recompute", f"full:{int(n)}", f"{method_field} block, {layers_field} {n}")
+        return
+    out.set("recompute", "full")
+    if n not in (None, "1"):
+        out.warnings.append(f"{method_field} {method or 'uniform'} with {layers_field} {n} (one checkpoint per {n} "
+                            f"layers): priced as full recompute, which keeps every layer's input")
 
 
 def _recompute_modules(out, modules: str | None, where: str) -> None:

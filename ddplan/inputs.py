@@ -21,7 +21,7 @@ from ddplan.plan import PlanRequest
 from ddplan.registry import (builtin_names, calibration_hardware, load_calibration, load_framework, load_hardware,
                              load_model)
 from ddplan.run import RunOverheads
-from ddplan.runfields import BY_PARAM, RECOMPUTE, RECOMPUTE_HINT, recompute_policy
+from ddplan.runfields import BY_PARAM, RECOMPUTE, RECOMPUTE_HINT, recompute_layers, recompute_policy
 from ddplan.sizing import memory_setup
 from ddplan.specs import KERNELS, WEIGHTS, Budget, Price, run_variant
 from ddplan.table import TableRequest, check_fp8, check_fp8_options
@@ -418,8 +418,10 @@ def plan_request(v: dict, stated: Stated, today, every_band: bool = False):
     hws = (hw0, *(load_hardware(h) for h in names[1:]))
     check_calibration_hardware(cal, hws, v["calibration"])
     asked = policies(v["recompute"]) if v["recompute"] else PlanRequest.recomputes
-    # lightest first (ddplan.plan.layouts_for): the named ones in their order, a per-module one after selective
-    recomputes = tuple(sorted(asked, key=lambda r: RECOMPUTE.index(r) if r in RECOMPUTE else 1.5))
+    # lightest first (ddplan.plan.layouts_for): the named ones in their order, a per-module one after selective, a
+    # full:N one before full (it re-runs some of full's layers)
+    recomputes = tuple(sorted(asked, key=lambda r: RECOMPUTE.index(r) if r in RECOMPUTE
+                              else 2.5 if recompute_layers(r) is not None else 1.5))
     req = PlanRequest(
         model=spec, hardware=hws, gpus=tuple(int_list(v["gpus"], "--gpus", ranges=True)), objective=v["objective"],
         deadline_h=v["deadline"], budget_usd=v["budget"], top=v["top"], calibration=cal,

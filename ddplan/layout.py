@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from ddplan.anatomy import UNFUSED_KINDS
 from ddplan.errors import LayoutError
 from ddplan.pipeline import stage_layers
-from ddplan.runfields import recompute_policy
+from ddplan.runfields import recompute_layers, recompute_policy
 from ddplan.specs import ModelSpec
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -178,6 +178,13 @@ class Layout:
     @property
     def offloads(self) -> bool:
         return offload_applies(self.zero, self.grad_ranks)
+
+    @property
+    def recompute_chunks(self) -> int:
+        """The model chunks a `full:N` recompute policy re-runs the first N layers of: pp x vp (Megatron-Core's
+        block method counts the layers of each model chunk, ddplan.runfields.recompute_layers); 1 under any other
+        policy (a cache key: layouts that differ only in pp share their anatomy there)."""
+        return self.pp * self.pp_virtual_stages if recompute_layers(self.recompute) is not None else 1
 
     @property
     def rank_share(self) -> tuple[int, bool, int, int, int]:

@@ -265,12 +265,13 @@ class Pricer:
 
     def anatomy(self, layout: Layout, window: str) -> Anatomy:
         """One rank's ops of one micro-batch (its tp, sp and cp share); recompute policies share one ops tuple."""
-        key = ("anatomy", window, self._group(layout).ops_key, layout.micro_batch, layout.recompute, self.fp8,
+        chunks = layout.recompute_chunks
+        key = ("anatomy", window, self._group(layout).ops_key, layout.micro_batch, layout.recompute, chunks, self.fp8,
                self.fp8_recipe)
         an = self._shared.get(key)
         if an is None:
             share = self._share(layout.micro_batch, layout.attention, window, layout.compiled, layout.rank_share)
-            an = with_recompute(share, layout.recompute)
+            an = with_recompute(share, layout.recompute, chunks)
             if self.fp8:  # the fp8 GEMMs' saved inputs, as the recipe keeps them (ddplan.fp8.with_fp8_saves)
                 an = with_fp8_saves(an, self.fp8_recipe, self.spec.recipe.fp8_lm_head,
                                     dtype_bytes(self.spec.dtypes.compute))
@@ -325,7 +326,8 @@ class Pricer:
 
     def flops(self, layout: Layout, window: str) -> tuple[float, float]:
         """(model FLOPs, recomputed FLOPs) of one micro-batch on one tp rank, summed once per anatomy."""
-        key = ("flops", window, self._group(layout).ops_key, layout.micro_batch, layout.recompute)
+        key = ("flops", window, self._group(layout).ops_key, layout.micro_batch, layout.recompute,
+               layout.recompute_chunks)
         if key not in self._shared:
             an = self.anatomy(layout, window)
             self._shared[key] = (an.flops_fwd() + an.flops_bwd(), an.recompute_flops())
@@ -366,7 +368,7 @@ class Pricer:
                              comm_efficiency=comm_end(scenario), comm_points=self.points, cache=self._shared)
         r = self._gathered(self.rates(layout.attention, scenario, fitted), layout)
         # the named policies share one OpTimes (op_times prices each's re-run); a per-module one has its own
-        module_policy = None if layout.recompute in RECOMPUTE_POLICIES else layout.recompute
+        module_policy = None if layout.recompute in RECOMPUTE_POLICIES else (layout.recompute, layout.recompute_chunks)
         parts_key = ("parts", layout.micro_batch, layout.attention, window, layout.compiled, layout.rank_share, scenario,
                      fitted, r.fp8_weight_shards, r.fp8_gathers, module_policy)
         if parts_key not in self._rated:

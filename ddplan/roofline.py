@@ -401,8 +401,9 @@ def op_times(anatomy: Anatomy, r: Rates) -> OpTimes:
     by_kind: dict[tuple[str, str], float] = {}
     fwd_by_kind: dict[tuple[str, str], float] = {}
     again_by_kind: dict[tuple[str, str, str], float] = {}
-    # every named policy (a search's shares one OpTimes), and the anatomy's own per-module one
-    policies = RECOMPUTE_POLICIES[1:] + ((anatomy.recompute,) if anatomy.recompute not in RECOMPUTE_POLICIES else ())
+    # every named policy (a search's shares one OpTimes), and the anatomy's own per-module one (full:N: after)
+    own = anatomy.recompute not in RECOMPUTE_POLICIES and not anatomy.by_layers
+    policies = RECOMPUTE_POLICIES[1:] + ((anatomy.recompute,) if own else ())
     for op, n in anatomy.op_repeats:  # the blocks' repeats priced once (Anatomy.op_repeats)
         part = _part(op)
         f, b = op_time_s(op, anatomy, r)
@@ -416,6 +417,15 @@ def op_times(anatomy: Anatomy, r: Rates) -> OpTimes:
                 again[(part, policy)] = again.get((part, policy), 0.0) + f
                 key = (part, policy, op.kind)
                 again_by_kind[key] = again_by_kind.get(key, 0.0) + f
+    if anatomy.by_layers:  # full:N re-runs some layers whole (Anatomy.layers_again per kind of block), no other op
+        policy = anatomy.recompute
+        for ops, layers in zip(anatomy.blocks, anatomy.layers_again):
+            for op in ops:
+                if layers and recomputed_under(op, "full"):
+                    part, f = _part(op), layers * op_time_s(op, anatomy, r)[0]
+                    again[(part, policy)] = again.get((part, policy), 0.0) + f
+                    key = (part, policy, op.kind)
+                    again_by_kind[key] = again_by_kind.get(key, 0.0) + f
     return OpTimes(fwd=fwd, bwd=bwd, again=again, by_kind=by_kind, fwd_by_kind=fwd_by_kind,
                    again_by_kind=again_by_kind)
 

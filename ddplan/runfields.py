@@ -96,7 +96,8 @@ RECOMPUTE = ("none", "selective", "per-op", "full")  # lightest first (plan sear
 # `selective:` and the modules joined by '+', e.g. selective:layernorm+moe (selective alone is core_attn, Megatron's
 # default). Ref: NVIDIA/Megatron-LM megatron/core/transformer/transformer_config.py@d98e8a6 L560-575, L1940-1960
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts")
-RECOMPUTE_HINT = "none, selective, per-op, full, or selective:MODULE+MODULE (" + ", ".join(RECOMPUTE_MODULES) + ")"
+RECOMPUTE_HINT = ("none, selective, per-op, full, full:N (the first N layers of each pipeline chunk), or "
+                  "selective:MODULE+MODULE (" + ", ".join(RECOMPUTE_MODULES) + ")")
 
 
 def recompute_modules(policy: str) -> frozenset[str] | None:
@@ -112,13 +113,33 @@ def recompute_modules(policy: str) -> frozenset[str] | None:
     return frozenset(names)
 
 
+def recompute_layers(policy: str) -> int | None:
+    """N of a `full:N` policy, None for another policy: Megatron-Core's --recompute-granularity full
+    --recompute-method block --recompute-num-layers N (NeMo: activations_checkpoint_method block), which re-runs the
+    first N layers of each model chunk (a pipeline stage, or each of its --virtual-pipeline chunks) whole and keeps
+    every activation of the rest. Ref: NVIDIA/Megatron-LM megatron/core/transformer/transformer_block.py@0034bda6
+    TransformerBlock._checkpointed_forward (method "block": `if l < self.config.recompute_num_layers`, over the
+    block's layers; a block is one model chunk, get_num_layers_to_build), the same test in later versions. Raises
+    ValueError for an N that is not a whole number of at least 1."""
+    head, colon, rest = policy.partition(":")
+    if head != "full" or not colon:
+        return None
+    if not rest.isdigit() or int(rest) < 1:
+        raise ValueError(f"{policy!r}: N in full:N is the layers recomputed per pipeline chunk, a whole number >= 1")
+    return int(rest)
+
+
 def recompute_policy(policy: str) -> str:
-    """A recompute policy in its one spelling: a named one as is, `selective:` with its modules in
-    RECOMPUTE_MODULES' order, and `selective:core_attn` as `selective` (the same policy). Raises ValueError for
+    """A recompute policy in its one spelling: a named one as is, `full:N` with N in digits (recompute_layers),
+    `selective:` with its modules in RECOMPUTE_MODULES' order, and `selective:core_attn` as `selective` (the same
+    policy). Raises ValueError for
     anything else, naming what is allowed."""
     if policy in RECOMPUTE:
         return policy
     try:
+        layers = recompute_layers(policy)
+        if layers is not None:
+            return f"full:{layers}"
         modules = recompute_modules(policy)
     except ValueError as e:
         raise ValueError(f"{e}; allowed: {RECOMPUTE_HINT}") from None
@@ -211,11 +232,14 @@ FIELDS: tuple[RunField, ...] = (
        helps={"memory": "ZeRO-3 with fp8 GEMMs: their weights gathered in fp8, 1 byte an element (torchao "
                         "enable_fsdp_float8_all_gather); memory has no --fp8, so this implies it."}),
     _f("recompute", "Activation recompute: none, selective (Megatron's: the attention core), per-op (torchtitan's "
-       "selective AC), full, or Megatron-Core's modules as selective:MODULE+MODULE (its --recompute-modules: "
-       "core_attn, layernorm, mlp, moe, moe_act, shared_experts; e.g. selective:layernorm+moe).", str, LAYOUT,
+       "selective AC), full, full:N (Megatron-Core's block method: the first N layers of each pipeline chunk re-run "
+       "whole, the rest keep everything; its --recompute-num-layers N), or Megatron-Core's modules as "
+       "selective:MODULE+MODULE (its --recompute-modules: core_attn, layernorm, mlp, moe, moe_act, shared_experts; "
+       "e.g. selective:layernorm+moe).", str, LAYOUT,
        many=TABLE_PLAN, default="none", defaults={"plan": None}, check=recompute_policy,
-       helps={"plan": "Recompute policies to search among: none, selective, per-op, full, selective:MODULE+MODULE, "
-                      "comma-separated (default: none, selective, full; plan keeps the least that fits)."}),
+       helps={"plan": "Recompute policies to search among: none, selective, per-op, full, full:N, "
+                      "selective:MODULE+MODULE, comma-separated (default: none, selective, full; plan keeps the least "
+                      "that fits)."}),
     _f("attention", "Attention implementation (default: every one on the hardware; see `ddplan specs show "
        "HARDWARE`).", str, LAYOUT, many=TABLE_PLAN,
        helps={"memory": "Attention implementation (default: the hardware's default; see `ddplan specs show "

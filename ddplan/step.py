@@ -203,7 +203,8 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
                 layout.micro_batch, anatomy.seq_len, a.d_model, e, layout.tp,
                 _Cached(GroupTimer(hw, per_node, comm_efficiency, comm_points), cache), layout.sequence_parallel)
         fwd, bwd = cache[key]
-        again = {"full": fwd, "per-op": fwd / 2 if layout.sequence_parallel else fwd}.get(anatomy.recompute, 0.0)
+        again = (fwd * anatomy.full_share if anatomy.full_share else  # full, full:N: the recomputed layers'
+                 {"per-op": fwd / 2 if layout.sequence_parallel else fwd}.get(anatomy.recompute, 0.0))
         per_layer = fwd + bwd + again
         # an MoE block without shared experts has no MLP-side pair: its dispatcher's gathers (ep_s) replace it
         swapped = stage_moe if a.moe is not None and not a.moe.shared_width else 0
@@ -221,8 +222,9 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
             parts.memo[key] = _cp_layer_s(spec, hw, layout, place, anatomy, parts, a_layers, comm_efficiency,
                                           comm_points, cache)
         fwd, bwd = parts.memo[key]
-        attention_again = anatomy.recompute != "none" and (anatomy.modules is None or "core_attn" in anatomy.modules)
-        cp_s = accum * stage * (fwd + bwd + (fwd if attention_again else 0.0))  # recompute re-sends
+        attention_again = anatomy.full_share or float(  # the layers whose attention re-runs (full:N: a share)
+            anatomy.recompute != "none" and (anatomy.modules is None or "core_attn" in anatomy.modules))
+        cp_s = accum * stage * (fwd + bwd + fwd * attention_again)  # recompute re-sends
 
     ep_s = 0.0
     if a.moe is not None and (layout.ep > 1 or layout.expert_tp > 1):
@@ -232,8 +234,8 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
             _Cached(GroupTimer(hw, place.ep_per_node, comm_efficiency, comm_points), cache),
             _Cached(GroupTimer(hw, place.tp_per_node, comm_efficiency, comm_points), cache))
         # full recompute, and Megatron's moe module (its checkpoint re-runs the dispatch), send the tokens again
-        moe_again = anatomy.recompute == "full" or anatomy.modules is not None and "moe" in anatomy.modules
-        ep_s = accum * stage_moe * (fwd + bwd + (fwd if moe_again else 0.0))
+        moe_again = anatomy.full_share or float(anatomy.modules is not None and "moe" in anatomy.modules)
+        ep_s = accum * stage_moe * (fwd + bwd + fwd * moe_again)
 
     bubble = pipeline.bubble_time_s(compute + tp_s + cp_s + ep_s, p, accum, layout.pp_virtual_stages) if p > 1 else 0.0
     if p > 1:  # activations to the next stage and gradients back, per micro-batch, not overlapped

@@ -124,7 +124,8 @@ RECOMPUTE = ("none", "selective", "full", "per-op")
 # kept in place of 256 x 2 combine weights), selective:moe 4,629,508; with Transformer Engine's fused norms, RoPE and
 # SwiGLU (Recipe.fusions), llama-te none 6,300,676 (llama-gqa's 7,775,236 less 1,474,560 B: each layer's two
 # normalised 256 x 128 inputs, its 256 x 384 silu(g) and two 128 x 16 -sin tables, and the final norm's), mixtral-te
-# none 6,198,276
+# none 6,198,276; and Megatron-Core's block method (LAYER_CASES), math attention: nanochat-d3 full:1 27,688,756 and
+# full:2 17,059,636, llama-gqa full:1 4,480,004, qwen2-moe full:1 5,019,652, mixtral-moe full:1 4,232,196
 SAVED_TOLERANCE = 0.01
 FLOPS_TOLERANCE = 0.01
 # The reference runs a mixture of experts' experts one after another, an aten.mm each, which the per-op policy
@@ -137,10 +138,14 @@ MODULE_CASES = {"gpt2": ("selective:mlp",), "llama-gqa": ("selective:core_attn+m
                 "mixtral-moe": ("selective:moe", "selective:core_attn+moe"),
                 "qwen2-moe": ("selective:mlp+moe", "selective:shared_experts"),
                 "mixtral-weighted": ("selective:moe",), "llama-te": ("selective:mlp",)}
+# Megatron-Core's block method (`full:N`: the first N layers re-run whole) on one stage: nanochat's layers differ
+# (value embeddings, windows, the backout), qwen2-moe's first layer is dense, the second MoE
+LAYER_CASES = {"nanochat-d3": ("full:1", "full:2"), "llama-gqa": ("full:1",), "qwen2-moe": ("full:1",),
+               "mixtral-moe": ("full:1",)}
 CASES = [pytest.param(m, a, rc, id=f"{m}-{a}-{rc}") for m in TINY for a in ATTENTION for rc in RECOMPUTE
          if not (rc == "per-op" and m in PER_OP_UNLIKE_TORCHTITAN)] + [
-    pytest.param(m, a, rc, id=f"{m}-{a}-{rc}") for m, policies in MODULE_CASES.items() for a in ATTENTION
-    for rc in policies]
+    pytest.param(m, a, rc, id=f"{m}-{a}-{rc}") for cases in (MODULE_CASES, LAYER_CASES) for m, policies in cases.items()
+    for a in ATTENTION for rc in policies]
 
 
 @functools.cache
@@ -989,3 +994,35 @@ def test_fp8_gemms_keep_their_inputs_as_fp8_copies_by_hand():
                                ("selective:mlp", {"h0.xn2.fp8", "h0.mlp.act_out.fp8"}, {"h0.xn1.fp8"})):
         names = set(with_fp8_saves(with_recompute(an, policy), "delayed", False, 4).saved_tensors())
         assert not gone & names and kept <= names, policy
+
+
+# --------------------------------------------------------------------------------------------
+# Megatron's block method: full:N re-runs the first N layers of each model chunk whole
+
+
+def test_full_n_re_runs_the_first_n_layers_of_each_model_chunk_by_hand():
+    """Llama 3 70B, 80 layers. At pp 4 x vp 5 (20 chunks of 4 contiguous layers) full:1 re-runs layers 0, 4, 8, ...:
+    20 of 80, a share of 0.25; full:4 (a whole chunk) is full recompute. On one stage (chunks 1) full:3 re-runs
+    layers 0-2 (3 / 80). The walks and sums agree: saved bytes and recomputed FLOPs a quarter of the way from none
+    to full where every layer is alike."""
+    from dataclasses import replace
+
+    from ddplan.anatomy import with_recompute
+
+    base = build_anatomy(load_model("llama-3-70b"), batch=1, seq_len=1024)
+    chunked = with_recompute(base, "full:1", chunks=20)
+    assert [layer for layer in range(80) if chunked.layer_again(layer)] == list(range(0, 80, 4))
+    assert chunked.full_share == 0.25 and sum(chunked.layers_again) == 20
+    one_stage = with_recompute(base, "full:3")
+    assert [layer for layer in range(80) if one_stage.layer_again(layer)] == [0, 1, 2]
+    assert one_stage.full_share == 3 / 80
+    none, full = replace(base, recompute="none"), replace(base, recompute="full")
+    for got, lo, hi in ((chunked.saved_split[0], none.saved_split[0], full.saved_split[0]),
+                        (chunked.recompute_flops(), none.recompute_flops(), full.recompute_flops()),
+                        (chunked.matmul_flops(), none.matmul_flops(), full.matmul_flops())):
+        assert got == pytest.approx(lo + 0.25 * (hi - lo), rel=1e-12)
+    whole = with_recompute(base, "full:4", chunks=20)  # N = the chunk's layers: every layer
+    assert whole.full_share == 1.0
+    assert whole.saved_split == pytest.approx(full.saved_split, rel=1e-12)
+    assert whole.recompute_flops() == pytest.approx(full.recompute_flops(), rel=1e-12)
+    assert whole.backward_transient_bytes() == full.backward_transient_bytes()

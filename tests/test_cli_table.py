@@ -307,3 +307,18 @@ def test_the_verdict_leads_with_the_larger_gain_and_keeps_the_window_apart(capsy
             .splitlines() if t.startswith(("- Add GPUs", "- Fix the kernel", "- Then"))]
     assert seed[0].startswith("- Fix the kernel first: flash-attn-ck on the same 1 GPU and window")
     assert seed[1].startswith("- Then add GPUs: 8x mi300x") and not any("with window" in t for t in seed)
+
+
+def test_full_n_recompute_is_a_row_and_a_bad_n_one_line(capsys):
+    """--recompute full:N (Megatron-Core's block method) makes its own row, between none and full in memory and time;
+    full:0 or full:x is one line naming --recompute and what is allowed."""
+    rows = csv_rows(run_ok(capsys, ["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--pp", "2",
+                                    "--attention", "fa3", "--device-batch-size", "1", "--recompute", "none,full:4,full",
+                                    "--format", "csv"]))
+    by = {r["recompute"]: r for r in rows}
+    assert list(by) == ["none", "full:4", "full"]
+    gib, step = ({rc: float(by[rc][column]) for rc in by} for column in ("memory_gib", "step_s"))
+    assert gib["none"] > gib["full:4"] > gib["full"] and step["none"] < step["full:4"] < step["full"]
+    for bad in ("full:0", "full:x"):
+        code, err = fails(capsys, ["table", "-m", "d24", "--gpus", "8", "--recompute", bad])
+        assert code == 2 and err.startswith(f"error: --recompute: '{bad}'") and "full:N" in err

@@ -318,6 +318,44 @@ def test_megatron_s_recompute_modules_are_the_per_module_policy(capsys, tmp_path
     assert "--recompute-modules needs at least one module" in err and "internal error" not in err
 
 
+def test_megatron_s_block_recompute_is_full_n_and_prices_between_none_and_full(capsys, tmp_path):
+    """--recompute-granularity full --recompute-method block --recompute-num-layers N (NeMo:
+    activations_checkpoint_method block) is ddplan's full:N, whose activations lie between none's and full's; the
+    uniform method is full (with N > 1, a warning: one checkpoint per N layers); a block N that is not a number is
+    one line naming the field."""
+    out, args = tmp_path / "run.yaml", tmp_path / "args.sh"
+    base = ("--num-layers 8 --hidden-size 256 --num-attention-heads 4 --seq-length 512 --micro-batch-size 4 "
+            "--nproc_per_node 8 --bf16")
+    gib = {}
+    for extra, policy in (("", "none"), (" --recompute-granularity full --recompute-method block "
+                                         "--recompute-num-layers 2", "full:2"),
+                          (" --recompute-granularity full --recompute-method uniform --recompute-num-layers 1", "full")):
+        args.write_text(base + extra + "\n", encoding="utf-8")
+        run_ok(capsys, ["import", str(args), "-o", str(out), "--from", "megatron"])
+        text = out.read_text(encoding="utf-8")
+        assert f"recompute: {policy}" in text if policy != "none" else "recompute:" not in text  # Megatron's default
+        gib[policy] = float(csv_rows(run_ok(capsys, ["memory", "--config", str(out), "--format", "csv"]))[0]
+                            ["activations_gib"])
+    assert gib["full"] < gib["full:2"] < gib["none"]
+    # 2 of 8 layers re-run whole: a quarter of the way from none to full (the layers are alike; the embeddings
+    # and head keep the same either way up to the checkpoints' shared inputs)
+    assert (gib["none"] - gib["full:2"]) / (gib["none"] - gib["full"]) == pytest.approx(0.25, abs=0.01)
+    args.write_text(base + " --recompute-granularity full --recompute-method uniform --recompute-num-layers 2\n",
+                    encoding="utf-8")
+    code, _, err = run(capsys, ["import", str(args), "-o", str(out), "--from", "megatron"])
+    assert code == 0 and "recompute: full" in out.read_text(encoding="utf-8") and "one checkpoint per 2 layers" in err
+    nemo = tmp_path / "nemo.yaml"
+    nemo.write_text("trainer:\n  devices: 8\n  precision: bf16\nmodel:\n  num_layers: 8\n  hidden_size: 256\n"
+                    "  num_attention_heads: 4\n  encoder_seq_length: 512\n  activations_checkpoint_granularity: full\n"
+                    "  activations_checkpoint_method: block\n  activations_checkpoint_num_layers: 3\n"
+                    "  tokenizer:\n    type: GPT2BPETokenizer\n", encoding="utf-8")
+    run_ok(capsys, ["import", str(nemo), "-o", str(out)])
+    assert "recompute: full:3" in out.read_text(encoding="utf-8")
+    nemo.write_text(nemo.read_text(encoding="utf-8").replace("num_layers: 3", "num_layers: three"), encoding="utf-8")
+    _, err = fails(capsys, ["import", str(nemo), "-o", str(out)])
+    assert "model.activations_checkpoint_num_layers: must be a whole number >= 1" in err and "Traceback" not in err
+
+
 def test_a_launch_script_s_comments_and_arrays_read_as_the_shell_reads_them():
     """A # inside quotes is not a comment (`--wandb-exp-name "run#3" --bf16` keeps --bf16); an array may close on
     its last item's line."""

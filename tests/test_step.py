@@ -449,3 +449,28 @@ def test_d24_per_gpu_compute_non_increasing_in_dp_at_fixed_total_batch(log_dp, a
 
     dp = 2**log_dp
     assert compute(2 * dp) <= compute(dp)
+
+
+def test_full_n_re_runs_its_share_of_the_layers_in_the_step_and_memory():
+    """Llama 3 70B on 64 H100s, tp 8, pp 4 x vp 5: full:1 re-runs 20 of the 80 layers (0.25). Every layer is alike, so
+    the busiest stage's recompute time is a quarter of full recompute's and its saved activations a quarter of the
+    way from none to full; full:4 (every layer of each 4-layer chunk) prices as full."""
+    from ddplan.price import Pricer, RunPlan
+    from ddplan.specs import Budget
+
+    spec, hw = load_model("llama-3-70b"), load_hardware("h100-sxm")
+    pricer = Pricer(spec, hw, RunPlan(Budget(steps=10), hw.price))
+    lay = {rc: Layout(dp=2, tp=8, pp=4, pp_virtual_stages=5, pp_schedule="interleaved", zero=1, micro_batch=1, grad_accum=16, attention="fa3",
+                      recompute=rc, sequence_parallel=True) for rc in ("none", "full:1", "full:4", "full")}
+    window = spec.architecture.window_pattern
+    st = {rc: pricer.step(layout, window) for rc, layout in lay.items()}
+    rec = {rc: pricer.anatomy(layout, window).full_share for rc, layout in lay.items()}
+    assert rec == {"none": 0.0, "full:1": 0.25, "full:4": 1.0, "full": 1.0}
+    assert st["full:4"].total_s == pytest.approx(st["full"].total_s, rel=1e-12)
+    assert st["none"].total_s < st["full:1"].total_s < st["full"].total_s
+    mem = {rc: pricer.memory(layout, window) for rc, layout in lay.items()}
+    saved = {rc: m.terms["activations"] for rc, m in mem.items()}
+    assert saved["full:1"] == pytest.approx(saved["none"] + 0.25 * (saved["full"] - saved["none"]), rel=1e-3)
+    # the compute of one micro-batch on the busiest stage: forward, backward, and a quarter of full's re-run
+    mb = {rc: st[rc].compute_s / st[rc].accum for rc in st}
+    assert mb["full:1"] - mb["none"] == pytest.approx(0.25 * (mb["full"] - mb["none"]), rel=1e-9)

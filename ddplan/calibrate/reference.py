@@ -35,7 +35,7 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from ddplan.runfields import recompute_modules
+from ddplan.runfields import recompute_layers, recompute_modules
 from ddplan.specs import PARAM_GROUPS, Architecture, ModelSpec
 
 ATTENTION = ("sdpa-math", "sdpa-fused")  # names shared with hardware/*.yaml `attention`
@@ -515,7 +515,7 @@ class Transformer(nn.Module):
         masks = window_masks(self.windows, t, idx.device)
         backout_layer, x_backout = self.arch.num_layers // 2, None
         for i in range(self.arch.num_layers):
-            if self.recompute == "full":  # only the layer's inputs are saved
+            if self.recompute == "full" or i < (recompute_layers(self.recompute) or 0):  # only the layer's inputs
                 x = checkpoint(self.layer, i, x, x0, idx, cos, sin, masks[i], use_reentrant=False)
             elif self.recompute == "per-op":  # the layer's inputs and the outputs the policy keeps
                 x = checkpoint(self.layer, i, x, x0, idx, cos, sin, masks[i], use_reentrant=False,
@@ -584,17 +584,19 @@ def build_model(spec: ModelSpec, *, attention: str, recompute: str, seq_len: int
     attention: F.scaled_dot_product_attention (is_causal for full windows, an explicit boolean mask for
     sliding ones, the spec's attention dropout) under torch's math backend ("sdpa-math": fp32 inside for
     16-bit inputs, saves the T x T probabilities) or its fused backends only ("sdpa-fused"), see `sdpa`.
-    recompute: "none", "selective" (checkpoint the attention core), "full" (checkpoint every layer) or "per-op"
-    (checkpoint every layer under torchtitan's per-op policy: Transformer.per_op_contexts).
+    recompute: "none", "selective" (checkpoint the attention core), "full" (checkpoint every layer), "full:N"
+    (checkpoint the first N layers: Megatron's block method on one pipeline stage) or "per-op" (checkpoint every
+    layer under torchtitan's per-op policy: Transformer.per_op_contexts).
     dtype_policy: "spec" stores each parameter group in spec.dtypes.params and computes in
     spec.dtypes.compute; "fp32" stores and computes everything in fp32.
     """
     for name, value, allowed in (("attention", attention, ATTENTION), ("recompute", recompute, RECOMPUTE),
                                  ("dtype_policy", dtype_policy, DTYPE_POLICIES)):
-        if value not in allowed and not (name == "recompute" and recompute_modules(value) is not None
-                                         and recompute_modules(value) <= CHECKPOINTED_MODULES):
+        if value not in allowed and not (name == "recompute" and (recompute_modules(value) is not None
+                                                                  and recompute_modules(value) <= CHECKPOINTED_MODULES
+                                                                  or recompute_layers(value) is not None)):
             raise ValueError(f"{name}={value!r}; allowed: {', '.join(allowed)}"
-                             + (f", or selective: with {', '.join(sorted(CHECKPOINTED_MODULES))}"
+                             + (f", full:N, or selective: with {', '.join(sorted(CHECKPOINTED_MODULES))}"
                                 if name == "recompute" else ""))
     seq_len = seq_len or spec.recipe.seq_len
     if seq_len > spec.architecture.max_seq_len:
