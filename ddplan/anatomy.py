@@ -207,19 +207,22 @@ class Anatomy:
 
     @property
     def by_layers(self) -> bool:
-        """Whether the policy is `full:N` (some layers recomputed whole, the rest not)."""
+        """Whether the policy is `full:N` or `every:K` (some layers recomputed whole, the rest not)."""
         return recompute_layers(self.recompute) is not None
 
     def layer_again(self, layer: int) -> bool:
         """Whether layer `layer` (0-based) is re-run whole: every layer under full recompute; under `full:N` the
-        first N of its model chunk (each chunk L / chunks contiguous layers, Megatron's get_num_layers_to_build; the
-        whole model at chunks 1; an uneven split is taken as the even one rounded down); none otherwise."""
+        first N of its model chunk, under `every:K` the K-th, 2K-th, ... of it (each chunk L / chunks contiguous
+        layers, Megatron's get_num_layers_to_build; the whole model at chunks 1; an uneven split is taken as the
+        even one rounded down; torchtitan's count runs on over a rank's chunks, here it restarts); none otherwise."""
         if self.recompute == "full":
             return True
-        n = recompute_layers(self.recompute)
-        if n is None:
+        policy = recompute_layers(self.recompute)
+        if policy is None:
             return False
-        return layer % max(1, len(self.layer_blocks) // self.chunks) < n
+        kind, n = policy
+        within = layer % max(1, len(self.layer_blocks) // self.chunks)  # its place in its chunk
+        return within < n if kind == "first" else (within + 1) % n == 0
 
     @functools.cached_property
     def _save_kept(self):

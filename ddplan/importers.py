@@ -356,11 +356,11 @@ def _torchtitan(text: str, path: Path, out: Imported) -> None:
         out.set("recompute", "per-op", "activation_checkpoint selective, op: SelectiveAC")
     elif mode in ("none", "full"):
         out.set("recompute", mode)
-    elif mode == "selective" and option.isdigit():
-        out.set("recompute", "full" if option == "1" else "per-op")
-        out.warnings.append(f"activation_checkpoint selective_ac_option {option!r} (every {option}th block fully "
-                            f"checkpointed) is not modelled: priced as "
-                            f"{'full' if option == '1' else 'per-op (an estimate of its memory and time)'}")
+    elif mode == "selective" and option.isdigit():  # every K-th block checkpointed whole (torchtitan's layer SAC)
+        k = int(option)
+        out.set("recompute", "full" if k <= 1 else f"every:{k}",
+                f"activation_checkpoint selective, selective_ac_option {option!r}"
+                + (": every block (0 and 1 mean all)" if k <= 1 else f": every {k}th block checkpointed whole"))
     else:
         out.warnings.append(f"activation_checkpoint mode {mode!r} is not modelled: priced as full recompute")
         out.set("recompute", "full")

@@ -181,9 +181,9 @@ class Layout:
 
     @property
     def recompute_chunks(self) -> int:
-        """The model chunks a `full:N` recompute policy re-runs the first N layers of: pp x vp (Megatron-Core's
-        block method counts the layers of each model chunk, ddplan.runfields.recompute_layers); 1 under any other
-        policy (a cache key: layouts that differ only in pp share their anatomy there)."""
+        """The model chunks a layer policy (`full:N`, `every:K`: ddplan.runfields.recompute_layers) counts its layers
+        in: pp x vp (Megatron-Core's block method counts the layers of each model chunk); 1 under any other policy
+        (a cache key: layouts that differ only in pp share their anatomy there)."""
         return self.pp * self.pp_virtual_stages if recompute_layers(self.recompute) is not None else 1
 
     @property

@@ -96,8 +96,8 @@ RECOMPUTE = ("none", "selective", "per-op", "full")  # lightest first (plan sear
 # `selective:` and the modules joined by '+', e.g. selective:layernorm+moe (selective alone is core_attn, Megatron's
 # default). Ref: NVIDIA/Megatron-LM megatron/core/transformer/transformer_config.py@d98e8a6 L560-575, L1940-1960
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts")
-RECOMPUTE_HINT = ("none, selective, per-op, full, full:N (the first N layers of each pipeline chunk), or "
-                  "selective:MODULE+MODULE (" + ", ".join(RECOMPUTE_MODULES) + ")")
+RECOMPUTE_HINT = ("none, selective, per-op, full, full:N (the first N layers of each pipeline chunk), every:K (every "
+                  "K-th layer), or selective:MODULE+MODULE (" + ", ".join(RECOMPUTE_MODULES) + ")")
 
 
 def recompute_modules(policy: str) -> frozenset[str] | None:
@@ -113,24 +113,33 @@ def recompute_modules(policy: str) -> frozenset[str] | None:
     return frozenset(names)
 
 
-def recompute_layers(policy: str) -> int | None:
-    """N of a `full:N` policy, None for another policy: Megatron-Core's --recompute-granularity full
-    --recompute-method block --recompute-num-layers N (NeMo: activations_checkpoint_method block), which re-runs the
-    first N layers of each model chunk (a pipeline stage, or each of its --virtual-pipeline chunks) whole and keeps
-    every activation of the rest. Ref: NVIDIA/Megatron-LM megatron/core/transformer/transformer_block.py@0034bda6
-    TransformerBlock._checkpointed_forward (method "block": `if l < self.config.recompute_num_layers`, over the
-    block's layers; a block is one model chunk, get_num_layers_to_build), the same test in later versions. Raises
-    ValueError for an N that is not a whole number of at least 1."""
+def recompute_layers(policy: str) -> tuple[str, int] | None:
+    """Which whole layers a layer policy re-runs, None for another policy:
+
+    - `full:N` -> ("first", N): Megatron-Core's --recompute-granularity full --recompute-method block
+      --recompute-num-layers N (NeMo: activations_checkpoint_method block), the first N layers of each model chunk (a
+      pipeline stage, or each of its virtual chunks) re-run whole, every other layer keeps all it saves. Ref:
+      NVIDIA/Megatron-LM megatron/core/transformer/transformer_block.py@0034bda6 TransformerBlock._checkpointed_forward
+      (method "block": `if l < self.config.recompute_num_layers` over the block's layers; a block is one model chunk,
+      get_num_layers_to_build), the same test in later versions.
+    - `every:K` -> ("every", K): torchtitan's layer-frequency selective AC (activation_checkpoint.mode "selective",
+      selective_ac_option "K") up to its removal in 114151a (2026-03): every K-th block a rank builds is checkpointed
+      whole, the K-th, 2K-th, ... (`_layer_sac_count % ac_freq == 0`, the count from 1). Ref: pytorch/torchtitan
+      torchtitan/distributed/activation_checkpoint.py@1f02964 L24-48 _apply_layer_sac.
+
+    Raises ValueError for an N or K that is not a whole number of at least 1."""
     head, colon, rest = policy.partition(":")
-    if head != "full" or not colon:
+    if head not in ("full", "every") or not colon:
         return None
     if not rest.isdigit() or int(rest) < 1:
-        raise ValueError(f"{policy!r}: N in full:N is the layers recomputed per pipeline chunk, a whole number >= 1")
-    return int(rest)
+        what = "layers re-run per pipeline chunk" if head == "full" else "the K of every K-th layer re-run"
+        raise ValueError(f"{policy!r}: {head}:{'N' if head == 'full' else 'K'} takes {what}, a whole number >= 1")
+    return ("first" if head == "full" else "every", int(rest))
 
 
 def recompute_policy(policy: str) -> str:
-    """A recompute policy in its one spelling: a named one as is, `full:N` with N in digits (recompute_layers),
+    """A recompute policy in its one spelling: a named one as is, `full:N` and `every:K` with N and K in digits
+    (recompute_layers; every:1 is full),
     `selective:` with its modules in RECOMPUTE_MODULES' order, and `selective:core_attn` as `selective` (the same
     policy). Raises ValueError for
     anything else, naming what is allowed."""
@@ -139,7 +148,8 @@ def recompute_policy(policy: str) -> str:
     try:
         layers = recompute_layers(policy)
         if layers is not None:
-            return f"full:{layers}"
+            kind, n = layers
+            return "full" if kind == "every" and n == 1 else f"{'full' if kind == 'first' else 'every'}:{n}"
         modules = recompute_modules(policy)
     except ValueError as e:
         raise ValueError(f"{e}; allowed: {RECOMPUTE_HINT}") from None
@@ -233,11 +243,12 @@ FIELDS: tuple[RunField, ...] = (
                         "enable_fsdp_float8_all_gather); memory has no --fp8, so this implies it."}),
     _f("recompute", "Activation recompute: none, selective (Megatron's: the attention core), per-op (torchtitan's "
        "selective AC), full, full:N (Megatron-Core's block method: the first N layers of each pipeline chunk re-run "
-       "whole, the rest keep everything; its --recompute-num-layers N), or Megatron-Core's modules as "
+       "whole, the rest keep everything; its --recompute-num-layers N), every:K (torchtitan's layer selective AC: "
+       "every K-th layer re-run whole; its selective_ac_option K), or Megatron-Core's modules as "
        "selective:MODULE+MODULE (its --recompute-modules: core_attn, layernorm, mlp, moe, moe_act, shared_experts; "
        "e.g. selective:layernorm+moe).", str, LAYOUT,
        many=TABLE_PLAN, default="none", defaults={"plan": None}, check=recompute_policy,
-       helps={"plan": "Recompute policies to search among: none, selective, per-op, full, full:N, "
+       helps={"plan": "Recompute policies to search among: none, selective, per-op, full, full:N, every:K, "
                       "selective:MODULE+MODULE, comma-separated (default: none, selective, full; plan keeps the least "
                       "that fits)."}),
     _f("attention", "Attention implementation (default: every one on the hardware; see `ddplan specs show "

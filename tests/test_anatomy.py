@@ -124,8 +124,10 @@ RECOMPUTE = ("none", "selective", "full", "per-op")
 # kept in place of 256 x 2 combine weights), selective:moe 4,629,508; with Transformer Engine's fused norms, RoPE and
 # SwiGLU (Recipe.fusions), llama-te none 6,300,676 (llama-gqa's 7,775,236 less 1,474,560 B: each layer's two
 # normalised 256 x 128 inputs, its 256 x 384 silu(g) and two 128 x 16 -sin tables, and the final norm's), mixtral-te
-# none 6,198,276; and Megatron-Core's block method (LAYER_CASES), math attention: nanochat-d3 full:1 27,688,756 and
-# full:2 17,059,636, llama-gqa full:1 4,480,004, qwen2-moe full:1 5,019,652, mixtral-moe full:1 4,232,196
+# none 6,198,276; and the layer policies (LAYER_CASES), math attention: nanochat-d3 full:1 27,688,756, full:2
+# 17,059,636 and every:2 28,221,236, llama-gqa full:1 and every:2 4,480,004 (2 alike layers: one re-run either way),
+# qwen2-moe full:1 5,019,652 (its dense layer re-run) and every:2 4,480,004 (its MoE layer), mixtral-moe full:1
+# 4,232,196
 SAVED_TOLERANCE = 0.01
 FLOPS_TOLERANCE = 0.01
 # The reference runs a mixture of experts' experts one after another, an aten.mm each, which the per-op policy
@@ -138,10 +140,11 @@ MODULE_CASES = {"gpt2": ("selective:mlp",), "llama-gqa": ("selective:core_attn+m
                 "mixtral-moe": ("selective:moe", "selective:core_attn+moe"),
                 "qwen2-moe": ("selective:mlp+moe", "selective:shared_experts"),
                 "mixtral-weighted": ("selective:moe",), "llama-te": ("selective:mlp",)}
-# Megatron-Core's block method (`full:N`: the first N layers re-run whole) on one stage: nanochat's layers differ
+# Megatron-Core's block method (`full:N`: the first N layers re-run whole) and torchtitan's layer selective AC
+# (`every:K`: every K-th layer re-run whole) on one stage: nanochat's layers differ
 # (value embeddings, windows, the backout), qwen2-moe's first layer is dense, the second MoE
-LAYER_CASES = {"nanochat-d3": ("full:1", "full:2"), "llama-gqa": ("full:1",), "qwen2-moe": ("full:1",),
-               "mixtral-moe": ("full:1",)}
+LAYER_CASES = {"nanochat-d3": ("full:1", "full:2", "every:2"), "llama-gqa": ("full:1", "every:2"),
+               "qwen2-moe": ("full:1", "every:2"), "mixtral-moe": ("full:1",)}
 CASES = [pytest.param(m, a, rc, id=f"{m}-{a}-{rc}") for m in TINY for a in ATTENTION for rc in RECOMPUTE
          if not (rc == "per-op" and m in PER_OP_UNLIKE_TORCHTITAN)] + [
     pytest.param(m, a, rc, id=f"{m}-{a}-{rc}") for cases in (MODULE_CASES, LAYER_CASES) for m, policies in cases.items()
@@ -1021,6 +1024,11 @@ def test_full_n_re_runs_the_first_n_layers_of_each_model_chunk_by_hand():
                         (chunked.recompute_flops(), none.recompute_flops(), full.recompute_flops()),
                         (chunked.matmul_flops(), none.matmul_flops(), full.matmul_flops())):
         assert got == pytest.approx(lo + 0.25 * (hi - lo), rel=1e-12)
+    # torchtitan's every:K counts within a stage: at pp 4 (chunks of 20) every:3 re-runs the 3rd, 6th, ... 18th
+    # layer of each, 6 of 20
+    third = with_recompute(base, "every:3", chunks=4)
+    assert [layer for layer in range(20) if third.layer_again(layer)] == [2, 5, 8, 11, 14, 17]
+    assert third.full_share == 24 / 80 and third.layers_again == (24,)
     whole = with_recompute(base, "full:4", chunks=20)  # N = the chunk's layers: every layer
     assert whole.full_share == 1.0
     assert whole.saved_split == pytest.approx(full.saved_split, rel=1e-12)

@@ -356,6 +356,24 @@ def test_megatron_s_block_recompute_is_full_n_and_prices_between_none_and_full(c
     assert "model.activations_checkpoint_num_layers: must be a whole number >= 1" in err and "Traceback" not in err
 
 
+def test_torchtitan_s_layer_selective_ac_is_every_k(capsys, tmp_path):
+    """torchtitan's selective AC with a layer frequency (selective_ac_option "2", its default before 2026-03:
+    every 2nd block checkpointed whole) is every:2, whose activations lie halfway between none's and full's on an
+    8-layer Llama-like model; "1" (and "0": all) is full."""
+    toml = (DATA / "torchtitan-llama3-8b.toml").read_text(encoding="utf-8")
+    assert 'selective_ac_option = "op"' in toml
+    src, out = tmp_path / "tt.toml", tmp_path / "run.yaml"
+    for option, policy in (("2", "every:2"), ("1", "full"), ("0", "full")):
+        src.write_text(toml.replace('selective_ac_option = "op"', f'selective_ac_option = "{option}"'), encoding="utf-8")
+        run_ok(capsys, ["import", str(src), "-o", str(out), "--gpus", "8"])
+        assert f"recompute: {policy}" in out.read_text(encoding="utf-8"), option
+    src.write_text(toml.replace('selective_ac_option = "op"', 'selective_ac_option = "2"'), encoding="utf-8")
+    run_ok(capsys, ["import", str(src), "-o", str(out), "--gpus", "8"])
+    gib = {rc: float(csv_rows(run_ok(capsys, ["memory", "--config", str(out), "--recompute", rc, "--format", "csv"]))[0]
+                     ["activations_gib"]) for rc in ("none", "every:2", "full")}
+    assert (gib["none"] - gib["every:2"]) / (gib["none"] - gib["full"]) == pytest.approx(0.5, abs=0.01)
+
+
 def test_a_launch_script_s_comments_and_arrays_read_as_the_shell_reads_them():
     """A # inside quotes is not a comment (`--wandb-exp-name "run#3" --bf16` keeps --bf16); an array may close on
     its last item's line."""

@@ -453,6 +453,16 @@ class Block(nn.Module):
         return torch.native_dropout(x, self.dropout_p, True)[0]
 
 
+def _layer_again(policy: str, layer: int) -> bool:
+    """Whether a layer policy checkpoints layer `layer` (0-based) of one stage: `full:N` the first N (Megatron's
+    block method), `every:K` the K-th, 2K-th, ... (torchtitan's layer selective AC)."""
+    found = recompute_layers(policy)
+    if found is None:
+        return False
+    kind, n = found
+    return layer < n if kind == "first" else (layer + 1) % n == 0
+
+
 class Transformer(nn.Module):
     """The model of a spec; `model(idx, targets)` returns the mean cross-entropy, `model(idx)` the logits."""
 
@@ -515,7 +525,7 @@ class Transformer(nn.Module):
         masks = window_masks(self.windows, t, idx.device)
         backout_layer, x_backout = self.arch.num_layers // 2, None
         for i in range(self.arch.num_layers):
-            if self.recompute == "full" or i < (recompute_layers(self.recompute) or 0):  # only the layer's inputs
+            if self.recompute == "full" or _layer_again(self.recompute, i):  # only the layer's inputs are saved
                 x = checkpoint(self.layer, i, x, x0, idx, cos, sin, masks[i], use_reentrant=False)
             elif self.recompute == "per-op":  # the layer's inputs and the outputs the policy keeps
                 x = checkpoint(self.layer, i, x, x0, idx, cos, sin, masks[i], use_reentrant=False,
@@ -585,7 +595,8 @@ def build_model(spec: ModelSpec, *, attention: str, recompute: str, seq_len: int
     sliding ones, the spec's attention dropout) under torch's math backend ("sdpa-math": fp32 inside for
     16-bit inputs, saves the T x T probabilities) or its fused backends only ("sdpa-fused"), see `sdpa`.
     recompute: "none", "selective" (checkpoint the attention core), "full" (checkpoint every layer), "full:N"
-    (checkpoint the first N layers: Megatron's block method on one pipeline stage) or "per-op" (checkpoint every
+    (checkpoint the first N layers: Megatron's block method on one pipeline stage), "every:K" (every K-th layer:
+    torchtitan's layer selective AC) or "per-op" (checkpoint every
     layer under torchtitan's per-op policy: Transformer.per_op_contexts).
     dtype_policy: "spec" stores each parameter group in spec.dtypes.params and computes in
     spec.dtypes.compute; "fp32" stores and computes everything in fp32.
@@ -596,7 +607,7 @@ def build_model(spec: ModelSpec, *, attention: str, recompute: str, seq_len: int
                                                                   and recompute_modules(value) <= CHECKPOINTED_MODULES
                                                                   or recompute_layers(value) is not None)):
             raise ValueError(f"{name}={value!r}; allowed: {', '.join(allowed)}"
-                             + (f", full:N, or selective: with {', '.join(sorted(CHECKPOINTED_MODULES))}"
+                             + (f", full:N, every:K, or selective: with {', '.join(sorted(CHECKPOINTED_MODULES))}"
                                 if name == "recompute" else ""))
     seq_len = seq_len or spec.recipe.seq_len
     if seq_len > spec.architecture.max_seq_len:
