@@ -11,6 +11,8 @@ Plain data, no pydantic: `ddplan --help` reads it without building the schema.
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,6 +115,7 @@ def recompute_modules(policy: str) -> frozenset[str] | None:
     return frozenset(names)
 
 
+@functools.lru_cache(maxsize=256)  # a search asks for each layout's policy: a few strings, many times
 def recompute_layers(policy: str) -> tuple[str, int] | None:
     """Which whole layers a layer policy re-runs, None for another policy:
 
