@@ -33,7 +33,7 @@ def fp8_eligible(op: Op, lm_head: bool = False) -> bool:
     return n % 16 == 0 and k % 16 == 0 and min(n, k) >= 128
 
 
-FP8_RECIPES = ("tensorwise", "delayed", "nanochat")
+FP8_RECIPES = ("tensorwise", "delayed", "current", "nanochat")
 # bytes moved per element of each GEMM operand to quantise it, by recipe: forward (x, W), backward (dY, x, W).
 # A cast reads the 16-bit tensor and writes 8 bits (2 + 1 B); current (dynamic) scaling first reads the tensor
 # once more for its amax (+2 B); a second fp8 copy in the other memory order written by the same kernel is
@@ -46,20 +46,45 @@ FP8_RECIPES = ("tensorwise", "delayed", "nanochat")
 #   delayed (Transformer Engine DelayedScaling, as Composer's amp_fp8 runs it: composer/core/precision.py): the
 #     scale comes from the amax history, the amax is taken inside the cast, and cast_transpose writes both
 #     orders at once, saved for backward: forward x and W (4, 4), backward dY (4), nothing for x and W.
+#   current (Transformer Engine Float8CurrentScaling, what Megatron-Core's --fp8-recipe tensorwise runs,
+#     megatron/core/fp8_utils.py@d98e8a64 L777-779, and NeMo's "cs"): each tensor's amax pass, a scale kernel, then
+#     the cast writing both orders, saved for backward as delayed's are (TransformerEngine
+#     transformer_engine/pytorch/csrc/quantizer.cpp@0064fbd Float8CurrentScalingQuantizer::quantize_impl:
+#     nvte_compute_amax, nvte_compute_scale_from_amax, nvte_quantize_v2): forward x and W (2 + 4, 2 + 4), backward
+#     dY (6), nothing for x and W.
 #   nanochat (nanochat/fp8.py, tensorwise dynamic, one opaque autograd function): forward amax + cast of x and
 #     W (5, 5), saving the fp8 tensors; backward amax + cast of dY (5) and three fp8 copies in the other order
 #     for _scaled_mm's layouts: dY^T (+2), W (2) and x (2).
 FP8_CAST_BYTES: dict[str, tuple[tuple[float, float], tuple[float, float, float]]] = {
     "tensorwise": ((5.0, 5.0), (6.0, 5.0, 5.0)),
     "delayed": ((4.0, 4.0), (4.0, 0.0, 0.0)),
+    "current": ((6.0, 6.0), (6.0, 0.0, 0.0)),
     "nanochat": ((5.0, 5.0), (7.0, 2.0, 2.0)),
 }
-# kernel launches of those casts (an amax pass and a cast are one launch each): forward, backward
-FP8_CAST_LAUNCHES: dict[str, tuple[int, int]] = {"tensorwise": (4, 6), "delayed": (2, 1), "nanochat": (4, 5)}
+# kernel launches of those casts per operand, as FP8_CAST_BYTES (an amax pass, a scale and a cast are one launch
+# each): forward (x, W), backward (dY, x, W)
+FP8_CAST_LAUNCHES: dict[str, tuple[tuple[int, int], tuple[int, int, int]]] = {
+    "tensorwise": ((2, 2), (2, 2, 2)), "delayed": ((1, 1), (1, 0, 0)), "current": ((3, 3), (3, 0, 0)),
+    "nanochat": ((2, 2), (3, 1, 1))}
+# how often an fp8 GEMM's weight is cast (Recipe.fp8_weight_casts): every micro-batch (torchao's Float8Linear,
+# nanochat's fp8.py, Transformer Engine called without is_first_microbatch, as Composer's amp_fp8 runs it), or once a
+# step, the fp8 copy cached for the step's other micro-batches (Transformer Engine's Linear given
+# is_first_microbatch, as Megatron-Core passes it: megatron/core/extensions/transformer_engine.py@d98e8a64
+# L1338-1345, set on each step's first micro-batch by pipeline_parallel/schedules.py L496-497)
+FP8_WEIGHT_CASTS = ("micro-batch", "step")
+
+
+def fp8_cast_launches(recipe: str, weight_reuse: int = 1) -> tuple[float, float]:
+    """(forward, backward) kernel launches of one fp8 GEMM's casts a micro-batch: FP8_CAST_LAUNCHES, the weight's
+    spread over the weight_reuse micro-batches one cast serves. e.g. current, reuse 8: 3 + 3/8, 3."""
+    if recipe not in FP8_CAST_LAUNCHES or weight_reuse < 1:
+        raise ValueError(f"need a recipe of {FP8_RECIPES} and weight_reuse >= 1; got {recipe!r}, {weight_reuse}")
+    (lx, lw), (ldy, lbx, lbw) = FP8_CAST_LAUNCHES[recipe]
+    return lx + lw / weight_reuse, ldy + lbx + lbw / weight_reuse
 
 
 def fp8_cast_bytes(m: int, n: int, k: int, recipe: str, weight_shards: int = 0,
-                   gathers: int = 2) -> tuple[float, float]:
+                   gathers: int = 2, weight_reuse: int = 1) -> tuple[float, float]:
     """(forward, backward) bytes one fp8 GEMM y = x W^T (x: m x k, W: n x k, dY: m x n) moves to quantise
     its operands, per micro-batch: per-element costs of FP8_CAST_BYTES times the operand sizes.
 
@@ -70,23 +95,27 @@ def fp8_cast_bytes(m: int, n: int, k: int, recipe: str, weight_shards: int = 0,
     element / shards; its amax is precomputed once per step for all weights, precompute_float8_dynamic_scale_
     for_fsdp, not counted), and backward's dgrad needs the gathered fp8 weight in the other order (1 + 1 B)
     instead of a recast; with gathers = 2 (resharded after forward) backward gathers, and casts, again.
+    weight_reuse: the micro-batches one weight cast serves (FP8_WEIGHT_CASTS "step": the step's micro-batches), over
+    which the weight's bytes spread.
     e.g. tensorwise, m 4096, n k 1024: forward 5 x (4096 + 1024) x 1024 = 26,214,400 B; backward
-    6 x 4096 x 1024 + 5 x 4096 x 1024 + 5 x 1024 x 1024 = 51,380,224 B.
+    6 x 4096 x 1024 + 5 x 4096 x 1024 + 5 x 1024 x 1024 = 51,380,224 B. current, m 2048, k 12288, n 9216 (GPT-3
+    175B's QKV at tp 4), reuse 16: forward 6 x 2048 x 12288 + 6 x 12288 x 9216 / 16 = 193,462,272 B (the weight's
+    679,477,248 B cast every micro-batch would be 4.5 times the input's: n / m).
     Ref: torchao/float8/float8_linear.py; torchtitan docs/float8.md (enable_fsdp_float8_all_gather,
     precompute_float8_dynamic_scale_for_fsdp); Transformer Engine DelayedScaling; nanochat/fp8.py.
     """
     if recipe not in FP8_CAST_BYTES:
         raise ValueError(f"fp8 recipe must be one of {FP8_RECIPES}, got {recipe!r}")
-    if min(m, n, k) <= 0 or weight_shards < 0 or gathers not in (1, 2):
-        raise ValueError(f"need positive m, n, k, weight_shards >= 0 and gathers 1 or 2; got {m}, {n}, {k}, "
-                         f"{weight_shards}, {gathers}")
+    if min(m, n, k) <= 0 or weight_shards < 0 or gathers not in (1, 2) or weight_reuse < 1:
+        raise ValueError(f"need positive m, n, k, weight_shards >= 0, gathers 1 or 2 and weight_reuse >= 1; got {m}, "
+                         f"{n}, {k}, {weight_shards}, {gathers}, {weight_reuse}")
     if weight_shards and recipe != "tensorwise":
         raise ValueError(f"fp8 all-gather of weights is torchao's, for the tensorwise recipe; got {recipe!r}")
     (ax, aw), (bdy, bx, bw) = FP8_CAST_BYTES[recipe]
     if weight_shards:
         aw = 3.0 / weight_shards
         bw = 2.0 + (3.0 / weight_shards if gathers == 2 else 0.0)
-    return ax * m * k + aw * k * n, bdy * m * n + bx * m * k + bw * k * n
+    return ax * m * k + aw * k * n / weight_reuse, bdy * m * n + bx * m * k + bw * k * n / weight_reuse
 
 
 _FRACTIONS: dict[str, dict[str, float]] = {}
@@ -95,10 +124,10 @@ _FRACTIONS: dict[str, dict[str, float]] = {}
 # recipes whose fp8 GEMMs keep for backward the fp8 copy of their input they cast (1 byte an element), not the
 # 16-bit tensor: Transformer Engine's Linear and LayerNormLinear (transformer_engine/pytorch/module/linear.py@d0067d0
 # L597-621: the quantized inputmat, its column-wise data only, is what backward gets; layernorm_linear.py L468-487:
-# ln_out likewise), which Composer's amp_fp8 and Megatron-Core run (delayed scaling); nanochat's fp8.py (its
+# ln_out likewise), which Composer's amp_fp8 and Megatron-Core run (delayed or current scaling); nanochat's fp8.py (its
 # autograd function saves the fp8 x). torchao's Float8Linear saves the high-precision input and casts it again in
 # backward (torchao/float8/float8_linear.py), so "tensorwise" keeps the 16-bit tensor.
-FP8_SAVES_QUANTIZED = ("delayed", "nanochat")
+FP8_SAVES_QUANTIZED = ("delayed", "current", "nanochat")
 
 
 def with_fp8_saves(anatomy: Anatomy, recipe: str, lm_head: bool, elem_bytes: int) -> Anatomy:

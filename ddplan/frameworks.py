@@ -41,6 +41,7 @@ APPLIES: dict[str, tuple[str, ...]] = {
     "cross_entropy": ("cross_entropy",),
     "moe_weighting": ("moe_weighting",),
     "fusions": ("fusions",),
+    "fp8_weight_casts": ("fp8_weight_casts",),
 }
 COMMIT = r"^[0-9a-f]{40}$"
 WHERE = r"^\S+@[0-9a-f]{7,40}\b"  # path@commit (a short commit is enough beside the profile's full one)

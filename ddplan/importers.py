@@ -665,15 +665,15 @@ def _megatron(text: str, path: Path, out: Imported) -> None:
     if fmt:
         out.set(("precision", "fp8"), True)
         recipe = arg("--fp8-recipe", "delayed")
-        if recipe not in ("delayed", "tensorwise"):
-            out.warnings.append(f"--fp8-recipe {recipe}: priced as delayed scaling")
-            recipe = "delayed"
-        out.set(("precision", "fp8_recipe"), recipe)
-        if arg("--fp8-param-gather") and recipe == "tensorwise":
-            out.set(("precision", "fp8_all_gather"), True)
-        elif arg("--fp8-param-gather"):
-            out.warnings.append(f"--fp8-param-gather: ddplan prices fp8 all-gathers with tensorwise scaling only; "
-                                f"with {recipe} scaling the weights are priced gathered in 16 bits")
+        if recipe == "tensorwise":  # Transformer Engine's Float8CurrentScaling (megatron/core/fp8_utils.py L777-779)
+            out.set(("precision", "fp8_recipe"), "current", "--fp8-recipe tensorwise: Transformer Engine current scaling")
+        else:
+            if recipe != "delayed":
+                out.warnings.append(f"--fp8-recipe {recipe}: priced as delayed scaling")
+            out.set(("precision", "fp8_recipe"), "delayed")
+        if arg("--fp8-param-gather"):
+            out.warnings.append("--fp8-param-gather (fp8 weights, all-gathered in fp8 by the distributed optimizer) is "
+                                "not priced: the weights are priced 16-bit in memory and gathers, cast once a step")
     granularity = arg("--recompute-granularity")
     if arg("--recompute-activations") or granularity == "selective":
         modules = arg("--recompute-modules")

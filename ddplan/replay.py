@@ -38,6 +38,7 @@ STATED_BY: dict[tuple[str, ...], str] = {
     ("recompute",): "layout.recompute", ("attention",): "layout.attention", ("window",): "layout.window",
     ("seq_len",): "model.seq_len", ("framework",): "framework", ("cross_entropy",): "framework (its profile's)",
     ("moe_weighting",): "framework (its profile's)", ("fusions",): "framework (its profile's)",
+    ("fp8_weight_casts",): "framework (its profile's)",
     ("compiled",): "layout.compiled",
     ("moe_imbalance",): "model.routing",
     ("batch", "device"): "layout.micro_batch", ("batch", "total_tokens"): "layout.global_batch_sequences",
@@ -72,9 +73,10 @@ def run_weights(run: RunFacts) -> str | None:
 
 
 def run_kernels(run: RunFacts) -> dict[str, str]:
-    """The kernel fields (ddplan.specs.KERNELS: the loss, the MoE weighting, the block's fusions) a run ran where its
-    framework profile sets them (Megatron-Core's vocab-parallel loss, weighted SwiGLU and Transformer Engine
-    modules; llm-foundry's fused loss); the base spec's for the rest."""
+    """The kernel fields (ddplan.specs.KERNELS: the loss, the MoE weighting, the block's fusions, the fp8 weight casts)
+    a run ran where its framework profile sets them (Megatron-Core's vocab-parallel loss, weighted SwiGLU,
+    Transformer Engine modules and fp8 weights cast once a step; llm-foundry's fused loss); the base spec's for the
+    rest."""
     return {name: value for name in KERNELS if (value := _profile_value(run, name)) is not None}
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ddplan.anatomy import RECOMPUTE_POLICIES, UNFUSED_KINDS, Anatomy, Op, attention_pairs, recomputed_under
-from ddplan.fp8 import FP8_CAST_LAUNCHES, FP8_RECIPES, fp8_cast_bytes, fp8_eligible
+from ddplan.fp8 import FP8_RECIPES, fp8_cast_bytes, fp8_cast_launches, fp8_eligible
 from ddplan.specs import Efficiency, HardwareSpec
 from ddplan.units import US
 
@@ -70,6 +70,8 @@ class Rates:
     # enable_fsdp_float8_all_gather), cast on the shard before each gather; fp8_gathers: gathers per micro-batch
     fp8_weight_shards: int = 0
     fp8_gathers: int = 2
+    # micro-batches one fp8 weight cast serves (the step's, where the stack caches it: ddplan.fp8.FP8_WEIGHT_CASTS)
+    fp8_weight_reuse: int = 1
     # measured points from a calibration file replace the curves: (m, n, k, fraction of peak) and
     # (batch x heads, seq, processed window, head_dim, fwd fraction, bwd fraction)
     gemm_points: tuple[tuple[int, int, int, float], ...] = ()
@@ -297,8 +299,9 @@ def _op_time_s(op: Op, anatomy: Anatomy, r: Rates) -> tuple[float, float]:
         if r.fp8_flops_per_s and fp8_eligible(op, r.fp8_lm_head):
             # the GEMMs at the fp8 rate, after the recipe's casts (memory-bound kernels of their own) and launches
             rate = r.fp8_flops_per_s * gemm_efficiency(m, n, k, r.gemm_best_fp8, r.gemm_half_dim)
-            cast_fwd, cast_bwd = fp8_cast_bytes(m, n, k, r.fp8_recipe, r.fp8_weight_shards, r.fp8_gathers)
-            launch_fwd, launch_bwd = FP8_CAST_LAUNCHES[r.fp8_recipe]
+            cast_fwd, cast_bwd = fp8_cast_bytes(m, n, k, r.fp8_recipe, r.fp8_weight_shards, r.fp8_gathers,
+                                                r.fp8_weight_reuse)
+            launch_fwd, launch_bwd = fp8_cast_launches(r.fp8_recipe, r.fp8_weight_reuse)
             call = gemm_call_s(r, fp8=True) * grouped_call_waves(op.calls)
             return (roofline_s(op.flops_fwd, op.bytes_fwd, rate, bw) + cast_fwd / bw
                     + call + launch_fwd * r.kernel_overhead_s,

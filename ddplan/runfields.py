@@ -238,8 +238,9 @@ FIELDS: tuple[RunField, ...] = (
        "the router and not the LM head unless the model's fp8 path converts it (nanochat's does); refused where the "
        "model's fp8 format does not run on the hardware.", bool, LAYOUT, default=False),
     _f("precision.fp8_recipe", "With --fp8, how the casts run: tensorwise (torchao Float8Linear, dynamic scaling), "
-       "delayed (Transformer Engine DelayedScaling) or nanochat (nanochat/fp8.py). Default: the model's (nanochat: "
-       "nanochat; others: tensorwise).", str, LAYOUT),
+       "delayed (Transformer Engine DelayedScaling), current (Transformer Engine Float8CurrentScaling: Megatron-Core's "
+       "--fp8-recipe tensorwise) or nanochat (nanochat/fp8.py). Default: the model's (nanochat: nanochat; others: "
+       "tensorwise).", str, LAYOUT),
     _f("precision.fp8_all_gather", "With --fp8 (tensorwise) and ZeRO-3: all-gather the fp8 GEMMs' weights in fp8, "
        "1 byte an element (torchao enable_fsdp_float8_all_gather).", bool, LAYOUT, default=False,
        helps={"memory": "ZeRO-3 with fp8 GEMMs: their weights gathered in fp8, 1 byte an element (torchao "
@@ -277,6 +278,10 @@ FIELDS: tuple[RunField, ...] = (
        "its normalised input too, SwiGLU keeps silu(g)) or transformer-engine (Megatron-Core's Transformer Engine "
        "layer spec: fused norms, RoPE and SwiGLU keep their inputs only); default: the model spec's (eager).",
        ("eager", "transformer-engine"), MODEL),
+    _f("fp8_weight_casts", "With --fp8, how often a GEMM's weight is cast to fp8: micro-batch (every micro-batch: "
+       "torchao, nanochat, Composer's Transformer Engine) or step (once a step, the copy cached for its other "
+       "micro-batches: Megatron-Core's Transformer Engine modules); default: the model spec's (micro-batch).",
+       ("micro-batch", "step"), MODEL),
     _f("seq_len", "Sequence length in tokens (default: the recipe's; at most the model's max_seq_len).", int, MODEL,
        range=Range(1, 10**8, "tokens")),
     _f("compiled", "torch.compile'd model (changes what is saved for backward; default: the recipe's).", bool,

@@ -138,7 +138,7 @@ class RunFacts(Strict):
     hardware: str = Field(min_length=1)
     precision: Precision
     # with precision fp8: how its casts ran (ddplan.fp8.FP8_RECIPES); None: the model spec's
-    fp8_recipe: Literal["tensorwise", "delayed", "nanochat"] | None = None
+    fp8_recipe: Literal["tensorwise", "delayed", "current", "nanochat"] | None = None
     # the training stack (a frameworks/ profile's name where there is one: composer, megatron-core, nanochat;
     # else its own, e.g. megatron-deepspeed): validate's summaries group by it; the layout states the run whole
     framework: str | None = Field(default=None, min_length=2, max_length=40)

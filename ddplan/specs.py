@@ -160,7 +160,8 @@ class Memory(Strict):
 
 Collective = Literal["all_reduce", "reduce_scatter", "all_gather"]
 Fp8Format = Literal["e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz"]
-Fp8Recipe = Literal["tensorwise", "delayed", "nanochat"]
+Fp8Recipe = Literal["tensorwise", "delayed", "current", "nanochat"]
+Fp8WeightCasts = Literal["micro-batch", "step"]
 CrossEntropy = Literal["eager", "vocab-parallel", "fused"]
 # where a mixture of experts multiplies each routed copy by its routing probability (Recipe.moe_weighting)
 MoeWeighting = Literal["combine", "activation"]
@@ -603,8 +604,12 @@ class Recipe(Strict):
     # None: any fp8 the hardware has (torchao picks the platform's format)
     fp8_formats: list[Fp8Format] | None = None
     # how its fp8 path casts (ddplan.fp8.FP8_CAST_BYTES): torchao's tensorwise Float8Linear (the default),
-    # Transformer Engine's delayed scaling, or nanochat's own fp8.py
+    # Transformer Engine's delayed or current scaling, or nanochat's own fp8.py
     fp8_recipe: Fp8Recipe = "tensorwise"
+    # how often an fp8 GEMM's weight is cast (ddplan.fp8.FP8_WEIGHT_CASTS): every micro-batch (the default: torchao,
+    # nanochat, Composer's Transformer Engine), or once a step, cached for the other micro-batches (Megatron-Core's
+    # Transformer Engine modules, given is_first_microbatch)
+    fp8_weight_casts: Fp8WeightCasts = "micro-batch"
     # whether that path converts the LM head too (nanochat's fp8_module_filter keeps no module by name);
     # torchtitan, Megatron-Core and Transformer Engine recipes keep it in the compute dtype
     fp8_lm_head: bool = False
@@ -711,14 +716,16 @@ MOE_WEIGHTING = typing.get_args(MoeWeighting)  # where routed copies are weighte
 FUSIONS = typing.get_args(Fusions)  # how a block's norms, rotary embedding and SwiGLU run (Recipe.fusions)
 # the Recipe's kernel fields (how the stack runs the loss, the MoE weighting, the block's pointwise ops), which a
 # framework profile may set and run_variant replaces: field -> its values
+FP8_WEIGHT_CASTS = typing.get_args(Fp8WeightCasts)  # how often an fp8 weight is cast (Recipe.fp8_weight_casts)
 KERNELS: dict[str, tuple[str, ...]] = {"cross_entropy": CROSS_ENTROPY, "moe_weighting": MOE_WEIGHTING,
-                                       "fusions": FUSIONS}
+                                       "fusions": FUSIONS, "fp8_weight_casts": FP8_WEIGHT_CASTS}
 
 
 def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | None = None,
                 grads: str | None = None, load_imbalance: float | None = None,
                 weights: str | None = None, cross_entropy: str | None = None,
-                moe_weighting: str | None = None, fusions: str | None = None) -> ModelSpec:
+                moe_weighting: str | None = None, fusions: str | None = None,
+                fp8_weight_casts: str | None = None) -> ModelSpec:
     """The model as one run trains it: another sequence length and/or compute dtype.
 
     seq_len: the recipe's sequence length (at most architecture.max_seq_len); the total batch in tokens
@@ -737,7 +744,8 @@ def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | Non
     "master" is "fp32". cross_entropy: the loss kernel (Recipe.cross_entropy, CROSS_ENTROPY). moe_weighting: where a
     mixture of experts weights its routed copies (Recipe.moe_weighting, MOE_WEIGHTING; a dense model takes it and
     is unchanged, as a stack's profile applies it to any model). fusions: how the block's norms, rotary embedding and
-    SwiGLU run (Recipe.fusions, FUSIONS).
+    SwiGLU run (Recipe.fusions, FUSIONS). fp8_weight_casts: how often an fp8 weight is cast (Recipe.fp8_weight_casts,
+    FP8_WEIGHT_CASTS; a run without fp8 takes it and is unchanged).
     Raises ValueError naming the value when it cannot be.
     """
     if seq_len is not None and seq_len != spec.recipe.seq_len:
@@ -772,7 +780,8 @@ def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | Non
         spec = spec.model_copy(update={
             "dtypes": spec.dtypes.model_copy(update={"params": dict.fromkeys(spec.dtypes.params, kept)}),
             "recipe": spec.recipe.model_copy(update={"optimizer": opt})})
-    for name, value in (("cross_entropy", cross_entropy), ("moe_weighting", moe_weighting), ("fusions", fusions)):
+    for name, value in (("cross_entropy", cross_entropy), ("moe_weighting", moe_weighting), ("fusions", fusions),
+                        ("fp8_weight_casts", fp8_weight_casts)):
         if value is not None and value != getattr(spec.recipe, name):
             if value not in KERNELS[name]:
                 raise ValueError(f"{name.replace('_', ' ')} must be {' or '.join(KERNELS[name])}, got {value!r}")

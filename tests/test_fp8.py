@@ -16,7 +16,7 @@ from ddplan.layout import Layout, LayoutError, Options
 from ddplan.memory import memory_per_gpu, model_states
 from ddplan.params import param_counts
 from ddplan.registry import load_hardware, load_model
-from ddplan.fp8 import FP8_CAST_BYTES, fp8_cast_bytes, fp8_eligible, fp8_weight_fractions
+from ddplan.fp8 import FP8_CAST_BYTES, fp8_cast_bytes, fp8_cast_launches, fp8_eligible, fp8_weight_fractions
 from ddplan.roofline import gemm_efficiency, op_time_s, rates, roofline_s
 from ddplan.step import grad_sync_buffers
 
@@ -50,6 +50,43 @@ def test_cast_bytes_by_hand():
     assert fp8_cast_bytes(4096, 1024, 1024, "tensorwise") == (26_214_400, 51_380_224)
     assert fp8_cast_bytes(4096, 1024, 1024, "delayed") == (20_971_520, 16_777_216)
     assert fp8_cast_bytes(4096, 1024, 1024, "nanochat") == (26_214_400, 39_845_888)
+    # Transformer Engine current scaling: delayed's casts plus an amax read (2 B) of each operand it casts:
+    # forward 6 x 5,242,880 = 31,457,280, backward 6 x 4,194,304 = 25,165,824
+    assert fp8_cast_bytes(4096, 1024, 1024, "current") == (31_457_280, 25_165_824)
+
+
+def test_a_weight_cast_once_a_step_spreads_over_its_micro_batches_by_hand():
+    """Megatron-Core's Transformer Engine modules cast an fp8 weight once a step (fp8_weight_casts "step"): GPT-3
+    175B's QKV at tp 4 (k 12288, n 9216) on a 2,048-token micro-batch, current scaling, 16 micro-batches a step:
+    forward 6 x 2048 x 12288 = 150,994,944 for the input plus 6 x 12288 x 9216 / 16 = 42,467,328 for the weight,
+    193,462,272 B (cast every micro-batch the weight alone would be 679,477,248 B, 4.5 times the input's); backward
+    6 x 2048 x 9216 = 113,246,208 (dY only). Launches: 3 + 3 / 16 forward, 3 backward; tensorwise with no reuse
+    keeps its 4 and 6."""
+    assert fp8_cast_bytes(2048, 9216, 12288, "current", weight_reuse=16) == (193_462_272, 113_246_208)
+    assert fp8_cast_bytes(2048, 9216, 12288, "current")[0] == 150_994_944 + 679_477_248
+    assert fp8_cast_launches("current", 16) == (3 + 3 / 16, 3)
+    assert fp8_cast_launches("tensorwise") == (4, 6) and fp8_cast_launches("delayed") == (2, 1)
+    with pytest.raises(ValueError, match="weight_reuse"):
+        fp8_cast_bytes(2048, 9216, 12288, "current", weight_reuse=0)
+
+
+def test_megatron_core_s_weight_casts_once_a_step_shorten_its_fp8_step(capsys):
+    """A Megatron-Core fp8 run with 8 micro-batches a step: its weights cast once a step (the profile's
+    fp8_weight_casts step) give a shorter step than the same run casting every micro-batch; with one micro-batch a
+    step the two are the same step."""
+    base = ["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--fp8", "--fp8-recipe",
+            "current", "--attention", "fa3", "--zero", "1", "--format", "csv"]
+    for batch, shorter in (("524288", True), ("65536", False)):  # 8 x 8192 x 8 (accum 8), then accum 1
+        argv = base + ["--total-batch-size", batch, "--device-batch-size", "1"]
+        (each,) = csv_rows(run_ok(capsys, argv + ["--fp8-weight-casts", "micro-batch"]))
+        (step,) = csv_rows(run_ok(capsys, argv + ["--fp8-weight-casts", "step"]))
+        assert (float(step["step_s"]) < float(each["step_s"])) == shorter, batch
+        assert float(step["step_s"]) <= float(each["step_s"])
+    # the Megatron-Core and NeMo profiles state it (frameworks/*.yaml, with its source)
+    from ddplan.registry import load_framework
+
+    for stack in ("megatron-core", "nemo"):
+        assert load_framework(stack).fields()[("fp8_weight_casts",)] == "step", stack
 
 
 def test_cast_bytes_with_the_weights_gathered_in_fp8_by_hand():
@@ -157,12 +194,14 @@ def test_fp8_all_gather_shortens_a_zero3_step(capsys):
 
 
 def test_the_recipe_moves_the_step(capsys):
-    """Delayed scaling casts less than tensorwise (no amax pass, no recast in backward): a shorter step."""
+    """Delayed scaling casts less than current scaling (no amax pass), which casts less than tensorwise (no recast
+    in backward): shorter steps in that order."""
     base = ["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--fp8", "--attention", "fa2",
             "--format", "csv"]
     (tw,) = csv_rows(run_ok(capsys, base))
     (delayed,) = csv_rows(run_ok(capsys, base + ["--fp8-recipe", "delayed"]))
-    assert float(delayed["step_s"]) < float(tw["step_s"])
+    (current,) = csv_rows(run_ok(capsys, base + ["--fp8-recipe", "current"]))
+    assert float(delayed["step_s"]) < float(current["step_s"]) < float(tw["step_s"])
 
 
 @pytest.mark.parametrize("argv, says", [

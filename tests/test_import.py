@@ -374,6 +374,20 @@ def test_torchtitan_s_layer_selective_ac_is_every_k(capsys, tmp_path):
     assert (gib["none"] - gib["every:2"]) / (gib["none"] - gib["full"]) == pytest.approx(0.5, abs=0.01)
 
 
+def test_megatron_s_tensorwise_fp8_is_transformer_engine_current_scaling(capsys, tmp_path):
+    """Megatron-Core's --fp8-recipe tensorwise runs Transformer Engine's Float8CurrentScaling (fp8_utils.py
+    L777-779): ddplan's `current`, not torchao's tensorwise; no recipe is delayed (Megatron's default); another is a
+    warning, priced as delayed; --fp8-param-gather is a warning (not priced)."""
+    args, out = tmp_path / "args.sh", tmp_path / "run.yaml"
+    base = ("--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 512 --micro-batch-size 4 "
+            "--nproc_per_node 8 --bf16 --fp8-format hybrid")
+    for extra, recipe in ((" --fp8-recipe tensorwise", "current"), ("", "delayed"), (" --fp8-recipe mxfp8", "delayed")):
+        args.write_text(base + extra + " --fp8-param-gather\n", encoding="utf-8")
+        code, _, err = run(capsys, ["import", str(args), "-o", str(out), "--from", "megatron"])
+        assert code == 0 and f"fp8_recipe: {recipe}" in out.read_text(encoding="utf-8"), extra
+        assert "--fp8-param-gather" in err and ("mxfp8" in err) == ("mxfp8" in extra)
+
+
 def test_a_launch_script_s_comments_and_arrays_read_as_the_shell_reads_them():
     """A # inside quotes is not a comment (`--wandb-exp-name "run#3" --bf16` keeps --bf16); an array may close on
     its last item's line."""

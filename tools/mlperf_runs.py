@@ -402,11 +402,15 @@ def run_entry(r: dict) -> dict:
         assumed.append("vocab: Llama 3.1's 128,256 (the README's llama-3-1-8b tokenizer), a multiple of 128 x tp "
                        f"{tp}: no padding; shapes of NeMo Llama31Config8B (= the llama-3-8b built-in)")
     rec = knob(env, "FP8_RECIPE")
-    if rec in ("tensorwise", "delayed"):
+    if rec == "tensorwise":  # Megatron-Core's tensorwise is Transformer Engine's current scaling (fp8_utils.py)
+        fp8_recipe = "current"
+        src_ = "stated (FP8_RECIPE" if env.get("FP8_RECIPE") else "the conf yaml's default for FP8_RECIPE ("
+        assumed.append(f"fp8 recipe current: {src_} tensorwise: Transformer Engine current scaling, "
+                       f"Float8CurrentScaling)")
+    elif rec == "delayed":
         fp8_recipe = rec
         src_ = "stated (FP8_RECIPE)" if env.get("FP8_RECIPE") else "the conf yaml's default for FP8_RECIPE"
-        assumed.append(f"fp8 recipe {rec}: {src_}" + (" (Transformer Engine current scaling, "
-                       "Float8CurrentScaling)" if rec == "tensorwise" else ""))
+        assumed.append(f"fp8 recipe {rec}: {src_}")
     elif rec is None:
         fp8_recipe = "delayed"
         assumed.append(f"fp8 recipe delayed: NeMo's Transformer Engine DelayedScaling (no FP8_RECIPE knob in this "
