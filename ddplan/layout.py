@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import operator
 from dataclasses import dataclass
 
 from ddplan.anatomy import UNFUSED_KINDS
@@ -129,24 +131,18 @@ class Layout:
     def __hash__(self) -> int:  # layouts key caches across a search: hash the fields once
         h = self.__dict__.get("_hash")
         if h is None:
-            h = hash((self.dp, self.tp, self.pp, self.cp, self.zero, self.micro_batch, self.grad_accum, self.attention,
-                      self.recompute, self.compiled, self.pp_schedule, self.pp_virtual_stages, self.tp_overlap,
-                      self.sequence_parallel, self.shard_group, self.reshard_after_forward,
-                      self.overlap_param_gather, self.cp_comm, self.ep, self.etp, self.fp8_all_gather,
-                      self.offload_optimizer))
+            h = hash(_ALL_FIELDS(self))
             object.__setattr__(self, "_hash", h)
         return h
 
     @property
     def parallel_key(self) -> tuple:
-        """Every field but micro_batch, grad_accum and recompute, as one tuple made once per layout (at_batch
-        passes it on): what the layouts of one search group share, a key for what is priced once per group."""
+        """Every field but micro_batch, grad_accum and recompute (PER_MICRO_BATCH), as one tuple made once per
+        layout (at_batch passes it on): what the layouts of one search group share, a key for what is priced once
+        per group. Derived from the dataclass's fields, so a new field joins it (and the hash) by itself."""
         key = self.__dict__.get("_parallel_key")
         if key is None:
-            key = (self.dp, self.tp, self.pp, self.cp, self.zero, self.attention, self.compiled, self.pp_schedule,
-                   self.pp_virtual_stages, self.tp_overlap, self.sequence_parallel, self.shard_group,
-                   self.reshard_after_forward, self.overlap_param_gather, self.cp_comm, self.ep, self.etp,
-                   self.fp8_all_gather, self.offload_optimizer)
+            key = _PARALLEL_FIELDS(self)
             object.__setattr__(self, "_parallel_key", key)
         return key
 
@@ -264,6 +260,13 @@ class Placement:
     ep_crosses: bool = False
     edp_per_node: int = 1  # an expert-data-parallel group (Layout.expert_ranks), etp x ep apart (expert gradients)
     edp_crosses: bool = False
+
+
+
+# the fields a search varies within a group of layouts (Layout.at_batch); every other field is the group's
+PER_MICRO_BATCH = ("micro_batch", "grad_accum", "recompute")
+_ALL_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(Layout)))
+_PARALLEL_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(Layout) if f.name not in PER_MICRO_BATCH))
 
 
 def placement(layout: "Layout", gpus_per_node: int) -> Placement:
