@@ -30,6 +30,7 @@ import typing
 from typing import Literal
 
 from ddplan.params import param_counts
+from ddplan.pipeline import stage_layers
 from ddplan.runfields import recompute_layers, recompute_modules
 from ddplan.specs import ModelSpec
 from ddplan.units import dtype_bytes
@@ -212,17 +213,30 @@ class Anatomy:
 
     def layer_again(self, layer: int) -> bool:
         """Whether layer `layer` (0-based) is re-run whole: every layer under full recompute; under `full:N` the
-        first N of its model chunk, under `every:K` the K-th, 2K-th, ... of it (each chunk L / chunks contiguous
-        layers, Megatron's get_num_layers_to_build; the whole model at chunks 1; an uneven split is taken as the
-        even one rounded down; torchtitan's count runs on over a rank's chunks, here it restarts); none otherwise."""
+        first N of its model chunk, under `every:K` the K-th, 2K-th, ... of it (each chunk contiguous layers,
+        Megatron's get_num_layers_to_build, as _chunk_place splits them; the whole model at chunks 1; torchtitan's
+        count runs on over a rank's chunks, here it restarts); none otherwise."""
         if self.recompute == "full":
             return True
         policy = recompute_layers(self.recompute)
         if policy is None:
             return False
         kind, n = policy
-        within = layer % max(1, len(self.layer_blocks) // self.chunks)  # its place in its chunk
+        within = self._chunk_place[layer]  # its place in its chunk
         return within < n if kind == "first" else (within + 1) % n == 0
+
+    @functools.cached_property
+    def _chunk_place(self) -> tuple[int, ...]:
+        """Each layer's index within its model chunk: chunks of L / chunks layers where they divide evenly (an
+        interleaved schedule needs it), else the pipeline's uneven stages (ddplan.pipeline.stage_layers: Llama 3
+        405B's 126 layers over 16 stages are 7, 8 x 14, 7)."""
+        layers, chunks = len(self.layer_blocks), self.chunks
+        if layers % chunks == 0 or chunks > layers:
+            size = max(1, layers // chunks)
+            return tuple(i % size for i in range(layers))
+        first, middle, last = stage_layers(layers, chunks)
+        sizes = [first, *[middle] * (chunks - 2), last] if chunks > 1 else [layers]
+        return tuple(i for size in sizes for i in range(size))
 
     @functools.cached_property
     def _save_kept(self):
@@ -500,7 +514,7 @@ class Anatomy:
         if self.recompute == "none":
             return self._transient
         if self.by_layers:  # a recomputed layer's backward brings its tensors back, as under full recompute
-            return with_recompute(self, "full").backward_transient_bytes()
+            return with_recompute(self, "full" if self.full_share else "none").backward_transient_bytes()
         plain, keep = _keep_table("none", self.compiled), self._save_kept
         worst = max((op.transient_bytes for op in (*self.pre, *self.post)), default=0.0)
         for ops in self.blocks:

@@ -72,6 +72,7 @@ FP8_CAST_LAUNCHES: dict[str, tuple[tuple[int, int], tuple[int, int, int]]] = {
 # is_first_microbatch, as Megatron-Core passes it: megatron/core/extensions/transformer_engine.py@d98e8a64
 # L1338-1345, set on each step's first micro-batch by pipeline_parallel/schedules.py L496-497)
 FP8_WEIGHT_CASTS = ("micro-batch", "step")
+TE_RECIPES = ("delayed", "current")  # Transformer Engine's recipes: the ones whose modules can cache a weight's cast
 
 
 def fp8_cast_launches(recipe: str, weight_reuse: int = 1) -> tuple[float, float]:

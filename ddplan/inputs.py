@@ -418,10 +418,10 @@ def plan_request(v: dict, stated: Stated, today, every_band: bool = False):
     hws = (hw0, *(load_hardware(h) for h in names[1:]))
     check_calibration_hardware(cal, hws, v["calibration"])
     asked = policies(v["recompute"]) if v["recompute"] else PlanRequest.recomputes
-    # lightest first (ddplan.plan.layouts_for): the named ones in their order, a per-module one after selective, a
-    # full:N one before full (it re-runs some of full's layers)
-    recomputes = tuple(sorted(asked, key=lambda r: RECOMPUTE.index(r) if r in RECOMPUTE
-                              else 2.5 if recompute_layers(r) is not None else 1.5))
+    # lightest first (ddplan.plan.layouts_for): the named ones in their order, a per-module one after selective,
+    # the layer policies before full (they re-run some of full's layers), fewer re-run layers first (full:N by N,
+    # every:K by K falling); the search prices each policy no lighter fitting one is known to dominate
+    recomputes = tuple(sorted(asked, key=_recompute_order))
     req = PlanRequest(
         model=spec, hardware=hws, gpus=tuple(int_list(v["gpus"], "--gpus", ranges=True)), objective=v["objective"],
         deadline_h=v["deadline"], budget_usd=v["budget"], top=v["top"], calibration=cal,
@@ -435,6 +435,17 @@ def plan_request(v: dict, stated: Stated, today, every_band: bool = False):
         cps=tuple(int_list(v["cp"], "--cp")) if v["cp"] else (), eps=expert_degrees(v["ep"], spec),
         options=_options(v, spec, None), framework=framework_name(v["framework"]), band_every_row=every_band)
     return req, spec, hws, cal
+
+
+def _recompute_order(policy: str) -> tuple[float, int]:
+    """plan's order of the recompute policies it searches, lightest first (plan_request)."""
+    if policy in RECOMPUTE:
+        return RECOMPUTE.index(policy), 0
+    layers = recompute_layers(policy)
+    if layers is None:
+        return 1.5, 0
+    kind, n = layers
+    return 2.5, n if kind == "first" else -n
 
 
 def given_kernels(v: dict) -> dict[str, str | None]:

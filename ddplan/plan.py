@@ -23,6 +23,7 @@ from ddplan.memory import HEADROOM
 from ddplan.gcpause import no_cycle_collection
 from ddplan.offload import check_offload
 from ddplan.price import TIE, PricedLayout, Pricer, RunPlan, best_per_pair
+from ddplan.runfields import RECOMPUTE, recompute_layers
 from ddplan.specs import Budget, HardwareSpec, ModelSpec, Price
 from ddplan.table import check_attentions, check_fp8, check_fp8_options
 from ddplan.units import GiB
@@ -282,8 +283,16 @@ def _search(req: PlanRequest, progress: Callable[[str, int, int], None], shortcu
                         rejected["memory"] += (len(group) - i) * len(by_rc)
                         break
                     rejected["memory"] += least
-                    rejected["dominated"] += len(by_rc) - least - 1
                     rows.append(plan_row(pricer.price(by_rc[least], window, bands=False), native, usable))
+                    priced = [by_rc[least].recompute]
+                    for later in by_rc[least + 1:]:  # a policy no priced one is known to re-run less than: its own row
+                        if any(reruns_at_least(later.recompute, p) for p in priced):
+                            rejected["dominated"] += 1
+                        elif pricer.memory(later, window).fits:
+                            rows.append(plan_row(pricer.price(later, window, bands=False), native, usable))
+                            priced.append(later.recompute)
+                        else:
+                            rejected["memory"] += 1
     result = PlanResult(rows=[], pareto=[], request=req, considered=considered, rejected=rejected, why_not=why_not)
     if not rows:
         return result
@@ -336,6 +345,23 @@ def memory_forces(top: dict, pricer: Pricer, req: PlanRequest) -> dict[str, list
     return out
 
 
+
+
+def reruns_at_least(more: str, less: str) -> bool:
+    """Whether recompute policy `more` re-runs at least what `less` does at the same layout and micro-batch, so it is
+    never the faster of the two: the search's dominance. The named policies in RECOMPUTE's order (none, selective,
+    per-op, full); full above every policy; every policy above none; full:N above full:M for N >= M, every:K above
+    every:J for K <= J (ddplan.runfields.recompute_layers). Other pairs (a per-module policy against another, a layer
+    policy against selective or per-op, full:N against every:K) are not ordered: the search prices each that fits.
+    e.g. (full:4, full:2) True; (full:2, selective) False; (selective, full:2) False."""
+    if more == less or less == "none" or more == "full":
+        return True
+    if more in RECOMPUTE and less in RECOMPUTE:
+        return RECOMPUTE.index(more) >= RECOMPUTE.index(less)
+    a, b = recompute_layers(more), recompute_layers(less)
+    if a is None or b is None or a[0] != b[0]:
+        return False
+    return a[1] >= b[1] if a[0] == "first" else a[1] <= b[1]
 
 
 def _simplicity(row: dict) -> int:

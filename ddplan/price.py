@@ -25,7 +25,7 @@ from ddplan.anatomy import RECOMPUTE_POLICIES, Anatomy, build_anatomy, for_cp, f
 from ddplan.calibration import CalibrationSpec, calibrated_rates, comm_points, memory_assumptions
 from ddplan.evidence import Thin, thin_values, widened
 from ddplan.flops import mfu, nanochat_flops_per_token
-from ddplan.fp8 import with_fp8_saves
+from ddplan.fp8 import TE_RECIPES, with_fp8_saves
 from ddplan.layout import Layout, breaks_world_size_rule
 from ddplan.memory import (FITS, HEADROOM, MemoryAssumptions, MemoryBreakdown, activation_bytes, fixed_terms,
                            floor_bytes, in_flight_micro_batches, limit_bytes, memory_per_gpu, model_states)
@@ -50,8 +50,8 @@ VALIDATED_RATIO = (0.84, 1.27)  # 0.846 and 1.266 over the 37 dense 16-bit runs 
 # MoE run's measured / predicted (leave-one-source-out); benchmarks/validation.py prints it
 VALIDATED_RATIO_MOE = (0.84, 2.18)  # the dense low end; 2.177 (Megatron-FSDP Qwen3-30B-A3B), rounded outward
 # fp8 training: its own evidence (issue 35), the same percentiles over the dense fp8 runs, leaving each source out
-# (ddplan.validation.band_ratio(fp8=True)): its low end above 16 bits', its high end below, though the fp8 sources
-# disagree (hardware/h100-sxm.yaml); before Megatron-Core's fp8 weights were priced cast once a step, 0.78-1.24
+# (ddplan.validation.band_ratio(fp8=True)): a little below the 16-bit band at both ends, the fp8 sources
+# disagreeing (hardware/h100-sxm.yaml); before Megatron-Core's fp8 weights were priced cast once a step, 0.78-1.24
 VALIDATED_RATIO_FP8 = (0.81, 1.23)  # 0.814 and 1.220 over the 44 dense fp8 runs of 2 sources, rounded outward
 
 
@@ -384,13 +384,14 @@ class Pricer:
     def _gathered(self, r: Rates, layout: Layout) -> Rates:
         """The rates for a layout's fp8 GEMMs: where their weights come from an fp8 all-gather, each gather casts
         the shard (ddplan.fp8.fp8_cast_bytes), over the shard group, once or twice a micro-batch; else, where the
-        stack casts a weight once a step (Recipe.fp8_weight_casts "step"), the cast serves the step's micro-batches."""
+        stack casts a weight once a step (Recipe.fp8_weight_casts "step": Transformer Engine's recipes only, TE_RECIPES;
+        torchao and nanochat cast every micro-batch whatever it says), the cast serves the step's micro-batches."""
         if not r.fp8_flops_per_s:
             return r
         if layout.fp8_all_gather and layout.shard_degree > 1:  # each gather casts its shard: nothing to reuse
             return replace(r, fp8_weight_shards=layout.shard_degree,
                            fp8_gathers=2 if layout.reshard_after_forward else 1)
-        if self.spec.recipe.fp8_weight_casts == "step" and layout.grad_accum > 1:
+        if self.spec.recipe.fp8_weight_casts == "step" and layout.grad_accum > 1 and r.fp8_recipe in TE_RECIPES:
             return replace(r, fp8_weight_reuse=layout.grad_accum)
         return r
 

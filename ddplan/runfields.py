@@ -280,7 +280,8 @@ FIELDS: tuple[RunField, ...] = (
        ("eager", "transformer-engine"), MODEL),
     _f("fp8_weight_casts", "With --fp8, how often a GEMM's weight is cast to fp8: micro-batch (every micro-batch: "
        "torchao, nanochat, Composer's Transformer Engine) or step (once a step, the copy cached for its other "
-       "micro-batches: Megatron-Core's Transformer Engine modules); default: the model spec's (micro-batch).",
+       "micro-batches: Megatron-Core's Transformer Engine modules; with the delayed and current recipes only); "
+       "default: the model spec's (micro-batch).",
        ("micro-batch", "step"), MODEL),
     _f("seq_len", "Sequence length in tokens (default: the recipe's; at most the model's max_seq_len).", int, MODEL,
        range=Range(1, 10**8, "tokens")),

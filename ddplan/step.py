@@ -222,7 +222,8 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
             parts.memo[key] = _cp_layer_s(spec, hw, layout, place, anatomy, parts, a_layers, comm_efficiency,
                                           comm_points, cache)
         fwd, bwd = parts.memo[key]
-        attention_again = anatomy.full_share or float(  # the layers whose attention re-runs (full:N: a share)
+        # the layers whose attention re-runs: a share under a layer policy (full:N, every:K), else all or none
+        attention_again = anatomy.full_share if anatomy.by_layers or anatomy.recompute == "full" else float(
             anatomy.recompute != "none" and (anatomy.modules is None or "core_attn" in anatomy.modules))
         cp_s = accum * stage * (fwd + bwd + fwd * attention_again)  # recompute re-sends
 
@@ -234,7 +235,8 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
             _Cached(GroupTimer(hw, place.ep_per_node, comm_efficiency, comm_points), cache),
             _Cached(GroupTimer(hw, place.tp_per_node, comm_efficiency, comm_points), cache))
         # full recompute, and Megatron's moe module (its checkpoint re-runs the dispatch), send the tokens again
-        moe_again = anatomy.full_share or float(anatomy.modules is not None and "moe" in anatomy.modules)
+        moe_again = (anatomy.full_share if anatomy.by_layers or anatomy.recompute == "full" else
+                     float(anatomy.modules is not None and "moe" in anatomy.modules))
         ep_s = accum * stage_moe * (fwd + bwd + fwd * moe_again)
 
     bubble = pipeline.bubble_time_s(compute + tp_s + cp_s + ep_s, p, accum, layout.pp_virtual_stages) if p > 1 else 0.0

@@ -1033,4 +1033,19 @@ def test_full_n_re_runs_the_first_n_layers_of_each_model_chunk_by_hand():
     assert whole.full_share == 1.0
     assert whole.saved_split == pytest.approx(full.saved_split, rel=1e-12)
     assert whole.recompute_flops() == pytest.approx(full.recompute_flops(), rel=1e-12)
-    assert whole.backward_transient_bytes() == full.backward_transient_bytes()
+    # every:8 in chunks of 4 layers re-runs none: it holds and costs what no recompute does
+    idle = with_recompute(base, "every:8", chunks=20)
+    assert idle.full_share == 0 and idle.saved_split == pytest.approx(none.saved_split, rel=1e-12)
+    assert idle.backward_transient_bytes() == none.backward_transient_bytes() < full.backward_transient_bytes()
+
+
+def test_full_n_counts_the_layers_of_uneven_pipeline_stages():
+    """Where pp does not divide the layers the chunks are the pipeline's stages (ddplan.pipeline.stage_layers): 30
+    layers over 4 stages are 7, 8, 8, 7, so full:1 re-runs layers 0, 7, 15 and 23 (4 of 30), not every 7th."""
+    from ddplan.anatomy import with_recompute
+
+    spec = load_model("llama-3-8b")
+    spec = spec.model_copy(update={"architecture": spec.architecture.model_copy(update={"num_layers": 30})})
+    an = with_recompute(build_anatomy(spec, batch=1, seq_len=512), "full:1", chunks=4)
+    assert [layer for layer in range(30) if an.layer_again(layer)] == [0, 7, 15, 23]
+    assert an.full_share == 4 / 30

@@ -150,3 +150,19 @@ def test_table_and_memory_take_cp(capsys):
     assert mem
     code, line = fails(capsys, ["table", "--model", "llama-3-8b", "--gpus", "16", "--cp-comm", "tree"])
     assert code == 2 and "--cp-comm" in line
+
+
+def test_a_layer_policy_re_sends_only_for_the_layers_it_re_runs():
+    """Found in review: context parallelism's exchange is repeated in backward for the layers a policy re-runs.
+    every:4 in chunks of 2 layers (llama-3-8b, pp 8 x vp 2) re-runs none: the exchange is no recompute's; full:1
+    re-runs half the layers: halfway between none's and full's."""
+    from ddplan.price import Pricer, RunPlan
+    from ddplan.specs import Budget
+
+    spec, hw = load_model("llama-3-8b"), load_hardware("h100-sxm")
+    pricer = Pricer(spec, hw, RunPlan(Budget(steps=10), hw.price))
+    cp = {rc: pricer.step(Layout(dp=1, tp=1, pp=8, cp=2, pp_schedule="interleaved", pp_virtual_stages=2,
+                                 micro_batch=1, grad_accum=16, attention="fa3", recompute=rc, cp_comm="all_gather"),
+                          spec.architecture.window_pattern).cp_comm_s for rc in ("none", "every:4", "full:1", "full")}
+    assert cp["every:4"] == pytest.approx(cp["none"], rel=1e-12) and cp["none"] < cp["full"]
+    assert cp["full:1"] == pytest.approx((cp["none"] + cp["full"]) / 2, rel=1e-9)

@@ -387,3 +387,36 @@ def test_cannot_fit_only_where_no_micro_batch_or_recompute_fits(model, hardware,
             assert state_floor_bytes(spec, lay, mem.by_group, pricer.assumptions) <= mem.total
             assert not (cannot and mem.fits)
     assert bounded > 0 or model == "d24"
+
+
+def test_reruns_at_least_orders_only_what_is_known():
+    """The search's dominance (ddplan.plan.reruns_at_least): a policy that re-runs at least what a fitting lighter
+    one does is never faster; policies whose re-runs do not nest are each priced."""
+    from ddplan.plan import reruns_at_least
+
+    assert reruns_at_least("full", "full:2") and reruns_at_least("full:4", "full:2") and reruns_at_least("every:2", "every:4")
+    assert reruns_at_least("selective", "none") and reruns_at_least("full", "selective:mlp")
+    assert not reruns_at_least("full:2", "full:4") and not reruns_at_least("every:4", "every:2")
+    assert not reruns_at_least("full:2", "selective") and not reruns_at_least("selective", "full:2")
+    assert not reruns_at_least("full:2", "every:2") and not reruns_at_least("selective:mlp", "selective")
+
+
+def test_plan_picks_the_faster_of_layer_policies_that_fit(capsys):
+    """Found in review: with full:1 and full:8 (or selective and full:1) asked, plan kept the first that fit in its
+    order and called the other dominated. Llama 3 8B on 8 H100s: full:1 (one layer of 32 re-run) fits and is the
+    fastest. full:8 re-runs what full:1 does and more, so it is dominated wherever full:1 fits (it has rows only at
+    micro-batches where full:1 does not fit); selective and full:1 do not nest, so both are priced."""
+    import json
+
+    from cli_helpers import run_ok
+
+    for asked in ("full:8,full:1", "selective,full:1"):
+        data = json.loads(run_ok(capsys, ["plan", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8",
+                                          "--recompute", asked, "--format", "json", "--top", "500"]))
+        assert data["choice"]["recompute"] == "full:1", asked
+        rows = data["rows"]
+        assert {r["recompute"] for r in rows} == set(asked.split(",")), asked
+        where = {(r["dp"], r["tp"], r["pp"], r["zero"], r["micro_batch"], r["attention"]): r["recompute"]
+                 for r in rows if r["recompute"] == "full:1"}
+        heavier = [r for r in rows if r["recompute"] == "full:8"]
+        assert not any((r["dp"], r["tp"], r["pp"], r["zero"], r["micro_batch"], r["attention"]) in where for r in heavier)
