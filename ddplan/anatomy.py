@@ -312,8 +312,11 @@ class Anatomy:
         op that saves it (kept or not) is a block's. Summed per distinct block and multiplied by its layers
         when every kept size is a whole number of bytes and the total is below 2^53 (then every partial sum
         in any order is exact, so this is the walk's float to the bit); else the walk over every saved tensor."""
-        if self.by_layers:  # full:N: the layers it re-runs keep as under full recompute, the rest as without
-            return self._saved_split_walk()
+        if self.by_layers:  # full:N, every:K: the layers it re-runs keep as full recompute does, the rest as none
+            full, none = _keep_table("full", self.compiled), _keep_table("none", self.compiled)
+            again = self.layer_again
+            exact = self._saved_split_exact(none, layer_keeps=lambda i: full if again(i) else none)
+            return exact if exact is not None else self._saved_split_walk()
         if self.modules is not None:  # per-module recompute: each tensor as its savers keep it
             exact = self._saved_split_exact(_AS_FLAGGED, self._save_kept)
             return exact if exact is not None else self._saved_split_walk()
@@ -387,8 +390,16 @@ class Anatomy:
         def casts(op) -> float:
             return sum(s.bytes for s in op.saves if s.name.endswith(".weight_cast") and keep(op, s))
 
-        if self.by_layers:  # full:N: layers of one block kind keep differently: every layer's ops
-            block = sum(casts(op) for op in self.ops if op.layer is not None)
+        if self.by_layers:  # full:N, every:K: per kind of block, its re-run layers as full keeps, the rest as none
+            full, none = _keep_table("full", self.compiled), _keep_table("none", self.compiled)
+
+            def kept_casts(ops, table) -> float:
+                return sum(s.bytes for op in ops for s in op.saves if s.name.endswith(".weight_cast")
+                           and table[s.tag, True])
+
+            again = self.layers_again
+            block = sum(again[b] * kept_casts(self.blocks[b], full) + (n - again[b]) * kept_casts(self.blocks[b], none)
+                        for b, n in self._block_counts)
         else:
             block = sum(n * sum(casts(op) for op in self.blocks[b]) for b, n in self._block_counts)
         def outside(ops) -> float:
@@ -404,16 +415,20 @@ class Anatomy:
         blocks as full recompute (the checkpoints' shared inputs are kept)."""
         return "none" if self.modules is not None else "full" if self.by_layers else self.recompute
 
-    def _saved_split_exact(self, keeps: dict, tag: Callable | None = None) -> tuple[float, float] | None:
+    def _saved_split_exact(self, keeps: dict, tag: Callable | None = None,
+                           layer_keeps: Callable[[int], dict] | None = None) -> tuple[float, float] | None:
         """saved_split in whole bytes (Python ints, exact), or None where a kept size is not a whole number of
         bytes or the total reaches 2^53 (saved_split then walks every tensor). keeps[tag, in block]: whether a
         tensor is kept; tag(op, saved): the tag it is looked up by (default the saved tensor's own; a per-module
-        policy passes its keep flag, looked up in _AS_FLAGGED)."""
+        policy passes its keep flag, looked up in _AS_FLAGGED); layer_keeps(i): layer i's table where layers keep
+        differently (a layer policy: full recompute's for the layers it re-runs, none's for the rest), keeps
+        serving the ops outside the blocks."""
         if tag is None:
             block_rows = self._block_rows
             tag = _OWN_TAG
         else:
             block_rows = self._block_rows_by(tag)
+        layer_keeps = layer_keeps or (lambda i: keeps)
         outside = [(s.name, s.bytes, tag(op, s), False) for op in self.pre for s in op.saves]
         after = [(s.name, s.bytes, tag(op, s), False) for op in self.post for s in op.saves]
         layers = len(self.layer_blocks)
@@ -424,52 +439,66 @@ class Anatomy:
             head, dot, rest = name.partition(".")
             if dot and head[:1] == "h" and head[1:].isdigit() and int(head[1:]) < layers:
                 also_outside.setdefault(int(head[1:]), set()).add(rest)
-        # own tensors of each distinct block: the last kept size of each name (all in a block)
-        own_sum, own_count, own_last = [], [], []
-        for rows in block_rows:
-            last: dict[str, int | None] = {}
-            for name, nbytes, key, own in rows:
-                if own:
-                    if keeps[key, True]:
-                        if not (nbytes >= 0 and float(nbytes).is_integer()):
-                            return None
-                        last[name] = int(nbytes)
-                    else:
-                        last.setdefault(name, None)
-            sizes = [b for b in last.values() if b is not None]
-            own_sum.append(sum(sizes))
-            own_count.append(len(sizes))
-            own_last.append(last)
+        # own tensors of each distinct block under each table: the last kept size of each name (all in a block)
+        owned: dict[tuple[int, int], tuple[int, int, dict]] = {}  # (block, id(table)) -> (sum, count, last)
+
+        def own(b: int, table: dict) -> tuple[int, int, dict] | None:
+            key = (b, id(table))
+            if key not in owned:
+                last: dict[str, int | None] = {}
+                for name, nbytes, k, mine in block_rows[b]:
+                    if mine:
+                        if table[k, True]:
+                            if not (nbytes >= 0 and float(nbytes).is_integer()):
+                                return None
+                            last[name] = int(nbytes)
+                        else:
+                            last.setdefault(name, None)
+                sizes = [v for v in last.values() if v is not None]
+                owned[key] = (sum(sizes), len(sizes), last)
+            return owned[key]
+
+        counts: dict[tuple[int, int], int] = {}
+        tables = {}
+        for i, b in enumerate(self.layer_blocks):
+            table = layer_keeps(i)
+            tables[id(table)] = table
+            counts[b, id(table)] = counts.get((b, id(table)), 0) + 1
         block_total, block_names = 0, 0
-        for b, n in self._block_counts:
-            block_total += n * own_sum[b]
-            block_names += n * own_count[b]
+        for (b, t), n in counts.items():
+            mine = own(b, tables[t])
+            if mine is None:
+                return None
+            block_total += n * mine[0]
+            block_names += n * mine[1]
         # shared names (and the own ones above) in order: last kept size, and whether the last save is a block's
         kept: dict[str, float] = {}
         in_blocks: dict[str, bool] = {}
         shared_rows = [tuple(r for r in rows if not r[3]) for rows in block_rows]
 
-        def walk(name: str, nbytes: float, key, in_block: bool) -> None:
+        def walk(name: str, nbytes: float, key, in_block: bool, table: dict = keeps) -> None:
             in_blocks[name] = in_block
-            if keeps[key, in_block]:
+            if table[key, in_block]:
                 kept[name] = nbytes
 
         for row in outside:
             walk(*row)
         for i, b in enumerate(self.layer_blocks):
+            table = layer_keeps(i)
             if i in also_outside:
-                for name, nbytes, key, own in block_rows[b]:
-                    if not own:
-                        walk(name, nbytes, key, True)
+                for name, nbytes, key, mine in block_rows[b]:
+                    if not mine:
+                        walk(name, nbytes, key, True, table)
                     elif name in also_outside[i]:
-                        walk(f"h{i}.{name}", nbytes, key, True)
+                        walk(f"h{i}.{name}", nbytes, key, True, table)
+                last = own(b, table)[2]
                 for name in also_outside[i]:
-                    if own_last[b].get(name) is not None:
-                        block_total -= own_last[b][name]
+                    if last.get(name) is not None:
+                        block_total -= last[name]
                         block_names -= 1
             else:
                 for name, nbytes, key, _ in shared_rows[b]:
-                    walk(name, nbytes, key, True)
+                    walk(name, nbytes, key, True, table)
         for row in after:
             walk(*row)
         for nbytes in kept.values():
@@ -562,9 +591,10 @@ class Anatomy:
 
     def recompute_flops(self) -> float:
         """FLOPs re-run in backward: the recompute policy's forward re-runs plus kernel-internal recompute."""
-        if self.by_layers:  # layers of one block kind re-run or not: every layer's ops
+        if self.by_layers:  # per kind of block, the forward of its ops full recompute re-runs, times its re-run layers
             return (sum(self._walk(lambda op: op.recompute_flops_bwd))
-                    + sum(op.flops_fwd for op in self.ops if self.recomputes(op)))
+                    + sum(again * sum(op.flops_fwd for op in self.blocks[b] if recomputed_under(op, "full"))
+                          for b, again in enumerate(self.layers_again)))
         total = sum(self._walk(lambda op: op.recompute_flops_bwd))
         return total + sum(self._walk(lambda op: op.flops_fwd, self.recomputes))
 
@@ -578,9 +608,12 @@ class Anatomy:
     def matmul_flops(self) -> float:
         """FLOPs of GEMMs and attention only, forward + backward + recompute, excluding flash's internal
         recompute: what torch.utils.flop_counter.FlopCounterMode counts with the math attention backend."""
-        if self.by_layers:  # layers of one block kind re-run or not: every layer's ops
-            return sum(op.flops_fwd + op.flops_bwd + (op.flops_fwd if self.recomputes(op) else 0.0)
-                       for op in self.ops if op.kind in ("gemm", "attention"))
+        if self.by_layers:  # no recompute's matmuls, plus the re-run layers' forward ones (recompute_flops' way)
+            matmul = ("gemm", "attention")
+            return (sum(self._walk(lambda op: op.flops_fwd + op.flops_bwd, lambda op: op.kind in matmul))
+                    + sum(again * sum(op.flops_fwd for op in self.blocks[b]
+                                      if op.kind in matmul and recomputed_under(op, "full"))
+                          for b, again in enumerate(self.layers_again)))
         total = 0.0
         for flops in self._walk(lambda op: op.flops_fwd + op.flops_bwd + (op.flops_fwd if self.recomputes(op) else 0.0),
                                 lambda op: op.kind in ("gemm", "attention")):

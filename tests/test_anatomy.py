@@ -1039,6 +1039,32 @@ def test_full_n_re_runs_the_first_n_layers_of_each_model_chunk_by_hand():
     assert idle.backward_transient_bytes() == none.backward_transient_bytes() < full.backward_transient_bytes()
 
 
+@pytest.mark.parametrize("model", ["d24", "llama-3-8b", "mixtral-8x7b", "qwen3-30b-a3b"])
+@pytest.mark.parametrize("policy, chunks", [("full:1", 1), ("full:3", 4), ("every:2", 1), ("every:3", 4)])
+def test_layer_policies_sum_per_kind_of_block_as_the_walk_does(model, policy, chunks):
+    """A layer policy's sums per kind of block (saved bytes to the bit by _saved_split_exact with each layer's keep
+    table; recomputed and matmul FLOPs, weight casts) equal the walk over every layer's ops: at tp 1 and 2, and at
+    tp 3 (sizes not whole bytes) the saved bytes take the walk."""
+    from dataclasses import replace
+
+    from ddplan.anatomy import with_recompute
+
+    base = build_anatomy(load_model(model), batch=2, seq_len=1024, compiled=True)
+    for tp in (1, 2, 3):
+        an = with_recompute(for_tp(base, tp), policy, chunks)
+        assert an.saved_split == an._saved_split_walk() == _saved_split_by_definition(an)
+        walked = sum(op.flops_fwd for op in an.ops if an.recomputes(op)) + sum(op.recompute_flops_bwd for op in an.ops)
+        assert an.recompute_flops() == pytest.approx(walked, rel=1e-12)
+        matmul = sum(op.flops_fwd + op.flops_bwd + (op.flops_fwd if an.recomputes(op) else 0.0) for op in an.ops
+                     if op.kind in ("gemm", "attention"))
+        assert an.matmul_flops() == pytest.approx(matmul, rel=1e-12)
+        keep = an._save_kept
+        casts = sum(s.bytes for op in an.ops if op.layer is not None for s in op.saves
+                    if s.name.endswith(".weight_cast") and keep(op, s))
+        assert an.weight_cast_split[0] == pytest.approx(casts, rel=1e-12)
+    assert replace(base, recompute=policy).saved_split[0] < base.saved_split[0]
+
+
 def test_full_n_counts_the_layers_of_uneven_pipeline_stages():
     """Where pp does not divide the layers the chunks are the pipeline's stages (ddplan.pipeline.stage_layers): 30
     layers over 4 stages are 7, 8, 8, 7, so full:1 re-runs layers 0, 7, 15 and 23 (4 of 30), not every 7th."""
