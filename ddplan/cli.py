@@ -607,7 +607,9 @@ def calibrate_cmd(
     hw = load_hardware(hardware) if hardware else None
     check_output_path(out, "--out")  # before any benchmark: a bad path is said now, not after minutes of work
     if from_log:
-        _calibrate_from_log(spec, hw, from_log, out, gpus, device_batch_size, total_batch_size, log_attention, window)
+        from ddplan.calibrate.console import from_log as calibrate_from_log
+
+        calibrate_from_log(spec, hw, from_log, out, gpus, device_batch_size, total_batch_size, log_attention, window)
         return
     inputs.check_benchmark_flags(cpu_malloc, log_attention=log_attention, window=window, gpus=gpus,
                                  total_batch_size=total_batch_size)
@@ -617,78 +619,10 @@ def calibrate_cmd(
         check_attention([a.strip() for a in attention.split(",")], hw)
     if micro_batches:
         inputs.int_list(micro_batches, "--micro-batches")
-    _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_batch_size, seq_len, attention,
-                   compile_step, cpu_malloc)
+    from ddplan.calibrate.console import measure
 
-
-def _calibrate_from_log(spec, hw, path, out, gpus, device_batch_size, total_batch_size, attention, window) -> None:
-    import yaml
-
-    from ddplan import render
-    from ddplan.calibrate.fromlog import calibration_from_log
-    from ddplan.files import atomic_write
-    from ddplan.verdicts import from_log_line
-
-    data, m = calibration_from_log(path, spec, hw, gpus=gpus, device_batch_size=device_batch_size,
-                                   total_batch_size=total_batch_size, attention=attention, window=window)
-    atomic_write(Path(out), "# written by `ddplan calibrate --from-log`\n" + yaml.safe_dump(data, sort_keys=False))
-    render.echo(from_log_line(m, out))
-
-
-def _calibrate_run(spec, hw, device, quick, out, nproc, micro_batches, device_batch_size, seq_len, attention,
-                   compile_step, cpu_malloc=None) -> None:
-    from rich.console import Console
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    from ddplan import inputs
-
-    from ddplan import render
-    from ddplan.errors import UsageError
-
-    try:
-        import torch
-    except ImportError:
-        raise UsageError("needs torch: pip install 'ddplan[calibrate]' (a CUDA or ROCm build on a GPU box)",
-                         field="calibrate") from None
-    from ddplan import verdicts
-    from ddplan.calibrate.eta import StageLines
-    from ddplan.calibrate.runner import CalibrateRequest, Interrupted, check_step, prepare, resolve_device, run
-
-    device, nproc = resolve_device(device, nproc)
-    req = CalibrateRequest(
-        model=spec, hardware=hw, device=device, out=Path(out), quick=quick,
-        micro_batches=tuple(inputs.int_list(micro_batches, "--micro-batches")) if micro_batches else (),
-        attention=tuple(a.strip() for a in attention.split(",")) if attention else (), nproc=nproc,
-        seq_len=seq_len, step_batch=device_batch_size, compile_step=compile_step, cpu_malloc=cpu_malloc)
-    console = Console(stderr=True)
-    ready = prepare(req, torch.cuda.mem_get_info()[0] if device == "cuda" else None)
-    shapes, stages, plan = ready.shapes, ready.stages, ready.progress_args()
-    _info(verdicts.calibrate_plan(spec, req, shapes, stages, ready.gemm_shape_count, ready.program, ready.compile_s,
-                                  ready.first_estimate_s))
-    try:
-        if console.is_terminal:
-            with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
-                          transient=True) as bar:
-                task = bar.add_task("calibrate", total=len(stages))
-                lines = StageLines(**plan, every_s=1.0,
-                                    show=lambda text, stage: bar.update(task, description=text, completed=stage))
-                with lines.beating():
-                    cal, hw_used, held_out = run(req, lines.stage, shapes, lines.within, lines.probed)
-        else:  # a log, a pipe: a line per stage and at least every PROGRESS_EVERY_S, with the time left
-            lines = StageLines(**plan)
-            with lines.beating():
-                cal, hw_used, held_out = run(req, lines.stage, shapes, lines.within, lines.probed)
-    except (Interrupted, KeyboardInterrupt) as e:
-        kept = (f"{out} keeps what was measured and lists what was not" if Path(out).exists()
-                else "nothing was written yet")
-        raise DdplanError(f"interrupted ({e or 'SIGINT'}); {kept}", field="calibrate") from None
-    rows = verdicts.calibration_rows(cal)
-    render.echo(render.table(rows, "table", title=f"calibration of {hw_used.name} -> {out}", digits=4))
-    check = check_step(spec, hw_used, cal, held_out, device)
-    if check:
-        render.echo(render.table(check, "table", title=verdicts.held_out_title(cal), digits=4,  # seconds to 0.1 ms
-                                 column_digits={k: 1 for k in check[0] if k.endswith("_pct")}))
-    _info(verdicts.calibrate_summary(cal))
+    measure(spec, hw, device, quick, out, nproc, micro_batches, device_batch_size, seq_len, attention, compile_step,
+            cpu_malloc)
 
 
 @app.command("plan", short_help="Search the layouts and recommend one.", cls=PanelledCommand)
