@@ -154,7 +154,7 @@ class Anatomy:
     cp: int = 1  # and one context-parallel rank's: seq_len is then its s / cp tokens of each sequence
     ep: int = 1  # expert parallelism: this rank holds num_experts / ep of each block's routed experts
     expert_rows: int = 1  # the experts' rows split this many ways over tp (whole experts, etp 1): already applied
-    chunks: int = 1  # model chunks (pp x vp) whose first N layers a `full:N` policy re-runs (full_share)
+    chunks: int = 1  # model chunks (pp x vp) a layer policy (full:N, every:K) counts its layers in (layer_again)
 
     @property
     def tokens(self) -> int:
@@ -187,10 +187,10 @@ class Anatomy:
 
     @functools.cached_property
     def full_share(self) -> float:
-        """The share of the layers re-run whole in backward (layer_again): 1 under full recompute; under `full:N`
-        (Megatron's block method, ddplan.runfields.recompute_layers) the first N layers of each of the `chunks`
-        model chunks, N x chunks / L where the chunks split the layers evenly; 0 otherwise. e.g. Llama 3 70B (80
-        layers) at pp 4, vp 5 (20 chunks of 4 layers) under full:1: 20 of 80 layers, 0.25."""
+        """The share of the layers re-run whole in backward (layer_again): 1 under full recompute; under a layer
+        policy (ddplan.runfields.recompute_layers) the layers it names: full:N the first N of each of the `chunks`
+        model chunks (N x chunks / L where they split the layers evenly), every:K every K-th; 0 otherwise. e.g.
+        Llama 3 70B (80 layers) at pp 4, vp 5 (20 chunks of 4 layers) under full:1: 20 of 80 layers, 0.25."""
         if self.recompute == "full":
             return 1.0
         if not self.by_layers:
@@ -200,7 +200,7 @@ class Anatomy:
 
     @functools.cached_property
     def layers_again(self) -> tuple[int, ...]:
-        """Per distinct block (blocks), how many layers running it a `full:N` policy re-runs whole (layer_again)."""
+        """Per distinct block (blocks), how many layers running it a layer policy re-runs whole (layer_again)."""
         counts = [0] * len(self.blocks)
         for layer, b in enumerate(self.layer_blocks):
             counts[b] += self.layer_again(layer)
@@ -242,7 +242,8 @@ class Anatomy:
     def _save_kept(self):
         """(op, saved) -> whether this policy keeps that save: the tag table under a named policy, module_keeps
         under a per-module one."""
-        if self.by_layers:  # full:N: a recomputed layer keeps as full recompute does, another as none does
+        if self.by_layers:  # a layer policy: a re-run layer keeps as full recompute does, the rest (and the ops
+            # outside the blocks) as none does
             full, none, again = _keep_table("full", self.compiled), _keep_table("none", self.compiled), self.layer_again
             return lambda op, s: (full if op.layer is not None and again(op.layer) else none)[s.tag, op.layer is not None]
         if self.modules is None:
@@ -411,9 +412,9 @@ class Anatomy:
     @property
     def _named_policy(self) -> str:
         """The named policy whose tag table holds outside the recomputed modules: a per-module policy keeps
-        everything there as no recompute does (the attention core aside: module_keeps); `full:N` outside the
-        blocks as full recompute (the checkpoints' shared inputs are kept)."""
-        return "none" if self.modules is not None else "full" if self.by_layers else self.recompute
+        everything there as no recompute does (the attention core aside: module_keeps), and so does a layer policy
+        (full:N, every:K: a re-run layer's checkpoint keeps its inputs inside the block, _save_kept)."""
+        return "none" if self.modules is not None or self.by_layers else self.recompute
 
     def _saved_split_exact(self, keeps: dict, tag: Callable | None = None,
                            layer_keeps: Callable[[int], dict] | None = None) -> tuple[float, float] | None:
