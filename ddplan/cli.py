@@ -403,7 +403,7 @@ def memory_cmd(
     ctx: typer.Context,
     model, hardware, gpus, tp, pp, vp, cp, ep, cp_comm, etp, zero, device_batch_size, seq_len, dtype, grads,
     weights, cross_entropy, moe_weighting, fusions, fp8_weight_casts, moe_imbalance, attention, recompute, sequence_parallel, shard_group,
-    reshard_after_forward, overlap_param_gather, offload_optimizer, fp8_all_gather, window, compiled, headroom,
+    reshard_after_forward, overlap_param_gather, offload_optimizer, fp8_all_gather, fp8_params, window, compiled, headroom,
     measured_peak, measured_peak_kind, calibration, plot, config, framework, print_config, format, wide, quiet,
 ) -> None:
     """Memory per GPU by ZeRO stage: each term, the total against usable memory, and the verdict.
@@ -515,7 +515,7 @@ def table_cmd(
     seq_len, dtype, grads, weights, cross_entropy, moe_weighting, fusions, fp8_weight_casts, moe_imbalance, price, steps, tokens, param_data_ratio,
     total_batch_size, compiled, headroom, calibration, measured_step_time, measured_gpus, measured_tp, measured_pp,
     measured_attention, measured_window, fit, startup_min, eval_every, eval_tokens, checkpoint_every, interruptions,
-    restart_min, fp8, fp8_recipe, fp8_all_gather, tp_comm_overlap, sequence_parallel, shard_group,
+    restart_min, fp8, fp8_recipe, fp8_all_gather, fp8_params, tp_comm_overlap, sequence_parallel, shard_group,
     reshard_after_forward, overlap_param_gather, offload_optimizer, plot, config, framework, print_config, format,
     wide, quiet, explain,
 ) -> None:
@@ -631,7 +631,7 @@ def plan_cmd(
     ctx: typer.Context,
     model, hardware, gpus, objective, deadline, budget, calibration, price, total_batch_size, seq_len, dtype, grads,
     weights, cross_entropy, moe_weighting, fusions, fp8_weight_casts, moe_imbalance, sequence_parallel, tp_comm_overlap, shard_group, reshard_after_forward,
-    overlap_param_gather, offload_optimizer, fp8, fp8_recipe, fp8_all_gather, ep, cp, cp_comm, etp, tp_across_nodes,
+    overlap_param_gather, offload_optimizer, fp8, fp8_recipe, fp8_all_gather, fp8_params, ep, cp, cp_comm, etp, tp_across_nodes,
     top, headroom, recompute, zero, attention, steps, tokens, param_data_ratio, startup_min, eval_every,
     eval_tokens, checkpoint_every, interruptions, restart_min, plot, config, framework, print_config, format, wide,
     quiet,

@@ -75,17 +75,20 @@ FP8_WEIGHT_CASTS = ("micro-batch", "step")
 TE_RECIPES = ("delayed", "current")  # Transformer Engine's recipes: the ones whose modules can cache a weight's cast
 
 
-def fp8_cast_launches(recipe: str, weight_reuse: int = 1) -> tuple[float, float]:
+def fp8_cast_launches(recipe: str, weight_reuse: int = 1, weights_fp8: bool = False) -> tuple[float, float]:
     """(forward, backward) kernel launches of one fp8 GEMM's casts a micro-batch: FP8_CAST_LAUNCHES, the weight's
-    spread over the weight_reuse micro-batches one cast serves. e.g. current, reuse 8: 3 + 3/8, 3."""
+    spread over the weight_reuse micro-batches one cast serves; weights_fp8 (kept in fp8): one transpose a step for
+    the weight. e.g. current, reuse 8: 3 + 3/8, 3; with the weights in fp8: 3 + 1/8, 3."""
     if recipe not in FP8_CAST_LAUNCHES or weight_reuse < 1:
         raise ValueError(f"need a recipe of {FP8_RECIPES} and weight_reuse >= 1; got {recipe!r}, {weight_reuse}")
     (lx, lw), (ldy, lbx, lbw) = FP8_CAST_LAUNCHES[recipe]
+    if weights_fp8:
+        lw, lbw = 1, 0
     return lx + lw / weight_reuse, ldy + lbx + lbw / weight_reuse
 
 
 def fp8_cast_bytes(m: int, n: int, k: int, recipe: str, weight_shards: int = 0,
-                   gathers: int = 2, weight_reuse: int = 1) -> tuple[float, float]:
+                   gathers: int = 2, weight_reuse: int = 1, weights_fp8: bool = False) -> tuple[float, float]:
     """(forward, backward) bytes one fp8 GEMM y = x W^T (x: m x k, W: n x k, dY: m x n) moves to quantise
     its operands, per micro-batch: per-element costs of FP8_CAST_BYTES times the operand sizes.
 
@@ -97,7 +100,9 @@ def fp8_cast_bytes(m: int, n: int, k: int, recipe: str, weight_shards: int = 0,
     for_fsdp, not counted), and backward's dgrad needs the gathered fp8 weight in the other order (1 + 1 B)
     instead of a recast; with gathers = 2 (resharded after forward) backward gathers, and casts, again.
     weight_reuse: the micro-batches one weight cast serves (FP8_WEIGHT_CASTS "step": the step's micro-batches), over
-    which the weight's bytes spread.
+    which the weight's bytes spread. weights_fp8: the weights are kept in fp8 (Megatron-Core --fp8-param-gather,
+    Layout.fp8_params): no cast, only the transpose backward needs, made once a step (read and write 1 B: 2 B an
+    element).
     e.g. tensorwise, m 4096, n k 1024: forward 5 x (4096 + 1024) x 1024 = 26,214,400 B; backward
     6 x 4096 x 1024 + 5 x 4096 x 1024 + 5 x 1024 x 1024 = 51,380,224 B. current, m 2048, k 12288, n 9216 (GPT-3
     175B's QKV at tp 4), reuse 16: forward 6 x 2048 x 12288 + 6 x 12288 x 9216 / 16 = 193,462,272 B (the weight's
@@ -116,6 +121,8 @@ def fp8_cast_bytes(m: int, n: int, k: int, recipe: str, weight_shards: int = 0,
     if weight_shards:
         aw = 3.0 / weight_shards
         bw = 2.0 + (3.0 / weight_shards if gathers == 2 else 0.0)
+    if weights_fp8:
+        aw, bw = 2.0, 0.0
     return ax * m * k + aw * k * n / weight_reuse, bdy * m * n + bx * m * k + bw * k * n / weight_reuse
 
 

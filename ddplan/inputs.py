@@ -167,7 +167,8 @@ def expert_tp(etp: int | None, spec) -> int:
 
 def options(sequence_parallel: bool, tp_comm_overlap: bool, max_tp: int | None, shard_group: int | None = None,
              reshard_after_forward: bool = True, overlap_param_gather: bool = False, cp_comm: str = "ring",
-             expert_tp: int = 0, spec=None, fp8_all_gather: bool = False, offload_optimizer: bool = False):
+             expert_tp: int = 0, spec=None, fp8_all_gather: bool = False, offload_optimizer: bool = False,
+             fp8_params: bool = False):
     """The framework options (ddplan.layout.Options) from their flags, for the model (Options.for_model: a
     mixture of experts runs tp > 1 with sequence parallelism, on by itself). --sequence-parallel and
     --tp-comm-overlap are Megatron's, so they need tensor parallelism, and overlap needs sequence
@@ -184,7 +185,7 @@ def options(sequence_parallel: bool, tp_comm_overlap: bool, max_tp: int | None, 
     options = Options(sequence_parallel=sequence_parallel, tp_overlap=tp_comm_overlap, shard_group=shard_group or 0,
                       reshard_after_forward=reshard_after_forward, overlap_param_gather=overlap_param_gather,
                       cp_comm=cp_comm.replace("-", "_"), expert_tp=expert_tp, fp8_all_gather=fp8_all_gather,
-                      offload_optimizer=offload_optimizer)
+                      offload_optimizer=offload_optimizer, fp8_params=fp8_params)
     return options.for_model(spec) if spec is not None else options
 
 
@@ -466,7 +467,7 @@ def _overheads(v: dict) -> RunOverheads:
 def _options(v: dict, spec, max_tp: int | None) -> Options:
     return options(v["sequence_parallel"], v.get("tp_comm_overlap", False), max_tp, v["shard_group"],
                    v["reshard_after_forward"], v["overlap_param_gather"], v["cp_comm"], expert_tp(v["etp"], spec),
-                   spec, v["fp8_all_gather"], v["offload_optimizer"])
+                   spec, v["fp8_all_gather"], v["offload_optimizer"], v["fp8_params"])
 
 
 @dataclass(frozen=True)
@@ -500,9 +501,9 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
     stages = tuple(int_list(v["zero"], "--zero", allowed=(0, 1, 2, 3)))
     spec, hw, cal = load(v["model"], v["hardware"], v["calibration"], v["seq_len"], v["dtype"], grads=v["grads"],
                          weights=v["weights"], moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v))
-    if v["fp8_all_gather"]:
+    if v["fp8_all_gather"] or v["fp8_params"]:
         check_fp8(spec, hw)
-        check_fp8_options(spec, True, None, True, stages)
+        check_fp8_options(spec, True, None, v["fp8_all_gather"], stages, v["fp8_params"])
     if v["offload_optimizer"]:
         check_offload(spec, hw, stages)
     measured_peak, measured_zero, step, moved = v["measured_peak"], None, None, ()

@@ -167,13 +167,17 @@ def model_states(spec: ModelSpec, layout: Layout) -> dict[str, dict[str, float]]
     1 / ep of them per rank, their ZeRO shards over the expert-data-parallel ranks (expert_shard), as
     Megatron-Core's distributed optimizer shards expert parameters (megatron/core/parallel_state.py
     expert-data-parallel group). With layout.offload_optimizer the optimizer state, fp32 masters included,
-    lives in host memory: 0 bytes on the GPU (Ren et al., ZeRO-Offload, arXiv 2101.06840, sec. 4.1).
+    lives in host memory: 0 bytes on the GPU (Ren et al., ZeRO-Offload, arXiv 2101.06840, sec. 4.1). With
+    layout.fp8_params the fp8 GEMMs' weights are kept in fp8, 1 byte an element (ddplan.fp8.fp8_weight_fractions:
+    Megatron-Core --fp8-param-gather, the model's weights Transformer Engine Float8Tensors, their fp32 masters in
+    the distributed optimizer: megatron/core/fp8_utils.py@d98e8a64, training/arguments.py L2016-2018).
     """
     counts = counts_of(spec.architecture)
     opt, dp, zero = spec.recipe.optimizer, layout.grad_ranks, layout.zero  # dp x cp ranks share the parameters
     native_sharding = spec.recipe.distribution == "sharded_optimizer" and zero == 1
     out: dict[str, dict[str, float]] = {"params": {}, "gradients": {}, "optimizer": {}}
     groups = [g for g, n in counts.items() if n and g in opt.algorithm]
+    fp8 = fp8_weight_fractions(spec) if layout.fp8_params else {}
     for g in groups:
         share, shard = state_share(spec, layout, g)
         pb = dtype_bytes(spec.dtypes.params[g])
@@ -191,7 +195,8 @@ def model_states(spec: ModelSpec, layout: Layout) -> dict[str, dict[str, float]]
             state = state / dp if counts[g] >= 1024 else state  # small AdamW params are all-reduced, not sharded
         elif zero >= 1:
             state /= shard
-        out["params"][g] = pb * n / (shard if zero >= 3 else 1)
+        kept = pb - (pb - 1) * fp8.get(g, 0.0)  # fp8 weights at 1 byte (layout.fp8_params)
+        out["params"][g] = kept * n / (shard if zero >= 3 else 1)
         out["gradients"][g] = spec.dtypes.grad_bytes(g) * n / (shard if zero >= 2 else 1)
         out["optimizer"][g] = 0.0 if layout.offload_optimizer else state  # on the host (ZeRO-Offload sec. 4.1)
     if layout.pp > 1:  # keep the worse of the first (embeddings) and last (lm_head) stage

@@ -52,7 +52,7 @@ VALIDATED_RATIO_MOE = (0.84, 2.18)  # the dense low end; 2.177 (Megatron-FSDP Qw
 # fp8 training: its own evidence (issue 35), the same percentiles over the dense fp8 runs, leaving each source out
 # (ddplan.validation.band_ratio(fp8=True)): a little below the 16-bit band at both ends, the fp8 sources
 # disagreeing (hardware/h100-sxm.yaml); before Megatron-Core's fp8 weights were priced cast once a step, 0.78-1.24
-VALIDATED_RATIO_FP8 = (0.81, 1.23)  # 0.814 and 1.220 over the 44 dense fp8 runs of 2 sources, rounded outward
+VALIDATED_RATIO_FP8 = (0.81, 1.19)  # 0.816 and 1.188 over the 44 dense fp8 runs of 2 sources, rounded outward
 
 
 TIE = 0.02  # layouts within 2% of the best are equivalent: far inside the model's band
@@ -257,7 +257,7 @@ class Pricer:
                 states=states, fixed=self._fixed_terms(layout, states), ops_key=ops,
                 memory_key=(ops, layout.dp, layout.pp, layout.zero, layout.pp_schedule, layout.pp_virtual_stages,
                             layout.shard_group, layout.reshard_after_forward, layout.fp8_all_gather,
-                            layout.offload_optimizer),
+                            layout.offload_optimizer, layout.fp8_params),
                 activations_key=(ops, layout.pp, layout.zero == 3, layout.pp_schedule, layout.pp_virtual_stages),
                 optimizer_key=(layout.attention, layout.grad_ranks, layout.tp, layout.pp, layout.zero, layout.shard_group,
                                layout.ep, layout.etp))
@@ -371,7 +371,7 @@ class Pricer:
         # the named policies share one OpTimes (op_times prices each's re-run); a per-module one has its own
         module_policy = None if layout.recompute in RECOMPUTE_POLICIES else (layout.recompute, layout.recompute_chunks)
         parts_key = ("parts", layout.micro_batch, layout.attention, window, layout.compiled, layout.rank_share, scenario,
-                     fitted, r.fp8_weight_shards, r.fp8_gathers, r.fp8_weight_reuse, module_policy)
+                     fitted, r.fp8_weight_shards, r.fp8_gathers, r.fp8_weight_reuse, r.fp8_weights_fp8, module_policy)
         if parts_key not in self._rated:
             self._rated[parts_key] = op_times(an, r)
         opt_key = ("optimizer", scenario, fitted, self._group(layout).optimizer_key)
@@ -385,12 +385,16 @@ class Pricer:
         """The rates for a layout's fp8 GEMMs: where their weights come from an fp8 all-gather, each gather casts
         the shard (ddplan.fp8.fp8_cast_bytes), over the shard group, once or twice a micro-batch; else, where the
         stack casts a weight once a step (Recipe.fp8_weight_casts "step": Transformer Engine's recipes only, TE_RECIPES;
-        torchao and nanochat cast every micro-batch whatever it says), the cast serves the step's micro-batches."""
+        torchao and nanochat cast every micro-batch whatever it says), the cast serves the step's micro-batches; where
+        the weights are kept in fp8 (layout.fp8_params), nothing casts them and only their transpose is made, once a
+        step."""
         if not r.fp8_flops_per_s:
             return r
         if layout.fp8_all_gather and layout.shard_degree > 1:  # each gather casts its shard: nothing to reuse
             return replace(r, fp8_weight_shards=layout.shard_degree,
                            fp8_gathers=2 if layout.reshard_after_forward else 1)
+        if layout.fp8_params:  # the weights are fp8 already: their other order is made once a step
+            return replace(r, fp8_weights_fp8=True, fp8_weight_reuse=layout.grad_accum)
         if self.spec.recipe.fp8_weight_casts == "step" and layout.grad_accum > 1 and r.fp8_recipe in TE_RECIPES:
             return replace(r, fp8_weight_reuse=layout.grad_accum)
         return r
@@ -448,7 +452,7 @@ class Pricer:
     def _states(self, layout: Layout) -> dict[str, dict[str, float]]:
         """The layout's model states (ddplan.memory.model_states), cached by what they depend on."""
         key = ("states", layout.grad_ranks, layout.rank_share, layout.pp, layout.zero, layout.shard_group,
-               layout.offload_optimizer)  # rank_share: tp, and ep / expert rows (the experts' shards)
+               layout.offload_optimizer, layout.fp8_params)  # rank_share: tp, and ep / expert rows (the experts' shards)
         if key not in self._shared:
             self._shared[key] = model_states(self.spec, layout)
         return self._shared[key]
@@ -457,7 +461,7 @@ class Pricer:
         """The layout's memory terms that no micro-batch or recompute policy changes (ddplan.memory.fixed_terms),
         cached by what they depend on: what its model states do, and ZeRO-3's gathered parameters."""
         key = ("fixed terms", layout.grad_ranks, layout.rank_share, layout.pp, layout.zero, layout.shard_group,
-               layout.offload_optimizer, layout.reshard_after_forward, layout.fp8_all_gather)
+               layout.offload_optimizer, layout.reshard_after_forward, layout.fp8_all_gather, layout.fp8_params)
         if key not in self._shared:
             self._shared[key] = fixed_terms(self.spec, layout, states, self.assumptions)
         return self._shared[key]

@@ -35,6 +35,7 @@ STATED_BY: dict[tuple[str, ...], str] = {
     ("precision", "dtype"): "precision", ("precision", "grads"): "model.grads",
     ("precision", "weights"): "model.weights", ("precision", "fp8"): "precision",
     ("precision", "fp8_recipe"): "fp8_recipe", ("precision", "fp8_all_gather"): "layout.fp8_all_gather",
+    ("precision", "fp8_params"): "layout.fp8_params",
     ("recompute",): "layout.recompute", ("attention",): "layout.attention", ("window",): "layout.window",
     ("seq_len",): "model.seq_len", ("framework",): "framework", ("cross_entropy",): "framework (its profile's)",
     ("moe_weighting",): "framework (its profile's)", ("fusions",): "framework (its profile's)",
@@ -160,6 +161,8 @@ def table_command(run: PublishedRun, folder: Path | None = None) -> list[str] | 
         argv.append("--no-reshard-after-forward")
     if lay.fp8_all_gather:
         argv.append("--fp8-all-gather")
+    if lay.fp8_params:
+        argv.append("--fp8-params")
     if lay.offload_optimizer:
         argv.append("--offload-optimizer")
     if lay.cp_comm != "ring":
@@ -245,6 +248,7 @@ def price_run(run: RunFacts, where: str, sustained: dict[str, float] | None = No
                                        shard_group=lay.shard_group, expert_tp=lay.etp or 0,
                                        reshard_after_forward=lay.reshard_after_forward,
                                        fp8_all_gather=lay.fp8_all_gather, offload_optimizer=lay.offload_optimizer,
+                                       fp8_params=lay.fp8_params,
                                        cp_comm=lay.cp_comm.replace("-", "_")).for_model(spec))
     try:
         table = build_table(req, shared=shared)

@@ -72,6 +72,7 @@ class Rates:
     fp8_gathers: int = 2
     # micro-batches one fp8 weight cast serves (the step's, where the stack caches it: ddplan.fp8.FP8_WEIGHT_CASTS)
     fp8_weight_reuse: int = 1
+    fp8_weights_fp8: bool = False  # the weights are kept in fp8 (Layout.fp8_params): not cast, only transposed
     # measured points from a calibration file replace the curves: (m, n, k, fraction of peak) and
     # (batch x heads, seq, processed window, head_dim, fwd fraction, bwd fraction)
     gemm_points: tuple[tuple[int, int, int, float], ...] = ()
@@ -300,8 +301,8 @@ def _op_time_s(op: Op, anatomy: Anatomy, r: Rates) -> tuple[float, float]:
             # the GEMMs at the fp8 rate, after the recipe's casts (memory-bound kernels of their own) and launches
             rate = r.fp8_flops_per_s * gemm_efficiency(m, n, k, r.gemm_best_fp8, r.gemm_half_dim)
             cast_fwd, cast_bwd = fp8_cast_bytes(m, n, k, r.fp8_recipe, r.fp8_weight_shards, r.fp8_gathers,
-                                                r.fp8_weight_reuse)
-            launch_fwd, launch_bwd = fp8_cast_launches(r.fp8_recipe, r.fp8_weight_reuse)
+                                                r.fp8_weight_reuse, r.fp8_weights_fp8)
+            launch_fwd, launch_bwd = fp8_cast_launches(r.fp8_recipe, r.fp8_weight_reuse, r.fp8_weights_fp8)
             call = gemm_call_s(r, fp8=True) * grouped_call_waves(op.calls)
             return (roofline_s(op.flops_fwd, op.bytes_fwd, rate, bw) + cast_fwd / bw
                     + call + launch_fwd * r.kernel_overhead_s,

@@ -90,6 +90,7 @@ class RunLayout(Strict):
     shard_group: int = Field(default=0, ge=0, le=10**6)  # ZeRO-3 hybrid sharding (HSDP) group; 0: all of dp
     reshard_after_forward: bool = True  # ZeRO-3: torch FSDP2's reshard_after_forward (False: ZeRO-2-like gathers)
     fp8_all_gather: bool = False  # ZeRO-3 with fp8: weights all-gathered in fp8 (torchao enable_fsdp_float8_all_gather)
+    fp8_params: bool = False  # ZeRO-1/2 with fp8: weights kept and gathered in fp8 (Megatron-Core --fp8-param-gather)
     offload_optimizer: bool = False  # optimizer states and the optimizer step on the host (DeepSpeed ZeRO-Offload)
     cp_comm: Literal["ring", "all-gather"] = "ring"  # context parallelism's exchange (--cp-comm)
     compiled: bool = False

@@ -70,13 +70,14 @@ def grad_sync_buffers(spec: ModelSpec, layout: Layout, experts: bool = False) ->
     all-reduce (optim.py @92d63d4 l.214-246). Then the same sizes all-gathered (the updated params).
     Generic ZeRO: one reduce-scatter of all gradients (+ all-gather of params, in the compute dtype; with
     layout.fp8_all_gather the weights of fp8 GEMMs at 1 byte an element, ddplan.fp8.fp8_weight_fractions:
-    torchao's enable_fsdp_float8_all_gather casts each shard before the gather); DDP: all-reduce.
+    torchao's enable_fsdp_float8_all_gather casts each shard before the gather; with layout.fp8_params, ZeRO-1/2,
+    too: Megatron-Core gathers the fp8 weights it keeps); DDP: all-reduce.
     experts: the routed experts' buffers alone (1 / ep of them a rank, reduced over the expert-data-parallel
     ranks, Layout.expert_ranks); else every other group's.
     """
     counts, dt, opt = counts_of(spec.architecture), spec.dtypes, spec.recipe.optimizer
     policy, n = dp_policy(spec, layout), (layout.expert_ranks if experts else layout.grad_ranks)
-    fp8 = fp8_weight_fractions(spec) if layout.fp8_all_gather else {}
+    fp8 = fp8_weight_fractions(spec) if layout.fp8_all_gather or layout.fp8_params else {}
     out: list[tuple[str, float]] = []
     for group, algo in opt.algorithm.items():
         if not counts[group] or (group == EXPERT_GROUP) != experts:
@@ -98,7 +99,7 @@ def grad_sync_buffers(spec: ModelSpec, layout: Layout, experts: bool = False) ->
             out.append(("all_reduce", counts[group] * gb * share))
         else:  # ZeRO / FSDP gather the parameters in the compute dtype (mixed precision), not the masters
             cb = dtype_bytes(dt.compute)
-            if layout.fp8_all_gather:  # fp8 GEMMs' weights at 1 byte (torchao enable_fsdp_float8_all_gather)
+            if fp8:  # fp8 GEMMs' weights at 1 byte (torchao enable_fsdp_float8_all_gather; Megatron's fp8 params)
                 cb -= (cb - 1) * fp8[group]
             out += [("reduce_scatter", counts[group] * gb * share), ("all_gather", counts[group] * cb * share)]
             if algo == "muon":  # Newton-Schulz needs whole matrices: gather the reduced gradient shards back
@@ -369,7 +370,7 @@ def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, m
             exposed += comm.ddp_exposed_s(size_e, DDP_BUCKET_BYTES, n_e, timer_e, max(0.0, bwd_s - total))
         return total + total_e, exposed, 0.0, 0.0
     key = ("dp collectives", policy, layout.dp, layout.tp, layout.pp, layout.cp, layout.ep, layout.etp,
-           layout.shard_group, layout.fp8_all_gather, hw.gpus_per_node, efficiency)  # what they depend on
+           layout.shard_group, layout.fp8_all_gather, layout.fp8_params, hw.gpus_per_node, efficiency)  # what they depend on
     times = cache.get(key)
     if times is None:
         times = cache[key] = _dp_collectives(spec, hw, layout, policy, place, efficiency, points, cache)
@@ -420,7 +421,7 @@ def _placed(layout: Layout, hw: HardwareSpec, cache: Cache) -> Placement:
 def _buffers(spec: ModelSpec, layout: Layout, policy: str, experts: bool, cache: Cache) -> list[tuple[str, float]]:
     """grad_sync_buffers, kept in the caller's cache (by what they depend on)."""
     key = ("buffers", policy, layout.grad_ranks, layout.tp, layout.pp, layout.ep if experts else 1,
-           layout.etp if experts else 0, experts, layout.fp8_all_gather)
+           layout.etp if experts else 0, experts, layout.fp8_all_gather, layout.fp8_params)
     if key not in cache:
         cache[key] = grad_sync_buffers(spec, layout, experts)
     return cache[key]

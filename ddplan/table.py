@@ -17,7 +17,7 @@ from ddplan.calibration import CalibrationSpec, StepMeasurement, measurement_for
 from ddplan.errors import ImpossibleMeasurement, LayoutError, UsageError
 from ddplan.evidence import Thin
 from ddplan.fitting import MEASURED_FLAGS, Fit, fitted
-from ddplan.fp8 import FP8_RECIPES
+from ddplan.fp8 import FP8_RECIPES, TE_RECIPES
 from ddplan.layout import (NATIVE_ZERO, Layout, Options, check_layout, cp_attention_problem, data_parallel, layout_for,
                            split_batch)
 from ddplan.memory import HEADROOM
@@ -122,13 +122,28 @@ def check_attentions(names: tuple[str, ...], hw: HardwareSpec) -> None:
 
 
 def check_fp8_options(spec: ModelSpec, fp8: bool, recipe: str | None, all_gather: bool,
-                      zeros: tuple[int, ...] | None) -> None:
-    """Raise UsageError when --fp8-recipe or --fp8-all-gather cannot apply, saying why. zeros: the ZeRO stages
-    asked for (() = the model's native one; None: searched, as plan does)."""
+                      zeros: tuple[int, ...] | None, params: bool = False) -> None:
+    """Raise UsageError when --fp8-recipe, --fp8-all-gather or --fp8-params cannot apply, saying why. zeros: the ZeRO
+    stages asked for (() = the model's native one; None: searched, as plan does)."""
     if recipe is not None and recipe not in FP8_RECIPES:
         raise UsageError(f"must be one of {', '.join(FP8_RECIPES)}, got {recipe!r}", field="--fp8-recipe")
     if recipe is not None and not fp8:
         raise UsageError("needs --fp8 (it says how the fp8 GEMMs' casts run)", field="--fp8-recipe")
+    if params:
+        if not fp8:
+            raise UsageError("needs --fp8 (it keeps the fp8 GEMMs' weights in fp8)", field="--fp8-params")
+        if not spec.recipe.optimizer.master_weights:
+            raise UsageError(f"keeps the weights in fp8 beside fp32 masters in the distributed optimizer; "
+                             f"{spec.name} keeps fp32 weights without masters: add --weights master", field="--fp8-params")
+        used = recipe or spec.recipe.fp8_recipe
+        if used not in TE_RECIPES:
+            raise UsageError(f"Megatron-Core keeps fp8 weights with Transformer Engine's recipes, not {used} "
+                             f"({'--fp8-recipe' if recipe else spec.name + ' default'}): add --fp8-recipe delayed or "
+                             f"current", field="--fp8-params")
+        stages = zeros if zeros else (NATIVE_ZERO[spec.recipe.distribution],) if zeros is not None else (1, 2)
+        if not set(stages) & {1, 2}:
+            raise UsageError(f"needs ZeRO-1 or 2, the distributed optimizer that gathers the fp8 weights (got "
+                             f"ZeRO-{'/'.join(map(str, stages))}): add --zero 1", field="--fp8-params")
     if not all_gather:
         return
     if not fp8:
@@ -180,7 +195,7 @@ def _build_table(req: TableRequest, progress: Callable[[str, int, int], None] | 
     price = req.price or hw.price
     if req.fp8:
         check_fp8(spec, hw)
-    check_fp8_options(spec, req.fp8, req.fp8_recipe, req.options.fp8_all_gather, req.zeros)
+    check_fp8_options(spec, req.fp8, req.fp8_recipe, req.options.fp8_all_gather, req.zeros, req.options.fp8_params)
     if req.options.offload_optimizer:
         check_offload(spec, hw, req.zeros)
     pricer = Pricer(spec, hw, RunPlan(budget, price, req.overheads, req.headroom, req.framework, req.evidence),

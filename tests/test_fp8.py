@@ -235,3 +235,49 @@ def test_memory_with_fp8_all_gather_lowers_only_zero3(capsys):
     fp8 = {r["zero"]: r for r in csv_rows(run_ok(capsys, base + ["--fp8-all-gather"]))}
     assert float(fp8["3"]["buffers_gib"]) < float(plain["3"]["buffers_gib"])
     assert fp8["2"] == plain["2"]
+
+
+def test_fp8_params_keep_the_weights_in_fp8_by_hand():
+    """Megatron-Core's --fp8-param-gather (Layout.fp8_params, ZeRO-1/2), with Megatron's 16-bit weights and fp32
+    masters (--weights master): Llama 3 8B's block matrices are all fp8 GEMM weights, so their 16-bit copy (2 B an
+    element) becomes 1 B, in memory and in the distributed optimizer's all-gather; embeddings and the LM head stay
+    16-bit, and the optimizer's fp32 masters stay. Casts: no weight cast, only its transpose once a step (2 B
+    an element over the step's micro-batches): current scaling, m 2048, k 12288, n 9216, 16 micro-batches:
+    forward 6 x 2048 x 12288 + 2 x 12288 x 9216 / 16 = 165,150,720 B, backward 6 x 2048 x 9216 = 113,246,208 B;
+    launches 3 + 1/16 forward, 3 backward."""
+    from ddplan.specs import run_variant
+
+    spec = run_variant(load_model("llama-3-8b"), dtype="bf16", weights="master")
+    plain, kept = (Layout(dp=8, zero=1, micro_batch=1, grad_accum=16, fp8_params=f) for f in (False, True))
+    a, b = model_states(spec, plain), model_states(spec, kept)
+    assert b["params"]["block_matrices"] == a["params"]["block_matrices"] / 2
+    assert b["params"]["wte"] == a["params"]["wte"] and b["optimizer"] == a["optimizer"]
+    gathered = [sum(size for c, size in grad_sync_buffers(spec, lay) if c == "all_gather") for lay in (plain, kept)]
+    blocks = a["params"]["block_matrices"] / 2  # the block matrices' elements: 2 B each in 16 bits
+    assert gathered[0] - gathered[1] == pytest.approx(blocks, rel=1e-12)  # one byte less each
+    assert fp8_cast_bytes(2048, 9216, 12288, "current", weight_reuse=16, weights_fp8=True) == (165_150_720, 113_246_208)
+    assert fp8_cast_launches("current", 16, weights_fp8=True) == (3 + 1 / 16, 3)
+    with pytest.raises(LayoutError, match="fp8-param-gather"):
+        Layout(dp=8, zero=3, fp8_params=True)
+
+
+@pytest.mark.parametrize("extra, says", [
+    ([], "needs --fp8"),
+    (["--fp8"], "add --weights master"),
+    (["--fp8", "--weights", "master"], "add --fp8-recipe delayed or current"),
+    (["--fp8", "--weights", "master", "--fp8-recipe", "current", "--zero", "3"], "needs ZeRO-1 or 2"),
+])
+def test_fp8_params_errors_are_one_line(capsys, extra, says):
+    code, err = fails(capsys, ["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--fp8-params",
+                               *extra])
+    assert says in err and "--fp8-params" in err
+
+
+def test_fp8_params_lower_memory_and_do_not_slow_the_step(capsys):
+    """The same Megatron-style fp8 run with its weights kept in fp8: less memory per GPU, no longer a step."""
+    base = ["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--fp8", "--fp8-recipe", "current",
+            "--weights", "master", "--zero", "1", "--attention", "fa3", "--device-batch-size", "1", "--format", "csv"]
+    (plain,) = csv_rows(run_ok(capsys, base))
+    (kept,) = csv_rows(run_ok(capsys, base + ["--fp8-params"]))
+    assert float(kept["memory_gib"]) < float(plain["memory_gib"])
+    assert float(kept["step_s"]) <= float(plain["step_s"])

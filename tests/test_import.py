@@ -40,12 +40,13 @@ CASES = {
         str(1536 * 2048), "--seq-len", "2048", "--steps", "500000", "--dtype", "fp16"]),
     # Llama 3 8B dims, 8 GPUs (GPUS_PER_NODE 8 x NUM_NODES 1), tp/cp 1 (its --sequence-parallel is off at tp 1),
     # distributed optimizer (ZeRO-1), param gather overlapped, micro-batch 1, global 128 x 8192, bf16 with bf16
-    # gradient reduction, fp8 hybrid (delayed scaling), --train-samples 1,953,125,000 x 8192 tokens
+    # gradient reduction, fp8 hybrid (delayed scaling) with --fp8-param-gather (fp8 weights the distributed optimizer
+    # gathers), --train-samples 1,953,125,000 x 8192 tokens
     "megatron-llama3-8b-fp8.sh": ([], [
         "--model", "llama-3-8b", "--framework", "megatron-core", "--hardware", "h100-sxm", "--gpus", "8",
         "--tp", "1", "--pp", "1", "--cp", "1", "--zero", "1", "--overlap-param-gather", "--device-batch-size", "1",
         "--total-batch-size", str(128 * 8192), "--seq-len", "8192", "--tokens", str(1_953_125_000 * 8192),
-        "--dtype", "bf16", "--grads", "param", "--fp8", "--fp8-recipe", "delayed"]),
+        "--dtype", "bf16", "--grads", "param", "--fp8", "--fp8-recipe", "delayed", "--fp8-params"]),
     # Qwen3-30B-A3B dims (48 x 2048, 32 heads, 4 KV groups, 128 experts of 768, top 8, vocab 151,936), tp 4
     # (TP default), ep 2, micro-batch 1, global 256 x 8192, bf16; no GPU count: one node of 8 assumed
     "megatron-qwen3-30b-a3b.sh": ([], [
@@ -377,15 +378,16 @@ def test_torchtitan_s_layer_selective_ac_is_every_k(capsys, tmp_path):
 def test_megatron_s_tensorwise_fp8_is_transformer_engine_current_scaling(capsys, tmp_path):
     """Megatron-Core's --fp8-recipe tensorwise runs Transformer Engine's Float8CurrentScaling (fp8_utils.py
     L777-779): ddplan's `current`, not torchao's tensorwise; no recipe is delayed (Megatron's default); another is a
-    warning, priced as delayed; --fp8-param-gather is a warning (not priced)."""
+    warning, priced as delayed; --fp8-param-gather keeps the weights in fp8 (fp8_params)."""
     args, out = tmp_path / "args.sh", tmp_path / "run.yaml"
     base = ("--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 512 --micro-batch-size 4 "
             "--nproc_per_node 8 --bf16 --fp8-format hybrid")
     for extra, recipe in ((" --fp8-recipe tensorwise", "current"), ("", "delayed"), (" --fp8-recipe mxfp8", "delayed")):
         args.write_text(base + extra + " --fp8-param-gather\n", encoding="utf-8")
         code, _, err = run(capsys, ["import", str(args), "-o", str(out), "--from", "megatron"])
-        assert code == 0 and f"fp8_recipe: {recipe}" in out.read_text(encoding="utf-8"), extra
-        assert "--fp8-param-gather" in err and ("mxfp8" in err) == ("mxfp8" in extra)
+        written = out.read_text(encoding="utf-8")
+        assert code == 0 and f"fp8_recipe: {recipe}" in written and "fp8_params: true" in written, extra
+        assert ("mxfp8" in err) == ("mxfp8" in extra)
 
 
 def test_a_launch_script_s_comments_and_arrays_read_as_the_shell_reads_them():

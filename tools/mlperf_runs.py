@@ -452,6 +452,11 @@ def run_entry(r: dict) -> dict:
     layout["zero"] = 1 if truthy(knob(env, "USE_DIST_OPTIMIZER", "True")) else 0
     layout.update(micro_batch=lay["mbs"], global_batch_sequences=r["gbs"], recompute=recompute, attention=attention,
                   sequence_parallel=sp, tp_comm_overlap=tpo, overlap_param_gather=opg)
+    # fp8 weights kept and gathered in fp8 by the distributed optimizer: pretrain.py passes FP8_PARAMS (or
+    # FP8_PARAM_GATHER) as both MegatronMixedPrecision's fp8_params and the optimizer's fp8_param_gather
+    fp8_weights = truthy(knob(env, "FP8_PARAMS")) or truthy(knob(env, "FP8_PARAM_GATHER"))
+    if fp8_weights and truthy(knob(env, "FP8")) and layout["zero"] == 1 and fp8_recipe in ("delayed", "current"):
+        layout["fp8_params"] = True
     # what the config turns on that ddplan does not price
     for k, what in [("FULL_CUDA_GRAPH", "full-iteration CUDA graph"), ("MCORE_CUDA_GRAPH", "Megatron-Core CUDA graphs"),
                     ("LAYER_CUDA_GRAPH", "per-layer CUDA graphs"),
@@ -463,7 +468,7 @@ def run_entry(r: dict) -> dict:
                     ("OVERLAP_PARAM_GATHER_WITH_OPTIM_STEP", "param gather overlapped with the optimizer step"),
                     ("TP_PP_DP_MAPPING", "tp-pp-dp rank order"), ("USE_TE_OPS", "Transformer Engine op fuser"),
                     ("FUSED_QKV_ROPE", "fused QKV + RoPE"), ("SHARP", "SHARP in-network reductions")]:
-        if truthy(knob(env, k)):
+        if truthy(knob(env, k)) and not (k in ("FP8_PARAM_GATHER", "FP8_PARAMS") and layout.get("fp8_params")):
             unpriced.append(what)
     if truthy(knob(env, "FP8_HYBRID")):
         unpriced.append("fp8 HYBRID format (E4M3 forward, E5M2 gradients)")
