@@ -365,7 +365,7 @@ class Pricer:
         """
         an = self.anatomy(layout, window)
         if r is not None:
-            return step_time(self.spec, self.hw, layout, an, r=self._gathered(r, layout),
+            return step_time(self.spec, self.hw, layout, an, r=self._gathered(r, layout, kept=False),
                              comm_efficiency=comm_end(scenario), comm_points=self.points, cache=self._shared)
         r = self._gathered(self.rates(layout.attention, scenario, fitted), layout)
         # the named policies share one OpTimes (op_times prices each's re-run); a per-module one has its own
@@ -381,23 +381,30 @@ class Pricer:
                          comm_points=self.points, parts=self._rated[parts_key], optimizer_s=self._rated[opt_key],
                          cache=self._shared)
 
-    def _gathered(self, r: Rates, layout: Layout) -> Rates:
+    def _gathered(self, r: Rates, layout: Layout, kept: bool = True) -> Rates:
         """The rates for a layout's fp8 GEMMs: where their weights come from an fp8 all-gather, each gather casts
         the shard (ddplan.fp8.fp8_cast_bytes), over the shard group, once or twice a micro-batch; else, where the
         stack casts a weight once a step (Recipe.fp8_weight_casts "step": Transformer Engine's recipes only, TE_RECIPES;
         torchao and nanochat cast every micro-batch whatever it says), the cast serves the step's micro-batches; where
         the weights are kept in fp8 (layout.fp8_params), nothing casts them and only their transpose is made, once a
-        step."""
+        step. kept: r is one of this pricer's own rates (Pricer.rates), so the result is kept by r's identity; a
+        caller's rates (step(r=...)) are not."""
         if not r.fp8_flops_per_s:
             return r
         if layout.fp8_all_gather and layout.shard_degree > 1:  # each gather casts its shard: nothing to reuse
-            return replace(r, fp8_weight_shards=layout.shard_degree,
-                           fp8_gathers=2 if layout.reshard_after_forward else 1)
-        if layout.fp8_params:  # the weights are fp8 already: their other order is made once a step
-            return replace(r, fp8_weights_fp8=True, fp8_weight_reuse=layout.grad_accum)
-        if self.spec.recipe.fp8_weight_casts == "step" and layout.grad_accum > 1 and r.fp8_recipe in TE_RECIPES:
-            return replace(r, fp8_weight_reuse=layout.grad_accum)
-        return r
+            change = {"fp8_weight_shards": layout.shard_degree, "fp8_gathers": 2 if layout.reshard_after_forward else 1}
+        elif layout.fp8_params:  # the weights are fp8 already: their other order is made once a step
+            change = {"fp8_weights_fp8": True, "fp8_weight_reuse": layout.grad_accum}
+        elif self.spec.recipe.fp8_weight_casts == "step" and layout.grad_accum > 1 and r.fp8_recipe in TE_RECIPES:
+            change = {"fp8_weight_reuse": layout.grad_accum}
+        else:
+            return r
+        if not kept:
+            return replace(r, **change)
+        key = ("gathered", id(r), *change.items())  # r is one of self._rated's, alive as long as this pricer
+        if key not in self._rated:
+            self._rated[key] = replace(r, **change)
+        return self._rated[key]
 
     def memory(self, layout: Layout, window: str) -> MemoryBreakdown:
         """Peak memory per GPU of the layout (ddplan.memory.memory_per_gpu), against the run's headroom.
