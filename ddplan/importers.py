@@ -671,8 +671,11 @@ def _megatron(text: str, path: Path, out: Imported) -> None:
             if recipe != "delayed":
                 out.warnings.append(f"--fp8-recipe {recipe}: priced as delayed scaling")
             out.set(("precision", "fp8_recipe"), "delayed")
-        if arg("--fp8-param-gather"):  # the distributed optimizer (ZeRO-1) gathers the fp8 weights it keeps
+        if arg("--fp8-param-gather") and out.fields.get(("layout", "zero")) == 1:  # the distributed optimizer
             out.set(("precision", "fp8_params"), True, "--fp8-param-gather: fp8 weights kept and gathered in fp8")
+        elif arg("--fp8-param-gather"):
+            out.warnings.append("--fp8-param-gather without the distributed optimizer (Megatron-FSDP) is not priced: "
+                                "the weights are priced 16-bit in memory and gathers")
     granularity = arg("--recompute-granularity")
     if arg("--recompute-activations") or granularity == "selective":
         modules = arg("--recompute-modules")

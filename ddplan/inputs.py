@@ -503,7 +503,7 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
                          weights=v["weights"], moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v))
     if v["fp8_all_gather"] or v["fp8_params"]:
         check_fp8(spec, hw)
-        check_fp8_options(spec, True, None, v["fp8_all_gather"], stages, v["fp8_params"])
+        check_fp8_options(spec, True, None, v["fp8_all_gather"], stages, v["fp8_params"], casts=False)
     if v["offload_optimizer"]:
         check_offload(spec, hw, stages)
     measured_peak, measured_zero, step, moved = v["measured_peak"], None, None, ()

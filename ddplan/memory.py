@@ -159,6 +159,12 @@ def counts_of(arch) -> dict[str, int]:
     return known[1]
 
 
+# bytes an element of an fp8 GEMM weight kept in fp8 (Layout.fp8_params): its fp8 data and, for backward's GEMMs on
+# Hopper, its transpose (Transformer Engine Float8Tensor columnwise data, made after each all-gather and kept:
+# Megatron-Core's post_all_gather_processing)
+FP8_PARAM_BYTES = 2.0
+
+
 def model_states(spec: ModelSpec, layout: Layout) -> dict[str, dict[str, float]]:
     """Parameters, gradients and optimizer state per group, bytes on one GPU of the worst stage.
 
@@ -168,9 +174,10 @@ def model_states(spec: ModelSpec, layout: Layout) -> dict[str, dict[str, float]]
     Megatron-Core's distributed optimizer shards expert parameters (megatron/core/parallel_state.py
     expert-data-parallel group). With layout.offload_optimizer the optimizer state, fp32 masters included,
     lives in host memory: 0 bytes on the GPU (Ren et al., ZeRO-Offload, arXiv 2101.06840, sec. 4.1). With
-    layout.fp8_params the fp8 GEMMs' weights are kept in fp8, 1 byte an element (ddplan.fp8.fp8_weight_fractions:
-    Megatron-Core --fp8-param-gather, the model's weights Transformer Engine Float8Tensors, their fp32 masters in
-    the distributed optimizer: megatron/core/fp8_utils.py@d98e8a64, training/arguments.py L2016-2018).
+    layout.fp8_params the fp8 GEMMs' weights are Transformer Engine Float8Tensors (ddplan.fp8.fp8_weight_fractions;
+    Megatron-Core --fp8-param-gather, their fp32 masters in the distributed optimizer): FP8_PARAM_BYTES an element,
+    the fp8 data and the transpose backward's GEMMs read, made after each gather and kept (Megatron-Core's
+    post_all_gather_processing) -- as many bytes as 16-bit weights.
     """
     counts = counts_of(spec.architecture)
     opt, dp, zero = spec.recipe.optimizer, layout.grad_ranks, layout.zero  # dp x cp ranks share the parameters
@@ -195,7 +202,7 @@ def model_states(spec: ModelSpec, layout: Layout) -> dict[str, dict[str, float]]
             state = state / dp if counts[g] >= 1024 else state  # small AdamW params are all-reduced, not sharded
         elif zero >= 1:
             state /= shard
-        kept = pb - (pb - 1) * fp8.get(g, 0.0)  # fp8 weights at 1 byte (layout.fp8_params)
+        kept = pb - (pb - FP8_PARAM_BYTES) * fp8.get(g, 0.0)  # fp8 weights and their transposes (layout.fp8_params)
         out["params"][g] = kept * n / (shard if zero >= 3 else 1)
         out["gradients"][g] = spec.dtypes.grad_bytes(g) * n / (shard if zero >= 2 else 1)
         out["optimizer"][g] = 0.0 if layout.offload_optimizer else state  # on the host (ZeRO-Offload sec. 4.1)

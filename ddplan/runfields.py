@@ -245,11 +245,12 @@ FIELDS: tuple[RunField, ...] = (
        "1 byte an element (torchao enable_fsdp_float8_all_gather).", bool, LAYOUT, default=False,
        helps={"memory": "ZeRO-3 with fp8 GEMMs: their weights gathered in fp8, 1 byte an element (torchao "
                         "enable_fsdp_float8_all_gather); memory has no --fp8, so this implies it."}),
-    _f("precision.fp8_params", "With --fp8 (delayed or current) and ZeRO-1 or 2 (the distributed optimizer): keep "
-       "the fp8 GEMMs' weights in fp8, 1 byte an element, all-gathered in fp8 after each step and never cast "
-       "(Megatron-Core --fp8-param-gather).", bool, LAYOUT, default=False,
-       helps={"memory": "ZeRO-1/2 with fp8 GEMMs: their weights kept and gathered in fp8, 1 byte an element "
-                        "(Megatron-Core --fp8-param-gather); memory has no --fp8, so this implies it."}),
+    _f("precision.fp8_params", "With --fp8 (delayed or current), --weights master and ZeRO-1 or 2 (the distributed "
+       "optimizer): keep the fp8 GEMMs' weights in fp8, all-gathered at 1 byte an element after each step and never "
+       "cast; in memory the fp8 data and its transpose, 2 bytes (Megatron-Core --fp8-param-gather).", bool, LAYOUT,
+       default=False,
+       helps={"memory": "ZeRO-1/2 with fp8 GEMMs: their weights kept in fp8 and its transpose, 2 bytes an element, "
+                        "gathered at 1 (Megatron-Core --fp8-param-gather); memory has no --fp8, so this implies it."}),
     _f("recompute", "Activation recompute: none, selective (Megatron's: the attention core), per-op (torchtitan's "
        "selective AC), full, full:N (Megatron-Core's block method: the first N layers of each pipeline chunk re-run "
        "whole, the rest keep everything; its --recompute-num-layers N), every:K (torchtitan's layer selective AC: "

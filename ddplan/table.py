@@ -122,9 +122,10 @@ def check_attentions(names: tuple[str, ...], hw: HardwareSpec) -> None:
 
 
 def check_fp8_options(spec: ModelSpec, fp8: bool, recipe: str | None, all_gather: bool,
-                      zeros: tuple[int, ...] | None, params: bool = False) -> None:
+                      zeros: tuple[int, ...] | None, params: bool = False, casts: bool = True) -> None:
     """Raise UsageError when --fp8-recipe, --fp8-all-gather or --fp8-params cannot apply, saying why. zeros: the ZeRO
-    stages asked for (() = the model's native one; None: searched, as plan does)."""
+    stages asked for (() = the model's native one; None: searched, as plan does). casts=False: the command prices no
+    cast (memory), so the recipe is not checked."""
     if recipe is not None and recipe not in FP8_RECIPES:
         raise UsageError(f"must be one of {', '.join(FP8_RECIPES)}, got {recipe!r}", field="--fp8-recipe")
     if recipe is not None and not fp8:
@@ -136,7 +137,7 @@ def check_fp8_options(spec: ModelSpec, fp8: bool, recipe: str | None, all_gather
             raise UsageError(f"keeps the weights in fp8 beside fp32 masters in the distributed optimizer; "
                              f"{spec.name} keeps fp32 weights without masters: add --weights master", field="--fp8-params")
         used = recipe or spec.recipe.fp8_recipe
-        if used not in TE_RECIPES:
+        if casts and used not in TE_RECIPES:
             raise UsageError(f"Megatron-Core keeps fp8 weights with Transformer Engine's recipes, not {used} "
                              f"({'--fp8-recipe' if recipe else spec.name + ' default'}): add --fp8-recipe delayed or "
                              f"current", field="--fp8-params")
@@ -148,7 +149,7 @@ def check_fp8_options(spec: ModelSpec, fp8: bool, recipe: str | None, all_gather
         return
     if not fp8:
         raise UsageError("needs --fp8 (it gathers the weights of the fp8 GEMMs in fp8)", field="--fp8-all-gather")
-    if (recipe or spec.recipe.fp8_recipe) != "tensorwise":
+    if casts and (recipe or spec.recipe.fp8_recipe) != "tensorwise":
         raise UsageError(f"torchao's enable_fsdp_float8_all_gather runs with the tensorwise recipe, not "
                          f"{recipe or spec.recipe.fp8_recipe} ({spec.name}'s fp8 path): add --fp8-recipe tensorwise",
                          field="--fp8-all-gather")

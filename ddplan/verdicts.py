@@ -463,8 +463,8 @@ def _fp8_line(req, spec, e) -> str:
     recipe = req.fp8_recipe or spec.recipe.fp8_recipe
     gather = " ZeRO-3 weights all-gathered in fp8 (1 byte an element)." if req.options.fp8_all_gather else ""
     if req.options.fp8_params:
-        gather += (" ZeRO-1/2: the fp8 GEMMs' weights kept in fp8 (1 byte an element), all-gathered in fp8 and never "
-                   "cast (Megatron-Core --fp8-param-gather).")
+        gather += (" ZeRO-1/2: the fp8 GEMMs' weights kept in fp8 (with the transpose, 2 bytes an element),"
+                   " all-gathered in fp8 and never cast (Megatron-Core --fp8-param-gather).")
     basis = f"({e.gemm.best_fp8.basis})" if e.gemm.best_fp8 else "(assumed: the bf16 fraction, no fp8 measurement)"
     return (f"fp8: GEMMs with every dim a multiple of 16 and min(k, n) >= 128, "
             f"{'the LM head included' if spec.recipe.fp8_lm_head else 'not the LM head'}, not the router, at the "

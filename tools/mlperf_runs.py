@@ -22,6 +22,7 @@ import hashlib
 import math
 import json
 import os
+import copy
 import re
 import statistics
 import subprocess
@@ -378,7 +379,7 @@ def run_entry(r: dict) -> dict:
     tp = lay["tp"]
     assumed, unpriced = [], []
     vocab = padded(m["vocab"], tp)
-    arch = dict(m["arch"])
+    arch = copy.deepcopy(m["arch"])  # its own dicts: a shared one would be a YAML alias in the dataset
     if vocab != 128256 or bench != "llama31_8b":
         arch["vocab_size"] = vocab
     field = "train_step_timing in s" if v.startswith("4.") else "train_step_time"
