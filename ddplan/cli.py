@@ -430,7 +430,7 @@ def memory_cmd(
     prov = provenance(model=spec, hardware=hw, calibration=(Path(calibration).name, cal) if cal is not None else None)
     rows = zero_rows(spec, hw, setup, ask.stages)
     asked = next((r for r in rows if r["zero"] == setup.layout.zero), None)
-    step_s, fixes = fixes_for(spec, hw, setup, asked)
+    step_s, fixes = fixes_for(spec, hw, setup, asked, ask.block_recompute)
     matches = consistent_with(spec, hw, setup, ask.measured_peak, ask.peak_kind) if ask.measured_peak else []
     outside = outside_terms(cal, Path(calibration).name if calibration else None)
     report.memory(ask, rows, fixes, step_s, matches, outside, prov, format.value, wide, quiet, plot, PEAK_TOLERANCE)

@@ -485,6 +485,9 @@ class MemoryAsk:
     peak_step: object = None  # the calibration's step whose peak is not compared, and why
     moved: tuple[str, ...] = ()
     peak_kind: str = "device"  # what the measured peak counts (ddplan.memory.NOT_COUNTED)
+    # the stack re-runs some layers whole (its profile lists a block method: Megatron-Core's, NeMo's): a fix may be
+    # full:N, fewer layers re-run than full recompute
+    block_recompute: bool = False
 
 
 def memory_request(v: dict, stated: Stated) -> MemoryAsk:
@@ -529,7 +532,8 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
         setup = replace(setup, layout=setup.at_zero(stages[0]))
     elif measured_zero is not None and measured_zero in stages:  # else the measured step's
         setup = replace(setup, layout=setup.at_zero(measured_zero))
-    return MemoryAsk(spec, hw, cal, setup, stages, measured_peak, step, moved, peak_kind)
+    block = bool(v["framework"]) and any("block" in p.name for p in load_framework(v["framework"]).recompute_policies)
+    return MemoryAsk(spec, hw, cal, setup, stages, measured_peak, step, moved, peak_kind, block)
 
 
 def check_benchmark_flags(cpu_malloc: str | None, **log_flags) -> None:

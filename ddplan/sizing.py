@@ -14,6 +14,7 @@ from ddplan.layout import (NATIVE_ZERO, Layout, Options, check_layout, cp_attent
                            expert_parallel_degrees, layout_for, split_batch)
 from ddplan.memory import FITS, HEADROOM, PEAK_KINDS, MemoryAssumptions, MemoryBreakdown, predicted_peak_bytes
 from ddplan.price import Pricer, RunPlan
+from ddplan.runfields import recompute_layers
 from ddplan.specs import HardwareSpec, ModelSpec
 from ddplan.units import GB, GiB
 
@@ -96,7 +97,7 @@ class Fix:
 
 
 def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3,
-              certain: bool = False) -> tuple[float, list[Fix]]:
+              certain: bool = False, block_recompute: bool = False) -> tuple[float, list[Fix]]:
     """(the asked setup's step time, the cheapest sets of changes that make it fit, fastest first). certain: a
     change must make it fit with the memory model's error on it (ddplan.memory.fit_verdict FITS), as for a
     setup that may not fit; otherwise its central estimate must fit.
@@ -105,7 +106,9 @@ def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3,
     recompute, a higher ZeRO stage, another attention implementation, more tensor parallelism inside a
     node and more pipeline stages (dp shrinks by the degree). Each that fits is priced at its step time. Kept: the
     fastest fix, then the fastest with one change, with two, ... (the smallest sets that fit), `top` in
-    all. The step time of the setup as asked (which does not fit) is the reference.
+    all. The step time of the setup as asked (which does not fit) is the reference. block_recompute: where full
+    recompute fits, the fewest layers a chunk re-run whole that fit too (full:N, found by bisection: memory falls
+    as N grows), less compute than full.
     """
     base = setup.layout
     pricer = memory_pricer(spec, hw, setup)
@@ -140,6 +143,12 @@ def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3,
                     if (mem.verdict == FITS) if certain else mem.fits:
                         found.append(Fix(_changes(base, lay, spec), lay, mem.total / GiB,
                                          pricer.price(lay, window, bands=False).step_s))
+                        if block_recompute and rc == "full":
+                            fewest = _fewest_layers(pricer, lay, window, certain, a.num_layers)
+                            if fewest is not None:
+                                mem = pricer.memory(fewest, window)
+                                found.append(Fix(_changes(base, fewest, spec), fewest, mem.total / GiB,
+                                                 pricer.price(fewest, window, bands=False).step_s))
     found.sort(key=lambda f: (f.step_s, len(f.changes)))
     fewest: dict[int, Fix] = {}
     for f in found:  # the fastest fix of each size
@@ -148,13 +157,34 @@ def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3,
     return pricer.price(base, window, bands=False).step_s, kept[:top]
 
 
-def fixes_for(spec: ModelSpec, hw: HardwareSpec, setup: Setup, asked: dict | None) -> tuple[float | None, list[Fix]]:
+def fixes_for(spec: ModelSpec, hw: HardwareSpec, setup: Setup, asked: dict | None,
+              block_recompute: bool = False) -> tuple[float | None, list[Fix]]:
     """What `ddplan memory` proposes for the setup asked (its zero_rows row, None if its stage was not priced):
     nothing when it fits even with the memory model's error on it; when it fits only as predicted (may not fit),
-    the changes that make it certain; otherwise the changes that make its predicted peak fit (what_fits)."""
+    the changes that make it certain; otherwise the changes that make its predicted peak fit (what_fits).
+    block_recompute: the stack can re-run some layers whole (full:N), tried where full recompute fits."""
     if asked is not None and asked["verdict"] == FITS:
         return None, []
-    return what_fits(spec, hw, setup, certain=asked is not None and asked["fits"])
+    return what_fits(spec, hw, setup, certain=asked is not None and asked["fits"], block_recompute=block_recompute)
+
+
+def _fewest_layers(pricer, full: Layout, window: str, certain: bool, layers: int) -> Layout | None:
+    """The layout `full` (full recompute, which fits) under full:N with the smallest N that fits too (bisection over
+    1 .. a chunk's layers - 1: memory falls as N grows, ddplan.anatomy.Anatomy.layer_again), None where even N one
+    below the chunk does not fit. e.g. 80 layers at pp 4: N in 1..19."""
+    chunk = -(-layers // (full.pp * full.pp_virtual_stages))
+
+    def fits(n: int) -> bool:
+        mem = pricer.memory(replace(full, recompute=f"full:{n}"), window)
+        return mem.verdict == FITS if certain else mem.fits
+
+    lo, hi = 1, chunk - 1
+    if hi < lo or not fits(hi):
+        return None
+    while lo < hi:  # the smallest n in [lo, hi] that fits; hi always fits
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid) else (mid + 1, hi)
+    return replace(full, recompute=f"full:{lo}")
 
 
 def _expert_degrees(spec: ModelSpec, base: Layout, tp: int, ranks: int) -> list[int]:
@@ -172,7 +202,9 @@ def _changes(base: Layout, lay: Layout, spec: ModelSpec) -> tuple[str, ...]:
     if lay.micro_batch != base.micro_batch:
         out.append(f"device batch {lay.micro_batch} (accumulation {base.grad_accum} -> {lay.grad_accum})")
     if lay.recompute != base.recompute:
-        out.append(f"recompute {lay.recompute}")
+        layers = recompute_layers(lay.recompute)
+        out.append(f"recompute {lay.recompute}" + (f" (the first {layers[1]} layers of each pipeline chunk re-run)"
+                                                    if layers and layers[0] == "first" else ""))
     if lay.zero != base.zero:
         other = "" if NATIVE_ZERO[spec.recipe.distribution] == lay.zero else " (another training setup)"
         out.append(f"ZeRO-{lay.zero}{other}")
