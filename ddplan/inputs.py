@@ -434,7 +434,8 @@ def plan_request(v: dict, stated: Stated, today, every_band: bool = False):
         total_batch_tokens=v["total_batch_size"], tp_across_nodes=v["tp_across_nodes"], headroom=v["headroom"],
         fp8=v["fp8"], fp8_recipe=fp8_recipe(v["fp8"], v["fp8_recipe"], stated),
         cps=tuple(int_list(v["cp"], "--cp")) if v["cp"] else (), eps=expert_degrees(v["ep"], spec),
-        options=_options(v, spec, None), framework=framework_name(v["framework"]), band_every_row=every_band)
+        options=_options(v, spec, None), framework=framework_name(v["framework"]), band_every_row=every_band,
+        block_recompute=block_recompute(v["framework"]))
     return req, spec, hws, cal
 
 
@@ -532,8 +533,13 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
         setup = replace(setup, layout=setup.at_zero(stages[0]))
     elif measured_zero is not None and measured_zero in stages:  # else the measured step's
         setup = replace(setup, layout=setup.at_zero(measured_zero))
-    block = bool(v["framework"]) and any("block" in p.name for p in load_framework(v["framework"]).recompute_policies)
-    return MemoryAsk(spec, hw, cal, setup, stages, measured_peak, step, moved, peak_kind, block)
+    return MemoryAsk(spec, hw, cal, setup, stages, measured_peak, step, moved, peak_kind, block_recompute(v["framework"]))
+
+
+def block_recompute(framework: str | None) -> bool:
+    """Whether the stack re-runs some layers whole (its profile lists a block method of recompute: Megatron-Core's,
+    NeMo's), so that memory's fixes and plan's search try the fewest layers a chunk (full:N)."""
+    return bool(framework) and any("block" in p.name for p in load_framework(framework).recompute_policies)
 
 
 def check_benchmark_flags(cpu_malloc: str | None, **log_flags) -> None:

@@ -24,6 +24,7 @@ from ddplan.gcpause import no_cycle_collection
 from ddplan.offload import check_offload
 from ddplan.price import TIE, PricedLayout, Pricer, RunPlan, best_per_pair
 from ddplan.runfields import RECOMPUTE, recompute_layers
+from ddplan.sizing import fewest_layers
 from ddplan.specs import Budget, HardwareSpec, ModelSpec, Price
 from ddplan.table import check_attentions, check_fp8, check_fp8_options
 from ddplan.units import GiB
@@ -42,6 +43,9 @@ class PlanRequest:
     budget_usd: float | None = None
     top: int = 10
     band_every_row: bool = False  # price every kept row's band (csv lists them all), not only the rows shown
+    # the stack re-runs some layers whole (its profile lists the block method: Megatron-Core's, NeMo's): where full
+    # recompute is the least that fits, the fewest layers a chunk that fit (full:N) are priced too
+    block_recompute: bool = False
     calibration: CalibrationSpec | None = None  # applies to the hardware it names
     calibration_path: str | None = None
     price: Price | None = None
@@ -284,6 +288,11 @@ def _search(req: PlanRequest, progress: Callable[[str, int, int], None], shortcu
                         break
                     rejected["memory"] += least
                     rows.append(plan_row(pricer.price(by_rc[least], window, bands=False), native, usable))
+                    if req.block_recompute and by_rc[least].recompute == "full":
+                        fewest = fewest_layers(pricer, by_rc[least], window, False, spec.architecture.num_layers)
+                        if fewest is not None:  # fewer layers re-run than full: its own row, one more considered
+                            considered += 1
+                            rows.append(plan_row(pricer.price(fewest, window, bands=False), native, usable))
                     priced = [by_rc[least].recompute]
                     for later in by_rc[least + 1:]:  # a policy no priced one is known to re-run less than: its own row
                         if any(reruns_at_least(later.recompute, p) for p in priced):

@@ -144,7 +144,7 @@ def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3,
                         found.append(Fix(_changes(base, lay, spec), lay, mem.total / GiB,
                                          pricer.price(lay, window, bands=False).step_s))
                         if block_recompute and rc == "full":
-                            fewest = _fewest_layers(pricer, lay, window, certain, a.num_layers)
+                            fewest = fewest_layers(pricer, lay, window, certain, a.num_layers)
                             if fewest is not None:
                                 mem = pricer.memory(fewest, window)
                                 found.append(Fix(_changes(base, fewest, spec), fewest, mem.total / GiB,
@@ -168,7 +168,7 @@ def fixes_for(spec: ModelSpec, hw: HardwareSpec, setup: Setup, asked: dict | Non
     return what_fits(spec, hw, setup, certain=asked is not None and asked["fits"], block_recompute=block_recompute)
 
 
-def _fewest_layers(pricer, full: Layout, window: str, certain: bool, layers: int) -> Layout | None:
+def fewest_layers(pricer, full: Layout, window: str, certain: bool, layers: int) -> Layout | None:
     """The layout `full` (full recompute, which fits) under full:N with the smallest N that fits too (bisection over
     1 .. a chunk's layers - 1: memory falls as N grows, ddplan.anatomy.Anatomy.layer_again), None where even N one
     below the chunk does not fit. e.g. 80 layers at pp 4: N in 1..19."""

@@ -227,16 +227,16 @@ def test_a_setup_that_fits_only_as_predicted_may_not_fit_and_gets_the_changes_th
     assert row["memory_verdict"] == "may not fit" and "memory_tight" in row["flags"]
 
 
-def test_a_stack_with_block_recompute_is_offered_the_fewest_layers_that_fit(capsys):
+def test_a_stack_with_block_recompute_is_offered_thefewest_layers_that_fit(capsys):
     """Under a stack that re-runs some layers whole (the megatron-core profile lists the block method), memory's
     fixes include full:N: Llama 3 70B on 64 H100s at tp 8 x pp 4 (20 layers a chunk) does not fit without recompute.
-    Without the profile, no full:N is offered. The N is the smallest that fits (sizing._fewest_layers: full:N fits,
+    Without the profile, no full:N is offered. The N is the smallest that fits (sizing.fewest_layers: full:N fits,
     full:N-1 does not, on the same layout)."""
     import re
     from dataclasses import replace
 
     from ddplan.registry import load_hardware, load_model
-    from ddplan.sizing import _fewest_layers, memory_pricer, memory_setup
+    from ddplan.sizing import fewest_layers, memory_pricer, memory_setup
 
     argv = ["memory", "-m", "llama-3-70b", "--hardware", "h100-sxm", "--gpus", "64", "--tp", "8", "--pp", "4",
             "--zero", "1"]
@@ -248,11 +248,11 @@ def test_a_stack_with_block_recompute_is_offered_the_fewest_layers_that_fit(caps
     pricer, window = memory_pricer(spec, hw, setup), spec.architecture.window_pattern
     full = replace(setup.at_zero(1), recompute="full")
     assert pricer.memory(full, window).fits and not pricer.memory(replace(full, recompute="none"), window).fits
-    fewest = _fewest_layers(pricer, full, window, False, spec.architecture.num_layers)
+    fewest = fewest_layers(pricer, full, window, False, spec.architecture.num_layers)
     n = int(fewest.recompute.partition(":")[2])
     assert 1 <= n < 20 and pricer.memory(fewest, window).fits
     assert n == 1 or not pricer.memory(replace(full, recompute=f"full:{n - 1}"), window).fits
     # at 4 sequences a GPU even 19 of 20 layers a chunk re-run leave it over: no full:N to offer
     big = memory_setup(spec, hw, gpus=64, tp=8, pp=4, micro_batch=4)
     big_pricer = memory_pricer(spec, hw, big)
-    assert _fewest_layers(big_pricer, replace(big.at_zero(1), recompute="full"), window, False, 80) is None
+    assert fewest_layers(big_pricer, replace(big.at_zero(1), recompute="full"), window, False, 80) is None

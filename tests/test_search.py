@@ -420,3 +420,26 @@ def test_plan_picks_the_faster_of_layer_policies_that_fit(capsys):
                  for r in rows if r["recompute"] == "full:1"}
         heavier = [r for r in rows if r["recompute"] == "full:8"]
         assert not any((r["dp"], r["tp"], r["pp"], r["zero"], r["micro_batch"], r["attention"]) in where for r in heavier)
+
+
+def test_a_stack_with_block_recompute_plans_the_fewest_layers_that_fit(capsys):
+    """Under the megatron-core profile (block recompute), where full recompute is the least that fits the search
+    prices full:N with the fewest layers a chunk that fit too: Llama 3 70B on 32 H100s needs recompute, and its
+    choice re-runs fewer layers than full; every full:N row is faster than full at the same layout and micro-batch.
+    Without the profile no full:N is searched."""
+    import json
+
+    from cli_helpers import run_ok
+
+    argv = ["plan", "-m", "llama-3-70b", "--hardware", "h100-sxm", "--gpus", "32", "--format", "json", "--top", "5000"]
+    data = json.loads(run_ok(capsys, argv + ["--framework", "megatron-core"]))
+    assert data["choice"]["recompute"].startswith("full:")
+
+    def key(r):
+        return r["dp"], r["tp"], r["pp"], r["vp"], r["cp"], r["zero"], r["micro_batch"], r["attention"]
+
+    full = {key(r): r["step_s"] for r in data["rows"] if r["recompute"] == "full"}
+    partial = [r for r in data["rows"] if r["recompute"].startswith("full:")]
+    assert partial and all(r["step_s"] < full[key(r)] for r in partial)
+    plain = json.loads(run_ok(capsys, argv))
+    assert not any(r["recompute"].startswith("full:") for r in plain["rows"])
