@@ -211,6 +211,12 @@ class Anatomy:
         """Whether the policy is `full:N` or `every:K` (some layers recomputed whole, the rest not)."""
         return recompute_layers(self.recompute) is not None
 
+    @property
+    def whole_layers(self) -> bool:
+        """Whether the policy re-runs whole layers (full, full:N, every:K): what a re-run repeats of a layer's
+        exchanges is then full_share of them."""
+        return self.recompute == "full" or self.by_layers
+
     def layer_again(self, layer: int) -> bool:
         """Whether layer `layer` (0-based) is re-run whole: every layer under full recompute; under `full:N` the
         first N of its model chunk, under `every:K` the K-th, 2K-th, ... of it (each chunk contiguous layers,

@@ -760,9 +760,10 @@ def _progress(command: str):
 
 
 def _info(lines: list[str]) -> None:
-    """Information for the user on stderr (stdout carries the results), one line each."""
-    for line in lines:
-        print(line, file=sys.stderr)
+    """Information for the user on stderr, one line each (ddplan.render.info, imported when there is some)."""
+    from ddplan.render import info
+
+    info(lines)
 
 
 def command_paths(group=None, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:

@@ -4,10 +4,12 @@ all-gather sends at 1 byte. ddplan.roofline prices the GEMMs and casts; ddplan.s
 
 from __future__ import annotations
 
+import typing
 from dataclasses import replace
 
 from ddplan.anatomy import Anatomy, Op, build_anatomy, modules_of
 from ddplan.params import param_counts
+from ddplan.specs import Fp8Recipe
 
 # GEMMs an fp8 recipe leaves in the compute dtype whatever their shape: the output layer (torchtitan's float8 and
 # MXFP8 converters filter "output", torchtitan/components/quantization/float8.md and mx.py; Megatron-Core builds
@@ -33,7 +35,7 @@ def fp8_eligible(op: Op, lm_head: bool = False) -> bool:
     return n % 16 == 0 and k % 16 == 0 and min(n, k) >= 128
 
 
-FP8_RECIPES = ("tensorwise", "delayed", "current", "nanochat")
+FP8_RECIPES = typing.get_args(Fp8Recipe)  # tensorwise, delayed, current, nanochat (ddplan.specs.Recipe.fp8_recipe)
 # bytes moved per element of each GEMM operand to quantise it, by recipe: forward (x, W), backward (dY, x, W).
 # A cast reads the 16-bit tensor and writes 8 bits (2 + 1 B); current (dynamic) scaling first reads the tensor
 # once more for its amax (+2 B); a second fp8 copy in the other memory order written by the same kernel is
@@ -66,12 +68,12 @@ FP8_CAST_BYTES: dict[str, tuple[tuple[float, float], tuple[float, float, float]]
 FP8_CAST_LAUNCHES: dict[str, tuple[tuple[int, int], tuple[int, int, int]]] = {
     "tensorwise": ((2, 2), (2, 2, 2)), "delayed": ((1, 1), (1, 0, 0)), "current": ((3, 3), (3, 0, 0)),
     "nanochat": ((2, 2), (3, 1, 1))}
-# how often an fp8 GEMM's weight is cast (Recipe.fp8_weight_casts): every micro-batch (torchao's Float8Linear,
-# nanochat's fp8.py, Transformer Engine called without is_first_microbatch, as Composer's amp_fp8 runs it), or once a
-# step, the fp8 copy cached for the step's other micro-batches (Transformer Engine's Linear given
-# is_first_microbatch, as Megatron-Core passes it: megatron/core/extensions/transformer_engine.py@d98e8a64
-# L1338-1345, set on each step's first micro-batch by pipeline_parallel/schedules.py L496-497)
-FP8_WEIGHT_CASTS = ("micro-batch", "step")
+# How often an fp8 GEMM's weight is cast (Recipe.fp8_weight_casts, ddplan.specs.FP8_WEIGHT_CASTS): every
+# micro-batch (torchao's Float8Linear, nanochat's fp8.py, Transformer Engine called without is_first_microbatch, as
+# Composer's amp_fp8 runs it), or once a step, the fp8 copy cached for the step's other micro-batches (Transformer
+# Engine's Linear given is_first_microbatch, as Megatron-Core passes it: megatron/core/extensions/
+# transformer_engine.py@d98e8a64 L1338-1345, set on each step's first micro-batch by pipeline_parallel/schedules.py
+# L496-497). Only Transformer Engine's recipes cache it:
 TE_RECIPES = ("delayed", "current")  # Transformer Engine's recipes: the ones whose modules can cache a weight's cast
 
 
@@ -99,7 +101,7 @@ def fp8_cast_bytes(m: int, n: int, k: int, recipe: str, weight_shards: int = 0,
     element / shards; its amax is precomputed once per step for all weights, precompute_float8_dynamic_scale_
     for_fsdp, not counted), and backward's dgrad needs the gathered fp8 weight in the other order (1 + 1 B)
     instead of a recast; with gathers = 2 (resharded after forward) backward gathers, and casts, again.
-    weight_reuse: the micro-batches one weight cast serves (FP8_WEIGHT_CASTS "step": the step's micro-batches), over
+    weight_reuse: the micro-batches one weight cast serves (Recipe.fp8_weight_casts "step": the step's micro-batches), over
     which the weight's bytes spread. weights_fp8: the weights are kept in fp8 (Megatron-Core --fp8-param-gather,
     Layout.fp8_params): no cast, only the transpose backward needs, made once a step (read and write 1 B: 2 B an
     element).

@@ -13,6 +13,12 @@ from ddplan.provenance import line
 from ddplan.verdicts import config_label
 
 
+def info(lines: list[str]) -> None:
+    """Information for the user on stderr (stdout carries the results), one line each."""
+    for text in lines:
+        print(text, file=sys.stderr)
+
+
 def echo(text: str) -> None:
     """Write a result to stdout (results only; messages go to stderr); nothing for an empty result."""
     if text:

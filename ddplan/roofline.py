@@ -70,7 +70,7 @@ class Rates:
     # enable_fsdp_float8_all_gather), cast on the shard before each gather; fp8_gathers: gathers per micro-batch
     fp8_weight_shards: int = 0
     fp8_gathers: int = 2
-    # micro-batches one fp8 weight cast serves (the step's, where the stack caches it: ddplan.fp8.FP8_WEIGHT_CASTS)
+    # micro-batches one fp8 weight cast serves (the step's, where the stack caches it: Recipe.fp8_weight_casts)
     fp8_weight_reuse: int = 1
     fp8_weights_fp8: bool = False  # the weights are kept in fp8 (Layout.fp8_params): not cast, only transposed
     # measured points from a calibration file replace the curves: (m, n, k, fraction of peak) and

@@ -27,7 +27,7 @@ from ddplan.flops import nanochat_flops_per_token
 from ddplan.registry import builtin_dir, load_hardware, load_model
 from ddplan.runfields import recompute_policy
 from ddplan.specfile import read_yaml, validate
-from ddplan.specs import Architecture, ModelSpec, Strict, present_param_groups, run_variant
+from ddplan.specs import Architecture, Fp8Recipe, ModelSpec, Strict, present_param_groups, run_variant
 
 Precision = Literal["bf16", "fp16", "fp8"]
 # a recompute policy in its one spelling: none, selective, per-op, full or selective:MODULE+MODULE (Megatron's)
@@ -139,7 +139,7 @@ class RunFacts(Strict):
     hardware: str = Field(min_length=1)
     precision: Precision
     # with precision fp8: how its casts ran (ddplan.fp8.FP8_RECIPES); None: the model spec's
-    fp8_recipe: Literal["tensorwise", "delayed", "current", "nanochat"] | None = None
+    fp8_recipe: Fp8Recipe | None = None
     # the training stack (a frameworks/ profile's name where there is one: composer, megatron-core, nanochat;
     # else its own, e.g. megatron-deepspeed): validate's summaries group by it; the layout states the run whole
     framework: str | None = Field(default=None, min_length=2, max_length=40)

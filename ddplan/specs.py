@@ -606,7 +606,7 @@ class Recipe(Strict):
     # how its fp8 path casts (ddplan.fp8.FP8_CAST_BYTES): torchao's tensorwise Float8Linear (the default),
     # Transformer Engine's delayed or current scaling, or nanochat's own fp8.py
     fp8_recipe: Fp8Recipe = "tensorwise"
-    # how often an fp8 GEMM's weight is cast (ddplan.fp8.FP8_WEIGHT_CASTS): every micro-batch (the default: torchao,
+    # how often an fp8 GEMM's weight is cast (sources: ddplan.fp8, TE_RECIPES): every micro-batch (the default: torchao,
     # nanochat, Composer's Transformer Engine), or once a step, cached for the other micro-batches (Megatron-Core's
     # Transformer Engine modules, given is_first_microbatch)
     fp8_weight_casts: Fp8WeightCasts = "micro-batch"

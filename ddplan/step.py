@@ -204,7 +204,7 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
                 layout.micro_batch, anatomy.seq_len, a.d_model, e, layout.tp,
                 _Cached(GroupTimer(hw, per_node, comm_efficiency, comm_points), cache), layout.sequence_parallel)
         fwd, bwd = cache[key]
-        again = (fwd * anatomy.full_share if anatomy.full_share else  # full, full:N: the recomputed layers'
+        again = (fwd * anatomy.full_share if anatomy.whole_layers else  # full, full:N, every:K: the re-run layers'
                  {"per-op": fwd / 2 if layout.sequence_parallel else fwd}.get(anatomy.recompute, 0.0))
         per_layer = fwd + bwd + again
         # an MoE block without shared experts has no MLP-side pair: its dispatcher's gathers (ep_s) replace it
@@ -224,7 +224,7 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
                                           comm_points, cache)
         fwd, bwd = parts.memo[key]
         # the layers whose attention re-runs: a share under a layer policy (full:N, every:K), else all or none
-        attention_again = anatomy.full_share if anatomy.by_layers or anatomy.recompute == "full" else float(
+        attention_again = anatomy.full_share if anatomy.whole_layers else float(
             anatomy.recompute != "none" and (anatomy.modules is None or "core_attn" in anatomy.modules))
         cp_s = accum * stage * (fwd + bwd + fwd * attention_again)  # recompute re-sends
 
@@ -236,7 +236,7 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
             _Cached(GroupTimer(hw, place.ep_per_node, comm_efficiency, comm_points), cache),
             _Cached(GroupTimer(hw, place.tp_per_node, comm_efficiency, comm_points), cache))
         # full recompute, and Megatron's moe module (its checkpoint re-runs the dispatch), send the tokens again
-        moe_again = (anatomy.full_share if anatomy.by_layers or anatomy.recompute == "full" else
+        moe_again = (anatomy.full_share if anatomy.whole_layers else
                      float(anatomy.modules is not None and "moe" in anatomy.modules))
         ep_s = accum * stage_moe * (fwd + bwd + fwd * moe_again)
 

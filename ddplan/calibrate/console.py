@@ -4,16 +4,10 @@ calibration runs)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from ddplan.errors import DdplanError
-
-
-def _info(lines: list[str]) -> None:
-    """Information for the user on stderr (stdout carries the results), one line each."""
-    for line in lines:
-        print(line, file=sys.stderr)
+from ddplan.render import info as _info
 
 
 def from_log(spec, hw, path, out, gpus, device_batch_size, total_batch_size, attention, window) -> None:
