@@ -490,6 +490,16 @@ def cp_ring_exposed_s(send_s: float, cp: int, attn_fwd_s: float, attn_bwd_s: flo
     return steps * max(0.0, send_s - attn_fwd_s / cp), steps * max(0.0, 2 * send_s - attn_bwd_s / cp) + send_s
 
 
+def cp_ring_sent_s(send_s: float, cp: int) -> tuple[float, float]:
+    """(forward, backward) seconds of a layer's ring-attention sends, hidden or not (cp_ring_exposed_s's
+    exchange): forward (cp - 1) x send; backward (cp - 1) x 2 send (the KV block and its gradient) + send (the
+    gradient's hop home). e.g. send 2 ms, cp 4: 6 ms and 14 ms. What cp_ring_exposed_s leaves out of these ran
+    under attention (and costs it overlap_cost_s). Ref: as cp_ring_exposed_s."""
+    _check_nonneg(send_s=send_s)
+    _check_n(cp)
+    return (cp - 1) * send_s, (cp - 1) * 2 * send_s + send_s
+
+
 def cp_all_gather_s(kv_block_bytes: float, cp: int, timer: Timer) -> tuple[float, float]:
     """(forward, backward) seconds of a layer's all-gather context parallelism, not overlapped.
 
@@ -600,6 +610,25 @@ def tp_comm_time_per_layer_s(batch: int, seq: int, hidden: int, elem_bytes: floa
     return TP_ALLREDUCES_PER_LAYER_FWD * one, TP_ALLREDUCES_PER_LAYER_BWD * one
 
 
+def overlap_cost_s(overlapped_s: float, kept: float) -> float:
+    """Seconds a step loses to communication that runs under compute: (1 - kept) x overlapped_s.
+
+    A collective's kernels (NCCL, RCCL) run on SMs and use HBM bandwidth and L2 beside the compute kernels they
+    overlap, which run slower meanwhile. If compute keeps `kept` of its rate while a collective runs, the compute
+    that shares those overlapped_s seconds does only kept x overlapped_s of its work, and the rest,
+    (1 - kept) x overlapped_s, is done after: the step grows by that, though the collective itself is hidden.
+    Lee et al. measured the compute of GPT and Llama training on A100, H100, MI250 and MI210 running 18.9%
+    slower on average (40.0% at most) while communication overlapped it: kept = 1 / 1.189 = 0.841
+    (1 / 1.40 = 0.714 at the worst). e.g. 100 ms of gradient reduce-scatter hidden under backward at kept 0.841:
+    15.9 ms. Ref: Lee et al., "Characterizing Compute-Communication Overlap in GPU-Accelerated Distributed Deep
+    Learning: Performance and Power Implications", arXiv 2507.03114 (2025), abstract.
+    """
+    _check_nonneg(overlapped_s=overlapped_s)
+    if not 0 < kept <= 1:
+        raise ValueError(f"kept must be in (0, 1], got {kept}")
+    return (1 - kept) * overlapped_s
+
+
 def tp_overlap_exposed_s(comm_s: float, gemm_s: float) -> float:
     """Tensor-parallel communication left exposed when it is overlapped with the layers' GEMMs, seconds.
 
@@ -609,7 +638,8 @@ def tp_overlap_exposed_s(comm_s: float, gemm_s: float) -> float:
     it; only what exceeds them stays on the critical path: max(0, comm - GEMM).
     Ref: Wang et al., "Overlap Communication with Dependent Computation via Decomposition in Large Deep
     Learning Models", ASPLOS 2023 (the decomposition TE implements). e.g. 0.4 s of all-reduces under 1.9 s
-    of GEMMs: 0; 2 s under 1.5 s: 0.5 s. What overlap costs the GEMMs (shared SMs and HBM) is not modelled.
+    of GEMMs: 0; 2 s under 1.5 s: 0.5 s. What the hidden part costs the GEMMs (shared SMs and HBM) is
+    overlap_cost_s's, added by the caller (ddplan.step).
     """
     _check_nonneg(comm_s=comm_s, gemm_s=gemm_s)
     return max(0.0, comm_s - gemm_s)

@@ -91,6 +91,8 @@ class Rates:
     pointwise_bwd_bytes_per_s: float | None = None  # (None: pointwise_bytes_per_s for both)
     optimizer_bytes_per_s: float | None = None  # measured AdamW rate (replaces HBM x eff for the optimizer)
     muon_points: tuple[tuple[int, int, int, float], ...] = ()  # measured Muon steps: (rows, cols, count, seconds)
+    # fraction of its rate compute keeps while a collective overlaps it (Efficiencies.overlapped_compute; 1: free)
+    overlapped_compute: float = 1.0
 
     def scaled(self, knob: str, factor: float) -> Rates:
         """These rates with one knob's efficiency multiplied by factor (the calibration fit)."""
@@ -155,6 +157,7 @@ def rates(hw: HardwareSpec, attention: str, scenario: Scenario = "value", dtype:
         attn_seq_curve=impl.kind in FUSED_KINDS,
         attn_reference_seq=(impl.measured_seq_len or 0) if impl.kind in FUSED_KINDS else 0,
         attn_seq_half=impl.seq_half or FLASH_SEQ_HALF,
+        overlapped_compute=pick(e.overlapped_compute, scenario) if e.overlapped_compute is not None else 1.0,
     )
 
 

@@ -295,7 +295,7 @@ FIELDS: tuple[RunField, ...] = (
        LAYOUT, flags=("--compile/--no-compile",)),
     _f("moe_imbalance", "Mixture of experts, dropless routing under expert parallelism: the busiest expert-parallel "
        "rank's routed rows over the mean, which the step waits for (1: forced balance, Megatron-Core "
-       "--moe-router-force-load-balancing); default the model's, else 1.51 (fitted: "
+       "--moe-router-force-load-balancing); default the model's, else 1.52 (fitted: "
        "validation/moe_routing.yaml).", float, MODEL,
        range=Range(1, 64, "busiest expert-parallel rank's routed rows over the mean")),
     _f("batch.device", "Sequences per GPU per micro-batch (default: the recipe's, made smaller until it fits).",

@@ -258,6 +258,10 @@ class Efficiencies(Strict):
     gemm: GemmEfficiency
     hbm: Efficiency  # achievable fraction of peak HBM bandwidth (STREAM-like copy)
     kernel_overhead_us: Sourced  # launch + tail per kernel, added to each op
+    # fraction of its rate compute keeps while a collective runs beside it (NCCL/RCCL kernels take SMs and HBM
+    # bandwidth from the kernels they overlap): the overlapped part of each collective costs the step
+    # (1 - overlapped_compute) x its time (ddplan.step.overlap_cost_s). None: 1, overlap is free
+    overlapped_compute: Efficiency | None = None
 
 
 class AttentionImpl(Strict):
@@ -379,10 +383,10 @@ class Dropout(Strict):
 # it at the next all-to-all). Fitted (ddplan.validation.fit_dropless_imbalance) to the ModelZoo's forced-
 # balance vs dropless throughput of one Qwen3-235B-A22B layout (128 experts, top 8, ep 8, H100) at four
 # sequence lengths (validation/moe_routing.yaml: 295/237 ... 389/357 TFLOP/s/GPU), where the MoE share of
-# the step falls from 46% to 18%; the four fits agree within 0.05 (1.48-1.53), as a constant factor on the
+# the step falls from 46% to 18%; the four fits agree within 0.05 (1.50-1.55), as a constant factor on the
 # experts' part alone predicts. Assumed the same at other ep, expert counts and auxiliary-loss weights
 # (no published sweep of those at hand); set moe.load_imbalance (or 1 for forced balance) to replace it.
-DROPLESS_IMBALANCE = 1.51
+DROPLESS_IMBALANCE = 1.52
 
 
 class MoE(Strict):
@@ -440,7 +444,7 @@ class MoE(Strict):
 
     def rows_factor(self, ep: int = 1) -> float:
         """Routed rows the busiest of ep ranks receives, per token and top-k choice sent out by each: the
-        capacity factor (padding) when set, else the dropless imbalance. e.g. ep 8 dropless: 1.51."""
+        capacity factor (padding) when set, else the dropless imbalance. e.g. ep 8 dropless: 1.52."""
         return self.capacity_factor or self.imbalance(ep)
 
     def routed_tokens(self, tokens: float) -> float:

@@ -38,9 +38,11 @@ class StepTime:
     bwd_s: float  # one micro-batch's backward (recompute included)
     accum: int
     compute_s: float  # accum x (fwd + bwd)
+    # each communication term on the critical path: its exposed time plus what its hidden part costs the compute it
+    # runs under (ddplan.comm.overlap_cost_s)
     tp_comm_s: float  # tensor-parallel all-reduces, on the critical path
     dp_comm_total_s: float  # data-parallel communication, all of it
-    dp_comm_exposed_s: float  # the part not hidden under compute or optimizer math
+    dp_comm_exposed_s: float  # the part not hidden under compute or optimizer math, and the hidden part's cost
     bubble_s: float
     optimizer_s: float
     by_kind_s: dict[str, float]
@@ -210,10 +212,11 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
         # an MoE block without shared experts has no MLP-side pair: its dispatcher's gathers (ep_s) replace it
         swapped = stage_moe if a.moe is not None and not a.moe.shared_width else 0
         tp_s = accum * (stage - swapped / 2) * per_layer
-        if layout.tp_overlap:  # hidden under this stage's layer GEMMs (recomputed ones included)
+        if layout.tp_overlap:  # hidden under this stage's layer GEMMs (recomputed ones included), which it slows
             gemm = parts.by_kind.get(("layers", "gemm"), 0.0) + parts.again_by_kind.get(
                 ("layers", anatomy.recompute, "gemm"), 0.0)
-            tp_s = comm.tp_overlap_exposed_s(tp_s, accum * gemm * stage / a_layers)
+            sent, tp_s = tp_s, comm.tp_overlap_exposed_s(tp_s, accum * gemm * stage / a_layers)
+            tp_s += comm.overlap_cost_s(sent - tp_s, r.overlapped_compute)
 
     cp_s = 0.0
     if layout.cp > 1:
@@ -221,7 +224,7 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
         key = ("cp layer", layout.cp_comm, place.cp_per_node, place.cp_crosses, comm_efficiency)
         if key not in parts.memo:
             parts.memo[key] = _cp_layer_s(spec, hw, layout, place, anatomy, parts, a_layers, comm_efficiency,
-                                          comm_points, cache)
+                                          comm_points, cache, r.overlapped_compute)
         fwd, bwd = parts.memo[key]
         # the layers whose attention re-runs: a share under a layer policy (full:N, every:K), else all or none
         attention_again = anatomy.full_share if anatomy.whole_layers else float(
@@ -262,6 +265,9 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
                                                          comm_points, cache)
     if policy == "sharded_optimizer":  # communication overlaps optimizer math only
         exposed = total_comm - min(opt_s, total_comm)
+    # the hidden part slows what it hides under (none where the exposed estimate reaches the whole: FSDP's first
+    # gather of each pass is counted beside its busy time, comm.fsdp_comm_s)
+    exposed += comm.overlap_cost_s(max(0.0, total_comm - exposed), r.overlapped_compute)
     return StepTime(fwd_s=mbt.fwd_s, bwd_s=mbt.bwd_s, accum=accum, compute_s=compute, tp_comm_s=tp_s,
                     dp_comm_total_s=total_comm, dp_comm_exposed_s=exposed, bubble_s=bubble, optimizer_s=opt_s,
                     by_kind_s={k: v * accum for k, v in mbt.by_kind_s.items()}, policy=policy, cp_comm_s=cp_s,
@@ -299,10 +305,11 @@ def _busiest_stage(spec: ModelSpec, anatomy: Anatomy, r: Rates, parts: OpTimes, 
 
 def _cp_layer_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, place: Placement, anatomy: Anatomy,
                 parts: OpTimes, layers: int, efficiency: str, points: CommPoints | None,
-                cache: Cache) -> tuple[float, float]:
+                cache: Cache, kept: float = 1.0) -> tuple[float, float]:
     """(forward, backward) seconds of one layer's context-parallel exchange on the critical path: the ring's
-    sends beyond the attention they overlap (comm.cp_ring_exposed_s), or the all-gather variant's
-    collectives (comm.cp_all_gather_s). The KV block: this tp rank's KV heads for its s / cp tokens."""
+    sends beyond the attention they overlap (comm.cp_ring_exposed_s) plus what the overlapped sends cost that
+    attention (comm.overlap_cost_s at kept, Rates.overlapped_compute), or the all-gather variant's collectives
+    (comm.cp_all_gather_s, not overlapped). The KV block: this tp rank's KV heads for its s / cp tokens."""
     a = spec.architecture
     block = comm.cp_kv_block_bytes(layout.micro_batch, anatomy.seq_len, max(1, a.num_kv_heads // layout.tp),
                                    a.head_dim, dtype_bytes(spec.dtypes.compute))
@@ -317,7 +324,9 @@ def _cp_layer_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, place: Placem
     send = tier.latency_s + block / tier.busbw_bytes_per_s  # to the next rank of the ring, both directions at once
     attn_fwd = parts.fwd_by_kind.get(("layers", "attention"), 0.0) / layers
     attn_bwd = parts.by_kind.get(("layers", "attention"), 0.0) / layers - attn_fwd
-    return comm.cp_ring_exposed_s(send, layout.cp, attn_fwd, attn_bwd)
+    exposed = comm.cp_ring_exposed_s(send, layout.cp, attn_fwd, attn_bwd)
+    sent = comm.cp_ring_sent_s(send, layout.cp)
+    return tuple(x + comm.overlap_cost_s(all_ - x, kept) for x, all_ in zip(exposed, sent))
 
 
 @dataclass(frozen=True)

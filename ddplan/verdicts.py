@@ -504,7 +504,11 @@ def table_assumptions(table) -> list[str]:
         f"{e.gemm.best.value:.3f} ({e.gemm.best.basis}, range {e.gemm.best.range[0]:.3f}-{e.gemm.best.range[1]:.3f})"
         + (f", of which training keeps {e.gemm.sustained.value:.3f} ({e.gemm.sustained.source.split(':')[0]})"
            if e.gemm.sustained is not None else "") + "; "
-        f"HBM efficiency {e.hbm.value:.2f} ({e.hbm.basis}). "
+        f"HBM efficiency {e.hbm.value:.2f} ({e.hbm.basis})"
+        + (f"; compute beside a hidden collective keeps {e.overlapped_compute.value:.3f} of its rate "
+           f"({e.overlapped_compute.basis}, range {e.overlapped_compute.range[0]:.3f}-{e.overlapped_compute.range[1]:.3f}: "
+           f"the hidden part of each collective costs the step 1 minus that)"
+           if e.overlapped_compute is not None and any(r.layout.num_gpus > 1 for r in table.rows) else "") + ". "
         + (f"The calibration file ({Path(req.calibration_path).name}) carries the spec, every figure with its source "
            f"(`hardware_spec`)." if _carried(req, hw) else
            f"`ddplan specs show {hw.name}` lists every figure and its source."),

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from ddplan import comm, units
 from ddplan.comm import Tier
-from ddplan.registry import load_hardware
+from ddplan.registry import builtin_names, load_hardware
 
 COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather"]
 T8 = Tier("intra_node", 312.9e9, 8e-6)  # 8x MI300X ring all-reduce busbw, alpha 8 us
@@ -356,6 +356,44 @@ def test_tp_overlap_exposed_by_hand():
     assert comm.tp_overlap_exposed_s(0.0, 0.0) == 0.0
     with pytest.raises(ValueError):
         comm.tp_overlap_exposed_s(-1.0, 1.0)
+
+
+def test_overlap_cost_by_hand_and_published():
+    """comm.overlap_cost_s: (1 - kept) x the hidden time. Lee et al. (arXiv 2507.03114) measured compute 18.9% slower
+    while communication overlapped it: kept = 1 / 1.189 = 0.841, so 100 ms hidden costs 15.9 ms (the docstring's
+    example); at their worst, 40.0% slower, 100 ms costs 1 - 1 / 1.40 = 28.6 ms; kept 1 costs nothing."""
+    assert comm.overlap_cost_s(0.100, 0.841) == pytest.approx(0.0159, rel=1e-9)
+    assert comm.overlap_cost_s(0.100, 1 / 1.189) == pytest.approx(0.100 * 0.189 / 1.189, rel=1e-12)
+    assert comm.overlap_cost_s(0.100, 1 / 1.40) == pytest.approx(0.02857, rel=1e-3)
+    assert comm.overlap_cost_s(0.100, 1.0) == 0.0 and comm.overlap_cost_s(0.0, 0.841) == 0.0
+    for bad in ((-0.1, 0.841), (0.1, 0.0), (0.1, 1.2)):
+        with pytest.raises(ValueError):
+            comm.overlap_cost_s(*bad)
+
+
+def test_every_gpu_spec_states_the_published_overlap_slowdown():
+    """Each shipped GPU spec takes Lee et al.'s average (0.841, 1 / 1.189) with their worst (0.714, 1 / 1.40) and no
+    slowdown (1) as its range; the CPU spec calibrate writes has no collectives beside its compute and states none."""
+    for name in builtin_names("hardware"):
+        e = load_hardware(name).efficiency.overlapped_compute
+        assert e is not None and (e.value, e.low, e.high) == (0.841, 0.714, 1.0) and "2507.03114" in e.source, name
+
+
+def test_a_spec_without_overlapped_compute_hides_communication_for_free():
+    """Efficiencies.overlapped_compute None: the hidden part of a collective costs nothing (the model before it was
+    priced); with the spec's 0.841 the exposed term grows by exactly (1 - 0.841) x the hidden part."""
+    from ddplan.layout import Layout
+    from ddplan.price import Pricer, RunPlan
+    from ddplan.registry import load_model
+
+    spec, hw = load_model("llama-3-8b"), load_hardware("h100-sxm")
+    free = hw.model_copy(update={"efficiency": hw.efficiency.model_copy(update={"overlapped_compute": None})})
+    lay = Layout(dp=16, zero=1, micro_batch=1, grad_accum=4, attention="fa3")
+    steps = [Pricer(spec, h, RunPlan(spec.recipe.budget, h.price)).price(lay).step for h in (free, hw)]
+    hidden = steps[0].dp_comm_total_s - steps[0].dp_comm_exposed_s
+    assert hidden > 0 and steps[0].dp_comm_total_s == pytest.approx(steps[1].dp_comm_total_s, rel=1e-12)
+    assert steps[1].dp_comm_exposed_s == pytest.approx(steps[0].dp_comm_exposed_s + (1 - 0.841) * hidden, rel=1e-9)
+    assert steps[1].compute_s == pytest.approx(steps[0].compute_s, rel=1e-12)
 
 
 def test_tp_comm_with_sequence_parallelism_is_reduce_scatter_plus_all_gather():

@@ -224,6 +224,8 @@ def test_hybrid_sharding_by_hand():
     gathers = sum(7 * alpha_nv + 2 * n * 7 / 8 / 361.4e9 for n in counts)
     mb = p.step.fwd_s + p.step.bwd_s
     hand = 4 * (max(0.0, max(node, nic) - mb) + 2 * gathers / spec.architecture.num_layers)
+    # and the hidden rest slows the compute it runs under: (1 - 0.841) of it (h100-sxm's overlapped_compute)
+    hand += (1 - 0.841) * (4 * (node + nic) - hand)
     assert p.step.dp_comm_exposed_s == pytest.approx(hand, rel=1e-9)
     plain = _price("llama-3-8b", "h100-sxm", Layout(dp=64, zero=3, micro_batch=1, grad_accum=4, attention="fa3"))
     assert sum(p.memory.by_group["params"].values()) == pytest.approx(8 * sum(plain.memory.by_group["params"].values()))

@@ -241,7 +241,10 @@ def test_step_sharded_optimizer_hides_comm_under_optimizer_math_only(dp):
     s = run_step("d24", d24(dp=dp, zero=1))
     assert s.policy == "sharded_optimizer"
     assert s.dp_comm_total_s > 0
-    assert s.dp_comm_exposed_s == pytest.approx(max(0.0, s.dp_comm_total_s - s.optimizer_s), rel=1e-12, abs=1e-15)
+    exposed = max(0.0, s.dp_comm_total_s - s.optimizer_s)
+    # the part under the optimizer math slows it: (1 - 0.841) of it (mi300x's overlapped_compute, comm.overlap_cost_s)
+    hidden = s.dp_comm_total_s - exposed
+    assert s.dp_comm_exposed_s == pytest.approx(exposed + (1 - 0.841) * hidden, rel=1e-12, abs=1e-15)
 
 
 def test_step_d24_dp8_sharded_comm_total_by_hand():
