@@ -375,8 +375,7 @@ class Anatomy:
         (a pipeline's first stage holds it) and the rest, the final norm's, head's and loss's (the last stage);
         kept under this policy, each name once (a name a block or the head saves too is not the embedding's)."""
         keeps = _keep_table(self._named_policy, self.compiled)
-        later = {s.name for op in self.post for s in op.saves} | {
-            name for rows in self._block_rows for name, *_ in rows}
+        later = self._saved_after_embeddings
         pre: dict[str, float] = {}
         for op in self.pre:
             for s in op.saves:
@@ -384,6 +383,14 @@ class Anatomy:
                     pre[s.name] = s.bytes
         embedding = sum(pre.values())
         return embedding, self.saved_split[1] - embedding
+
+    @functools.cached_property
+    def _saved_after_embeddings(self) -> frozenset[str]:
+        """The names a block or the head saves (each distinct block's own names without their `h{i}.` prefix, as
+        _block_rows has them): outside_split's embedding side leaves them out. Read off the ops alone (with_recompute
+        keeps it: _OPS_ONLY_CACHES)."""
+        return frozenset({s.name for op in self.post for s in op.saves} | {
+            name for rows in self._block_rows for name, *_ in rows})
 
     @functools.cached_property
     def weight_cast_split(self) -> tuple[float, float, float]:
@@ -435,6 +442,7 @@ class Anatomy:
             tag = _OWN_TAG
         else:
             block_rows = self._block_rows_by(tag)
+        one_table = layer_keeps is None
         layer_keeps = layer_keeps or (lambda i: keeps)
         outside = [(s.name, s.bytes, tag(op, s), False) for op in self.pre for s in op.saves]
         after = [(s.name, s.bytes, tag(op, s), False) for op in self.post for s in op.saves]
@@ -465,12 +473,16 @@ class Anatomy:
                 owned[key] = (sum(sizes), len(sizes), last)
             return owned[key]
 
-        counts: dict[tuple[int, int], int] = {}
-        tables = {}
-        for i, b in enumerate(self.layer_blocks):
-            table = layer_keeps(i)
-            tables[id(table)] = table
-            counts[b, id(table)] = counts.get((b, id(table)), 0) + 1
+        if one_table:  # every layer keeps by `keeps`: each distinct block's count of layers (_block_counts)
+            tables = {id(keeps): keeps}
+            counts = {(b, id(keeps)): n for b, n in self._block_counts}
+        else:
+            counts: dict[tuple[int, int], int] = {}
+            tables = {}
+            for i, b in enumerate(self.layer_blocks):
+                table = layer_keeps(i)
+                tables[id(table)] = table
+                counts[b, id(table)] = counts.get((b, id(table)), 0) + 1
         block_total, block_names = 0, 0
         for (b, t), n in counts.items():
             mine = own(b, tables[t])
@@ -644,7 +656,8 @@ def _moved(ops: tuple[Op, ...], layer: int) -> tuple[Op, ...]:
 
 
 # what an anatomy caches from its ops alone, the same under every recompute policy
-_OPS_ONLY_CACHES = ("ops", "op_repeats", "_transient", "_save_rows", "_block_rows", "_block_counts")
+_OPS_ONLY_CACHES = ("ops", "op_repeats", "_transient", "_save_rows", "_block_rows", "_block_counts",
+                    "_saved_after_embeddings")
 
 
 def with_recompute(anatomy: Anatomy, recompute: Recompute, chunks: int | None = None) -> Anatomy:

@@ -219,6 +219,7 @@ class Pricer:
         self.points = comm_points(calibration)
         self._last_memory: tuple[Layout, str, MemoryBreakdown] | None = None
         self._last_group: tuple[tuple, _Group] | None = None
+        self._nodes: dict[int, tuple[int, float, float]] = {}  # _on_nodes by GPU count
         self._caches = _caches or PriceCache()
         self._shared, self._rated = self._caches.shared, self._caches.rated
 
@@ -326,12 +327,16 @@ class Pricer:
         return self.spec.model_dump_json()
 
     def flops(self, layout: Layout, window: str) -> tuple[float, float]:
-        """(model FLOPs, recomputed FLOPs) of one micro-batch on one tp rank, summed once per anatomy."""
-        key = ("flops", window, self._group(layout).ops_key, layout.micro_batch, layout.recompute,
-               layout.recompute_chunks)
+        """(model FLOPs, recomputed FLOPs) of one micro-batch on one tp rank, summed once per anatomy; the model
+        FLOPs once per share (Anatomy.flops_fwd and flops_bwd read no recompute policy: its ops are the share's)."""
+        ops_key = self._group(layout).ops_key
+        key = ("flops", window, ops_key, layout.micro_batch, layout.recompute, layout.recompute_chunks)
         if key not in self._shared:
             an = self.anatomy(layout, window)
-            self._shared[key] = (an.flops_fwd() + an.flops_bwd(), an.recompute_flops())
+            model_key = ("model flops", window, ops_key, layout.micro_batch)
+            if model_key not in self._shared:
+                self._shared[model_key] = an.flops_fwd() + an.flops_bwd()
+            self._shared[key] = (self._shared[model_key], an.recompute_flops())
         return self._shared[key]
 
     def flops_per_token(self, window: str) -> float:
@@ -527,12 +532,10 @@ class Pricer:
         peak = self._peak_flops_per_s
         out = list(flags) + self._flags(layout, mem, executed / step_s, measured=basis == "measured")
         every, eval_tokens = self._eval_cadence
-        nodes = -(-gpus // hw.gpus_per_node)
+        nodes, rate, delta = self._on_nodes(gpus)
         outside = run.outside_steps_s(plan.overheads, steps=steps, eval_every=every, eval_tokens=eval_tokens,
                                       tokens_per_forward=layout.dp * layout.micro_batch * spec.recipe.seq_len,
                                       forward_s=st.fwd_s, checkpoint_bytes=self.checkpoint_bytes, nodes=nodes)
-        rate = run.interruption_rate(plan.overheads, nodes)
-        delta = self.checkpoint_bytes / (plan.overheads.checkpoint_gbyte_per_s * 1e9 * nodes)
         every_ckpt = plan.overheads.checkpoint_every_steps  # 0: ddplan picks Young's interval
         ends = (step_s,) if low_s == step_s == high_s else (step_s, low_s, high_s)  # no band: one end prices all
         lost = [run.goodput(steps * t, gpus, rate, delta, plan.overheads.restart_s,
@@ -553,6 +556,16 @@ class Pricer:
             cost_usd=cost[0], cost_low_usd=cost[1], cost_high_usd=cost[2],
             mfu_pct=mfu_pct, hfu_pct=mfu_pct * (1 + recompute_flops / model_flops),
             basis=basis, flags=tuple(out))
+
+    def _on_nodes(self, gpus: int) -> tuple[int, float, float]:
+        """(nodes, interruptions a GPU-hour, seconds to write a checkpoint) of a run on `gpus` GPUs: what price reads
+        of the GPU count, worked out once per count (ddplan.run.interruption_rate; every node writes its share)."""
+        known = self._nodes.get(gpus)  # this pricer's own: it depends on the run's overheads, which no cache key has
+        if known is None:
+            o, nodes = self.plan.overheads, -(-gpus // self.hw.gpus_per_node)
+            known = self._nodes[gpus] = (nodes, run.interruption_rate(o, nodes),
+                                         self.checkpoint_bytes / (o.checkpoint_gbyte_per_s * 1e9 * nodes))
+        return known
 
     @functools.cached_property
     def _peak_flops_per_s(self) -> float:

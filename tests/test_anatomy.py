@@ -658,10 +658,12 @@ def test_saved_split_and_with_recompute_match_the_definition_to_the_bit(model, c
     spec = load_model(model)
     for kind in ("flash_package", "sdpa_math"):
         share = for_tp(build_anatomy(spec, batch=1, seq_len=1024, attention=kind, compiled=compiled), 2)
-        _ = share.saved_split, share.op_repeats, share.transient_bytes()  # fill the share's caches first
+        _ = share.saved_split, share.op_repeats, share.transient_bytes(), share.outside_split  # the share's caches
         for policy in RECOMPUTE_POLICIES:
             fresh, kept = replace(share, recompute=policy), with_recompute(share, policy)
             assert kept.saved_split == fresh.saved_split == _saved_split_by_definition(fresh)
+            assert kept.saved_split == fresh._saved_split_walk()  # one keep table: counted per distinct block
+            assert kept.outside_split == fresh.outside_split
             assert kept.op_repeats == fresh.op_repeats
             assert kept.transient_bytes() == fresh.transient_bytes()
             assert kept.recompute_flops() == fresh.recompute_flops()

@@ -71,3 +71,16 @@ def test_least_fitting_is_the_first_layout_whose_memory_fits(model, hardware, gp
             assert pricer.least_fitting(by_rc, window) == expected
             for lay in by_rc:
                 assert pricer.memory(lay, window).total == fresh.memory(lay, window).total
+
+
+@pytest.mark.parametrize(("model", "hardware", "gpus"), CASES)
+def test_model_flops_kept_once_per_share_are_each_anatomys_own(model, hardware, gpus):
+    """Pricer.flops keeps the model FLOPs once per share (every recompute policy's anatomy has the share's ops):
+    for each layout of a micro-batch, they are that layout's own anatomy's forward + backward FLOPs, and the
+    recomputed FLOPs its own, to the bit."""
+    spec, pricer, groups = _groups(model, hardware, gpus)
+    window = spec.architecture.window_pattern
+    for group in groups[::5]:
+        for lay in group[0]:
+            an = pricer.anatomy(lay, window)
+            assert pricer.flops(lay, window) == (an.flops_fwd() + an.flops_bwd(), an.recompute_flops())
