@@ -1487,8 +1487,8 @@ def _head(bld: _Builder) -> None:
     # log-softmax in backward; eager keeps the fp32 intermediates below.
     compiled_logits = Saved("logits", tv * e, "compiled")
     kernel = bld.spec.recipe.cross_entropy
-    if kernel == "fused" and not a.logit_softcap:
-        _fused_cross_entropy(bld, tv * e, e)  # reads the GEMM's logits as they are
+    if kernel in ("fused", "te") and not a.logit_softcap:
+        _fused_cross_entropy(bld, tv * e, e, in_place=kernel == "te")  # reads the GEMM's logits as they are
         return
     if le != e:
         in_place = kernel == "vocab-parallel"  # the copy is the saved softmax (below)
@@ -1509,8 +1509,8 @@ def _head(bld: _Builder) -> None:
     # unfused by default (language_module.py L200; cross_entropy_loss_fusion False, model_parallel_config.py L320).
     # Its autograd Function saves the softmax whether or not the model around it is compiled ("keep"), and no
     # logits: a compiled graph cannot trade it for the GEMM's logits as it does eager torch's log-softmax.
-    if kernel == "fused":  # after an fp32 softcap, the kernel reads (and saves) its fp32 output
-        _fused_cross_entropy(bld, tv * le, le)
+    if kernel in ("fused", "te"):  # after an fp32 softcap, the kernel reads (and saves) its fp32 output
+        _fused_cross_entropy(bld, tv * le, le, in_place=kernel == "te")
         return
     in_place = kernel == "vocab-parallel"
     beside = tv * e if le != e else 0.0
@@ -1522,21 +1522,30 @@ def _head(bld: _Builder) -> None:
                   bwd_reads=1, bwd_writes=1, kind="reduction", transient=beside if in_place else 2 * tv * le)
 
 
-def _fused_cross_entropy(bld: _Builder, logits_bytes: float, elem: int) -> None:
-    """A fused cross-entropy kernel (spec.recipe.cross_entropy "fused"): it reads the logits in the dtype they come
-    in, computes the softmax in fp32 inside the kernel, and saves the logits as they are and each token's fp32
-    log-sum-exp; backward writes the logits' gradient into a new tensor of their dtype (not in place). No fp32 copy
-    of the logits and no vocab-wide fp32 gradient exists. Ref: flash-attention v1.0.9
-    flash_attn/losses/cross_entropy.py (L36 xentropy_cuda_lib.forward -> losses, lse; L89
-    ctx.save_for_backward(logits, lse, labels); L100 backward, inplace_backward False by default), the loss
-    llm-foundry's MPT uses by default (llmfoundry/models/mpt/modeling_mpt.py@b2a43a1 L724-730, loss_fn
-    fused_crossentropy)."""
+def _fused_cross_entropy(bld: _Builder, logits_bytes: float, elem: int, in_place: bool = False) -> None:
+    """A fused cross-entropy kernel (spec.recipe.cross_entropy "fused" or "te"): it reads the logits in the dtype they
+    come in, computes the softmax in fp32 inside the kernel, and saves the logits as they are and a few fp32 figures a
+    token. No fp32 copy of the logits and no vocab-wide fp32 gradient exists.
+    "fused", flash-attention's: saves each token's log-sum-exp; backward writes the logits' gradient into a new tensor
+    of their dtype (not in place). Ref: flash-attention v1.0.9 flash_attn/losses/cross_entropy.py (L36
+    xentropy_cuda_lib.forward -> losses, lse; L89 ctx.save_for_backward(logits, lse, labels); L100 backward,
+    inplace_backward False by default), the loss llm-foundry's MPT uses by default
+    (llmfoundry/models/mpt/modeling_mpt.py@b2a43a1 L724-730, loss_fn fused_crossentropy).
+    "te" (in_place), Transformer Engine's parallel_cross_entropy: saves each token's running max, denominator and
+    target logit (m_d_X_y, three fp32 figures; gathered over a tensor-parallel group, tp times that, still bytes a
+    token against the logits' kilobytes: priced at one rank's) and backward writes the gradient into the saved
+    logits in place (cross_entropy_backward_kernel's tl.store to X_ptr): no vocab-wide buffer beside them. Ref: NVIDIA/TransformerEngine transformer_engine/pytorch/cross_entropy.py@02965d2e
+    (CrossEntropyFunction.forward: ctx.save_for_backward(_input.detach(), target.detach(), m_d_X_y.detach());
+    backward returns the tensor triton/cross_entropy.py's cross_entropy_backward computes in place on _input), which
+    Megatron-Core calls under --cross-entropy-fusion-impl te (language_module.py@d98e8a6 L174) and NeMo's
+    performance scripts turn on (scripts/performance/helpers.py@8cfedd7 L377-378)."""
     t = bld.t
     tv = logits_bytes / elem
+    per_token = Saved("loss_m_d_x", t * 12.0, tp_sharded=False) if in_place else Saved("loss_lse", t * 4.0,
+                                                                                         tp_sharded=False)
     bld.pointwise("cross_entropy", None, int(tv), reads=1, writes=0, flops_per_element=5.0, elem_bytes=elem,
-                  saves=(Saved("logits", logits_bytes, "keep"), Saved("loss_lse", t * 4.0, tp_sharded=False),
-                         Saved("targets", t * 8, tp_sharded=False)),
-                  bwd_reads=1, bwd_writes=1, kind="reduction", transient=logits_bytes)
+                  saves=(Saved("logits", logits_bytes, "keep"), per_token, Saved("targets", t * 8, tp_sharded=False)),
+                  bwd_reads=1, bwd_writes=1, kind="reduction", transient=0.0 if in_place else logits_bytes)
 
 
 # --------------------------------------------------------------------------------------------

@@ -403,8 +403,9 @@ def memory_cmd(
     ctx: typer.Context,
     model, hardware, gpus, tp, pp, vp, cp, ep, cp_comm, etp, zero, device_batch_size, seq_len, dtype, grads,
     weights, cross_entropy, moe_weighting, fusions, fp8_weight_casts, moe_imbalance, attention, recompute, sequence_parallel, shard_group,
-    reshard_after_forward, overlap_param_gather, offload_optimizer, fp8_all_gather, fp8_params, window, compiled, headroom,
-    measured_peak, measured_peak_kind, calibration, plot, config, framework, print_config, format, wide, quiet,
+    reshard_after_forward, overlap_param_gather, offload_optimizer, fp8, fp8_recipe, fp8_all_gather, fp8_params, window,
+    compiled, headroom, measured_peak, measured_peak_kind, calibration, plot, config, framework, print_config, format, wide,
+    quiet,
 ) -> None:
     """Memory per GPU by ZeRO stage: each term, the total against usable memory, and the verdict.
 
@@ -413,6 +414,7 @@ def memory_cmd(
       ddplan memory --model d24 --gpus 8
       ddplan memory -m llama-3-8b --hardware h100 --gpus 8 --zero 2 --seq-len 8192
       ddplan memory --model d24 --measured-peak 105
+      ddplan memory -m llama-3-8b --hardware h100 --gpus 8 --fp8
     """
     from ddplan import inputs
 

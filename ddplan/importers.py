@@ -688,6 +688,11 @@ def _megatron(text: str, path: Path, out: Imported) -> None:
                         "--recompute-num-layers", str(path))
     if arg("--optimizer", "adam") != "adam":
         out.warnings.append(f"--optimizer {arg('--optimizer')}: priced as Adam (the model spec's optimizer)")
+    # the loss: Transformer Engine's in-place kernel under --cross-entropy-loss-fusion --cross-entropy-fusion-impl te
+    # (megatron/core/models/common/language_module/language_module.py@d98e8a6 L174); the native fused one keeps the
+    # fp32 copy the megatron-core profile's vocab-parallel prices (fusions/fused_cross_entropy.py L82, L119)
+    if arg("--cross-entropy-loss-fusion") and arg("--cross-entropy-fusion-impl", "native") == "te":
+        out.set("cross_entropy", "te", "--cross-entropy-fusion-impl te: Transformer Engine's parallel cross entropy")
     backend = arg("--attention-backend")
     if backend == "unfused":
         out.set("attention", "megatron-unfused")

@@ -505,9 +505,13 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
     stages = tuple(int_list(v["zero"], "--zero", allowed=(0, 1, 2, 3)))
     spec, hw, cal = load(v["model"], v["hardware"], v["calibration"], v["seq_len"], v["dtype"], grads=v["grads"],
                          weights=v["weights"], moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v))
-    if v["fp8_all_gather"] or v["fp8_params"]:
+    # fp8: what the fp8 GEMMs save is the recipe's (ddplan.fp8.with_fp8_saves); gathering or keeping weights in fp8
+    # implies it
+    fp8 = bool(v["fp8"] or v["fp8_all_gather"] or v["fp8_params"])
+    recipe = fp8_recipe(fp8, v["fp8_recipe"], stated)
+    if fp8:
         check_fp8(spec, hw)
-        check_fp8_options(spec, True, None, v["fp8_all_gather"], stages, v["fp8_params"], casts=False)
+    check_fp8_options(spec, fp8, recipe, v["fp8_all_gather"], stages, v["fp8_params"])
     if v["offload_optimizer"]:
         check_offload(spec, hw, stages)
     measured_peak, measured_zero, step, moved = v["measured_peak"], None, None, ()
@@ -528,7 +532,7 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
                          micro_batch=v["device_batch_size"], attention=v["attention"],
                          recompute=policies(v["recompute"])[0], compiled=v["compiled"],
                          window_pattern=v["window"], headroom=v["headroom"], options=options,
-                         assumptions=memory_assumptions(cal))
+                         assumptions=memory_assumptions(cal), fp8=fp8, fp8_recipe=recipe)
     if len(stages) == 1:  # one stage asked about: the verdict is about it (else the model's native stage)
         setup = replace(setup, layout=setup.at_zero(stages[0]))
     elif measured_zero is not None and measured_zero in stages:  # else the measured step's

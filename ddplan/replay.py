@@ -37,7 +37,8 @@ STATED_BY: dict[tuple[str, ...], str] = {
     ("precision", "fp8_recipe"): "fp8_recipe", ("precision", "fp8_all_gather"): "layout.fp8_all_gather",
     ("precision", "fp8_params"): "layout.fp8_params",
     ("recompute",): "layout.recompute", ("attention",): "layout.attention", ("window",): "layout.window",
-    ("seq_len",): "model.seq_len", ("framework",): "framework", ("cross_entropy",): "framework (its profile's)",
+    ("seq_len",): "model.seq_len", ("framework",): "framework",
+    ("cross_entropy",): "cross_entropy (else its framework profile's)",
     ("moe_weighting",): "framework (its profile's)", ("fusions",): "framework (its profile's)",
     ("fp8_weight_casts",): "framework (its profile's)",
     ("compiled",): "layout.compiled",
@@ -76,9 +77,12 @@ def run_weights(run: RunFacts) -> str | None:
 def run_kernels(run: RunFacts) -> dict[str, str]:
     """The kernel fields (ddplan.specs.KERNELS: the loss, the MoE weighting, the block's fusions, the fp8 weight casts)
     a run ran where its framework profile sets them (Megatron-Core's vocab-parallel loss, weighted SwiGLU,
-    Transformer Engine modules and fp8 weights cast once a step; llm-foundry's fused loss); the base spec's for the
-    rest."""
-    return {name: value for name in KERNELS if (value := _profile_value(run, name)) is not None}
+    Transformer Engine modules and fp8 weights cast once a step; llm-foundry's fused loss), the loss the run states
+    over its profile's (RunFacts.cross_entropy); the base spec's for the rest."""
+    kernels = {name: value for name in KERNELS if (value := _profile_value(run, name)) is not None}
+    if run.cross_entropy is not None:
+        kernels["cross_entropy"] = run.cross_entropy
+    return kernels
 
 
 def run_framework(run: RunFacts) -> str | None:

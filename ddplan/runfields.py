@@ -244,13 +244,13 @@ FIELDS: tuple[RunField, ...] = (
     _f("precision.fp8_all_gather", "With --fp8 (tensorwise) and ZeRO-3: all-gather the fp8 GEMMs' weights in fp8, "
        "1 byte an element (torchao enable_fsdp_float8_all_gather).", bool, LAYOUT, default=False,
        helps={"memory": "ZeRO-3 with fp8 GEMMs: their weights gathered in fp8, 1 byte an element (torchao "
-                        "enable_fsdp_float8_all_gather); memory has no --fp8, so this implies it."}),
+                        "enable_fsdp_float8_all_gather); implies --fp8."}),
     _f("precision.fp8_params", "With --fp8 (delayed or current), --weights master and ZeRO-1 or 2 (the distributed "
        "optimizer): keep the fp8 GEMMs' weights in fp8, all-gathered at 1 byte an element after each step and never "
        "cast; in memory the fp8 data and its transpose, 2 bytes (Megatron-Core --fp8-param-gather).", bool, LAYOUT,
        default=False,
        helps={"memory": "ZeRO-1/2 with fp8 GEMMs: their weights kept in fp8 and its transpose, 2 bytes an element, "
-                        "gathered at 1 (Megatron-Core --fp8-param-gather); memory has no --fp8, so this implies it."}),
+                        "gathered at 1 (Megatron-Core --fp8-param-gather); implies --fp8."}),
     _f("recompute", "Activation recompute: none, selective (Megatron's: the attention core), per-op (torchtitan's "
        "selective AC), full, full:N (Megatron-Core's block method: the first N layers of each pipeline chunk re-run "
        "whole, the rest keep everything; its --recompute-num-layers N), every:K (torchtitan's layer selective AC: "
@@ -273,8 +273,10 @@ FIELDS: tuple[RunField, ...] = (
     _f("cross_entropy", "The loss kernel: eager (torch's cross entropy on fp32 logits: two vocab-wide fp32 "
        "gradients in backward) or vocab-parallel (Megatron's: the fp32 copy of the logits is the saved softmax and "
        "takes the gradient in place) or fused (a fused kernel, flash-attention's as llm-foundry's MPT runs it: keeps the "
-       "16-bit logits and a log-sum-exp, writes a 16-bit gradient); default: the model spec's (eager).",
-       ("eager", "vocab-parallel", "fused"), MODEL),
+       "16-bit logits and a log-sum-exp, writes a 16-bit gradient) or te (Transformer Engine's parallel cross "
+       "entropy, Megatron-Core --cross-entropy-fusion-impl te: keeps the 16-bit logits, writes the gradient into them "
+       "in place); default: the model spec's (eager).",
+       ("eager", "vocab-parallel", "fused", "te"), MODEL),
     _f("moe_weighting", "Mixture of experts: where each routed copy is multiplied by its routing probability: combine "
        "(on the experts' outputs at the un-permute, which saves them: HF transformers, Megatron-Core before "
        "Megatron-LM !2668) or activation (inside the experts' fused weighted SwiGLU, which saves only its input and "

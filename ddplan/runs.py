@@ -27,7 +27,7 @@ from ddplan.flops import nanochat_flops_per_token
 from ddplan.registry import builtin_dir, load_hardware, load_model
 from ddplan.runfields import recompute_policy
 from ddplan.specfile import read_yaml, validate
-from ddplan.specs import Architecture, Fp8Recipe, ModelSpec, Strict, present_param_groups, run_variant
+from ddplan.specs import Architecture, CrossEntropy, Fp8Recipe, ModelSpec, Strict, present_param_groups, run_variant
 
 Precision = Literal["bf16", "fp16", "fp8"]
 # a recompute policy in its one spelling: none, selective, per-op, full or selective:MODULE+MODULE (Megatron's)
@@ -143,6 +143,10 @@ class RunFacts(Strict):
     # the training stack (a frameworks/ profile's name where there is one: composer, megatron-core, nanochat;
     # else its own, e.g. megatron-deepspeed): validate's summaries group by it; the layout states the run whole
     framework: str | None = Field(default=None, min_length=2, max_length=40)
+    # the loss kernel the run's config chose where it differs from its framework profile's (ddplan.specs
+    # .CROSS_ENTROPY; e.g. an MLPerf NeMo config that keeps Megatron's native fused loss); None: the profile's, else
+    # the model spec's
+    cross_entropy: CrossEntropy | None = None
     network: Network | None = None
     layout: RunLayout
     assumed: list[str] = []  # what the source does not state and this entry assumes

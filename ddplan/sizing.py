@@ -35,6 +35,8 @@ class Setup:
     # the terms outside the model (context, allocator slack, buffers): assumed, or a calibration's `memory:`
     # section (ddplan.calibration.memory_assumptions)
     assumptions: MemoryAssumptions = MemoryAssumptions()
+    fp8: bool = False  # the fp8 GEMMs save their inputs as the recipe keeps them (ddplan.fp8.with_fp8_saves)
+    fp8_recipe: str | None = None  # None: the model's
 
     def at_zero(self, zero: int) -> Layout:
         """The setup's layout at another ZeRO stage, with the options that apply there."""
@@ -60,7 +62,7 @@ def attention_mode(hw: HardwareSpec, name: str) -> tuple[str, str]:
 def memory_pricer(spec: ModelSpec, hw: HardwareSpec, setup: Setup) -> Pricer:
     """A pricer for memory questions about one setup (the recipe's run; memory does not depend on it)."""
     plan = RunPlan(spec.recipe.budget, hw.price, headroom=setup.headroom)
-    return Pricer(spec, hw, plan, assumptions=setup.assumptions)
+    return Pricer(spec, hw, plan, assumptions=setup.assumptions, fp8=setup.fp8, fp8_recipe=setup.fp8_recipe)
 
 
 def breakdown(spec: ModelSpec, hw: HardwareSpec, setup: Setup, pricer: Pricer | None = None) -> MemoryBreakdown:
@@ -252,7 +254,8 @@ def memory_setup(spec: ModelSpec, hw: HardwareSpec, *, gpus: int, tp: int = 1, p
                  micro_batch: int | None = None, attention: str | None = None, recompute: str = "none",
                  compiled: bool | None = None, window_pattern: str | None = None,
                  headroom: float = HEADROOM, options: Options = Options(),
-                 assumptions: MemoryAssumptions = MemoryAssumptions()) -> Setup:
+                 assumptions: MemoryAssumptions = MemoryAssumptions(), fp8: bool = False,
+                 fp8_recipe: str | None = None) -> Setup:
     """The setup `ddplan memory` asks about: gpus in total (ddplan.layout.layout_for), the recipe's batch split
     by the one rule (ddplan.layout.split_batch), as `table` splits it."""
     attention = attention or hw.default_attention
@@ -271,4 +274,4 @@ def memory_setup(spec: ModelSpec, hw: HardwareSpec, *, gpus: int, tp: int = 1, p
         raise UsageError(e.message, field=e.field or "--gpus/--tp/--pp/--vp/--cp/--ep") from None
     return Setup(layout=layout, window_pattern=window_pattern, headroom=headroom,
                  asked_micro_batch=asked if split.micro_batch != asked else None, options=options,
-                 assumptions=assumptions)
+                 assumptions=assumptions, fp8=fp8, fp8_recipe=fp8_recipe)

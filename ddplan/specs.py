@@ -162,7 +162,7 @@ Collective = Literal["all_reduce", "reduce_scatter", "all_gather"]
 Fp8Format = Literal["e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz"]
 Fp8Recipe = Literal["tensorwise", "delayed", "current", "nanochat"]
 Fp8WeightCasts = Literal["micro-batch", "step"]
-CrossEntropy = Literal["eager", "vocab-parallel", "fused"]
+CrossEntropy = Literal["eager", "vocab-parallel", "fused", "te"]
 # where a mixture of experts multiplies each routed copy by its routing probability (Recipe.moe_weighting)
 MoeWeighting = Literal["combine", "activation"]
 # how a block's norms, rotary embedding and SwiGLU run (Recipe.fusions)
@@ -621,7 +621,10 @@ class Recipe(Strict):
     # its output, backward builds two vocab-wide fp32 gradients) or Megatron's vocab-parallel cross entropy
     # ("vocab-parallel": the fp32 copy of the logits becomes the saved softmax and backward writes the gradient
     # into it in place) or a fused kernel ("fused": flash-attention's CrossEntropyLoss, llm-foundry's default, which
-    # keeps the 16-bit logits and each token's fp32 log-sum-exp and writes a 16-bit gradient; ddplan.specs.CROSS_ENTROPY)
+    # keeps the 16-bit logits and each token's fp32 log-sum-exp and writes a 16-bit gradient) or Transformer Engine's
+    # parallel cross entropy ("te": Megatron-Core's --cross-entropy-fusion-impl te, as NeMo's performance scripts set
+    # it: keeps the 16-bit logits and three fp32 figures a token, writes the gradient into the logits in place;
+    # ddplan.specs.CROSS_ENTROPY)
     cross_entropy: CrossEntropy = "eager"
     # where a mixture of experts weights each routed copy by its routing probability (ddplan.anatomy._moe):
     # "combine" multiplies the experts' outputs at the un-permute, which saves them for the probabilities' gradient

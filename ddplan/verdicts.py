@@ -692,7 +692,8 @@ def memory_title(spec: ModelSpec, hw: HardwareSpec, setup) -> str:
     asked = f" (asked {setup.asked_micro_batch}: it does not divide the sequences per rank)" \
         if setup.asked_micro_batch else ""
     return (f"{spec.name} on {lay.num_gpus} x {hw.name} in total (dp {lay.dp}, tp {lay.tp}, pp {lay.pp}{vp}), device "
-            f"batch {lay.micro_batch}{asked} x {spec.recipe.seq_len}, {spec.dtypes.compute}, {lay.attention}, recompute "
+            f"batch {lay.micro_batch}{asked} x {spec.recipe.seq_len}, {spec.dtypes.compute}"
+            f"{f' with fp8 GEMMs ({setup.fp8_recipe or spec.recipe.fp8_recipe})' if setup.fp8 else ''}, {lay.attention}, recompute "
             f"{lay.recompute}, {'compiled' if lay.compiled else 'eager'}: memory per GPU (GiB = 2^30 bytes; fits = "
             f"at most {100 * (1 - setup.headroom):.0f}% of usable)")
 

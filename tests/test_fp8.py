@@ -275,8 +275,9 @@ def test_fp8_params_errors_are_one_line(capsys, extra, says):
 
 def test_fp8_params_gather_less_and_cast_nothing(capsys):
     """The same Megatron-style fp8 run with its weights kept in fp8: the same memory per GPU (fp8 data and its
-    transpose), less all-gather traffic (1 B a weight), no weight casts: a shorter step. memory takes the flag too
-    (it prices no casts, so no recipe is needed there)."""
+    transpose), less all-gather traffic (1 B a weight), no weight casts: a shorter step. memory takes the flags too and
+    prices the same memory as table (what the fp8 GEMMs save is the recipe's: without a Transformer Engine recipe,
+    the same one line as table's)."""
     base = ["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--fp8", "--fp8-recipe", "current",
             "--weights", "master", "--zero", "1", "--attention", "fa3", "--device-batch-size", "1", "--format", "csv"]
     (plain,) = csv_rows(run_ok(capsys, base))
@@ -284,6 +285,24 @@ def test_fp8_params_gather_less_and_cast_nothing(capsys):
     assert kept["memory_gib"] == plain["memory_gib"]
     assert float(kept["dp_comm_total_s"]) < float(plain["dp_comm_total_s"])
     assert float(kept["gemm_s"]) < float(plain["gemm_s"]) and float(kept["step_s"]) < float(plain["step_s"])
-    rows = csv_rows(run_ok(capsys, ["memory", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--zero",
-                                    "1", "--weights", "master", "--fp8-params", "--format", "csv"]))
-    assert rows
+    mem = ["memory", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--zero", "1", "--weights", "master",
+           "--attention", "fa3", "--device-batch-size", "1", "--fp8-params", "--format", "csv"]
+    (row,) = csv_rows(run_ok(capsys, mem + ["--fp8-recipe", "current"]))
+    assert float(row["total_gib"]) == pytest.approx(float(kept["memory_gib"]), rel=1e-9)
+    code, line = fails(capsys, mem)
+    assert code == 2 and line.startswith("error: --fp8-params:") and "--fp8-recipe delayed or current" in line
+
+
+def test_memory_prices_what_the_fp8_gemms_save_as_table_does(capsys):
+    """memory --fp8 (issue 35's memory audit): the fp8 GEMMs' saved inputs as the recipe keeps them (delayed: fp8
+    copies, 1 byte an element), the same total as table's row for that layout, and below the 16-bit run's. Before,
+    memory had no --fp8 and priced every saved input at 2 bytes."""
+    shape = ["-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--zero", "1", "--attention", "fa3",
+             "--device-batch-size", "1", "--format", "csv"]
+    fp8 = ["--fp8", "--fp8-recipe", "delayed"]
+    (with_fp8,) = csv_rows(run_ok(capsys, ["memory", *shape, *fp8]))
+    (without,) = csv_rows(run_ok(capsys, ["memory", *shape]))
+    (row,) = csv_rows(run_ok(capsys, ["table", *shape, *fp8]))
+    assert float(with_fp8["total_gib"]) == pytest.approx(float(row["memory_gib"]), rel=1e-9)
+    assert float(with_fp8["activations_gib"]) < float(without["activations_gib"])
+    assert float(with_fp8["params_gib"]) == float(without["params_gib"])

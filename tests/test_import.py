@@ -396,6 +396,19 @@ def test_megatron_s_tensorwise_fp8_is_transformer_engine_current_scaling(capsys,
     assert "fp8_params: true" in out.read_text(encoding="utf-8")
 
 
+def test_megatron_s_transformer_engine_loss_is_te(capsys, tmp_path):
+    """--cross-entropy-loss-fusion --cross-entropy-fusion-impl te runs Transformer Engine's in-place parallel cross
+    entropy (language_module.py@d98e8a6 L174): cross_entropy te in the run file; the native fused loss (the impl's
+    default) keeps the megatron-core profile's vocab-parallel, so nothing is written for it."""
+    args, out = tmp_path / "args.sh", tmp_path / "run.yaml"
+    base = "--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 512 --nproc_per_node 8 --bf16"
+    for extra, written in ((" --cross-entropy-loss-fusion --cross-entropy-fusion-impl te", True),
+                           (" --cross-entropy-loss-fusion", False), (" --cross-entropy-fusion-impl te", False)):
+        args.write_text(base + extra + "\n", encoding="utf-8")
+        run_ok(capsys, ["import", str(args), "-o", str(out), "--from", "megatron"])
+        assert ("cross_entropy: te" in out.read_text(encoding="utf-8")) == written, extra
+
+
 def test_a_launch_script_s_comments_and_arrays_read_as_the_shell_reads_them():
     """A # inside quotes is not a comment (`--wandb-exp-name "run#3" --bf16` keeps --bf16); an array may close on
     its last item's line."""

@@ -419,6 +419,45 @@ def test_a_fused_cross_entropy_keeps_the_16_bit_logits_and_writes_a_16_bit_gradi
     assert kept["logits"].bytes == 2 * tv and kept["loss_lse"].bytes == 4 * t
 
 
+def test_transformer_engine_s_cross_entropy_keeps_the_16_bit_logits_and_writes_their_gradient_in_place():
+    """Transformer Engine's parallel_cross_entropy (transformer_engine/pytorch/cross_entropy.py@02965d2e: saves
+    (_input, target, m_d_X_y); triton/cross_entropy.py's backward stores the gradient into _input), Megatron-Core's
+    --cross-entropy-fusion-impl te as NeMo's performance scripts run it. Hand count for GPT-2 small at 2 x 1,024
+    tokens (t = 2,048, v = 50,257, bf16 logits): saved 2 tv + 12 t (m, d and the target logit, fp32) + 8 t (int64
+    targets), 8 t more than flash-attention's fused kernel (4 t of lse); no working set at all (fused: the 2 tv
+    gradient), and eager torch's 8 tv far above."""
+    from ddplan.anatomy import build_anatomy
+    from ddplan.specs import run_variant
+
+    eager = load_model("gpt2")
+    fused, te = (run_variant(eager, cross_entropy=k) for k in ("fused", "te"))
+    t, tv = 2 * 1024, 2 * 1024 * 50257
+    a_f, a_t = (build_anatomy(s, batch=2, seq_len=1024) for s in (fused, te))
+    ops = {o.name: o for o in a_t.ops}
+    assert "logits_cast" not in ops and ops["cross_entropy"].transient_bytes == 0
+    kept = a_t.saved_tensors()
+    assert kept["logits"].bytes == 2 * tv and kept["loss_m_d_x"].bytes == 12 * t and "loss_lse" not in kept
+    assert a_t.saved_bytes() - a_f.saved_bytes() == 12 * t - 4 * t
+    assert a_t.flops_fwd() == a_f.flops_fwd() and a_t.transient_bytes() < a_f.transient_bytes()
+
+
+def test_the_nemo_profile_runs_transformer_engine_s_loss_and_a_run_may_state_its_own():
+    """frameworks/nemo.yaml applies cross_entropy te (its performance scripts' set_perf_optimization_configs); a
+    published run whose config kept Megatron-Core's native loss states cross_entropy vocab-parallel over it
+    (RunFacts.cross_entropy, replay.run_kernels), as the MLPerf entries without CE_FUSION_IMPL te do."""
+    from ddplan.registry import load_framework
+    from ddplan.replay import run_kernels
+    from ddplan.runs import load_runs
+
+    assert load_framework("nemo").applies["cross_entropy"].value == "te"
+    runs = {r.id: r for r in load_runs().runs}
+    te = runs["mlperf5.1-university-of-florida-hpg.dgxb200x8.n8-llama31_8b"]
+    native = runs["mlperf5.0-nvidia-tyche_ngpu512_ngc25.04_nemo-llama31_405b"]
+    assert (te.cross_entropy, native.cross_entropy) == ("te", "vocab-parallel")
+    assert run_kernels(te)["cross_entropy"] == "te" and run_kernels(native)["cross_entropy"] == "vocab-parallel"
+    assert run_kernels(native)["fusions"] == "transformer-engine"  # the rest stays the profile's
+
+
 def test_the_megatron_core_profile_applies_its_loss_kernel(capsys):
     """frameworks/megatron-core.yaml applies cross_entropy: vocab-parallel, and a flag wins over it: with
     --cross-entropy eager only the working set grows (the states and saved tensors are the same)."""

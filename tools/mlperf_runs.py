@@ -473,8 +473,14 @@ def run_entry(r: dict) -> dict:
             unpriced.append(what)
     if truthy(knob(env, "FP8_HYBRID")):
         unpriced.append("fp8 HYBRID format (E4M3 forward, E5M2 gradients)")
-    if knob(env, "CE_FUSION_IMPL"):
-        unpriced.append(f"cross-entropy fusion {knob(env, 'CE_FUSION_IMPL')}")
+    # the loss: Transformer Engine's (CE_FUSION_IMPL te, as the nemo profile's performance scripts run it), else
+    # Megatron-Core's native fused vocab-parallel loss (cross_entropy_loss_fusion, the conf yaml's default True)
+    impl = knob(env, "CE_FUSION_IMPL")
+    cross_entropy = "te" if impl == "te" else "vocab-parallel"
+    assumed.append(f"loss: {cross_entropy} (" + (f"CE_FUSION_IMPL {impl}" if impl else
+                                                 "no CE_FUSION_IMPL te: Megatron-Core's native fused cross entropy, "
+                                                 "cross_entropy_loss_fusion True in conf/custom.yaml, or its unfused "
+                                                 "one, both priced as vocab-parallel") + ")")
     rid = re.sub(r"[^A-Za-z0-9_.+-]+", "-", f"mlperf{v}-{r['submitter']}-{r['system']}-{bench}").lower()[:120]
     entry = {
         "id": rid,
@@ -491,6 +497,7 @@ def run_entry(r: dict) -> dict:
         "hardware": hw,
         "precision": "fp8" if truthy(knob(env, "FP8")) else "bf16",
         "framework": "nemo",
+        "cross_entropy": cross_entropy,
         "layout": layout,
         "measured": {"step_time_s": round(r["step_s"], 4)},
         "assumed": assumed,
