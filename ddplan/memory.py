@@ -82,9 +82,9 @@ class MemoryBreakdown:
 
     @property
     def verdict(self) -> str:
-        """FITS, MAY_NOT_FIT or DOES_NOT_FIT: the total with the memory model's error band against the limit
-        (fit_verdict). `fits` is the central estimate's answer, which ranks and searches layouts."""
-        return fit_verdict(self.total, self.limit)
+        """FITS, MAY_NOT_FIT or DOES_NOT_FIT: the total with the memory model's error band against the limit and the
+        capacity (fit_verdict). `fits` is the central estimate's answer, which ranks and searches layouts."""
+        return fit_verdict(self.total, self.limit, capacity=self.capacity)
 
     @property
     def band(self) -> tuple[float, float]:
@@ -100,14 +100,21 @@ class MemoryBreakdown:
 FITS, MAY_NOT_FIT, DOES_NOT_FIT = "fits", "may not fit", "does not fit"
 
 
-def fit_verdict(total_bytes: float, limit: float, ratio: tuple[float, float] | None = None) -> str:
-    """Whether a predicted peak fits under a limit, with the memory model's error (PEAK_RATIO) on it: FITS when
-    even the band's high end (total x ratio[1]) is within the limit, DOES_NOT_FIT when even its low end (total x
-    ratio[0]) is over it, MAY_NOT_FIT between (the limit lies inside the peak's band)."""
+def fit_verdict(total_bytes: float, limit: float, ratio: tuple[float, float] | None = None,
+                capacity: float | None = None) -> str:
+    """Whether a predicted peak fits, with the memory model's error (PEAK_RATIO) on it: FITS when even the band's
+    high end (total x ratio[1]) is within the limit (usable memory less the headroom a plan keeps free),
+    DOES_NOT_FIT when even its low end (total x ratio[0]) is over the capacity (all of usable memory; the limit
+    where none is given), MAY_NOT_FIT between. The headroom is a margin a plan keeps, not memory a run lacks: a
+    tuned recipe runs at 90-97% of the card, and the band (fitted to measured peaks of predictions that already
+    count the framework and allocator slack) is the model's whole doubt, so "does not fit" is said against the
+    card itself, once. e.g. 79.7 GiB predicted on an 80 GB H100 (usable 79.65, limit 75.67): low end 76.5 GiB, over
+    the limit but not the card: may not fit (it was "does not fit", for a recipe that runs: Megatron-LM's
+    examples/llama/train_llama3_8b_h100_fp8.sh)."""
     ratio = ratio or PEAK_RATIO
     if total_bytes * ratio[1] <= limit:
         return FITS
-    if total_bytes * ratio[0] > limit:
+    if total_bytes * ratio[0] > (limit if capacity is None else max(capacity, limit)):
         return DOES_NOT_FIT
     return MAY_NOT_FIT
 

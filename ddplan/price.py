@@ -607,7 +607,7 @@ class Pricer:
         if kind is not None:
             low, high = mem.band
             out.append(Flag(kind, (("total_bytes", mem.total), ("limit_bytes", mem.limit), ("low_bytes", low),
-                                   ("high_bytes", high), ("verdict", mem.verdict))))
+                                   ("high_bytes", high), ("verdict", mem.verdict), ("capacity_bytes", mem.capacity))))
         if breaks_world_size_rule(layout, self.spec):
             out.append(Flag("world_size", (("gpus", layout.num_gpus),)))
         best = self.best_flops_per_s

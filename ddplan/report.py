@@ -62,7 +62,8 @@ def memory(ask, rows: list[dict], fixes: list, step_s: float | None, matches: li
         plot_memory(rows, plot, title=f"{spec.name} on {setup.layout.num_gpus} x {hw.name}\n{prov_line(prov)}",
                     capacity_gib=hw.memory.usable_gib.value, headroom=setup.headroom,
                     fix=(" + ".join(fixes[0].changes), fixes[0].total_gib,
-                         fit_verdict(fixes[0].total_gib, rows[0]["limit_gib"])) if fixes else None)
+                         fit_verdict(fixes[0].total_gib, rows[0]["limit_gib"], capacity=rows[0]["usable_gib"]))
+                    if fixes else None)
     words = verdicts.memory_verdict(spec, hw, rows, fixes, step_s, setup.layout, setup.headroom)
     if ask.measured_peak:
         words.append(verdicts.peak_matches(ask.measured_peak, ask.peak_kind, matches, peak_tolerance))

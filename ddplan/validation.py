@@ -653,6 +653,7 @@ class PeakScored:
     fits: bool  # the central estimate's answer (what ranks layouts)
     verdict: str  # ddplan's verdict with the band on it: fits, may not fit, does not fit (ddplan.memory.fit_verdict)
     band: tuple[float, float] = PEAK_RATIO  # the band the verdict took: measured / predicted, (low, high)
+    capacity_gb: float | None = None  # usable memory, which "does not fit" is said against (None: the limit)
 
     @property
     def error(self) -> float | None:
@@ -673,7 +674,7 @@ class PeakScored:
 
     def with_band(self, band: tuple[float, float]) -> PeakScored:
         """This peak's verdict under another band (leaving its source out of the band's fit)."""
-        return replace(self, verdict=fit_verdict(self.total_gb, self.limit_gb, band), band=band)
+        return replace(self, verdict=fit_verdict(self.total_gb, self.limit_gb, band, self.capacity_gb), band=band)
 
     def row(self) -> dict:
         e = self.error
@@ -695,7 +696,7 @@ def score_peak(peak: MeasuredPeak, where: str) -> PeakScored:
                       framework=peak.framework or "-", outcome=peak.outcome, what=what,
                       measured_gb=peak.measured.peak_gb if peak.measured is not None else None,
                       predicted_gb=predicted / 1e9, total_gb=row.memory.total / 1e9, limit_gb=row.memory.limit / 1e9,
-                      fits=row.memory.fits, verdict=row.memory.verdict)
+                      fits=row.memory.fits, verdict=row.memory.verdict, capacity_gb=row.memory.capacity / 1e9)
 
 
 RAN = "ran (step time)"  # PeakScored.what of a published step-time run: it ran, its peak unmeasured
@@ -712,7 +713,7 @@ def score_ran(run: PublishedRun, where: str) -> PeakScored:
     return PeakScored(id=run.id, source=run.source.name, hardware=hw.name, gpus=run.layout.gpus,
                       framework=run.framework or "-", outcome="ran", what=RAN, measured_gb=None,
                       predicted_gb=total / 1e9, total_gb=total / 1e9, limit_gb=row.memory.limit / 1e9,
-                      fits=row.memory.fits, verdict=row.memory.verdict)
+                      fits=row.memory.fits, verdict=row.memory.verdict, capacity_gb=row.memory.capacity / 1e9)
 
 
 def score_published_ran(skip: set[str] = frozenset(), path: str | None = None) -> list[PeakScored]:

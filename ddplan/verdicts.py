@@ -134,11 +134,13 @@ def flag_text(f: Flag) -> str:
 
 def memory_flag_text(v: dict) -> str:
     """A row's memory verdict in words: the predicted peak, its band (ddplan.memory.PEAK_RATIO: the memory
-    model's error on measured peaks) and the limit (usable memory less the headroom)."""
+    model's error on measured peaks) and the limit (usable memory less the headroom), or, where even the band's low
+    end is over all of it, the GPU's usable memory (ddplan.memory.fit_verdict)."""
     total, limit = v["total_bytes"] / GiB, v["limit_bytes"] / GiB
     band = f"{v['low_bytes'] / GiB:.0f}-{v['high_bytes'] / GiB:.0f} GiB with the memory model's error on measured peaks"
     if v["verdict"] == DOES_NOT_FIT:
-        return f"does not fit: {total:.0f} GiB predicted ({band}), over the {limit:.0f} GiB a layout may use"
+        return (f"does not fit: {total:.0f} GiB predicted ({band}), over the {v['capacity_bytes'] / GiB:.0f} GiB "
+                f"the GPU has")
     over = "over" if total > limit else "under"
     return f"may not fit: {total:.0f} GiB predicted, {over} the {limit:.0f} GiB a layout may use ({band})"
 
@@ -601,8 +603,9 @@ def memory_verdict(spec: ModelSpec, hw: HardwareSpec, rows: list[dict], fixes: l
                          f"{asked['limit_gib']:.1f} GiB a layout may use, but {band}.")
         else:
             word = "May not fit" if asked and asked["verdict"] == MAY_NOT_FIT else "Does not fit"
-            total = (f": {asked['total_gib']:.1f} GiB predicted, over the {asked['limit_gib']:.1f} GiB a layout may "
-                     f"use; {band}" if asked else "")
+            over = (f"{asked['limit_gib']:.1f} GiB a layout may use" if word == "May not fit" else
+                    f"{asked['usable_gib']:.1f} GiB the GPU has, even at the low end" if asked else "")
+            total = f": {asked['total_gib']:.1f} GiB predicted, over the {over}; {band}" if asked else ""
             lines.append(f"{word} as asked (ZeRO-{layout.zero}, device batch {layout.micro_batch}, recompute "
                          f"{layout.recompute}, {layout.attention}){total}.")
         for i, f in enumerate(fixes):

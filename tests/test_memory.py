@@ -310,6 +310,24 @@ def test_fit_verdict_by_hand():
     assert fit_verdict(80.0, 100.0, band) == FITS and fit_verdict(125.0, 100.0, band) == MAY_NOT_FIT  # edges
 
 
+def test_does_not_fit_is_said_against_the_card_not_the_headroom():
+    """The headroom is a margin a plan keeps; "does not fit" needs the band's low end over all of usable memory.
+    Megatron-LM's examples/llama/train_llama3_8b_h100_fp8.sh, a recipe that runs, at 79.7 GiB predicted on an H100
+    (usable 79.65 GiB, limit 95% = 75.67): low end 79.7 x 0.96 = 76.5, over the limit, under the card: may not fit
+    (it was "does not fit"). 83 x 0.96 = 79.68 is over the card: does not fit. Fits still needs the high end within
+    the limit."""
+    from ddplan.memory import DOES_NOT_FIT, FITS, MAY_NOT_FIT, MemoryBreakdown, fit_verdict
+
+    band, usable = (0.96, 1.21), 79.65
+    limit = 0.95 * usable
+    assert fit_verdict(79.7, limit, band) == DOES_NOT_FIT  # against the limit alone, as before
+    assert fit_verdict(79.7, limit, band, capacity=usable) == MAY_NOT_FIT
+    assert fit_verdict(83.0, limit, band, capacity=usable) == DOES_NOT_FIT
+    assert fit_verdict(62.0, limit, band, capacity=usable) == FITS  # 62 x 1.21 = 75.02 <= 75.67
+    mb = MemoryBreakdown(terms={"all": 79.7}, capacity=usable)
+    assert mb.verdict == MAY_NOT_FIT and not mb.fits
+
+
 def test_breakdown_verdict_and_band_follow_peak_ratio(monkeypatch):
     """A breakdown's band is its total times PEAK_RATIO, and its verdict is fit_verdict's on total and limit."""
     import ddplan.memory as memory
