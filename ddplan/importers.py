@@ -688,6 +688,11 @@ def _megatron(text: str, path: Path, out: Imported) -> None:
                         "--recompute-num-layers", str(path))
     if arg("--optimizer", "adam") != "adam":
         out.warnings.append(f"--optimizer {arg('--optimizer')}: priced as Adam (the model spec's optimizer)")
+    # --cpu-offloading-num-layers N > 0 turns CPU offloading on by itself (megatron/training/arguments.py@d98e8a6 L1950)
+    _activation_offload(out, arg("--cpu-offloading") or arg("--cpu-offloading-num-layers"),
+                        arg("--cpu-offloading-num-layers"),
+                        arg("--cpu-offloading-activations", True), arg("--cpu-offloading-weights", False),
+                        "--cpu-offloading-num-layers", str(path))
     # the loss: Transformer Engine's in-place kernel under --cross-entropy-loss-fusion --cross-entropy-fusion-impl te
     # (megatron/core/models/common/language_module/language_module.py@d98e8a6 L174); the native fused one keeps the
     # fp32 copy the megatron-core profile's vocab-parallel prices (fusions/fused_cross_entropy.py L82, L119)
@@ -850,8 +855,26 @@ def _nemo(text: str, path: Path, out: Imported) -> None:
                       else "recompute_num_layers")
         _full_recompute(out, model.get(method_key), model.get(layers_key), f"model.{method_key}",
                         f"model.{layers_key}", str(path))
+    _activation_offload(out, model.get("cpu_offloading"), model.get("cpu_offloading_num_layers"),
+                        model.get("cpu_offloading_activations", True), model.get("cpu_offloading_weights", False),
+                        "model.cpu_offloading_num_layers", str(path))
     if model.get("mcore_gpt") is False:
         out.warnings.append("model.mcore_gpt false (NeMo's legacy model): priced as Megatron-Core")
+
+
+def _activation_offload(out, on, layers, activations, weights, field: str, file: str) -> None:
+    """Megatron-Core's CPU offloading (--cpu-offloading, cpu_offloading_num_layers N; activations on, weights off by
+    default: model_parallel_config.py@d98e8a6 L454-476) as ddplan's offload_activations N. Weights offloaded too are
+    not priced (a warning); activations off offloads nothing."""
+    if not on:
+        return
+    n = str(layers).strip() if layers is not None else "0"
+    if not n.isdigit():
+        raise SpecError(f"must be a whole number of layers, got {layers!r}", file=file, field=field)
+    if activations and int(n):
+        out.set(("layout", "offload_activations"), int(n), f"CPU offloading of {n} layers' activations")
+    if weights:
+        out.warnings.append("CPU offloading of weights is not priced: the weights are priced on the GPU")
 
 
 def _full_recompute(out, method, layers, method_field: str, layers_field: str, file: str) -> None:

@@ -16,7 +16,7 @@ from ddplan.calibration import (StepMeasurement, check_against_hardware, measure
                                 steps_for_model)
 from ddplan.errors import DdplanError, SpecError, UsageError
 from ddplan.layout import Options
-from ddplan.offload import check_offload
+from ddplan.offload import check_activation_offload, check_offload
 from ddplan.plan import PlanRequest
 from ddplan.registry import (builtin_names, calibration_hardware, load_calibration, load_framework, load_hardware,
                              load_model)
@@ -168,7 +168,7 @@ def expert_tp(etp: int | None, spec) -> int:
 def options(sequence_parallel: bool, tp_comm_overlap: bool, max_tp: int | None, shard_group: int | None = None,
              reshard_after_forward: bool = True, overlap_param_gather: bool = False, cp_comm: str = "ring",
              expert_tp: int = 0, spec=None, fp8_all_gather: bool = False, offload_optimizer: bool = False,
-             fp8_params: bool = False):
+             fp8_params: bool = False, offload_activations: int = 0):
     """The framework options (ddplan.layout.Options) from their flags, for the model (Options.for_model: a
     mixture of experts runs tp > 1 with sequence parallelism, on by itself). --sequence-parallel and
     --tp-comm-overlap are Megatron's, so they need tensor parallelism, and overlap needs sequence
@@ -185,7 +185,8 @@ def options(sequence_parallel: bool, tp_comm_overlap: bool, max_tp: int | None, 
     options = Options(sequence_parallel=sequence_parallel, tp_overlap=tp_comm_overlap, shard_group=shard_group or 0,
                       reshard_after_forward=reshard_after_forward, overlap_param_gather=overlap_param_gather,
                       cp_comm=cp_comm.replace("-", "_"), expert_tp=expert_tp, fp8_all_gather=fp8_all_gather,
-                      offload_optimizer=offload_optimizer, fp8_params=fp8_params)
+                      offload_optimizer=offload_optimizer, fp8_params=fp8_params,
+                      offload_activations=offload_activations or 0)
     return options.for_model(spec) if spec is not None else options
 
 
@@ -468,7 +469,7 @@ def _overheads(v: dict) -> RunOverheads:
 def _options(v: dict, spec, max_tp: int | None) -> Options:
     return options(v["sequence_parallel"], v.get("tp_comm_overlap", False), max_tp, v["shard_group"],
                    v["reshard_after_forward"], v["overlap_param_gather"], v["cp_comm"], expert_tp(v["etp"], spec),
-                   spec, v["fp8_all_gather"], v["offload_optimizer"], v["fp8_params"])
+                   spec, v["fp8_all_gather"], v["offload_optimizer"], v["fp8_params"], v["offload_activations"])
 
 
 @dataclass(frozen=True)
@@ -514,6 +515,7 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
     check_fp8_options(spec, fp8, recipe, v["fp8_all_gather"], stages, v["fp8_params"])
     if v["offload_optimizer"]:
         check_offload(spec, hw, stages)
+    check_activation_offload(hw, v["offload_activations"] or 0)
     measured_peak, measured_zero, step, moved = v["measured_peak"], None, None, ()
     peak_kind = v["measured_peak_kind"]
     m = peak_step(cal, spec, from_calibration=from_calibration) if measured_peak is None else None

@@ -72,6 +72,9 @@ class Layout:
     offload_optimizer: bool = False  # ZeRO >= 1: optimizer states on the host, Adam on the CPU (ZeRO-Offload)
     # ZeRO-1/2: the fp8 GEMMs' weights kept in fp8 and all-gathered in fp8 (Megatron-Core --fp8-param-gather)
     fp8_params: bool = False
+    # the first N layers' saved activations copied to host memory in forward and back for backward (Megatron-Core
+    # --cpu-offloading-num-layers, NeMo activation_offload_layers; pp 1): ddplan.memory.activation_bytes, step.py
+    offload_activations: int = 0
 
     def __post_init__(self) -> None:
         if (self.dp < 1 or self.tp < 1 or self.pp < 1 or self.cp < 1 or self.ep < 1 or self.micro_batch < 1
@@ -117,6 +120,13 @@ class Layout:
             raise LayoutError(f"ZeRO-Offload moves each rank's optimizer-state partition to the host: it needs ZeRO-1, 2 "
                               f"or 3 (or one data-parallel rank); got ZeRO-{self.zero} over {self.grad_ranks} ranks",
                               field="--offload-optimizer")
+        if self.offload_activations < 0:
+            raise LayoutError(f"layers whose activations are offloaded must be >= 0, got {self.offload_activations}",
+                              field="--offload-activations")
+        if self.offload_activations and self.pp > 1:
+            raise LayoutError(f"activation offload to the host runs without pipeline parallelism (Megatron-Core refuses "
+                              f"cpu_offloading with pp > 1: transformer_config.py@d98e8a6 L1891); got pp {self.pp}",
+                              field="--offload-activations")
         if self.cp_comm not in ("ring", "all_gather"):
             raise LayoutError(f"context-parallel communication must be ring or all_gather, got {self.cp_comm!r}")
         try:
@@ -345,6 +355,7 @@ class Options:
     fp8_all_gather: bool = False  # ZeRO-3 with fp8 GEMMs: their weights gathered in fp8 (torchao)
     offload_optimizer: bool = False  # ZeRO >= 1 (or one rank): optimizer states and CPU Adam on the host
     fp8_params: bool = False  # ZeRO-1/2 with fp8 GEMMs: their weights kept and gathered in fp8 (Megatron-Core)
+    offload_activations: int = 0  # the first N layers' saved activations to the host (pp 1; Megatron-Core, NeMo)
 
     def for_layout(self, tp: int, ranks: int, zero: int, cp: int = 1) -> dict:
         """The Layout fields these options give a layout of these degrees (ranks: dp x cp, the ranks that
@@ -359,7 +370,8 @@ class Options:
                 "etp": 1 if self.expert_tp == 1 and tp > 1 else 0,
                 "fp8_all_gather": self.fp8_all_gather and zero == 3,
                 "offload_optimizer": self.offload_optimizer and offload_applies(zero, ranks),
-                "fp8_params": self.fp8_params and zero in (1, 2)}
+                "fp8_params": self.fp8_params and zero in (1, 2),
+                "offload_activations": self.offload_activations}
 
     def for_model(self, spec: ModelSpec) -> "Options":
         """These options for a model: a mixture-of-experts model runs tp > 1 with sequence parallelism, which
@@ -370,11 +382,14 @@ class Options:
             return replace(self, sequence_parallel=True)
         return self
 
-    def searched(self, tp: int, ranks: int, zero: int, cp: int = 1) -> dict:
-        """for_layout for a search (plan): a shard group that does not divide the ranks gives plain ZeRO-3."""
+    def searched(self, tp: int, ranks: int, zero: int, cp: int = 1, pp: int = 1) -> dict:
+        """for_layout for a search (plan): a shard group that does not divide the ranks gives plain ZeRO-3; activation
+        offload applies to the layouts without a pipeline (the others keep their activations)."""
         fields = self.for_layout(tp, ranks, zero, cp)
         if fields["shard_group"] and ranks % fields["shard_group"]:
             fields["shard_group"] = 0
+        if pp > 1:
+            fields["offload_activations"] = 0
         return fields
 
     def at_zero(self, layout: "Layout", zero: int) -> "Layout":
@@ -451,6 +466,10 @@ def check_layout(layout: Layout, spec: ModelSpec, total_batch_tokens: int | None
     if layout.ep > 1 and (a.moe is None or a.moe.num_experts % layout.ep):
         problems.append(f"ep={layout.ep} must divide the number of experts "
                         f"({a.moe.num_experts if a.moe else 'none: ' + spec.name + ' is dense'})")
+    if layout.offload_activations >= a.num_layers:
+        problems.append(f"offload_activations={layout.offload_activations}: at most num_layers - 1 = "
+                        f"{a.num_layers - 1} layers offload their activations (Megatron-Core keeps the last one: "
+                        f"transformer_config.py@d98e8a6 L1884-1888)")
     if layout.cp > 1 and spec.recipe.seq_len % (2 * layout.cp):
         # causal load balancing gives each rank two chunks of s / 2cp (Megatron-Core, torchtitan)
         problems.append(f"cp={layout.cp}: 2 x cp must divide the sequence length {spec.recipe.seq_len}")

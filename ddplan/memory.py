@@ -266,6 +266,34 @@ def in_flight_micro_batches(layout: Layout, stage: int = 0) -> float:
     return held
 
 
+def resident_layer_share(layout: Layout, num_layers: int) -> float:
+    """The share of the layers' saved activations on the GPU at the end of forward under activation offload of the
+    first N layers (layout.offload_activations): (L - N) / L. Transformer Engine's offload schedule finishes layer i's
+    copy to the host before layer L - N + i runs forward and starts its reload after layer L - 1 - N + i's backward,
+    so with every layer saving T bytes the peak of the saved activations is (L - N) x T; the layers' mean T is taken
+    where they differ. 1 without offload. e.g. 126 layers, 95 offloaded: 31 / 126 = 0.246.
+    Ref: NVIDIA/TransformerEngine transformer_engine/pytorch/cpu_offload.py@00382b96
+    OffloadSynchronizer._default_offload_sync_init (its docstring: "peak memory usage of saving activations is
+    (num_layers - num_offloaded_layers) * T"); Megatron-Core passes cpu_offloading_num_layers to it
+    (transformer_block.py@d98e8a6 L304-316)."""
+    n = layout.offload_activations
+    if not n:
+        return 1.0
+    if not 0 < n < num_layers:
+        raise ValueError(f"offloaded layers must be in 1..{num_layers - 1}, got {n}")
+    return (num_layers - n) / num_layers
+
+
+def offloaded_bytes(anatomy: Anatomy, layout: Layout, num_layers: int) -> float:
+    """Bytes of saved activations one micro-batch copies to the host in forward (and back in backward) under
+    activation offload: the layers' saved bytes as activation_bytes counts them, times N / L (the share
+    resident_layer_share leaves off the GPU). 0 without offload."""
+    if not layout.offload_activations:
+        return 0.0
+    layer_bytes = anatomy.saved_split[0] - (anatomy.weight_cast_split[0] if layout.zero == 3 else 0.0)
+    return layer_bytes * (1 - resident_layer_share(layout, num_layers))
+
+
 def activation_bytes(anatomy: Anatomy, layout: Layout, num_layers: int) -> tuple[float, float]:
     """(saved, transient) activation bytes on one GPU: the anatomy (already one tp rank's share) over pp; the
     transient is backward's largest working set: an op's gradients plus what recompute has brought back then.
@@ -290,8 +318,9 @@ def activation_bytes(anatomy: Anatomy, layout: Layout, num_layers: int) -> tuple
     if layout.zero == 3:
         casts = anatomy.weight_cast_split
         layer_bytes, embedding, head = layer_bytes - casts[0], embedding - casts[1], head - casts[2]
-    if layout.pp == 1:
-        return layer_bytes + embedding + head, anatomy.backward_transient_bytes()
+    if layout.pp == 1:  # activation offload (pp 1 only): the first N layers' saves wait in host memory
+        return layer_bytes * resident_layer_share(layout, num_layers) + embedding + head, \
+            anatomy.backward_transient_bytes()
     try:
         first, middle, last = stage_layers(num_layers, layout.pp)
     except ValueError:  # a split check_layout refuses: the even share, rounded up

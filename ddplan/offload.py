@@ -34,6 +34,14 @@ def offload_problem(spec: ModelSpec, hw: HardwareSpec) -> str | None:
     return None
 
 
+def check_activation_offload(hw: HardwareSpec, layers: int) -> None:
+    """Raise UsageError (naming --offload-activations) when activations cannot be offloaded on this hardware: its spec
+    states no host link to copy them over. layers 0: nothing asked."""
+    if layers and hw.host is None:
+        raise UsageError(f"{hw.name}'s spec has no host link (host.link_gbyte_per_s) to copy activations over",
+                         field="--offload-activations")
+
+
 def check_offload(spec: ModelSpec, hw: HardwareSpec, zeros: tuple[int, ...] | None) -> None:
     """Raise UsageError (naming --offload-optimizer) when optimizer offload cannot apply. zeros: the ZeRO stages
     asked for (() = the model's native one; None: searched, as plan does)."""
@@ -109,3 +117,20 @@ def offload_time_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: flo
     adam = sum(cpu_adam_bytes(n, gb, pb) for n, gb, pb in owned)
     return offload_step_s(to_host, from_host, adam, hw.host.link_bytes_per_s, host_bytes_per_s_per_gpu(hw, layout),
                           bwd_s)
+
+
+def activation_offload_exposed_s(sent_bytes: float, link_bytes_per_s: float, forward_s: float,
+                                 backward_s: float) -> float:
+    """Seconds a micro-batch waits on activation offload (Megatron-Core --cpu-offloading, Transformer Engine's
+    offload of the first N layers' saved tensors): the copies to the host run on their own stream under the forward
+    and the reloads under the backward, so each direction costs what its copy time exceeds that pass by:
+    max(0, sent / link - forward) + max(0, sent / link - backward). The copy engines move the bytes, not the SMs, so
+    nothing is added for the compute they overlap. e.g. 165 GiB at 200 GB/s (0.886 s) under a 2.6 s forward and
+    5.2 s backward: 0; over PCIe at 50 GB/s (3.54 s): 0.94 s. Ref: NVIDIA/TransformerEngine
+    transformer_engine/pytorch/cpu_offload.py@00382b96 (OffloadSynchronizer: offload_stream, layer i's copy finished
+    before layer L - N + i's forward, reloads started N layers ahead in backward)."""
+    if min(sent_bytes, forward_s, backward_s) < 0 or link_bytes_per_s <= 0:
+        raise ValueError(f"need sent, forward, backward >= 0 and link > 0; got {sent_bytes}, {forward_s}, "
+                         f"{backward_s}, {link_bytes_per_s}")
+    copy = sent_bytes / link_bytes_per_s
+    return max(0.0, copy - forward_s) + max(0.0, copy - backward_s)

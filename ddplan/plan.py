@@ -21,7 +21,7 @@ from ddplan.layout import (NATIVE_ZERO, Layout, Options, check_layout, context_p
                            cp_attention_problem, expert_parallel_degrees)
 from ddplan.memory import HEADROOM
 from ddplan.gcpause import no_cycle_collection
-from ddplan.offload import check_offload
+from ddplan.offload import check_activation_offload, check_offload
 from ddplan.price import TIE, PricedLayout, Pricer, RunPlan, best_per_pair
 from ddplan.runfields import RECOMPUTE, recompute_layers
 from ddplan.sizing import fewest_layers
@@ -174,7 +174,7 @@ def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, 
             schedules = [("1f1b", 1)] + ([("interleaved", 2)] if pp > 1 and a.num_layers % (2 * pp) == 0 else [])
             mbs = [m for m in _powers_of_two_up_to(min(per_dp, 64)) if per_dp % m == 0]
             for zero in (req.zero_stages if dp * cp > 1 else (native,)):  # one rank: nothing to shard
-                options = req.options.searched(tp, dp * cp, zero, cp)
+                options = req.options.searched(tp, dp * cp, zero, cp, pp)
                 pool = dp * cp * (tp if options["etp"] == 1 else 1)  # Layout.expert_pool
                 # a hybrid shard group holds whole expert-parallel groups
                 eps = [ep for ep in expert_parallel_degrees(spec, pool, req.eps) if options["shard_group"] % ep == 0]
@@ -255,6 +255,8 @@ def _search(req: PlanRequest, progress: Callable[[str, int, int], None], shortcu
     if req.options.offload_optimizer:
         for hw in req.hardware:
             check_offload(spec, hw, None)
+    for hw in req.hardware:
+        check_activation_offload(hw, req.options.offload_activations)
     window = spec.architecture.window_pattern
     native = NATIVE_ZERO[spec.recipe.distribution]
     rows, rejected, considered = [], {"memory": 0, "divisibility": 0, "dominated": 0}, 0

@@ -32,6 +32,7 @@ STATED_BY: dict[tuple[str, ...], str] = {
     ("layout", "reshard_after_forward"): "layout.reshard_after_forward",
     ("layout", "overlap_param_gather"): "layout.overlap_param_gather",
     ("layout", "offload_optimizer"): "layout.offload_optimizer", ("layout", "cp_comm"): "layout.cp_comm",
+    ("layout", "offload_activations"): "layout.offload_activations",
     ("precision", "dtype"): "precision", ("precision", "grads"): "model.grads",
     ("precision", "weights"): "model.weights", ("precision", "fp8"): "precision",
     ("precision", "fp8_recipe"): "fp8_recipe", ("precision", "fp8_all_gather"): "layout.fp8_all_gather",
@@ -169,6 +170,8 @@ def table_command(run: PublishedRun, folder: Path | None = None) -> list[str] | 
         argv.append("--fp8-params")
     if lay.offload_optimizer:
         argv.append("--offload-optimizer")
+    if lay.offload_activations:
+        argv += ["--offload-activations", str(lay.offload_activations)]
     if lay.cp_comm != "ring":
         argv += ["--cp-comm", lay.cp_comm]
     if run.precision == "fp8":
@@ -252,6 +255,7 @@ def price_run(run: RunFacts, where: str, sustained: dict[str, float] | None = No
                                        shard_group=lay.shard_group, expert_tp=lay.etp or 0,
                                        reshard_after_forward=lay.reshard_after_forward,
                                        fp8_all_gather=lay.fp8_all_gather, offload_optimizer=lay.offload_optimizer,
+                                       offload_activations=lay.offload_activations,
                                        fp8_params=lay.fp8_params,
                                        cp_comm=lay.cp_comm.replace("-", "_")).for_model(spec))
     try:

@@ -222,6 +222,11 @@ FIELDS: tuple[RunField, ...] = (
     _f("layout.offload_optimizer", "ZeRO-1/2/3: optimizer states and fp32 masters in host memory, Adam on the CPU, "
        "gradients and parameters over the host link (ZeRO-Offload, without its delayed update); needs the hardware "
        "spec's host figures.", bool, LAYOUT, default=False),
+    _f("layout.offload_activations", "Activation offload: the first N layers' saved activations copied to host memory "
+       "in forward and back for backward (Megatron-Core --cpu-offloading-num-layers, NeMo activation_offload_layers; "
+       "pp 1, fewer than the model's layers); the copies cost what exceeds the pass they run under. Needs the "
+       "hardware spec's host link.", int, LAYOUT, default=0,
+       range=Range(0, 100_000, "layers whose activations go to the host (0: none)")),
     _f("layout.cp_comm", "Context parallelism's exchange: ring (KV blocks passed on under attention, Megatron-Core "
        "p2p) or all-gather (torchtitan's default; not overlapped).", str, LAYOUT, default="ring"),
     _f("layout.tp_across_nodes", "Allow tensor parallelism beyond one node (kept inside a node by default).", bool,

@@ -92,6 +92,7 @@ class RunLayout(Strict):
     fp8_all_gather: bool = False  # ZeRO-3 with fp8: weights all-gathered in fp8 (torchao enable_fsdp_float8_all_gather)
     fp8_params: bool = False  # ZeRO-1/2 with fp8: weights kept and gathered in fp8 (Megatron-Core --fp8-param-gather)
     offload_optimizer: bool = False  # optimizer states and the optimizer step on the host (DeepSpeed ZeRO-Offload)
+    offload_activations: int = Field(default=0, ge=0, le=100_000)  # first N layers' activations to the host (pp 1)
     cp_comm: Literal["ring", "all-gather"] = "ring"  # context parallelism's exchange (--cp-comm)
     compiled: bool = False
 

@@ -206,7 +206,7 @@ class InterNode(Strict):
 
 
 class Host(Strict):
-    """The host side of a GPU, for optimizer offload (ZeRO-Offload): the GPU-host link and the CPU's memory.
+    """The host side of a GPU, for optimizer and activation offload: the GPU-host link and the CPU's memory.
 
     link_gbyte_per_s: achievable copy bandwidth between one GPU and host memory, per direction (the slower of
     measured host-to-device and device-to-host, nvbandwidth or TransferBench, pinned memory).

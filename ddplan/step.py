@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from ddplan import comm, pipeline
 from ddplan.anatomy import Anatomy, adamw_bytes, muon_matrices
 from ddplan.layout import NATIVE_ZERO, Layout, Placement, placement
-from ddplan.memory import EXPERT_GROUP, _stage_share, counts_of, expert_shard, state_share
-from ddplan.offload import offload_time_s
+from ddplan.memory import EXPERT_GROUP, _stage_share, counts_of, expert_shard, offloaded_bytes, state_share
+from ddplan.offload import activation_offload_exposed_s, offload_time_s
 from ddplan.comm import CommPoints, GroupTimer
 from ddplan.fp8 import fp8_weight_fractions
 from ddplan.roofline import MicroBatchTime, OpTimes, Rates, gemm_call_s, gemm_fraction, micro_batch_time, op_times
@@ -48,6 +48,7 @@ class StepTime:
     by_kind_s: dict[str, float]
     policy: str  # the data-parallel policy modelled (ddp, sharded_optimizer, zero1, zero2, fsdp)
     cp_comm_s: float = 0.0  # context-parallel KV exchange not hidden under attention
+    offload_s: float = 0.0  # activation offload's copies to and from the host beyond the passes they run under
     ep_comm_s: float = 0.0  # mixture-of-experts token exchange (all-to-alls over ep, gathers over tp), not hidden
     mb_gather_s: float = 0.0  # ZeRO-3: one micro-batch's parameter all-gathers (forward, and backward when resharded)
     mb_scatter_s: float = 0.0  # ZeRO-3: one micro-batch's gradient reduce-scatter
@@ -55,7 +56,7 @@ class StepTime:
     @property
     def total_s(self) -> float:
         return (self.compute_s + self.tp_comm_s + self.cp_comm_s + self.ep_comm_s + self.dp_comm_exposed_s
-                + self.bubble_s + self.optimizer_s)
+                + self.bubble_s + self.optimizer_s + self.offload_s)
 
 
 def dp_policy(spec: ModelSpec, layout: Layout) -> str:
@@ -256,6 +257,12 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
         sent = pipeline.p2p_bytes_per_microbatch(layout.micro_batch, anatomy.seq_len, a.d_model, e) / layout.tp
         bubble += pipeline.p2p_time_s(sent, tier.busbw_bytes_per_s, tier.latency_s, accum, layout.pp_virtual_stages)
 
+    offload_s = 0.0
+    if layout.offload_activations:  # the first N layers' saves go to the host and back (pp 1: the whole model)
+        if hw.host is None:
+            raise ValueError(f"{hw.name}'s spec has no host link (host.link_gbyte_per_s) to offload activations over")
+        offload_s = accum * activation_offload_exposed_s(offloaded_bytes(anatomy, layout, a_layers),
+                                                         hw.host.link_bytes_per_s, mbt.fwd_s, mbt.bwd_s)
     if layout.offload_optimizer:  # the step runs on the host (ddplan.offload); no optimizer math on the GPU
         opt_s = offload_time_s(spec, hw, layout, mbt.bwd_s)
     else:
@@ -271,7 +278,7 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
     return StepTime(fwd_s=mbt.fwd_s, bwd_s=mbt.bwd_s, accum=accum, compute_s=compute, tp_comm_s=tp_s,
                     dp_comm_total_s=total_comm, dp_comm_exposed_s=exposed, bubble_s=bubble, optimizer_s=opt_s,
                     by_kind_s={k: v * accum for k, v in mbt.by_kind_s.items()}, policy=policy, cp_comm_s=cp_s,
-                    ep_comm_s=ep_s, mb_gather_s=gather_s, mb_scatter_s=scatter_s)
+                    ep_comm_s=ep_s, mb_gather_s=gather_s, mb_scatter_s=scatter_s, offload_s=offload_s)
 
 
 def _busiest_stage(spec: ModelSpec, anatomy: Anatomy, r: Rates, parts: OpTimes, p: int,

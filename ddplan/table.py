@@ -22,7 +22,7 @@ from ddplan.layout import (NATIVE_ZERO, Layout, Options, check_layout, cp_attent
                            split_batch)
 from ddplan.memory import HEADROOM
 from ddplan.gcpause import no_cycle_collection
-from ddplan.offload import check_offload
+from ddplan.offload import check_activation_offload, check_offload
 from ddplan.price import Flag, PriceCache, PricedLayout, Pricer, RunPlan
 from ddplan.specs import Budget, HardwareSpec, ModelSpec, Price
 
@@ -199,6 +199,7 @@ def _build_table(req: TableRequest, progress: Callable[[str, int, int], None] | 
     check_fp8_options(spec, req.fp8, req.fp8_recipe, req.options.fp8_all_gather, req.zeros, req.options.fp8_params)
     if req.options.offload_optimizer:
         check_offload(spec, hw, req.zeros)
+    check_activation_offload(hw, req.options.offload_activations)
     pricer = Pricer(spec, hw, RunPlan(budget, price, req.overheads, req.headroom, req.framework, req.evidence),
                     req.calibration, req.fp8, fp8_recipe=req.fp8_recipe,
                     _caches=PriceCache(shared=shared) if shared is not None else None)

@@ -96,6 +96,8 @@ def dp_option_words(lay) -> list[str]:
         out.append("no reshard after forward")
     if lay.overlap_param_gather:
         out.append("param gather overlapped")
+    if lay.offload_activations:
+        out.append(f"{lay.offload_activations} layers' activations offloaded")
     return out
 
 

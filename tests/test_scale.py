@@ -143,15 +143,20 @@ def test_layout_refuses_options_where_they_cannot_apply():
 
 def test_options_apply_only_where_they_can():
     o = Options(sequence_parallel=True, tp_overlap=True, shard_group=8, reshard_after_forward=False,
-                overlap_param_gather=True, fp8_all_gather=True, fp8_params=True)
+                overlap_param_gather=True, fp8_all_gather=True, fp8_params=True, offload_activations=12)
     assert o.for_layout(tp=1, ranks=64, zero=3) == dict(sequence_parallel=False, tp_overlap=False, shard_group=8,
                                                         reshard_after_forward=False, overlap_param_gather=False,
                                                         cp_comm="ring", etp=0, fp8_all_gather=True,
-                                                        offload_optimizer=False, fp8_params=False)
+                                                        offload_optimizer=False, fp8_params=False,
+                                                        offload_activations=12)
     assert o.for_layout(tp=2, ranks=8, zero=1) == dict(sequence_parallel=True, tp_overlap=True, shard_group=0,
                                                        reshard_after_forward=True, overlap_param_gather=True,
                                                        cp_comm="ring", etp=0, fp8_all_gather=False,
-                                                       offload_optimizer=False, fp8_params=True)
+                                                       offload_optimizer=False, fp8_params=True,
+                                                       offload_activations=12)
+    # a search keeps activation offload to the layouts without a pipeline (Megatron-Core refuses it with pp > 1)
+    assert o.searched(tp=2, ranks=8, zero=1, pp=1)["offload_activations"] == 12
+    assert o.searched(tp=2, ranks=8, zero=1, pp=2)["offload_activations"] == 0
     assert o.for_layout(tp=1, ranks=8, zero=3)["shard_group"] == 0  # the group is all of dp: plain ZeRO-3
     # whole experts only where tp > 1 (with tp 1 the experts' tp is 1 anyway)
     whole = Options(expert_tp=1)
