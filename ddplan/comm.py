@@ -610,23 +610,27 @@ def tp_comm_time_per_layer_s(batch: int, seq: int, hidden: int, elem_bytes: floa
     return TP_ALLREDUCES_PER_LAYER_FWD * one, TP_ALLREDUCES_PER_LAYER_BWD * one
 
 
-def overlap_cost_s(overlapped_s: float, kept: float) -> float:
-    """Seconds a step loses to communication that runs under compute: (1 - kept) x overlapped_s.
+def overlap_cost_s(overlapped_s: float, kept: float, outlasting_s: float = 0.0) -> float:
+    """Seconds a step loses to communication that runs beside compute: max(0, (1 - kept) x overlapped -
+    kept x outlasting).
 
     A collective's kernels (NCCL, RCCL) run on SMs and use HBM bandwidth and L2 beside the compute kernels they
-    overlap, which run slower meanwhile. If compute keeps `kept` of its rate while a collective runs, the compute
-    that shares those overlapped_s seconds does only kept x overlapped_s of its work, and the rest,
-    (1 - kept) x overlapped_s, is done after: the step grows by that, though the collective itself is hidden.
-    Lee et al. measured the compute of GPT and Llama training on A100, H100, MI250 and MI210 running 18.9%
-    slower on average (40.0% at most) while communication overlapped it: kept = 1 / 1.189 = 0.841
-    (1 / 1.40 = 0.714 at the worst). e.g. 100 ms of gradient reduce-scatter hidden under backward at kept 0.841:
-    15.9 ms. Ref: Lee et al., "Characterizing Compute-Communication Overlap in GPU-Accelerated Distributed Deep
-    Learning: Performance and Power Implications", arXiv 2507.03114 (2025), abstract.
+    overlap, which run at `kept` of their rate meanwhile. A collective of H seconds beside C seconds of compute
+    (overlapped = min(H, C) of it beside the compute, outlasting = max(0, H - C) after it) then ends the pair at
+    max(H, C + (1 - kept) x H) rather than max(H, C): where the compute is the longer, it falls (1 - kept) x H
+    behind; where the collective is, the slowed compute may still finish inside it, and the pair grows only by
+    max(0, C - kept x H). Both are the formula above. Lee et al. measured the compute of GPT and Llama training on
+    A100, H100, MI250 and MI210 running 18.9% slower on average (40.0% at most) while communication overlapped it:
+    kept = 1 / 1.189 = 0.841 (1 / 1.40 = 0.714 at the worst). e.g. 100 ms of gradient reduce-scatter hidden under
+    a longer backward at kept 0.841: 15.9 ms; 379 ms of collectives beside 240 ms of compute (overlapped 240,
+    outlasting 139): max(0, 38.2 - 116.9) = 0, the compute done inside the collectives' time. Ref: Lee et al.,
+    "Characterizing Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning: Performance and
+    Power Implications", arXiv 2507.03114 (2025), abstract.
     """
-    _check_nonneg(overlapped_s=overlapped_s)
+    _check_nonneg(overlapped_s=overlapped_s, outlasting_s=outlasting_s)
     if not 0 < kept <= 1:
         raise ValueError(f"kept must be in (0, 1], got {kept}")
-    return (1 - kept) * overlapped_s
+    return max(0.0, (1 - kept) * overlapped_s - kept * outlasting_s)
 
 
 def tp_overlap_exposed_s(comm_s: float, gemm_s: float) -> float:

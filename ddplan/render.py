@@ -140,8 +140,8 @@ def lines(text_lines: list[str], fmt: str, screen: Screen | None = None) -> str:
     return "\n".join(prefix + t for t in text_lines) + "\n"
 
 
-# a row's memory verdict beside its GiB (ddplan.memory.fit_verdict: "may not fit" when the limit lies inside the
-# predicted peak's error band)
+# a row's memory verdict beside its GiB (ddplan.memory.fit_verdict: "may not fit" between the band's high end over
+# the limit and its low end over all of usable memory)
 OOM_MARK = {"fits": "", "may not fit": " OOM?", "does not fit": " OOM"}
 OOM_NOTE = {"fits": "", "may not fit": " (OOM?)", "does not fit": " (OOM)"}
 
@@ -181,8 +181,9 @@ def table_data(table) -> list[dict]:
 
 
 DECISION_COLUMNS_NOTE = (
-    "Columns: step_s = compute_s (attention included: attn_s) + exposed comm_s (data-, tensor-, context- and expert-parallel) + "
-    "optim_s + bubble_s (pipeline, with its sends); band = every efficiency at the slow and fast ends of its range, "
+    "Columns: step_s = compute_s (attention included: attn_s) + exposed comm_s (data-, tensor-, context- and expert-parallel, "
+    "with what the hidden part costs the compute beside it) + optim_s + bubble_s (pipeline, with its sends) + "
+    "activation offload's copies where any; band = every efficiency at the slow and fast ends of its range, "
     "and uncalibrated at least the out-of-sample spread of measured/predicted on ddplan's published runs "
     "(`ddplan validate --leave-one-source-out`); "
     "basis: measured | fitted (derived from a measurement) | model (assumptions only); '!' = flagged, see the "

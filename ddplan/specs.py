@@ -260,7 +260,7 @@ class Efficiencies(Strict):
     kernel_overhead_us: Sourced  # launch + tail per kernel, added to each op
     # fraction of its rate compute keeps while a collective runs beside it (NCCL/RCCL kernels take SMs and HBM
     # bandwidth from the kernels they overlap): the overlapped part of each collective costs the step
-    # (1 - overlapped_compute) x its time (ddplan.step.overlap_cost_s). None: 1, overlap is free
+    # (1 - overlapped_compute) x its time (ddplan.comm.overlap_cost_s). None: 1, overlap is free
     overlapped_compute: Efficiency | None = None
 
 
@@ -383,7 +383,7 @@ class Dropout(Strict):
 # it at the next all-to-all). Fitted (ddplan.validation.fit_dropless_imbalance) to the ModelZoo's forced-
 # balance vs dropless throughput of one Qwen3-235B-A22B layout (128 experts, top 8, ep 8, H100) at four
 # sequence lengths (validation/moe_routing.yaml: 295/237 ... 389/357 TFLOP/s/GPU), where the MoE share of
-# the step falls from 46% to 18%; the four fits agree within 0.05 (1.50-1.55), as a constant factor on the
+# the step falls from 46% to 18%; the four fits agree within 0.05 (1.50-1.54), as a constant factor on the
 # experts' part alone predicts. Assumed the same at other ep, expert counts and auxiliary-loss weights
 # (no published sweep of those at hand); set moe.load_imbalance (or 1 for forced balance) to replace it.
 DROPLESS_IMBALANCE = 1.52

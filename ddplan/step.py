@@ -217,7 +217,7 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
             gemm = parts.by_kind.get(("layers", "gemm"), 0.0) + parts.again_by_kind.get(
                 ("layers", anatomy.recompute, "gemm"), 0.0)
             sent, tp_s = tp_s, comm.tp_overlap_exposed_s(tp_s, accum * gemm * stage / a_layers)
-            tp_s += comm.overlap_cost_s(sent - tp_s, r.overlapped_compute)
+            tp_s += comm.overlap_cost_s(sent - tp_s, r.overlapped_compute, outlasting_s=tp_s)  # tp_s: beyond the GEMMs
 
     cp_s = 0.0
     if layout.cp > 1:
@@ -268,13 +268,13 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
     else:
         opt_s = optimizer_time_s(spec, layout, r) if optimizer_s is None else optimizer_s
     policy = dp_policy(spec, layout)
-    total_comm, exposed, gather_s, scatter_s = dp_comm_s(spec, hw, layout, mbt.bwd_s, mbt.total_s, comm_efficiency,
-                                                         comm_points, cache)
+    total_comm, exposed, gather_s, scatter_s, beside, outlasting = dp_comm_s(
+        spec, hw, layout, mbt.bwd_s, mbt.total_s, comm_efficiency, comm_points, cache)
     if policy == "sharded_optimizer":  # communication overlaps optimizer math only
         exposed = total_comm - min(opt_s, total_comm)
-    # the hidden part slows what it hides under (none where the exposed estimate reaches the whole: FSDP's first
-    # gather of each pass is counted beside its busy time, comm.fsdp_comm_s)
-    exposed += comm.overlap_cost_s(max(0.0, total_comm - exposed), r.overlapped_compute)
+        beside, outlasting = min(opt_s, total_comm), exposed
+    # what runs beside compute slows it (comm.overlap_cost_s), unless the compute still ends inside the collectives
+    exposed += comm.overlap_cost_s(beside, r.overlapped_compute, outlasting_s=outlasting)
     return StepTime(fwd_s=mbt.fwd_s, bwd_s=mbt.bwd_s, accum=accum, compute_s=compute, tp_comm_s=tp_s,
                     dp_comm_total_s=total_comm, dp_comm_exposed_s=exposed, bubble_s=bubble, optimizer_s=opt_s,
                     by_kind_s={k: v * accum for k, v in mbt.by_kind_s.items()}, policy=policy, cp_comm_s=cp_s,
@@ -331,9 +331,11 @@ def _cp_layer_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, place: Placem
     send = tier.latency_s + block / tier.busbw_bytes_per_s  # to the next rank of the ring, both directions at once
     attn_fwd = parts.fwd_by_kind.get(("layers", "attention"), 0.0) / layers
     attn_bwd = parts.by_kind.get(("layers", "attention"), 0.0) / layers - attn_fwd
-    exposed = comm.cp_ring_exposed_s(send, layout.cp, attn_fwd, attn_bwd)
-    sent = comm.cp_ring_sent_s(send, layout.cp)
-    return tuple(x + comm.overlap_cost_s(all_ - x, kept) for x, all_ in zip(exposed, sent))
+    fwd, bwd = comm.cp_ring_exposed_s(send, layout.cp, attn_fwd, attn_bwd)
+    sent_fwd, sent_bwd = comm.cp_ring_sent_s(send, layout.cp)
+    # what outlasts the attention: the steps' excess (backward's last hop home runs after it, beside nothing)
+    return (fwd + comm.overlap_cost_s(sent_fwd - fwd, kept, outlasting_s=fwd),
+            bwd + comm.overlap_cost_s(sent_bwd - bwd, kept, outlasting_s=bwd - send))
 
 
 @dataclass(frozen=True)
@@ -360,17 +362,19 @@ class _Cached:
 
 def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, mb_s: float,
               efficiency: str = "value", points: CommPoints | None = None,
-              cache: Cache | None = None) -> tuple[float, float, float, float]:
-    """(total, exposed, gather, scatter) seconds of data-parallel communication in one step, by the layout's
-    policy; gather and scatter: one micro-batch's ZeRO-3 parameter all-gathers (every pass) and gradient
-    reduce-scatter (0 for the other policies).
+              cache: Cache | None = None) -> tuple[float, float, float, float, float, float]:
+    """(total, exposed, gather, scatter, beside, outlasting) seconds of data-parallel communication in one step, by
+    the layout's policy; gather and scatter: one micro-batch's ZeRO-3 parameter all-gathers (every pass) and gradient
+    reduce-scatter (0 for the other policies); beside: the collectives' time beside the compute they overlap (at
+    most that compute), outlasting: the time they run on past it (comm.overlap_cost_s takes both).
 
     DDP: comm.ddp_exposed_s; ZeRO-1/2 and FSDP: comm.zero1_comm_s, zero2_comm_s, fsdp_comm_s; nanochat's
-    sharded optimizer: everything after the last micro-batch (the caller hides it under optimizer math).
+    sharded optimizer: everything after the last micro-batch (the caller hides it under optimizer math, and works
+    out beside and outlasting there).
     """
     n = layout.grad_ranks  # dp x cp ranks hold the same parameters
     if n == 1 and layout.expert_ranks == 1:  # (whole experts may still be shared by tp ranks: --etp 1)
-        return 0.0, 0.0, 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
     cache = {} if cache is None else cache
     policy = dp_policy(spec, layout)
     place = _placed(layout, hw, cache)  # ranks ordered tp, dp, pp: a dp group strides by tp
@@ -384,7 +388,8 @@ def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, m
         exposed = comm.ddp_exposed_s(size, DDP_BUCKET_BYTES, n, timer, bwd_s)
         if size_e:  # after the other buckets, under what is left of backward
             exposed += comm.ddp_exposed_s(size_e, DDP_BUCKET_BYTES, n_e, timer_e, max(0.0, bwd_s - total))
-        return total + total_e, exposed, 0.0, 0.0
+        return (total + total_e, exposed, 0.0, 0.0,
+                *_beside(total + total_e, exposed, bwd_s, max(0.0, total + total_e - bwd_s)))
     key = ("dp collectives", policy, layout.dp, layout.tp, layout.pp, layout.cp, layout.ep, layout.etp,
            layout.shard_group, layout.fp8_all_gather, layout.fp8_params, hw.gpus_per_node, efficiency)  # what they depend on
     times = cache.get(key)
@@ -392,13 +397,30 @@ def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, m
         times = cache[key] = _dp_collectives(spec, hw, layout, policy, place, efficiency, points, cache)
     rs, ag, ar, last = times
     if policy == "fsdp":
-        return _fsdp_comm_s(rs, ag, ar, layout, place, mb_s, spec.architecture.num_layers)
+        total, exposed, gather, scatter = _fsdp_comm_s(rs, ag, ar, layout, place, mb_s, spec.architecture.num_layers)
+        # each pass's first gather waits before any compute: exposed, but not outlasting the compute
+        first = layout.grad_accum * gather / max(1, spec.architecture.num_layers)
+        return (total, exposed, gather, scatter,
+                *_beside(total, exposed, layout.grad_accum * mb_s, max(0.0, exposed - first)))
     if policy == "sharded_optimizer":
-        return rs + ag + ar, rs + ag + ar, 0.0, 0.0  # overlap with optimizer math applied by the caller
+        return rs + ag + ar, rs + ag + ar, 0.0, 0.0, 0.0, 0.0  # overlap with optimizer math applied by the caller
     forward = (mb_s - bwd_s) if layout.overlap_param_gather else None  # the next step's first forward
+    accum = 1 if policy == "zero1" else layout.grad_accum  # ZeRO-1 reduces once a step, ZeRO-2 every micro-batch
     if policy == "zero1":
-        return (*comm.zero1_comm_s(rs, ag, last, bwd_s, forward), 0.0, 0.0)
-    return (*comm.zero2_comm_s(rs, ag, last, bwd_s, layout.grad_accum, forward), 0.0, 0.0)
+        total, exposed = comm.zero1_comm_s(rs, ag, last, bwd_s, forward)
+    else:
+        total, exposed = comm.zero2_comm_s(rs, ag, last, bwd_s, layout.grad_accum, forward)
+    # the reduce-scatters run beside backward, the gathers (when overlapped) beside the next forward
+    window = accum * bwd_s + (forward or 0.0)
+    outlasting = accum * max(0.0, rs - bwd_s) + (max(0.0, ag - forward) if forward is not None else 0.0)
+    return (total, exposed, 0.0, 0.0, *_beside(total, exposed, window, outlasting))
+
+
+def _beside(total: float, exposed: float, window: float, outlasting: float) -> tuple[float, float]:
+    """(beside, outlasting) of a policy's collectives for comm.overlap_cost_s: beside, what of them is not exposed, at
+    most the compute window they overlap (a hybrid FSDP's two streams on their own links overlap each other too);
+    outlasting, what of them runs past that compute, as the caller works it out."""
+    return min(max(0.0, total - exposed), window), outlasting
 
 
 def _dp_collectives(spec: ModelSpec, hw: HardwareSpec, layout: Layout, policy: str, place: Placement,

@@ -337,8 +337,8 @@ def _shape(r: PricedLayout) -> tuple:
 
 
 # A stated step whose fit needs kernels more than this factor above the device's best measured GEMM is refused
-# (assumed: past the model's own out-of-sample spread on the fast side, 0.84 x on the published runs: 1 / 0.84 =
-# 1.19 x, with room). Between
+# (assumed: past the model's own out-of-sample spread on the fast side, 0.86 x on the published runs: 1 / 0.86 =
+# 1.16 x, with room). Between
 # the best GEMM and this factor it is priced, flagged implausible, with the model's band (ddplan.fitting).
 IMPLAUSIBLE_MARGIN = 1.25
 

@@ -833,9 +833,10 @@ def peaks_columns_note(loso: bool) -> str:
     return ("error = predicted / measured - 1 in what the measurement counts (allocated: tensors; reserved: and the "
             "allocator's slack; device: and the CUDA context); verdict = the predicted peak with its band (measured / "
             "predicted: " + ("the band fitted on the other sources' peaks, each source left out in turn"
-                             if loso else "the shipped band, fitted on every peak, --in-sample") + ") against the "
-            "limit (usable memory less the headroom): wrong when it says does not fit for a run that ran, or fits for "
-            "one that ran out of memory.")
+                             if loso else "the shipped band, fitted on every peak, --in-sample") + "): fits when its "
+            "high end is within the limit (usable memory less the headroom), does not fit when its low end is over all "
+            "of usable memory; wrong when it says does not fit for a run that ran, or fits for one that ran out of "
+            "memory.")
 
 
 def validation_bottom_line(scored, held=None) -> list[str]:

@@ -366,9 +366,33 @@ def test_overlap_cost_by_hand_and_published():
     assert comm.overlap_cost_s(0.100, 1 / 1.189) == pytest.approx(0.100 * 0.189 / 1.189, rel=1e-12)
     assert comm.overlap_cost_s(0.100, 1 / 1.40) == pytest.approx(0.02857, rel=1e-3)
     assert comm.overlap_cost_s(0.100, 1.0) == 0.0 and comm.overlap_cost_s(0.0, 0.841) == 0.0
+    # collectives longer than the compute (H > C): the pair ends at max(H, C + (1 - kept) H), so it grows only by
+    # max(0, C - kept x H). 379 ms beside 240 ms: 240 - 0.841 x 379 < 0, nothing; 320 ms beside 300 ms: 300 -
+    # 0.841 x 320 = 30.88 ms, the formula's (1 - 0.841) x 300 - 0.841 x 20
+    assert comm.overlap_cost_s(0.240, 0.841, outlasting_s=0.139) == 0.0
+    assert comm.overlap_cost_s(0.300, 0.841, outlasting_s=0.020) == pytest.approx(0.300 - 0.841 * 0.320, rel=1e-12)
+    assert 0.300 - 0.841 * 0.320 == pytest.approx(0.03088, rel=1e-9)
     for bad in ((-0.1, 0.841), (0.1, 0.0), (0.1, 1.2)):
         with pytest.raises(ValueError):
             comm.overlap_cost_s(*bad)
+
+
+def test_collectives_that_outlast_the_compute_cost_nothing_more():
+    """The review's case: Llama 3 8B on 512 A100s at ZeRO-3, one 1,024-token sequence a GPU: 0.379 s of collectives
+    beside 0.24 s of compute. The slowed compute (0.24 / 0.841 = 0.29 s) still ends inside the collectives, so the
+    step is what it is with overlap free (it was 9.6% longer when the whole hidden part was charged)."""
+    from ddplan.layout import Layout
+    from ddplan.price import Pricer, RunPlan
+    from ddplan.registry import load_model
+
+    spec, hw = load_model("llama-3-8b"), load_hardware("a100-sxm-80gb")
+    spec = spec.model_copy(update={"recipe": spec.recipe.model_copy(update={"seq_len": 1024,
+                                                                            "total_batch_tokens": 524288})})
+    free = hw.model_copy(update={"efficiency": hw.efficiency.model_copy(update={"overlapped_compute": None})})
+    lay = Layout(dp=512, zero=3, micro_batch=1, grad_accum=1, attention="fa2")
+    slowed, alone = (Pricer(spec, h, RunPlan(spec.recipe.budget, h.price)).price(lay).step for h in (hw, free))
+    assert slowed.dp_comm_total_s > slowed.compute_s / 0.841  # the collectives outlast even the slowed compute
+    assert slowed.total_s == pytest.approx(alone.total_s, rel=1e-12)
 
 
 def test_every_gpu_spec_states_the_published_overlap_slowdown():

@@ -85,9 +85,10 @@ def test_ring_cp_step_by_hand():
     """Llama-3-8B, 8192 tokens, 16 H100, tp 8 x cp 2: the cp pair is 8 ranks apart, on two nodes, so each send
     of a KV block goes over one NIC: 10 us + 2 x 1 x 4096 x (8 KV heads / 8) x 128 x 2 B / 42.5e9 B/s. Per
     layer the forward hides the send under half the layer's attention; backward sends twice the bytes under
-    half its attention, plus the gradients' last hop: cp_comm = accum x layers x (fwd + bwd). What the ring hides
-    under attention still slows it: (1 - 0.841) of the hidden sends (h100-sxm's overlapped_compute,
-    comm.overlap_cost_s) joins the exposed part; sent: 1 send forward, 2 + 1 backward."""
+    half its attention, plus the gradients' last hop: cp_comm = accum x layers x (fwd + bwd). What the ring sends
+    beside attention slows it (comm.overlap_cost_s at h100-sxm's overlapped_compute 0.841): max(0, (1 - 0.841) x
+    beside - 0.841 x outlasting), beside = sent - exposed (sent: 1 send forward, 2 + 1 backward), outlasting = the
+    steps' excess (the last hop runs after the attention); here the sends outlast the attention, so nothing."""
     from ddplan.price import Pricer, RunPlan
 
     spec, hw = _spec(), load_hardware("h100-sxm")
@@ -102,7 +103,10 @@ def test_ring_cp_step_by_hand():
     attn_bwd = parts.by_kind[("layers", "attention")] / layers - attn_fwd
     fwd = max(0.0, send - attn_fwd / 2)
     bwd = max(0.0, 2 * send - attn_bwd / 2) + send
-    fwd, bwd = fwd + (1 - 0.841) * (send - fwd), bwd + (1 - 0.841) * (3 * send - bwd)
+    cost_fwd = max(0.0, (1 - 0.841) * (send - fwd) - 0.841 * fwd)
+    cost_bwd = max(0.0, (1 - 0.841) * (3 * send - bwd) - 0.841 * (bwd - send))
+    assert fwd > 0 and cost_fwd == cost_bwd == 0.0  # the sends outlast the attention they overlap
+    fwd, bwd = fwd + cost_fwd, bwd + cost_bwd
     assert p.step.cp_comm_s == pytest.approx(4 * layers * (fwd + bwd), rel=1e-9)
     assert p.step.cp_comm_s > 0
 
