@@ -682,7 +682,7 @@ class PeakScored:
                 "framework": self.framework, "outcome": self.outcome, "measured_what": self.what,
                 "measured_gb": self.measured_gb, "predicted_gb": self.predicted_gb,
                 "error_pct": None if e is None else 100 * e, "predicted_total_gb": self.total_gb,
-                "limit_gb": self.limit_gb, "fits": self.fits, "verdict": self.verdict,
+                "limit_gb": self.limit_gb, "capacity_gb": self.capacity_gb, "fits": self.fits, "verdict": self.verdict,
                 "band_low": self.band[0], "band_high": self.band[1], "verdict_right": self.verdict_right}
 
 
