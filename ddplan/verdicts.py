@@ -696,11 +696,12 @@ def memory_title(spec: ModelSpec, hw: HardwareSpec, setup) -> str:
     vp = f" x{lay.pp_virtual_stages} interleaved" if lay.pp_virtual_stages > 1 else ""
     asked = f" (asked {setup.asked_micro_batch}: it does not divide the sequences per rank)" \
         if setup.asked_micro_batch else ""
+    fp8 = f" with fp8 GEMMs ({setup.fp8_recipe or spec.recipe.fp8_recipe})" if setup.fp8 else ""
+    offload = f", {lay.offload_activations} layers' activations offloaded" if lay.offload_activations else ""
     return (f"{spec.name} on {lay.num_gpus} x {hw.name} in total (dp {lay.dp}, tp {lay.tp}, pp {lay.pp}{vp}), device "
-            f"batch {lay.micro_batch}{asked} x {spec.recipe.seq_len}, {spec.dtypes.compute}"
-            f"{f' with fp8 GEMMs ({setup.fp8_recipe or spec.recipe.fp8_recipe})' if setup.fp8 else ''}, {lay.attention}, recompute "
-            f"{lay.recompute}, {'compiled' if lay.compiled else 'eager'}: memory per GPU (GiB = 2^30 bytes; fits = "
-            f"at most {100 * (1 - setup.headroom):.0f}% of usable)")
+            f"batch {lay.micro_batch}{asked} x {spec.recipe.seq_len}, {spec.dtypes.compute}{fp8}, {lay.attention}, "
+            f"recompute {lay.recompute}{offload}, {'compiled' if lay.compiled else 'eager'}: memory per GPU (GiB = 2^30 "
+            f"bytes; fits = at most {100 * (1 - setup.headroom):.0f}% of usable)")
 
 
 # --------------------------------------------------------------------------------------------
