@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ddplan.errors import DdplanError, SpecError
-from ddplan.registry import builtin_names, load_model
+from ddplan.registry import builtin_names, load_hardware, load_model
 from ddplan.files import atomic_write
 from ddplan.runconfig import RunConfig, field_paths, flow
 from ddplan.runfields import RECOMPUTE_MODULES, recompute_policy
@@ -51,6 +51,9 @@ class Imported:
     architecture: dict | None = None  # config.json contents, when the model is not a built-in
     gpus_given: int | None = None  # import --gpus: wins over the file
     model_given: str | None = None  # import --model: the readers do not build (or check) an architecture
+    # Transformer Engine picks the attention kernel (Megatron-Core's attention_backend auto or fused): resolved to the
+    # hardware's nearest priced kernel once the hardware is known (te_attention)
+    te_attention: bool = False
 
     def set(self, path: tuple[str, ...] | str, value: Any, note: str | None = None) -> None:
         key = (path,) if isinstance(path, str) else path
@@ -99,7 +102,31 @@ def read(path: Path, fmt: str | None = None, *, gpus: int | None = None, hardwar
         out.assumed.pop(("hardware",), None)
     if ("hardware",) not in out.fields:
         out.assume("hardware", ASSUMED_HARDWARE, "the file names no GPU (import --hardware, or edit)")
+    if out.te_attention and ("attention",) not in out.fields:
+        te_attention(out)
     return out
+
+
+# Transformer Engine's fused attention as ddplan prices it, nearest first: cuDNN where a GPU spec has its measured
+# sweep (B200, GB200), else FlashAttention-3 (Hopper) or -2 (the flash-type kernels its measured rates come from)
+TE_ATTENTION = ("cudnn", "fa3", "fa2")
+
+
+def te_attention(out: Imported) -> None:
+    """The attention kernel of a run whose Transformer Engine picks it (Megatron-Core's attention_backend auto, its
+    default, or fused: cuDNN's FusedAttention on sm90 and newer, megatron/core/transformer/transformer_config.py
+    @d98e8a6 L151-155): the first of TE_ATTENTION the hardware spec lists, marked assumed (a proxy where the spec has
+    no cuDNN figure). Left unset where the hardware is not a built-in, or lists none of them (each kernel then gets its
+    row)."""
+    try:
+        hw = load_hardware(str(out.fields[("hardware",)]))
+    except DdplanError:
+        return
+    listed = {a.name for a in hw.attention}
+    name = next((k for k in TE_ATTENTION if k in listed), None)
+    if name is not None:
+        out.assume("attention", name, f"Transformer Engine picks the kernel (attention_backend auto/fused: cuDNN fused "
+                                      f"attention on Hopper and newer); priced as {hw.name}'s {name}")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -703,6 +730,8 @@ def _megatron(text: str, path: Path, out: Imported) -> None:
         out.set("attention", "megatron-unfused")
     elif arg("--use-flash-attn") or backend == "flash":
         out.set("attention", "fa2")
+    elif backend in (None, "auto", "fused"):  # Megatron-Core's default, auto: Transformer Engine chooses (read())
+        out.te_attention = True
     _unread(out, a, read | {"--nnodes", "--nproc_per_node", "--nproc-per-node", "--node_rank", "--master_addr",
                             "--master_port", "--standalone"}, MEGATRON_NOT_COST)
 

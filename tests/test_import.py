@@ -409,6 +409,25 @@ def test_megatron_s_transformer_engine_loss_is_te(capsys, tmp_path):
         assert ("cross_entropy: te" in out.read_text(encoding="utf-8")) == written, extra
 
 
+def test_megatron_s_default_attention_backend_is_transformer_engine_s_kernel(capsys, tmp_path):
+    """Megatron-Core's attention_backend auto (its default) or fused lets Transformer Engine pick cuDNN's fused
+    attention (transformer_config.py@d98e8a6 L151-155): imported as the hardware's nearest priced kernel, assumed
+    (cudnn on GB200, fa3 on H100); --use-flash-attn stays fa2 and unfused stays Megatron's own; a GPU listing none of
+    them (MI300X) gets no attention line, so each kernel gets its row."""
+    args, out = tmp_path / "args.sh", tmp_path / "run.yaml"
+    base = "--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 512 --nproc_per_node 8 --bf16"
+    for extra, hardware, line in (("", "gb200", "attention: cudnn  # assumed"),
+                                  (" --attention-backend fused", "h100-sxm", "attention: fa3  # assumed"),
+                                  (" --use-flash-attn", "h100-sxm", "attention: fa2"),
+                                  (" --attention-backend unfused", "h100-sxm", "attention: megatron-unfused")):
+        args.write_text(base + extra + "\n", encoding="utf-8")
+        run_ok(capsys, ["import", str(args), "-o", str(out), "--from", "megatron", "--hardware", hardware])
+        assert line in out.read_text(encoding="utf-8"), (extra, hardware)
+    args.write_text(base + "\n", encoding="utf-8")
+    run_ok(capsys, ["import", str(args), "-o", str(out), "--from", "megatron", "--hardware", "mi300x"])
+    assert "attention:" not in out.read_text(encoding="utf-8")
+
+
 def test_a_launch_script_s_comments_and_arrays_read_as_the_shell_reads_them():
     """A # inside quotes is not a comment (`--wandb-exp-name "run#3" --bf16` keeps --bf16); an array may close on
     its last item's line."""
