@@ -114,7 +114,7 @@ def fit_verdict(total_bytes: float, limit: float, ratio: tuple[float, float] | N
     ratio = ratio or PEAK_RATIO
     if total_bytes * ratio[1] <= limit:
         return FITS
-    if total_bytes * ratio[0] > (limit if capacity is None else max(capacity, limit)):
+    if total_bytes * ratio[0] > (limit if capacity is None else capacity):
         return DOES_NOT_FIT
     return MAY_NOT_FIT
 
@@ -290,8 +290,17 @@ def offloaded_bytes(anatomy: Anatomy, layout: Layout, num_layers: int) -> float:
     resident_layer_share leaves off the GPU). 0 without offload."""
     if not layout.offload_activations:
         return 0.0
-    layer_bytes = anatomy.saved_split[0] - (anatomy.weight_cast_split[0] if layout.zero == 3 else 0.0)
-    return layer_bytes * (1 - resident_layer_share(layout, num_layers))
+    return _held_split(anatomy, layout)[0] * (1 - resident_layer_share(layout, num_layers))
+
+
+def _held_split(anatomy: Anatomy, layout: Layout) -> tuple[float, float, float]:
+    """(layers, embedding, head) saved bytes a rank holds: the anatomy's, less the per-micro-batch weight casts under
+    ZeRO-3 (activation_bytes says why)."""
+    layers, (embedding, head) = anatomy.saved_split[0], anatomy.outside_split
+    if layout.zero == 3:
+        casts = anatomy.weight_cast_split
+        return layers - casts[0], embedding - casts[1], head - casts[2]
+    return layers, embedding, head
 
 
 def activation_bytes(anatomy: Anatomy, layout: Layout, num_layers: int) -> tuple[float, float]:
@@ -313,11 +322,7 @@ def activation_bytes(anatomy: Anatomy, layout: Layout, num_layers: int) -> tuple
     """
     if anatomy.tp != layout.tp:
         raise ValueError(f"the anatomy is for tp={anatomy.tp}, the layout has tp={layout.tp}")
-    layer_bytes = anatomy.saved_split[0]
-    embedding, head = anatomy.outside_split
-    if layout.zero == 3:
-        casts = anatomy.weight_cast_split
-        layer_bytes, embedding, head = layer_bytes - casts[0], embedding - casts[1], head - casts[2]
+    layer_bytes, embedding, head = _held_split(anatomy, layout)
     if layout.pp == 1:  # activation offload (pp 1 only): the first N layers' saves wait in host memory
         return layer_bytes * resident_layer_share(layout, num_layers) + embedding + head, \
             anatomy.backward_transient_bytes()

@@ -388,8 +388,8 @@ def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, m
         exposed = comm.ddp_exposed_s(size, DDP_BUCKET_BYTES, n, timer, bwd_s)
         if size_e:  # after the other buckets, under what is left of backward
             exposed += comm.ddp_exposed_s(size_e, DDP_BUCKET_BYTES, n_e, timer_e, max(0.0, bwd_s - total))
-        return (total + total_e, exposed, 0.0, 0.0,
-                *_beside(total + total_e, exposed, bwd_s, max(0.0, total + total_e - bwd_s)))
+        return (total + total_e, exposed, 0.0, 0.0, _beside(total + total_e, exposed, bwd_s),
+                max(0.0, total + total_e - bwd_s))
     key = ("dp collectives", policy, layout.dp, layout.tp, layout.pp, layout.cp, layout.ep, layout.etp,
            layout.shard_group, layout.fp8_all_gather, layout.fp8_params, hw.gpus_per_node, efficiency)  # what they depend on
     times = cache.get(key)
@@ -400,8 +400,8 @@ def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, m
         total, exposed, gather, scatter = _fsdp_comm_s(rs, ag, ar, layout, place, mb_s, spec.architecture.num_layers)
         # each pass's first gather waits before any compute: exposed, but not outlasting the compute
         first = layout.grad_accum * gather / max(1, spec.architecture.num_layers)
-        return (total, exposed, gather, scatter,
-                *_beside(total, exposed, layout.grad_accum * mb_s, max(0.0, exposed - first)))
+        return (total, exposed, gather, scatter, _beside(total, exposed, layout.grad_accum * mb_s),
+                max(0.0, exposed - first))
     if policy == "sharded_optimizer":
         return rs + ag + ar, rs + ag + ar, 0.0, 0.0, 0.0, 0.0  # overlap with optimizer math applied by the caller
     forward = (mb_s - bwd_s) if layout.overlap_param_gather else None  # the next step's first forward
@@ -413,14 +413,14 @@ def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, m
     # the reduce-scatters run beside backward, the gathers (when overlapped) beside the next forward
     window = accum * bwd_s + (forward or 0.0)
     outlasting = accum * max(0.0, rs - bwd_s) + (max(0.0, ag - forward) if forward is not None else 0.0)
-    return (total, exposed, 0.0, 0.0, *_beside(total, exposed, window, outlasting))
+    return total, exposed, 0.0, 0.0, _beside(total, exposed, window), outlasting
 
 
-def _beside(total: float, exposed: float, window: float, outlasting: float) -> tuple[float, float]:
-    """(beside, outlasting) of a policy's collectives for comm.overlap_cost_s: beside, what of them is not exposed, at
-    most the compute window they overlap (a hybrid FSDP's two streams on their own links overlap each other too);
-    outlasting, what of them runs past that compute, as the caller works it out."""
-    return min(max(0.0, total - exposed), window), outlasting
+def _beside(total: float, exposed: float, window: float) -> float:
+    """Seconds of a policy's collectives beside the compute they overlap (comm.overlap_cost_s's `overlapped`): what
+    of them is not exposed, at most that compute window (a hybrid FSDP's two streams on their own links overlap each
+    other too, so their sum can exceed it)."""
+    return min(max(0.0, total - exposed), window)
 
 
 def _dp_collectives(spec: ModelSpec, hw: HardwareSpec, layout: Layout, policy: str, place: Placement,

@@ -511,7 +511,8 @@ def table_assumptions(table) -> list[str]:
         f"HBM efficiency {e.hbm.value:.2f} ({e.hbm.basis})"
         + (f"; compute beside a hidden collective keeps {e.overlapped_compute.value:.3f} of its rate "
            f"({e.overlapped_compute.basis}, range {e.overlapped_compute.range[0]:.3f}-{e.overlapped_compute.range[1]:.3f}: "
-           f"the hidden part of each collective costs the step 1 minus that)"
+           f"a collective beside compute lengthens the step by 1 minus that of its overlap, less what the compute "
+           f"still finishes inside it: ddplan.comm.overlap_cost_s)"
            if e.overlapped_compute is not None and any(r.layout.num_gpus > 1 for r in table.rows) else "") + ". "
         + (f"The calibration file ({Path(req.calibration_path).name}) carries the spec, every figure with its source "
            f"(`hardware_spec`)." if _carried(req, hw) else
