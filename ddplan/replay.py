@@ -203,6 +203,7 @@ def run_hardware(run: RunFacts, where: str):
 
 
 FP8_FIT = ":fp8"  # a re-fit's key suffix: "h100-sxm:fp8" holds the fraction fp8 training keeps (sustained_fp8)
+FP8_STACK_FIT = "fp8 stacks"  # a re-fit's key of what other stacks keep of it (ddplan.fp8.FP8_STACK_KEPT)
 
 
 def fp8_fit_key(hardware: str) -> str:
@@ -226,8 +227,8 @@ def price_run(run: RunFacts, where: str, sustained: dict[str, float] | None = No
               bands: bool = True):
     """(spec, hardware, priced row) of one run, through ddplan.table.build_table as `ddplan table` prices it.
 
-    sustained: hardware name -> GEMM sustained fraction replacing the spec's, and fp8_fit_key(name) -> the fraction
-    fp8 training keeps (validation's re-fits);
+    sustained: hardware name -> GEMM sustained fraction replacing the spec's, fp8_fit_key(name) -> the fraction
+    fp8 training keeps, and FP8_STACK_FIT -> what a stack other than the tuned ones keeps of it (validation's re-fits);
     imbalance: the dropless load imbalance replacing the spec's (run_spec); shared: build_table's
     rate-independent cache, kept by the caller across prices of this run at one imbalance; evidence=False: the
     base uncalibrated band, not widened where the evidence is thin (leave-one-source-out widens it by tables made
@@ -249,7 +250,7 @@ def price_run(run: RunFacts, where: str, sustained: dict[str, float] | None = No
                        attentions=(attention,), windows=(lay.window or spec.architecture.window_pattern,),
                        total_batch_tokens=run.tokens_per_step, compiled=lay.compiled, fp8=run.precision == "fp8",
                        framework=run_framework(run), evidence=evidence, bands=bands,
-                       fp8_recipe=run.fp8_recipe,
+                       fp8_recipe=run.fp8_recipe, fp8_stack_kept=(sustained or {}).get(FP8_STACK_FIT),
                        options=Options(sequence_parallel=lay.sequence_parallel, tp_overlap=lay.tp_comm_overlap,
                                        overlap_param_gather=lay.overlap_param_gather,
                                        shard_group=lay.shard_group, expert_tp=lay.etp or 0,

@@ -122,12 +122,14 @@ def pick(eff: Efficiency, scenario: Scenario) -> float:
 
 
 def rates(hw: HardwareSpec, attention: str, scenario: Scenario = "value", dtype: str = "bf16",
-          fp8: bool = False, fp8_recipe: str = "tensorwise", fp8_lm_head: bool = False) -> Rates:
+          fp8: bool = False, fp8_recipe: str = "tensorwise", fp8_lm_head: bool = False,
+          fp8_stack: float = 1.0) -> Rates:
     """Rates for the named attention implementation on this hardware, at one end of the ranges.
 
     fp8: eligible GEMMs (fp8_eligible) run at the dense fp8 peak x the fp8 GEMM efficiency (the bf16 fraction
-    where no fp8 measurement exists) x the fraction fp8 training keeps (`sustained_fp8`, fitted on fp8 runs; the
-    16-bit `sustained` where none is), with the recipe's casts (fp8_cast_bytes); attention and everything else
+    where no fp8 measurement exists) x the fraction fp8 training keeps (`sustained_fp8`, fitted on fp8 runs, times
+    fp8_stack, what the run's stack keeps of it: ddplan.fp8.fp8_stack_factor; the 16-bit `sustained` where the spec
+    has no fp8 fit, fp8_stack not applied), with the recipe's casts (fp8_cast_bytes); attention and everything else
     stay in the compute dtype.
     """
     if fp8_recipe not in FP8_RECIPES:
@@ -138,7 +140,7 @@ def rates(hw: HardwareSpec, attention: str, scenario: Scenario = "value", dtype:
     e = hw.efficiency
     fp8_best = e.gemm.best_fp8 or e.gemm.best
     kept = pick(e.gemm.sustained, scenario) if e.gemm.sustained is not None else 1.0
-    kept_fp8 = pick(e.gemm.sustained_fp8, scenario) if e.gemm.sustained_fp8 is not None else kept
+    kept_fp8 = pick(e.gemm.sustained_fp8, scenario) * fp8_stack if e.gemm.sustained_fp8 is not None else kept
     return Rates(
         peak_flops_per_s=hw.peak.flops_per_s(dtype),
         vector_flops_per_s=hw.peak.fp32_vector_tflops.value * 1e12,

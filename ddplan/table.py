@@ -62,6 +62,7 @@ class TableRequest:
     framework: str | None = None  # the training stack's profile name: its published runs weigh in the band
     evidence: bool = True  # False: the base band, not widened where the evidence is thin (validation re-widens it)
     bands: bool = True  # False: each row's value only, its band collapsed to it (what a fit's cost reads)
+    fp8_stack_kept: float | None = None  # a re-fit of ddplan.fp8.FP8_STACK_KEPT (validation's); None: the shipped one
 
 
 @dataclass(frozen=True)
@@ -200,7 +201,8 @@ def _build_table(req: TableRequest, progress: Callable[[str, int, int], None] | 
     if req.options.offload_optimizer:
         check_offload(spec, hw, req.zeros)
     check_activation_offload(hw, req.options.offload_activations)
-    pricer = Pricer(spec, hw, RunPlan(budget, price, req.overheads, req.headroom, req.framework, req.evidence),
+    pricer = Pricer(spec, hw, RunPlan(budget, price, req.overheads, req.headroom, req.framework, req.evidence,
+                                     req.fp8_stack_kept),
                     req.calibration, req.fp8, fp8_recipe=req.fp8_recipe,
                     _caches=PriceCache(shared=shared) if shared is not None else None)
     table = Table(request=req, rows=[], steps=pricer.steps(total_batch), total_batch_tokens=total_batch,

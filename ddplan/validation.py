@@ -29,7 +29,8 @@ from ddplan.memory import (DOES_NOT_FIT, FITS, MAY_NOT_FIT, NOT_COUNTED, PEAK_RA
                            predicted_peak_bytes)
 from ddplan.params import param_counts
 from ddplan.registry import builtin_dir, builtin_names, load_hardware
-from ddplan.replay import fp8_fit_key, price_run, run_framework
+from ddplan.fp8 import FP8_TUNED_STACKS
+from ddplan.replay import FP8_STACK_FIT, fp8_fit_key, price_run, run_framework
 from ddplan.runs import (MEMORY_PEAKS, MeasuredPeak, PublishedRun, RoutingSweep, RunSet, load_peaks, load_routing,
                          load_runs, run_spec, shipped_dataset)
 
@@ -202,14 +203,16 @@ class Scorer:
         try:
             name = _hw_name(run.hardware)
             given = sustained or {}
-            own = (given.get(name), given.get(fp8_fit_key(name)) if run.precision == "fp8" else None)
+            fp8 = run.precision == "fp8"
+            own = (given.get(name), given.get(fp8_fit_key(name)) if fp8 else None,
+                   given.get(FP8_STACK_FIT) if fp8 and not tuned_fp8(run) else None)
         except DdplanError:  # an unknown hardware: score() says so, naming the run
-            own = (None, None)
+            own = (None, None, None)
         run_key = self._key(run)
         if imbalance is not None and not self._imbalanced(run, run_key, where):
             imbalance = None  # priced the same at any imbalance: one price, one cache
         shared = self._shared.setdefault((self._parts_key(run, run_key), imbalance), {})
-        return (run_key, own, imbalance), (sustained if own != (None, None) else None), shared
+        return (run_key, own, imbalance), (sustained if own != (None, None, None) else None), shared
 
     def predicted_s(self, run: PublishedRun, where: str, sustained: dict[str, float] | None = None,
                     imbalance: float | None = None) -> float:
@@ -403,18 +406,29 @@ def moe_band_ratio(scored: Sequence[Scored]) -> tuple[float, float] | None:
 
 # ---- fitted parameters and leave-one-source-out
 
-def fit_basis(runs: Sequence[PublishedRun], hardware: str, where: str, fp8: bool = False) -> list[PublishedRun]:
+def tuned_fp8(run: PublishedRun) -> bool:
+    """Whether the run's stack is one a hardware's sustained_fp8 is fitted on (ddplan.fp8.FP8_TUNED_STACKS)."""
+    return run_framework(run) in FP8_TUNED_STACKS
+
+
+def fit_basis(runs: Sequence[PublishedRun], hardware: str, where: str, fp8: bool = False,
+              stacks: str = "tuned") -> list[PublishedRun]:
     """The runs a hardware's sustained fraction is fitted to (fit_sustained): its fit group's dense runs in 16 bits
-    (fp8=False) or in fp8 (fp8=True, for sustained_fp8), those of CHECK_ONLY_SOURCES left out."""
+    (fp8=False) or in fp8 (fp8=True, for sustained_fp8), those of CHECK_ONLY_SOURCES left out. fp8 runs by stack:
+    "tuned" those of ddplan.fp8.FP8_TUNED_STACKS (what sustained_fp8 is fitted on), "other" the rest (what
+    fit_fp8_stack fits FP8_STACK_KEPT on), "all" both (leave-one-source-out's fit where no tuned run is left)."""
+    if stacks not in ("tuned", "other", "all"):
+        raise ValueError(f"stacks must be tuned, other or all, got {stacks!r}")
     names = FIT_GROUPS.get(hardware, (hardware,))
     return [r for r in runs if _hw_name(r.hardware) in names and (r.precision == "fp8") == fp8
-            and r.source.name not in CHECK_ONLY_SOURCES and run_spec(r, where).architecture.moe is None]
+            and r.source.name not in CHECK_ONLY_SOURCES and run_spec(r, where).architecture.moe is None
+            and (not fp8 or stacks == "all" or tuned_fp8(r) == (stacks == "tuned"))]
 
 
 @_paused
 def fit_sustained(runs: Sequence[PublishedRun], hardware: str, where: str, lo: float = 0.3,
                   hi: float = 1.0, tol: float = 0.005, scorer: Scorer | None = None, fp8: bool = False,
-                  fixed: dict[str, float] | None = None) -> float:
+                  fixed: dict[str, float] | None = None, stacks: str = "tuned") -> float:
     """The GEMM sustained fraction on one hardware that minimises the mean |log(predicted / measured)| of
     its dense runs (golden-section search on [lo, hi]). The step time falls monotonically as the fraction
     rises, so the objective has one minimum. Mixture-of-experts runs are left out: they test the MoE model
@@ -424,9 +438,12 @@ def fit_sustained(runs: Sequence[PublishedRun], hardware: str, where: str, lo: f
     fp8=False: the 16-bit fraction (`sustained`), fitted on 16-bit runs only. fp8=True: the fraction of the best
     fp8 GEMM rate that fp8 training keeps (`sustained_fp8`, issue 35: fp8 priced from fp8 evidence), fitted on fp8
     runs only, with the 16-bit fraction (which an fp8 run's 16-bit GEMMs, the LM head's, run at) held at
-    `fixed`'s value for this hardware or the spec's. fixed: other fractions held (price_run's keys)."""
+    `fixed`'s value for this hardware or the spec's. fixed: other fractions held (price_run's keys). stacks: which
+    fp8 runs (fit_basis); "all" prices every stack at the fraction fitted (what a stack keeps of it set to 1)."""
     names = FIT_GROUPS.get(hardware, (hardware,))
-    mine = fit_basis(runs, hardware, where, fp8)
+    mine = fit_basis(runs, hardware, where, fp8, stacks)
+    if fp8 and stacks == "all":
+        fixed = {**(fixed or {}), FP8_STACK_FIT: 1.0}
     if not mine:
         raise ValueError(f"no {'fp8 ' if fp8 else ''}run on {hardware} to fit")
 
@@ -439,6 +456,27 @@ def fit_sustained(runs: Sequence[PublishedRun], hardware: str, where: str, lo: f
 
     return round(golden_min(cost, lo, hi, tol), 3)
 
+
+
+@_paused
+def fit_fp8_stack(runs: Sequence[PublishedRun], where: str, scorer: Scorer | None = None,
+                  fixed: dict[str, float] | None = None, lo: float = 0.3, hi: float = 1.5,
+                  tol: float = 0.005) -> float:
+    """ddplan.fp8.FP8_STACK_KEPT: the share of a hardware's sustained_fp8 (fitted on the tuned stacks) that the other
+    stacks' fp8 runs keep, one factor for every hardware with an fp8 fit, minimising the mean |log(predicted /
+    measured)| of those runs (fit_basis(stacks="other"), each weighing one, as fit_sustained's) at the fractions of
+    `fixed` (the specs' where it gives none). The step time falls as the factor rises: one minimum."""
+    scorer = scorer or Scorer()
+    mine = [r for hw in fitted_hardware(fp8=True) for r in fit_basis(runs, hw, where, fp8=True, stacks="other")]
+    mine = list({r.id: r for r in mine}.values())  # a fit group's hardware list each of its runs once
+    if not mine:
+        raise ValueError("no fp8 run of a stack other than the tuned ones to fit")
+
+    def cost(f: float) -> float:
+        given = {**(fixed or {}), FP8_STACK_FIT: f}
+        return statistics.fmean(abs(math.log(scorer.predicted_s(r, where, given) / r.measured_step_s)) for r in mine)
+
+    return round(golden_min(cost, lo, hi, tol), 3)
 
 @dataclass(frozen=True)
 class ImbalanceFit:
@@ -542,7 +580,10 @@ def leave_one_source_out(runs: RunSet, where: str, hardware: Iterable[str],
     other sources never ran on keeps the shipped value (nothing to fit it to). Then each hardware of fp8_hardware
     (default: fitted_hardware(fp8=True)) has the fraction fp8 training keeps re-fitted on the other sources' fp8
     runs, at its re-fitted 16-bit fraction; with fewer than MIN_FIT_RUNS of them left it takes the 16-bit fraction,
-    as a spec without an fp8 fit does (the shipped fp8 fit saw the held-out runs). The dropless load imbalance
+    as a spec without an fp8 fit does (the shipped fp8 fit saw the held-out runs). The fp8 fractions are fitted on
+    the tuned stacks' runs (ddplan.fp8.FP8_TUNED_STACKS), or on every stack's where fewer than MIN_FIT_RUNS tuned ones
+    are left; what the other stacks keep of them (FP8_STACK_KEPT) is re-fitted on theirs (1 where fewer are left, or
+    where a fraction took every stack's runs). The dropless load imbalance
     is re-fitted from the shipped routing sweep (validation/moe_routing.yaml) at those fractions, and set to
     1 (balanced, the model without the term) when the sweep's own source is the one held out; otherwise a
     dataset that lacks the sweep's runs keeps the shipped value."""
@@ -574,18 +615,32 @@ def leave_one_source_out(runs: RunSet, where: str, hardware: Iterable[str],
                 if basis not in fits:
                     fits[basis] = fit_sustained(rest, hw, where, scorer=scorer)
                 refit.update(dict.fromkeys(names, fits[basis]))
+        pooled = False  # some hardware's fp8 fraction fitted on every stack's runs (no tuned run left on it)
         for hw in dict.fromkeys(fp8_leaders):
             names = FIT_GROUPS.get(hw, (hw,))
-            mine = frozenset(r.id for r in fit_basis(rest, hw, where, fp8=True))
             held16 = {n: refit[n] for n in names if n in refit}
-            if len(mine) < MIN_FIT_RUNS:
-                kept = held16.get(hw, _spec_sustained(hw))
+            for stacks in ("tuned", "all"):
+                mine = frozenset(r.id for r in fit_basis(rest, hw, where, fp8=True, stacks=stacks))
+                if len(mine) >= MIN_FIT_RUNS:
+                    basis = (fp8_fit_key(hw), stacks, mine, tuple(sorted(held16.items())))
+                    if basis not in fits:
+                        fits[basis] = fit_sustained(rest, hw, where, scorer=scorer, fp8=True, fixed=held16,
+                                                    stacks=stacks)
+                    kept, pooled = fits[basis], pooled or stacks == "all"
+                    break
             else:
-                basis = (fp8_fit_key(hw), mine, tuple(sorted(held16.items())))
-                if basis not in fits:
-                    fits[basis] = fit_sustained(rest, hw, where, scorer=scorer, fp8=True, fixed=held16)
-                kept = fits[basis]
+                kept = held16.get(hw, _spec_sustained(hw))
             refit.update(dict.fromkeys(map(fp8_fit_key, names), kept))
+        # what the other stacks keep of it: re-fitted on their runs left, at the fractions above; 1 (no difference
+        # known) where fewer than MIN_FIT_RUNS are left or a fraction was fitted on every stack's runs already
+        others = frozenset(r.id for hw in fp8_leaders for r in fit_basis(rest, hw, where, fp8=True, stacks="other"))
+        if pooled or len(others) < MIN_FIT_RUNS:
+            refit[FP8_STACK_FIT] = 1.0
+        else:
+            basis = (FP8_STACK_FIT, others, tuple(sorted(refit.items())))
+            if basis not in fits:
+                fits[basis] = fit_fp8_stack(rest, where, scorer=scorer, fixed=refit)
+            refit[FP8_STACK_FIT] = fits[basis]
         imbalance = None  # the shipped value, where the sweep's runs are not in this dataset
         if sweep.source.name == src:
             imbalance = 1.0  # nothing else to fit it to

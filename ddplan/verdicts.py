@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ddplan.calibration import memory_assumptions
 from ddplan.evidence import widened
+from ddplan.fp8 import fp8_stack_factor
 from ddplan.layout import NATIVE_ZERO, breaks_world_size_rule
 from ddplan import memory
 from ddplan.memory import DOES_NOT_FIT, FITS, MAY_NOT_FIT
@@ -473,15 +474,23 @@ def _fp8_line(req, spec, e) -> str:
     return (f"fp8: GEMMs with every dim a multiple of 16 and min(k, n) >= 128, "
             f"{'the LM head included' if spec.recipe.fp8_lm_head else 'not the LM head'}, not the router, at the "
             f"dense fp8 peak x {(e.gemm.best_fp8 or e.gemm.best).value:.3f}"
-            f" {basis}{_fp8_kept(e)}, plus the {recipe} recipe's casts as memory-bound kernels; attention stays {spec.dtypes.compute}; "
+            f" {basis}{_fp8_kept(e, req.framework)}, plus the {recipe} recipe's casts as memory-bound kernels; attention stays {spec.dtypes.compute}; "
             f"MFU still against the dense {spec.dtypes.compute} peak.{gather}")
 
 
-def _fp8_kept(e) -> str:
-    """The fraction of the best fp8 rate fp8 training keeps, and where it comes from."""
+def _fp8_kept(e, framework: str | None) -> str:
+    """The fraction of the best fp8 rate fp8 training keeps, and where it comes from: the tuned stacks' fit, times
+    what other stacks keep of it (ddplan.fp8.fp8_stack_factor)."""
     kept = e.gemm.sustained_fp8
     if kept is not None:
-        return f", of which fp8 training keeps {kept.value:.3f} ({kept.source.split(':')[0]})"
+        factor = fp8_stack_factor(framework)
+        if factor == 1.0:
+            return f", of which fp8 training keeps {kept.value:.3f} ({kept.source.split(':')[0]}, on NeMo's tuned recipes)"
+        stack = f"the {framework} stack" if framework else "a stack not stated (--framework)"
+        return (f", of which fp8 training keeps {kept.value:.3f} x {factor:.3f} = {kept.value * factor:.3f}: NeMo's "
+                f"tuned recipes' fraction ({kept.source.split(':')[0]}) times what other stacks keep of it, {stack} "
+                f"(fitted on llm-foundry's and OLMo-core's H100 fp8 runs, assumed on other GPUs; --framework nemo: the "
+                f"tuned fraction)")
     if e.gemm.sustained is not None:
         return f", of which it keeps {e.gemm.sustained.value:.3f} as 16-bit training does (no fp8 fit)"
     return ""

@@ -10,6 +10,7 @@ import yaml
 
 from ddplan import validation as V
 from ddplan.errors import SpecError
+from ddplan.fp8 import FP8_STACK_KEPT
 from ddplan.evidence import EVIDENCE, UNSEEN_RATIO, is_thin, thin_values, widened
 from ddplan.price import VALIDATED_RATIO, VALIDATED_RATIO_FP8, VALIDATED_RATIO_MOE
 from ddplan.registry import load_hardware
@@ -181,12 +182,12 @@ def test_bands_by_evidence_are_the_datasets(shipped_loso):
 
 def test_a_thin_stack_gpu_or_precision_widens_the_band_by_hand():
     """torchtitan has no run in the dataset (thin): the base band widens to the framework group's ends (0.82 and
-    1.32, both outside the base band's); a stack with 14 runs from 3 sources (megatron-core) on H100 (49 from 5) in
+    1.27, the low end outside the base band's); a stack with 14 runs from 3 sources (megatron-core) on H100 (49 from 5) in
     bf16 (32 from 7) is not thin, nor is fp8 (49 runs, 3 sources); MI300X (the seed's one run) is; a stack not
     stated is not weighed."""
     base = (0.86, 1.25)
     (t,) = thin_values("torchtitan", "h100-sxm", "bf16")
-    assert (t.dimension, t.runs, t.sources) == ("framework", 0, 0) and widened(base, (t,)) == (0.82, 1.32)
+    assert (t.dimension, t.runs, t.sources) == ("framework", 0, 0) and widened(base, (t,)) == (0.82, 1.27)
     assert thin_values("megatron-core", "h100-sxm", "bf16") == ()
     assert [t.dimension for t in thin_values(None, "mi300x", "bf16")] == ["hardware"]
     assert thin_values("megatron-core", "h100-sxm", "fp8") == ()
@@ -224,6 +225,11 @@ def test_fitted_sustained_values_are_what_the_dataset_gives():
         assert len(V.fit_basis(runs.runs, leader, "test", fp8=True)) >= V.MIN_FIT_RUNS
         assert V.fit_sustained(runs.runs, leader, "test", fp8=True) == pytest.approx(
             load_hardware(hw).efficiency.gemm.sustained_fp8.value, abs=0.01)
+    # what the other stacks keep of it (ddplan.fp8.FP8_STACK_KEPT), fitted at the specs' fractions on at least
+    # MIN_FIT_RUNS fp8 runs of stacks other than the tuned ones
+    others = {r.id for hw in fp8 for r in V.fit_basis(runs.runs, hw, "test", fp8=True, stacks="other")}
+    assert len(others) >= V.MIN_FIT_RUNS
+    assert V.fit_fp8_stack(runs.runs, "test") == pytest.approx(FP8_STACK_KEPT, abs=0.01)
 
 
 def _runs_file(tmp_path, runs: list[dict]):
@@ -251,10 +257,11 @@ def test_fit_recovers_a_known_sustained_fraction(tmp_path):
     assert V.fit_sustained(load_runs(str(p)).runs, "h100-sxm", "t") == pytest.approx(0.7, abs=0.01)
 
 
-def _fp8_runs(tmp_path, steps: list[float], source: str = "test") -> list:
-    """gpt3-22b-sized fp8 runs on 8 H100 (GEMMs large enough to be fp8-eligible), one per step time."""
+def _fp8_runs(tmp_path, steps: list[float], source: str = "test", framework: str | None = "nemo") -> list:
+    """gpt3-22b-sized fp8 runs on 8 H100 (GEMMs large enough to be fp8-eligible), one per step time, on the tuned
+    stack (nemo: what sustained_fp8 is fitted on) unless `framework` says another (None: not stated)."""
     model = {"base": "gpt3-22b", "name": "GPT-3 22B", "seq_len": 2048}
-    runs = [_run(s, id=f"f{i}", model=model, precision="fp8", fp8_recipe="delayed",
+    runs = [_run(s, id=f"{source}{i}", model=model, precision="fp8", fp8_recipe="delayed", framework=framework,
                  source={"name": source, "ref": "a test", "where": "here"},
                  layout={"gpus": 8, "tp": 8, "micro_batch": 1 + i, "global_batch_sequences": 8 * (1 + i),
                          "attention": "fa2"}) for i, s in enumerate(steps)]
@@ -290,6 +297,44 @@ def test_leaving_a_source_out_re_fits_fp8_only_on_five_runs_or_more(tmp_path):
     sixteen = load_hardware("h100-sxm").efficiency.gemm.sustained.value
     assert scored[0].predicted_s == pytest.approx(V.score(held[0], "t", {fp8_fit_key("h100-sxm"): sixteen}).predicted_s)
     assert scored[-1].predicted_s == pytest.approx(truth[3], rel=0.01)  # b's 4 runs: a's 5 fit them
+
+
+def _stack_truth(tmp_path, source: str, framework: str | None, truth: dict[str, float]) -> list:
+    """Five fp8 runs of `source` on `framework` whose 'measured' times are ddplan's own predictions at `truth`."""
+    probe = _fp8_runs(tmp_path, [1.0] * 5, source=source, framework=framework)
+    return _fp8_runs(tmp_path, [V.score(r, "t", truth).predicted_s for r in probe], source=source,
+                     framework=framework)
+
+
+def test_fp8_stack_fit_recovers_a_known_factor_and_leaves_the_tuned_stack_alone(tmp_path):
+    """Runs of a stack not stated (not a tuned one) whose 'measured' times are ddplan's own predictions with their
+    stack keeping 0.7 of H100's sustained_fp8: fit_fp8_stack finds 0.7; the factor does not move a NeMo run, and the
+    fraction those runs keep is the product (0.6 x 0.7 prices as 0.42 x 1)."""
+    key = fp8_fit_key("h100-sxm")
+    other = _stack_truth(tmp_path, "bb", None, {V.FP8_STACK_FIT: 0.7})
+    assert V.fit_fp8_stack(other, "t") == pytest.approx(0.7, abs=0.01)
+    assert V.fit_basis(other, "h100-sxm", "t", fp8=True) == []
+    assert len(V.fit_basis(other, "h100-sxm", "t", fp8=True, stacks="other")) == 5
+    (nemo,) = _fp8_runs(tmp_path, [1.0], source="aa")
+    assert V.score(nemo, "t", {V.FP8_STACK_FIT: 0.7}).predicted_s == V.score(nemo, "t", {V.FP8_STACK_FIT: 1.0}).predicted_s
+    assert V.score(other[0], "t", {key: 0.6, V.FP8_STACK_FIT: 0.7}).predicted_s == pytest.approx(
+        V.score(other[0], "t", {key: 0.42, V.FP8_STACK_FIT: 1.0}).predicted_s, rel=1e-9)
+
+
+def test_leaving_a_source_out_prices_a_stack_from_the_tuned_fraction_and_the_others_factor(tmp_path):
+    """One tuned source (aa, NeMo, keeping 0.9) and two of a stack not stated (bb and cc, keeping 0.9 x 0.7): leaving
+    bb out, bb is priced from aa's fraction times cc's factor, exactly; leaving aa out, no tuned run is left, so the
+    fraction is fitted on bb's and cc's runs pooled (0.63, their product) and aa is priced at it, too slow."""
+    key = fp8_fit_key("h100-sxm")
+    aa = _stack_truth(tmp_path, "aa", "nemo", {key: 0.9})
+    bb, cc = (_stack_truth(tmp_path, s, None, {key: 0.9, V.FP8_STACK_FIT: 0.7}) for s in ("bb", "cc"))
+    scored = V.leave_one_source_out(RunSet(kind="runs", description="a test", runs=[*aa, *bb, *cc]), "t", [],
+                                    fp8_hardware=["h100-sxm"])
+    by = {s.id: s for s in scored}
+    assert all(by[r.id].error == pytest.approx(0, abs=0.01) for r in (*bb, *cc))
+    for r in aa:
+        assert by[r.id].predicted_s == pytest.approx(V.score(r, "t", {key: 0.63}).predicted_s, rel=0.01)
+        assert by[r.id].predicted_s > r.measured_step_s * 1.05
 
 
 def test_network_override_slows_a_multi_node_run(tmp_path):
