@@ -25,16 +25,16 @@ DIMENSIONS = ("framework", "hardware", "precision")
 # stack is evidence about that stack whatever its model)
 EVIDENCE: dict[str, dict[str, tuple[int, int]]] = {
     "framework": {"composer": (18, 1), "megatron-core": (14, 3), "megatron-deepspeed": (1, 1),
-                  "megatron-lm": (18, 2), "nanochat": (1, 1), "nemo": (37, 1), "olmo-core": (10, 1)},
+                  "megatron-lm": (24, 3), "nanochat": (1, 1), "nemo": (37, 1), "olmo-core": (10, 1)},
     "hardware": {"a100-sxm-40gb": (2, 1), "a100-sxm-80gb": (20, 4), "b200": (13, 1), "gb200": (11, 3),
-                 "h100-sxm": (49, 5), "h200": (3, 1), "mi300x": (1, 1)},
-    "precision": {"bf16": (32, 7), "fp16": (18, 2), "fp8": (49, 3)},
+                 "h100-sxm": (55, 6), "h200": (3, 1), "mi300x": (1, 1)},
+    "precision": {"bf16": (35, 8), "fp16": (18, 2), "fp8": (52, 4)},
 }
 # dimension -> (low, high, runs, sources): the 5th-95th percentile of measured / predicted, leaving each source out
 # and each source weighing one, over the dense runs whose value of that dimension is thin (ddplan.validation
 # .unseen_ratios), rounded outward
 UNSEEN_RATIO: dict[str, tuple[float, float, int, int]] = {
-    "framework": (0.82, 1.27, 67, 5),
+    "framework": (0.81, 1.27, 67, 5),
     "hardware": (0.90, 1.32, 19, 3),
 }
 

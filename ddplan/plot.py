@@ -377,7 +377,7 @@ def _save(fig, path: str | os.PathLike, fmt: str) -> None:
 
 def plot_validation(rows: list[dict], path: str | os.PathLike, *, title: str):
     """Error of each validated run (predicted / measured - 1, %) against its GPU count, with its band drawn
-    as a vertical bar, one colour per source; PNG or SVG. rows: `ddplan validate`'s rows (gpus, error_pct,
+    as a vertical bar, one colour per source (then one marker per ten sources: every source drawn); PNG or SVG. rows: `ddplan validate`'s rows (gpus, error_pct,
     band_low_pct, band_high_pct, source). Each legend swatch is the source's bar as drawn (colour, alpha)
     with its point over it. Returns the matplotlib Figure (already written to `path`)."""
     fmt = _format(path)
@@ -393,12 +393,13 @@ def plot_validation(rows: list[dict], path: str | os.PathLike, *, title: str):
         ax = fig.subplots()
         handles = []
         sources = sorted({r["source"] for r in rows})
-        for src, c in zip(sources, COLOURS):
+        for i, src in enumerate(sources):  # past the palette's ten colours, the next marker tells sources apart
+            c, mk = COLOURS[i % len(COLOURS)], MARKERS[i // len(COLOURS) % len(MARKERS)]
             mine = [r for r in rows if r["source"] == src]
             xs = [r["gpus"] for r in mine]
             ax.vlines(xs, [r["band_low_pct"] for r in mine], [r["band_high_pct"] for r in mine], color=c,
                       alpha=VALIDATION_BAR_ALPHA, linewidth=4)
-            dots = ax.scatter(xs, [r["error_pct"] for r in mine], color=c, zorder=3, s=22)
+            dots = ax.scatter(xs, [r["error_pct"] for r in mine], color=c, marker=mk, zorder=3, s=22)
             handles.append(((Line2D([], [], color=c, alpha=VALIDATION_BAR_ALPHA, linewidth=4), dots),
                             f"{src} ({len(mine)})"))
         ax.axhline(0, color="black", linewidth=1.0)

@@ -27,7 +27,7 @@ from ddplan.flops import nanochat_flops_per_token
 from ddplan.registry import builtin_dir, load_hardware, load_model
 from ddplan.runfields import recompute_policy
 from ddplan.specfile import read_yaml, validate
-from ddplan.specs import Architecture, CrossEntropy, Fp8Recipe, ModelSpec, Strict, present_param_groups, run_variant
+from ddplan.specs import Architecture, CrossEntropy, Fp8Recipe, Fp8WeightCasts, ModelSpec, Strict, present_param_groups, run_variant
 
 Precision = Literal["bf16", "fp16", "fp8"]
 # a recompute policy in its one spelling: none, selective, per-op, full or selective:MODULE+MODULE (Megatron's)
@@ -148,6 +148,10 @@ class RunFacts(Strict):
     # .CROSS_ENTROPY; e.g. an MLPerf NeMo config that keeps Megatron's native fused loss); None: the profile's, else
     # the model spec's
     cross_entropy: CrossEntropy | None = None
+    # with precision fp8, how often the run's stack cast an fp8 GEMM's weight where it differs from its framework
+    # profile's or it has none (ddplan.specs.FP8_WEIGHT_CASTS; e.g. Megatron-LM's legacy model passing Transformer
+    # Engine is_first_microbatch: once a step); None: the profile's, else the model spec's
+    fp8_weight_casts: Fp8WeightCasts | None = None
     network: Network | None = None
     layout: RunLayout
     assumed: list[str] = []  # what the source does not state and this entry assumes
@@ -157,6 +161,8 @@ class RunFacts(Strict):
     def _fp8(self) -> RunFacts:
         if self.fp8_recipe is not None and self.precision != "fp8":
             raise ValueError(f"fp8_recipe is for fp8 runs; this one is {self.precision}")
+        if self.fp8_weight_casts is not None and self.precision != "fp8":
+            raise ValueError(f"fp8_weight_casts is for fp8 runs; this one is {self.precision}")
         return self
 
     @property

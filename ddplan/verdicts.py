@@ -489,8 +489,8 @@ def _fp8_kept(e, framework: str | None) -> str:
         stack = f"the {framework} stack" if framework else "a stack not stated (--framework)"
         return (f", of which fp8 training keeps {kept.value:.3f} x {factor:.3f} = {kept.value * factor:.3f}: NeMo's "
                 f"tuned recipes' fraction ({kept.source.split(':')[0]}) times what other stacks keep of it, {stack} "
-                f"(fitted on llm-foundry's and OLMo-core's H100 fp8 runs, assumed on other GPUs; --framework nemo: the "
-                f"tuned fraction)")
+                f"(fitted on llm-foundry's, OLMo-core's and FP8-LM's H100 fp8 runs, assumed on other GPUs; "
+                f"--framework nemo: the tuned fraction)")
     if e.gemm.sustained is not None:
         return f", of which it keeps {e.gemm.sustained.value:.3f} as 16-bit training does (no fp8 fit)"
     return ""
