@@ -519,8 +519,8 @@ def table_cmd(
     total_batch_size, compiled, headroom, calibration, measured_step_time, measured_gpus, measured_tp, measured_pp,
     measured_attention, measured_window, fit, startup_min, eval_every, eval_tokens, checkpoint_every, interruptions,
     restart_min, fp8, fp8_recipe, fp8_all_gather, fp8_params, tp_comm_overlap, sequence_parallel, shard_group,
-    reshard_after_forward, overlap_param_gather, offload_optimizer, offload_activations, plot, config, framework,
-    print_config, format,
+    reshard_after_forward, overlap_param_gather, overlap_grad_reduce, offload_optimizer, offload_activations, plot,
+    config, framework, print_config, format,
     wide, quiet, explain,
 ) -> None:
     """The decision table: time, cost, MFU and memory for each layout, attention and window, explained.
@@ -635,8 +635,8 @@ def plan_cmd(
     ctx: typer.Context,
     model, hardware, gpus, objective, deadline, budget, calibration, price, total_batch_size, seq_len, dtype, grads,
     weights, cross_entropy, moe_weighting, fusions, fp8_weight_casts, moe_imbalance, sequence_parallel, tp_comm_overlap, shard_group, reshard_after_forward,
-    overlap_param_gather, offload_optimizer, offload_activations, fp8, fp8_recipe, fp8_all_gather, fp8_params, ep, cp,
-    cp_comm, etp, tp_across_nodes,
+    overlap_param_gather, overlap_grad_reduce, offload_optimizer, offload_activations, fp8, fp8_recipe, fp8_all_gather,
+    fp8_params, ep, cp, cp_comm, etp, tp_across_nodes,
     top, headroom, recompute, zero, attention, steps, tokens, param_data_ratio, startup_min, eval_every,
     eval_tokens, checkpoint_every, interruptions, restart_min, plot, config, framework, print_config, format, wide,
     quiet,

@@ -29,6 +29,7 @@ APPLIES: dict[str, tuple[str, ...]] = {
     "zero": ("layout", "zero"),
     "reshard_after_forward": ("layout", "reshard_after_forward"),
     "overlap_param_gather": ("layout", "overlap_param_gather"),
+    "overlap_grad_reduce": ("layout", "overlap_grad_reduce"),
     "tp_comm_overlap": ("layout", "tp_comm_overlap"),
     "sequence_parallel": ("layout", "sequence_parallel"),
     "cp_comm": ("layout", "cp_comm"),

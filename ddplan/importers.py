@@ -660,6 +660,8 @@ def _megatron(text: str, path: Path, out: Imported) -> None:
         elif arg(flag):
             out.set(("layout", key), True)
     read.add("--overlap-grad-reduce")
+    if arg("--overlap-grad-reduce"):  # else the megatron-core profile's: reduced after backward (its default)
+        out.set(("layout", "overlap_grad_reduce"), True)
     if arg("--use-megatron-fsdp") or arg("--use-custom-fsdp"):
         out.set(("layout", "zero"), 3, "Megatron-FSDP")
     elif arg("--use-distributed-optimizer"):
@@ -850,6 +852,8 @@ def _nemo(text: str, path: Path, out: Imported) -> None:
         out.set(("layout", "zero"), 1, f"optim {optim.get('name')} shards the optimizer states")
     if optim.get("overlap_param_sync"):
         out.set(("layout", "overlap_param_gather"), True)
+    if "overlap_grad_sync" in optim:  # distributed_fused_adam's; not given: the nemo profile's (overlapped)
+        out.set(("layout", "overlap_grad_reduce"), bool(optim["overlap_grad_sync"]))
     nodes, devices = num(trainer, "num_nodes", 1, "trainer"), num(trainer, "devices", None, "trainer")
     _degrees(out, nodes * devices if devices else None, tp * pp * cp,
              f"trainer.num_nodes {nodes} x devices {devices}")

@@ -168,7 +168,7 @@ def expert_tp(etp: int | None, spec) -> int:
 def options(sequence_parallel: bool, tp_comm_overlap: bool, max_tp: int | None, shard_group: int | None = None,
              reshard_after_forward: bool = True, overlap_param_gather: bool = False, cp_comm: str = "ring",
              expert_tp: int = 0, spec=None, fp8_all_gather: bool = False, offload_optimizer: bool = False,
-             fp8_params: bool = False, offload_activations: int = 0):
+             fp8_params: bool = False, offload_activations: int = 0, overlap_grad_reduce: bool = True):
     """The framework options (ddplan.layout.Options) from their flags, for the model (Options.for_model: a
     mixture of experts runs tp > 1 with sequence parallelism, on by itself). --sequence-parallel and
     --tp-comm-overlap are Megatron's, so they need tensor parallelism, and overlap needs sequence
@@ -186,7 +186,7 @@ def options(sequence_parallel: bool, tp_comm_overlap: bool, max_tp: int | None, 
                       reshard_after_forward=reshard_after_forward, overlap_param_gather=overlap_param_gather,
                       cp_comm=cp_comm.replace("-", "_"), expert_tp=expert_tp, fp8_all_gather=fp8_all_gather,
                       offload_optimizer=offload_optimizer, fp8_params=fp8_params,
-                      offload_activations=offload_activations or 0)
+                      offload_activations=offload_activations or 0, overlap_grad_reduce=overlap_grad_reduce)
     return options.for_model(spec) if spec is not None else options
 
 
@@ -469,7 +469,8 @@ def _overheads(v: dict) -> RunOverheads:
 def _options(v: dict, spec, max_tp: int | None) -> Options:
     return options(v["sequence_parallel"], v.get("tp_comm_overlap", False), max_tp, v["shard_group"],
                    v["reshard_after_forward"], v["overlap_param_gather"], v["cp_comm"], expert_tp(v["etp"], spec),
-                   spec, v["fp8_all_gather"], v["offload_optimizer"], v["fp8_params"], v["offload_activations"])
+                   spec, v["fp8_all_gather"], v["offload_optimizer"], v["fp8_params"], v["offload_activations"],
+                   v.get("overlap_grad_reduce", True))  # memory's layouts do not depend on it
 
 
 @dataclass(frozen=True)

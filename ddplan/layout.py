@@ -65,6 +65,9 @@ class Layout:
     shard_group: int = 0  # ZeRO-3 hybrid sharding: shard over this many dp ranks, replicate across the rest (0: all dp)
     reshard_after_forward: bool = True  # ZeRO-3: free gathered parameters after forward, gather again in backward
     overlap_param_gather: bool = False  # ZeRO-1/2: the post-step parameter all-gather under the next forward (Megatron)
+    # ZeRO 0-2: gradients reduced bucket by bucket beside backward (torch DDP, Megatron-Core --overlap-grad-reduce);
+    # False: after the last backward, exposed (Megatron-LM's default); ZeRO-3 always reduces beside backward
+    overlap_grad_reduce: bool = True
     cp_comm: str = "ring"  # with cp: "ring" (p2p KV exchange overlapped with attention) or "all_gather"
     ep: int = 1  # expert parallelism: routed experts split over ep of the dp x cp ranks (Megatron-Core)
     etp: int = 0  # expert tensor parallelism: 0 = tp (the experts split over tp like the dense MLP), or 1
@@ -106,6 +109,9 @@ class Layout:
         if self.overlap_param_gather and self.zero not in (1, 2):
             raise LayoutError(f"overlapping the parameter all-gather with forward (Megatron-Core --overlap-param-gather) "
                               f"needs ZeRO-1 or 2 (the distributed optimizer); got ZeRO-{self.zero}", field="--overlap-param-gather")
+        if not self.overlap_grad_reduce and self.zero == 3:
+            raise LayoutError("ZeRO-3 (FSDP) reduce-scatters each unit's gradients during backward: its gradient reduce is "
+                              "always overlapped", field="--no-overlap-grad-reduce")
         if not self.reshard_after_forward and self.zero != 3:
             raise LayoutError(f"keeping gathered parameters from forward to backward is a ZeRO-3 option; got ZeRO-{self.zero}",
                               field="--no-reshard-after-forward")
@@ -350,6 +356,7 @@ class Options:
     shard_group: int = 0  # ZeRO-3 hybrid sharding over this many dp ranks (torch HSDP); 0: all of dp
     reshard_after_forward: bool = True  # ZeRO-3 (torch FSDP2 fully_shard's default)
     overlap_param_gather: bool = False  # ZeRO-1/2: Megatron-Core --overlap-param-gather
+    overlap_grad_reduce: bool = True  # ZeRO 0-2: False, the gradient reduce after backward (Megatron-LM's default)
     cp_comm: str = "ring"  # context parallelism's exchange: ring (p2p, overlapped) or all_gather
     expert_tp: int = 0  # 1: experts whole, ep over the tp ranks too (--expert-tensor-parallel-size 1); 0: tp
     fp8_all_gather: bool = False  # ZeRO-3 with fp8 GEMMs: their weights gathered in fp8 (torchao)
@@ -366,6 +373,7 @@ class Options:
                 "shard_group": self.shard_group if zero == 3 and 1 < self.shard_group < ranks else 0,
                 "reshard_after_forward": self.reshard_after_forward or zero != 3,
                 "overlap_param_gather": self.overlap_param_gather and zero in (1, 2),
+                "overlap_grad_reduce": self.overlap_grad_reduce or zero == 3,
                 "cp_comm": self.cp_comm if cp > 1 else "ring",
                 "etp": 1 if self.expert_tp == 1 and tp > 1 else 0,
                 "fp8_all_gather": self.fp8_all_gather and zero == 3,

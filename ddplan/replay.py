@@ -31,6 +31,7 @@ STATED_BY: dict[tuple[str, ...], str] = {
     ("layout", "tp_comm_overlap"): "layout.tp_comm_overlap",
     ("layout", "reshard_after_forward"): "layout.reshard_after_forward",
     ("layout", "overlap_param_gather"): "layout.overlap_param_gather",
+    ("layout", "overlap_grad_reduce"): "layout.overlap_grad_reduce (else its framework profile's)",
     ("layout", "offload_optimizer"): "layout.offload_optimizer", ("layout", "cp_comm"): "layout.cp_comm",
     ("layout", "offload_activations"): "layout.offload_activations",
     ("precision", "dtype"): "precision", ("precision", "grads"): "model.grads",
@@ -73,6 +74,15 @@ def run_weights(run: RunFacts) -> str | None:
     profile says the stack does (frameworks/*.yaml `weights`, e.g. Megatron-Core's 16-bit weights with fp32
     masters), else None (the base spec's)."""
     return run.model.weights or _profile_value(run, "weights")
+
+
+def run_overlap_grad_reduce(run: RunFacts) -> bool:
+    """Whether the run reduced its gradients beside backward: as it states (layout.overlap_grad_reduce), else as its
+    framework's profile says the stack does (Megatron-Core: not without --overlap-grad-reduce), else True."""
+    if run.layout.overlap_grad_reduce is not None:
+        return run.layout.overlap_grad_reduce
+    found = _profile(run).applies.get("overlap_grad_reduce") if _profile(run) is not None else None
+    return True if found is None else bool(found.value)
 
 
 def run_kernels(run: RunFacts) -> dict[str, str]:
@@ -162,6 +172,8 @@ def table_command(run: PublishedRun, folder: Path | None = None) -> list[str] | 
         argv.append("--sequence-parallel")
     if lay.overlap_param_gather:
         argv.append("--overlap-param-gather")
+    # always said: a profile's default (megatron-core: after backward) must not override what the run states
+    argv.append("--overlap-grad-reduce" if run_overlap_grad_reduce(run) else "--no-overlap-grad-reduce")
     if lay.shard_group:
         argv += ["--shard-group", str(lay.shard_group)]
     if not lay.reshard_after_forward:
@@ -255,6 +267,7 @@ def price_run(run: RunFacts, where: str, sustained: dict[str, float] | None = No
                        fp8_recipe=run.fp8_recipe, fp8_stack_kept=(sustained or {}).get(FP8_STACK_FIT),
                        options=Options(sequence_parallel=lay.sequence_parallel, tp_overlap=lay.tp_comm_overlap,
                                        overlap_param_gather=lay.overlap_param_gather,
+                                       overlap_grad_reduce=run_overlap_grad_reduce(run),
                                        shard_group=lay.shard_group, expert_tp=lay.etp or 0,
                                        reshard_after_forward=lay.reshard_after_forward,
                                        fp8_all_gather=lay.fp8_all_gather, offload_optimizer=lay.offload_optimizer,

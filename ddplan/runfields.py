@@ -219,6 +219,9 @@ FIELDS: tuple[RunField, ...] = (
        "backward (torch FSDP's default).", bool, LAYOUT, default=True),
     _f("layout.overlap_param_gather", "ZeRO-1/2: overlap the parameter all-gather after the optimizer step with the "
        "next forward (Megatron-Core distributed optimizer).", bool, LAYOUT, default=False),
+    _f("layout.overlap_grad_reduce", "ZeRO 0-2: reduce the gradients bucket by bucket during the last backward (torch "
+       "DDP, Megatron-Core --overlap-grad-reduce, NeMo); --no-overlap-grad-reduce: after it, exposed (Megatron-LM's "
+       "default). ZeRO-3 always overlaps.", bool, LAYOUT, default=True),
     _f("layout.offload_optimizer", "ZeRO-1/2/3: optimizer states and fp32 masters in host memory, Adam on the CPU, "
        "gradients and parameters over the host link (ZeRO-Offload, without its delayed update); needs the hardware "
        "spec's host figures.", bool, LAYOUT, default=False),

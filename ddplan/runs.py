@@ -87,6 +87,9 @@ class RunLayout(Strict):
     sequence_parallel: bool = False  # Megatron sequence parallelism with tp
     tp_comm_overlap: bool = False  # Megatron-Core --tp-comm-overlap
     overlap_param_gather: bool = False  # Megatron-Core --overlap-param-gather (distributed optimizer)
+    # ZeRO 0-2, the gradient reduce beside backward (True) or after it (False: Megatron-LM's default, Megatron-Core
+    # without --overlap-grad-reduce); None: the framework profile's, else True
+    overlap_grad_reduce: bool | None = None
     shard_group: int = Field(default=0, ge=0, le=10**6)  # ZeRO-3 hybrid sharding (HSDP) group; 0: all of dp
     reshard_after_forward: bool = True  # ZeRO-3: torch FSDP2's reshard_after_forward (False: ZeRO-2-like gathers)
     fp8_all_gather: bool = False  # ZeRO-3 with fp8: weights all-gathered in fp8 (torchao enable_fsdp_float8_all_gather)

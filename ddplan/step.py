@@ -370,7 +370,9 @@ def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, m
 
     DDP: comm.ddp_exposed_s; ZeRO-1/2 and FSDP: comm.zero1_comm_s, zero2_comm_s, fsdp_comm_s; nanochat's
     sharded optimizer: everything after the last micro-batch (the caller hides it under optimizer math, and works
-    out beside and outlasting there).
+    out beside and outlasting there). Without layout.overlap_grad_reduce (ZeRO 0-2: Megatron-LM's local DDP and
+    distributed optimizer, which reduce after the whole backward, training.py@b83477a L425-429 and @0609f27 L453),
+    the gradient all-reduce or reduce-scatters have no backward beside them: all exposed.
     """
     n = layout.grad_ranks  # dp x cp ranks hold the same parameters
     if n == 1 and layout.expert_ranks == 1:  # (whole experts may still be shared by tp ranks: --etp 1)
@@ -385,6 +387,8 @@ def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, m
         n_e, timer_e = layout.expert_ranks, _Cached(GroupTimer(hw, place.edp_per_node, efficiency, points), cache)
         size, size_e = sum(s for _, s in buffers), sum(s for _, s in expert)
         total, total_e = timer.time_s("all_reduce", size, n), timer_e.time_s("all_reduce", size_e, n_e)
+        if not layout.overlap_grad_reduce:  # after the last backward (Megatron-LM's default): nothing to hide under
+            return total + total_e, total + total_e, 0.0, 0.0, 0.0, 0.0
         exposed = comm.ddp_exposed_s(size, DDP_BUCKET_BYTES, n, timer, bwd_s)
         if size_e:  # after the other buckets, under what is left of backward
             exposed += comm.ddp_exposed_s(size_e, DDP_BUCKET_BYTES, n_e, timer_e, max(0.0, bwd_s - total))
@@ -406,6 +410,8 @@ def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, m
         return rs + ag + ar, rs + ag + ar, 0.0, 0.0, 0.0, 0.0  # overlap with optimizer math applied by the caller
     forward = (mb_s - bwd_s) if layout.overlap_param_gather else None  # the next step's first forward
     accum = 1 if policy == "zero1" else layout.grad_accum  # ZeRO-1 reduces once a step, ZeRO-2 every micro-batch
+    # the reduce-scatters run beside backward, or after it (not overlap_grad_reduce: no backward to hide under)
+    bwd_s = bwd_s if layout.overlap_grad_reduce else 0.0
     if policy == "zero1":
         total, exposed = comm.zero1_comm_s(rs, ag, last, bwd_s, forward)
     else:

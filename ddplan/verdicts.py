@@ -97,6 +97,8 @@ def dp_option_words(lay) -> list[str]:
         out.append("no reshard after forward")
     if lay.overlap_param_gather:
         out.append("param gather overlapped")
+    if not lay.overlap_grad_reduce:
+        out.append("grad reduce after backward")
     if lay.offload_activations:
         out.append(f"{lay.offload_activations} layers' activations offloaded")
     return out

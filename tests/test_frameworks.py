@@ -54,7 +54,8 @@ def test_the_profile_fills_what_nothing_states_and_a_flag_wins(capsys):
     assert {r["zero"] for r in rows} == {"0"}
     by_flags = csv_rows(run_ok(capsys, ["table", *LLAMA, "--zero", "0", "--grads", "fp32", "--no-compile",
                                         "--recompute", "none", "--no-sequence-parallel", "--no-tp-comm-overlap",
-                                        "--no-overlap-param-gather", "--no-fp8-all-gather", "--weights", "master"]))
+                                        "--no-overlap-param-gather", "--no-fp8-all-gather", "--weights", "master",
+                                        "--no-overlap-grad-reduce"]))
     assert [r["step_s"] for r in rows] == [r["step_s"] for r in by_flags]
     rows = csv_rows(run_ok(capsys, ["table", *LLAMA, "--framework", "megatron-core", "--zero", "1"]))
     assert {r["zero"] for r in rows} == {"1"}
@@ -80,7 +81,8 @@ def test_what_the_profile_set_and_what_it_leaves_out_are_said(capsys):
     assert any("runs attention = flex_attention" in line and "ddplan does not price it yet" in line for line in lines)
     # the expert items only for a mixture of experts
     _, _, err = run(capsys, ["table", *LLAMA, "--framework", "megatron-core"])
-    assert "moe dispatcher" not in err and "overlap grad reduce = False" in err
+    assert "moe dispatcher" not in err and "--no-overlap-grad-reduce" in err  # priced now, not "unpriced"
+    assert "overlap grad reduce = False" not in err
     _, _, err = run(capsys, ["table", "-m", "mixtral-8x7b", "--hardware", "h100-sxm", "--gpus", "64", "--tp", "2",
                              "--ep", "8", "--framework", "megatron-core", "--format", "csv"])
     assert "moe dispatcher = allgather" in err

@@ -39,14 +39,14 @@ CASES = {
         "--tp", "8", "--pp", "16", "--cp", "1", "--device-batch-size", "1", "--total-batch-size",
         str(1536 * 2048), "--seq-len", "2048", "--steps", "500000", "--dtype", "fp16"]),
     # Llama 3 8B dims, 8 GPUs (GPUS_PER_NODE 8 x NUM_NODES 1), tp/cp 1 (its --sequence-parallel is off at tp 1),
-    # distributed optimizer (ZeRO-1), param gather overlapped, micro-batch 1, global 128 x 8192, bf16 with bf16
-    # gradient reduction, fp8 hybrid (delayed scaling) with --fp8-param-gather (fp8 weights the distributed optimizer
-    # gathers), --train-samples 1,953,125,000 x 8192 tokens
+    # distributed optimizer (ZeRO-1), gradient reduce and param gather overlapped, micro-batch 1, global 128 x 8192,
+    # bf16 with bf16 gradient reduction, fp8 hybrid (delayed scaling) with --fp8-param-gather (fp8 weights the
+    # distributed optimizer gathers), --train-samples 1,953,125,000 x 8192 tokens
     "megatron-llama3-8b-fp8.sh": ([], [
         "--model", "llama-3-8b", "--framework", "megatron-core", "--hardware", "h100-sxm", "--gpus", "8",
-        "--tp", "1", "--pp", "1", "--cp", "1", "--zero", "1", "--overlap-param-gather", "--device-batch-size", "1",
-        "--total-batch-size", str(128 * 8192), "--seq-len", "8192", "--tokens", str(1_953_125_000 * 8192),
-        "--dtype", "bf16", "--grads", "param", "--fp8", "--fp8-recipe", "delayed", "--fp8-params"]),
+        "--tp", "1", "--pp", "1", "--cp", "1", "--zero", "1", "--overlap-grad-reduce", "--overlap-param-gather",
+        "--device-batch-size", "1", "--total-batch-size", str(128 * 8192), "--seq-len", "8192",
+        "--tokens", str(1_953_125_000 * 8192), "--dtype", "bf16", "--grads", "param", "--fp8", "--fp8-recipe", "delayed", "--fp8-params"]),
     # Qwen3-30B-A3B dims (48 x 2048, 32 heads, 4 KV groups, 128 experts of 768, top 8, vocab 151,936), tp 4
     # (TP default), ep 2, micro-batch 1, global 256 x 8192, bf16; no GPU count: one node of 8 assumed
     "megatron-qwen3-30b-a3b.sh": ([], [
@@ -54,11 +54,13 @@ CASES = {
         "--tp", "4", "--pp", "1", "--cp", "1", "--ep", "2", "--device-batch-size", "1",
         "--total-batch-size", str(256 * 8192), "--seq-len", "8192", "--dtype", "bf16"]),
     # NeMo launcher Llama 3.1 8B: 16 nodes x 8, tp 1 pp 1 cp 2, micro 1, global 2048 x 8192, bf16, 300,000 steps,
-    # mcore_distributed_optim with overlap_param_sync -> ZeRO-1 with the gather overlapped; no recompute
+    # mcore_distributed_optim with overlap_grad_sync and overlap_param_sync -> ZeRO-1 with the reduce and the gather
+    # overlapped; no recompute
     "nemo-llama3-1-8b.yaml": ([], [
         "--model", "llama-3-8b", "--framework", "megatron-core", "--hardware", "h100-sxm", "--gpus", "128",
-        "--tp", "1", "--pp", "1", "--cp", "2", "--zero", "1", "--overlap-param-gather", "--device-batch-size", "1",
-        "--total-batch-size", str(2048 * 8192), "--seq-len", "8192", "--steps", "300000", "--dtype", "bf16"]),
+        "--tp", "1", "--pp", "1", "--cp", "2", "--zero", "1", "--overlap-grad-reduce", "--overlap-param-gather",
+        "--device-batch-size", "1", "--total-batch-size", str(2048 * 8192), "--seq-len", "8192",
+        "--steps", "300000", "--dtype", "bf16"]),
     # speedrun.sh: 8 processes, depth 24, data:param ratio 8, 16 sequences a GPU, fp8 (nanochat's tensorwise)
     "nanochat-speedrun.sh": ([], [
         "--model", "d24", "--framework", "nanochat", "--hardware", "h100-sxm", "--gpus", "8",
@@ -407,6 +409,22 @@ def test_megatron_s_transformer_engine_loss_is_te(capsys, tmp_path):
         args.write_text(base + extra + "\n", encoding="utf-8")
         run_ok(capsys, ["import", str(args), "-o", str(out), "--from", "megatron"])
         assert ("cross_entropy: te" in out.read_text(encoding="utf-8")) == written, extra
+
+
+def test_megatron_s_overlap_grad_reduce_is_stated_and_its_absence_is_the_profile_s(capsys, tmp_path):
+    """--overlap-grad-reduce writes layout.overlap_grad_reduce true; without it nothing is written and the
+    megatron-core profile the file names reduces after backward (its default, arguments.py@d98e8a64 L3121)."""
+    from ddplan.registry import load_framework
+
+    args, out = tmp_path / "args.sh", tmp_path / "run.yaml"
+    base = ("--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 512 --nproc_per_node 8 --bf16 "
+            "--use-distributed-optimizer")
+    for extra, written in ((" --overlap-grad-reduce", True), ("", False)):
+        args.write_text(base + extra + "\n", encoding="utf-8")
+        run_ok(capsys, ["import", str(args), "-o", str(out), "--from", "megatron"])
+        text = out.read_text(encoding="utf-8")
+        assert ("overlap_grad_reduce: true" in text) == written and "framework: megatron-core" in text, extra
+    assert load_framework("megatron-core").applies["overlap_grad_reduce"].value is False
 
 
 def test_megatron_s_default_attention_backend_is_transformer_engine_s_kernel(capsys, tmp_path):

@@ -143,17 +143,18 @@ def test_layout_refuses_options_where_they_cannot_apply():
 
 def test_options_apply_only_where_they_can():
     o = Options(sequence_parallel=True, tp_overlap=True, shard_group=8, reshard_after_forward=False,
-                overlap_param_gather=True, fp8_all_gather=True, fp8_params=True, offload_activations=12)
+                overlap_param_gather=True, fp8_all_gather=True, fp8_params=True, offload_activations=12,
+                overlap_grad_reduce=False)
     assert o.for_layout(tp=1, ranks=64, zero=3) == dict(sequence_parallel=False, tp_overlap=False, shard_group=8,
                                                         reshard_after_forward=False, overlap_param_gather=False,
                                                         cp_comm="ring", etp=0, fp8_all_gather=True,
                                                         offload_optimizer=False, fp8_params=False,
-                                                        offload_activations=12)
+                                                        offload_activations=12, overlap_grad_reduce=True)
     assert o.for_layout(tp=2, ranks=8, zero=1) == dict(sequence_parallel=True, tp_overlap=True, shard_group=0,
                                                        reshard_after_forward=True, overlap_param_gather=True,
                                                        cp_comm="ring", etp=0, fp8_all_gather=False,
                                                        offload_optimizer=False, fp8_params=True,
-                                                       offload_activations=12)
+                                                       offload_activations=12, overlap_grad_reduce=False)
     # a search keeps activation offload to the layouts without a pipeline (Megatron-Core refuses it with pp > 1)
     assert o.searched(tp=2, ranks=8, zero=1, pp=1)["offload_activations"] == 12
     assert o.searched(tp=2, ranks=8, zero=1, pp=2)["offload_activations"] == 0
@@ -316,6 +317,46 @@ def test_overlapped_param_gather_hides_under_the_next_forward():
     assert saved == pytest.approx(min(saved, over.step.fwd_s), rel=1e-9)  # at most one forward hides it
 
 
+def test_gradient_reduce_after_backward_is_exposed_whole():
+    """Megatron-LM's default (no --overlap-grad-reduce): the gradients are reduced after the whole backward, so
+    nothing hides them. DDP on 16 H100: exposed = the all-reduce's total; ZeRO-1: the reduce-scatter's total plus
+    the parameter gather (itself exposed, no --overlap-param-gather) = the whole total. Overlapped (the default),
+    less is exposed and the total is the same; the compute is unchanged."""
+    for zero in (0, 1):
+        base = dict(dp=16, zero=zero, micro_batch=1, grad_accum=4, attention="fa3")
+        over = _price("llama-3-8b", "h100-sxm", Layout(**base))
+        after = _price("llama-3-8b", "h100-sxm", Layout(**base, overlap_grad_reduce=False))
+        assert after.step.dp_comm_total_s == pytest.approx(over.step.dp_comm_total_s, rel=1e-12)
+        assert after.step.dp_comm_exposed_s == pytest.approx(after.step.dp_comm_total_s, rel=1e-12)
+        assert over.step.dp_comm_exposed_s < after.step.dp_comm_exposed_s
+        assert after.step.compute_s == over.step.compute_s and after.step_s > over.step_s
+
+
+def test_gradient_reduce_option_rules():
+    """ZeRO-3 reduce-scatters each unit during backward: refusing the option there, naming the flag; a search's
+    Options keep it overlapped on ZeRO-3 layouts and as given on ZeRO 0-2."""
+    with pytest.raises(LayoutError, match="always overlapped") as e:
+        Layout(dp=8, zero=3, overlap_grad_reduce=False)
+    assert e.value.field == "--no-overlap-grad-reduce"
+    opts = Options(overlap_grad_reduce=False)
+    assert opts.for_layout(1, 8, 3)["overlap_grad_reduce"] is True
+    assert [opts.for_layout(1, 8, z)["overlap_grad_reduce"] for z in (0, 1, 2)] == [False] * 3
+
+
+def test_megatron_core_profile_reduces_after_backward_unless_told(capsys):
+    """--framework megatron-core applies the stack's default (the reduce after backward: a longer step on 16 GPUs
+    in two nodes); --overlap-grad-reduce, as Megatron-Core takes it, wins over the profile; the row says it."""
+    argv = ["table", "-m", "llama-3-8b", "--hardware", "h100", "--gpus", "16", "--zero", "1", "--attention", "fa3",
+            "--format", "csv"]
+    (plain,) = csv_rows(run_ok(capsys, argv))
+    (core,) = csv_rows(run_ok(capsys, argv + ["--framework", "megatron-core"]))
+    (told,) = csv_rows(run_ok(capsys, argv + ["--framework", "megatron-core", "--overlap-grad-reduce"]))
+    assert float(core["dp_comm_exposed_s"]) > float(told["dp_comm_exposed_s"])
+    assert float(told["dp_comm_exposed_s"]) == pytest.approx(float(plain["dp_comm_exposed_s"]), rel=0.05)
+    text = " ".join(run_ok(capsys, argv[:-2] + ["--no-overlap-grad-reduce"]).split())
+    assert "grad reduce after backward" in text
+
+
 def test_pipeline_sends_across_nodes_use_one_nic():
     """pp 2 on 16 H100 at tp 8: each stage is a node, and each GPU sends to its peer over its own NIC
     (50 GB/s x 0.85), not the node's eight."""
@@ -331,7 +372,7 @@ def test_pipeline_sends_across_nodes_use_one_nic():
 
 
 @pytest.mark.parametrize("flag", [["--shard-group", "16"], ["--no-reshard-after-forward"], ["--overlap-param-gather"],
-                                  ["--cp", "1,2"]])
+                                  ["--no-overlap-grad-reduce"], ["--cp", "1,2"]])
 def test_plan_takes_every_option(capsys, flag):
     """Each option through `plan` (a search rebuilds layouts at other ZeRO stages: the options must follow)."""
     out = run_ok(capsys, ["plan", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "64", "--seq-len",
