@@ -21,28 +21,21 @@ from pydantic import Field, model_validator
 
 from ddplan.errors import SpecError
 from ddplan.runconfig import RunConfig
+from ddplan.runfields import OPTION_FIELDS
 from ddplan.specfile import validate
-from ddplan.specs import Strict
+from ddplan.specs import KERNELS, Strict
 
-# profile item -> the run-configuration field it fills (ddplan.runconfig field paths)
+# profile item -> the run-configuration field it fills (ddplan.runconfig field paths): every framework option
+# (ddplan.runfields.OPTION_FIELDS) and kernel field (ddplan.specs.KERNELS) by its name, and these
 APPLIES: dict[str, tuple[str, ...]] = {
     "zero": ("layout", "zero"),
-    "reshard_after_forward": ("layout", "reshard_after_forward"),
-    "overlap_param_gather": ("layout", "overlap_param_gather"),
-    "overlap_grad_reduce": ("layout", "overlap_grad_reduce"),
-    "tp_comm_overlap": ("layout", "tp_comm_overlap"),
-    "sequence_parallel": ("layout", "sequence_parallel"),
-    "cp_comm": ("layout", "cp_comm"),
+    **{f.param: f.path for f in OPTION_FIELDS},
     "compiled": ("compiled",),
     "recompute": ("recompute",),
     "fp8_recipe": ("precision", "fp8_recipe"),
-    "fp8_all_gather": ("precision", "fp8_all_gather"),
     "grads": ("precision", "grads"),
     "weights": ("precision", "weights"),
-    "cross_entropy": ("cross_entropy",),
-    "moe_weighting": ("moe_weighting",),
-    "fusions": ("fusions",),
-    "fp8_weight_casts": ("fp8_weight_casts",),
+    **{name: (name,) for name in KERNELS},
 }
 COMMIT = r"^[0-9a-f]{40}$"
 WHERE = r"^\S+@[0-9a-f]{7,40}\b"  # path@commit (a short commit is enough beside the profile's full one)

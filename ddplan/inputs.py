@@ -24,7 +24,7 @@ from ddplan.run import RunOverheads
 from ddplan.runfields import BY_PARAM, RECOMPUTE, RECOMPUTE_HINT, recompute_layers, recompute_policy
 from ddplan.sizing import memory_setup
 from ddplan.specs import KERNELS, WEIGHTS, Budget, Price, run_variant
-from ddplan.table import TableRequest, check_fp8, check_fp8_options
+from ddplan.table import TableRequest, check_fp8, check_fp8_options, framework_options
 
 DEFAULT_HARDWARE = "mi300x"  # the canonical case (shared/seed): nanochat d24 on AMD MI300X
 
@@ -165,28 +165,21 @@ def expert_tp(etp: int | None, spec) -> int:
     return 1
 
 
-def options(sequence_parallel: bool, tp_comm_overlap: bool, max_tp: int | None, shard_group: int | None = None,
-             reshard_after_forward: bool = True, overlap_param_gather: bool = False, cp_comm: str = "ring",
-             expert_tp: int = 0, spec=None, fp8_all_gather: bool = False, offload_optimizer: bool = False,
-             fp8_params: bool = False, offload_activations: int = 0, overlap_grad_reduce: bool = True):
-    """The framework options (ddplan.layout.Options) from their flags, for the model (Options.for_model: a
-    mixture of experts runs tp > 1 with sequence parallelism, on by itself). --sequence-parallel and
-    --tp-comm-overlap are Megatron's, so they need tensor parallelism, and overlap needs sequence
-    parallelism (Megatron-Core refuses --tp-comm-overlap without it)."""
+def options(values: dict, max_tp: int | None, spec=None, expert_tp: int = 0):
+    """The framework options (ddplan.layout.Options) from a command's values (ddplan.table.framework_options), for
+    the model (Options.for_model: a mixture of experts runs tp > 1 with sequence parallelism, on by itself), after the
+    rules between them: --sequence-parallel and --tp-comm-overlap are Megatron's, so they need tensor parallelism,
+    and overlap needs sequence parallelism (Megatron-Core refuses --tp-comm-overlap without it)."""
     moe = spec is not None and spec.architecture.moe is not None
-    if tp_comm_overlap and not (sequence_parallel or moe):
+    if values.get("tp_comm_overlap") and not (values.get("sequence_parallel") or moe):
         raise UsageError("needs --sequence-parallel (Megatron-Core overlaps tensor-parallel communication only with "
                          "sequence parallelism)", field="--tp-comm-overlap")
-    if sequence_parallel and max_tp == 1:
+    if values.get("sequence_parallel") and max_tp == 1:
         raise UsageError("needs tensor parallelism: give --tp above 1", field="--sequence-parallel")
-    check_ranges((shard_group, "--shard-group"))
-    if cp_comm not in ("ring", "all-gather"):
-        raise UsageError(f"must be ring or all-gather, got {cp_comm!r}", field="--cp-comm")
-    options = Options(sequence_parallel=sequence_parallel, tp_overlap=tp_comm_overlap, shard_group=shard_group or 0,
-                      reshard_after_forward=reshard_after_forward, overlap_param_gather=overlap_param_gather,
-                      cp_comm=cp_comm.replace("-", "_"), expert_tp=expert_tp, fp8_all_gather=fp8_all_gather,
-                      offload_optimizer=offload_optimizer, fp8_params=fp8_params,
-                      offload_activations=offload_activations or 0, overlap_grad_reduce=overlap_grad_reduce)
+    check_ranges((values.get("shard_group"), "--shard-group"))
+    if values.get("cp_comm", "ring") not in ("ring", "all-gather"):
+        raise UsageError(f"must be ring or all-gather, got {values['cp_comm']!r}", field="--cp-comm")
+    options = framework_options(values, expert_tp)
     return options.for_model(spec) if spec is not None else options
 
 
@@ -467,10 +460,7 @@ def _overheads(v: dict) -> RunOverheads:
 
 
 def _options(v: dict, spec, max_tp: int | None) -> Options:
-    return options(v["sequence_parallel"], v.get("tp_comm_overlap", False), max_tp, v["shard_group"],
-                   v["reshard_after_forward"], v["overlap_param_gather"], v["cp_comm"], expert_tp(v["etp"], spec),
-                   spec, v["fp8_all_gather"], v["offload_optimizer"], v["fp8_params"], v["offload_activations"],
-                   v.get("overlap_grad_reduce", True))  # memory's layouts do not depend on it
+    return options(v, max_tp, spec, expert_tp(v["etp"], spec))
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,11 @@ from pathlib import Path
 import yaml
 
 from ddplan.errors import DdplanError, SpecError
-from ddplan.layout import Options
 from ddplan.registry import load_framework, load_hardware
 from ddplan.runs import PublishedRun, RunFacts, run_spec
 from ddplan.specs import KERNELS, Efficiency, run_variant
-from ddplan.table import TableRequest, build_table
+from ddplan.runfields import OPTION_FIELDS
+from ddplan.table import TableRequest, build_table, framework_options
 
 
 # How a published run states each field of a run configuration (ddplan.runconfig): the runs format's field, or why
@@ -26,18 +26,10 @@ STATED_BY: dict[tuple[str, ...], str] = {
     ("model",): "model.base (with model.architecture)", ("hardware",): "hardware", ("gpus",): "layout.gpus",
     ("layout", "tp"): "layout.tp", ("layout", "pp"): "layout.pp", ("layout", "vp"): "layout.vp",
     ("layout", "cp"): "layout.cp", ("layout", "ep"): "layout.ep", ("layout", "etp"): "layout.etp",
-    ("layout", "zero"): "layout.zero", ("layout", "shard_group"): "layout.shard_group",
-    ("layout", "sequence_parallel"): "layout.sequence_parallel",
-    ("layout", "tp_comm_overlap"): "layout.tp_comm_overlap",
-    ("layout", "reshard_after_forward"): "layout.reshard_after_forward",
-    ("layout", "overlap_param_gather"): "layout.overlap_param_gather",
-    ("layout", "overlap_grad_reduce"): "layout.overlap_grad_reduce (else its framework profile's)",
-    ("layout", "offload_optimizer"): "layout.offload_optimizer", ("layout", "cp_comm"): "layout.cp_comm",
-    ("layout", "offload_activations"): "layout.offload_activations",
+    ("layout", "zero"): "layout.zero",
     ("precision", "dtype"): "precision", ("precision", "grads"): "model.grads",
     ("precision", "weights"): "model.weights", ("precision", "fp8"): "precision",
-    ("precision", "fp8_recipe"): "fp8_recipe", ("precision", "fp8_all_gather"): "layout.fp8_all_gather",
-    ("precision", "fp8_params"): "layout.fp8_params",
+    ("precision", "fp8_recipe"): "fp8_recipe",
     ("recompute",): "layout.recompute", ("attention",): "layout.attention", ("window",): "layout.window",
     ("seq_len",): "model.seq_len", ("framework",): "framework",
     ("cross_entropy",): "cross_entropy (else its framework profile's)",
@@ -49,6 +41,8 @@ STATED_BY: dict[tuple[str, ...], str] = {
     ("measured", "step_time_s"): "measured", ("measured", "gpus"): "layout.gpus", ("measured", "tp"): "layout.tp",
     ("measured", "pp"): "layout.pp", ("measured", "attention"): "layout.attention",
     ("measured", "window"): "layout.window",
+    # the framework options: the layout's field of the same name (a profile's value where the run states none)
+    **{f.path: f"layout.{f.param}" for f in OPTION_FIELDS},
 }
 # fields that are not the step a run measured: what the run costs around its steps, or how ddplan reports
 NOT_A_STEP: dict[tuple[str, ...], str] = {
@@ -76,13 +70,16 @@ def run_weights(run: RunFacts) -> str | None:
     return run.model.weights or _profile_value(run, "weights")
 
 
-def run_overlap_grad_reduce(run: RunFacts) -> bool:
-    """Whether the run reduced its gradients beside backward: as it states (layout.overlap_grad_reduce), else as its
-    framework's profile says the stack does (Megatron-Core: not without --overlap-grad-reduce), else True."""
-    if run.layout.overlap_grad_reduce is not None:
-        return run.layout.overlap_grad_reduce
-    found = _profile(run).applies.get("overlap_grad_reduce") if _profile(run) is not None else None
-    return True if found is None else bool(found.value)
+def run_option_values(run: RunFacts) -> dict:
+    """The framework options (ddplan.runfields.OPTION_FIELDS) a run ran with, by parameter name: as its layout states
+    each, else (a layout field left None, as overlap_grad_reduce may be) as its framework's profile says the stack
+    does (Megatron-Core: no gradient reduce overlap without --overlap-grad-reduce), else the field's default."""
+    values = {}
+    for f in OPTION_FIELDS:
+        stated = getattr(run.layout, f.param)
+        found = _profile(run).applies.get(f.param) if stated is None and _profile(run) is not None else None
+        values[f.param] = stated if stated is not None else found.value if found is not None else f.default
+    return values
 
 
 def run_kernels(run: RunFacts) -> dict[str, str]:
@@ -166,32 +163,29 @@ def table_command(run: PublishedRun, folder: Path | None = None) -> list[str] | 
         argv += ["--attention", lay.attention]
     if lay.window:
         argv += ["--window", lay.window]
-    if lay.tp_comm_overlap:
-        argv.append("--tp-comm-overlap")
-    if lay.sequence_parallel:
-        argv.append("--sequence-parallel")
-    if lay.overlap_param_gather:
-        argv.append("--overlap-param-gather")
-    # always said: a profile's default (megatron-core: after backward) must not override what the run states
-    argv.append("--overlap-grad-reduce" if run_overlap_grad_reduce(run) else "--no-overlap-grad-reduce")
-    if lay.shard_group:
-        argv += ["--shard-group", str(lay.shard_group)]
-    if not lay.reshard_after_forward:
-        argv.append("--no-reshard-after-forward")
-    if lay.fp8_all_gather:
-        argv.append("--fp8-all-gather")
-    if lay.fp8_params:
-        argv.append("--fp8-params")
-    if lay.offload_optimizer:
-        argv.append("--offload-optimizer")
-    if lay.offload_activations:
-        argv += ["--offload-activations", str(lay.offload_activations)]
-    if lay.cp_comm != "ring":
-        argv += ["--cp-comm", lay.cp_comm]
+    argv += option_flags(run)
     if run.precision == "fp8":
         argv.append("--fp8")
     if run.fp8_recipe:
         argv += ["--fp8-recipe", run.fp8_recipe]
+    return argv
+
+
+def option_flags(run: RunFacts) -> list[str]:
+    """The flags that state a run's framework options (run_option_values) to `ddplan table`: each that is not the
+    field's default, and each that differs from the run's framework profile's value (which table would take without
+    the flag)."""
+    profile, values, argv = _profile(run), run_option_values(run), []
+    for f in OPTION_FIELDS:
+        value = values[f.param]
+        found = profile.applies.get(f.param) if profile is not None else None
+        default = value == f.default or value in (0, None) and f.default is None  # shard_group 0: none
+        if default and (found is None or found.value == value):
+            continue
+        if f.kind is bool:
+            argv.append(f.flag if value else "--no-" + f.flag[2:])
+        else:
+            argv += [f.flag, str(value)]
     return argv
 
 
@@ -265,15 +259,7 @@ def price_run(run: RunFacts, where: str, sustained: dict[str, float] | None = No
                        total_batch_tokens=run.tokens_per_step, compiled=lay.compiled, fp8=run.precision == "fp8",
                        framework=run_framework(run), evidence=evidence, bands=bands,
                        fp8_recipe=run.fp8_recipe, fp8_stack_kept=(sustained or {}).get(FP8_STACK_FIT),
-                       options=Options(sequence_parallel=lay.sequence_parallel, tp_overlap=lay.tp_comm_overlap,
-                                       overlap_param_gather=lay.overlap_param_gather,
-                                       overlap_grad_reduce=run_overlap_grad_reduce(run),
-                                       shard_group=lay.shard_group, expert_tp=lay.etp or 0,
-                                       reshard_after_forward=lay.reshard_after_forward,
-                                       fp8_all_gather=lay.fp8_all_gather, offload_optimizer=lay.offload_optimizer,
-                                       offload_activations=lay.offload_activations,
-                                       fp8_params=lay.fp8_params,
-                                       cp_comm=lay.cp_comm.replace("-", "_")).for_model(spec))
+                       options=framework_options(run_option_values(run), lay.etp or 0).for_model(spec))
     try:
         table = build_table(req, shared=shared)
     except DdplanError as e:

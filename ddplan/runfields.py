@@ -60,6 +60,9 @@ class RunField:
     names_a_file: bool = False  # a name or a path: text however it is written; relative to the run file's folder
     # a text's grammar: value -> its one spelling, ValueError naming what is allowed (recompute_policy)
     check: Any = None
+    # a framework option: the ddplan.layout.Options attribute it sets, applied to every layout it can apply to
+    # (Options.for_layout); a run file's layout and a published run state it under its param, a profile may set it
+    option: str = ""
 
     @property
     def param(self) -> str:
@@ -210,28 +213,29 @@ FIELDS: tuple[RunField, ...] = (
               "plan": "ZeRO stages 0-3 to search among, comma-separated (default: all four)."}),
     _f("layout.shard_group", "ZeRO-3 hybrid sharding: shard over this many data-parallel ranks (8: one node at tp 1) "
        "and replicate across the rest (torch HSDP).", int, LAYOUT,
-       range=Range(2, 1_000_000, "data-parallel ranks a ZeRO-3 shard spans")),
+       range=Range(2, 1_000_000, "data-parallel ranks a ZeRO-3 shard spans"), option="shard_group"),
     _f("layout.sequence_parallel", "Megatron sequence parallelism on layouts with tp: norms and saved activations "
-       "split over tp too.", bool, LAYOUT, default=False),
+       "split over tp too.", bool, LAYOUT, default=False, option="sequence_parallel"),
     _f("layout.tp_comm_overlap", "Layouts with tp overlap their communication with the layers' GEMMs (Megatron-Core "
-       "--tp-comm-overlap; needs --sequence-parallel).", bool, LAYOUT, default=False),
+       "--tp-comm-overlap; needs --sequence-parallel).", bool, LAYOUT, default=False, option="tp_overlap"),
     _f("layout.reshard_after_forward", "ZeRO-3: free gathered parameters after forward and gather them again in "
-       "backward (torch FSDP's default).", bool, LAYOUT, default=True),
+       "backward (torch FSDP's default).", bool, LAYOUT, default=True, option="reshard_after_forward"),
     _f("layout.overlap_param_gather", "ZeRO-1/2: overlap the parameter all-gather after the optimizer step with the "
-       "next forward (Megatron-Core distributed optimizer).", bool, LAYOUT, default=False),
+       "next forward (Megatron-Core distributed optimizer).", bool, LAYOUT, default=False,
+       option="overlap_param_gather"),
     _f("layout.overlap_grad_reduce", "ZeRO 0-2: reduce the gradients bucket by bucket during the last backward (torch "
        "DDP, Megatron-Core --overlap-grad-reduce, NeMo); --no-overlap-grad-reduce: after it, exposed (Megatron-LM's "
-       "default). ZeRO-3 always overlaps.", bool, LAYOUT, default=True),
+       "default). ZeRO-3 always overlaps.", bool, LAYOUT, default=True, option="overlap_grad_reduce"),
     _f("layout.offload_optimizer", "ZeRO-1/2/3: optimizer states and fp32 masters in host memory, Adam on the CPU, "
        "gradients and parameters over the host link (ZeRO-Offload, without its delayed update); needs the hardware "
-       "spec's host figures.", bool, LAYOUT, default=False),
+       "spec's host figures.", bool, LAYOUT, default=False, option="offload_optimizer"),
     _f("layout.offload_activations", "Activation offload: the first N layers' saved activations copied to host memory "
        "in forward and back for backward (Megatron-Core --cpu-offloading-num-layers, NeMo activation_offload_layers; "
        "pp 1, fewer than the model's layers); the copies cost what exceeds the pass they run under. Needs the "
        "hardware spec's host link.", int, LAYOUT, default=0,
-       range=Range(0, 100_000, "layers whose activations go to the host (0: none)")),
+       range=Range(0, 100_000, "layers whose activations go to the host (0: none)"), option="offload_activations"),
     _f("layout.cp_comm", "Context parallelism's exchange: ring (KV blocks passed on under attention, Megatron-Core "
-       "p2p) or all-gather (torchtitan's default; not overlapped).", str, LAYOUT, default="ring"),
+       "p2p) or all-gather (torchtitan's default; not overlapped).", str, LAYOUT, default="ring", option="cp_comm"),
     _f("layout.tp_across_nodes", "Allow tensor parallelism beyond one node (kept inside a node by default).", bool,
        LAYOUT, default=False),
     _f("precision.dtype", "Compute dtype: bf16, fp16 or fp32 (fp32: everything in fp32, as `ddplan calibrate` runs "
@@ -252,13 +256,13 @@ FIELDS: tuple[RunField, ...] = (
     _f("precision.fp8_all_gather", "With --fp8 (tensorwise) and ZeRO-3: all-gather the fp8 GEMMs' weights in fp8, "
        "1 byte an element (torchao enable_fsdp_float8_all_gather).", bool, LAYOUT, default=False,
        helps={"memory": "ZeRO-3 with fp8 GEMMs: their weights gathered in fp8, 1 byte an element (torchao "
-                        "enable_fsdp_float8_all_gather); implies --fp8."}),
+                        "enable_fsdp_float8_all_gather); implies --fp8."}, option="fp8_all_gather"),
     _f("precision.fp8_params", "With --fp8 (delayed or current), --weights master and ZeRO-1 or 2 (the distributed "
        "optimizer): keep the fp8 GEMMs' weights in fp8, all-gathered at 1 byte an element after each step and never "
        "cast; in memory the fp8 data and its transpose, 2 bytes (Megatron-Core --fp8-param-gather).", bool, LAYOUT,
        default=False,
        helps={"memory": "ZeRO-1/2 with fp8 GEMMs: their weights kept in fp8 and its transpose, 2 bytes an element, "
-                        "gathered at 1 (Megatron-Core --fp8-param-gather); implies --fp8."}),
+                        "gathered at 1 (Megatron-Core --fp8-param-gather); implies --fp8."}, option="fp8_params"),
     _f("recompute", "Activation recompute: none, selective (Megatron's: the attention core), per-op (torchtitan's "
        "selective AC), full, full:N (Megatron-Core's block method: the first N layers of each pipeline chunk re-run "
        "whole, the rest keep everything; its --recompute-num-layers N), every:K (torchtitan's layer selective AC: "
@@ -371,4 +375,5 @@ FIELDS: tuple[RunField, ...] = (
        range=Range(1, 10**6, "layouts"), default=10),
 )
 BY_PARAM: dict[str, RunField] = {f.param: f for f in FIELDS}
+OPTION_FIELDS: tuple[RunField, ...] = tuple(f for f in FIELDS if f.option)
 BY_PATH: dict[tuple[str, ...], RunField] = {f.path: f for f in FIELDS}

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ddplan import run
 from ddplan.calibration import CalibrationSpec, StepMeasurement, measurement_for
@@ -24,10 +25,23 @@ from ddplan.memory import HEADROOM
 from ddplan.gcpause import no_cycle_collection
 from ddplan.offload import check_activation_offload, check_offload
 from ddplan.price import Flag, PriceCache, PricedLayout, Pricer, RunPlan
+from ddplan.runfields import OPTION_FIELDS
 from ddplan.specs import Budget, HardwareSpec, ModelSpec, Price
 
 MAX_ROWS = 1000  # rows one table builds (the product of its lists), checked before any work
 CRITICAL_BATCH_WARN = 2.0  # flag a layout that forces the global batch past 2x the recipe's (McCandlish et al.)
+
+
+def framework_options(values: Mapping[str, Any], expert_tp: int = 0) -> Options:
+    """The framework options (ddplan.layout.Options) from run-field values by parameter name
+    (ddplan.runfields.OPTION_FIELDS; one not given or None takes its field's default, else Options'), as a command's
+    flags and a published run state them alike. Choices are spelled with '-' in flags and files (all-gather), with
+    '_' in Options (all_gather); expert_tp comes from the model (ddplan.inputs.expert_tp), not a flag's value."""
+    given = {f.option: values[f.param] for f in OPTION_FIELDS if values.get(f.param) is not None}
+    defaults = {f.option: f.default for f in OPTION_FIELDS if f.default is not None}
+    chosen = {**defaults, **given}
+    return Options(expert_tp=expert_tp, **{k: v.replace("-", "_") if isinstance(v, str) else v
+                                           for k, v in chosen.items()})
 
 
 @dataclass(frozen=True)

@@ -359,9 +359,9 @@ def test_a_run_states_its_fp8_weight_casts_over_its_profile(tmp_path):
 
 
 def test_a_runs_gradient_reduce_overlap_is_stated_else_its_profile_s(tmp_path):
-    """replay.run_overlap_grad_reduce: the run's layout.overlap_grad_reduce where stated, else its framework
-    profile's (megatron-core: after backward; nemo: overlapped), else overlapped (no profile, or none stated)."""
-    from ddplan.replay import run_overlap_grad_reduce
+    """replay.run_option_values: the run's layout.overlap_grad_reduce where stated, else its framework profile's
+    (megatron-core: after backward; nemo: overlapped), else overlapped (no profile, or none stated)."""
+    from ddplan.replay import run_option_values
 
     lay = {"gpus": 16, "zero": 1, "micro_batch": 1, "global_batch_sequences": 64, "attention": "fa2"}
     runs = load_runs(str(_runs_file(tmp_path, [
@@ -370,7 +370,7 @@ def test_a_runs_gradient_reduce_overlap_is_stated_else_its_profile_s(tmp_path):
         _run(1.0, id="c", framework="nemo", layout=lay),
         _run(1.0, id="d", framework="megatron-lm", layout=lay),
         _run(1.0, id="e", framework="megatron-lm", layout=dict(lay, overlap_grad_reduce=False))]))).runs
-    assert [run_overlap_grad_reduce(r) for r in runs] == [False, True, True, True, False]
+    assert [run_option_values(r)["overlap_grad_reduce"] for r in runs] == [False, True, True, True, False]
     a, b = (V.score(r, "t").predicted_s for r in runs[:2])
     assert a > b  # 16 GPUs in two nodes: the exposed reduce-scatter lengthens the step
 
