@@ -224,18 +224,25 @@ def _run_option(command: str, name: str) -> tuple[object, object]:
 
 
 def run_options(command: str):
-    """Give a planning command its options from their one definition: the function names its parameters (ctx,
-    then the run fields and output options it reads, in --help's order within each panel) and this fills in
-    each one's flag, help, default and type, and checks every number given against its field's range before
-    the command runs (ddplan.bounds)."""
+    """Give a planning command its options from their one definition: every run field that names the command
+    (ddplan.runfields: RunField.commands), in the run file's order, then the output options the function names;
+    each gets its flag, help, default and type, and every number given is checked against its field's range before
+    the command runs (ddplan.bounds). The function names ctx, the output options and the run fields it reads itself,
+    and takes the others as **run (the requests read them all from ctx.params)."""
     import functools
     import inspect
 
     def wrap(func):
         sig = inspect.signature(func)
-        params = [p if p.name == "ctx" else p.replace(default=opt, annotation=kind)
-                  for p in sig.parameters.values() for opt, kind in [_run_option(command, p.name)
-                                                                     if p.name != "ctx" else (None, None)]]
+        own = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD and p.name != "ctx"]
+        fields = [f.param for f in runfields.FIELDS if command in f.commands]
+        stray = [p.name for p in own if p.name not in OUTPUT_OPTIONS and p.name not in fields]
+        if stray:
+            raise TypeError(f"{func.__name__} names {', '.join(stray)}, not a field {command} takes (runfields)")
+        names = fields + [p.name for p in own if p.name in OUTPUT_OPTIONS]
+        params = [sig.parameters["ctx"]] + [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=kind)
+            for name in names for opt, kind in [_run_option(command, name)]]
 
         @functools.wraps(func)
         def checked(ctx: typer.Context, **values):
@@ -400,13 +407,7 @@ def import_cmd(
 @app.command("memory", short_help="Memory per GPU by ZeRO stage, and what fits.", cls=PanelledCommand)
 @run_options("memory")
 def memory_cmd(
-    ctx: typer.Context,
-    model, hardware, gpus, tp, pp, vp, cp, ep, cp_comm, etp, zero, device_batch_size, seq_len, dtype, grads,
-    weights, cross_entropy, moe_weighting, fusions, fp8_weight_casts, moe_imbalance, attention, recompute, sequence_parallel, shard_group,
-    reshard_after_forward, overlap_param_gather, offload_optimizer, offload_activations, fp8, fp8_recipe, fp8_all_gather,
-    fp8_params, window,
-    compiled, headroom, measured_peak, measured_peak_kind, calibration, plot, config, framework, print_config, format, wide,
-    quiet,
+    ctx: typer.Context, calibration, plot, config, print_config, format, wide, quiet, **run
 ) -> None:
     """Memory per GPU by ZeRO stage: each term, the total against usable memory, and the verdict.
 
@@ -513,15 +514,7 @@ def _stated_by(ctx: typer.Context, name: str) -> str:
 @app.command("table", short_help="The decision table: time, cost, MFU, memory per layout.", cls=PanelledCommand)
 @run_options("table")
 def table_cmd(
-    ctx: typer.Context,
-    model, hardware, gpus, tp, pp, vp, cp, cp_comm, etp, ep, zero, device_batch_size, recompute, attention, window,
-    seq_len, dtype, grads, weights, cross_entropy, moe_weighting, fusions, fp8_weight_casts, moe_imbalance, price, steps, tokens, param_data_ratio,
-    total_batch_size, compiled, headroom, calibration, measured_step_time, measured_gpus, measured_tp, measured_pp,
-    measured_attention, measured_window, fit, startup_min, eval_every, eval_tokens, checkpoint_every, interruptions,
-    restart_min, fp8, fp8_recipe, fp8_all_gather, fp8_params, tp_comm_overlap, sequence_parallel, shard_group,
-    reshard_after_forward, overlap_param_gather, overlap_grad_reduce, offload_optimizer, offload_activations, plot,
-    config, framework, print_config, format,
-    wide, quiet, explain,
+    ctx: typer.Context, calibration, plot, config, print_config, format, wide, quiet, explain, **run
 ) -> None:
     """The decision table: time, cost, MFU and memory for each layout, attention and window, explained.
 
@@ -632,14 +625,8 @@ def calibrate_cmd(
 @app.command("plan", short_help="Search the layouts and recommend one.", cls=PanelledCommand)
 @run_options("plan")
 def plan_cmd(
-    ctx: typer.Context,
-    model, hardware, gpus, objective, deadline, budget, calibration, price, total_batch_size, seq_len, dtype, grads,
-    weights, cross_entropy, moe_weighting, fusions, fp8_weight_casts, moe_imbalance, sequence_parallel, tp_comm_overlap, shard_group, reshard_after_forward,
-    overlap_param_gather, overlap_grad_reduce, offload_optimizer, offload_activations, fp8, fp8_recipe, fp8_all_gather,
-    fp8_params, ep, cp, cp_comm, etp, tp_across_nodes,
-    top, headroom, recompute, zero, attention, steps, tokens, param_data_ratio, startup_min, eval_every,
-    eval_tokens, checkpoint_every, interruptions, restart_min, plot, config, framework, print_config, format, wide,
-    quiet,
+    ctx: typer.Context, calibration, objective, deadline, budget, top, headroom, plot, config, print_config, format,
+    wide, quiet, **run
 ) -> None:
     """Search the layouts (dp, tp, pp, ZeRO, micro-batch, attention, recompute, schedule) and recommend one.
 

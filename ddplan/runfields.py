@@ -63,6 +63,7 @@ class RunField:
     # a framework option: the ddplan.layout.Options attribute it sets, applied to every layout it can apply to
     # (Options.for_layout); a run file's layout and a published run state it under its param, a profile may set it
     option: str = ""
+    commands: frozenset[str] = frozenset(COMMANDS)  # the planning commands that take it (each gets its flag)
 
     @property
     def param(self) -> str:
@@ -96,6 +97,7 @@ def _f(path: str, help: str, kind: Any, panel: str, **more: Any) -> RunField:
 
 
 TABLE, TABLE_PLAN, ALL = frozenset({"table"}), frozenset({"table", "plan"}), frozenset(COMMANDS)
+TABLE_MEMORY, MEMORY, PLAN = frozenset({"table", "memory"}), frozenset({"memory"}), frozenset({"plan"})
 RECOMPUTE = ("none", "selective", "per-op", "full")  # lightest first (plan searches in this order)
 # Megatron-Core's --recompute-modules (its selective recompute's choices, the ones a dense or MoE GPT block has):
 # `selective:` and the modules joined by '+', e.g. selective:layernorm+moe (selective alone is core_attn, Megatron's
@@ -188,11 +190,13 @@ FIELDS: tuple[RunField, ...] = (
               "plan": "GPUs in total to search, comma-separated; A-B doubles from A up to B (8-64: 8, 16, 32, 64; "
                       "1-512: every power of two to 512; mixes: 1,8-64)."}),
     _f("layout.tp", "Tensor-parallel degree.", int, LAYOUT,
-       range=Range(1, 1024, "tensor-parallel degree"), many=TABLE, default=1, defaults={"table": "1"}),
+       range=Range(1, 1024, "tensor-parallel degree"), many=TABLE, default=1, defaults={"table": "1"},
+       commands=TABLE_MEMORY),
     _f("layout.pp", "Pipeline-parallel degree.", int, LAYOUT,
-       range=Range(1, 1024, "pipeline stages"), many=TABLE, default=1, defaults={"table": "1"}),
+       range=Range(1, 1024, "pipeline stages"), many=TABLE, default=1, defaults={"table": "1"}, commands=TABLE_MEMORY),
     _f("layout.vp", "Interleaved chunks per pipeline stage (1: 1F1B).", int, LAYOUT,
-       range=Range(1, 64, "chunks per pipeline stage"), many=TABLE, default=1, defaults={"table": "1"}),
+       range=Range(1, 64, "chunks per pipeline stage"), many=TABLE, default=1, defaults={"table": "1"},
+       commands=TABLE_MEMORY),
     _f("layout.cp", "Context-parallel degree: each sequence split over cp GPUs (ring attention).",
        int, LAYOUT, range=Range(1, 1024, "context-parallel degree"), many=TABLE_PLAN, default=1,
        defaults={"table": "1", "plan": None},
@@ -217,7 +221,8 @@ FIELDS: tuple[RunField, ...] = (
     _f("layout.sequence_parallel", "Megatron sequence parallelism on layouts with tp: norms and saved activations "
        "split over tp too.", bool, LAYOUT, default=False, option="sequence_parallel"),
     _f("layout.tp_comm_overlap", "Layouts with tp overlap their communication with the layers' GEMMs (Megatron-Core "
-       "--tp-comm-overlap; needs --sequence-parallel).", bool, LAYOUT, default=False, option="tp_overlap"),
+       "--tp-comm-overlap; needs --sequence-parallel).", bool, LAYOUT, default=False, option="tp_overlap",
+       commands=TABLE_PLAN),
     _f("layout.reshard_after_forward", "ZeRO-3: free gathered parameters after forward and gather them again in "
        "backward (torch FSDP's default).", bool, LAYOUT, default=True, option="reshard_after_forward"),
     _f("layout.overlap_param_gather", "ZeRO-1/2: overlap the parameter all-gather after the optimizer step with the "
@@ -225,7 +230,8 @@ FIELDS: tuple[RunField, ...] = (
        option="overlap_param_gather"),
     _f("layout.overlap_grad_reduce", "ZeRO 0-2: reduce the gradients bucket by bucket during the last backward (torch "
        "DDP, Megatron-Core --overlap-grad-reduce, NeMo); --no-overlap-grad-reduce: after it, exposed (Megatron-LM's "
-       "default). ZeRO-3 always overlaps.", bool, LAYOUT, default=True, option="overlap_grad_reduce"),
+       "default). ZeRO-3 always overlaps.", bool, LAYOUT, default=True, option="overlap_grad_reduce",
+       commands=TABLE_PLAN),
     _f("layout.offload_optimizer", "ZeRO-1/2/3: optimizer states and fp32 masters in host memory, Adam on the CPU, "
        "gradients and parameters over the host link (ZeRO-Offload, without its delayed update); needs the hardware "
        "spec's host figures.", bool, LAYOUT, default=False, option="offload_optimizer"),
@@ -237,7 +243,7 @@ FIELDS: tuple[RunField, ...] = (
     _f("layout.cp_comm", "Context parallelism's exchange: ring (KV blocks passed on under attention, Megatron-Core "
        "p2p) or all-gather (torchtitan's default; not overlapped).", str, LAYOUT, default="ring", option="cp_comm"),
     _f("layout.tp_across_nodes", "Allow tensor parallelism beyond one node (kept inside a node by default).", bool,
-       LAYOUT, default=False),
+       LAYOUT, default=False, commands=PLAN),
     _f("precision.dtype", "Compute dtype: bf16, fp16 or fp32 (fp32: everything in fp32, as `ddplan calibrate` runs "
        "on a CPU; default: the model spec's).", str, MODEL),
     _f("precision.grads", "Gradient dtype: param (each parameter's own, e.g. bf16 gradients reduced in bf16, "
@@ -281,7 +287,8 @@ FIELDS: tuple[RunField, ...] = (
                       "hardware)."}),
     _f("window", "Window pattern of S (short) and L (long) layers, e.g. L or SSSL (default: the model's, and L "
        "when it differs).", str, LAYOUT, many=TABLE, flags=("--window", "--window-pattern"),
-       helps={"memory": "Window pattern of S (short) and L (long) layers, e.g. L or SSSL (default: the model's)."}),
+       helps={"memory": "Window pattern of S (short) and L (long) layers, e.g. L or SSSL (default: the model's)."},
+       commands=TABLE_MEMORY),
     _f("cross_entropy", "The loss kernel: eager (torch's cross entropy on fp32 logits: two vocab-wide fp32 "
        "gradients in backward) or vocab-parallel (Megatron's: the fp32 copy of the logits is the saved softmax and "
        "takes the gradient in place) or fused (a fused kernel, flash-attention's as llm-foundry's MPT runs it: keeps the "
@@ -306,7 +313,7 @@ FIELDS: tuple[RunField, ...] = (
     _f("seq_len", "Sequence length in tokens (default: the recipe's; at most the model's max_seq_len).", int, MODEL,
        range=Range(1, 10**8, "tokens")),
     _f("compiled", "torch.compile'd model (changes what is saved for backward; default: the recipe's).", bool,
-       LAYOUT, flags=("--compile/--no-compile",)),
+       LAYOUT, flags=("--compile/--no-compile",), commands=TABLE_MEMORY),
     _f("moe_imbalance", "Mixture of experts, dropless routing under expert parallelism: the busiest expert-parallel "
        "rank's routed rows over the mean, which the step waits for (1: forced balance, Megatron-Core "
        "--moe-router-force-load-balancing); default the model's, else 1.52 (fitted: "
@@ -314,31 +321,33 @@ FIELDS: tuple[RunField, ...] = (
        range=Range(1, 64, "busiest expert-parallel rank's routed rows over the mean")),
     _f("batch.device", "Sequences per GPU per micro-batch (default: the recipe's, made smaller until it fits).",
        int, LAYOUT, name="device_batch_size", range=Range(1, 65_536, "sequences per GPU per micro-batch"),
-       many=TABLE, helps={"memory": "Sequences per GPU per micro-batch (default: the recipe's)."}),
+       many=TABLE, helps={"memory": "Sequences per GPU per micro-batch (default: the recipe's)."},
+       commands=TABLE_MEMORY),
     _f("batch.total_tokens", "Tokens per optimizer step (default: the recipe's).", int, BATCH,
-       name="total_batch_size", range=Range(1, 10**12, "tokens per step")),
+       name="total_batch_size", range=Range(1, 10**12, "tokens per step"), commands=TABLE_PLAN),
     _f("budget.steps", "Optimizer steps (overrides the recipe's budget).", int, BATCH,
-       range=Range(1, 10**9, "optimizer steps")),
+       range=Range(1, 10**9, "optimizer steps"), commands=TABLE_PLAN),
     _f("budget.tokens", "Training tokens (overrides the recipe's budget).", float, BATCH,
-       range=Range(1, 10**16, "training tokens")),
+       range=Range(1, 10**16, "training tokens"), commands=TABLE_PLAN),
     _f("budget.param_data_ratio", "Tokens per parameter (overrides the recipe's budget).", float, BATCH,
-       range=Range(1e-3, 1e6, "tokens per parameter")),
+       range=Range(1e-3, 1e6, "tokens per parameter"), commands=TABLE_PLAN),
     _f("outside.startup_min", "Minutes outside steps at start (launch, compile warm-up).", float, BATCH,
-       range=Range(0, 100_000, "minutes"), default=5.0),
+       range=Range(0, 100_000, "minutes"), default=5.0, commands=TABLE_PLAN),
     _f("outside.eval_every", "Evaluate every N steps (0: never; default: the recipe's).", int, BATCH,
-       range=Range(0, 10**9, "steps (0: never)")),
+       range=Range(0, 10**9, "steps (0: never)"), commands=TABLE_PLAN),
     _f("outside.eval_tokens", "Tokens per evaluation (default: the recipe's).", int, BATCH,
-       range=Range(1, 10**15, "tokens")),
+       range=Range(1, 10**15, "tokens"), commands=TABLE_PLAN),
     _f("outside.checkpoint_every", "Checkpoint every N steps (0: at the end only).", int, BATCH,
-       range=Range(0, 10**9, "steps (0: at the end only)"), default=0),
+       range=Range(0, 10**9, "steps (0: at the end only)"), default=0, commands=TABLE_PLAN),
     _f("outside.interruptions_per_gpu_hour", "Job interruptions a GPU-hour (default: Llama 3's 1.97e-5 on more than "
        "one node, 0 on one; 0: none).", float, BATCH, name="interruptions",
-       flags=("--interruptions-per-gpu-hour",), range=Range(0, 1, "job interruptions a GPU-hour (0: none)")),
+       flags=("--interruptions-per-gpu-hour",), range=Range(0, 1, "job interruptions a GPU-hour (0: none)"),
+       commands=TABLE_PLAN),
     _f("outside.restart_min", "Minutes to restart after an interruption (reschedule, reload the checkpoint, warm "
-       "up).", float, BATCH, range=Range(0, 100_000, "minutes"), default=10.0),
+       "up).", float, BATCH, range=Range(0, 100_000, "minutes"), default=10.0, commands=TABLE_PLAN),
     _f("price_usd_per_gpu_hour", "USD per GPU-hour (default: the hardware spec's first price).", float, MODEL,
        name="price", range=Range(0, 10_000, "USD per GPU-hour", low_open=True),
-       helps={"plan": "USD per GPU-hour (default: each hardware spec's first price)."}),
+       helps={"plan": "USD per GPU-hour (default: each hardware spec's first price)."}, commands=TABLE_PLAN),
     _f("headroom", "Fraction of usable memory a layout must leave free.", float, LAYOUT,
        range=Range(0, 1, "fraction of usable memory", high_open=True), default=0.05),
     _f("calibration", "A calibration file (from `ddplan calibrate`, or written by hand): its measurements replace "
@@ -347,32 +356,34 @@ FIELDS: tuple[RunField, ...] = (
                         "sets the GPUs, layout, micro-batch, window and compile mode not given, and its peak memory "
                         "(if any) is used as --measured-peak when no flag moves the shape away from it."}),
     _f("measured.step_time_s", "A step time you measured, seconds; ddplan fits one knob to it and derives the other "
-       "rows.", float, MEASURED, name="measured_step_time", range=Range(0, 10**6, "seconds", low_open=True)),
+       "rows.", float, MEASURED, name="measured_step_time", range=Range(0, 10**6, "seconds", low_open=True),
+       commands=TABLE),
     _f("measured.gpus", "GPUs in total of the measured run (default: the first of --gpus).", int, MEASURED,
-       name="measured_gpus", range=Range(1, 1_000_000, "GPUs in total")),
+       name="measured_gpus", range=Range(1, 1_000_000, "GPUs in total"), commands=TABLE),
     _f("measured.tp", "Tensor-parallel degree of the measured run (default: the first of --tp).", int, MEASURED,
-       name="measured_tp", range=Range(1, 1024, "tensor-parallel degree")),
+       name="measured_tp", range=Range(1, 1024, "tensor-parallel degree"), commands=TABLE),
     _f("measured.pp", "Pipeline-parallel degree of the measured run (default: the first of --pp).", int, MEASURED,
-       name="measured_pp", range=Range(1, 1024, "pipeline stages")),
+       name="measured_pp", range=Range(1, 1024, "pipeline stages"), commands=TABLE),
     _f("measured.attention", "Attention of the measured run (default: the first of --attention, else the "
-       "hardware's default).", str, MEASURED, name="measured_attention"),
+       "hardware's default).", str, MEASURED, name="measured_attention", commands=TABLE),
     _f("measured.window", "Window pattern of the measured run (default: the first of --window).", str, MEASURED,
-       name="measured_window"),
+       name="measured_window", commands=TABLE),
     _f("measured.fit", "Which efficiency the measurement calibrates; auto picks the one whose range moves the "
-       "measured row most.", ("auto", "gemm", "attention", "compute"), MEASURED, default="auto"),
+       "measured row most.", ("auto", "gemm", "attention", "compute"), MEASURED, default="auto", commands=TABLE),
     _f("measured.peak_gb", "A measured peak in GB (1e9 bytes): say which attention and recompute setups it is "
-       "consistent with.", float, MEASURED, name="measured_peak", range=Range(0, 10**6, "GB", low_open=True)),
+       "consistent with.", float, MEASURED, name="measured_peak", range=Range(0, 10**6, "GB", low_open=True),
+       commands=MEMORY),
     _f("measured.peak_kind", "What the measured peak counts: device (nvidia-smi, rocm-smi: everything), reserved "
        "(torch.cuda.max_memory_reserved: no context) or allocated (max_memory_allocated: tensors only; a "
        "calibration's step).", ("device", "reserved", "allocated"), MEASURED, name="measured_peak_kind",
-       default="device"),
-    _f("plan.objective", "Rank by wall-clock or by cost.", ("time", "cost"), BATCH, default="time"),
+       default="device", commands=MEMORY),
+    _f("plan.objective", "Rank by wall-clock or by cost.", ("time", "cost"), BATCH, default="time", commands=PLAN),
     _f("plan.deadline_h", "Hours: the cheapest layout that finishes in time.", float, BATCH, name="deadline",
-       range=Range(0, 10**7, "hours", low_open=True)),
+       range=Range(0, 10**7, "hours", low_open=True), commands=PLAN),
     _f("plan.budget_usd", "USD: the fastest layout within the budget.", float, BATCH, name="budget",
-       range=Range(0, 10**13, "USD", low_open=True)),
+       range=Range(0, 10**13, "USD", low_open=True), commands=PLAN),
     _f("plan.top", "How many layouts to list (table, markdown, json; csv lists all).", int, OUTPUT,
-       range=Range(1, 10**6, "layouts"), default=10),
+       range=Range(1, 10**6, "layouts"), default=10, commands=PLAN),
 )
 BY_PARAM: dict[str, RunField] = {f.param: f for f in FIELDS}
 OPTION_FIELDS: tuple[RunField, ...] = tuple(f for f in FIELDS if f.option)
