@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from ddplan.errors import DdplanError, SpecError
-from ddplan.evidence import is_thin, thin_values
+from ddplan.evidence import hardware_key, is_thin, thin_values
 from ddplan.fitting import golden_min, rising_root
 from ddplan.gcpause import no_cycle_collection
 from ddplan.memory import (DOES_NOT_FIT, FITS, MAY_NOT_FIT, NOT_COUNTED, PEAK_RATIO, fit_verdict,  # noqa: F401
@@ -370,7 +370,7 @@ def _spread_by_source(scored: Sequence[Scored]) -> tuple[float, float]:
 
 def evidence_counts(runs: Sequence[PublishedRun]) -> dict[str, dict[str, tuple[int, int]]]:
     """ddplan.evidence.EVIDENCE of a dataset: per dimension and value, its runs and sources."""
-    keys = {"framework": lambda r: r.framework or "-", "hardware": lambda r: _hw_name(r.hardware),
+    keys = {"framework": lambda r: r.framework or "-", "hardware": lambda r: hardware_key(_hw_name(r.hardware), r.precision),
             "precision": lambda r: r.precision}
     out: dict[str, dict[str, tuple[int, int]]] = {}
     for dim, key in keys.items():
@@ -387,7 +387,8 @@ def unseen_ratios(held: Sequence[Scored], counts: dict[str, dict[str, tuple[int,
     weighing one, over the dense runs, 16-bit and fp8 (leave-one-source-out scores), whose value of that dimension
     is thin (ddplan.evidence.is_thin), with their count of runs and sources; a dimension without such a run is left
     out (it widens nothing)."""
-    keys = {"framework": lambda s: s.framework, "hardware": lambda s: s.hardware, "precision": lambda s: s.precision}
+    keys = {"framework": lambda s: s.framework, "hardware": lambda s: hardware_key(s.hardware, s.precision),
+            "precision": lambda s: s.precision}
     out = {}
     for dim, key in keys.items():
         group = [s for s in held if not s.moe and is_thin(*counts[dim].get(key(s), (0, 0)))]

@@ -11,7 +11,7 @@ import yaml
 from ddplan import validation as V
 from ddplan.errors import SpecError
 from ddplan.fp8 import FP8_STACK_KEPT
-from ddplan.evidence import EVIDENCE, UNSEEN_RATIO, is_thin, thin_values, widened
+from ddplan.evidence import EVIDENCE, UNSEEN_RATIO, hardware_key, is_thin, thin_values, widened
 from ddplan.price import VALIDATED_RATIO, VALIDATED_RATIO_FP8, VALIDATED_RATIO_MOE
 from ddplan.registry import load_hardware
 from ddplan.replay import fp8_fit_key, price_run
@@ -182,9 +182,10 @@ def test_bands_by_evidence_are_the_datasets(shipped_loso):
 
 def test_a_thin_stack_gpu_or_precision_widens_the_band_by_hand():
     """torchtitan has no run in the dataset (thin): the base band widens to the framework group's ends (0.81 and
-    1.27, the low end outside the base band's); a stack with 14 runs from 3 sources (megatron-core) on H100 (55 from 6) in
-    bf16 (35 from 8) is not thin, nor is fp8 (52 runs, 4 sources); MI300X (the seed's one run) is; a stack not
-    stated is not weighed."""
+    1.27, the low end outside the base band's); a stack with 14 runs from 3 sources (megatron-core) on H100 in 16 bits
+    (28 from 5) in bf16 (35 from 8) is not thin, nor is H100 in fp8 (27 runs, 4 sources); MI300X (the seed's one run)
+    is; a stack not stated is not weighed. A GPU is weighed per precision family (evidence.hardware_key): GB200's 11
+    runs are 9 in fp8 from MLPerf alone and 2 in 16 bits, so it is thin either way; B200 and H200 have no 16-bit run."""
     base = (0.87, 1.25)
     (t,) = thin_values("torchtitan", "h100-sxm", "bf16")
     assert (t.dimension, t.runs, t.sources) == ("framework", 0, 0) and widened(base, (t,)) == (0.81, 1.27)
@@ -192,6 +193,11 @@ def test_a_thin_stack_gpu_or_precision_widens_the_band_by_hand():
     assert [t.dimension for t in thin_values(None, "mi300x", "bf16")] == ["hardware"]
     assert thin_values("megatron-core", "h100-sxm", "fp8") == ()
     assert is_thin(4, 2) and is_thin(18, 1) and not is_thin(5, 2)
+    assert hardware_key("gb200", "bf16") == "gb200 (16-bit)" and hardware_key("gb200", "fp8") == "gb200 (fp8)"
+    for gpu, precision, runs, sources in (("gb200", "bf16", 2, 2), ("gb200", "fp8", 9, 1), ("b200", "bf16", 0, 0),
+                                          ("h200", "fp16", 0, 0)):
+        (t,) = thin_values("megatron-core", gpu, precision)
+        assert (t.dimension, t.runs, t.sources, t.band) == ("hardware", runs, sources, UNSEEN_RATIO["hardware"][:2])
 
 
 def test_table_says_which_thin_evidence_widened_its_band(capsys):
