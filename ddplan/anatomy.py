@@ -181,6 +181,14 @@ class Anatomy:
         return kept
 
     @functools.cached_property
+    def _variants(self) -> dict[tuple[str, int], Anatomy]:
+        """with_recompute's anatomies of these ops, by (policy, chunks): kept with the anatomy, so the pricers that
+        share it (ddplan.price._SHARES: a plan's hardware, validation's runs, repeated searches) build each policy's
+        anatomy, and what that caches (saved_split, backward_transient_bytes, ...), once. A cached property: _with's
+        copies, with other ops, start without it."""
+        return {}
+
+    @functools.cached_property
     def modules(self) -> frozenset[str] | None:
         """The Megatron modules this policy re-runs (`selective:a+b`), None under a named policy."""
         return recompute_modules(self.recompute)
@@ -667,10 +675,12 @@ def with_recompute(anatomy: Anatomy, recompute: Recompute, chunks: int | None = 
     chunks = anatomy.chunks if chunks is None else chunks
     if recompute == anatomy.recompute and chunks == anatomy.chunks:
         return anatomy
-    new = replace(anatomy, recompute=recompute, chunks=chunks)
-    for name in _OPS_ONLY_CACHES:
-        if name in anatomy.__dict__:
-            new.__dict__[name] = anatomy.__dict__[name]
+    new = anatomy._variants.get((recompute, chunks))
+    if new is None:
+        new = anatomy._variants[recompute, chunks] = replace(anatomy, recompute=recompute, chunks=chunks)
+        for name in _OPS_ONLY_CACHES:
+            if name in anatomy.__dict__:
+                new.__dict__[name] = anatomy.__dict__[name]
     return new
 
 

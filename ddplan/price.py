@@ -194,9 +194,12 @@ class PriceCache:
 # Rank shares (Pricer._share) by value across the pricers of one process: a plan searches several hardware,
 # validation prices a run at many efficiencies and a test session prices the same models thousands of times, and
 # an anatomy depends only on the model spec and the share's arguments (immutable; its own caches come from its
-# own fields). The least recently used are dropped past SHARES_KEPT (a 96-layer share is a few MB).
+# own fields). The least recently used are dropped past SHARES_KEPT. One search uses more than 64 (Llama-3-70B on
+# 64 and 128 H100s: 133, 182 on four GPUs at 8-1,024), and with 64 kept a least-recently-used cache evicts each
+# before it is asked for again: every search rebuilt them all. A share keeps its distinct blocks only (~20 KB for
+# Llama-3-70B, measured with tracemalloc 2026-12-06), so 512 hold several searches' worth in a few MB.
 _SHARES: OrderedDict[tuple, Anatomy] = OrderedDict()
-SHARES_KEPT = 64
+SHARES_KEPT = 512
 
 
 @dataclass(frozen=True)
@@ -206,10 +209,11 @@ class _Group:
 
     states: dict[str, dict[str, float]]  # ddplan.memory.model_states (read, never written)
     fixed: dict[str, float]  # ddplan.memory.fixed_terms
-    ops_key: tuple  # what its anatomies depend on besides the micro-batch, the recompute policy and the window
-    memory_key: tuple  # what its memory depends on besides those and the micro-batches in flight
-    activations_key: tuple  # what its activation bytes depend on besides those (memory_key less dp and sharding)
-    optimizer_key: tuple  # what its optimizer step depends on besides the scenario (its rates: the attention's)
+    # the keys, each a Pricer._token standing for the tuple of what it covers:
+    ops_key: int  # what its anatomies depend on besides the micro-batch, the recompute policy and the window
+    memory_key: int  # what its memory depends on besides those and the micro-batches in flight
+    activations_key: int  # what its activation bytes depend on besides those (memory_key less dp and sharding)
+    optimizer_key: int  # what its optimizer step depends on besides the scenario (its rates: the attention's)
 
 
 class Pricer:
@@ -229,6 +233,7 @@ class Pricer:
         self._nodes: dict[int, tuple[int, float, float]] = {}  # _on_nodes by GPU count
         self._caches = _caches or PriceCache()
         self._shared, self._rated = self._caches.shared, self._caches.rated
+        self._tokens: dict[tuple, int] = self._shared.setdefault(("tokens",), {})  # _token's, with the shared caches
 
     @property
     def thin(self) -> tuple[Thin, ...]:
@@ -259,25 +264,33 @@ class Pricer:
         key = ("group", parallel)
         group = self._shared.get(key)
         if group is None:
-            ops = (self._kind(layout.attention), layout.compiled, layout.rank_share)
+            token = self._token
+            ops = token((self._kind(layout.attention), layout.compiled, layout.rank_share))
             states = self._states(layout)
             group = self._shared[key] = _Group(
                 states=states, fixed=self._fixed_terms(layout, states), ops_key=ops,
-                memory_key=(ops, layout.dp, layout.pp, layout.zero, layout.pp_schedule, layout.pp_virtual_stages,
-                            layout.shard_group, layout.reshard_after_forward, layout.fp8_all_gather,
-                            layout.offload_optimizer, layout.fp8_params, layout.offload_activations),
-                activations_key=(ops, layout.pp, layout.zero == 3, layout.pp_schedule, layout.pp_virtual_stages,
-                                 layout.offload_activations),
-                optimizer_key=(layout.attention, layout.grad_ranks, layout.tp, layout.pp, layout.zero, layout.shard_group,
-                               layout.ep, layout.etp))
+                memory_key=token((ops, layout.dp, layout.pp, layout.zero, layout.pp_schedule, layout.pp_virtual_stages,
+                                  layout.shard_group, layout.reshard_after_forward, layout.fp8_all_gather,
+                                  layout.offload_optimizer, layout.fp8_params, layout.offload_activations)),
+                activations_key=token((ops, layout.pp, layout.zero == 3, layout.pp_schedule, layout.pp_virtual_stages,
+                                       layout.offload_activations)),
+                optimizer_key=token((layout.attention, layout.grad_ranks, layout.tp, layout.pp, layout.zero,
+                                     layout.shard_group, layout.ep, layout.etp)))
         self._last_group = (parallel, group)
         return group
 
-    def anatomy(self, layout: Layout, window: str) -> Anatomy:
-        """One rank's ops of one micro-batch (its tp, sp and cp share); recompute policies share one ops tuple."""
+    def _token(self, value: tuple) -> int:
+        """A small int standing for `value` in the caches' keys: one per distinct value, kept with the shared caches
+        (pricers that share them agree). A key holding it hashes at once, where a key holding the tuple would hash
+        each of its ~15 fields again at every lookup (a search looks such keys up ~35,000 times)."""
+        return self._tokens.setdefault(value, len(self._tokens))
+
+    def anatomy(self, layout: Layout, window: str, group: _Group | None = None) -> Anatomy:
+        """One rank's ops of one micro-batch (its tp, sp and cp share); recompute policies share one ops tuple.
+        group: the layout's (Pricer._group), where the caller has it."""
         chunks = layout.recompute_chunks
-        key = ("anatomy", window, self._group(layout).ops_key, layout.micro_batch, layout.recompute, chunks, self.fp8,
-               self.fp8_recipe)
+        key = ("anatomy", window, (group or self._group(layout)).ops_key, layout.micro_batch, layout.recompute, chunks,
+               self.fp8, self.fp8_recipe)
         an = self._shared.get(key)
         if an is None:
             share = self._share(layout.micro_batch, layout.attention, window, layout.compiled, layout.rank_share)
@@ -377,7 +390,8 @@ class Pricer:
         Not cached itself (a search prices each layout once); what layouts share is: op times per
         anatomy and rates, optimizer time, collective times, gradient buffers.
         """
-        an = self.anatomy(layout, window)
+        group = self._group(layout)
+        an = self.anatomy(layout, window, group)
         if r is not None:
             return step_time(self.spec, self.hw, layout, an, r=self._gathered(r, layout, kept=False),
                              comm_efficiency=comm_end(scenario), comm_points=self.points, cache=self._shared)
@@ -388,7 +402,7 @@ class Pricer:
                      fitted, r.fp8_weight_shards, r.fp8_gathers, r.fp8_weight_reuse, r.fp8_weights_fp8, module_policy)
         if parts_key not in self._rated:
             self._rated[parts_key] = op_times(an, r)
-        opt_key = ("optimizer", scenario, fitted, self._group(layout).optimizer_key)
+        opt_key = ("optimizer", scenario, fitted, group.optimizer_key)
         if opt_key not in self._rated:
             self._rated[opt_key] = optimizer_time_s(self.spec, layout, r)
         return step_time(self.spec, self.hw, layout, an, r, comm_efficiency=comm_end(scenario),
@@ -466,7 +480,7 @@ class Pricer:
                self.fp8_recipe, in_flight)
         act = self._shared.get(key)
         if act is None:
-            act = self._shared[key] = activation_bytes(self.anatomy(layout, window), layout,
+            act = self._shared[key] = activation_bytes(self.anatomy(layout, window, group), layout,
                                                        self.spec.architecture.num_layers)
         return act
 

@@ -457,16 +457,23 @@ def micro_batch_time(anatomy: Anatomy, r: Rates, layer_fraction: float = 1.0,
 
 def _micro_batch_time(parts: OpTimes, policy: str, layer_fraction: float, include_embeddings: bool,
                       include_head: bool) -> MicroBatchTime:
-    """micro_batch_time's sums."""
-    shares = {"layers": layer_fraction, "embeddings": 1.0 if include_embeddings else 0.0,
-              "head": 1.0 if include_head else 0.0}
-    fwd = sum(sh * parts.fwd.get(p, 0.0) for p, sh in shares.items())
-    rec = sum(sh * parts.again.get((p, policy), 0.0) for p, sh in shares.items())
-    bwd = sum(sh * parts.bwd.get(p, 0.0) for p, sh in shares.items()) + rec
+    """micro_batch_time's sums: each part's times times its share, added in the order layers, embeddings, head."""
+    layers, emb, head = layer_fraction, 1.0 if include_embeddings else 0.0, 1.0 if include_head else 0.0
+    shares = {"layers": layers, "embeddings": emb, "head": head}
+    fwd, bwd, again = parts.fwd, parts.bwd, parts.again
+    fwd_s = layers * fwd.get("layers", 0.0) + emb * fwd.get("embeddings", 0.0) + head * fwd.get("head", 0.0)
+    rec = (layers * again.get(("layers", policy), 0.0) + emb * again.get(("embeddings", policy), 0.0)
+           + head * again.get(("head", policy), 0.0))
+    bwd_s = layers * bwd.get("layers", 0.0) + emb * bwd.get("embeddings", 0.0) + head * bwd.get("head", 0.0) + rec
     by_kind: dict[str, float] = {}
     for (p, kind), v in parts.by_kind.items():
         by_kind[kind] = by_kind.get(kind, 0.0) + shares[p] * v
-    for (p, pol, kind), v in parts.again_by_kind.items():
-        if pol == policy:
-            by_kind[kind] = by_kind.get(kind, 0.0) + shares[p] * v
-    return MicroBatchTime(fwd_s=fwd, bwd_s=bwd, by_kind_s=by_kind, recompute_s=rec)
+    # the policy's re-runs by (part, kind), in again_by_kind's order: kept in memo (each policy is asked for at
+    # every pipeline stage and degree)
+    rerun = parts.memo.get(("again by kind", policy))
+    if rerun is None:
+        rerun = parts.memo[("again by kind", policy)] = [(p, kind, v) for (p, pol, kind), v in
+                                                         parts.again_by_kind.items() if pol == policy]
+    for p, kind, v in rerun:
+        by_kind[kind] = by_kind.get(kind, 0.0) + shares[p] * v
+    return MicroBatchTime(fwd_s=fwd_s, bwd_s=bwd_s, by_kind_s=by_kind, recompute_s=rec)

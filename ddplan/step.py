@@ -249,13 +249,20 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
         # neighbouring stages are tp x dp ranks apart (ddplan.layout.placement): once the job spans nodes
         # some boundary crosses them, and each GPU sends to its peer through its own NIC
         crosses = place.pp_crosses
-        tier_key = ("p2p tier", comm_efficiency, crosses)
-        if tier_key not in cache:
-            cache[tier_key] = comm.tier_for(hw, "all_gather", 2, efficiency=comm_efficiency,
-                                            per_node=1 if crosses else 2)
-        tier = cache[tier_key]
-        sent = pipeline.p2p_bytes_per_microbatch(layout.micro_batch, anatomy.seq_len, a.d_model, e) / layout.tp
-        bubble += pipeline.p2p_time_s(sent, tier.busbw_bytes_per_s, tier.latency_s, accum, layout.pp_virtual_stages)
+        # the sends' seconds, by all they depend on besides the model (a search's layouts repeat them)
+        p2p_key = ("p2p", comm_efficiency, crosses, layout.micro_batch, anatomy.seq_len, layout.tp, accum,
+                   layout.pp_virtual_stages)
+        p2p_s = cache.get(p2p_key)
+        if p2p_s is None:
+            tier_key = ("p2p tier", comm_efficiency, crosses)
+            if tier_key not in cache:
+                cache[tier_key] = comm.tier_for(hw, "all_gather", 2, efficiency=comm_efficiency,
+                                                per_node=1 if crosses else 2)
+            tier = cache[tier_key]
+            sent = pipeline.p2p_bytes_per_microbatch(layout.micro_batch, anatomy.seq_len, a.d_model, e) / layout.tp
+            p2p_s = cache[p2p_key] = pipeline.p2p_time_s(sent, tier.busbw_bytes_per_s, tier.latency_s, accum,
+                                                         layout.pp_virtual_stages)
+        bubble += p2p_s
 
     offload_s = 0.0
     if layout.offload_activations:  # the first N layers' saves go to the host and back (pp 1: the whole model)
@@ -269,7 +276,7 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
         opt_s = optimizer_time_s(spec, layout, r) if optimizer_s is None else optimizer_s
     policy = dp_policy(spec, layout)
     total_comm, exposed, gather_s, scatter_s, beside, outlasting = dp_comm_s(
-        spec, hw, layout, mbt.bwd_s, mbt.total_s, comm_efficiency, comm_points, cache)
+        spec, hw, layout, mbt.bwd_s, mbt.total_s, comm_efficiency, comm_points, cache, place)
     if policy == "sharded_optimizer":  # communication overlaps optimizer math only
         exposed = total_comm - min(opt_s, total_comm)
         beside, outlasting = min(opt_s, total_comm), exposed
@@ -361,8 +368,8 @@ class _Cached:
 
 
 def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, mb_s: float,
-              efficiency: str = "value", points: CommPoints | None = None,
-              cache: Cache | None = None) -> tuple[float, float, float, float, float, float]:
+              efficiency: str = "value", points: CommPoints | None = None, cache: Cache | None = None,
+              place: Placement | None = None) -> tuple[float, float, float, float, float, float]:
     """(total, exposed, gather, scatter, beside, outlasting) seconds of data-parallel communication in one step, by
     the layout's policy; gather and scatter: one micro-batch's ZeRO-3 parameter all-gathers (every pass) and gradient
     reduce-scatter (0 for the other policies); beside: the collectives' time beside the compute they overlap (at
@@ -373,13 +380,15 @@ def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, m
     out beside and outlasting there). Without layout.overlap_grad_reduce (ZeRO 0-2: Megatron-LM's local DDP and
     distributed optimizer, which reduce after the whole backward, training.py@b83477a L425-429 and @0609f27 L453),
     the gradient all-reduce or reduce-scatters have no backward beside them: all exposed.
+    place: the layout's placement on hw's nodes where the caller has it (step_time), else worked out here.
     """
     n = layout.grad_ranks  # dp x cp ranks hold the same parameters
     if n == 1 and layout.expert_ranks == 1:  # (whole experts may still be shared by tp ranks: --etp 1)
         return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
     cache = {} if cache is None else cache
     policy = dp_policy(spec, layout)
-    place = _placed(layout, hw, cache)  # ranks ordered tp, dp, pp: a dp group strides by tp
+    if place is None:
+        place = _placed(layout, hw, cache)  # ranks ordered tp, dp, pp: a dp group strides by tp
     if policy == "ddp":
         buffers, expert = (_buffers(spec, layout, policy, experts, cache) for experts in (False, True))
         # the routed experts' gradients reduce over their own group (Layout.expert_ranks, etp x ep ranks apart)
