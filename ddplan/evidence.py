@@ -55,9 +55,10 @@ class Thin:
 
 
 def hardware_key(hardware: str, precision: str) -> str:
-    """The hardware dimension's value: a GPU and its precision family, "gb200 (16-bit)" or "gb200 (fp8)". Each has a
-    fitted fraction of its own (sustained, sustained_fp8), so runs in one are no evidence for the other: GB200's fp8
-    runs did not check its 16-bit fraction (an assumed one until a 16-bit run is fitted)."""
+    """The hardware dimension's value: a GPU and its precision family, "gb200 (fp8)" or "gb200 (16-bit)" (every other
+    precision: bf16 and fp16, and fp32, which the same `sustained` fraction prices). Each has a fitted fraction of its
+    own (sustained, sustained_fp8), so runs in one are no evidence for the other: GB200's fp8 runs did not check its
+    16-bit fraction (an assumed one until a 16-bit run is fitted)."""
     return f"{hardware} ({'fp8' if precision == 'fp8' else '16-bit'})"
 
 

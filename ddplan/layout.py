@@ -373,7 +373,7 @@ class Options:
                 "shard_group": self.shard_group if zero == 3 and 1 < self.shard_group < ranks else 0,
                 "reshard_after_forward": self.reshard_after_forward or zero != 3,
                 "overlap_param_gather": self.overlap_param_gather and zero in (1, 2),
-                "overlap_grad_reduce": self.overlap_grad_reduce or zero == 3,
+                "overlap_grad_reduce": self.overlap_grad_reduce or zero == 3 or ranks == 1,  # nothing to reduce
                 "cp_comm": self.cp_comm if cp > 1 else "ring",
                 "etp": 1 if self.expert_tp == 1 and tp > 1 else 0,
                 "fp8_all_gather": self.fp8_all_gather and zero == 3,

@@ -182,6 +182,9 @@ def option_flags(run: RunFacts) -> list[str]:
         default = value == f.default or value in (0, None) and f.default is None  # shard_group 0: none
         if default and (found is None or found.value == value):
             continue
+        if value in (0, None) and f.default is None:  # "none" has no flag value (--shard-group takes 2 and up)
+            raise ValueError(f"{run.id}: {f.param} unset cannot be stated over the {run.framework} profile's "
+                             f"{found.value!r} as a table flag")
         if f.kind is bool:
             argv.append(f.flag if value else "--no-" + f.flag[2:])
         else:

@@ -231,7 +231,7 @@ FIELDS: tuple[RunField, ...] = (
     _f("layout.overlap_grad_reduce", "ZeRO 0-2: reduce the gradients bucket by bucket during the last backward (torch "
        "DDP, Megatron-Core --overlap-grad-reduce, NeMo); --no-overlap-grad-reduce: after it, exposed (Megatron-LM's "
        "default). ZeRO-3 always overlaps.", bool, LAYOUT, default=True, option="overlap_grad_reduce",
-       commands=TABLE_PLAN),
+       commands=ALL),
     _f("layout.offload_optimizer", "ZeRO-1/2/3: optimizer states and fp32 masters in host memory, Adam on the CPU, "
        "gradients and parameters over the host link (ZeRO-Offload, without its delayed update); needs the hardware "
        "spec's host figures.", bool, LAYOUT, default=False, option="offload_optimizer"),

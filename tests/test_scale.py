@@ -334,13 +334,15 @@ def test_gradient_reduce_after_backward_is_exposed_whole():
 
 def test_gradient_reduce_option_rules():
     """ZeRO-3 reduce-scatters each unit during backward: refusing the option there, naming the flag; a search's
-    Options keep it overlapped on ZeRO-3 layouts and as given on ZeRO 0-2."""
+    Options keep it overlapped on ZeRO-3 layouts and as given on ZeRO 0-2, and overlapped with one data-parallel
+    rank (nothing to reduce, so no row says it reduces after backward)."""
     with pytest.raises(LayoutError, match="always overlapped") as e:
         Layout(dp=8, zero=3, overlap_grad_reduce=False)
     assert e.value.field == "--no-overlap-grad-reduce"
     opts = Options(overlap_grad_reduce=False)
     assert opts.for_layout(1, 8, 3)["overlap_grad_reduce"] is True
     assert [opts.for_layout(1, 8, z)["overlap_grad_reduce"] for z in (0, 1, 2)] == [False] * 3
+    assert opts.for_layout(8, 1, 0)["overlap_grad_reduce"] is True
 
 
 def test_megatron_core_profile_reduces_after_backward_unless_told(capsys):
@@ -355,6 +357,21 @@ def test_megatron_core_profile_reduces_after_backward_unless_told(capsys):
     assert float(told["dp_comm_exposed_s"]) == pytest.approx(float(plain["dp_comm_exposed_s"]), rel=0.05)
     text = " ".join(run_ok(capsys, argv[:-2] + ["--no-overlap-grad-reduce"]).split())
     assert "grad reduce after backward" in text
+
+
+def test_memory_ranks_its_fixes_with_the_profile_s_gradient_reduce(capsys):
+    """`memory` ranks the ways to fit by step time, so it takes the option too: under megatron-core's profile (the
+    reduce after backward) ZeRO-2's exposed reduce-scatter makes it slower than ZeRO-3 on 8 H100 (as `table` prices
+    them), and memory's one-change fix is ZeRO-3, not ZeRO-2 as it said while it priced every reduce overlapped."""
+    argv = ["-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--framework", "megatron-core",
+            "--attention", "sdpa-fused"]
+    rows = csv_rows(run_ok(capsys, ["table", *argv, "--zero", "2,3", "--device-batch-size", "1", "--format", "csv"]))
+    zero2, zero3 = (float(r["step_s"]) for r in rows)
+    assert zero2 > zero3
+    text = " ".join(run_ok(capsys, ["memory", *argv]).split())
+    assert "Fastest to fit with 1 change: ZeRO-3:" in text
+    told = " ".join(run_ok(capsys, ["memory", *argv, "--overlap-grad-reduce"]).split())
+    assert "Fastest to fit with 1 change: ZeRO-2 (another training setup):" in told
 
 
 def test_pipeline_sends_across_nodes_use_one_nic():
