@@ -850,10 +850,10 @@ def _nemo(text: str, path: Path, out: Imported) -> None:
     optim = _mapping(model, "optim", path)
     if optim.get("name") in ("distributed_fused_adam", "mcore_distributed_optim"):
         out.set(("layout", "zero"), 1, f"optim {optim.get('name')} shards the optimizer states")
-    if optim.get("overlap_param_sync"):
+    if optim.get("overlap_param_sync") is True:  # an unresolved "${...}" is not a yes
         out.set(("layout", "overlap_param_gather"), True)
-    if "overlap_grad_sync" in optim:  # distributed_fused_adam's; not given: the nemo profile's (overlapped)
-        out.set(("layout", "overlap_grad_reduce"), bool(optim["overlap_grad_sync"]))
+    if isinstance(optim.get("overlap_grad_sync"), bool):  # distributed_fused_adam's; else the nemo profile's
+        out.set(("layout", "overlap_grad_reduce"), optim["overlap_grad_sync"])  # (overlapped): "${...}" says nothing
     nodes, devices = num(trainer, "num_nodes", 1, "trainer"), num(trainer, "devices", None, "trainer")
     _degrees(out, nodes * devices if devices else None, tp * pp * cp,
              f"trainer.num_nodes {nodes} x devices {devices}")
