@@ -14,9 +14,9 @@ import yaml
 
 from ddplan.errors import DdplanError, SpecError
 from ddplan.registry import load_framework, load_hardware
+from ddplan.runfields import OPTION_FIELDS
 from ddplan.runs import PublishedRun, RunFacts, run_spec
 from ddplan.specs import KERNELS, Efficiency, run_variant
-from ddplan.runfields import OPTION_FIELDS
 from ddplan.table import TableRequest, build_table, framework_options
 
 
@@ -74,10 +74,10 @@ def run_option_values(run: RunFacts) -> dict:
     """The framework options (ddplan.runfields.OPTION_FIELDS) a run ran with, by parameter name: as its layout states
     each, else (a layout field left None, as overlap_grad_reduce may be) as its framework's profile says the stack
     does (Megatron-Core: no gradient reduce overlap without --overlap-grad-reduce), else the field's default."""
+    applies = _profile(run).applies if _profile(run) is not None else {}
     values = {}
     for f in OPTION_FIELDS:
-        stated = getattr(run.layout, f.param)
-        found = _profile(run).applies.get(f.param) if stated is None and _profile(run) is not None else None
+        stated, found = getattr(run.layout, f.param), applies.get(f.param)
         values[f.param] = stated if stated is not None else found.value if found is not None else f.default
     return values
 

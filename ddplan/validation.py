@@ -370,8 +370,8 @@ def _spread_by_source(scored: Sequence[Scored]) -> tuple[float, float]:
 
 def evidence_counts(runs: Sequence[PublishedRun]) -> dict[str, dict[str, tuple[int, int]]]:
     """ddplan.evidence.EVIDENCE of a dataset: per dimension and value, its runs and sources."""
-    keys = {"framework": lambda r: r.framework or "-", "hardware": lambda r: hardware_key(_hw_name(r.hardware), r.precision),
-            "precision": lambda r: r.precision}
+    keys = {"framework": lambda r: r.framework or "-",
+            "hardware": lambda r: hardware_key(_hw_name(r.hardware), r.precision), "precision": lambda r: r.precision}
     out: dict[str, dict[str, tuple[int, int]]] = {}
     for dim, key in keys.items():
         groups: dict[str, list[PublishedRun]] = {}
