@@ -177,8 +177,6 @@ def options(values: dict, max_tp: int | None, spec=None, expert_tp: int = 0):
     if values.get("sequence_parallel") and max_tp == 1:
         raise UsageError("needs tensor parallelism: give --tp above 1", field="--sequence-parallel")
     check_ranges((values.get("shard_group"), "--shard-group"))
-    if values.get("cp_comm", "ring") not in ("ring", "all-gather"):
-        raise UsageError(f"must be ring or all-gather, got {values['cp_comm']!r}", field="--cp-comm")
     options = framework_options(values, expert_tp)
     return options.for_model(spec) if spec is not None else options
 

@@ -241,7 +241,8 @@ FIELDS: tuple[RunField, ...] = (
        "hardware spec's host link.", int, LAYOUT, default=0,
        range=Range(0, 100_000, "layers whose activations go to the host (0: none)"), option="offload_activations"),
     _f("layout.cp_comm", "Context parallelism's exchange: ring (KV blocks passed on under attention, Megatron-Core "
-       "p2p) or all-gather (torchtitan's default; not overlapped).", str, LAYOUT, default="ring", option="cp_comm"),
+       "p2p) or all-gather (torchtitan's default; not overlapped).", ("ring", "all-gather"), LAYOUT, default="ring",
+       option="cp_comm"),
     _f("layout.tp_across_nodes", "Allow tensor parallelism beyond one node (kept inside a node by default).", bool,
        LAYOUT, default=False, commands=PLAN),
     _f("precision.dtype", "Compute dtype: bf16, fp16 or fp32 (fp32: everything in fp32, as `ddplan calibrate` runs "

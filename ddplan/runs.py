@@ -20,12 +20,13 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, Field, create_model, model_validator
 
 from ddplan.errors import DdplanError, SpecError
 from ddplan.flops import nanochat_flops_per_token
 from ddplan.registry import builtin_dir, load_hardware, load_model
-from ddplan.runfields import recompute_policy
+from ddplan.runconfig import annotation
+from ddplan.runfields import OPTION_FIELDS, recompute_policy
 from ddplan.specfile import read_yaml, validate
 from ddplan.specs import Architecture, CrossEntropy, Fp8Recipe, Fp8WeightCasts, ModelSpec, Strict, present_param_groups, run_variant
 
@@ -64,7 +65,7 @@ class RunModel(Strict):
     routing: Literal["balanced", "dropless"] | None = None
 
 
-class RunLayout(Strict):
+class _RunDegrees(Strict):
     """The layout as it ran. gpus = dp x tp x pp x cp; global batch = dp x micro-batch x accumulation."""
 
     gpus: int = Field(gt=0, le=10**6)
@@ -84,20 +85,16 @@ class RunLayout(Strict):
     recompute: Recompute = "none"
     attention: str | None = None  # an implementation of the hardware spec (default: the spec's default)
     window: str | None = Field(default=None, pattern=r"^[SL]+$")  # window pattern (nanochat); default the model's
-    sequence_parallel: bool = False  # Megatron sequence parallelism with tp
-    tp_comm_overlap: bool = False  # Megatron-Core --tp-comm-overlap
-    overlap_param_gather: bool = False  # Megatron-Core --overlap-param-gather (distributed optimizer)
-    # ZeRO 0-2, the gradient reduce beside backward (True) or after it (False: Megatron-LM's default, Megatron-Core
-    # without --overlap-grad-reduce); None: the framework profile's, else True
-    overlap_grad_reduce: bool | None = None
-    shard_group: int = Field(default=0, ge=0, le=10**6)  # ZeRO-3 hybrid sharding (HSDP) group; 0: all of dp
-    reshard_after_forward: bool = True  # ZeRO-3: torch FSDP2's reshard_after_forward (False: ZeRO-2-like gathers)
-    fp8_all_gather: bool = False  # ZeRO-3 with fp8: weights all-gathered in fp8 (torchao enable_fsdp_float8_all_gather)
-    fp8_params: bool = False  # ZeRO-1/2 with fp8: weights kept and gathered in fp8 (Megatron-Core --fp8-param-gather)
-    offload_optimizer: bool = False  # optimizer states and the optimizer step on the host (DeepSpeed ZeRO-Offload)
-    offload_activations: int = Field(default=0, ge=0, le=100_000)  # first N layers' activations to the host (pp 1)
-    cp_comm: Literal["ring", "all-gather"] = "ring"  # context parallelism's exchange (--cp-comm)
     compiled: bool = False
+
+
+# The framework options (ddplan.runfields.OPTION_FIELDS: sequence parallelism, the overlaps, hybrid sharding, fp8
+# gathers, offload, the context-parallel exchange) are the run file's fields, generated from their one definition:
+# the same name, type, range and help; None (not stated) is the run's framework profile's value, else the field's
+# default (ddplan.replay.run_option_values), as a run file's field left out is.
+RunLayout = create_model(
+    "RunLayout", __base__=_RunDegrees, __doc__=_RunDegrees.__doc__,
+    **{f.param: (annotation(f), Field(default=None, description=f.help)) for f in OPTION_FIELDS})
 
 
 class Measured(Strict):

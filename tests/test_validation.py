@@ -764,6 +764,30 @@ def test_the_runs_format_states_every_field_of_a_run_configuration():
                         None)
 
 
+def test_a_runs_framework_options_are_the_run_files_fields(tmp_path):
+    """Issue 34: the runs format's framework options are generated from their run-file fields (same name, type and
+    range; None when left out), so a field left out takes the run's profile's value whatever the option (NeMo's
+    sequence parallelism, here), and a value the run file refuses is refused in a runs file too."""
+    from ddplan import runconfig
+    from ddplan.replay import run_option_values
+    from ddplan.runfields import OPTION_FIELDS
+    from ddplan.runs import RunLayout
+
+    for f in OPTION_FIELDS:
+        field = RunLayout.model_fields[f.param]
+        assert field.default is None and repr(field.annotation) == repr(runconfig.annotation(f)), f.param
+    lay = {"gpus": 16, "tp": 2, "zero": 1, "micro_batch": 1, "global_batch_sequences": 64, "attention": "fa2"}
+    runs = load_runs(str(_runs_file(tmp_path, [
+        _run(1.0, id="a", framework="nemo", layout=lay),
+        _run(1.0, id="b", framework="nemo", layout=dict(lay, sequence_parallel=False)),
+        _run(1.0, id="c", framework="megatron-lm", layout=lay)]))).runs
+    assert [run_option_values(r)["sequence_parallel"] for r in runs] == [True, False, False]
+    for bad in ({"shard_group": 1}, {"cp_comm": "all_gather"}, {"offload_activations": -1}):
+        with pytest.raises(SpecError) as refused:
+            load_runs(str(_runs_file(tmp_path, [_run(1.0, layout=dict(lay, **bad))])))
+        assert next(iter(bad)) in str(refused.value.field), refused.value
+
+
 def test_a_run_s_framework_options_price_as_their_flags(capsys, tmp_path):
     """Three of the options the runs format gained (issue 34: no reshard after forward, optimizer offload, and an
     unstated ZeRO stage meaning the model's own setup): a run stating them scores the step its `ddplan table`
