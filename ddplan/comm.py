@@ -434,7 +434,8 @@ def zero2_comm_s(rs_s: float, ag_s: float, last_bucket_s: float, backward_s: flo
 
 
 def fsdp_comm_s(rs_s: float, ag_s: float, micro_batch_s: float, accum: int, num_units: int, *, gathers: int = 2,
-                replica_all_reduce_s: float = 0.0, separate_links: bool = True) -> tuple[float, float]:
+                replica_all_reduce_s: float = 0.0, separate_links: bool = True,
+                replica_once: bool = False) -> tuple[float, float]:
     """(total, exposed) seconds of FSDP / ZeRO-3 communication per optimizer step.
 
     Each micro-batch all-gathers the parameters in forward and, when they were freed after forward
@@ -446,17 +447,27 @@ def fsdp_comm_s(rs_s: float, ag_s: float, micro_batch_s: float, accum: int, num_
     communication takes the longer of the two, else (both on the NICs) their sum:
     busy = max(gathers x ag + rs, ar) (or the sum); total = accum x (gathers x ag + rs + ar);
     exposed = accum x (max(0, busy - micro_batch) + gathers x ag / units).
+    replica_once: the replicas' all-reduce runs once a step, beside the last micro-batch only (FSDP2
+    set_requires_all_reduce(False) on the others, as OLMo-core does): total = accum x (gathers x ag + rs) + ar;
+    exposed = (accum - 1) x max(0, gathers x ag + rs - micro_batch) + max(0, busy - micro_batch)
+    + accum x gathers x ag / units.
     e.g. rs 30, ag 20, micro-batch 50 ms, accum 2, 10 units: total 140 ms, exposed 2 x (20 + 4) = 48 ms;
     gathers 1: total 100, exposed 2 x (0 + 2) = 4 ms; with ar 80 (gathers 2): total 300,
-    exposed 2 x (30 + 4) = 68 ms.
+    exposed 2 x (30 + 4) = 68 ms; and once a step: total 140 + 80 = 220, exposed 20 + 30 + 8 = 58 ms.
     Ref: Zhao et al., "PyTorch FSDP", VLDB 2023, sec. 3.3-3.4 (prefetch, overlap, hybrid sharding);
-    torch FSDP2 fully_shard (reshard_after_forward; HSDP all-reduce, set_requires_all_reduce); ZeRO sec. 5.3.
+    torch FSDP2 fully_shard (reshard_after_forward; HSDP all-reduce, set_requires_all_reduce); ZeRO sec. 5.3;
+    OLMo-core src/olmo_core/train/train_module/transformer.py@eaecf879 L847-851 (HSDP: all-reduce on the last
+    micro-batch only).
     """
     _check_nonneg(rs_s=rs_s, ag_s=ag_s, micro_batch_s=micro_batch_s, replica_all_reduce_s=replica_all_reduce_s)
     if accum < 1 or num_units < 1 or gathers not in (1, 2):
         raise ValueError(f"accum and num_units must be >= 1 and gathers 1 or 2, got {accum}, {num_units}, {gathers}")
     shard_group = gathers * ag_s + rs_s
     busy = max(shard_group, replica_all_reduce_s) if separate_links else shard_group + replica_all_reduce_s
+    first_gathers = accum * gathers * ag_s / num_units
+    if replica_once:
+        return (accum * shard_group + replica_all_reduce_s,
+                (accum - 1) * max(0.0, shard_group - micro_batch_s) + max(0.0, busy - micro_batch_s) + first_gathers)
     return (accum * (shard_group + replica_all_reduce_s),
             accum * (max(0.0, busy - micro_batch_s) + gathers * ag_s / num_units))
 

@@ -63,6 +63,9 @@ class Layout:
     tp_overlap: bool = False  # tensor-parallel communication overlapped with GEMMs (Megatron --tp-comm-overlap)
     sequence_parallel: bool = False  # Megatron sequence parallelism over the tp group (needs tp > 1)
     shard_group: int = 0  # ZeRO-3 hybrid sharding: shard over this many dp ranks, replicate across the rest (0: all dp)
+    # hybrid sharding: the replicas' gradient all-reduce once a step, after the last micro-batch (torch FSDP2
+    # set_requires_all_reduce(False) on the others, as OLMo-core does), not after every micro-batch (FSDP2's default)
+    replica_reduce_once: bool = False
     reshard_after_forward: bool = True  # ZeRO-3: free gathered parameters after forward, gather again in backward
     overlap_param_gather: bool = False  # ZeRO-1/2: the post-step parameter all-gather under the next forward (Megatron)
     # ZeRO 0-2: gradients reduced bucket by bucket beside backward (torch DDP, Megatron-Core --overlap-grad-reduce);
@@ -106,6 +109,9 @@ class Layout:
             raise LayoutError(f"hybrid sharding needs ZeRO-3 and a shard group that divides dp x cp={self.grad_ranks}, "
                               f"between 2 and half of it; got ZeRO-{self.zero}, shard group {self.shard_group}",
                               field="--shard-group")
+        if self.replica_reduce_once and not self.shard_group:
+            raise LayoutError("an all-reduce across replicas once a step needs hybrid sharding (a ZeRO-3 shard group "
+                              "below dp): without replicas there is nothing to all-reduce", field="--replica-reduce-once")
         if self.overlap_param_gather and self.zero not in (1, 2):
             raise LayoutError(f"overlapping the parameter all-gather with forward (Megatron-Core --overlap-param-gather) "
                               f"needs ZeRO-1 or 2 (the distributed optimizer); got ZeRO-{self.zero}", field="--overlap-param-gather")
@@ -354,6 +360,7 @@ class Options:
     sequence_parallel: bool = False  # Megatron sequence parallelism (tp > 1)
     tp_overlap: bool = False  # Megatron-Core --tp-comm-overlap (with sequence parallelism)
     shard_group: int = 0  # ZeRO-3 hybrid sharding over this many dp ranks (torch HSDP); 0: all of dp
+    replica_reduce_once: bool = False  # hybrid sharding: the replicas' all-reduce after the last micro-batch only
     reshard_after_forward: bool = True  # ZeRO-3 (torch FSDP2 fully_shard's default)
     overlap_param_gather: bool = False  # ZeRO-1/2: Megatron-Core --overlap-param-gather
     overlap_grad_reduce: bool = True  # ZeRO 0-2: False, the gradient reduce after backward (Megatron-LM's default)
@@ -371,6 +378,7 @@ class Options:
         return {"sequence_parallel": self.sequence_parallel and tp > 1,
                 "tp_overlap": self.tp_overlap and self.sequence_parallel and tp > 1,
                 "shard_group": self.shard_group if zero == 3 and 1 < self.shard_group < ranks else 0,
+                "replica_reduce_once": self.replica_reduce_once and zero == 3 and 1 < self.shard_group < ranks,
                 "reshard_after_forward": self.reshard_after_forward or zero != 3,
                 "overlap_param_gather": self.overlap_param_gather and zero in (1, 2),
                 "overlap_grad_reduce": self.overlap_grad_reduce or zero == 3 or ranks == 1,  # nothing to reduce
@@ -395,7 +403,7 @@ class Options:
         offload applies to the layouts without a pipeline (the others keep their activations)."""
         fields = self.for_layout(tp, ranks, zero, cp)
         if fields["shard_group"] and ranks % fields["shard_group"]:
-            fields["shard_group"] = 0
+            fields["shard_group"], fields["replica_reduce_once"] = 0, False
         if pp > 1:
             fields["offload_activations"] = 0
         return fields

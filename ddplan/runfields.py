@@ -223,6 +223,10 @@ FIELDS: tuple[RunField, ...] = (
     _f("layout.tp_comm_overlap", "Layouts with tp overlap their communication with the layers' GEMMs (Megatron-Core "
        "--tp-comm-overlap; needs --sequence-parallel).", bool, LAYOUT, default=False, option="tp_overlap",
        commands=TABLE_PLAN),
+    _f("layout.replica_reduce_once", "ZeRO-3 hybrid sharding: all-reduce the gradient shards across the replicas once "
+       "a step, after the last micro-batch (torch FSDP2 set_requires_all_reduce(False) on the others, as OLMo-core "
+       "does), not after every micro-batch (FSDP2's default).", bool, LAYOUT, default=False,
+       option="replica_reduce_once"),
     _f("layout.reshard_after_forward", "ZeRO-3: free gathered parameters after forward and gather them again in "
        "backward (torch FSDP's default).", bool, LAYOUT, default=True, option="reshard_after_forward"),
     _f("layout.overlap_param_gather", "ZeRO-1/2: overlap the parameter all-gather after the optimizer step with the "

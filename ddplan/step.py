@@ -512,11 +512,13 @@ def _fsdp_comm_s(rs: float, ag: float, ar: float, layout: Layout, place: Placeme
                  num_layers: int) -> tuple[float, float, float, float]:
     """(total, exposed, gather, scatter) seconds of ZeRO-3 / FSDP communication (comm.fsdp_comm_s) from its
     collectives (_fsdp_collectives): total and exposed in one step; gather and scatter in one micro-batch (its
-    all-gathers, every pass, and its reduce-scatter). The hybrid replicas' all-reduce runs on the NICs: while the
+    all-gathers, every pass, and its reduce-scatter). The hybrid replicas' all-reduce runs after every micro-batch, or
+    once a step (layout.replica_reduce_once), on the NICs: while the
     shard group stays inside a node (NVLink) the two streams overlap; when it crosses nodes too, both use the NICs
     and add up.
     """
     gathers = 2 if layout.reshard_after_forward else 1
     total, exposed = comm.fsdp_comm_s(rs, ag, mb_s, layout.grad_accum, max(1, num_layers), gathers=gathers,
-                                      replica_all_reduce_s=ar, separate_links=not place.shard_crosses)
+                                      replica_all_reduce_s=ar, separate_links=not place.shard_crosses,
+                                      replica_once=layout.replica_reduce_once)
     return total, exposed, gathers * ag, rs

@@ -111,6 +111,13 @@ def test_fsdp_comm_by_hand():
     assert comm.fsdp_comm_s(0.030, 0.020, 0.050, 2, 10) == pytest.approx((0.140, 0.048))
     assert comm.fsdp_comm_s(0.030, 0.020, 0.050, 2, 10, gathers=1) == pytest.approx((0.100, 0.004))
     assert comm.fsdp_comm_s(0.030, 0.020, 0.050, 2, 10, replica_all_reduce_s=0.080) == pytest.approx((0.300, 0.068))
+    # once a step: by hand, total 2 x (2 x 20 + 30) + 80 = 220 ms; exposed (2 - 1) x (70 - 50) + (80 - 50)
+    # + 2 x 2 x 20 / 10 = 20 + 30 + 8 = 58 ms
+    assert comm.fsdp_comm_s(0.030, 0.020, 0.050, 2, 10, replica_all_reduce_s=0.080, replica_once=True) == \
+        pytest.approx((0.220, 0.058))
+    # one micro-batch: once a step is every micro-batch
+    assert comm.fsdp_comm_s(0.030, 0.020, 0.050, 1, 10, replica_all_reduce_s=0.080, replica_once=True) == \
+        pytest.approx(comm.fsdp_comm_s(0.030, 0.020, 0.050, 1, 10, replica_all_reduce_s=0.080))
     with pytest.raises(ValueError):
         comm.fsdp_comm_s(0.03, 0.02, 0.05, 2, 10, gathers=3)
 
@@ -144,13 +151,15 @@ def test_layout_refuses_options_where_they_cannot_apply():
 def test_options_apply_only_where_they_can():
     o = Options(sequence_parallel=True, tp_overlap=True, shard_group=8, reshard_after_forward=False,
                 overlap_param_gather=True, fp8_all_gather=True, fp8_params=True, offload_activations=12,
-                overlap_grad_reduce=False)
+                overlap_grad_reduce=False, replica_reduce_once=True)
     assert o.for_layout(tp=1, ranks=64, zero=3) == dict(sequence_parallel=False, tp_overlap=False, shard_group=8,
+                                                        replica_reduce_once=True,
                                                         reshard_after_forward=False, overlap_param_gather=False,
                                                         cp_comm="ring", etp=0, fp8_all_gather=True,
                                                         offload_optimizer=False, fp8_params=False,
                                                         offload_activations=12, overlap_grad_reduce=True)
     assert o.for_layout(tp=2, ranks=8, zero=1) == dict(sequence_parallel=True, tp_overlap=True, shard_group=0,
+                                                       replica_reduce_once=False,
                                                        reshard_after_forward=True, overlap_param_gather=True,
                                                        cp_comm="ring", etp=0, fp8_all_gather=False,
                                                        offload_optimizer=False, fp8_params=True,
@@ -159,6 +168,10 @@ def test_options_apply_only_where_they_can():
     assert o.searched(tp=2, ranks=8, zero=1, pp=1)["offload_activations"] == 12
     assert o.searched(tp=2, ranks=8, zero=1, pp=2)["offload_activations"] == 0
     assert o.for_layout(tp=1, ranks=8, zero=3)["shard_group"] == 0  # the group is all of dp: plain ZeRO-3
+    assert not o.for_layout(tp=1, ranks=8, zero=3)["replica_reduce_once"]  # no replicas to all-reduce across
+    assert not o.searched(tp=1, ranks=36, zero=3)["replica_reduce_once"]  # 8 does not divide 36: plain ZeRO-3
+    with pytest.raises(LayoutError, match="needs hybrid sharding"):
+        Layout(dp=8, zero=3, replica_reduce_once=True)
     # whole experts only where tp > 1 (with tp 1 the experts' tp is 1 anyway)
     whole = Options(expert_tp=1)
     assert whole.for_layout(tp=2, ranks=8, zero=1)["etp"] == 1 and whole.for_layout(tp=1, ranks=8, zero=1)["etp"] == 0
