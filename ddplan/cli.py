@@ -675,6 +675,11 @@ def validate_cmd(
     memory: bool = typer.Option(False, "--memory", help="Score the memory model instead: measured peaks per GPU "
                                 "(validation/memory_peaks.yaml, or --dataset FILE of `kind: memory_peaks`) against "
                                 "ddplan's prediction, and its fits verdict."),
+    export_run: str = typer.Option(None, "--export-run", metavar="ID", help="Instead of scoring, write the run "
+                                   "with this id as a run file, ID.yaml, that `ddplan table --config` prices as "
+                                   "validate does (with the model and hardware spec files it needs), into "
+                                   "--export-dir."),
+    export_dir: str = typer.Option(".", "--export-dir", metavar="DIR", help="Where --export-run writes."),
     format: Format = FormatOpt,
     wide: bool = WideOpt,
 ) -> None:
@@ -683,9 +688,9 @@ def validate_cmd(
     \b
     Examples:
       ddplan validate
-      ddplan validate --format csv
       ddplan validate --in-sample
       ddplan validate --memory
+      ddplan validate --export-run olmocore-7b-h100-8g-s4096-bf16
 
     First the bottom line (the error leaving each source out, its worst run, the share inside the band); for
     each run: predicted vs measured step time, the error, and whether the measurement falls inside
@@ -706,6 +711,15 @@ def validate_cmd(
     _check_plot_path(plot)
     where = dataset or shipped_dataset()
     runs = load_runs(dataset)
+    if export_run is not None:
+        from ddplan.files import check_output_path
+        from ddplan.replay import export_run as export, run_named
+
+        run = run_named(runs.runs, export_run, where)
+        folder = check_output_path(Path(export_dir) / f"{run.id}.yaml", "--export-dir").parent
+        written = export(run, folder)
+        _info([f"wrote {p}" for p in written] + [f"`ddplan table --config {written[0]}` prices it as validate does"])
+        return
     scorer = validation.Scorer()  # leave-one-source-out re-uses what the in-sample pass priced
     scored = validation.score_all(runs, where, progress=_progress("validate"), scorer=scorer)
     held = validation.leave_one_source_out(runs, where, validation.fitted_hardware(), progress=_progress("validate"),

@@ -7,14 +7,17 @@ so a validation row and a table row of the same layout are one number. ddplan.va
 
 from __future__ import annotations
 
+import difflib
 import functools
 from pathlib import Path
 
 import yaml
 
-from ddplan.errors import DdplanError, SpecError
+from ddplan import runconfig
+from ddplan.errors import DdplanError, SpecError, UsageError
+from ddplan.files import atomic_write
 from ddplan.registry import load_framework, load_hardware
-from ddplan.runfields import OPTION_FIELDS
+from ddplan.runfields import FIELDS, OPTION_FIELDS, RunField
 from ddplan.runs import PublishedRun, RunFacts, run_spec
 from ddplan.specs import KERNELS, Efficiency, run_variant
 from ddplan.table import TableRequest, build_table, framework_options
@@ -193,10 +196,61 @@ def option_flags(run: RunFacts) -> list[str]:
 
 
 def _write_spec(path: Path, spec) -> str:
-    """A spec as the YAML file a --model or --hardware path reads; returns the path."""
-    path.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True), sort_keys=False),
-                    encoding="utf-8")
+    """A spec as the YAML file a --model or --hardware path reads (written whole or not at all); returns the path."""
+    atomic_write(path, yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True), sort_keys=False))
     return str(path)
+
+
+# each flag of `ddplan table` -> (its run field, the value a bool flag states; None: the flag takes the next word)
+_FLAGS: dict[str, tuple[RunField, bool | None]] = {}
+for _f in FIELDS:
+    for _decl in _f.decls:
+        if _f.kind is bool:
+            on, _, off = _decl.partition("/")
+            _FLAGS[on] = (_f, True)
+            if off:
+                _FLAGS[off] = (_f, False)
+        else:
+            _FLAGS[_decl] = (_f, None)
+
+
+def run_configuration(run: PublishedRun, folder: Path) -> runconfig.RunConfig:
+    """The run configuration (ddplan.runconfig) of a published run: its table_command's flags as the run file's
+    fields, so `ddplan table --config FILE` prices the step validate scores. A model with architecture overrides, or
+    a network of its own, is written into folder as a spec file (table_command) and named by its file name, which a
+    run file reads from its own folder."""
+    argv = table_command(run, folder)
+    params: dict = {}
+    words = iter(argv[1:])
+    for word in words:
+        field, value = _FLAGS[word]
+        params[field.param] = value if value is not None else next(words)
+    for name in ("model", "hardware"):  # a spec written beside the run file: named as that file reads it
+        if Path(params[name]).parent == folder:
+            params[name] = Path(params[name]).name
+    return runconfig.from_params(params, set(params))
+
+
+def run_named(runs: list[PublishedRun], run_id: str, where: str) -> PublishedRun:
+    """The run of a dataset with this id; an unknown id is an error naming the closest ids."""
+    by_id = {r.id: r for r in runs}
+    if run_id in by_id:
+        return by_id[run_id]
+    close = difflib.get_close_matches(run_id, list(by_id), n=3, cutoff=0.5)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    raise UsageError(f"no run {run_id!r} in {where}: {hint}`ddplan validate --format csv` lists every id",
+                     field="--export-run")
+
+
+def export_run(run: PublishedRun, folder: Path) -> list[Path]:
+    """Write a published run as a run file, FOLDER/ID.yaml (run_configuration), with the spec files it names; returns
+    the files written, the run file first."""
+    path = folder / f"{run.id}.yaml"
+    specs = [folder / f"{run.id}.{kind}.yaml" for kind in ("model", "hardware")]
+    text = runconfig.to_yaml(run_configuration(run, folder))
+    atomic_write(path, f"# {run.id}: {run.source.ref}, {run.source.where}\n"
+                       f"# priced as `ddplan validate` prices it: ddplan table --config {path.name}\n" + text)
+    return [path, *(p for p in specs if p.exists())]
 
 
 def run_hardware(run: RunFacts, where: str):

@@ -18,6 +18,7 @@ from ddplan.replay import fp8_fit_key, price_run
 from ddplan.runs import RunSet, highest_measured_mfu, load_runs, shipped_dataset
 
 from cli_helpers import csv_rows, fails, run_ok
+from cli_helpers import run as run_cli
 
 
 @pytest.fixture(scope="module")
@@ -536,17 +537,40 @@ def test_a_runs_table_command_prices_it_as_validate_does(capsys, scored, tmp_pat
 
 
 def test_a_runs_table_command_as_a_run_configuration_prices_the_same(capsys, tmp_path):
-    """Issue 34: each dataset run, written as a run configuration (--print-config) and priced with --config, gives
-    the same row as its flags (so the same step validate scores: the test above)."""
-    from ddplan.replay import table_command
+    """Issue 34: each dataset run, written as a run configuration (--print-config of its flags, and `validate
+    --export-run`'s file, replay.export_run) and priced with --config, gives the same row as its flags (so the same
+    step validate scores: the test above)."""
+    from ddplan.replay import export_run, table_command
 
-    commands = [table_command(r, tmp_path) for r in load_runs().runs]
+    runs = load_runs().runs
+    commands = [table_command(r, tmp_path) for r in runs]
     assert len(commands) == 105 and all(c is not None for c in commands)
-    for i, argv in enumerate(commands):
+    for i, (run, argv) in enumerate(zip(runs, commands)):
         path = tmp_path / f"run-{i}.yaml"
         path.write_text(run_ok(capsys, argv + ["--print-config"]), encoding="utf-8")
-        assert run_ok(capsys, ["table", "--config", str(path), "--format", "csv"]) == run_ok(
-            capsys, argv + ["--format", "csv"]), argv
+        exported = export_run(run, tmp_path / "exported")
+        assert exported[0] == tmp_path / "exported" / f"{run.id}.yaml"
+        assert len(exported) == 1 + bool(run.model.architecture) + (run.network is not None), run.id
+        flags = run_ok(capsys, argv + ["--format", "csv"])
+        assert run_ok(capsys, ["table", "--config", str(path), "--format", "csv"]) == flags, run.id
+        assert run_ok(capsys, ["table", "--config", str(exported[0]), "--format", "csv"]) == flags, run.id
+
+
+def test_validate_exports_a_run_as_a_run_file(capsys, tmp_path):
+    """`validate --export-run ID`: the run file and the model spec it names, beside it (read from the run file's
+    folder, wherever ddplan runs); an unknown id names the closest; a file in place of the folder is refused."""
+    code, out, err = run_cli(capsys, ["validate", "--export-run", "olmocore-7b-h100-8g-s4096-bf16", "--export-dir",
+                                  str(tmp_path / "out")])
+    assert code == 0 and out == ""
+    run_file = tmp_path / "out" / "olmocore-7b-h100-8g-s4096-bf16.yaml"
+    assert f"wrote {run_file}" in err and (tmp_path / "out" / "olmocore-7b-h100-8g-s4096-bf16.model.yaml").exists()
+    config = yaml.safe_load(run_file.read_text(encoding="utf-8"))
+    assert config["model"] == "olmocore-7b-h100-8g-s4096-bf16.model.yaml" and config["layout"]["zero"] == 3
+    code, err = fails(capsys, ["validate", "--export-run", "olmocore-7b-h100"])
+    assert code == 2 and "did you mean olmocore-7b-h100-8g-s4096" in err
+    code, err = fails(capsys, ["validate", "--export-run", "olmocore-7b-h100-8g-s4096-bf16", "--export-dir",
+                               str(run_file)])
+    assert code == 2 and "is a file, not a folder" in err
 
 
 def test_an_unstated_micro_batch_is_the_fastest_that_fits(tmp_path, capsys):
