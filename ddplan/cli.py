@@ -706,6 +706,9 @@ def validate_cmd(
 
         if plot:
             raise UsageError("--memory scores the measured peaks; it has no --plot yet", field="--memory")
+        if export_run is not None:
+            raise UsageError("--export-run writes a published run (a step time) as a run file; a measured peak has "
+                             "no export yet", field="--memory")
         _validate_memory(dataset, format, wide, loso)
         return
     _check_plot_path(plot)
