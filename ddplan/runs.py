@@ -318,6 +318,10 @@ def run_spec(run: RunFacts, where: str, imbalance: float | None = None, weights:
     data = base.model_dump(mode="json")
     data["name"] = _slug(run.model.name)
     data["aliases"] = []
+    # what it is, for a reader of the spec file `validate --export-run` writes: not the base's own words
+    data["description"] = (f"{run.model.name} as published run {run.id} ran it: {base.name}'s block with the run's "
+                           f"architecture, sequence length, batch and dtypes")
+    data["source"] = f"{run.source.ref}, {run.source.where}"
     data["architecture"].update(copy.deepcopy(run.model.architecture))  # the run's own dicts stay untouched
     a = data["architecture"]
     moe = a.get("moe")
