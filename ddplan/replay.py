@@ -175,15 +175,17 @@ def table_command(run: PublishedRun, folder: Path | None = None) -> list[str] | 
 
 
 def option_flags(run: RunFacts) -> list[str]:
-    """The flags that state a run's framework options (run_option_values) to `ddplan table`: each that is not the
-    field's default, and each that differs from the run's framework profile's value (which table would take without
-    the flag)."""
+    """The flags that state a run's framework options (run_option_values) to `ddplan table`: each that differs from
+    the run's framework profile's value (which table, given the profile, takes without the flag), and without a
+    profile each that is not the field's default. A value the profile sets is left to it, as a user's command
+    leaves it: where it cannot apply (the stack's sequence parallelism at tp 1) table drops it, where a flag would
+    be refused."""
     profile, values, argv = _profile(run), run_option_values(run), []
     for f in OPTION_FIELDS:
         value = values[f.param]
         found = profile.applies.get(f.param) if profile is not None else None
         default = value == f.default or value in (0, None) and f.default is None  # shard_group 0: none
-        if default and (found is None or found.value == value):
+        if found is not None and found.value == value or found is None and default:
             continue
         if value in (0, None) and f.default is None:  # "none" has no flag value (--shard-group takes 2 and up)
             raise ValueError(f"{run.id}: {f.param} unset cannot be stated over the {run.framework} profile's "

@@ -271,10 +271,6 @@ def table_notes(table) -> list[str]:
             gpus = sorted({r.layout.num_gpus for r in missed_zero3})
             out.append(f"--shard-group {group} applies to {len(table.rows) - len(missed)} of {len(table.rows)} rows: "
                        f"{rule}; not to the ZeRO-3 rows on {', '.join(f'{g:,}' for g in gpus)} GPUs (priced without it)")
-    if table.request.options.replica_reduce_once and table.rows and not any(
-            r.layout.replica_reduce_once for r in table.rows):
-        out.append("--replica-reduce-once applies to no row: it times the all-reduce across hybrid sharding's "
-                   "replicas, and no row is sharded in groups (--shard-group with ZeRO-3)")
     fit = table.fit
     if fit is not None and fit.dropped:
         ends = ", ".join(f"{s:g}" for s in fit.dropped)

@@ -24,7 +24,7 @@ def test_every_shipped_profile_names_its_source_at_its_commit():
     """Every item of every profile says where (path@commit), and that commit is the profile's (or one of the
     other repositories it read, `also`): a profile is one stack at one commit."""
     names = builtin_names("frameworks")
-    assert set(names) >= {"torchtitan", "megatron-core", "nemo", "composer", "nanochat"}
+    assert set(names) >= {"torchtitan", "megatron-core", "nemo", "composer", "nanochat", "olmo-core"}
     for name in names:
         p = load_framework(name)
         commits = [p.commit, *p.also.values()]
@@ -176,3 +176,31 @@ def test_nemo_s_performance_scripts_reduce_gradients_in_bf16_under_the_distribut
     rows = csv_rows(run_ok(capsys, ["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--tp", "2",
                                     "--framework", "nemo", "--format", "csv"]))
     assert {(r["zero"], r["sp"]) for r in rows} == {("1", "True")}
+
+
+def test_olmo_core_s_hybrid_sharding_all_reduces_once_a_step(capsys):
+    """OLMo-core's profile (train_module.py@fa6c501 L565-578: set_requires_all_reduce(is_last_mb) under HSDP): on 64
+    H100s sharded over 8 (8 replicas) at 4 micro-batches a step, the replicas' all-reduce runs once, not four times
+    as torch FSDP2's default does, so the data-parallel total is 3 all-reduces less (comm.fsdp_comm_s; at 2
+    micro-batches, 1 less: the saving at 4 is 3x the saving at 2); compute does not move. Every dataset run on
+    OLMo-core is priced with the profile (replay.run_framework)."""
+    from ddplan.replay import run_framework
+    from ddplan.runs import load_runs
+
+    common = ["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "64", "--zero", "3", "--shard-group",
+              "8", "--device-batch-size", "1", "--total-batch-size", str(64 * 4 * 8192), "--attention", "fa3",
+              "--format", "json"]
+    olmo = json.loads(run_ok(capsys, [*common, "--framework", "olmo-core"]))["rows"][0]
+    fsdp2 = json.loads(run_ok(capsys, [*common, "--framework", "olmo-core", "--no-replica-reduce-once"]))["rows"][0]
+    assert "all-reduced once a step" in olmo["config"] and "once a step" not in fsdp2["config"]
+    assert olmo["accum"] == 4 and olmo["compute_s"] == fsdp2["compute_s"] and olmo["step_s"] <= fsdp2["step_s"]
+    # four micro-batches: FSDP2 all-reduces 4 times, OLMo-core once; so the totals differ by 3 all-reduces, and
+    # at 2 micro-batches by 1: the difference at 4 is 3x the difference at 2
+    two = [*common[:common.index("--total-batch-size") + 1], str(64 * 2 * 8192), *common[common.index("--attention"):]]
+    olmo2 = json.loads(run_ok(capsys, [*two, "--framework", "olmo-core"]))["rows"][0]
+    fsdp2_2 = json.loads(run_ok(capsys, [*two, "--framework", "olmo-core", "--no-replica-reduce-once"]))["rows"][0]
+    saved_4 = fsdp2["dp_comm_total_s"] - olmo["dp_comm_total_s"]
+    saved_2 = fsdp2_2["dp_comm_total_s"] - olmo2["dp_comm_total_s"]
+    assert saved_2 > 0 and saved_4 == pytest.approx(3 * saved_2, rel=1e-9)
+    olmo_runs = [r for r in load_runs().runs if r.framework == "olmo-core"]
+    assert len(olmo_runs) == 10 and {run_framework(r) for r in olmo_runs} == {"olmo-core"}
