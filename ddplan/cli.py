@@ -711,18 +711,25 @@ def validate_cmd(
                              "no export yet", field="--memory")
         _validate_memory(dataset, format, wide, loso)
         return
-    _check_plot_path(plot)
     where = dataset or shipped_dataset()
-    runs = load_runs(dataset)
     if export_run is not None:
+        from ddplan.errors import UsageError
         from ddplan.files import check_output_path
+
+        ignored = [f for f, name in (("--plot", "plot"), ("--leave-one-source-out/--in-sample", "loso"),
+                                     ("--format", "format"), ("--wide", "wide")) if _given(ctx, name)]
+        if ignored:
+            raise UsageError(f"writes a run file and scores nothing: {', '.join(ignored)} "
+                             f"{'has' if len(ignored) == 1 else 'have'} nothing to act on", field="--export-run")
         from ddplan.replay import export_run as export, run_named
 
-        run = run_named(runs.runs, export_run, where)
+        run = run_named(load_runs(dataset).runs, export_run, where)
         folder = check_output_path(Path(export_dir) / f"{run.id}.yaml", "--export-dir").parent
         written = export(run, folder)
         _info([f"wrote {p}" for p in written] + [f"`ddplan table --config {written[0]}` prices it as validate does"])
         return
+    _check_plot_path(plot)
+    runs = load_runs(dataset)
     scorer = validation.Scorer()  # leave-one-source-out re-uses what the in-sample pass priced
     scored = validation.score_all(runs, where, progress=_progress("validate"), scorer=scorer)
     held = validation.leave_one_source_out(runs, where, validation.fitted_hardware(), progress=_progress("validate"),

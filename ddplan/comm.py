@@ -456,8 +456,8 @@ def fsdp_comm_s(rs_s: float, ag_s: float, micro_batch_s: float, accum: int, num_
     exposed 2 x (30 + 4) = 68 ms; and once a step: total 140 + 80 = 220, exposed 20 + 30 + 8 = 58 ms.
     Ref: Zhao et al., "PyTorch FSDP", VLDB 2023, sec. 3.3-3.4 (prefetch, overlap, hybrid sharding);
     torch FSDP2 fully_shard (reshard_after_forward; HSDP all-reduce, set_requires_all_reduce); ZeRO sec. 5.3;
-    OLMo-core src/olmo_core/train/train_module/transformer.py@eaecf879 L847-851 (HSDP: all-reduce on the last
-    micro-batch only).
+    OLMo-core src/olmo_core/train/train_module/transformer.py@eaecf879 L838-850, transformer/train_module.py@fa6c501
+    L565-578 (HSDP: all-reduce on the last micro-batch only).
     """
     _check_nonneg(rs_s=rs_s, ag_s=ag_s, micro_batch_s=micro_batch_s, replica_all_reduce_s=replica_all_reduce_s)
     if accum < 1 or num_units < 1 or gathers not in (1, 2):

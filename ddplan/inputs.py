@@ -395,7 +395,7 @@ def table_request(v: dict, stated: Stated, today):
         price=price_given(v["price"], today), batch_from=batch_from, overheads=_overheads(v),
         compiled=v["compiled"], measurement=measurement, knob=v["fit"], calibration=cal,
         calibration_path=v["calibration"], fp8=v["fp8"], fp8_recipe=fp8_recipe(v["fp8"], v["fp8_recipe"], stated),
-        headroom=v["headroom"], options=_options(v, spec, tp_to_check(max(tps), stated)),
+        headroom=v["headroom"], options=_options(v, spec, tp_to_check(max(tps), stated), stated),
         framework=framework_name(v["framework"]))
     return req, spec, hw, cal
 
@@ -426,7 +426,7 @@ def plan_request(v: dict, stated: Stated, today, every_band: bool = False):
         total_batch_tokens=v["total_batch_size"], tp_across_nodes=v["tp_across_nodes"], headroom=v["headroom"],
         fp8=v["fp8"], fp8_recipe=fp8_recipe(v["fp8"], v["fp8_recipe"], stated),
         cps=tuple(int_list(v["cp"], "--cp")) if v["cp"] else (), eps=expert_degrees(v["ep"], spec),
-        options=_options(v, spec, None), framework=framework_name(v["framework"]), band_every_row=every_band,
+        options=_options(v, spec, None, stated), framework=framework_name(v["framework"]), band_every_row=every_band,
         block_recompute=block_recompute(v["framework"]))
     return req, spec, hws, cal
 
@@ -457,7 +457,10 @@ def _overheads(v: dict) -> RunOverheads:
                      v["restart_min"])
 
 
-def _options(v: dict, spec, max_tp: int | None) -> Options:
+def _options(v: dict, spec, max_tp: int | None, stated: Stated) -> Options:
+    if v.get("replica_reduce_once") and not v.get("shard_group") and "replica_reduce_once" not in stated.profile:
+        raise UsageError("needs hybrid sharding: give --shard-group N (ZeRO-3 sharded over N ranks, replicated across "
+                         "the rest); the all-reduce it times is the replicas'", field="--replica-reduce-once")
     return options(v, max_tp, spec, expert_tp(v["etp"], spec))
 
 
@@ -518,7 +521,7 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
         else:
             measured_peak, measured_zero, peak_kind = m.peak_memory_gb, m.zero, m.peak_memory_kind
     check_pattern(v["window"], "--window")
-    options = _options({**v, "tp_comm_overlap": False}, spec, tp_to_check(v["tp"], stated))
+    options = _options({**v, "tp_comm_overlap": False}, spec, tp_to_check(v["tp"], stated), stated)
     setup = memory_setup(spec, hw, gpus=v["gpus"], tp=v["tp"], pp=v["pp"], vp=v["vp"], cp=v["cp"], ep=v["ep"],
                          micro_batch=v["device_batch_size"], attention=v["attention"],
                          recompute=policies(v["recompute"])[0], compiled=v["compiled"],

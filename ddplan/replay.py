@@ -227,9 +227,11 @@ def run_configuration(run: PublishedRun, folder: Path) -> runconfig.RunConfig:
     for word in words:
         field, value = _FLAGS[word]
         params[field.param] = value if value is not None else next(words)
-    for name in ("model", "hardware"):  # a spec written beside the run file: named as that file reads it
-        if Path(params[name]).parent == folder:
+    for name in ("model", "hardware"):
+        if Path(params[name]).parent == folder:  # a spec written beside the run file: named as that file reads it
             params[name] = Path(params[name]).name
+        elif Path(params[name]).is_file():  # a user's spec file: from anywhere (a run file reads from its folder)
+            params[name] = str(Path(params[name]).resolve())
     return runconfig.from_params(params, set(params))
 
 
@@ -248,11 +250,11 @@ def export_run(run: PublishedRun, folder: Path) -> list[Path]:
     """Write a published run as a run file, FOLDER/ID.yaml (run_configuration), with the spec files it names; returns
     the files written, the run file first."""
     path = folder / f"{run.id}.yaml"
-    specs = [folder / f"{run.id}.{kind}.yaml" for kind in ("model", "hardware")]
     text = runconfig.to_yaml(run_configuration(run, folder))
     atomic_write(path, f"# {run.id}: {run.source.ref}, {run.source.where}\n"
                        f"# priced as `ddplan validate` prices it: ddplan table --config {path.name}\n" + text)
-    return [path, *(p for p in specs if p.exists())]
+    written = {"model": bool(run.model.architecture), "hardware": run.network is not None}  # as table_command writes
+    return [path, *(folder / f"{run.id}.{kind}.yaml" for kind, wrote in written.items() if wrote)]
 
 
 def run_hardware(run: RunFacts, where: str):

@@ -87,6 +87,15 @@ class _RunDegrees(Strict):
     window: str | None = Field(default=None, pattern=r"^[SL]+$")  # window pattern (nanochat); default the model's
     compiled: bool = False
 
+    @model_validator(mode="before")
+    @classmethod
+    def _all_of_dp(cls, data: Any) -> Any:
+        """`shard_group: 0`, the runs format's spelling of "all of dp" before the field came from the run file's
+        (whose range starts at 2), is read as left out: plain ZeRO-3."""
+        if isinstance(data, dict) and data.get("shard_group") == 0:
+            return {k: v for k, v in data.items() if k != "shard_group"}
+        return data
+
 
 # The framework options (ddplan.runfields.OPTION_FIELDS: sequence parallelism, the overlaps, hybrid sharding, fp8
 # gathers, offload, the context-parallel exchange) are the run file's fields, generated from their one definition:

@@ -488,8 +488,8 @@ def _fsdp_collectives(buffers: list[tuple[str, float]], expert: list[tuple[str, 
 
     The gathers and reduce-scatters run over the shard group (all of dp, or the hybrid shard group,
     its members placed as ddplan.layout.placement says); hybrid sharding adds an all-reduce of each
-    gradient shard across the dp / shard replicas every micro-batch (torch FSDP2's default
-    set_requires_all_reduce(True)). The routed experts' buffers (expert) gather and reduce over shard / ep ranks,
+    gradient shard across the dp / shard replicas (ar: one all-reduce; _fsdp_comm_s runs it every micro-batch,
+    torch FSDP2's default set_requires_all_reduce(True), or once a step). The routed experts' buffers (expert) gather and reduce over shard / ep ranks,
     placed as the expert-data-parallel group.
     """
     s = layout.shard_degree

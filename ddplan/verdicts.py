@@ -92,7 +92,7 @@ def dp_option_words(lay) -> list[str]:
     """The data-parallel options a layout runs with, in words (none when it runs the defaults)."""
     out = []
     if lay.shard_group:
-        out.append(f"sharded over {lay.shard_group}, replicated x{lay.dp // lay.shard_group}"
+        out.append(f"sharded over {lay.shard_group}, replicated x{lay.grad_ranks // lay.shard_group}"
                    + (", all-reduced once a step" if lay.replica_reduce_once else ""))
     if not lay.reshard_after_forward:
         out.append("no reshard after forward")

@@ -115,6 +115,13 @@ def test_fsdp_comm_by_hand():
     # + 2 x 2 x 20 / 10 = 20 + 30 + 8 = 58 ms
     assert comm.fsdp_comm_s(0.030, 0.020, 0.050, 2, 10, replica_all_reduce_s=0.080, replica_once=True) == \
         pytest.approx((0.220, 0.058))
+    # the shard group across nodes too (separate_links False: both on the NICs, busy = 70 + 80 = 150 ms), by hand:
+    # every micro-batch, total 300, exposed 2 x ((150 - 50) + 4) = 208 ms; once a step, total 220, exposed
+    # (70 - 50) + (150 - 50) + 8 = 128 ms
+    assert comm.fsdp_comm_s(0.030, 0.020, 0.050, 2, 10, replica_all_reduce_s=0.080, separate_links=False) == \
+        pytest.approx((0.300, 0.208))
+    assert comm.fsdp_comm_s(0.030, 0.020, 0.050, 2, 10, replica_all_reduce_s=0.080, separate_links=False,
+                            replica_once=True) == pytest.approx((0.220, 0.128))
     # one micro-batch: once a step is every micro-batch
     assert comm.fsdp_comm_s(0.030, 0.020, 0.050, 1, 10, replica_all_reduce_s=0.080, replica_once=True) == \
         pytest.approx(comm.fsdp_comm_s(0.030, 0.020, 0.050, 1, 10, replica_all_reduce_s=0.080))

@@ -571,6 +571,37 @@ def test_validate_exports_a_run_as_a_run_file(capsys, tmp_path):
     code, err = fails(capsys, ["validate", "--export-run", "olmocore-7b-h100-8g-s4096-bf16", "--export-dir",
                                str(run_file)])
     assert code == 2 and "is a file, not a folder" in err
+    code, err = fails(capsys, ["validate", "--export-run", "olmocore-7b-h100-8g-s4096-bf16", "--in-sample"])
+    assert code == 2 and "--leave-one-source-out/--in-sample has nothing to act on" in err
+
+
+def test_an_exported_run_names_a_users_spec_file_from_anywhere(capsys, tmp_path, monkeypatch):
+    """A user's runs file whose model is a spec file (a path from where ddplan runs): the exported run file names it
+    by its absolute path, so `table --config` reads it from any folder, and prices the step validate scores."""
+    from ddplan.registry import builtin_dir
+
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "my.yaml").write_text((builtin_dir("models") / "gpt2-124m.yaml").read_text(encoding="utf-8"),
+                                                encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    runs = _runs_file(tmp_path, [_run(1.0, model={"base": "specs/my.yaml", "name": "GPT-2 small", "seq_len": 1024})])
+    run_cli(capsys, ["validate", "--dataset", str(runs), "--export-run", "t1", "--export-dir", "out"])
+    config = yaml.safe_load((tmp_path / "out" / "t1.yaml").read_text(encoding="utf-8"))
+    assert config["model"] == str((tmp_path / "specs" / "my.yaml").resolve())
+    predicted = V.score(load_runs(str(runs)).runs[0], "t").predicted_s
+    monkeypatch.chdir(tmp_path / "out")
+    rows = csv_rows(run_ok(capsys, ["table", "--config", "t1.yaml", "--format", "csv"]))
+    assert float(rows[0]["step_s"]) == pytest.approx(predicted, rel=1e-12)
+
+
+def test_a_runs_file_s_old_shard_group_0_is_all_of_dp(tmp_path):
+    """`shard_group: 0` (the runs format's "all of dp" before its options came from the run file's fields, whose
+    range starts at 2) still loads, as left out: plain ZeRO-3, priced as the run without it."""
+    lay = {"gpus": 8, "zero": 3, "micro_batch": 8, "global_batch_sequences": 64, "attention": "fa2"}
+    runs = load_runs(str(_runs_file(tmp_path, [_run(1.0, id="a", layout=dict(lay, shard_group=0)),
+                                               _run(1.0, id="b", layout=lay)]))).runs
+    assert runs[0].layout.shard_group is None
+    assert V.score(runs[0], "t").predicted_s == V.score(runs[1], "t").predicted_s
 
 
 def test_an_unstated_micro_batch_is_the_fastest_that_fits(tmp_path, capsys):
