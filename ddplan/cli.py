@@ -427,9 +427,11 @@ def memory_cmd(
     from ddplan.sizing import PEAK_TOLERANCE, consistent_with, fixes_for, zero_rows
     from ddplan.verdicts import outside_terms
 
-    ask = inputs.memory_request(ctx.params, _stated(ctx))
+    stated = _stated(ctx)
+    ask = inputs.memory_request(ctx.params, stated)
     spec, hw, cal, setup = ask.spec, ask.hardware, ask.calibration, ask.setup
     _framework_notes(ctx, spec)
+    _warn(stated.notes)  # what the profile set that this hardware has not: after what it set
     _check_plot_path(plot)
     prov = provenance(model=spec, hardware=hw, calibration=(Path(calibration).name, cal) if cal is not None else None)
     rows = zero_rows(spec, hw, setup, ask.stages)
@@ -538,8 +540,10 @@ def table_cmd(
     from ddplan.provenance import provenance
     from ddplan.table import build_table
 
-    req, spec, hw, cal = inputs.table_request(ctx.params, _stated(ctx), _today())
+    stated = _stated(ctx)
+    req, spec, hw, cal = inputs.table_request(ctx.params, stated, _today())
     _framework_notes(ctx, spec)
+    _warn(stated.notes)  # what the profile set that this hardware has not: after what it set
     _check_plot_path(plot)
     result = build_table(req, _progress("table"))
     prov = provenance(model=spec, hardware=hw, calibration=(Path(calibration).name, cal) if cal is not None else None)
@@ -646,8 +650,10 @@ def plan_cmd(
     from ddplan.provenance import provenance
 
     _check_plot_path(plot)
-    req, spec, hws, cal = inputs.plan_request(ctx.params, _stated(ctx), _today(), every_band=format is Format.csv)
+    stated = _stated(ctx)
+    req, spec, hws, cal = inputs.plan_request(ctx.params, stated, _today(), every_band=format is Format.csv)
     _framework_notes(ctx, spec)
+    _warn(stated.notes)  # what the profile set that this hardware has not: after what it set
     result = search(req, _progress("plan"))
     ordered = sorted(hws, key=lambda h: h.name)  # the same provenance whatever order --hardware names them in
     prov = provenance(model=spec, calibration=(Path(calibration).name, req.calibration) if req.calibration else None,

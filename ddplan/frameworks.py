@@ -32,6 +32,7 @@ APPLIES: dict[str, tuple[str, ...]] = {
     **{f.param: f.path for f in OPTION_FIELDS},
     "compiled": ("compiled",),
     "recompute": ("recompute",),
+    "attention": ("attention",),  # on hardware whose spec lacks it, the spec's own (ddplan.inputs.profile_attention)
     "fp8_recipe": ("precision", "fp8_recipe"),
     "grads": ("precision", "grads"),
     "weights": ("precision", "weights"),

@@ -330,6 +330,8 @@ class Stated:
     given: frozenset[str] = frozenset()
     profile: frozenset[str] = frozenset()
     words: dict[str, str] = field(default_factory=dict)
+    # what the request left out of the profile's values, in words, for the command to say (profile_attention)
+    notes: list[str] = field(default_factory=list)
 
     def by(self, name: str) -> str:
         return self.words.get(name, BY_PARAM[name].flag)
@@ -346,6 +348,22 @@ def price_given(price: float | None, today) -> Price | None:
 def fp8_recipe(fp8: bool, recipe: str | None, stated: Stated) -> str | None:
     """--fp8-recipe, but a profile's recipe only with --fp8: it says how the stack runs fp8 when fp8 is on."""
     return None if not fp8 and "fp8_recipe" in stated.profile else recipe
+
+
+def profile_attention(v: dict, stated: Stated, hws) -> str | None:
+    """--attention, but a profile's attention (the stack's kernel, torchtitan's flex) only on hardware whose spec has
+    it: elsewhere None (each spec's own implementations), said in stated.notes. A value the user gives is checked
+    against the spec as ever (an error where it is missing)."""
+    value = v["attention"]
+    if value is None or "attention" not in stated.profile:
+        return value
+    missing = [hw.name for hw in hws if value not in {a.name for a in hw.attention}]
+    if missing:
+        stated.notes.append(f"the {framework_name(v['framework'])} profile's attention, {value}, has no efficiency in the "
+                            f"{', '.join(missing)} spec: priced with the spec's own implementations (give --attention "
+                            f"to choose one)")
+        return None
+    return value
 
 
 def tp_to_check(tp: int | None, stated: Stated) -> int | None:
@@ -372,9 +390,10 @@ def table_request(v: dict, stated: Stated, today):
     windows = tuple(w.strip() for w in v["window"].split(",")) if v["window"] else ()
     for w in windows:
         check_pattern(w, "--window")
-    attentions = tuple(a.strip() for a in v["attention"].split(",")) if v["attention"] else ()
     spec, hw, cal = load(v["model"], v["hardware"], v["calibration"], v["seq_len"], v["dtype"], grads=v["grads"],
                          weights=v["weights"], moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v))
+    v["attention"] = profile_attention(v, stated, (hw,))
+    attentions = tuple(a.strip() for a in v["attention"].split(",")) if v["attention"] else ()
     measured_flags = ("measured_gpus", "measured_tp", "measured_pp", "measured_attention", "measured_window")
     measurement = stated_measurement(
         spec, hw, v["measured_step_time"], gpus=v["measured_gpus"] or gpu_list[0], tp=v["measured_tp"] or tps[0],
@@ -410,6 +429,7 @@ def plan_request(v: dict, stated: Stated, today, every_band: bool = False):
                           moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v))
     hws = (hw0, *(load_hardware(h) for h in names[1:]))
     check_calibration_hardware(cal, hws, v["calibration"])
+    v = {**v, "attention": profile_attention(v, stated, hws)}
     asked = policies(v["recompute"]) if v["recompute"] else PlanRequest.recomputes
     # lightest first (ddplan.plan.layouts_for): the named ones in their order, a per-module one after selective,
     # the layer policies before full (they re-run some of full's layers), fewer re-run layers first (full:N by N,
@@ -498,6 +518,7 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
     stages = tuple(int_list(v["zero"], "--zero", allowed=(0, 1, 2, 3)))
     spec, hw, cal = load(v["model"], v["hardware"], v["calibration"], v["seq_len"], v["dtype"], grads=v["grads"],
                          weights=v["weights"], moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v))
+    v["attention"] = profile_attention(v, stated, (hw,))
     # fp8: what the fp8 GEMMs save is the recipe's (ddplan.fp8.with_fp8_saves); gathering or keeping weights in fp8
     # implies it
     fp8 = bool(v["fp8"] or v["fp8_all_gather"] or v["fp8_params"])

@@ -126,4 +126,6 @@ def test_specs_show_a_framework_profile_says_what_it_sets_and_what_it_leaves_out
     assert data["spec"]["name"] == "torchtitan" and data["spec"]["commit"].startswith("b5bcd76")
     figures = {d["figure"]: d for d in data["derived"]}
     assert figures["sets layout.zero"]["value"] == "3"
-    assert figures["not priced: attention"]["from"].startswith("torchtitan/models/llama3/__init__.py@b5bcd76")
+    assert figures["sets attention"]["value"] == "flex"
+    assert figures["sets attention"]["from"].startswith("torchtitan/models/llama3/__init__.py@b5bcd76")
+    assert figures["not priced: cuda_graphs"]["from"].startswith("torchtitan/config/configs.py@b5bcd76")

@@ -78,7 +78,8 @@ def test_what_the_profile_set_and_what_it_leaves_out_are_said(capsys):
     lines = err.splitlines()
     said = next(line for line in lines if line.startswith("table: the torchtitan profile (@b5bcd76, 2026-08-21) sets"))
     assert "--zero" not in said and "--sequence-parallel" in said and "--no-compile" in said
-    assert any("runs attention = flex_attention" in line and "ddplan does not price it yet" in line for line in lines)
+    assert "--attention flex" in said  # FlexAttention, priced on H100 (the spec's flex: a ratio to FA3)
+    assert any("runs cuda graphs = True" in line and "ddplan does not price it yet" in line for line in lines)
     # the expert items only for a mixture of experts
     _, _, err = run(capsys, ["table", *LLAMA, "--framework", "megatron-core"])
     assert "moe dispatcher" not in err and "--no-overlap-grad-reduce" in err  # priced now, not "unpriced"
@@ -204,3 +205,30 @@ def test_olmo_core_s_hybrid_sharding_all_reduces_once_a_step(capsys):
     assert saved_2 > 0 and saved_4 == pytest.approx(3 * saved_2, rel=1e-9)
     olmo_runs = [r for r in load_runs().runs if r.framework == "olmo-core"]
     assert len(olmo_runs) == 10 and {run_framework(r) for r in olmo_runs} == {"olmo-core"}
+
+
+def test_torchtitan_s_flex_attention_is_priced_where_the_spec_has_it(capsys):
+    """torchtitan's profile names FlexAttention (torchtitan/models/llama3/__init__.py@b5bcd76 L371). The H100 spec's
+    flex is 0.85 of FA3 forward and 0.76 backward (the PyTorch team's figures; A100: 0.90 and 0.85 of FA2): by hand,
+    its efficiencies are those ratios of the spec's own FA3 or FA2 entry, rounded to 0.01, and its attention time
+    lies between fa3's and fa2's. On MI300X, whose spec has no flex, the profile's attention gives way to the
+    spec's own implementations, said in one warning; a user's own --attention flex there is still an error."""
+    from ddplan.registry import load_hardware
+
+    for name, ref, fwd, bwd in (("h100-sxm", "fa3", 0.85, 0.76), ("h200", "fa3", 0.85, 0.76),
+                                ("a100-sxm-80gb", "fa2", 0.90, 0.85), ("a100-sxm-40gb", "fa2", 0.90, 0.85)):
+        impls = {a.name: a for a in load_hardware(name).attention}
+        flex, base = impls["flex"], impls[ref]
+        assert not flex.by_default and flex.kind == "flash_package" and flex.windows == "native"
+        for got, of, r in ((flex.efficiency_fwd, base.efficiency_fwd, fwd), (flex.efficiency_bwd, base.efficiency_bwd, bwd)):
+            assert (got.value, got.low, got.high) == tuple(round(r * x, 2) for x in (of.value, of.low, of.high)), name
+    h100 = LLAMA
+    rows = {a: csv_rows(run_ok(capsys, ["table", *h100, "--zero", "3", "--attention", a]))[0] for a in ("fa2", "fa3", "flex")}
+    assert float(rows["fa3"]["attention_s"]) < float(rows["flex"]["attention_s"]) < float(rows["fa2"]["attention_s"])
+    titan = csv_rows(run_ok(capsys, ["table", *h100, "--framework", "torchtitan"]))
+    assert {r["attention"] for r in titan} == {"flex"}
+    code, _, err = run(capsys, ["table", "-m", "llama-3-8b", "--hardware", "mi300x", "--gpus", "8", "--framework",
+                                "torchtitan", "--format", "csv"])
+    assert code == 0 and "the torchtitan profile's attention, flex, has no efficiency in the mi300x spec" in err
+    code, err = fails(capsys, ["table", "-m", "llama-3-8b", "--hardware", "mi300x", "--gpus", "8", "--attention", "flex"])
+    assert code == 2 and "'flex' is not available on mi300x" in err
