@@ -98,6 +98,15 @@ def run_kernels(run: RunFacts) -> dict[str, str]:
     return kernels
 
 
+def run_attention(run: RunFacts, hw) -> str:
+    """The attention a run is priced with: as it states (layout.attention), else its framework profile's where the
+    hardware spec has it (torchtitan's flex; ddplan.inputs.profile_attention), else the spec's default."""
+    profiled = _profile_value(run, "attention")
+    if run.layout.attention:
+        return run.layout.attention
+    return profiled if profiled in {a.name for a in hw.attention} else hw.default_attention
+
+
 def run_framework(run: RunFacts) -> str | None:
     """The run's stack as `--framework` can name it: its name where it has a profile, else None."""
     return run.framework if _profile(run) is not None else None
@@ -162,8 +171,7 @@ def table_command(run: PublishedRun, folder: Path | None = None) -> list[str] | 
             argv += ["--grads", run_spec(run, f"{run.id} (table_command)").dtypes.grads]
     if run.model.routing == "balanced":
         argv += ["--moe-imbalance", "1"]
-    if lay.attention:
-        argv += ["--attention", lay.attention]
+    argv += ["--attention", run_attention(run, run_hardware(run, f"{run.id} (table_command)"))]
     if lay.window:
         argv += ["--window", lay.window]
     argv += option_flags(run)
@@ -311,7 +319,7 @@ def price_run(run: RunFacts, where: str, sustained: dict[str, float] | None = No
     if run_kernels(run):
         spec = run_variant(spec, **run_kernels(run))
     lay = run.layout
-    attention = lay.attention or hw.default_attention
+    attention = run_attention(run, hw)
     req = TableRequest(model=spec, hardware=hw, gpus=(lay.gpus,), tps=(lay.tp,), pps=(lay.pp,), vps=(lay.vp,),
                        cps=(lay.cp,), eps=(lay.ep,),
                        zeros=(lay.zero,) if lay.zero is not None else (), micro_batches=micro_batches(run),

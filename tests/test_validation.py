@@ -910,3 +910,21 @@ def test_validate_leads_with_its_out_of_sample_bottom_line(capsys):
             f"({worst['id']}); {overall['inside_band_pct']:.0f}% of the runs lie inside their band") in first
     in_sample = run_ok(capsys, ["validate", "--in-sample", "--format", "markdown"]).splitlines()[0]
     assert in_sample.startswith("- Bottom line, in sample (the fits saw every run;")
+
+
+def test_a_run_without_its_attention_takes_its_profile_s_where_the_spec_has_it(capsys, tmp_path):
+    """replay.run_attention: a run that states no attention is priced with its framework profile's (torchtitan:
+    flex) where its hardware spec has that implementation, else with the spec's default, and its table command
+    says which, so `ddplan table` prices the step validate scores."""
+    from ddplan.replay import run_attention, run_hardware, table_command
+
+    lay = {"gpus": 8, "zero": 3, "micro_batch": 4, "global_batch_sequences": 64}
+    runs = load_runs(str(_runs_file(tmp_path, [
+        _run(1.0, id="h100", framework="torchtitan", layout=lay),
+        _run(1.0, id="mi300x", framework="torchtitan", hardware="mi300x", layout=lay)]))).runs
+    assert [run_attention(r, run_hardware(r, "t")) for r in runs] == ["flex", "sdpa-fused"]
+    for r in runs:
+        argv = table_command(r, tmp_path)
+        rows = csv_rows(run_ok(capsys, argv + ["--format", "csv"]))
+        assert rows[0]["attention"] == run_attention(r, run_hardware(r, "t"))
+        assert float(rows[0]["step_s"]) == pytest.approx(V.score(r, "t").predicted_s, rel=1e-12), r.id
