@@ -470,7 +470,7 @@ def _framework_notes(ctx: typer.Context, spec) -> None:
     if profile is None:
         return
     used = [name for name in sorted(ctx.meta.get("framework_names", set())) if _from_profile(ctx, name)
-            and (name != "fp8_recipe" or ctx.params.get("fp8"))]
+            and (name not in runfields.PROFILE_FP8_ONLY or ctx.params.get("fp8"))]
     from ddplan.verdicts import profile_set, profile_unread
 
     _info([profile_set(ctx.info_name, profile, [_as_flag(ctx, n) for n in used])])

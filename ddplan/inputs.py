@@ -21,10 +21,10 @@ from ddplan.plan import PlanRequest
 from ddplan.registry import (builtin_names, calibration_hardware, load_calibration, load_framework, load_hardware,
                              load_model)
 from ddplan.run import RunOverheads
-from ddplan.runfields import BY_PARAM, RECOMPUTE, RECOMPUTE_HINT, recompute_layers, recompute_policy
+from ddplan.runfields import BY_PARAM, PROFILE_FP8_ONLY, RECOMPUTE, RECOMPUTE_HINT, recompute_layers, recompute_policy
 from ddplan.sizing import memory_setup
 from ddplan.specs import KERNELS, WEIGHTS, Budget, Price, run_variant
-from ddplan.table import TableRequest, check_fp8, check_fp8_options, framework_options
+from ddplan.table import TableRequest, check_fp8, check_fp8_options, fp8_params_apply, framework_options
 
 DEFAULT_HARDWARE = "mi300x"  # the canonical case (shared/seed): nanochat d24 on AMD MI300X
 
@@ -350,6 +350,15 @@ def fp8_recipe(fp8: bool, recipe: str | None, stated: Stated) -> str | None:
     return None if not fp8 and "fp8_recipe" in stated.profile else recipe
 
 
+def without_profile_fp8(v: dict, stated: Stated) -> dict:
+    """The values, with what a profile says of fp8 (runfields.PROFILE_FP8_ONLY: NeMo's fp8 weights) left at its field's
+    default when fp8 is off: the stack's way of running fp8, not a request for it."""
+    if v["fp8"]:
+        return v
+    return {**v, **{name: BY_PARAM[name].default for name in PROFILE_FP8_ONLY - {"fp8_recipe"}
+                    if name in stated.profile}}
+
+
 def profile_attention(v: dict, stated: Stated, hws) -> str | None:
     """--attention, but a profile's attention (the stack's kernel, torchtitan's flex) only on hardware whose spec has
     it: elsewhere None (each spec's own implementations), said in stated.notes. A value the user gives is checked
@@ -366,6 +375,17 @@ def profile_attention(v: dict, stated: Stated, hws) -> str | None:
     return value
 
 
+def profile_fp8_params(v: dict, stated: Stated, spec, recipe: str | None, zeros: tuple[int, ...] | None,
+                       casts: bool = True) -> bool:
+    """--fp8-params, but a profile's (NeMo keeps its fp8 GEMMs' weights in fp8) only where it can apply
+    (ddplan.table.fp8_params_apply: fp8 on, fp32 masters, a Transformer Engine recipe, ZeRO-1 or 2): the stack's way
+    of running fp8, not a request to refuse."""
+    if v["fp8_params"] and "fp8_params" in stated.profile and not fp8_params_apply(spec, v["fp8"], recipe, zeros,
+                                                                                    casts):
+        return False
+    return v["fp8_params"]
+
+
 def tp_to_check(tp: int | None, stated: Stated) -> int | None:
     """The tp that --sequence-parallel is checked against: a profile's sequence parallelism is the stack's default
     where there is tensor parallelism (ddplan.layout.Options.for_layout), not a request that needs it."""
@@ -376,7 +396,7 @@ def table_request(v: dict, stated: Stated, today):
     """The table a command line (or run file) asks for: (TableRequest, model, hardware, calibration). Without a
     model, the run the calibration measured, as it ran (flags given win); a measured step time is tied to the
     first of each list unless its own flags say otherwise."""
-    v = dict(v)
+    v = without_profile_fp8(dict(v), stated)
     if v["model"] is None:
         v["model"], cal, m = calibrated_model(v["calibration"])
         names = ("gpus", "tp", "pp", "vp", "zero", "device_batch_size", "total_batch_size", "recompute", "attention",
@@ -393,6 +413,7 @@ def table_request(v: dict, stated: Stated, today):
     spec, hw, cal = load(v["model"], v["hardware"], v["calibration"], v["seq_len"], v["dtype"], grads=v["grads"],
                          weights=v["weights"], moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v))
     v["attention"] = profile_attention(v, stated, (hw,))
+    v["fp8_params"] = profile_fp8_params(v, stated, spec, fp8_recipe(v["fp8"], v["fp8_recipe"], stated), zeros)
     attentions = tuple(a.strip() for a in v["attention"].split(",")) if v["attention"] else ()
     measured_flags = ("measured_gpus", "measured_tp", "measured_pp", "measured_attention", "measured_window")
     measurement = stated_measurement(
@@ -423,6 +444,7 @@ def plan_request(v: dict, stated: Stated, today, every_band: bool = False):
     """The search a command line (or run file) asks for: (PlanRequest, model, hardware list, calibration); with
     several hardware the calibration applies to the one it names (ddplan.plan.pricer_for), in any order.
     every_band: every kept row gets its band (csv lists every row), not only the rows shown."""
+    v = without_profile_fp8(v, stated)
     names = hardware_list(v["hardware"])
     spec, hw0, cal = load(v["model"], names[0] if names else None, v["calibration"], v["seq_len"], v["dtype"],
                           check_hardware=False, grads=v["grads"], weights=v["weights"],
@@ -430,6 +452,8 @@ def plan_request(v: dict, stated: Stated, today, every_band: bool = False):
     hws = (hw0, *(load_hardware(h) for h in names[1:]))
     check_calibration_hardware(cal, hws, v["calibration"])
     v = {**v, "attention": profile_attention(v, stated, hws)}
+    stages = tuple(sorted(set(int_list(v["zero"], "--zero", allowed=(0, 1, 2, 3))))) if v["zero"] else (0, 1, 2, 3)
+    v["fp8_params"] = profile_fp8_params(v, stated, spec, fp8_recipe(v["fp8"], v["fp8_recipe"], stated), stages)
     asked = policies(v["recompute"]) if v["recompute"] else PlanRequest.recomputes
     # lightest first (ddplan.plan.layouts_for): the named ones in their order, a per-module one after selective,
     # the layer policies before full (they re-run some of full's layers), fewer re-run layers first (full:N by N,
@@ -440,8 +464,7 @@ def plan_request(v: dict, stated: Stated, today, every_band: bool = False):
         deadline_h=v["deadline"], budget_usd=v["budget"], top=v["top"], calibration=cal,
         calibration_path=v["calibration"], price=price_given(v["price"], today), overheads=_overheads(v),
         budget=training_budget(spec, v["steps"], v["tokens"], v["param_data_ratio"]), recomputes=recomputes,
-        zero_stages=tuple(sorted(set(int_list(v["zero"], "--zero", allowed=(0, 1, 2, 3))))) if v["zero"]
-        else (0, 1, 2, 3),
+        zero_stages=stages,
         attentions=tuple(a.strip() for a in v["attention"].split(",")) if v["attention"] else (),
         total_batch_tokens=v["total_batch_size"], tp_across_nodes=v["tp_across_nodes"], headroom=v["headroom"],
         fp8=v["fp8"], fp8_recipe=fp8_recipe(v["fp8"], v["fp8_recipe"], stated),
@@ -508,7 +531,7 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
     """The memory question a command line (or run file) asks: without a model, the run the calibration measured,
     as it ran; with a calibration whose step measured its peak, that shape unless a flag moves it (then the peak
     is not compared: a peak says nothing of another shape)."""
-    v = dict(v)
+    v = without_profile_fp8(dict(v), stated)
     shape = ("gpus", "tp", "pp", "vp", "device_batch_size", "recompute", "attention", "window", "compiled")
     from_calibration = v["model"] is None
     if from_calibration:  # the run the calibration measured, as it ran
@@ -519,6 +542,8 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
     spec, hw, cal = load(v["model"], v["hardware"], v["calibration"], v["seq_len"], v["dtype"], grads=v["grads"],
                          weights=v["weights"], moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v))
     v["attention"] = profile_attention(v, stated, (hw,))
+    v["fp8_params"] = profile_fp8_params(v, stated, spec, fp8_recipe(v["fp8"], v["fp8_recipe"], stated), stages,
+                                         casts=False)
     # fp8: what the fp8 GEMMs save is the recipe's (ddplan.fp8.with_fp8_saves); gathering or keeping weights in fp8
     # implies it
     fp8 = bool(v["fp8"] or v["fp8_all_gather"] or v["fp8_params"])

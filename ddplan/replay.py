@@ -17,10 +17,10 @@ from ddplan import runconfig
 from ddplan.errors import DdplanError, SpecError, UsageError
 from ddplan.files import atomic_write
 from ddplan.registry import load_framework, load_hardware
-from ddplan.runfields import FIELDS, OPTION_FIELDS, RunField
+from ddplan.runfields import FIELDS, OPTION_FIELDS, PROFILE_FP8_ONLY, RunField
 from ddplan.runs import PublishedRun, RunFacts, run_spec
 from ddplan.specs import KERNELS, Efficiency, run_variant
-from ddplan.table import TableRequest, build_table, framework_options
+from ddplan.table import TableRequest, build_table, fp8_params_apply, framework_options
 
 
 # How a published run states each field of a run configuration (ddplan.runconfig): the runs format's field, or why
@@ -81,7 +81,20 @@ def run_option_values(run: RunFacts) -> dict:
     values = {}
     for f in OPTION_FIELDS:
         stated, found = getattr(run.layout, f.param), applies.get(f.param)
+        if found is not None and f.param in PROFILE_FP8_ONLY and run.precision != "fp8":
+            found = None  # the stack's way of running fp8 (NeMo's fp8 weights), on a run without fp8
         values[f.param] = stated if stated is not None else found.value if found is not None else f.default
+    return values
+
+
+def run_fp8_params(run: RunFacts, spec) -> dict:
+    """run_option_values, with a profile's fp8 weights (NeMo's) only where they can apply on this run's spec, as
+    `ddplan table` applies a profile's (ddplan.inputs.profile_fp8_params)."""
+    values = run_option_values(run)
+    zeros = (run.layout.zero,) if run.layout.zero is not None else ()
+    if (values["fp8_params"] and run.layout.fp8_params is None
+            and not fp8_params_apply(spec, run.precision == "fp8", run.fp8_recipe, zeros)):
+        values["fp8_params"] = False
     return values
 
 
@@ -328,7 +341,7 @@ def price_run(run: RunFacts, where: str, sustained: dict[str, float] | None = No
                        total_batch_tokens=run.tokens_per_step, compiled=lay.compiled, fp8=run.precision == "fp8",
                        framework=run_framework(run), evidence=evidence, bands=bands,
                        fp8_recipe=run.fp8_recipe, fp8_stack_kept=(sustained or {}).get(FP8_STACK_FIT),
-                       options=framework_options(run_option_values(run), lay.etp or 0).for_model(spec))
+                       options=framework_options(run_fp8_params(run, spec), lay.etp or 0).for_model(spec))
     try:
         table = build_table(req, shared=shared)
     except DdplanError as e:

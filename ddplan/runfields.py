@@ -392,4 +392,7 @@ FIELDS: tuple[RunField, ...] = (
 )
 BY_PARAM: dict[str, RunField] = {f.param: f for f in FIELDS}
 OPTION_FIELDS: tuple[RunField, ...] = tuple(f for f in FIELDS if f.option)
+# what a framework profile says of fp8 applies only when fp8 is on (a flag given without --fp8 is an error instead):
+# the recipe, and the options that gather or keep the fp8 GEMMs' weights in fp8 (NeMo keeps them: fp8_params)
+PROFILE_FP8_ONLY = frozenset({"fp8_recipe", "fp8_all_gather", "fp8_params"})
 BY_PATH: dict[tuple[str, ...], RunField] = {f.path: f for f in FIELDS}

@@ -232,3 +232,21 @@ def test_torchtitan_s_flex_attention_is_priced_where_the_spec_has_it(capsys):
     assert code == 0 and "the torchtitan profile's attention, flex, has no efficiency in the mi300x spec" in err
     code, err = fails(capsys, ["table", "-m", "llama-3-8b", "--hardware", "mi300x", "--gpus", "8", "--attention", "flex"])
     assert code == 2 and "'flex' is not available on mi300x" in err
+
+
+def test_nemo_s_fp8_weights_come_with_fp8_only(capsys):
+    """NeMo's profile keeps the fp8 GEMMs' weights in fp8 (mixed_precision.py@8cfedd7 L70, fp8_param_gather), which
+    ddplan prices (--fp8-params, ZeRO-1/2): applied with --fp8 only, as the profile's recipe is. Without --fp8 the
+    profile neither turns fp8 on nor is refused (a user's own --fp8-params without --fp8 still is); with it, the
+    step is the one --fp8-params gives by hand, and --no-fp8-params wins over the profile."""
+    base = ["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--attention", "fa3",
+            "--format", "csv"]
+    bf16 = csv_rows(run_ok(capsys, [*base, "--framework", "nemo"]))
+    plain = csv_rows(run_ok(capsys, [*base, "--framework", "nemo", "--no-fp8-params"]))
+    assert [r["step_s"] for r in bf16] == [r["step_s"] for r in plain]
+    fp8 = csv_rows(run_ok(capsys, [*base, "--framework", "nemo", "--fp8"]))
+    stated = csv_rows(run_ok(capsys, [*base, "--framework", "nemo", "--fp8", "--fp8-params"]))
+    unstated = csv_rows(run_ok(capsys, [*base, "--framework", "nemo", "--fp8", "--no-fp8-params"]))
+    assert [r["step_s"] for r in fp8] == [r["step_s"] for r in stated] != [r["step_s"] for r in unstated]
+    code, err = fails(capsys, [*base[:-2], "--fp8-params"])
+    assert code == 2 and "--fp8-params" in err
