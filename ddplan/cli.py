@@ -135,8 +135,8 @@ def _framework_callback(ctx: typer.Context, param: typer.CallbackParam, value: s
 
     profile = load_framework(value)
     params = {p.name for p in ctx.command.params}
-    if ctx.info_name == "plan":  # plan searches the choices the stack offers (ZeRO stages, recompute), not its default
-        params -= runconfig.LIST_PARAMS["plan"]
+    if ctx.info_name == "plan":  # plan searches the choices the stack offers (ZeRO stages, recompute), not its default;
+        params -= runconfig.LIST_PARAMS["plan"] - {"attention"}  # its attention kernel is the stack's (torchtitan's flex)
     filled = {runconfig.FLAGS[path]: runconfig.as_flag_value(v) for path, v in profile.fields().items()
               if runconfig.FLAGS[path] in params}
     ctx.meta["framework_unread"] = [".".join(path) for path in profile.fields()
@@ -430,8 +430,8 @@ def memory_cmd(
     stated = _stated(ctx)
     ask = inputs.memory_request(ctx.params, stated)
     spec, hw, cal, setup = ask.spec, ask.hardware, ask.calibration, ask.setup
-    _framework_notes(ctx, spec)
-    _warn(stated.notes)  # what the profile set that this hardware has not: after what it set
+    _framework_notes(ctx, spec, frozenset(stated.dropped))
+    _warn(stated.notes)  # what the profile set that this run cannot take: after what it set
     _check_plot_path(plot)
     prov = provenance(model=spec, hardware=hw, calibration=(Path(calibration).name, cal) if cal is not None else None)
     rows = zero_rows(spec, hw, setup, ask.stages)
@@ -463,14 +463,14 @@ def _from_profile(ctx: typer.Context, name: str) -> bool:
             and name not in ctx.meta.get("config_names", set()))
 
 
-def _framework_notes(ctx: typer.Context, spec) -> None:
+def _framework_notes(ctx: typer.Context, spec, dropped: frozenset[str] = frozenset()) -> None:
     """With a --framework profile: what it set (an info line) and what the stack runs that the figures leave out
     (a warning each; the expert items only for a mixture of experts)."""
     profile = ctx.meta.get("framework")
     if profile is None:
         return
     used = [name for name in sorted(ctx.meta.get("framework_names", set())) if _from_profile(ctx, name)
-            and (name not in runfields.PROFILE_FP8_ONLY or ctx.params.get("fp8"))]
+            and (name not in runfields.PROFILE_FP8_ONLY or ctx.params.get("fp8")) and name not in dropped]
     from ddplan.verdicts import profile_set, profile_unread
 
     _info([profile_set(ctx.info_name, profile, [_as_flag(ctx, n) for n in used])])
@@ -542,8 +542,8 @@ def table_cmd(
 
     stated = _stated(ctx)
     req, spec, hw, cal = inputs.table_request(ctx.params, stated, _today())
-    _framework_notes(ctx, spec)
-    _warn(stated.notes)  # what the profile set that this hardware has not: after what it set
+    _framework_notes(ctx, spec, frozenset(stated.dropped))
+    _warn(stated.notes)  # what the profile set that this run cannot take: after what it set
     _check_plot_path(plot)
     result = build_table(req, _progress("table"))
     prov = provenance(model=spec, hardware=hw, calibration=(Path(calibration).name, cal) if cal is not None else None)
@@ -652,8 +652,8 @@ def plan_cmd(
     _check_plot_path(plot)
     stated = _stated(ctx)
     req, spec, hws, cal = inputs.plan_request(ctx.params, stated, _today(), every_band=format is Format.csv)
-    _framework_notes(ctx, spec)
-    _warn(stated.notes)  # what the profile set that this hardware has not: after what it set
+    _framework_notes(ctx, spec, frozenset(stated.dropped))
+    _warn(stated.notes)  # what the profile set that this run cannot take: after what it set
     result = search(req, _progress("plan"))
     ordered = sorted(hws, key=lambda h: h.name)  # the same provenance whatever order --hardware names them in
     prov = provenance(model=spec, calibration=(Path(calibration).name, req.calibration) if req.calibration else None,

@@ -301,6 +301,10 @@ def _torchtitan(text: str, path: Path, out: Imported) -> None:
                 "tied_embeddings": False, "moe": False, "dropout": (0.0, 0.0), "max_seq_len": 131072,
                 "position": "rope"}
         _model(out, arch, f"llama3-{flavor.lower()}", f"[model] name {name!r}, flavor {flavor!r}")
+        # the TOML era's flavors ran SDPA; FlexAttention (the torchtitan profile's, a later default) was a flavor of
+        # its own (8B_flex): stated, so the profile's flex does not stand in for it
+        out.set("attention", "sdpa-fused", f"flavor {flavor!r}: attn_type 'sdpa' (torchtitan/models/llama3/model/"
+                "args.py@238fa99 L45; the _flex flavors were FlexAttention)")
     elif not out.model_given:
         raise SpecError(f"[model] name {name!r}, flavor {flavor!r}: import reads llama3 flavors "
                         f"{', '.join(TITAN_LLAMA3)}; for another model give import --model NAME (a built-in, a "

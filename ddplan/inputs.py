@@ -330,7 +330,8 @@ class Stated:
     given: frozenset[str] = frozenset()
     profile: frozenset[str] = frozenset()
     words: dict[str, str] = field(default_factory=dict)
-    # what the request left out of the profile's values, in words, for the command to say (profile_attention)
+    # what the request left out of the profile's values: their names (not said as set) and, in words, why
+    dropped: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
 
     def by(self, name: str) -> str:
@@ -355,8 +356,9 @@ def without_profile_fp8(v: dict, stated: Stated) -> dict:
     default when fp8 is off: the stack's way of running fp8, not a request for it."""
     if v["fp8"]:
         return v
-    return {**v, **{name: BY_PARAM[name].default for name in PROFILE_FP8_ONLY - {"fp8_recipe"}
-                    if name in stated.profile}}
+    dropped = [name for name in PROFILE_FP8_ONLY - {"fp8_recipe"} if name in stated.profile]
+    stated.dropped.update(dropped)
+    return {**v, **{name: BY_PARAM[name].default for name in dropped}}
 
 
 def profile_attention(v: dict, stated: Stated, hws) -> str | None:
@@ -368,6 +370,7 @@ def profile_attention(v: dict, stated: Stated, hws) -> str | None:
         return value
     missing = [hw.name for hw in hws if value not in {a.name for a in hw.attention}]
     if missing:
+        stated.dropped.add("attention")
         stated.notes.append(f"the {framework_name(v['framework'])} profile's attention, {value}, has no efficiency in the "
                             f"{', '.join(missing)} spec: priced with the spec's own implementations (give --attention "
                             f"to choose one)")
@@ -382,6 +385,11 @@ def profile_fp8_params(v: dict, stated: Stated, spec, recipe: str | None, zeros:
     of running fp8, not a request to refuse."""
     if v["fp8_params"] and "fp8_params" in stated.profile and not fp8_params_apply(spec, v["fp8"], recipe, zeros,
                                                                                     casts):
+        stated.dropped.add("fp8_params")
+        if v["fp8"]:  # without fp8 the profile's fp8 items are the stack's fp8 setup, not news (without_profile_fp8)
+            stated.notes.append(f"the {framework_name(v['framework'])} profile keeps the fp8 GEMMs' weights in fp8 "
+                                f"(--fp8-params), which this run cannot take (it needs fp32 masters, a Transformer "
+                                f"Engine recipe and ZeRO-1 or 2): priced without it")
         return False
     return v["fp8_params"]
 
@@ -542,8 +550,7 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
     spec, hw, cal = load(v["model"], v["hardware"], v["calibration"], v["seq_len"], v["dtype"], grads=v["grads"],
                          weights=v["weights"], moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v))
     v["attention"] = profile_attention(v, stated, (hw,))
-    v["fp8_params"] = profile_fp8_params(v, stated, spec, fp8_recipe(v["fp8"], v["fp8_recipe"], stated), stages,
-                                         casts=False)
+    v["fp8_params"] = profile_fp8_params(v, stated, spec, fp8_recipe(v["fp8"], v["fp8_recipe"], stated), stages)
     # fp8: what the fp8 GEMMs save is the recipe's (ddplan.fp8.with_fp8_saves); gathering or keeping weights in fp8
     # implies it
     fp8 = bool(v["fp8"] or v["fp8_all_gather"] or v["fp8_params"])

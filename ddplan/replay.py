@@ -87,13 +87,30 @@ def run_option_values(run: RunFacts) -> dict:
     return values
 
 
+def run_zero(run: RunFacts) -> int | None:
+    """The ZeRO stage a run is priced at: as it states, else its framework profile's (as `ddplan table --framework`
+    takes it), else None (the model's native setup)."""
+    if run.layout.zero is not None:
+        return run.layout.zero
+    found = _profile_value(run, "zero")
+    return int(found) if found is not None else None
+
+
+def run_fp8_recipe(run: RunFacts) -> str | None:
+    """The fp8 recipe a run is priced with: as it states, else (an fp8 run) its framework profile's, else None (the
+    model's)."""
+    if run.fp8_recipe or run.precision != "fp8":
+        return run.fp8_recipe
+    return _profile_value(run, "fp8_recipe")
+
+
 def run_fp8_params(run: RunFacts, spec) -> dict:
     """run_option_values, with a profile's fp8 weights (NeMo's) only where they can apply on this run's spec, as
     `ddplan table` applies a profile's (ddplan.inputs.profile_fp8_params)."""
     values = run_option_values(run)
-    zeros = (run.layout.zero,) if run.layout.zero is not None else ()
+    zero = run_zero(run)
     if (values["fp8_params"] and run.layout.fp8_params is None
-            and not fp8_params_apply(spec, run.precision == "fp8", run.fp8_recipe, zeros)):
+            and not fp8_params_apply(spec, run.precision == "fp8", run_fp8_recipe(run), (zero,) if zero is not None else ())):
         values["fp8_params"] = False
     return values
 
@@ -166,7 +183,7 @@ def table_command(run: PublishedRun, folder: Path | None = None) -> list[str] | 
     lay = run.layout
     argv = ["table", "--model", model, "--hardware", hardware, "--gpus", str(lay.gpus),
             "--tp", str(lay.tp), "--pp", str(lay.pp), "--vp", str(lay.vp), "--cp", str(lay.cp), "--ep", str(lay.ep),
-            *(["--zero", str(lay.zero)] if lay.zero is not None else []), *(["--etp", "1"] if lay.etp else []),
+            *(["--zero", str(run_zero(run))] if run_zero(run) is not None else []), *(["--etp", "1"] if lay.etp else []),
             "--device-batch-size", ",".join(map(str, micro_batches(run))), "--total-batch-size",
             str(run.tokens_per_step),
             "--recompute", lay.recompute, "--seq-len", str(run.model.seq_len),
@@ -190,8 +207,8 @@ def table_command(run: PublishedRun, folder: Path | None = None) -> list[str] | 
     argv += option_flags(run)
     if run.precision == "fp8":
         argv.append("--fp8")
-    if run.fp8_recipe:
-        argv += ["--fp8-recipe", run.fp8_recipe]
+    if run_fp8_recipe(run):
+        argv += ["--fp8-recipe", run_fp8_recipe(run)]
     return argv
 
 
@@ -205,6 +222,8 @@ def option_flags(run: RunFacts) -> list[str]:
     for f in OPTION_FIELDS:
         value = values[f.param]
         found = profile.applies.get(f.param) if profile is not None else None
+        if f.param in PROFILE_FP8_ONLY and run.precision != "fp8":
+            found = None  # table leaves the profile's fp8 items out without --fp8, as run_option_values does
         default = value == f.default or value in (0, None) and f.default is None  # shard_group 0: none
         if found is not None and found.value == value or found is None and default:
             continue
@@ -335,12 +354,12 @@ def price_run(run: RunFacts, where: str, sustained: dict[str, float] | None = No
     attention = run_attention(run, hw)
     req = TableRequest(model=spec, hardware=hw, gpus=(lay.gpus,), tps=(lay.tp,), pps=(lay.pp,), vps=(lay.vp,),
                        cps=(lay.cp,), eps=(lay.ep,),
-                       zeros=(lay.zero,) if lay.zero is not None else (), micro_batches=micro_batches(run),
+                       zeros=(run_zero(run),) if run_zero(run) is not None else (), micro_batches=micro_batches(run),
                        recomputes=(lay.recompute,),
                        attentions=(attention,), windows=(lay.window or spec.architecture.window_pattern,),
                        total_batch_tokens=run.tokens_per_step, compiled=lay.compiled, fp8=run.precision == "fp8",
                        framework=run_framework(run), evidence=evidence, bands=bands,
-                       fp8_recipe=run.fp8_recipe, fp8_stack_kept=(sustained or {}).get(FP8_STACK_FIT),
+                       fp8_recipe=run_fp8_recipe(run), fp8_stack_kept=(sustained or {}).get(FP8_STACK_FIT),
                        options=framework_options(run_fp8_params(run, spec), lay.etp or 0).for_model(spec))
     try:
         table = build_table(req, shared=shared)

@@ -177,7 +177,8 @@ FIELDS: tuple[RunField, ...] = (
                       "Hugging Face config.json."}),
     _f("framework", "A training stack's defaults (frameworks/: torchtitan, megatron-core, nemo, composer, "
        "nanochat, olmo-core): the fields its profile states that ddplan prices, each with its source; a flag or run-file field "
-       "wins.", str,
+       "wins, and a value the hardware or run cannot take (its attention kernel, fp8 items without fp8) is left out and "
+       "said.", str,
        MODEL, names_a_file=True),
     _f("hardware", "GPU: a built-in (mi300x, h100-sxm, h200, b200, ...) or a YAML path. Default: the calibration's "
        "hardware, else mi300x (the canonical case).", str, MODEL, names_a_file=True, many=frozenset({"plan"}),

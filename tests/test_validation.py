@@ -926,5 +926,10 @@ def test_a_run_without_its_attention_takes_its_profile_s_where_the_spec_has_it(c
     for r in runs:
         argv = table_command(r, tmp_path)
         rows = csv_rows(run_ok(capsys, argv + ["--format", "csv"]))
-        assert rows[0]["attention"] == run_attention(r, run_hardware(r, "t"))
         assert float(rows[0]["step_s"]) == pytest.approx(V.score(r, "t").predicted_s, rel=1e-12), r.id
+    # a user's own `ddplan table --framework torchtitan` on H100, no --attention: the profile's flex, validate's step
+    argv = table_command(runs[0], tmp_path)
+    i = argv.index("--attention")
+    rows = csv_rows(run_ok(capsys, argv[:i] + argv[i + 2:] + ["--format", "csv"]))
+    assert [r["attention"] for r in rows] == ["flex"]
+    assert float(rows[0]["step_s"]) == pytest.approx(V.score(runs[0], "t").predicted_s, rel=1e-12)
