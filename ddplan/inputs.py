@@ -361,20 +361,22 @@ def without_profile_fp8(v: dict, stated: Stated) -> dict:
     return {**v, **{name: BY_PARAM[name].default for name in dropped}}
 
 
-def profile_attention(v: dict, stated: Stated, hws) -> str | None:
+def profile_attention(v: dict, stated: Stated, hws, per_hardware: bool = False) -> str | None:
     """--attention, but a profile's attention (the stack's kernel, torchtitan's flex) only on hardware whose spec has
-    it: elsewhere None (each spec's own implementations), said in stated.notes. A value the user gives is checked
-    against the spec as ever (an error where it is missing)."""
+    it: elsewhere None (each spec's own implementations), said in stated.notes; per_hardware (plan over several
+    hardware): kept, for the search to take on the hardware that has it (PlanRequest.attentions_where_available). A
+    value the user gives is checked against the spec as ever (an error where it is missing)."""
     value = v["attention"]
     if value is None or "attention" not in stated.profile:
         return value
     missing = [hw.name for hw in hws if value not in {a.name for a in hw.attention}]
     if missing:
-        stated.dropped.add("attention")
         stated.notes.append(f"the {framework_name(v['framework'])} profile's attention, {value}, has no efficiency in the "
                             f"{', '.join(missing)} spec: priced with the spec's own implementations (give --attention "
                             f"to choose one)")
-        return None
+        if not per_hardware or len(missing) == len(hws):
+            stated.dropped.add("attention")
+            return None
     return value
 
 
@@ -459,7 +461,7 @@ def plan_request(v: dict, stated: Stated, today, every_band: bool = False):
                           moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v))
     hws = (hw0, *(load_hardware(h) for h in names[1:]))
     check_calibration_hardware(cal, hws, v["calibration"])
-    v = {**v, "attention": profile_attention(v, stated, hws)}
+    v = {**v, "attention": profile_attention(v, stated, hws, per_hardware=True)}
     stages = tuple(sorted(set(int_list(v["zero"], "--zero", allowed=(0, 1, 2, 3))))) if v["zero"] else (0, 1, 2, 3)
     v["fp8_params"] = profile_fp8_params(v, stated, spec, fp8_recipe(v["fp8"], v["fp8_recipe"], stated), stages)
     asked = policies(v["recompute"]) if v["recompute"] else PlanRequest.recomputes
@@ -477,6 +479,7 @@ def plan_request(v: dict, stated: Stated, today, every_band: bool = False):
         total_batch_tokens=v["total_batch_size"], tp_across_nodes=v["tp_across_nodes"], headroom=v["headroom"],
         fp8=v["fp8"], fp8_recipe=fp8_recipe(v["fp8"], v["fp8_recipe"], stated),
         cps=tuple(int_list(v["cp"], "--cp")) if v["cp"] else (), eps=expert_degrees(v["ep"], spec),
+        attentions_where_available="attention" in stated.profile,
         options=_options(v, spec, None, stated), framework=framework_name(v["framework"]), band_every_row=every_band,
         block_recompute=block_recompute(v["framework"]))
     return req, spec, hws, cal

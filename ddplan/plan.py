@@ -54,6 +54,9 @@ class PlanRequest:
     total_batch_tokens: int | None = None
     tp_across_nodes: bool = False
     attentions: tuple[str, ...] = ()  # () = every implementation on each hardware
+    # the attentions are a framework profile's (its stack's kernel): a hardware whose spec lacks them is searched
+    # over its own implementations instead (ddplan.inputs.profile_attention)
+    attentions_where_available: bool = False
     recomputes: tuple[str, ...] = ("none", "selective", "full")
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     headroom: float = HEADROOM  # keep this fraction of usable memory free (fragmentation, spikes, other processes)
@@ -158,7 +161,10 @@ def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, 
     a, seq = spec.architecture, spec.recipe.seq_len
     sequences = total_batch // seq
     tp_cap = gpus if req.tp_across_nodes else min(gpus, hw.gpus_per_node)
-    impls = req.attentions or tuple(x.name for x in hw.default_attention_impls())
+    named = req.attentions
+    if named and req.attentions_where_available and not set(named) <= {x.name for x in hw.attention}:
+        named = ()  # the profile's kernel is not on this hardware: its own
+    impls = named or tuple(x.name for x in hw.default_attention_impls())
     native = NATIVE_ZERO[spec.recipe.distribution]
     cps = req.cps or context_parallel_degrees(seq)
     # context parallelism runs on fused attention kernels only: the implementations each cp degree runs on
@@ -246,8 +252,9 @@ def _search(req: PlanRequest, progress: Callable[[str, int, int], None], shortcu
         raise UsageError(f"{total_batch:,} tokens is not a positive multiple of the sequence length {seq:,}",
                          field="--total-batch-size")
 
-    for hw in req.hardware:
-        check_attentions(req.attentions, hw)
+    if not req.attentions_where_available:
+        for hw in req.hardware:
+            check_attentions(req.attentions, hw)
     if req.fp8:
         for hw in req.hardware:
             check_fp8(spec, hw)

@@ -261,7 +261,7 @@ def test_nemo_s_fp8_weights_come_with_fp8_only(capsys):
 
 def test_plan_and_memory_take_a_profile_s_values_only_where_they_apply(capsys):
     """plan searches the profile's attention (the stack's kernel: torchtitan's flex on H100), not every kernel; over
-    hardware one of which lacks it, every kernel, said once. memory with NeMo's profile, --fp8 and a recipe fp8
+    hardware one of which lacks it, flex on the one that has it and every kernel on the other, said once. memory with NeMo's profile, --fp8 and a recipe fp8
     weights cannot take (tensorwise: not Transformer Engine's) prices without them and says so, where a user's own
     --fp8-params is refused."""
     rows = csv_rows(run_ok(capsys, ["plan", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8",
@@ -270,7 +270,8 @@ def test_plan_and_memory_take_a_profile_s_values_only_where_they_apply(capsys):
     code, out, err = run(capsys, ["plan", "-m", "llama-3-8b", "--hardware", "h100-sxm,mi300x", "--gpus", "8",
                                   "--framework", "torchtitan", "--format", "csv"])
     assert code == 0 and err.count("flex, has no efficiency in the mi300x spec") == 1
-    assert "flex" not in {r["attention"] for r in csv_rows(out)}
+    by_hw = {(r["hardware"], r["attention"]) for r in csv_rows(out)}
+    assert {a for h, a in by_hw if h == "h100-sxm"} == {"flex"} and "flex" not in {a for h, a in by_hw if h == "mi300x"}
     memory = ["memory", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--fp8", "--fp8-recipe",
               "tensorwise", "--format", "csv"]
     code, _, err = run(capsys, [*memory, "--framework", "nemo"])
