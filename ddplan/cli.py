@@ -430,8 +430,7 @@ def memory_cmd(
     stated = _stated(ctx)
     ask = inputs.memory_request(ctx.params, stated)
     spec, hw, cal, setup = ask.spec, ask.hardware, ask.calibration, ask.setup
-    _framework_notes(ctx, spec, frozenset(stated.dropped))
-    _warn(stated.notes)  # what the profile set that this run cannot take: after what it set
+    _framework_notes(ctx, spec, stated)
     _check_plot_path(plot)
     prov = provenance(model=spec, hardware=hw, calibration=(Path(calibration).name, cal) if cal is not None else None)
     rows = zero_rows(spec, hw, setup, ask.stages)
@@ -463,22 +462,24 @@ def _from_profile(ctx: typer.Context, name: str) -> bool:
             and name not in ctx.meta.get("config_names", set()))
 
 
-def _framework_notes(ctx: typer.Context, spec, dropped: frozenset[str] = frozenset()) -> None:
-    """With a --framework profile: what it set (an info line) and what the stack runs that the figures leave out
-    (a warning each; the expert items only for a mixture of experts)."""
+def _framework_notes(ctx: typer.Context, spec, stated) -> None:
+    """With a --framework profile: what it set (an info line, without what the request left out: stated.dropped)
+    and what the stack runs that the figures leave out (a warning each; the expert items only for a mixture of
+    experts), then what of it this run cannot take (stated.notes)."""
     profile = ctx.meta.get("framework")
     if profile is None:
         return
     used = [name for name in sorted(ctx.meta.get("framework_names", set())) if _from_profile(ctx, name)
-            and (name not in runfields.PROFILE_FP8_ONLY or ctx.params.get("fp8")) and name not in dropped]
+            and (name not in runfields.PROFILE_FP8_ONLY or ctx.params.get("fp8")) and name not in stated.dropped]
     from ddplan.verdicts import profile_set, profile_unread
 
     _info([profile_set(ctx.info_name, profile, [_as_flag(ctx, n) for n in used])])
-    stated = frozenset(k for k in profile.unpriced if k in ctx.params and _source(ctx, k) != "DEFAULT")
-    _warn(profile.unpriced_words(moe=spec.architecture.moe is not None, stated=stated))
+    named = frozenset(k for k in profile.unpriced if k in ctx.params and _source(ctx, k) != "DEFAULT")
+    _warn(profile.unpriced_words(moe=spec.architecture.moe is not None, stated=named))
     unread = ctx.meta.get("framework_unread", [])
     if unread:  # a profile field this command has no flag for: said, not dropped silently
         _warn([profile_unread(ctx.info_name, profile, unread)])
+    _warn(stated.notes)  # what of the profile this run cannot take: after what it set
 
 
 def _stated(ctx: typer.Context):
@@ -542,8 +543,7 @@ def table_cmd(
 
     stated = _stated(ctx)
     req, spec, hw, cal = inputs.table_request(ctx.params, stated, _today())
-    _framework_notes(ctx, spec, frozenset(stated.dropped))
-    _warn(stated.notes)  # what the profile set that this run cannot take: after what it set
+    _framework_notes(ctx, spec, stated)
     _check_plot_path(plot)
     result = build_table(req, _progress("table"))
     prov = provenance(model=spec, hardware=hw, calibration=(Path(calibration).name, cal) if cal is not None else None)
@@ -652,8 +652,7 @@ def plan_cmd(
     _check_plot_path(plot)
     stated = _stated(ctx)
     req, spec, hws, cal = inputs.plan_request(ctx.params, stated, _today(), every_band=format is Format.csv)
-    _framework_notes(ctx, spec, frozenset(stated.dropped))
-    _warn(stated.notes)  # what the profile set that this run cannot take: after what it set
+    _framework_notes(ctx, spec, stated)
     result = search(req, _progress("plan"))
     ordered = sorted(hws, key=lambda h: h.name)  # the same provenance whatever order --hardware names them in
     prov = provenance(model=spec, calibration=(Path(calibration).name, req.calibration) if req.calibration else None,

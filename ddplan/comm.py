@@ -464,10 +464,10 @@ def fsdp_comm_s(rs_s: float, ag_s: float, micro_batch_s: float, accum: int, num_
         raise ValueError(f"accum and num_units must be >= 1 and gathers 1 or 2, got {accum}, {num_units}, {gathers}")
     shard_group = gathers * ag_s + rs_s
     busy = max(shard_group, replica_all_reduce_s) if separate_links else shard_group + replica_all_reduce_s
-    first_gathers = accum * gathers * ag_s / num_units
-    if replica_once:
+    if replica_once:  # the shard group's collectives every micro-batch, the replicas' beside the last only
         return (accum * shard_group + replica_all_reduce_s,
-                (accum - 1) * max(0.0, shard_group - micro_batch_s) + max(0.0, busy - micro_batch_s) + first_gathers)
+                (accum - 1) * max(0.0, shard_group - micro_batch_s) + max(0.0, busy - micro_batch_s)
+                + accum * gathers * ag_s / num_units)
     return (accum * (shard_group + replica_all_reduce_s),
             accum * (max(0.0, busy - micro_batch_s) + gathers * ag_s / num_units))
 

@@ -77,14 +77,21 @@ def run_option_values(run: RunFacts) -> dict:
     """The framework options (ddplan.runfields.OPTION_FIELDS) a run ran with, by parameter name: as its layout states
     each, else (a layout field left None, as overlap_grad_reduce may be) as its framework's profile says the stack
     does (Megatron-Core: no gradient reduce overlap without --overlap-grad-reduce), else the field's default."""
-    applies = _profile(run).applies if _profile(run) is not None else {}
     values = {}
     for f in OPTION_FIELDS:
-        stated, found = getattr(run.layout, f.param), applies.get(f.param)
-        if found is not None and f.param in PROFILE_FP8_ONLY and run.precision != "fp8":
-            found = None  # the stack's way of running fp8 (NeMo's fp8 weights), on a run without fp8
+        stated, found = getattr(run.layout, f.param), _profile_option(run, f.param)
         values[f.param] = stated if stated is not None else found.value if found is not None else f.default
     return values
+
+
+def _profile_option(run: RunFacts, name: str):
+    """The run's framework profile's item for option `name` (frameworks/*.yaml `applies`), or None: no profile, no
+    such item, or an fp8 item on a run without fp8 (runfields.PROFILE_FP8_ONLY: the stack's way of running fp8, as
+    `ddplan table` leaves it out without --fp8)."""
+    profile = _profile(run)
+    if profile is None or name in PROFILE_FP8_ONLY and run.precision != "fp8":
+        return None
+    return profile.applies.get(name)
 
 
 def run_zero(run: RunFacts) -> int | None:
@@ -107,10 +114,10 @@ def run_fp8_recipe(run: RunFacts) -> str | None:
 def run_fp8_params(run: RunFacts, spec) -> dict:
     """run_option_values, with a profile's fp8 weights (NeMo's) only where they can apply on this run's spec, as
     `ddplan table` applies a profile's (ddplan.inputs.profile_fp8_params)."""
-    values = run_option_values(run)
-    zero = run_zero(run)
+    values, zero = run_option_values(run), run_zero(run)
+    zeros = (zero,) if zero is not None else ()
     if (values["fp8_params"] and run.layout.fp8_params is None
-            and not fp8_params_apply(spec, run.precision == "fp8", run_fp8_recipe(run), (zero,) if zero is not None else ())):
+            and not fp8_params_apply(spec, run.precision == "fp8", run_fp8_recipe(run), zeros)):
         values["fp8_params"] = False
     return values
 
@@ -131,9 +138,9 @@ def run_kernels(run: RunFacts) -> dict[str, str]:
 def run_attention(run: RunFacts, hw) -> str:
     """The attention a run is priced with: as it states (layout.attention), else its framework profile's where the
     hardware spec has it (torchtitan's flex; ddplan.inputs.profile_attention), else the spec's default."""
-    profiled = _profile_value(run, "attention")
     if run.layout.attention:
         return run.layout.attention
+    profiled = _profile_value(run, "attention")
     return profiled if profiled in {a.name for a in hw.attention} else hw.default_attention
 
 
@@ -180,10 +187,10 @@ def table_command(run: PublishedRun, folder: Path | None = None) -> list[str] | 
             model = _write_spec(folder / f"{run.id}.model.yaml", run_spec(run, where, weights=run_weights(run)))
         if run.network is not None:
             hardware = _write_spec(folder / f"{run.id}.hardware.yaml", run_hardware(run, where))
-    lay = run.layout
+    lay, zero, recipe = run.layout, run_zero(run), run_fp8_recipe(run)
     argv = ["table", "--model", model, "--hardware", hardware, "--gpus", str(lay.gpus),
             "--tp", str(lay.tp), "--pp", str(lay.pp), "--vp", str(lay.vp), "--cp", str(lay.cp), "--ep", str(lay.ep),
-            *(["--zero", str(run_zero(run))] if run_zero(run) is not None else []), *(["--etp", "1"] if lay.etp else []),
+            *(["--zero", str(zero)] if zero is not None else []), *(["--etp", "1"] if lay.etp else []),
             "--device-batch-size", ",".join(map(str, micro_batches(run))), "--total-batch-size",
             str(run.tokens_per_step),
             "--recompute", lay.recompute, "--seq-len", str(run.model.seq_len),
@@ -207,8 +214,8 @@ def table_command(run: PublishedRun, folder: Path | None = None) -> list[str] | 
     argv += option_flags(run)
     if run.precision == "fp8":
         argv.append("--fp8")
-    if run_fp8_recipe(run):
-        argv += ["--fp8-recipe", run_fp8_recipe(run)]
+    if recipe:
+        argv += ["--fp8-recipe", recipe]
     return argv
 
 
@@ -218,12 +225,9 @@ def option_flags(run: RunFacts) -> list[str]:
     profile each that is not the field's default. A value the profile sets is left to it, as a user's command
     leaves it: where it cannot apply (the stack's sequence parallelism at tp 1) table drops it, where a flag would
     be refused."""
-    profile, values, argv = _profile(run), run_option_values(run), []
+    values, argv = run_option_values(run), []
     for f in OPTION_FIELDS:
-        value = values[f.param]
-        found = profile.applies.get(f.param) if profile is not None else None
-        if f.param in PROFILE_FP8_ONLY and run.precision != "fp8":
-            found = None  # table leaves the profile's fp8 items out without --fp8, as run_option_values does
+        value, found = values[f.param], _profile_option(run, f.param)
         default = value == f.default or value in (0, None) and f.default is None  # shard_group 0: none
         if found is not None and found.value == value or found is None and default:
             continue
@@ -351,10 +355,10 @@ def price_run(run: RunFacts, where: str, sustained: dict[str, float] | None = No
     if run_kernels(run):
         spec = run_variant(spec, **run_kernels(run))
     lay = run.layout
-    attention = run_attention(run, hw)
+    attention, zero = run_attention(run, hw), run_zero(run)
     req = TableRequest(model=spec, hardware=hw, gpus=(lay.gpus,), tps=(lay.tp,), pps=(lay.pp,), vps=(lay.vp,),
                        cps=(lay.cp,), eps=(lay.ep,),
-                       zeros=(run_zero(run),) if run_zero(run) is not None else (), micro_batches=micro_batches(run),
+                       zeros=(zero,) if zero is not None else (), micro_batches=micro_batches(run),
                        recomputes=(lay.recompute,),
                        attentions=(attention,), windows=(lay.window or spec.architecture.window_pattern,),
                        total_batch_tokens=run.tokens_per_step, compiled=lay.compiled, fp8=run.precision == "fp8",

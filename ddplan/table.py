@@ -136,12 +136,11 @@ def check_attentions(names: tuple[str, ...], hw: HardwareSpec) -> None:
                              field="--attention")
 
 
-def fp8_params_apply(spec: ModelSpec, fp8: bool, recipe: str | None, zeros: tuple[int, ...] | None,
-                     casts: bool = True) -> bool:
+def fp8_params_apply(spec: ModelSpec, fp8: bool, recipe: str | None, zeros: tuple[int, ...] | None) -> bool:
     """Whether fp8 weights (--fp8-params) can apply, by check_fp8_options' rules: fp8 on, fp32 masters, a Transformer
     Engine recipe, ZeRO-1 or 2 among the stages. A profile's (NeMo's) applies only then; a flag's is checked."""
     try:
-        check_fp8_options(spec, fp8, recipe, False, zeros, True, casts)
+        check_fp8_options(spec, fp8, recipe, False, zeros, True)
     except UsageError:
         return False
     return True
