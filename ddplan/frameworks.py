@@ -32,7 +32,9 @@ APPLIES: dict[str, tuple[str, ...]] = {
     **{f.param: f.path for f in OPTION_FIELDS},
     "compiled": ("compiled",),
     "recompute": ("recompute",),
-    "attention": ("attention",),  # on hardware whose spec lacks it, the spec's own (ddplan.inputs.profile_attention)
+    # on hardware whose spec lacks it, the item's `elsewhere` where the spec has that, else the spec's own
+    # (FrameworkProfile.attention_on)
+    "attention": ("attention",),
     "fp8_recipe": ("precision", "fp8_recipe"),
     "grads": ("precision", "grads"),
     "weights": ("precision", "weights"),
@@ -48,6 +50,8 @@ class Item(Strict):
     value: bool | int | str
     where: str = Field(pattern=WHERE)  # e.g. torchtitan/distributed/fsdp.py@b5bcd76 (line numbers may follow)
     quote: str = Field(default="", max_length=400)  # the line (or a paraphrase of it) that says it
+    # the attention item only: what the stack runs on hardware that cannot run `value` (nanochat: SDPA off Hopper)
+    elsewhere: str | None = None
 
 
 class RecomputePolicy(Strict):
@@ -73,25 +77,42 @@ class FrameworkProfile(Strict):
 
     @model_validator(mode="after")
     def _known_items(self) -> FrameworkProfile:
+        odd = sorted(k for k, item in {**self.applies, **self.unpriced}.items()
+                     if item.elsewhere is not None and (k != "attention" or k in self.unpriced))
+        if odd:
+            raise ValueError(f"{', '.join(odd)}: `elsewhere` is for applies.attention only")
         unknown = sorted(set(self.applies) - set(APPLIES))
         if unknown:
             raise ValueError(f"applies: {', '.join(unknown)} is not an item ddplan prices; allowed: "
                              f"{', '.join(APPLIES)} (put what ddplan cannot price under `unpriced`)")
-        for key, item in self.applies.items():  # each value one its run-configuration field takes
-            data: dict = {"kind": "run"}
-            node = data
-            for part in APPLIES[key][:-1]:
-                node = node.setdefault(part, {})
-            node[APPLIES[key][-1]] = item.value
-            try:
-                validate(RunConfig, data, "applies")
-            except SpecError as e:
-                raise ValueError(f"applies.{key}.value: {e.message}") from None
+        # each value one its run-configuration field takes
+        for key, item in self.applies.items():
+            for part_name, value in (("value", item.value), ("elsewhere", item.elsewhere)):
+                if value is None:
+                    continue
+                data: dict = {"kind": "run"}
+                node = data
+                for part in APPLIES[key][:-1]:
+                    node = node.setdefault(part, {})
+                node[APPLIES[key][-1]] = value
+                try:
+                    validate(RunConfig, data, "applies")
+                except SpecError as e:
+                    raise ValueError(f"applies.{key}.{part_name}: {e.message}") from None
         return self
 
     def fields(self) -> dict[tuple[str, ...], bool | int | str]:
         """The run-configuration fields this profile fills, by field path."""
         return {APPLIES[k]: item.value for k, item in self.applies.items()}
+
+    def attention_on(self, available) -> str | None:
+        """The attention this stack runs on hardware whose spec has the implementations `available` (names): the
+        item's value where the spec has it, else its `elsewhere` where the spec has that, else None (the spec's own);
+        None too where the profile states no attention."""
+        item = self.applies.get("attention")
+        if item is None:
+            return None
+        return next((a for a in (str(item.value), item.elsewhere) if a is not None and a in available), None)
 
     def unpriced_words(self, moe: bool = True, stated: frozenset[str] = frozenset()) -> list[str]:
         """One sentence per item ddplan does not price: what the stack runs and where it says so (the expert

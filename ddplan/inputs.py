@@ -363,21 +363,35 @@ def without_profile_fp8(v: dict, stated: Stated) -> dict:
 
 def profile_attention(v: dict, stated: Stated, hws, per_hardware: bool = False) -> str | None:
     """--attention, but a profile's attention (the stack's kernel, torchtitan's flex) only on hardware whose spec has
-    it: elsewhere None (each spec's own implementations), said in stated.notes; per_hardware (plan over several
-    hardware): kept, for the search to take on the hardware that has it (PlanRequest.attentions_where_available). A
-    value the user gives is checked against the spec as ever (an error where it is missing)."""
+    it: elsewhere what the profile says the stack runs there (its `elsewhere`, nanochat's SDPA off Hopper) where the
+    spec has that, else None (each spec's own implementations), said in stated.notes; per_hardware (plan over several
+    hardware): the profile's choices in order, comma-separated, for the search to take the first each hardware has
+    (PlanRequest.attentions_where_available). A value the user gives is checked against the spec as ever (an error
+    where it is missing)."""
     value = v["attention"]
     if value is None or "attention" not in stated.profile:
         return value
-    missing = [hw.name for hw in hws if value not in {a.name for a in hw.attention}]
-    if missing:
-        stated.notes.append(f"the {framework_name(v['framework'])} profile's attention, {value}, has no efficiency in the "
-                            f"{', '.join(missing)} spec: priced with the spec's own implementations (give --attention "
-                            f"to choose one)")
-        if not per_hardware or len(missing) == len(hws):
+    profile = load_framework(v["framework"])
+    item = profile.applies["attention"]
+    if value != str(item.value):  # set by what ranks above the profile (a calibration's measured run)
+        return value
+    chosen = {hw.name: profile.attention_on({a.name for a in hw.attention}) for hw in hws}
+    moved = {name: a for name, a in chosen.items() if a != value}
+    if moved:
+        there = "; ".join(f"{', '.join(n for n in moved if moved[n] == a)}: "
+                          + (f"{a}, what it runs there" if a else "the spec's own implementations")
+                          for a in dict.fromkeys(moved.values()))
+        stated.notes.append(f"the {profile.name} profile's attention, {value}, has no efficiency in the "
+                            f"{', '.join(moved)} spec: priced with {there} (give --attention to choose one)")
+    if per_hardware:
+        if all(a is None for a in chosen.values()):
             stated.dropped.add("attention")
             return None
-    return value
+        return ",".join(a for a in (str(item.value), item.elsewhere) if a is not None and a in chosen.values())
+    (only,) = chosen.values()
+    if only != value:
+        stated.dropped.add("attention")
+    return only
 
 
 def profile_fp8_params(v: dict, stated: Stated, spec, recipe: str | None, zeros: tuple[int, ...] | None) -> bool:

@@ -54,8 +54,9 @@ class PlanRequest:
     total_batch_tokens: int | None = None
     tp_across_nodes: bool = False
     attentions: tuple[str, ...] = ()  # () = every implementation on each hardware
-    # the attentions are a framework profile's (its stack's kernel): a hardware whose spec lacks them is searched
-    # over its own implementations instead (ddplan.inputs.profile_attention)
+    # the attentions are a framework profile's choices in order (its stack's kernel, then what it runs where that
+    # kernel is missing): each hardware takes the first its spec has, or searches its own implementations
+    # (ddplan.inputs.profile_attention)
     attentions_where_available: bool = False
     recomputes: tuple[str, ...] = ("none", "selective", "full")
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
@@ -162,8 +163,8 @@ def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, 
     sequences = total_batch // seq
     tp_cap = gpus if req.tp_across_nodes else min(gpus, hw.gpus_per_node)
     named = req.attentions
-    if named and req.attentions_where_available and not set(named) <= {x.name for x in hw.attention}:
-        named = ()  # the profile's kernel is not on this hardware: its own
+    if req.attentions_where_available:  # the profile's choices in order: the first this hardware has, else its own
+        named = next(((a,) for a in named if a in {x.name for x in hw.attention}), ())
     impls = named or tuple(x.name for x in hw.default_attention_impls())
     native = NATIVE_ZERO[spec.recipe.distribution]
     cps = req.cps or context_parallel_degrees(seq)

@@ -137,11 +137,13 @@ def run_kernels(run: RunFacts) -> dict[str, str]:
 
 def run_attention(run: RunFacts, hw) -> str:
     """The attention a run is priced with: as it states (layout.attention), else its framework profile's where the
-    hardware spec has it (torchtitan's flex; ddplan.inputs.profile_attention), else the spec's default."""
+    hardware spec has it (torchtitan's flex; ddplan.frameworks.FrameworkProfile.attention_on: its `elsewhere` on
+    hardware without it), else the spec's default."""
     if run.layout.attention:
         return run.layout.attention
-    profiled = _profile_value(run, "attention")
-    return profiled if profiled in {a.name for a in hw.attention} else hw.default_attention
+    profile = _profile(run)
+    profiled = profile.attention_on({a.name for a in hw.attention}) if profile is not None else None
+    return profiled or hw.default_attention
 
 
 def run_framework(run: RunFacts) -> str | None:

@@ -102,9 +102,11 @@ def test_an_unpriced_item_the_run_states_is_not_called_unpriced(capsys):
 
 def test_the_seed_prices_the_same_under_nanochat_s_profile(capsys):
     """nanochat's defaults (ZeRO-1-like sharded optimizer, torch.compile, no recompute) are what the nanochat
-    model specs already state: the seed's table does not move."""
-    plain = run_ok(capsys, ["table", "--config", str(SEED), "--format", "csv"])
-    assert run_ok(capsys, ["table", "--config", str(SEED), "--framework", "nanochat", "--format", "csv"]) == plain
+    model specs already state, and on MI300X its attention is SDPA (no FA3 there: flash_attention.py@92d63d4
+    L23-71): under its profile the seed's table is the plain table's SDPA rows, each priced the same."""
+    plain = csv_rows(run_ok(capsys, ["table", "--config", str(SEED), "--format", "csv"]))
+    stack = csv_rows(run_ok(capsys, ["table", "--config", str(SEED), "--framework", "nanochat", "--format", "csv"]))
+    assert len(stack) == 4 and stack == [r for r in plain if r["attention"] == "sdpa-fused"]
 
 
 def test_a_profile_does_not_narrow_plan_s_search(capsys):
@@ -279,3 +281,46 @@ def test_plan_and_memory_take_a_profile_s_values_only_where_they_apply(capsys):
     assert "--fp8-params" not in next(line for line in err.splitlines() if "profile (@" in line)
     code, err = fails(capsys, [*memory, "--fp8-params", "--zero", "1"])
     assert code == 2 and "--fp8-params" in err
+
+
+def test_a_profile_s_attention_elsewhere_is_what_the_stack_runs_off_its_kernel(capsys, tmp_path):
+    """nanochat runs FlashAttention-3 on Hopper and SDPA elsewhere (nanochat/flash_attention.py@92d63d4 L23-71): its
+    profile's attention is fa3 with `elsewhere: sdpa-fused`. table takes fa3 on H100 and sdpa-fused on MI300X (said in
+    one warning, not as set); plan over both takes each one's own, one kernel a hardware; a published run that states
+    no attention takes the same (replay.run_attention). `elsewhere` on another item is refused."""
+    from ddplan.errors import DdplanError
+    from ddplan.registry import load_framework, load_hardware
+    from ddplan.replay import run_attention
+
+    profile = load_framework("nanochat")
+    assert profile.attention_on({"fa3", "sdpa-fused"}) == "fa3"
+    assert profile.attention_on({"sdpa-fused", "fa2"}) == "sdpa-fused"
+    assert profile.attention_on({"fa2"}) is None
+    base = ["table", "-m", "d24", "--gpus", "8", "--framework", "nanochat", "--format", "csv"]
+    h100 = csv_rows(run_ok(capsys, [*base, "--hardware", "h100-sxm"]))
+    assert {r["attention"] for r in h100} == {"fa3"}
+    code, out, err = run(capsys, [*base, "--hardware", "mi300x"])
+    assert code == 0 and {r["attention"] for r in csv_rows(out)} == {"sdpa-fused"}
+    assert err.count("the nanochat profile's attention, fa3, has no efficiency in the mi300x spec: priced with "
+                     "mi300x: sdpa-fused, what it runs there") == 1
+    assert "--attention fa3" not in err
+    code, out, err = run(capsys, ["plan", "-m", "d24", "--hardware", "h100-sxm,mi300x", "--gpus", "8", "--framework",
+                                  "nanochat", "--format", "csv"])
+    assert code == 0 and err.count("has no efficiency in the mi300x spec") == 1
+    by_hw = {}
+    for r in csv_rows(out):
+        by_hw.setdefault(r["hardware"], set()).add(r["attention"])
+    assert by_hw == {"h100-sxm": {"fa3"}, "mi300x": {"sdpa-fused"}}
+
+    class Run:  # the fields run_attention reads
+        class layout:
+            attention = None
+        framework = "nanochat"
+    assert run_attention(Run, load_hardware("h100-sxm")) == "fa3"
+    assert run_attention(Run, load_hardware("mi300x")) == "sdpa-fused"
+    from ddplan.registry import builtin_dir
+    text = (Path(builtin_dir("frameworks")) / "nanochat.yaml").read_text()
+    bad = tmp_path / "odd.yaml"
+    bad.write_text(text.replace("  recompute:\n    value: none\n", "  recompute:\n    value: none\n    elsewhere: full\n"))
+    with pytest.raises(DdplanError, match="`elsewhere` is for applies.attention only"):
+        load_framework(str(bad))
