@@ -25,10 +25,11 @@ from ddplan.units import GiB, MiB, dtype_bytes
 HEADROOM = 0.05  # a setup fits when it leaves 5% of usable memory free (assumed; --headroom replaces it)
 # The memory model's error on measured peaks: (low, high) factors on a predicted peak, the band a fits verdict
 # carries (fit_verdict): the 5th and 95th percentile of measured / predicted over validation/memory_peaks.yaml's
-# 25 measured peaks (0.963 and 1.206, ddplan.validation.peak_band), rounded outward. Nothing in the memory model is
+# 25 measured peaks (0.975 and 1.209, ddplan.validation.peak_band; 0.963 and 1.206 before the BLOOM prequel's peaks
+# took Megatron-DeepSpeed's profile, 2026-12-06: its vocab-parallel loss lowered them by up to 3%), rounded outward. Nothing in the memory model is
 # fitted to the peaks; this band is, and `ddplan validate --memory` scores its verdicts with each source's peaks
 # judged by the band fitted without them. tests/test_memory_peaks.py fails when it drifts from the dataset.
-PEAK_RATIO = (0.96, 1.21)
+PEAK_RATIO = (0.97, 1.21)
 EMBEDDING_GROUPS = ("wte", "wpe", "smear_gate")  # live on the first pipeline stage
 HEAD_GROUPS = ("lm_head",)  # lives on the last pipeline stage
 EXPERT_GROUP = "experts"  # routed experts: split over expert-parallel ranks

@@ -28,6 +28,7 @@ from ddplan.gcpause import no_cycle_collection
 from ddplan.memory import (DOES_NOT_FIT, FITS, MAY_NOT_FIT, NOT_COUNTED, PEAK_RATIO, fit_verdict,  # noqa: F401
                            predicted_peak_bytes)
 from ddplan.params import param_counts
+from ddplan.price import VALIDATED_RATIO, VALIDATED_RATIO_FP8, VALIDATED_RATIO_MOE
 from ddplan.registry import builtin_dir, builtin_names, load_hardware
 from ddplan.fp8 import FP8_TUNED_STACKS
 from ddplan.replay import FP8_STACK_FIT, fp8_fit_key, price_run, run_framework
@@ -88,6 +89,10 @@ class Scored:
     attention_share: float = 0.0  # the attention kernels' share of the predicted step
     precision: str = "bf16"  # the run's GEMM precision (bf16, fp16, fp8)
     framework: str = "-"  # the run's training stack (PublishedRun.framework), "-" where not stated
+    # the band's ends from the efficiencies' ranges alone (PricedLayout.spread_s), before the validated band: what
+    # leave-one-source-out joins with the band made without the run's source (_evidence_left_out)
+    spread_low_s: float = 0.0
+    spread_high_s: float = 0.0
 
     @property
     def error(self) -> float:
@@ -162,7 +167,9 @@ def score(run: PublishedRun, where: str, sustained: dict[str, float] | None = No
         flags=tuple(f.kind for f in row.flags) + (("params_differ",) if run.model.params_reported and abs(
             params / run.model.params_reported - 1) > 0.005 else ()), moe=spec.architecture.moe is not None,
         attention_share=row.step.by_kind_s.get("attention", 0.0) / row.step_s, precision=run.precision,
-        framework=run.framework or "-")
+        framework=run.framework or "-",
+        spread_low_s=row.spread_s[0] if row.spread_s else row.step_low_s,
+        spread_high_s=row.spread_s[1] if row.spread_s else row.step_high_s)
 
 
 class Scorer:
@@ -350,22 +357,89 @@ def weighted_percentile(xs: Sequence[float], weights: Sequence[float], q: float)
     return pairs[-1][0]
 
 
+# The band's level: a two-sided prediction interval at this probability for measured / predicted of a run from a source
+# the fits never saw (source_band). 0.80, not 0.90: the interval's Student t on few sources is conservative, and at
+# 0.80 leaving each source out (its band made without it too) puts 94 of the 105 runs (90%) inside at a median
+# half-width of 33%; at 0.90, 98% inside at 48% (2026-12-06)
+BAND_LEVEL = 0.80
+
+
+def t_coverage(t: float, df: int) -> float:
+    """P(|T| <= t) for Student's t with df (a positive integer) degrees of freedom, in closed form: Abramowitz &
+    Stegun, Handbook of Mathematical Functions (1964), 26.7.3 (df odd) and 26.7.4 (df even), with
+    theta = atan(t / sqrt(df))."""
+    if df < 1 or t < 0:
+        raise ValueError(f"need df >= 1 and t >= 0, got df={df}, t={t}")
+    theta = math.atan(t / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    if df % 2:  # odd: 2/pi (theta + sin cos (1 + 2/3 cos^2 + 2*4/(3*5) cos^4 + ... up to cos^(df-3)))
+        if df == 1:
+            return 2 * theta / math.pi
+        term = total = 1.0
+        for k in range(1, (df - 1) // 2):
+            term *= 2 * k / (2 * k + 1) * c2
+            total += term
+        return 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * total)
+    term = total = 1.0  # even: sin (1 + 1/2 cos^2 + 1*3/(2*4) cos^4 + ... up to cos^(df-2))
+    for k in range(1, df // 2):
+        term *= (2 * k - 1) / (2 * k) * c2
+        total += term
+    return math.sin(theta) * total
+
+
+def t_quantile(level: float, df: int) -> float:
+    """The t with P(|T| <= t) = level (Student's t, df degrees of freedom): t_coverage inverted by bisection
+    (it rises with t). E.g. level 0.80 (each tail 0.10): 3.078 at 1 df, 1.638 at 3, 1.372 at 10 (NIST/SEMATECH
+    e-Handbook of Statistical Methods, 1.3.6.7.2, upper critical values of the t distribution)."""
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    lo, hi = 0.0, 1.0
+    while t_coverage(hi, df) < level:
+        hi *= 2
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_coverage(mid, df) < level else (lo, mid)
+    return (lo + hi) / 2
+
+
+def source_band(scored: Sequence[Scored], level: float = BAND_LEVEL) -> tuple[float, float]:
+    """Where measured / predicted falls, at probability `level`, for a run from a source not among `scored`: a
+    one-way random-effects model of log(measured / predicted), each source a campaign with its own offset
+    (spread tau^2 between sources) and its runs scattered about it (sigma^2, pooled within sources). mu = the mean of
+    the k source means, tau^2 their sample variance, sigma^2 = the within-source sum of squares over (runs - k); the
+    interval is mu +- t(level, k - 1) sqrt(tau^2 (1 + 1/k) + sigma^2). The prediction interval of random-effects
+    meta-analysis (Higgins, Thompson & Spiegelhalter 2009, J. R. Statist. Soc. A 172(1) 137-159, sec. 3.4, which
+    takes k - 2 degrees of freedom for a new study's mean where tau^2 is estimated by moments; here k - 1, the
+    variance's own), for one run of the new source, hence sigma^2 too. A source's runs share one campaign, one
+    stack and one way of measuring, so ten close rows of one table are one piece of evidence about a new source's
+    offset, not ten; and the t on k - 1 degrees of freedom widens the band where few sources stand behind it,
+    which a percentile over the dataset's runs does not (leaving each source out, with its band made without it,
+    the 5th-95th percentile held 76% of the runs, this interval 90%). A single source: its own spread only (no
+    offset to weigh), t on its runs."""
+    by: dict[str, list[float]] = collections.defaultdict(list)
+    for s in scored:
+        by[s.source].append(math.log(s.measured_s / s.predicted_s))
+    if not by:
+        raise ValueError("no runs to make a band from")
+    means = [statistics.fmean(v) for v in by.values()]
+    k, n = len(means), sum(map(len, by.values()))
+    mu = statistics.fmean(means)
+    within = sum((x - statistics.fmean(v)) ** 2 for v in by.values() for x in v)
+    sigma2 = within / (n - k) if n > k else 0.0
+    if k > 1:
+        spread, df = statistics.variance(means) * (1 + 1 / k) + sigma2, k - 1
+    else:
+        spread, df = sigma2 * (1 + 1 / n), max(1, n - 1)
+    half = t_quantile(level, df) * math.sqrt(spread)
+    return math.exp(mu - half), math.exp(mu + half)
+
+
 def band_ratio(scored: Sequence[Scored], fp8: bool = False) -> tuple[float, float]:
-    """(5th, 95th) percentile of measured / predicted over the dense 16-bit runs (fp8=True: the dense fp8 runs),
-    each source weighing one (each of its runs 1 / its runs): what ddplan.price.VALIDATED_RATIO (VALIDATED_RATIO_FP8)
-    is built from. The band answers "how far off on a run from a source ddplan has not seen", and a source's runs
-    come from one campaign, one stack, one way of measuring: ten close rows of one table are one piece of evidence,
-    not ten (unweighted, they would narrow the band for every prediction). fp8 has its own band as it has its own
-    fit (sustained_fp8): its sources' spread is not the 16-bit runs'."""
-    return _spread_by_source([s for s in scored if not s.moe and (s.precision == "fp8") == fp8])
-
-
-def _spread_by_source(scored: Sequence[Scored]) -> tuple[float, float]:
-    """(5th, 95th) percentile of measured / predicted, each source weighing one (each of its runs 1 / its runs)."""
-    per_source = collections.Counter(s.source for s in scored)
-    ratios = [s.measured_s / s.predicted_s for s in scored]
-    weights = [1 / per_source[s.source] for s in scored]
-    return weighted_percentile(ratios, weights, 0.05), weighted_percentile(ratios, weights, 0.95)
+    """The band (low, high factors on a prediction) for a dense 16-bit run (fp8=True: a dense fp8 run) from a source
+    ddplan has not seen: source_band over the dense runs of that precision, scored leaving each source out; what
+    ddplan.price.VALIDATED_RATIO (VALIDATED_RATIO_FP8) is built from. fp8 has its own band as it has its own fit
+    (sustained_fp8): its sources' spread is not the 16-bit runs'."""
+    return source_band([s for s in scored if not s.moe and (s.precision == "fp8") == fp8])
 
 
 def evidence_counts(runs: Sequence[PublishedRun]) -> dict[str, dict[str, tuple[int, int]]]:
@@ -383,9 +457,8 @@ def evidence_counts(runs: Sequence[PublishedRun]) -> dict[str, dict[str, tuple[i
 
 def unseen_ratios(held: Sequence[Scored], counts: dict[str, dict[str, tuple[int, int]]]
                   ) -> dict[str, tuple[float, float, int, int]]:
-    """ddplan.evidence.UNSEEN_RATIO: per dimension, the 5th-95th percentile of measured / predicted, each source
-    weighing one, over the dense runs, 16-bit and fp8 (leave-one-source-out scores), whose value of that dimension
-    is thin (ddplan.evidence.is_thin), with their count of runs and sources; a dimension without such a run is left
+    """ddplan.evidence.UNSEEN_RATIO: per dimension, the band (source_band) of measured / predicted over the dense
+    runs, 16-bit and fp8 (leave-one-source-out scores), whose value of that dimension is thin (ddplan.evidence.is_thin), with their count of runs and sources; a dimension without such a run is left
     out (it widens nothing)."""
     keys = {"framework": lambda s: s.framework, "hardware": lambda s: hardware_key(s.hardware, s.precision),
             "precision": lambda s: s.precision}
@@ -394,7 +467,7 @@ def unseen_ratios(held: Sequence[Scored], counts: dict[str, dict[str, tuple[int,
         group = [s for s in held if not s.moe and is_thin(*counts[dim].get(key(s), (0, 0)))]
         if not group:  # no thin value to measure a spread on: the dimension widens nothing
             continue
-        out[dim] = (*_spread_by_source(group), len(group), len({s.source for s in group}))
+        out[dim] = (*source_band(group), len(group), len({s.source for s in group}))
     return out
 
 
@@ -666,19 +739,47 @@ def _spec_sustained(hardware: str) -> float:
 
 
 def _evidence_left_out(runs: RunSet, held: list[Scored]) -> list[Scored]:
-    """Each held-out run's band widened where the evidence is thin (ddplan.evidence) by tables made without its
-    source: the runs and sources per value from the other sources' runs, and each dimension's thin-value spread from
-    the other sources' leave-one-source-out ratios. The runs were priced with the base band only (evidence=False),
-    so widening their low and high ends here is exactly what pricing with those tables gives."""
+    """Each held-out run's band made without its source, as a user's run from a source ddplan has not seen gets it:
+    the base band (band_ratio, moe_band_ratio: ddplan.price.validated_ratio's rule) from the other sources'
+    leave-one-source-out ratios, rounded outward as the shipped one is, joined with the run's own efficiency range
+    (Scored.spread_low_s, spread_high_s); then widened where the evidence is thin (ddplan.evidence) by tables made
+    without its source: the runs and sources per value from the other sources' runs, and each dimension's thin-value
+    spread from the other sources' leave-one-source-out ratios. Without this the shipped band, made from every
+    source's ratios, would credit each source with its own (2026-12-06: 91% of runs inside that way, 90% this way,
+    76% this way under the 5th-95th percentile band the random-effects band replaced)."""
     by_id = {r.id: r for r in runs.runs}
     out = []
     for src in sorted({s.source for s in held}):
         rest = [r for r in runs.runs if r.source.name != src]
+        others = [s for s in held if s.source != src]
         counts = evidence_counts(rest)
-        unseen = unseen_ratios([s for s in held if s.source != src], counts)
+        unseen = unseen_ratios(others, counts)
+        dense = {fp8: _band_or(lambda fp8=fp8: band_ratio(others, fp8=fp8),
+                               VALIDATED_RATIO_FP8 if fp8 else VALIDATED_RATIO) for fp8 in (False, True)}
+        moe = _band_or(lambda: moe_band_ratio(others), VALIDATED_RATIO_MOE)
         for s in (x for x in held if x.source == src):
+            fp8 = s.precision == "fp8"
+            lo, hi = moe if s.moe else dense[fp8]
+            if s.moe and fp8:  # ddplan.price.validated_ratio: an fp8 MoE run takes both
+                lo, hi = min(lo, dense[True][0]), max(hi, dense[True][1])
+            s = replace(s, low_s=min(s.spread_low_s, s.predicted_s * lo), high_s=max(s.spread_high_s, s.predicted_s * hi))
             out.append(_widened(s, thin_values(run_framework(by_id[s.id]), s.hardware, s.precision, counts, unseen)))
     return out
+
+
+def _band_or(make: Callable[[], tuple[float, float] | None], shipped: tuple[float, float]) -> tuple[float, float]:
+    """A band made from the other sources' runs, rounded outward; the shipped one where they have no run of its kind
+    (a small dataset of the user's own: the band every prediction of that kind carries)."""
+    try:
+        band = make()
+    except ValueError:
+        band = None
+    return outward(band) if band is not None else shipped
+
+
+def outward(band: tuple[float, float], step: float = 0.01) -> tuple[float, float]:
+    """A band's ends rounded outward to `step` (the shipped bands' rounding): the low end down, the high end up."""
+    return (math.floor(band[0] / step + 1e-9) * step, math.ceil(band[1] / step - 1e-9) * step)
 
 
 def _widened(s: Scored, thin: tuple) -> Scored:

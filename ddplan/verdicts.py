@@ -545,8 +545,8 @@ def table_assumptions(table) -> list[str]:
         + ("" if table.fit is not None or (req.calibration is not None and
                                             req.calibration.held_out_error_pct is not None) else
            f", widened to {validated_ratio(spec, req.fp8)[0]:g}-{validated_ratio(spec, req.fp8)[1]:g} x the prediction: "
-           f"where measured step times fell against ddplan's predictions on its dataset of published runs, each source priced with "
-           f"fits made without it (`ddplan validate --leave-one-source-out`)"
+           f"where the step time of a run from a source ddplan has not seen falls, at 80%, from its dataset of published "
+           f"runs, each source priced with fits made without it (`ddplan validate --leave-one-source-out`)"
            + ("; for a mixture of experts, the dense band stretched to every published MoE run's measured / "
               "predicted, on either side" if spec.architecture.moe else "")
            + ("; in fp8, the spread of the published fp8 runs (its own fit, its own band)" if req.fp8 else "")
