@@ -31,12 +31,13 @@ def step_tables() -> None:
     for title, prefixes in STEP_TABLES:
         print(f"### {title}\n")
         print("| group | runs | median abs error, in sample | leaving the source out | max abs error, leaving it out "
-              "| in band, leaving it out |")
-        print("|---|---:|---:|---:|---:|---:|")
+              "| in band, leaving it out | median band half-width, leaving it out |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
         for group, h in held.items():
             if group == "all" or group.startswith(prefixes):
                 print(f"| {group} | {h.runs} | {100 * inside[group].median_abs_error:.1f}% | "
-                      f"{100 * h.median_abs_error:.1f}% | {100 * h.max_abs_error:.1f}% | {100 * h.inside_share:.0f}% |")
+                      f"{100 * h.median_abs_error:.1f}% | {100 * h.max_abs_error:.1f}% | {100 * h.inside_share:.0f}% | "
+                      f"{100 * h.median_half_width:.0f}% |")
         print()
 
 
