@@ -25,12 +25,12 @@ DIMENSIONS = ("framework", "hardware", "precision")
 # dimension -> value -> (runs, sources) in the shipped dataset (every run, mixtures of experts included: a run on a
 # stack is evidence about that stack whatever its model)
 EVIDENCE: dict[str, dict[str, tuple[int, int]]] = {
-    "framework": {"composer": (18, 1), "megatron-core": (14, 3), "megatron-deepspeed": (1, 1),
+    "framework": {"composer": (18, 1), "fms-fsdp": (8, 1), "megatron-core": (14, 3), "megatron-deepspeed": (1, 1),
                   "megatron-lm": (24, 3), "nanochat": (1, 1), "nemo": (37, 1), "olmo-core": (10, 1)},
-    "hardware": {"a100-sxm-40gb (16-bit)": (2, 1), "a100-sxm-80gb (16-bit)": (20, 4), "b200 (fp8)": (13, 1),
-                 "gb200 (16-bit)": (2, 2), "gb200 (fp8)": (9, 1), "h100-sxm (16-bit)": (28, 5),
+    "hardware": {"a100-sxm-40gb (16-bit)": (2, 1), "a100-sxm-80gb (16-bit)": (24, 5), "b200 (fp8)": (13, 1),
+                 "gb200 (16-bit)": (2, 2), "gb200 (fp8)": (9, 1), "h100-sxm (16-bit)": (32, 6),
                  "h100-sxm (fp8)": (27, 4), "h200 (fp8)": (3, 1), "mi300x (16-bit)": (1, 1)},
-    "precision": {"bf16": (35, 8), "fp16": (18, 2), "fp8": (52, 4)},
+    "precision": {"bf16": (43, 9), "fp16": (18, 2), "fp8": (52, 4)},
 }
 # dimension -> (low, high, runs, sources): the band of measured / predicted (ddplan.validation.source_band: an 80%
 # prediction interval for a run from a new source, sources as random effects), leaving each source out, over the dense
@@ -38,7 +38,7 @@ EVIDENCE: dict[str, dict[str, tuple[int, int]]] = {
 # percentiles (before 2026-12-06's interval): framework 0.81-1.28, hardware 0.95-1.32; the hardware group's three
 # sources give its interval a t on 2 degrees of freedom
 UNSEEN_RATIO: dict[str, tuple[float, float, int, int]] = {
-    "framework": (0.81, 1.36, 67, 5),
+    "framework": (0.81, 1.32, 75, 6),
     "hardware": (0.79, 1.49, 28, 3),
 }
 
