@@ -378,8 +378,9 @@ def _torchtitan(text: str, path: Path, out: Imported) -> None:
     precision = training.get("mixed_precision_param", "bfloat16")
     out.set(("precision", "dtype"), {"bfloat16": "bf16", "float32": "fp32"}.get(precision, precision))
     reduce = training.get("mixed_precision_reduce", "float32")
-    out.set(("precision", "grads"), "fp32" if reduce == "float32" else "param",
-            None if reduce == "float32" else f"training.mixed_precision_reduce {reduce}")
+    # FSDP2 keeps fp32 sharded parameters: a bf16 reduce is the compute dtype's, the gradients kept in fp32
+    out.set(("precision", "grads"), "fp32" if reduce == "float32" else "compute",
+            None if reduce == "float32" else f"training.mixed_precision_reduce {reduce}: reduced in bf16, kept in fp32")
 
     ac = cfg.get("activation_checkpoint", {})
     mode, option = ac.get("mode", "selective"), str(ac.get("selective_ac_option", "2"))

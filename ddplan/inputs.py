@@ -23,7 +23,7 @@ from ddplan.registry import (builtin_names, calibration_hardware, load_calibrati
 from ddplan.run import RunOverheads
 from ddplan.runfields import BY_PARAM, PROFILE_FP8_ONLY, RECOMPUTE, RECOMPUTE_HINT, recompute_layers, recompute_policy
 from ddplan.sizing import memory_setup
-from ddplan.specs import KERNELS, WEIGHTS, Budget, Price, run_variant
+from ddplan.specs import GRADS, KERNELS, WEIGHTS, Budget, Price, run_variant
 from ddplan.table import TableRequest, check_fp8, check_fp8_options, fp8_params_apply, framework_options
 
 DEFAULT_HARDWARE = "mi300x"  # the canonical case (shared/seed): nanochat d24 on AMD MI300X
@@ -116,8 +116,8 @@ def variant(spec, seq_len: int | None, dtype: str | None, grads: str | None = No
             raise UsageError(str(e), field="--moe-imbalance") from None
     if dtype is not None and dtype not in ("bf16", "fp16", "fp32"):
         raise UsageError(f"must be bf16, fp16 or fp32, got {dtype!r}", field="--dtype")
-    if grads is not None and grads not in ("param", "fp32"):
-        raise UsageError(f"must be param or fp32, got {grads!r}", field="--grads")
+    if grads is not None and grads not in GRADS:
+        raise UsageError(f"must be one of {', '.join(GRADS)}, got {grads!r}", field="--grads")
     if weights is not None and weights not in WEIGHTS:
         raise UsageError(f"must be {' or '.join(WEIGHTS)}, got {weights!r}", field="--weights")
     try:

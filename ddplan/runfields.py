@@ -253,7 +253,9 @@ FIELDS: tuple[RunField, ...] = (
     _f("precision.dtype", "Compute dtype: bf16, fp16 or fp32 (fp32: everything in fp32, as `ddplan calibrate` runs "
        "on a CPU; default: the model spec's).", str, MODEL),
     _f("precision.grads", "Gradient dtype: param (each parameter's own, e.g. bf16 gradients reduced in bf16, "
-       "Megatron's --grad-reduce-in-bf16) or fp32 (fp32 gradients, Megatron's default); default: the model spec's.",
+       "Megatron's --grad-reduce-in-bf16), fp32 (fp32 gradients, Megatron's default) or compute (reduced in the "
+       "compute dtype, kept in the parameter's: FSDP MixedPrecision reduce_dtype=bfloat16 over fp32 weights); "
+       "default: the model spec's.",
        str, MODEL),
     _f("precision.weights", "How the weights are kept: fp32 (fp32 weights, cast to the compute dtype each forward: "
        "torch autocast, FSDP mixed precision) or master (16-bit weights, an fp32 master copy in the optimizer: "

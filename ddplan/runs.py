@@ -28,7 +28,8 @@ from ddplan.registry import builtin_dir, load_hardware, load_model
 from ddplan.runconfig import annotation
 from ddplan.runfields import OPTION_FIELDS, recompute_policy
 from ddplan.specfile import read_yaml, validate
-from ddplan.specs import Architecture, CrossEntropy, Fp8Recipe, Fp8WeightCasts, ModelSpec, Strict, present_param_groups, run_variant
+from ddplan.specs import (Architecture, CrossEntropy, Fp8Recipe, Fp8WeightCasts, Grads, ModelSpec, Strict,
+                          present_param_groups, run_variant)
 
 Precision = Literal["bf16", "fp16", "fp8"]
 # a recompute policy in its one spelling: none, selective, per-op, full or selective:MODULE+MODULE (Megatron's)
@@ -54,8 +55,9 @@ class RunModel(Strict):
     seq_len: int = Field(gt=0, le=10**8)
     params_reported: int | None = Field(default=None, gt=0, le=10**14)  # the source's count, checked
     # the dtype gradients are kept and reduced in, where the run states it: "param" (Megatron's
-    # --grad-reduce-in-bf16 with bf16 params), "fp32" (main_grad in fp32); None: the base spec's
-    grads: Literal["param", "fp32"] | None = None
+    # --grad-reduce-in-bf16 with bf16 params), "fp32" (main_grad in fp32), "compute" (reduced in the compute dtype,
+    # kept in the parameter's: FSDP reduce_dtype bf16 over fp32 weights); None: the base spec's (ddplan.specs.Grads)
+    grads: Grads | None = None
     # how the weights were kept, where the run states it: "master" (16-bit weights, an fp32 copy in the optimizer:
     # Megatron-LM's --bf16), "fp32" (fp32 weights cast each forward); None: the base spec's (ddplan.specs.run_variant)
     weights: Literal["fp32", "master"] | None = None

@@ -167,6 +167,9 @@ CrossEntropy = Literal["eager", "vocab-parallel", "fused", "te"]
 MoeWeighting = Literal["combine", "activation"]
 # how a block's norms, rotary embedding and SwiGLU run (Recipe.fusions)
 Fusions = Literal["eager", "transformer-engine"]
+# how gradients are kept and reduced (Dtypes.grads): in each parameter's dtype, in fp32 (Megatron's main_grad), or
+# reduced in the compute dtype and kept in the parameter's (FSDP MixedPrecision reduce_dtype=bf16 over fp32 weights)
+Grads = Literal["param", "fp32", "compute"]
 
 
 class IntraNode(Strict):
@@ -544,12 +547,20 @@ class Dtypes(Strict):
     compute: Dtype
     params: dict[ParamGroup, Dtype]
     logits: Dtype = "fp32"
-    # gradient storage: the parameter's dtype (PyTorch default) or fp32 accumulation buffers
-    # (Megatron-LM's main_grad with fp16/bf16 params)
-    grads: Literal["param", "fp32"] = "param"
+    # gradient storage and reduction: the parameter's dtype (PyTorch default), fp32 accumulation buffers
+    # (Megatron-LM's main_grad with fp16/bf16 params), or "compute": reduced in the compute dtype and kept in the
+    # parameter's (FSDP's MixedPrecision(reduce_dtype=bfloat16) over fp32 weights: torch's reduce-scatter input is
+    # the bf16 unsharded gradients, its output cast to the fp32 sharded parameter's dtype)
+    grads: Grads = "param"
 
     def grad_bytes(self, group: str) -> int:
+        """Bytes an element of a gradient as it is kept (and read by the optimizer)."""
         return 4 if self.grads == "fp32" else units.dtype_bytes(self.params[group])
+
+    def reduce_bytes(self, group: str) -> int:
+        """Bytes an element of a gradient as the data-parallel collectives carry it: the compute dtype's under
+        "compute", else as it is kept (grad_bytes)."""
+        return units.dtype_bytes(self.compute) if self.grads == "compute" else self.grad_bytes(group)
 
 
 class Optimizer(Strict):
@@ -718,6 +729,7 @@ def nanochat_dims(depth: int, aspect_ratio: int = 64, head_dim: int = 128) -> tu
 
 
 WEIGHTS = ("fp32", "master")  # how the weights are kept (run_variant)
+GRADS = typing.get_args(Grads)  # how gradients are kept and reduced (Dtypes.grads)
 CROSS_ENTROPY = typing.get_args(CrossEntropy)  # the loss kernels (Recipe.cross_entropy)
 MOE_WEIGHTING = typing.get_args(MoeWeighting)  # where routed copies are weighted (Recipe.moe_weighting)
 FUSIONS = typing.get_args(Fusions)  # how a block's norms, rotary embedding and SwiGLU run (Recipe.fusions)
@@ -773,8 +785,8 @@ def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | Non
             update.update(logits="fp32", params={g: "fp32" for g in spec.dtypes.params})
         spec = spec.model_copy(update={"dtypes": spec.dtypes.model_copy(update=update)})
     if grads is not None and grads != spec.dtypes.grads:
-        if grads not in ("param", "fp32"):
-            raise ValueError(f"gradient dtype must be param or fp32, got {grads!r}")
+        if grads not in GRADS:
+            raise ValueError(f"gradient dtype must be one of {', '.join(GRADS)}, got {grads!r}")
         spec = spec.model_copy(update={"dtypes": spec.dtypes.model_copy(update={"grads": grads})})
     if weights is not None:
         if weights not in WEIGHTS:

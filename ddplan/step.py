@@ -85,7 +85,7 @@ def grad_sync_buffers(spec: ModelSpec, layout: Layout, experts: bool = False) ->
     for group, algo in opt.algorithm.items():
         if not counts[group] or (group == EXPERT_GROUP) != experts:
             continue
-        gb = dt.grad_bytes(group)
+        gb = dt.reduce_bytes(group)  # as the collectives carry it (grads "compute": in the compute dtype)
         share = _stage_share(group, layout, spec.architecture.num_layers, spec.architecture)
         if experts:  # 1 / ep of the experts, split over the experts' tp degree (not tp when they are whole)
             share *= layout.expert_rows_split / layout.ep

@@ -224,14 +224,14 @@ def test_bands_by_evidence_are_the_datasets(shipped_loso):
 
 
 def test_a_thin_stack_gpu_or_precision_widens_the_band_by_hand():
-    """torchtitan has no run in the dataset (thin): the base band widens to the framework group's ends (0.81 and
+    """torchtitan has no run in the dataset (thin): the base band widens to the framework group's ends (0.82 and
     1.32, both outside the base band's); a stack with 14 runs from 3 sources (megatron-core) on H100 in 16 bits
     (32 from 6) in bf16 (43 from 9) is not thin, nor is H100 in fp8 (27 runs, 4 sources); MI300X (the seed's one run)
     is; a stack not stated is not weighed. A GPU is weighed per precision family (evidence.hardware_key): GB200's 11
     runs are 9 in fp8 from MLPerf alone and 2 in 16 bits, so it is thin either way; B200 and H200 have no 16-bit run."""
     base = (0.87, 1.21)
     (t,) = thin_values("torchtitan", "h100-sxm", "bf16")
-    assert (t.dimension, t.runs, t.sources) == ("framework", 0, 0) and widened(base, (t,)) == (0.81, 1.32)
+    assert (t.dimension, t.runs, t.sources) == ("framework", 0, 0) and widened(base, (t,)) == (0.82, 1.32)
     assert thin_values("megatron-core", "h100-sxm", "bf16") == ()
     assert [t.dimension for t in thin_values(None, "mi300x", "bf16")] == ["hardware"]
     assert thin_values("megatron-core", "h100-sxm", "fp8") == ()
@@ -451,6 +451,31 @@ def test_grads_override_halves_the_gradient_reduce_scatter(tmp_path):
     sizes = [dict(grad_sync_buffers(s, row.layout)) for s in specs]
     assert sizes[1]["reduce_scatter"] == pytest.approx(sizes[0]["reduce_scatter"] / 2)
     assert sizes[1]["all_gather"] == pytest.approx(sizes[0]["all_gather"])
+
+
+def test_grads_compute_reduces_in_the_compute_dtype_and_keeps_fp32(tmp_path):
+    """model.grads compute (FSDP MixedPrecision reduce_dtype=bfloat16 over fp32 weights, fms-fsdp's bfSixteen): the
+    reduce-scatter carries 2 bytes an element where fp32 weights' own gradients ("param") carry 4, the parameter
+    all-gather is bf16 either way, and the gradients are kept as the parameters are (fp32: the memory's gradient and
+    optimizer terms do not move). GPT-3 22B computes in fp16: 4 bytes an element -> 2 over the same 8 ranks."""
+    from ddplan.runs import run_spec
+    from ddplan.step import grad_sync_buffers
+
+    model = {"base": "gpt3-22b", "name": "GPT-3 22B", "seq_len": 2048, "weights": "fp32"}
+    base = _run(1.0, model=dict(model, grads="param"),
+                layout={"gpus": 8, "zero": 3, "micro_batch": 1, "global_batch_sequences": 8})
+    compute = dict(base, id="t2", model=dict(model, grads="compute"))
+    runs = load_runs(str(_runs_file(tmp_path, [base, compute])))
+    specs = [run_spec(r, "t") for r in runs.runs]
+    assert [s.dtypes.grads for s in specs] == ["param", "compute"]
+    assert specs[0].dtypes.grad_bytes("block_matrices") == specs[1].dtypes.grad_bytes("block_matrices") == 4
+    assert (specs[0].dtypes.reduce_bytes("block_matrices"), specs[1].dtypes.reduce_bytes("block_matrices")) == (4, 2)
+    rows = [price_run(r, "t")[2] for r in runs.runs]
+    sizes = [dict(grad_sync_buffers(s, rows[0].layout)) for s in specs]
+    assert sizes[1]["reduce_scatter"] == pytest.approx(sizes[0]["reduce_scatter"] / 2)
+    assert sizes[1]["all_gather"] == pytest.approx(sizes[0]["all_gather"])
+    assert rows[1].memory.terms["gradients"] == rows[0].memory.terms["gradients"]
+    assert rows[1].step.total_s < rows[0].step.total_s
 
 
 def test_highest_measured_mfu_is_the_seed_on_mi300x():
