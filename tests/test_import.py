@@ -377,6 +377,19 @@ def test_torchtitan_s_layer_selective_ac_is_every_k(capsys, tmp_path):
     assert (gib["none"] - gib["every:2"]) / (gib["none"] - gib["full"]) == pytest.approx(0.5, abs=0.01)
 
 
+def test_torchtitan_s_bf16_reduce_is_the_compute_dtype_over_fp32_gradients(capsys, tmp_path):
+    """torchtitan's training.mixed_precision_reduce "bfloat16" reduce-scatters bf16 gradients over FSDP2's fp32
+    sharded parameters: `grads: compute` (reduced in the compute dtype, kept in fp32), not `param` (the fp32
+    parameters' own dtype); the default "float32" is fp32."""
+    toml = (DATA / "torchtitan-llama3-8b.toml").read_text(encoding="utf-8")
+    src, out = tmp_path / "tt.toml", tmp_path / "run.yaml"
+    for reduce, grads in (("bfloat16", "compute"), ("float32", "fp32")):
+        src.write_text(toml.replace("seq_len = 8192\n", f'seq_len = 8192\nmixed_precision_reduce = "{reduce}"\n'),
+                       encoding="utf-8")
+        run_ok(capsys, ["import", str(src), "-o", str(out), "--gpus", "8"])
+        assert f"grads: {grads}" in out.read_text(encoding="utf-8"), reduce
+
+
 def test_megatron_s_tensorwise_fp8_is_transformer_engine_current_scaling(capsys, tmp_path):
     """Megatron-Core's --fp8-recipe tensorwise runs Transformer Engine's Float8CurrentScaling (fp8_utils.py
     L777-779): ddplan's `current`, not torchao's tensorwise; no recipe is delayed (Megatron's default); another is a
