@@ -378,9 +378,17 @@ def _torchtitan(text: str, path: Path, out: Imported) -> None:
     precision = training.get("mixed_precision_param", "bfloat16")
     out.set(("precision", "dtype"), {"bfloat16": "bf16", "float32": "fp32"}.get(precision, precision))
     reduce = training.get("mixed_precision_reduce", "float32")
-    # FSDP2 keeps fp32 sharded parameters: a bf16 reduce is the compute dtype's, the gradients kept in fp32
-    out.set(("precision", "grads"), "fp32" if reduce == "float32" else "compute",
-            None if reduce == "float32" else f"training.mixed_precision_reduce {reduce}: reduced in bf16, kept in fp32")
+    # FSDP2 keeps fp32 sharded parameters: a reduce in the compute dtype (mixed_precision_param) is ddplan's
+    # `compute`, the gradients kept in fp32; another dtype than these two ddplan cannot state
+    if reduce == "float32":
+        out.set(("precision", "grads"), "fp32")
+    elif reduce == precision:
+        out.set(("precision", "grads"), "compute",
+                f"training.mixed_precision_reduce {reduce}: reduced in the compute dtype, kept in fp32")
+    else:
+        out.set(("precision", "grads"), "fp32")
+        out.warnings.append(f"training.mixed_precision_reduce {reduce} is neither float32 nor the compute dtype "
+                            f"({precision}): priced as an fp32 reduce")
 
     ac = cfg.get("activation_checkpoint", {})
     mode, option = ac.get("mode", "selective"), str(ac.get("selective_ac_option", "2"))

@@ -143,6 +143,8 @@ def validation(scored: list, held: list | None, where: str, prov: dict, fmt: str
         out_of_sample = [s.row() for s in V.by_source(held, "leave-one-source-out ")]
         for row, h in zip(rows, held):
             row["loso_predicted_s"], row["loso_error_pct"] = h.predicted_s, 100 * h.error
+            # its band made without its source, as validate's bottom line counts it
+            row["loso_low_s"], row["loso_high_s"], row["loso_inside_band"] = h.low_s, h.high_s, h.inside
     if plot:
         plot_validation(rows, plot, title=f"ddplan against {len(rows)} measured runs\n{prov_line(prov)}")
     title = f"ddplan against {len(rows)} measured runs: step time, predicted vs measured ({where})"

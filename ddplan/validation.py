@@ -44,7 +44,10 @@ from ddplan.runs import (MEMORY_PEAKS, MeasuredPeak, PublishedRun, RoutingSweep,
 # it in sample. Kept out: an A100 source does not decide the band every H100 and B200 plan carries.
 # fms-fsdp's README table (8 runs on A100 and H100, added 2026-12-06) checks the fits out of sample too: its
 # configurations are rebuilt from defaults and the README (its "Selective AC" read from the README's HFU/MFU ratios,
-# its NICs from a per-node total), too loose a basis to move the A100 and H100 fractions every plan rests on.
+# its NICs from a per-node total), too loose a basis to move the A100 and H100 fractions every plan rests on. Both
+# sources do enter the bands (band_ratio, unseen_ratios) and the evidence counts: their ratios are out of sample by
+# construction, the most direct evidence of how far a new source falls (fms-fsdp's gradient reduce was stated,
+# `grads: compute`, after its first residuals were seen: a stack fact its entries had lacked, said where it landed).
 CHECK_ONLY_SOURCES = frozenset({"megatron-readme-2021", "fms-fsdp"})
 # Hardware specs that share one fitted sustained fraction: the same die at the same power limit (the A100
 # SXM4 40 GB and 80 GB are one GA100 at 400 W; the H100 SXM and H200 one GH100 at 700 W: only memory differs).
@@ -94,8 +97,8 @@ class Scored:
     framework: str = "-"  # the run's training stack (PublishedRun.framework), "-" where not stated
     # the band's ends from the efficiencies' ranges alone (PricedLayout.spread_s), before the validated band: what
     # leave-one-source-out joins with the band made without the run's source (_evidence_left_out)
-    spread_low_s: float = 0.0
-    spread_high_s: float = 0.0
+    spread_low_s: float | None = None
+    spread_high_s: float | None = None
 
     @property
     def error(self) -> float:
@@ -171,8 +174,8 @@ def score(run: PublishedRun, where: str, sustained: dict[str, float] | None = No
             params / run.model.params_reported - 1) > 0.005 else ()), moe=spec.architecture.moe is not None,
         attention_share=row.step.by_kind_s.get("attention", 0.0) / row.step_s, precision=run.precision,
         framework=run.framework or "-",
-        spread_low_s=row.spread_s[0] if row.spread_s else row.step_low_s,
-        spread_high_s=row.spread_s[1] if row.spread_s else row.step_high_s)
+        spread_low_s=row.spread_s[0] if row.spread_s else None,
+        spread_high_s=row.spread_s[1] if row.spread_s else None)
 
 
 class Scorer:
@@ -360,11 +363,16 @@ def weighted_percentile(xs: Sequence[float], weights: Sequence[float], q: float)
     return pairs[-1][0]
 
 
-# The band's level: a two-sided prediction interval at this probability for measured / predicted of a run from a source
-# the fits never saw (source_band). 0.80, not 0.90: the interval's Student t on few sources is conservative, and at
-# 0.80 leaving each source out (its band made without it too) puts 94 of the 105 runs (90%) inside at a median
-# half-width of 33%; at 0.90, 98% inside at 48% (2026-12-06)
-BAND_LEVEL = 0.80
+# The band's level: a two-sided prediction interval at this probability for measured / predicted of a run from a
+# source the fits never saw (source_band). The interval is calibrated where it matters, per source: leaving each
+# source out, its band made without it too, the share of a source's runs inside averages 81.5% at 0.80, 85.2% at
+# 0.85 and 88.5% at 0.90 (per run 84%, 92%, 96.5%; median half-width 24%, 29%, 37%; 113 runs, 12 sources,
+# 2026-12-06). 0.85 is the project's stated aim for runs held back from ddplan (85% inside their band): a choice of
+# how sure the band is, made by that check, not a fit of the model. BAND_COVERAGE holds the check.
+BAND_LEVEL = 0.85
+# leaving each source out at BAND_LEVEL: (runs inside, runs, mean over sources of the share inside); tests fail
+# when it drifts from the shipped dataset
+BAND_COVERAGE = (104, 113, 0.852)
 
 
 def t_coverage(t: float, df: int) -> float:
@@ -405,43 +413,41 @@ def t_quantile(level: float, df: int) -> float:
     return (lo + hi) / 2
 
 
-def source_band(scored: Sequence[Scored], level: float = BAND_LEVEL) -> tuple[float, float]:
+def source_band(scored: Sequence[Scored], level: float = BAND_LEVEL) -> tuple[float, float] | None:
     """Where measured / predicted falls, at probability `level`, for a run from a source not among `scored`: a
-    one-way random-effects model of log(measured / predicted), each source a campaign with its own offset
-    (spread tau^2 between sources) and its runs scattered about it (sigma^2, pooled within sources). mu = the mean of
-    the k source means, tau^2 their sample variance, sigma^2 = the within-source sum of squares over (runs - k); the
-    interval is mu +- t(level, k - 1) sqrt(tau^2 (1 + 1/k) + sigma^2). The prediction interval of random-effects
-    meta-analysis (Higgins, Thompson & Spiegelhalter 2009, J. R. Statist. Soc. A 172(1) 137-159, sec. 3.4, which
-    takes k - 2 degrees of freedom for a new study's mean where tau^2 is estimated by moments; here k - 1, the
-    variance's own), for one run of the new source, hence sigma^2 too. A source's runs share one campaign, one
-    stack and one way of measuring, so ten close rows of one table are one piece of evidence about a new source's
-    offset, not ten; and the t on k - 1 degrees of freedom widens the band where few sources stand behind it,
-    which a percentile over the dataset's runs does not (leaving each source out, with its band made without it,
-    the 5th-95th percentile held 76% of the runs, this interval 90%). A single source: its own spread only (no
-    offset to weigh), t on its runs."""
+    one-way random-effects model of log(measured / predicted), each source a campaign with its own offset about the
+    mean (variance tau^2 between sources) and its runs scattered about that offset (sigma^2, pooled within sources).
+    mu = the mean of the k source means; sigma^2 = the within-source sum of squares over (runs - k); tau^2 by the
+    method of moments, the sample variance of the source means less the part their own scatter explains
+    (mean of sigma^2 / n_i), clipped at 0; the interval is mu +- t(level, k - 1) sqrt(tau^2 (1 + 1/k) + sigma^2).
+    The prediction interval of random-effects meta-analysis (Higgins, Thompson & Spiegelhalter 2009, J. R. Statist.
+    Soc. A 172(1) 137-159, sec. 3.4, which takes k - 2 degrees of freedom for a new study's mean; here k - 1, the
+    between-source variance's own), for one run of the new source, hence sigma^2 too. A source's runs share one
+    campaign, one stack and one way of measuring, so ten close rows of one table are one piece of evidence about a
+    new source's offset, not ten; and the t on k - 1 degrees of freedom widens the band where few sources stand
+    behind it, which a percentile over the dataset's runs does not. None with fewer than two sources: one source
+    says nothing of how far the next one falls (its own runs' scatter would give a band far too narrow)."""
     by: dict[str, list[float]] = collections.defaultdict(list)
     for s in scored:
         by[s.source].append(math.log(s.measured_s / s.predicted_s))
-    if not by:
-        raise ValueError("no runs to make a band from")
-    means = [statistics.fmean(v) for v in by.values()]
-    k, n = len(means), sum(map(len, by.values()))
-    mu = statistics.fmean(means)
-    within = sum((x - statistics.fmean(v)) ** 2 for v in by.values() for x in v)
+    k = len(by)
+    if k < 2:
+        return None
+    means = {src: statistics.fmean(v) for src, v in by.items()}
+    n = sum(map(len, by.values()))
+    mu = statistics.fmean(means.values())
+    within = sum((x - means[src]) ** 2 for src, v in by.items() for x in v)
     sigma2 = within / (n - k) if n > k else 0.0
-    if k > 1:
-        spread, df = statistics.variance(means) * (1 + 1 / k) + sigma2, k - 1
-    else:
-        spread, df = sigma2 * (1 + 1 / n), max(1, n - 1)
-    half = t_quantile(level, df) * math.sqrt(spread)
+    tau2 = max(0.0, statistics.variance(means.values()) - statistics.fmean(sigma2 / len(v) for v in by.values()))
+    half = t_quantile(level, k - 1) * math.sqrt(tau2 * (1 + 1 / k) + sigma2)
     return math.exp(mu - half), math.exp(mu + half)
 
 
-def band_ratio(scored: Sequence[Scored], fp8: bool = False) -> tuple[float, float]:
+def band_ratio(scored: Sequence[Scored], fp8: bool = False) -> tuple[float, float] | None:
     """The band (low, high factors on a prediction) for a dense 16-bit run (fp8=True: a dense fp8 run) from a source
     ddplan has not seen: source_band over the dense runs of that precision, scored leaving each source out; what
-    ddplan.price.VALIDATED_RATIO (VALIDATED_RATIO_FP8) is built from. fp8 has its own band as it has its own fit
-    (sustained_fp8): its sources' spread is not the 16-bit runs'."""
+    ddplan.price.VALIDATED_RATIO (VALIDATED_RATIO_FP8) is built from; None with fewer than two sources of such runs.
+    fp8 has its own band as it has its own fit (sustained_fp8): its sources' spread is not the 16-bit runs'."""
     return source_band([s for s in scored if not s.moe and (s.precision == "fp8") == fp8])
 
 
@@ -468,20 +474,22 @@ def unseen_ratios(held: Sequence[Scored], counts: dict[str, dict[str, tuple[int,
     out = {}
     for dim, key in keys.items():
         group = [s for s in held if not s.moe and is_thin(*counts[dim].get(key(s), (0, 0)))]
-        if not group:  # no thin value to measure a spread on: the dimension widens nothing
+        band = source_band(group)
+        if band is None:  # no two sources of thin values to measure a spread on: the dimension widens nothing
             continue
-        out[dim] = (*source_band(group), len(group), len({s.source for s in group}))
+        out[dim] = (*band, len(group), len({s.source for s in group}))
     return out
 
 
 def moe_band_ratio(scored: Sequence[Scored]) -> tuple[float, float] | None:
-    """The dense band stretched to every mixture-of-experts run's measured / predicted (too few of them for
-    percentiles): what ddplan.price.VALIDATED_RATIO_MOE is built from; None without MoE runs."""
+    """The dense band stretched to every mixture-of-experts run's measured / predicted (too few of them for an
+    interval of their own): what ddplan.price.VALIDATED_RATIO_MOE is built from; None without MoE runs or without a
+    dense band (band_ratio)."""
     ratios = [s.measured_s / s.predicted_s for s in scored if s.moe]
-    if not ratios:
+    dense = band_ratio(scored)
+    if not ratios or dense is None:
         return None
-    lo, hi = band_ratio(scored)
-    return min(lo, *ratios), max(hi, *ratios)
+    return min(dense[0], *ratios), max(dense[1], *ratios)
 
 
 # ---- fitted parameters and leave-one-source-out
@@ -748,8 +756,9 @@ def _evidence_left_out(runs: RunSet, held: list[Scored]) -> list[Scored]:
     (Scored.spread_low_s, spread_high_s); then widened where the evidence is thin (ddplan.evidence) by tables made
     without its source: the runs and sources per value from the other sources' runs, and each dimension's thin-value
     spread from the other sources' leave-one-source-out ratios. Without this the shipped band, made from every
-    source's ratios, would credit each source with its own (2026-12-06: 91% of runs inside that way, 90% this way,
-    76% this way under the 5th-95th percentile band the random-effects band replaced)."""
+    source's ratios, would credit each source with its own (on 105 runs, 2026-12-06: the 5th-95th percentile band
+    then shipped held 91% of the runs that way and 76% this way; on 113 runs this way it holds 79%, the interval at
+    BAND_LEVEL 92%: BAND_COVERAGE)."""
     by_id = {r.id: r for r in runs.runs}
     out = []
     for src in sorted({s.source for s in held}):
@@ -757,26 +766,40 @@ def _evidence_left_out(runs: RunSet, held: list[Scored]) -> list[Scored]:
         others = [s for s in held if s.source != src]
         counts = evidence_counts(rest)
         unseen = unseen_ratios(others, counts)
-        dense = {fp8: _band_or(lambda fp8=fp8: band_ratio(others, fp8=fp8),
-                               VALIDATED_RATIO_FP8 if fp8 else VALIDATED_RATIO) for fp8 in (False, True)}
-        moe = _band_or(lambda: moe_band_ratio(others), VALIDATED_RATIO_MOE)
+        bands = bands_without(others)
         for s in (x for x in held if x.source == src):
-            fp8 = s.precision == "fp8"
-            lo, hi = moe if s.moe else dense[fp8]
-            if s.moe and fp8:  # ddplan.price.validated_ratio: an fp8 MoE run takes both
-                lo, hi = min(lo, dense[True][0]), max(hi, dense[True][1])
-            s = replace(s, low_s=min(s.spread_low_s, s.predicted_s * lo), high_s=max(s.spread_high_s, s.predicted_s * hi))
+            s = joined(s, bands)
             out.append(_widened(s, thin_values(run_framework(by_id[s.id]), s.hardware, s.precision, counts, unseen)))
     return out
 
 
+def bands_without(others: Sequence[Scored]) -> dict[str, tuple[float, float]]:
+    """The base bands a held-out source's runs take, made from the other sources' scores: "16-bit" and "fp8" (dense,
+    band_ratio) and "moe" (moe_band_ratio), rounded outward; each the shipped one where the others hold fewer than two
+    sources of its kind (_band_or)."""
+    return {"16-bit": _band_or(lambda: band_ratio(others), VALIDATED_RATIO),
+            "fp8": _band_or(lambda: band_ratio(others, fp8=True), VALIDATED_RATIO_FP8),
+            "moe": _band_or(lambda: moe_band_ratio(others), VALIDATED_RATIO_MOE)}
+
+
+def joined(s: Scored, bands: dict[str, tuple[float, float]]) -> Scored:
+    """A run's band: its efficiency spread (Scored.spread_low_s, spread_high_s) joined with its kind's base band
+    from `bands` (bands_without), as ddplan.price.validated_ratio picks it: the dense band of its precision, the MoE
+    band for a mixture of experts, joined with fp8's for an fp8 one."""
+    fp8 = s.precision == "fp8"
+    lo, hi = bands["moe"] if s.moe else bands["fp8" if fp8 else "16-bit"]
+    if s.moe and fp8:
+        lo, hi = min(lo, bands["fp8"][0]), max(hi, bands["fp8"][1])
+    if s.spread_low_s is None or s.spread_high_s is None:
+        raise ValueError(f"{s.id}: scored without its efficiency spread (Scored.spread_low_s), so its band cannot be "
+                         f"made without its source")
+    return replace(s, low_s=min(s.spread_low_s, s.predicted_s * lo), high_s=max(s.spread_high_s, s.predicted_s * hi))
+
+
 def _band_or(make: Callable[[], tuple[float, float] | None], shipped: tuple[float, float]) -> tuple[float, float]:
-    """A band made from the other sources' runs, rounded outward; the shipped one where they have no run of its kind
-    (a small dataset of the user's own: the band every prediction of that kind carries)."""
-    try:
-        band = make()
-    except ValueError:
-        band = None
+    """A band made from the other sources' runs, rounded outward; the shipped one where they hold too few sources of
+    its kind to make one (a small dataset of the user's own: the band every prediction of that kind carries)."""
+    band = make()
     return outward(band) if band is not None else shipped
 
 

@@ -20,7 +20,7 @@ from ddplan.roofline import GROUPED_GEMM_STREAMS
 from ddplan.run import LLAMA3_INTERRUPTIONS_PER_GPU_HOUR, eval_cadence
 from ddplan.specs import DROPLESS_IMBALANCE, HardwareSpec, ModelSpec
 from ddplan.units import GiB, hours_band
-from ddplan.validation import summarise
+from ddplan.validation import BAND_LEVEL, summarise
 
 DISTRIBUTION_NAMES = {"sharded_optimizer": "nanochat's sharded optimizer (ZeRO-1 memory)", "ddp": "DDP",
                       "zero1": "ZeRO-1", "zero2": "ZeRO-2", "fsdp": "FSDP (ZeRO-3)"}
@@ -545,8 +545,9 @@ def table_assumptions(table) -> list[str]:
         + ("" if table.fit is not None or (req.calibration is not None and
                                             req.calibration.held_out_error_pct is not None) else
            f", widened to {validated_ratio(spec, req.fp8)[0]:g}-{validated_ratio(spec, req.fp8)[1]:g} x the prediction: "
-           f"where the step time of a run from a source ddplan has not seen falls, at 80%, from its dataset of published "
-           f"runs, each source priced with fits made without it (`ddplan validate --leave-one-source-out`)"
+           f"where the step time of a run from a source ddplan has not seen falls, at {100 * BAND_LEVEL:g}% (a "
+           f"prediction interval from its dataset of published runs, each source priced with fits made without it: "
+           f"`ddplan validate --leave-one-source-out`, which checks it on sources left out)"
            + ("; for a mixture of experts, the dense band stretched to every published MoE run's measured / "
               "predicted, on either side" if spec.architecture.moe else "")
            + ("; in fp8, the spread of the published fp8 runs (its own fit, its own band)" if req.fp8 else "")
