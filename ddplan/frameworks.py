@@ -1,8 +1,8 @@
 """Training stacks as they run: what a framework does when its user says nothing, each item sourced.
 
 A profile (frameworks/*.yaml, `kind: framework`, shipped like the hardware and model specs) is one stack at one
-commit: torchtitan, Megatron-Core (NeMo runs on it), Composer with llm-foundry, nanochat, OLMo-core, and the older
-legacy Megatron-LM (2023) and BigScience's Megatron-DeepSpeed (2022). Every item names the
+commit: torchtitan, Megatron-Core (NeMo runs on it), Composer with llm-foundry, nanochat, OLMo-core, IBM's fms-fsdp,
+and the older legacy Megatron-LM (2023) and BigScience's Megatron-DeepSpeed (2022). Every item names the
 file and commit it comes from (`where`, path@commit) with the line that says it (`quote`), because a stack's
 defaults move between releases (torchtitan's attention went from SDPA to FlexAttention in 2026).
 

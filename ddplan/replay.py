@@ -153,7 +153,7 @@ def run_framework(run: RunFacts) -> str | None:
 
 def _profile(run: RunFacts):
     """The run's framework profile (frameworks/*.yaml), or None: no framework, or a stack without a profile
-    (fms-fsdp, or any name frameworks/ does not hold)."""
+    (a name frameworks/ does not hold)."""
     return _profile_named(run.framework) if run.framework else None
 
 
