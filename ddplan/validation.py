@@ -323,6 +323,18 @@ def summaries(scored: Sequence[Scored]) -> list[Summary]:
     return out
 
 
+def inside_by_source(scored: Sequence[Scored]) -> float:
+    """The share of a source's runs inside their band, averaged over the sources (each source weighing one): how
+    often the band holds for a run from a source picked at random, where the share of all runs lets the sources with
+    many runs speak for the rest (BAND_COVERAGE's third figure)."""
+    by: dict[str, list[bool]] = collections.defaultdict(list)
+    for s in scored:
+        by[s.source].append(s.inside)
+    if not by:
+        raise ValueError("no runs")
+    return statistics.fmean(sum(v) / len(v) for v in by.values())
+
+
 def by_source(scored: Sequence[Scored], prefix: str = "") -> list[Summary]:
     """The overall summary, then one per source, each group name prefixed (e.g. "leave-one-source-out ")."""
     sources = sorted({s.source for s in scored})

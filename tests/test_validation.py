@@ -252,12 +252,11 @@ def test_uncalibrated_band_is_the_datasets_out_of_sample_spread(shipped_loso):
     lo, hi = V.band_ratio(held, fp8=True)
     assert lo - 0.01 <= VALIDATED_RATIO_FP8[0] <= lo and hi <= VALIDATED_RATIO_FP8[1] <= hi + 0.01
     # how often the band holds for a source it was made without (the check behind BAND_LEVEL), as stated
-    by_source: dict[str, list[bool]] = {}
-    for s in held:
-        by_source.setdefault(s.source, []).append(s.inside)
-    share = sum(sum(v) / len(v) for v in by_source.values()) / len(by_source)
     assert (sum(s.inside for s in held), len(held)) == V.BAND_COVERAGE[:2]
-    assert share == pytest.approx(V.BAND_COVERAGE[2], abs=0.0005)
+    assert V.inside_by_source(held) == pytest.approx(V.BAND_COVERAGE[2], abs=0.0005)
+    # by hand: sources of 1 and 3 runs, 1 and 1 inside: (1 + 1/3) / 2
+    runs = [_scored("A", 1.0), _scored("B", 1.0), _scored("B", 2.0, id="b2"), _scored("B", 3.0, id="b3")]
+    assert V.inside_by_source(runs) == pytest.approx((1 + 1 / 3) / 2)
     assert len([s for s in held if s.precision == "fp8" and not s.moe]) == 52
 
 
