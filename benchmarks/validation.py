@@ -6,8 +6,8 @@ Prints (1) `ddplan validate`'s summary on the shipped dataset (validation/publis
 same with the fitted parameters (each fitted hardware's `efficiency.gemm.sustained`) re-fitted without
 each source in turn, (3) the fits on the whole dataset (the GEMM sustained fractions and the dropless load
 imbalance of validation/moe_routing.yaml), to compare with the specs, and (4) the
-5th-95th percentiles of measured / predicted, in sample and leaving each source out (the latter is
-ddplan.price.VALIDATED_RATIO, the uncalibrated band), then (5) llm-foundry's sequence-length sweep
+band of measured / predicted (ddplan.validation.band_ratio: a BAND_LEVEL prediction interval for a new source's run),
+in sample and leaving each source out (the latter is ddplan.price.VALIDATED_RATIO, the uncalibrated band), then (5) llm-foundry's sequence-length sweep
 (validation/llmfoundry_h100_8gpu.yaml), which no fit sees. Takes about two minutes on two cores.
 """
 
@@ -62,12 +62,14 @@ def main() -> None:
     for f in fits:
         print(f"    {f.seq_len:7,d} tokens: dropless {100 * (f.slowdown - 1):4.1f}% slower measured, experts and "
               f"all-to-alls {100 * f.moe_share:3.0f}% of the step -> imbalance {f.imbalance:.3f}")
-    lo, hi = V.band_ratio(scored)
+    level = f"{100 * V.BAND_LEVEL:g}% interval"
     median = statistics.median(s.measured_s / s.predicted_s for s in scored)
-    print(f"\nmeasured / predicted in sample: 5th percentile {lo:.3f}, 95th {hi:.3f} (median {median:.3f})")
-    lo, hi = V.band_ratio(held)
-    print(f"measured / predicted leaving each source out (dense runs): 5th percentile {lo:.3f}, 95th {hi:.3f}; "
-          f"ddplan.price.VALIDATED_RATIO = {VALIDATED_RATIO}")
+    for title, group, tail in (("in sample", scored, f" (median {median:.3f})"),
+                               ("leaving each source out (dense runs)", held,
+                                f"; ddplan.price.VALIDATED_RATIO = {VALIDATED_RATIO}")):
+        band = V.band_ratio(group)
+        print(f"\nmeasured / predicted {title}: {level} " + (f"{band[0]:.3f}-{band[1]:.3f}" if band else
+                                                              "none (fewer than two sources)") + tail)
     moe = V.moe_band_ratio(held)
     if moe:
         print(f"mixture of experts (the dense band stretched to each MoE run): {moe[0]:.3f}-{moe[1]:.3f}; "

@@ -86,17 +86,18 @@ def grad_sync_buffers(spec: ModelSpec, layout: Layout, experts: bool = False) ->
         if not counts[group] or (group == EXPERT_GROUP) != experts:
             continue
         gb = dt.reduce_bytes(group)  # a gradient as the reductions carry it (grads "compute": the compute dtype's)
-        kb = dt.grad_bytes(group)  # as it is kept: the sharded optimizer's gathered updates, Muon's gathered shards
+        kb = dt.grad_bytes(group)  # a gradient as it is kept: Muon's gathered shards
+        pb = dtype_bytes(dt.params[group])  # a parameter as it is kept: the sharded optimizer's gathered updates
         share = _stage_share(group, layout, spec.architecture.num_layers, spec.architecture)
         if experts:  # 1 / ep of the experts, split over the experts' tp degree (not tp when they are whole)
             share *= layout.expert_rows_split / layout.ep
         if policy == "sharded_optimizer" and algo == "muon":
             stacks = Counter(muon_matrices(spec, group))
             padded = sum(r * c * math.ceil(k / n) * n for (r, c), k in stacks.items())
-            out += [("reduce_scatter", padded * gb * share), ("all_gather", padded * kb * share)]
+            out += [("reduce_scatter", padded * gb * share), ("all_gather", padded * pb * share)]
         elif policy == "sharded_optimizer":
             if counts[group] >= 1024:
-                out += [("reduce_scatter", counts[group] * gb * share), ("all_gather", counts[group] * kb * share)]
+                out += [("reduce_scatter", counts[group] * gb * share), ("all_gather", counts[group] * pb * share)]
             else:
                 out.append(("all_reduce", counts[group] * gb * share))
         elif policy == "ddp":

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from ddplan.errors import DdplanError, SpecError
-from ddplan.evidence import hardware_key, is_thin, thin_values
+from ddplan.evidence import UNSEEN_RATIO, hardware_key, is_thin, thin_values
 from ddplan.fitting import golden_min, rising_root
 from ddplan.gcpause import no_cycle_collection
 from ddplan.memory import (DOES_NOT_FIT, FITS, MAY_NOT_FIT, NOT_COUNTED, PEAK_RATIO, fit_verdict,  # noqa: F401
@@ -376,11 +376,13 @@ def weighted_percentile(xs: Sequence[float], weights: Sequence[float], q: float)
 
 
 # The band's level: a two-sided prediction interval at this probability for measured / predicted of a run from a
-# source the fits never saw (source_band). The interval is calibrated where it matters, per source: leaving each
-# source out, its band made without it too, the share of a source's runs inside averages 81.5% at 0.80, 85.2% at
-# 0.85 and 88.5% at 0.90 (per run 84%, 92%, 96.5%; median half-width 24%, 29%, 37%; 113 runs, 12 sources,
-# 2026-12-06). 0.85 is the project's stated aim for runs held back from ddplan (85% inside their band): a choice of
-# how sure the band is, made by that check, not a fit of the model. BAND_COVERAGE holds the check.
+# source the fits never saw (source_band). The band a prediction carries (this interval joined with its efficiency
+# range and widened where the evidence is thin) is calibrated where it matters, per source: leaving each source out,
+# its band made without it too, the share of a source's runs inside averages 81.5% at 0.80, 85.2% at 0.85 and 88.5%
+# at 0.90 (per run 84%, 92%, 96.5%; median half-width 24.5%, 30%, 38.5%; 113 runs, 12 sources, 2026-12-06; the
+# interval alone, at 0.85, holds 75.5% per source). 0.85 is issue 35's aim for the runs held back from ddplan (at
+# least 85% inside their band): a choice of how sure the band is, made by this very check, not a fit of the model,
+# so the check does not test it independently. BAND_COVERAGE holds the check.
 BAND_LEVEL = 0.85
 # leaving each source out at BAND_LEVEL: (runs inside, runs, mean over sources of the share inside); tests fail
 # when it drifts from the shipped dataset
@@ -429,9 +431,10 @@ def source_band(scored: Sequence[Scored], level: float = BAND_LEVEL) -> tuple[fl
     """Where measured / predicted falls, at probability `level`, for a run from a source not among `scored`: a
     one-way random-effects model of log(measured / predicted), each source a campaign with its own offset about the
     mean (variance tau^2 between sources) and its runs scattered about that offset (sigma^2, pooled within sources).
-    mu = the mean of the k source means; sigma^2 = the within-source sum of squares over (runs - k); tau^2 by the
-    method of moments, the sample variance of the source means less the part their own scatter explains
-    (mean of sigma^2 / n_i), clipped at 0; the interval is mu +- t(level, k - 1) sqrt(tau^2 (1 + 1/k) + sigma^2).
+    mu = the mean of the k source means; sigma^2 = the within-source sum of squares over (runs - k), pooled (as if
+    every source scattered alike); tau^2 by the method of moments, the sample variance of the source means (V) less
+    the part their own scatter explains (mean of sigma^2 / n_i), clipped at 0; the interval is
+    mu +- t(level, k - 1) sqrt(tau^2 + sigma^2 + V / k), V / k estimating the variance of mu itself.
     The prediction interval of random-effects meta-analysis (Higgins, Thompson & Spiegelhalter 2009, J. R. Statist.
     Soc. A 172(1) 137-159, sec. 3.4, which takes k - 2 degrees of freedom for a new study's mean; here k - 1, the
     between-source variance's own), for one run of the new source, hence sigma^2 too. A source's runs share one
@@ -450,8 +453,11 @@ def source_band(scored: Sequence[Scored], level: float = BAND_LEVEL) -> tuple[fl
     mu = statistics.fmean(means.values())
     within = sum((x - means[src]) ** 2 for src, v in by.items() for x in v)
     sigma2 = within / (n - k) if n > k else 0.0
-    tau2 = max(0.0, statistics.variance(means.values()) - statistics.fmean(sigma2 / len(v) for v in by.values()))
-    half = t_quantile(level, k - 1) * math.sqrt(tau2 * (1 + 1 / k) + sigma2)
+    spread_of_means = statistics.variance(means.values())  # estimates tau^2 + sigma^2 mean(1 / n_i)
+    tau2 = max(0.0, spread_of_means - statistics.fmean(sigma2 / len(v) for v in by.values()))
+    # a new run's offset from mu: its source's (tau^2), its own scatter (sigma^2), and mu's own error, the variance
+    # of a mean of k source means (spread_of_means / k)
+    half = t_quantile(level, k - 1) * math.sqrt(tau2 + sigma2 + spread_of_means / k)
     return math.exp(mu - half), math.exp(mu + half)
 
 
@@ -777,7 +783,8 @@ def _evidence_left_out(runs: RunSet, held: list[Scored]) -> list[Scored]:
         rest = [r for r in runs.runs if r.source.name != src]
         others = [s for s in held if s.source != src]
         counts = evidence_counts(rest)
-        unseen = unseen_ratios(others, counts)
+        # a dimension whose thin values the others hold from fewer than two sources keeps the shipped spread
+        unseen = {**UNSEEN_RATIO, **unseen_ratios(others, counts)}
         bands = bands_without(others)
         for s in (x for x in held if x.source == src):
             s = joined(s, bands)

@@ -388,6 +388,12 @@ def test_torchtitan_s_bf16_reduce_is_the_compute_dtype_over_fp32_gradients(capsy
                        encoding="utf-8")
         run_ok(capsys, ["import", str(src), "-o", str(out), "--gpus", "8"])
         assert f"grads: {grads}" in out.read_text(encoding="utf-8"), reduce
+    # a bf16 reduce under fp32 compute (mixed_precision_param float32) is neither: priced fp32, said
+    src.write_text(toml.replace("seq_len = 8192\n", 'seq_len = 8192\nmixed_precision_param = "float32"\n'
+                                'mixed_precision_reduce = "bfloat16"\n'), encoding="utf-8")
+    code, _, err = run(capsys, ["import", str(src), "-o", str(out), "--gpus", "8"])
+    assert code == 0 and "grads: fp32" in out.read_text(encoding="utf-8")
+    assert "mixed_precision_reduce bfloat16 is neither float32 nor the compute dtype (float32)" in err
 
 
 def test_megatron_s_tensorwise_fp8_is_transformer_engine_current_scaling(capsys, tmp_path):

@@ -174,6 +174,38 @@ def test_grad_sync_buffers_nanochat_d24_dp8():
     assert sorted(grad_sync_buffers(_spec("d24"), d24(dp=8, zero=1))) == sorted(expect)
 
 
+def test_grad_sync_buffers_carry_reduced_gradients_and_gathered_parameters_at_their_own_bytes():
+    """d24 under nanochat's sharded optimizer, by hand from the buffers above: with grads compute (reduced in bf16,
+    kept in the fp32 masters) the fp32 groups' reduce-scatters and all-reduces halve, while the all-gathers of the
+    updated parameters stay at the parameters' bytes (fp32 block matrices, bf16 tables); with grads fp32 the bf16
+    tables reduce-scatter at 4 bytes and still gather at 2. Under ZeRO-3 with Muon (GPT-2's blocks, fp32 weights),
+    the reduced gradient shards gathered back for Newton-Schulz are the kept gradients' 4 bytes under grads compute."""
+    from ddplan.specs import run_variant
+
+    block = 679_477_248 * 4
+    lm_head, wte, tables = 32768 * 1536 * 4, 32768 * 1536 * 2, 12 * 32768 * 1536 * 2
+
+    def sized(grads):
+        out: dict = {}
+        for c, size in grad_sync_buffers(run_variant(_spec("d24"), grads=grads), d24(dp=8, zero=1)):
+            out.setdefault(c, []).append(size)
+        return out
+
+    base, compute, fp32 = sized("param"), sized("compute"), sized("fp32")
+    assert block in base["reduce_scatter"] and block // 2 in compute["reduce_scatter"]
+    assert lm_head // 2 in compute["reduce_scatter"] and wte in compute["reduce_scatter"]
+    assert sorted(compute["all_gather"]) == sorted(base["all_gather"])  # the parameters, as kept
+    assert sorted(compute["all_reduce"]) == [24 * 2, 50 * 2]
+    assert 2 * wte in fp32["reduce_scatter"] and 2 * tables in fp32["reduce_scatter"]
+    assert wte in fp32["all_gather"] and tables in fp32["all_gather"]  # bf16 tables gathered at 2 bytes
+    spec = _spec("gpt2-124m")
+    spec = run_variant(spec.model_copy(update={"recipe": spec.recipe.model_copy(update={"optimizer": spec.recipe.optimizer.model_copy(
+        update={"algorithm": {g: "muon" for g in spec.recipe.optimizer.algorithm}})})}), weights="fp32", grads="compute")
+    gathers = [size for c, size in grad_sync_buffers(spec, gpt2(dp=8, zero=3)) if c == "all_gather"]
+    reduced = sum(size for c, size in grad_sync_buffers(spec, gpt2(dp=8, zero=3)) if c == "reduce_scatter")
+    assert reduced == 124_439_808 * 2 and sum(gathers) == 124_439_808 * (2 + 4)  # bf16 params + fp32 grad shards
+
+
 def test_grad_sync_buffers_nanochat_d26_padding():
     """nanochat.md sec. 4: d26 MLP groups K = 26 over N = 8 pad to 32; the 13 ve gates (13 x 12) pad to 16."""
     buffers = grad_sync_buffers(_spec("d26"), Layout(dp=8, zero=1))
