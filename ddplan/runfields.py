@@ -16,6 +16,8 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddplan.specs import GRADS, WEIGHTS
+
 COMMANDS = ("table", "memory", "plan")
 # --help's panels, in their order (issue 38: table --help listed 52 options in one run); the output options
 # (ddplan.cli.OUTPUT_OPTIONS) take the last
@@ -256,10 +258,10 @@ FIELDS: tuple[RunField, ...] = (
        "Megatron's --grad-reduce-in-bf16), fp32 (fp32 gradients, Megatron's default) or compute (reduced in the "
        "compute dtype, kept in the parameter's: FSDP MixedPrecision reduce_dtype=bfloat16 over fp32 weights); "
        "default: the model spec's.",
-       str, MODEL),
+       GRADS, MODEL),
     _f("precision.weights", "How the weights are kept: fp32 (fp32 weights, cast to the compute dtype each forward: "
        "torch autocast, FSDP mixed precision) or master (16-bit weights, an fp32 master copy in the optimizer: "
-       "Megatron-LM, DeepSpeed); default: the model spec's.", str, MODEL),
+       "Megatron-LM, DeepSpeed); default: the model spec's.", WEIGHTS, MODEL),
     _f("precision.fp8", "Run eligible GEMMs in fp8: every dim a multiple of 16, the smaller weight dim >= 128, not "
        "the router and not the LM head unless the model's fp8 path converts it (nanochat's does); refused where the "
        "model's fp8 format does not run on the hardware.", bool, LAYOUT, default=False),

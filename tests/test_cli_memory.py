@@ -198,7 +198,18 @@ def test_grads_flag_sets_the_gradient_dtype(capsys):
     assert got["param"] == pytest.approx(30.53e9 * 2 / 8 / 2**30, rel=2e-3)
     assert got["fp32"] == pytest.approx(2 * got["param"], rel=1e-9)
     code, line = fails(capsys, ["memory", "--model", "d24", "--grads", "bf16"])
-    assert code == 2 and "--grads" in line and "one of param, fp32, compute" in line
+    assert code == 2 and "--grads" in line and "'bf16' is not one of 'param', 'fp32', 'compute'" in line
+
+
+def test_a_run_file_s_gradient_and_weight_dtypes_are_checked_where_they_are_written(capsys, tmp_path):
+    """precision.grads and precision.weights in a run file: a value outside the allowed ones is one line naming the
+    file and the field (not a flag the user never typed)."""
+    for field, allowed in (("grads", "'param', 'fp32' or 'compute'"), ("weights", "'fp32' or 'master'")):
+        path = tmp_path / f"{field}.yaml"
+        path.write_text(f"kind: run\nversion: 1\nmodel: llama-3-8b\nhardware: h100-sxm\ngpus: 8\n"
+                        f"precision: {{{field}: bogus}}\n", encoding="utf-8")
+        code, line = fails(capsys, ["memory", "--config", str(path)])
+        assert code == 1 and line.startswith(f"error: {path}: precision.{field}: ") and allowed in line, line
 
 
 def test_a_setup_that_fits_only_as_predicted_may_not_fit_and_gets_the_changes_that_make_it_certain(capsys,
