@@ -51,8 +51,10 @@ class Item(Strict):
     value: bool | int | str
     where: str = Field(pattern=WHERE)  # e.g. torchtitan/distributed/fsdp.py@b5bcd76 (line numbers may follow)
     quote: str = Field(default="", max_length=400)  # the line (or a paraphrase of it) that says it
-    # the attention item only: what the stack runs on hardware that cannot run `value` (nanochat: SDPA off Hopper)
+    # the attention item only: what the stack runs on hardware that cannot run `value` (nanochat: SDPA off Hopper),
+    # and the compute dtypes `value` runs in (none listed: every one; nanochat runs FA3 in bf16 only, SDPA otherwise)
     elsewhere: str | None = None
+    dtypes: list[Literal["bf16", "fp16", "fp32"]] = []
 
 
 class RecomputePolicy(Strict):
@@ -79,9 +81,9 @@ class FrameworkProfile(Strict):
     @model_validator(mode="after")
     def _known_items(self) -> FrameworkProfile:
         odd = sorted(k for k, item in {**self.applies, **self.unpriced}.items()
-                     if item.elsewhere is not None and (k != "attention" or k in self.unpriced))
+                     if (item.elsewhere is not None or item.dtypes) and (k != "attention" or k in self.unpriced))
         if odd:
-            raise ValueError(f"{', '.join(odd)}: `elsewhere` is for applies.attention only")
+            raise ValueError(f"{', '.join(odd)}: `elsewhere` and `dtypes` are for applies.attention only")
         unknown = sorted(set(self.applies) - set(APPLIES))
         if unknown:
             raise ValueError(f"applies: {', '.join(unknown)} is not an item ddplan prices; allowed: "
@@ -106,14 +108,16 @@ class FrameworkProfile(Strict):
         """The run-configuration fields this profile fills, by field path."""
         return {APPLIES[k]: item.value for k, item in self.applies.items()}
 
-    def attention_on(self, available) -> str | None:
-        """The attention this stack runs on hardware whose spec has the implementations `available` (names): the
-        item's value where the spec has it, else its `elsewhere` where the spec has that, else None (the spec's own);
+    def attention_on(self, available, dtype: str | None = None) -> str | None:
+        """The attention this stack runs on hardware whose spec has the implementations `available` (names), in the
+        compute dtype `dtype` (None: not weighed): the item's value where the spec has it and the dtype is one of the
+        item's `dtypes` (or it lists none), else its `elsewhere` where the spec has that, else None (the spec's own);
         None too where the profile states no attention."""
         item = self.applies.get("attention")
         if item is None:
             return None
-        return next((a for a in (str(item.value), item.elsewhere) if a is not None and a in available), None)
+        first = str(item.value) if not item.dtypes or dtype is None or dtype in item.dtypes else None
+        return next((a for a in (first, item.elsewhere) if a is not None and a in available), None)
 
     def unpriced_words(self, moe: bool = True, stated: frozenset[str] = frozenset()) -> list[str]:
         """One sentence per item ddplan does not price: what the stack runs and where it says so (the expert

@@ -361,7 +361,7 @@ def without_profile_fp8(v: dict, stated: Stated) -> dict:
     return {**v, **{name: BY_PARAM[name].default for name in dropped}}
 
 
-def profile_attention(v: dict, stated: Stated, hws, per_hardware: bool = False) -> str | None:
+def profile_attention(v: dict, stated: Stated, hws, per_hardware: bool = False, dtype: str | None = None) -> str | None:
     """--attention, but a profile's attention (the stack's kernel, torchtitan's flex) only on hardware whose spec has
     it: elsewhere what the profile says the stack runs there (its `elsewhere`, nanochat's SDPA off Hopper) where the
     spec has that, else None (each spec's own implementations), said in stated.notes; per_hardware (plan over several
@@ -375,14 +375,17 @@ def profile_attention(v: dict, stated: Stated, hws, per_hardware: bool = False) 
     item = profile.applies["attention"]
     if value != str(item.value):  # set by what ranks above the profile (a calibration's measured run)
         return value
-    chosen = {hw.name: profile.attention_on({a.name for a in hw.attention}) for hw in hws}
+    chosen = {hw.name: profile.attention_on({a.name for a in hw.attention}, dtype) for hw in hws}
     moved = {name: a for name, a in chosen.items() if a != value}
     if moved:
         there = "; ".join(f"{', '.join(n for n in moved if moved[n] == a)}: "
                           + (f"{a}, what it runs there" if a else "the spec's own implementations")
                           for a in dict.fromkeys(moved.values()))
-        stated.notes.append(f"the {profile.name} profile's attention, {value}, has no efficiency in the "
-                            f"{', '.join(moved)} spec: priced with {there} (give --attention to choose one)")
+        why = (f"runs in {', '.join(item.dtypes)} only, not {dtype}"
+               if item.dtypes and dtype is not None and dtype not in item.dtypes
+               else f"has no efficiency in the {', '.join(moved)} spec")
+        stated.notes.append(f"the {profile.name} profile's attention, {value}, {why}: priced with {there} (give "
+                            f"--attention to choose one)")
     if per_hardware:
         if all(a is None for a in chosen.values()):
             stated.dropped.add("attention")
@@ -434,7 +437,7 @@ def table_request(v: dict, stated: Stated, today):
         check_pattern(w, "--window")
     spec, hw, cal = load(v["model"], v["hardware"], v["calibration"], v["seq_len"], v["dtype"], grads=v["grads"],
                          weights=v["weights"], moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v))
-    v["attention"] = profile_attention(v, stated, (hw,))
+    v["attention"] = profile_attention(v, stated, (hw,), dtype=spec.dtypes.compute)
     v["fp8_params"] = profile_fp8_params(v, stated, spec, fp8_recipe(v["fp8"], v["fp8_recipe"], stated), zeros)
     attentions = tuple(a.strip() for a in v["attention"].split(",")) if v["attention"] else ()
     measured_flags = ("measured_gpus", "measured_tp", "measured_pp", "measured_attention", "measured_window")
@@ -473,7 +476,7 @@ def plan_request(v: dict, stated: Stated, today, every_band: bool = False):
                           moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v))
     hws = (hw0, *(load_hardware(h) for h in names[1:]))
     check_calibration_hardware(cal, hws, v["calibration"])
-    v = {**v, "attention": profile_attention(v, stated, hws, per_hardware=True)}
+    v = {**v, "attention": profile_attention(v, stated, hws, per_hardware=True, dtype=spec.dtypes.compute)}
     stages = tuple(sorted(set(int_list(v["zero"], "--zero", allowed=(0, 1, 2, 3))))) if v["zero"] else (0, 1, 2, 3)
     v["fp8_params"] = profile_fp8_params(v, stated, spec, fp8_recipe(v["fp8"], v["fp8_recipe"], stated), stages)
     asked = policies(v["recompute"]) if v["recompute"] else PlanRequest.recomputes
@@ -564,7 +567,7 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
     stages = tuple(int_list(v["zero"], "--zero", allowed=(0, 1, 2, 3)))
     spec, hw, cal = load(v["model"], v["hardware"], v["calibration"], v["seq_len"], v["dtype"], grads=v["grads"],
                          weights=v["weights"], moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v))
-    v["attention"] = profile_attention(v, stated, (hw,))
+    v["attention"] = profile_attention(v, stated, (hw,), dtype=spec.dtypes.compute)
     v["fp8_params"] = profile_fp8_params(v, stated, spec, fp8_recipe(v["fp8"], v["fp8_recipe"], stated), stages)
     # fp8: what the fp8 GEMMs save is the recipe's (ddplan.fp8.with_fp8_saves); gathering or keeping weights in fp8
     # implies it

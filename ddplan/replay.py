@@ -142,7 +142,8 @@ def run_attention(run: RunFacts, hw) -> str:
     if run.layout.attention:
         return run.layout.attention
     profile = _profile(run)
-    profiled = profile.attention_on({a.name for a in hw.attention}) if profile is not None else None
+    dtype = "bf16" if run.precision == "fp8" else run.precision  # fp8 runs compute the rest in bf16
+    profiled = profile.attention_on({a.name for a in hw.attention}, dtype) if profile is not None else None
     return profiled or hw.default_attention
 
 

@@ -284,8 +284,8 @@ def test_plan_and_memory_take_a_profile_s_values_only_where_they_apply(capsys):
 
 
 def test_a_profile_s_attention_elsewhere_is_what_the_stack_runs_off_its_kernel(capsys, tmp_path):
-    """nanochat runs FlashAttention-3 on Hopper and SDPA elsewhere (nanochat/flash_attention.py@92d63d4 L23-71): its
-    profile's attention is fa3 with `elsewhere: sdpa-fused`. table takes fa3 on H100 and sdpa-fused on MI300X (said in
+    """nanochat runs FlashAttention-3 on Hopper in bf16 and SDPA elsewhere (nanochat/flash_attention.py@92d63d4
+    L23-71): its profile's attention is fa3 in bf16 (`dtypes`) with `elsewhere: sdpa-fused`. table takes fa3 on H100 and sdpa-fused on MI300X (said in
     one warning, not as set); plan over both takes each one's own, one kernel a hardware; a published run that states
     no attention takes the same (replay.run_attention). `elsewhere` on another item is refused."""
     from ddplan.errors import DdplanError
@@ -316,11 +316,19 @@ def test_a_profile_s_attention_elsewhere_is_what_the_stack_runs_off_its_kernel(c
         class layout:
             attention = None
         framework = "nanochat"
+    Run.precision = "bf16"
     assert run_attention(Run, load_hardware("h100-sxm")) == "fa3"
     assert run_attention(Run, load_hardware("mi300x")) == "sdpa-fused"
+    Run.precision = "fp16"  # nanochat runs FA3 in bf16 only (flash_attention.py@92d63d4 L63-68): SDPA on Hopper too
+    assert run_attention(Run, load_hardware("h100-sxm")) == "sdpa-fused"
+    assert profile.attention_on({"fa3", "sdpa-fused"}, "fp16") == "sdpa-fused"
+    assert profile.attention_on({"fa3", "sdpa-fused"}, "bf16") == profile.attention_on({"fa3", "sdpa-fused"}) == "fa3"
+    code, out, err = run(capsys, [*base, "--hardware", "h100-sxm", "--dtype", "fp16"])
+    assert code == 0 and {r["attention"] for r in csv_rows(out)} == {"sdpa-fused"}
+    assert "the nanochat profile's attention, fa3, runs in bf16 only, not fp16" in err
     from ddplan.registry import builtin_dir
     text = (Path(builtin_dir("frameworks")) / "nanochat.yaml").read_text()
     bad = tmp_path / "odd.yaml"
     bad.write_text(text.replace("  recompute:\n    value: none\n", "  recompute:\n    value: none\n    elsewhere: full\n"))
-    with pytest.raises(DdplanError, match="`elsewhere` is for applies.attention only"):
+    with pytest.raises(DdplanError, match="`elsewhere` and `dtypes` are for applies.attention only"):
         load_framework(str(bad))
