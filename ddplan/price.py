@@ -78,12 +78,19 @@ def best_per_pair(rows: list[dict]) -> list[dict]:
 
 def validated_ratio(spec: ModelSpec, fp8: bool = False) -> tuple[float, float]:
     """The uncalibrated band's (low, high) factors on a prediction for this model, in fp8 or not (ddplan validate):
-    the dense 16-bit band, the fp8 one in fp8, the MoE one for a mixture of experts (joined with fp8's for an fp8
-    MoE: too few MoE runs to have a spread of their own in fp8)."""
-    if spec.architecture.moe is None:
-        return VALIDATED_RATIO_FP8 if fp8 else VALIDATED_RATIO
-    lo, hi = VALIDATED_RATIO_MOE
-    return (min(lo, VALIDATED_RATIO_FP8[0]), max(hi, VALIDATED_RATIO_FP8[1])) if fp8 else (lo, hi)
+    base_band with the shipped bands."""
+    return base_band(spec.architecture.moe is not None, fp8)
+
+
+def base_band(moe: bool, fp8: bool, dense: tuple[float, float] = VALIDATED_RATIO,
+              dense_fp8: tuple[float, float] = VALIDATED_RATIO_FP8,
+              mixture: tuple[float, float] = VALIDATED_RATIO_MOE) -> tuple[float, float]:
+    """The band a prediction takes of the bands given (the shipped ones by default; leave-one-source-out's made
+    without a source, ddplan.validation.bands_without): the dense 16-bit band, the fp8 one in fp8, the MoE one for a
+    mixture of experts, joined with fp8's for an fp8 MoE (too few MoE runs to have a spread of their own in fp8)."""
+    if not moe:
+        return dense_fp8 if fp8 else dense
+    return (min(mixture[0], dense_fp8[0]), max(mixture[1], dense_fp8[1])) if fp8 else mixture
 MFU_CONVENTION = "6N + 12 h q min(window, T) per layer (nanochat / PaLM App. B), dense peak of the compute dtype"
 
 

@@ -142,8 +142,7 @@ def run_attention(run: RunFacts, hw) -> str:
     if run.layout.attention:
         return run.layout.attention
     profile = _profile(run)
-    dtype = "bf16" if run.precision == "fp8" else run.precision  # fp8 runs compute the rest in bf16
-    profiled = profile.attention_on({a.name for a in hw.attention}, dtype) if profile is not None else None
+    profiled = profile.attention_on({a.name for a in hw.attention}, run.compute_dtype) if profile is not None else None
     return profiled or hw.default_attention
 
 
@@ -197,7 +196,7 @@ def table_command(run: PublishedRun, folder: Path | None = None) -> list[str] | 
             "--device-batch-size", ",".join(map(str, micro_batches(run))), "--total-batch-size",
             str(run.tokens_per_step),
             "--recompute", lay.recompute, "--seq-len", str(run.model.seq_len),
-            "--dtype", "bf16" if run.precision == "fp8" else run.precision,
+            "--dtype", run.compute_dtype,
             "--compile" if lay.compiled else "--no-compile"]
     if run.model.grads:
         argv += ["--grads", run.model.grads]

@@ -180,6 +180,11 @@ class RunFacts(Strict):
     def tokens_per_step(self) -> int:
         return self.layout.global_batch_sequences * self.model.seq_len
 
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype the run computes in outside its fp8 GEMMs: bf16 for an fp8 run, else its precision."""
+        return "bf16" if self.precision == "fp8" else self.precision
+
 
 class PublishedRun(RunFacts):
     measured: Measured
@@ -347,7 +352,7 @@ def run_spec(run: RunFacts, where: str, imbalance: float | None = None, weights:
     if run.model.seq_len > a["max_seq_len"]:
         raise SpecError(f"{run.model.seq_len} is above the model's max_seq_len {a['max_seq_len']}: set "
                         f"model.architecture.max_seq_len if the run's model takes it", file=where, field="model.seq_len")
-    compute = "bf16" if run.precision == "fp8" else run.precision
+    compute = run.compute_dtype
     half = {"bf16", "fp16"}
     d = data["dtypes"]
     d["compute"] = compute

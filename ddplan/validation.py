@@ -28,7 +28,7 @@ from ddplan.gcpause import no_cycle_collection
 from ddplan.memory import (DOES_NOT_FIT, FITS, MAY_NOT_FIT, NOT_COUNTED, PEAK_RATIO, fit_verdict,  # noqa: F401
                            predicted_peak_bytes)
 from ddplan.params import param_counts
-from ddplan.price import VALIDATED_RATIO, VALIDATED_RATIO_FP8, VALIDATED_RATIO_MOE
+from ddplan.price import VALIDATED_RATIO, VALIDATED_RATIO_FP8, VALIDATED_RATIO_MOE, base_band
 from ddplan.registry import builtin_dir, builtin_names, load_hardware
 from ddplan.fp8 import FP8_TUNED_STACKS
 from ddplan.replay import FP8_STACK_FIT, fp8_fit_key, price_run, run_framework
@@ -353,28 +353,6 @@ def percentile(xs: Sequence[float], q: float) -> float:
     return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (pos - lo)
 
 
-def weighted_percentile(xs: Sequence[float], weights: Sequence[float], q: float) -> float:
-    """The q-quantile (q in [0, 1]) of values carrying weights: each value sits at the middle of its share of the
-    total weight (Hazen's plotting position, (cumulative weight before it + half its own) / total), linear between
-    neighbours, the end values beyond the first and last positions. With equal weights a value i of n sits at
-    (i + 0.5) / n. Ref: Hyndman & Fan 1996, The American Statistician 50(4), definition 5."""
-    if (len(xs) == 0 or len(xs) != len(weights) or not 0 <= q <= 1
-            or not all(math.isfinite(w) and w > 0 for w in weights) or not all(math.isfinite(x) for x in xs)):
-        raise ValueError(f"need values with positive weights, one each, and q in [0, 1]; got {len(xs)} values, "
-                         f"{len(weights)} weights, q={q}")
-    pairs = sorted(zip(xs, weights))
-    total, before, positions = sum(weights), 0.0, []
-    for _, w in pairs:
-        positions.append((before + w / 2) / total)
-        before += w
-    if q <= positions[0]:
-        return pairs[0][0]
-    for (x0, _), (x1, _), p0, p1 in zip(pairs, pairs[1:], positions, positions[1:]):
-        if q <= p1:
-            return x0 + (x1 - x0) * (q - p0) / (p1 - p0)
-    return pairs[-1][0]
-
-
 # The band's level: a two-sided prediction interval at this probability for measured / predicted of a run from a
 # source the fits never saw (source_band). The band a prediction carries (this interval joined with its efficiency
 # range and widened where the evidence is thin) is calibrated where it matters, per source: leaving each source out,
@@ -485,8 +463,9 @@ def evidence_counts(runs: Sequence[PublishedRun]) -> dict[str, dict[str, tuple[i
 def unseen_ratios(held: Sequence[Scored], counts: dict[str, dict[str, tuple[int, int]]]
                   ) -> dict[str, tuple[float, float, int, int]]:
     """ddplan.evidence.UNSEEN_RATIO: per dimension, the band (source_band) of measured / predicted over the dense
-    runs, 16-bit and fp8 (leave-one-source-out scores), whose value of that dimension is thin (ddplan.evidence.is_thin), with their count of runs and sources; a dimension without such a run is left
-    out (it widens nothing)."""
+    runs, 16-bit and fp8 (leave-one-source-out scores), whose value of that dimension is thin
+    (ddplan.evidence.is_thin), with their count of runs and sources; a dimension without two sources of such runs is
+    left out (it widens nothing)."""
     keys = {"framework": lambda s: s.framework, "hardware": lambda s: hardware_key(s.hardware, s.precision),
             "precision": lambda s: s.precision}
     out = {}
@@ -769,7 +748,7 @@ def _spec_sustained(hardware: str) -> float:
 
 def _evidence_left_out(runs: RunSet, held: list[Scored]) -> list[Scored]:
     """Each held-out run's band made without its source, as a user's run from a source ddplan has not seen gets it:
-    the base band (band_ratio, moe_band_ratio: ddplan.price.validated_ratio's rule) from the other sources'
+    the base band (band_ratio, moe_band_ratio: picked by ddplan.price.base_band) from the other sources'
     leave-one-source-out ratios, rounded outward as the shipped one is, joined with the run's own efficiency range
     (Scored.spread_low_s, spread_high_s); then widened where the evidence is thin (ddplan.evidence) by tables made
     without its source: the runs and sources per value from the other sources' runs, and each dimension's thin-value
@@ -802,13 +781,9 @@ def bands_without(others: Sequence[Scored]) -> dict[str, tuple[float, float]]:
 
 
 def joined(s: Scored, bands: dict[str, tuple[float, float]]) -> Scored:
-    """A run's band: its efficiency spread (Scored.spread_low_s, spread_high_s) joined with its kind's base band
-    from `bands` (bands_without), as ddplan.price.validated_ratio picks it: the dense band of its precision, the MoE
-    band for a mixture of experts, joined with fp8's for an fp8 one."""
-    fp8 = s.precision == "fp8"
-    lo, hi = bands["moe"] if s.moe else bands["fp8" if fp8 else "16-bit"]
-    if s.moe and fp8:
-        lo, hi = min(lo, bands["fp8"][0]), max(hi, bands["fp8"][1])
+    """A run's band: its efficiency spread (Scored.spread_low_s, spread_high_s) joined with its kind's base band of
+    `bands` (bands_without), picked as a prediction's is (ddplan.price.base_band)."""
+    lo, hi = base_band(s.moe, s.precision == "fp8", bands["16-bit"], bands["fp8"], bands["moe"])
     if s.spread_low_s is None or s.spread_high_s is None:
         raise ValueError(f"{s.id}: scored without its efficiency spread (Scored.spread_low_s), so its band cannot be "
                          f"made without its source")

@@ -316,10 +316,10 @@ def test_a_profile_s_attention_elsewhere_is_what_the_stack_runs_off_its_kernel(c
         class layout:
             attention = None
         framework = "nanochat"
-    Run.precision = "bf16"
+    Run.compute_dtype = "bf16"
     assert run_attention(Run, load_hardware("h100-sxm")) == "fa3"
     assert run_attention(Run, load_hardware("mi300x")) == "sdpa-fused"
-    Run.precision = "fp16"  # nanochat runs FA3 in bf16 only (flash_attention.py@92d63d4 L63-68): SDPA on Hopper too
+    Run.compute_dtype = "fp16"  # nanochat runs FA3 in bf16 only (flash_attention.py@92d63d4 L63-68): SDPA on Hopper too
     assert run_attention(Run, load_hardware("h100-sxm")) == "sdpa-fused"
     assert profile.attention_on({"fa3", "sdpa-fused"}, "fp16") == "sdpa-fused"
     assert profile.attention_on({"fa3", "sdpa-fused"}, "bf16") == profile.attention_on({"fa3", "sdpa-fused"}) == "fa3"

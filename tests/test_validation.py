@@ -139,13 +139,6 @@ def test_percentile_by_hand():
     xs = [5.0, 1.0, 3.0, 2.0, 4.0]
     assert V.percentile(xs, 0.0) == 1.0 and V.percentile(xs, 1.0) == 5.0 and V.percentile(xs, 0.5) == 3.0
     assert V.percentile(xs, 0.05) == pytest.approx(1.2) and V.percentile(xs, 0.95) == pytest.approx(4.8)
-    # weighted (Hazen): 1..4 at 1/8, 3/8, 5/8, 7/8; (1, 2) weighing 3 and 1 sit at 3/8 and 7/8
-    assert V.weighted_percentile([4, 1, 3, 2], [1] * 4, 0.5) == 2.5 and V.weighted_percentile(xs[:4], [1] * 4, 0.05) == 1
-    assert V.weighted_percentile([1, 2], [3, 1], 0.5) == pytest.approx(1.25)
-    assert V.weighted_percentile([1, 2], [3, 1], 0.95) == 2
-    for xs_, ws in (([1, 2], [float("nan"), 1]), ([float("nan"), 1], [1, 1]), ([], []), ([1, 2], [1, 0])):
-        with pytest.raises(ValueError):
-            V.weighted_percentile(xs_, ws, 0.5)
 
 
 def test_student_t_quantiles_match_the_published_table():
@@ -203,7 +196,8 @@ def test_source_band_by_hand():
     lo, hi, tau2 = band({"A": [0.0, math.log(1.2)], "B": [math.log(1.1), math.log(1.11)]})
     assert tau2 == 0
     assert V.source_band(close) == pytest.approx((lo, hi), rel=1e-9)
-    assert V.source_band(runs[:2]) is None and V.source_band([]) is None and V.source_band([_scored("A", 1.0)]) is None
+    for one_or_none in (runs[:2], [], [_scored("A", 1.0)]):
+        assert V.source_band(one_or_none) is None
     assert V.outward((0.8712, 1.2201)) == (0.87, 1.23) and V.outward((0.87, 1.22)) == (0.87, 1.22)
 
 
@@ -218,8 +212,8 @@ def test_leaving_a_source_out_makes_its_band_without_it():
     """Leave-one-source-out's base bands (bands_without) come from the other sources' ratios (source_band, rounded
     outward; the MoE band the dense one stretched to the MoE ratios); where the others hold fewer than two sources of
     a kind, the shipped band. A held-out run's band (joined) is its efficiency spread joined with its kind's band, an
-    fp8 mixture of experts the MoE band joined with fp8's (ddplan.price.validated_ratio's rule). A run scored without
-    its spread is refused."""
+    fp8 mixture of experts the MoE band joined with fp8's (ddplan.price.base_band, a prediction's rule). A run scored
+    without its spread is refused."""
     from dataclasses import replace as _replace
 
     from ddplan.price import VALIDATED_RATIO_FP8
