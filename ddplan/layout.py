@@ -67,6 +67,9 @@ class Layout:
     # set_requires_all_reduce(False) on the others, as OLMo-core does), not after every micro-batch (FSDP2's default)
     replica_reduce_once: bool = False
     reshard_after_forward: bool = True  # ZeRO-3: free gathered parameters after forward, gather again in backward
+    # ZeRO-3 as torch FSDP2 runs it (fully_shard: per-parameter shards): its all-gathers' outputs copied out into
+    # the parameters and its gradients into the reduce-scatter buffer, on the compute stream (step.fsdp2_copy_bytes)
+    fsdp2: bool = False
     overlap_param_gather: bool = False  # ZeRO-1/2: the post-step parameter all-gather under the next forward (Megatron)
     # ZeRO 0-2: gradients reduced bucket by bucket beside backward (torch DDP, Megatron-Core --overlap-grad-reduce);
     # False: after the last backward, exposed (Megatron-LM's default); ZeRO-3 always reduces beside backward
@@ -121,6 +124,9 @@ class Layout:
         if not self.reshard_after_forward and self.zero != 3:
             raise LayoutError(f"keeping gathered parameters from forward to backward is a ZeRO-3 option; got ZeRO-{self.zero}",
                               field="--no-reshard-after-forward")
+        if self.fsdp2 and self.zero != 3:
+            raise LayoutError(f"torch FSDP2's copies into and out of its collectives' buffers are a ZeRO-3 option; got "
+                              f"ZeRO-{self.zero}", field="--fsdp2")
         if self.fp8_all_gather and self.zero != 3:
             raise LayoutError(f"an fp8 all-gather of the weights is a ZeRO-3 option (torchao's "
                               f"enable_fsdp_float8_all_gather); got ZeRO-{self.zero}", field="--fp8-all-gather")
@@ -362,6 +368,7 @@ class Options:
     shard_group: int = 0  # ZeRO-3 hybrid sharding over this many dp ranks (torch HSDP); 0: all of dp
     replica_reduce_once: bool = False  # hybrid sharding: the replicas' all-reduce after the last micro-batch only
     reshard_after_forward: bool = True  # ZeRO-3 (torch FSDP2 fully_shard's default)
+    fsdp2: bool = False  # ZeRO-3 as torch FSDP2: its copies in and out of the collectives' buffers priced
     overlap_param_gather: bool = False  # ZeRO-1/2: Megatron-Core --overlap-param-gather
     overlap_grad_reduce: bool = True  # ZeRO 0-2: False, the gradient reduce after backward (Megatron-LM's default)
     cp_comm: str = "ring"  # context parallelism's exchange: ring (p2p, overlapped) or all_gather
@@ -380,6 +387,7 @@ class Options:
                 "shard_group": self.shard_group if zero == 3 and 1 < self.shard_group < ranks else 0,
                 "replica_reduce_once": self.replica_reduce_once and zero == 3 and 1 < self.shard_group < ranks,
                 "reshard_after_forward": self.reshard_after_forward or zero != 3,
+                "fsdp2": self.fsdp2 and zero == 3,
                 "overlap_param_gather": self.overlap_param_gather and zero in (1, 2),
                 "overlap_grad_reduce": self.overlap_grad_reduce or zero == 3 or ranks == 1,  # nothing to reduce
                 "cp_comm": self.cp_comm if cp > 1 else "ring",

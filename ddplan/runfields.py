@@ -232,6 +232,10 @@ FIELDS: tuple[RunField, ...] = (
        option="replica_reduce_once"),
     _f("layout.reshard_after_forward", "ZeRO-3: free gathered parameters after forward and gather them again in "
        "backward (torch FSDP's default).", bool, LAYOUT, default=True, option="reshard_after_forward"),
+    _f("layout.fsdp2", "ZeRO-3 runs as torch FSDP2 (fully_shard, per-parameter shards; torchtitan, OLMo-core): each "
+       "all-gather's output is copied out into the parameters and each micro-batch's gradients into the "
+       "reduce-scatter buffer, on the compute stream; priced as memory traffic. Flat-parameter FSDP (FSDP1, "
+       "Composer) gathers in place.", bool, LAYOUT, default=False, option="fsdp2"),
     _f("layout.overlap_param_gather", "ZeRO-1/2: overlap the parameter all-gather after the optimizer step with the "
        "next forward (Megatron-Core distributed optimizer).", bool, LAYOUT, default=False,
        option="overlap_param_gather"),

@@ -398,6 +398,7 @@ HIGHEST_MEASURED_MFU: dict[tuple[str, bool], tuple[float, str]] = {
     ("h100-sxm", True): (97.01, "mlperf4.1-nvidia-eos_n32_ngc24.09_nemo-gpt3"),
     ("h200", True): (97.44, "mlperf5.0-nebius-nebius_soperator_8xh200_n64_ngc25.01_nemo-llama31_405b"),
     ("mi300x", False): (27.52, "seed-nanochat-d24-mi300x-1g"),
+    ("mi355x", True): (72.79, "mlperf5.1-amd-mi355x_epyc_9575f_pytorch-llama31_8b"),
 }
 
 

@@ -45,13 +45,16 @@ class StepTime:
     dp_comm_exposed_s: float  # the part not hidden under compute or optimizer math, and the hidden part's cost
     bubble_s: float
     optimizer_s: float
-    by_kind_s: dict[str, float]
+    by_kind_s: dict[str, float]  # compute_s by op kind (ddplan.roofline), and "fsdp2 copies" (fsdp2_copies_s)
     policy: str  # the data-parallel policy modelled (ddp, sharded_optimizer, zero1, zero2, fsdp)
     cp_comm_s: float = 0.0  # context-parallel KV exchange not hidden under attention
     offload_s: float = 0.0  # activation offload's copies to and from the host beyond the passes they run under
     ep_comm_s: float = 0.0  # mixture-of-experts token exchange (all-to-alls over ep, gathers over tp), not hidden
     mb_gather_s: float = 0.0  # ZeRO-3: one micro-batch's parameter all-gathers (forward, and backward when resharded)
     mb_scatter_s: float = 0.0  # ZeRO-3: one micro-batch's gradient reduce-scatter
+    # torch FSDP2's copies into and out of its collectives' buffers, on the compute stream (Layout.fsdp2); part of
+    # compute_s, which runs them between the micro-batches' kernels
+    fsdp2_copies_s: float = 0.0
 
     @property
     def total_s(self) -> float:
@@ -110,6 +113,57 @@ def grad_sync_buffers(spec: ModelSpec, layout: Layout, experts: bool = False) ->
             if algo == "muon":  # Newton-Schulz needs whole matrices: gather the reduced gradient shards back
                 out.append(("all_gather", counts[group] * kb * share))
     return out
+
+
+def fsdp2_copy_bytes(spec: ModelSpec, layout: Layout) -> float:
+    """Bytes one micro-batch's torch FSDP2 copies move on a rank's compute stream (Layout.fsdp2; 0 without it).
+
+    fully_shard all-gathers each unit's shards into one flat buffer and copies it out into the parameters'
+    unsharded tensors (foreach_all_gather_copy_out's split_with_sizes_copy, in FSDPParamGroup.wait_for_unshard on
+    the current stream); backward copies the unsharded gradients into the reduce-scatter buffer, cast to the reduce
+    dtype (foreach_reduce_scatter_copy_in's chunk_cat, before reduce_scatter_stream.wait_stream): torch 2.13
+    distributed/fsdp/_fully_shard/_fsdp_collectives.py, _fsdp_param_group.py. Per parameter element of the rank's
+    share (tp, the busiest stage, 1 / ep of the routed experts: as grad_sync_buffers sizes the collectives):
+
+        bytes = gathers x 2 x g + c + r
+
+    g: an element as gathered (the compute dtype's bytes; an fp8 GEMM's weight 1 with Layout.fp8_all_gather), read
+    and written by the copy-out, once per all-gather (gathers: 2 when resharded after forward, else 1); c + r: the
+    gradient read in the compute dtype and written in the reduce dtype (Dtypes.reduce_bytes). The all-gather input's
+    cast of the local shard moves 1 / shard degree of that and is left out; so is a group whose shards span one rank
+    (FSDP2 then skips the gather). Flat-parameter FSDP (FSDP1) gathers into the flat parameter the modules view
+    and reduces the flat gradient in place: no copy.
+    e.g. 8B parameters in bf16, resharded, reduced in fp32: 8e9 x (2 x 2 x 2 + 2 + 4) = 112 GB a micro-batch, 33 ms
+    at H100 SXM's 3.35 TB/s.
+    """
+    if not layout.fsdp2 or layout.zero != 3:
+        return 0.0
+    counts, dt = counts_of(spec.architecture), spec.dtypes
+    fp8 = fp8_weight_fractions(spec) if layout.fp8_all_gather else {}
+    ce, gathers = dtype_bytes(dt.compute), 2 if layout.reshard_after_forward else 1
+    total = 0.0
+    for group, n in counts.items():
+        experts = group == EXPERT_GROUP
+        if not n or (expert_shard(layout) if experts else layout.shard_degree) < 2:
+            continue
+        share = _stage_share(group, layout, spec.architecture.num_layers, spec.architecture)
+        if experts:  # 1 / ep of the experts, split over the experts' tp degree
+            share *= layout.expert_rows_split / layout.ep
+        gathered = ce - (ce - 1) * fp8.get(group, 0.0)
+        total += n * share * (gathers * 2 * gathered + ce + dt.reduce_bytes(group))
+    return total
+
+
+def fsdp2_copies_s(spec: ModelSpec, layout: Layout, r: Rates) -> float:
+    """Seconds of one micro-batch's FSDP2 copies (fsdp2_copy_bytes) at the memory rate the roofline gives
+    memory-bound kernels (HBM bandwidth x its efficiency), plus one launch a unit per copy: a copy-out per
+    all-gather and a copy-in per reduce-scatter, one unit a block (torchtitan and OLMo-core wrap each block)."""
+    moved = fsdp2_copy_bytes(spec, layout)
+    if not moved:
+        return 0.0
+    units = math.ceil(spec.architecture.num_layers / layout.pp)
+    copies = (2 if layout.reshard_after_forward else 1) + 1
+    return moved / (r.hbm_bytes_per_s * r.hbm) + units * copies * r.kernel_overhead_s
 
 
 def optimizer_time_s(spec: ModelSpec, layout: Layout, r: Rates) -> float:
@@ -193,7 +247,8 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
     a, e = spec.architecture, dtype_bytes(spec.dtypes.compute)
     place = _placed(layout, hw, cache)  # where its tp, cp, ep and pipeline groups sit
     stage, stage_moe, mbt = _busiest_stage(spec, anatomy, r, parts, p, cache)
-    compute = accum * mbt.total_s
+    copies = accum * fsdp2_copies_s(spec, layout, r)
+    compute = accum * mbt.total_s + copies
 
     tp_s = 0.0
     if layout.tp > 1:
@@ -286,8 +341,10 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
     exposed += comm.overlap_cost_s(beside, r.overlapped_compute, outlasting_s=outlasting)
     return StepTime(fwd_s=mbt.fwd_s, bwd_s=mbt.bwd_s, accum=accum, compute_s=compute, tp_comm_s=tp_s,
                     dp_comm_total_s=total_comm, dp_comm_exposed_s=exposed, bubble_s=bubble, optimizer_s=opt_s,
-                    by_kind_s={k: v * accum for k, v in mbt.by_kind_s.items()}, policy=policy, cp_comm_s=cp_s,
-                    ep_comm_s=ep_s, mb_gather_s=gather_s, mb_scatter_s=scatter_s, offload_s=offload_s)
+                    by_kind_s={**{k: v * accum for k, v in mbt.by_kind_s.items()},
+                               **({"fsdp2 copies": copies} if copies else {})}, policy=policy, cp_comm_s=cp_s,
+                    ep_comm_s=ep_s, mb_gather_s=gather_s, mb_scatter_s=scatter_s, offload_s=offload_s,
+                    fsdp2_copies_s=copies)
 
 
 def _busiest_stage(spec: ModelSpec, anatomy: Anatomy, r: Rates, parts: OpTimes, p: int,

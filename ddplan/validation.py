@@ -48,7 +48,9 @@ from ddplan.runs import (MEMORY_PEAKS, MeasuredPeak, PublishedRun, RoutingSweep,
 # sources do enter the bands (band_ratio, unseen_ratios) and the evidence counts: their ratios are out of sample by
 # construction, the most direct evidence of how far a new source falls (fms-fsdp's gradient reduce was stated,
 # `grads: compute`, after its first residuals were seen: a stack fact its entries had lacked, said where it landed).
-CHECK_ONLY_SOURCES = frozenset({"megatron-readme-2021", "fms-fsdp"})
+# MLPerf's MI355X runs (mlperf-training-amd, 4 runs, added 2026-12-06) are a check too: on a GPU no fit reaches (its
+# efficiencies assumed), of one campaign, too few (MIN_FIT_RUNS) to fit its fractions; they enter the bands as above.
+CHECK_ONLY_SOURCES = frozenset({"megatron-readme-2021", "fms-fsdp", "mlperf-training-amd"})
 # Hardware specs that share one fitted sustained fraction: the same die at the same power limit (the A100
 # SXM4 40 GB and 80 GB are one GA100 at 400 W; the H100 SXM and H200 one GH100 at 700 W: only memory differs).
 FIT_GROUPS: dict[str, tuple[str, ...]] = {"a100-sxm-80gb": ("a100-sxm-80gb", "a100-sxm-40gb"),
@@ -356,15 +358,15 @@ def percentile(xs: Sequence[float], q: float) -> float:
 # The band's level: a two-sided prediction interval at this probability for measured / predicted of a run from a
 # source the fits never saw (source_band). The band a prediction carries (this interval joined with its efficiency
 # range and widened where the evidence is thin) is calibrated where it matters, per source: leaving each source out,
-# its band made without it too, the share of a source's runs inside averages 81.5% at 0.80, 85.2% at 0.85 and 88.5%
-# at 0.90 (per run 84%, 92%, 96.5%; median half-width 24.5%, 30%, 38.5%; 113 runs, 12 sources, 2026-12-06; the
-# interval alone, at 0.85, holds 75.5% per source). 0.85 is issue 35's aim for the runs held back from ddplan (at
+# its band made without it too, the share of a source's runs inside averages 82.7% at 0.80, 86.7% at 0.85 and 89.4%
+# at 0.90 (per run 90.5%, 94%, 96.5%; median half-width 28%, 32.5%, 40%; 117 runs, 13 sources, 2026-12-06; on the
+# morning's 113 runs of 12 sources: 81.5%, 85.2%, 88.5%; the interval alone, at 0.85, held 75.5% per source). 0.85 is issue 35's aim for the runs held back from ddplan (at
 # least 85% inside their band): a choice of how sure the band is, made by this very check, not a fit of the model,
 # so the check does not test it independently. BAND_COVERAGE holds the check.
 BAND_LEVEL = 0.85
 # leaving each source out at BAND_LEVEL: (runs inside, runs, mean over sources of the share inside); tests fail
 # when it drifts from the shipped dataset
-BAND_COVERAGE = (104, 113, 0.852)
+BAND_COVERAGE = (110, 117, 0.867)
 
 
 def t_coverage(t: float, df: int) -> float:
@@ -755,7 +757,7 @@ def _evidence_left_out(runs: RunSet, held: list[Scored]) -> list[Scored]:
     spread from the other sources' leave-one-source-out ratios. Without this the shipped band, made from every
     source's ratios, would credit each source with its own (on 105 runs, 2026-12-06: the 5th-95th percentile band
     then shipped held 91% of the runs that way and 76% this way; on 113 runs this way it holds 79%, the interval at
-    BAND_LEVEL 92%: BAND_COVERAGE)."""
+    BAND_LEVEL 92%; on 117 runs 94%: BAND_COVERAGE)."""
     by_id = {r.id: r for r in runs.runs}
     out = []
     for src in sorted({s.source for s in held}):

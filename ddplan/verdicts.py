@@ -96,6 +96,8 @@ def dp_option_words(lay) -> list[str]:
                    + (", all-reduced once a step" if lay.replica_reduce_once else ""))
     if not lay.reshard_after_forward:
         out.append("no reshard after forward")
+    if lay.fsdp2:
+        out.append("FSDP2")
     if lay.overlap_param_gather:
         out.append("param gather overlapped")
     if not lay.overlap_grad_reduce:

@@ -36,6 +36,7 @@ OTHERS: dict[str, list] = {
     "attention": ["fa2", "fa3"], "recompute": ["selective", "full"], "compiled": [True],
     "pp_schedule": [("interleaved", 2)], "pp_virtual_stages": [("interleaved", 2)],
     "tp_overlap": [True], "sequence_parallel": [False], "shard_group": [2, 4], "replica_reduce_once": [True], "reshard_after_forward": [False],
+    "fsdp2": [True],
     "overlap_param_gather": [True], "overlap_grad_reduce": [False], "cp_comm": ["all_gather"], "ep": [2, 4],
     "etp": [1], "fp8_all_gather": [True], "offload_optimizer": [True], "fp8_params": [True],
     "offload_activations": [4],

@@ -158,15 +158,15 @@ def test_layout_refuses_options_where_they_cannot_apply():
 def test_options_apply_only_where_they_can():
     o = Options(sequence_parallel=True, tp_overlap=True, shard_group=8, reshard_after_forward=False,
                 overlap_param_gather=True, fp8_all_gather=True, fp8_params=True, offload_activations=12,
-                overlap_grad_reduce=False, replica_reduce_once=True)
+                overlap_grad_reduce=False, replica_reduce_once=True, fsdp2=True)
     assert o.for_layout(tp=1, ranks=64, zero=3) == dict(sequence_parallel=False, tp_overlap=False, shard_group=8,
-                                                        replica_reduce_once=True,
+                                                        replica_reduce_once=True, fsdp2=True,
                                                         reshard_after_forward=False, overlap_param_gather=False,
                                                         cp_comm="ring", etp=0, fp8_all_gather=True,
                                                         offload_optimizer=False, fp8_params=False,
                                                         offload_activations=12, overlap_grad_reduce=True)
     assert o.for_layout(tp=2, ranks=8, zero=1) == dict(sequence_parallel=True, tp_overlap=True, shard_group=0,
-                                                       replica_reduce_once=False,
+                                                       replica_reduce_once=False, fsdp2=False,
                                                        reshard_after_forward=True, overlap_param_gather=True,
                                                        cp_comm="ring", etp=0, fp8_all_gather=False,
                                                        offload_optimizer=False, fp8_params=True,
@@ -179,6 +179,8 @@ def test_options_apply_only_where_they_can():
     assert not o.searched(tp=1, ranks=36, zero=3)["replica_reduce_once"]  # 8 does not divide 36: plain ZeRO-3
     with pytest.raises(LayoutError, match="needs hybrid sharding"):
         Layout(dp=8, zero=3, replica_reduce_once=True)
+    with pytest.raises(LayoutError, match="FSDP2's copies .* a ZeRO-3 option; got ZeRO-1"):
+        Layout(dp=8, zero=1, fsdp2=True)
     # whole experts only where tp > 1 (with tp 1 the experts' tp is 1 anyway)
     whole = Options(expert_tp=1)
     assert whole.for_layout(tp=2, ranks=8, zero=1)["etp"] == 1 and whole.for_layout(tp=1, ranks=8, zero=1)["etp"] == 0

@@ -23,7 +23,7 @@ from ddplan.anatomy import build_anatomy, for_tp, muon_flops
 from ddplan.layout import NATIVE_ZERO, Layout, check_layout
 from ddplan.registry import load_hardware, load_model
 from ddplan.roofline import Rates, rates
-from ddplan.step import grad_sync_buffers, optimizer_time_s, step_time
+from ddplan.step import fsdp2_copy_bytes, fsdp2_copies_s, grad_sync_buffers, optimizer_time_s, step_time
 
 SQ, MLP_IN, MLP_OUT, VE = (1536, 1536), (6144, 1536), (1536, 6144), (12, 12)
 
@@ -230,6 +230,38 @@ def test_grad_sync_buffers_generic_zero_reduce_scatter_and_gather_everything(zer
     assert not [c for c, _ in buffers if c == "all_reduce"]
 
 
+def test_fsdp2_copy_bytes_gpt2_by_hand():
+    """torch FSDP2's copies a micro-batch (fsdp2_copy_bytes): per parameter element, the all-gather's copy-out reads
+    and writes it in bf16 once per gather (2 x 2 B, twice when resharded after forward) and backward's copy-in reads
+    the bf16 gradient and writes it in the reduce dtype (2 + 4 B for fp32): 8 + 6 = 14 B resharded, 10 B not."""
+    n = 124_439_808  # gpt2-124m's parameters (test_grad_sync_buffers_generic_zero_reduce_scatter_and_gather_everything)
+    spec = _spec("gpt2-124m")
+    assert fsdp2_copy_bytes(spec, gpt2(dp=8, zero=3, fsdp2=True)) == pytest.approx(n * 14, rel=1e-12)
+    assert fsdp2_copy_bytes(spec, gpt2(dp=8, zero=3, fsdp2=True, reshard_after_forward=False)) == pytest.approx(
+        n * 10, rel=1e-12)
+    # flat-parameter FSDP (the default) gathers in place; one rank has nothing to gather
+    assert fsdp2_copy_bytes(spec, gpt2(dp=8, zero=3)) == 0
+    assert fsdp2_copy_bytes(spec, gpt2(dp=1, zero=3, fsdp2=True)) == 0
+    # tp splits the rank's share: the block matrices by 2, so fewer bytes, never more
+    assert 0 < fsdp2_copy_bytes(spec, gpt2(dp=4, tp=2, zero=3, fsdp2=True)) < n * 14
+
+
+def test_fsdp2_copies_join_compute_at_hbm_speed():
+    """The copies' seconds are their bytes at HBM bandwidth x its efficiency plus one launch per unit and copy; the
+    step adds them to compute_s once per micro-batch, under by_kind_s["fsdp2 copies"], and nothing else moves."""
+    spec, hw = _spec("gpt2-124m"), _hw()
+    lay = gpt2(dp=8, zero=3, fsdp2=True)
+    r = rates(hw, lay.attention, "value")
+    expect = (fsdp2_copy_bytes(spec, lay) / (r.hbm_bytes_per_s * r.hbm)
+              + spec.architecture.num_layers * 3 * r.kernel_overhead_s)  # 12 blocks: 2 copy-outs + 1 copy-in each
+    assert fsdp2_copies_s(spec, lay, r) == pytest.approx(expect, rel=1e-12)
+    with_copies, without = run_step("gpt2-124m", lay), run_step("gpt2-124m", replace(lay, fsdp2=False))
+    assert with_copies.fsdp2_copies_s == pytest.approx(lay.grad_accum * expect, rel=1e-12)
+    assert with_copies.compute_s - without.compute_s == pytest.approx(with_copies.fsdp2_copies_s, rel=1e-9)
+    assert with_copies.by_kind_s["fsdp2 copies"] == with_copies.fsdp2_copies_s
+    assert with_copies.optimizer_s == without.optimizer_s and with_copies.tp_comm_s == without.tp_comm_s
+
+
 # --------------------------------------------------------------------------------------------
 # step_time
 
@@ -244,6 +276,7 @@ STEP_CASES = [
     ("gpt2-124m", gpt2(dp=8, zero=1)),
     ("gpt2-124m", gpt2(dp=8, zero=2)),
     ("gpt2-124m", gpt2(dp=8, zero=3)),
+    ("gpt2-124m", gpt2(dp=8, zero=3, fsdp2=True)),
     ("gpt2-124m", gpt2(dp=2, tp=2, pp=2)),
     ("gpt2-124m", gpt2(dp=4, tp=2, pp=2, recompute="full")),
 ]
@@ -254,7 +287,8 @@ def test_step_total_is_sum_of_terms(model, layout):
     s = run_step(model, layout)
     assert s.total_s == pytest.approx(s.compute_s + s.tp_comm_s + s.dp_comm_exposed_s + s.bubble_s + s.optimizer_s,
                                       rel=1e-12)
-    assert s.compute_s == pytest.approx(layout.grad_accum * (s.fwd_s + s.bwd_s), rel=1e-12)
+    assert s.compute_s == pytest.approx(layout.grad_accum * (s.fwd_s + s.bwd_s) + s.fsdp2_copies_s, rel=1e-12)
+    assert (s.fsdp2_copies_s > 0) == layout.fsdp2
     assert sum(s.by_kind_s.values()) == pytest.approx(s.compute_s, rel=1e-12)
     assert 0 <= s.dp_comm_exposed_s <= s.dp_comm_total_s + 1e-15
     assert min(s.tp_comm_s, s.bubble_s, s.optimizer_s) >= 0
