@@ -472,6 +472,38 @@ def fsdp_comm_s(rs_s: float, ag_s: float, micro_batch_s: float, accum: int, num_
             accum * (max(0.0, busy - micro_batch_s) + gathers * ag_s / num_units))
 
 
+def fsdp_pipelined_comm_s(rs_s: float, ag_s: float, fwd_s: float, bwd_s: float, accum: int, num_units: int, *,
+                          reshard: bool, replica_all_reduce_s: float = 0.0) -> tuple[float, float]:
+    """(total, exposed) seconds of ZeRO-3 / FSDP communication per optimizer step under a pipeline schedule, as
+    torch.distributed.pipelining runs a stage wrapped in FSDP2 (torchtitan's FSDP with pp > 1).
+
+    Every micro-batch's backward runs with set_requires_gradient_sync(False) and set_reshard_after_backward(False)
+    (torch 2.13 distributed/pipelining/stage.py, backward_maybe_with_nosync): the gradients accumulate unsharded and
+    the stage's one reduce-scatter (and the hybrid replicas' one all-reduce) runs after its last backward
+    (perform_reduce_grad, the schedule's REDUCE_GRAD action), with none of the stage's compute left to hide it. The
+    parameters: without resharding after forward (torchtitan's default with a pipeline, fsdp.py@b5bcd76 L112-136)
+    they are gathered once, unit by unit under the first micro-batch's forward, and kept for the step; with it, each
+    micro-batch's backward gathers them again (the forward after a backward finds them still gathered; the warm-up
+    forwards' own gathers, at most pp - 1, are left out):
+
+        gathers = accum if reshard else 1;  total = gathers x ag + rs + ar
+        exposed = rs + ar + (accum x (max(0, ag - bwd) + ag / units) if reshard else max(0, ag - fwd) + ag / units)
+
+    e.g. rs 30, ag 20, forward 50, backward 100 ms, accum 8, 10 units: kept, total 20 + 30 = 50 ms, exposed
+    30 + 0 + 2 = 32 ms; resharded, total 160 + 30 = 190 ms, exposed 30 + 8 x 2 = 46 ms (the per-micro-batch rule,
+    fsdp_comm_s, would send 8 x (2 x 20 + 30) = 560 ms).
+    """
+    _check_nonneg(rs_s=rs_s, ag_s=ag_s, fwd_s=fwd_s, bwd_s=bwd_s, replica_all_reduce_s=replica_all_reduce_s)
+    if accum < 1 or num_units < 1:
+        raise ValueError(f"accum and num_units must be >= 1, got {accum}, {num_units}")
+    first = ag_s / num_units  # each pass's first unit waits for its gather
+    if reshard:
+        total, gathers_exposed = accum * ag_s, accum * (max(0.0, ag_s - bwd_s) + first)
+    else:
+        total, gathers_exposed = ag_s, max(0.0, ag_s - fwd_s) + first
+    return total + rs_s + replica_all_reduce_s, rs_s + replica_all_reduce_s + gathers_exposed
+
+
 # --------------------------------------------------------------------------------------------
 # Context parallelism
 

@@ -352,6 +352,9 @@ def _torchtitan(text: str, path: Path, out: Imported) -> None:
     reshard = par.get("fsdp_reshard_after_forward", "default")
     if reshard in ("always", "never"):
         out.set(("layout", "reshard_after_forward"), reshard == "always")
+    elif pp > 1 and shard > 1:  # "default" reshards only without a pipeline (torchtitan/distributed/fsdp.py L112-136)
+        out.set(("layout", "reshard_after_forward"), False,
+                "fsdp_reshard_after_forward 'default' with pipeline parallelism: not resharded")
     if pp > 1:
         schedule = par.get("pipeline_parallel_schedule", "1F1B")
         if schedule not in ("1F1B", "GPipe"):

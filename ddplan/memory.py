@@ -423,7 +423,7 @@ def comm_buffer_bytes(spec: ModelSpec, layout: Layout, states: dict[str, dict[st
                       assumptions: MemoryAssumptions = MemoryAssumptions()) -> float:
     """Communication buffers per GPU that torch allocates, bytes: DDP's gradient bucket copy (ZeRO-0) or ZeRO-1's
     reduce buckets, and ZeRO-3's gathered parameters (two FSDP units, or every layer of the stage without
-    resharding after forward); NCCL's own buffers are outside_allocator_bytes'. Depends on the layout and its model
+    resharding after forward; under a pipeline, the stage's unsharded gradients too); NCCL's own buffers are outside_allocator_bytes'. Depends on the layout and its model
     states only (not on the micro-batch, the recompute policy or the anatomy): memory_per_gpu's comm_buffers term.
     """
     comm = 0.0
@@ -448,6 +448,13 @@ def comm_buffer_bytes(spec: ModelSpec, layout: Layout, states: dict[str, dict[st
                        for g, b in states["params"].items())  # bytes of the stage's parameters, as gathered
         per_layer = gathered / stage_layers
         comm += (2 if layout.reshard_after_forward else stage_layers) * per_layer
+        if layout.pp > 1:
+            # under a pipeline (torch.distributed.pipelining's FSDP2: set_requires_gradient_sync(False) in every
+            # micro-batch's backward, ddplan.comm.fsdp_pipelined_comm_s) the stage's gradients accumulate unsharded,
+            # in the compute dtype, until the step's one reduce-scatter
+            comm += sum(b / dtype_bytes(spec.dtypes.params[g]) * cb
+                        * (expert_shard(layout) if g == EXPERT_GROUP else layout.shard_degree)
+                        for g, b in states["params"].items())
     return comm
 
 

@@ -61,12 +61,20 @@ def expert_lines(r: dict, spec: ModelSpec) -> list[str]:
 
 def zero3_lines(r: dict) -> list[str]:
     """For a ZeRO-3 choice: one micro-batch's parameter all-gathers and gradient reduce-scatter against its
-    compute, and what of them is exposed (ddplan.comm.fsdp_comm_s), per micro-batch and per step."""
+    compute, and what of them is exposed (ddplan.comm.fsdp_comm_s), per micro-batch and per step; under a pipeline,
+    the step's (ddplan.comm.fsdp_pipelined_comm_s)."""
     priced = r.get("_priced")
     if priced is None or r["zero"] != 3 or not priced.step.mb_gather_s + priced.step.mb_scatter_s:
         return []
-    st = priced.step
-    passes = "forward and backward" if priced.layout.reshard_after_forward else "forward only, kept for backward"
+    st, lay = priced.step, priced.layout
+    if lay.pp > 1:  # torch.distributed.pipelining's FSDP2 (comm.fsdp_pipelined_comm_s)
+        gathered = ("in each micro-batch's backward" if lay.reshard_after_forward else
+                    "once, under the first micro-batch's forward, and kept")
+        return [f"ZeRO-3 under the pipeline: each stage all-gathers its parameters {gathered} "
+                f"({1000 * st.mb_gather_s:.1f} ms a step) and reduce-scatters its accumulated gradients once, after "
+                f"its last backward ({1000 * st.mb_scatter_s:.1f} ms): {1000 * st.dp_comm_exposed_s:.0f} ms a step "
+                f"exposed."]
+    passes = "forward and backward" if lay.reshard_after_forward else "forward only, kept for backward"
     mb = st.fwd_s + st.bwd_s
     return [f"ZeRO-3: each micro-batch all-gathers its parameters in {1000 * st.mb_gather_s:.1f} ms ({passes}) and "
             f"reduce-scatters its gradients in {1000 * st.mb_scatter_s:.1f} ms, prefetched under its "

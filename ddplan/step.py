@@ -50,8 +50,10 @@ class StepTime:
     cp_comm_s: float = 0.0  # context-parallel KV exchange not hidden under attention
     offload_s: float = 0.0  # activation offload's copies to and from the host beyond the passes they run under
     ep_comm_s: float = 0.0  # mixture-of-experts token exchange (all-to-alls over ep, gathers over tp), not hidden
-    mb_gather_s: float = 0.0  # ZeRO-3: one micro-batch's parameter all-gathers (forward, and backward when resharded)
-    mb_scatter_s: float = 0.0  # ZeRO-3: one micro-batch's gradient reduce-scatter
+    # ZeRO-3: one micro-batch's parameter all-gathers (forward, and backward when resharded) and gradient
+    # reduce-scatter; under a pipeline (pp > 1) a step's, which gathers and reduces once (comm.fsdp_pipelined_comm_s)
+    mb_gather_s: float = 0.0
+    mb_scatter_s: float = 0.0
     # torch FSDP2's copies into and out of its collectives' buffers, on the compute stream (Layout.fsdp2); part of
     # compute_s, which runs them between the micro-batches' kernels
     fsdp2_copies_s: float = 0.0
@@ -431,10 +433,11 @@ def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, m
               place: Placement | None = None) -> tuple[float, float, float, float, float, float]:
     """(total, exposed, gather, scatter, beside, outlasting) seconds of data-parallel communication in one step, by
     the layout's policy; gather and scatter: one micro-batch's ZeRO-3 parameter all-gathers (every pass) and gradient
-    reduce-scatter (0 for the other policies); beside: the collectives' time beside the compute they overlap (at
+    reduce-scatter (with pp > 1 a step's: comm.fsdp_pipelined_comm_s; 0 for the other policies); beside: the collectives' time beside the compute they overlap (at
     most that compute), outlasting: the time they run on past it (comm.overlap_cost_s takes both).
 
-    DDP: comm.ddp_exposed_s; ZeRO-1/2 and FSDP: comm.zero1_comm_s, zero2_comm_s, fsdp_comm_s; nanochat's
+    DDP: comm.ddp_exposed_s; ZeRO-1/2 and FSDP: comm.zero1_comm_s, zero2_comm_s, fsdp_comm_s (under a pipeline,
+    fsdp_pipelined_comm_s: torch.distributed.pipelining's FSDP2, gathered and reduced once a step); nanochat's
     sharded optimizer: everything after the last micro-batch (the caller hides it under optimizer math, and works
     out beside and outlasting there). Without layout.overlap_grad_reduce (ZeRO 0-2: Megatron-LM's local DDP and
     distributed optimizer, which reduce after the whole backward, training.py@b83477a L425-429 and @0609f27 L453),
@@ -468,6 +471,13 @@ def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, m
     if times is None:
         times = cache[key] = _dp_collectives(spec, hw, layout, policy, place, efficiency, points, cache)
     rs, ag, ar, last = times
+    if policy == "fsdp" and layout.pp > 1:  # torch.distributed.pipelining's FSDP2: gathered and reduced once a step
+        units = max(1, math.ceil(spec.architecture.num_layers / layout.pp))
+        total, exposed = comm.fsdp_pipelined_comm_s(rs, ag, mb_s - bwd_s, bwd_s, layout.grad_accum, units,
+                                                    reshard=layout.reshard_after_forward, replica_all_reduce_s=ar)
+        passes = layout.grad_accum if layout.reshard_after_forward else 1
+        # the reduce-scatter and all-reduce after the last backward outlast the stage's compute; the gathers do not
+        return total, exposed, passes * ag, rs, _beside(total, exposed, layout.grad_accum * mb_s), rs + ar
     if policy == "fsdp":
         total, exposed, gather, scatter = _fsdp_comm_s(rs, ag, ar, layout, place, mb_s, spec.architecture.num_layers)
         # each pass's first gather waits before any compute: exposed, but not outlasting the compute

@@ -248,6 +248,8 @@ def test_review_fixes_each_stated_by_the_source(capsys, tmp_path):
     text = out.read_text(encoding="utf-8")
     assert "  device: 1  # parallelism.pipeline_parallel_microbatch_size (local batch 16)" in text
     assert "gpus: 8  # the product" in text
+    # torchtitan's fsdp_reshard_after_forward "default" keeps the gathered parameters under a pipeline
+    assert "reshard_after_forward: false  # fsdp_reshard_after_forward 'default' with pipeline parallelism" in text
     toml.write_text('[model]\nname = "qwen3"\nflavor = "30B-A3B"\n[parallelism]\nexpert_parallel_degree = 2\n',
                     encoding="utf-8")
     run_ok(capsys, ["import", str(toml), "-o", str(out), "--model", "qwen3-30b-a3b", "--gpus", "8"])

@@ -508,3 +508,26 @@ def test_nccl_buffers_sit_outside_torch_s_allocator():
     for model in ("d24", "gpt2-124m"):
         spec = load_model(model)
         assert comm_buffer_bytes(spec, lay, model_states(spec, lay)) == 0.0
+
+
+def test_zero3_under_a_pipeline_holds_the_stages_unsharded_gradients_by_hand():
+    """torch.distributed.pipelining's FSDP2 accumulates each stage's gradients unsharded (requires_gradient_sync
+    False until the step's reduce-scatter), in the compute dtype. Llama-3-8B, dp 4 x pp 2, ZeRO-3, not resharded
+    after forward: a stage holds 16 layers of 218,112,000 parameters (2 x 4096^2 + 2 x 4096 x 1024 + 3 x 4096 x
+    14336 + 2 x 4096) and the 128,256 x 4096 embedding or head (525,336,576): 4,015,128,576 parameters, gathered in
+    bf16 (8.03 GB) and their gradients in bf16 again (8.03 GB)."""
+    from ddplan.memory import comm_buffer_bytes
+
+    spec = load_model("llama-3-8b")
+    stage = 16 * 218_112_000 + 128_256 * 4096
+    assert stage == 4_015_128_576
+    piped = Layout(dp=4, pp=2, zero=3, micro_batch=1, grad_accum=8, reshard_after_forward=False)
+    assert comm_buffer_bytes(spec, piped, model_states(spec, piped)) == pytest.approx(2 * stage * 2, rel=1e-5)
+    # resharded after forward: two units gathered (a unit: the stage's bytes over its 16 layers), the stage's
+    # gradients still held
+    resharded = Layout(dp=4, pp=2, zero=3, micro_batch=1, grad_accum=8)
+    assert comm_buffer_bytes(spec, resharded, model_states(spec, resharded)) == pytest.approx(
+        2 * (stage * 2 / 16) + stage * 2, rel=1e-5)
+    # one stage (pp 1): no gradient held beyond the sharded ones
+    flat = Layout(dp=4, zero=3, micro_batch=1, grad_accum=8, reshard_after_forward=False)
+    assert comm_buffer_bytes(spec, flat, model_states(spec, flat)) == pytest.approx(8_030_261_248 * 2, rel=1e-5)

@@ -106,6 +106,22 @@ def test_a_ring_over_one_nic_per_node_by_hand():
 # Overlap formulas
 
 
+def test_fsdp_pipelined_comm_by_hand():
+    """comm.fsdp_pipelined_comm_s docstring examples: rs 30, ag 20, forward 50, backward 100 ms, accum 8, 10 units."""
+    kept = comm.fsdp_pipelined_comm_s(0.030, 0.020, 0.050, 0.100, 8, 10, reshard=False)
+    assert kept == pytest.approx((0.050, 0.032))  # 20 + 30; 30 + max(0, 20 - 50) + 20 / 10
+    assert comm.fsdp_pipelined_comm_s(0.030, 0.020, 0.050, 0.100, 8, 10, reshard=True) == \
+        pytest.approx((0.190, 0.046))  # 8 x 20 + 30; 30 + 8 x (0 + 2)
+    # the replicas' all-reduce runs once, after the reduce-scatter: on both, in full
+    assert comm.fsdp_pipelined_comm_s(0.030, 0.020, 0.050, 0.100, 8, 10, reshard=False,
+                                      replica_all_reduce_s=0.080) == pytest.approx((0.130, 0.112))
+    # a gather longer than the first forward shows its excess
+    assert comm.fsdp_pipelined_comm_s(0.030, 0.070, 0.050, 0.100, 8, 10, reshard=False)[1] == \
+        pytest.approx(0.030 + 0.020 + 0.007)
+    # against the per-micro-batch rule (fsdp_comm_s): 8 x (2 x 20 + 30) = 560 ms sent
+    assert comm.fsdp_comm_s(0.030, 0.020, 0.150, 8, 10)[0] == pytest.approx(0.560)
+
+
 def test_fsdp_comm_by_hand():
     """comm.fsdp_comm_s docstring examples."""
     assert comm.fsdp_comm_s(0.030, 0.020, 0.050, 2, 10) == pytest.approx((0.140, 0.048))

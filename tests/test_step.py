@@ -262,6 +262,21 @@ def test_fsdp2_copies_join_compute_at_hbm_speed():
     assert with_copies.optimizer_s == without.optimizer_s and with_copies.tp_comm_s == without.tp_comm_s
 
 
+def test_zero3_under_a_pipeline_gathers_and_reduces_once_a_step():
+    """ZeRO-3 with pp > 1 runs as torch.distributed.pipelining's FSDP2 (comm.fsdp_pipelined_comm_s): kept after
+    forward, the parameters are gathered once and the gradients reduced once a step, so the step's data-parallel
+    traffic does not grow with the micro-batches; resharded, each micro-batch's backward gathers again."""
+    kept = [run_step("gpt2-124m", gpt2(dp=2, pp=2, zero=3, grad_accum=k, reshard_after_forward=False)) for k in (4, 8)]
+    assert kept[0].dp_comm_total_s == pytest.approx(kept[1].dp_comm_total_s, rel=1e-12)
+    assert kept[0].dp_comm_total_s == pytest.approx(kept[0].mb_gather_s + kept[0].mb_scatter_s, rel=1e-12)
+    resharded = [run_step("gpt2-124m", gpt2(dp=2, pp=2, zero=3, grad_accum=k)) for k in (4, 8)]
+    assert resharded[1].mb_gather_s == pytest.approx(2 * resharded[0].mb_gather_s, rel=1e-12)
+    assert resharded[1].mb_scatter_s == pytest.approx(resharded[0].mb_scatter_s, rel=1e-12)
+    # the per-micro-batch rule (pp 1) sends two gathers and a reduce-scatter every micro-batch
+    flat = run_step("gpt2-124m", gpt2(dp=4, zero=3, grad_accum=8))
+    assert flat.dp_comm_total_s == pytest.approx(8 * (flat.mb_gather_s + flat.mb_scatter_s), rel=1e-12)
+
+
 # --------------------------------------------------------------------------------------------
 # step_time
 
