@@ -1477,6 +1477,12 @@ def _unfused_attention(bld: _Builder, i: int, window: int, kind: AttentionKind) 
                       recompute_skip=("selective",)))
 
 
+# torchtitan's ChunkedLossWrapper (Recipe.cross_entropy "chunked") splits the tokens into Config.num_chunks = 8, the
+# default every Llama 3 preset keeps (torchtitan/components/loss.py@b5bcd76 L501-544, models/llama3/
+# config_registry.py@b5bcd76 L42)
+LOSS_CHUNKS = 8
+
+
 def _head(bld: _Builder) -> None:
     a, t, e = bld.a, bld.t, bld.e
     v = a.vocab_size
@@ -1493,21 +1499,31 @@ def _head(bld: _Builder) -> None:
     bld.gemm("lm_head", None, a.d_model, v, "xn_f", group, x_saved_tag="pointwise")
     le = dtype_bytes(bld.spec.dtypes.logits)
     tv = t * v
+    kernel = bld.spec.recipe.cross_entropy
+    # "chunked" (torchtitan's ChunkedLossWrapper): the head and an eager cross entropy run chunk by chunk of the
+    # tokens, each chunk's backward at once, so one chunk's logits and loss tensors are alive at a time (mv: the
+    # elements whose bytes are held), while the work is every token's
+    mv = tv / LOSS_CHUNKS if kernel == "chunked" else tv
+    if kernel == "chunked":
+        # the chunks' gradients are gathered into one fp32 buffer of the hidden states, kept through the loop
+        # (GradAccumulator(hidden_states, num_chunks, dtype=torch.float32))
+        bld.pointwise("loss_grad_accumulator", None, t * a.d_model, reads=0, writes=1, flops_per_element=0.0,
+                      elem_bytes=4, saves=(Saved("loss_grad_accumulator", t * a.d_model * 4.0, tp_sharded=False),),
+                      bwd_reads=1, bwd_writes=1)
     # The compiled graph keeps the logits as the GEMM wrote them and recomputes the fp32 softcap and
     # log-softmax in backward; eager keeps the fp32 intermediates below.
-    compiled_logits = Saved("logits", tv * e, "compiled")
-    kernel = bld.spec.recipe.cross_entropy
+    compiled_logits = Saved("logits", mv * e, "compiled")
     if kernel in ("fused", "te") and not a.logit_softcap:
         _fused_cross_entropy(bld, tv * e, e, in_place=kernel == "te")  # reads the GEMM's logits as they are
         return
     if le != e:
         in_place = kernel == "vocab-parallel"  # the copy is the saved softmax (below)
         bld.pointwise("logits_cast", None, tv, reads=1, writes=1, flops_per_element=0.0, elem_bytes=(e + le) // 2,
-                      saves=() if in_place else (compiled_logits,), transient=tv * e if in_place else tv * (le + e))
+                      saves=() if in_place else (compiled_logits,), transient=mv * e if in_place else mv * (le + e))
     if a.logit_softcap:
         # softcap * tanh(logits / softcap): tanh saves its output
         bld.pointwise("logits_softcap", None, tv, reads=1, writes=3, flops_per_element=4.0, elem_bytes=le,
-                      saves=(Saved("logits_tanh", tv * le, "pointwise"), compiled_logits), transient=2 * tv * le)
+                      saves=(Saved("logits_tanh", mv * le, "pointwise"), compiled_logits), transient=2 * mv * le)
     # cross-entropy: log_softmax saves its output; nll_loss reads one entry per row. Backward builds
     # the dense gradient of the log-probabilities, then of the logits: two vocab-wide fp32 buffers.
     # Megatron's vocab-parallel cross entropy (spec.recipe.cross_entropy "vocab-parallel") works in place on
@@ -1524,12 +1540,12 @@ def _head(bld: _Builder) -> None:
         return
     in_place = kernel == "vocab-parallel"
     beside = tv * e if le != e else 0.0
-    probs = Saved("softmax", tv * le, "keep") if in_place else Saved("log_probs", tv * le, "pointwise")
+    probs = Saved("softmax", tv * le, "keep") if in_place else Saved("log_probs", mv * le, "pointwise")
     bld.pointwise("cross_entropy", None, tv, reads=1, writes=1, flops_per_element=5.0, elem_bytes=le,
                   saves=(probs, Saved("targets", t * 8, tp_sharded=False),
                          Saved("loss_total_weight", 4, tp_sharded=False),  # nll_loss's 0-d fp32
                          *(() if in_place else (compiled_logits,))),
-                  bwd_reads=1, bwd_writes=1, kind="reduction", transient=beside if in_place else 2 * tv * le)
+                  bwd_reads=1, bwd_writes=1, kind="reduction", transient=beside if in_place else 2 * mv * le)
 
 
 def _fused_cross_entropy(bld: _Builder, logits_bytes: float, elem: int, in_place: bool = False) -> None:

@@ -289,6 +289,10 @@ def _torchtitan(text: str, path: Path, out: Imported) -> None:
         return table.get(key, default) if isinstance(table, dict) else default
 
     training, par = cfg.get("training", {}), cfg.get("parallelism", {})
+    # a TOML is torchtitan before its 2026-02-23 config refactor (9810191): its loss was one eager cross entropy on
+    # the float logits (the profile's chunked loss came 2026-06-26, 9530a87), stated so the profile's does not stand in
+    out.set("cross_entropy", "eager", "a job TOML: torchtitan before 2026-02-23, one cross entropy on the float logits "
+            "(the chunked loss came 2026-06-26)")
     for name, table in (("training", training), ("parallelism", par), ("model", cfg.get("model", {})),
                         ("activation_checkpoint", cfg.get("activation_checkpoint", {}))):
         if not isinstance(table, dict):

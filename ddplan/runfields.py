@@ -16,7 +16,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddplan.specs import GRADS, WEIGHTS
+from ddplan.specs import CROSS_ENTROPY, GRADS, WEIGHTS
 
 COMMANDS = ("table", "memory", "plan")
 # --help's panels, in their order (issue 38: table --help listed 52 options in one run); the output options
@@ -308,8 +308,9 @@ FIELDS: tuple[RunField, ...] = (
        "takes the gradient in place) or fused (a fused kernel, flash-attention's as llm-foundry's MPT runs it: keeps the "
        "16-bit logits and a log-sum-exp, writes a 16-bit gradient) or te (Transformer Engine's parallel cross "
        "entropy, Megatron-Core --cross-entropy-fusion-impl te: keeps the 16-bit logits, writes the gradient into them "
-       "in place); default: the model spec's (eager).",
-       ("eager", "vocab-parallel", "fused", "te"), MODEL),
+       "in place) or chunked (torchtitan's chunked loss: the head and an eager cross entropy on 1/8 of the tokens at "
+       "a time, each chunk's backward at once); default: the model spec's (eager).",
+       CROSS_ENTROPY, MODEL),
     _f("moe_weighting", "Mixture of experts: where each routed copy is multiplied by its routing probability: combine "
        "(on the experts' outputs at the un-permute, which saves them: HF transformers, Megatron-Core before "
        "Megatron-LM !2668) or activation (inside the experts' fused weighted SwiGLU, which saves only its input and "

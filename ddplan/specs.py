@@ -162,7 +162,7 @@ Collective = Literal["all_reduce", "reduce_scatter", "all_gather"]
 Fp8Format = Literal["e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz"]
 Fp8Recipe = Literal["tensorwise", "delayed", "current", "nanochat"]
 Fp8WeightCasts = Literal["micro-batch", "step"]
-CrossEntropy = Literal["eager", "vocab-parallel", "fused", "te"]
+CrossEntropy = Literal["eager", "vocab-parallel", "fused", "te", "chunked"]
 # where a mixture of experts multiplies each routed copy by its routing probability (Recipe.moe_weighting)
 MoeWeighting = Literal["combine", "activation"]
 # how a block's norms, rotary embedding and SwiGLU run (Recipe.fusions)
@@ -634,8 +634,10 @@ class Recipe(Strict):
     # into it in place) or a fused kernel ("fused": flash-attention's CrossEntropyLoss, llm-foundry's default, which
     # keeps the 16-bit logits and each token's fp32 log-sum-exp and writes a 16-bit gradient) or Transformer Engine's
     # parallel cross entropy ("te": Megatron-Core's --cross-entropy-fusion-impl te, as NeMo's performance scripts set
-    # it: keeps the 16-bit logits and three fp32 figures a token, writes the gradient into the logits in place;
-    # ddplan.specs.CROSS_ENTROPY)
+    # it: keeps the 16-bit logits and three fp32 figures a token, writes the gradient into the logits in place) or
+    # torchtitan's chunked loss ("chunked": the head and an eager cross entropy run on 1 / LOSS_CHUNKS of the tokens
+    # at a time, each chunk's backward at once, its gradient gathered in an fp32 buffer of the hidden states;
+    # ddplan.anatomy._head; ddplan.specs.CROSS_ENTROPY)
     cross_entropy: CrossEntropy = "eager"
     # where a mixture of experts weights each routed copy by its routing probability (ddplan.anatomy._moe):
     # "combine" multiplies the experts' outputs at the un-permute, which saves them for the probabilities' gradient

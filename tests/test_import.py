@@ -19,18 +19,19 @@ DATA = Path(__file__).parent / "data" / "import"
 CASES = {
     # [parallelism] shard -1, tp/pp/cp 1 -> FSDP over the world size, which the file gives only in its note ("a
     # preset for 64 A100 GPUs"); local_batch_size 1, seq_len 8192 -> 64 x 8192 tokens a step; steps 1000;
-    # activation_checkpoint selective + op -> per-op; compile off; bf16 params, fp32 reduce; no fp8 converter
+    # activation_checkpoint selective + op -> per-op; compile off; bf16 params, fp32 reduce; no fp8 converter; a TOML
+    # is torchtitan before its chunked loss: eager cross entropy
     "torchtitan-llama3-8b.toml": ([], [
         "--model", "llama-3-8b", "--framework", "torchtitan", "--hardware", "a100-sxm-80gb", "--gpus", "64",
         "--tp", "1", "--pp", "1", "--cp", "1", "--zero", "3", "--device-batch-size", "1",
         "--total-batch-size", str(64 * 8192), "--seq-len", "8192", "--steps", "1000", "--dtype", "bf16",
-        "--grads", "fp32", "--recompute", "per-op", "--no-compile"]),
+        "--grads", "fp32", "--recompute", "per-op", "--no-compile", "--cross-entropy", "eager"]),
     # the 70B preset: tp 8, local batch 8, full AC; world size 64 from its note -> dp 8, 64 sequences a step
     "torchtitan-llama3-70b.toml": ([], [
         "--model", "llama-3-70b", "--framework", "torchtitan", "--hardware", "a100-sxm-80gb", "--gpus", "64",
         "--tp", "8", "--pp", "1", "--cp", "1", "--zero", "3", "--device-batch-size", "8",
         "--total-batch-size", str(64 * 8192), "--seq-len", "8192", "--steps", "1000", "--dtype", "bf16",
-        "--grads", "fp32", "--recompute", "full", "--no-compile"]),
+        "--grads", "fp32", "--recompute", "full", "--no-compile", "--cross-entropy", "eager"]),
     # GPT-3 175B dims (96 x 12288, 96 heads, GPT-2 BPE padded to 51200 at tp 8), tp 8 pp 16, micro-batch 1,
     # global batch 1536 x 2048, fp16, 500,000 iterations; the script's 8 GPUs cannot hold tp x pp = 128, so
     # import --gpus 1024 states the run (as its "Change for multinode config" comment asks)

@@ -437,6 +437,40 @@ def test_a_fused_cross_entropy_keeps_the_16_bit_logits_and_writes_a_16_bit_gradi
     assert kept["logits"].bytes == 2 * tv and kept["loss_lse"].bytes == 4 * t
 
 
+def test_torchtitan_s_chunked_loss_holds_one_chunk_of_the_logits_and_an_fp32_gradient_buffer():
+    """torchtitan's ChunkedLossWrapper (components/loss.py@b5bcd76 L501-544): the head and an eager cross entropy run
+    on 1 / 8 of the tokens at a time, each chunk's backward at once, the chunks' gradients gathered in a float32
+    buffer of the hidden states. Hand count for GPT-2 small at 2 x 1,024 tokens (t = 2,048, d = 768, v = 50,257, bf16
+    logits, fp32 loss): eager keeps the fp32 log-probabilities, 4 tv; chunked one chunk's, 4 tv / 8, and the buffer,
+    4 t d: 3.5 tv - 4 t d bytes less. The working set is one chunk's, eager's 8 tv / 8 = tv. The work is the same."""
+    from ddplan.anatomy import LOSS_CHUNKS, build_anatomy
+    from ddplan.specs import run_variant
+
+    eager = load_model("gpt2")
+    chunked = run_variant(eager, cross_entropy="chunked")
+    assert LOSS_CHUNKS == 8
+    t, d, tv = 2 * 1024, 768, 2 * 1024 * 50257
+    a_e, a_c = (build_anatomy(s, batch=2, seq_len=1024) for s in (eager, chunked))
+    assert a_e.saved_bytes() - a_c.saved_bytes() == pytest.approx(4 * tv * 7 / 8 - 4 * t * d)
+    assert a_e.transient_bytes() == 8 * tv and a_c.transient_bytes() == pytest.approx(tv)
+    assert a_e.flops_fwd() == a_c.flops_fwd() and a_e.flops_bwd() == a_c.flops_bwd()
+    assert a_c.saved_tensors()["loss_grad_accumulator"].bytes == 4 * t * d
+
+
+def test_the_torchtitan_profile_runs_the_chunked_loss_and_an_imported_toml_the_eager_one(capsys, tmp_path):
+    """The profile (@b5bcd76) states the chunked loss; a job TOML is torchtitan from before the chunked loss (and
+    before the TOML configs went, 2026-02-23), so import states eager cross entropy for it."""
+    from cli_helpers import run_ok
+    from ddplan.registry import load_framework
+
+    assert load_framework("torchtitan").fields()[("cross_entropy",)] == "chunked"
+    toml, out = tmp_path / "job.toml", tmp_path / "run.yaml"
+    toml.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[parallelism]\ndata_parallel_shard_degree = 8\n',
+                    encoding="utf-8")
+    run_ok(capsys, ["import", str(toml), "-o", str(out)])
+    assert "cross_entropy: eager  # a job TOML: torchtitan before 2026-02-23" in out.read_text(encoding="utf-8")
+
+
 def test_transformer_engine_s_cross_entropy_keeps_the_16_bit_logits_and_writes_their_gradient_in_place():
     """Transformer Engine's parallel_cross_entropy (transformer_engine/pytorch/cross_entropy.py@02965d2e: saves
     (_input, target, m_d_X_y); triton/cross_entropy.py's backward stores the gradient into _input), Megatron-Core's
