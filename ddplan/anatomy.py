@@ -962,7 +962,7 @@ _COL = (".c_q", ".c_k", ".c_v", ".ve_gate", ".mlp.c_fc", ".mlp.gate", ".mlp.up",
 _ROW = (".attn.c_proj", ".mlp.c_proj", ".experts.c_proj", ".shared.c_proj")
 _NUMEL = (".attn.rope", ".attn.q_norm", ".attn.k_norm", ".attn.ve_mix", ".ve", ".mlp.act", ".attn.repeat_kv",
           ".attn.probs_dropout", ".experts.act", ".shared.act")
-_HEAD = ("logits_cast", "logits_softcap", "cross_entropy")
+_HEAD = ("logits_cast", "logits_softcap", "cross_entropy", "loss_head_grad")  # vocab-parallel: split over tp
 
 
 def tp_split(name: str, kind: str) -> str | None:
@@ -1502,7 +1502,8 @@ def _head(bld: _Builder) -> None:
     kernel = bld.spec.recipe.cross_entropy
     # "chunked" (torchtitan's ChunkedLossWrapper): the head and an eager cross entropy run chunk by chunk of the
     # tokens, each chunk's backward at once, so one chunk's logits and loss tensors are alive at a time (mv: the
-    # elements whose bytes are held), while the work is every token's
+    # elements whose bytes are held), while the work is every token's and the head's gradient is added up chunk by
+    # chunk (below); each chunk's input to the head is a view of the hidden states (a dim-0 split), no copy
     mv = tv / LOSS_CHUNKS if kernel == "chunked" else tv
     if kernel == "chunked":
         # the chunks' gradients are gathered into one fp32 buffer of the hidden states, kept through the loop
@@ -1510,6 +1511,16 @@ def _head(bld: _Builder) -> None:
         bld.pointwise("loss_grad_accumulator", None, t * a.d_model, reads=0, writes=1, flops_per_element=0.0,
                       elem_bytes=4, saves=(Saved("loss_grad_accumulator", t * a.d_model * 4.0, tp_sharded=False),),
                       bwd_reads=1, bwd_writes=1)
+        # and the head weight's gradient adds up over the chunks (FSDP2 gradient sync off on lm_head for all but the
+        # last, loss.py@b5bcd76 L663-667) in the reduce dtype (torch _fsdp_param.py to_accumulated_grad_if_needed
+        # casts the first chunk's, accumulate_unsharded_grad_if_needed adds each later one; in the compute dtype
+        # autograd adds them): held through the loop, and per element c + r, then c + 2 r a chunk (r != c), or 3 c a
+        # chunk after the first (r = c)
+        r = bld.spec.dtypes.reduce_bytes(group)
+        moved = (e + r) + (LOSS_CHUNKS - 1) * (e + 2 * r) if r != e else (LOSS_CHUNKS - 1) * 3 * e
+        bld.pointwise("loss_head_grad", None, a.d_model * v, reads=int(moved), writes=0, flops_per_element=0.0,
+                      elem_bytes=1, saves=(Saved("loss_head_grad", a.d_model * v * float(r)),), bwd_reads=0,
+                      bwd_writes=0)
     # The compiled graph keeps the logits as the GEMM wrote them and recomputes the fp32 softcap and
     # log-softmax in backward; eager keeps the fp32 intermediates below.
     compiled_logits = Saved("logits", mv * e, "compiled")

@@ -480,11 +480,13 @@ def fsdp_pipelined_comm_s(rs_s: float, ag_s: float, fwd_s: float, bwd_s: float, 
     Every micro-batch's backward runs with set_requires_gradient_sync(False) and set_reshard_after_backward(False)
     (torch 2.13 distributed/pipelining/stage.py, backward_maybe_with_nosync): the gradients accumulate unsharded and
     the stage's one reduce-scatter (and the hybrid replicas' one all-reduce) runs after its last backward
-    (perform_reduce_grad, the schedule's REDUCE_GRAD action), with none of the stage's compute left to hide it. The
+    (perform_reduce_grad, the schedule's REDUCE_GRAD action), with none of the stage's compute left to hide it
+    (Megatron-Core's schedules likewise reduce once, after the last micro-batch: schedules.py@d98e8a64 L1127-1140,
+    disable_grad_sync; ddplan applies this to every ZeRO-3 layout with pp > 1). The
     parameters: without resharding after forward (torchtitan's default with a pipeline, fsdp.py@b5bcd76 L112-136)
     they are gathered once, unit by unit under the first micro-batch's forward, and kept for the step; with it, each
     micro-batch's backward gathers them again (the forward after a backward finds them still gathered; the warm-up
-    forwards' own gathers, at most pp - 1, are left out):
+    forwards' own gathers, at most pp, are left out):
 
         gathers = accum if reshard else 1;  total = gathers x ag + rs + ar
         exposed = rs + ar + (accum x (max(0, ag - bwd) + ag / units) if reshard else max(0, ag - fwd) + ag / units)

@@ -423,7 +423,8 @@ def comm_buffer_bytes(spec: ModelSpec, layout: Layout, states: dict[str, dict[st
                       assumptions: MemoryAssumptions = MemoryAssumptions()) -> float:
     """Communication buffers per GPU that torch allocates, bytes: DDP's gradient bucket copy (ZeRO-0) or ZeRO-1's
     reduce buckets, and ZeRO-3's gathered parameters (two FSDP units, or every layer of the stage without
-    resharding after forward; under a pipeline, the stage's unsharded gradients too); NCCL's own buffers are outside_allocator_bytes'. Depends on the layout and its model
+    resharding after forward or under a pipeline, which also holds the stage's unsharded gradients); NCCL's own
+    buffers are outside_allocator_bytes'. Depends on the layout and its model
     states only (not on the micro-batch, the recompute policy or the anatomy): memory_per_gpu's comm_buffers term.
     """
     comm = 0.0
@@ -440,21 +441,23 @@ def comm_buffer_bytes(spec: ModelSpec, layout: Layout, states: dict[str, dict[st
         stage_layers = max(1, round(_busiest_stage_share(layout, spec.architecture.num_layers)
                                     * spec.architecture.num_layers))
         cb = dtype_bytes(spec.dtypes.compute)
-        # with an fp8 all-gather the fp8 GEMMs' weights arrive at 1 byte an element (torchao); each group's
-        # shard is gathered over its own shard group (the routed experts' is the expert-data-parallel one)
+        # each group's elements on this rank's stage, unsharded: its shard over its own shard group (the routed
+        # experts' is the expert-data-parallel one)
+        elements = {g: b / dtype_bytes(spec.dtypes.params[g])
+                    * (expert_shard(layout) if g == EXPERT_GROUP else layout.shard_degree)
+                    for g, b in states["params"].items()}
+        # with an fp8 all-gather the fp8 GEMMs' weights arrive at 1 byte an element (torchao)
         fp8 = fp8_weight_fractions(spec) if layout.fp8_all_gather else {}
-        gathered = sum(b / dtype_bytes(spec.dtypes.params[g]) * (cb - (cb - 1) * fp8.get(g, 0.0))
-                       * (expert_shard(layout) if g == EXPERT_GROUP else layout.shard_degree)
-                       for g, b in states["params"].items())  # bytes of the stage's parameters, as gathered
-        per_layer = gathered / stage_layers
-        comm += (2 if layout.reshard_after_forward else stage_layers) * per_layer
+        gathered = sum(e * (cb - (cb - 1) * fp8.get(g, 0.0)) for g, e in elements.items())  # the stage's, gathered
         if layout.pp > 1:
-            # under a pipeline (torch.distributed.pipelining's FSDP2: set_requires_gradient_sync(False) in every
-            # micro-batch's backward, ddplan.comm.fsdp_pipelined_comm_s) the stage's gradients accumulate unsharded,
-            # in the compute dtype, until the step's one reduce-scatter
-            comm += sum(b / dtype_bytes(spec.dtypes.params[g]) * cb
-                        * (expert_shard(layout) if g == EXPERT_GROUP else layout.shard_degree)
-                        for g, b in states["params"].items())
+            # under a pipeline (torch.distributed.pipelining's FSDP2, ddplan.comm.fsdp_pipelined_comm_s) no backward
+            # reshards (set_reshard_after_backward(False)): the whole stage stays gathered, and its gradients add up
+            # unsharded until the step's one reduce-scatter, in the reduce dtype (to_accumulated_grad_if_needed
+            # casts the first when it differs from the compute dtype)
+            comm += gathered + sum(e * spec.dtypes.reduce_bytes(g) for g, e in elements.items())
+        else:
+            per_layer = gathered / stage_layers
+            comm += (2 if layout.reshard_after_forward else stage_layers) * per_layer
     return comm
 
 

@@ -61,7 +61,8 @@ VALIDATED_RATIO_MOE = (0.86, 2.18)  # the dense low end; 2.177 (Megatron-FSDP Qw
 # (ddplan.validation.band_ratio(fp8=True)): five sources, so a wider t than the 16-bit band's. Slow: OLMo-core's 32B
 # fp8 row, 1.40 x the prediction (slow in bf16 too). Fast: MLPerf's H100 runs, left out, priced at the other stacks'
 # fraction (no tuned stack left to fit), 0.73-0.84 x, and MLPerf's MI355X runs (mlperf-training-amd, the GPU's
-# efficiencies assumed), 0.77-0.82 x. 0.76-1.37 before those (2026-12-06, 52 runs of 4 sources); as 5th-95th
+# efficiencies assumed), 0.77-0.82 x. 0.76-1.35 before those (2026-12-06, 52 runs of 4 sources; 0.76-1.37 before
+# FSDP2's copies were priced); as 5th-95th
 # percentiles: 0.80-1.34 (before the interval), 0.81-1.42 with fp8 priced by stack before FP8-LM's table, 0.81-1.69
 # with one fp8 fraction for every stack, 0.80-1.22 before OLMo-core's table, 0.78-1.24 before Megatron-Core's fp8
 # weights were cast once a step

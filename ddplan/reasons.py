@@ -69,7 +69,7 @@ def zero3_lines(r: dict) -> list[str]:
     st, lay = priced.step, priced.layout
     if lay.pp > 1:  # torch.distributed.pipelining's FSDP2 (comm.fsdp_pipelined_comm_s)
         gathered = ("in each micro-batch's backward" if lay.reshard_after_forward else
-                    "once, under the first micro-batch's forward, and kept")
+                    "once, under the first micro-batch's forward, and keeps them")
         return [f"ZeRO-3 under the pipeline: each stage all-gathers its parameters {gathered} "
                 f"({1000 * st.mb_gather_s:.1f} ms a step) and reduce-scatters its accumulated gradients once, after "
                 f"its last backward ({1000 * st.mb_scatter_s:.1f} ms): {1000 * st.dp_comm_exposed_s:.0f} ms a step "

@@ -54,8 +54,8 @@ class StepTime:
     # reduce-scatter; under a pipeline (pp > 1) a step's, which gathers and reduces once (comm.fsdp_pipelined_comm_s)
     mb_gather_s: float = 0.0
     mb_scatter_s: float = 0.0
-    # torch FSDP2's copies into and out of its collectives' buffers, on the compute stream (Layout.fsdp2); part of
-    # compute_s, which runs them between the micro-batches' kernels
+    # a step's torch FSDP2 copies into and out of its collectives' buffers, on the compute stream (Layout.fsdp2);
+    # part of compute_s, which runs them between the micro-batches' kernels
     fsdp2_copies_s: float = 0.0
 
     @property
@@ -117,54 +117,80 @@ def grad_sync_buffers(spec: ModelSpec, layout: Layout, experts: bool = False) ->
     return out
 
 
+def fsdp2_gathers(layout: Layout) -> int:
+    """All-gathers of a ZeRO-3 rank's parameters in one step: every micro-batch's forward, and backward when resharded
+    after forward (torch FSDP's default); under a pipeline (pp > 1: comm.fsdp_pipelined_comm_s) once a step when
+    kept after forward, else each micro-batch's backward (the warm-up forwards' own gathers, at most pp, left out)."""
+    if layout.pp > 1:
+        return layout.grad_accum if layout.reshard_after_forward else 1
+    return layout.grad_accum * (2 if layout.reshard_after_forward else 1)
+
+
 def fsdp2_copy_bytes(spec: ModelSpec, layout: Layout) -> float:
-    """Bytes one micro-batch's torch FSDP2 copies move on a rank's compute stream (Layout.fsdp2; 0 without it).
+    """Bytes one step's torch FSDP2 copies move on a rank's compute stream (Layout.fsdp2; 0 without it).
 
     fully_shard all-gathers each unit's shards into one flat buffer and copies it out into the parameters'
     unsharded tensors (foreach_all_gather_copy_out's split_with_sizes_copy, in FSDPParamGroup.wait_for_unshard on
-    the current stream); backward copies the unsharded gradients into the reduce-scatter buffer, cast to the reduce
-    dtype (foreach_reduce_scatter_copy_in's chunk_cat, before reduce_scatter_stream.wait_stream): torch 2.13
-    distributed/fsdp/_fully_shard/_fsdp_collectives.py, _fsdp_param_group.py. Per parameter element of the rank's
-    share (tp, the busiest stage, 1 / ep of the routed experts: as grad_sync_buffers sizes the collectives):
+    the current stream); with one shard rank it skips the collective, not the copies: it casts the shard to the
+    compute dtype and copies it into the unsharded tensor (wait_for_unshard's world-size-1 path). Backward copies
+    the unsharded gradients into the reduce-scatter buffer, cast to the reduce dtype (foreach_reduce_scatter_copy_in's
+    chunk_cat, before reduce_scatter_stream.wait_stream), every micro-batch; under a pipeline (pp > 1) once a step,
+    after each micro-batch's gradients were added up unsharded (post_backward with gradient sync off:
+    to_accumulated_grad_if_needed casts the first to the reduce dtype, accumulate_unsharded_grad_if_needed adds each
+    later one; in the compute dtype autograd adds them). torch 2.13 distributed/fsdp/_fully_shard/
+    _fsdp_collectives.py, _fsdp_param_group.py, _fsdp_param.py. Per parameter element of the rank's share (tp, the
+    busiest stage, 1 / ep of the routed experts: as grad_sync_buffers sizes the collectives), in a step:
 
-        bytes = gathers x 2 x g + c + r
+        gathers x (2 g, or p + 3 c with one shard rank) + gradients
+        gradients = accum x (c + r);  pp > 1: c + r with one micro-batch, else (c + r) + (accum - 1)(c + 2 r) + 2 r
+                    (r != c), or (accum - 1) 3 c + 2 c (r = c)
 
-    g: an element as gathered (the compute dtype's bytes; an fp8 GEMM's weight 1 with Layout.fp8_all_gather), read
-    and written by the copy-out, once per all-gather (gathers: 2 when resharded after forward, else 1); c + r: the
-    gradient read in the compute dtype and written in the reduce dtype (Dtypes.reduce_bytes). The all-gather input's
-    cast of the local shard moves 1 / shard degree of that and is left out; so is a group whose shards span one rank
-    (FSDP2 then skips the gather). Flat-parameter FSDP (FSDP1) gathers into the flat parameter the modules view
-    and reduces the flat gradient in place: no copy.
-    e.g. 8B parameters in bf16, resharded, reduced in fp32: 8e9 x (2 x 2 x 2 + 2 + 4) = 112 GB a micro-batch, 33 ms
-    at H100 SXM's 3.35 TB/s.
+    gathers: fsdp2_gathers; g: an element as gathered (c, the compute dtype's bytes; an fp8 GEMM's weight 1 with
+    Layout.fp8_all_gather); p: the parameter's bytes; r: the reduce dtype's (Dtypes.reduce_bytes). The all-gather
+    input's cast of the local shard runs on the copy-in stream, beside compute, and is left out; so is the reduced
+    shard's copy on the reduce-scatter stream. Flat-parameter FSDP (FSDP1) gathers into the flat parameter the
+    modules view and reduces the flat gradient in place: no copy.
+    e.g. 8B parameters in bf16, one micro-batch, resharded, reduced in fp32: 8e9 x (2 x 2 x 2 + 2 + 4) = 112 GB, 33 ms
+    at H100 SXM's 3.35 TB/s peak, 39 ms at its spec's HBM efficiency (0.866).
     """
     if not layout.fsdp2 or layout.zero != 3:
         return 0.0
     counts, dt = counts_of(spec.architecture), spec.dtypes
     fp8 = fp8_weight_fractions(spec) if layout.fp8_all_gather else {}
-    ce, gathers = dtype_bytes(dt.compute), 2 if layout.reshard_after_forward else 1
+    c, accum, gathers = dtype_bytes(dt.compute), layout.grad_accum, fsdp2_gathers(layout)
     total = 0.0
     for group, n in counts.items():
-        experts = group == EXPERT_GROUP
-        if not n or (expert_shard(layout) if experts else layout.shard_degree) < 2:
+        if not n:
             continue
+        experts = group == EXPERT_GROUP
         share = _stage_share(group, layout, spec.architecture.num_layers, spec.architecture)
         if experts:  # 1 / ep of the experts, split over the experts' tp degree
             share *= layout.expert_rows_split / layout.ep
-        gathered = ce - (ce - 1) * fp8.get(group, 0.0)
-        total += n * share * (gathers * 2 * gathered + ce + dt.reduce_bytes(group))
+        r = dt.reduce_bytes(group)
+        if (expert_shard(layout) if experts else layout.shard_degree) > 1:
+            gather = 2 * (c - (c - 1) * fp8.get(group, 0.0))
+        else:
+            gather = dtype_bytes(dt.params[group]) + 3 * c
+        if layout.pp == 1 or accum == 1:
+            grads = accum * (c + r)
+        elif r != c:
+            grads = (c + r) + (accum - 1) * (c + 2 * r) + 2 * r
+        else:
+            grads = (accum - 1) * 3 * c + 2 * c
+        total += n * share * (gathers * gather + grads)
     return total
 
 
 def fsdp2_copies_s(spec: ModelSpec, layout: Layout, r: Rates) -> float:
-    """Seconds of one micro-batch's FSDP2 copies (fsdp2_copy_bytes) at the memory rate the roofline gives
-    memory-bound kernels (HBM bandwidth x its efficiency), plus one launch a unit per copy: a copy-out per
-    all-gather and a copy-in per reduce-scatter, one unit a block (torchtitan and OLMo-core wrap each block)."""
+    """Seconds of one step's FSDP2 copies (fsdp2_copy_bytes) at the memory rate the roofline gives memory-bound
+    kernels (HBM bandwidth x its efficiency), plus a launch a unit (torchtitan and OLMo-core wrap each block) for each
+    copy-out (fsdp2_gathers) and each micro-batch's copy-in or accumulation (and under a pipeline the step's
+    copy-in)."""
     moved = fsdp2_copy_bytes(spec, layout)
     if not moved:
         return 0.0
     units = math.ceil(spec.architecture.num_layers / layout.pp)
-    copies = (2 if layout.reshard_after_forward else 1) + 1
+    copies = fsdp2_gathers(layout) + layout.grad_accum + (1 if layout.pp > 1 and layout.grad_accum > 1 else 0)
     return moved / (r.hbm_bytes_per_s * r.hbm) + units * copies * r.kernel_overhead_s
 
 
@@ -249,7 +275,7 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
     a, e = spec.architecture, dtype_bytes(spec.dtypes.compute)
     place = _placed(layout, hw, cache)  # where its tp, cp, ep and pipeline groups sit
     stage, stage_moe, mbt = _busiest_stage(spec, anatomy, r, parts, p, cache)
-    copies = accum * fsdp2_copies_s(spec, layout, r)
+    copies = fsdp2_copies_s(spec, layout, r)
     compute = accum * mbt.total_s + copies
 
     tp_s = 0.0
@@ -433,8 +459,9 @@ def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, m
               place: Placement | None = None) -> tuple[float, float, float, float, float, float]:
     """(total, exposed, gather, scatter, beside, outlasting) seconds of data-parallel communication in one step, by
     the layout's policy; gather and scatter: one micro-batch's ZeRO-3 parameter all-gathers (every pass) and gradient
-    reduce-scatter (with pp > 1 a step's: comm.fsdp_pipelined_comm_s; 0 for the other policies); beside: the collectives' time beside the compute they overlap (at
-    most that compute), outlasting: the time they run on past it (comm.overlap_cost_s takes both).
+    reduce-scatter (with pp > 1 a step's: comm.fsdp_pipelined_comm_s; 0 for the other policies); beside: the
+    collectives' time beside the compute they overlap (at most that compute), outlasting: the time they run on past
+    it (comm.overlap_cost_s takes both).
 
     DDP: comm.ddp_exposed_s; ZeRO-1/2 and FSDP: comm.zero1_comm_s, zero2_comm_s, fsdp_comm_s (under a pipeline,
     fsdp_pipelined_comm_s: torch.distributed.pipelining's FSDP2, gathered and reduced once a step); nanochat's

@@ -440,21 +440,28 @@ def test_a_fused_cross_entropy_keeps_the_16_bit_logits_and_writes_a_16_bit_gradi
 def test_torchtitan_s_chunked_loss_holds_one_chunk_of_the_logits_and_an_fp32_gradient_buffer():
     """torchtitan's ChunkedLossWrapper (components/loss.py@b5bcd76 L501-544): the head and an eager cross entropy run
     on 1 / 8 of the tokens at a time, each chunk's backward at once, the chunks' gradients gathered in a float32
-    buffer of the hidden states. Hand count for GPT-2 small at 2 x 1,024 tokens (t = 2,048, d = 768, v = 50,257, bf16
-    logits, fp32 loss): eager keeps the fp32 log-probabilities, 4 tv; chunked one chunk's, 4 tv / 8, and the buffer,
-    4 t d: 3.5 tv - 4 t d bytes less. The working set is one chunk's, eager's 8 tv / 8 = tv. The work is the same."""
+    buffer of the hidden states, and the head weight's gradient added up over the chunks in the reduce dtype (FSDP2
+    gradient sync off for all but the last chunk, L663-667; torch's to_accumulated_grad_if_needed). Hand count for
+    GPT-2 small at 2 x 1,024 tokens (t = 2,048, d = 768, v = 50,257, bf16 logits, fp32 loss, fp32 gradients, the
+    head tied to the embedding): eager keeps the fp32 log-probabilities, 4 tv; chunked one chunk's, 4 tv / 8, the
+    buffer, 4 t d, and the head's fp32 gradient, 4 d v: 3.5 tv - 4 t d - 4 d v bytes less. The working set is one
+    chunk's, eager's 8 tv / 8 = tv. The FLOPs are the same; the head's gradient moves (2 + 4) + 7 x (2 + 4 + 4) = 76
+    B an element more."""
     from ddplan.anatomy import LOSS_CHUNKS, build_anatomy
     from ddplan.specs import run_variant
 
     eager = load_model("gpt2")
     chunked = run_variant(eager, cross_entropy="chunked")
-    assert LOSS_CHUNKS == 8
-    t, d, tv = 2 * 1024, 768, 2 * 1024 * 50257
+    assert LOSS_CHUNKS == 8 and eager.architecture.tied_embeddings
+    t, d, v = 2 * 1024, 768, 50257
+    tv = t * v
     a_e, a_c = (build_anatomy(s, batch=2, seq_len=1024) for s in (eager, chunked))
-    assert a_e.saved_bytes() - a_c.saved_bytes() == pytest.approx(4 * tv * 7 / 8 - 4 * t * d)
+    assert a_e.saved_bytes() - a_c.saved_bytes() == pytest.approx(4 * tv * 7 / 8 - 4 * t * d - 4 * d * v)
     assert a_e.transient_bytes() == 8 * tv and a_c.transient_bytes() == pytest.approx(tv)
     assert a_e.flops_fwd() == a_c.flops_fwd() and a_e.flops_bwd() == a_c.flops_bwd()
-    assert a_c.saved_tensors()["loss_grad_accumulator"].bytes == 4 * t * d
+    kept = a_c.saved_tensors()
+    assert kept["loss_grad_accumulator"].bytes == 4 * t * d and kept["loss_head_grad"].bytes == 4 * d * v
+    assert {o.name: o for o in a_c.ops}["loss_head_grad"].bytes_fwd == 76 * d * v
 
 
 def test_the_torchtitan_profile_runs_the_chunked_loss_and_an_imported_toml_the_eager_one(capsys, tmp_path):
@@ -545,23 +552,27 @@ def test_nccl_buffers_sit_outside_torch_s_allocator():
 
 
 def test_zero3_under_a_pipeline_holds_the_stages_unsharded_gradients_by_hand():
-    """torch.distributed.pipelining's FSDP2 accumulates each stage's gradients unsharded (requires_gradient_sync
-    False until the step's reduce-scatter), in the compute dtype. Llama-3-8B, dp 4 x pp 2, ZeRO-3, not resharded
-    after forward: a stage holds 16 layers of 218,112,000 parameters (2 x 4096^2 + 2 x 4096 x 1024 + 3 x 4096 x
-    14336 + 2 x 4096) and the 128,256 x 4096 embedding or head (525,336,576): 4,015,128,576 parameters, gathered in
-    bf16 (8.03 GB) and their gradients in bf16 again (8.03 GB)."""
+    """torch.distributed.pipelining's FSDP2 runs every micro-batch's backward with set_reshard_after_backward(False)
+    and set_requires_gradient_sync(False) (pipelining/stage.py L844-848): the whole stage stays gathered, and its
+    gradients add up unsharded in the reduce dtype (fsdp/_fully_shard/_fsdp_param.py to_accumulated_grad_if_needed
+    casts the first bf16 gradient to it) until the step's one reduce-scatter. Llama-3-8B (fp32 weights and
+    gradients), dp 4 x pp 2, ZeRO-3: a stage holds 16 layers of 218,112,000 parameters (2 x 4096^2 + 2 x 4096 x
+    1024 + 3 x 4096 x 14336 + 2 x 4096) and the 128,256 x 4096 embedding or head (525,336,576): 4,015,128,576
+    parameters, gathered in bf16 (2 B) and their gradients held in fp32 (4 B), resharded after forward or not."""
     from ddplan.memory import comm_buffer_bytes
 
     spec = load_model("llama-3-8b")
     stage = 16 * 218_112_000 + 128_256 * 4096
     assert stage == 4_015_128_576
-    piped = Layout(dp=4, pp=2, zero=3, micro_batch=1, grad_accum=8, reshard_after_forward=False)
-    assert comm_buffer_bytes(spec, piped, model_states(spec, piped)) == pytest.approx(2 * stage * 2, rel=1e-5)
-    # resharded after forward: two units gathered (a unit: the stage's bytes over its 16 layers), the stage's
-    # gradients still held
-    resharded = Layout(dp=4, pp=2, zero=3, micro_batch=1, grad_accum=8)
-    assert comm_buffer_bytes(spec, resharded, model_states(spec, resharded)) == pytest.approx(
-        2 * (stage * 2 / 16) + stage * 2, rel=1e-5)
-    # one stage (pp 1): no gradient held beyond the sharded ones
+    for reshard in (False, True):
+        piped = Layout(dp=4, pp=2, zero=3, micro_batch=1, grad_accum=8, reshard_after_forward=reshard)
+        assert comm_buffer_bytes(spec, piped, model_states(spec, piped)) == pytest.approx(stage * (2 + 4), rel=1e-5)
+    # gradients reduced in bf16 (--grads compute): held in bf16
+    from ddplan.specs import run_variant
+
+    bf16 = run_variant(spec, grads="compute")
+    piped = Layout(dp=4, pp=2, zero=3, micro_batch=1, grad_accum=8)
+    assert comm_buffer_bytes(bf16, piped, model_states(bf16, piped)) == pytest.approx(stage * (2 + 2), rel=1e-5)
+    # one stage (pp 1), kept after forward: every layer gathered, no gradient held beyond the sharded ones
     flat = Layout(dp=4, zero=3, micro_batch=1, grad_accum=8, reshard_after_forward=False)
     assert comm_buffer_bytes(spec, flat, model_states(spec, flat)) == pytest.approx(8_030_261_248 * 2, rel=1e-5)

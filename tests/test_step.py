@@ -231,33 +231,44 @@ def test_grad_sync_buffers_generic_zero_reduce_scatter_and_gather_everything(zer
 
 
 def test_fsdp2_copy_bytes_gpt2_by_hand():
-    """torch FSDP2's copies a micro-batch (fsdp2_copy_bytes): per parameter element, the all-gather's copy-out reads
-    and writes it in bf16 once per gather (2 x 2 B, twice when resharded after forward) and backward's copy-in reads
-    the bf16 gradient and writes it in the reduce dtype (2 + 4 B for fp32): 8 + 6 = 14 B resharded, 10 B not."""
+    """torch FSDP2's copies a step (fsdp2_copy_bytes), GPT-2 small (fp32 weights and gradients, bf16 compute), 8
+    micro-batches. Per parameter element and micro-batch: the all-gather's copy-out reads and writes it in bf16 once
+    per gather (2 x 2 B, twice when resharded after forward) and backward's copy-in reads the bf16 gradient and
+    writes it in fp32 (2 + 4 B): 8 + 6 = 14 B resharded, 10 B not. With one shard rank FSDP2 skips the collective,
+    not the copies: it casts the fp32 shard to bf16 (4 + 2 B) and copies that into the unsharded tensor (2 + 2 B)."""
     n = 124_439_808  # gpt2-124m's parameters (test_grad_sync_buffers_generic_zero_reduce_scatter_and_gather_everything)
     spec = _spec("gpt2-124m")
-    assert fsdp2_copy_bytes(spec, gpt2(dp=8, zero=3, fsdp2=True)) == pytest.approx(n * 14, rel=1e-12)
+    assert fsdp2_copy_bytes(spec, gpt2(dp=8, zero=3, fsdp2=True)) == pytest.approx(8 * n * 14, rel=1e-12)
     assert fsdp2_copy_bytes(spec, gpt2(dp=8, zero=3, fsdp2=True, reshard_after_forward=False)) == pytest.approx(
-        n * 10, rel=1e-12)
-    # flat-parameter FSDP (the default) gathers in place; one rank has nothing to gather
-    assert fsdp2_copy_bytes(spec, gpt2(dp=8, zero=3)) == 0
-    assert fsdp2_copy_bytes(spec, gpt2(dp=1, zero=3, fsdp2=True)) == 0
-    # tp splits the rank's share: the block matrices by 2, so fewer bytes, never more
-    assert 0 < fsdp2_copy_bytes(spec, gpt2(dp=4, tp=2, zero=3, fsdp2=True)) < n * 14
+        8 * n * 10, rel=1e-12)
+    assert fsdp2_copy_bytes(spec, gpt2(dp=1, zero=3, fsdp2=True)) == pytest.approx(8 * n * (2 * 10 + 6), rel=1e-12)
+    # flat-parameter FSDP (the default) gathers in place; ZeRO-1 has no FSDP units
+    assert fsdp2_copy_bytes(spec, gpt2(dp=8, zero=3)) == 0 == fsdp2_copy_bytes(spec, gpt2(dp=8, zero=1))
+    # tp 2 halves each group's share (ddplan.memory._stage_share, as grad_sync_buffers sizes the collectives)
+    assert fsdp2_copy_bytes(spec, gpt2(dp=4, tp=2, zero=3, fsdp2=True)) == pytest.approx(8 * n * 14 / 2, rel=1e-12)
+    # under a pipeline, per element of the stage's: kept after forward, one gather a step (2 x 2 B); the gradients
+    # cast to fp32 after the first micro-batch (2 + 4 B), added in fp32 after each of the 7 others (2 + 4 + 4 B)
+    # and copied in once (4 + 4 B): 4 + 6 + 70 + 8 = 88 B; resharded, a gather in each micro-batch's backward:
+    # 8 x 4 + 84 = 116 B; one micro-batch: 4 + (2 + 4) = 10 B
+    kept = fsdp2_copy_bytes(spec, gpt2(dp=2, pp=2, zero=3, fsdp2=True, reshard_after_forward=False))
+    resharded = fsdp2_copy_bytes(spec, gpt2(dp=2, pp=2, zero=3, fsdp2=True))
+    one = fsdp2_copy_bytes(spec, gpt2(dp=2, pp=2, zero=3, fsdp2=True, reshard_after_forward=False, grad_accum=1))
+    assert resharded / kept == pytest.approx(116 / 88, rel=1e-12) and one / kept == pytest.approx(10 / 88, rel=1e-12)
 
 
 def test_fsdp2_copies_join_compute_at_hbm_speed():
-    """The copies' seconds are their bytes at HBM bandwidth x its efficiency plus one launch per unit and copy; the
-    step adds them to compute_s once per micro-batch, under by_kind_s["fsdp2 copies"], and nothing else moves."""
+    """The copies' seconds are their bytes at HBM bandwidth x its efficiency plus one launch a unit per copy-out
+    and copy-in; the step adds them to compute_s, under by_kind_s["fsdp2 copies"], and nothing else moves. GPT-2
+    small, dp 8, 8 micro-batches, resharded: 8 x 124,439,808 x 14 B, and 12 blocks x (16 copy-outs + 8 copy-ins)
+    launches."""
     spec, hw = _spec("gpt2-124m"), _hw()
     lay = gpt2(dp=8, zero=3, fsdp2=True)
     r = rates(hw, lay.attention, "value")
-    expect = (fsdp2_copy_bytes(spec, lay) / (r.hbm_bytes_per_s * r.hbm)
-              + spec.architecture.num_layers * 3 * r.kernel_overhead_s)  # 12 blocks: 2 copy-outs + 1 copy-in each
+    expect = 8 * 124_439_808 * 14 / (r.hbm_bytes_per_s * r.hbm) + 12 * (16 + 8) * r.kernel_overhead_s
     assert fsdp2_copies_s(spec, lay, r) == pytest.approx(expect, rel=1e-12)
     with_copies, without = run_step("gpt2-124m", lay), run_step("gpt2-124m", replace(lay, fsdp2=False))
-    assert with_copies.fsdp2_copies_s == pytest.approx(lay.grad_accum * expect, rel=1e-12)
-    assert with_copies.compute_s - without.compute_s == pytest.approx(with_copies.fsdp2_copies_s, rel=1e-9)
+    assert with_copies.fsdp2_copies_s == pytest.approx(expect, rel=1e-12)
+    assert with_copies.compute_s - without.compute_s == pytest.approx(expect, rel=1e-9)
     assert with_copies.by_kind_s["fsdp2 copies"] == with_copies.fsdp2_copies_s
     assert with_copies.optimizer_s == without.optimizer_s and with_copies.tp_comm_s == without.tp_comm_s
 
