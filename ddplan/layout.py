@@ -368,6 +368,9 @@ class Options:
     shard_group: int = 0  # ZeRO-3 hybrid sharding over this many dp ranks (torch HSDP); 0: all of dp
     replica_reduce_once: bool = False  # hybrid sharding: the replicas' all-reduce after the last micro-batch only
     reshard_after_forward: bool = True  # ZeRO-3 (torch FSDP2 fully_shard's default)
+    # False: ZeRO-3 under a pipeline (pp > 1) keeps the gathered parameters whatever reshard_after_forward says
+    # (torchtitan's "default" policy: reshard only without pipeline parallelism)
+    reshard_under_pipeline: bool = True
     fsdp2: bool = False  # ZeRO-3 as torch FSDP2: its copies in and out of the collectives' buffers priced
     overlap_param_gather: bool = False  # ZeRO-1/2: Megatron-Core --overlap-param-gather
     overlap_grad_reduce: bool = True  # ZeRO 0-2: False, the gradient reduce after backward (Megatron-LM's default)
@@ -378,15 +381,17 @@ class Options:
     fp8_params: bool = False  # ZeRO-1/2 with fp8 GEMMs: their weights kept and gathered in fp8 (Megatron-Core)
     offload_activations: int = 0  # the first N layers' saved activations to the host (pp 1; Megatron-Core, NeMo)
 
-    def for_layout(self, tp: int, ranks: int, zero: int, cp: int = 1) -> dict:
+    def for_layout(self, tp: int, ranks: int, zero: int, cp: int = 1, pp: int = 1) -> dict:
         """The Layout fields these options give a layout of these degrees (ranks: dp x cp, the ranks that
         shard model states): each only where it applies (sequence parallelism with tp > 1, hybrid sharding
-        on ZeRO-3 with a shard group below the ranks, ...)."""
+        on ZeRO-3 with a shard group below the ranks, resharding after forward under a pipeline only where
+        reshard_under_pipeline, ...)."""
         return {"sequence_parallel": self.sequence_parallel and tp > 1,
                 "tp_overlap": self.tp_overlap and self.sequence_parallel and tp > 1,
                 "shard_group": self.shard_group if zero == 3 and 1 < self.shard_group < ranks else 0,
                 "replica_reduce_once": self.replica_reduce_once and zero == 3 and 1 < self.shard_group < ranks,
-                "reshard_after_forward": self.reshard_after_forward or zero != 3,
+                "reshard_after_forward": (self.reshard_after_forward and (pp == 1 or self.reshard_under_pipeline))
+                                         or zero != 3,
                 "fsdp2": self.fsdp2 and zero == 3,
                 "overlap_param_gather": self.overlap_param_gather and zero in (1, 2),
                 "overlap_grad_reduce": self.overlap_grad_reduce or zero == 3 or ranks == 1,  # nothing to reduce
@@ -409,7 +414,7 @@ class Options:
     def searched(self, tp: int, ranks: int, zero: int, cp: int = 1, pp: int = 1) -> dict:
         """for_layout for a search (plan): a shard group that does not divide the ranks gives plain ZeRO-3; activation
         offload applies to the layouts without a pipeline (the others keep their activations)."""
-        fields = self.for_layout(tp, ranks, zero, cp)
+        fields = self.for_layout(tp, ranks, zero, cp, pp)
         if fields["shard_group"] and ranks % fields["shard_group"]:
             fields["shard_group"], fields["replica_reduce_once"] = 0, False
         if pp > 1:
@@ -420,7 +425,7 @@ class Options:
         """The layout at another ZeRO stage, with these options where they apply there (searched's rule)."""
         from dataclasses import replace
 
-        return replace(layout, zero=zero, **self.searched(layout.tp, layout.grad_ranks, zero, layout.cp))
+        return replace(layout, zero=zero, **self.searched(layout.tp, layout.grad_ranks, zero, layout.cp, layout.pp))
 
 
 def expert_parallel_degrees(spec: ModelSpec, ranks: int, asked: tuple[int, ...] = ()) -> list[int]:
@@ -456,7 +461,7 @@ def layout_for(spec: ModelSpec, *, gpus: int, tp: int = 1, pp: int = 1, vp: int 
                   grad_accum=grad_accum, attention=attention, recompute=recompute,
                   compiled=spec.recipe.compiled if compiled is None else compiled,
                   pp_schedule="interleaved" if vp > 1 else "1f1b", pp_virtual_stages=vp, ep=ep,
-                  **options.for_layout(tp, dp * cp, zero, cp))
+                  **options.for_layout(tp, dp * cp, zero, cp, pp))
 
 
 def check_layout(layout: Layout, spec: ModelSpec, total_batch_tokens: int | None = None,

@@ -232,6 +232,9 @@ FIELDS: tuple[RunField, ...] = (
        option="replica_reduce_once"),
     _f("layout.reshard_after_forward", "ZeRO-3: free gathered parameters after forward and gather them again in "
        "backward (torch FSDP's default).", bool, LAYOUT, default=True, option="reshard_after_forward"),
+    _f("layout.reshard_under_pipeline", "ZeRO-3 with pp > 1: free gathered parameters after forward as "
+       "--reshard-after-forward says; --no-reshard-under-pipeline keeps them under a pipeline, as torchtitan's "
+       "default policy does (its profile states it).", bool, LAYOUT, default=True, option="reshard_under_pipeline"),
     _f("layout.fsdp2", "ZeRO-3 runs as torch FSDP2 (fully_shard, per-parameter shards; torchtitan, OLMo-core): each "
        "all-gather's output is copied out into the parameters and each micro-batch's gradients into the "
        "reduce-scatter buffer, on the compute stream; priced as memory traffic. Flat-parameter FSDP (FSDP1, "

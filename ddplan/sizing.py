@@ -41,7 +41,7 @@ class Setup:
     def at_zero(self, zero: int) -> Layout:
         """The setup's layout at another ZeRO stage, with the options that apply there."""
         lay = self.layout
-        options = self.options.for_layout(lay.tp, lay.grad_ranks, zero, lay.cp)
+        options = self.options.for_layout(lay.tp, lay.grad_ranks, zero, lay.cp, lay.pp)
         if options["shard_group"] and lay.grad_ranks % options["shard_group"]:
             raise LayoutError(f"--shard-group {options['shard_group']} does not divide dp x cp = {lay.grad_ranks}",
                               field="--shard-group")
@@ -135,7 +135,7 @@ def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3,
                     try:
                         lay = replace(setup.at_zero(zero), dp=dp, tp=tp, pp=pp, micro_batch=mb,
                                       grad_accum=per_rank // mb, recompute=rc, attention=impl.name, ep=ep,
-                                      **setup.options.for_layout(tp, dp * cp, zero, cp))
+                                      **setup.options.for_layout(tp, dp * cp, zero, cp, pp))
                         check_layout(lay, spec, world_size_rule=False)
                     except LayoutError:
                         continue

@@ -465,3 +465,16 @@ def test_plan_says_what_zero3_exposes(capsys):
                           "--format", "markdown"])
     line = next(l for l in out.splitlines() if "ZeRO-3: each micro-batch all-gathers" in l)
     assert "reduce-scatters its gradients in" in line and "a micro-batch exposed" in line
+
+
+def test_reshard_under_a_pipeline_follows_its_own_option():
+    """torchtitan's "default" reshard policy (distributed/fsdp.py@b5bcd76 L112-136): reshard after forward without
+    a pipeline, keep the gathered parameters with one (Options.reshard_under_pipeline False, its profile's); the
+    option leaves pp 1 and the other stages alone, and --no-reshard-after-forward still keeps them everywhere."""
+    titan = Options(reshard_under_pipeline=False)
+    assert titan.for_layout(tp=1, ranks=8, zero=3, pp=1)["reshard_after_forward"]
+    assert not titan.for_layout(tp=1, ranks=8, zero=3, pp=4)["reshard_after_forward"]
+    assert titan.for_layout(tp=1, ranks=8, zero=1, pp=4)["reshard_after_forward"]  # not a ZeRO-3 option
+    assert Options().for_layout(tp=1, ranks=8, zero=3, pp=4)["reshard_after_forward"]
+    assert not Options(reshard_after_forward=False).for_layout(tp=1, ranks=8, zero=3, pp=1)["reshard_after_forward"]
+    assert not titan.searched(tp=1, ranks=8, zero=3, pp=4)["reshard_after_forward"]
