@@ -35,7 +35,7 @@ def fp8_eligible(op: Op, lm_head: bool = False) -> bool:
     return n % 16 == 0 and k % 16 == 0 and min(n, k) >= 128
 
 
-FP8_RECIPES = typing.get_args(Fp8Recipe)  # tensorwise, delayed, current, nanochat (ddplan.specs.Recipe.fp8_recipe)
+FP8_RECIPES = typing.get_args(Fp8Recipe)  # tensorwise, delayed, current, nanochat, mxfp8 (specs.Recipe.fp8_recipe)
 # bytes moved per element of each GEMM operand to quantise it, by recipe: forward (x, W), backward (dY, x, W).
 # A cast reads the 16-bit tensor and writes 8 bits (2 + 1 B); current (dynamic) scaling first reads the tensor
 # once more for its amax (+2 B); a second fp8 copy in the other memory order written by the same kernel is
@@ -57,24 +57,31 @@ FP8_RECIPES = typing.get_args(Fp8Recipe)  # tensorwise, delayed, current, nanoch
 #   nanochat (nanochat/fp8.py, tensorwise dynamic, one opaque autograd function): forward amax + cast of x and
 #     W (5, 5), saving the fp8 tensors; backward amax + cast of dY (5) and three fp8 copies in the other order
 #     for _scaled_mm's layouts: dY^T (+2), W (2) and x (2).
+#   mxfp8 (Transformer Engine's MXFP8BlockScaling, Megatron-Core --fp8-recipe mxfp8, on Blackwell): each block of 32
+#     takes its own E8M0 scale from its own amax, inside the quantizing kernel, and the row-wise and column-wise
+#     copies differ (a scale per 32 along each axis), so both come from the 16-bit tensor: read 2 B, write 1 + 1 B and
+#     two scales of 1 B per 32 (4 + 1/16 a tensor), the column-wise ones saved for backward as delayed's are:
+#     forward x and W, backward dY (TransformerEngine docs/features/low_precision_training/mxfp8/mxfp8.rst@495739c,
+#     "Handling transposes").
 FP8_CAST_BYTES: dict[str, tuple[tuple[float, float], tuple[float, float, float]]] = {
     "tensorwise": ((5.0, 5.0), (6.0, 5.0, 5.0)),
     "delayed": ((4.0, 4.0), (4.0, 0.0, 0.0)),
     "current": ((6.0, 6.0), (6.0, 0.0, 0.0)),
     "nanochat": ((5.0, 5.0), (7.0, 2.0, 2.0)),
+    "mxfp8": ((4.0 + 1 / 16, 4.0 + 1 / 16), (4.0 + 1 / 16, 0.0, 0.0)),
 }
 # kernel launches of those casts per operand, as FP8_CAST_BYTES (an amax pass, a scale and a cast are one launch
 # each): forward (x, W), backward (dY, x, W)
 FP8_CAST_LAUNCHES: dict[str, tuple[tuple[int, int], tuple[int, int, int]]] = {
     "tensorwise": ((2, 2), (2, 2, 2)), "delayed": ((1, 1), (1, 0, 0)), "current": ((3, 3), (3, 0, 0)),
-    "nanochat": ((2, 2), (3, 1, 1))}
+    "nanochat": ((2, 2), (3, 1, 1)), "mxfp8": ((1, 1), (1, 0, 0))}
 # How often an fp8 GEMM's weight is cast (Recipe.fp8_weight_casts, ddplan.specs.FP8_WEIGHT_CASTS): every
 # micro-batch (torchao's Float8Linear, nanochat's fp8.py, Transformer Engine called without is_first_microbatch, as
 # Composer's amp_fp8 runs it), or once a step, the fp8 copy cached for the step's other micro-batches (Transformer
 # Engine's Linear given is_first_microbatch, as Megatron-Core passes it: megatron/core/extensions/
 # transformer_engine.py@d98e8a64 L1338-1345, set on each step's first micro-batch by pipeline_parallel/schedules.py
 # L496-497). Only Transformer Engine's recipes cache it:
-TE_RECIPES = ("delayed", "current")  # Transformer Engine's recipes: the ones whose modules can cache a weight's cast
+TE_RECIPES = ("delayed", "current", "mxfp8")  # Transformer Engine's recipes: the ones whose modules can cache a weight's cast
 
 
 def fp8_cast_launches(recipe: str, weight_reuse: int = 1, weights_fp8: bool = False) -> tuple[float, float]:
@@ -161,7 +168,7 @@ _FRACTIONS: dict[str, dict[str, float]] = {}
 # ln_out likewise), which Composer's amp_fp8 and Megatron-Core run (delayed or current scaling); nanochat's fp8.py (its
 # autograd function saves the fp8 x). torchao's Float8Linear saves the high-precision input and casts it again in
 # backward (torchao/float8/float8_linear.py), so "tensorwise" keeps the 16-bit tensor.
-FP8_SAVES_QUANTIZED = ("delayed", "current", "nanochat")
+FP8_SAVES_QUANTIZED = ("delayed", "current", "nanochat", "mxfp8")
 
 
 def with_fp8_saves(anatomy: Anatomy, recipe: str, lm_head: bool, elem_bytes: int) -> Anatomy:

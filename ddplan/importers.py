@@ -716,6 +716,8 @@ def _megatron(text: str, path: Path, out: Imported) -> None:
         recipe = arg("--fp8-recipe", "delayed")
         if recipe == "tensorwise":  # Transformer Engine's Float8CurrentScaling (megatron/core/fp8_utils.py L777-779)
             out.set(("precision", "fp8_recipe"), "current", "--fp8-recipe tensorwise: Transformer Engine current scaling")
+        elif recipe == "mxfp8":  # Transformer Engine's MXFP8BlockScaling
+            out.set(("precision", "fp8_recipe"), "mxfp8")
         else:
             if recipe != "delayed":
                 out.warnings.append(f"--fp8-recipe {recipe}: priced as delayed scaling")

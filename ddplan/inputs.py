@@ -574,7 +574,7 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
     fp8 = bool(v["fp8"] or v["fp8_all_gather"] or v["fp8_params"])
     recipe = fp8_recipe(fp8, v["fp8_recipe"], stated)
     if fp8:
-        check_fp8(spec, hw)
+        check_fp8(spec, hw, recipe)
     check_fp8_options(spec, fp8, recipe, v["fp8_all_gather"], stages, v["fp8_params"])
     if v["offload_optimizer"]:
         check_offload(spec, hw, stages)

@@ -258,7 +258,7 @@ def _search(req: PlanRequest, progress: Callable[[str, int, int], None], shortcu
             check_attentions(req.attentions, hw)
     if req.fp8:
         for hw in req.hardware:
-            check_fp8(spec, hw)
+            check_fp8(spec, hw, req.fp8_recipe)
     check_fp8_options(spec, req.fp8, req.fp8_recipe, req.options.fp8_all_gather, req.zero_stages, req.options.fp8_params)
     if req.options.offload_optimizer:
         for hw in req.hardware:

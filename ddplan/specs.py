@@ -160,7 +160,7 @@ class Memory(Strict):
 
 Collective = Literal["all_reduce", "reduce_scatter", "all_gather"]
 Fp8Format = Literal["e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz"]
-Fp8Recipe = Literal["tensorwise", "delayed", "current", "nanochat"]
+Fp8Recipe = Literal["tensorwise", "delayed", "current", "nanochat", "mxfp8"]
 Fp8WeightCasts = Literal["micro-batch", "step"]
 CrossEntropy = Literal["eager", "vocab-parallel", "fused", "te", "chunked"]
 # where a mixture of experts multiplies each routed copy by its routing probability (Recipe.moe_weighting)
@@ -316,6 +316,10 @@ class HardwareSpec(Strict):
     # fp8 element formats the tensor units take: OCP (e4m3fn, e5m2; H100+, MI355X) or AMD's
     # "fnuz" variants (MI300X, MI325X); empty when there is no fp8 (A100)
     fp8_formats: list[Fp8Format] = []
+    # tensor cores that take MXFP8 (E4M3 with one E8M0 scale per 32 elements, Transformer Engine's MXFP8BlockScaling,
+    # --fp8-recipe mxfp8): Blackwell and later, SM 10.0+ (TransformerEngine docs/features/low_precision_training/
+    # mxfp8/mxfp8.rst@495739c, "Supported devices")
+    mxfp8: bool = False
     tdp_watts: Sourced | None = None
     host: Host | None = None  # None: no host figures, optimizer offload is refused
 

@@ -112,10 +112,14 @@ class Table:
     thin: tuple[Thin, ...] = ()  # the thin evidence that widened the uncalibrated band (ddplan.price.Pricer.thin)
 
 
-def check_fp8(spec: ModelSpec, hw: HardwareSpec) -> None:
-    """Raise UsageError when the model's fp8 training path cannot run on this hardware, saying why."""
+def check_fp8(spec: ModelSpec, hw: HardwareSpec, recipe: str | None = None) -> None:
+    """Raise UsageError when the model's fp8 training path (recipe: --fp8-recipe, else the model's) cannot run on
+    this hardware, saying why."""
     if hw.peak.fp8_tflops is None or not hw.fp8_formats:
         raise UsageError(f"{hw.name} has no fp8 tensor units; drop --fp8", field="--fp8")
+    if (recipe or spec.recipe.fp8_recipe) == "mxfp8" and not hw.mxfp8:
+        raise UsageError(f"{hw.name}'s tensor cores do not take MXFP8 (Blackwell and later, SM 10.0+, do); "
+                         f"use --fp8-recipe current or delayed", field="--fp8-recipe")
     if spec.dtypes.compute not in ("bf16", "fp16"):
         raise UsageError(f"fp8 GEMMs come with a bf16 or fp16 run, not {spec.dtypes.compute}: drop --fp8 or --dtype",
                          field="--fp8")
@@ -165,7 +169,7 @@ def check_fp8_options(spec: ModelSpec, fp8: bool, recipe: str | None, all_gather
         if casts and used not in TE_RECIPES:
             raise UsageError(f"Megatron-Core keeps fp8 weights with Transformer Engine's recipes, not {used} "
                              f"({'--fp8-recipe' if recipe else spec.name + ' default'}): add --fp8-recipe delayed or "
-                             f"current", field="--fp8-params")
+                             f"current (or mxfp8 on Blackwell)", field="--fp8-params")
         stages = zeros if zeros else (NATIVE_ZERO[spec.recipe.distribution],) if zeros is not None else (1, 2)
         if not set(stages) & {1, 2}:
             raise UsageError(f"needs ZeRO-1 or 2, the distributed optimizer that gathers the fp8 weights (got "
@@ -220,7 +224,7 @@ def _build_table(req: TableRequest, progress: Callable[[str, int, int], None] | 
                          f"shorten a list, or use `ddplan plan` to search", field="--gpus/--tp/--pp/--zero/...")
     price = req.price or hw.price
     if req.fp8:
-        check_fp8(spec, hw)
+        check_fp8(spec, hw, req.fp8_recipe)
     check_fp8_options(spec, req.fp8, req.fp8_recipe, req.options.fp8_all_gather, req.zeros, req.options.fp8_params)
     if req.options.offload_optimizer:
         check_offload(spec, hw, req.zeros)

@@ -54,6 +54,11 @@ def test_cast_bytes_by_hand():
     # Transformer Engine current scaling: delayed's casts plus an amax read (2 B) of each operand it casts:
     # forward 6 x 5,242,880 = 31,457,280, backward 6 x 4,194,304 = 25,165,824
     assert fp8_cast_bytes(4096, 1024, 1024, "current") == (31_457_280, 25_165_824)
+    # MXFP8 (Transformer Engine docs mxfp8.rst@495739c): delayed's two copies from the 16-bit tensor and a 1-byte
+    # E8M0 scale per 32 elements for each, 2 / 32 B: forward 4.0625 x 5,242,880 = 21,299,200, backward
+    # 4.0625 x 4,194,304 = 17,039,360
+    assert fp8_cast_bytes(4096, 1024, 1024, "mxfp8") == (21_299_200, 17_039_360)
+    assert fp8_cast_launches("mxfp8") == fp8_cast_launches("delayed") == (2, 1)
 
 
 def test_a_weight_cast_once_a_step_spreads_over_its_micro_batches_by_hand():
@@ -249,6 +254,21 @@ def test_the_recipe_moves_the_step(capsys):
 def test_fp8_all_gather_errors_are_one_line(capsys, argv, says):
     _, line = fails(capsys, argv)
     assert line.startswith("error: --f") and says in line
+
+
+def test_mxfp8_runs_on_blackwell_only(capsys):
+    """MXFP8 needs Blackwell's tensor cores (SM 10.0+): refused in one line on H100 by each planning command; on
+    B200 it prices a little slower than delayed scaling (its scales), far faster than current scaling."""
+    for command in ("table", "memory", "plan"):
+        _, line = fails(capsys, [command, "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--fp8",
+                                 "--fp8-recipe", "mxfp8"])
+        assert line.startswith("error: --fp8-recipe: h100-sxm's tensor cores do not take MXFP8")
+    base = ["table", "-m", "llama-3-8b", "--hardware", "b200", "--gpus", "8", "--fp8", "--attention", "fa2",
+            "--zero", "1", "--format", "csv"]
+    (mx,) = csv_rows(run_ok(capsys, base + ["--fp8-recipe", "mxfp8"]))
+    (delayed,) = csv_rows(run_ok(capsys, base + ["--fp8-recipe", "delayed"]))
+    (current,) = csv_rows(run_ok(capsys, base + ["--fp8-recipe", "current"]))
+    assert float(delayed["step_s"]) < float(mx["step_s"]) < float(current["step_s"])
 
 
 def test_fp8_recipe_needs_fp8(capsys):

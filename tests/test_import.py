@@ -401,18 +401,19 @@ def test_torchtitan_s_bf16_reduce_is_the_compute_dtype_over_fp32_gradients(capsy
 
 def test_megatron_s_tensorwise_fp8_is_transformer_engine_current_scaling(capsys, tmp_path):
     """Megatron-Core's --fp8-recipe tensorwise runs Transformer Engine's Float8CurrentScaling (fp8_utils.py
-    L777-779): ddplan's `current`, not torchao's tensorwise; no recipe is delayed (Megatron's default); another is a
-    warning, priced as delayed; --fp8-param-gather keeps the weights in fp8 (fp8_params) with the distributed
-    optimizer, and is a warning without it."""
+    L777-779): ddplan's `current`, not torchao's tensorwise; no recipe is delayed (Megatron's default); mxfp8 is
+    ddplan's mxfp8; another (blockwise) is a warning, priced as delayed; --fp8-param-gather keeps the weights in fp8
+    (fp8_params) with the distributed optimizer, and is a warning without it."""
     args, out = tmp_path / "args.sh", tmp_path / "run.yaml"
     base = ("--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 512 --micro-batch-size 4 "
             "--nproc_per_node 8 --bf16 --fp8-format hybrid")
-    for extra, recipe in ((" --fp8-recipe tensorwise", "current"), ("", "delayed"), (" --fp8-recipe mxfp8", "delayed")):
+    for extra, recipe in ((" --fp8-recipe tensorwise", "current"), ("", "delayed"), (" --fp8-recipe mxfp8", "mxfp8"),
+                          (" --fp8-recipe blockwise", "delayed")):
         args.write_text(base + extra + " --fp8-param-gather\n", encoding="utf-8")
         code, _, err = run(capsys, ["import", str(args), "-o", str(out), "--from", "megatron"])
         written = out.read_text(encoding="utf-8")
         assert code == 0 and f"fp8_recipe: {recipe}" in written, extra
-        assert ("mxfp8" in err) == ("mxfp8" in extra)
+        assert ("blockwise: priced as delayed" in err) == ("blockwise" in extra)
         # without the distributed optimizer there is no ZeRO-1 to gather the fp8 weights: not stated, said
         assert "fp8_params: true" not in written and "--fp8-param-gather without the distributed" in err
     args.write_text(base + " --use-distributed-optimizer --fp8-param-gather\n", encoding="utf-8")
