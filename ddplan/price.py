@@ -46,17 +46,19 @@ if TYPE_CHECKING:
 # ddplan.validation.source_band, band_ratio), rounded outward. A user's run is in no source, so the out-of-sample
 # spread is the one that applies; and the interval's Student t on the few sources widens the band where few stand
 # behind it. Checked as a user meets it (the check that chose the level): leaving each source out with its band made
-# without it too, 87% of a source's runs fall inside on average, 94% of the 117 runs (ddplan.validation
+# without it too, 84% of a source's runs fall inside on average, 91% of the 117 runs (ddplan.validation
 # .BAND_COVERAGE); the 5th-95th percentile band it replaced (2026-12-06) holds 79% of the 113 that way (on the 105
 # runs of that morning, 76%, where the shipped figure had read 91%, crediting each source with its own runs), and
 # held 72% of the runs held back from ddplan. benchmarks/validation.py prints it;
 # tests/test_validation.py fails when it drifts from the dataset and the model. A prediction's band is this range
 # joined with the range its efficiencies span (whichever is wider on each side).
-# (0.87-1.22 before torch FSDP2's copies were priced, Layout.fsdp2: OLMo-core's runs moved, 2026-12-06)
-VALIDATED_RATIO = (0.86, 1.21)  # 0.869 and 1.210 over the 53 dense 16-bit runs of 9 sources, rounded outward
+# (0.86-1.21 before leave-one-source-out applied MIN_FIT_RUNS to the 16-bit fits: without Korthikanti et al.'s runs
+# four A100 runs are left, too few to fit, so the A100 takes the unfitted rule; 0.87-1.22 before torch FSDP2's
+# copies were priced, Layout.fsdp2: OLMo-core's runs moved, 2026-12-06)
+VALIDATED_RATIO = (0.84, 1.24)  # 0.842 and 1.230 over the 53 dense 16-bit runs of 9 sources, rounded outward
 # Mixture-of-experts models: too few published MoE runs for an interval, so the dense band stretched to every
 # MoE run's measured / predicted (leave-one-source-out); benchmarks/validation.py prints it
-VALIDATED_RATIO_MOE = (0.86, 2.18)  # the dense low end; 2.177 (Megatron-FSDP Qwen3-30B-A3B), rounded outward
+VALIDATED_RATIO_MOE = (0.84, 2.18)  # the dense low end; 2.177 (Megatron-FSDP Qwen3-30B-A3B), rounded outward
 # fp8 training: its own evidence (issue 35), the same interval over the dense fp8 runs, leaving each source out
 # (ddplan.validation.band_ratio(fp8=True)): five sources, so a wider t than the 16-bit band's. Slow: OLMo-core's 32B
 # fp8 row, 1.40 x the prediction (slow in bf16 too). Fast: MLPerf's H100 runs, left out, priced at the other stacks'

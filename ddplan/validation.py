@@ -358,16 +358,17 @@ def percentile(xs: Sequence[float], q: float) -> float:
 # The band's level: a two-sided prediction interval at this probability for measured / predicted of a run from a
 # source the fits never saw (source_band). The band a prediction carries (this interval joined with its efficiency
 # range and widened where the evidence is thin) is calibrated where it matters, per source: leaving each source out,
-# its band made without it too, the share of a source's runs inside averages 82.7% at 0.80, 86.7% at 0.85 and 89.4%
-# at 0.90 (per run 90.6%, 94%, 96.6%; median half-width 28%, 32.5%, 40%; 117 runs, 13 sources, 2026-12-06; on the
-# morning's 113 runs of 12 sources: 81.5%, 85.2%, 88.5%; the interval alone, at 0.85, held 75.5% per source). 0.85
+# its band made without it too, the share of a source's runs inside averages 81.7% at 0.80, 83.8% at 0.85 and 84.6%
+# at 0.90 (per run 89.7%, 91.5%, 92.3%; median half-width 28%, 32.5%, 40%; 117 runs, 13 sources, 2026-12-06, the
+# A100 left unfitted without Korthikanti et al.'s runs: MIN_FIT_RUNS; no level covers their eight, priced 14-33% slow;
+# before that rule 82.7%, 86.7%, 89.4%; on the morning's 113 runs of 12 sources: 81.5%, 85.2%, 88.5%; the interval alone, at 0.85, held 75.5% per source). 0.85
 # is issue 35's aim for the runs held back from ddplan (at least 85% inside their band): a choice of how sure the
 # band is, made by this very check, not a fit of the model, so the check does not test it independently.
 # BAND_COVERAGE holds the check.
 BAND_LEVEL = 0.85
 # leaving each source out at BAND_LEVEL: (runs inside, runs, mean over sources of the share inside); tests fail
 # when it drifts from the shipped dataset
-BAND_COVERAGE = (110, 117, 0.867)
+BAND_COVERAGE = (107, 117, 0.838)
 
 
 def t_coverage(t: float, df: int) -> float:
@@ -664,8 +665,10 @@ def leave_one_source_out(runs: RunSet, where: str, hardware: Iterable[str],
                          scorer: Scorer | None = None, fp8_hardware: Iterable[str] | None = None) -> list[Scored]:
     """Every run priced with the fitted parameters re-fitted on the other sources' runs only.
 
-    Each fitted hardware's sustained fraction is re-fitted without the held-out source; a hardware the
-    other sources never ran on keeps the shipped value (nothing to fit it to). Then each hardware of fp8_hardware
+    Each fitted hardware's sustained fraction is re-fitted without the held-out source; a hardware the other
+    sources leave fewer than MIN_FIT_RUNS runs on (as fit_basis counts them) is not fitted, as the shipped specs fit
+    none on fewer: it takes the geometric mean of the fractions fitted without the source, the rule a GPU without a
+    fit follows (its spec's value where none is left). Then each hardware of fp8_hardware
     (default: fitted_hardware(fp8=True)) has the fraction fp8 training keeps re-fitted on the other sources' fp8
     runs, at its re-fitted 16-bit fraction; with fewer than MIN_FIT_RUNS of them left it takes the 16-bit fraction,
     as a spec without an fp8 fit does (the shipped fp8 fit saw the held-out runs). The fp8 fractions are fitted on
@@ -696,13 +699,24 @@ def leave_one_source_out(runs: RunSet, where: str, hardware: Iterable[str],
         held = [r for r in runs.runs if r.source.name == src]
         refit: dict[str, float] = {}
         leaders = dict.fromkeys(next((k for k, g in FIT_GROUPS.items() if hw in g), hw) for hw in hardware)
+        thin = []  # fitted hardware the other sources leave fewer than MIN_FIT_RUNS runs to fit on
         for hw in leaders:
             names = FIT_GROUPS.get(hw, (hw,))
-            if any(_hw_name(r.hardware) in names for r in rest):
-                basis = (hw, frozenset(r.id for r in rest if _hw_name(r.hardware) in names))  # cheap, may split
-                if basis not in fits:
-                    fits[basis] = fit_sustained(rest, hw, where, scorer=scorer)
-                refit.update(dict.fromkeys(names, fits[basis]))
+            mine = frozenset(r.id for r in fit_basis(rest, hw, where))
+            if len(mine) < MIN_FIT_RUNS:
+                thin.append(hw)
+                continue
+            basis = (hw, mine)
+            if basis not in fits:
+                fits[basis] = fit_sustained(rest, hw, where, scorer=scorer)
+            refit.update(dict.fromkeys(names, fits[basis]))
+        # such a GPU takes what a GPU without a fit takes (the specs' "assumed" rule, e.g. hardware/b200.yaml): the
+        # geometric mean of the fitted ones, here the fits made without the held-out source; its spec's value where
+        # none is left
+        made = [refit[hw] for hw in leaders if hw not in thin]
+        for hw in thin:
+            assumed = round(math.exp(statistics.fmean(map(math.log, made))), 3) if made else _spec_sustained(hw)
+            refit.update(dict.fromkeys(FIT_GROUPS.get(hw, (hw,)), assumed))
         pooled = False  # some hardware's fp8 fraction fitted on every stack's runs (no tuned run left on it)
         for hw in dict.fromkeys(fp8_leaders):
             names = FIT_GROUPS.get(hw, (hw,))
@@ -758,7 +772,7 @@ def _evidence_left_out(runs: RunSet, held: list[Scored]) -> list[Scored]:
     spread from the other sources' leave-one-source-out ratios. Without this the shipped band, made from every
     source's ratios, would credit each source with its own (on 105 runs, 2026-12-06: the 5th-95th percentile band
     then shipped held 91% of the runs that way and 76% this way; on 113 runs this way it holds 79%, the interval at
-    BAND_LEVEL 92%; on 117 runs 94%: BAND_COVERAGE)."""
+    BAND_LEVEL 92%; on 117 runs 91%: BAND_COVERAGE)."""
     by_id = {r.id: r for r in runs.runs}
     out = []
     for src in sorted({s.source for s in held}):

@@ -282,7 +282,7 @@ def test_a_thin_stack_gpu_or_precision_widens_the_band_by_hand():
     (32 from 6) in bf16 (43 from 9) is not thin, nor is H100 in fp8 (27 runs, 4 sources); MI300X (the seed's one run)
     is; a stack not stated is not weighed. A GPU is weighed per precision family (evidence.hardware_key): GB200's 11
     runs are 9 in fp8 from MLPerf alone and 2 in 16 bits, so it is thin either way; B200 and H200 have no 16-bit run."""
-    base = (0.86, 1.21)
+    base = (0.84, 1.24)
     (t,) = thin_values("torchtitan", "h100-sxm", "bf16")
     assert (t.dimension, t.runs, t.sources) == ("framework", 0, 0) and widened(base, (t,)) == (0.84, 1.29)
     assert thin_values("megatron-core", "h100-sxm", "bf16") == ()
@@ -298,16 +298,16 @@ def test_a_thin_stack_gpu_or_precision_widens_the_band_by_hand():
 
 def test_table_says_which_thin_evidence_widened_its_band(capsys):
     """The band of a torchtitan run on H100 is wider than the same run's with its stack unstated (the thin stacks'
-    spread reaches below and above the base band), and --explain names the thin value and the group whose spread it
-    took."""
+    spread reaches the base band's low end and above its high end), and --explain names the thin value and the group
+    whose spread it took."""
     argv = ["table", "-m", "llama-3-8b", "--hardware", "h100", "--gpus", "8", "--attention", "fa3",
             "--recompute", "per-op", "--format", "csv"]
     (plain,) = csv_rows(run_ok(capsys, argv))
     (titan,) = csv_rows(run_ok(capsys, argv + ["--framework", "torchtitan"]))
     ratio = [float(r["step_low_s"]) / float(r["step_s"]) for r in (plain, titan)]
-    assert ratio[1] == pytest.approx(UNSEEN_RATIO["framework"][0]) and ratio[1] < ratio[0]
+    assert ratio[1] == pytest.approx(min(UNSEEN_RATIO["framework"][0], ratio[0]))
     high = [float(r["step_high_s"]) / float(r["step_s"]) for r in (plain, titan)]
-    assert high[1] >= max(high[0], UNSEEN_RATIO["framework"][1]) - 1e-9
+    assert high[1] >= max(high[0], UNSEEN_RATIO["framework"][1]) - 1e-9 and high[1] > high[0]
     text = run_ok(capsys, argv[:-2] + ["--framework", "torchtitan", "--explain"])
     assert "framework torchtitan has no published run in the dataset" in " ".join(text.split())
 
@@ -900,12 +900,12 @@ def test_scorer_predicted_s_is_the_scored_value_without_the_band(monkeypatch):
 def test_leave_one_source_out_after_the_in_sample_pass_is_the_same_as_alone(tmp_path, capsys):
     """`validate --leave-one-source-out` hands the in-sample pass's Scorer to leave-one-source-out: on a small
     dataset of two sources on the fitted A100s plus the seed, the held-out figures are the same as with a
-    fresh Scorer, and the command's csv carries them."""
-    ids = ("korthikanti2022-gpt3-22b-full", "korthikanti2022-gpt3-22b-sp-selective",
-           "llmfoundry-mpt125m-A100-40GB-128g-s2048-bf16", "llmfoundry-mpt70b-A100-40GB-128g-s2048-bf16",
-           "seed-nanochat-d24-mi300x-1g")
-    chosen = [r for r in load_runs().runs if r.id in ids]
-    assert len(chosen) == len(ids)
+    fresh Scorer, and the command's csv carries them. Korthikanti et al.'s eight A100 runs are enough to fit on
+    (MIN_FIT_RUNS) when llm-foundry's two are held out; those two are not, so Korthikanti's take the unfitted rule."""
+    ids = {"llmfoundry-mpt125m-A100-40GB-128g-s2048-bf16", "llmfoundry-mpt70b-A100-40GB-128g-s2048-bf16",
+           "seed-nanochat-d24-mi300x-1g"}
+    chosen = [r for r in load_runs().runs if r.id in ids or r.source.name == "korthikanti2022"]
+    assert len(chosen) == len(ids) + 8
     p = tmp_path / "small.yaml"
     p.write_text(yaml.safe_dump({"kind": "runs", "description": "a test", "runs": [
         r.model_dump(mode="json", exclude_none=True) for r in chosen]}))
@@ -914,8 +914,10 @@ def test_leave_one_source_out_after_the_in_sample_pass_is_the_same_as_alone(tmp_
     scorer = V.Scorer()
     V.score_all(runs, where, scorer=scorer)
     assert V.leave_one_source_out(runs, where, V.fitted_hardware(), scorer=scorer) == alone
-    # the A100 runs of one source are priced with the fraction fitted on the other's: not the shipped one
-    assert any(a.predicted_s != V.score(r, where).predicted_s for a, r in zip(alone, runs.runs))
+    # llm-foundry's A100 runs are priced with the fraction fitted on Korthikanti's eight: not the shipped one; held
+    # out, Korthikanti's leave two A100 runs and no other fitted GPU: not fitted, the spec's value, the shipped price
+    shipped = {r.id: V.score(r, where).predicted_s for r in runs.runs}
+    assert all((a.predicted_s != shipped[a.id]) == a.id.startswith("llmfoundry") for a in alone)
     from ddplan import cli
 
     assert cli.main(["validate", "--dataset", where, "--leave-one-source-out", "--format", "csv"]) == 0
