@@ -437,6 +437,7 @@ def memory_cmd(
     asked = next((r for r in rows if r["zero"] == setup.layout.zero), None)
     step_s, fixes = fixes_for(spec, hw, setup, asked, ask.block_recompute)
     matches = consistent_with(spec, hw, setup, ask.measured_peak, ask.peak_kind) if ask.measured_peak else []
+    _warn(stated.inert)  # options given that no layout here can take
     outside = outside_terms(cal, Path(calibration).name if calibration else None)
     report.memory(ask, rows, fixes, step_s, matches, outside, prov, format.value, wide, quiet, plot, PEAK_TOLERANCE)
 
@@ -546,6 +547,7 @@ def table_cmd(
     _framework_notes(ctx, spec, stated)
     _check_plot_path(plot)
     result = build_table(req, _progress("table"))
+    _warn(stated.inert)  # options given that no layout here can take: once the table is built (no error came)
     prov = provenance(model=spec, hardware=hw, calibration=(Path(calibration).name, cal) if cal is not None else None)
     _warn(report.table(result, prov, format.value, wide, quiet, explain, plot))
 

@@ -15,13 +15,13 @@ from ddplan import bounds
 from ddplan.calibration import (StepMeasurement, check_against_hardware, measurement_for, memory_assumptions,
                                 steps_for_model)
 from ddplan.errors import DdplanError, SpecError, UsageError
-from ddplan.layout import Options
+from ddplan.layout import NATIVE_ZERO, Options
 from ddplan.offload import check_activation_offload, check_offload
 from ddplan.plan import PlanRequest
 from ddplan.registry import (builtin_names, calibration_hardware, load_calibration, load_framework, load_hardware,
                              load_model)
 from ddplan.run import RunOverheads
-from ddplan.runfields import BY_PARAM, PROFILE_FP8_ONLY, RECOMPUTE, RECOMPUTE_HINT, recompute_layers, recompute_policy
+from ddplan.runfields import BY_PARAM, OPTION_FIELDS, PROFILE_FP8_ONLY, RECOMPUTE, RECOMPUTE_HINT, recompute_layers, recompute_policy
 from ddplan.sizing import memory_setup
 from ddplan.specs import GRADS, KERNELS, WEIGHTS, Budget, Price, run_variant
 from ddplan.table import TableRequest, check_fp8, check_fp8_options, fp8_params_apply, framework_options
@@ -333,6 +333,9 @@ class Stated:
     # what the request left out of the profile's values: their names (not said as set) and, in words, why
     dropped: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
+    # the framework options given (a flag or the run file's field) that change none of the command's layouts
+    # (inert_options), one line each
+    inert: list[str] = field(default_factory=list)
 
     def by(self, name: str) -> str:
         return self.words.get(name, BY_PARAM[name].flag)
@@ -417,6 +420,27 @@ def tp_to_check(tp: int | None, stated: Stated) -> int | None:
     return None if "sequence_parallel" in stated.profile else tp
 
 
+def inert_options(options: Options, stated: Stated, degrees: Collection[tuple[int, int, int, int, int]],
+                  command: str) -> list[str]:
+    """One line for each framework option given (a flag or the run file's field, not a profile's) that changes none
+    of the layouts a command prices: each option applies where it can (Options.for_layout: a ZeRO-3 option to the
+    ZeRO-3 layouts, sequence parallelism to tp > 1, ...) and is otherwise left out, which a user who typed it should
+    hear. degrees: (tp, ranks, zero, cp, pp) of every layout the command prices."""
+    out = []
+    for f in OPTION_FIELDS:
+        default = Options.__dataclass_fields__[f.option].default
+        if f.param not in stated.given or getattr(options, f.option) == default:
+            continue
+        plain = replace(options, **{f.option: default})
+        if all(options.for_layout(*d) == plain.for_layout(*d) for d in degrees):
+            by = stated.by(f.param)
+            if f.kind is bool and by.startswith("--") and not getattr(options, f.option):
+                by = "--no-" + by[2:]  # the flag as typed
+            out.append(f"{by} changes nothing here: none of the layouts asked for can take it (see "
+                       f"`ddplan {command} --help`)")
+    return out
+
+
 def table_request(v: dict, stated: Stated, today):
     """The table a command line (or run file) asks for: (TableRequest, model, hardware, calibration). Without a
     model, the run the calibration measured, as it ran (flags given win); a measured step time is tied to the
@@ -462,6 +486,11 @@ def table_request(v: dict, stated: Stated, today):
         calibration_path=v["calibration"], fp8=v["fp8"], fp8_recipe=fp8_recipe(v["fp8"], v["fp8_recipe"], stated),
         headroom=v["headroom"], options=_options(v, spec, tp_to_check(max(tps), stated), stated),
         framework=framework_name(v["framework"]))
+    native = NATIVE_ZERO[spec.recipe.distribution]
+    degrees = {(tp, dp * cp, native if not zeros or dp * cp == 1 else zero, cp, pp)
+               for g in gpu_list for tp in tps for pp in pps for cp in cps for zero in (zeros or (native,))
+               if g % (tp * pp * cp) == 0 for dp in (g // (tp * pp * cp),)}
+    stated.inert.extend(inert_options(req.options, stated, degrees, "table"))
     return req, spec, hw, cal
 
 
@@ -598,6 +627,9 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
                          recompute=policies(v["recompute"])[0], compiled=v["compiled"],
                          window_pattern=v["window"], headroom=v["headroom"], options=options,
                          assumptions=memory_assumptions(cal), fp8=fp8, fp8_recipe=recipe)
+    lay = setup.layout
+    stated.inert.extend(inert_options(options, stated, {(lay.tp, lay.grad_ranks, z, lay.cp, lay.pp)
+                                                        for z in (stages or (lay.zero,))}, "memory"))
     if len(stages) == 1:  # one stage asked about: the verdict is about it (else the model's native stage)
         setup = replace(setup, layout=setup.at_zero(stages[0]))
     elif measured_zero is not None and measured_zero in stages:  # else the measured step's

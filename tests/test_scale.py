@@ -478,3 +478,23 @@ def test_reshard_under_a_pipeline_follows_its_own_option():
     assert Options().for_layout(tp=1, ranks=8, zero=3, pp=4)["reshard_after_forward"]
     assert not Options(reshard_after_forward=False).for_layout(tp=1, ranks=8, zero=3, pp=1)["reshard_after_forward"]
     assert not titan.searched(tp=1, ranks=8, zero=3, pp=4)["reshard_after_forward"]
+
+
+def test_an_option_no_layout_can_take_is_said(capsys):
+    """An option given that none of the command's layouts can take (Options.for_layout leaves it out: a ZeRO-3 option
+    on ZeRO-1 rows) is said in one warning line, and the command still runs; where one row can take it, nothing is
+    said; a profile's options are not the user's and are not said."""
+    from cli_helpers import run
+
+    code, _, err = run(capsys, ["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--zero", "1",
+                                "--fsdp2", "--attention", "fa3"])
+    assert code == 0 and "warning: --fsdp2 changes nothing here: none of the layouts asked for can take it" in err
+    code, _, err = run(capsys, ["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--zero", "1,3",
+                                "--fsdp2", "--attention", "fa3"])
+    assert code == 0 and "changes nothing" not in err
+    code, _, err = run(capsys, ["memory", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--zero", "1",
+                                "--no-reshard-after-forward"])
+    assert code == 0 and "warning: --no-reshard-after-forward changes nothing here" in err
+    code, _, err = run(capsys, ["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--zero", "1",
+                                "--framework", "torchtitan", "--attention", "fa3"])
+    assert code == 0 and "changes nothing" not in err
