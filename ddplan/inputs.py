@@ -21,7 +21,8 @@ from ddplan.plan import PlanRequest
 from ddplan.registry import (builtin_names, calibration_hardware, load_calibration, load_framework, load_hardware,
                              load_model)
 from ddplan.run import RunOverheads
-from ddplan.runfields import BY_PARAM, OPTION_FIELDS, PROFILE_FP8_ONLY, RECOMPUTE, RECOMPUTE_HINT, recompute_layers, recompute_policy
+from ddplan.runfields import (BY_PARAM, OPTION_FIELDS, PROFILE_FP8_ONLY, RECOMPUTE, RECOMPUTE_HINT, recompute_layers,
+                              recompute_policy)
 from ddplan.sizing import memory_setup
 from ddplan.specs import GRADS, KERNELS, WEIGHTS, Budget, Price, run_variant
 from ddplan.table import TableRequest, check_fp8, check_fp8_options, fp8_params_apply, framework_options
