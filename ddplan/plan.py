@@ -162,9 +162,11 @@ def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, 
     a, seq = spec.architecture, spec.recipe.seq_len
     sequences = total_batch // seq
     tp_cap = gpus if req.tp_across_nodes else min(gpus, hw.gpus_per_node)
-    named = req.attentions
+    named, here = req.attentions, {x.name for x in hw.attention}
     if req.attentions_where_available:  # the profile's choices in order: the first this hardware has, else its own
-        named = next(((a,) for a in named if a in {x.name for x in hw.attention}), ())
+        named = next(((a,) for a in named if a in here), ())
+    else:  # the user's list: the ones this hardware has (_search checked each has one)
+        named = tuple(a for a in named if a in here)
     impls = named or tuple(x.name for x in hw.default_attention_impls())
     native = NATIVE_ZERO[spec.recipe.distribution]
     cps = req.cps or context_parallel_degrees(seq)
@@ -254,8 +256,16 @@ def _search(req: PlanRequest, progress: Callable[[str, int, int], None], shortcu
                          field="--total-batch-size")
 
     if not req.attentions_where_available:
+        # a list given for several GPUs: each takes the ones it has (fa3 on H100, flash-attn-ck on MI300X); a name
+        # no GPU has, or a GPU with none of the names, is an error
+        known = {a.name for hw in req.hardware for a in hw.attention}
+        unknown = [a for a in req.attentions if a not in known]
+        if unknown and len(req.hardware) > 1:
+            raise UsageError(f"{unknown[0]!r} is not available on any of {', '.join(h.name for h in req.hardware)}; "
+                             f"allowed: {', '.join(sorted(known))}", field="--attention")
         for hw in req.hardware:
-            check_attentions(req.attentions, hw)
+            if len(req.hardware) == 1 or not set(req.attentions) & {a.name for a in hw.attention}:
+                check_attentions(req.attentions, hw)
     if req.fp8:
         for hw in req.hardware:
             check_fp8(spec, hw, req.fp8_recipe)

@@ -300,8 +300,8 @@ FIELDS: tuple[RunField, ...] = (
        "HARDWARE`).", str, LAYOUT, many=TABLE_PLAN,
        helps={"memory": "Attention implementation (default: the hardware's default; see `ddplan specs show "
                         "HARDWARE`).",
-              "plan": "Attention implementations to search among, comma-separated (default: every one on each "
-                      "hardware)."}),
+              "plan": "Attention implementations to search among, comma-separated; over several hardware each takes "
+                      "those it has (default: every one on each hardware)."}),
     _f("window", "Window pattern of S (short) and L (long) layers, e.g. L or SSSL (default: the model's, and L "
        "when it differs).", str, LAYOUT, many=TABLE, flags=("--window", "--window-pattern"),
        helps={"memory": "Window pattern of S (short) and L (long) layers, e.g. L or SSSL (default: the model's)."},

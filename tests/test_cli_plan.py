@@ -355,3 +355,17 @@ def test_plan_csv_gives_every_row_its_band(capsys):
         for mid, low, high in (("step_s", "step_low_s", "step_high_s"), ("wall_clock_h", "wall_low_h", "wall_high_h"),
                                ("cost_usd", "cost_low_usd", "cost_high_usd")):
             assert float(r[low]) <= float(r[mid]) <= float(r[high]), (r["gpus"], mid)
+
+
+def test_an_attention_list_over_several_gpus_takes_what_each_has(capsys):
+    """--attention fa3,flash-attn-ck over H100 and MI300X: each GPU takes the names it has (fa3 on H100,
+    flash-attn-ck on MI300X); a GPU with none of them, or a name no GPU has, is one line naming it."""
+    rows = csv_rows(run_ok(capsys, ["plan", "-m", "d26", "--hardware", "h100-sxm,mi300x", "--gpus", "8", "--top",
+                                    "50", "--attention", "fa3,flash-attn-ck", "--format", "csv"]))
+    assert {(r["hardware"], r["attention"]) for r in rows} == {("h100-sxm", "fa3"), ("mi300x", "flash-attn-ck")}
+    _, line = fails(capsys, ["plan", "-m", "d26", "--hardware", "h100-sxm,mi300x", "--gpus", "8", "--attention",
+                             "fa3"])
+    assert line.startswith("error: --attention: 'fa3' is not available on mi300x; allowed:")
+    _, line = fails(capsys, ["plan", "-m", "d26", "--hardware", "h100-sxm,mi300x", "--gpus", "8", "--attention",
+                             "fa3,fa9"])
+    assert line.startswith("error: --attention: 'fa9' is not available on any of h100-sxm, mi300x; allowed:")
