@@ -35,7 +35,7 @@ def fp8_eligible(op: Op, lm_head: bool = False) -> bool:
     return n % 16 == 0 and k % 16 == 0 and min(n, k) >= 128
 
 
-FP8_RECIPES = typing.get_args(Fp8Recipe)  # tensorwise, delayed, current, nanochat, mxfp8 (specs.Recipe.fp8_recipe)
+FP8_RECIPES = typing.get_args(Fp8Recipe)  # tensorwise, rowwise, delayed, current, nanochat, mxfp8 (Recipe.fp8_recipe)
 # bytes moved per element of each GEMM operand to quantise it, by recipe: forward (x, W), backward (dY, x, W).
 # A cast reads the 16-bit tensor and writes 8 bits (2 + 1 B); current (dynamic) scaling first reads the tensor
 # once more for its amax (+2 B); a second fp8 copy in the other memory order written by the same kernel is
@@ -45,6 +45,12 @@ FP8_RECIPES = typing.get_args(Fp8Recipe)  # tensorwise, delayed, current, nanoch
 #     casts again: dY once for dgrad and, fused, its other order for wgrad (2 + 2 + 1 + 1 = 6), W for dgrad and x
 #     for wgrad each with a fresh amax (5, 5) (torchao/float8/float8_linear.py, backward of the hp-args matmul:
 #     "we need pytorch#136267 ... to reuse max(abs(weight)) from the forward").
+#   rowwise (torchao Float8LinearRecipeName.ROWWISE: every cast AXISWISE, scales per row of the contraction axis,
+#     torchao/float8/config.py@36027d8 L334-351; torchtitan's 405B preset): forward amax + cast of x and W (5, 5);
+#     backward, from the high-precision tensors it saved, dY along each of its two axes (5 + 5 = 10: an axis-wise
+#     scale cannot serve the other order), W for dgrad and x for wgrad each along its own axis (5, 5)
+#     (torchao/float8/float8_linear.py@36027d8, matmul_with_hp_or_float8_args.backward). Its GEMMs run CUTLASS's
+#     row-wise kernel, at the fp8 GEMM rate ddplan has (no row-wise figure).
 #   delayed (Transformer Engine DelayedScaling, as Composer's amp_fp8 runs it: composer/core/precision.py): the
 #     scale comes from the amax history, the amax is taken inside the cast, and cast_transpose writes both
 #     orders at once, saved for backward: forward x and W (4, 4), backward dY (4), nothing for x and W.
@@ -65,6 +71,7 @@ FP8_RECIPES = typing.get_args(Fp8Recipe)  # tensorwise, delayed, current, nanoch
 #     "Handling transposes").
 FP8_CAST_BYTES: dict[str, tuple[tuple[float, float], tuple[float, float, float]]] = {
     "tensorwise": ((5.0, 5.0), (6.0, 5.0, 5.0)),
+    "rowwise": ((5.0, 5.0), (10.0, 5.0, 5.0)),
     "delayed": ((4.0, 4.0), (4.0, 0.0, 0.0)),
     "current": ((6.0, 6.0), (6.0, 0.0, 0.0)),
     "nanochat": ((5.0, 5.0), (7.0, 2.0, 2.0)),
@@ -73,7 +80,7 @@ FP8_CAST_BYTES: dict[str, tuple[tuple[float, float], tuple[float, float, float]]
 # kernel launches of those casts per operand, as FP8_CAST_BYTES (an amax pass, a scale and a cast are one launch
 # each): forward (x, W), backward (dY, x, W)
 FP8_CAST_LAUNCHES: dict[str, tuple[tuple[int, int], tuple[int, int, int]]] = {
-    "tensorwise": ((2, 2), (2, 2, 2)), "delayed": ((1, 1), (1, 0, 0)), "current": ((3, 3), (3, 0, 0)),
+    "tensorwise": ((2, 2), (2, 2, 2)), "rowwise": ((2, 2), (4, 2, 2)), "delayed": ((1, 1), (1, 0, 0)), "current": ((3, 3), (3, 0, 0)),
     "nanochat": ((2, 2), (3, 1, 1)), "mxfp8": ((1, 1), (1, 0, 0))}
 # How often an fp8 GEMM's weight is cast (Recipe.fp8_weight_casts, ddplan.specs.FP8_WEIGHT_CASTS): every
 # micro-batch (torchao's Float8Linear, nanochat's fp8.py, Transformer Engine called without is_first_microbatch, as
@@ -167,7 +174,7 @@ _FRACTIONS: dict[str, dict[str, float]] = {}
 # L597-621: the quantized inputmat, its column-wise data only, is what backward gets; layernorm_linear.py L468-487:
 # ln_out likewise), which Composer's amp_fp8 and Megatron-Core run (delayed or current scaling); nanochat's fp8.py (its
 # autograd function saves the fp8 x). torchao's Float8Linear saves the high-precision input and casts it again in
-# backward (torchao/float8/float8_linear.py), so "tensorwise" keeps the 16-bit tensor.
+# backward (torchao/float8/float8_linear.py), so "tensorwise" and "rowwise" keep the 16-bit tensor.
 FP8_SAVES_QUANTIZED = ("delayed", "current", "nanochat", "mxfp8")
 
 

@@ -420,9 +420,9 @@ def _torchtitan(text: str, path: Path, out: Imported) -> None:
         f8 = cfg.get("quantize", {}).get("linear", {}).get("float8", {}) or cfg.get("float8", {})
         out.set(("precision", "fp8"), True)
         recipe = f8.get("recipe_name") or "tensorwise"
-        if recipe != "tensorwise":
+        if recipe not in ("tensorwise", "rowwise"):
             out.warnings.append(f"float8 recipe_name {recipe!r}: priced as tensorwise scaling")
-        out.set(("precision", "fp8_recipe"), "tensorwise")
+        out.set(("precision", "fp8_recipe"), recipe if recipe == "rowwise" else "tensorwise")
         if f8.get("enable_fsdp_float8_all_gather"):
             out.set(("precision", "fp8_all_gather"), True)
     other = [c for c in converters if "float8" not in c]

@@ -273,7 +273,7 @@ FIELDS: tuple[RunField, ...] = (
        "the router and not the LM head unless the model's fp8 path converts it (nanochat's does); refused where the "
        "model's fp8 format does not run on the hardware.", bool, LAYOUT, default=False),
     _f("precision.fp8_recipe", "With --fp8, how the casts run: tensorwise (torchao Float8Linear, dynamic scaling), "
-       "delayed (Transformer Engine DelayedScaling), current (Transformer Engine Float8CurrentScaling: Megatron-Core's "
+       "rowwise (torchao's row-wise recipe), delayed (Transformer Engine DelayedScaling), current (Transformer Engine Float8CurrentScaling: Megatron-Core's "
        "--fp8-recipe tensorwise), nanochat (nanochat/fp8.py) or mxfp8 (Transformer Engine MXFP8BlockScaling, "
        "Blackwell and later). Default: the model's (nanochat: nanochat; others: tensorwise).", str, LAYOUT),
     _f("precision.fp8_all_gather", "With --fp8 (tensorwise) and ZeRO-3: all-gather the fp8 GEMMs' weights in fp8, "
