@@ -80,7 +80,8 @@ FP8_CAST_BYTES: dict[str, tuple[tuple[float, float], tuple[float, float, float]]
 # kernel launches of those casts per operand, as FP8_CAST_BYTES (an amax pass, a scale and a cast are one launch
 # each): forward (x, W), backward (dY, x, W)
 FP8_CAST_LAUNCHES: dict[str, tuple[tuple[int, int], tuple[int, int, int]]] = {
-    "tensorwise": ((2, 2), (2, 2, 2)), "rowwise": ((2, 2), (4, 2, 2)), "delayed": ((1, 1), (1, 0, 0)), "current": ((3, 3), (3, 0, 0)),
+    "tensorwise": ((2, 2), (2, 2, 2)), "rowwise": ((2, 2), (4, 2, 2)), "delayed": ((1, 1), (1, 0, 0)),
+    "current": ((3, 3), (3, 0, 0)),
     "nanochat": ((2, 2), (3, 1, 1)), "mxfp8": ((1, 1), (1, 0, 0))}
 # How often an fp8 GEMM's weight is cast (Recipe.fp8_weight_casts, ddplan.specs.FP8_WEIGHT_CASTS): every
 # micro-batch (torchao's Float8Linear, nanochat's fp8.py, Transformer Engine called without is_first_microbatch, as
@@ -88,7 +89,7 @@ FP8_CAST_LAUNCHES: dict[str, tuple[tuple[int, int], tuple[int, int, int]]] = {
 # Engine's Linear given is_first_microbatch, as Megatron-Core passes it: megatron/core/extensions/
 # transformer_engine.py@d98e8a64 L1338-1345, set on each step's first micro-batch by pipeline_parallel/schedules.py
 # L496-497). Only Transformer Engine's recipes cache it:
-TE_RECIPES = ("delayed", "current", "mxfp8")  # Transformer Engine's recipes: the ones whose modules can cache a weight's cast
+TE_RECIPES = ("delayed", "current", "mxfp8")  # Transformer Engine's: those whose modules can cache a weight's cast
 
 
 def fp8_cast_launches(recipe: str, weight_reuse: int = 1, weights_fp8: bool = False) -> tuple[float, float]:

@@ -426,11 +426,14 @@ def inert_options(options: Options, stated: Stated, degrees: Collection[tuple[in
     """One line for each framework option given (a flag or the run file's field, not a profile's) that changes none
     of the layouts a command prices: each option applies where it can (Options.for_layout: a ZeRO-3 option to the
     ZeRO-3 layouts, sequence parallelism to tp > 1, ...) and is otherwise left out, which a user who typed it should
-    hear. degrees: (tp, ranks, zero, cp, pp) of every layout the command prices."""
+    hear. degrees: (tp, ranks, zero, cp, pp) of every layout the command prices. One at a time, each one said reset
+    before the next is weighed, so of two that do the same (--no-reshard-after-forward and
+    --no-reshard-under-pipeline with pp > 1) only one is said. --shard-group is left to its own note
+    (ddplan.verdicts.table_notes)."""
     out = []
     for f in OPTION_FIELDS:
         default = Options.__dataclass_fields__[f.option].default
-        if f.param not in stated.given or getattr(options, f.option) == default:
+        if f.param not in stated.given or getattr(options, f.option) == default or f.option == "shard_group":
             continue
         plain = replace(options, **{f.option: default})
         if all(options.for_layout(*d) == plain.for_layout(*d) for d in degrees):
@@ -439,6 +442,7 @@ def inert_options(options: Options, stated: Stated, degrees: Collection[tuple[in
                 by = "--no-" + by[2:]  # the flag as typed
             out.append(f"{by} changes nothing here: none of the layouts asked for can take it (see "
                        f"`ddplan {command} --help`)")
+            options = plain
     return out
 
 

@@ -273,14 +273,15 @@ FIELDS: tuple[RunField, ...] = (
        "the router and not the LM head unless the model's fp8 path converts it (nanochat's does); refused where the "
        "model's fp8 format does not run on the hardware.", bool, LAYOUT, default=False),
     _f("precision.fp8_recipe", "With --fp8, how the casts run: tensorwise (torchao Float8Linear, dynamic scaling), "
-       "rowwise (torchao's row-wise recipe), delayed (Transformer Engine DelayedScaling), current (Transformer Engine Float8CurrentScaling: Megatron-Core's "
-       "--fp8-recipe tensorwise), nanochat (nanochat/fp8.py) or mxfp8 (Transformer Engine MXFP8BlockScaling, "
-       "Blackwell and later). Default: the model's (nanochat: nanochat; others: tensorwise).", str, LAYOUT),
+       "rowwise (torchao's row-wise recipe), delayed (Transformer Engine DelayedScaling), current (Transformer "
+       "Engine Float8CurrentScaling: Megatron-Core's --fp8-recipe tensorwise), nanochat (nanochat/fp8.py) or mxfp8 "
+       "(Transformer Engine MXFP8BlockScaling, Blackwell and later). Default: the --framework profile's, else the "
+       "model's (nanochat: nanochat; others: tensorwise).", str, LAYOUT),
     _f("precision.fp8_all_gather", "With --fp8 (tensorwise) and ZeRO-3: all-gather the fp8 GEMMs' weights in fp8, "
        "1 byte an element (torchao enable_fsdp_float8_all_gather).", bool, LAYOUT, default=False,
        helps={"memory": "ZeRO-3 with fp8 GEMMs: their weights gathered in fp8, 1 byte an element (torchao "
                         "enable_fsdp_float8_all_gather); implies --fp8."}, option="fp8_all_gather"),
-    _f("precision.fp8_params", "With --fp8 (delayed or current), --weights master and ZeRO-1 or 2 (the distributed "
+    _f("precision.fp8_params", "With --fp8 (delayed, current or mxfp8), --weights master and ZeRO-1 or 2 (the distributed "
        "optimizer): keep the fp8 GEMMs' weights in fp8, all-gathered at 1 byte an element after each step and never "
        "cast; in memory the fp8 data and its transpose, 2 bytes (Megatron-Core --fp8-param-gather).", bool, LAYOUT,
        default=False,

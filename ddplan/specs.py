@@ -622,8 +622,8 @@ class Recipe(Strict):
     # fp8 formats the model's fp8 training path needs (nanochat fp8.py: e4m3fn forward, e5m2 grads);
     # None: any fp8 the hardware has (torchao picks the platform's format)
     fp8_formats: list[Fp8Format] | None = None
-    # how its fp8 path casts (ddplan.fp8.FP8_CAST_BYTES): torchao's tensorwise Float8Linear (the default),
-    # Transformer Engine's delayed or current scaling, or nanochat's own fp8.py
+    # how its fp8 path casts (ddplan.fp8.FP8_CAST_BYTES): torchao's tensorwise Float8Linear (the default) or rowwise
+    # recipe, Transformer Engine's delayed, current or MXFP8 scaling, or nanochat's own fp8.py
     fp8_recipe: Fp8Recipe = "tensorwise"
     # how often an fp8 GEMM's weight is cast (sources: ddplan.fp8, TE_RECIPES): every micro-batch (the default: torchao,
     # nanochat, Composer's Transformer Engine), or once a step, cached for the other micro-batches (Megatron-Core's

@@ -118,8 +118,8 @@ def check_fp8(spec: ModelSpec, hw: HardwareSpec, recipe: str | None = None) -> N
     if hw.peak.fp8_tflops is None or not hw.fp8_formats:
         raise UsageError(f"{hw.name} has no fp8 tensor units; drop --fp8", field="--fp8")
     if (recipe or spec.recipe.fp8_recipe) == "mxfp8" and not hw.mxfp8:
-        raise UsageError(f"{hw.name}'s tensor cores do not take MXFP8 (Blackwell and later, SM 10.0+, do); "
-                         f"use --fp8-recipe current or delayed", field="--fp8-recipe")
+        raise UsageError(f"{hw.name}'s spec states no MXFP8 support (Transformer Engine's recipe needs Blackwell, SM "
+                         f"10.0+); use --fp8-recipe current or delayed", field="--fp8-recipe")
     if spec.dtypes.compute not in ("bf16", "fp16"):
         raise UsageError(f"fp8 GEMMs come with a bf16 or fp16 run, not {spec.dtypes.compute}: drop --fp8 or --dtype",
                          field="--fp8")

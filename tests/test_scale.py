@@ -498,3 +498,17 @@ def test_an_option_no_layout_can_take_is_said(capsys):
     code, _, err = run(capsys, ["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--zero", "1",
                                 "--framework", "torchtitan", "--attention", "fa3"])
     assert code == 0 and "changes nothing" not in err
+
+
+def test_of_two_options_that_do_the_same_only_the_redundant_one_is_said(capsys):
+    """--no-reshard-after-forward and --no-reshard-under-pipeline on a pipelined ZeRO-3 table: either alone keeps the
+    gathered parameters, so together one of them changes nothing; the other does, and is not said."""
+    from cli_helpers import run
+
+    code, _, err = run(capsys, ["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--pp", "2",
+                                "--zero", "3", "--no-reshard-after-forward", "--no-reshard-under-pipeline",
+                                "--attention", "fa3"])
+    assert code == 0 and err.count("changes nothing here") == 1
+    code, _, err = run(capsys, ["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--zero", "1",
+                                "--shard-group", "4", "--attention", "fa3"])
+    assert code == 0 and "--shard-group changes nothing" not in err and "--shard-group 4 applies to no row" in err

@@ -901,7 +901,8 @@ def test_leave_one_source_out_after_the_in_sample_pass_is_the_same_as_alone(tmp_
     """`validate --leave-one-source-out` hands the in-sample pass's Scorer to leave-one-source-out: on a small
     dataset of two sources on the fitted A100s plus the seed, the held-out figures are the same as with a
     fresh Scorer, and the command's csv carries them. Korthikanti et al.'s eight A100 runs are enough to fit on
-    (MIN_FIT_RUNS) when llm-foundry's two are held out; those two are not, so Korthikanti's take the unfitted rule."""
+    (MIN_FIT_RUNS) when llm-foundry's two are held out; those two are not, and no other GPU is fitted here, so
+    Korthikanti's take the spec's value (the fallback of the unfitted rule)."""
     ids = {"llmfoundry-mpt125m-A100-40GB-128g-s2048-bf16", "llmfoundry-mpt70b-A100-40GB-128g-s2048-bf16",
            "seed-nanochat-d24-mi300x-1g"}
     chosen = [r for r in load_runs().runs if r.id in ids or r.source.name == "korthikanti2022"]
@@ -1057,3 +1058,25 @@ def test_a_run_without_its_attention_takes_its_profile_s_where_the_spec_has_it(c
     rows = csv_rows(run_ok(capsys, argv[:i] + argv[i + 2:] + ["--format", "csv"]))
     assert [r["attention"] for r in rows] == ["flex"]
     assert float(rows[0]["step_s"]) == pytest.approx(V.score(runs[0], "t").predicted_s, rel=1e-12)
+
+
+def test_leaving_a_source_out_fits_no_gpu_on_fewer_than_five_runs(tmp_path):
+    """With Korthikanti et al.'s eight A100 runs held out, llm-foundry's three are left on the A100: fewer than
+    MIN_FIT_RUNS, so the A100 is not fitted but takes the unfitted rule, the geometric mean of the fractions fitted
+    without the source, here the H100's alone (fitted on llm-foundry's and the Megatron README's H100 runs): each
+    held-out run is priced exactly as at that fraction."""
+    keep = {"korthikanti2022", "llm-foundry", "megatron-readme"}
+    chosen = [r for r in load_runs().runs if r.source.name in keep and r.precision != "fp8"]
+    p = tmp_path / "three.yaml"
+    p.write_text(yaml.safe_dump({"kind": "runs", "description": "a test", "runs": [
+        r.model_dump(mode="json", exclude_none=True) for r in chosen]}))
+    runs, where = load_runs(str(p)), str(p)
+    rest = [r for r in runs.runs if r.source.name != "korthikanti2022"]
+    assert len(V.fit_basis(rest, "a100-sxm-80gb", where)) == 3 < V.MIN_FIT_RUNS
+    h100 = V.fit_sustained(rest, "h100-sxm", where)
+    held = [s for s in V.leave_one_source_out(runs, where, V.fitted_hardware()) if s.source == "korthikanti2022"]
+    at = dict.fromkeys(("a100-sxm-80gb", "a100-sxm-40gb", "h100-sxm", "h200"), h100)
+    assert len(held) == 8
+    for s in held:
+        run = next(r for r in runs.runs if r.id == s.id)
+        assert s.predicted_s == pytest.approx(V.score(run, where, at).predicted_s, rel=1e-12)
