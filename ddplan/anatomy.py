@@ -1483,6 +1483,19 @@ def _unfused_attention(bld: _Builder, i: int, window: int, kind: AttentionKind) 
 LOSS_CHUNKS = 8
 
 
+def unsharded_grad_sum_bytes(compute: int, reduce: int, count: int) -> int:
+    """Bytes per element torch FSDP2 moves adding up `count` gradients of one unsharded parameter with gradient sync
+    off (torch 2.13 distributed/fsdp/_fully_shard/_fsdp_param.py: to_accumulated_grad_if_needed casts the first,
+    written in the compute dtype, to the reduce dtype, c + r; accumulate_unsharded_grad_if_needed adds each later
+    one, c + 2 r); with the reduce dtype the compute dtype autograd adds them, 3 c each after the first.
+    e.g. bf16 gradients summed in fp32 over 8: (2 + 4) + 7 x (2 + 8) = 76 B; in bf16: 7 x 6 = 42 B."""
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
+    if reduce == compute:
+        return (count - 1) * 3 * compute
+    return (compute + reduce) + (count - 1) * (compute + 2 * reduce)
+
+
 def _head(bld: _Builder) -> None:
     a, t, e = bld.a, bld.t, bld.e
     v = a.vocab_size
@@ -1512,13 +1525,10 @@ def _head(bld: _Builder) -> None:
                       elem_bytes=4, saves=(Saved("loss_grad_accumulator", t * a.d_model * 4.0, tp_sharded=False),),
                       bwd_reads=1, bwd_writes=1)
         # and the head weight's gradient adds up over the chunks (FSDP2 gradient sync off on lm_head for all but the
-        # last, loss.py@b5bcd76 L663-667) in the reduce dtype (torch _fsdp_param.py to_accumulated_grad_if_needed
-        # casts the first chunk's, accumulate_unsharded_grad_if_needed adds each later one; in the compute dtype
-        # autograd adds them): held through the loop, and per element c + r, then c + 2 r a chunk (r != c), or 3 c a
-        # chunk after the first (r = c)
+        # last, loss.py@b5bcd76 L663-667) in the reduce dtype: held through the loop, and what the sum moves
         r = bld.spec.dtypes.reduce_bytes(group)
-        moved = (e + r) + (LOSS_CHUNKS - 1) * (e + 2 * r) if r != e else (LOSS_CHUNKS - 1) * 3 * e
-        bld.pointwise("loss_head_grad", None, a.d_model * v, reads=int(moved), writes=0, flops_per_element=0.0,
+        moved = unsharded_grad_sum_bytes(e, r, LOSS_CHUNKS)
+        bld.pointwise("loss_head_grad", None, a.d_model * v, reads=moved, writes=0, flops_per_element=0.0,
                       elem_bytes=1, saves=(Saved("loss_head_grad", a.d_model * v * float(r)),), bwd_reads=0,
                       bwd_writes=0)
     # The compiled graph keeps the logits as the GEMM wrote them and recomputes the fp32 softcap and

@@ -15,7 +15,7 @@ from ddplan import bounds
 from ddplan.calibration import (StepMeasurement, check_against_hardware, measurement_for, memory_assumptions,
                                 steps_for_model)
 from ddplan.errors import DdplanError, SpecError, UsageError
-from ddplan.layout import NATIVE_ZERO, Options
+from ddplan.layout import Options, zero_stage
 from ddplan.offload import check_activation_offload, check_offload
 from ddplan.plan import PlanRequest
 from ddplan.registry import (builtin_names, calibration_hardware, load_calibration, load_framework, load_hardware,
@@ -491,10 +491,9 @@ def table_request(v: dict, stated: Stated, today):
         calibration_path=v["calibration"], fp8=v["fp8"], fp8_recipe=fp8_recipe(v["fp8"], v["fp8_recipe"], stated),
         headroom=v["headroom"], options=_options(v, spec, tp_to_check(max(tps), stated), stated),
         framework=framework_name(v["framework"]))
-    native = NATIVE_ZERO[spec.recipe.distribution]
-    degrees = {(tp, dp * cp, native if not zeros or dp * cp == 1 else zero, cp, pp)
-               for g in gpu_list for tp in tps for pp in pps for cp in cps for zero in (zeros or (native,))
-               if g % (tp * pp * cp) == 0 for dp in (g // (tp * pp * cp),)}
+    degrees = {(tp, dp * cp, zero_stage(spec, zero, dp * cp), cp, pp)
+               for g in gpu_list for tp in tps for pp in pps for cp in cps for zero in (zeros or (None,))
+               if g % (tp * pp * cp) == 0 for dp in (g // (tp * pp * cp),)}  # the layouts layout_for makes
     stated.inert.extend(inert_options(req.options, stated, degrees, "table"))
     return req, spec, hw, cal
 

@@ -448,6 +448,12 @@ def data_parallel(gpus: int, tp: int = 1, pp: int = 1, cp: int = 1) -> int:
     return gpus // (tp * pp * cp)
 
 
+def zero_stage(spec: ModelSpec, zero: int | None, ranks: int) -> int:
+    """The ZeRO stage a layout of `ranks` data-parallel ranks (dp x cp) runs: the one asked, else the model's native
+    one, and the native one on a single rank (nothing to shard)."""
+    return NATIVE_ZERO[spec.recipe.distribution] if zero is None or ranks == 1 else zero
+
+
 def layout_for(spec: ModelSpec, *, gpus: int, tp: int = 1, pp: int = 1, vp: int = 1, cp: int = 1, ep: int = 1,
                zero: int | None = None, micro_batch: int, grad_accum: int, attention: str, recompute: str = "none",
                compiled: bool | None = None, options: Options = Options()) -> Layout:
@@ -455,8 +461,7 @@ def layout_for(spec: ModelSpec, *, gpus: int, tp: int = 1, pp: int = 1, vp: int 
     given (and always at dp 1, where there is nothing to shard); interleaved when vp > 1; the options
     where they apply. The one place `table`, `memory` and a measurement turn GPU counts into a layout."""
     dp = data_parallel(gpus, tp, pp, cp)
-    native = NATIVE_ZERO[spec.recipe.distribution]
-    zero = native if zero is None or dp * cp == 1 else zero
+    zero = zero_stage(spec, zero, dp * cp)
     return Layout(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, micro_batch=micro_batch,
                   grad_accum=grad_accum, attention=attention, recompute=recompute,
                   compiled=spec.recipe.compiled if compiled is None else compiled,

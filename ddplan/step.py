@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ddplan import comm, pipeline
-from ddplan.anatomy import Anatomy, adamw_bytes, muon_matrices
+from ddplan.anatomy import Anatomy, adamw_bytes, muon_matrices, unsharded_grad_sum_bytes
 from ddplan.layout import NATIVE_ZERO, Layout, Placement, placement
 from ddplan.memory import EXPERT_GROUP, _stage_share, counts_of, expert_shard, offloaded_bytes, state_share
 from ddplan.offload import activation_offload_exposed_s, offload_time_s
@@ -117,7 +117,7 @@ def grad_sync_buffers(spec: ModelSpec, layout: Layout, experts: bool = False) ->
     return out
 
 
-def fsdp2_gathers(layout: Layout) -> int:
+def zero3_gathers(layout: Layout) -> int:
     """All-gathers of a ZeRO-3 rank's parameters in one step: every micro-batch's forward, and backward when resharded
     after forward (torch FSDP's default); under a pipeline (pp > 1: comm.fsdp_pipelined_comm_s) once a step when
     kept after forward, else each micro-batch's backward (the warm-up forwards' own gathers, at most pp, left out)."""
@@ -142,10 +142,10 @@ def fsdp2_copy_bytes(spec: ModelSpec, layout: Layout) -> float:
     busiest stage, 1 / ep of the routed experts: as grad_sync_buffers sizes the collectives), in a step:
 
         gathers x (2 g, or p + 3 c with one shard rank) + gradients
-        gradients = accum x (c + r);  pp > 1: c + r with one micro-batch, else (c + r) + (accum - 1)(c + 2 r) + 2 r
-                    (r != c), or (accum - 1) 3 c + 2 c (r = c)
+        gradients = accum x (c + r);  pp > 1: c + r with one micro-batch, else the sum of the micro-batches'
+                    (anatomy.unsharded_grad_sum_bytes) + 2 r
 
-    gathers: fsdp2_gathers; g: an element as gathered (c, the compute dtype's bytes; an fp8 GEMM's weight 1 with
+    gathers: zero3_gathers; g: an element as gathered (c, the compute dtype's bytes; an fp8 GEMM's weight 1 with
     Layout.fp8_all_gather); p: the parameter's bytes; r: the reduce dtype's (Dtypes.reduce_bytes). The all-gather
     input's cast of the local shard runs on the copy-in stream, beside compute, and is left out; so is the reduced
     shard's copy on the reduce-scatter stream. Flat-parameter FSDP (FSDP1) gathers into the flat parameter the
@@ -157,7 +157,7 @@ def fsdp2_copy_bytes(spec: ModelSpec, layout: Layout) -> float:
         return 0.0
     counts, dt = counts_of(spec.architecture), spec.dtypes
     fp8 = fp8_weight_fractions(spec) if layout.fp8_all_gather else {}
-    c, accum, gathers = dtype_bytes(dt.compute), layout.grad_accum, fsdp2_gathers(layout)
+    c, accum, gathers = dtype_bytes(dt.compute), layout.grad_accum, zero3_gathers(layout)
     total = 0.0
     for group, n in counts.items():
         if not n:
@@ -173,10 +173,8 @@ def fsdp2_copy_bytes(spec: ModelSpec, layout: Layout) -> float:
             gather = dtype_bytes(dt.params[group]) + 3 * c
         if layout.pp == 1 or accum == 1:
             grads = accum * (c + r)
-        elif r != c:
-            grads = (c + r) + (accum - 1) * (c + 2 * r) + 2 * r
-        else:
-            grads = (accum - 1) * 3 * c + 2 * c
+        else:  # the micro-batches' gradients summed unsharded, then copied in once (read and written in r)
+            grads = unsharded_grad_sum_bytes(c, r, accum) + 2 * r
         total += n * share * (gathers * gather + grads)
     return total
 
@@ -184,13 +182,13 @@ def fsdp2_copy_bytes(spec: ModelSpec, layout: Layout) -> float:
 def fsdp2_copies_s(spec: ModelSpec, layout: Layout, r: Rates) -> float:
     """Seconds of one step's FSDP2 copies (fsdp2_copy_bytes) at the memory rate the roofline gives memory-bound
     kernels (HBM bandwidth x its efficiency), plus a launch a unit (torchtitan and OLMo-core wrap each block) for each
-    copy-out (fsdp2_gathers) and each micro-batch's copy-in or accumulation (and under a pipeline the step's
+    copy-out (zero3_gathers) and each micro-batch's copy-in or accumulation (and under a pipeline the step's
     copy-in)."""
     moved = fsdp2_copy_bytes(spec, layout)
     if not moved:
         return 0.0
     units = math.ceil(spec.architecture.num_layers / layout.pp)
-    copies = fsdp2_gathers(layout) + layout.grad_accum + (1 if layout.pp > 1 and layout.grad_accum > 1 else 0)
+    copies = zero3_gathers(layout) + layout.grad_accum + (1 if layout.pp > 1 and layout.grad_accum > 1 else 0)
     return moved / (r.hbm_bytes_per_s * r.hbm) + units * copies * r.kernel_overhead_s
 
 
@@ -502,9 +500,9 @@ def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, m
         units = max(1, math.ceil(spec.architecture.num_layers / layout.pp))
         total, exposed = comm.fsdp_pipelined_comm_s(rs, ag, mb_s - bwd_s, bwd_s, layout.grad_accum, units,
                                                     reshard=layout.reshard_after_forward, replica_all_reduce_s=ar)
-        passes = layout.grad_accum if layout.reshard_after_forward else 1
         # the reduce-scatter and all-reduce after the last backward outlast the stage's compute; the gathers do not
-        return total, exposed, passes * ag, rs, _beside(total, exposed, layout.grad_accum * mb_s), rs + ar
+        gathers = zero3_gathers(layout) * ag
+        return total, exposed, gathers, rs, _beside(total, exposed, layout.grad_accum * mb_s), rs + ar
     if policy == "fsdp":
         total, exposed, gather, scatter = _fsdp_comm_s(rs, ag, ar, layout, place, mb_s, spec.architecture.num_layers)
         # each pass's first gather waits before any compute: exposed, but not outlasting the compute

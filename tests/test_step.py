@@ -571,3 +571,15 @@ def test_full_n_re_runs_its_share_of_the_layers_in_the_step_and_memory():
     # the compute of one micro-batch on the busiest stage: forward, backward, and a quarter of full's re-run
     mb = {rc: st[rc].compute_s / st[rc].accum for rc in st}
     assert mb["full:1"] - mb["none"] == pytest.approx(0.25 * (mb["full"] - mb["none"]), rel=1e-9)
+
+
+def test_unsharded_gradient_sums_by_hand():
+    """anatomy.unsharded_grad_sum_bytes (torch _fsdp_param.py): bf16 gradients summed in fp32 over 8: the first cast
+    (2 + 4 B), then each of 7 read with the fp32 sum and written back (2 + 4 + 4): 76 B; summed in bf16 by autograd,
+    7 x (2 + 2 + 2) = 42 B; one gradient is no sum."""
+    from ddplan.anatomy import unsharded_grad_sum_bytes
+
+    assert unsharded_grad_sum_bytes(2, 4, 8) == 76 and unsharded_grad_sum_bytes(2, 2, 8) == 42
+    assert unsharded_grad_sum_bytes(2, 2, 1) == 0
+    with pytest.raises(ValueError):
+        unsharded_grad_sum_bytes(2, 4, 0)
