@@ -547,7 +547,9 @@ def table_cmd(
     _framework_notes(ctx, spec, stated)
     _check_plot_path(plot)
     result = build_table(req, _progress("table"))
-    _warn(stated.inert)  # options given that no layout here can take: once the table is built (no error came)
+    # options given that none of the rows built can take (skipped layouts take nothing): once the table is built
+    _warn(inputs.inert_options(req.options, stated, inputs.degrees_of(r.layout for r in result.rows), "table", spec,
+                               ctx.params))
     prov = provenance(model=spec, hardware=hw, calibration=(Path(calibration).name, cal) if cal is not None else None)
     _warn(report.table(result, prov, format.value, wide, quiet, explain, plot))
 

@@ -35,7 +35,7 @@ def fp8_eligible(op: Op, lm_head: bool = False) -> bool:
     return n % 16 == 0 and k % 16 == 0 and min(n, k) >= 128
 
 
-FP8_RECIPES = typing.get_args(Fp8Recipe)  # tensorwise, rowwise, delayed, current, nanochat, mxfp8 (Recipe.fp8_recipe)
+FP8_RECIPES = typing.get_args(Fp8Recipe)  # tensorwise, rowwise, ..., mxfp8_torchao (Recipe.fp8_recipe)
 # bytes moved per element of each GEMM operand to quantise it, by recipe: forward (x, W), backward (dY, x, W).
 # A cast reads the 16-bit tensor and writes 8 bits (2 + 1 B); current (dynamic) scaling first reads the tensor
 # once more for its amax (+2 B); a second fp8 copy in the other memory order written by the same kernel is
@@ -69,9 +69,23 @@ FP8_RECIPES = typing.get_args(Fp8Recipe)  # tensorwise, rowwise, delayed, curren
 #     two scales of 1 B per 32 (4 + 1/16 a tensor), the column-wise ones saved for backward as delayed's are:
 #     forward x and W, backward dY (TransformerEngine docs/features/low_precision_training/mxfp8/mxfp8.rst@495739c,
 #     "Handling transposes").
+#   rowwise_with_gw_hp (torchao Float8LinearRecipeName.ROWWISE_WITH_GW_HP, torchao/float8/config.py@36027d8
+#     L353-378; torchtitan's other float8 recipe, float8.py@b5bcd76 L58): forward as rowwise (5, 5); grad_input from
+#     dY cast along one axis (5) and the weight recast tensorwise from its saved 16-bit copy (5); grad_weight in the
+#     16-bit dtype from the saved input and dY (ScalingType.DISABLED: no cast; FP8_WGRAD_HIGH_PRECISION).
+#   mxfp8_torchao (torchao's MXFP8Linear, what torchtitan's MXFP8LinearConverter builds, components/quantization/
+#     mx.py@b5bcd76 L21-44, L50-98, with torchao's defaults, wgrad_with_hp False: torchao/prototype/moe_training/
+#     mxfp8_linear.py@36027d8 L61-66, L108-244): a block-of-32 cast takes its amax inside the kernel, reading the
+#     16-bit tensor once and writing 1 B and a 1-byte scale per 32 (2 + 1 + 1/32 B); it saves the 16-bit input and
+#     weight (save_for_backward(input_hp, weight_hp), L108), so backward casts again from them: forward x and W
+#     along K (3 + 1/32 each); backward dY twice, once along each axis in two kernels (rowwise and colwise calls,
+#     mx_formats/utils.py L189-194: 6 + 1/16), W and x along the other axis (3 + 1/32 each). The scales' swizzle
+#     (to_blocked, 1/32 of a tensor) is not counted.
 FP8_CAST_BYTES: dict[str, tuple[tuple[float, float], tuple[float, float, float]]] = {
     "tensorwise": ((5.0, 5.0), (6.0, 5.0, 5.0)),
     "rowwise": ((5.0, 5.0), (10.0, 5.0, 5.0)),
+    "rowwise_with_gw_hp": ((5.0, 5.0), (5.0, 0.0, 5.0)),
+    "mxfp8_torchao": ((3.0 + 1 / 32, 3.0 + 1 / 32), (6.0 + 1 / 16, 3.0 + 1 / 32, 3.0 + 1 / 32)),
     "delayed": ((4.0, 4.0), (4.0, 0.0, 0.0)),
     "current": ((6.0, 6.0), (6.0, 0.0, 0.0)),
     "nanochat": ((5.0, 5.0), (7.0, 2.0, 2.0)),
@@ -80,9 +94,14 @@ FP8_CAST_BYTES: dict[str, tuple[tuple[float, float], tuple[float, float, float]]
 # kernel launches of those casts per operand, as FP8_CAST_BYTES (an amax pass, a scale and a cast are one launch
 # each): forward (x, W), backward (dY, x, W)
 FP8_CAST_LAUNCHES: dict[str, tuple[tuple[int, int], tuple[int, int, int]]] = {
-    "tensorwise": ((2, 2), (2, 2, 2)), "rowwise": ((2, 2), (4, 2, 2)), "delayed": ((1, 1), (1, 0, 0)),
-    "current": ((3, 3), (3, 0, 0)),
-    "nanochat": ((2, 2), (3, 1, 1)), "mxfp8": ((1, 1), (1, 0, 0))}
+    "tensorwise": ((2, 2), (2, 2, 2)), "rowwise": ((2, 2), (4, 2, 2)), "rowwise_with_gw_hp": ((2, 2), (2, 0, 2)),
+    "delayed": ((1, 1), (1, 0, 0)), "current": ((3, 3), (3, 0, 0)),
+    "nanochat": ((2, 2), (3, 1, 1)), "mxfp8": ((1, 1), (1, 0, 0)), "mxfp8_torchao": ((1, 1), (2, 1, 1))}
+# recipes whose weight-gradient GEMM runs in the 16-bit dtype, from the saved input and dY (ddplan.roofline prices
+# half the backward FLOPs at the 16-bit GEMM rate): torchao's rowwise_with_gw_hp
+FP8_WGRAD_HIGH_PRECISION = ("rowwise_with_gw_hp",)
+# recipes of OCP MX block scaling (a scale per 32 elements), which need the hardware spec's `mxfp8: true`
+MX_RECIPES = ("mxfp8", "mxfp8_torchao")
 # How often an fp8 GEMM's weight is cast (Recipe.fp8_weight_casts, ddplan.specs.FP8_WEIGHT_CASTS): every
 # micro-batch (torchao's Float8Linear, nanochat's fp8.py, Transformer Engine called without is_first_microbatch, as
 # Composer's amp_fp8 runs it), or once a step, the fp8 copy cached for the step's other micro-batches (Transformer
@@ -175,7 +194,8 @@ _FRACTIONS: dict[str, dict[str, float]] = {}
 # L597-621: the quantized inputmat, its column-wise data only, is what backward gets; layernorm_linear.py L468-487:
 # ln_out likewise), which Composer's amp_fp8 and Megatron-Core run (delayed or current scaling); nanochat's fp8.py (its
 # autograd function saves the fp8 x). torchao's Float8Linear saves the high-precision input and casts it again in
-# backward (torchao/float8/float8_linear.py), so "tensorwise" and "rowwise" keep the 16-bit tensor.
+# backward (torchao/float8/float8_linear.py), so "tensorwise", "rowwise" and "rowwise_with_gw_hp" keep the 16-bit
+# tensor, as torchao's MXFP8Linear does ("mxfp8_torchao": save_for_backward(input_hp, weight_hp)).
 FP8_SAVES_QUANTIZED = ("delayed", "current", "nanochat", "mxfp8")
 
 

@@ -16,6 +16,7 @@ the figure leaves out (the frameworks issue, #35, prices them one by one).
 
 from __future__ import annotations
 
+import typing
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -24,7 +25,7 @@ from ddplan.errors import SpecError
 from ddplan.runconfig import RunConfig
 from ddplan.runfields import OPTION_FIELDS
 from ddplan.specfile import validate
-from ddplan.specs import KERNELS, Strict
+from ddplan.specs import KERNELS, Fp8Recipe, Strict
 
 # profile item -> the run-configuration field it fills (ddplan.runconfig field paths): every framework option
 # (ddplan.runfields.OPTION_FIELDS) and kernel field (ddplan.specs.KERNELS) by its name, and these
@@ -76,6 +77,9 @@ class FrameworkProfile(Strict):
     applies: dict[str, Item] = {}
     unpriced: dict[str, Item] = {}
     recompute_policies: list[RecomputePolicy] = []
+    # fp8 recipes by the name a user gives (--fp8-recipe, ddplan.specs.Fp8Recipe) -> the recipe this stack runs
+    # under that name, e.g. torchtitan's mxfp8 is torchao's MXFP8Linear (mxfp8_torchao), not Transformer Engine's
+    fp8_recipe_names: dict[Fp8Recipe, Item] = {}
     notes: list[str] = []
 
     @model_validator(mode="after")
@@ -84,6 +88,11 @@ class FrameworkProfile(Strict):
                      if (item.elsewhere is not None or item.dtypes) and (k != "attention" or k in self.unpriced))
         if odd:
             raise ValueError(f"{', '.join(odd)}: `elsewhere` and `dtypes` are for applies.attention only")
+        odd_recipes = sorted(f"{k}: {item.value}" for k, item in self.fp8_recipe_names.items()
+                             if item.value not in typing.get_args(Fp8Recipe))
+        if odd_recipes:
+            raise ValueError(f"fp8_recipe_names: {', '.join(odd_recipes)} is not an fp8 recipe ddplan prices; allowed: "
+                             f"{', '.join(typing.get_args(Fp8Recipe))}")
         unknown = sorted(set(self.applies) - set(APPLIES))
         if unknown:
             raise ValueError(f"applies: {', '.join(unknown)} is not an item ddplan prices; allowed: "

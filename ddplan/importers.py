@@ -420,12 +420,20 @@ def _torchtitan(text: str, path: Path, out: Imported) -> None:
         f8 = cfg.get("quantize", {}).get("linear", {}).get("float8", {}) or cfg.get("float8", {})
         out.set(("precision", "fp8"), True)
         recipe = f8.get("recipe_name") or "tensorwise"
-        if recipe not in ("tensorwise", "rowwise"):
+        if recipe not in ("tensorwise", "rowwise", "rowwise_with_gw_hp"):
             out.warnings.append(f"float8 recipe_name {recipe!r}: priced as tensorwise scaling")
-        out.set(("precision", "fp8_recipe"), recipe if recipe == "rowwise" else "tensorwise")
+            recipe = "tensorwise"
+        out.set(("precision", "fp8_recipe"), recipe)
         if f8.get("enable_fsdp_float8_all_gather"):
             out.set(("precision", "fp8_all_gather"), True)
-    other = [c for c in converters if "float8" not in c]
+    mx = [c for c in converters if c.endswith("linear.mx") or c == "mx"]
+    if mx and not fp8:  # the TOML era's MXLinearConverter (quantize.linear.mx: torchao's prototype MXLinear)
+        name = (cfg.get("quantize", {}).get("linear", {}).get("mx", {}) or {}).get("recipe_name", "mxfp8_cublas")
+        out.set(("precision", "fp8"), True)
+        out.set(("precision", "fp8_recipe"), "mxfp8_torchao")
+        out.warnings.append(f"mx recipe_name {name!r}: priced as torchao's MXFP8Linear (mxfp8_torchao: every cast "
+                            f"from the saved 16-bit tensors), what torchtitan's MXFP8 converter builds today")
+    other = [c for c in converters if "float8" not in c and c not in mx]
     if other:
         out.warnings.append(f"model.converters {other}: not modelled (priced without them)")
 

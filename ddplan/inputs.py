@@ -350,9 +350,24 @@ def price_given(price: float | None, today) -> Price | None:
                  source="given on the command line")
 
 
-def fp8_recipe(fp8: bool, recipe: str | None, stated: Stated) -> str | None:
-    """--fp8-recipe, but a profile's recipe only with --fp8: it says how the stack runs fp8 when fp8 is on."""
-    return None if not fp8 and "fp8_recipe" in stated.profile else recipe
+def fp8_recipe(v: dict, stated: Stated) -> str | None:
+    """--fp8-recipe, but a profile's recipe only with --fp8: it says how the stack runs fp8 when fp8 is on; a recipe
+    named as another stack spells it, the --framework profile's own where it lists one (its fp8_recipe_names:
+    under torchtitan, mxfp8 is torchao's MXFP8Linear, not Transformer Engine's), said once in stated.notes."""
+    recipe = v["fp8_recipe"]
+    if not v["fp8"] and "fp8_recipe" in stated.profile:
+        return None
+    if recipe is None or not v.get("framework"):
+        return recipe
+    profile = load_framework(v["framework"])
+    item = profile.fp8_recipe_names.get(recipe)
+    if item is None:
+        return recipe
+    note = (f"{stated.by('fp8_recipe')} {recipe} under {profile.name} is {profile.name}'s own: priced as "
+            f"{item.value} ({item.where})")
+    if note not in stated.notes:
+        stated.notes.append(note)
+    return str(item.value)
 
 
 def without_profile_fp8(v: dict, stated: Stated) -> dict:
@@ -421,27 +436,54 @@ def tp_to_check(tp: int | None, stated: Stated) -> int | None:
     return None if "sequence_parallel" in stated.profile else tp
 
 
+def degrees_of(layouts) -> set[tuple[int, int, int, int, int]]:
+    """(tp, ranks, zero, cp, pp) of each layout, as inert_options weighs them (ranks: dp x cp, which shard model
+    states)."""
+    return {(lay.tp, lay.grad_ranks, lay.zero, lay.cp, lay.pp) for lay in layouts}
+
+
+# options given through a field of their own spelling: the run field's param -> the Options attribute it sets
+# (--etp 1 is Options.expert_tp = 1 by ddplan.inputs.expert_tp)
+DERIVED_OPTIONS = {"etp": "expert_tp"}
+
+
 def inert_options(options: Options, stated: Stated, degrees: Collection[tuple[int, int, int, int, int]],
-                  command: str) -> list[str]:
+                  command: str, spec=None, values: dict | None = None) -> list[str]:
     """One line for each framework option given (a flag or the run file's field, not a profile's) that changes none
     of the layouts a command prices: each option applies where it can (Options.for_layout: a ZeRO-3 option to the
-    ZeRO-3 layouts, sequence parallelism to tp > 1, ...) and is otherwise left out, which a user who typed it should
-    hear. degrees: (tp, ranks, zero, cp, pp) of every layout the command prices. One at a time, each one said reset
+    ZeRO-3 layouts, sequence parallelism and --etp 1 to tp > 1, ...) and is otherwise left out, which a user who
+    typed it should hear; and one where the model overrides it (Options.for_model: a mixture of experts runs
+    sequence parallelism at tp > 1 whatever --no-sequence-parallel says; values: the command's, for the value
+    given where the model moved it). degrees: (tp, ranks, zero, cp, pp) of
+    every layout the command prices (the rows built, not the ones skipped). One at a time, each one said reset
     before the next is weighed, so of two that do the same (--no-reshard-after-forward and
     --no-reshard-under-pipeline with pp > 1) only one is said. --shard-group is left to its own note
     (ddplan.verdicts.table_notes)."""
     out = []
-    for f in OPTION_FIELDS:
-        default = Options.__dataclass_fields__[f.option].default
-        if f.param not in stated.given or getattr(options, f.option) == default or f.option == "shard_group":
+    fields = [(f.param, f.option, f.kind) for f in OPTION_FIELDS if f.option != "shard_group"]
+    fields += [(param, option, int) for param, option in DERIVED_OPTIONS.items()]
+    for param, option, kind in fields:
+        if param not in stated.given:
             continue
-        plain = replace(options, **{f.option: default})
+        default = Options.__dataclass_fields__[option].default
+        value = (values or {}).get(param, getattr(options, option))
+        by = stated.by(param)
+        if kind is bool and by.startswith("--") and not value:
+            by = "--no-" + by[2:]  # the flag as typed
+        plain = replace(options, **{option: default})
+        forced = spec is not None and getattr(plain.for_model(spec), option) != default
+        if forced and value == default and any(d[0] > 1 for d in degrees):
+            out.append(f"{by} is overridden: {spec.name} is a mixture of experts, which Megatron-Core runs with "
+                       "sequence parallelism at tp > 1 (its MoE README, \"Parallelism\")")
+            continue
+        if value == default or getattr(options, option) == default:
+            continue
+        if spec is not None:
+            plain = plain.for_model(spec)
         if all(options.for_layout(*d) == plain.for_layout(*d) for d in degrees):
-            by = stated.by(f.param)
-            if f.kind is bool and by.startswith("--") and not getattr(options, f.option):
-                by = "--no-" + by[2:]  # the flag as typed
-            out.append(f"{by} changes nothing here: none of the layouts asked for can take it (see "
-                       f"`ddplan {command} --help`)")
+            why = (f"{spec.name} is a mixture of experts, which runs sequence parallelism at tp > 1 anyway" if forced
+                   else f"none of the layouts asked for can take it (see `ddplan {command} --help`)")
+            out.append(f"{by} changes nothing here: {why}")
             options = plain
     return out
 
@@ -467,7 +509,7 @@ def table_request(v: dict, stated: Stated, today):
     spec, hw, cal = load(v["model"], v["hardware"], v["calibration"], v["seq_len"], v["dtype"], grads=v["grads"],
                          weights=v["weights"], moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v))
     v["attention"] = profile_attention(v, stated, (hw,), dtype=spec.dtypes.compute)
-    v["fp8_params"] = profile_fp8_params(v, stated, spec, fp8_recipe(v["fp8"], v["fp8_recipe"], stated), zeros)
+    v["fp8_params"] = profile_fp8_params(v, stated, spec, fp8_recipe(v, stated), zeros)
     attentions = tuple(a.strip() for a in v["attention"].split(",")) if v["attention"] else ()
     measured_flags = ("measured_gpus", "measured_tp", "measured_pp", "measured_attention", "measured_window")
     measurement = stated_measurement(
@@ -488,13 +530,9 @@ def table_request(v: dict, stated: Stated, today):
         budget=training_budget(spec, v["steps"], v["tokens"], v["param_data_ratio"]),
         price=price_given(v["price"], today), batch_from=batch_from, overheads=_overheads(v),
         compiled=v["compiled"], measurement=measurement, knob=v["fit"], calibration=cal,
-        calibration_path=v["calibration"], fp8=v["fp8"], fp8_recipe=fp8_recipe(v["fp8"], v["fp8_recipe"], stated),
+        calibration_path=v["calibration"], fp8=v["fp8"], fp8_recipe=fp8_recipe(v, stated),
         headroom=v["headroom"], options=_options(v, spec, tp_to_check(max(tps), stated), stated),
         framework=framework_name(v["framework"]))
-    degrees = {(tp, dp * cp, zero_stage(spec, zero, dp * cp), cp, pp)
-               for g in gpu_list for tp in tps for pp in pps for cp in cps for zero in (zeros or (None,))
-               if g % (tp * pp * cp) == 0 for dp in (g // (tp * pp * cp),)}  # the layouts layout_for makes
-    stated.inert.extend(inert_options(req.options, stated, degrees, "table"))
     return req, spec, hw, cal
 
 
@@ -511,7 +549,7 @@ def plan_request(v: dict, stated: Stated, today, every_band: bool = False):
     check_calibration_hardware(cal, hws, v["calibration"])
     v = {**v, "attention": profile_attention(v, stated, hws, per_hardware=True, dtype=spec.dtypes.compute)}
     stages = tuple(sorted(set(int_list(v["zero"], "--zero", allowed=(0, 1, 2, 3))))) if v["zero"] else (0, 1, 2, 3)
-    v["fp8_params"] = profile_fp8_params(v, stated, spec, fp8_recipe(v["fp8"], v["fp8_recipe"], stated), stages)
+    v["fp8_params"] = profile_fp8_params(v, stated, spec, fp8_recipe(v, stated), stages)
     asked = policies(v["recompute"]) if v["recompute"] else PlanRequest.recomputes
     # lightest first (ddplan.plan.layouts_for): the named ones in their order, a per-module one after selective,
     # the layer policies before full (they re-run some of full's layers), fewer re-run layers first (full:N by N,
@@ -525,7 +563,7 @@ def plan_request(v: dict, stated: Stated, today, every_band: bool = False):
         zero_stages=stages,
         attentions=tuple(a.strip() for a in v["attention"].split(",")) if v["attention"] else (),
         total_batch_tokens=v["total_batch_size"], tp_across_nodes=v["tp_across_nodes"], headroom=v["headroom"],
-        fp8=v["fp8"], fp8_recipe=fp8_recipe(v["fp8"], v["fp8_recipe"], stated),
+        fp8=v["fp8"], fp8_recipe=fp8_recipe(v, stated),
         cps=tuple(int_list(v["cp"], "--cp")) if v["cp"] else (), eps=expert_degrees(v["ep"], spec),
         attentions_where_available="attention" in stated.profile,
         options=_options(v, spec, None, stated), framework=framework_name(v["framework"]), band_every_row=every_band,
@@ -601,11 +639,11 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
     spec, hw, cal = load(v["model"], v["hardware"], v["calibration"], v["seq_len"], v["dtype"], grads=v["grads"],
                          weights=v["weights"], moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v))
     v["attention"] = profile_attention(v, stated, (hw,), dtype=spec.dtypes.compute)
-    v["fp8_params"] = profile_fp8_params(v, stated, spec, fp8_recipe(v["fp8"], v["fp8_recipe"], stated), stages)
+    v["fp8_params"] = profile_fp8_params(v, stated, spec, fp8_recipe(v, stated), stages)
     # fp8: what the fp8 GEMMs save is the recipe's (ddplan.fp8.with_fp8_saves); gathering or keeping weights in fp8
     # implies it
     fp8 = bool(v["fp8"] or v["fp8_all_gather"] or v["fp8_params"])
-    recipe = fp8_recipe(fp8, v["fp8_recipe"], stated)
+    recipe = fp8_recipe({**v, "fp8": fp8}, stated)
     if fp8:
         check_fp8(spec, hw, recipe)
     check_fp8_options(spec, fp8, recipe, v["fp8_all_gather"], stages, v["fp8_params"])
@@ -633,7 +671,7 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
                          assumptions=memory_assumptions(cal), fp8=fp8, fp8_recipe=recipe)
     lay = setup.layout
     stated.inert.extend(inert_options(options, stated, {(lay.tp, lay.grad_ranks, z, lay.cp, lay.pp)
-                                                        for z in (stages or (lay.zero,))}, "memory"))
+                                                        for z in (stages or (lay.zero,))}, "memory", spec, v))
     if len(stages) == 1:  # one stage asked about: the verdict is about it (else the model's native stage)
         setup = replace(setup, layout=setup.at_zero(stages[0]))
     elif measured_zero is not None and measured_zero in stages:  # else the measured step's

@@ -458,7 +458,25 @@ def comm_buffer_bytes(spec: ModelSpec, layout: Layout, states: dict[str, dict[st
         else:
             per_layer = gathered / stage_layers
             comm += (2 if layout.reshard_after_forward else stage_layers) * per_layer
+            if layout.fsdp2:
+                comm += fsdp2_reduce_scatter_buffer_bytes(spec, elements, stage_layers)
     return comm
+
+
+def fsdp2_reduce_scatter_buffer_bytes(spec: ModelSpec, elements: dict[str, float], stage_layers: int) -> float:
+    """The reduce-scatter input torch FSDP2 keeps from one unit's backward to the next's, bytes: a unit's unsharded
+    elements (the stage's, `elements` by group, over its layers) in the reduce dtype, held through the next unit's
+    whole backward, when the activations still stand. FSDP2 copies each unit's gradients into a new flat buffer of
+    the reduce dtype (foreach_reduce: reduce_scatter_comm.allocate(..., dtype=reduce_dtype) on the compute stream,
+    torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py in torch 2.13.0, L597-606, the 16-bit gradients freed
+    after the copy-in) and keeps it in comm_ctx.reduce_scatter_states, at most max_input_buffers of them (default 1),
+    the oldest released at the next unit's post_backward (_fsdp_param_group.py L229, L654-658, L717-718). The flat
+    all-gather output, the other buffer beside the unsharded tensors, is not added: in backward it is freed at the
+    copy-out, before the prefetched unit's parameters take its place (L487-489), and in forward it lives with its own
+    unit's parameters while no unit is prefetched (L430-432, L483), two units' worth as comm_buffer_bytes counts. Under
+    a pipeline (pp > 1) the one reduce-scatter runs after the last backward, when the activations are gone: not at the
+    peak, not added. e.g. llama-3-8b, fp32 reduce: 8.03e9 / 32 x 4 B = 1.0 GB a GPU."""
+    return sum(e * spec.dtypes.reduce_bytes(g) for g, e in elements.items()) / stage_layers
 
 
 def state_floor_bytes(spec: ModelSpec, layout: Layout, states: dict[str, dict[str, float]],

@@ -294,8 +294,9 @@ class Pricer:
             group = self._shared[key] = _Group(
                 states=states, fixed=self._fixed_terms(layout, states), ops_key=ops,
                 memory_key=token((ops, layout.dp, layout.pp, layout.zero, layout.pp_schedule, layout.pp_virtual_stages,
-                                  layout.shard_group, layout.reshard_after_forward, layout.fp8_all_gather,
-                                  layout.offload_optimizer, layout.fp8_params, layout.offload_activations)),
+                                  layout.shard_group, layout.reshard_after_forward, layout.fsdp2,
+                                  layout.fp8_all_gather, layout.offload_optimizer, layout.fp8_params,
+                                  layout.offload_activations)),
                 activations_key=token((ops, layout.pp, layout.zero == 3, layout.pp_schedule, layout.pp_virtual_stages,
                                        layout.offload_activations)),
                 optimizer_key=token((layout.attention, layout.grad_ranks, layout.tp, layout.pp, layout.zero,
@@ -520,7 +521,8 @@ class Pricer:
         """The layout's memory terms that no micro-batch or recompute policy changes (ddplan.memory.fixed_terms),
         cached by what they depend on: what its model states do, and ZeRO-3's gathered parameters."""
         key = ("fixed terms", layout.grad_ranks, layout.rank_share, layout.pp, layout.zero, layout.shard_group,
-               layout.offload_optimizer, layout.reshard_after_forward, layout.fp8_all_gather, layout.fp8_params)
+               layout.offload_optimizer, layout.reshard_after_forward, layout.fsdp2, layout.fp8_all_gather,
+               layout.fp8_params)
         if key not in self._shared:
             self._shared[key] = fixed_terms(self.spec, layout, states, self.assumptions)
         return self._shared[key]

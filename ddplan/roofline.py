@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ddplan.anatomy import RECOMPUTE_POLICIES, UNFUSED_KINDS, Anatomy, Op, attention_pairs, recomputed_under
-from ddplan.fp8 import FP8_RECIPES, fp8_cast_bytes, fp8_cast_launches, fp8_eligible
+from ddplan.fp8 import FP8_RECIPES, FP8_WGRAD_HIGH_PRECISION, fp8_cast_bytes, fp8_cast_launches, fp8_eligible
 from ddplan.specs import Efficiency, HardwareSpec
 from ddplan.units import US
 
@@ -309,10 +309,13 @@ def _op_time_s(op: Op, anatomy: Anatomy, r: Rates) -> tuple[float, float]:
                                                 r.fp8_weight_reuse, r.fp8_weights_fp8)
             launch_fwd, launch_bwd = fp8_cast_launches(r.fp8_recipe, r.fp8_weight_reuse, r.fp8_weights_fp8)
             call = gemm_call_s(r, fp8=True) * grouped_call_waves(op.calls)
+            bwd = roofline_s(op.flops_bwd, op.bytes_bwd, rate, bw)
+            if r.fp8_recipe in FP8_WGRAD_HIGH_PRECISION:  # dW (k x m @ m x n) at the 16-bit rate
+                half = op.flops_bwd / 2
+                bwd = max(half / rate + half / (r.peak_flops_per_s * gemm_fraction(k, n, m, r)), op.bytes_bwd / bw)
             return (roofline_s(op.flops_fwd, op.bytes_fwd, rate, bw) + cast_fwd / bw
                     + call + launch_fwd * r.kernel_overhead_s,
-                    roofline_s(op.flops_bwd, op.bytes_bwd, rate, bw) + cast_bwd / bw
-                    + 2 * call + launch_bwd * r.kernel_overhead_s)
+                    bwd + cast_bwd / bw + 2 * call + launch_bwd * r.kernel_overhead_s)
         # backward is two GEMMs, dX (m x n @ n x k) and dW (k x m @ m x n): two launches, own shapes
         dx_rate = r.peak_flops_per_s * gemm_fraction(m, k, n, r)
         dw_rate = r.peak_flops_per_s * gemm_fraction(k, n, m, r)

@@ -273,10 +273,12 @@ FIELDS: tuple[RunField, ...] = (
        "the router and not the LM head unless the model's fp8 path converts it (nanochat's does); refused where the "
        "model's fp8 format does not run on the hardware.", bool, LAYOUT, default=False),
     _f("precision.fp8_recipe", "With --fp8, how the casts run: tensorwise (torchao Float8Linear, dynamic scaling), "
-       "rowwise (torchao's row-wise recipe), delayed (Transformer Engine DelayedScaling), current (Transformer "
-       "Engine Float8CurrentScaling: Megatron-Core's --fp8-recipe tensorwise), nanochat (nanochat/fp8.py) or mxfp8 "
-       "(Transformer Engine MXFP8BlockScaling, Blackwell and later). Default: the --framework profile's, else the "
-       "model's (nanochat: nanochat; others: tensorwise).", str, LAYOUT),
+       "rowwise (torchao's row-wise recipe), rowwise_with_gw_hp (the same, its weight-gradient GEMM in 16 bits), "
+       "delayed (Transformer Engine DelayedScaling), current (Transformer Engine Float8CurrentScaling: "
+       "Megatron-Core's --fp8-recipe tensorwise), nanochat (nanochat/fp8.py), mxfp8 (Transformer Engine "
+       "MXFP8BlockScaling, Blackwell and later; torchtitan's is mxfp8_torchao) or mxfp8_torchao (torchao's "
+       "MXFP8Linear). Default: the --framework profile's, else the model's (nanochat: nanochat; others: "
+       "tensorwise).", str, LAYOUT),
     _f("precision.fp8_all_gather", "With --fp8 (tensorwise) and ZeRO-3: all-gather the fp8 GEMMs' weights in fp8, "
        "1 byte an element (torchao enable_fsdp_float8_all_gather).", bool, LAYOUT, default=False,
        helps={"memory": "ZeRO-3 with fp8 GEMMs: their weights gathered in fp8, 1 byte an element (torchao "

@@ -160,7 +160,8 @@ class Memory(Strict):
 
 Collective = Literal["all_reduce", "reduce_scatter", "all_gather"]
 Fp8Format = Literal["e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz"]
-Fp8Recipe = Literal["tensorwise", "rowwise", "delayed", "current", "nanochat", "mxfp8"]
+Fp8Recipe = Literal["tensorwise", "rowwise", "rowwise_with_gw_hp", "delayed", "current", "nanochat", "mxfp8",
+                    "mxfp8_torchao"]
 Fp8WeightCasts = Literal["micro-batch", "step"]
 CrossEntropy = Literal["eager", "vocab-parallel", "fused", "te", "chunked"]
 # where a mixture of experts multiplies each routed copy by its routing probability (Recipe.moe_weighting)

@@ -18,7 +18,7 @@ from ddplan.calibration import CalibrationSpec, StepMeasurement, measurement_for
 from ddplan.errors import ImpossibleMeasurement, LayoutError, UsageError
 from ddplan.evidence import Thin
 from ddplan.fitting import MEASURED_FLAGS, Fit, fitted
-from ddplan.fp8 import FP8_RECIPES, TE_RECIPES
+from ddplan.fp8 import FP8_RECIPES, MX_RECIPES, TE_RECIPES
 from ddplan.layout import (NATIVE_ZERO, Layout, Options, check_layout, cp_attention_problem, data_parallel, layout_for,
                            split_batch)
 from ddplan.memory import HEADROOM
@@ -117,9 +117,10 @@ def check_fp8(spec: ModelSpec, hw: HardwareSpec, recipe: str | None = None) -> N
     this hardware, saying why."""
     if hw.peak.fp8_tflops is None or not hw.fp8_formats:
         raise UsageError(f"{hw.name} has no fp8 tensor units; drop --fp8", field="--fp8")
-    if (recipe or spec.recipe.fp8_recipe) == "mxfp8" and not hw.mxfp8:
-        raise UsageError(f"{hw.name}'s spec states no MXFP8 support (Transformer Engine's recipe needs Blackwell, SM "
-                         f"10.0+); use --fp8-recipe current or delayed", field="--fp8-recipe")
+    if (recipe or spec.recipe.fp8_recipe) in MX_RECIPES and not hw.mxfp8:
+        raise UsageError(f"{hw.name}'s spec states no MXFP8 support (Transformer Engine's recipe and torchtitan's "
+                         f"MXFP8 converters need Blackwell, SM 10.0+); use --fp8-recipe current or delayed "
+                         f"(Transformer Engine) or rowwise (torchao)", field="--fp8-recipe")
     if spec.dtypes.compute not in ("bf16", "fp16"):
         raise UsageError(f"fp8 GEMMs come with a bf16 or fp16 run, not {spec.dtypes.compute}: drop --fp8 or --dtype",
                          field="--fp8")

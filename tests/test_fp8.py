@@ -18,10 +18,10 @@ from ddplan.params import param_counts
 from ddplan.registry import load_hardware, load_model
 from ddplan.fp8 import (FP8_CAST_BYTES, FP8_STACK_KEPT, fp8_cast_bytes, fp8_cast_launches, fp8_eligible,
                         fp8_stack_factor, fp8_weight_fractions)
-from ddplan.roofline import gemm_efficiency, op_time_s, rates, roofline_s
+from ddplan.roofline import gemm_efficiency, gemm_fraction, op_time_s, rates, roofline_s
 from ddplan.step import grad_sync_buffers
 
-from cli_helpers import csv_rows, fails, run_ok
+from cli_helpers import csv_rows, fails, run, run_ok
 
 
 def _gemm(name: str, m: int = 4096, n: int = 1024, k: int = 1024) -> Op:
@@ -64,6 +64,16 @@ def test_cast_bytes_by_hand():
     # = 68,157,440
     assert fp8_cast_bytes(4096, 1024, 1024, "rowwise") == (26_214_400, 68_157_440)
     assert fp8_cast_launches("rowwise") == (4, 8)
+    # rowwise_with_gw_hp (torchao config.py@36027d8 L353-378): rowwise's forward; backward dY cast along one axis for
+    # grad_input (5 B) and W recast tensorwise (5 B), grad_weight in bf16 (no cast of x):
+    # 5 x 4,194,304 + 5 x 1,048,576 = 26,214,400
+    assert fp8_cast_bytes(4096, 1024, 1024, "rowwise_with_gw_hp") == (26_214_400, 26_214_400)
+    assert fp8_cast_launches("rowwise_with_gw_hp") == (4, 4)
+    # torchao's MXFP8Linear (mxfp8_linear.py@36027d8 L108-244): each cast from the 16-bit tensor, 2 + 1 + 1/32 B:
+    # forward 3.03125 x 5,242,880 = 15,892,480; backward dY twice (6.0625 x 4,194,304 = 25,427,968), x and W once
+    # (3.03125 x 5,242,880 = 15,892,480): 41,320,448
+    assert fp8_cast_bytes(4096, 1024, 1024, "mxfp8_torchao") == (15_892_480, 41_320_448)
+    assert fp8_cast_launches("mxfp8_torchao") == (2, 4)
 
 
 def test_a_weight_cast_once_a_step_spreads_over_its_micro_batches_by_hand():
@@ -137,6 +147,15 @@ def test_an_fp8_gemm_time_by_hand():
     bwd = roofline_s(op.flops_bwd, op.bytes_bwd, rate, bw) + 51_380_224 / bw + 2 * call + 6 * r.kernel_overhead_s
     an = build_anatomy(load_model("llama-3-8b"), batch=1)
     assert op_time_s(op, an, r) == pytest.approx((fwd, bwd), rel=1e-12)
+    # rowwise_with_gw_hp: dX at the fp8 rate, dW (k x m @ m x n) at the 16-bit GEMM rate, at its own shape; its casts
+    # 5 x (m n + n k) B in 2 + 2 launches
+    gw = replace(r, fp8_recipe="rowwise_with_gw_hp")
+    half = op.flops_bwd / 2
+    dw_rate = r.peak_flops_per_s * gemm_fraction(k, n, m, r)
+    bwd_gw = (max(half / rate + half / dw_rate, op.bytes_bwd / bw) + 5 * (m * n + n * k) / bw + 2 * call
+              + 4 * r.kernel_overhead_s)
+    assert op_time_s(op, an, gw)[1] == pytest.approx(bwd_gw, rel=1e-12)
+    assert op_time_s(op, an, gw)[1] > roofline_s(op.flops_bwd, op.bytes_bwd, rate, bw)  # slower GEMMs than all-fp8
     # the LM head stays at the bf16 rate and casts nothing
     head = _gemm("lm_head")
     assert op_time_s(head, an, r) == op_time_s(head, an, replace(r, fp8_flops_per_s=None))
@@ -275,6 +294,38 @@ def test_mxfp8_runs_on_blackwell_only(capsys):
     (delayed,) = csv_rows(run_ok(capsys, base + ["--fp8-recipe", "delayed"]))
     (current,) = csv_rows(run_ok(capsys, base + ["--fp8-recipe", "current"]))
     assert float(delayed["step_s"]) < float(mx["step_s"]) < float(current["step_s"])
+
+
+def test_torchtitan_s_mxfp8_is_torchao_s_and_runs_on_blackwell_only(capsys, tmp_path):
+    """torchtitan has no Transformer Engine: its MXFP8 converter builds torchao's MXFP8Linear (quantization/mx.py
+    @b5bcd76), so --fp8-recipe mxfp8 under --framework torchtitan prices mxfp8_torchao (the profile's
+    fp8_recipe_names), said in one line; it casts more than Transformer Engine's MXFP8 (everything again in
+    backward from the 16-bit tensors), so it prices slower; H100 refuses it as it refuses mxfp8; a TOML-era job with
+    the quantize.linear.mx converter imports as it, with a warning, and one asking for rowwise_with_gw_hp keeps it."""
+    base = ["table", "-m", "llama-3-8b", "--hardware", "b200", "--gpus", "8", "--fp8", "--attention", "cudnn",
+            "--zero", "3", "--format", "csv"]
+    code, out, err = run(capsys, base + ["--framework", "torchtitan", "--fp8-recipe", "mxfp8"])
+    assert code == 0 and "--fp8-recipe mxfp8 under torchtitan is torchtitan's own: priced as mxfp8_torchao" in err
+    (titan,) = csv_rows(out)
+    (titan_ao,) = csv_rows(run_ok(capsys, base + ["--framework", "torchtitan", "--fp8-recipe", "mxfp8_torchao"]))
+    assert titan["step_s"] == titan_ao["step_s"]
+    (te,) = csv_rows(run_ok(capsys, base + ["--fp8-recipe", "mxfp8"]))
+    (ao,) = csv_rows(run_ok(capsys, base + ["--fp8-recipe", "mxfp8_torchao"]))
+    assert float(te["step_s"]) < float(ao["step_s"])
+    _, line = fails(capsys, ["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--fp8",
+                             "--fp8-recipe", "mxfp8_torchao"])
+    assert line.startswith("error: --fp8-recipe: h100-sxm's spec states no MXFP8 support")
+    toml, runfile = tmp_path / "job.toml", tmp_path / "run.yaml"
+    toml.write_text('[model]\nname = "llama3"\nflavor = "8B"\nconverters = ["quantize.linear.mx"]\n[parallelism]\n'
+                    'data_parallel_shard_degree = 8\n[quantize.linear.mx]\nrecipe_name = "mxfp8_cublas"\n',
+                    encoding="utf-8")
+    code, _, err = run(capsys, ["import", str(toml), "-o", str(runfile)])
+    text = runfile.read_text(encoding="utf-8")
+    assert code == 0 and "fp8_recipe: mxfp8_torchao" in text and "fp8: true" in text and "mx recipe_name 'mxfp8_cublas'" in err
+    toml.write_text('[model]\nname = "llama3"\nflavor = "8B"\nconverters = ["float8"]\n[parallelism]\n'
+                    'data_parallel_shard_degree = 8\n[float8]\nrecipe_name = "rowwise_with_gw_hp"\n', encoding="utf-8")
+    run_ok(capsys, ["import", str(toml), "-o", str(runfile)])
+    assert "fp8_recipe: rowwise_with_gw_hp" in runfile.read_text(encoding="utf-8")
 
 
 def test_fp8_recipe_needs_fp8(capsys):

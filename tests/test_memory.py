@@ -4,6 +4,7 @@ measured 105 GB peak."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import assume, given, settings
@@ -576,3 +577,30 @@ def test_zero3_under_a_pipeline_holds_the_stages_unsharded_gradients_by_hand():
     # one stage (pp 1), kept after forward: every layer gathered, no gradient held beyond the sharded ones
     flat = Layout(dp=4, zero=3, micro_batch=1, grad_accum=8, reshard_after_forward=False)
     assert comm_buffer_bytes(spec, flat, model_states(spec, flat)) == pytest.approx(8_030_261_248 * 2, rel=1e-5)
+
+def test_fsdp2_keeps_one_units_reduce_scatter_input_through_the_next_backward():
+    """torch FSDP2 copies a unit's gradients into a flat reduce-scatter input of the reduce dtype and keeps it until
+    the next unit's post_backward (max_input_buffers 1: torch 2.13 _fsdp_param_group.py L229, L654-658, L717-718).
+    Llama-3-8B (8,030,261,248 parameters, 32 layers, fp32 gradients), dp 8, ZeRO-3, pp 1: one unit's share,
+    8,030,261,248 / 32 = 250,945,664 elements, at 4 B = 1,003,782,656 B on top of the two gathered units; in bf16
+    (--grads compute) half that; none without --fsdp2, and none under a pipeline (its one reduce-scatter runs after
+    the last backward, the activations gone)."""
+    from ddplan.memory import comm_buffer_bytes
+    from ddplan.specs import run_variant
+
+    spec = load_model("llama-3-8b")
+    unit = 8_030_261_248 / 32
+    for reshard in (True, False):
+        plain = Layout(dp=8, zero=3, micro_batch=1, grad_accum=4, reshard_after_forward=reshard)
+        fsdp2 = replace(plain, fsdp2=True)
+        extra = comm_buffer_bytes(spec, fsdp2, model_states(spec, fsdp2)) - comm_buffer_bytes(
+            spec, plain, model_states(spec, plain))
+        assert extra == pytest.approx(unit * 4, rel=1e-6)
+    bf16 = run_variant(spec, grads="compute")
+    plain, fsdp2 = Layout(dp=8, zero=3, micro_batch=1, grad_accum=4), Layout(dp=8, zero=3, micro_batch=1,
+                                                                              grad_accum=4, fsdp2=True)
+    assert (comm_buffer_bytes(bf16, fsdp2, model_states(bf16, fsdp2))
+            - comm_buffer_bytes(bf16, plain, model_states(bf16, plain))) == pytest.approx(unit * 2, rel=1e-6)
+    piped = Layout(dp=4, pp=2, zero=3, micro_batch=1, grad_accum=8)
+    assert comm_buffer_bytes(spec, replace(piped, fsdp2=True), model_states(spec, piped)) == comm_buffer_bytes(
+        spec, piped, model_states(spec, piped))

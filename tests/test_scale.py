@@ -500,6 +500,35 @@ def test_an_option_no_layout_can_take_is_said(capsys):
     assert code == 0 and "changes nothing" not in err
 
 
+def test_etp_sequence_parallel_and_skipped_rows_are_weighed_too(capsys):
+    """--etp 1 where every layout has tp 1 changes nothing (experts are whole at tp 1 whatever it says); on a mixture
+    of experts --sequence-parallel changes nothing at tp > 1 (Options.for_model turns it on: Megatron-Core requires
+    it) and --no-sequence-parallel is overridden there, each said why; an option that only skipped rows could take
+    (cp 2 with unfused attention, which context parallelism refuses) changes nothing either."""
+    from cli_helpers import run
+
+    moe = ["-m", "mixtral-8x7b", "--hardware", "h100-sxm", "--gpus", "8", "--attention", "fa3"]
+    code, _, err = run(capsys, ["table", *moe, "--etp", "1"])
+    assert code == 0 and "warning: --etp changes nothing here: none of the layouts asked for can take it" in err
+    code, _, err = run(capsys, ["table", *moe, "--etp", "1", "--tp", "2", "--ep", "4"])
+    assert code == 0 and "--etp changes nothing" not in err
+    code, _, err = run(capsys, ["table", *moe, "--tp", "2", "--ep", "4", "--sequence-parallel"])
+    assert code == 0 and ("warning: --sequence-parallel changes nothing here: mixtral-8x7b is a mixture of experts, "
+                          "which runs sequence parallelism at tp > 1 anyway") in err
+    code, _, err = run(capsys, ["memory", *moe[:-2], "--tp", "2", "--ep", "4", "--no-sequence-parallel"])
+    assert code == 0 and "warning: --no-sequence-parallel is overridden: mixtral-8x7b is a mixture of experts" in err
+    code, _, err = run(capsys, ["table", *moe, "--tp", "1", "--ep", "4", "--no-sequence-parallel"])
+    assert code == 0 and "sequence-parallel" not in err  # tp 1: nothing to override
+    code, _, err = run(capsys, ["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--tp", "2",
+                                "--sequence-parallel", "--attention", "fa3"])
+    assert code == 0 and "sequence-parallel" not in err  # a dense model: the flag does what it says
+    dense = ["-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--cp", "1,2", "--cp-comm", "all-gather"]
+    code, _, err = run(capsys, ["table", *dense, "--attention", "sdpa-math"])
+    assert code == 0 and "warning: --cp-comm changes nothing here" in err and "skipped" in err
+    code, _, err = run(capsys, ["table", *dense, "--attention", "fa3"])
+    assert code == 0 and "--cp-comm changes nothing" not in err
+
+
 def test_of_two_options_that_do_the_same_only_the_redundant_one_is_said(capsys):
     """--no-reshard-after-forward and --no-reshard-under-pipeline on a pipelined ZeRO-3 table: either alone keeps the
     gathered parameters, so together one of them changes nothing; the other does, and is not said."""
