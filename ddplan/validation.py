@@ -41,7 +41,9 @@ from ddplan.runs import (MEMORY_PEAKS, MeasuredPeak, PublishedRun, RoutingSweep,
 # up to 8% faster). Since its gradient all-reduce is priced after backward, as its local DDP ran it (2026-12-06), it
 # reads -0.9% (mean) and would move the fraction to 0.863 only; folded in, leave-one-source-out would read 6.3% median
 # (7.3%) and the 16-bit band narrow to 0.93-1.24 (0.87-1.25), putting Korthikanti's 1T sp-selective row (+8.9%) outside
-# it in sample. Kept out: an A100 source does not decide the band every H100 and B200 plan carries.
+# it in sample. Kept out: an A100 source does not decide the band every H100 and B200 plan carries. Re-measured
+# 2026-12-07 (docs/validation.md): folded in, the A100 would fit 0.816 and Korthikanti's 1T sp-selective row read
+# +14.4% in sample, past issue 12's 10%, though leaving each source out would read 95% inside (91%).
 # fms-fsdp's README table (8 runs on A100 and H100, added 2026-12-06) checks the fits out of sample too: its
 # configurations are rebuilt from defaults and the README (its "Selective AC" read from the README's HFU/MFU ratios,
 # its NICs from a per-node total), too loose a basis to move the A100 and H100 fractions every plan rests on. Both
