@@ -684,6 +684,26 @@ def with_recompute(anatomy: Anatomy, recompute: Recompute, chunks: int | None = 
     return new
 
 
+def rerun_whole(anatomy: Anatomy) -> Anatomy:
+    """The same ops with every checkpointed region re-run whole in backward: Op.recompute_skip cleared, so full
+    recompute re-runs a block's last GEMM (and the adds after it) and selective the attention core's PV product.
+    Reentrant checkpoints do not stop early: Megatron's CheckpointFunction re-runs `ctx.run_function(*inputs)` whole
+    in backward (megatron/core/tensor_parallel/random.py, NVIDIA/Megatron-LM@0609f27fe8 L231-232), as DeepSpeed's and
+    Transformer Engine's reentrant checkpoint do, and torchtitan wraps its blocks with early_stop=False
+    (torchtitan/distributed/activation_checkpoint.py@b5bcd76 L176-180, L278-285). torch's non-reentrant checkpoint
+    stops once every saved tensor is back (torch/utils/checkpoint.py, early_stop=True by default), the
+    recompute_skip default. Cached on the anatomy; keeps its recompute policy."""
+    whole = anatomy._variants.get(("whole", 0))  # a cached property: _with copies none to a derived anatomy
+    if whole is None:
+        def cleared(ops: tuple[Op, ...]) -> tuple[Op, ...]:
+            return tuple(_with(op, recompute_skip=()) if op.recompute_skip else op for op in ops)
+
+        whole = anatomy._variants["whole", 0] = _with(anatomy, pre=cleared(anatomy.pre),
+                                                      blocks=tuple(cleared(b) for b in anatomy.blocks),
+                                                      post=cleared(anatomy.post))
+    return whole
+
+
 def recomputed_under(op: Op, policy: str) -> bool:
     """Whether a recompute policy re-runs an op's forward in backward (torch's non-reentrant checkpoint
     stops early: the region's last op is not re-run, see Op.recompute_skip). Under `full:N`, whether a layer it
@@ -1205,7 +1225,8 @@ def _block(bld: _Builder, i: int, window: int, kind: AttentionKind, windows: Win
         _moe(bld, i)
     else:
         _mlp(bld, i, f"{p}.mlp", a.mlp_hidden_dim, f"{p}.xn2", "block_matrices")
-    bld.ops[-1] = _replace(bld.ops[-1], recompute_skip=("full",))
+    if a.dropout.hidden <= 0:  # else the dropout after it saves its mask, so early stop re-runs the GEMM to reach it
+        bld.ops[-1] = _replace(bld.ops[-1], recompute_skip=("full",))
     _dropout(bld, f"{p}.mlp.dropout", i, t * c, a.dropout.hidden)
     bld.pointwise(f"{p}.resid_add2", i, t * c, reads=2, flops_per_element=1.0, bwd_reads=1, bwd_writes=1)
     bld.ops[-1] = _replace(bld.ops[-1], recompute_skip=("full",))

@@ -70,6 +70,10 @@ class Layout:
     # ZeRO-3 as torch FSDP2 runs it (fully_shard: per-parameter shards): its all-gathers' outputs copied out into
     # the parameters and its gradients into the reduce-scatter buffer, on the compute stream (step.fsdp2_copy_bytes)
     fsdp2: bool = False
+    # a checkpointed region's last op is not re-run in backward (torch's non-reentrant checkpoint, early_stop=True by
+    # default); False: the region re-runs whole (reentrant checkpoints: Megatron's, DeepSpeed's, Transformer
+    # Engine's; torchtitan's early_stop=False). ddplan.anatomy.rerun_whole
+    recompute_early_stop: bool = True
     overlap_param_gather: bool = False  # ZeRO-1/2: the post-step parameter all-gather under the next forward (Megatron)
     # ZeRO 0-2: gradients reduced bucket by bucket beside backward (torch DDP, Megatron-Core --overlap-grad-reduce);
     # False: after the last backward, exposed (Megatron-LM's default); ZeRO-3 always reduces beside backward
@@ -86,6 +90,8 @@ class Layout:
     offload_activations: int = 0
 
     def __post_init__(self) -> None:
+        if self.recompute == "none" and not self.recompute_early_stop:  # moot with nothing re-run: equal runs compare
+            object.__setattr__(self, "recompute_early_stop", True)  # equal (a profile's value on a measured run's row)
         if (self.dp < 1 or self.tp < 1 or self.pp < 1 or self.cp < 1 or self.ep < 1 or self.micro_batch < 1
                 or self.grad_accum < 1 or self.pp_virtual_stages < 1):  # a search makes ~35,000: the named test below
             bad = {k: getattr(self, k) for k in ("dp", "tp", "pp", "cp", "ep", "micro_batch", "grad_accum",
@@ -372,6 +378,7 @@ class Options:
     # (torchtitan's "default" policy: reshard only without pipeline parallelism)
     reshard_under_pipeline: bool = True
     fsdp2: bool = False  # ZeRO-3 as torch FSDP2: its copies in and out of the collectives' buffers priced
+    recompute_early_stop: bool = True  # False: checkpointed regions re-run whole (Layout.recompute_early_stop)
     overlap_param_gather: bool = False  # ZeRO-1/2: Megatron-Core --overlap-param-gather
     overlap_grad_reduce: bool = True  # ZeRO 0-2: False, the gradient reduce after backward (Megatron-LM's default)
     cp_comm: str = "ring"  # context parallelism's exchange: ring (p2p, overlapped) or all_gather
@@ -393,6 +400,7 @@ class Options:
                 "reshard_after_forward": (self.reshard_after_forward and (pp == 1 or self.reshard_under_pipeline))
                                          or zero != 3,
                 "fsdp2": self.fsdp2 and zero == 3,
+                "recompute_early_stop": self.recompute_early_stop,
                 "overlap_param_gather": self.overlap_param_gather and zero in (1, 2),
                 "overlap_grad_reduce": self.overlap_grad_reduce or zero == 3 or ranks == 1,  # nothing to reduce
                 "cp_comm": self.cp_comm if cp > 1 else "ring",

@@ -299,6 +299,12 @@ FIELDS: tuple[RunField, ...] = (
        helps={"plan": "Recompute policies to search among: none, selective, per-op, full, full:N, every:K, "
                       "selective:MODULE+MODULE, comma-separated (default: none, selective, full; plan keeps the least "
                       "that fits)."}),
+    _f("recompute_early_stop", "Recompute stops early, as torch's non-reentrant checkpoint does by default: a "
+       "checkpointed region's last op (a block's second MLP GEMM under full recompute) is not re-run, nothing saved "
+       "needing it. --no-recompute-early-stop: the region re-runs whole, as Megatron's, DeepSpeed's and Transformer "
+       "Engine's reentrant checkpoints and torchtitan's (early_stop=False) do; the megatron, nemo, "
+       "megatron-deepspeed and torchtitan profiles state it.", bool, LAYOUT, default=True,
+       option="recompute_early_stop", commands=ALL),
     _f("attention", "Attention implementation (default: every one on the hardware; see `ddplan specs show "
        "HARDWARE`).", str, LAYOUT, many=TABLE_PLAN,
        helps={"memory": "Attention implementation (default: the hardware's default; see `ddplan specs show "

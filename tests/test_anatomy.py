@@ -201,6 +201,33 @@ def test_matmul_flops_match_flop_counter_with_math_attention(model, attention, r
     assert predicted == pytest.approx(measured, rel=FLOPS_TOLERANCE)
 
 
+@pytest.mark.parametrize(("model", "recompute"), [("gpt2", "full"), ("gpt2", "selective"), ("llama-gqa", "full"),
+                                                  ("nanochat-d3", "full")])
+def test_regions_re_run_whole_match_flop_counter_without_early_stop(model, recompute):
+    """rerun_whole (Megatron's reentrant CheckpointFunction re-runs a region whole) against the reference model
+    checkpointed with early_stop=False: FlopCounterMode's matmul total within 1%, and it exceeds the early-stop
+    total by exactly the forward FLOPs of the ops torch's early stop skips (Op.recompute_skip: a block's last GEMM
+    under full recompute, the attention core's PV product under selective, math attention). With early stop the
+    reference agrees with the plain anatomy (test_matmul_flops_match_flop_counter_with_math_attention)."""
+    torch = pytest.importorskip("torch")
+    from ddplan.anatomy import rerun_whole
+    from ddplan.calibrate.reference import measure
+
+    spec = _spec(model)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        whole = measure(spec, batch=BATCH, seq_len=spec.recipe.seq_len, attention="sdpa-math", recompute=recompute,
+                        dtype_policy="fp32", early_stop=False)["flops_fwd_bwd"]
+    finally:
+        torch.set_num_threads(threads)
+    early = _anatomy(model, "sdpa-math", recompute)
+    predicted = with_recompute(rerun_whole(early), recompute).matmul_flops()
+    assert predicted == pytest.approx(whole, rel=FLOPS_TOLERANCE)
+    skipped = sum(op.flops_fwd for op in early.ops if recompute in op.recompute_skip and op.kind in ("gemm", "attention"))
+    assert skipped > 0 and predicted - early.matmul_flops() == pytest.approx(skipped, rel=1e-9)
+
+
 @pytest.mark.parametrize(("model", "attention", "recompute"), CASES)
 def test_saved_bytes_match_saved_tensors_hooks(model, attention, recompute):
     """anatomy.saved_bytes() == the reference's saved activation storages within 1% (exact figures in the

@@ -97,7 +97,8 @@ def test_ring_cp_step_by_hand():
     p = pricer.price(lay)
     send = 10e-6 + 2 * 4096 * 1 * 128 * 2 / 42.5e9
     # the op times cached per (..., scenario, fitted, fp8 gather shards, gathers per micro-batch)
-    parts = pricer._rated[("parts", 1, "fa3", "L", lay.compiled, lay.rank_share, "value", True, 0, 2, 1, False, None)]
+    parts = pricer._rated[("parts", 1, "fa3", "L", lay.compiled, lay.rank_share, "value", True, 0, 2, 1, False, None,
+                           True)]
     layers = spec.architecture.num_layers
     attn_fwd = parts.fwd_by_kind[("layers", "attention")] / layers
     attn_bwd = parts.by_kind[("layers", "attention")] / layers - attn_fwd

@@ -174,15 +174,17 @@ def test_layout_refuses_options_where_they_cannot_apply():
 def test_options_apply_only_where_they_can():
     o = Options(sequence_parallel=True, tp_overlap=True, shard_group=8, reshard_after_forward=False,
                 overlap_param_gather=True, fp8_all_gather=True, fp8_params=True, offload_activations=12,
-                overlap_grad_reduce=False, replica_reduce_once=True, fsdp2=True)
+                overlap_grad_reduce=False, replica_reduce_once=True, fsdp2=True, recompute_early_stop=False)
     assert o.for_layout(tp=1, ranks=64, zero=3) == dict(sequence_parallel=False, tp_overlap=False, shard_group=8,
                                                         replica_reduce_once=True, fsdp2=True,
+                                                        recompute_early_stop=False,
                                                         reshard_after_forward=False, overlap_param_gather=False,
                                                         cp_comm="ring", etp=0, fp8_all_gather=True,
                                                         offload_optimizer=False, fp8_params=False,
                                                         offload_activations=12, overlap_grad_reduce=True)
     assert o.for_layout(tp=2, ranks=8, zero=1) == dict(sequence_parallel=True, tp_overlap=True, shard_group=0,
                                                        replica_reduce_once=False, fsdp2=False,
+                                                       recompute_early_stop=False,
                                                        reshard_after_forward=True, overlap_param_gather=True,
                                                        cp_comm="ring", etp=0, fp8_all_gather=False,
                                                        offload_optimizer=False, fp8_params=True,

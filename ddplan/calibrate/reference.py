@@ -259,6 +259,7 @@ class Attention(nn.Module):
         self.fused = fused  # Recipe.fusions "transformer-engine": the rotary embedding as one fused op
         self.h, self.h_kv, self.d = arch.num_heads, arch.num_kv_heads, arch.head_dim
         self.qk_norm, self.attention, self.selective = arch.qk_norm, attention, selective
+        self.early_stop = True  # Transformer sets it: False re-runs the checkpointed core whole (reentrant stacks)
         self.dropout_p = arch.dropout.attention
         c, bias = arch.d_model, arch.linear_bias
         self.c_q = Linear(c, self.h * self.d, bias=bias)
@@ -285,7 +286,7 @@ class Attention(nn.Module):
             q, k = F.rms_norm(q, (self.d,)), F.rms_norm(k, (self.d,))
             q, k = q * QK_GAIN, k * QK_GAIN
         if self.selective:  # Korthikanti et al. 2022 (arXiv 2205.05198) Sec. 4.2: recompute the attention core
-            y = checkpoint(self.core, q, k, v, mask, use_reentrant=False)
+            y = checkpoint(self.core, q, k, v, mask, use_reentrant=False, early_stop=self.early_stop)
         else:
             y = self.core(q, k, v, mask)
         return self.c_proj(y)
@@ -467,10 +468,11 @@ class Transformer(nn.Module):
     """The model of a spec; `model(idx, targets)` returns the mean cross-entropy, `model(idx)` the logits."""
 
     def __init__(self, spec: ModelSpec, *, attention: str, recompute: str, seq_len: int, compute_dtype,
-                 logits_fp32: bool):
+                 logits_fp32: bool, early_stop: bool = True):
         super().__init__()
         arch, family = spec.architecture, _FAMILY[spec.family]
         self.arch, self.attention, self.recompute, self.seq_len = arch, attention, recompute, seq_len
+        self.early_stop = early_stop  # torch's non-reentrant default; False: regions re-run whole (Megatron's)
         self.compute_dtype, self.logits_fp32 = compute_dtype, logits_fp32
         self.per_op_storage: list[dict] = []  # per-op recompute: each layer's kept outputs (per_op_contexts)
         self.windows = arch.windows(seq_len)
@@ -526,7 +528,8 @@ class Transformer(nn.Module):
         backout_layer, x_backout = self.arch.num_layers // 2, None
         for i in range(self.arch.num_layers):
             if self.recompute == "full" or _layer_again(self.recompute, i):  # only the layer's inputs are saved
-                x = checkpoint(self.layer, i, x, x0, idx, cos, sin, masks[i], use_reentrant=False)
+                x = checkpoint(self.layer, i, x, x0, idx, cos, sin, masks[i], use_reentrant=False,
+                               early_stop=self.early_stop)
             elif self.recompute == "per-op":  # the layer's inputs and the outputs the policy keeps
                 x = checkpoint(self.layer, i, x, x0, idx, cos, sin, masks[i], use_reentrant=False,
                                context_fn=self.per_op_contexts, early_stop=False)  # as torchtitan wraps it
@@ -588,7 +591,7 @@ def _check_supported(spec: ModelSpec, dtype_policy: str) -> None:
 
 
 def build_model(spec: ModelSpec, *, attention: str, recompute: str, seq_len: int | None = None,
-                device: str | torch.device = "cpu", dtype_policy: str = "spec") -> Transformer:
+                device: str | torch.device = "cpu", dtype_policy: str = "spec", early_stop: bool = True) -> Transformer:
     """The reference model of a spec, parameters in their storage dtypes, on `device` ("meta" allocates nothing).
 
     attention: F.scaled_dot_product_attention (is_causal for full windows, an explicit boolean mask for
@@ -599,7 +602,9 @@ def build_model(spec: ModelSpec, *, attention: str, recompute: str, seq_len: int
     torchtitan's layer selective AC) or "per-op" (checkpoint every
     layer under torchtitan's per-op policy: Transformer.per_op_contexts).
     dtype_policy: "spec" stores each parameter group in spec.dtypes.params and computes in
-    spec.dtypes.compute; "fp32" stores and computes everything in fp32.
+    spec.dtypes.compute; "fp32" stores and computes everything in fp32. early_stop: False checkpoints the layers
+    and the attention core with early_stop=False, so each region re-runs whole, as Megatron's reentrant
+    CheckpointFunction does (ddplan.anatomy.rerun_whole).
     """
     for name, value, allowed in (("attention", attention, ATTENTION), ("recompute", recompute, RECOMPUTE),
                                  ("dtype_policy", dtype_policy, DTYPE_POLICIES)):
@@ -617,7 +622,11 @@ def build_model(spec: ModelSpec, *, attention: str, recompute: str, seq_len: int
     compute = torch.float32 if fp32 else _TORCH_DTYPES[spec.dtypes.compute]
     with torch.device(device):
         model = Transformer(spec, attention=attention, recompute=recompute, seq_len=seq_len,
-                            compute_dtype=compute, logits_fp32=fp32 or spec.dtypes.logits == "fp32")
+                            compute_dtype=compute, logits_fp32=fp32 or spec.dtypes.logits == "fp32",
+                            early_stop=early_stop)
+        for module in model.modules():
+            if hasattr(module, "selective"):
+                module.early_stop = early_stop
         _init_weights(model)
     if not fp32:
         for name, p in model.named_parameters():
@@ -669,7 +678,7 @@ def _storage_key(t: torch.Tensor) -> int:
 
 
 def measure(spec: ModelSpec, *, batch: int, seq_len: int, attention: str, recompute: str,
-            dtype_policy: str = "fp32", device: str = "cpu", seed: int = 0) -> dict:
+            dtype_policy: str = "fp32", device: str = "cpu", seed: int = 0, early_stop: bool = True) -> dict:
     """FLOPs of one forward+backward and the bytes saved for backward, for a micro-batch of batch x seq_len.
 
     flops_fwd_bwd: FlopCounterMode total (matmuls and attention only; recomputation included);
@@ -685,7 +694,7 @@ def measure(spec: ModelSpec, *, batch: int, seq_len: int, attention: str, recomp
                          "not a fused kernel; measure it on cpu or cuda, or use sdpa-math")
     torch.manual_seed(seed)
     model = build_model(spec, attention=attention, recompute=recompute, seq_len=seq_len, device=device,
-                        dtype_policy=dtype_policy)
+                        dtype_policy=dtype_policy, early_stop=early_stop)
     vocab = spec.architecture.vocab_size
     idx = torch.randint(0, vocab, (batch, seq_len), device=device)
     targets = torch.randint(0, vocab, (batch, seq_len), device=device)
