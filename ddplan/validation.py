@@ -35,25 +35,21 @@ from ddplan.replay import FP8_STACK_FIT, fp8_fit_key, price_run, run_framework
 from ddplan.runs import (MEMORY_PEAKS, MeasuredPeak, PublishedRun, RoutingSweep, RunSet, load_peaks, load_routing,
                          load_runs, run_spec, shipped_dataset)
 
-# Sources whose runs enter no fit: added after the fits, they check them out of sample, and the fits keep their stated
-# basis (issue 35). The April 2021 Megatron-LM README table (10 runs on A100 80GB) would have moved the A100 fraction
-# from 0.872 to 0.831 if folded in (its runs read 2-6% slower than the fit predicted, Korthikanti et al.'s a year later
-# up to 8% faster). Since its gradient all-reduce is priced after backward, as its local DDP ran it (2026-12-06), it
-# reads -0.9% (mean) and would move the fraction to 0.863 only; folded in, leave-one-source-out would read 6.3% median
-# (7.3%) and the 16-bit band narrow to 0.93-1.24 (0.87-1.25), putting Korthikanti's 1T sp-selective row (+8.9%) outside
-# it in sample. Kept out: an A100 source does not decide the band every H100 and B200 plan carries. Re-measured
-# 2026-12-07, before Megatron's full recompute re-ran blocks whole (docs/validation.md): folded in, the A100 would
-# have fit 0.816 and Korthikanti's 1T sp-selective row read +14.4% in sample, past issue 12's 10%, though leaving
-# each source out would have read 95% inside (91%).
-# fms-fsdp's README table (8 runs on A100 and H100, added 2026-12-06) checks the fits out of sample too: its
-# configurations are rebuilt from defaults and the README (its "Selective AC" read from the README's HFU/MFU ratios,
-# its NICs from a per-node total), too loose a basis to move the A100 and H100 fractions every plan rests on. Both
-# sources do enter the bands (band_ratio, unseen_ratios) and the evidence counts: their ratios are out of sample by
-# construction, the most direct evidence of how far a new source falls (fms-fsdp's gradient reduce was stated,
-# `grads: compute`, after its first residuals were seen: a stack fact its entries had lacked, said where it landed).
-# MLPerf's MI355X runs (mlperf-training-amd, 4 runs, added 2026-12-06) are a check too: on a GPU no fit reaches (its
-# efficiencies assumed), of one campaign, too few (MIN_FIT_RUNS) to fit its fractions; they enter the bands as above.
-CHECK_ONLY_SOURCES = frozenset({"megatron-readme-2021", "fms-fsdp", "mlperf-training-amd"})
+# Sources whose runs enter no fit: they check the fits out of sample only, and the fits keep their stated basis
+# (issue 35). fms-fsdp's README table (8 runs on A100 and H100, added 2026-12-06): its configurations are rebuilt from
+# defaults and the README (its "Selective AC" read from the README's HFU/MFU ratios, its NICs from a per-node total),
+# too loose a basis to move the A100 and H100 fractions every plan rests on. MLPerf's MI355X runs
+# (mlperf-training-amd, 4 runs, added 2026-12-06): on a GPU no fit reaches (its efficiencies assumed), of one
+# campaign, too few (MIN_FIT_RUNS) to fit its fractions. Both do enter the bands (band_ratio, unseen_ratios) and the
+# evidence counts: their ratios are out of sample by construction.
+# The April 2021 Megatron-LM README table (10 runs on A100 80GB, configurations stated whole) was check-only until
+# 2026-12-07: folded in, it would have put Korthikanti et al.'s 1T sp-selective row past issue 12's 10% in sample
+# (+14.4%). Once Megatron's full recompute re-ran a block whole (Layout.recompute_early_stop), as its reentrant
+# checkpoint does, its ten runs agreed with the A100 fit (median 2.0% in sample) and Korthikanti's eight stayed within
+# -0.1..+8.4% with it folded in, so it joined the fit: the A100 0.909 -> 0.885 (22 runs), and leaving Korthikanti's
+# runs out no longer leaves the A100 unfitted (MIN_FIT_RUNS). Leaving each source out: 7.8% -> 6.9% median, 107 ->
+# 113 of 117 inside, 84% -> 90% of a source's runs (docs/validation.md).
+CHECK_ONLY_SOURCES = frozenset({"fms-fsdp", "mlperf-training-amd"})
 # Hardware specs that share one fitted sustained fraction: the same die at the same power limit (the A100
 # SXM4 40 GB and 80 GB are one GA100 at 400 W; the H100 SXM and H200 one GH100 at 700 W: only memory differs).
 FIT_GROUPS: dict[str, tuple[str, ...]] = {"a100-sxm-80gb": ("a100-sxm-80gb", "a100-sxm-40gb"),
@@ -361,19 +357,20 @@ def percentile(xs: Sequence[float], q: float) -> float:
 # The band's level: a two-sided prediction interval at this probability for measured / predicted of a run from a
 # source the fits never saw (source_band). The band a prediction carries (this interval joined with its efficiency
 # range and widened where the evidence is thin) is calibrated where it matters, per source: leaving each source out,
-# its band made without it too, the share of a source's runs inside averages 81.3% at 0.80, 83.8% at 0.85 and 84.6%
-# at 0.90 (per run 88.9%, 91.5%, 92.3%; median half-width 27%, 32%, 39%; 117 runs, 13 sources, 2026-12-07, Megatron's
-# full recompute re-running blocks whole; the day before 81.7%, 83.8%, 84.6%; the A100 left unfitted without
-# Korthikanti et al.'s runs: MIN_FIT_RUNS; no level covers their eight, priced 15-34% slow; before that rule 82.7%,
-# 86.7%, 89.4%; on the morning's 113 runs of 12 sources: 81.5%, 85.2%, 88.5%; the interval
-# alone, at 0.85, held 75.5% per source). 0.85 is issue 35's aim for the runs held back from ddplan (at least 85%
-# inside their band): a choice of how sure the band is, made by this very check, not a fit of the model, so the check
-# does not test it independently. With the A100 left unfitted no level reaches 85% per source any more (0.90 gives
-# 84.6%, for a 40% half-width); 0.85 stays, 1.2 points short. BAND_COVERAGE holds the check.
+# its band made without it too, the share of a source's runs inside averages 84.6% at 0.80, 89.6% at 0.85 and 92.3%
+# at 0.90 (per run 92.3%, 96.6%, 99.1%; median half-width 27.5%, 32.5%, 40%; 117 runs, 13 sources, 2026-12-07, with
+# Megatron's full recompute re-running blocks whole and the 2021 Megatron-LM README in the A100 fit; the day before,
+# the A100 left unfitted without Korthikanti et al.'s runs (MIN_FIT_RUNS) and no level covering their eight: 81.7%,
+# 83.8%, 84.6%; before that rule 82.7%, 86.7%, 89.4%; on the morning of 2026-12-06's 113 runs of 12 sources: 81.5%,
+# 85.2%, 88.5%; the interval alone, at 0.85, held 75.5% per source). 0.85 is issue 35's aim for the runs held back
+# from ddplan (at least 85% inside their band): a choice of how sure the band is, made by this very check, not a fit
+# of the model, so the check does not test it independently. The rule: the lowest level on a 0.05 grid whose band
+# holds at least BAND_AIM of a source's runs on average (0.80 falls short, 84.6%). BAND_COVERAGE holds the check.
+BAND_AIM = 0.85
 BAND_LEVEL = 0.85
 # leaving each source out at BAND_LEVEL: (runs inside, runs, mean over sources of the share inside); tests fail
 # when it drifts from the shipped dataset
-BAND_COVERAGE = (107, 117, 0.838)
+BAND_COVERAGE = (113, 117, 0.896)
 
 
 def t_coverage(t: float, df: int) -> float:

@@ -238,7 +238,7 @@ def test_leaving_a_source_out_makes_its_band_without_it():
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("loso")
-def test_uncalibrated_band_is_the_datasets_out_of_sample_spread(shipped_loso):
+def test_uncalibrated_band_is_the_datasets_out_of_sample_spread(shipped_loso, monkeypatch):
     """ddplan.price.VALIDATED_RATIO is the band (source_band: a BAND_LEVEL prediction interval for a run from a new source)
     of measured / predicted with every source priced by fits made without it, rounded outward by at most 0.01: a
     model or dataset change that moves it must move the constant too (benchmarks/validation.py prints both)."""
@@ -257,9 +257,12 @@ def test_uncalibrated_band_is_the_datasets_out_of_sample_spread(shipped_loso):
     # calibrated per source: the share of a source's runs inside, averaged, within a point of the level
     assert (sum(s.inside for s in held), len(held)) == V.BAND_COVERAGE[:2]
     assert V.inside_by_source(held) == pytest.approx(V.BAND_COVERAGE[2], abs=0.0005)
-    # within the sampling error of a share over so few sources (sqrt(L (1 - L) / k): 0.099 for 13), at most 2 points
-    k = len({s.source for s in held})
-    assert abs(V.inside_by_source(held) - V.BAND_LEVEL) < min(0.02, (V.BAND_LEVEL * (1 - V.BAND_LEVEL) / k) ** 0.5)
+    # the level is the lowest on a 0.05 grid whose band holds at least BAND_AIM of a source's runs on average
+    # (issue 35's aim for runs held back from ddplan): BAND_LEVEL reaches it, BAND_LEVEL - 0.05 does not
+    assert V.inside_by_source(held) >= V.BAND_AIM
+    monkeypatch.setattr(V.source_band, "__defaults__", (round(V.BAND_LEVEL - 0.05, 2),))
+    lower = V.leave_one_source_out(load_runs(), shipped_dataset(), V.fitted_hardware())
+    assert V.inside_by_source(lower) < V.BAND_AIM
     assert len([s for s in held if s.precision == "fp8" and not s.moe]) == 56
 
 
@@ -277,14 +280,14 @@ def test_bands_by_evidence_are_the_datasets(shipped_loso):
 
 
 def test_a_thin_stack_gpu_or_precision_widens_the_band_by_hand():
-    """torchtitan has no run in the dataset (thin): the base band widens to the framework group's high end (1.28,
-    outside the base band's 1.24; its low end, 0.85, is inside the base's 0.83); a stack with 14 runs from 3 sources (megatron-core) on H100 in 16 bits
+    """torchtitan has no run in the dataset (thin): the base band widens to the framework group's ends (0.85 and
+    1.25, both outside the base band's 0.89-1.17); a stack with 14 runs from 3 sources (megatron-core) on H100 in 16 bits
     (32 from 6) in bf16 (43 from 9) is not thin, nor is H100 in fp8 (27 runs, 4 sources); MI300X (the seed's one run)
     is; a stack not stated is not weighed. A GPU is weighed per precision family (evidence.hardware_key): GB200's 11
     runs are 9 in fp8 from MLPerf alone and 2 in 16 bits, so it is thin either way; B200 and H200 have no 16-bit run."""
-    base = (0.83, 1.24)
+    base = (0.89, 1.17)
     (t,) = thin_values("torchtitan", "h100-sxm", "bf16")
-    assert (t.dimension, t.runs, t.sources) == ("framework", 0, 0) and widened(base, (t,)) == (0.83, 1.28)
+    assert (t.dimension, t.runs, t.sources) == ("framework", 0, 0) and widened(base, (t,)) == (0.85, 1.25)
     assert thin_values("megatron-core", "h100-sxm", "bf16") == ()
     assert [t.dimension for t in thin_values(None, "mi300x", "bf16")] == ["hardware"]
     assert thin_values("megatron-core", "h100-sxm", "fp8") == ()
@@ -298,16 +301,17 @@ def test_a_thin_stack_gpu_or_precision_widens_the_band_by_hand():
 
 def test_table_says_which_thin_evidence_widened_its_band(capsys):
     """The band of a torchtitan run on H100 is wider than the same run's with its stack unstated (the thin stacks'
-    spread reaches the base band's low end and above its high end), and --explain names the thin value and the group
+    spread reaches below the base band's low end, 0.85 against 0.89, and at least to the group's high end, 1.25; the
+    plain run's own efficiency range already reaches x1.254 there), and --explain names the thin value and the group
     whose spread it took."""
     argv = ["table", "-m", "llama-3-8b", "--hardware", "h100", "--gpus", "8", "--attention", "fa3",
             "--recompute", "per-op", "--format", "csv"]
     (plain,) = csv_rows(run_ok(capsys, argv))
     (titan,) = csv_rows(run_ok(capsys, argv + ["--framework", "torchtitan"]))
     ratio = [float(r["step_low_s"]) / float(r["step_s"]) for r in (plain, titan)]
-    assert ratio[1] == pytest.approx(min(UNSEEN_RATIO["framework"][0], ratio[0]))
+    assert ratio[1] == pytest.approx(min(UNSEEN_RATIO["framework"][0], ratio[0])) and ratio[1] < ratio[0]
     high = [float(r["step_high_s"]) / float(r["step_s"]) for r in (plain, titan)]
-    assert high[1] >= max(high[0], UNSEEN_RATIO["framework"][1]) - 1e-9 and high[1] > high[0]
+    assert high[1] >= UNSEEN_RATIO["framework"][1] - 1e-9
     text = run_ok(capsys, argv[:-2] + ["--framework", "torchtitan", "--explain"])
     assert "framework torchtitan has no published run in the dataset" in " ".join(text.split())
 
