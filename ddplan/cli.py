@@ -549,7 +549,7 @@ def table_cmd(
     result = build_table(req, _progress("table"))
     # options given that none of the rows built can take (skipped layouts take nothing): once the table is built
     _warn(inputs.inert_options(req.options, stated, inputs.degrees_of(r.layout for r in result.rows), "table", spec,
-                               ctx.params))
+                               ctx.params, {r.layout.recompute for r in result.rows}))
     prov = provenance(model=spec, hardware=hw, calibration=(Path(calibration).name, cal) if cal is not None else None)
     _warn(report.table(result, prov, format.value, wide, quiet, explain, plot))
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from ddplan.calibration import StepMeasurement, fit_factor
 from ddplan.errors import ImpossibleMeasurement, LayoutError, UsageError
 from ddplan.flops import exact_flops_per_token, mfu
-from ddplan.layout import Layout, check_layout, data_parallel, layout_for
+from ddplan.layout import Layout, Options, check_layout, data_parallel, layout_for
 from ddplan.roofline import FIT_SCENARIOS, Rates, Scenario
 from ddplan.specs import ModelSpec, run_variant
 
@@ -69,9 +69,12 @@ def scale(r: Rates, knob: str, factor: float, measured_attention: bool) -> Rates
     return r
 
 
-def measured_layout(spec: ModelSpec, m: StepMeasurement, where: str = MEASURED_FLAGS) -> Layout:
-    """The layout a measurement ran with, exactly; a one-line error naming `where` (the flags, or the
-    calibration file's entry) when it cannot exist or its batch does not split into whole micro-batches."""
+def measured_layout(spec: ModelSpec, m: StepMeasurement, where: str = MEASURED_FLAGS,
+                    options: Options = Options()) -> Layout:
+    """The layout a measurement ran with, exactly, with the command's framework options where they apply (a
+    measurement states its degrees, not its stack: the options its rows run with are what it ran with); a one-line
+    error naming `where` (the flags, or the calibration file's entry) when it cannot exist or its batch does not
+    split into whole micro-batches."""
     seq = m.seq_len or spec.recipe.seq_len
     try:
         dp = data_parallel(m.gpus, m.tp, m.pp)
@@ -90,16 +93,17 @@ def measured_layout(spec: ModelSpec, m: StepMeasurement, where: str = MEASURED_F
         layout = layout_for(spec, gpus=m.gpus, tp=m.tp, pp=m.pp, vp=m.pp_virtual_stages, zero=m.zero,
                             micro_batch=m.device_batch_size,
                             grad_accum=m.total_batch_tokens // seq // (dp * m.device_batch_size),
-                            attention=m.attention, recompute=m.recompute, compiled=m.compiled)
+                            attention=m.attention, recompute=m.recompute, compiled=m.compiled, options=options)
         check_layout(layout, spec, world_size_rule=False)
     except LayoutError as e:
         raise UsageError(f"the measured layout cannot exist: {e.message}", field=where) from None
     return layout
 
 
-def fitted(pricer, m: StepMeasurement, knob: str = "auto", where: str = MEASURED_FLAGS):
+def fitted(pricer, m: StepMeasurement, knob: str = "auto", where: str = MEASURED_FLAGS, options: Options = Options()):
     """(the pricer with m's fit applied, the Fit). A measurement at another sequence length is fitted
-    on the model at that length; the fitted efficiencies then serve every row."""
+    on the model at that length; the fitted efficiencies then serve every row. options: the command's framework
+    options, which the measured layout takes as its rows do."""
     measured_pricer = pricer
     if m.seq_len and m.seq_len != pricer.spec.recipe.seq_len:
         try:
@@ -108,11 +112,12 @@ def fitted(pricer, m: StepMeasurement, knob: str = "auto", where: str = MEASURED
             raise UsageError(f"the measured sequence length: {e}", field=where) from None
         measured_pricer = type(pricer)(spec, pricer.hw, pricer.plan, pricer.calibration, pricer.fp8,
                                        fp8_recipe=pricer.fp8_recipe)
-    fit = fit_measurement(measured_pricer, m, knob, where)
+    fit = fit_measurement(measured_pricer, m, knob, where, options)
     return pricer.with_fit(fit), fit
 
 
-def fit_measurement(pricer, m: StepMeasurement, knob: str = "auto", where: str = MEASURED_FLAGS) -> Fit:
+def fit_measurement(pricer, m: StepMeasurement, knob: str = "auto", where: str = MEASURED_FLAGS,
+                    options: Options = Options()) -> Fit:
     """Fit `knob` to m; with auto, the one whose assumed range moves the measured step most, else (when
     no factor of it can reach the measurement) the other, else both GEMMs and attention together.
 
@@ -123,7 +128,7 @@ def fit_measurement(pricer, m: StepMeasurement, knob: str = "auto", where: str =
         raise UsageError(f"measured attention {m.attention!r} is not available on {hw.name}; allowed: "
                          f"{', '.join(a.name for a in hw.attention)}",
                          field="--measured-attention" if where == MEASURED_FLAGS else where)
-    layout = measured_layout(spec, m, where)
+    layout = measured_layout(spec, m, where, options)
     window = m.window_pattern or spec.architecture.window_pattern
     check_physical(pricer, m, window, where)
 

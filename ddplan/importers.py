@@ -415,9 +415,30 @@ def _torchtitan(text: str, path: Path, out: Imported) -> None:
     compiled = get("compile", "enable", training.get("compile", False))
     out.set("compiled", bool(compiled))
     converters = get("model", "converters", []) or []
+    if not isinstance(converters, list) or not all(isinstance(c, str) for c in converters):
+        raise SpecError(f"must be a list of names, got {converters!r}", file=str(path), field="model.converters")
+
+    def quantize(kind: str) -> dict:
+        """[quantize.linear.KIND] (or, for float8, the older [float8]), checked to be tables."""
+        node: Any = cfg
+        parts = ("quantize", "linear", kind)
+        for i, part in enumerate(parts):
+            node = node.get(part, {})
+            if not isinstance(node, dict):
+                raise SpecError(f"must be a table, got {node!r}", file=str(path), field=".".join(parts[:i + 1]))
+        if not node and kind == "float8":
+            node = cfg.get("float8", {})
+            if not isinstance(node, dict):
+                raise SpecError(f"must be a table, got {node!r}", file=str(path), field="float8")
+        return node
+
     fp8 = [c for c in converters if "float8" in c]
+    mx = [c for c in converters if c.endswith("linear.mx") or c == "mx"]
+    if fp8 and mx:
+        out.warnings.append(f"model.converters {mx + fp8}: both float8 and mx; priced as float8 (ddplan prices one "
+                            f"fp8 recipe a run)")
     if fp8:
-        f8 = cfg.get("quantize", {}).get("linear", {}).get("float8", {}) or cfg.get("float8", {})
+        f8 = quantize("float8")
         out.set(("precision", "fp8"), True)
         recipe = f8.get("recipe_name") or "tensorwise"
         if recipe not in ("tensorwise", "rowwise", "rowwise_with_gw_hp"):
@@ -426,9 +447,8 @@ def _torchtitan(text: str, path: Path, out: Imported) -> None:
         out.set(("precision", "fp8_recipe"), recipe)
         if f8.get("enable_fsdp_float8_all_gather"):
             out.set(("precision", "fp8_all_gather"), True)
-    mx = [c for c in converters if c.endswith("linear.mx") or c == "mx"]
     if mx and not fp8:  # the TOML era's MXLinearConverter (quantize.linear.mx: torchao's prototype MXLinear)
-        name = (cfg.get("quantize", {}).get("linear", {}).get("mx", {}) or {}).get("recipe_name", "mxfp8_cublas")
+        name = quantize("mx").get("recipe_name", "mxfp8_cublas")
         out.set(("precision", "fp8"), True)
         out.set(("precision", "fp8_recipe"), "mxfp8_torchao")
         out.warnings.append(f"mx recipe_name {name!r}: priced as torchao's MXFP8Linear (mxfp8_torchao: every cast "

@@ -448,14 +448,16 @@ DERIVED_OPTIONS = {"etp": "expert_tp"}
 
 
 def inert_options(options: Options, stated: Stated, degrees: Collection[tuple[int, int, int, int, int]],
-                  command: str, spec=None, values: dict | None = None) -> list[str]:
+                  command: str, spec=None, values: dict | None = None, recomputes: Collection[str] = ()) -> list[str]:
     """One line for each framework option given (a flag or the run file's field, not a profile's) that changes none
     of the layouts a command prices: each option applies where it can (Options.for_layout: a ZeRO-3 option to the
     ZeRO-3 layouts, sequence parallelism and --etp 1 to tp > 1, ...) and is otherwise left out, which a user who
     typed it should hear; and one where the model overrides it (Options.for_model: a mixture of experts runs
     sequence parallelism at tp > 1 whatever --no-sequence-parallel says; values: the command's, for the value
     given where the model moved it). degrees: (tp, ranks, zero, cp, pp) of
-    every layout the command prices (the rows built, not the ones skipped). One at a time, each one said reset
+    every layout the command prices (the rows built, not the ones skipped); recomputes: the recompute policies of
+    table's rows (whether recompute stops early changes nothing without one; memory's fixes may add one, so it passes
+    none). One at a time, each one said reset
     before the next is weighed, so of two that do the same (--no-reshard-after-forward and
     --no-reshard-under-pipeline with pp > 1) only one is said. --shard-group is left to its own note
     (ddplan.verdicts.table_notes)."""
@@ -477,6 +479,9 @@ def inert_options(options: Options, stated: Stated, degrees: Collection[tuple[in
                        "sequence parallelism at tp > 1 (its MoE README, \"Parallelism\")")
             continue
         if value == default or getattr(options, option) == default:
+            continue
+        if option == "recompute_early_stop" and recomputes and all(r == "none" for r in recomputes):
+            out.append(f"{by} changes nothing here: no row re-runs anything (its recompute is none)")
             continue
         if spec is not None:
             plain = plain.for_model(spec)

@@ -90,8 +90,6 @@ class Layout:
     offload_activations: int = 0
 
     def __post_init__(self) -> None:
-        if self.recompute == "none" and not self.recompute_early_stop:  # moot with nothing re-run: equal runs compare
-            object.__setattr__(self, "recompute_early_stop", True)  # equal (a profile's value on a measured run's row)
         if (self.dp < 1 or self.tp < 1 or self.pp < 1 or self.cp < 1 or self.ep < 1 or self.micro_batch < 1
                 or self.grad_accum < 1 or self.pp_virtual_stages < 1):  # a search makes ~35,000: the named test below
             bad = {k: getattr(self, k) for k in ("dp", "tp", "pp", "cp", "ep", "micro_batch", "grad_accum",

@@ -464,9 +464,11 @@ def comm_buffer_bytes(spec: ModelSpec, layout: Layout, states: dict[str, dict[st
 
 
 def fsdp2_reduce_scatter_buffer_bytes(spec: ModelSpec, elements: dict[str, float], stage_layers: int) -> float:
-    """The reduce-scatter input torch FSDP2 keeps from one unit's backward to the next's, bytes: a unit's unsharded
-    elements (the stage's, `elements` by group, over its layers) in the reduce dtype, held through the next unit's
-    whole backward, when the activations still stand. FSDP2 copies each unit's gradients into a new flat buffer of
+    """The reduce-scatter input torch FSDP2 keeps from one unit's backward to the next's, bytes: the larger of a
+    block unit's unsharded elements (the stage's, `elements` by group, less the head, over its layers) and the head's
+    (the output layer, its own unit: torchtitan shards [norm, lm_head] together, distributed/fsdp.py@b5bcd76
+    L261-262; reduced first in backward, its buffer stands through the last block's backward, when every activation
+    does), in the reduce dtype. FSDP2 copies each unit's gradients into a new flat buffer of
     the reduce dtype (foreach_reduce: reduce_scatter_comm.allocate(..., dtype=reduce_dtype) on the compute stream,
     torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py in torch 2.13.0, L597-606, the 16-bit gradients freed
     after the copy-in) and keeps it in comm_ctx.reduce_scatter_states, at most max_input_buffers of them (default 1),
@@ -475,8 +477,11 @@ def fsdp2_reduce_scatter_buffer_bytes(spec: ModelSpec, elements: dict[str, float
     copy-out, before the prefetched unit's parameters take its place (L487-489), and in forward it lives with its own
     unit's parameters while no unit is prefetched (L430-432, L483), two units' worth as comm_buffer_bytes counts. Under
     a pipeline (pp > 1) the one reduce-scatter runs after the last backward, when the activations are gone: not at the
-    peak, not added. e.g. llama-3-8b, fp32 reduce: 8.03e9 / 32 x 4 B = 1.0 GB a GPU."""
-    return sum(e * spec.dtypes.reduce_bytes(g) for g, e in elements.items()) / stage_layers
+    peak, not added. e.g. llama-3-8b, fp32 reduce: the head's 128,256 x 4,096 elements x 4 B = 2.1 GB a GPU, over a
+    block unit's (8.03e9 - 0.53e9) / 32 x 4 B = 0.94 GB."""
+    head = sum(e * spec.dtypes.reduce_bytes(g) for g, e in elements.items() if g in HEAD_GROUPS)
+    rest = sum(e * spec.dtypes.reduce_bytes(g) for g, e in elements.items() if g not in HEAD_GROUPS)
+    return max(head, rest / stage_layers)
 
 
 def state_floor_bytes(spec: ModelSpec, layout: Layout, states: dict[str, dict[str, float]],

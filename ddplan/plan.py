@@ -213,7 +213,7 @@ def pricer_for(req: PlanRequest, hw: HardwareSpec) -> Pricer:
     if m is None:
         return pricer
     try:
-        return fitted(pricer, m, "auto", f"{req.calibration_path or 'calibration'}: step_times")[0]
+        return fitted(pricer, m, "auto", f"{req.calibration_path or 'calibration'}: step_times", req.options)[0]
     except ImpossibleMeasurement:
         raise
     except UsageError:  # as `table` does: a step no factor explains leaves the micro-benchmarks alone

@@ -240,7 +240,7 @@ def _build_table(req: TableRequest, progress: Callable[[str, int, int], None] | 
     if m is not None:
         where = MEASURED_FLAGS if req.measurement is not None else f"{req.calibration_path or 'calibration'}: step_times"
         try:
-            pricer, table.fit = fitted(pricer, m, req.knob, where)
+            pricer, table.fit = fitted(pricer, m, req.knob, where, req.options)
         except UsageError as e:
             # stated on the command line, or impossible on this hardware: the user must hear it as an error
             if req.measurement is not None or isinstance(e, ImpossibleMeasurement):

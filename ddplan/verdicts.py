@@ -872,7 +872,7 @@ def validation_bottom_line(scored, held=None) -> list[str]:
     out = summarise(held)
     worst = max(held, key=lambda s: abs(s.error))
     return [f"Bottom line: on {len(held)} published runs from {sources} sources, each priced with fits made without "
-            f"its source, the step time is off by {100 * out.median_abs_error:.1f}% (median), at most "
+            f"its source and its siblings, the step time is off by {100 * out.median_abs_error:.1f}% (median), at most "
             f"{100 * out.max_abs_error:.1f}% ({worst.id}); {100 * out.inside_share:.0f}% of the runs lie inside "
             f"their band ({100 * inside_by_source(held):.0f}% of a source's runs, on average; median half-width "
             f"{100 * out.median_half_width:.0f}%). In sample: "

@@ -311,6 +311,18 @@ def test_saved_bytes_match_torch_math_sdpa_with_dropout(compute, recompute):
     assert an.saved_bytes() == pytest.approx(m["saved_bytes"] - cpu_noise, rel=SDPA_TOLERANCE)
 
 
+@pytest.mark.parametrize("recompute", ["full", "selective"])
+def test_early_stop_re_runs_a_gemm_a_dropout_after_it_needs(recompute):
+    """Under torch's early stop a block's last GEMM is not re-run, unless a dropout after it saves its mask: then
+    recomputation must run the GEMM to reach the dropout. GPT-2 with hidden and attention dropout 0.1, sdpa-math,
+    fp32: the anatomy's matmul FLOPs equal FlopCounterMode's (the reference model checkpoints with torch's
+    non-reentrant default, early_stop=True), and no block op is left out of full recompute but the last add."""
+    pytest.importorskip("torch")
+    spec, m, an = _measured_sdpa("mha", "fp32", "sdpa-math", recompute, dropout=True)
+    assert an.matmul_flops() == pytest.approx(m["flops_fwd_bwd"], rel=FLOPS_TOLERANCE)
+    assert [op.name.split(".", 1)[1] for op in an.blocks[0] if "full" in op.recompute_skip] == ["resid_add2"]
+
+
 @pytest.mark.parametrize("recompute", ["none", "full"])
 def test_an_embedding_norm_saves_and_weighs_what_torch_does(recompute):
     """BLOOM's word_embeddings_layernorm (Megatron-DeepSpeed --embed-layernorm; bigscience tr11-200B-ml.slurm

@@ -354,3 +354,35 @@ def test_megatron_s_full_recompute_re_runs_the_whole_block(capsys):
     (plain,) = csv_rows(run_ok(capsys, base))
     (plain_whole,) = csv_rows(run_ok(capsys, base + ["--no-recompute-early-stop"]))
     assert plain["step_s"] == plain_whole["step_s"]
+
+
+def test_plan_and_a_measured_step_take_the_stacks_recompute_too(capsys):
+    """A review found plan's searched layouts took early stop from the search group's first layout (recompute none)
+    and a measured step fitted on a layout without the command's options: plan's full and selective rows must move
+    with --no-recompute-early-stop, and a measured step under it is the table's one row, not a second."""
+    base = ["plan", "-m", "gpt2-1.5b", "--hardware", "a100-sxm-80gb", "--gpus", "8", "--framework", "megatron-lm",
+            "--format", "csv"]
+    rows = [{(r["recompute"], r["tp"], r["pp"], r["zero"], r["micro_batch"]): r["step_s"]
+             for r in csv_rows(run_ok(capsys, base + flag))} for flag in ([], ["--recompute-early-stop"])]
+    shared = [k for k in rows[0] if k in rows[1] and k[0] in ("full", "selective")]
+    assert shared and all(float(rows[0][k]) > float(rows[1][k]) for k in shared)
+    table = ["table", "-m", "gpt2-1.5b", "--hardware", "a100-sxm-80gb", "--gpus", "8", "--attention", "fa2",
+             "--recompute", "full", "--no-recompute-early-stop", "--measured-step-time", "4.0", "--format", "csv"]
+    (row,) = csv_rows(run_ok(capsys, table))
+    assert row["basis"] == "measured" and float(row["step_s"]) == 4.0
+
+
+def test_a_malformed_quantize_table_is_one_line(capsys, tmp_path):
+    """torchtitan TOMLs: a [quantize] that is not a table, or converters that are not a list of names, are one line
+    naming the field; float8 and mx together are priced as float8, said in a warning."""
+    toml = tmp_path / "job.toml"
+    head = '[model]\nname = "llama3"\nflavor = "8B"\n'
+    for body, field in (('converters = ["float8"]\n[quantize]\nlinear = 3\n', "quantize.linear"),
+                        ('converters = ["quantize.linear.mx"]\n[quantize.linear]\nmx = 3\n', "quantize.linear.mx"),
+                        ('converters = "float8"\n', "model.converters")):
+        toml.write_text(head + body, encoding="utf-8")
+        _, line = fails(capsys, ["import", str(toml), "-o", str(tmp_path / "run.yaml")])
+        assert f"{field}: must be" in line
+    toml.write_text(head + 'converters = ["quantize.linear.mx", "float8"]\n', encoding="utf-8")
+    code, _, err = run(capsys, ["import", str(toml), "-o", str(tmp_path / "run.yaml")])
+    assert code == 0 and "both float8 and mx; priced as float8" in err

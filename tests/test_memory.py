@@ -581,15 +581,17 @@ def test_zero3_under_a_pipeline_holds_the_stages_unsharded_gradients_by_hand():
 def test_fsdp2_keeps_one_units_reduce_scatter_input_through_the_next_backward():
     """torch FSDP2 copies a unit's gradients into a flat reduce-scatter input of the reduce dtype and keeps it until
     the next unit's post_backward (max_input_buffers 1: torch 2.13 _fsdp_param_group.py L229, L654-658, L717-718).
-    Llama-3-8B (8,030,261,248 parameters, 32 layers, fp32 gradients), dp 8, ZeRO-3, pp 1: one unit's share,
-    8,030,261,248 / 32 = 250,945,664 elements, at 4 B = 1,003,782,656 B on top of the two gathered units; in bf16
-    (--grads compute) half that; none without --fsdp2, and none under a pipeline (its one reduce-scatter runs after
-    the last backward, the activations gone)."""
+    The output layer is its own unit, reduced first, so its buffer stands through the last block's backward.
+    Llama-3-8B (fp32 gradients), dp 8, ZeRO-3, pp 1: the head's 128,256 x 4,096 = 525,336,576 elements at 4 B =
+    2,101,346,304 B on top of the two gathered units (a block unit's, (8,030,261,248 - 525,336,576) / 32 =
+    234,528,896 elements, is smaller); in bf16 (--grads compute) half that; none without --fsdp2, and none under a
+    pipeline (its one reduce-scatter runs after the last backward, the activations gone)."""
     from ddplan.memory import comm_buffer_bytes
     from ddplan.specs import run_variant
 
     spec = load_model("llama-3-8b")
-    unit = 8_030_261_248 / 32
+    unit = 128_256 * 4096
+    assert unit > (8_030_261_248 - unit) / 32
     for reshard in (True, False):
         plain = Layout(dp=8, zero=3, micro_batch=1, grad_accum=4, reshard_after_forward=reshard)
         fsdp2 = replace(plain, fsdp2=True)

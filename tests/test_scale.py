@@ -529,6 +529,12 @@ def test_etp_sequence_parallel_and_skipped_rows_are_weighed_too(capsys):
     assert code == 0 and "warning: --cp-comm changes nothing here" in err and "skipped" in err
     code, _, err = run(capsys, ["table", *dense, "--attention", "fa3"])
     assert code == 0 and "--cp-comm changes nothing" not in err
+    # whether recompute stops early, where no row re-runs anything
+    plain = ["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--attention", "fa3"]
+    code, _, err = run(capsys, [*plain, "--no-recompute-early-stop"])
+    assert code == 0 and "warning: --no-recompute-early-stop changes nothing here: no row re-runs anything" in err
+    code, _, err = run(capsys, [*plain, "--no-recompute-early-stop", "--recompute", "none,full"])
+    assert code == 0 and "recompute-early-stop" not in err
 
 
 def test_of_two_options_that_do_the_same_only_the_redundant_one_is_said(capsys):
