@@ -445,7 +445,7 @@ def _torchtitan(text: str, path: Path, out: Imported) -> None:
             out.warnings.append(f"float8 recipe_name {recipe!r}: priced as tensorwise scaling")
             recipe = "tensorwise"
         out.set(("precision", "fp8_recipe"), recipe)
-        if f8.get("enable_fsdp_float8_all_gather"):
+        if f8.get("enable_fsdp_float8_all_gather") is True and shard > 1:  # torchtitan: only with FSDP sharding
             out.set(("precision", "fp8_all_gather"), True)
     if mx and not fp8:  # the TOML era's MXLinearConverter (quantize.linear.mx: torchao's prototype MXLinear)
         name = quantize("mx").get("recipe_name", "mxfp8_cublas")

@@ -32,6 +32,8 @@ HEADROOM = 0.05  # a setup fits when it leaves 5% of usable memory free (assumed
 PEAK_RATIO = (0.97, 1.21)
 EMBEDDING_GROUPS = ("wte", "wpe", "smear_gate")  # live on the first pipeline stage
 HEAD_GROUPS = ("lm_head",)  # lives on the last pipeline stage
+# the input embeddings, an FSDP unit of their own (torchtitan shards tok_embeddings apart, distributed/fsdp.py@b5bcd76)
+UNIT_EMBEDDING_GROUPS = ("wte", "wpe", "value_embeddings")
 EXPERT_GROUP = "experts"  # routed experts: split over expert-parallel ranks
 
 
@@ -477,11 +479,13 @@ def fsdp2_reduce_scatter_buffer_bytes(spec: ModelSpec, elements: dict[str, float
     copy-out, before the prefetched unit's parameters take its place (L487-489), and in forward it lives with its own
     unit's parameters while no unit is prefetched (L430-432, L483), two units' worth as comm_buffer_bytes counts. Under
     a pipeline (pp > 1) the one reduce-scatter runs after the last backward, when the activations are gone: not at the
-    peak, not added. e.g. llama-3-8b, fp32 reduce: the head's 128,256 x 4,096 elements x 4 B = 2.1 GB a GPU, over a
-    block unit's (8.03e9 - 0.53e9) / 32 x 4 B = 0.94 GB."""
+    peak, not added. The embeddings (UNIT_EMBEDDING_GROUPS) are their own unit, reduced last, when the activations
+    are gone: not spread over the blocks. e.g. llama-3-8b, fp32 reduce: the head's 128,256 x 4,096 elements x 4 B =
+    2.1 GB a GPU, over a block unit's 218,112,000 (+ its norms' 8,192) x 4 B = 0.87 GB."""
     head = sum(e * spec.dtypes.reduce_bytes(g) for g, e in elements.items() if g in HEAD_GROUPS)
-    rest = sum(e * spec.dtypes.reduce_bytes(g) for g, e in elements.items() if g not in HEAD_GROUPS)
-    return max(head, rest / stage_layers)
+    blocks = sum(e * spec.dtypes.reduce_bytes(g) for g, e in elements.items()
+                 if g not in HEAD_GROUPS and g not in UNIT_EMBEDDING_GROUPS)
+    return max(head, blocks / stage_layers)
 
 
 def state_floor_bytes(spec: ModelSpec, layout: Layout, states: dict[str, dict[str, float]],

@@ -64,13 +64,14 @@ def source_family(name: str) -> str:
     return SOURCE_FAMILIES.get(name, name)
 
 
-def unfitted_without(runs: Sequence[PublishedRun], src: str, where: str) -> set[str]:
+def unfitted_without(runs: Sequence[PublishedRun], src: str, where: str,
+                     hardware: Sequence[str] | None = None) -> set[str]:
     """The fitted hardware (their fit groups' names) that leaving src's family out leaves with fewer than
     MIN_FIT_RUNS runs to fit on: priced at the unfitted rule there, so thin in the evidence that widens the band, as a
-    shipped GPU without a fit is."""
+    shipped GPU without a fit is. hardware: the fitted hardware (default fitted_hardware(), read from the specs)."""
     rest = [r for r in runs if source_family(r.source.name) != source_family(src)]
     out: set[str] = set()
-    for hw in fitted_hardware():
+    for hw in fitted_hardware() if hardware is None else hardware:
         leader = next((k for k, g in FIT_GROUPS.items() if hw in g), hw)
         if len(fit_basis(rest, leader, where)) < MIN_FIT_RUNS:
             out.update(FIT_GROUPS.get(leader, (leader,)))
@@ -384,21 +385,22 @@ def percentile(xs: Sequence[float], q: float) -> float:
 # The band's level: a two-sided prediction interval at this probability for measured / predicted of a run from a
 # source the fits never saw (source_band). The band a prediction carries (this interval joined with its efficiency
 # range and widened where the evidence is thin) is calibrated where it matters, per source: leaving each source out,
-# its band made without it too, the share of a source's runs inside averages 84.6% at 0.80, 89.6% at 0.85 and 92.3%
-# at 0.90 (per run 92.3%, 96.6%, 99.1%; median half-width 27.5%, 32.5%, 40%; 117 runs, 13 sources, 2026-12-07, with
-# Megatron's full recompute re-running blocks whole, the 2021 Megatron-LM README in the A100 fit, sibling campaigns
-# left out together and a GPU left unfitted taking the thin GPUs' band; the day before,
-# the A100 left unfitted without Korthikanti et al.'s runs (MIN_FIT_RUNS) and no level covering their eight: 81.7%,
-# 83.8%, 84.6%; before that rule 82.7%, 86.7%, 89.4%; on the morning of 2026-12-06's 113 runs of 12 sources: 81.5%,
-# 85.2%, 88.5%; the interval alone, at 0.85, held 75.5% per source). 0.85 is issue 35's aim for the runs held back
-# from ddplan (at least 85% inside their band): a choice of how sure the band is, made by this very check, not a fit
-# of the model, so the check does not test it independently. The rule: the lowest level on a 0.05 grid whose band
-# holds at least BAND_AIM of a source's runs on average (0.80 falls short, 84.6%). BAND_COVERAGE holds the check.
+# its band made without it too, the share of a source's runs inside averages 84.7% at 0.75, 89.4% at 0.80, 91.5% at
+# 0.85 and 92.3% at 0.90 (per run 92.3%, 96.6%, 98.3%, 99.1%; median half-width 28.5%, 32.5%, 38.5%, 47.5%; 117 runs,
+# 13 sources, 2026-12-07, with Megatron's full recompute re-running blocks whole, the 2021 Megatron-LM README in the
+# A100 fit, sibling campaigns left out together and a GPU left unfitted taking the thin GPUs' band). The rule: the
+# lowest level on a 0.05 grid whose band holds at least BAND_AIM of a source's runs on average, 0.80 (0.75 falls
+# short, 84.7%). BAND_AIM is issue 35's aim for the runs held back from ddplan (at least 85% inside their band): a
+# choice of how sure the band is, made by this very check, not a fit of the model, so the check does not test it
+# independently. Until 2026-12-07 the level was 0.85, chosen when the share per source was near 85% there (81.7%,
+# 83.8%, 84.6% at 0.80, 0.85, 0.90 on 2026-12-06, the A100 then left unfitted without Korthikanti et al.'s runs;
+# 81.5%, 85.2%, 88.5% that morning on 113 runs; the interval alone, at 0.85, held 75.5% per source). BAND_COVERAGE
+# holds the check.
 BAND_AIM = 0.85
-BAND_LEVEL = 0.85
+BAND_LEVEL = 0.80
 # leaving each source out at BAND_LEVEL: (runs inside, runs, mean over sources of the share inside); tests fail
 # when it drifts from the shipped dataset
-BAND_COVERAGE = (113, 117, 0.896)
+BAND_COVERAGE = (113, 117, 0.894)
 
 
 def t_coverage(t: float, df: int) -> float:
@@ -693,7 +695,8 @@ def fitted_hardware(fp8: bool = False) -> list[str]:
 def leave_one_source_out(runs: RunSet, where: str, hardware: Iterable[str],
                          progress: Callable[[str, int, int], None] | None = None,
                          scorer: Scorer | None = None, fp8_hardware: Iterable[str] | None = None) -> list[Scored]:
-    """Every run priced with the fitted parameters re-fitted on the other sources' runs only.
+    """Every run priced with the fitted parameters re-fitted on the other sources' runs only: a source is left out with
+    its family (SOURCE_FAMILIES), sibling campaigns whose fits would not be out of sample for it.
 
     Each fitted hardware's sustained fraction is re-fitted without the held-out source; a hardware the other
     sources leave fewer than MIN_FIT_RUNS runs on (as fit_basis counts them) is not fitted, as the shipped specs fit
@@ -710,6 +713,7 @@ def leave_one_source_out(runs: RunSet, where: str, hardware: Iterable[str],
     1 (balanced, the model without the term) when the sweep's own source is the one held out; otherwise a
     dataset that lacks the sweep's runs keeps the shipped value."""
     scorer = scorer or Scorer()
+    hardware = tuple(hardware)
     sweep = load_routing()
     ids = {r.id for r in runs.runs}
     sweep_here = all(p.balanced in ids for p in sweep.points)
@@ -777,7 +781,7 @@ def leave_one_source_out(runs: RunSet, where: str, hardware: Iterable[str],
                 fits[basis] = fit_fp8_stack(rest, where, scorer=scorer, fixed=refit)
             refit[FP8_STACK_FIT] = fits[basis]
         imbalance = None  # the shipped value, where the sweep's runs are not in this dataset
-        if sweep.source.name == src:
+        if source_family(sweep.source.name) == source_family(src):
             imbalance = 1.0  # nothing else to fit it to
         elif sweep_here:
             key = tuple(sorted((hw, f) for hw, f in refit.items() if hw in sweep_hardware))
@@ -785,7 +789,7 @@ def leave_one_source_out(runs: RunSet, where: str, hardware: Iterable[str],
                 imbalances[key] = dropless_imbalance(fit_dropless_imbalance(sweep, runs, where, refit, scorer=scorer))
             imbalance = imbalances[key]
         out += [scorer.score(r, where, refit, imbalance, evidence=False) for r in held]
-    out = _evidence_left_out(runs, out, where)
+    out = _evidence_left_out(runs, out, where, hardware)
     order = {r.id: i for i, r in enumerate(runs.runs)}
     return sorted(out, key=lambda s: order[s.id])
 
@@ -796,8 +800,9 @@ def _spec_sustained(hardware: str) -> float:
     return s.value if s is not None else 1.0
 
 
-def _evidence_left_out(runs: RunSet, held: list[Scored], where: str) -> list[Scored]:
-    """Each held-out run's band made without its source, as a user's run from a source ddplan has not seen gets it:
+def _evidence_left_out(runs: RunSet, held: list[Scored], where: str, hardware: Sequence[str]) -> list[Scored]:
+    """Each held-out run's band made without its source (and its family), as a user's run from a source ddplan has
+    not seen gets it; a GPU that leaving the family out leaves unfitted is thin for its runs (unfitted_without):
     the base band (band_ratio, moe_band_ratio: picked by ddplan.price.base_band) from the other sources'
     leave-one-source-out ratios, rounded outward as the shipped one is, joined with the run's own efficiency range
     (Scored.spread_low_s, spread_high_s); then widened where the evidence is thin (ddplan.evidence) by tables made
@@ -812,10 +817,13 @@ def _evidence_left_out(runs: RunSet, held: list[Scored], where: str) -> list[Sco
         rest = [r for r in runs.runs if source_family(r.source.name) != source_family(src)]
         others = [s for s in held if source_family(s.source) != source_family(src)]
         counts = evidence_counts(rest)
-        for hw in unfitted_without(runs.runs, src, where):  # priced at the unfitted rule: thin, as an unfitted GPU is
-            counts["hardware"][hardware_key(hw, "bf16")] = (0, 0)
         # a dimension whose thin values the others hold from fewer than two sources keeps the shipped spread
         unseen = {**UNSEEN_RATIO, **unseen_ratios(others, counts)}
+        # a GPU the left-out family leaves unfitted is priced at the unfitted rule: thin for the held-out runs, as a
+        # GPU without a fit is (the spread above stays the other sources' own thin values')
+        counts = {**counts, "hardware": {**counts["hardware"], **{hardware_key(hw, "bf16"): (0, 0)
+                                                                   for hw in unfitted_without(runs.runs, src, where,
+                                                                                              hardware)}}}
         bands = bands_without(others)
         for s in (x for x in held if x.source == src):
             s = joined(s, bands)

@@ -548,7 +548,8 @@ def table_assumptions(table) -> list[str]:
                                             req.calibration.held_out_error_pct is not None) else
            f", widened to {validated_ratio(spec, req.fp8)[0]:g}-{validated_ratio(spec, req.fp8)[1]:g} x the prediction: "
            f"where the step time of a run from a source ddplan has not seen falls, at {100 * BAND_LEVEL:g}% (a "
-           f"prediction interval from its dataset of published runs, each source priced with fits made without it: "
+           f"prediction interval from its dataset of published runs, each source priced with fits made without it "
+           f"and its siblings: "
            f"`ddplan validate --leave-one-source-out`, which checks it on sources left out)"
            + ("; for a mixture of experts, the dense band stretched to every published MoE run's measured / "
               "predicted, on either side" if spec.architecture.moe else "")
