@@ -386,3 +386,23 @@ def test_a_malformed_quantize_table_is_one_line(capsys, tmp_path):
     toml.write_text(head + 'converters = ["quantize.linear.mx", "float8"]\n', encoding="utf-8")
     code, _, err = run(capsys, ["import", str(toml), "-o", str(tmp_path / "run.yaml")])
     assert code == 0 and "both float8 and mx; priced as float8" in err
+
+
+def test_a_measured_step_takes_the_options_only_where_they_apply(capsys, tmp_path):
+    """A second review: the measured layout took the options by Options.for_layout and was refused where an option
+    cannot apply to what ran (activation offload with the measured pp 2; a shard group that does not divide the
+    measured ranks); it now takes them as a search does (Options.searched), leaving those out. A torchtitan TOML's
+    enable_fsdp_float8_all_gather is imported only when true and sharded (torchtitan applies it with FSDP only)."""
+    base = ["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--attention", "fa3", "--format", "csv"]
+    rows = csv_rows(run_ok(capsys, base + ["--gpus", "8", "--offload-activations", "4", "--measured-step-time",
+                                           "60", "--measured-pp", "2"]))
+    assert any(r["basis"] == "measured" for r in rows)
+    rows = csv_rows(run_ok(capsys, base + ["--gpus", "12", "--zero", "3", "--shard-group", "6",
+                                           "--measured-step-time", "40", "--measured-gpus", "8"]))
+    assert any(r["basis"] == "measured" for r in rows)
+    toml, runfile = tmp_path / "job.toml", tmp_path / "run.yaml"
+    toml.write_text('[model]\nname = "llama3"\nflavor = "8B"\nconverters = ["float8"]\n[parallelism]\n'
+                    'data_parallel_shard_degree = 1\n[float8]\nenable_fsdp_float8_all_gather = true\n',
+                    encoding="utf-8")
+    run(capsys, ["import", str(toml), "-o", str(runfile)])
+    assert "fp8_all_gather" not in runfile.read_text(encoding="utf-8")
