@@ -677,8 +677,9 @@ def validate_cmd(
                                 "published_runs.yaml). Default: the published runs shipped with ddplan."),
     loso: bool = typer.Option(True, "--leave-one-source-out/--in-sample", help="Re-fit the fitted parameters "
                               "without each source (and its sibling campaigns) in turn and price that source with "
-                              "them, its band made without it too: the out-of-sample error a new run can expect and how often its band holds "
-                              "(the default; --in-sample scores only the fits that saw every run)."),
+                              "them, its band made without it too: the out-of-sample error a new run can expect "
+                              "and how often its band holds (the default; --in-sample scores only the fits that saw "
+                              "every run)."),
     plot: str = typer.Option(None, "--plot", help="Also write the error of each run against its GPU count (PNG or "
                              "SVG)."),
     memory: bool = typer.Option(False, "--memory", help="Score the memory model instead: measured peaks per GPU "

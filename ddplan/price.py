@@ -48,16 +48,17 @@ if TYPE_CHECKING:
 # spread is the one that applies; and the interval's Student t on the few sources widens the band where few stand
 # behind it. Checked as a user meets it (the check that chose the level): leaving each source out (with its sibling
 # campaigns, ddplan.validation.SOURCE_FAMILIES) with its band made without it too, 89% of a source's runs fall inside
-# on average, 97% of the 117 runs (ddplan.validation.BAND_COVERAGE); the 5th-95th percentile band it replaced (2026-12-06) held 79% of the 113 that way, and 72% of the
-# runs held back from ddplan. benchmarks/validation.py prints it; tests/test_validation.py fails when it drifts from
-# the dataset and the model. A prediction's band is this range joined with the range its efficiencies span
-# (whichever is wider on each side).
+# on average, 97% of the 117 runs (ddplan.validation.BAND_COVERAGE); the 5th-95th percentile band it replaced
+# (2026-12-06) held 79% of the 113 that way, and 72% of the runs held back from ddplan. benchmarks/validation.py
+# prints it; tests/test_validation.py fails when it drifts from the dataset and the model. A prediction's band is
+# this range joined with the range its efficiencies span (whichever is wider on each side).
 # History (2026-12-07, sixth session): 0.83-1.24 once Megatron's and DeepSpeed's full recompute re-ran a block whole
 # (Layout.recompute_early_stop; the A100 fraction 0.872 -> 0.909); 0.89-1.17 once the 2021 Megatron-LM README's ten
 # A100 runs then joined the fits (0.885), which lent Korthikanti et al.'s runs, left out, their sibling's A100 fit;
 # 0.79-1.22 once sibling campaigns were left out together (SOURCE_FAMILIES), both then priced at the unfitted rule,
-# 0.75-0.89 x; 0.81-1.19 at the 0.80 level that check then chose (BAND_LEVEL); 0.84-1.24 before all four (the A100 left unfitted without Korthikanti's runs, MIN_FIT_RUNS, priced them 0.75-0.88 x);
-# 0.86-1.21 before that rule; 0.87-1.22 before torch FSDP2's copies were priced (2026-12-06)
+# 0.75-0.89 x; 0.81-1.19 at the 0.80 level that check then chose (BAND_LEVEL); 0.84-1.24 before all four (the A100
+# left unfitted without Korthikanti's runs, MIN_FIT_RUNS, priced them 0.75-0.88 x); 0.86-1.21 before that rule;
+# 0.87-1.22 before torch FSDP2's copies were priced (2026-12-06)
 VALIDATED_RATIO = (0.81, 1.19)  # 0.820 and 1.183 over the 53 dense 16-bit runs of 9 sources, rounded outward
 # Mixture-of-experts models: too few published MoE runs for an interval, so the dense band stretched to every
 # MoE run's measured / predicted (leave-one-source-out); benchmarks/validation.py prints it
