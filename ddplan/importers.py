@@ -257,7 +257,7 @@ TITAN_READ = {
                     "pipeline_parallel_degree", "context_parallel_degree", "expert_parallel_degree",
                     "expert_tensor_parallel_degree", "enable_async_tensor_parallel", "fsdp_reshard_after_forward",
                     "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size"},
-    "activation_checkpoint": {"mode", "selective_ac_option"},
+    "activation_checkpoint": {"mode", "selective_ac_option", "early_stop"},
     "compile": {"enable", "components"},
     "float8": {"enable_fsdp_float8_all_gather", "recipe_name", "precompute_float8_dynamic_scale_for_fsdp",
                "filter_fqns"},
@@ -411,6 +411,14 @@ def _torchtitan(text: str, path: Path, out: Imported) -> None:
     else:
         out.warnings.append(f"activation_checkpoint mode {mode!r} is not modelled: priced as full recompute")
         out.set("recompute", "full")
+    # torchtitan's checkpoint wrapper takes activation_checkpoint.early_stop (default False since 25413d2,
+    # 2025-08-29: a block re-runs whole, as the profile states); a job that sets it true stops early
+    early = ac.get("early_stop", False)
+    if not isinstance(early, bool):
+        raise SpecError(f"must be true or false, got {early!r}", file=str(path), field="activation_checkpoint.early_stop")
+    out.set("recompute_early_stop", early, "activation_checkpoint.early_stop"
+            + (" true: torch's early stop" if early else " false (torchtitan's default): a checkpointed block re-runs "
+                                                        "whole"))
 
     compiled = get("compile", "enable", training.get("compile", False))
     out.set("compiled", bool(compiled))

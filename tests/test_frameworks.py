@@ -406,3 +406,18 @@ def test_a_measured_step_takes_the_options_only_where_they_apply(capsys, tmp_pat
                     encoding="utf-8")
     run(capsys, ["import", str(toml), "-o", str(runfile)])
     assert "fp8_all_gather" not in runfile.read_text(encoding="utf-8")
+
+
+def test_a_torchtitan_job_states_whether_its_checkpoint_stops_early(capsys, tmp_path):
+    """torchtitan's activation_checkpoint.early_stop (default False since 2025-08-29, job_config.py): a TOML imports
+    it as recompute_early_stop, false by default (a block re-runs whole, as the profile says), true where the job
+    sets it; anything else is one line naming the field."""
+    toml, runfile = tmp_path / "job.toml", tmp_path / "run.yaml"
+    head = '[model]\nname = "llama3"\nflavor = "8B"\n[activation_checkpoint]\nmode = "full"\n'
+    for extra, want in (("", "recompute_early_stop: false"), ("early_stop = true\n", "recompute_early_stop: true")):
+        toml.write_text(head + extra, encoding="utf-8")
+        assert run(capsys, ["import", str(toml), "-o", str(runfile)])[0] == 0
+        assert want in runfile.read_text(encoding="utf-8")
+    toml.write_text(head + 'early_stop = "yes"\n', encoding="utf-8")
+    _, line = fails(capsys, ["import", str(toml), "-o", str(runfile)])
+    assert "activation_checkpoint.early_stop: must be true or false" in line
