@@ -15,7 +15,7 @@ from ddplan import bounds
 from ddplan.calibration import (StepMeasurement, check_against_hardware, measurement_for, memory_assumptions,
                                 steps_for_model)
 from ddplan.errors import DdplanError, SpecError, UsageError
-from ddplan.layout import Options, zero_stage
+from ddplan.layout import Options
 from ddplan.offload import check_activation_offload, check_offload
 from ddplan.plan import PlanRequest
 from ddplan.registry import (builtin_names, calibration_hardware, load_calibration, load_framework, load_hardware,

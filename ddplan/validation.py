@@ -725,6 +725,7 @@ def leave_one_source_out(runs: RunSet, where: str, hardware: Iterable[str],
     # leaves the imbalance fit unchanged: each distinct fit is made once (the same numbers, fewer prices)
     fits: dict[tuple, float] = {}
     imbalances: dict[tuple, float] = {}
+    unfitted: dict[str, set[str]] = {}  # source -> the fitted hardware leaving it out leaves unfitted
     sweep_ids = {p.balanced for p in sweep.points}  # the dropless twins run on the same hardware
     sweep_hardware = {_hw_name(r.hardware) for r in runs.runs if r.id in sweep_ids}
     for i, src in enumerate(sources):
@@ -734,13 +735,11 @@ def leave_one_source_out(runs: RunSet, where: str, hardware: Iterable[str],
         held = [r for r in runs.runs if r.source.name == src]
         refit: dict[str, float] = {}
         leaders = dict.fromkeys(next((k for k, g in FIT_GROUPS.items() if hw in g), hw) for hw in hardware)
-        thin = []  # fitted hardware the other sources leave fewer than MIN_FIT_RUNS runs to fit on
-        for hw in leaders:
+        unfitted[src] = unfitted_without(runs.runs, src, where, hardware)
+        thin = [hw for hw in leaders if hw in unfitted[src]]  # fewer than MIN_FIT_RUNS runs left to fit on
+        for hw in (hw for hw in leaders if hw not in unfitted[src]):
             names = FIT_GROUPS.get(hw, (hw,))
             mine = frozenset(r.id for r in fit_basis(rest, hw, where))
-            if len(mine) < MIN_FIT_RUNS:
-                thin.append(hw)
-                continue
             basis = (hw, mine)
             if basis not in fits:
                 fits[basis] = fit_sustained(rest, hw, where, scorer=scorer)
@@ -789,7 +788,7 @@ def leave_one_source_out(runs: RunSet, where: str, hardware: Iterable[str],
                 imbalances[key] = dropless_imbalance(fit_dropless_imbalance(sweep, runs, where, refit, scorer=scorer))
             imbalance = imbalances[key]
         out += [scorer.score(r, where, refit, imbalance, evidence=False) for r in held]
-    out = _evidence_left_out(runs, out, where, hardware)
+    out = _evidence_left_out(runs, out, unfitted)
     order = {r.id: i for i, r in enumerate(runs.runs)}
     return sorted(out, key=lambda s: order[s.id])
 
@@ -800,9 +799,10 @@ def _spec_sustained(hardware: str) -> float:
     return s.value if s is not None else 1.0
 
 
-def _evidence_left_out(runs: RunSet, held: list[Scored], where: str, hardware: Sequence[str]) -> list[Scored]:
+def _evidence_left_out(runs: RunSet, held: list[Scored], unfitted: dict[str, set[str]]) -> list[Scored]:
     """Each held-out run's band made without its source (and its family), as a user's run from a source ddplan has
-    not seen gets it; a GPU that leaving the family out leaves unfitted is thin for its runs (unfitted_without):
+    not seen gets it; a GPU that leaving the family out leaves unfitted (`unfitted`, by source: unfitted_without) is
+    thin for its runs:
     the base band (band_ratio, moe_band_ratio: picked by ddplan.price.base_band) from the other sources'
     leave-one-source-out ratios, rounded outward as the shipped one is, joined with the run's own efficiency range
     (Scored.spread_low_s, spread_high_s); then widened where the evidence is thin (ddplan.evidence) by tables made
@@ -822,8 +822,7 @@ def _evidence_left_out(runs: RunSet, held: list[Scored], where: str, hardware: S
         # a GPU the left-out family leaves unfitted is priced at the unfitted rule: thin for the held-out runs, as a
         # GPU without a fit is (the spread above stays the other sources' own thin values')
         counts = {**counts, "hardware": {**counts["hardware"], **{hardware_key(hw, "bf16"): (0, 0)
-                                                                   for hw in unfitted_without(runs.runs, src, where,
-                                                                                              hardware)}}}
+                                                                   for hw in unfitted.get(src, ())}}}
         bands = bands_without(others)
         for s in (x for x in held if x.source == src):
             s = joined(s, bands)
