@@ -475,8 +475,7 @@ def _framework_notes(ctx: typer.Context, spec, stated) -> None:
     from ddplan.verdicts import profile_set, profile_unread
 
     _info([profile_set(ctx.info_name, profile, [_as_flag(ctx, n) for n in used])])
-    named = frozenset(k for k in profile.unpriced if k in ctx.params and _source(ctx, k) != "DEFAULT")
-    _warn(profile.unpriced_words(moe=spec.architecture.moe is not None, stated=named))
+    _warn(profile.unpriced_words(moe=spec.architecture.moe is not None))
     unread = ctx.meta.get("framework_unread", [])
     if unread:  # a profile field this command has no flag for: said, not dropped silently
         _warn([profile_unread(ctx.info_name, profile, unread)])

@@ -97,6 +97,9 @@ class FrameworkProfile(Strict):
         if unknown:
             raise ValueError(f"applies: {', '.join(unknown)} is not an item ddplan prices; allowed: "
                              f"{', '.join(APPLIES)} (put what ddplan cannot price under `unpriced`)")
+        priced = sorted(set(self.unpriced) & set(APPLIES))
+        if priced:
+            raise ValueError(f"unpriced: {', '.join(priced)} is an item ddplan prices: put it under `applies`")
         # each value one its run-configuration field takes
         for key, item in self.applies.items():
             for part_name, value in (("value", item.value), ("elsewhere", item.elsewhere)):
@@ -128,11 +131,10 @@ class FrameworkProfile(Strict):
         first = str(item.value) if not item.dtypes or dtype is None or dtype in item.dtypes else None
         return next((a for a in (first, item.elsewhere) if a is not None and a in available), None)
 
-    def unpriced_words(self, moe: bool = True, stated: frozenset[str] = frozenset()) -> list[str]:
+    def unpriced_words(self, moe: bool = True) -> list[str]:
         """One sentence per item ddplan does not price: what the stack runs and where it says so (the expert
-        items, `moe_...`, only for a mixture of experts). stated: items the run states itself (a flag or a run
-        file's field), left out: an item unpriced only because its value is per model (nemo's tp_comm_overlap)
-        is priced once the run says it."""
+        items, `moe_...`, only for a mixture of experts). None of them is a run-configuration field (a run could
+        not state it)."""
         return [f"{self.name} (@{self.commit[:7]}) runs {k.replace('_', ' ')} = {item.value} by default "
                 f"({item.where}); ddplan does not price it yet" for k, item in self.unpriced.items()
-                if (moe or not k.startswith("moe_")) and k not in stated]
+                if moe or not k.startswith("moe_")]

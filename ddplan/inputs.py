@@ -603,6 +603,12 @@ def _overheads(v: dict) -> RunOverheads:
 
 
 def _options(v: dict, spec, max_tp: int | None, stated: Stated) -> Options:
+    moe = spec is not None and spec.architecture.moe is not None
+    if v.get("tp_comm_overlap") and "tp_comm_overlap" in stated.profile and not (v.get("sequence_parallel") or moe):
+        # a profile's overlap is the stack's default where it can run (NeMo's callback turns it off without sequence
+        # parallelism), not a request that needs it
+        v = {**v, "tp_comm_overlap": False}
+        stated.dropped.add("tp_comm_overlap")
     if v.get("replica_reduce_once") and not v.get("shard_group") and "replica_reduce_once" not in stated.profile:
         raise UsageError("needs hybrid sharding: give --shard-group N (ZeRO-3 sharded over N ranks, replicated across "
                          "the rest); the all-reduce it times is the replicas'", field="--replica-reduce-once")

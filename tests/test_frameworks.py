@@ -89,15 +89,19 @@ def test_what_the_profile_set_and_what_it_leaves_out_are_said(capsys):
     assert "moe dispatcher = allgather" in err
 
 
-def test_an_unpriced_item_the_run_states_is_not_called_unpriced(capsys):
-    """nemo leaves TP comm overlap unpriced because its value is per model; a run that says --tp-comm-overlap (or
-    --no-tp-comm-overlap) has it priced, and the warning would be false."""
-    args = ["table", *LLAMA, "--tp", "2", "--framework", "nemo", "--format", "csv"]
-    _, _, err = run(capsys, args)
-    assert "runs tp comm overlap = per model" in err
-    for flag in ("--tp-comm-overlap", "--no-tp-comm-overlap"):
-        _, _, err = run(capsys, [*args, flag])
-        assert "tp comm overlap" not in err and "runs cuda graphs" in err
+def test_nemo_overlaps_tp_communication_where_it_can(capsys):
+    """NeMo's recipes turn TP communication overlap on and its callback turns it off without tp > 1 or sequence
+    parallelism (frameworks/nemo.yaml): a tp-2 layout is overlapped, a tp-1 one runs (no refusal), the flag wins."""
+    args = ["table", *LLAMA, "--framework", "nemo"]
+    assert {r["config"].split(", ")[1] for r in csv_rows(run_ok(capsys, [*args, "--tp", "2"]))} == {"tp 2 +SP overlapped"}
+    assert {r["config"].split(", ")[1] for r in csv_rows(run_ok(capsys, [*args, "--tp", "2", "--no-tp-comm-overlap"]))
+            } == {"tp 2 +SP"}
+    assert all("tp" not in r["config"] for r in csv_rows(run_ok(capsys, [*args, "--tp", "1"])))
+    _, _, err = run(capsys, [*args, "--tp", "2", "--no-sequence-parallel"])
+    assert "tp comm overlap" not in err and "needs --sequence-parallel" not in err
+    with pytest.raises(ValueError, match="unpriced: tp_comm_overlap is an item ddplan prices"):
+        FrameworkProfile.model_validate({**load_framework("nemo").model_dump(),
+                                         "unpriced": {"tp_comm_overlap": {"value": True, "where": "x.py@8cfedd7"}}})
 
 
 def test_the_seed_prices_the_same_under_nanochat_s_profile(capsys):
