@@ -260,10 +260,14 @@ TITAN_READ = {
     "activation_checkpoint": {"mode", "selective_ac_option", "early_stop"},
     "compile": {"enable", "components"},
     "float8": {"enable_fsdp_float8_all_gather", "recipe_name", "precompute_float8_dynamic_scale_for_fsdp",
-               "filter_fqns"},
+               "filter_fqns", "enable_float8_linear"},
+    # before [parallelism] (torchtitan 2025-02) the pipeline and context degrees, async TP and the schedule lived here
+    "experimental": {"pipeline_parallel_degree", "context_parallel_degree", "enable_async_tensor_parallel",
+                     "pipeline_parallel_schedule", "pipeline_parallel_microbatches", "custom_import",
+                     "custom_args_module", "custom_model_path"},
 }
 TITAN_NOT_COST = ("job", "profiling", "metrics", "optimizer", "lr_scheduler", "checkpoint", "validation",
-                  "comm", "fault_tolerance", "experimental", "memory_estimation", "dataloader")
+                  "comm", "fault_tolerance", "memory_estimation", "dataloader")
 
 
 def _toml(text: str, path: Path) -> dict:
@@ -288,13 +292,13 @@ def _torchtitan(text: str, path: Path, out: Imported) -> None:
         table = cfg.get(section, {})
         return table.get(key, default) if isinstance(table, dict) else default
 
-    training, par = cfg.get("training", {}), cfg.get("parallelism", {})
+    training, par, exp = cfg.get("training", {}), cfg.get("parallelism", {}), cfg.get("experimental", {})
     # a TOML is torchtitan before its 2026-02-23 config refactor (9810191): its loss was one eager cross entropy on
     # the float logits (the profile's chunked loss came 2026-06-26, 9530a87), stated so the profile's does not stand in
     out.set("cross_entropy", "eager", "a job TOML: torchtitan before 2026-02-23, one cross entropy on the float logits "
             "(the chunked loss came 2026-06-26)")
     for name, table in (("training", training), ("parallelism", par), ("model", cfg.get("model", {})),
-                        ("activation_checkpoint", cfg.get("activation_checkpoint", {}))):
+                        ("activation_checkpoint", cfg.get("activation_checkpoint", {})), ("experimental", exp)):
         if not isinstance(table, dict):
             raise SpecError(f"must be a table ([{name}]), got {table!r}", file=str(path), field=name)
     name, flavor = get("model", "name", "llama3"), str(get("model", "flavor", "debugmodel"))
@@ -314,12 +318,18 @@ def _torchtitan(text: str, path: Path, out: Imported) -> None:
                         f"{', '.join(TITAN_LLAMA3)}; for another model give import --model NAME (a built-in, a "
                         f"model YAML or a config.json)", file=str(path), field="model")
 
-    # parallelism: the older releases kept the degrees in [training]
+    # parallelism: the older releases kept the data and tensor degrees in [training], the pipeline and context ones,
+    # async TP and the schedule in [experimental] (config_manager.py@cca0702 L286-365, before [parallelism] came)
+    def parallel(key: str, default: Any = None) -> tuple[Any, str]:
+        return next(((t[key], f"{name}.{key}") for name, t in (("parallelism", par), ("training", training),
+                                                                ("experimental", exp)) if key in t),
+                    (default, f"parallelism.{key}"))
+
     def degree(key: str, default: int = 1) -> int:
-        value = par.get(key, training.get(key, default))
+        value, where = parallel(key, default)
         if not isinstance(value, int) or isinstance(value, bool) or value == 0 or value < -1:
             raise SpecError(f"must be a positive whole number (or -1 for the shard degree), got {value!r}",
-                            file=str(path), field=f"parallelism.{key}")
+                            file=str(path), field=where)
         return value
 
     replicate, shard = degree("data_parallel_replicate_degree"), degree("data_parallel_shard_degree", -1)
@@ -351,8 +361,14 @@ def _torchtitan(text: str, path: Path, out: Imported) -> None:
             out.set(("layout", "shard_group"), shard, "HSDP: sharded over data_parallel_shard_degree ranks")
     else:
         out.set(("layout", "zero"), 0, "no shard degree: replicated (DDP)")
-    if par.get("enable_async_tensor_parallel"):
+    async_tp, where = parallel("enable_async_tensor_parallel", False)
+    compiled = bool(get("compile", "enable", training.get("compile", False)))
+    if async_tp and compiled:
         out.set(("layout", "tp_comm_overlap"), True)
+    elif async_tp:  # Inductor's micro-pipelined TP: torchtitan refuses it without compile (tensor_parallel.py@238fa99
+        # L20-23), and before that it had no effect (config_manager.py@cca0702 L288-290)
+        out.warnings.append(f"{where} true without compile: torchtitan runs async TP only when compiled; priced "
+                            f"without it")
     reshard = par.get("fsdp_reshard_after_forward", "default")
     if reshard in ("always", "never"):
         out.set(("layout", "reshard_after_forward"), reshard == "always")
@@ -360,14 +376,29 @@ def _torchtitan(text: str, path: Path, out: Imported) -> None:
         out.set(("layout", "reshard_after_forward"), False,
                 "fsdp_reshard_after_forward 'default' with pipeline parallelism: not resharded")
     if pp > 1:
-        schedule = par.get("pipeline_parallel_schedule", "1F1B")
+        schedule, where = parallel("pipeline_parallel_schedule", "1F1B")
         if schedule not in ("1F1B", "GPipe"):
-            out.warnings.append(f"parallelism.pipeline_parallel_schedule {schedule!r}: priced as 1F1B (vp 1)")
+            out.warnings.append(f"{where} {schedule!r}: priced as 1F1B (vp 1)")
 
     local = training.get("local_batch_size", training.get("batch_size", 8))
     seq = training.get("seq_len", 2048)
     dp = replicate * shard
-    if pp > 1:  # the pipeline runs the local batch as micro-batches of pipeline_parallel_microbatch_size
+    older_pipeline = parallel("pipeline_parallel_degree")[1].startswith("experimental.")
+    if pp > 1 and "pipeline_parallel_microbatches" in exp:  # the older count of micro-batches (default: one a stage)
+        count = exp["pipeline_parallel_microbatches"]
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1 or local % count:
+            raise SpecError(f"must be a whole number >= 1 that divides training.batch_size {local}, got {count!r}",
+                            file=str(path), field="experimental.pipeline_parallel_microbatches")
+        out.set(("batch", "device"), local // count,
+                f"training.batch_size {local} / experimental.pipeline_parallel_microbatches {count}")
+    elif pp > 1 and older_pipeline:  # the older default: as many micro-batches as stages
+        if local % pp:
+            raise SpecError(f"training.batch_size {local} must divide into one micro-batch per stage ({pp}), as "
+                            f"torchtitan requires without experimental.pipeline_parallel_microbatches",
+                            file=str(path), field="training.batch_size")
+        out.set(("batch", "device"), local // pp, f"training.batch_size {local} / {pp} stages (torchtitan's older "
+                "default: as many micro-batches as stages, pipelining_utils.py@cca0702 L85-89)")
+    elif pp > 1:  # the pipeline runs the local batch as micro-batches of pipeline_parallel_microbatch_size
         micro = par.get("pipeline_parallel_microbatch_size", 1)
         out.set(("batch", "device"), micro, f"parallelism.pipeline_parallel_microbatch_size (local batch {local})")
     else:
@@ -412,16 +443,24 @@ def _torchtitan(text: str, path: Path, out: Imported) -> None:
         out.warnings.append(f"activation_checkpoint mode {mode!r} is not modelled: priced as full recompute")
         out.set("recompute", "full")
     # torchtitan's checkpoint wrapper takes activation_checkpoint.early_stop (default False since 25413d2,
-    # 2025-08-29: a block re-runs whole, as the profile states); a job that sets it true stops early
-    early = ac.get("early_stop", False)
+    # 2025-08-29: a block re-runs whole, as the profile states). Before that commit it wrapped blocks with torch's
+    # default, which stops early (parallelize_llama.py@cca0702 L234: ptd_checkpoint_wrapper(module,
+    # preserve_rng_state=False)); a TOML with `training.compile` (moved to [compile] by 08b8b24, 2025-08-20) is from then
+    early = ac.get("early_stop", "compile" in training)
     if not isinstance(early, bool):
         raise SpecError(f"must be true or false, got {early!r}", file=str(path), field="activation_checkpoint.early_stop")
-    out.set("recompute_early_stop", early, "activation_checkpoint.early_stop"
-            + (" true: torch's early stop" if early else " false (torchtitan's default): a checkpointed block re-runs "
-                                                        "whole"))
+    if "early_stop" in ac:
+        why = "activation_checkpoint.early_stop" + (" true: torch's early stop" if early else " false: a checkpointed "
+                                                    "block re-runs whole")
+    elif early:
+        why = ("training.compile: a TOML before torchtitan 08b8b24 (2025-08-20), whose checkpoint wrapper kept torch's "
+               "early stop (activation_checkpoint.early_stop came with 25413d2, 2025-08-29)")
+    else:
+        why = ("no activation_checkpoint.early_stop: false, torchtitan's default since 25413d2 (2025-08-29; a job from "
+               "before it stopped early: state true)")
+    out.set("recompute_early_stop", early, why)
 
-    compiled = get("compile", "enable", training.get("compile", False))
-    out.set("compiled", bool(compiled))
+    out.set("compiled", compiled)
     converters = get("model", "converters", []) or []
     if not isinstance(converters, list) or not all(isinstance(c, str) for c in converters):
         raise SpecError(f"must be a list of names, got {converters!r}", file=str(path), field="model.converters")
@@ -440,7 +479,11 @@ def _torchtitan(text: str, path: Path, out: Imported) -> None:
                 raise SpecError(f"must be a table, got {node!r}", file=str(path), field="float8")
         return node
 
+    # before the converters (57387af, 2025-02-15) [float8] enable_float8_linear swapped the linears for torchao's
+    # Float8Linear, dynamic tensorwise scaling the only kind (torchtitan/float8.py@cca0702 L72)
     fp8 = [c for c in converters if "float8" in c]
+    if not fp8 and quantize("float8").get("enable_float8_linear") is True:
+        fp8 = ["float8"]
     mx = [c for c in converters if c.endswith("linear.mx") or c == "mx"]
     if fp8 and mx:
         out.warnings.append(f"model.converters {mx + fp8}: both float8 and mx; priced as float8 (ddplan prices one "

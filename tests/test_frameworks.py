@@ -99,6 +99,9 @@ def test_nemo_overlaps_tp_communication_where_it_can(capsys):
     assert all("tp" not in r["config"] for r in csv_rows(run_ok(capsys, [*args, "--tp", "1"])))
     _, _, err = run(capsys, [*args, "--tp", "2", "--no-sequence-parallel"])
     assert "tp comm overlap" not in err and "needs --sequence-parallel" not in err
+    # memory prices no overlap: neither the profile's nor a run file's is worth a warning there
+    _, _, err = run(capsys, ["memory", *LLAMA[:-2], "--framework", "nemo", "--tp", "2"])
+    assert "no flag" not in err
     with pytest.raises(ValueError, match="unpriced: tp_comm_overlap is an item ddplan prices"):
         FrameworkProfile.model_validate({**load_framework("nemo").model_dump(),
                                          "unpriced": {"tp_comm_overlap": {"value": True, "where": "x.py@8cfedd7"}}})
@@ -415,7 +418,7 @@ def test_a_measured_step_takes_the_options_only_where_they_apply(capsys, tmp_pat
 def test_a_torchtitan_job_states_whether_its_checkpoint_stops_early(capsys, tmp_path):
     """torchtitan's activation_checkpoint.early_stop (default False since 2025-08-29, job_config.py): a TOML imports
     it as recompute_early_stop, false by default (a block re-runs whole, as the profile says), true where the job
-    sets it; anything else is one line naming the field."""
+    sets it or the TOML predates the option; anything else is one line naming the field."""
     toml, runfile = tmp_path / "job.toml", tmp_path / "run.yaml"
     head = '[model]\nname = "llama3"\nflavor = "8B"\n[activation_checkpoint]\nmode = "full"\n'
     for extra, want in (("", "recompute_early_stop: false"), ("early_stop = true\n", "recompute_early_stop: true")):
@@ -425,3 +428,9 @@ def test_a_torchtitan_job_states_whether_its_checkpoint_stops_early(capsys, tmp_
     toml.write_text(head + 'early_stop = "yes"\n', encoding="utf-8")
     _, line = fails(capsys, ["import", str(toml), "-o", str(runfile)])
     assert "activation_checkpoint.early_stop: must be true or false" in line
+    # a TOML with training.compile is from before torchtitan 08b8b24 (2025-08-20), whose wrapper kept torch's early
+    # stop (the option came with 25413d2, 2025-08-29); it states the option only where the job gives it
+    for extra, want in (("", "recompute_early_stop: true"), ("early_stop = false\n", "recompute_early_stop: false")):
+        toml.write_text(head + extra + "[training]\ncompile = false\n", encoding="utf-8")
+        assert run(capsys, ["import", str(toml), "-o", str(runfile)])[0] == 0
+        assert want in runfile.read_text(encoding="utf-8")

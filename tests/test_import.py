@@ -485,3 +485,33 @@ def test_a_named_format_the_file_is_not_is_one_error_line(capsys, tmp_path):
     path.write_text("x", encoding="utf-8")
     _, line = fails(capsys, ["import", str(path), "-o", str(tmp_path / "run.yaml"), "--from", "nemo"])
     assert "no trainer: and model: mappings" in line
+
+
+def test_an_older_torchtitan_toml_is_read_as_its_torchtitan_ran_it(capsys, tmp_path):
+    """A TOML from before [parallelism] and the model converters (torchtitan@cca0702, 2025-01): the pipeline and
+    context degrees and async TP sit in [experimental], float8 is [float8] enable_float8_linear (tensorwise, the only
+    scaling then), and its checkpoint wrapper kept torch's early stop (training.compile marks the era). Read by hand
+    from tests/data/import/torchtitan-llama3-405b-2025-01.toml: tp 8 in [training], async TP and compile on, full AC,
+    float8 with its FSDP fp8 all-gather, local batch 2."""
+    src, out = DATA / "torchtitan-llama3-405b-2025-01.toml", tmp_path / "run.yaml"
+    run_ok(capsys, ["import", str(src), "-o", str(out), "--gpus", "128"])
+    text = out.read_text(encoding="utf-8")
+    for want in ("tp: 8", "tp_comm_overlap: true", "fp8: true", "fp8_recipe: tensorwise", "fp8_all_gather: true",
+                 "recompute: full", "recompute_early_stop: true", "compiled: true", "device: 2"):
+        assert want in text, want
+    # a pipeline stated the older way: [experimental] degree, its micro-batches a count (default: one a stage)
+    toml = src.read_text(encoding="utf-8").replace("pipeline_parallel_degree = 1", "pipeline_parallel_degree = 2")
+    older = tmp_path / "pp.toml"
+    for extra, device in (("", 1), ("pipeline_parallel_microbatches = 1\n", 2)):
+        older.write_text(toml.replace("[experimental]\n", "[experimental]\n" + extra), encoding="utf-8")
+        run_ok(capsys, ["import", str(older), "-o", str(out), "--gpus", "128"])
+        assert "pp: 2" in (text := out.read_text(encoding="utf-8")) and f"device: {device}" in text, extra
+    older.write_text(toml.replace("[experimental]\n", "[experimental]\npipeline_parallel_microbatches = 3\n"),
+                     encoding="utf-8")
+    _, line = fails(capsys, ["import", str(older), "-o", str(out), "--gpus", "128"])
+    assert "experimental.pipeline_parallel_microbatches: must be a whole number >= 1 that divides" in line
+    # async TP needs compile: without it, priced without, and said
+    older.write_text(src.read_text(encoding="utf-8").replace("compile = true", "compile = false"), encoding="utf-8")
+    code, _, err = run(capsys, ["import", str(older), "-o", str(out), "--gpus", "128"])
+    assert code == 0 and "tp_comm_overlap" not in out.read_text(encoding="utf-8")
+    assert "experimental.enable_async_tensor_parallel true without compile" in err
