@@ -93,9 +93,11 @@ def test_nemo_overlaps_tp_communication_where_it_can(capsys):
     """NeMo's recipes turn TP communication overlap on and its callback turns it off without tp > 1 or sequence
     parallelism (frameworks/nemo.yaml): a tp-2 layout is overlapped, a tp-1 one runs (no refusal), the flag wins."""
     args = ["table", *LLAMA, "--framework", "nemo"]
-    assert {r["config"].split(", ")[1] for r in csv_rows(run_ok(capsys, [*args, "--tp", "2"]))} == {"tp 2 +SP overlapped"}
-    assert {r["config"].split(", ")[1] for r in csv_rows(run_ok(capsys, [*args, "--tp", "2", "--no-tp-comm-overlap"]))
-            } == {"tp 2 +SP"}
+    def tp_of(*more: str) -> set[str]:
+        return {r["config"].split(", ")[1] for r in csv_rows(run_ok(capsys, [*args, *more]))}
+
+    assert tp_of("--tp", "2") == {"tp 2 +SP overlapped"}
+    assert tp_of("--tp", "2", "--no-tp-comm-overlap") == {"tp 2 +SP"}
     assert all("tp" not in r["config"] for r in csv_rows(run_ok(capsys, [*args, "--tp", "1"])))
     _, _, err = run(capsys, [*args, "--tp", "2", "--no-sequence-parallel"])
     assert "tp comm overlap" not in err and "needs --sequence-parallel" not in err
