@@ -121,7 +121,7 @@ def _config_callback(ctx: typer.Context, param: typer.CallbackParam, value: str 
     ctx.default_map = {**(ctx.default_map or {}), **defaults}  # over a --framework profile's values
     ctx.meta["config_names"] = set(defaults)
     ctx.meta["config_lists"] = lists  # said by _config_first unless the flag is given
-    ctx.meta["config_unread"] = (str(path), runfields.unread_said(unread, ctx.info_name))  # said by _config_first
+    ctx.meta["config_unread"] = (str(path), unread)  # said by _config_first
     return value
 
 
@@ -139,9 +139,8 @@ def _framework_callback(ctx: typer.Context, param: typer.CallbackParam, value: s
         params -= runconfig.LIST_PARAMS["plan"] - {"attention"}  # its attention kernel is the stack's (torchtitan's flex)
     filled = {runconfig.FLAGS[path]: runconfig.as_flag_value(v) for path, v in profile.fields().items()
               if runconfig.FLAGS[path] in params}
-    taken = {p.name for p in ctx.command.params}
-    unread = [".".join(path) for path in profile.fields() if runconfig.FLAGS[path] not in taken]
-    ctx.meta["framework_unread"] = runfields.unread_said(unread, ctx.info_name)
+    ctx.meta["framework_unread"] = [".".join(path) for path in profile.fields()
+                                    if runconfig.FLAGS[path] not in {p.name for p in ctx.command.params}]
     ctx.default_map = {**filled, **(ctx.default_map or {})}  # a run file's field, read first or after, wins
     ctx.meta["framework"] = profile
     ctx.meta["framework_names"] = set(filled)

@@ -263,8 +263,8 @@ TITAN_READ = {
                "filter_fqns", "enable_float8_linear"},
     # before [parallelism] (torchtitan 2025-02) the pipeline and context degrees, async TP and the schedule lived here
     "experimental": {"pipeline_parallel_degree", "context_parallel_degree", "enable_async_tensor_parallel",
-                     "pipeline_parallel_schedule", "pipeline_parallel_microbatches", "custom_import",
-                     "custom_args_module", "custom_model_path"},
+                     "pipeline_parallel_schedule", "pipeline_parallel_microbatches", "pipeline_parallel_split_points",
+                     "custom_import", "custom_args_module", "custom_model_path"},
 }
 TITAN_NOT_COST = ("job", "profiling", "metrics", "optimizer", "lr_scheduler", "checkpoint", "validation",
                   "comm", "fault_tolerance", "memory_estimation", "dataloader")
@@ -292,13 +292,20 @@ def _torchtitan(text: str, path: Path, out: Imported) -> None:
         table = cfg.get(section, {})
         return table.get(key, default) if isinstance(table, dict) else default
 
+    def flag(value: Any, field: str) -> tuple[bool, str]:
+        """A TOML boolean and where it came from; anything else is one line naming the field."""
+        if not isinstance(value, bool):
+            raise SpecError(f"must be true or false, got {value!r}", file=str(path), field=field)
+        return value, field
+
     training, par, exp = cfg.get("training", {}), cfg.get("parallelism", {}), cfg.get("experimental", {})
     # a TOML is torchtitan before its 2026-02-23 config refactor (9810191): its loss was one eager cross entropy on
     # the float logits (the profile's chunked loss came 2026-06-26, 9530a87), stated so the profile's does not stand in
     out.set("cross_entropy", "eager", "a job TOML: torchtitan before 2026-02-23, one cross entropy on the float logits "
             "(the chunked loss came 2026-06-26)")
     for name, table in (("training", training), ("parallelism", par), ("model", cfg.get("model", {})),
-                        ("activation_checkpoint", cfg.get("activation_checkpoint", {})), ("experimental", exp)):
+                        ("activation_checkpoint", cfg.get("activation_checkpoint", {})), ("experimental", exp),
+                        ("compile", cfg.get("compile", {}))):
         if not isinstance(table, dict):
             raise SpecError(f"must be a table ([{name}]), got {table!r}", file=str(path), field=name)
     name, flavor = get("model", "name", "llama3"), str(get("model", "flavor", "debugmodel"))
@@ -361,43 +368,56 @@ def _torchtitan(text: str, path: Path, out: Imported) -> None:
             out.set(("layout", "shard_group"), shard, "HSDP: sharded over data_parallel_shard_degree ranks")
     else:
         out.set(("layout", "zero"), 0, "no shard degree: replicated (DDP)")
-    async_tp, where = parallel("enable_async_tensor_parallel", False)
-    compiled = bool(get("compile", "enable", training.get("compile", False)))
-    if async_tp and compiled:
+    async_tp, where = flag(*parallel("enable_async_tensor_parallel", False))
+    # [compile] enable (torchtitan 08b8b24, 2025-08-20, on), training.compile before it
+    compiled = (flag(cfg["compile"]["enable"], "compile.enable")[0] if "enable" in cfg.get("compile", {})
+                else flag(training.get("compile", False), "training.compile")[0])
+    components = get("compile", "components", ["model", "loss"])
+    if async_tp and not (compiled and "model" in components):
+        # Inductor's micro-pipelined TP: torchtitan refuses the job (parallelize_llama.py@cca0702 L53-58: "Async TP
+        # requires --training.compile"; tensor_parallel.py@238fa99 L20-23: 'model' in compile.components too)
+        raise SpecError("true needs the model compiled (torchtitan raises 'Async TP requires ...compile'): turn "
+                        "compile on for the model, or async TP off", file=str(path), field=where)
+    if async_tp:
         out.set(("layout", "tp_comm_overlap"), True)
-    elif async_tp:  # Inductor's micro-pipelined TP: torchtitan refuses it without compile (tensor_parallel.py@238fa99
-        # L20-23), and before that it had no effect (config_manager.py@cca0702 L288-290)
-        out.warnings.append(f"{where} true without compile: torchtitan runs async TP only when compiled; priced "
-                            f"without it")
     reshard = par.get("fsdp_reshard_after_forward", "default")
     if reshard in ("always", "never"):
         out.set(("layout", "reshard_after_forward"), reshard == "always")
     elif pp > 1 and shard > 1:  # "default" reshards only without a pipeline (torchtitan/distributed/fsdp.py L112-136)
         out.set(("layout", "reshard_after_forward"), False,
                 "fsdp_reshard_after_forward 'default' with pipeline parallelism: not resharded")
-    if pp > 1:
-        schedule, where = parallel("pipeline_parallel_schedule", "1F1B")
-        if schedule not in ("1F1B", "GPipe"):
-            out.warnings.append(f"{where} {schedule!r}: priced as 1F1B (vp 1)")
+    schedule, where = parallel("pipeline_parallel_schedule", "1F1B")
+    if pp > 1 and schedule not in ("1F1B", "GPipe"):
+        out.warnings.append(f"{where} {schedule!r}: priced as 1F1B (vp 1)")
 
-    local = training.get("local_batch_size", training.get("batch_size", 8))
+    local, local_field = next(((training[k], f"training.{k}") for k in ("local_batch_size", "batch_size")
+                               if k in training), (8, "training.local_batch_size"))
+    if not isinstance(local, int) or isinstance(local, bool) or local < 1:
+        raise SpecError(f"must be a whole number >= 1, got {local!r}", file=str(path), field=local_field)
     seq = training.get("seq_len", 2048)
     dp = replicate * shard
     older_pipeline = parallel("pipeline_parallel_degree")[1].startswith("experimental.")
-    if pp > 1 and "pipeline_parallel_microbatches" in exp:  # the older count of micro-batches (default: one a stage)
-        count = exp["pipeline_parallel_microbatches"]
+    for key in ("pipeline_parallel_degree", "context_parallel_degree"):
+        if key in par and key in exp and par[key] != exp[key]:
+            out.warnings.append(f"parallelism.{key} {par[key]!r} and experimental.{key} {exp[key]!r}: the first read "
+                                f"(torchtitan's newer table)")
+    if pp > 1 and older_pipeline:
+        # the older pipeline: the local batch split into experimental.pipeline_parallel_microbatches, by default as
+        # many as stages: pp, times 2 a rank for a looped schedule without split points (pipelining_utils.py@cca0702
+        # L28-40, L85-89)
+        splits = exp.get("pipeline_parallel_split_points")
+        stages = (len(splits) + 1 if isinstance(splits, list) and splits
+                  else pp * (1 if schedule in ("1F1B", "GPipe") else 2))
+        count = exp.get("pipeline_parallel_microbatches", stages)
         if not isinstance(count, int) or isinstance(count, bool) or count < 1 or local % count:
-            raise SpecError(f"must be a whole number >= 1 that divides training.batch_size {local}, got {count!r}",
-                            file=str(path), field="experimental.pipeline_parallel_microbatches")
-        out.set(("batch", "device"), local // count,
-                f"training.batch_size {local} / experimental.pipeline_parallel_microbatches {count}")
-    elif pp > 1 and older_pipeline:  # the older default: as many micro-batches as stages
-        if local % pp:
-            raise SpecError(f"training.batch_size {local} must divide into one micro-batch per stage ({pp}), as "
-                            f"torchtitan requires without experimental.pipeline_parallel_microbatches",
-                            file=str(path), field="training.batch_size")
-        out.set(("batch", "device"), local // pp, f"training.batch_size {local} / {pp} stages (torchtitan's older "
-                "default: as many micro-batches as stages, pipelining_utils.py@cca0702 L85-89)")
+            field = ("experimental.pipeline_parallel_microbatches" if "pipeline_parallel_microbatches" in exp
+                     else local_field)
+            raise SpecError(f"{local_field} {local} must split into {count!r} micro-batches (experimental."
+                            f"pipeline_parallel_microbatches, by default one a stage: {stages})", file=str(path),
+                            field=field)
+        out.set(("batch", "device"), local // count, f"{local_field} {local} / {count} micro-batches "
+                + ("(experimental.pipeline_parallel_microbatches)" if "pipeline_parallel_microbatches" in exp
+                   else f"(torchtitan's older default: one a stage, {stages})"))
     elif pp > 1:  # the pipeline runs the local batch as micro-batches of pipeline_parallel_microbatch_size
         micro = par.get("pipeline_parallel_microbatch_size", 1)
         out.set(("batch", "device"), micro, f"parallelism.pipeline_parallel_microbatch_size (local batch {local})")
@@ -482,7 +502,7 @@ def _torchtitan(text: str, path: Path, out: Imported) -> None:
     # before the converters (57387af, 2025-02-15) [float8] enable_float8_linear swapped the linears for torchao's
     # Float8Linear, dynamic tensorwise scaling the only kind (torchtitan/float8.py@cca0702 L72)
     fp8 = [c for c in converters if "float8" in c]
-    if not fp8 and quantize("float8").get("enable_float8_linear") is True:
+    if not fp8 and flag(quantize("float8").get("enable_float8_linear", False), "float8.enable_float8_linear")[0]:
         fp8 = ["float8"]
     mx = [c for c in converters if c.endswith("linear.mx") or c == "mx"]
     if fp8 and mx:

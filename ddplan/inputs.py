@@ -674,7 +674,7 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
         else:
             measured_peak, measured_zero, peak_kind = m.peak_memory_gb, m.zero, m.peak_memory_kind
     check_pattern(v["window"], "--window")
-    options = _options({**v, "tp_comm_overlap": False}, spec, tp_to_check(v["tp"], stated), stated)
+    options = _options(v, spec, tp_to_check(v["tp"], stated), stated)
     setup = memory_setup(spec, hw, gpus=v["gpus"], tp=v["tp"], pp=v["pp"], vp=v["vp"], cp=v["cp"], ep=v["ep"],
                          micro_batch=v["device_batch_size"], attention=v["attention"],
                          recompute=policies(v["recompute"])[0], compiled=v["compiled"],

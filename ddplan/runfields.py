@@ -66,10 +66,6 @@ class RunField:
     # (Options.for_layout); a run file's layout and a published run state it under its param, a profile may set it
     option: str = ""
     commands: frozenset[str] = frozenset(COMMANDS)  # the planning commands that take it (each gets its flag)
-    # commands that leave it out because it cannot change their answer as ddplan prices it: a run file or profile
-    # stating it is not warned about there (memory and TP overlap, which moves time only; the userbuffers Transformer
-    # Engine allocates for it are not priced)
-    moot: frozenset[str] = frozenset()
 
     @property
     def param(self) -> str:
@@ -229,7 +225,7 @@ FIELDS: tuple[RunField, ...] = (
        "split over tp too.", bool, LAYOUT, default=False, option="sequence_parallel"),
     _f("layout.tp_comm_overlap", "Layouts with tp overlap their communication with the layers' GEMMs (Megatron-Core "
        "--tp-comm-overlap; needs --sequence-parallel).", bool, LAYOUT, default=False, option="tp_overlap",
-       commands=TABLE_PLAN, moot=MEMORY),
+       commands=ALL),
     _f("layout.replica_reduce_once", "ZeRO-3 hybrid sharding: all-reduce the gradient shards across the replicas once "
        "a step, after the last micro-batch (torch FSDP2 set_requires_all_reduce(False) on the others, as OLMo-core "
        "does), not after every micro-batch (FSDP2's default).", bool, LAYOUT, default=False,
@@ -423,7 +419,3 @@ OPTION_FIELDS: tuple[RunField, ...] = tuple(f for f in FIELDS if f.option)
 PROFILE_FP8_ONLY = frozenset({"fp8_recipe", "fp8_all_gather", "fp8_params"})
 BY_PATH: dict[tuple[str, ...], RunField] = {f.path: f for f in FIELDS}
 
-
-def unread_said(paths: list[str], command: str) -> list[str]:
-    """The stated fields (dotted paths) a command has no flag for that are worth a warning: not those moot there."""
-    return [p for p in paths if command not in BY_PATH[tuple(p.split("."))].moot]

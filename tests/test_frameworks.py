@@ -101,7 +101,7 @@ def test_nemo_overlaps_tp_communication_where_it_can(capsys):
     assert all("tp" not in r["config"] for r in csv_rows(run_ok(capsys, [*args, "--tp", "1"])))
     _, _, err = run(capsys, [*args, "--tp", "2", "--no-sequence-parallel"])
     assert "tp comm overlap" not in err and "needs --sequence-parallel" not in err
-    # memory prices no overlap: neither the profile's nor a run file's is worth a warning there
+    # memory takes the overlap too (the step times of its fixes are priced with it, as table prices them)
     _, _, err = run(capsys, ["memory", *LLAMA[:-2], "--framework", "nemo", "--tp", "2"])
     assert "no flag" not in err
     with pytest.raises(ValueError, match="unpriced: tp_comm_overlap is an item ddplan prices"):

@@ -492,7 +492,8 @@ def test_an_older_torchtitan_toml_is_read_as_its_torchtitan_ran_it(capsys, tmp_p
     context degrees and async TP sit in [experimental], float8 is [float8] enable_float8_linear (tensorwise, the only
     scaling then), and its checkpoint wrapper kept torch's early stop (training.compile marks the era). Read by hand
     from tests/data/import/torchtitan-llama3-405b-2025-01.toml: tp 8 in [training], async TP and compile on, full AC,
-    float8 with its FSDP fp8 all-gather, local batch 2."""
+    float8 with its FSDP fp8 all-gather, local batch 2. What torchtitan refuses, or a value of the wrong type, is one
+    line naming the field."""
     src, out = DATA / "torchtitan-llama3-405b-2025-01.toml", tmp_path / "run.yaml"
     run_ok(capsys, ["import", str(src), "-o", str(out), "--gpus", "128"])
     text = out.read_text(encoding="utf-8")
@@ -509,9 +510,25 @@ def test_an_older_torchtitan_toml_is_read_as_its_torchtitan_ran_it(capsys, tmp_p
     older.write_text(toml.replace("[experimental]\n", "[experimental]\npipeline_parallel_microbatches = 3\n"),
                      encoding="utf-8")
     _, line = fails(capsys, ["import", str(older), "-o", str(out), "--gpus", "128"])
-    assert "experimental.pipeline_parallel_microbatches: must be a whole number >= 1 that divides" in line
-    # async TP needs compile: without it, priced without, and said
-    older.write_text(src.read_text(encoding="utf-8").replace("compile = true", "compile = false"), encoding="utf-8")
-    code, _, err = run(capsys, ["import", str(older), "-o", str(out), "--gpus", "128"])
-    assert code == 0 and "tp_comm_overlap" not in out.read_text(encoding="utf-8")
-    assert "experimental.enable_async_tensor_parallel true without compile" in err
+    assert "experimental.pipeline_parallel_microbatches: training.batch_size 2 must split into 3 micro-batches" in line
+    # a looped schedule without split points runs two stages a rank (pipelining_utils.py@cca0702 L28-40): by default
+    # four micro-batches of a local batch of 8 at pp 2
+    looped = toml.replace("batch_size = 2", "batch_size = 8").replace(
+        "[experimental]\n", '[experimental]\npipeline_parallel_schedule = "Interleaved1F1B"\n')
+    older.write_text(looped, encoding="utf-8")
+    run_ok(capsys, ["import", str(older), "-o", str(out), "--gpus", "128"])
+    assert "device: 2" in out.read_text(encoding="utf-8")
+    # async TP needs the model compiled: torchtitan refuses the job otherwise (parallelize_llama.py@cca0702 L53-58)
+    for text, field in ((src.read_text(encoding="utf-8").replace("compile = true", "compile = false"),
+                         "experimental.enable_async_tensor_parallel: true needs the model compiled"),
+                        (src.read_text(encoding="utf-8").replace("enable_async_tensor_parallel = true",
+                                                                 'enable_async_tensor_parallel = "no"'),
+                         "experimental.enable_async_tensor_parallel: must be true or false"),
+                        (src.read_text(encoding="utf-8").replace("enable_float8_linear = true",
+                                                                 'enable_float8_linear = "yes"'),
+                         "float8.enable_float8_linear: must be true or false"),
+                        (src.read_text(encoding="utf-8").replace("batch_size = 2", 'batch_size = "2"'),
+                         "training.batch_size: must be a whole number >= 1")):
+        older.write_text(text, encoding="utf-8")
+        _, line = fails(capsys, ["import", str(older), "-o", str(out), "--gpus", "128"])
+        assert field in line and "Traceback" not in line, field
