@@ -53,6 +53,7 @@ class Item(Strict):
     where: str = Field(pattern=WHERE)  # e.g. torchtitan/distributed/fsdp.py@b5bcd76 (line numbers may follow)
     quote: str = Field(default="", max_length=400)  # the line (or a paraphrase of it) that says it
     # the attention item only: what the stack runs on hardware that cannot run `value` (nanochat: SDPA off Hopper),
+    # or what stands in for it where ddplan has no figure for `value` there (FA3 for TE's cuDNN attention on Hopper),
     # and the compute dtypes `value` runs in (none listed: every one; nanochat runs FA3 in bf16 only, SDPA otherwise)
     elsewhere: str | None = None
     dtypes: list[Literal["bf16", "fp16", "fp32"]] = []

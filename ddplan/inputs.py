@@ -398,7 +398,7 @@ def profile_attention(v: dict, stated: Stated, hws, per_hardware: bool = False, 
     moved = {name: a for name, a in chosen.items() if a != value}
     if moved:
         there = "; ".join(f"{', '.join(n for n in moved if moved[n] == a)}: "
-                          + (f"{a}, what it runs there" if a else "the spec's own implementations")
+                          + (f"{a}, as the profile prices it there" if a else "the spec's own implementations")
                           for a in dict.fromkeys(moved.values()))
         why = (f"runs in {', '.join(item.dtypes)} only, not {dtype}"
                if item.dtypes and dtype is not None and dtype not in item.dtypes
