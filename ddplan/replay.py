@@ -353,14 +353,24 @@ def price_run(run: RunFacts, where: str, sustained: dict[str, float] | None = No
         hw = with_sustained(hw, sustained[hw.name], "re-fitted by ddplan.validation")
     if sustained and fp8_fit_key(hw.name) in sustained:
         hw = with_sustained(hw, sustained[fp8_fit_key(hw.name)], "re-fitted by ddplan.validation", "sustained_fp8")
-    spec = run_spec(run, where, imbalance, weights=run_weights(run))
+    # the spec moves with neither the rates nor the recompute policy: a caller's cache (shared) keeps it
+    spec = shared.get("run spec") if shared is not None else None
+    if spec is None:
+        spec = run_spec(run, where, imbalance, weights=run_weights(run))
+        if shared is not None:
+            shared["run spec"] = spec
     if run_kernels(run):
         spec = run_variant(spec, **run_kernels(run))
     lay = run.layout
     attention, zero = run_attention(run, hw), run_zero(run)
+    # an unstated micro-batch is the fastest that fits (fastest_fitting): which fit does not move with the rates, so
+    # a caller's cache keeps them after the first price and later prices skip the rest (the same row comes out)
+    candidates = micro_batches(run)
+    fitting_key = ("fitting micro-batches", lay.recompute)
+    known = shared.get(fitting_key) if shared is not None and len(candidates) > 1 else None
     req = TableRequest(model=spec, hardware=hw, gpus=(lay.gpus,), tps=(lay.tp,), pps=(lay.pp,), vps=(lay.vp,),
                        cps=(lay.cp,), eps=(lay.ep,),
-                       zeros=(zero,) if zero is not None else (), micro_batches=micro_batches(run),
+                       zeros=(zero,) if zero is not None else (), micro_batches=known or candidates,
                        recomputes=(lay.recompute,),
                        attentions=(attention,), windows=(lay.window or spec.architecture.window_pattern,),
                        total_batch_tokens=run.tokens_per_step, compiled=lay.compiled, fp8=run.precision == "fp8",
@@ -372,6 +382,9 @@ def price_run(run: RunFacts, where: str, sustained: dict[str, float] | None = No
     except DdplanError as e:
         raise SpecError(e.message, file=where, field="layout") from None
     row = fastest_fitting(table.rows)
+    if shared is not None and len(candidates) > 1 and known is None:
+        fits = tuple(dict.fromkeys(r.layout.micro_batch for r in table.rows if r.memory.fits))
+        shared[fitting_key] = fits or (min(r.layout.micro_batch for r in table.rows),)
     if lay.micro_batch and row.layout.micro_batch != lay.micro_batch or row.global_batch_tokens != run.tokens_per_step:
         raise SpecError(f"the layout does not split as it ran: {lay.global_batch_sequences} sequences over dp "
                         f"{row.layout.dp} at micro-batch {lay.micro_batch}", file=where, field="layout")

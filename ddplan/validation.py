@@ -542,8 +542,21 @@ def fit_basis(runs: Sequence[PublishedRun], hardware: str, where: str, fp8: bool
         raise ValueError(f"stacks must be tuned, other or all, got {stacks!r}")
     names = FIT_GROUPS.get(hardware, (hardware,))
     return [r for r in runs if _hw_name(r.hardware) in names and (r.precision == "fp8") == fp8
-            and r.source.name not in CHECK_ONLY_SOURCES and run_spec(r, where).architecture.moe is None
+            and r.source.name not in CHECK_ONLY_SOURCES and not _is_moe(r, where)
             and (not fp8 or stacks == "all" or tuned_fp8(r) == (stacks == "tuned"))]
+
+
+_MOE: dict[tuple[int, str], tuple[PublishedRun, bool]] = {}  # (id(run), where) -> (the run, kept alive; moe?)
+
+
+def _is_moe(run: PublishedRun, where: str) -> bool:
+    """Whether a run's model is a mixture of experts (its run_spec's), once per run object: fit_basis asks it of
+    every run in every fold of leave_one_source_out. Runs are pydantic models used unchanged once loaded (a copy
+    for an edit is a new object, so a new entry)."""
+    known = _MOE.get((id(run), where))
+    if known is None or known[0] is not run:
+        known = _MOE[(id(run), where)] = (run, run_spec(run, where).architecture.moe is not None)
+    return known[1]
 
 
 @_paused
