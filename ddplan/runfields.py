@@ -177,8 +177,9 @@ FIELDS: tuple[RunField, ...] = (
        flags=("--model", "-m"), names_a_file=True, defaults={"plan": REQUIRED},
        helps={"plan": "Model: a built-in (d24, nanochat-d24, gpt2, llama-3-8b), any nanochat dN, a YAML path or a "
                       "Hugging Face config.json."}),
-    _f("framework", "A training stack's defaults (frameworks/: torchtitan, megatron-core, nemo, composer, "
-       "nanochat, olmo-core, fms-fsdp, megatron-lm, megatron-deepspeed): the fields its profile states that ddplan prices, each with its source; a flag or run-file field "
+    _f("framework", "A training stack's defaults (frameworks/: torchtitan, megatron-core, megatron-bridge, nemo, "
+       "composer, nanochat, olmo-core, fms-fsdp, megatron-lm, megatron-deepspeed): the fields its profile states that "
+       "ddplan prices, each with its source; a flag or run-file field "
        "wins, and a value the hardware or run cannot take (its attention kernel, fp8 items without fp8) is left out and "
        "said.", str,
        MODEL, names_a_file=True),
