@@ -395,8 +395,15 @@ def percentile(xs: Sequence[float], q: float) -> float:
 # independently. Until 2026-12-07 the level was 0.85, chosen when the share per source was near 85% there (81.7%,
 # 83.8%, 84.6% at 0.80, 0.85, 0.90 on 2026-12-06, the A100 then left unfitted without Korthikanti et al.'s runs;
 # 81.5%, 85.2%, 88.5% that morning on 113 runs; the interval alone, at 0.85, held 75.5% per source). BAND_COVERAGE
-# holds the check.
+# holds the check. Since 2026-12-07 (seventh session) the level must also keep BAND_RUNS_AIM of all the runs inside:
+# with the MI355X's forward attention measured, 0.75 reached 85.7% per source (110 of 119 runs, 92.4%; median
+# half-width 27.5%) and the rule alone would have narrowed the band. The runs held back from ddplan fell inside a
+# band made this way far less often than the dataset's own runs (72%, against about 90% per source leaving each
+# source out, issue 35): leaving a source out overstates how often the band holds for a stack ddplan has not seen,
+# so the band keeps a margin, at least 95% of the dataset's runs (96.6% at 0.80). A choice of how sure the band
+# is, like BAND_AIM, stated here and checked by tests/test_validation.py; not a fit.
 BAND_AIM = 0.85
+BAND_RUNS_AIM = 0.95
 BAND_LEVEL = 0.80
 # leaving each source out at BAND_LEVEL: (runs inside, runs, mean over sources of the share inside); tests fail
 # when it drifts from the shipped dataset
