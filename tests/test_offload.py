@@ -79,7 +79,7 @@ def test_offload_is_a_zero_option_and_applies_only_there():
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["table", "-m", "gpt2", "--hardware", "b200", "--gpus", "8"], "b200's spec has no host figures"),
+    (["table", "-m", "gpt2", "--hardware", "mi355x", "--gpus", "8"], "mi355x's spec has no host figures"),
     (["table", "-m", "d24", "--hardware", "h100-sxm", "--gpus", "8"], "with Muon"),
     (["table", "-m", "gpt2", "--hardware", "h100-sxm", "--gpus", "8", "--zero", "0"], "needs ZeRO-1, 2 or 3"),
     (["memory", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--zero", "0"], "needs ZeRO-1, 2 or 3"),

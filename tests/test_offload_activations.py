@@ -66,7 +66,7 @@ def test_offloaded_layers_leave_memory_and_their_copies_cost_what_the_link_canno
 
 def test_the_flag_prices_a_row_and_hardware_without_a_host_link_refuses_it(capsys):
     """--offload-activations N in table (the offload_s column, less memory) and in memory; on a GPU whose spec states
-    no host link (b200) one line naming the flag; plan keeps it to the layouts without a pipeline."""
+    no host link (mi355x) one line naming the flag; plan keeps it to the layouts without a pipeline."""
     argv = ["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--attention", "fa3",
             "--device-batch-size", "2", "--format", "csv"]
     (plain,) = csv_rows(run_ok(capsys, argv))
@@ -76,9 +76,13 @@ def test_the_flag_prices_a_row_and_hardware_without_a_host_link_refuses_it(capsy
                           "--attention", "fa3", "--device-batch-size", "2", "--offload-activations", "16",
                           "--format", "csv"])
     assert float(csv_rows(mem)[0]["total_gib"]) == pytest.approx(float(half["memory_gib"]), rel=1e-9)
-    code, _, err = run(capsys, ["table", "-m", "llama-3-8b", "--hardware", "b200", "--gpus", "8",
+    code, _, err = run(capsys, ["table", "-m", "llama-3-8b", "--hardware", "mi355x", "--gpus", "8",
                                 "--offload-activations", "16"])
     assert code == 2 and err.strip().startswith("error: --offload-activations:") and "host link" in err
+    # B200 takes the H200's measured PCIe Gen5 host link (assumed; hardware/b200.yaml), so offload prices there
+    b200 = csv_rows(run_ok(capsys, ["table", "-m", "llama-3-8b", "--hardware", "b200", "--gpus", "8",
+                                    "--attention", "cudnn", "--offload-activations", "16", "--format", "csv"]))
+    assert len(b200) == 1 and float(b200[0]["offload_s"]) >= 0
     import json
 
     rows = json.loads(run_ok(capsys, ["plan", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8",
