@@ -172,8 +172,11 @@ def fp8_cast_bytes(m: int, n: int, k: int, recipe: str, weight_shards: int = 0,
 # near the others' (0.764, 0.788 and 0.693: 0.649, 0.669 and 0.588 of the best rate, against MLPerf's 0.849; FP8-LM's
 # lowest, its bf16 twins 8% slower than predicted too), so one factor serves them, and leaving each source out the
 # others' factor prices it within its bf16 twins' error. Assumed the same on other GPUs (no fp8 run of another stack
-# on them). `--framework nemo` prices the tuned recipes.
-FP8_TUNED_STACKS = frozenset({"nemo"})
+# on them). `--framework nemo` prices the tuned recipes. `megatron-bridge` joins them as assumed, without a run of its
+# own in the dataset: its flat performance recipes are NVIDIA's successors of those NeMo scripts on the same
+# Megatron-Core and Transformer Engine, fp8 weights gathered in fp8 (frameworks/megatron-bridge.yaml); the runs held
+# back from ddplan will check it.
+FP8_TUNED_STACKS = frozenset({"nemo", "megatron-bridge"})
 FP8_STACK_KEPT = 0.759
 
 

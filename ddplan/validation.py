@@ -388,20 +388,22 @@ def percentile(xs: Sequence[float], q: float) -> float:
 # its band made without it too, the share of a source's runs inside averages 84.7% at 0.75, 89.4% at 0.80, 91.5% at
 # 0.85 and 92.3% at 0.90 (per run 92.3%, 96.6%, 98.3%, 99.1%; median half-width 28.5%, 32.5%, 38.5%, 47.5%; 117 runs,
 # 13 sources, 2026-12-07, with Megatron's full recompute re-running blocks whole, the 2021 Megatron-LM README in the
-# A100 fit, sibling campaigns left out together and a GPU left unfitted taking the thin GPUs' band). The rule: the
-# lowest level on a 0.05 grid whose band holds at least BAND_AIM of a source's runs on average, 0.80 (0.75 falls
-# short, 84.7%). BAND_AIM is issue 35's aim for the runs held back from ddplan (at least 85% inside their band): a
+# A100 fit, sibling campaigns left out together and a GPU left unfitted taking the thin GPUs' band). The rule then:
+# the lowest level on a 0.05 grid whose band holds at least BAND_AIM of a source's runs on average, 0.80 (0.75 fell
+# short, 84.7%; with the MI355X's attention measured it reaches 85.7%, and BAND_RUNS_AIM below rules it out). BAND_AIM is issue 35's aim for the runs held back from ddplan (at least 85% inside their band): a
 # choice of how sure the band is, made by this very check, not a fit of the model, so the check does not test it
 # independently. Until 2026-12-07 the level was 0.85, chosen when the share per source was near 85% there (81.7%,
 # 83.8%, 84.6% at 0.80, 0.85, 0.90 on 2026-12-06, the A100 then left unfitted without Korthikanti et al.'s runs;
 # 81.5%, 85.2%, 88.5% that morning on 113 runs; the interval alone, at 0.85, held 75.5% per source). BAND_COVERAGE
 # holds the check. Since 2026-12-07 (seventh session) the level must also keep BAND_RUNS_AIM of all the runs inside:
 # with the MI355X's forward attention measured, 0.75 reached 85.7% per source (110 of 119 runs, 92.4%; median
-# half-width 27.5%) and the rule alone would have narrowed the band. The runs held back from ddplan fell inside a
-# band made this way far less often than the dataset's own runs (72%, against about 90% per source leaving each
-# source out, issue 35): leaving a source out overstates how often the band holds for a stack ddplan has not seen,
-# so the band keeps a margin, at least 95% of the dataset's runs (96.6% at 0.80). A choice of how sure the band
-# is, like BAND_AIM, stated here and checked by tests/test_validation.py; not a fit.
+# half-width 27.5%) and the rule alone would have narrowed the band. Why a margin: the runs held back from ddplan
+# (issue 35) were off by 16.3% (median), twice the dataset's error leaving each source out (8.7%), and fell inside
+# the band then shipped (the 5th-95th percentile one) 72% of the time, 4 points under what leaving each source out
+# gave that band (76%); no held-back figure exists for the interval band. A stack ddplan has not seen scatters more
+# than leaving a source out shows, so the band keeps at least 95% of the dataset's runs inside (96.6% at 0.80). A
+# policy choice made after the fact (any floor from 0.925 to 0.966 keeps 0.80), like BAND_AIM stated here and
+# checked by tests/test_validation.py; not a fit.
 BAND_AIM = 0.85
 BAND_RUNS_AIM = 0.95
 BAND_LEVEL = 0.80

@@ -447,13 +447,17 @@ def test_a_torchtitan_job_states_whether_its_checkpoint_stops_early(capsys, tmp_
 def test_megatron_bridge_is_nemo_s_successor_with_its_own_fp8(capsys):
     """Megatron-Bridge's performance scripts (frameworks/megatron-bridge.yaml, @067f987) run NeMo's settings but fp8 by
     current scaling (fp8_cs, Megatron's tensorwise; NeMo 2's scripts took delayed scaling), fp8 weights gathered in
-    fp8 in both; `mbridge` is its alias, and `megatron-bridge` no longer names the nemo profile."""
+    fp8 in both, both priced as tuned fp8 stacks; `mbridge` is its alias, and `megatron-bridge` no longer names the
+    nemo profile."""
     bridge, nemo = load_framework("megatron-bridge"), load_framework("nemo")
     assert load_framework("mbridge").name == "megatron-bridge" and "megatron-bridge" not in nemo.aliases
     assert (bridge.applies["fp8_recipe"].value, nemo.applies["fp8_recipe"].value) == ("current", "delayed")
     same = ("zero", "grads", "weights", "overlap_grad_reduce", "overlap_param_gather", "cross_entropy", "fp8_params",
             "recompute_early_stop", "attention")
     assert all(bridge.applies[k].value == nemo.applies[k].value for k in same)
+    # both tuned stacks (ddplan.fp8.FP8_TUNED_STACKS): Bridge prices as NeMo told to scale currently, and apart from
+    # NeMo's delayed scaling by the recipes' casts only
     rows = csv_rows(run_ok(capsys, ["table", *LLAMA, "--framework", "megatron-bridge", "--fp8"]))
+    current = csv_rows(run_ok(capsys, ["table", *LLAMA, "--framework", "nemo", "--fp8", "--fp8-recipe", "current"]))
     delayed = csv_rows(run_ok(capsys, ["table", *LLAMA, "--framework", "nemo", "--fp8"]))
-    assert float(rows[0]["step_s"]) != float(delayed[0]["step_s"])  # the recipes' casts differ
+    assert [r["step_s"] for r in rows] == [r["step_s"] for r in current] != [r["step_s"] for r in delayed]
