@@ -291,9 +291,11 @@ def table_title(table) -> str:
              "the measured step's batch" if table.fit is not None and given == table.fit.measurement.total_batch_tokens
              else "--total-batch-size")
     plural = "" if table.request.gpus == (1,) else "s"
+    # as memory's title says it (memory_title): fp8 GEMMs are a fact of every row, not only of the Assumptions
+    fp8 = (f" with fp8 GEMMs ({table.request.fp8_recipe or spec.recipe.fp8_recipe})" if table.request.fp8 else "")
     return (f"{spec.name} on {hw.name}: decision table ({gpus} GPU{plural} in total; {table.steps:,} steps of "
             f"{table.total_batch_tokens:,} tokens, {whose}; sequence {spec.recipe.seq_len}, "
-            f"{spec.dtypes.compute})")
+            f"{spec.dtypes.compute}{fp8})")
 
 
 def _interruptions_line(table) -> str:

@@ -428,3 +428,12 @@ def test_torchtitan_s_rowwise_float8_is_its_profiles_recipe(capsys, tmp_path):
                     'data_parallel_shard_degree = 8\n[float8]\nrecipe_name = "rowwise"\n', encoding="utf-8")
     run_ok(capsys, ["import", str(toml), "-o", str(out)])
     assert "fp8_recipe: rowwise" in out.read_text(encoding="utf-8")
+
+
+def test_the_table_title_says_the_gemms_run_in_fp8(capsys):
+    """A reader of the table sees fp8 where every row has it, as memory's title says it: the compute dtype with fp8
+    GEMMs and the recipe (it was only in --explain's Assumptions)."""
+    base = ["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--attention", "fa3"]
+    out = run_ok(capsys, [*base, "--fp8", "--fp8-recipe", "delayed"])
+    assert "sequence 8192, bf16 with fp8 GEMMs (delayed))" in " ".join(out.split())
+    assert "fp8 GEMMs" not in run_ok(capsys, base)
