@@ -15,8 +15,6 @@ the model's own.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace

@@ -466,9 +466,7 @@ def _torchtitan(text: str, path: Path, out: Imported) -> None:
     # 2025-08-29: a block re-runs whole, as the profile states). Before that commit it wrapped blocks with torch's
     # default, which stops early (parallelize_llama.py@cca0702 L234: ptd_checkpoint_wrapper(module,
     # preserve_rng_state=False)); a TOML with `training.compile` (moved to [compile] by 08b8b24, 2025-08-20) is from then
-    early = ac.get("early_stop", "compile" in training)
-    if not isinstance(early, bool):
-        raise SpecError(f"must be true or false, got {early!r}", file=str(path), field="activation_checkpoint.early_stop")
+    early = flag(ac.get("early_stop", "compile" in training), "activation_checkpoint.early_stop")[0]
     if "early_stop" in ac:
         why = "activation_checkpoint.early_stop" + (" true: torch's early stop" if early else " false: a checkpointed "
                                                     "block re-runs whole")

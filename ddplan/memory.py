@@ -478,8 +478,9 @@ def fsdp2_reduce_scatter_buffer_bytes(spec: ModelSpec, elements: dict[str, float
     unit's parameters while no unit is prefetched (L430-432, L483), two units' worth as comm_buffer_bytes counts. Under
     a pipeline (pp > 1) the one reduce-scatter runs after the last backward, when the activations are gone: not at the
     peak, not added. The embeddings (EMBEDDING_GROUPS) are their own unit (torchtitan shards tok_embeddings apart,
-    distributed/fsdp.py@b5bcd76), reduced last, when the activations are gone: not spread over the blocks. e.g. llama-3-8b, fp32 reduce: the head's 128,256 x 4,096 elements x 4 B =
-    2.1 GB a GPU, over a block unit's 218,112,000 (+ its norms' 8,192) x 4 B = 0.87 GB."""
+    distributed/fsdp.py@b5bcd76), reduced last, when the activations are gone: not spread over the blocks.
+    e.g. llama-3-8b, fp32 reduce: the head's 128,256 x 4,096 elements x 4 B = 2.1 GB a GPU, over a block unit's
+    218,112,000 (+ its norms' 8,192) x 4 B = 0.87 GB."""
     head = sum(e * spec.dtypes.reduce_bytes(g) for g, e in elements.items() if g in HEAD_GROUPS)
     blocks = sum(e * spec.dtypes.reduce_bytes(g) for g, e in elements.items()
                  if g not in HEAD_GROUPS and g not in EMBEDDING_GROUPS)

@@ -104,6 +104,8 @@ def base_band(moe: bool, fp8: bool, dense: tuple[float, float] = VALIDATED_RATIO
     if not moe:
         return dense_fp8 if fp8 else dense
     return (min(mixture[0], dense_fp8[0]), max(mixture[1], dense_fp8[1])) if fp8 else mixture
+
+
 MFU_CONVENTION = "6N + 12 h q min(window, T) per layer (nanochat / PaLM App. B), dense peak of the compute dtype"
 
 

@@ -284,8 +284,8 @@ FIELDS: tuple[RunField, ...] = (
        "1 byte an element (torchao enable_fsdp_float8_all_gather).", bool, LAYOUT, default=False,
        helps={"memory": "ZeRO-3 with fp8 GEMMs: their weights gathered in fp8, 1 byte an element (torchao "
                         "enable_fsdp_float8_all_gather); implies --fp8."}, option="fp8_all_gather"),
-    _f("precision.fp8_params", "With --fp8 (delayed, current or mxfp8), --weights master and ZeRO-1 or 2 (the distributed "
-       "optimizer): keep the fp8 GEMMs' weights in fp8, all-gathered at 1 byte an element after each step and never "
+    _f("precision.fp8_params", "With --fp8 (delayed, current or mxfp8), --weights master and ZeRO-1 or 2 (the "
+       "distributed optimizer): keep the fp8 GEMMs' weights in fp8, all-gathered at 1 byte an element after each step and never "
        "cast; in memory the fp8 data and its transpose, 2 bytes (Megatron-Core --fp8-param-gather).", bool, LAYOUT,
        default=False,
        helps={"memory": "ZeRO-1/2 with fp8 GEMMs: their weights kept in fp8 and its transpose, 2 bytes an element, "

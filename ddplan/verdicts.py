@@ -282,6 +282,11 @@ def table_notes(table) -> list[str]:
     return out
 
 
+def fp8_words(fp8: bool, recipe: str | None, spec: ModelSpec) -> str:
+    """A title's words for fp8 GEMMs and their recipe (the one given, else the model's); '' without fp8."""
+    return f" with fp8 GEMMs ({recipe or spec.recipe.fp8_recipe})" if fp8 else ""
+
+
 def table_title(table) -> str:
     spec, hw = table.request.model, table.request.hardware
     gpus = ", ".join(str(g) for g in table.request.gpus)
@@ -291,8 +296,8 @@ def table_title(table) -> str:
              "the measured step's batch" if table.fit is not None and given == table.fit.measurement.total_batch_tokens
              else "--total-batch-size")
     plural = "" if table.request.gpus == (1,) else "s"
-    # as memory's title says it (memory_title): fp8 GEMMs are a fact of every row, not only of the Assumptions
-    fp8 = (f" with fp8 GEMMs ({table.request.fp8_recipe or spec.recipe.fp8_recipe})" if table.request.fp8 else "")
+    # fp8 GEMMs are a fact of every row, not only of the Assumptions: said as memory_title says it
+    fp8 = fp8_words(table.request.fp8, table.request.fp8_recipe, spec)
     return (f"{spec.name} on {hw.name}: decision table ({gpus} GPU{plural} in total; {table.steps:,} steps of "
             f"{table.total_batch_tokens:,} tokens, {whose}; sequence {spec.recipe.seq_len}, "
             f"{spec.dtypes.compute}{fp8})")
@@ -715,7 +720,7 @@ def memory_title(spec: ModelSpec, hw: HardwareSpec, setup) -> str:
     vp = f" x{lay.pp_virtual_stages} interleaved" if lay.pp_virtual_stages > 1 else ""
     asked = f" (asked {setup.asked_micro_batch}: it does not divide the sequences per rank)" \
         if setup.asked_micro_batch else ""
-    fp8 = f" with fp8 GEMMs ({setup.fp8_recipe or spec.recipe.fp8_recipe})" if setup.fp8 else ""
+    fp8 = fp8_words(setup.fp8, setup.fp8_recipe, spec)
     offload = f", {lay.offload_activations} layers' activations offloaded" if lay.offload_activations else ""
     return (f"{spec.name} on {lay.num_gpus} x {hw.name} in total (dp {lay.dp}, tp {lay.tp}, pp {lay.pp}{vp}), device "
             f"batch {lay.micro_batch}{asked} x {spec.recipe.seq_len}, {spec.dtypes.compute}{fp8}, {lay.attention}, "

@@ -224,7 +224,8 @@ def test_regions_re_run_whole_match_flop_counter_without_early_stop(model, recom
     early = _anatomy(model, "sdpa-math", recompute)
     predicted = with_recompute(rerun_whole(early), recompute).matmul_flops()
     assert predicted == pytest.approx(whole, rel=FLOPS_TOLERANCE)
-    skipped = sum(op.flops_fwd for op in early.ops if recompute in op.recompute_skip and op.kind in ("gemm", "attention"))
+    skipped = sum(op.flops_fwd for op in early.ops
+                  if recompute in op.recompute_skip and op.kind in ("gemm", "attention"))
     assert skipped > 0 and predicted - early.matmul_flops() == pytest.approx(skipped, rel=1e-9)
 
 

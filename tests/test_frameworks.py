@@ -300,8 +300,8 @@ def test_plan_and_memory_take_a_profile_s_values_only_where_they_apply(capsys):
 
 def test_a_profile_s_attention_elsewhere_is_what_the_stack_runs_off_its_kernel(capsys, tmp_path):
     """nanochat runs FlashAttention-3 on Hopper in bf16 and SDPA elsewhere (nanochat/flash_attention.py@92d63d4
-    L23-71): its profile's attention is fa3 in bf16 (`dtypes`) with `elsewhere: sdpa-fused`. table takes fa3 on H100 and sdpa-fused on MI300X (said in
-    one warning, not as set); plan over both takes each one's own, one kernel a hardware; a published run that states
+    L23-71): its profile's attention is fa3 in bf16 (`dtypes`) with `elsewhere: sdpa-fused`. table takes fa3 on H100
+    and sdpa-fused on MI300X (said in one warning, not as set); plan over both takes each one's own, one kernel a hardware; a published run that states
     no attention takes the same (replay.run_attention). `elsewhere` on another item is refused."""
     from ddplan.errors import DdplanError
     from ddplan.registry import load_framework, load_hardware

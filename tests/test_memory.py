@@ -584,8 +584,8 @@ def test_fsdp2_keeps_one_units_reduce_scatter_input_through_the_next_backward():
     The output layer is its own unit, reduced first, so its buffer stands through the last block's backward.
     Llama-3-8B (fp32 gradients), dp 8, ZeRO-3, pp 1: the head's 128,256 x 4,096 = 525,336,576 elements at 4 B =
     2,101,346,304 B on top of the two gathered units (a block unit's, 218,112,000 elements and its norms, the
-    embeddings being a unit of their own, is smaller); in bf16 (--grads compute) half that; none without --fsdp2, and none under a
-    pipeline (its one reduce-scatter runs after the last backward, the activations gone)."""
+    embeddings being a unit of their own, is smaller); in bf16 (--grads compute) half that; none without --fsdp2, and
+    none under a pipeline (its one reduce-scatter runs after the last backward, the activations gone)."""
     from ddplan.memory import comm_buffer_bytes
     from ddplan.specs import run_variant
 
