@@ -162,6 +162,10 @@ def plan_reasons(result) -> list[str]:
     headroom = result.request.headroom
     out = reasons(result.rows, result.request.model, result.request.cps)
     top = result.rows[0]
+    price = next(hw.price for hw in result.request.hardware if hw.name == top["hardware"])
+    if result.request.price is None and price.provider.startswith("assumed"):  # a spec's price with no listing
+        out.append(f"Its price is assumed, not a listing: ${price.usd_per_gpu_hour:g}/GPU-h for {top['hardware']} "
+                   f"(`ddplan specs show {top['hardware']}` says how); `--price` sets yours.")
     forced = result.memory_forces
     if "recompute" in forced:
         figures = ", ".join(f"recompute {rc} needs {gib:.0f} GiB" for rc, gib in forced["recompute"])

@@ -392,8 +392,10 @@ def same_gpu(name: str) -> tuple[str, ...]:
 HIGHEST_MEASURED_MFU: dict[tuple[str, bool], tuple[float, str]] = {
     ("a100-sxm-80gb", False): (67.21, "fmsfsdp-llama2-7b-a100-128g-s4096-bf16"),
     ("b200", True): (86.53, "mlperf4.1-nvidia-b200_n8_preview_nemo-gpt3"),
+    ("b300", True): (76.95, "mlperf5.1-dell-1xxe9780x8b300-sxm-270gb-llama31_8b"),
     ("gb200", False): (33.90, "modelzoo-qwen3-235b-a22b-gb200-256g-tp1pp8ep8"),
     ("gb200", True): (78.26, "mlperf5.0-nvidia-tyche_ngpu256_ngc25.04_nemo-llama31_405b"),
+    ("gb300", True): (64.11, "mlperf5.1-nvidia-theia_ngpu72_ngc25.09_nemo-llama31_8b"),
     ("h100-sxm", False): (71.74, "modelzoo-qwen3-235b-a22b-h100-256g-s131072-cp8-balanced"),
     ("h100-sxm", True): (97.01, "mlperf4.1-nvidia-eos_n32_ngc24.09_nemo-gpt3"),
     ("h200", True): (97.44, "mlperf5.0-nebius-nebius_soperator_8xh200_n64_ngc25.01_nemo-llama31_405b"),

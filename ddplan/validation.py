@@ -79,9 +79,13 @@ def unfitted_without(runs: Sequence[PublishedRun], src: str, where: str,
 
 
 # Hardware specs that share one fitted sustained fraction: the same die at the same power limit (the A100
-# SXM4 40 GB and 80 GB are one GA100 at 400 W; the H100 SXM and H200 one GH100 at 700 W: only memory differs).
+# SXM4 40 GB and 80 GB are one GA100 at 400 W; the H100 SXM and H200 one GH100 at 700 W: only memory differs). And,
+# assumed (no Blackwell Ultra GEMM sweep is public), Blackwell Ultra with the Blackwell it succeeds in the same
+# package: B300 with B200 and GB300 with GB200 have the same dense 16-bit and fp8 tensor rates (2,250 / 4,500 and
+# 2,500 / 5,000 TFLOP/s: hardware/b300.yaml, gb300.yaml [VD]) and run the same software; their MLPerf runs check it.
 FIT_GROUPS: dict[str, tuple[str, ...]] = {"a100-sxm-80gb": ("a100-sxm-80gb", "a100-sxm-40gb"),
-                                          "h100-sxm": ("h100-sxm", "h200")}
+                                          "h100-sxm": ("h100-sxm", "h200"), "b200": ("b200", "b300"),
+                                          "gb200": ("gb200", "gb300")}
 # The fewest runs a fitted number may rest on (issue 35): a fit with fewer, as leave-one-source-out can leave one,
 # is not made and the spec's fallback stands (fp8: the 16-bit fraction).
 MIN_FIT_RUNS = 5
@@ -404,13 +408,14 @@ def percentile(xs: Sequence[float], q: float) -> float:
 # gave that band (76%); no held-back figure exists for the interval band. A stack ddplan has not seen scatters more
 # than leaving a source out shows, so the band keeps at least 95% of the dataset's runs inside (96.6% at 0.80). A
 # policy choice made after the fact (any floor from 0.925 to 0.966 keeps 0.80), like BAND_AIM stated here and
-# checked by tests/test_validation.py; not a fit.
+# checked by tests/test_validation.py; not a fit. With MLPerf's B300 and GB300 runs (2026-12-07, eighth session,
+# 123 runs): 0.75 holds 85.6% per source but 113 runs (91.9%); 0.80 holds 91.4% and 120 (97.6%).
 BAND_AIM = 0.85
 BAND_RUNS_AIM = 0.95
 BAND_LEVEL = 0.80
 # leaving each source out at BAND_LEVEL: (runs inside, runs, mean over sources of the share inside); tests fail
 # when it drifts from the shipped dataset
-BAND_COVERAGE = (115, 119, 0.894)
+BAND_COVERAGE = (120, 123, 0.914)
 
 
 def t_coverage(t: float, df: int) -> float:

@@ -16,7 +16,8 @@ from pydantic import BaseModel
 from ddplan.specs import Efficiency, HardwareSpec
 
 HARDWARE_DIR = Path(__file__).resolve().parent.parent / "hardware"
-EXPECTED = {"mi300x", "mi325x", "mi355x", "h100-sxm", "h100-pcie", "h200", "b200", "gb200", "a100-sxm-80gb", "a100-sxm-40gb"}
+EXPECTED = {"mi300x", "mi325x", "mi355x", "h100-sxm", "h100-pcie", "h200", "b200", "gb200", "b300", "gb300", "a100-sxm-80gb",
+            "a100-sxm-40gb"}
 PATHS = sorted(HARDWARE_DIR.glob("*.yaml"))
 
 
@@ -68,7 +69,7 @@ def test_validates_and_name_is_file_stem(path):
     spec = load(path)
     assert spec.kind == "hardware"
     assert spec.name == path.stem
-    assert spec.gpus_per_node == (72 if path.stem == "gb200" else 8)  # GB200: the NVL72 NVLink domain
+    assert spec.gpus_per_node == (72 if path.stem in ("gb200", "gb300") else 8)  # GB200, GB300: the NVL72 NVLink domain
     assert spec.default_attention == "sdpa-fused"
 
 

@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Transcribe MLPerf Training LLM-pretraining results (GPT-3 175B, Llama 3.1 405B, Llama 3.1 8B) on NVIDIA
-H100/H200/B200/GB200 into ddplan's published-runs format (kind: runs).
+H100/H200/B200/GB200/B300/GB300 into ddplan's published-runs format (kind: runs).
 
 Reads the local git mirrors of mlcommons/training_results_v4.0, v4.1, v5.0, v5.1 (the `fetch` tool's copies under
 /work/.mirror) at the commits below, and writes /tmp/mlperf/mlperf_runs.yaml (plus /tmp/mlperf/scan.tsv: every
 candidate result directory and what became of it).
 
 For each results/<system>/<benchmark>/ directory of the three benchmarks:
-  * systems/<system>.json: GPU model, nodes x GPUs a node -> ddplan hardware name (h100-sxm, h200, b200, gb200);
-    other accelerators (TPU, Gaudi, AMD Instinct, GB300/B300) are left out (no ddplan spec / out of scope).
+  * systems/<system>.json: GPU model, nodes x GPUs a node -> ddplan hardware name (h100-sxm, h200, b200, gb200,
+    b300, gb300); other accelerators (TPU, Gaudi, AMD Instinct) are left out (no ddplan spec / out of scope).
   * result_*.txt (MLLOG): global_batch_size, max_sequence_length, opt_base_learning_rate, warmup steps, and the
     per-step training time in tracked_stats ("train_step_timing in s" in v4.x, "train_step_time" in v5.x);
     step time = median over a file's logged values, then the median over the files of the system.
@@ -55,8 +55,10 @@ def show(v: str, path: str) -> str:
 # ---------------------------------------------------------------- hardware
 def hardware_of(gpu: str) -> str | None:
     g = gpu.upper()
-    if "GB300" in g or "B300" in g:
-        return None  # Blackwell Ultra: no ddplan spec
+    if "GB300" in g:
+        return "gb300"
+    if "B300" in g:
+        return "b300"
     if "GB200" in g:
         return "gb200"
     if "B200" in g:
@@ -106,7 +108,8 @@ _files_cache: dict = {}
 def config_env(v: str, files: list[str], path: str) -> dict:
     """The environment config `path` leaves when sourced by bash (env -i) in a scratch copy of its folder. A
     config_*.sh it sources that its folder lacks is taken from another folder of the same submitter and benchmark
-    that has it (recorded under __borrowed__), or left missing (__missing__)."""
+    that has it (recorded under __borrowed__), else from NVIDIA's reference implementation of the benchmark, which
+    the NeMo submissions copy (__borrowed_nvidia__), or left missing (__missing__)."""
     if path in _cfg_cache:
         return _cfg_cache[path]
     folder = os.path.dirname(path)
@@ -116,22 +119,26 @@ def config_env(v: str, files: list[str], path: str) -> dict:
         if os.path.dirname(f) == folder and os.path.basename(f).startswith("config_") and f.endswith(".sh"):
             (tmp / os.path.basename(f)).write_text(show(v, f))
     text = (tmp / os.path.basename(path)).read_text()
-    borrowed, missing = [], []
+    borrowed, nvidia, missing = [], [], []
     wanted = set(re.findall(r"source \$\(dirname \$\{BASH_SOURCE\[0\]\}\)/(\S+)", text))
     for w in sorted(wanted):
         if (tmp / w).exists():
             continue
         other = sorted(f for f in files if f.startswith(f"{sub}/benchmarks/{bench}/") and os.path.basename(f) == w)
+        ref = sorted(f for f in files if f.startswith(f"NVIDIA/benchmarks/{bench}/") and os.path.basename(f) == w)
         if other:
             (tmp / w).write_text(show(v, other[0]))
             borrowed.append(other[0])
+        elif ref:
+            (tmp / w).write_text(show(v, ref[0]))
+            nvidia.append(ref[0])
         else:
             missing.append(w)
     r = subprocess.run(["env", "-i", "PATH=/usr/bin:/bin", "bash", "-c",
                         f'cd "{tmp}"; source "./{os.path.basename(path)}" >/dev/null 2>&1; env -0'],
                        capture_output=True, text=True)
     env = dict(x.split("=", 1) for x in r.stdout.split("\0") if "=" in x)
-    env["__borrowed__"], env["__missing__"] = borrowed, missing
+    env["__borrowed__"], env["__borrowed_nvidia__"], env["__missing__"] = borrowed, nvidia, missing
     env["__defaults__"], env["__conf__"] = conf_defaults(v, files, path)
     _cfg_cache[path] = env
     return env
@@ -178,7 +185,7 @@ def conf_defaults(v: str, files: list[str], cfgpath: str) -> tuple[dict, list[st
 
 GPU_TOKEN = re.compile(r"^(?:DGX)?(GB300|GB200|B300|B200|H200|H100|A100)", re.I)
 GPU_ANY = re.compile(r"GB300|GB200|B300|B200|H200|H100|A100", re.I)
-HW_TOKEN = {"h100-sxm": "H100", "h200": "H200", "b200": "B200", "gb200": "GB200"}
+HW_TOKEN = {"h100-sxm": "H100", "h200": "H200", "b200": "B200", "gb200": "GB200", "b300": "B300", "gb300": "GB300"}
 
 
 def match_config(v: str, submitter: str, system: str, bench: str, hw: str, gpus: int, res: dict,
@@ -325,6 +332,10 @@ def scan():
             if xs:
                 ref[fp4] = statistics.median(xs)
         c = cost(r)
+        if set(ref) != {False, True}:  # nothing of both kinds to compare with: the precision cannot be told
+            r["status"] = ("left out: fp8 and fp4 configs of this layout both match, and no unambiguous "
+                           f"{r['hardware']} {r['bench']} run of both kinds tells which ran")
+            continue
         pick = min(ref, key=lambda fp4: abs(math.log(c / ref[fp4])))
         r["precision_by"] = (f"step time: {c:.4f} GPU-s per sequence against unambiguous {r['hardware']} "
                              f"{'runs of the same GPU count and batch' if pool is exact else 'runs'}: fp8 median "
@@ -356,7 +367,7 @@ MODEL = {
                                    mlp_hidden_dim=53248, max_seq_len=8192)),
     "llama31_8b": dict(base="llama-3-8b", name="Llama 3.1 8B (MLPerf llama31_8b)", vocab=128256, arch={}),
 }
-ATTN = {"h100-sxm": "fa3", "h200": "fa3", "b200": "cudnn", "gb200": "cudnn"}
+ATTN = {"h100-sxm": "fa3", "h200": "fa3", "b200": "cudnn", "gb200": "cudnn", "b300": "cudnn", "gb300": "cudnn"}
 
 
 def padded(vocab: int, tp: int) -> int:
@@ -430,6 +441,9 @@ def run_entry(r: dict) -> dict:
     if env["__borrowed__"]:
         assumed.append("the config's folder lacks files it sources; taken from the same submitter's: "
                        + ", ".join(env["__borrowed__"]))
+    if env["__borrowed_nvidia__"]:
+        assumed.append("the config's folder lacks files it sources, and so do the submitter's others; taken from "
+                       "NVIDIA's reference implementation of the benchmark: " + ", ".join(env["__borrowed_nvidia__"]))
     if env["__missing__"]:
         assumed.append("files the config sources that the submission does not include (their settings unknown): "
                        + ", ".join(env["__missing__"]))
@@ -526,7 +540,7 @@ def write(rows: list[dict]) -> None:
     for r in left:
         lines.append(f"# - v{r['version']} {r['result_dir']}: {r['status'].removeprefix('left out: ')}")
     body = yaml.safe_dump({"kind": "runs", "description": "MLPerf Training LLM pretraining results (GPT-3 175B, "
-                           "Llama 3.1 405B and 8B) on NVIDIA H100/H200/B200/GB200, transcribed from the MLLOGs and "
+                           "Llama 3.1 405B and 8B) on NVIDIA H100/H200/B200/GB200/B300/GB300, transcribed from the MLLOGs and "
                            "configs (see header)", "runs": runs}, sort_keys=False, width=118, allow_unicode=True)
     (OUT / "mlperf_runs.yaml").write_text("\n".join(lines) + "\n" + body)
     with open(OUT / "scan.tsv", "w") as f:
