@@ -62,6 +62,12 @@ def test_unshipped_depth_follows_the_rule():
     # HF meta-llama/Meta-Llama-3-8B and -70B: the checkpoint totals (untied lm_head).
     ("llama-3-8b", 8_030_261_248),
     ("llama-3-70b", 70_553_706_496),
+    # HF meta-llama/Llama-3.1-8B, -70B, -405B safetensors totals (the 405B's as the Hub's API reports it at
+    # b906e4dc); HF Qwen/Qwen3-235B-A22B: the Hub's safetensors total
+    ("llama-3.1-8b", 8_030_261_248),
+    ("llama-3.1-70b", 70_553_706_496),
+    ("llama-3.1-405b", 405_853_388_800),
+    ("qwen3-235b-a22b", 235_093_634_560),
 ])
 def test_published_parameter_counts(name, published):
     assert params.total_params(registry.load_model(name).architecture) == published
