@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 # spread is the one that applies; and the interval's Student t on the few sources widens the band where few stand
 # behind it. Checked as a user meets it (the check that chose the level): leaving each source out (with its sibling
 # campaigns, ddplan.validation.SOURCE_FAMILIES) with its band made without it too, 91% of a source's runs fall inside
-# on average, 98% of the 123 runs (ddplan.validation.BAND_COVERAGE); the 5th-95th percentile band it replaced
+# on average, 98% of the 124 runs (ddplan.validation.BAND_COVERAGE); the 5th-95th percentile band it replaced
 # (2026-12-06) held 79% of the 113 that way, and 72% of the runs held back from ddplan. benchmarks/validation.py
 # prints it; tests/test_validation.py fails when it drifts from the dataset and the model. A prediction's band is
 # this range joined with the range its efficiencies span (whichever is wider on each side).
@@ -73,7 +73,7 @@ VALIDATED_RATIO_MOE = (0.82, 2.19)  # the dense low end; 2.185 (Megatron-FSDP Qw
 # percentiles: 0.80-1.34 (before the interval), 0.81-1.42 with fp8 priced by stack before FP8-LM's table, 0.81-1.69
 # with one fp8 fraction for every stack, 0.80-1.22 before OLMo-core's table, 0.78-1.24 before Megatron-Core's fp8
 # weights were cast once a step
-VALIDATED_RATIO_FP8 = (0.73, 1.29)  # 0.736 and 1.282 over the 60 dense fp8 runs of 5 sources, rounded outward
+VALIDATED_RATIO_FP8 = (0.73, 1.29)  # 0.737 and 1.281 over the 61 dense fp8 runs of 5 sources, rounded outward
 # (0.74-1.27 before MLPerf's B300 and GB300 runs joined, 2026-12-07, eighth session; 0.73-1.28 before the MI355X's forward attention was measured, 2026-12-07, seventh session)
 # (0.70-1.33 at the 0.85 level, until 2026-12-07)
 

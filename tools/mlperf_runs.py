@@ -192,7 +192,9 @@ def match_config(v: str, submitter: str, system: str, bench: str, hw: str, gpus:
                  files: list[str]) -> list[dict]:
     """Configs of the submitter's benchmark folders whose GPU count, global batch, LR and warm-up match the log,
     each with a tier: 3 the file name carries the system's name, 2 its folder is the system's (or the file's system
-    token is part of the system name), 1 a generic config of the system's GPU (DGXB200_..., GB200_...)."""
+    token is part of the system name), 1 a generic config of the system's GPU (DGXB200_..., GB200_...). A config
+    named for another GPU counts only from the system's own folder, and only where no config of the system's GPU
+    matches (other_gpu: Supermicro's B300 run kept NVIDIA's DGXB200 file name)."""
     out = []
     sys_core = re.sub(r"^\d+x", "", system).lower()
     for f in files:
@@ -206,7 +208,9 @@ def match_config(v: str, submitter: str, system: str, bench: str, hw: str, gpus:
         token = stem.split("_")[0]
         g = GPU_TOKEN.match(token)
         inner = GPU_ANY.findall(token)
-        if (g and g.group(1).upper() != HW_TOKEN[hw]) or (not g and inner and inner[0].upper() != HW_TOKEN[hw]):
+        other_gpu = bool((g and g.group(1).upper() != HW_TOKEN[hw]) or
+                         (not g and inner and inner[0].upper() != HW_TOKEN[hw]))
+        if other_gpu and p[-2] != system:
             continue  # another GPU's config
         env = config_env(v, files, f)
         nodes, gpn = ival(env, "DGXNNODES", 0), ival(env, "DGXNGPU", 8)
@@ -236,8 +240,10 @@ def match_config(v: str, submitter: str, system: str, bench: str, hw: str, gpus:
             tier = 0  # the submitter's own name for a config of this GPU (SMCH100_...)
         else:
             continue  # another system's own config
-        out.append(dict(path=f, env=env, layout=lay, tier=tier, hp_ok=hp_ok, fp4=truthy(env.get("FP4"))))
-    return out
+        out.append(dict(path=f, env=env, layout=lay, tier=tier, hp_ok=hp_ok, fp4=truthy(env.get("FP4")),
+                        other_gpu=other_gpu))
+    mine = [c for c in out if not c["other_gpu"]]
+    return mine or out
 
 
 # ---------------------------------------------------------------- scan
@@ -382,6 +388,16 @@ def knob(env: dict, name: str, default=None):
     return default if x in (None, "", "null", "None") else x
 
 
+def platform_words(r: dict) -> str:
+    """The MLLOG's submission_platform, marked where it names another GPU than the systems json (NVIDIA's GB300
+    logs say GB200)."""
+    plat = str(r.get("platform"))
+    named = GPU_ANY.findall(plat)
+    if named and named[0].upper() != HW_TOKEN[r["hardware"]]:
+        return f"{plat}, sic: the systems json has {r['gpu_name']}"
+    return plat
+
+
 def run_entry(r: dict) -> dict:
     v, c = r["version"], r["config"]
     env, lay = c["env"], c["layout"]
@@ -450,6 +466,10 @@ def run_entry(r: dict) -> dict:
     if r["precision_by"] != "config":
         assumed.append("fp8 rather than NVFP4: an fp8 and an fp4 config of this layout both match the log; " +
                        r["precision_by"])
+    if c["other_gpu"]:
+        assumed.append(f"config: the one in the system's own folder, though its name is another GPU's "
+                       f"({os.path.basename(c['path'])}): its GPU count, global batch, learning rate and warm-up match "
+                       f"the log")
     if c["tier"] <= 1:
         assumed.append("config: the submitter's generic config of this GPU count and batch (the name does not "
                        "carry the system's)" + (f"; identical candidates: {', '.join(r['config_alternatives'])}"
@@ -516,7 +536,7 @@ def run_entry(r: dict) -> dict:
         "measured": {"step_time_s": round(r["step_s"], 4)},
         "assumed": assumed,
         "notes": (f"MLPerf Training v{v} closed division, {r['submitter']} '{r['system']}' "
-                  f"({r.get('platform')}); config {os.path.basename(c['path'])}. Set in the config, not priced by "
+                  f"({platform_words(r)}); config {os.path.basename(c['path'])}. Set in the config, not priced by "
                   f"ddplan: " + ("; ".join(unpriced) if unpriced else "nothing noted") + "."),
     }
     if entry["precision"] == "fp8" and fp8_recipe:
