@@ -125,6 +125,57 @@ def limit_bytes(capacity_bytes: float, headroom: float) -> float:
     return (1 - headroom) * capacity_bytes
 
 
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage whose memory may be the largest (pipeline_stages): its index, its layers, its mixture-of-
+    experts blocks, and whether it holds the embeddings (the first) and the head (the last)."""
+
+    index: int
+    layers: int
+    moe_layers: int
+    embedding: bool
+    head: bool
+
+
+def pipeline_stages(layout: Layout, arch) -> tuple[Stage, ...]:
+    """The stages whose peak memory can be the largest, each priced whole (its own model states with its own saved
+    activations: memory_per_gpu takes the fullest): the first (the embeddings, the most micro-batches in flight), the
+    second, standing for the middle stages where they hold more layers or MoE blocks than the first (as many layers as
+    any, ddplan.pipeline.stage_layers: more than an end stage when pp does not divide them; one micro-batch fewer in
+    flight than the first; the most MoE blocks of any middle stage; with no more than the first it holds less), and
+    the last (the head; with tied embeddings also its copy of the embedding table, which Megatron-
+    Core keeps there: language_module.py@2a75ac1 setup_embeddings_and_output_layer, "maintain duplicated embedding
+    weights in post processing stage"). Later middle stages hold no more layers and fewer micro-batches. Without a
+    pipeline, one stage with everything. e.g. Llama 3.1 405B's 126 layers over pp 16: stages 0, 1 and 15 with 7, 8
+    and 7 layers, so the 8-layer stage no longer pairs with the first stage's embedding table."""
+    known = _STAGES.get((id(arch), layout.pp))
+    if known is not None and known[0] is arch:  # a search asks for a layout group's stages many times
+        return known[1]
+    if len(_STAGES) >= 256:
+        _STAGES.clear()
+    stages = _STAGES[(id(arch), layout.pp)] = (arch, _stages(layout.pp, arch))
+    return stages[1]
+
+
+_STAGES: dict[tuple[int, int], tuple[object, tuple[Stage, ...]]] = {}  # (id(arch), pp) -> (arch kept alive, stages)
+
+
+def _stages(pp: int, arch) -> tuple[Stage, ...]:
+    """pipeline_stages, worked out."""
+    moe = moe_layers_by_stage(arch, pp) if arch.moe is not None else [0] * pp
+    if pp == 1:
+        return (Stage(0, arch.num_layers, moe[0], True, True),)
+    try:
+        first, middle, last = stage_layers(arch.num_layers, pp)
+    except ValueError:  # a split check_layout refuses: the even share, rounded up
+        first = middle = last = -(-arch.num_layers // pp)
+    out = [Stage(0, first, moe[0], True, False)]
+    if pp > 2 and (middle > first or max(moe[1:-1]) > moe[0]):  # else no fuller than the first: fewer in flight
+        out.append(Stage(1, middle, max(moe[1:-1]), False, False))
+    out.append(Stage(pp - 1, last, moe[-1], False, True))
+    return tuple(out)
+
+
 def _busiest_stage_share(layout: Layout, num_layers: int) -> float:
     """Fraction of the layers on the pipeline stage with the most (ddplan.pipeline.stage_layers); 1/pp when
     pp divides them; ceil(L / pp) / L for a split that leaves an end stage empty (refused by check_layout)."""
@@ -134,15 +185,26 @@ def _busiest_stage_share(layout: Layout, num_layers: int) -> float:
         return -(-num_layers // layout.pp) / num_layers
 
 
-def _stage_share(group: str, layout: Layout, num_layers: int, arch=None) -> float:
-    """Fraction of a group's parameters on the most loaded pipeline stage, per tensor-parallel rank.
+def _stage_share(group: str, layout: Layout, num_layers: int, arch=None, stage: Stage | None = None) -> float:
+    """Fraction of a group's parameters on a pipeline stage (`stage`; None: the most loaded), per tensor-parallel
+    rank.
 
     Block groups split over tp x the stages' layers (1 / (tp x pp) when pp divides the layers); embeddings
-    live on the first stage and lm_head on the last, each split over tp (vocab-parallel). With pp > 1 the
-    worst stage is taken by the caller. The routed experts and the router (arch given, a mixture of experts)
-    live in the MoE blocks only: the share of the stage with the most of them (the dense_layers sit on the
-    first stages, ddplan.pipeline.moe_layers_by_stage).
+    live on the first stage and lm_head on the last, each split over tp (vocab-parallel): a given stage holds them
+    or not (the last also the tied embedding table's copy, pipeline_stages). Without a stage both count, and the
+    caller keeps the worse end. The routed experts and the router (arch given, a mixture of experts) live in the
+    MoE blocks only: the share of the stage with the most of them (the dense_layers sit on the first stages,
+    ddplan.pipeline.moe_layers_by_stage), or of the given stage.
     """
+    if stage is not None and layout.pp > 1:
+        if group in EMBEDDING_GROUPS:
+            tied_copy = stage.head and group == "wte" and arch is not None and arch.tied_embeddings
+            return 1.0 / layout.tp if stage.embedding or tied_copy else 0.0
+        if group in HEAD_GROUPS:
+            return 1.0 / layout.tp if stage.head else 0.0
+        if arch is not None and arch.moe is not None and group in (EXPERT_GROUP, "router"):
+            return stage.moe_layers / arch.moe_layers / layout.tp
+        return stage.layers / num_layers / layout.tp
     if group in EMBEDDING_GROUPS or group in HEAD_GROUPS:
         return 1.0 / layout.tp
     if arch is not None and arch.moe is not None and group in (EXPERT_GROUP, "router") and layout.pp > 1:
@@ -173,8 +235,9 @@ def counts_of(arch) -> dict[str, int]:
 FP8_PARAM_BYTES = 2.0
 
 
-def model_states(spec: ModelSpec, layout: Layout) -> dict[str, dict[str, float]]:
-    """Parameters, gradients and optimizer state per group, bytes on one GPU of the worst stage.
+def model_states(spec: ModelSpec, layout: Layout, stage: Stage | None = None) -> dict[str, dict[str, float]]:
+    """Parameters, gradients and optimizer state per group, bytes on one GPU of a pipeline stage (`stage`, one of
+    pipeline_stages; None: the stage with the most of them).
 
     Ref: ZeRO (arXiv 1910.02054) sec. 5.1-5.3 for stages 0-3; nanochat optim.py @92d63d4 l.203-207,
     337-382 for its sharded Muon/AdamW state (whole matrices per rank) and full gradients. Routed experts:
@@ -187,6 +250,9 @@ def model_states(spec: ModelSpec, layout: Layout) -> dict[str, dict[str, float]]
     the fp8 data and the transpose backward's GEMMs read, made after each gather and kept (Megatron-Core's
     post_all_gather_processing) -- as many bytes as 16-bit weights.
     """
+    if stage is None and layout.pp > 1:  # the stage with the most state (a bound for state_floor_bytes)
+        per = [model_states(spec, layout, s) for s in pipeline_stages(layout, spec.architecture)]
+        return max(per, key=lambda st: sum(v for k in st for v in st[k].values()))
     counts = counts_of(spec.architecture)
     opt, dp, zero = spec.recipe.optimizer, layout.grad_ranks, layout.zero  # dp x cp ranks share the parameters
     native_sharding = spec.recipe.distribution == "sharded_optimizer" and zero == 1
@@ -194,7 +260,9 @@ def model_states(spec: ModelSpec, layout: Layout) -> dict[str, dict[str, float]]
     groups = [g for g, n in counts.items() if n and g in opt.algorithm]
     fp8 = fp8_weight_fractions(spec) if layout.fp8_params else {}
     for g in groups:
-        share, shard = state_share(spec, layout, g)
+        share, shard = state_share(spec, layout, g, stage)
+        if not share:
+            continue
         pb = dtype_bytes(spec.dtypes.params[g])
         n = counts[g] * share
         algo = opt.algorithm[g]
@@ -214,20 +282,14 @@ def model_states(spec: ModelSpec, layout: Layout) -> dict[str, dict[str, float]]
         out["params"][g] = kept * n / (shard if zero >= 3 else 1)
         out["gradients"][g] = spec.dtypes.grad_bytes(g) * n / (shard if zero >= 2 else 1)
         out["optimizer"][g] = 0.0 if layout.offload_optimizer else state  # on the host (ZeRO-Offload sec. 4.1)
-    if layout.pp > 1:  # keep the worse of the first (embeddings) and last (lm_head) stage
-        first = sum(v for k in out for g, v in out[k].items() if g not in HEAD_GROUPS)
-        last = sum(v for k in out for g, v in out[k].items() if g not in EMBEDDING_GROUPS)
-        drop = HEAD_GROUPS if first >= last else EMBEDDING_GROUPS
-        for k in out:
-            out[k] = {g: v for g, v in out[k].items() if g not in drop}
     return out
 
 
-def state_share(spec: ModelSpec, layout: Layout, group: str) -> tuple[float, int]:
-    """(share, shard) of a group on one GPU: the fraction of its parameters on the busiest stage's tp rank
-    (_stage_share; routed experts: 1 / ep of them, split over the experts' tp degree) and the ranks its ZeRO
-    states split over (the shard group; routed experts: expert_shard)."""
-    share = _stage_share(group, layout, spec.architecture.num_layers, spec.architecture)
+def state_share(spec: ModelSpec, layout: Layout, group: str, stage: Stage | None = None) -> tuple[float, int]:
+    """(share, shard) of a group on one GPU: the fraction of its parameters on a stage's tp rank (the busiest
+    stage's without one: _stage_share; routed experts: 1 / ep of them, split over the experts' tp degree) and the
+    ranks its ZeRO states split over (the shard group; routed experts: expert_shard)."""
+    share = _stage_share(group, layout, spec.architecture.num_layers, spec.architecture, stage)
     if group == EXPERT_GROUP:  # num_experts / ep experts a rank (whole, or split over tp), sharded over edp ranks
         return share * layout.expert_rows_split / layout.ep, expert_shard(layout)
     return share, layout.shard_degree
@@ -304,15 +366,17 @@ def _held_split(anatomy: Anatomy, layout: Layout) -> tuple[float, float, float]:
     return layers, embedding, head
 
 
-def activation_bytes(anatomy: Anatomy, layout: Layout, num_layers: int) -> tuple[float, float]:
-    """(saved, transient) activation bytes on one GPU: the anatomy (already one tp rank's share) over pp; the
-    transient is backward's largest working set: an op's gradients plus what recompute has brought back then.
+def activation_bytes(anatomy: Anatomy, layout: Layout, num_layers: int,
+                     stage: Stage | None = None) -> tuple[float, float]:
+    """(saved, transient) activation bytes on one GPU of a pipeline stage (one of pipeline_stages; None: the
+    largest of them): the anatomy (already one tp rank's share) over pp; the transient is backward's largest
+    working set: an op's gradients plus what recompute has brought back then.
 
     The first stage holds its layers and the embeddings' saved tensors for each of its in-flight micro-batches;
     the last stage its layers and the head's (final norm, logits, loss) for its own (one in 1F1B); a middle
-    stage its layers only. The largest of them. Where pp does not divide the layers (ddplan.pipeline.stage_layers)
-    the end stages have fewer of them, and the second stage, holding one micro-batch fewer than the first with
-    the most layers, may hold more. Ref: Narayanan et al., arXiv 2104.04473, sec. 2.2 (1F1B: stage i holds
+    stage its layers only. Where pp does not divide the layers (ddplan.pipeline.stage_layers) the end stages have
+    fewer of them, and the second stage, holding one micro-batch fewer than the first with the most layers, may
+    hold more. Ref: Narayanan et al., arXiv 2104.04473, sec. 2.2 (1F1B: stage i holds
     p - i micro-batches); Korthikanti et al., arXiv 2205.05198, sec. 4.2.3 (the first stage's activations).
 
     ZeRO-3 runs its matmuls on the gathered 16-bit weights (FSDP's mixed precision: the shard is cast, then
@@ -321,35 +385,46 @@ def activation_bytes(anatomy: Anatomy, layout: Layout, num_layers: int) -> tuple
     MixedPrecisionPolicy(param_dtype); torchtitan distributed/utils.py@238fa99 L243-264 (maybe_enable_amp: no
     autocast when FSDP is on); ZeRO (arXiv 1910.02054) sec. 5 (16-bit parameters gathered per layer).
     """
+    if stage is None:
+        try:
+            first, middle, last = stage_layers(num_layers, layout.pp)
+        except ValueError:  # a split check_layout refuses: the even share, rounded up
+            first = middle = last = -(-num_layers // layout.pp)
+        ends = (Stage(0, first, 0, True, layout.pp == 1), Stage(layout.pp - 1, last, 0, False, True))
+        stages = ends[:1] if layout.pp == 1 else ends if layout.pp == 2 else (*ends, Stage(1, middle, 0, False, False))
+    else:
+        stages = (stage,)
+    saved, transient = stage_activation_bytes(anatomy, layout, num_layers, stages)
+    return max(saved), transient
+
+
+def stage_activation_bytes(anatomy: Anatomy, layout: Layout, num_layers: int,
+                           stages: tuple[Stage, ...]) -> tuple[tuple[float, ...], float]:
+    """((saved bytes of each of `stages`), transient): activation_bytes for several stages at once (a search asks
+    for every stage of pipeline_stages). Without a pipeline, the one stage's (activation offload included)."""
     if anatomy.tp != layout.tp:
         raise ValueError(f"the anatomy is for tp={anatomy.tp}, the layout has tp={layout.tp}")
     layer_bytes, embedding, head = _held_split(anatomy, layout)
+    transient = anatomy.backward_transient_bytes()
     if layout.pp == 1:  # activation offload (pp 1 only): the first N layers' saves wait in host memory
-        return layer_bytes * resident_layer_share(layout, num_layers) + embedding + head, \
-            anatomy.backward_transient_bytes()
-    try:
-        first, middle, last = stage_layers(num_layers, layout.pp)
-    except ValueError:  # a split check_layout refuses: the even share, rounded up
-        first = middle = last = -(-num_layers // layout.pp)
-    saved = max((layer_bytes * first / num_layers + embedding) * in_flight_micro_batches(layout),
-                (layer_bytes * last / num_layers + head) * in_flight_micro_batches(layout, stage=layout.pp - 1))
-    if layout.pp > 2 and middle > first:
-        saved = max(saved, layer_bytes * middle / num_layers * in_flight_micro_batches(layout, stage=1))
+        return (layer_bytes * resident_layer_share(layout, num_layers) + embedding + head,) * len(stages), transient
+    saved = tuple((layer_bytes * s.layers / num_layers + (embedding if s.embedding else 0.0)
+                   + (head if s.head else 0.0)) * in_flight_micro_batches(layout, stage=s.index) for s in stages)
     # the working set is the whole model's (the head's logits gradient included) on every stage: conservative
     # (per stage, the head's gradients on the last stage only, is not done: the blocks' ops carry no gradient
     # working set in the anatomy (transient 0), so a stage without the head would have none at all)
-    return saved, anatomy.backward_transient_bytes()
+    return saved, transient
 
 
 def fixed_terms(spec: ModelSpec, layout: Layout, states: dict[str, dict[str, float]],
-                assumptions: MemoryAssumptions = MemoryAssumptions()) -> dict[str, float]:
+                assumptions: MemoryAssumptions = MemoryAssumptions(), stage: Stage | None = None) -> dict[str, float]:
     """memory_per_gpu's terms that depend on neither the micro-batch nor the recompute policy, bytes per GPU:
     params, gradients, optimizer (each summed over the groups of `states`, the layout's model_states),
     comm_buffers (comm_buffer_bytes) and framework (outside_allocator_bytes), in memory_per_gpu's order. A search
     computes them once for the layouts that differ only in those (ddplan.price.Pricer)."""
     return {"params": sum(states["params"].values()), "gradients": sum(states["gradients"].values()),
             "optimizer": sum(states["optimizer"].values()),
-            "comm_buffers": comm_buffer_bytes(spec, layout, states, assumptions),
+            "comm_buffers": comm_buffer_bytes(spec, layout, states, assumptions, stage),
             "framework": outside_allocator_bytes(layout, assumptions)}
 
 
@@ -357,18 +432,43 @@ def memory_per_gpu(spec: ModelSpec, layout: Layout, anatomy: Anatomy | None, cap
                    assumptions: MemoryAssumptions = MemoryAssumptions(),
                    states: dict[str, dict[str, float]] | None = None, headroom: float = HEADROOM,
                    fixed: dict[str, float] | None = None,
-                   activations: tuple[float, float] | None = None) -> MemoryBreakdown:
-    """Peak bytes per GPU over a training step, by term.
+                   activations: tuple[float, float] | None = None, stage: Stage | None = None) -> MemoryBreakdown:
+    """Peak bytes per GPU over a training step, by term: of one pipeline stage (`stage`), or, with a pipeline and
+    no stage, of the fullest of pipeline_stages, each with its own model states, buffers and saved activations (a
+    stage is not paired with layers, embeddings or a head it does not hold).
 
     Peak = params + gradients + optimizer state + max(activations saved + gradient transients,
     optimizer-step transients) + communication buffers + framework overhead + allocator slack.
     Gradients count in full from the first micro-batch on (accumulation keeps them live).
     states, fixed and activations: the layout's model_states, fixed_terms and activation_bytes(anatomy, ...),
-    passed when a caller keeps them (a search); the anatomy is read only when activations are not given.
+    passed when a caller keeps them (a search); the anatomy is read only when activations are not given. With a
+    pipeline and no stage, each a tuple over pipeline_stages (activations: (the stages' saved bytes, transient)).
     """
-    states = model_states(spec, layout) if states is None else states  # a search passes them cached
-    fixed = fixed_terms(spec, layout, states, assumptions) if fixed is None else fixed
-    saved, transient = activations or activation_bytes(anatomy, layout, spec.architecture.num_layers)
+    if layout.pp > 1 and stage is None:
+        best = None  # (total, the stage's terms, notes, states): the first of the fullest
+        for i, s in enumerate(pipeline_stages(layout, spec.architecture)):
+            got = _stage_terms(spec, layout, anatomy, assumptions, states[i] if states is not None else None,
+                               fixed[i] if fixed is not None else None,
+                               (activations[0][i], activations[1]) if activations is not None else None, s)
+            total = sum(got[0].values())
+            if best is None or total > best[0]:
+                best = (total, *got)
+        terms, notes, states = best[1:]
+    else:
+        terms, notes, states = _stage_terms(spec, layout, anatomy, assumptions, states, fixed, activations, stage)
+    # by_group is the states mapping itself (a search shares it across layouts): read it, never write it
+    return MemoryBreakdown(terms=terms, by_group=states, capacity=capacity_bytes, notes=notes,
+                           headroom_fraction=headroom)
+
+
+def _stage_terms(spec: ModelSpec, layout: Layout, anatomy: Anatomy | None, assumptions: MemoryAssumptions,
+                 states: dict[str, dict[str, float]] | None, fixed: dict[str, float] | None,
+                 activations: tuple[float, float] | None,
+                 stage: Stage | None) -> tuple[dict[str, float], tuple[str, ...], dict[str, dict[str, float]]]:
+    """memory_per_gpu of one stage: (terms, notes, model states)."""
+    states = model_states(spec, layout, stage) if states is None else states  # a search passes them cached
+    fixed = fixed_terms(spec, layout, states, assumptions, stage) if fixed is None else fixed
+    saved, transient = activations or activation_bytes(anatomy, layout, spec.architecture.num_layers, stage)
     terms = {
         "params": fixed["params"],
         "gradients": fixed["gradients"],
@@ -389,9 +489,7 @@ def memory_per_gpu(spec: ModelSpec, layout: Layout, anatomy: Anatomy | None, cap
     terms["comm_buffers"] = fixed["comm_buffers"]
     terms["framework"] = fixed["framework"]
     terms["allocator_slack"] = assumptions.allocator_fraction * (saved + transient)
-    # by_group is the states mapping itself (a search shares it across layouts): read it, never write it
-    return MemoryBreakdown(terms=terms, by_group=states, capacity=capacity_bytes, notes=tuple(notes),
-                           headroom_fraction=headroom)
+    return terms, tuple(notes), states
 
 
 def outside_allocator_bytes(layout: Layout, assumptions: MemoryAssumptions = MemoryAssumptions()) -> float:
@@ -420,7 +518,7 @@ def predicted_peak_bytes(terms: dict[str, float], what: str) -> float:
 
 
 def comm_buffer_bytes(spec: ModelSpec, layout: Layout, states: dict[str, dict[str, float]],
-                      assumptions: MemoryAssumptions = MemoryAssumptions()) -> float:
+                      assumptions: MemoryAssumptions = MemoryAssumptions(), stage: Stage | None = None) -> float:
     """Communication buffers per GPU that torch allocates, bytes: DDP's gradient bucket copy (ZeRO-0) or ZeRO-1's
     reduce buckets, and ZeRO-3's gathered parameters (two FSDP units, or every layer of the stage without
     resharding after forward or under a pipeline, which also holds the stage's unsharded gradients); NCCL's own
@@ -438,8 +536,8 @@ def comm_buffer_bytes(spec: ModelSpec, layout: Layout, states: dict[str, dict[st
         # two FSDP units (the current layer and the prefetched next) gathered in compute dtype; without
         # resharding after forward every layer's gathered parameters stay until its backward
         # (torch FSDP2 fully_shard(reshard_after_forward=False))
-        stage_layers = max(1, round(_busiest_stage_share(layout, spec.architecture.num_layers)
-                                    * spec.architecture.num_layers))
+        stage_layers = stage.layers if stage is not None else max(
+            1, round(_busiest_stage_share(layout, spec.architecture.num_layers) * spec.architecture.num_layers))
         cb = dtype_bytes(spec.dtypes.compute)
         # each group's elements on this rank's stage, unsharded: its shard over its own shard group (the routed
         # experts' is the expert-data-parallel one)

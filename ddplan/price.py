@@ -28,8 +28,9 @@ from ddplan.evidence import Thin, thin_values, widened
 from ddplan.flops import mfu, nanochat_flops_per_token
 from ddplan.fp8 import TE_RECIPES, fp8_stack_factor, with_fp8_saves
 from ddplan.layout import Layout, breaks_world_size_rule
-from ddplan.memory import (FITS, HEADROOM, MemoryAssumptions, MemoryBreakdown, activation_bytes, fixed_terms,
-                           floor_bytes, in_flight_micro_batches, limit_bytes, memory_per_gpu, model_states)
+from ddplan.memory import (FITS, HEADROOM, MemoryAssumptions, MemoryBreakdown, Stage, activation_bytes, fixed_terms,
+                           floor_bytes, in_flight_micro_batches, limit_bytes, memory_per_gpu, model_states,
+                           pipeline_stages, stage_activation_bytes)
 from ddplan.runs import highest_measured_mfu
 from ddplan.roofline import SCENARIOS, Rates, Scenario, comm_end, op_times, rates
 from ddplan.specs import Budget, HardwareSpec, ModelSpec, Price
@@ -240,8 +241,10 @@ class _Group:
     """What layouts that differ only in micro-batch, accumulation and recompute share (Pricer._group): a search
     prices such a group's layouts one after another."""
 
-    states: dict[str, dict[str, float]]  # ddplan.memory.model_states (read, never written)
-    fixed: dict[str, float]  # ddplan.memory.fixed_terms
+    # per pipeline stage (ddplan.memory.pipeline_stages; one without a pipeline): ddplan.memory.model_states (read,
+    # never written) and ddplan.memory.fixed_terms
+    states: tuple[dict[str, dict[str, float]], ...]
+    fixed: tuple[dict[str, float], ...]
     # the keys, each a Pricer._token standing for the tuple of what it covers:
     ops_key: int  # what its anatomies depend on besides the micro-batch, the recompute policy and the window
     memory_key: int  # what its memory depends on besides those and the micro-batches in flight
@@ -299,9 +302,11 @@ class Pricer:
         if group is None:
             token = self._token
             ops = token((self._kind(layout.attention), layout.compiled, layout.rank_share, layout.recompute_early_stop))
-            states = self._states(layout)
+            stages = pipeline_stages(layout, self.spec.architecture)
+            states = tuple(self._states(layout, s) for s in stages)
             group = self._shared[key] = _Group(
-                states=states, fixed=self._fixed_terms(layout, states), ops_key=ops,
+                states=states, fixed=tuple(self._fixed_terms(layout, st, s) for st, s in zip(states, stages)),
+                ops_key=ops,
                 memory_key=token((ops, layout.dp, layout.pp, layout.zero, layout.pp_schedule, layout.pp_virtual_stages,
                                   layout.shard_group, layout.reshard_after_forward, layout.fsdp2,
                                   layout.fp8_all_gather, layout.offload_optimizer, layout.fp8_params,
@@ -503,47 +508,56 @@ class Pricer:
                self.fp8_recipe)  # fp8: what the GEMMs save (Pricer.anatomy)
         mem = self._shared.get(key)
         if mem is None:
+            piped = layout.pp > 1  # per stage (ddplan.memory.pipeline_stages), else the one
             mem = self._shared[key] = memory_per_gpu(
-                self.spec, layout, None, self.hw.memory.usable_bytes, self.assumptions, states=group.states,
-                headroom=self.plan.headroom, fixed=group.fixed,
+                self.spec, layout, None, self.hw.memory.usable_bytes, self.assumptions,
+                states=group.states if piped else group.states[0], headroom=self.plan.headroom,
+                fixed=group.fixed if piped else group.fixed[0],
                 activations=self._activations(layout, window, group, in_flight))
         return mem
 
-    def _activations(self, layout: Layout, window: str, group: _Group, in_flight: float) -> tuple[float, float]:
-        """(saved, transient) activation bytes of the layout (ddplan.memory.activation_bytes), cached by what they
-        depend on: its anatomy, its pipeline split and schedule with the micro-batches in flight, and whether
-        ZeRO-3 leaves out the weight casts (layouts that differ only in dp or ZeRO 0-2 share them)."""
+    def _activations(self, layout: Layout, window: str, group: _Group, in_flight: float) -> tuple:
+        """(saved, transient) activation bytes of the layout (ddplan.memory.activation_bytes; with a pipeline, saved
+        is a tuple over ddplan.memory.pipeline_stages), cached by what they depend on: its anatomy, its pipeline
+        split and schedule with the micro-batches in flight, and whether ZeRO-3 leaves out the weight casts
+        (layouts that differ only in dp or ZeRO 0-2 share them)."""
         key = ("activations", window, group.activations_key, layout.micro_batch, layout.recompute, self.fp8,
                self.fp8_recipe, in_flight)
         act = self._shared.get(key)
         if act is None:
-            act = self._shared[key] = activation_bytes(self.anatomy(layout, window, group), layout,
-                                                       self.spec.architecture.num_layers)
+            anatomy, num_layers = self.anatomy(layout, window, group), self.spec.architecture.num_layers
+            if layout.pp == 1:
+                act = activation_bytes(anatomy, layout, num_layers)
+            else:
+                act = stage_activation_bytes(anatomy, layout, num_layers,
+                                             pipeline_stages(layout, self.spec.architecture))
+            self._shared[key] = act
         return act
 
-    def _states(self, layout: Layout) -> dict[str, dict[str, float]]:
-        """The layout's model states (ddplan.memory.model_states), cached by what they depend on."""
+    def _states(self, layout: Layout, stage: Stage) -> dict[str, dict[str, float]]:
+        """A pipeline stage's model states (ddplan.memory.model_states), cached by what they depend on."""
         key = ("states", layout.grad_ranks, layout.rank_share, layout.pp, layout.zero, layout.shard_group,
-               layout.offload_optimizer, layout.fp8_params)  # rank_share: tp, and ep / expert rows (the experts' shards)
+               layout.offload_optimizer, layout.fp8_params, stage)  # rank_share: tp, and ep / expert rows (the experts' shards)
         if key not in self._shared:
-            self._shared[key] = model_states(self.spec, layout)
+            self._shared[key] = model_states(self.spec, layout, stage if layout.pp > 1 else None)
         return self._shared[key]
 
-    def _fixed_terms(self, layout: Layout, states: dict[str, dict[str, float]]) -> dict[str, float]:
-        """The layout's memory terms that no micro-batch or recompute policy changes (ddplan.memory.fixed_terms),
+    def _fixed_terms(self, layout: Layout, states: dict[str, dict[str, float]], stage: Stage) -> dict[str, float]:
+        """A pipeline stage's memory terms that no micro-batch or recompute policy changes (ddplan.memory.fixed_terms),
         cached by what they depend on: what its model states do, and ZeRO-3's gathered parameters."""
         key = ("fixed terms", layout.grad_ranks, layout.rank_share, layout.pp, layout.zero, layout.shard_group,
                layout.offload_optimizer, layout.reshard_after_forward, layout.fsdp2, layout.fp8_all_gather,
-               layout.fp8_params)
+               layout.fp8_params, stage)
         if key not in self._shared:
-            self._shared[key] = fixed_terms(self.spec, layout, states, self.assumptions)
+            self._shared[key] = fixed_terms(self.spec, layout, states, self.assumptions,
+                                            stage if layout.pp > 1 else None)
         return self._shared[key]
 
     def cannot_fit(self, layout: Layout) -> bool:
         """Whether the layout's model states, communication buffers and framework alone are over the memory
         limit (ddplan.memory.state_floor_bytes): then memory(layout).fits is False at every micro-batch and
         recompute policy, and no anatomy is needed to say so. False says nothing (memory() decides)."""
-        floor = floor_bytes(self._group(layout).fixed, self.assumptions)  # ddplan.memory.state_floor_bytes
+        floor = max(floor_bytes(f, self.assumptions) for f in self._group(layout).fixed)  # a stage's state_floor_bytes
         return floor > limit_bytes(self.hw.memory.usable_bytes, self.plan.headroom)
 
     def steps(self, batch_tokens: int) -> int:

@@ -277,6 +277,44 @@ def test_uneven_pipeline_memory_is_the_fuller_of_the_first_two_stages():
     assert activation_bytes(an, Layout(dp=1, micro_batch=1, grad_accum=8), 48)[0] == pytest.approx(L + o)
 
 
+def test_each_pipeline_stage_pairs_its_own_states_with_its_own_activations():
+    """gpt3-22b (48 layers, tied embeddings) over pp 5: stages of 9, 10 x 3 and 9 layers (ddplan.pipeline.
+    stage_layers). By hand, the parameters each stage holds: the first 9/48 of the blocks with the token and
+    position tables, the second 10/48 and nothing else, the last 9/48 with its copy of the tied token table
+    (Megatron-Core's setup_embeddings_and_output_layer). The peak is the fullest stage's own states with its own
+    saved activations, not the 10-layer stage's states with the first stage's tables and the largest activations
+    (the pairing before 2026-12-07, eighth session)."""
+    from ddplan.memory import EMBEDDING_GROUPS, fixed_terms, pipeline_stages
+    from ddplan.units import dtype_bytes
+
+    spec = load_model("gpt3-22b")
+    lay = Layout(dp=2, tp=1, pp=5, zero=1, micro_batch=1, grad_accum=8)
+    stages = pipeline_stages(lay, spec.architecture)
+    assert [(s.index, s.layers, s.embedding, s.head) for s in stages] == [
+        (0, 9, True, False), (1, 10, False, False), (4, 9, False, True)]
+    blocks = 21_743_271_936 + 1_191_936 + 2_654_208  # block_matrices + norms + biases (ddplan.params)
+    wte, wpe = 314_572_800, 12_582_912
+    expected = [9 / 48 * blocks + wte + wpe, 10 / 48 * blocks, 9 / 48 * blocks + wte]
+    for s, want in zip(stages, expected):
+        params = model_states(spec, lay, s)["params"]
+        got = sum(b / dtype_bytes(spec.dtypes.params[g]) for g, b in params.items())
+        assert got == pytest.approx(want, rel=1e-12)
+    an = build_anatomy(spec, batch=1, attention="unfused_math", windows="mask")
+    cap = 80 * GB
+    per = [memory_per_gpu(spec, lay, an, cap, stage=s) for s in stages]
+    whole = memory_per_gpu(spec, lay, an, cap)
+    assert whole.total == max(m.total for m in per)
+    # the old pairing: the 10-layer stage's states with the first stage's tables, and the largest activations
+    second = model_states(spec, lay, stages[1])
+    tables = {k: sum(v for g, v in model_states(spec, lay, stages[0])[k].items() if g in EMBEDDING_GROUPS)
+              for k in ("params", "gradients", "optimizer")}
+    old_states = sum(sum(second[k].values()) + tables[k] for k in tables)
+    saved, transient = activation_bytes(an, lay, 48)
+    fixed = fixed_terms(spec, lay, second)
+    old = old_states + saved + transient + fixed["comm_buffers"] + fixed["framework"] + 0.05 * (saved + transient)
+    assert whole.total < old
+
+
 def test_state_floor_is_every_term_but_the_activations_and_claims_nothing_with_negative_slack():
     """state_floor_bytes adds params, gradients, optimizer, comm_buffers and framework (memory_per_gpu's terms
     without the three activation ones); a negative allocator fraction could make the total smaller: -inf."""
