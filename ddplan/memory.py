@@ -141,9 +141,9 @@ def pipeline_stages(layout: Layout, arch) -> tuple[Stage, ...]:
     """The stages whose peak memory can be the largest, each priced whole (its own model states with its own saved
     activations: memory_per_gpu takes the fullest): the first (the embeddings, the most micro-batches in flight), the
     second, standing for the middle stages where they hold more layers or MoE blocks than the first (as many layers as
-    any, ddplan.pipeline.stage_layers: more than an end stage when pp does not divide them; one micro-batch fewer in
-    flight than the first; the most MoE blocks of any middle stage; with no more than the first it holds less), and
-    the last (the head; with tied embeddings also its copy of the embedding table, which Megatron-
+    any, ddplan.pipeline.stage_layers: more than an end stage when pp does not divide them; fewer micro-batches in
+    flight than the first, in_flight_micro_batches; with no more than the first it holds less), the first middle
+    stage with the most MoE blocks where that is not the second (a model's dense blocks come first), and the last (the head; with tied embeddings also its copy of the embedding table, which Megatron-
     Core keeps there: language_module.py@2a75ac1 setup_embeddings_and_output_layer, "maintain duplicated embedding
     weights in post processing stage"). Later middle stages hold no more layers and fewer micro-batches. Without a
     pipeline, one stage with everything. e.g. Llama 3.1 405B's 126 layers over pp 16: stages 0, 1 and 15 with 7, 8
@@ -162,16 +162,22 @@ _STAGES: dict[tuple[int, int], tuple[object, tuple[Stage, ...]]] = {}  # (id(arc
 
 def _stages(pp: int, arch) -> tuple[Stage, ...]:
     """pipeline_stages, worked out."""
-    moe = moe_layers_by_stage(arch, pp) if arch.moe is not None else [0] * pp
     if pp == 1:
-        return (Stage(0, arch.num_layers, moe[0], True, True),)
+        return (Stage(0, arch.num_layers, arch.moe_layers if arch.moe is not None else 0, True, True),)
     try:
         first, middle, last = stage_layers(arch.num_layers, pp)
-    except ValueError:  # a split check_layout refuses: the even share, rounded up
+        moe = moe_layers_by_stage(arch, pp) if arch.moe is not None else [0] * pp
+    except ValueError:  # a split check_layout refuses: the even share, rounded up, its MoE blocks alike
         first = middle = last = -(-arch.num_layers // pp)
+        moe = [min(first, arch.moe_layers) if arch.moe is not None else 0] * pp
     out = [Stage(0, first, moe[0], True, False)]
-    if pp > 2 and (middle > first or max(moe[1:-1]) > moe[0]):  # else no fuller than the first: fewer in flight
-        out.append(Stage(1, middle, max(moe[1:-1]), False, False))
+    if pp > 2:
+        # the second stage (the most in flight of the middle ones), and the first middle stage with the most MoE
+        # blocks where it has more than the second (dense blocks first): each a real stage, with its own index
+        most = max(range(1, pp - 1), key=lambda j: (moe[j], -j))
+        for j in dict.fromkeys((1, most)):
+            if middle > first or moe[j] > moe[0]:  # else no fuller than the first: no tables, fewer in flight
+                out.append(Stage(j, middle, moe[j], False, False))
     out.append(Stage(pp - 1, last, moe[-1], False, True))
     return tuple(out)
 
@@ -191,8 +197,8 @@ def _stage_share(group: str, layout: Layout, num_layers: int, arch=None, stage: 
 
     Block groups split over tp x the stages' layers (1 / (tp x pp) when pp divides the layers); embeddings
     live on the first stage and lm_head on the last, each split over tp (vocab-parallel): a given stage holds them
-    or not (the last also the tied embedding table's copy, pipeline_stages). Without a stage both count, and the
-    caller keeps the worse end. The routed experts and the router (arch given, a mixture of experts) live in the
+    or not (the last also the tied embedding table's copy, pipeline_stages). Without a stage both count (the step
+    time's busiest stage, ddplan.step). The routed experts and the router (arch given, a mixture of experts) live in the
     MoE blocks only: the share of the stage with the most of them (the dense_layers sit on the first stages,
     ddplan.pipeline.moe_layers_by_stage), or of the given stage.
     """
@@ -315,18 +321,25 @@ def _muon_chunk_fraction(spec: ModelSpec, group: str, dp: int) -> float:
 
 
 def in_flight_micro_batches(layout: Layout, stage: int = 0) -> float:
-    """Micro-batches whose activations pipeline stage `stage` (0: the first) holds at once.
+    """Micro-batches whose activations pipeline stage `stage` (0: the first) holds at once, in micro-batches of the
+    whole stage.
 
-    1F1B: min(p - stage, m). Interleaved with v chunks: x (1 + (p-1)/(p v)).
-    Ref: Korthikanti et al., arXiv 2205.05198, sec. 4.2.3; Narayanan et al., arXiv 2104.04473, sec. 2.2.
+    1F1B: min(p - stage, m). Interleaved with v chunks a stage: Megatron-Core's warm-up forwards,
+    (p - stage - 1) x 2 + (v - 1) x p chunks, and the one steady-state forward before the first backward, at most
+    the step's m x v chunks, over v: (p v + p - 1) / v on the first stage, Korthikanti et al.'s p (1 + (p-1)/(p v)),
+    and 2/v fewer on each later one (not 1 + (p-1)/(p v) fewer: ddplan's count until 2026-12-07, eighth session).
+    e.g. p 16, v 8, m 384: 143 / 8 = 17.875 on the first stage, 141 / 8 = 17.625 on the second (Megatron's 141 chunk
+    forwards there; 16.76 before).
+    Ref: Megatron-Core schedules.py@2a75ac1 get_pp_rank_microbatches (microbatch_group_size_per_vp_stage = p, its
+    default); Korthikanti et al., arXiv 2205.05198, sec. 4.2.3; Narayanan et al., arXiv 2104.04473, sec. 2.2.
     """
     p, m = layout.pp, layout.grad_accum
     if p == 1:
         return 1.0
-    held = float(min(p - stage, m))
     if layout.pp_schedule == "interleaved":
-        held *= 1 + (p - 1) / (p * layout.pp_virtual_stages)
-    return held
+        v = layout.pp_virtual_stages
+        return min((p - stage - 1) * 2 + (v - 1) * p + 1, m * v) / v
+    return float(min(p - stage, m))
 
 
 def resident_layer_share(layout: Layout, num_layers: int) -> float:
@@ -373,7 +386,7 @@ def activation_bytes(anatomy: Anatomy, layout: Layout, num_layers: int,
     working set: an op's gradients plus what recompute has brought back then.
 
     The first stage holds its layers and the embeddings' saved tensors for each of its in-flight micro-batches;
-    the last stage its layers and the head's (final norm, logits, loss) for its own (one in 1F1B); a middle
+    the last stage its layers for each of its own and the head's (final norm, logits, loss) for one; a middle
     stage its layers only. Where pp does not divide the layers (ddplan.pipeline.stage_layers) the end stages have
     fewer of them, and the second stage, holding one micro-batch fewer than the first with the most layers, may
     hold more. Ref: Narayanan et al., arXiv 2104.04473, sec. 2.2 (1F1B: stage i holds
@@ -408,8 +421,11 @@ def stage_activation_bytes(anatomy: Anatomy, layout: Layout, num_layers: int,
     transient = anatomy.backward_transient_bytes()
     if layout.pp == 1:  # activation offload (pp 1 only): the first N layers' saves wait in host memory
         return (layer_bytes * resident_layer_share(layout, num_layers) + embedding + head,) * len(stages), transient
-    saved = tuple((layer_bytes * s.layers / num_layers + (embedding if s.embedding else 0.0)
-                   + (head if s.head else 0.0)) * in_flight_micro_batches(layout, stage=s.index) for s in stages)
+    # the head's saves (final norm, logits, loss) for one micro-batch: the last stage runs a micro-batch's backward
+    # right after the forward that reaches the loss, in 1F1B and interleaved alike (its other in-flight micro-batches
+    # wait in earlier chunks)
+    saved = tuple((layer_bytes * s.layers / num_layers + (embedding if s.embedding else 0.0))
+                  * in_flight_micro_batches(layout, stage=s.index) + (head if s.head else 0.0) for s in stages)
     # the working set is the whole model's (the head's logits gradient included) on every stage: conservative
     # (per stage, the head's gradients on the last stage only, is not done: the blocks' ops carry no gradient
     # working set in the anatomy (transient 0), so a stage without the head would have none at all)
@@ -430,9 +446,9 @@ def fixed_terms(spec: ModelSpec, layout: Layout, states: dict[str, dict[str, flo
 
 def memory_per_gpu(spec: ModelSpec, layout: Layout, anatomy: Anatomy | None, capacity_bytes: float,
                    assumptions: MemoryAssumptions = MemoryAssumptions(),
-                   states: dict[str, dict[str, float]] | None = None, headroom: float = HEADROOM,
-                   fixed: dict[str, float] | None = None,
-                   activations: tuple[float, float] | None = None, stage: Stage | None = None) -> MemoryBreakdown:
+                   states: dict[str, dict[str, float]] | tuple[dict[str, dict[str, float]], ...] | None = None,
+                   headroom: float = HEADROOM, fixed: dict[str, float] | tuple[dict[str, float], ...] | None = None,
+                   activations: tuple | None = None, stage: Stage | None = None) -> MemoryBreakdown:
     """Peak bytes per GPU over a training step, by term: of one pipeline stage (`stage`), or, with a pipeline and
     no stage, of the fullest of pipeline_stages, each with its own model states, buffers and saved activations (a
     stage is not paired with layers, embeddings or a head it does not hold).
@@ -445,6 +461,10 @@ def memory_per_gpu(spec: ModelSpec, layout: Layout, anatomy: Anatomy | None, cap
     pipeline and no stage, each a tuple over pipeline_stages (activations: (the stages' saved bytes, transient)).
     """
     if layout.pp > 1 and stage is None:
+        if isinstance(states, dict) or isinstance(fixed, dict) or (activations is not None
+                                                                  and not isinstance(activations[0], tuple)):
+            raise ValueError("with a pipeline, pass states, fixed and activations per stage (tuples over "
+                             "pipeline_stages), or a stage")
         best = None  # (total, the stage's terms, notes, states): the first of the fullest
         for i, s in enumerate(pipeline_stages(layout, spec.architecture)):
             got = _stage_terms(spec, layout, anatomy, assumptions, states[i] if states is not None else None,

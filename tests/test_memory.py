@@ -204,6 +204,17 @@ def test_in_flight_micro_batches_bounds(p, m, v):
     assert interleaved >= one_f_one_b
 
 
+def test_interleaved_in_flight_is_megatron_cores_count_by_hand():
+    """Megatron-Core (schedules.py@2a75ac1 get_pp_rank_microbatches): rank r runs (p - r - 1) x 2 + (v - 1) x p
+    warm-up chunk forwards, then one more before its first backward. p 16, v 8 (Llama 3.1 405B's recipe): 143 chunks
+    on rank 0, 141 on rank 1 (the memory audit's count), 113 on the last; over v = 8 chunks a stage. At m = p the
+    step's 128 chunks cap rank 0's 143. 1F1B: p - r."""
+    lay = Layout(pp=16, grad_accum=48, pp_schedule="interleaved", pp_virtual_stages=8)
+    assert [in_flight_micro_batches(lay, r) for r in (0, 1, 15)] == [143 / 8, 141 / 8, 113 / 8]
+    assert in_flight_micro_batches(Layout(pp=16, grad_accum=16, pp_schedule="interleaved", pp_virtual_stages=8)) == 16
+    assert [in_flight_micro_batches(Layout(pp=4, grad_accum=8), r) for r in range(4)] == [4, 3, 2, 1]
+
+
 # --------------------------------------------------------------------------------------------
 # The seed: d24 on one MI300X, ~105 GB in use
 
@@ -313,6 +324,31 @@ def test_each_pipeline_stage_pairs_its_own_states_with_its_own_activations():
     fixed = fixed_terms(spec, lay, second)
     old = old_states + saved + transient + fixed["comm_buffers"] + fixed["framework"] + 0.05 * (saved + transient)
     assert whole.total < old
+
+
+def test_the_fullest_stage_is_a_real_one_when_dense_blocks_come_first():
+    """qwen3-30b-a3b with its first 20 of 48 blocks dense, pp 4 (12 a stage: 0, 4, 12, 12 MoE blocks) and pp 6
+    (8 a stage: 0, 0, 4, 8, 8, 8): the peak is the largest of every real stage's own total (each priced with its own
+    index, layers and MoE blocks), not a middle stage made of the second's micro-batches and a later one's experts.
+    With a pipeline and no stage, states given as one mapping are refused (they are per stage)."""
+    from ddplan.memory import Stage, pipeline_stages
+    from ddplan.pipeline import moe_layers_by_stage, stage_layers
+
+    spec = load_model("qwen3-30b-a3b")
+    arch = spec.architecture.model_copy(update={"moe": spec.architecture.moe.model_copy(update={"dense_layers": 20})})
+    spec = spec.model_copy(update={"architecture": arch})
+    an = build_anatomy(spec, batch=1)
+    for pp, moe in ((4, [0, 4, 12, 12]), (6, [0, 0, 4, 8, 8, 8])):
+        lay = Layout(dp=4, pp=pp, ep=4, grad_accum=8, zero=1)
+        assert moe_layers_by_stage(arch, pp) == moe
+        first, middle, last = stage_layers(48, pp)
+        sizes = [first, *[middle] * (pp - 2), last]
+        real = [memory_per_gpu(spec, lay, an, 80 * GB, stage=Stage(i, sizes[i], moe[i], i == 0, i == pp - 1)).total
+                for i in range(pp)]
+        assert memory_per_gpu(spec, lay, an, 80 * GB).total == max(real)
+        assert all(s.moe_layers == moe[s.index] for s in pipeline_stages(lay, arch))
+    with pytest.raises(ValueError, match="per stage"):
+        memory_per_gpu(spec, lay, an, 80 * GB, states=model_states(spec, lay))
 
 
 def test_state_floor_is_every_term_but_the_activations_and_claims_nothing_with_negative_slack():
