@@ -137,47 +137,56 @@ class Stage:
     head: bool
 
 
+_STAGES: dict[tuple[int, int], tuple[object, tuple[Stage, ...]]] = {}  # (id(arch), pp) -> (arch kept alive, stages)
+
+
 def pipeline_stages(layout: Layout, arch) -> tuple[Stage, ...]:
     """The stages whose peak memory can be the largest, each priced whole (its own model states with its own saved
-    activations: memory_per_gpu takes the fullest): the first (the embeddings, the most micro-batches in flight), the
-    second, standing for the middle stages where they hold more layers or MoE blocks than the first (as many layers as
+    activations: memory_per_gpu takes the fullest). The first (the embeddings, the most micro-batches in flight).
+    The second where it holds more layers or MoE blocks than the first (the middle stages hold as many layers as
     any, ddplan.pipeline.stage_layers: more than an end stage when pp does not divide them; fewer micro-batches in
-    flight than the first, in_flight_micro_batches; with no more than the first it holds less), the first middle
-    stage with the most MoE blocks where that is not the second (a model's dense blocks come first), and the last (the head; with tied embeddings also its copy of the embedding table, which Megatron-
-    Core keeps there: language_module.py@2a75ac1 setup_embeddings_and_output_layer, "maintain duplicated embedding
-    weights in post processing stage"). Later middle stages hold no more layers and fewer micro-batches. Without a
-    pipeline, one stage with everything. e.g. Llama 3.1 405B's 126 layers over pp 16: stages 0, 1 and 15 with 7, 8
-    and 7 layers, so the 8-layer stage no longer pairs with the first stage's embedding table."""
+    flight than the first, in_flight_micro_batches, and fewer on each later one). Each later middle stage with more
+    MoE blocks than every middle stage before it (a model's dense blocks come first: only more experts can make a
+    later stage fuller). The last (the head; with tied embeddings also its copy of the embedding table, which
+    Megatron-Core keeps there: language_module.py@2a75ac1 setup_embeddings_and_output_layer, "maintain duplicated
+    embedding weights in post processing stage"). Without a pipeline, one stage with everything. e.g. Llama 3.1
+    405B's 126 layers over pp 16: stages 0, 1 and 15 with 7, 8 and 7 layers, so the 8-layer stage no longer pairs
+    with the first stage's embedding table."""
     known = _STAGES.get((id(arch), layout.pp))
     if known is not None and known[0] is arch:  # a search asks for a layout group's stages many times
         return known[1]
     if len(_STAGES) >= 256:
         _STAGES.clear()
-    stages = _STAGES[(id(arch), layout.pp)] = (arch, _stages(layout.pp, arch))
+    moe = None
+    if arch.moe is not None:
+        try:
+            moe = moe_layers_by_stage(arch, layout.pp)
+        except ValueError:  # a split check_layout refuses: every stage the even share's MoE blocks, at most
+            moe = [min(_split(arch.num_layers, layout.pp)[1], arch.moe_layers)] * layout.pp
+    stages = _STAGES[(id(arch), layout.pp)] = (arch, _stages(arch.num_layers, layout.pp, moe))
     return stages[1]
 
 
-_STAGES: dict[tuple[int, int], tuple[object, tuple[Stage, ...]]] = {}  # (id(arch), pp) -> (arch kept alive, stages)
-
-
-def _stages(pp: int, arch) -> tuple[Stage, ...]:
-    """pipeline_stages, worked out."""
-    if pp == 1:
-        return (Stage(0, arch.num_layers, arch.moe_layers if arch.moe is not None else 0, True, True),)
+def _split(num_layers: int, pp: int) -> tuple[int, int, int]:
+    """ddplan.pipeline.stage_layers, or for a split check_layout refuses the even share, rounded up, on every stage."""
     try:
-        first, middle, last = stage_layers(arch.num_layers, pp)
-        moe = moe_layers_by_stage(arch, pp) if arch.moe is not None else [0] * pp
-    except ValueError:  # a split check_layout refuses: the even share, rounded up, its MoE blocks alike
-        first = middle = last = -(-arch.num_layers // pp)
-        moe = [min(first, arch.moe_layers) if arch.moe is not None else 0] * pp
+        return stage_layers(num_layers, pp)
+    except ValueError:
+        return (-(-num_layers // pp),) * 3
+
+
+def _stages(num_layers: int, pp: int, moe: list[int] | None = None) -> tuple[Stage, ...]:
+    """pipeline_stages for num_layers over pp stages, with each stage's MoE blocks (None: a dense model)."""
+    moe = moe or [0] * pp
+    if pp == 1:
+        return (Stage(0, num_layers, moe[0], True, True),)
+    first, middle, last = _split(num_layers, pp)
     out = [Stage(0, first, moe[0], True, False)]
-    if pp > 2:
-        # the second stage (the most in flight of the middle ones), and the first middle stage with the most MoE
-        # blocks where it has more than the second (dense blocks first): each a real stage, with its own index
-        most = max(range(1, pp - 1), key=lambda j: (moe[j], -j))
-        for j in dict.fromkeys((1, most)):
-            if middle > first or moe[j] > moe[0]:  # else no fuller than the first: no tables, fewer in flight
-                out.append(Stage(j, middle, moe[j], False, False))
+    most = moe[0] if middle == first else -1  # a middle stage with no more layers needs more MoE blocks than this
+    for j in range(1, pp - 1):
+        if moe[j] > most:
+            out.append(Stage(j, middle, moe[j], False, False))
+            most = moe[j]
     out.append(Stage(pp - 1, last, moe[-1], False, True))
     return tuple(out)
 
@@ -185,10 +194,7 @@ def _stages(pp: int, arch) -> tuple[Stage, ...]:
 def _busiest_stage_share(layout: Layout, num_layers: int) -> float:
     """Fraction of the layers on the pipeline stage with the most (ddplan.pipeline.stage_layers); 1/pp when
     pp divides them; ceil(L / pp) / L for a split that leaves an end stage empty (refused by check_layout)."""
-    try:
-        return max(stage_layers(num_layers, layout.pp)) / num_layers
-    except ValueError:
-        return -(-num_layers // layout.pp) / num_layers
+    return max(_split(num_layers, layout.pp)) / num_layers
 
 
 def _stage_share(group: str, layout: Layout, num_layers: int, arch=None, stage: Stage | None = None) -> float:
@@ -398,15 +404,7 @@ def activation_bytes(anatomy: Anatomy, layout: Layout, num_layers: int,
     MixedPrecisionPolicy(param_dtype); torchtitan distributed/utils.py@238fa99 L243-264 (maybe_enable_amp: no
     autocast when FSDP is on); ZeRO (arXiv 1910.02054) sec. 5 (16-bit parameters gathered per layer).
     """
-    if stage is None:
-        try:
-            first, middle, last = stage_layers(num_layers, layout.pp)
-        except ValueError:  # a split check_layout refuses: the even share, rounded up
-            first = middle = last = -(-num_layers // layout.pp)
-        ends = (Stage(0, first, 0, True, layout.pp == 1), Stage(layout.pp - 1, last, 0, False, True))
-        stages = ends[:1] if layout.pp == 1 else ends if layout.pp == 2 else (*ends, Stage(1, middle, 0, False, False))
-    else:
-        stages = (stage,)
+    stages = (stage,) if stage is not None else _stages(num_layers, layout.pp)  # the anatomy's layers are alike
     saved, transient = stage_activation_bytes(anatomy, layout, num_layers, stages)
     return max(saved), transient
 
@@ -556,7 +554,7 @@ def comm_buffer_bytes(spec: ModelSpec, layout: Layout, states: dict[str, dict[st
         # two FSDP units (the current layer and the prefetched next) gathered in compute dtype; without
         # resharding after forward every layer's gathered parameters stay until its backward
         # (torch FSDP2 fully_shard(reshard_after_forward=False))
-        stage_layers = stage.layers if stage is not None else max(
+        layers_here = stage.layers if stage is not None else max(
             1, round(_busiest_stage_share(layout, spec.architecture.num_layers) * spec.architecture.num_layers))
         cb = dtype_bytes(spec.dtypes.compute)
         # each group's elements on this rank's stage, unsharded: its shard over its own shard group (the routed
@@ -574,10 +572,10 @@ def comm_buffer_bytes(spec: ModelSpec, layout: Layout, states: dict[str, dict[st
             # casts the first when it differs from the compute dtype)
             comm += gathered + sum(e * spec.dtypes.reduce_bytes(g) for g, e in elements.items())
         else:
-            per_layer = gathered / stage_layers
-            comm += (2 if layout.reshard_after_forward else stage_layers) * per_layer
+            per_layer = gathered / layers_here
+            comm += (2 if layout.reshard_after_forward else layers_here) * per_layer
             if layout.fsdp2:
-                comm += fsdp2_reduce_scatter_buffer_bytes(spec, elements, stage_layers)
+                comm += fsdp2_reduce_scatter_buffer_bytes(spec, elements, layers_here)
     return comm
 
 

@@ -75,7 +75,8 @@ VALIDATED_RATIO_MOE = (0.82, 2.19)  # the dense low end; 2.185 (Megatron-FSDP Qw
 # with one fp8 fraction for every stack, 0.80-1.22 before OLMo-core's table, 0.78-1.24 before Megatron-Core's fp8
 # weights were cast once a step
 VALIDATED_RATIO_FP8 = (0.73, 1.29)  # 0.737 and 1.281 over the 61 dense fp8 runs of 5 sources, rounded outward
-# (0.74-1.27 before MLPerf's B300 and GB300 runs joined, 2026-12-07, eighth session; 0.73-1.28 before the MI355X's forward attention was measured, 2026-12-07, seventh session)
+# (0.74-1.27 before MLPerf's B300 and GB300 runs joined, 2026-12-07, eighth session; 0.73-1.28 before the MI355X's
+# forward attention was measured, 2026-12-07, seventh session)
 # (0.70-1.33 at the 0.85 level, until 2026-12-07)
 
 
@@ -537,7 +538,7 @@ class Pricer:
     def _states(self, layout: Layout, stage: Stage) -> dict[str, dict[str, float]]:
         """A pipeline stage's model states (ddplan.memory.model_states), cached by what they depend on."""
         key = ("states", layout.grad_ranks, layout.rank_share, layout.pp, layout.zero, layout.shard_group,
-               layout.offload_optimizer, layout.fp8_params, stage)  # rank_share: tp, and ep / expert rows (the experts' shards)
+               layout.offload_optimizer, layout.fp8_params, stage)  # rank_share: tp, and ep / expert rows
         if key not in self._shared:
             self._shared[key] = model_states(self.spec, layout, stage if layout.pp > 1 else None)
         return self._shared[key]

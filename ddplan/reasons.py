@@ -156,16 +156,17 @@ def plan_no_rows(result) -> list[str]:
 
 
 def plan_reasons(result) -> list[str]:
-    """The choice, why each other family loses, and what memory forces."""
+    """The choice, why each other family loses, what memory forces, and whether the choice's price is assumed (a
+    spec's price whose source says so: no listing)."""
     if not result.rows:
         return plan_no_rows(result)
     headroom = result.request.headroom
     out = reasons(result.rows, result.request.model, result.request.cps)
     top = result.rows[0]
     price = next(hw.price for hw in result.request.hardware if hw.name == top["hardware"])
-    if result.request.price is None and price.provider.startswith("assumed"):  # a spec's price with no listing
+    if result.request.price is None and price.source.startswith("assumed"):  # a spec's price with no listing
         out.append(f"Its price is assumed, not a listing: ${price.usd_per_gpu_hour:g}/GPU-h for {top['hardware']} "
-                   f"(`ddplan specs show {top['hardware']}` says how); `--price` sets yours.")
+                   f"({price.provider}: its spec's price source says how); `--price` sets yours.")
     forced = result.memory_forces
     if "recompute" in forced:
         figures = ", ".join(f"recompute {rc} needs {gib:.0f} GiB" for rc, gib in forced["recompute"])

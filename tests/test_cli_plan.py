@@ -97,17 +97,20 @@ def test_price_flag_bills_per_gpu(capsys, frozen_today):
 
 
 def test_a_choice_priced_at_an_assumed_price_says_so(capsys):
-    """GB300 has no on-demand listing: its spec's price is assumed (provider "assumed ..."), and a plan that picks
-    it says so beside the cost, naming --price; with --price, or on a GPU with a listing, no such line."""
+    """GB300 has no on-demand listing: its spec's price is assumed (its source says "assumed: ..."), and a plan that
+    picks it says so beside the cost, naming --price, as for MI355X's placeholder; with --price, or on a GPU with a
+    listing, no such line."""
     from ddplan.registry import load_hardware
 
-    assert load_hardware("gb300").price.provider.startswith("assumed")
-    assert not load_hardware("b200").price.provider.startswith("assumed")
+    assert load_hardware("gb300").price.source.startswith("assumed")
+    assert not load_hardware("b200").price.source.startswith("assumed")
     argv = ["plan", "--model", "d24", "--gpus", "8", "--top", "1"]
     out = " ".join(run_ok(capsys, [*argv, "--hardware", "gb300"]).split())
     assert "Its price is assumed, not a listing: $13.23/GPU-h for gb300" in out and "`--price` sets yours" in out
     for extra in (["--hardware", "gb300", "--price", "9"], ["--hardware", "b200"]):
         assert "price is assumed" not in run_ok(capsys, [*argv, *extra])
+    assert "Its price is assumed, not a listing: $3.5/GPU-h for mi355x" in " ".join(
+        run_ok(capsys, [*argv, "--hardware", "mi355x"]).split())
 
 
 # --------------------------------------------------------------------------------------------

@@ -16,8 +16,8 @@ from pydantic import BaseModel
 from ddplan.specs import Efficiency, HardwareSpec
 
 HARDWARE_DIR = Path(__file__).resolve().parent.parent / "hardware"
-EXPECTED = {"mi300x", "mi325x", "mi355x", "h100-sxm", "h100-pcie", "h200", "b200", "gb200", "b300", "gb300", "a100-sxm-80gb",
-            "a100-sxm-40gb"}
+EXPECTED = {"mi300x", "mi325x", "mi355x", "h100-sxm", "h100-pcie", "h200", "b200", "gb200", "b300", "gb300",
+            "a100-sxm-80gb", "a100-sxm-40gb"}
 PATHS = sorted(HARDWARE_DIR.glob("*.yaml"))
 
 

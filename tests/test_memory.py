@@ -328,24 +328,29 @@ def test_each_pipeline_stage_pairs_its_own_states_with_its_own_activations():
 
 def test_the_fullest_stage_is_a_real_one_when_dense_blocks_come_first():
     """qwen3-30b-a3b with its first 20 of 48 blocks dense, pp 4 (12 a stage: 0, 4, 12, 12 MoE blocks) and pp 6
-    (8 a stage: 0, 0, 4, 8, 8, 8): the peak is the largest of every real stage's own total (each priced with its own
-    index, layers and MoE blocks), not a middle stage made of the second's micro-batches and a later one's experts.
+    (8 a stage: 0, 0, 4, 8, 8, 8), and with 17 dense at pp 6 (0, 0, 7, 8, 8, 8: the third stage, one more micro-batch
+    in flight than the fourth, can be the fullest): the peak is the largest of every real stage's own total (each
+    priced with its own index, layers and MoE blocks), not a middle stage made of the second's micro-batches and a
+    later one's experts.
     With a pipeline and no stage, states given as one mapping are refused (they are per stage)."""
     from ddplan.memory import Stage, pipeline_stages
     from ddplan.pipeline import moe_layers_by_stage, stage_layers
 
-    spec = load_model("qwen3-30b-a3b")
-    arch = spec.architecture.model_copy(update={"moe": spec.architecture.moe.model_copy(update={"dense_layers": 20})})
-    spec = spec.model_copy(update={"architecture": arch})
-    an = build_anatomy(spec, batch=1)
-    for pp, moe in ((4, [0, 4, 12, 12]), (6, [0, 0, 4, 8, 8, 8])):
-        lay = Layout(dp=4, pp=pp, ep=4, grad_accum=8, zero=1)
+    base = load_model("qwen3-30b-a3b")
+    for pp, moe, dense in ((4, [0, 4, 12, 12], 20), (6, [0, 0, 4, 8, 8, 8], 20), (6, [0, 0, 7, 8, 8, 8], 17)):
+        arch = base.architecture.model_copy(update={"moe": base.architecture.moe.model_copy(
+            update={"dense_layers": dense})})
+        spec = base.model_copy(update={"architecture": arch})
+        an = build_anatomy(spec, batch=2)
+        lay = Layout(dp=8, pp=pp, micro_batch=2, grad_accum=8, zero=1)
         assert moe_layers_by_stage(arch, pp) == moe
         first, middle, last = stage_layers(48, pp)
         sizes = [first, *[middle] * (pp - 2), last]
         real = [memory_per_gpu(spec, lay, an, 80 * GB, stage=Stage(i, sizes[i], moe[i], i == 0, i == pp - 1)).total
                 for i in range(pp)]
         assert memory_per_gpu(spec, lay, an, 80 * GB).total == max(real)
+        if dense == 17:  # the third stage (7 MoE blocks, one more micro-batch in flight than the fourth's 8) is
+            assert real.index(max(real)) == 2  # the fullest: 87.8 GB against 81.8
         assert all(s.moe_layers == moe[s.index] for s in pipeline_stages(lay, arch))
     with pytest.raises(ValueError, match="per stage"):
         memory_per_gpu(spec, lay, an, 80 * GB, states=model_states(spec, lay))

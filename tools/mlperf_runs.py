@@ -560,8 +560,9 @@ def write(rows: list[dict]) -> None:
     for r in left:
         lines.append(f"# - v{r['version']} {r['result_dir']}: {r['status'].removeprefix('left out: ')}")
     body = yaml.safe_dump({"kind": "runs", "description": "MLPerf Training LLM pretraining results (GPT-3 175B, "
-                           "Llama 3.1 405B and 8B) on NVIDIA H100/H200/B200/GB200/B300/GB300, transcribed from the MLLOGs and "
-                           "configs (see header)", "runs": runs}, sort_keys=False, width=118, allow_unicode=True)
+                           "Llama 3.1 405B and 8B) on NVIDIA H100/H200/B200/GB200/B300/GB300, transcribed from the "
+                           "MLLOGs and configs (see header)", "runs": runs}, sort_keys=False, width=118,
+                          allow_unicode=True)
     (OUT / "mlperf_runs.yaml").write_text("\n".join(lines) + "\n" + body)
     with open(OUT / "scan.tsv", "w") as f:
         f.write("version\tresult_dir\thardware\tgpus\tgbs\tstep_s\tconfig\tstatus\n")
