@@ -12,6 +12,9 @@ or a field of the run file wins over the profile, and the profile wins over ddpl
 `unpriced`: what the stack runs that ddplan does not price yet (a kernel it has no efficiency for, a recompute
 policy it cannot state, CUDA graphs); a command that takes the profile says each one, so a reader knows what
 the figure leaves out (the frameworks issue, #35, prices them one by one).
+`lacks`: the parallelism the stack cannot run (LACKS: nanochat has no tensor or pipeline parallelism; torchtitan
+refuses tied embeddings under a pipeline): `table` and `memory` refuse a layout that needs it, `plan` and
+`memory`'s fixes do not search it (Lack.stops).
 """
 
 from __future__ import annotations
@@ -59,6 +62,19 @@ class Item(Strict):
     dtypes: list[Literal["bf16", "fp16", "fp32"]] = []
 
 
+# what a stack may lack (FrameworkProfile.lacks): a parallel dimension above 1, or tied embeddings under a pipeline
+LACKS = ("tp", "pp", "cp", "ep", "tied_embeddings_with_pp")
+LACK_WORDS = {"tp": "tensor parallelism", "pp": "pipeline parallelism", "cp": "context parallelism",
+              "ep": "expert parallelism", "tied_embeddings_with_pp": "tied embeddings under a pipeline"}
+
+
+class Lack(Strict):
+    """Something the stack cannot run, with where it says so (or where its code shows it has none)."""
+
+    where: str = Field(pattern=WHERE)
+    quote: str = Field(min_length=3, max_length=400)
+
+
 class RecomputePolicy(Strict):
     """A recompute (activation checkpointing) policy as the stack names and defines it."""
 
@@ -78,6 +94,7 @@ class FrameworkProfile(Strict):
     applies: dict[str, Item] = {}
     unpriced: dict[str, Item] = {}
     recompute_policies: list[RecomputePolicy] = []
+    lacks: dict[Literal[LACKS], Lack] = {}
     # fp8 recipes by the name a user gives (--fp8-recipe, ddplan.specs.Fp8Recipe) -> the recipe this stack runs
     # under that name, e.g. torchtitan's mxfp8 is torchao's MXFP8Linear (mxfp8_torchao), not Transformer Engine's
     fp8_recipe_names: dict[Fp8Recipe, Item] = {}
@@ -131,6 +148,17 @@ class FrameworkProfile(Strict):
             return None
         first = str(item.value) if not item.dtypes or dtype is None or dtype in item.dtypes else None
         return next((a for a in (first, item.elsewhere) if a is not None and a in available), None)
+
+    def lacked(self, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, tied: bool = False) -> list[str]:
+        """The items of `lacks` a layout of these degrees needs (tied: the model ties its embeddings), in LACKS order."""
+        needs = {"tp": tp > 1, "pp": pp > 1, "cp": cp > 1, "ep": ep > 1, "tied_embeddings_with_pp": tied and pp > 1}
+        return [k for k in LACKS if needs[k] and k in self.lacks]
+
+    def lack_words(self, name: str) -> str:
+        """One lacked item in words: what, and where the stack says so (its quote is the profile's). e.g. "nanochat
+        (@92d63d4) has no tensor parallelism (nanochat/common.py@92d63d4 L194-201)"."""
+        verb = "refuses" if name == "tied_embeddings_with_pp" else "has no"
+        return f"{self.name} (@{self.commit[:7]}) {verb} {LACK_WORDS[name]} ({self.lacks[name].where})"
 
     def unpriced_words(self, moe: bool = True) -> list[str]:
         """One sentence per item ddplan does not price: what the stack runs and where it says so (the expert

@@ -18,6 +18,7 @@ from ddplan.errors import DdplanError, SpecError, UsageError
 from ddplan.layout import Options
 from ddplan.offload import check_activation_offload, check_offload
 from ddplan.plan import PlanRequest
+from ddplan.frameworks import LACK_WORDS, LACKS
 from ddplan.registry import (builtin_names, calibration_hardware, load_calibration, load_framework, load_hardware,
                              load_model)
 from ddplan.run import RunOverheads
@@ -513,6 +514,7 @@ def table_request(v: dict, stated: Stated, today):
         check_pattern(w, "--window")
     spec, hw, cal = load(v["model"], v["hardware"], v["calibration"], v["seq_len"], v["dtype"], grads=v["grads"],
                          weights=v["weights"], moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v))
+    check_lacks(v["framework"], spec, tp=tps, pp=pps, cp=cps, ep=eps)
     v["attention"] = profile_attention(v, stated, (hw,), dtype=spec.dtypes.compute)
     v["fp8_params"] = profile_fp8_params(v, stated, spec, fp8_recipe(v, stated), zeros)
     attentions = tuple(a.strip() for a in v["attention"].split(",")) if v["attention"] else ()
@@ -572,8 +574,23 @@ def plan_request(v: dict, stated: Stated, today, every_band: bool = False):
         cps=tuple(int_list(v["cp"], "--cp")) if v["cp"] else (), eps=expert_degrees(v["ep"], spec),
         attentions_where_available="attention" in stated.profile,
         options=_options(v, spec, None, stated), framework=framework_name(v["framework"]), band_every_row=every_band,
-        block_recompute=block_recompute(v["framework"]))
+        block_recompute=block_recompute(v["framework"]), lacks=lacked(v["framework"], spec, stated, "plan searches"))
     return req, spec, hws, cal
+
+
+def lacked(framework: str | None, spec, stated: Stated, command: str) -> frozenset[str]:
+    """What the --framework stack cannot run for this model (its profile's `lacks`), which a search leaves out,
+    said once in stated.notes, which `command` begins ("plan searches", "memory proposes")."""
+    if not framework:
+        return frozenset()
+    profile = load_framework(framework)
+    out = frozenset(profile.lacked(tp=2, pp=2, cp=2, ep=2, tied=spec.architecture.tied_embeddings))
+    if out:
+        names = [n for n in LACKS if n in out]
+        where = "; ".join(dict.fromkeys(profile.lacks[n].where for n in names))
+        stated.notes.append(f"{command} nothing that needs what {profile.name} (@{profile.commit[:7]}) cannot run: "
+                            f"{', '.join(LACK_WORDS[n] for n in names)} ({where})")
+    return out
 
 
 def _recompute_order(policy: str) -> tuple[float, int]:
@@ -590,6 +607,21 @@ def _recompute_order(policy: str) -> tuple[float, int]:
 def given_kernels(v: dict) -> dict[str, str | None]:
     """The kernel fields (ddplan.specs.KERNELS) as given (None: the model spec's)."""
     return {name: v[name] for name in KERNELS}
+
+
+def check_lacks(framework: str | None, spec, **degrees: tuple[int, ...]) -> None:
+    """Refuse, in one line, a layout the --framework stack cannot run (its profile's `lacks`): degrees by flag name
+    (tp, pp, cp, ep), each the values asked; under a pipeline a tied-embedding model where the stack refuses it."""
+    if not framework:
+        return
+    profile = load_framework(framework)
+    if not profile.lacks:
+        return
+    most = {k: max(v, default=1) for k, v in degrees.items()}
+    for name in profile.lacked(**most, tied=spec.architecture.tied_embeddings):
+        flag = "--pp" if name == "tied_embeddings_with_pp" else f"--{name}"
+        raise UsageError(f"{profile.lack_words(name)}: leave {flag} at 1 or run it with another --framework",
+                         field=flag)
 
 
 def framework_name(given: str | None) -> str | None:
@@ -633,6 +665,7 @@ class MemoryAsk:
     # the stack re-runs some layers whole (its profile lists a block method: Megatron-Core's, NeMo's): a fix may be
     # full:N, fewer layers re-run than full recompute
     block_recompute: bool = False
+    lacks: frozenset[str] = frozenset()  # what the stack cannot run (its profile's `lacks`): no fix uses it
 
 
 def memory_request(v: dict, stated: Stated) -> MemoryAsk:
@@ -649,6 +682,7 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
     stages = tuple(int_list(v["zero"], "--zero", allowed=(0, 1, 2, 3)))
     spec, hw, cal = load(v["model"], v["hardware"], v["calibration"], v["seq_len"], v["dtype"], grads=v["grads"],
                          weights=v["weights"], moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v))
+    check_lacks(v["framework"], spec, **{k: (v[k] or 1,) for k in ("tp", "pp", "cp", "ep")})
     v["attention"] = profile_attention(v, stated, (hw,), dtype=spec.dtypes.compute)
     v["fp8_params"] = profile_fp8_params(v, stated, spec, fp8_recipe(v, stated), stages)
     # fp8: what the fp8 GEMMs save is the recipe's (ddplan.fp8.with_fp8_saves); gathering or keeping weights in fp8
@@ -687,7 +721,8 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
         setup = replace(setup, layout=setup.at_zero(stages[0]))
     elif measured_zero is not None and measured_zero in stages:  # else the measured step's
         setup = replace(setup, layout=setup.at_zero(measured_zero))
-    return MemoryAsk(spec, hw, cal, setup, stages, measured_peak, step, moved, peak_kind, block_recompute(v["framework"]))
+    return MemoryAsk(spec, hw, cal, setup, stages, measured_peak, step, moved, peak_kind,
+                     block_recompute(v["framework"]), lacked(v["framework"], spec, stated, "memory proposes"))
 
 
 def block_recompute(framework: str | None) -> bool:

@@ -67,6 +67,8 @@ class PlanRequest:
     fp8: bool = False  # eligible GEMMs in fp8 (ddplan.fp8.fp8_eligible)
     fp8_recipe: str | None = None  # how their casts run; None: the model's
     framework: str | None = None  # the training stack's profile name: its published runs weigh in the band
+    # what the stack cannot run (its profile's `lacks`, ddplan.frameworks.LACKS): not searched
+    lacks: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -173,9 +175,12 @@ def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, 
     # context parallelism runs on fused attention kernels only: the implementations each cp degree runs on
     runs_on = {cp: [name for name in impls if not cp_attention_problem(
         Layout(cp=cp), hw.attention_impl(name).kind, hw.attention_impl(name).windows, spec)] for cp in cps}
+    lacks = req.lacks
+    no_pp = "pp" in lacks or ("tied_embeddings_with_pp" in lacks and a.tied_embeddings)
     for tp, cp in [(t, c) for t in _divisors(gpus) for c in cps if t <= tp_cap and a.num_heads % t == 0
-                   and a.num_kv_heads % t == 0 and (gpus // t) % c == 0]:
-        for pp in [p for p in _divisors(gpus // (tp * cp)) if a.num_layers % p == 0]:
+                   and a.num_kv_heads % t == 0 and (gpus // t) % c == 0
+                   and not (t > 1 and "tp" in lacks) and not (c > 1 and "cp" in lacks)]:
+        for pp in [p for p in _divisors(gpus // (tp * cp)) if a.num_layers % p == 0 and not (p > 1 and no_pp)]:
             dp = gpus // (tp * pp * cp)
             if sequences % dp:
                 continue
@@ -186,7 +191,8 @@ def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, 
                 options = req.options.searched(tp, dp * cp, zero, cp, pp)
                 pool = dp * cp * (tp if options["etp"] == 1 else 1)  # Layout.expert_pool
                 # a hybrid shard group holds whole expert-parallel groups
-                eps = [ep for ep in expert_parallel_degrees(spec, pool, req.eps) if options["shard_group"] % ep == 0]
+                eps = [ep for ep in expert_parallel_degrees(spec, pool, req.eps) if options["shard_group"] % ep == 0
+                       and not (ep > 1 and "ep" in lacks)]
                 # each (schedule, ep)'s first layout is built with Layout's checks once, and copied to each
                 # attention implementation (Layout.with_attention: no check reads it)
                 checked = {(sched, ep): Layout(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, micro_batch=mbs[0],

@@ -6,6 +6,7 @@ and calibrate's); ddplan.plan returns rows and facts.
 from __future__ import annotations
 
 from ddplan import render
+from ddplan.frameworks import LACK_WORDS
 from ddplan.layout import FAMILIES, NATIVE_ZERO, context_parallel_degrees
 from ddplan.price import TIE, best_per_pair
 from ddplan.specs import ModelSpec
@@ -82,9 +83,21 @@ def zero3_lines(r: dict) -> list[str]:
             f"({1000 * st.dp_comm_exposed_s:.0f} ms a step)."]
 
 
-def reasons(rows: list[dict], spec: ModelSpec, cps: tuple[int, ...] = ()) -> list[str]:
+FAMILY_LACK = {"+TP": "tp", "+CP": "cp", "+PP": "pp"}  # a layout family and what a stack lacks to run it
+
+
+def _lack_of(fam: str, lacks: frozenset[str]) -> str | None:
+    """What the stack lacks that rules the family out (ddplan.frameworks.LACKS), None where nothing does."""
+    if FAMILY_LACK.get(fam) in lacks:
+        return FAMILY_LACK[fam]
+    return "tied_embeddings_with_pp" if fam == "+PP" and "tied_embeddings_with_pp" in lacks else None
+
+
+def reasons(rows: list[dict], spec: ModelSpec, cps: tuple[int, ...] = (), lacks: frozenset[str] = frozenset(),
+            framework: str | None = None) -> list[str]:
     """The top choice in plain words, and for the best of each other family why it loses, in figures.
-    cps: the context-parallel degrees searched (() = layout.context_parallel_degrees of the sequence)."""
+    cps: the context-parallel degrees searched (() = layout.context_parallel_degrees of the sequence); lacks: what
+    the `framework` stack cannot run (ddplan.plan.PlanRequest.lacks), whose families were not searched."""
     top = rows[0]
     out = [f"Choice: {describe(top)}{'' if top['native'] else ' (needs another training setup than the model ships)'}"
            f": {top['step_s']:.3f} s/step, {render.duration(top['wall_clock_h'])}"
@@ -111,6 +124,10 @@ def reasons(rows: list[dict], spec: ModelSpec, cps: tuple[int, ...] = ()) -> lis
             if fam == "+ZeRO/FSDP" and native_zero == 3:
                 out.append(f"{fam}: the model's own setup already shards everything (ZeRO-3 / FSDP); those "
                            f"layouts count as pure DP here.")
+            elif not cands and fam != top["family"] and _lack_of(fam, lacks):
+                lack = _lack_of(fam, lacks)
+                verb = "refuses" if lack == "tied_embeddings_with_pp" else "has no"
+                out.append(f"{fam}: not searched, as {framework} {verb} {LACK_WORDS[lack]}.")
             elif not cands and fam != top["family"]:
                 out.append(f"{fam}: no layout of this family fits and divides on {top['gpus']} GPUs.")
             continue
@@ -161,7 +178,8 @@ def plan_reasons(result) -> list[str]:
     if not result.rows:
         return plan_no_rows(result)
     headroom = result.request.headroom
-    out = reasons(result.rows, result.request.model, result.request.cps)
+    req = result.request
+    out = reasons(result.rows, req.model, req.cps, req.lacks, req.framework)
     top = result.rows[0]
     price = next(hw.price for hw in result.request.hardware if hw.name == top["hardware"])
     if result.request.price is None and price.source.startswith("assumed"):  # a spec's price with no listing

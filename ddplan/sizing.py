@@ -98,17 +98,17 @@ class Fix:
     step_s: float  # the changed setup's step time (seconds, the pricer's central estimate)
 
 
-def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3,
-              certain: bool = False, block_recompute: bool = False) -> tuple[float, list[Fix]]:
+def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3, certain: bool = False,
+              block_recompute: bool = False, lacks: frozenset[str] = frozenset()) -> tuple[float, list[Fix]]:
     """(the asked setup's step time, the cheapest sets of changes that make it fit, fastest first). certain: a
     change must make it fit with the memory model's error on it (ddplan.memory.fit_verdict FITS), as for a
     setup that may not fit; otherwise its central estimate must fit.
 
     On the same GPUs, every combination of: a smaller micro-batch (more accumulation, same total batch),
     recompute, a higher ZeRO stage, another attention implementation, more tensor parallelism inside a
-    node and more pipeline stages (dp shrinks by the degree). Each that fits is priced at its step time. Kept: the
-    fastest fix, then the fastest with one change, with two, ... (the smallest sets that fit), `top` in
-    all. The step time of the setup as asked (which does not fit) is the reference. block_recompute: where full
+    node and more pipeline stages (dp shrinks by the degree), of what the stack can run (`lacks`: none of those).
+    Each that fits is priced at its step time. Kept: the fastest fix, then the fastest with one change, with two,
+    ... (the smallest sets that fit), `top` in all. The step time of the setup as asked (which does not fit) is the reference. block_recompute: where full
     recompute fits, the fewest layers a chunk re-run whole that fit too (full:N, found by bisection: memory falls
     as N grows), less compute than full.
     """
@@ -118,8 +118,9 @@ def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3,
     a = spec.architecture
     sequences = base.dp * base.micro_batch * base.grad_accum
     cp = base.cp
-    tps = sorted({base.tp, *(t for t in (2, 4, 8, 16) if base.tp < t <= hw.gpus_per_node)})  # TP inside a node
-    pps = sorted({base.pp, *(p for p in (2, 4, 8, 16, 32, 64) if base.pp < p <= a.num_layers)})  # PP anywhere
+    no_pp = "pp" in lacks or ("tied_embeddings_with_pp" in lacks and a.tied_embeddings)
+    tps = sorted({base.tp, *(t for t in (2, 4, 8, 16) if base.tp < t <= hw.gpus_per_node and "tp" not in lacks)})
+    pps = sorted({base.pp, *(p for p in (2, 4, 8, 16, 32, 64) if base.pp < p <= a.num_layers and not no_pp)})
     degrees = [(tp, pp) for tp in tps for pp in pps
                if base.num_gpus % (tp * pp * cp) == 0 and a.num_heads % tp == 0 and a.num_kv_heads % tp == 0]
     found: list[Fix] = []
@@ -130,8 +131,8 @@ def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3,
         per_rank = sequences // dp
         for zero in sorted({z for z in (base.zero, 1, 2, 3) if z >= base.zero} if dp * cp > 1 else {base.zero}):
             for mb in [m for m in range(min(base.micro_batch, per_rank), 0, -1) if per_rank % m == 0]:
-                for rc, impl, ep in itertools.product(("none", "selective", "full"), hw.default_attention_impls(),
-                                                      _expert_degrees(spec, base, tp, dp * cp)):
+                eps = [e for e in _expert_degrees(spec, base, tp, dp * cp) if e == base.ep or "ep" not in lacks]
+                for rc, impl, ep in itertools.product(("none", "selective", "full"), hw.default_attention_impls(), eps):
                     try:
                         lay = replace(setup.at_zero(zero), dp=dp, tp=tp, pp=pp, micro_batch=mb,
                                       grad_accum=per_rank // mb, recompute=rc, attention=impl.name, ep=ep,
@@ -160,14 +161,16 @@ def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3,
 
 
 def fixes_for(spec: ModelSpec, hw: HardwareSpec, setup: Setup, asked: dict | None,
-              block_recompute: bool = False) -> tuple[float | None, list[Fix]]:
+              block_recompute: bool = False, lacks: frozenset[str] = frozenset()) -> tuple[float | None, list[Fix]]:
     """What `ddplan memory` proposes for the setup asked (its zero_rows row, None if its stage was not priced):
     nothing when it fits even with the memory model's error on it; when it fits only as predicted (may not fit),
     the changes that make it certain; otherwise the changes that make its predicted peak fit (what_fits).
-    block_recompute: the stack can re-run some layers whole (full:N), tried where full recompute fits."""
+    block_recompute: the stack can re-run some layers whole (full:N), tried where full recompute fits. lacks: what
+    the stack cannot run (ddplan.frameworks.LACKS), which no fix uses."""
     if asked is not None and asked["verdict"] == FITS:
         return None, []
-    return what_fits(spec, hw, setup, certain=asked is not None and asked["fits"], block_recompute=block_recompute)
+    return what_fits(spec, hw, setup, certain=asked is not None and asked["fits"], block_recompute=block_recompute,
+                     lacks=lacks)
 
 
 def fewest_layers(pricer, full: Layout, window: str, certain: bool, layers: int) -> Layout | None:

@@ -28,7 +28,7 @@ def test_every_shipped_profile_names_its_source_at_its_commit():
     for name in names:
         p = load_framework(name)
         commits = [p.commit, *p.also.values()]
-        items = [*p.applies.values(), *p.unpriced.values(), *p.recompute_policies]
+        items = [*p.applies.values(), *p.unpriced.values(), *p.recompute_policies, *p.lacks.values()]
         assert items, name
         for item in items:
             short = item.where.split("@", 1)[1].split()[0]
@@ -461,3 +461,35 @@ def test_megatron_bridge_is_nemo_s_successor_with_its_own_fp8(capsys):
     current = csv_rows(run_ok(capsys, ["table", *LLAMA, "--framework", "nemo", "--fp8", "--fp8-recipe", "current"]))
     delayed = csv_rows(run_ok(capsys, ["table", *LLAMA, "--framework", "nemo", "--fp8"]))
     assert [r["step_s"] for r in rows] == [r["step_s"] for r in current] != [r["step_s"] for r in delayed]
+
+
+def test_what_a_stack_cannot_run_is_refused_or_not_searched(capsys):
+    """nanochat has no tensor, pipeline, context or expert parallelism (nanochat/common.py@92d63d4: DDP only);
+    torchtitan refuses tied embeddings under a pipeline (models/common/decoder.py@b5bcd76 L168-171). `table` and
+    `memory` refuse such a layout in one line naming the flag (exit 2); `plan` does not search it and says why, per
+    family; `memory`'s fixes propose none of it. A stack that lacks nothing searches as before."""
+    nano, titan = load_framework("nanochat"), load_framework("torchtitan")
+    assert nano.lacked(tp=2) == ["tp"] and nano.lacked(pp=4, cp=2) == ["pp", "cp"] and nano.lacked() == []
+    assert titan.lacked(pp=2, tied=True) == ["tied_embeddings_with_pp"] and titan.lacked(pp=2) == []
+    d24 = ["-m", "d24", "--hardware", "h100-sxm", "--gpus", "8", "--framework", "nanochat"]
+    for argv, flag in ((["table", *d24, "--pp", "2"], "--pp"), (["memory", *d24, "--tp", "2"], "--tp"),
+                       (["table", "-m", "gpt2", "--hardware", "h100-sxm", "--gpus", "8", "--pp", "2",
+                         "--framework", "torchtitan"], "--pp")):
+        code, err = fails(capsys, argv)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and f"{flag}:" in err, err
+    assert "has no pipeline parallelism (nanochat/common.py@92d63d4" in fails(capsys, ["table", *d24, "--pp", "2"])[1]
+    rows = csv_rows(run_ok(capsys, ["plan", *d24, "--format", "csv"]))
+    assert rows and all(r["tp"] == r["pp"] == r["cp"] == "1" for r in rows)
+    code, out, err = run(capsys, ["plan", *d24])
+    text = " ".join((out + err).split())
+    assert "+TP: not searched, as nanochat has no tensor parallelism." in text
+    assert "plan searches nothing that needs what nanochat (@92d63d4) cannot run: tensor parallelism" in text
+    # d64 at device batch 2 on 8 H100 fits only with pp 4 or ZeRO-3: under nanochat the fix is ZeRO-3
+    d64 = ["memory", "-m", "d64", "--hardware", "h100-sxm", "--gpus", "8", "--device-batch-size", "2"]
+    fixes = {fw: [x for x in run(capsys, [*d64, *fw])[1].splitlines() if x.startswith("Fastest")]
+             for fw in ((), ("--framework", "nanochat"))}
+    assert any("pp 4" in x for x in fixes[()])
+    nano = fixes["--framework", "nanochat"]
+    assert nano and not any("tp " in x or "pp " in x for x in nano)
+    assert any(r["pp"] != "1" for r in csv_rows(run_ok(capsys, ["plan", "-m", "llama-3-8b", "--hardware",
+                                                              "h100-sxm", "--gpus", "16", "--format", "csv"])))
