@@ -14,7 +14,7 @@ policy it cannot state, CUDA graphs); a command that takes the profile says each
 the figure leaves out (the frameworks issue, #35, prices them one by one).
 `lacks`: the parallelism the stack cannot run (LACKS: nanochat has no tensor or pipeline parallelism; torchtitan
 refuses tied embeddings under a pipeline): `table` and `memory` refuse a layout that needs it, `plan` and
-`memory`'s fixes do not search it (Lack.stops).
+`memory`'s fixes do not search it (FrameworkProfile.lacked).
 """
 
 from __future__ import annotations
@@ -62,10 +62,13 @@ class Item(Strict):
     dtypes: list[Literal["bf16", "fp16", "fp32"]] = []
 
 
-# what a stack may lack (FrameworkProfile.lacks): a parallel dimension above 1, or tied embeddings under a pipeline
-LACKS = ("tp", "pp", "cp", "ep", "tied_embeddings_with_pp")
+# what a stack may lack (FrameworkProfile.lacks): a parallel dimension above 1, tied embeddings under a pipeline, or
+# tensor and expert parallelism together
+LACKS = ("tp", "pp", "cp", "ep", "tied_embeddings_with_pp", "tp_with_ep")
 LACK_WORDS = {"tp": "tensor parallelism", "pp": "pipeline parallelism", "cp": "context parallelism",
-              "ep": "expert parallelism", "tied_embeddings_with_pp": "tied embeddings under a pipeline"}
+              "ep": "expert parallelism", "tied_embeddings_with_pp": "tied embeddings under a pipeline",
+              "tp_with_ep": "tensor and expert parallelism together"}
+REFUSED = ("tied_embeddings_with_pp", "tp_with_ep")  # combinations a stack refuses (the rest it has no code for)
 
 
 class Lack(Strict):
@@ -151,13 +154,14 @@ class FrameworkProfile(Strict):
 
     def lacked(self, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, tied: bool = False) -> list[str]:
         """The items of `lacks` a layout of these degrees needs (tied: the model ties its embeddings), in LACKS order."""
-        needs = {"tp": tp > 1, "pp": pp > 1, "cp": cp > 1, "ep": ep > 1, "tied_embeddings_with_pp": tied and pp > 1}
+        needs = {"tp": tp > 1, "pp": pp > 1, "cp": cp > 1, "ep": ep > 1, "tied_embeddings_with_pp": tied and pp > 1,
+                 "tp_with_ep": tp > 1 and ep > 1}
         return [k for k in LACKS if needs[k] and k in self.lacks]
 
     def lack_words(self, name: str) -> str:
         """One lacked item in words: what, and where the stack says so (its quote is the profile's). e.g. "nanochat
         (@92d63d4) has no tensor parallelism (nanochat/common.py@92d63d4 L194-201)"."""
-        verb = "refuses" if name == "tied_embeddings_with_pp" else "has no"
+        verb = "refuses" if name in REFUSED else "has no"
         return f"{self.name} (@{self.commit[:7]}) {verb} {LACK_WORDS[name]} ({self.lacks[name].where})"
 
     def unpriced_words(self, moe: bool = True) -> list[str]:

@@ -15,10 +15,10 @@ from ddplan import bounds
 from ddplan.calibration import (StepMeasurement, check_against_hardware, measurement_for, memory_assumptions,
                                 steps_for_model)
 from ddplan.errors import DdplanError, SpecError, UsageError
+from ddplan.frameworks import LACK_WORDS, LACKS
 from ddplan.layout import Options
 from ddplan.offload import check_activation_offload, check_offload
 from ddplan.plan import PlanRequest
-from ddplan.frameworks import LACK_WORDS, LACKS
 from ddplan.registry import (builtin_names, calibration_hardware, load_calibration, load_framework, load_hardware,
                              load_model)
 from ddplan.run import RunOverheads
@@ -514,7 +514,8 @@ def table_request(v: dict, stated: Stated, today):
         check_pattern(w, "--window")
     spec, hw, cal = load(v["model"], v["hardware"], v["calibration"], v["seq_len"], v["dtype"], grads=v["grads"],
                          weights=v["weights"], moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v))
-    check_lacks(v["framework"], spec, tp=tps, pp=pps, cp=cps, ep=eps)
+    check_lacks(v["framework"], spec, tp=(*tps, v["measured_tp"] or 1), pp=(*pps, v["measured_pp"] or 1), cp=cps,
+                ep=eps)  # the rows' layouts and a measured run's
     v["attention"] = profile_attention(v, stated, (hw,), dtype=spec.dtypes.compute)
     v["fp8_params"] = profile_fp8_params(v, stated, spec, fp8_recipe(v, stated), zeros)
     attentions = tuple(a.strip() for a in v["attention"].split(",")) if v["attention"] else ()
@@ -562,6 +563,8 @@ def plan_request(v: dict, stated: Stated, today, every_band: bool = False):
     # the layer policies before full (they re-run some of full's layers), fewer re-run layers first (full:N by N,
     # every:K by K falling); the search prices each policy no lighter fitting one is known to dominate
     recomputes = tuple(sorted(asked, key=_recompute_order))
+    check_lacks(v["framework"], spec, cp=tuple(int_list(v["cp"], "--cp")) if v["cp"] else (),
+                ep=tuple(int_list(v["ep"], "--ep")) if v["ep"] else ())  # the degrees asked to search
     req = PlanRequest(
         model=spec, hardware=hws, gpus=tuple(int_list(v["gpus"], "--gpus", ranges=True)), objective=v["objective"],
         deadline_h=v["deadline"], budget_usd=v["budget"], top=v["top"], calibration=cal,
@@ -574,21 +577,22 @@ def plan_request(v: dict, stated: Stated, today, every_band: bool = False):
         cps=tuple(int_list(v["cp"], "--cp")) if v["cp"] else (), eps=expert_degrees(v["ep"], spec),
         attentions_where_available="attention" in stated.profile,
         options=_options(v, spec, None, stated), framework=framework_name(v["framework"]), band_every_row=every_band,
-        block_recompute=block_recompute(v["framework"]), lacks=lacked(v["framework"], spec, stated, "plan searches"))
+        block_recompute=block_recompute(v["framework"]), lacks=lacked(v["framework"], spec, stated, "plan leaves out"))
     return req, spec, hws, cal
 
 
 def lacked(framework: str | None, spec, stated: Stated, command: str) -> frozenset[str]:
     """What the --framework stack cannot run for this model (its profile's `lacks`), which a search leaves out,
-    said once in stated.notes, which `command` begins ("plan searches", "memory proposes")."""
+    said once in stated.notes, which `command` begins ("plan leaves out", "memory's fixes leave out")."""
     if not framework:
         return frozenset()
     profile = load_framework(framework)
-    out = frozenset(profile.lacked(tp=2, pp=2, cp=2, ep=2, tied=spec.architecture.tied_embeddings))
+    moe = spec.architecture.moe is not None
+    out = frozenset(profile.lacked(tp=2, pp=2, cp=2, ep=2 if moe else 1, tied=spec.architecture.tied_embeddings))
     if out:
         names = [n for n in LACKS if n in out]
         where = "; ".join(dict.fromkeys(profile.lacks[n].where for n in names))
-        stated.notes.append(f"{command} nothing that needs what {profile.name} (@{profile.commit[:7]}) cannot run: "
+        stated.notes.append(f"{command} what {profile.name} (@{profile.commit[:7]}) cannot run: "
                             f"{', '.join(LACK_WORDS[n] for n in names)} ({where})")
     return out
 
@@ -619,9 +623,10 @@ def check_lacks(framework: str | None, spec, **degrees: tuple[int, ...]) -> None
         return
     most = {k: max(v, default=1) for k, v in degrees.items()}
     for name in profile.lacked(**most, tied=spec.architecture.tied_embeddings):
-        flag = "--pp" if name == "tied_embeddings_with_pp" else f"--{name}"
-        raise UsageError(f"{profile.lack_words(name)}: leave {flag} at 1 or run it with another --framework",
-                         field=flag)
+        flag = {"tied_embeddings_with_pp": "--pp", "tp_with_ep": "--ep"}.get(name, f"--{name}")
+        raise UsageError(f"{profile.lack_words(name)}: no layout with {flag[2:]} above 1"
+                         + (" and tp above 1" if name == "tp_with_ep" else "") + " runs on it; choose another "
+                         f"--framework to price one", field=flag)
 
 
 def framework_name(given: str | None) -> str | None:
@@ -682,7 +687,6 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
     stages = tuple(int_list(v["zero"], "--zero", allowed=(0, 1, 2, 3)))
     spec, hw, cal = load(v["model"], v["hardware"], v["calibration"], v["seq_len"], v["dtype"], grads=v["grads"],
                          weights=v["weights"], moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v))
-    check_lacks(v["framework"], spec, **{k: (v[k] or 1,) for k in ("tp", "pp", "cp", "ep")})
     v["attention"] = profile_attention(v, stated, (hw,), dtype=spec.dtypes.compute)
     v["fp8_params"] = profile_fp8_params(v, stated, spec, fp8_recipe(v, stated), stages)
     # fp8: what the fp8 GEMMs save is the recipe's (ddplan.fp8.with_fp8_saves); gathering or keeping weights in fp8
@@ -708,6 +712,7 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
         else:
             measured_peak, measured_zero, peak_kind = m.peak_memory_gb, m.zero, m.peak_memory_kind
     check_pattern(v["window"], "--window")
+    check_lacks(v["framework"], spec, **{k: (v[k] or 1,) for k in ("tp", "pp", "cp", "ep")})  # as priced (calibrated)
     options = _options(v, spec, tp_to_check(v["tp"], stated), stated)
     setup = memory_setup(spec, hw, gpus=v["gpus"], tp=v["tp"], pp=v["pp"], vp=v["vp"], cp=v["cp"], ep=v["ep"],
                          micro_batch=v["device_batch_size"], attention=v["attention"],
@@ -722,7 +727,7 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
     elif measured_zero is not None and measured_zero in stages:  # else the measured step's
         setup = replace(setup, layout=setup.at_zero(measured_zero))
     return MemoryAsk(spec, hw, cal, setup, stages, measured_peak, step, moved, peak_kind,
-                     block_recompute(v["framework"]), lacked(v["framework"], spec, stated, "memory proposes"))
+                     block_recompute(v["framework"]), lacked(v["framework"], spec, stated, "memory's fixes leave out"))
 
 
 def block_recompute(framework: str | None) -> bool:

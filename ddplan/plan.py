@@ -192,7 +192,7 @@ def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, 
                 pool = dp * cp * (tp if options["etp"] == 1 else 1)  # Layout.expert_pool
                 # a hybrid shard group holds whole expert-parallel groups
                 eps = [ep for ep in expert_parallel_degrees(spec, pool, req.eps) if options["shard_group"] % ep == 0
-                       and not (ep > 1 and "ep" in lacks)]
+                       and not (ep > 1 and ("ep" in lacks or (tp > 1 and "tp_with_ep" in lacks)))]
                 # each (schedule, ep)'s first layout is built with Layout's checks once, and copied to each
                 # attention implementation (Layout.with_attention: no check reads it)
                 checked = {(sched, ep): Layout(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, micro_batch=mbs[0],

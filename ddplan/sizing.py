@@ -108,8 +108,8 @@ def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3, cer
     recompute, a higher ZeRO stage, another attention implementation, more tensor parallelism inside a
     node and more pipeline stages (dp shrinks by the degree), of what the stack can run (`lacks`: none of those).
     Each that fits is priced at its step time. Kept: the fastest fix, then the fastest with one change, with two,
-    ... (the smallest sets that fit), `top` in all. The step time of the setup as asked (which does not fit) is the reference. block_recompute: where full
-    recompute fits, the fewest layers a chunk re-run whole that fit too (full:N, found by bisection: memory falls
+    ... (the smallest sets that fit), `top` in all. The step time of the setup as asked (which does not fit) is the
+    reference. block_recompute: where full recompute fits, the fewest layers a chunk re-run whole that fit too (full:N, found by bisection: memory falls
     as N grows), less compute than full.
     """
     base = setup.layout
@@ -131,7 +131,8 @@ def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3, cer
         per_rank = sequences // dp
         for zero in sorted({z for z in (base.zero, 1, 2, 3) if z >= base.zero} if dp * cp > 1 else {base.zero}):
             for mb in [m for m in range(min(base.micro_batch, per_rank), 0, -1) if per_rank % m == 0]:
-                eps = [e for e in _expert_degrees(spec, base, tp, dp * cp) if e == base.ep or "ep" not in lacks]
+                eps = [e for e in _expert_degrees(spec, base, tp, dp * cp)
+                       if e == base.ep or not ("ep" in lacks or (tp > 1 and "tp_with_ep" in lacks))]
                 for rc, impl, ep in itertools.product(("none", "selective", "full"), hw.default_attention_impls(), eps):
                     try:
                         lay = replace(setup.at_zero(zero), dp=dp, tp=tp, pp=pp, micro_batch=mb,

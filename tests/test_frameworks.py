@@ -470,6 +470,8 @@ def test_what_a_stack_cannot_run_is_refused_or_not_searched(capsys):
     family; `memory`'s fixes propose none of it. A stack that lacks nothing searches as before."""
     nano, titan = load_framework("nanochat"), load_framework("torchtitan")
     assert nano.lacked(tp=2) == ["tp"] and nano.lacked(pp=4, cp=2) == ["pp", "cp"] and nano.lacked() == []
+    olmo = load_framework("olmo-core")
+    assert olmo.lacked(tp=2, ep=4) == ["tp_with_ep"] and olmo.lacked(ep=4) == []
     assert titan.lacked(pp=2, tied=True) == ["tied_embeddings_with_pp"] and titan.lacked(pp=2) == []
     d24 = ["-m", "d24", "--hardware", "h100-sxm", "--gpus", "8", "--framework", "nanochat"]
     for argv, flag in ((["table", *d24, "--pp", "2"], "--pp"), (["memory", *d24, "--tp", "2"], "--tp"),
@@ -478,12 +480,25 @@ def test_what_a_stack_cannot_run_is_refused_or_not_searched(capsys):
         code, err = fails(capsys, argv)
         assert code == 2 and len(err.strip().splitlines()) == 1 and f"{flag}:" in err, err
     assert "has no pipeline parallelism (nanochat/common.py@92d63d4" in fails(capsys, ["table", *d24, "--pp", "2"])[1]
+    # a measured run's layout and a plan's asked degrees are checked too; OLMo-core refuses tied embeddings under a
+    # pipeline (train_module/transformer/config.py@fa6c501 L98-103) and TP with EP (common.py@fa6c501 L74-76)
+    q30 = ["-m", "qwen3-30b-a3b", "--hardware", "h100-sxm", "--gpus", "16", "--framework", "olmo-core"]
+    for argv, flag in ((["table", *d24, "--measured-step-time", "4", "--measured-pp", "2"], "--pp"),
+                       (["plan", *d24, "--cp", "2"], "--cp"),
+                       (["table", "-m", "gpt2-1.5b", "--hardware", "h100-sxm", "--gpus", "8", "--pp", "2",
+                         "--framework", "olmo-core"], "--pp"),
+                       (["table", *q30, "--tp", "2", "--ep", "4"], "--ep")):
+        code, err = fails(capsys, argv)
+        assert code == 2 and f"{flag}:" in err and len(err.strip().splitlines()) == 1, err
+    q30_rows = csv_rows(run_ok(capsys, ["plan", *q30, "--format", "csv"]))
+    assert q30_rows and not any(r["tp"] != "1" and r["ep"] != "1" for r in q30_rows)
+    assert any(r["ep"] != "1" for r in q30_rows) and any(r["tp"] != "1" for r in q30_rows)
     rows = csv_rows(run_ok(capsys, ["plan", *d24, "--format", "csv"]))
     assert rows and all(r["tp"] == r["pp"] == r["cp"] == "1" for r in rows)
     code, out, err = run(capsys, ["plan", *d24])
     text = " ".join((out + err).split())
     assert "+TP: not searched, as nanochat has no tensor parallelism." in text
-    assert "plan searches nothing that needs what nanochat (@92d63d4) cannot run: tensor parallelism" in text
+    assert "plan leaves out what nanochat (@92d63d4) cannot run: tensor parallelism" in text
     # d64 at device batch 2 on 8 H100 fits only with pp 4 or ZeRO-3: under nanochat the fix is ZeRO-3
     d64 = ["memory", "-m", "d64", "--hardware", "h100-sxm", "--gpus", "8", "--device-batch-size", "2"]
     fixes = {fw: [x for x in run(capsys, [*d64, *fw])[1].splitlines() if x.startswith("Fastest")]
