@@ -463,8 +463,19 @@ def memory_per_gpu(spec: ModelSpec, layout: Layout, anatomy: Anatomy | None, cap
                                                                   and not isinstance(activations[0], tuple)):
             raise ValueError("with a pipeline, pass states, fixed and activations per stage (tuples over "
                              "pipeline_stages), or a stage")
+        stages = pipeline_stages(layout, spec.architecture)
+        if states is not None and fixed is not None and activations is not None \
+                and spec.recipe.distribution != "sharded_optimizer":  # a search's cached terms: each stage's total
+            saved, transient = activations  # as _stage_terms sums it, less the building (its transient term as given)
+            slack = assumptions.allocator_fraction
+            totals = [sum(f.values()) + s + transient + slack * (s + transient) for f, s in zip(fixed, saved)]
+            i = totals.index(max(totals))
+            terms, notes, states = _stage_terms(spec, layout, anatomy, assumptions, states[i], fixed[i],
+                                                (saved[i], transient), stages[i])
+            return MemoryBreakdown(terms=terms, by_group=states, capacity=capacity_bytes, notes=notes,
+                                   headroom_fraction=headroom)
         best = None  # (total, the stage's terms, notes, states): the first of the fullest
-        for i, s in enumerate(pipeline_stages(layout, spec.architecture)):
+        for i, s in enumerate(stages):
             got = _stage_terms(spec, layout, anatomy, assumptions, states[i] if states is not None else None,
                                fixed[i] if fixed is not None else None,
                                (activations[0][i], activations[1]) if activations is not None else None, s)
