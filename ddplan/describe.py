@@ -37,7 +37,8 @@ def list_rows() -> list[dict[str, str]]:
         f = registry.load_framework(name)
         rows.append({"kind": "framework", "name": f.name, "aliases": ", ".join(f.aliases),
                      "summary": f"{f.repo}@{f.commit[:7]} ({f.commit_date}): sets {', '.join(f.applies) or '-'}; "
-                                f"not priced yet: {', '.join(f.unpriced) or '-'}"})
+                                f"not priced yet: {', '.join(f.unpriced) or '-'}"
+                                + (f"; cannot run: {', '.join(f.lacks)}" if f.lacks else "")})
     return rows
 
 
