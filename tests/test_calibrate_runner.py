@@ -563,3 +563,16 @@ def test_a_gpu_steps_allocator_figures_make_the_memory_section_a_calibration_fil
     assert (memory_assumptions(cal).framework_gib, memory_assumptions(cal).allocator_fraction) == (0.75, 0.15)
     assert step_memory({"peak_memory_bytes": None, "peak_reserved_bytes": None, "outside_allocator_bytes": None},
                        20e9, 16, 2048) is None
+
+
+def test_device_names_map_to_their_specs():
+    """torch.cuda.get_device_name() strings as the devices report them (cudnn-frontend's benchmark csvs: "NVIDIA
+    GB200", "NVIDIA GB300", "NVIDIA B200"; a B300: "NVIDIA B300 SXM6 AC"): a Grace superchip is not taken for the HGX
+    part whose name its own contains ("GB200" holds "B200"); an unknown device maps to none."""
+    from ddplan.calibrate.runner import guess_hardware
+
+    assert {name: guess_hardware(name) for name in ("NVIDIA GB200", "NVIDIA GB300", "NVIDIA B200",
+                                                    "NVIDIA B300 SXM6 AC", "NVIDIA H100 80GB HBM3",
+                                                    "AMD Instinct MI300X", "NVIDIA L4")} == {
+        "NVIDIA GB200": "gb200", "NVIDIA GB300": "gb300", "NVIDIA B200": "b200", "NVIDIA B300 SXM6 AC": "b300",
+        "NVIDIA H100 80GB HBM3": "h100-sxm", "AMD Instinct MI300X": "mi300x", "NVIDIA L4": None}

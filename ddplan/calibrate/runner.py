@@ -33,10 +33,12 @@ from ddplan.errors import UsageError
 from ddplan.files import atomic_write
 from ddplan.specs import HardwareSpec, ModelSpec
 
-# hardware spec names by substrings of torch.cuda.get_device_name()
+# hardware spec names by substrings of torch.cuda.get_device_name(), the first that matches: the Grace superchips
+# before the HGX parts whose names theirs contain ("NVIDIA GB200" holds "B200"; cudnn-frontend's benchmark csvs
+# log "NVIDIA GB200", "NVIDIA GB300", "NVIDIA B200"; a B300 reads "NVIDIA B300 SXM6 AC")
 DEVICE_NAMES = (("MI355", "mi355x"), ("MI325", "mi325x"), ("MI300", "mi300x"), ("H200", "h200"),
-                ("H100 PCIe", "h100-pcie"), ("H100", "h100-sxm"), ("B200", "b200"), ("A100-SXM4-40GB", "a100-sxm-40gb"),
-                ("A100", "a100-sxm-80gb"))
+                ("H100 PCIe", "h100-pcie"), ("H100", "h100-sxm"), ("GB300", "gb300"), ("GB200", "gb200"),
+                ("B300", "b300"), ("B200", "b200"), ("A100-SXM4-40GB", "a100-sxm-40gb"), ("A100", "a100-sxm-80gb"))
 
 
 def guess_hardware(device_name: str) -> str | None:
