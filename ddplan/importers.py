@@ -554,7 +554,8 @@ def _note_gpus(text: str) -> str:
 
 def _note_hardware(text: str) -> tuple[str, str] | None:
     m = re.search(r"#.*?preset for \d+\s+(\w+)\s+GPUs", text)
-    names = {"A100": "a100-sxm-80gb", "H100": "h100-sxm", "H200": "h200", "MI300X": "mi300x", "B200": "b200"}
+    names = {"A100": "a100-sxm-80gb", "H100": "h100-sxm", "H200": "h200", "MI300X": "mi300x", "B200": "b200",
+             "GB200": "gb200", "B300": "b300", "GB300": "gb300"}
     if m and m.group(1).upper() in names:
         part = " (the 80 GB part)" if m.group(1).upper() == "A100" else ""
         return names[m.group(1).upper()], f"the file's note names {m.group(1)} GPUs{part}; import --hardware, or edit"

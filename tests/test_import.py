@@ -532,3 +532,15 @@ def test_an_older_torchtitan_toml_is_read_as_its_torchtitan_ran_it(capsys, tmp_p
         older.write_text(text, encoding="utf-8")
         _, line = fails(capsys, ["import", str(older), "-o", str(out), "--gpus", "128"])
         assert field in line and "Traceback" not in line, field
+
+
+def test_a_torchtitan_preset_note_names_the_hardware_it_was_made_for():
+    """torchtitan presets note their GPUs ("NOTE: this toml config is a preset for 64 A100 GPUs"): the built-in spec
+    of that name, the Blackwell parts included; a GPU without a spec names none."""
+    from ddplan.importers import _note_hardware
+
+    got = {gpu: _note_hardware(f"# NOTE: this toml config is a preset for 64 {gpu} GPUs")
+           for gpu in ("A100", "H100", "B200", "GB200", "B300", "GB300", "L4")}
+    assert {gpu: h and h[0] for gpu, h in got.items()} == {
+        "A100": "a100-sxm-80gb", "H100": "h100-sxm", "B200": "b200", "GB200": "gb200", "B300": "b300",
+        "GB300": "gb300", "L4": None}
