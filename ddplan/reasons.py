@@ -6,7 +6,7 @@ and calibrate's); ddplan.plan returns rows and facts.
 from __future__ import annotations
 
 from ddplan import render
-from ddplan.frameworks import LACK_WORDS
+from ddplan.frameworks import LACK_WORDS, REFUSED
 from ddplan.layout import FAMILIES, NATIVE_ZERO, context_parallel_degrees
 from ddplan.price import TIE, best_per_pair
 from ddplan.specs import ModelSpec
@@ -126,7 +126,7 @@ def reasons(rows: list[dict], spec: ModelSpec, cps: tuple[int, ...] = (), lacks:
                            f"layouts count as pure DP here.")
             elif not cands and fam != top["family"] and _lack_of(fam, lacks):
                 lack = _lack_of(fam, lacks)
-                verb = "refuses" if lack == "tied_embeddings_with_pp" else "has no"
+                verb = "refuses" if lack in REFUSED else "has no"
                 out.append(f"{fam}: not searched, as {framework} {verb} {LACK_WORDS[lack]}.")
             elif not cands and fam != top["family"]:
                 out.append(f"{fam}: no layout of this family fits and divides on {top['gpus']} GPUs.")
