@@ -71,6 +71,19 @@ LACK_WORDS = {"tp": "tensor parallelism", "pp": "pipeline parallelism", "cp": "c
 REFUSED = ("tied_embeddings_with_pp", "tp_with_ep")  # combinations a stack refuses (the rest it has no code for)
 
 
+def needs(tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, tied: bool = False) -> list[str]:
+    """The LACKS items a layout of these degrees needs (tied: the model ties its embeddings), in LACKS order."""
+    wanted = {"tp": tp > 1, "pp": pp > 1, "cp": cp > 1, "ep": ep > 1, "tied_embeddings_with_pp": tied and pp > 1,
+              "tp_with_ep": tp > 1 and ep > 1}
+    return [k for k in LACKS if wanted[k]]
+
+
+def can_run(lacks: frozenset[str], tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1,
+            tied: bool = False) -> bool:
+    """Whether a layout of these degrees needs nothing a stack lacks (`lacks`: names of LACKS, a search's set)."""
+    return not lacks or not lacks.intersection(needs(tp, pp, cp, ep, tied))
+
+
 class Lack(Strict):
     """Something the stack cannot run, with where it says so (or where its code shows it has none)."""
 
@@ -154,9 +167,7 @@ class FrameworkProfile(Strict):
 
     def lacked(self, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, tied: bool = False) -> list[str]:
         """The items of `lacks` a layout of these degrees needs (tied: the model ties its embeddings), in LACKS order."""
-        needs = {"tp": tp > 1, "pp": pp > 1, "cp": cp > 1, "ep": ep > 1, "tied_embeddings_with_pp": tied and pp > 1,
-                 "tp_with_ep": tp > 1 and ep > 1}
-        return [k for k in LACKS if needs[k] and k in self.lacks]
+        return [k for k in needs(tp, pp, cp, ep, tied) if k in self.lacks]
 
     def lack_words(self, name: str) -> str:
         """One lacked item in words: what, and where the stack says so (its quote is the profile's). e.g. "nanochat

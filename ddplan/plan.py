@@ -17,6 +17,7 @@ from ddplan import run
 from ddplan.calibration import CalibrationSpec, measurement_for
 from ddplan.errors import ImpossibleMeasurement, LayoutError, UsageError
 from ddplan.fitting import fitted
+from ddplan.frameworks import can_run
 from ddplan.layout import (NATIVE_ZERO, Layout, Options, check_layout, context_parallel_degrees,
                            cp_attention_problem, expert_parallel_degrees)
 from ddplan.memory import HEADROOM
@@ -175,12 +176,12 @@ def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, 
     # context parallelism runs on fused attention kernels only: the implementations each cp degree runs on
     runs_on = {cp: [name for name in impls if not cp_attention_problem(
         Layout(cp=cp), hw.attention_impl(name).kind, hw.attention_impl(name).windows, spec)] for cp in cps}
-    lacks = req.lacks
-    no_pp = "pp" in lacks or ("tied_embeddings_with_pp" in lacks and a.tied_embeddings)
+    lacks, tied = req.lacks, a.tied_embeddings
     for tp, cp in [(t, c) for t in _divisors(gpus) for c in cps if t <= tp_cap and a.num_heads % t == 0
                    and a.num_kv_heads % t == 0 and (gpus // t) % c == 0
-                   and not (t > 1 and "tp" in lacks) and not (c > 1 and "cp" in lacks)]:
-        for pp in [p for p in _divisors(gpus // (tp * cp)) if a.num_layers % p == 0 and not (p > 1 and no_pp)]:
+                   and can_run(lacks, tp=t, cp=c)]:
+        for pp in [p for p in _divisors(gpus // (tp * cp))
+                   if a.num_layers % p == 0 and can_run(lacks, pp=p, tied=tied)]:
             dp = gpus // (tp * pp * cp)
             if sequences % dp:
                 continue
@@ -192,7 +193,7 @@ def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, 
                 pool = dp * cp * (tp if options["etp"] == 1 else 1)  # Layout.expert_pool
                 # a hybrid shard group holds whole expert-parallel groups
                 eps = [ep for ep in expert_parallel_degrees(spec, pool, req.eps) if options["shard_group"] % ep == 0
-                       and not (ep > 1 and ("ep" in lacks or (tp > 1 and "tp_with_ep" in lacks)))]
+                       and can_run(lacks, tp=tp, ep=ep)]
                 # each (schedule, ep)'s first layout is built with Layout's checks once, and copied to each
                 # attention implementation (Layout.with_attention: no check reads it)
                 checked = {(sched, ep): Layout(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, micro_batch=mbs[0],

@@ -10,6 +10,7 @@ import itertools
 from dataclasses import dataclass, replace
 
 from ddplan.errors import LayoutError, UsageError
+from ddplan.frameworks import can_run
 from ddplan.layout import (NATIVE_ZERO, Layout, Options, check_layout, cp_attention_problem, data_parallel,
                            expert_parallel_degrees, layout_for, split_batch)
 from ddplan.memory import FITS, HEADROOM, PEAK_KINDS, MemoryAssumptions, MemoryBreakdown, predicted_peak_bytes
@@ -109,8 +110,8 @@ def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3, cer
     node and more pipeline stages (dp shrinks by the degree), of what the stack can run (`lacks`: none of those).
     Each that fits is priced at its step time. Kept: the fastest fix, then the fastest with one change, with two,
     ... (the smallest sets that fit), `top` in all. The step time of the setup as asked (which does not fit) is the
-    reference. block_recompute: where full recompute fits, the fewest layers a chunk re-run whole that fit too (full:N, found by bisection: memory falls
-    as N grows), less compute than full.
+    reference. block_recompute: where full recompute fits, the fewest layers a chunk re-run whole that fit too
+    (full:N, found by bisection: memory falls as N grows), less compute than full.
     """
     base = setup.layout
     pricer = memory_pricer(spec, hw, setup)
@@ -118,9 +119,10 @@ def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3, cer
     a = spec.architecture
     sequences = base.dp * base.micro_batch * base.grad_accum
     cp = base.cp
-    no_pp = "pp" in lacks or ("tied_embeddings_with_pp" in lacks and a.tied_embeddings)
-    tps = sorted({base.tp, *(t for t in (2, 4, 8, 16) if base.tp < t <= hw.gpus_per_node and "tp" not in lacks)})
-    pps = sorted({base.pp, *(p for p in (2, 4, 8, 16, 32, 64) if base.pp < p <= a.num_layers and not no_pp)})
+    tps = sorted({base.tp, *(t for t in (2, 4, 8, 16)
+                             if base.tp < t <= hw.gpus_per_node and can_run(lacks, tp=t))})
+    pps = sorted({base.pp, *(p for p in (2, 4, 8, 16, 32, 64)
+                             if base.pp < p <= a.num_layers and can_run(lacks, pp=p, tied=a.tied_embeddings))})
     degrees = [(tp, pp) for tp in tps for pp in pps
                if base.num_gpus % (tp * pp * cp) == 0 and a.num_heads % tp == 0 and a.num_kv_heads % tp == 0]
     found: list[Fix] = []
@@ -132,7 +134,7 @@ def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3, cer
         for zero in sorted({z for z in (base.zero, 1, 2, 3) if z >= base.zero} if dp * cp > 1 else {base.zero}):
             for mb in [m for m in range(min(base.micro_batch, per_rank), 0, -1) if per_rank % m == 0]:
                 eps = [e for e in _expert_degrees(spec, base, tp, dp * cp)
-                       if e == base.ep or not ("ep" in lacks or (tp > 1 and "tp_with_ep" in lacks))]
+                       if e == base.ep or can_run(lacks, tp=tp, ep=e)]
                 for rc, impl, ep in itertools.product(("none", "selective", "full"), hw.default_attention_impls(), eps):
                     try:
                         lay = replace(setup.at_zero(zero), dp=dp, tp=tp, pp=pp, micro_batch=mb,
