@@ -24,11 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddplan import units
 from ddplan.errors import DdplanError, SpecError
 from ddplan.registry import builtin_names, load_hardware, load_model
 from ddplan.files import atomic_write
 from ddplan.runconfig import RunConfig, field_paths, flow
 from ddplan.runfields import RECOMPUTE_MODULES, recompute_policy
+from ddplan.specs import MOMENTS
 from ddplan.specfile import read_text, read_yaml, validate
 
 FORMATS = ("torchtitan", "megatron", "nemo", "nanochat")
@@ -825,6 +827,11 @@ def _megatron(text: str, path: Path, out: Imported) -> None:
         elif arg("--fp8-param-gather"):
             out.warnings.append("--fp8-param-gather without the distributed optimizer (Megatron-FSDP) is not priced: "
                                 "the weights are priced 16-bit in memory and gathers")
+    if arg("--use-precision-aware-optimizer"):
+        _precision_aware(out, dtype, arg("--exp-avg-dtype", "fp32"), arg("--exp-avg-sq-dtype", "fp32"),
+                         arg("--main-params-dtype", "fp32"), arg("--main-grads-dtype", "fp32"),
+                         out.fields.get(("precision", "fp8_recipe")) if fmt else None,
+                         out.fields.get(("layout", "zero")) == 3, path)
     granularity = arg("--recompute-granularity")
     if arg("--recompute-activations") or granularity == "selective":
         modules = arg("--recompute-modules")
@@ -1013,6 +1020,35 @@ def _nemo(text: str, path: Path, out: Imported) -> None:
                         "model.cpu_offloading_num_layers", str(path))
     if model.get("mcore_gpt") is False:
         out.warnings.append("model.mcore_gpt false (NeMo's legacy model): priced as Megatron-Core")
+
+
+def _precision_aware(out: Imported, dtype: str, exp_avg: str, exp_avg_sq: str, main_params: str, main_grads: str,
+                     fp8_recipe: str | None, fsdp: bool, path: Path) -> None:
+    """Megatron-Core's --use-precision-aware-optimizer as run fields (megatron/training/arguments.py@d98e8a64
+    L3666-3685): the moments' dtype (--exp-avg-dtype, --exp-avg-sq-dtype: the wider where they differ), bf16 main
+    gradients (--main-grads-dtype bf16), and the masters Transformer Engine's FusedAdam keeps as 16-bit remainders
+    beside bf16 weights (store_param_remainders, True by default and not a flag: optimizer_config.py L192) where
+    Megatron-Core leaves it the masters: fp32 main params, no fp8 or delayed scaling, not Megatron-FSDP
+    (optimizer_config.py L400-411; optimizer/__init__.py L570-580)."""
+    flag = "--use-precision-aware-optimizer"
+    moments = max((exp_avg, exp_avg_sq), key=lambda d: units.BYTES_PER_DTYPE.get(d, 4))
+    if moments not in MOMENTS:
+        raise SpecError(f"--exp-avg-dtype/--exp-avg-sq-dtype {moments!r}: allowed {', '.join(MOMENTS[1:])}",
+                        file=str(path), field="--exp-avg-dtype")
+    if exp_avg != exp_avg_sq:
+        out.warnings.append(f"--exp-avg-dtype {exp_avg} and --exp-avg-sq-dtype {exp_avg_sq}: both moments priced in "
+                            f"{moments}")
+    if moments != "fp32":
+        out.set(("precision", "moments"), moments, f"{flag} --exp-avg-dtype {exp_avg} --exp-avg-sq-dtype {exp_avg_sq}")
+    if main_grads == "bf16":
+        out.set(("precision", "grads"), "param", f"{flag} --main-grads-dtype bf16: gradients kept in bf16")
+    if main_params != "fp32":
+        out.warnings.append(f"--main-params-dtype {main_params}: fp16 master weights are not priced; priced as fp32 "
+                            f"masters (2 bytes a parameter more)")
+    elif dtype == "bf16" and fp8_recipe in (None, "delayed") and not fsdp:
+        out.set(("precision", "weights"), "remainder",
+                f"{flag} on bf16 weights: Transformer Engine's FusedAdam keeps the fp32 masters' low 16 bits "
+                f"(store_param_remainders, Megatron-Core's default)")
 
 
 def _activation_offload(out, on, layers, activations, weights, field: str, file: str) -> None:

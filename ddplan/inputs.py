@@ -25,7 +25,7 @@ from ddplan.run import RunOverheads
 from ddplan.runfields import (BY_PARAM, OPTION_FIELDS, PROFILE_FP8_ONLY, RECOMPUTE, RECOMPUTE_HINT, recompute_layers,
                               recompute_policy)
 from ddplan.sizing import memory_setup
-from ddplan.specs import GRADS, KERNELS, WEIGHTS, Budget, Price, run_variant
+from ddplan.specs import GRADS, KERNELS, MOMENTS, WEIGHTS, Budget, Price, run_variant
 from ddplan.table import TableRequest, check_fp8, check_fp8_options, fp8_params_apply, framework_options
 
 DEFAULT_HARDWARE = "mi300x"  # the canonical case (shared/seed): nanochat d24 on AMD MI300X
@@ -121,10 +121,17 @@ def variant(spec, seq_len: int | None, dtype: str | None, grads: str | None = No
     if grads is not None and grads not in GRADS:
         raise UsageError(f"must be one of {', '.join(GRADS)}, got {grads!r}", field="--grads")
     if weights is not None and weights not in WEIGHTS:
-        raise UsageError(f"must be {' or '.join(WEIGHTS)}, got {weights!r}", field="--weights")
+        raise UsageError(f"must be {', '.join(WEIGHTS)}, got {weights!r}", field="--weights")
+    kernels = dict(kernels or {})
+    moments = kernels.get("moments")
+    if moments is not None and moments not in MOMENTS:
+        raise UsageError(f"must be {', '.join(MOMENTS)}, got {moments!r}", field="--moments")
+    compute = dtype or spec.dtypes.compute
+    if weights == "remainder" and compute != "bf16":
+        raise UsageError(f"remainder keeps the 16 bits of an fp32 master that a bf16 weight lacks; the compute dtype "
+                         f"is {compute}: use --weights master", field="--weights")
     try:
-        return run_variant(spec, seq_len=seq_len, dtype=dtype, grads=grads, weights=weights,
-                           **(kernels or {}))
+        return run_variant(spec, seq_len=seq_len, dtype=dtype, grads=grads, weights=weights, **kernels)
     except ValueError as e:
         raise UsageError(str(e), field="--seq-len") from None
 
@@ -609,8 +616,9 @@ def _recompute_order(policy: str) -> tuple[float, int]:
 
 
 def given_kernels(v: dict) -> dict[str, str | None]:
-    """The kernel fields (ddplan.specs.KERNELS) as given (None: the model spec's)."""
-    return {name: v[name] for name in KERNELS}
+    """The kernel fields (ddplan.specs.KERNELS) and the AdamW moments' dtype as given (None: the model spec's), as
+    ddplan.specs.run_variant takes them."""
+    return {**{name: v[name] for name in KERNELS}, "moments": v["moments"]}
 
 
 def check_lacks(framework: str | None, spec, **degrees: tuple[int, ...]) -> None:

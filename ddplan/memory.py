@@ -279,8 +279,8 @@ def model_states(spec: ModelSpec, layout: Layout, stage: Stage | None = None) ->
         n = counts[g] * share
         algo = opt.algorithm[g]
         if algo == "adamw":
-            sb = pb if opt.adamw_state_dtype == "param" else 4
-            state = (2 * sb + (4 if opt.master_weights else 0)) * n
+            moment, master = opt.adamw_bytes(pb)
+            state = (2 * moment + master) * n
         else:  # Muon: momentum in the param dtype + factored second moment (max(rows, cols) fp32 per matrix)
             mats = muon_matrices(spec, g)
             state = (pb * n + 4 * sum(max(r, c) for r, c in mats) * share)

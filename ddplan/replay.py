@@ -31,7 +31,8 @@ STATED_BY: dict[tuple[str, ...], str] = {
     ("layout", "cp"): "layout.cp", ("layout", "ep"): "layout.ep", ("layout", "etp"): "layout.etp",
     ("layout", "zero"): "layout.zero",
     ("precision", "dtype"): "precision", ("precision", "grads"): "model.grads",
-    ("precision", "weights"): "model.weights", ("precision", "fp8"): "precision",
+    ("precision", "weights"): "model.weights", ("precision", "moments"): "model.moments",
+    ("precision", "fp8"): "precision",
     ("precision", "fp8_recipe"): "fp8_recipe",
     ("recompute",): "layout.recompute", ("attention",): "layout.attention", ("window",): "layout.window",
     ("seq_len",): "model.seq_len", ("framework",): "framework",
@@ -202,6 +203,8 @@ def table_command(run: PublishedRun, folder: Path | None = None) -> list[str] | 
         argv += ["--grads", run.model.grads]
     if run_weights(run):
         argv += ["--weights", run_weights(run)]
+    if run.model.moments:
+        argv += ["--moments", run.model.moments]
     for name, value in run_kernels(run).items():
         argv += ["--" + name.replace("_", "-"), value]
     if _profile(run) is not None:  # its stack's published runs weigh in the band (ddplan.evidence)

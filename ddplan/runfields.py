@@ -16,7 +16,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddplan.specs import CROSS_ENTROPY, GRADS, WEIGHTS
+from ddplan.specs import CROSS_ENTROPY, GRADS, MOMENTS, WEIGHTS
 
 COMMANDS = ("table", "memory", "plan")
 # --help's panels, in their order (issue 38: table --help listed 52 options in one run); the output options
@@ -269,7 +269,12 @@ FIELDS: tuple[RunField, ...] = (
        GRADS, MODEL),
     _f("precision.weights", "How the weights are kept: fp32 (fp32 weights, cast to the compute dtype each forward: "
        "torch autocast, FSDP mixed precision) or master (16-bit weights, an fp32 master copy in the optimizer: "
-       "Megatron-LM, DeepSpeed); default: the model spec's.", WEIGHTS, MODEL),
+       "Megatron-LM, DeepSpeed) or remainder (bf16 weights and, in the optimizer, only the 16 bits of their fp32 "
+       "master that bf16 lacks: Transformer Engine's FusedAdam as Megatron-Core's --use-precision-aware-optimizer "
+       "runs it, without fp8 or with delayed fp8); default: the model spec's.", WEIGHTS, MODEL),
+    _f("precision.moments", "Dtype of AdamW's two moments: fp32, bf16, fp16, fp8 (Megatron-Core's "
+       "--use-precision-aware-optimizer with --exp-avg-dtype and --exp-avg-sq-dtype) or param (each parameter's "
+       "own, torch's default); default: the model spec's (fp32; nanochat: param).", MOMENTS, MODEL),
     _f("precision.fp8", "Run eligible GEMMs in fp8: every dim a multiple of 16, the smaller weight dim >= 128, not "
        "the router and not the LM head unless the model's fp8 path converts it (nanochat's does); refused where the "
        "model's fp8 format does not run on the hardware.", bool, LAYOUT, default=False),

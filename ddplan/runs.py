@@ -28,7 +28,7 @@ from ddplan.registry import builtin_dir, load_hardware, load_model
 from ddplan.runconfig import annotation
 from ddplan.runfields import OPTION_FIELDS, recompute_policy
 from ddplan.specfile import read_yaml, validate
-from ddplan.specs import (Architecture, CrossEntropy, Fp8Recipe, Fp8WeightCasts, Grads, ModelSpec, Strict,
+from ddplan.specs import (Architecture, CrossEntropy, Fp8Recipe, Fp8WeightCasts, Grads, ModelSpec, Moments, Strict,
                           present_param_groups, run_variant)
 
 Precision = Literal["bf16", "fp16", "fp8"]
@@ -60,7 +60,10 @@ class RunModel(Strict):
     grads: Grads | None = None
     # how the weights were kept, where the run states it: "master" (16-bit weights, an fp32 copy in the optimizer:
     # Megatron-LM's --bf16), "fp32" (fp32 weights cast each forward); None: the base spec's (ddplan.specs.run_variant)
-    weights: Literal["fp32", "master"] | None = None
+    # "remainder": bf16 weights, the fp32 masters' low 16 bits (Megatron-Core's --use-precision-aware-optimizer)
+    weights: Literal["fp32", "master", "remainder"] | None = None
+    # AdamW's two moments' dtype, where the run states it (--exp-avg-dtype, --exp-avg-sq-dtype); None: the base spec's
+    moments: Moments | None = None
     # mixture of experts, how its tokens were routed: "balanced" (forced, Megatron-Core
     # --moe-router-force-load-balancing: ddplan's moe.load_imbalance 1) or "dropless" (real routing: the base
     # spec's imbalance, ddplan.specs.DROPLESS_IMBALANCE unless it sets one); None: the base spec's
@@ -368,7 +371,7 @@ def run_spec(run: RunFacts, where: str, imbalance: float | None = None, weights:
              total_batch_tokens=run.tokens_per_step, world_size_rule="any", compiled=run.layout.compiled)
     spec = validate(ModelSpec, data, f"{where}: model")
     weights = run.model.weights or weights  # as the run states, else as the caller knows its stack keeps them
-    return run_variant(spec, weights=weights) if weights else spec
+    return run_variant(spec, weights=weights, moments=run.model.moments) if weights or run.model.moments else spec
 
 
 def _slug(name: str) -> str:

@@ -171,6 +171,7 @@ Fusions = Literal["eager", "transformer-engine"]
 # how gradients are kept and reduced (Dtypes.grads): in each parameter's dtype, in fp32 (Megatron's main_grad), or
 # reduced in the compute dtype and kept in the parameter's (FSDP MixedPrecision reduce_dtype=bf16 over fp32 weights)
 Grads = Literal["param", "fp32", "compute"]
+Moments = Literal["param", "fp32", "bf16", "fp16", "fp8"]  # AdamW's moments' dtype (Optimizer.adamw_state_dtype)
 
 
 class IntraNode(Strict):
@@ -572,16 +573,37 @@ class Optimizer(Strict):
     """Which algorithm updates each parameter group, and in what dtype it keeps its state.
 
     AdamW keeps m and v; Muon keeps a momentum buffer and (NorMuon) a factored second moment.
-    adamw_state_dtype `param`: same dtype as the parameter (nanochat: bf16 for embeddings).
+    adamw_state_dtype: the dtype of AdamW's two moments; `param`: same dtype as the parameter (torch's default,
+    zeros_like(param); nanochat: bf16 for embeddings); bf16/fp16/fp8: Megatron-Core's --use-precision-aware-optimizer
+    with --exp-avg-dtype and --exp-avg-sq-dtype (megatron/training/arguments.py@d98e8a64 L3666-3685; bf16 moments as
+    DeepSeek-V3 trained, arXiv 2412.19437 sec. 3.3.3).
     """
 
     name: str
     algorithm: dict[ParamGroup, Literal["adamw", "muon"]]
-    adamw_state_dtype: Literal["param", "fp32"] = "fp32"
+    adamw_state_dtype: Moments = "fp32"
     # an fp32 master copy of 16-bit params kept in the optimizer state (Megatron-LM, apex O2, DeepSpeed)
     master_weights: bool = False
+    # of that master copy only the 16 bits a bf16 weight lacks (Transformer Engine FusedAdam store_param_remainders,
+    # which Megatron-Core's precision-aware optimizer turns on for bf16 weights: optimizer_config.py@d98e8a64 L192)
+    master_remainder: bool = False
     muon_ns_steps: PositiveInt = 5
     source: str = Field(min_length=3)
+
+    @model_validator(mode="after")
+    def _remainder_of_a_master(self) -> Optimizer:
+        if self.master_remainder and not self.master_weights:
+            raise ValueError("master_remainder keeps part of an fp32 master copy: it needs master_weights: true")
+        return self
+
+    def adamw_bytes(self, param_bytes: int) -> tuple[int, int]:
+        """(bytes of each of AdamW's two moments, bytes of the master copy) an element, for a parameter of
+        param_bytes. The master: 0 without one, 4 (fp32), or 2 with master_remainder (the fp32 master's low 16 bits
+        beside the bf16 weight, an int16 tensor: megatron/core/optimizer/distrib_optimizer.py@d98e8a64 L1007-1010).
+        e.g. Megatron-Core's defaults, (4, 4): 12 bytes of state a parameter; --use-precision-aware-optimizer
+        --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 on bf16 weights, (2, 2): 6 bytes."""
+        moment = param_bytes if self.adamw_state_dtype == "param" else units.dtype_bytes(self.adamw_state_dtype)
+        return moment, (2 if self.master_remainder else 4) if self.master_weights else 0
 
 
 class Budget(Strict):
@@ -735,7 +757,8 @@ def nanochat_dims(depth: int, aspect_ratio: int = 64, head_dim: int = 128) -> tu
     return d_model, d_model // head_dim
 
 
-WEIGHTS = ("fp32", "master")  # how the weights are kept (run_variant)
+WEIGHTS = ("fp32", "master", "remainder")  # how the weights are kept (run_variant)
+MOMENTS = typing.get_args(Moments)  # AdamW's moments' dtypes (run_variant)
 GRADS = typing.get_args(Grads)  # how gradients are kept and reduced (Dtypes.grads)
 CROSS_ENTROPY = typing.get_args(CrossEntropy)  # the loss kernels (Recipe.cross_entropy)
 MOE_WEIGHTING = typing.get_args(MoeWeighting)  # where routed copies are weighted (Recipe.moe_weighting)
@@ -751,7 +774,7 @@ def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | Non
                 grads: str | None = None, load_imbalance: float | None = None,
                 weights: str | None = None, cross_entropy: str | None = None,
                 moe_weighting: str | None = None, fusions: str | None = None,
-                fp8_weight_casts: str | None = None) -> ModelSpec:
+                fp8_weight_casts: str | None = None, moments: str | None = None) -> ModelSpec:
     """The model as one run trains it: another sequence length and/or compute dtype.
 
     seq_len: the recipe's sequence length (at most architecture.max_seq_len); the total batch in tokens
@@ -767,11 +790,15 @@ def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | Non
     --bf16/--fp16: Float16Module, megatron/core/transformer/module.py@d98e8a6 L479, and
     Float16OptimizerWithFloat16Params' "fp32 copy of float16 parameters", megatron/core/optimizer/optimizer.py
     L964-996; DeepSpeed's bf16/fp16 optimizers, ZeRO arXiv 1910.02054 sec. 3.1). With an fp32 compute dtype
-    "master" is "fp32". cross_entropy: the loss kernel (Recipe.cross_entropy, CROSS_ENTROPY). moe_weighting: where a
-    mixture of experts weights its routed copies (Recipe.moe_weighting, MOE_WEIGHTING; a dense model takes it and
-    is unchanged, as a stack's profile applies it to any model). fusions: how the block's norms, rotary embedding and
-    SwiGLU run (Recipe.fusions, FUSIONS). fp8_weight_casts: how often an fp8 weight is cast (Recipe.fp8_weight_casts,
-    FP8_WEIGHT_CASTS; a run without fp8 takes it and is unchanged).
+    "master" is "fp32". "remainder": as "master", the master copy keeping only the 16 bits a bf16 weight lacks, 2
+    bytes (Transformer Engine FusedAdam store_param_remainders, on by default under Megatron-Core's
+    --use-precision-aware-optimizer: optimizer_config.py@d98e8a64 L192; bf16 only). moments: the dtype of AdamW's two
+    moments (Optimizer.adamw_state_dtype, MOMENTS), applied after weights. cross_entropy: the loss kernel
+    (Recipe.cross_entropy, CROSS_ENTROPY). moe_weighting: where a mixture of experts weights its routed copies
+    (Recipe.moe_weighting, MOE_WEIGHTING; a dense model takes it and is unchanged, as a stack's profile applies it to
+    any model). fusions: how the block's norms, rotary embedding and SwiGLU run (Recipe.fusions, FUSIONS).
+    fp8_weight_casts: how often an fp8 weight is cast (Recipe.fp8_weight_casts, FP8_WEIGHT_CASTS; a run without fp8
+    takes it and is unchanged).
     Raises ValueError naming the value when it cannot be.
     """
     if seq_len is not None and seq_len != spec.recipe.seq_len:
@@ -798,14 +825,22 @@ def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | Non
     if weights is not None:
         if weights not in WEIGHTS:
             raise ValueError(f"weights must be {' or '.join(WEIGHTS)}, got {weights!r}")
-        master = weights == "master" and spec.dtypes.compute != "fp32"
+        if weights == "remainder" and spec.dtypes.compute != "bf16":
+            raise ValueError(f"weights remainder keeps the 16 bits of an fp32 master that a bf16 weight lacks; the "
+                             f"compute dtype is {spec.dtypes.compute}: use weights master")
+        master = weights in ("master", "remainder") and spec.dtypes.compute != "fp32"
         kept = spec.dtypes.compute if master else "fp32"
         opt = spec.recipe.optimizer
-        opt = opt.model_copy(update={"master_weights": master,
+        opt = opt.model_copy(update={"master_weights": master, "master_remainder": weights == "remainder",
                                      "adamw_state_dtype": "fp32" if master else opt.adamw_state_dtype})
         spec = spec.model_copy(update={
             "dtypes": spec.dtypes.model_copy(update={"params": dict.fromkeys(spec.dtypes.params, kept)}),
             "recipe": spec.recipe.model_copy(update={"optimizer": opt})})
+    if moments is not None and moments != spec.recipe.optimizer.adamw_state_dtype:
+        if moments not in MOMENTS:
+            raise ValueError(f"moments must be {' or '.join(MOMENTS)}, got {moments!r}")
+        opt = spec.recipe.optimizer.model_copy(update={"adamw_state_dtype": moments})
+        spec = spec.model_copy(update={"recipe": spec.recipe.model_copy(update={"optimizer": opt})})
     for name, value in (("cross_entropy", cross_entropy), ("moe_weighting", moe_weighting), ("fusions", fusions),
                         ("fp8_weight_casts", fp8_weight_casts)):
         if value is not None and value != getattr(spec.recipe, name):

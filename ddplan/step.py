@@ -212,12 +212,11 @@ def optimizer_time_s(spec: ModelSpec, layout: Layout, r: Rates) -> float:
             continue
         share, n = state_share(spec, layout, group)
         pb = dtype_bytes(dt.params[group])
-        sb = pb if opt.adamw_state_dtype == "param" else 4
         if algo == "adamw":
             split = n if policy != "ddp" and (policy != "sharded_optimizer" or counts[group] >= 1024) else 1
-            moved = adamw_bytes(counts[group], pb, dt.grad_bytes(group), sb)
-            if opt.master_weights:  # read and write the fp32 master copy as well
-                moved += counts[group] * 8
+            moment, master = opt.adamw_bytes(pb)
+            # the moments, and the master copy (fp32, or its low 16 bits) read and written as well
+            moved = adamw_bytes(counts[group], pb, dt.grad_bytes(group), moment) + counts[group] * 2 * master
             total += moved * share / split / bw + r.kernel_overhead_s
             continue
         for (rows, cols), k in Counter(muon_matrices(spec, group)).items():

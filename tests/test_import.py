@@ -544,3 +544,31 @@ def test_a_torchtitan_preset_note_names_the_hardware_it_was_made_for():
     assert {gpu: h and h[0] for gpu, h in got.items()} == {
         "A100": "a100-sxm-80gb", "H100": "h100-sxm", "B200": "b200", "GB200": "gb200", "B300": "b300",
         "GB300": "gb300", "L4": None}
+
+
+def test_megatron_s_precision_aware_optimizer_is_its_moments_and_remainder_masters(capsys, tmp_path):
+    """--use-precision-aware-optimizer (arguments.py@d98e8a64 L3666-3685): --exp-avg-dtype/--exp-avg-sq-dtype are the
+    moments' dtype; on bf16 weights without fp8 (or with delayed scaling) Transformer Engine's FusedAdam keeps the
+    masters as 16-bit remainders (store_param_remainders, optimizer_config.py L192 and L400-411): weights remainder;
+    with current scaling Megatron-Core keeps them whole, and without the flag the dtypes are not read."""
+    args, out = tmp_path / "args.sh", tmp_path / "run.yaml"
+    base = ("--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 512 --nproc_per_node 8 --bf16 "
+            "--use-distributed-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16")
+    for extra, moments, remainder in ((" --use-precision-aware-optimizer", True, True),
+                                      (" --use-precision-aware-optimizer --fp8-format e4m3 --fp8-recipe tensorwise",
+                                       True, False),
+                                      (" --use-precision-aware-optimizer --fp8-format hybrid", True, True),
+                                      ("", False, False)):
+        args.write_text(base + extra + "\n", encoding="utf-8")
+        run_ok(capsys, ["import", str(args), "-o", str(out), "--from", "megatron"])
+        written = out.read_text(encoding="utf-8")
+        assert ("moments: bf16" in written) == moments, extra
+        assert ("weights: remainder" in written) == remainder, extra
+        code, _, err = run(capsys, ["table", "--config", str(out)])
+        assert code == 0, err
+    args.write_text(base.replace("--exp-avg-sq-dtype bf16", "--exp-avg-sq-dtype fp32")
+                    + " --use-precision-aware-optimizer --main-grads-dtype bf16\n", encoding="utf-8")
+    code, _, err = run(capsys, ["import", str(args), "-o", str(out), "--from", "megatron"])
+    written = out.read_text(encoding="utf-8")
+    assert code == 0 and "grads: param" in written and "moments: " not in written
+    assert "both moments priced in fp32" in err

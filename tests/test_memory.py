@@ -465,6 +465,33 @@ def test_master_weights_as_megatron_keeps_them_by_hand():
     assert run_variant(spec, dtype="fp32", weights="master").recipe.optimizer.master_weights is False
 
 
+def test_precision_aware_optimizer_states_by_hand():
+    """Megatron-Core's --use-precision-aware-optimizer (arguments.py@d98e8a64 L3666-3685): --exp-avg-dtype and
+    --exp-avg-sq-dtype bf16 keep each moment in 2 bytes (DeepSeek-V3, arXiv 2412.19437 sec. 3.3.3), and on bf16
+    weights Transformer Engine's FusedAdam keeps only the fp32 master's low 16 bits (store_param_remainders: an int16
+    tensor, distrib_optimizer.py L1007-1010). Llama-3-8B (8,030,261,248 parameters), ZeRO-1 over 8: optimizer state a
+    parameter 4 + 4 + 4 = 12 -> with bf16 moments 4 + 2 + 2 = 8, with remainders 2 + 4 + 4 = 10, both 2 + 2 + 2 = 6
+    bytes over 8 ranks; weights and gradients unchanged."""
+    from ddplan.params import total_params
+    from ddplan.specs import run_variant
+
+    spec = load_model("llama-3-8b")
+    n = total_params(spec.architecture)
+    layout = Layout(dp=8, zero=1, micro_batch=1)
+    for weights, moments, per_param in (("master", None, 12), ("master", "bf16", 8), ("remainder", None, 10),
+                                        ("remainder", "bf16", 6), ("remainder", "fp8", 4)):
+        states = model_states(run_variant(spec, weights=weights, grads="fp32", moments=moments), layout)
+        assert sum(states["optimizer"].values()) == pytest.approx(per_param * n / 8, rel=1e-12), (weights, moments)
+        assert (sum(states["params"].values()), sum(states["gradients"].values())) == (2 * n, 4 * n)
+    # moments in the parameter's own dtype (torch's zeros_like) on fp32 weights are fp32: 4 + 4
+    fp32 = model_states(run_variant(spec, weights="fp32", moments="param"), layout)
+    assert sum(fp32["optimizer"].values()) == pytest.approx(8 * n / 8, rel=1e-12)
+    with pytest.raises(ValueError, match="bf16 weight lacks"):
+        run_variant(spec, dtype="fp16", weights="remainder")
+    with pytest.raises(ValueError, match="moments must be"):
+        run_variant(spec, moments="fp64")
+
+
 def test_megatron_s_vocab_parallel_cross_entropy_keeps_one_vocab_wide_fp32_buffer():
     """Megatron's loss (megatron/core/tensor_parallel/cross_entropy.py@d98e8a6): the fp32 copy of the logits is
     overwritten in place (max, exp, division) into the softmax backward saves, and backward writes the gradient

@@ -87,6 +87,23 @@ def test_optimizer_dp1_sharded_equals_ddp():
         optimizer_time_s(spec, Layout(dp=1, zero=0), r), rel=1e-12)
 
 
+def test_optimizer_step_moves_the_precision_aware_states_bytes():
+    """AdamW is memory-bound (ddplan.anatomy.adamw_bytes: read p, g, m, v; write p, m, v) plus the master copy read
+    and written. Llama-3-8B on one GPU, bf16 weights, fp32 gradients: 2 x 2 + 4 + 4 x 4 + 2 x 4 = 32 bytes a
+    parameter with fp32 moments and masters; bf16 moments and 16-bit master remainders (Megatron-Core's
+    --use-precision-aware-optimizer) 2 x 2 + 4 + 4 x 2 + 2 x 2 = 20. The time less its launch costs scales by 20/32."""
+    from ddplan.specs import run_variant
+
+    r = rates(_hw("h100-sxm"), "fa3")
+    spec = run_variant(_spec("llama-3-8b"), weights="master", grads="fp32")
+    lay = Layout(dp=1, zero=0)
+    launches = sum(1 for g, n in step.counts_of(spec.architecture).items()
+                   if n and g in spec.recipe.optimizer.algorithm) * r.kernel_overhead_s
+    full = optimizer_time_s(spec, lay, r) - launches
+    light = optimizer_time_s(run_variant(spec, weights="remainder", moments="bf16"), lay, r) - launches
+    assert light / full == pytest.approx(20 / 32, rel=1e-12)
+
+
 def test_measured_muon_steps_replace_the_gemm_estimate_per_matrix_owned():
     """A calibration's Muon step of a shape's stack replaces that shape's Newton-Schulz estimate, per matrix
     the rank owns: doubling every measured time adds exactly their sum on one GPU (owning every matrix), and

@@ -1016,8 +1016,11 @@ def test_a_run_on_megatron_keeps_its_weights_as_megatron_does(capsys, tmp_path):
         _run(1.0, id="mcore", framework="megatron-core", layout=layout),
         _run(1.0, id="stated", framework="megatron-core", layout=layout,
              model={"base": "gpt2-124m", "name": "GPT-2 small", "seq_len": 1024, "weights": "fp32"}),
-        _run(1.0, id="other", framework="megatron-fork", layout=layout)])))
-    assert [run_weights(r) for r in runs.runs] == ["master", "fp32", None]
+        _run(1.0, id="other", framework="megatron-fork", layout=layout),
+        _run(1.0, id="aware", framework="megatron-core", layout=layout,
+             model={"base": "gpt2-124m", "name": "GPT-2 small", "seq_len": 1024, "weights": "remainder",
+                    "moments": "bf16"})])))
+    assert [run_weights(r) for r in runs.runs] == ["master", "fp32", None, "remainder"]
     rows = {}
     for i, run in enumerate(runs.runs):
         _, _, row = price_run(run, f"runs.{i}")
@@ -1027,6 +1030,11 @@ def test_a_run_on_megatron_keeps_its_weights_as_megatron_does(capsys, tmp_path):
         rows[run.id] = row
     states = {k: sum(r.memory.terms[t] for t in ("params", "gradients", "optimizer")) for k, r in rows.items()}
     assert states["mcore"] < states["stated"] == pytest.approx(states["other"])
+    # Megatron-Core's precision-aware optimizer (model.weights remainder, model.moments bf16): 6 bytes of optimizer
+    # state a parameter where the profile's masters keep 12, over the 8 ranks of the distributed optimizer
+    n = sum(rows["mcore"].memory.by_group["params"].values()) / 2
+    assert rows["aware"].memory.terms["optimizer"] == pytest.approx(n * 6 / 8, rel=1e-9)
+    assert rows["mcore"].memory.terms["optimizer"] == pytest.approx(n * 12 / 8, rel=1e-9)
     # the profile's loss kernel (vocab-parallel cross entropy) is the stack's, whatever the weights
     assert rows["stated"].memory.terms["activation_transient"] < rows["other"].memory.terms["activation_transient"]
 
