@@ -307,6 +307,32 @@ def state_share(spec: ModelSpec, layout: Layout, group: str, stage: Stage | None
     return share, layout.shard_degree
 
 
+_HEAVIEST: dict[tuple, tuple[object, Stage | None]] = {}  # (id(spec), pp, tp, ep, expert rows) -> (spec, stage)
+
+
+def heaviest_stage(spec: ModelSpec, layout: Layout) -> Stage | None:
+    """The pipeline stage (of pipeline_stages) whose tensor-parallel rank holds the most parameters: the one whose
+    gradients the data-parallel collectives carry longest and whose optimizer step takes longest (ddplan.step prices
+    both on it, not on the most layers with both the embeddings and the head, which no stage holds; its compute is
+    the slowest stage's, ddplan.step._busiest_stage). None without a pipeline. e.g. Llama 3.1 405B over pp 16: a
+    middle stage, 8 layers of 3.19B (25.5B), over the last (7 layers and the 2.1B-parameter head, 24.4B); Llama 3 8B
+    over pp 4: the first, 8 layers and the 0.53B embedding table (the last's head is as large: the first is kept)."""
+    if layout.pp == 1:
+        return None
+    key = (id(spec), layout.pp, layout.tp, layout.ep, layout.expert_rows_split)
+    known = _HEAVIEST.get(key)
+    if known is not None and known[0] is spec:
+        return known[1]
+    if len(_HEAVIEST) >= 256:
+        _HEAVIEST.clear()
+    counts = counts_of(spec.architecture)
+    groups = [g for g, n in counts.items() if n and g in spec.recipe.optimizer.algorithm]
+    stage = max(pipeline_stages(layout, spec.architecture),
+                key=lambda st: sum(counts[g] * state_share(spec, layout, g, st)[0] for g in groups))
+    _HEAVIEST[key] = (spec, stage)
+    return stage
+
+
 def expert_shard(layout: Layout) -> int:
     """Ranks the routed experts' ZeRO shards split over: the expert-data-parallel ranks (Layout.expert_ranks),
     or, with hybrid sharding, the shard group's share of them (shard group x expert rows split / ep)."""

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from ddplan import comm, pipeline
 from ddplan.anatomy import Anatomy, adamw_bytes, muon_matrices, unsharded_grad_sum_bytes
 from ddplan.layout import NATIVE_ZERO, Layout, Placement, placement
-from ddplan.memory import EXPERT_GROUP, _stage_share, counts_of, expert_shard, offloaded_bytes, state_share
+from ddplan.memory import (EXPERT_GROUP, _stage_share, counts_of, expert_shard, heaviest_stage, offloaded_bytes,
+                           state_share)
 from ddplan.offload import activation_offload_exposed_s, offload_time_s
 from ddplan.comm import CommPoints, GroupTimer
 from ddplan.fp8 import fp8_weight_fractions
@@ -87,13 +88,14 @@ def grad_sync_buffers(spec: ModelSpec, layout: Layout, experts: bool = False) ->
     policy, n = dp_policy(spec, layout), (layout.expert_ranks if experts else layout.grad_ranks)
     fp8 = fp8_weight_fractions(spec) if layout.fp8_all_gather or layout.fp8_params else {}
     out: list[tuple[str, float]] = []
+    stage = heaviest_stage(spec, layout)
     for group, algo in opt.algorithm.items():
         if not counts[group] or (group == EXPERT_GROUP) != experts:
             continue
         gb = dt.reduce_bytes(group)  # a gradient as the reductions carry it (grads "compute": the compute dtype's)
         kb = dt.grad_bytes(group)  # a gradient as it is kept: Muon's gathered shards
         pb = dtype_bytes(dt.params[group])  # a parameter as it is kept: the sharded optimizer's gathered updates
-        share = _stage_share(group, layout, spec.architecture.num_layers, spec.architecture)
+        share = _stage_share(group, layout, spec.architecture.num_layers, spec.architecture, stage)
         if experts:  # 1 / ep of the experts, split over the experts' tp degree (not tp when they are whole)
             share *= layout.expert_rows_split / layout.ep
         if policy == "sharded_optimizer" and algo == "muon":
@@ -158,12 +160,12 @@ def fsdp2_copy_bytes(spec: ModelSpec, layout: Layout) -> float:
     counts, dt = counts_of(spec.architecture), spec.dtypes
     fp8 = fp8_weight_fractions(spec) if layout.fp8_all_gather else {}
     c, accum, gathers = dtype_bytes(dt.compute), layout.grad_accum, zero3_gathers(layout)
-    total = 0.0
+    total, stage = 0.0, heaviest_stage(spec, layout)
     for group, n in counts.items():
         if not n:
             continue
         experts = group == EXPERT_GROUP
-        share = _stage_share(group, layout, spec.architecture.num_layers, spec.architecture)
+        share = _stage_share(group, layout, spec.architecture.num_layers, spec.architecture, stage)
         if experts:  # 1 / ep of the experts, split over the experts' tp degree
             share *= layout.expert_rows_split / layout.ep
         r = dt.reduce_bytes(group)
@@ -206,11 +208,11 @@ def optimizer_time_s(spec: ModelSpec, layout: Layout, r: Rates) -> float:
     policy = dp_policy(spec, layout)
     bw = r.optimizer_bytes_per_s or r.hbm_bytes_per_s * r.hbm  # measured AdamW rate when calibrated
     measured = {(rows, cols): (count, seconds) for rows, cols, count, seconds in r.muon_points}  # calibrated Muon
-    total = 0.0
+    total, stage = 0.0, heaviest_stage(spec, layout)
     for group, algo in opt.algorithm.items():
         if not counts[group]:
             continue
-        share, n = state_share(spec, layout, group)
+        share, n = state_share(spec, layout, group, stage)
         pb = dtype_bytes(dt.params[group])
         if algo == "adamw":
             split = n if policy != "ddp" and (policy != "sharded_optimizer" or counts[group] >= 1024) else 1

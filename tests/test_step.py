@@ -23,6 +23,7 @@ from ddplan.anatomy import build_anatomy, for_tp, muon_flops
 from ddplan.layout import NATIVE_ZERO, Layout, check_layout
 from ddplan.registry import load_hardware, load_model
 from ddplan.roofline import Rates, rates
+from ddplan.specs import run_variant
 from ddplan.step import fsdp2_copy_bytes, fsdp2_copies_s, grad_sync_buffers, optimizer_time_s, step_time
 
 SQ, MLP_IN, MLP_OUT, VE = (1536, 1536), (6144, 1536), (1536, 6144), (12, 12)
@@ -237,6 +238,29 @@ def test_grad_sync_buffers_ddp_gpt2_one_all_reduce_per_group():
     buffers = grad_sync_buffers(_spec("gpt2-124m"), gpt2(dp=8, zero=0))
     assert [c for c, _ in buffers] == ["all_reduce"] * 5  # wte, wpe, block matrices, norms, biases
     assert sum(s for _, s in buffers) == 124_439_808 * 4
+
+
+def test_grad_sync_buffers_under_a_pipeline_are_one_stage_s():
+    """Under a pipeline the data-parallel collectives carry one stage's gradients, the stage holding the most
+    (ddplan.memory.heaviest_stage), never the busiest stage's layers with both the embeddings and the head. Llama 3
+    8B (HF config: 32 layers of 4096 x 4096 q/o, 4096 x 1024 k/v, 3 x 4096 x 14336 MLP, two 4096 norms = 218,112,000
+    parameters; vocabulary 128,256 x 4096 = 525,336,576 each for the untied embeddings and head, a final norm of
+    4096), pp 4, ZeRO-1 over dp 2, fp32 gradients: the first stage, 8 layers and the embeddings, reduce-scattered at 4
+    bytes and gathered at 2. The optimizer step updates the same stage's parameters."""
+    layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
+    spec = run_variant(_spec("llama-3-8b"), weights="master", grads="fp32")
+    lay = Layout(dp=2, pp=4, zero=1, micro_batch=1, grad_accum=4)
+    buffers = grad_sync_buffers(spec, lay)
+    # the final norm is priced with the blocks' norms, spread over the layers: 8/32 of its 4096 on this stage
+    first = 8 * layer + 128_256 * 4096 + 4096 * 8 // 32
+    assert sum(s for c, s in buffers if c == "reduce_scatter") == pytest.approx(first * 4, rel=1e-12)
+    assert sum(s for c, s in buffers if c == "all_gather") == pytest.approx(first * 2, rel=1e-12)
+    # its AdamW step: 32 bytes an element (2 x 2 + 4 + 4 x 4 + 2 x 4, fp32 masters), half of them a rank at dp 2
+    r = rates(_hw("h100-sxm"), "fa3")
+    launches = sum(1 for g, n in step.counts_of(spec.architecture).items()
+                   if n and g in spec.recipe.optimizer.algorithm) * r.kernel_overhead_s
+    moved = (optimizer_time_s(spec, lay, r) - launches) * r.hbm_bytes_per_s * r.hbm
+    assert moved == pytest.approx(first * 32 / 2, rel=1e-9)
 
 
 @pytest.mark.parametrize("zero", [1, 2, 3])
