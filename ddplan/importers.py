@@ -831,7 +831,7 @@ def _megatron(text: str, path: Path, out: Imported) -> None:
         _precision_aware(out, dtype, arg("--exp-avg-dtype", "fp32"), arg("--exp-avg-sq-dtype", "fp32"),
                          arg("--main-params-dtype", "fp32"), arg("--main-grads-dtype", "fp32"),
                          out.fields.get(("precision", "fp8_recipe")) if fmt else None,
-                         out.fields.get(("layout", "zero")) == 3, path)
+                         out.fields.get(("layout", "zero")) == 3 or bool(arg("--fp8-param-gather")), path)
     granularity = arg("--recompute-granularity")
     if arg("--recompute-activations") or granularity == "selective":
         modules = arg("--recompute-modules")
@@ -1023,13 +1023,15 @@ def _nemo(text: str, path: Path, out: Imported) -> None:
 
 
 def _precision_aware(out: Imported, dtype: str, exp_avg: str, exp_avg_sq: str, main_params: str, main_grads: str,
-                     fp8_recipe: str | None, fsdp: bool, path: Path) -> None:
+                     fp8_recipe: str | None, whole: bool, path: Path) -> None:
     """Megatron-Core's --use-precision-aware-optimizer as run fields (megatron/training/arguments.py@d98e8a64
     L3666-3685): the moments' dtype (--exp-avg-dtype, --exp-avg-sq-dtype: the wider where they differ), bf16 main
     gradients (--main-grads-dtype bf16), and the masters Transformer Engine's FusedAdam keeps as 16-bit remainders
     beside bf16 weights (store_param_remainders, True by default and not a flag: optimizer_config.py L192) where
     Megatron-Core leaves it the masters: fp32 main params, no fp8 or delayed scaling, not Megatron-FSDP
-    (optimizer_config.py L400-411; optimizer/__init__.py L570-580)."""
+    (optimizer_config.py L400-411; optimizer/__init__.py L570-580), bf16 weights rather than fp8 ones
+    (--fp8-param-gather: Transformer Engine's FusedAdam keeps remainders of bf16 weights only). whole: Megatron-FSDP
+    or fp8 weights."""
     flag = "--use-precision-aware-optimizer"
     moments = max((exp_avg, exp_avg_sq), key=lambda d: units.BYTES_PER_DTYPE.get(d, 4))
     if moments not in MOMENTS:
@@ -1045,7 +1047,7 @@ def _precision_aware(out: Imported, dtype: str, exp_avg: str, exp_avg_sq: str, m
     if main_params != "fp32":
         out.warnings.append(f"--main-params-dtype {main_params}: fp16 master weights are not priced; priced as fp32 "
                             f"masters (2 bytes a parameter more)")
-    elif dtype == "bf16" and fp8_recipe in (None, "delayed") and not fsdp:
+    elif dtype == "bf16" and fp8_recipe in (None, "delayed") and not whole:
         out.set(("precision", "weights"), "remainder",
                 f"{flag} on bf16 weights: Transformer Engine's FusedAdam keeps the fp32 masters' low 16 bits "
                 f"(store_param_remainders, Megatron-Core's default)")

@@ -214,7 +214,9 @@ def test_moments_and_remainder_masters_set_the_optimizer_state(capsys):
     for extra, says in ((["--moments", "fp64"], "'fp64' is not one of 'param', 'fp32', 'bf16', 'fp16', 'fp8'"),
                         (["--weights", "remainder", "--dtype", "fp16"], "compute dtype is fp16"),
                         (["--weights", "remainder", "--fp8", "--fp8-recipe", "current"], "keeps the fp32 masters whole"),
-                        (["--weights", "remainder", "--zero", "3"], "Megatron-FSDP (ZeRO-3) keeps its own")):
+                        (["--weights", "remainder", "--zero", "3"], "Megatron-FSDP (ZeRO-3) keeps its own"),
+                        (["--weights", "remainder", "--fp8", "--fp8-recipe", "delayed", "--fp8-params"],
+                         "with fp8 weights (--fp8-params)")):
         code, line = fails(capsys, argv[:-2] + extra)
         assert code == 2 and says in line and ("--moments" if "fp64" in extra else "--weights") in line, extra
 

@@ -558,6 +558,8 @@ def test_megatron_s_precision_aware_optimizer_is_its_moments_and_remainder_maste
                                       (" --use-precision-aware-optimizer --fp8-format e4m3 --fp8-recipe tensorwise",
                                        True, False),
                                       (" --use-precision-aware-optimizer --fp8-format hybrid", True, True),
+                                      (" --use-precision-aware-optimizer --fp8-format hybrid --fp8-param-gather",
+                                       True, False),
                                       ("", False, False)):
         args.write_text(base + extra + "\n", encoding="utf-8")
         run_ok(capsys, ["import", str(args), "-o", str(out), "--from", "megatron"])
