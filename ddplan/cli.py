@@ -341,14 +341,16 @@ def specs_import(
 class ImportFormat(str, Enum):
     torchtitan = "torchtitan"
     megatron = "megatron"
+    megatron_bridge = "megatron-bridge"
     nemo = "nemo"
     nanochat = "nanochat"
 
 
-@app.command("import", short_help="A run file from a torchtitan TOML, Megatron-LM arguments, NeMo YAML, nanochat line.")
+@app.command("import", short_help="A run file from a torchtitan TOML, Megatron-LM/-Bridge config, NeMo YAML, nanochat.")
 def import_cmd(
     file: str = typer.Argument(..., help="The stack's file: a torchtitan job TOML, a Megatron-LM launch script or "
-                                         "argument file, a NeMo training YAML, or a file holding a nanochat "
+                                         "argument file, a Megatron-Bridge run_config.yaml or training log (its "
+                                         "Task Configuration), a NeMo training YAML, or a file holding a nanochat "
                                          "base_train command line."),
     out: str = typer.Option(..., "--out", "-o", help="Where to write the run configuration (YAML)."),
     source_format: ImportFormat | None = typer.Option(None, "--from", help="The file's format (default: from its "

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from ddplan import units
 from ddplan.errors import DdplanError, SpecError
 from ddplan.registry import builtin_names, load_hardware, load_model
@@ -33,8 +35,9 @@ from ddplan.runfields import RECOMPUTE_MODULES, recompute_policy
 from ddplan.specs import MOMENTS
 from ddplan.specfile import read_text, read_yaml, validate
 
-FORMATS = ("torchtitan", "megatron", "nemo", "nanochat")
-PROFILE = {"torchtitan": "torchtitan", "megatron": "megatron-core", "nemo": "megatron-core", "nanochat": "nanochat"}
+FORMATS = ("torchtitan", "megatron", "megatron-bridge", "nemo", "nanochat")
+PROFILE = {"torchtitan": "torchtitan", "megatron": "megatron-core", "megatron-bridge": "megatron-bridge",
+           "nemo": "megatron-core", "nanochat": "nanochat"}
 ASSUMED_HARDWARE = "h100-sxm"  # where the file names no GPU (marked assumed)
 
 
@@ -73,6 +76,8 @@ def detect(path: Path, text: str) -> str:
     """Which stack's file this is, from its name and contents; one clear error when it is none of them."""
     if path.suffix == ".toml":
         return "torchtitan"
+    if BRIDGE_MARK in text:
+        return "megatron-bridge"  # its run_config.yaml, or a training log's Task Configuration block
     if path.suffix in (".yaml", ".yml") and re.search(r"^trainer:\s*$", text, re.M) and re.search(r"^model:\s*$",
                                                                                                    text, re.M):
         return "nemo"
@@ -82,7 +87,8 @@ def detect(path: Path, text: str) -> str:
         return "nanochat"
     if re.search(r"--(num-layers|tensor-model-parallel-size|hidden-size)\b", text):
         return "megatron"
-    raise SpecError("not a torchtitan job TOML, a NeMo training YAML (trainer: and model:), Megatron-LM arguments "
+    raise SpecError("not a torchtitan job TOML, a Megatron-Bridge run configuration (run_config.yaml or a log's Task "
+                    "Configuration), a NeMo training YAML (trainer: and model:), Megatron-LM arguments "
                     "(--num-layers ...) or a nanochat base_train command line; name the format with --from "
                     f"({', '.join(FORMATS)})", file=str(path))
 
@@ -95,7 +101,8 @@ def read(path: Path, fmt: str | None = None, *, gpus: int | None = None, hardwar
     fmt = fmt or detect(path, text)
     out = Imported(source=str(path), format=fmt, gpus_given=gpus, model_given=model)
     out.set("framework", PROFILE[fmt])
-    {"torchtitan": _torchtitan, "megatron": _megatron, "nemo": _nemo, "nanochat": _nanochat}[fmt](text, path, out)
+    {"torchtitan": _torchtitan, "megatron": _megatron, "megatron-bridge": _bridge, "nemo": _nemo,
+     "nanochat": _nanochat}[fmt](text, path, out)
     if model:
         out.set("model", model, "given to import")
         out.architecture = None
@@ -707,10 +714,12 @@ def _int(value: Any, path: Path, flag: str) -> int:
     return n
 
 
-def _megatron(text: str, path: Path, out: Imported) -> None:
+def _megatron(text: str, path: Path, out: Imported, tokens: list[str] | None = None) -> None:
     """Megatron-LM's pretrain_gpt.py arguments, in a launch script, an argument file, or a YAML map of them
-    (MODEL_ARGS: {--num-layers: 32, --bf16: true, ...}, as its functional tests' model_config.yaml)."""
-    tokens, _ = _shell_args(text) if path.suffix not in (".yaml", ".yml") else (_yaml_args(path), {})
+    (MODEL_ARGS: {--num-layers: 32, --bf16: true, ...}, as its functional tests' model_config.yaml); or `tokens`, the
+    arguments another reader translated (_bridge)."""
+    if tokens is None:
+        tokens = _shell_args(text)[0] if path.suffix not in (".yaml", ".yml") else _yaml_args(path)
     a = _flags(tokens)
     read: set[str] = set()
 
@@ -878,6 +887,184 @@ def _yaml_args(path: Path) -> list[str]:
             continue
         tokens += [str(key)] if value is True else [str(key), str(value)]
     return tokens
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Megatron-Bridge: the ConfigContainer every run prints ("------- Task Configuration -------") and saves beside its
+# checkpoints (run_config.yaml, megatron/bridge/training/utils/checkpoint_utils.py@067f987 L34), dumped by
+# dump_dataclass_to_yaml (utils/yaml_utils.py): sections of plain YAML, torch dtypes as {_target_: torch.bfloat16},
+# enums as {_target_: ...AttnBackend, _args_: [5]} (megatron/training/config/yaml_utils.py@d98e8a64 L97-172).
+
+BRIDGE_MARK = "_target_: megatron.bridge.training.config.ConfigContainer"
+# Megatron-Bridge fields -> the Megatron-LM argument that states the same setting (the fields are Megatron-Core's
+# TransformerConfig, DistributedDataParallelConfig and OptimizerConfig, the arguments' own destinations:
+# megatron/training/arguments.py@d98e8a64 core_transformer_config_from_args); values pass through, True is the switch
+BRIDGE_ARGS = {
+    "model": ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "ffn_hidden_size",
+              "position_embedding_type", "qk_layernorm", "hidden_dropout", "attention_dropout",
+              "tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
+              "context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size",
+              "sequence_parallel", "tp_comm_overlap", "num_moe_experts:num_experts", "moe_router_topk",
+              "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_layer_freq",
+              "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules",
+              "cpu_offloading", "cpu_offloading_num_layers", "cpu_offloading_activations", "cpu_offloading_weights",
+              "cross_entropy_loss_fusion", "cross_entropy_fusion_impl"),
+    "train": ("micro_batch_size", "global_batch_size", "train_iters"),
+    "ddp": ("use_distributed_optimizer", "use_megatron_fsdp", "overlap_grad_reduce", "overlap_param_gather"),
+    "optimizer": ("optimizer", "use_precision_aware_optimizer", "exp_avg_dtype", "exp_avg_sq_dtype",
+                  "main_grads_dtype", "main_params_dtype"),
+    "mixed_precision": ("fp8:fp8_format", "fp8_recipe", "fp8_param_gather"),
+}
+# set in a dump, priced otherwise or not at all: said, never silently dropped
+BRIDGE_UNPRICED = {
+    ("model", "mtp_num_layers"): "multi-token prediction layers are not priced",
+    ("model", "pipeline_model_parallel_layout"): "an explicit pipeline layout is not priced: layers split evenly, "
+                                                 "the ends one fewer where pp x vp does not divide them",
+    ("model", "num_layers_in_first_pipeline_stage"): "an uneven first stage is not priced",
+    ("model", "num_layers_in_last_pipeline_stage"): "an uneven last stage is not priced",
+    ("model", "fine_grained_activation_offloading"): "fine-grained activation offloading is not priced",
+    ("model", "window_size"): "sliding-window attention is not read: full attention priced",
+    ("optimizer", "optimizer_cpu_offload"): "the optimizer's CPU offload is not priced",
+}
+
+
+def _bridge_value(value: Any) -> Any:
+    """A dumped value as Megatron-LM's argument would say it: a torch dtype's name (torch.bfloat16 -> bf16), an
+    enum's name (AttnBackend, _args_ [5] -> auto), a list as its items, else the value."""
+    if isinstance(value, dict) and "_target_" in value:
+        target = str(value["_target_"])
+        if target.startswith("torch.") and not value.get("_call_", False):
+            return {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32",
+                    "torch.float8_e4m3fn": "fp8"}.get(target, target)
+        if target.endswith("AttnBackend") and value.get("_args_"):
+            return {1: "flash", 2: "fused", 3: "unfused", 4: "local", 5: "auto"}.get(value["_args_"][0])
+        return target
+    return value
+
+
+def _bridge_config(text: str, path: Path) -> dict:
+    """The ConfigContainer of a run_config.yaml, or of the "Task Configuration" block a training log prints."""
+    start = text.find(BRIDGE_MARK)
+    if start < 0:
+        raise SpecError("not a Megatron-Bridge run configuration: no line "
+                        f"'{BRIDGE_MARK}' (a run_config.yaml, or the log block after '------- Task Configuration "
+                        "-------')", file=str(path))
+    block = text[start:]
+    end = re.search(r"^-{10,}\s*$", block, re.M)  # the log's closing rule
+    block = block[:end.start()] if end else block
+    try:
+        cfg = yaml.safe_load(block)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1} of the configuration)" if mark is not None else ""
+        raise SpecError(f"the Megatron-Bridge configuration is not valid YAML{where}", file=str(path)) from None
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("model"), dict):
+        raise SpecError("the Megatron-Bridge configuration has no model: mapping", file=str(path), field="model")
+    return cfg
+
+
+def _bridge(text: str, path: Path, out: Imported) -> None:
+    """Megatron-Bridge's ConfigContainer, read as the Megatron-LM arguments its fields stand for (BRIDGE_ARGS), then
+    the settings a dump states whose absence from those arguments would leave the megatron-bridge profile's value in
+    place: sequence parallelism, the overlaps, the distributed optimizer, the gradients' dtype, the loss and recompute
+    (a dump says each, so each is written)."""
+    cfg = _bridge_config(text, path)
+    sections = {name: cfg.get(name) if isinstance(cfg.get(name), dict) else {} for name in
+                ("model", "train", "ddp", "optimizer", "mixed_precision", "dataset", "comm_overlap")}
+    model, ddp, mp, opt = sections["model"], sections["ddp"], sections["mixed_precision"], sections["optimizer"]
+    if model.get("multi_latent_attention") or model.get("is_hybrid_model"):
+        kind = "multi-latent attention" if model.get("multi_latent_attention") else "a hybrid (Mamba) model"
+        raise SpecError(f"{kind}: ddplan has no such architecture", file=str(path),
+                        field="model.multi_latent_attention" if model.get("multi_latent_attention")
+                        else "model.is_hybrid_model")
+    tokens: list[str] = []
+
+    def give(flag: str, value: Any) -> None:
+        value = _bridge_value(value)
+        if value is None or value is False or (type(value) is int and value == 0):  # unset (a 0.0 dropout is given)
+            return
+        if value is True:
+            tokens.append(flag)
+        elif isinstance(value, list):
+            tokens.extend([flag, *map(str, value)])
+        else:
+            tokens.extend([flag, str(value)])
+
+    skip = set()  # fields that mean nothing without another: Megatron-LM reads them only then
+    if not mp.get("fp8"):
+        skip |= {"fp8_recipe", "fp8_param_gather"}
+    if not opt.get("use_precision_aware_optimizer"):
+        skip |= {"exp_avg_dtype", "exp_avg_sq_dtype", "main_grads_dtype", "main_params_dtype"}
+    if not model.get("num_moe_experts"):
+        skip |= {"expert_model_parallel_size", "expert_tensor_parallel_size", "moe_router_topk", "moe_ffn_hidden_size",
+                 "moe_shared_expert_intermediate_size", "moe_layer_freq"}
+    if not model.get("recompute_granularity"):
+        skip |= {"recompute_method", "recompute_num_layers", "recompute_modules"}
+    if not model.get("cpu_offloading"):
+        skip |= {"cpu_offloading_num_layers", "cpu_offloading_activations", "cpu_offloading_weights"}
+    for section, names in BRIDGE_ARGS.items():
+        for name in names:
+            field, _, arg = name.partition(":")
+            if field not in skip:
+                give("--" + (arg or field).replace("_", "-"), sections[section].get(field))
+    gpus = re.search(r"--nproc[_-]per[_-]node[= ](\d+)", text)
+    if gpus:  # a log that keeps its torchrun line
+        tokens += ["--nproc_per_node", gpus.group(1)]
+    heads = model.get("num_attention_heads")
+    if model.get("num_query_groups") not in (None, heads):
+        tokens.append("--group-query-attention")
+    if model.get("gated_linear_unit"):
+        act = str(_bridge_value(model.get("activation_func")))
+        if not act.endswith("silu"):
+            raise SpecError(f"a gated MLP with {act}: ddplan prices SwiGLU (silu) gates only", file=str(path),
+                            field="model.activation_func")
+        tokens.append("--swiglu")
+    if model.get("add_bias_linear") is False:
+        tokens.append("--disable-bias-linear")
+    if model.get("share_embeddings_and_output_weights") is False:
+        tokens.append("--untie-embeddings-and-output-weights")
+    give("--vocab-size", model.get("vocab_size"))
+    give("--make-vocab-size-divisible-by", model.get("make_vocab_size_divisible_by", 128)
+         if model.get("should_pad_vocab") else 1)
+    data = sections["dataset"]
+    seq = data.get("sequence_length") or data.get("seq_length") or model.get("seq_length")
+    give("--seq-length", seq)  # the dataset's: what each sample holds (the model's seq_length is its limit)
+    give("--max-position-embeddings", max(int(model.get("seq_length") or seq or 0), int(seq or 0)) or None)
+    precision = "--bf16" if mp.get("bf16") or model.get("bf16") else "--fp16" if mp.get("fp16") or model.get(
+        "fp16") else None
+    if precision:
+        tokens.append(precision)
+    if precision == "--bf16" and ddp.get("grad_reduce_in_fp32") is False:
+        tokens.append("--grad-reduce-in-bf16")
+    if ddp.get("use_distributed_optimizer") is None and opt.get("use_distributed_optimizer"):
+        tokens.append("--use-distributed-optimizer")
+    if isinstance(sections["comm_overlap"], dict) and sections["comm_overlap"].get("tp_comm_overlap"):
+        tokens.append("--tp-comm-overlap")
+    give("--attention-backend", model.get("attention_backend"))
+    _megatron("", path, out, tokens)
+    tp = int(model.get("tensor_model_parallel_size") or 1)
+    layout = {"sequence_parallel": bool(model.get("sequence_parallel")) and tp > 1,
+              "tp_comm_overlap": ("--tp-comm-overlap" in tokens) and tp > 1,
+              "overlap_grad_reduce": bool(ddp.get("overlap_grad_reduce")),
+              "overlap_param_gather": bool(ddp.get("overlap_param_gather"))}
+    for key, value in layout.items():
+        out.fields.setdefault(("layout", key), value)
+    out.fields.setdefault(("layout", "zero"), 0)  # no distributed optimizer, no Megatron-FSDP: plain DDP
+    if precision == "--bf16" and ddp.get("grad_reduce_in_fp32", True):
+        out.set(("precision", "grads"), "fp32", "ddp.grad_reduce_in_fp32 true: fp32 main gradients")
+    if not model.get("recompute_granularity"):
+        out.fields.setdefault(("recompute",), "none")
+    if ("cross_entropy",) not in out.fields:
+        out.set("cross_entropy", "vocab-parallel", "model.cross_entropy_fusion_impl native (or no loss fusion): "
+                                                   "Megatron-Core's vocab-parallel cross entropy")
+    if opt.get("store_param_remainders") is False and out.fields.get(("precision", "weights")) == "remainder":
+        out.set(("precision", "weights"), "master", "optimizer.store_param_remainders false: whole fp32 masters")
+    impl = str(model.get("cuda_graph_impl") or "none")
+    if impl != "none" or model.get("enable_cuda_graph"):
+        out.warnings.append(f"model.cuda_graph_impl {impl}: CUDA graphs are not priced")
+    for (section, name), why in BRIDGE_UNPRICED.items():
+        if sections[section].get(name) not in (None, False, 0, [], ""):
+            out.warnings.append(f"{section}.{name}: {why}")
 
 
 def _megatron_moe(arg, num, path: Path) -> tuple[int, int, int, int] | bool:

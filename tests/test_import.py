@@ -574,3 +574,80 @@ def test_megatron_s_precision_aware_optimizer_is_its_moments_and_remainder_maste
     written = out.read_text(encoding="utf-8")
     assert code == 0 and "grads: param" in written and "moments: " not in written
     assert "both moments priced in fp32" in err
+
+
+def test_megatron_bridge_s_task_configuration_prices_as_the_same_run_stated_by_flags(capsys, tmp_path):
+    """A Megatron-Bridge training log's "Task Configuration" (its ConfigContainer, as run_config.yaml keeps it), read
+    by hand from tests/data/import/megatron-bridge-llama32-1b-log.txt: Llama 3.2 1B (model: 16 layers of 2048, 32
+    heads, 8 query groups of kv_channels 64, ffn 8192, gated silu, no biases, tied embeddings of vocab 128,256 not
+    padded: should_pad_vocab false), the dataset's sequence of 1024 (the model's seq_length 131,072 is its limit), 8
+    GPUs (the torchrun line), tp/pp/cp 1 without sequence parallelism or TP overlap, the distributed optimizer with the
+    reduce and the gather overlapped, bf16 with ddp.grad_reduce_in_fp32 true (fp32 gradients), micro-batch 1, global
+    512, 10 iterations, no recompute (granularity null: the modules list is not read), the native fused loss
+    (Megatron-Core's vocab-parallel cross entropy). Every one of these is written, so none is the megatron-bridge
+    profile's perf-recipe default (sequence parallelism, bf16 gradients, Transformer Engine's loss)."""
+    import json
+
+    out = tmp_path / "run.yaml"
+    run_ok(capsys, ["import", str(DATA / "megatron-bridge-llama32-1b-log.txt"), "-o", str(out), "--hardware",
+                    "h100-sxm"])
+    text = out.read_text(encoding="utf-8")
+    assert "framework: megatron-bridge" in text and "gpus: 8  # torchrun --nproc_per_node 8" in text
+    model = tmp_path / "llama32-1b.json"
+    model.write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 8192, "vocab_size": 128256,
+        "max_position_embeddings": 131072, "tie_word_embeddings": True, "hidden_act": "silu",
+        "attention_bias": False, "mlp_bias": False}), encoding="utf-8")
+    flags = ["--model", str(model), "--framework", "megatron-bridge", "--hardware", "h100-sxm", "--gpus", "8",
+             "--tp", "1", "--pp", "1", "--cp", "1", "--zero", "1", "--overlap-grad-reduce", "--overlap-param-gather",
+             "--no-sequence-parallel", "--no-tp-comm-overlap", "--device-batch-size", "1", "--total-batch-size",
+             str(512 * 1024), "--seq-len", "1024", "--steps", "10", "--dtype", "bf16", "--grads", "fp32",
+             "--recompute", "none", "--cross-entropy", "vocab-parallel"]
+    attention = ["--attention", "fa2"]
+    imported = csv_rows(run_ok(capsys, ["table", "--config", str(out), *attention, "--format", "csv"]))
+    stated = csv_rows(run_ok(capsys, ["table", *flags, *attention, "--format", "csv"]))
+    assert imported == stated and len(stated) == 1
+    # the same block as a run_config.yaml (no log around it) reads alike, GPUs then given to import
+    block = (DATA / "megatron-bridge-llama32-1b-log.txt").read_text(encoding="utf-8").split(
+        "------- Task Configuration -------\n")[1].split("\n----------")[0]
+    (tmp_path / "run_config.yaml").write_text(block, encoding="utf-8")
+    run_ok(capsys, ["import", str(tmp_path / "run_config.yaml"), "-o", str(out), "--hardware", "h100-sxm",
+                    "--gpus", "8"])
+    assert csv_rows(run_ok(capsys, ["table", "--config", str(out), *attention, "--format", "csv"])) == stated
+
+
+def test_megatron_bridge_s_settings_ddplan_cannot_price_are_said_or_refused(capsys, tmp_path):
+    """Multi-latent attention has no ddplan architecture: one error line naming the field. A dump's precision-aware
+    optimizer with bf16 moments is read as Megatron-LM's flags are (moments bf16; remainders unless
+    store_param_remainders is false), bf16 gradients from grad_reduce_in_fp32 false; CUDA graphs and multi-token
+    prediction are warnings."""
+    block = (DATA / "megatron-bridge-llama32-1b-log.txt").read_text(encoding="utf-8").split(
+        "------- Task Configuration -------\n")[1].split("\n----------")[0]
+    path, out = tmp_path / "run_config.yaml", tmp_path / "run.yaml"
+    path.write_text(block.replace("  multi_latent_attention: false", "  multi_latent_attention: true"),
+                    encoding="utf-8")
+    code, line = fails(capsys, ["import", str(path), "-o", str(out)])
+    assert code == 1 and "multi-latent attention" in line and "model.multi_latent_attention" in line
+    assert not out.exists()
+    aware = (block.replace("  use_precision_aware_optimizer: false", "  use_precision_aware_optimizer: true")
+             .replace("  exp_avg_dtype:\n    _call_: false\n    _target_: torch.float32",
+                      "  exp_avg_dtype:\n    _call_: false\n    _target_: torch.bfloat16")
+             .replace("  exp_avg_sq_dtype:\n    _call_: false\n    _target_: torch.float32",
+                      "  exp_avg_sq_dtype:\n    _call_: false\n    _target_: torch.bfloat16")
+             .replace("  grad_reduce_in_fp32: true\n  gradient_reduce_div_fusion",
+                      "  grad_reduce_in_fp32: false\n  gradient_reduce_div_fusion")
+             .replace("  mtp_num_layers: null", "  mtp_num_layers: 1")
+             .replace("  cuda_graph_scope: full", "  cuda_graph_impl: local\n  cuda_graph_scope: full"))
+    for remainders, weights in (("true", "remainder"), ("false", "master")):
+        path.write_text(aware.replace("  store_param_remainders: true", f"  store_param_remainders: {remainders}"),
+                        encoding="utf-8")
+        code, _, err = run(capsys, ["import", str(path), "-o", str(out), "--gpus", "8"])
+        written = out.read_text(encoding="utf-8")
+        assert code == 0 and "moments: bf16" in written and f"weights: {weights}" in written
+        assert "grads: param" in written
+        assert "model.cuda_graph_impl local: CUDA graphs are not priced" in err
+        assert "model.mtp_num_layers: multi-token prediction layers are not priced" in err
+    path.write_text("_target_: megatron.bridge.training.config.ConfigContainer\nmodel: [1\n", encoding="utf-8")
+    code, line = fails(capsys, ["import", str(path), "-o", str(out)])
+    assert code == 1 and "not valid YAML" in line
