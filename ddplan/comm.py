@@ -139,12 +139,16 @@ class Tier:
     name: Literal["intra_node", "inter_node"]
     busbw_bytes_per_s: float
     latency_s: float
+    # across nodes: the group's members on each node and the latency of a hop inside a node (a ring crossing k nodes
+    # pays latency_s on k of its hops and intra_latency_s on the rest); 0: every hop at latency_s
+    per_node: int = 0
+    intra_latency_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.name not in ("intra_node", "inter_node"):
             raise ValueError(f"Tier.name must be 'intra_node' or 'inter_node', got {self.name!r}")
         _check_pos(busbw_bytes_per_s=self.busbw_bytes_per_s)
-        _check_nonneg(latency_s=self.latency_s)
+        _check_nonneg(latency_s=self.latency_s, intra_latency_s=self.intra_latency_s, per_node=self.per_node)
 
     def time_s(self, collective: Collective, size_bytes: float, n: int) -> float:
         """Uncalibrated seconds of one collective over this tier (`collective_time_s`)."""
@@ -204,7 +208,8 @@ def tier_for(hw: HardwareSpec, collective: Collective, n: int, *, efficiency: Ef
     fraction = {"value": frac.value, "low": frac.range[0], "high": frac.range[1]}[efficiency]
     nic_bound = hw.inter_node.node_bytes_per_s * per_node / hw.gpus_per_node * fraction
     intra = _intra_busbw_bytes_per_s(hw, collective, per_node) if per_node > 1 else math.inf
-    return Tier("inter_node", min(intra, nic_bound), hw.inter_node.latency_us.value * units.US)
+    return Tier("inter_node", min(intra, nic_bound), hw.inter_node.latency_us.value * units.US, per_node,
+                hw.intra_node.latency_us.value * units.US)
 
 
 # --------------------------------------------------------------------------------------------
@@ -221,16 +226,39 @@ def collective_time_s(collective: Collective, size_bytes: float, n: int, tier: T
     Ref: Patarasuk & Yuan 2009; Thakur, Rabenseifner & Gropp 2005; nccl-tests doc/PERFORMANCE.md.
     """
     _check_nonneg(size_bytes=size_bytes)
-    steps = ring_latency_steps(collective, n)
     if n == 1 or size_bytes == 0:
         return 0.0
-    if tier.name == "inter_node":
-        # across nodes NCCL/RCCL do not pay 2(n-1) network latencies: they switch to trees (all-reduce)
-        # and logarithmic algorithms (PAT for reduce-scatter/all-gather) when latency dominates, so the
-        # latency term is capped at 2 ceil(log2 n) steps (NCCL src/graph/tuning.cc picks the algorithm
-        # by this kind of alpha-beta cost; the bandwidth term keeps the ring's factor)
-        steps = min(steps, 2 * math.ceil(math.log2(n)))
-    return tier.latency_s * steps + size_bytes * bus_factor(collective, n) / tier.busbw_bytes_per_s
+    return ring_latency_s(collective, n, tier) + size_bytes * bus_factor(collective, n) / tier.busbw_bytes_per_s
+
+
+def ring_latency_s(collective: Collective, n: int, tier: Tier) -> float:
+    """Seconds of latency one collective over n ranks pays on `tier` (collective_time_s's alpha term).
+
+    Inside a node: ring_latency_steps x tier.latency_s. Across nodes, a ring over n ranks on k nodes (tier.per_node
+    a node) crosses the network on k of its hops and stays inside a node on the other n - k: a pass of n - 1 steps
+    costs k x alpha_inter + (n - 1 - k) x alpha_intra (tier.per_node 0: every step at alpha_inter), all-reduce two
+    passes. NCCL runs reduce-scatter and all-gather across nodes as that ring: its trees are for all-reduce only, and
+    PAT, its logarithmic reduce-scatter/all-gather, "only support[s] one GPU per node at the moment, i.e. the
+    intra-node part is not yet implemented" (NVIDIA/nccl#1473, its maintainer, 2024-10-09), nor the average
+    Megatron-Core reduces with (meta-pytorch/torchcomms#511: "Baseline NCCL doesn't support PAT + AVG op ... would
+    fall back to Ring"); measured, an H100 cluster's reduce-scatter busbw falls as nodes are added, 360, 345, 320,
+    300, 280, 260 GB/s at 4 to 128 nodes (NVIDIA/nccl#1229). All-reduce across nodes takes the tree when it is
+    shorter, and a group with one member a node (a data-parallel group of a tp-8 layout) PAT: at most 2 ceil(log2 n)
+    steps at alpha_inter (NCCL src/graph/tuning.cc picks the algorithm by this kind of alpha-beta cost). e.g. reduce-scatter over 256 ranks, 8 a node, alpha 10 us across and 4 us inside: 32 x 10 +
+    223 x 4 = 1,212 us; all-reduce over the same: min(2 x 1,212, 16 x 10) = 160 us.
+    """
+    steps = ring_latency_steps(collective, n)
+    if tier.name != "inter_node":
+        return tier.latency_s * steps
+    passes = 2 if collective == "all_reduce" else 1
+    if tier.per_node:
+        crossings = min(math.ceil(n / tier.per_node), n - 1)
+        ring = passes * (crossings * tier.latency_s + (n - 1 - crossings) * tier.intra_latency_s)
+    else:
+        ring = steps * tier.latency_s
+    if collective == "all_reduce" or tier.per_node == 1:  # the tree; PAT with one GPU a node
+        return min(ring, 2 * math.ceil(math.log2(n)) * tier.latency_s)
+    return ring
 
 
 def interpolate_time_s(points: Sequence[tuple[float, float]], size_bytes: float) -> float:

@@ -430,3 +430,24 @@ def test_tp_comm_with_sequence_parallelism_is_reduce_scatter_plus_all_gather():
     size = 2048 * 4096 * 2
     one = 2 * (7 * 8e-6 + 7 / 8 * size / 312.9e9)
     assert sp[0] == pytest.approx(2 * one) and sp == pytest.approx(ar)
+
+
+def test_reduce_scatter_across_nodes_pays_the_ring_s_latency_by_hand():
+    """comm.ring_latency_s: NCCL runs reduce-scatter and all-gather across nodes as a ring (its trees are all-reduce
+    only; PAT supports one GPU a node: NVIDIA/nccl#1473), crossing the network on one hop per node and NVLink on the
+    rest. 256 ranks, 8 a node (32 nodes), alpha 10 us across and 4 us inside: 32 x 10 + (255 - 32) x 4 = 1,212 us;
+    all-reduce takes the tree when shorter, 2 x ceil(log2 256) = 16 steps of 10 us = 160 us; inside a node every step
+    is the node's alpha (7 x 4 us over 8 ranks). The busbw an all-gather of a fixed size reaches then falls as nodes
+    are added, as NVIDIA/nccl#1229 measured on H100 (360, 345, 320, 300, 280, 260 GB/s at 4 to 128 nodes)."""
+    tier = Tier("inter_node", 364e9, 10e-6, per_node=8, intra_latency_s=4e-6)
+    assert comm.ring_latency_s("reduce_scatter", 256, tier) == pytest.approx(32 * 10e-6 + 223 * 4e-6, rel=1e-12)
+    assert comm.ring_latency_s("all_gather", 256, tier) == pytest.approx(1212e-6, rel=1e-12)
+    assert comm.ring_latency_s("all_reduce", 256, tier) == pytest.approx(160e-6, rel=1e-12)
+    assert comm.ring_latency_s("all_gather", 8, Tier("intra_node", 450e9, 4e-6)) == pytest.approx(28e-6, rel=1e-12)
+    # without per_node every hop is a network hop (255 x 10 us); one member a node runs PAT, logarithmic
+    assert comm.ring_latency_s("all_gather", 256, Tier("inter_node", 364e9, 10e-6)) == pytest.approx(2550e-6)
+    one = Tier("inter_node", 45e9, 10e-6, per_node=1, intra_latency_s=4e-6)
+    assert comm.ring_latency_s("reduce_scatter", 256, one) == pytest.approx(160e-6, rel=1e-12)
+    size = 2**30  # 1 GiB gathered: busbw = S (n-1)/n / t
+    busbw = [size * (n - 1) / n / comm.collective_time_s("all_gather", size, n, tier) for n in (32, 64, 128, 256, 512)]
+    assert all(a > b for a, b in zip(busbw, busbw[1:])) and busbw[0] < 364e9
