@@ -200,6 +200,13 @@ _FRACTIONS: dict[str, dict[str, float]] = {}
 # backward (torchao/float8/float8_linear.py), so "tensorwise", "rowwise" and "rowwise_with_gw_hp" keep the 16-bit
 # tensor, as torchao's MXFP8Linear does ("mxfp8_torchao": save_for_backward(input_hp, weight_hp)).
 FP8_SAVES_QUANTIZED = ("delayed", "current", "nanochat", "mxfp8")
+# recipes under which Megatron-Core has the attention's output projection keep its original 16-bit input, the
+# attention core's output, which the core saves anyway (set_save_original_input on linear_proj, for fp8 recipes other
+# than delayed with Transformer Engine >= 2.6: megatron/core/transformer/attention.py@d98e8a64 L429-444, "to avoid
+# the extra memory usage of the quantized tensor"); the only recipes of FP8_SAVES_QUANTIZED that Megatron-Core runs
+# besides delayed. Backward then quantizes that input again for the weight gradient: one activation-sized cast a
+# layer, not priced.
+FP8_SAVES_ORIGINAL_PROJ = ("current", "mxfp8")
 
 
 def with_fp8_saves(anatomy: Anatomy, recipe: str, lm_head: bool, elem_bytes: int) -> Anatomy:
@@ -207,14 +214,19 @@ def with_fp8_saves(anatomy: Anatomy, recipe: str, lm_head: bool, elem_bytes: int
     kept as an fp8 copy of one byte an element, named `<input>.fp8`, where the recipe saves it so
     (FP8_SAVES_QUANTIZED): the 16-bit tensor is then kept only if another op saves it too (the attention core its
     output, which the output projection also saves as fp8 under delayed scaling: both are kept, as Transformer
-    Engine's DotProductAttention and Linear do; Megatron-Core sets save_original_input on linear_proj only for
-    other recipes, attention.py@d98e8a64 L425-444). elem_bytes: the compute dtype's (the 16-bit tensor's) size.
+    Engine's DotProductAttention and Linear do; under current scaling and MXFP8 Megatron-Core's output projection keeps
+    the original instead, FP8_SAVES_ORIGINAL_PROJ, so no copy is made). elem_bytes: the compute dtype's (the 16-bit
+    tensor's) size.
     The copies' scales (a few floats a tensor, or one byte per 32 under MXFP8) are not counted."""
     if recipe not in FP8_SAVES_QUANTIZED:
         return anatomy
 
+    original_proj = recipe in FP8_SAVES_ORIGINAL_PROJ
+
     def op_saves(op: Op) -> Op:
         if op.kind != "gemm" or not op.saves or not fp8_eligible(op, lm_head):
+            return op
+        if original_proj and op.name.endswith(".attn.c_proj"):  # keeps the attention core's output, saved anyway
             return op
         x = op.saves[0]
         # the copy lives in the GEMM's saved state: a per-module recompute drops it with the GEMM's module, not

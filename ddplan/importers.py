@@ -1059,6 +1059,9 @@ def _bridge(text: str, path: Path, out: Imported) -> None:
                                                    "Megatron-Core's vocab-parallel cross entropy")
     if opt.get("store_param_remainders") is False and out.fields.get(("precision", "weights")) == "remainder":
         out.set(("precision", "weights"), "master", "optimizer.store_param_remainders false: whole fp32 masters")
+    if precision and ("precision", "weights") not in out.fields:  # else the profile's (its perf launcher's) remainders
+        out.set(("precision", "weights"), "master", "16-bit weights with whole fp32 masters (no precision-aware "
+                                                    "optimizer, or one that keeps them whole)")
     impl = str(model.get("cuda_graph_impl") or "none")
     if impl != "none" or model.get("enable_cuda_graph"):
         out.warnings.append(f"model.cuda_graph_impl {impl}: CUDA graphs are not priced")

@@ -71,7 +71,9 @@ def run_weights(run: RunFacts) -> str | None:
     """How a run kept its weights (ddplan.specs.run_variant): as it states (model.weights), else as its framework's
     profile says the stack does (frameworks/*.yaml `weights`, e.g. Megatron-Core's 16-bit weights with fp32
     masters), else None (the base spec's)."""
-    return run.model.weights or _profile_value(run, "weights")
+    weights = run.model.weights or _profile_value(run, "weights")
+    # a profile's remainder masters (megatron-bridge's perf launcher) are its 16-bit runs'; fp8 keeps them whole
+    return "master" if weights == "remainder" and not run.model.weights and run.precision == "fp8" else weights
 
 
 def run_option_values(run: RunFacts) -> dict:

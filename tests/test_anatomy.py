@@ -1030,6 +1030,12 @@ def test_fp8_gemms_keep_their_inputs_as_fp8_copies_by_hand():
     assert {"h0.attn_out", "h0.attn_out.fp8", "h0.xn1.fp8"} <= set(kept) and "h0.xn1" not in kept
     assert with_fp8_saves(an, "tensorwise", lm_head=False, elem_bytes=4) is an
     assert with_fp8_saves(an, "nanochat", lm_head=False, elem_bytes=4).saved_bytes() == fp8.saved_bytes()
+    # current scaling and MXFP8 as Megatron-Core runs them: the output projection keeps the attention core's output
+    # itself (attention.py@d98e8a64 L429-444, save_original_input), so its 32,768 B copy a layer is not made
+    for recipe in ("current", "mxfp8"):
+        cs = with_fp8_saves(an, recipe, lm_head=False, elem_bytes=4)
+        assert cs.saved_bytes() == fp8.saved_bytes() - 2 * 32_768
+        assert "h0.attn_out" in cs.saved_tensors() and "h0.attn_out.fp8" not in cs.saved_tensors()
     # a recompute policy drops the copy with the tensor it copies: full recompute keeps each block's input only
     full = with_fp8_saves(with_recompute(an, "full"), "delayed", lm_head=False, elem_bytes=4)
     assert full.saved_bytes() == with_recompute(an, "full").saved_bytes()

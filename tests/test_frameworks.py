@@ -176,8 +176,10 @@ def test_a_profile_never_overrides_what_a_calibration_measured(capsys, tmp_path)
 def test_nemo_s_performance_scripts_reduce_gradients_in_bf16_under_the_distributed_optimizer(capsys):
     """Hand: Llama 3 8B (8,030,261,248 parameters) on 8 GPUs, dp 8: NeMo's profile keeps bf16 gradients
     (grad_reduce_in_fp32 False) under ZeRO-1, 2 bytes each, where Megatron-LM's command line keeps them in fp32,
-    4 bytes each (both unsharded at ZeRO-1); the optimizer's fp32 master and two Adam moments, 12 bytes, sharded
-    over 8; sequence parallelism on with tp > 1 and the parameter all-gather overlapped."""
+    4 bytes each (both unsharded at ZeRO-1); the optimizer's two fp32 Adam moments and, its scripts turning on the
+    precision-aware optimizer for bf16 (scripts/performance/helpers.py@8cfedd7 L216-218), the fp32 masters' low 16
+    bits, 4 + 4 + 2 = 10 bytes, sharded over 8 (12 under fp8, whose masters stay whole); sequence parallelism on with
+    tp > 1 and the parameter all-gather overlapped."""
     from ddplan.params import total_params
     from ddplan.registry import load_model
 
@@ -188,7 +190,10 @@ def test_nemo_s_performance_scripts_reduce_gradients_in_bf16_under_the_distribut
     nemo = json.loads(run_ok(capsys, [*common, "--framework", "nemo"]))
     asked = next(r for r in nemo["rows"] if r["zero"] == 1)
     assert asked["gradients_gib"] == pytest.approx(2 * n / 2**30, rel=1e-9)
-    assert asked["optimizer_gib"] == pytest.approx(12 * n / 8 / 2**30, rel=1e-9)
+    assert asked["optimizer_gib"] == pytest.approx(10 * n / 8 / 2**30, rel=1e-9)
+    fp8 = json.loads(run_ok(capsys, [*common, "--framework", "nemo", "--fp8"]))
+    assert next(r for r in fp8["rows"] if r["zero"] == 1)["optimizer_gib"] == pytest.approx(12 * n / 8 / 2**30,
+                                                                                              rel=1e-9)
     mcore = json.loads(run_ok(capsys, [*common, "--framework", "megatron-core", "--zero", "1"]))
     assert next(r for r in mcore["rows"] if r["zero"] == 1)["gradients_gib"] == pytest.approx(4 * n / 2**30, rel=1e-9)
     rows = csv_rows(run_ok(capsys, ["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--tp", "2",

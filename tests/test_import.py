@@ -584,8 +584,9 @@ def test_megatron_bridge_s_task_configuration_prices_as_the_same_run_stated_by_f
     GPUs (the torchrun line), tp/pp/cp 1 without sequence parallelism or TP overlap, the distributed optimizer with the
     reduce and the gather overlapped, bf16 with ddp.grad_reduce_in_fp32 true (fp32 gradients), micro-batch 1, global
     512, 10 iterations, no recompute (granularity null: the modules list is not read), the native fused loss
-    (Megatron-Core's vocab-parallel cross entropy). Every one of these is written, so none is the megatron-bridge
-    profile's perf-recipe default (sequence parallelism, bf16 gradients, Transformer Engine's loss)."""
+    (Megatron-Core's vocab-parallel cross entropy), whole fp32 masters (use_precision_aware_optimizer false). Every one
+    of these is written, so none is the megatron-bridge profile's perf-launcher default (sequence parallelism, bf16
+    gradients, Transformer Engine's loss, remainder masters)."""
     import json
 
     out = tmp_path / "run.yaml"
@@ -603,7 +604,7 @@ def test_megatron_bridge_s_task_configuration_prices_as_the_same_run_stated_by_f
              "--tp", "1", "--pp", "1", "--cp", "1", "--zero", "1", "--overlap-grad-reduce", "--overlap-param-gather",
              "--no-sequence-parallel", "--no-tp-comm-overlap", "--device-batch-size", "1", "--total-batch-size",
              str(512 * 1024), "--seq-len", "1024", "--steps", "10", "--dtype", "bf16", "--grads", "fp32",
-             "--recompute", "none", "--cross-entropy", "vocab-parallel"]
+             "--weights", "master", "--recompute", "none", "--cross-entropy", "vocab-parallel"]
     attention = ["--attention", "fa2"]
     imported = csv_rows(run_ok(capsys, ["table", "--config", str(out), *attention, "--format", "csv"]))
     stated = csv_rows(run_ok(capsys, ["table", *flags, *attention, "--format", "csv"]))
