@@ -380,14 +380,18 @@ def fp8_recipe(v: dict, stated: Stated) -> str | None:
 
 def without_profile_fp8(v: dict, stated: Stated) -> dict:
     """The values, with what a profile says of fp8 (runfields.PROFILE_FP8_ONLY: NeMo's fp8 weights) left at its field's
-    default when fp8 is off: the stack's way of running fp8, not a request for it; and with fp8 on, a profile's
-    remainder masters (megatron-bridge's perf launcher, for its bf16 runs) as whole ones, which Megatron-Core keeps
-    under fp8 (ddplan.table.check_fp8_options)."""
+    default when fp8 is off: the stack's way of running fp8, not a request for it; and with fp8 on, or ZeRO-3 the
+    only stage asked, a profile's remainder masters (NeMo's and Megatron-Bridge's perf launchers, for their bf16 runs)
+    as whole ones, which Megatron-Core keeps then (ddplan.table.check_fp8_options). A plan searching ZeRO stages
+    prices its ZeRO-3 rows with the remainders (2 bytes a parameter over the shard group)."""
+    zero3 = bool(v["zero"]) and set(int_list(v["zero"], "--zero", allowed=(0, 1, 2, 3))) == {3}
+    if "weights" in stated.profile and v["weights"] == "remainder" and (v["fp8"] or zero3):
+        # remainders are the distributed optimizer's masters of 16-bit weights
+        stated.notes.append(f"the {framework_name(v['framework'])} profile's remainder masters are its 16-bit runs' "
+                            f"under the distributed optimizer (Megatron-Core keeps whole fp32 masters with fp8 and "
+                            f"under Megatron-FSDP): priced with --weights master")
+        v = {**v, "weights": "master"}
     if v["fp8"]:
-        if "weights" in stated.profile and v["weights"] == "remainder":  # remainders are of 16-bit runs' masters
-            stated.notes.append(f"the {framework_name(v['framework'])} profile's remainder masters are its 16-bit "
-                                f"runs' (Megatron-Core keeps whole fp32 masters with fp8): priced with --weights master")
-            return {**v, "weights": "master"}
         return v
     dropped = [name for name in PROFILE_FP8_ONLY - {"fp8_recipe"} if name in stated.profile]
     stated.dropped.update(dropped)

@@ -260,12 +260,14 @@ def pareto_lines(result, limit: int = 8) -> list[str]:
     if top is not None and not any(r is top for r in result.pareto):
         by = next((r for r in result.pareto if r["wall_clock_h"] <= top["wall_clock_h"]
                    and r["cost_usd"] <= top["cost_usd"]), None)
-        if by is not None:
-            dc = by["cost_usd"] - top["cost_usd"]
-            out.append(f"The choice is off the front: {describe(by)} takes {render.signed(by['wall_clock_h'] - top['wall_clock_h'])} h "
-                       f"and {'-' if dc < 0 else '+'}${render.num(abs(dc), 2)} against it; within {100 * TIE:.0f}% of "
-                       f"each other in {'time' if result.ranked_by == 'wall_clock_h' else 'cost'} (the ranking's), inside the model's error, ddplan keeps the simpler setup (the model's own, fewer "
-                       f"parallel dimensions, no recompute).")
+        if by is not None:  # it dominates the choice: neither difference is positive
+            dh, dc = top["wall_clock_h"] - by["wall_clock_h"], top["cost_usd"] - by["cost_usd"]
+            took = f"{render.num(dh, 2)} h less" if dh > 0 else "as long"
+            cost = f"${render.num(dc, 2)} less" if dc > 0 else "as much"
+            key = "time" if result.ranked_by == "wall_clock_h" else "cost"
+            out.append(f"The choice is off the front: {describe(by)} takes {took} and costs {cost}; within "
+                       f"{100 * TIE:.0f}% of each other in {key} (the ranking's), inside the model's error, ddplan "
+                       f"keeps the simpler setup (the model's own, fewer parallel dimensions, no recompute).")
     return out
 
 

@@ -194,6 +194,9 @@ def test_nemo_s_performance_scripts_reduce_gradients_in_bf16_under_the_distribut
     fp8 = json.loads(run_ok(capsys, [*common, "--framework", "nemo", "--fp8"]))
     assert next(r for r in fp8["rows"] if r["zero"] == 1)["optimizer_gib"] == pytest.approx(12 * n / 8 / 2**30,
                                                                                               rel=1e-9)
+    # Megatron-FSDP keeps whole masters too: --zero 3 alone is priced so, not refused
+    fsdp = json.loads(run_ok(capsys, [*common, "--framework", "megatron-bridge", "--zero", "3"]))
+    assert fsdp["rows"][0]["optimizer_gib"] == pytest.approx(12 * n / 8 / 2**30, rel=1e-9)
     mcore = json.loads(run_ok(capsys, [*common, "--framework", "megatron-core", "--zero", "1"]))
     assert next(r for r in mcore["rows"] if r["zero"] == 1)["gradients_gib"] == pytest.approx(4 * n / 2**30, rel=1e-9)
     rows = csv_rows(run_ok(capsys, ["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--tp", "2",
