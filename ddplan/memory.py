@@ -243,11 +243,24 @@ def counts_of(arch) -> dict[str, int]:
 
 # bytes an element of an fp8 GEMM weight kept in fp8 (Layout.fp8_params): its fp8 data and, for backward's GEMMs on
 # Hopper, its transpose (Transformer Engine Float8Tensor columnwise data, made after each all-gather and kept:
-# Megatron-Core's post_all_gather_processing)
+# Megatron-Core's post_all_gather_processing); fp8_param_bytes gives it by GPU and recipe
 FP8_PARAM_BYTES = 2.0
 
 
-def model_states(spec: ModelSpec, layout: Layout, stage: Stage | None = None) -> dict[str, dict[str, float]]:
+def fp8_param_bytes(recipe: str, any_layout_fp8_gemms: bool) -> float:
+    """Bytes an fp8 GEMM weight kept in fp8 (Layout.fp8_params) takes an element. A per-tensor recipe (delayed,
+    current) keeps the fp8 data and, where the GPU's fp8 GEMMs take only the TN layout (Hopper), its transpose for
+    backward's GEMMs: 2; where they take any layout (Blackwell: Transformer Engine's is_non_tn_fp8_gemm_supported,
+    compute capability 10.x, transformer_engine/pytorch/utils.py@d0067d0 L658-663), Float8Tensor keeps no transpose
+    and serves the column-wise use from the same data (tensor/storage/float8_tensor_storage.py L292-299): 1. MXFP8
+    keeps a row-wise and a column-wise copy, each scaled per 32 along its own axis, on any GPU: 2 (the scales, 1/16
+    more, not counted). any_layout_fp8_gemms: the hardware spec's `mxfp8` (the GPUs ddplan has with MXFP8 are the
+    compute-capability-10 Blackwells)."""
+    return 1.0 if any_layout_fp8_gemms and recipe in ("delayed", "current") else FP8_PARAM_BYTES
+
+
+def model_states(spec: ModelSpec, layout: Layout, stage: Stage | None = None,
+                 fp8_bytes: float = FP8_PARAM_BYTES) -> dict[str, dict[str, float]]:
     """Parameters, gradients and optimizer state per group, bytes on one GPU of a pipeline stage (`stage`, one of
     pipeline_stages; None: the stage with the most of them).
 
@@ -258,12 +271,13 @@ def model_states(spec: ModelSpec, layout: Layout, stage: Stage | None = None) ->
     expert-data-parallel group). With layout.offload_optimizer the optimizer state, fp32 masters included,
     lives in host memory: 0 bytes on the GPU (Ren et al., ZeRO-Offload, arXiv 2101.06840, sec. 4.1). With
     layout.fp8_params the fp8 GEMMs' weights are Transformer Engine Float8Tensors (ddplan.fp8.fp8_weight_fractions;
-    Megatron-Core --fp8-param-gather, their fp32 masters in the distributed optimizer): FP8_PARAM_BYTES an element,
-    the fp8 data and the transpose backward's GEMMs read, made after each gather and kept (Megatron-Core's
-    post_all_gather_processing) -- as many bytes as 16-bit weights.
+    Megatron-Core --fp8-param-gather, their fp32 masters in the distributed optimizer): fp8_bytes an element
+    (fp8_param_bytes: on Hopper the fp8 data and the transpose backward's GEMMs read, made after each gather and kept,
+    Megatron-Core's post_all_gather_processing -- as many bytes as 16-bit weights; 1 on Blackwell's per-tensor
+    recipes).
     """
     if stage is None and layout.pp > 1:  # the stage with the most state (a bound for state_floor_bytes)
-        per = [model_states(spec, layout, s) for s in pipeline_stages(layout, spec.architecture)]
+        per = [model_states(spec, layout, s, fp8_bytes) for s in pipeline_stages(layout, spec.architecture)]
         return max(per, key=lambda st: sum(v for k in st for v in st[k].values()))
     counts = counts_of(spec.architecture)
     opt, dp, zero = spec.recipe.optimizer, layout.grad_ranks, layout.zero  # dp x cp ranks share the parameters
@@ -290,7 +304,7 @@ def model_states(spec: ModelSpec, layout: Layout, stage: Stage | None = None) ->
             state = state / dp if counts[g] >= 1024 else state  # small AdamW params are all-reduced, not sharded
         elif zero >= 1:
             state /= shard
-        kept = pb - (pb - FP8_PARAM_BYTES) * fp8.get(g, 0.0)  # fp8 weights and their transposes (layout.fp8_params)
+        kept = pb - (pb - fp8_bytes) * fp8.get(g, 0.0)  # fp8 weights (and on Hopper their transposes: fp8_params)
         out["params"][g] = kept * n / (shard if zero >= 3 else 1)
         out["gradients"][g] = spec.dtypes.grad_bytes(g) * n / (shard if zero >= 2 else 1)
         out["optimizer"][g] = 0.0 if layout.offload_optimizer else state  # on the host (ZeRO-Offload sec. 4.1)

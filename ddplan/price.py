@@ -29,8 +29,8 @@ from ddplan.flops import mfu, nanochat_flops_per_token
 from ddplan.fp8 import TE_RECIPES, fp8_stack_factor, with_fp8_saves
 from ddplan.layout import Layout, breaks_world_size_rule
 from ddplan.memory import (FITS, HEADROOM, MemoryAssumptions, MemoryBreakdown, Stage, activation_bytes, fixed_terms,
-                           floor_bytes, in_flight_micro_batches, limit_bytes, memory_per_gpu, model_states,
-                           pipeline_stages, stage_activation_bytes)
+                           floor_bytes, fp8_param_bytes, in_flight_micro_batches, limit_bytes, memory_per_gpu,
+                           model_states, pipeline_stages, stage_activation_bytes)
 from ddplan.runs import highest_measured_mfu
 from ddplan.roofline import SCENARIOS, Rates, Scenario, comm_end, op_times, rates
 from ddplan.specs import Budget, HardwareSpec, ModelSpec, Price
@@ -541,7 +541,8 @@ class Pricer:
         key = ("states", layout.grad_ranks, layout.rank_share, layout.pp, layout.zero, layout.shard_group,
                layout.offload_optimizer, layout.fp8_params, stage)  # rank_share: tp, and ep / expert rows
         if key not in self._shared:
-            self._shared[key] = model_states(self.spec, layout, stage if layout.pp > 1 else None)
+            self._shared[key] = model_states(self.spec, layout, stage if layout.pp > 1 else None,
+                                             fp8_param_bytes(self.fp8_recipe, self.hw.mxfp8))
         return self._shared[key]
 
     def _fixed_terms(self, layout: Layout, states: dict[str, dict[str, float]], stage: Stage) -> dict[str, float]:

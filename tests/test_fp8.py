@@ -7,6 +7,7 @@ GEMM best fraction 0.709 (stas00 MAMF table) times the fitted sustained fraction
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -366,6 +367,31 @@ def test_fp8_params_keep_the_weights_in_fp8_by_hand():
     assert fp8_cast_launches("current", 16, weights_fp8=True) == (3 + 1 / 16, 3)
     with pytest.raises(LayoutError, match="fp8-param-gather"):
         Layout(dp=8, zero=3, fp8_params=True)
+
+
+def test_fp8_weights_on_blackwell_keep_no_transpose_by_hand(capsys):
+    """Transformer Engine keeps no transpose of a per-tensor fp8 weight where fp8 GEMMs take any layout (compute
+    capability 10.x: transformer_engine/pytorch/utils.py@d0067d0 L658-663, tensor/storage/float8_tensor_storage.py
+    L292-299): on B200 an fp8 weight of delayed or current scaling is 1 byte, on H100 2 (its transpose for backward);
+    MXFP8 keeps two copies, each scaled along its own axis, 2 bytes anywhere (memory.fp8_param_bytes). Llama 3 8B's
+    block matrices (every one an fp8 GEMM weight) under ZeRO-1 over 8 with --fp8-params: 2 -> 1 byte each on B200."""
+    from ddplan.memory import fp8_param_bytes
+    from ddplan.specs import run_variant
+
+    assert [fp8_param_bytes(r, True) for r in ("delayed", "current", "mxfp8")] == [1.0, 1.0, 2.0]
+    assert [fp8_param_bytes(r, False) for r in ("delayed", "current")] == [2.0, 2.0]
+    spec = run_variant(load_model("llama-3-8b"), dtype="bf16", weights="master")
+    lay = Layout(dp=8, zero=1, micro_batch=1, grad_accum=16, fp8_params=True)
+    hopper, blackwell = model_states(spec, lay), model_states(spec, lay, fp8_bytes=1.0)
+    assert blackwell["params"]["block_matrices"] == pytest.approx(hopper["params"]["block_matrices"] / 2, rel=1e-12)
+    assert blackwell["params"]["wte"] == hopper["params"]["wte"] and blackwell["optimizer"] == hopper["optimizer"]
+    argv = ["memory", "-m", "llama-3-8b", "--gpus", "8", "--zero", "1", "--weights", "master", "--fp8", "--fp8-params",
+            "--format", "json"]
+    got = {(hw, recipe): json.loads(run_ok(capsys, [*argv, "--hardware", hw, "--fp8-recipe", recipe]))["rows"][0][
+        "params_gib"] for hw, recipe in (("h100-sxm", "current"), ("b200", "current"), ("b200", "mxfp8"))}
+    blocks = hopper["params"]["block_matrices"] / 2**30  # GiB at 2 bytes
+    assert got["h100-sxm", "current"] - got["b200", "current"] == pytest.approx(blocks / 2, rel=1e-9)
+    assert got["b200", "mxfp8"] == pytest.approx(got["h100-sxm", "current"], rel=1e-12)
 
 
 @pytest.mark.parametrize("extra, says", [
