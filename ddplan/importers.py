@@ -831,11 +831,11 @@ def _megatron(text: str, path: Path, out: Imported, tokens: list[str] | None = N
             if recipe != "delayed":
                 out.warnings.append(f"--fp8-recipe {recipe}: priced as delayed scaling")
             out.set(("precision", "fp8_recipe"), "delayed")
-        if arg("--fp8-param-gather") and out.fields.get(("layout", "zero")) == 1:  # the distributed optimizer
+        if arg("--fp8-param-gather") and out.fields.get(("layout", "zero")) in (1, 3):  # dist. optimizer, M-FSDP
             out.set(("precision", "fp8_params"), True, "--fp8-param-gather: fp8 weights kept and gathered in fp8")
         elif arg("--fp8-param-gather"):
-            out.warnings.append("--fp8-param-gather without the distributed optimizer (Megatron-FSDP) is not priced: "
-                                "the weights are priced 16-bit in memory and gathers")
+            out.warnings.append("--fp8-param-gather without the distributed optimizer or Megatron-FSDP is not "
+                                "priced: the weights are priced 16-bit in memory and gathers")
     if arg("--use-precision-aware-optimizer"):
         _precision_aware(out, dtype, arg("--exp-avg-dtype", "fp32"), arg("--exp-avg-sq-dtype", "fp32"),
                          arg("--main-params-dtype", "fp32"), arg("--main-grads-dtype", "fp32"),

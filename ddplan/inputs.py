@@ -436,14 +436,14 @@ def profile_attention(v: dict, stated: Stated, hws, per_hardware: bool = False, 
 
 def profile_fp8_params(v: dict, stated: Stated, spec, recipe: str | None, zeros: tuple[int, ...] | None) -> bool:
     """--fp8-params, but a profile's (NeMo keeps its fp8 GEMMs' weights in fp8) only where it can apply
-    (ddplan.table.fp8_params_apply: fp8 on, fp32 masters, a Transformer Engine recipe, ZeRO-1 or 2): the stack's way
-    of running fp8, not a request to refuse."""
+    (ddplan.table.fp8_params_apply: fp8 on, fp32 masters, a Transformer Engine recipe, ZeRO-1, 2 or 3): the stack's
+    way of running fp8, not a request to refuse."""
     if v["fp8_params"] and "fp8_params" in stated.profile and not fp8_params_apply(spec, v["fp8"], recipe, zeros):
         stated.dropped.add("fp8_params")
         if v["fp8"]:  # without fp8 the profile's fp8 items are the stack's fp8 setup, not news (without_profile_fp8)
             stated.notes.append(f"the {framework_name(v['framework'])} profile keeps the fp8 GEMMs' weights in fp8 "
                                 f"(--fp8-params), which this run cannot take (it needs fp32 masters, a Transformer "
-                                f"Engine recipe and ZeRO-1 or 2): priced without it")
+                                f"Engine recipe and ZeRO-1, 2 or 3): priced without it")
         return False
     return v["fp8_params"]
 

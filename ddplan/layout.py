@@ -83,7 +83,8 @@ class Layout:
     etp: int = 0  # expert tensor parallelism: 0 = tp (the experts split over tp like the dense MLP), or 1
     fp8_all_gather: bool = False  # ZeRO-3: fp8 GEMMs' weights gathered in fp8 (torchao enable_fsdp_float8_all_gather)
     offload_optimizer: bool = False  # ZeRO >= 1: optimizer states on the host, Adam on the CPU (ZeRO-Offload)
-    # ZeRO-1/2: the fp8 GEMMs' weights kept in fp8 and all-gathered in fp8 (Megatron-Core --fp8-param-gather)
+    # ZeRO-1/2/3: the fp8 GEMMs' weights kept in fp8 and all-gathered in fp8 (Megatron-Core --fp8-param-gather, with
+    # the distributed optimizer or Megatron-FSDP)
     fp8_params: bool = False
     # the first N layers' saved activations copied to host memory in forward and back for backward (Megatron-Core
     # --cpu-offloading-num-layers, NeMo activation_offload_layers; pp 1): ddplan.memory.activation_bytes, step.py
@@ -134,10 +135,12 @@ class Layout:
         if self.fp8_all_gather and self.zero != 3:
             raise LayoutError(f"an fp8 all-gather of the weights is a ZeRO-3 option (torchao's "
                               f"enable_fsdp_float8_all_gather); got ZeRO-{self.zero}", field="--fp8-all-gather")
-        if self.fp8_params and self.zero not in (1, 2):
-            raise LayoutError(f"fp8 weights gathered in fp8 by the distributed optimizer (Megatron-Core "
-                              f"--fp8-param-gather) need ZeRO-1 or 2; got ZeRO-{self.zero} (ZeRO-3: --fp8-all-gather)",
-                              field="--fp8-params")
+        if self.fp8_params and self.zero == 0:
+            raise LayoutError("fp8 weights gathered in fp8 (Megatron-Core --fp8-param-gather) need the distributed "
+                              "optimizer (ZeRO-1 or 2) or Megatron-FSDP (ZeRO-3); got ZeRO-0", field="--fp8-params")
+        if self.fp8_params and self.fp8_all_gather:
+            raise LayoutError("--fp8-params (Megatron-FSDP's fp8 weights) and --fp8-all-gather (torchao's) are two "
+                              "stacks' ways of the same thing: give one", field="--fp8-params")
         if self.offload_optimizer and not self.offloads:
             raise LayoutError(f"ZeRO-Offload moves each rank's optimizer-state partition to the host: it needs ZeRO-1, 2 "
                               f"or 3 (or one data-parallel rank); got ZeRO-{self.zero} over {self.grad_ranks} ranks",
@@ -383,7 +386,7 @@ class Options:
     expert_tp: int = 0  # 1: experts whole, ep over the tp ranks too (--expert-tensor-parallel-size 1); 0: tp
     fp8_all_gather: bool = False  # ZeRO-3 with fp8 GEMMs: their weights gathered in fp8 (torchao)
     offload_optimizer: bool = False  # ZeRO >= 1 (or one rank): optimizer states and CPU Adam on the host
-    fp8_params: bool = False  # ZeRO-1/2 with fp8 GEMMs: their weights kept and gathered in fp8 (Megatron-Core)
+    fp8_params: bool = False  # ZeRO-1/2/3 with fp8 GEMMs: their weights kept and gathered in fp8 (Megatron-Core)
     offload_activations: int = 0  # the first N layers' saved activations to the host (pp 1; Megatron-Core, NeMo)
 
     def for_layout(self, tp: int, ranks: int, zero: int, cp: int = 1, pp: int = 1) -> dict:
@@ -405,7 +408,7 @@ class Options:
                 "etp": 1 if self.expert_tp == 1 and tp > 1 else 0,
                 "fp8_all_gather": self.fp8_all_gather and zero == 3,
                 "offload_optimizer": self.offload_optimizer and offload_applies(zero, ranks),
-                "fp8_params": self.fp8_params and zero in (1, 2),
+                "fp8_params": self.fp8_params and zero in (1, 2, 3) and not (self.fp8_all_gather and zero == 3),
                 "offload_activations": self.offload_activations}
 
     def for_model(self, spec: ModelSpec) -> "Options":

@@ -255,7 +255,9 @@ def fp8_param_bytes(recipe: str, any_layout_fp8_gemms: bool) -> float:
     and serves the column-wise use from the same data (tensor/storage/float8_tensor_storage.py L292-299): 1. MXFP8
     keeps a row-wise and a column-wise copy, each scaled per 32 along its own axis, on any GPU: 2 (the scales, 1/16
     more, not counted). any_layout_fp8_gemms: the hardware spec's `mxfp8` (the GPUs ddplan has with MXFP8 are the
-    compute-capability-10 Blackwells)."""
+    compute-capability-10 Blackwells), or Megatron-FSDP (ZeRO-3), whose fp8 weight buffers, sharded and gathered, are
+    uint8 with a transpose buffer for MXFP8 only (megatron_fsdp/param_and_grad_buffer.py@d98e8a64 L2630-2642:
+    "Currently, only mxfp8 needs it")."""
     return 1.0 if any_layout_fp8_gemms and recipe in ("delayed", "current") else FP8_PARAM_BYTES
 
 
@@ -471,14 +473,15 @@ def stage_activation_bytes(anatomy: Anatomy, layout: Layout, num_layers: int,
 
 
 def fixed_terms(spec: ModelSpec, layout: Layout, states: dict[str, dict[str, float]],
-                assumptions: MemoryAssumptions = MemoryAssumptions(), stage: Stage | None = None) -> dict[str, float]:
+                assumptions: MemoryAssumptions = MemoryAssumptions(), stage: Stage | None = None,
+                fp8_bytes: float = FP8_PARAM_BYTES) -> dict[str, float]:
     """memory_per_gpu's terms that depend on neither the micro-batch nor the recompute policy, bytes per GPU:
     params, gradients, optimizer (each summed over the groups of `states`, the layout's model_states),
     comm_buffers (comm_buffer_bytes) and framework (outside_allocator_bytes), in memory_per_gpu's order. A search
     computes them once for the layouts that differ only in those (ddplan.price.Pricer)."""
     return {"params": sum(states["params"].values()), "gradients": sum(states["gradients"].values()),
             "optimizer": sum(states["optimizer"].values()),
-            "comm_buffers": comm_buffer_bytes(spec, layout, states, assumptions, stage),
+            "comm_buffers": comm_buffer_bytes(spec, layout, states, assumptions, stage, fp8_bytes),
             "framework": outside_allocator_bytes(layout, assumptions)}
 
 
@@ -587,11 +590,13 @@ def predicted_peak_bytes(terms: dict[str, float], what: str) -> float:
 
 
 def comm_buffer_bytes(spec: ModelSpec, layout: Layout, states: dict[str, dict[str, float]],
-                      assumptions: MemoryAssumptions = MemoryAssumptions(), stage: Stage | None = None) -> float:
+                      assumptions: MemoryAssumptions = MemoryAssumptions(), stage: Stage | None = None,
+                      fp8_bytes: float = FP8_PARAM_BYTES) -> float:
     """Communication buffers per GPU that torch allocates, bytes: DDP's gradient bucket copy (ZeRO-0) or ZeRO-1's
     reduce buckets, and ZeRO-3's gathered parameters (two FSDP units, or every layer of the stage without
-    resharding after forward or under a pipeline, which also holds the stage's unsharded gradients); NCCL's own
-    buffers are outside_allocator_bytes'. Depends on the layout and its model
+    resharding after forward or under a pipeline, which also holds the stage's unsharded gradients), the fp8 GEMMs'
+    weights at 1 byte with torchao's fp8 all-gather and at fp8_bytes with Megatron-FSDP's fp8 weights (fp8_params,
+    as model_states keeps them); NCCL's own buffers are outside_allocator_bytes'. Depends on the layout and its model
     states only (not on the micro-batch, the recompute policy or the anatomy): memory_per_gpu's comm_buffers term.
     """
     comm = 0.0
@@ -610,12 +615,15 @@ def comm_buffer_bytes(spec: ModelSpec, layout: Layout, states: dict[str, dict[st
         cb = dtype_bytes(spec.dtypes.compute)
         # each group's elements on this rank's stage, unsharded: its shard over its own shard group (the routed
         # experts' is the expert-data-parallel one)
-        elements = {g: b / dtype_bytes(spec.dtypes.params[g])
-                    * (expert_shard(layout) if g == EXPERT_GROUP else layout.shard_degree)
+        fp8 = fp8_weight_fractions(spec) if layout.fp8_all_gather or layout.fp8_params else {}
+        kept = {g: (pb := dtype_bytes(spec.dtypes.params[g])) - (pb - fp8_bytes) * fp8.get(g, 0.0) if layout.fp8_params
+                else dtype_bytes(spec.dtypes.params[g]) for g in states["params"]}  # bytes an element, as model_states
+        elements = {g: b / kept[g] * (expert_shard(layout) if g == EXPERT_GROUP else layout.shard_degree)
                     for g, b in states["params"].items()}
-        # with an fp8 all-gather the fp8 GEMMs' weights arrive at 1 byte an element (torchao)
-        fp8 = fp8_weight_fractions(spec) if layout.fp8_all_gather else {}
-        gathered = sum(e * (cb - (cb - 1) * fp8.get(g, 0.0)) for g, e in elements.items())  # the stage's, gathered
+        # the fp8 GEMMs' weights arrive at 1 byte an element with torchao's fp8 all-gather, at fp8_bytes with
+        # Megatron-FSDP's fp8 weights
+        got = fp8_bytes if layout.fp8_params else 1.0
+        gathered = sum(e * (cb - (cb - got) * fp8.get(g, 0.0)) for g, e in elements.items())  # the stage's, gathered
         if layout.pp > 1:
             # under a pipeline (torch.distributed.pipelining's FSDP2, ddplan.comm.fsdp_pipelined_comm_s) no backward
             # reshards (set_reshard_after_backward(False)): the whole stage stays gathered, and its gradients add up

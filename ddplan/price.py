@@ -542,8 +542,13 @@ class Pricer:
                layout.offload_optimizer, layout.fp8_params, stage)  # rank_share: tp, and ep / expert rows
         if key not in self._shared:
             self._shared[key] = model_states(self.spec, layout, stage if layout.pp > 1 else None,
-                                             fp8_param_bytes(self.fp8_recipe, self.hw.mxfp8))
+                                             self._fp8_param_bytes(layout))
         return self._shared[key]
+
+    def _fp8_param_bytes(self, layout: Layout) -> float:
+        """Bytes an fp8 weight kept in fp8 takes on this hardware under this layout (ddplan.memory.fp8_param_bytes:
+        no transpose kept on Blackwell, nor under Megatron-FSDP, ZeRO-3, but for MXFP8)."""
+        return fp8_param_bytes(self.fp8_recipe, self.hw.mxfp8 or layout.zero == 3)
 
     def _fixed_terms(self, layout: Layout, states: dict[str, dict[str, float]], stage: Stage) -> dict[str, float]:
         """A pipeline stage's memory terms that no micro-batch or recompute policy changes (ddplan.memory.fixed_terms),
@@ -553,7 +558,7 @@ class Pricer:
                layout.fp8_params, stage)
         if key not in self._shared:
             self._shared[key] = fixed_terms(self.spec, layout, states, self.assumptions,
-                                            stage if layout.pp > 1 else None)
+                                            stage if layout.pp > 1 else None, self._fp8_param_bytes(layout))
         return self._shared[key]
 
     def cannot_fit(self, layout: Layout) -> bool:

@@ -290,13 +290,13 @@ FIELDS: tuple[RunField, ...] = (
        helps={"memory": "ZeRO-3 with fp8 GEMMs: their weights gathered in fp8, 1 byte an element (torchao "
                         "enable_fsdp_float8_all_gather); implies --fp8."}, option="fp8_all_gather"),
     _f("precision.fp8_params", "With --fp8 (delayed, current or mxfp8), --weights master and ZeRO-1 or 2 (the "
-       "distributed optimizer): keep the fp8 GEMMs' weights in fp8, all-gathered at 1 byte an element after each step and never "
-       "cast; in memory the fp8 data and, on Hopper or under MXFP8, its transpose: 2 bytes, 1 on Blackwell "
-       "(Megatron-Core --fp8-param-gather).", bool, LAYOUT,
+       "distributed optimizer) or 3 (Megatron-FSDP): keep the fp8 GEMMs' weights in fp8, all-gathered at 1 byte an "
+       "element and never cast; in memory the fp8 data and, on Hopper or under MXFP8, its transpose: 2 bytes, 1 on "
+       "Blackwell and under Megatron-FSDP but for MXFP8 (Megatron-Core --fp8-param-gather).", bool, LAYOUT,
        default=False,
-       helps={"memory": "ZeRO-1/2 with fp8 GEMMs: their weights kept in fp8 and, on Hopper or under MXFP8, "
-                        "its transpose, 2 bytes an element (1 on Blackwell), gathered at 1 (Megatron-Core "
-                        "--fp8-param-gather); implies --fp8."}, option="fp8_params"),
+       helps={"memory": "ZeRO-1/2/3 with fp8 GEMMs: their weights kept in fp8 and, on Hopper or under MXFP8, "
+                        "its transpose, 2 bytes an element (1 on Blackwell and under Megatron-FSDP), gathered at 1 "
+                        "(Megatron-Core --fp8-param-gather); implies --fp8."}, option="fp8_params"),
     _f("recompute", "Activation recompute: none, selective (Megatron's: the attention core), per-op (torchtitan's "
        "selective AC), full, full:N (Megatron-Core's block method: the first N layers of each pipeline chunk re-run "
        "whole, the rest keep everything; its --recompute-num-layers N), every:K (torchtitan's layer selective AC: "

@@ -186,10 +186,14 @@ def check_fp8_options(spec: ModelSpec, fp8: bool, recipe: str | None, all_gather
             raise UsageError(f"Megatron-Core keeps fp8 weights with Transformer Engine's recipes, not {used} "
                              f"({'--fp8-recipe' if recipe else spec.name + ' default'}): add --fp8-recipe delayed or "
                              f"current (or mxfp8 on Blackwell)", field="--fp8-params")
-        stages = zeros if zeros else (NATIVE_ZERO[spec.recipe.distribution],) if zeros is not None else (1, 2)
-        if not set(stages) & {1, 2}:
-            raise UsageError(f"needs ZeRO-1 or 2, the distributed optimizer that gathers the fp8 weights (got "
-                             f"ZeRO-{'/'.join(map(str, stages))}): add --zero 1", field="--fp8-params")
+        stages = zeros if zeros else (NATIVE_ZERO[spec.recipe.distribution],) if zeros is not None else (1, 2, 3)
+        if not set(stages) & {1, 2, 3}:
+            raise UsageError(f"needs the distributed optimizer (ZeRO-1 or 2) or Megatron-FSDP (ZeRO-3), which gather "
+                             f"the fp8 weights (got ZeRO-{'/'.join(map(str, stages))}): add --zero 1",
+                             field="--fp8-params")
+        if all_gather:
+            raise UsageError("--fp8-params (Megatron-Core's fp8 weights) and --fp8-all-gather (torchao's) are two "
+                             "stacks' ways of the same thing: give one", field="--fp8-params")
     if not all_gather:
         return
     if not fp8:

@@ -366,7 +366,9 @@ def test_fp8_params_keep_the_weights_in_fp8_by_hand():
     assert fp8_cast_bytes(2048, 9216, 12288, "current", weight_reuse=16, weights_fp8=True) == (165_150_720, 113_246_208)
     assert fp8_cast_launches("current", 16, weights_fp8=True) == (3 + 1 / 16, 3)
     with pytest.raises(LayoutError, match="fp8-param-gather"):
-        Layout(dp=8, zero=3, fp8_params=True)
+        Layout(dp=8, zero=0, fp8_params=True)
+    with pytest.raises(LayoutError, match="two stacks' ways"):
+        Layout(dp=8, zero=3, fp8_params=True, fp8_all_gather=True)
 
 
 def test_fp8_weights_on_blackwell_keep_no_transpose_by_hand(capsys):
@@ -394,11 +396,39 @@ def test_fp8_weights_on_blackwell_keep_no_transpose_by_hand(capsys):
     assert got["b200", "mxfp8"] == pytest.approx(got["h100-sxm", "current"], rel=1e-12)
 
 
+def test_megatron_fsdp_keeps_fp8_weights_in_one_byte_by_hand():
+    """Megatron-FSDP with --fp8-param-gather (ZeRO-3, fp8_params): its weight buffers, sharded and gathered, are
+    uint8, a transpose buffer for MXFP8 only (megatron_fsdp/param_and_grad_buffer.py@d98e8a64 L2630-2642). Llama 3 8B
+    (32 layers; block matrices all fp8 GEMM weights) over 8 ranks, current scaling on H100: each block matrix element
+    keeps 1 byte / 8 ranks of shard (2 in bf16), and the two gathered units 1 byte an element; all-gathers at 1 byte.
+    MXFP8 on B200 keeps 2 (its column-wise copy)."""
+    from ddplan.memory import comm_buffer_bytes, fp8_param_bytes
+    from ddplan.params import param_counts
+    from ddplan.specs import run_variant
+
+    spec = run_variant(load_model("llama-3-8b"), dtype="bf16", weights="master")
+    blocks = param_counts(spec.architecture)["block_matrices"]
+    plain, fp8 = (Layout(dp=8, zero=3, micro_batch=1, fp8_params=f) for f in (False, True))
+    one = fp8_param_bytes("current", True)  # Megatron-FSDP: no transpose kept for a per-tensor recipe
+    assert (one, fp8_param_bytes("mxfp8", True)) == (1.0, 2.0)
+    a, b = model_states(spec, plain), model_states(spec, fp8, fp8_bytes=one)
+    assert a["params"]["block_matrices"] == pytest.approx(2 * blocks / 8, rel=1e-12)
+    assert b["params"]["block_matrices"] == pytest.approx(1 * blocks / 8, rel=1e-12)
+    assert b["params"]["wte"] == a["params"]["wte"] and b["optimizer"] == a["optimizer"]
+    # two gathered units of one layer each: the block matrices of 2 of 32 layers at 1 byte instead of 2
+    saved = comm_buffer_bytes(spec, plain, a) - comm_buffer_bytes(spec, fp8, b, fp8_bytes=one)
+    assert saved == pytest.approx(2 * blocks / 32 * (2 - 1), rel=1e-9)
+    gathered = [sum(size for c, size in grad_sync_buffers(spec, lay) if c == "all_gather") for lay in (plain, fp8)]
+    assert gathered[0] - gathered[1] == pytest.approx(blocks, rel=1e-12)
+
+
 @pytest.mark.parametrize("extra, says", [
     ([], "needs --fp8"),
     (["--fp8"], "add --weights master"),
     (["--fp8", "--weights", "master"], "add --fp8-recipe delayed or current"),
-    (["--fp8", "--weights", "master", "--fp8-recipe", "current", "--zero", "3"], "needs ZeRO-1 or 2"),
+    (["--fp8", "--weights", "master", "--fp8-recipe", "current", "--zero", "0"], "or Megatron-FSDP (ZeRO-3)"),
+    (["--fp8", "--weights", "master", "--fp8-recipe", "current", "--zero", "3", "--fp8-all-gather"],
+     "two stacks' ways"),
 ])
 def test_fp8_params_errors_are_one_line(capsys, extra, says):
     code, err = fails(capsys, ["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--fp8-params",

@@ -415,10 +415,12 @@ def test_megatron_s_tensorwise_fp8_is_transformer_engine_current_scaling(capsys,
         assert code == 0 and f"fp8_recipe: {recipe}" in written, extra
         assert ("blockwise: priced as delayed" in err) == ("blockwise" in extra)
         # without the distributed optimizer there is no ZeRO-1 to gather the fp8 weights: not stated, said
-        assert "fp8_params: true" not in written and "--fp8-param-gather without the distributed" in err
-    args.write_text(base + " --use-distributed-optimizer --fp8-param-gather\n", encoding="utf-8")
-    run_ok(capsys, ["import", str(args), "-o", str(out), "--from", "megatron"])
-    assert "fp8_params: true" in out.read_text(encoding="utf-8")
+        assert "fp8_params: true" not in written and "--fp8-param-gather without the distributed optimizer or " \
+            "Megatron-FSDP" in err
+    for optimizer in (" --use-distributed-optimizer", " --use-megatron-fsdp"):  # ZeRO-1, and Megatron-FSDP's ZeRO-3
+        args.write_text(base + optimizer + " --fp8-param-gather\n", encoding="utf-8")
+        run_ok(capsys, ["import", str(args), "-o", str(out), "--from", "megatron"])
+        assert "fp8_params: true" in out.read_text(encoding="utf-8"), optimizer
 
 
 def test_megatron_s_transformer_engine_loss_is_te(capsys, tmp_path):
