@@ -1649,7 +1649,8 @@ def optimizer_ops(spec: ModelSpec) -> list[Op]:
         pb = dtype_bytes(dt.params[group])
         if algo == "adamw":
             ops.append(Op(name=f"adamw.{group}", kind="optimizer", layer=None, shape=(n,), flops_fwd=12.0 * n,
-                          flops_bwd=0.0, bytes_fwd=adamw_bytes(n, pb, pb, opt.adamw_bytes(pb)[0]), bytes_bwd=0.0))
+                          flops_bwd=0.0, bytes_fwd=adamw_bytes(n, pb, pb, opt.adamw_bytes(dt.params[group])[0]),
+                          bytes_bwd=0.0))
         else:
             flops = sum(muon_flops(r, c, opt.muon_ns_steps) for r, c in muon_matrices(spec, group))
             # momentum (read g, m; write m), NS in bf16 on the update, write p: ~6 passes of fp32

@@ -217,10 +217,11 @@ def tier_for(hw: HardwareSpec, collective: Collective, n: int, *, efficiency: Ef
 
 
 def collective_time_s(collective: Collective, size_bytes: float, n: int, tier: Tier) -> float:
-    """Uncalibrated time of one ring collective, seconds: t = alpha x steps + S x bus_factor / busbw.
+    """Uncalibrated time of one collective, seconds: t = latency + S x bus_factor / busbw.
 
-    steps = ring_latency_steps (2(n-1) all-reduce, n-1 RS/AG); alpha = tier.latency_s; 0 for n = 1
-    or S = 0. e.g. all_reduce of 1 GB on 8 GPUs at busbw 312.9 GB/s, alpha 8 us:
+    latency: ring_latency_s (inside a node alpha x ring_latency_steps, 2(n-1) all-reduce, n-1 RS/AG; across nodes
+    NCCL's count of network and NVLink hops, or its tree or PAT); 0 for n = 1 or S = 0. e.g. all_reduce of 1 GB on
+    8 GPUs at busbw 312.9 GB/s, alpha 8 us:
     14 x 8e-6 + 1e9 x 1.75 / 312.9e9 = 1.12e-4 + 5.5928e-3 = 5.7048e-3 s.
     Replaced by `interpolate_time_s` once a measured t(S) exists (never add the two).
     Ref: Patarasuk & Yuan 2009; Thakur, Rabenseifner & Gropp 2005; nccl-tests doc/PERFORMANCE.md.
@@ -232,32 +233,36 @@ def collective_time_s(collective: Collective, size_bytes: float, n: int, tier: T
 
 
 def ring_latency_s(collective: Collective, n: int, tier: Tier) -> float:
-    """Seconds of latency one collective over n ranks pays on `tier` (collective_time_s's alpha term).
+    """Seconds of latency one collective over n ranks pays on `tier` (collective_time_s's alpha term), as NCCL's own
+    cost model counts it (src/graph/tuning.cc@5067397c L388-432).
 
-    Inside a node: ring_latency_steps x tier.latency_s. Across nodes, a ring over n ranks on k nodes (tier.per_node
-    a node) crosses the network on k of its hops and stays inside a node on the other n - k: a pass of n - 1 steps
-    costs k x alpha_inter + (n - 1 - k) x alpha_intra (tier.per_node 0: every step at alpha_inter), all-reduce two
-    passes. NCCL runs reduce-scatter and all-gather across nodes as that ring: its trees are for all-reduce only, and
-    PAT, its logarithmic reduce-scatter/all-gather, "only support[s] one GPU per node at the moment, i.e. the
-    intra-node part is not yet implemented" (NVIDIA/nccl#1473, its maintainer, 2024-10-09), nor the average
-    Megatron-Core reduces with (meta-pytorch/torchcomms#511: "Baseline NCCL doesn't support PAT + AVG op ... would
-    fall back to Ring"); measured, an H100 cluster's reduce-scatter busbw falls as nodes are added, 360, 345, 320,
-    300, 280, 260 GB/s at 4 to 128 nodes (NVIDIA/nccl#1229). All-reduce across nodes takes the tree when it is
-    shorter, and a group with one member a node (a data-parallel group of a tp-8 layout) PAT: at most 2 ceil(log2 n)
-    steps at alpha_inter (NCCL src/graph/tuning.cc picks the algorithm by this kind of alpha-beta cost). e.g. reduce-scatter over 256 ranks, 8 a node, alpha 10 us across and 4 us inside: 32 x 10 +
-    223 x 4 = 1,212 us; all-reduce over the same: min(2 x 1,212, 16 x 10) = 160 us.
+    Inside a node: ring_latency_steps x tier.latency_s. Across nodes, on k nodes of tier.per_node ranks each (per_node
+    0: every step at alpha_inter):
+    - ring: of its steps (n - 1 a pass, all-reduce two passes) k - 1 a pass cross the network (L411-412: nInterSteps
+      = nNodes - 1, 2 (nNodes - 1) for all-reduce), the rest stay inside a node: reduce-scatter and all-gather run
+      so (NCCL has no tree for them, NVIDIA/nccl#1473), and an H100 cluster's reduce-scatter busbw falls as nodes are
+      added, 360, 345, 320, 300, 280, 260 GB/s at 4 to 128 nodes (NVIDIA/nccl#1229);
+    - all-reduce takes its tree where shorter: 2 ((per_node - 1) alpha_intra + log2 k alpha_inter) (L416);
+    - with one rank a node, reduce-scatter and all-gather take PAT where shorter, which NCCL runs only so (L220: "PAT
+      only supports 1 GPU per node"): log2 k x alpha_inter / 3.5 + 2.8 us x n (L429-432; NCCL has no PAT with an
+      average, meta-pytorch/torchcomms#511, which Megatron-Bridge's recipes reduce with: not told apart here).
+    e.g. reduce-scatter over 256 ranks, 8 a node, alpha 10 us across and 4 us inside: 31 x 10 + 224 x 4 = 1,206 us;
+    all-reduce over the same: min(2 x 1,206, 2 (7 x 4 + 5 x 10) = 156) us.
     """
     steps = ring_latency_steps(collective, n)
     if tier.name != "inter_node":
         return tier.latency_s * steps
+    if not tier.per_node:
+        return tier.latency_s * steps
+    nodes = math.ceil(n / tier.per_node)
     passes = 2 if collective == "all_reduce" else 1
-    if tier.per_node:
-        crossings = min(math.ceil(n / tier.per_node), n - 1)
-        ring = passes * (crossings * tier.latency_s + (n - 1 - crossings) * tier.intra_latency_s)
-    else:
-        ring = steps * tier.latency_s
-    if collective == "all_reduce" or tier.per_node == 1:  # the tree; PAT with one GPU a node
-        return min(ring, 2 * math.ceil(math.log2(n)) * tier.latency_s)
+    crossing = min(passes * (nodes - 1), steps)
+    ring = crossing * tier.latency_s + (steps - crossing) * tier.intra_latency_s
+    levels = max(1, nodes).bit_length() - 1  # NCCL's log2i: floor(log2 nodes)
+    if collective == "all_reduce":
+        return min(ring, 2 * ((tier.per_node - 1) * tier.intra_latency_s + levels * tier.latency_s))
+    if tier.per_node == 1:
+        return min(ring, levels * tier.latency_s / 3.5 + 2.8e-6 * n)
     return ring
 
 

@@ -1,5 +1,6 @@
-"""`ddplan import`: a run as a training stack states it (torchtitan TOML, Megatron-LM arguments, a NeMo config, a
-nanochat command line), turned into ddplan's run configuration (ddplan/runconfig.py) with its framework set.
+"""`ddplan import`: a run as a training stack states it (torchtitan TOML, Megatron-LM arguments, a Megatron-Bridge
+ConfigContainer, a NeMo config, a nanochat command line), turned into ddplan's run configuration (ddplan/runconfig.py)
+with its framework set.
 
 Each reader maps the options that change a step's cost to run-config fields; what the file does not say is left
 to the framework's profile (frameworks/*.yaml), which `table`/`memory`/`plan --config` apply; a field the file does
@@ -10,6 +11,8 @@ counted. Sources, each read from the code at the commit named:
   TOML presets under torchtitan/models/*/train_configs/) and the llama3 flavors in
   torchtitan/models/llama3/__init__.py@238fa99;
 - Megatron-LM: megatron/training/arguments.py@d98e8a6 (2026-08-22) and the launch scripts under examples/;
+- Megatron-Bridge: src/megatron/bridge/training/config.py@067f987 (2026-08-22), the ConfigContainer its runs print
+  ("Task Configuration") and save as run_config.yaml, read as the Megatron-LM arguments its fields stand for;
 - NeMo: the NeMo-Framework-Launcher training configs (launcher_scripts/conf/training/*@26e42fa, 2025-04-18),
   NeMo 1.x's megatron_gpt_config.yaml schema, which runs Megatron-Core (profile megatron-core);
 - nanochat: scripts/base_train.py@92d63d4 argument parser (2026-07-03) and runs/speedrun.sh.
@@ -839,7 +842,7 @@ def _megatron(text: str, path: Path, out: Imported, tokens: list[str] | None = N
     if arg("--use-precision-aware-optimizer"):
         _precision_aware(out, dtype, arg("--exp-avg-dtype", "fp32"), arg("--exp-avg-sq-dtype", "fp32"),
                          arg("--main-params-dtype", "fp32"), arg("--main-grads-dtype", "fp32"),
-                         out.fields.get(("precision", "fp8_recipe")) if fmt else None,
+                         arg("--fp8-recipe", "delayed") if fmt else None,  # as given: blockwise keeps them whole
                          out.fields.get(("layout", "zero")) == 3 or bool(arg("--fp8-param-gather")), path)
     granularity = arg("--recompute-granularity")
     if arg("--recompute-activations") or granularity == "selective":
@@ -896,6 +899,9 @@ def _yaml_args(path: Path) -> list[str]:
 # enums as {_target_: ...AttnBackend, _args_: [5]} (megatron/training/config/yaml_utils.py@d98e8a64 L97-172).
 
 BRIDGE_MARK = "_target_: megatron.bridge.training.config.ConfigContainer"
+# Megatron-FSDP's sharding strategies as ZeRO stages (megatron/core/distributed/distributed_data_parallel_config.py
+# @d98e8a64: no_shard, optim, optim_grads, optim_grads_params)
+MFSDP_ZERO = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
 # Megatron-Bridge fields -> the Megatron-LM argument that states the same setting (the fields are Megatron-Core's
 # TransformerConfig, DistributedDataParallelConfig and OptimizerConfig, the arguments' own destinations:
 # megatron/training/arguments.py@d98e8a64 core_transformer_config_from_args); values pass through, True is the switch
@@ -915,6 +921,10 @@ BRIDGE_ARGS = {
                   "main_grads_dtype", "main_params_dtype"),
     "mixed_precision": ("fp8:fp8_format", "fp8_recipe", "fp8_param_gather"),
 }
+# each Megatron-LM flag a dump's field is read as, back to the field (errors name the field)
+BRIDGE_FIELDS = {"--" + (arg or name).replace("_", "-"): f"{section}.{name}" for section, names in BRIDGE_ARGS.items()
+                 for name, _, arg in (n.partition(":") for n in names)}
+BRIDGE_FIELDS.update({"--seq-length": "dataset.sequence_length", "--vocab-size": "model.vocab_size"})
 # set in a dump, priced otherwise or not at all: said, never silently dropped
 BRIDGE_UNPRICED = {
     ("model", "mtp_num_layers"): "multi-token prediction layers are not priced",
@@ -934,12 +944,35 @@ def _bridge_value(value: Any) -> Any:
     if isinstance(value, dict) and "_target_" in value:
         target = str(value["_target_"])
         if target.startswith("torch.") and not value.get("_call_", False):
+            # Megatron-LM keeps an fp8 optimizer state as uint8 (its --exp-avg-dtype fp8, arguments.py@d98e8a64)
             return {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32",
-                    "torch.float8_e4m3fn": "fp8"}.get(target, target)
+                    "torch.float8_e4m3fn": "fp8", "torch.uint8": "fp8"}.get(target, target)
         if target.endswith("AttnBackend") and value.get("_args_"):
             return {1: "flash", 2: "fused", 3: "unfused", 4: "local", 5: "auto"}.get(value["_args_"][0])
         return target
     return value
+
+
+# Megatron-Bridge's mixed-precision recipes by name (src/megatron/bridge/training/mixed_precision.py@067f987 L184-386),
+# as a ConfigContainer may name one instead of dumping it: (bf16, fp8 format, fp8 recipe, fp8 weights)
+BRIDGE_PRECISIONS = {
+    "bf16_mixed": (True, None, None, False), "fp16_mixed": (False, None, None, False),
+    "bf16_with_fp8_delayed_scaling_mixed": (True, "hybrid", "delayed", True),
+    "fp16_with_fp8_delayed_scaling_mixed": (False, "hybrid", "delayed", True),
+    "bf16_with_mxfp8_mixed": (True, "e4m3", "mxfp8", True), "fp16_with_mxfp8_mixed": (False, "e4m3", "mxfp8", True),
+    "bf16_with_fp8_current_scaling_mixed": (True, "hybrid", "tensorwise", True),
+    "fp16_with_fp8_current_scaling_mixed": (False, "hybrid", "tensorwise", True),
+    "bf16_with_fp8_subchannel_scaling_mixed": (True, "hybrid", "blockwise", False),
+}
+
+
+def _bridge_precision(name: str, path: Path) -> dict:
+    """The mixed_precision section a named recipe stands for (BRIDGE_PRECISIONS); one error line for another."""
+    if name not in BRIDGE_PRECISIONS:
+        raise SpecError(f"mixed_precision {name!r}: import reads {', '.join(BRIDGE_PRECISIONS)}", file=str(path),
+                        field="mixed_precision")
+    bf16, fmt, recipe, weights = BRIDGE_PRECISIONS[name]
+    return {"bf16": bf16, "fp16": not bf16, "fp8": fmt, "fp8_recipe": recipe, "fp8_param_gather": weights}
 
 
 def _bridge_config(text: str, path: Path) -> dict:
@@ -970,8 +1003,24 @@ def _bridge(text: str, path: Path, out: Imported) -> None:
     (a dump says each, so each is written)."""
     cfg = _bridge_config(text, path)
     sections = {name: cfg.get(name) if isinstance(cfg.get(name), dict) else {} for name in
-                ("model", "train", "ddp", "optimizer", "mixed_precision", "dataset", "comm_overlap")}
+                ("model", "train", "ddp", "optimizer", "mixed_precision", "dataset", "comm_overlap", "tokenizer")}
+    if isinstance(cfg.get("mixed_precision"), str):  # a recipe's name, as mixed_precision.py@067f987 names them
+        sections["mixed_precision"] = _bridge_precision(cfg["mixed_precision"], path)
     model, ddp, mp, opt = sections["model"], sections["ddp"], sections["mixed_precision"], sections["optimizer"]
+    if not mp.get("fp8") and model.get("fp8"):  # the model's own fp8 fields, where the mixed precision says none
+        mp = sections["mixed_precision"] = {**mp, "fp8": model["fp8"], "fp8_recipe": model.get("fp8_recipe"),
+                                            "fp8_param_gather": model.get("fp8_param", False)}
+    if model.get("vocab_size") is None and sections["tokenizer"].get("vocab_size"):
+        model = sections["model"] = {**model, "vocab_size": sections["tokenizer"]["vocab_size"]}
+    if model.get("vocab_size") is None and not out.model_given:
+        raise SpecError("null, and tokenizer.vocab_size too: the dump does not say the vocabulary; give import "
+                        "--model", file=str(path), field="model.vocab_size")
+    freq = model.get("moe_layer_freq")
+    if isinstance(freq, list):  # a pattern: import reads every layer an MoE layer only
+        if not freq or any(f != 1 for f in freq):
+            raise SpecError(f"{freq[:8]}{'...' if len(freq) > 8 else ''}: import reads MoE models whose every layer "
+                            f"is an MoE layer; give import --model", file=str(path), field="model.moe_layer_freq")
+        model = sections["model"] = {**model, "moe_layer_freq": 1}
     if model.get("multi_latent_attention") or model.get("is_hybrid_model"):
         kind = "multi-latent attention" if model.get("multi_latent_attention") else "a hybrid (Mamba) model"
         raise SpecError(f"{kind}: ddplan has no such architecture", file=str(path),
@@ -1010,6 +1059,9 @@ def _bridge(text: str, path: Path, out: Imported) -> None:
     gpus = re.search(r"--nproc[_-]per[_-]node[= ](\d+)", text)
     if gpus:  # a log that keeps its torchrun line
         tokens += ["--nproc_per_node", gpus.group(1)]
+        nodes = re.search(r"--nnodes[= ](\d+)", text)
+        if nodes:
+            tokens += ["--nnodes", nodes.group(1)]
     heads = model.get("num_attention_heads")
     if model.get("num_query_groups") not in (None, heads):
         tokens.append("--group-query-attention")
@@ -1041,7 +1093,12 @@ def _bridge(text: str, path: Path, out: Imported) -> None:
     if isinstance(sections["comm_overlap"], dict) and sections["comm_overlap"].get("tp_comm_overlap"):
         tokens.append("--tp-comm-overlap")
     give("--attention-backend", model.get("attention_backend"))
-    _megatron("", path, out, tokens)
+    try:
+        _megatron("", path, out, tokens)
+    except SpecError as e:  # say the dump's field, not the Megatron-LM flag it was read as
+        where = BRIDGE_FIELDS.get(e.field or "", e.field)
+        raise SpecError(e.message.replace(e.field, where) if e.field else e.message, file=str(path),
+                        field=where) from None
     tp = int(model.get("tensor_model_parallel_size") or 1)
     layout = {"sequence_parallel": bool(model.get("sequence_parallel")) and tp > 1,
               "tp_comm_overlap": ("--tp-comm-overlap" in tokens) and tp > 1,
@@ -1050,6 +1107,9 @@ def _bridge(text: str, path: Path, out: Imported) -> None:
     for key, value in layout.items():
         out.fields.setdefault(("layout", key), value)
     out.fields.setdefault(("layout", "zero"), 0)  # no distributed optimizer, no Megatron-FSDP: plain DDP
+    strategy = ddp.get("data_parallel_sharding_strategy")
+    if ddp.get("use_megatron_fsdp") and strategy in MFSDP_ZERO:  # what Megatron-FSDP shards
+        out.set(("layout", "zero"), MFSDP_ZERO[strategy], f"Megatron-FSDP, data_parallel_sharding_strategy {strategy}")
     if precision == "--bf16" and ddp.get("grad_reduce_in_fp32", True):
         out.set(("precision", "grads"), "fp32", "ddp.grad_reduce_in_fp32 true: fp32 main gradients")
     if not model.get("recompute_granularity"):

@@ -53,7 +53,7 @@ def overheads(startup_min: float, eval_every: int | None, eval_tokens: int | Non
 
 def load(model: str, hardware: str | None, calibration: str | None, seq_len: int | None, dtype: str | None,
             check_hardware: bool = True, grads: str | None = None, moe_imbalance: float | None = None,
-            weights: str | None = None, kernels: dict[str, str | None] | None = None):
+            weights: str | None = None, kernels: dict[str, str | None] | None = None, weights_given: bool = True):
     """(model spec, hardware spec, calibration or None). A calibration file supplies what is not given:
     its hardware (the spec it carries, or the built-in it names) and, when it measured this model, its
     sequence length and compute dtype."""
@@ -76,13 +76,13 @@ def load(model: str, hardware: str | None, calibration: str | None, seq_len: int
         dtype = dtype if dtype is not None else cal.dtype
         if (seq_len, dtype) != given:
             try:
-                return variant(spec, seq_len, dtype, grads, moe_imbalance, weights, kernels), hw, cal
+                return variant(spec, seq_len, dtype, grads, moe_imbalance, weights, kernels, weights_given), hw, cal
             except DdplanError as e:
                 if e.field == "--moe-imbalance":
                     raise
                 raise SpecError(f"its sequence length or dtype does not fit {spec.name}: {e.message}",
                                 file=calibration) from None
-    return variant(spec, seq_len, dtype, grads, moe_imbalance, weights, kernels), hw, cal
+    return variant(spec, seq_len, dtype, grads, moe_imbalance, weights, kernels, weights_given), hw, cal
 
 
 def check_calibration_hardware(cal, hws, path: str | None = None) -> None:
@@ -107,9 +107,11 @@ def check_ranges(*pairs: tuple[int | float | None, str]) -> None:
 
 def variant(spec, seq_len: int | None, dtype: str | None, grads: str | None = None,
             moe_imbalance: float | None = None, weights: str | None = None,
-            kernels: dict[str, str | None] | None = None):
+            kernels: dict[str, str | None] | None = None, weights_given: bool = True):
     """The model at the run's sequence length, compute dtype, gradient dtype, weight storage, kernels (the loss, the
-    MoE weighting, the block's fusions: ddplan.specs.KERNELS) and MoE load imbalance (ddplan.specs.run_variant)."""
+    MoE weighting, the block's fusions: ddplan.specs.KERNELS) and MoE load imbalance (ddplan.specs.run_variant).
+    weights_given: the weights are the user's (a flag or a run file's field), not a profile's: remainder masters
+    asked for weights that are not bf16 are refused (a profile's are kept whole there: Optimizer.adamw_bytes)."""
     check_ranges((seq_len, "--seq-len"), (moe_imbalance, "--moe-imbalance"))
     if moe_imbalance is not None:
         try:
@@ -127,7 +129,7 @@ def variant(spec, seq_len: int | None, dtype: str | None, grads: str | None = No
     if moments is not None and moments not in MOMENTS:
         raise UsageError(f"must be {', '.join(MOMENTS)}, got {moments!r}", field="--moments")
     compute = dtype or spec.dtypes.compute
-    if weights == "remainder" and compute != "bf16":
+    if weights == "remainder" and compute != "bf16" and weights_given:
         raise UsageError(f"remainder keeps the 16 bits of an fp32 master that a bf16 weight lacks; the compute dtype "
                          f"is {compute}: use --weights master", field="--weights")
     try:
@@ -380,16 +382,14 @@ def fp8_recipe(v: dict, stated: Stated) -> str | None:
 
 def without_profile_fp8(v: dict, stated: Stated) -> dict:
     """The values, with what a profile says of fp8 (runfields.PROFILE_FP8_ONLY: NeMo's fp8 weights) left at its field's
-    default when fp8 is off: the stack's way of running fp8, not a request for it; and with fp8 on, or ZeRO-3 the
-    only stage asked, a profile's remainder masters (NeMo's and Megatron-Bridge's perf launchers, for their bf16 runs)
-    as whole ones, which Megatron-Core keeps then (ddplan.table.check_fp8_options). A plan searching ZeRO stages
-    prices its ZeRO-3 rows with the remainders (2 bytes a parameter over the shard group)."""
-    zero3 = bool(v["zero"]) and set(int_list(v["zero"], "--zero", allowed=(0, 1, 2, 3))) == {3}
-    if "weights" in stated.profile and v["weights"] == "remainder" and (v["fp8"] or zero3):
-        # remainders are the distributed optimizer's masters of 16-bit weights
+    default when fp8 is off: the stack's way of running fp8, not a request for it; and with fp8 on, a profile's
+    remainder masters (NeMo's and Megatron-Bridge's perf launchers, for their bf16 runs) as whole ones, which
+    Megatron-Core keeps then (ddplan.table.check_fp8_options)."""
+    if "weights" in stated.profile and v["weights"] == "remainder" and v["fp8"]:
+        # remainders are of 16-bit runs' masters (and kept only for bf16 weights under the distributed optimizer:
+        # ddplan.specs.Optimizer.adamw_bytes prices whole ones elsewhere, row by row)
         stated.notes.append(f"the {framework_name(v['framework'])} profile's remainder masters are its 16-bit runs' "
-                            f"under the distributed optimizer (Megatron-Core keeps whole fp32 masters with fp8 and "
-                            f"under Megatron-FSDP): priced with --weights master")
+                            f"(Megatron-Core keeps whole fp32 masters with fp8): priced with --weights master")
         v = {**v, "weights": "master"}
     if v["fp8"]:
         return v
@@ -442,8 +442,8 @@ def profile_fp8_params(v: dict, stated: Stated, spec, recipe: str | None, zeros:
         stated.dropped.add("fp8_params")
         if v["fp8"]:  # without fp8 the profile's fp8 items are the stack's fp8 setup, not news (without_profile_fp8)
             stated.notes.append(f"the {framework_name(v['framework'])} profile keeps the fp8 GEMMs' weights in fp8 "
-                                f"(--fp8-params), which this run cannot take (it needs fp32 masters, a Transformer "
-                                f"Engine recipe and ZeRO-1, 2 or 3): priced without it")
+                                f"(--fp8-params), which this run cannot take (it needs whole fp32 masters, not "
+                                f"remainders, a Transformer Engine recipe and ZeRO-1, 2 or 3): priced without it")
         return False
     return v["fp8_params"]
 
@@ -530,7 +530,8 @@ def table_request(v: dict, stated: Stated, today):
     for w in windows:
         check_pattern(w, "--window")
     spec, hw, cal = load(v["model"], v["hardware"], v["calibration"], v["seq_len"], v["dtype"], grads=v["grads"],
-                         weights=v["weights"], moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v))
+                         weights=v["weights"], moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v),
+                         weights_given="weights" not in stated.profile)
     check_lacks(v["framework"], spec, tp=(*tps, v["measured_tp"] or 1), pp=(*pps, v["measured_pp"] or 1), cp=cps,
                 ep=eps)  # the rows' layouts and a measured run's
     v["attention"] = profile_attention(v, stated, (hw,), dtype=spec.dtypes.compute)
@@ -569,7 +570,8 @@ def plan_request(v: dict, stated: Stated, today, every_band: bool = False):
     names = hardware_list(v["hardware"])
     spec, hw0, cal = load(v["model"], names[0] if names else None, v["calibration"], v["seq_len"], v["dtype"],
                           check_hardware=False, grads=v["grads"], weights=v["weights"],
-                          moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v))
+                          moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v),
+                          weights_given="weights" not in stated.profile)
     hws = (hw0, *(load_hardware(h) for h in names[1:]))
     check_calibration_hardware(cal, hws, v["calibration"])
     v = {**v, "attention": profile_attention(v, stated, hws, per_hardware=True, dtype=spec.dtypes.compute)}
@@ -704,7 +706,8 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
     check_ranges(*((v[k], "--" + k.replace("_", "-")) for k in ("gpus", "tp", "pp", "vp", "device_batch_size")))
     stages = tuple(int_list(v["zero"], "--zero", allowed=(0, 1, 2, 3)))
     spec, hw, cal = load(v["model"], v["hardware"], v["calibration"], v["seq_len"], v["dtype"], grads=v["grads"],
-                         weights=v["weights"], moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v))
+                         weights=v["weights"], moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v),
+                         weights_given="weights" not in stated.profile)
     v["attention"] = profile_attention(v, stated, (hw,), dtype=spec.dtypes.compute)
     v["fp8_params"] = profile_fp8_params(v, stated, spec, fp8_recipe(v, stated), stages)
     # fp8: what the fp8 GEMMs save is the recipe's (ddplan.fp8.with_fp8_saves); gathering or keeping weights in fp8

@@ -295,7 +295,7 @@ def model_states(spec: ModelSpec, layout: Layout, stage: Stage | None = None,
         n = counts[g] * share
         algo = opt.algorithm[g]
         if algo == "adamw":
-            moment, master = opt.adamw_bytes(pb)
+            moment, master = opt.adamw_bytes(spec.dtypes.params[g], zero in (1, 2))
             state = (2 * moment + master) * n
         else:  # Muon: momentum in the param dtype + factored second moment (max(rows, cols) fp32 per matrix)
             mats = muon_matrices(spec, g)

@@ -72,7 +72,8 @@ def run_weights(run: RunFacts) -> str | None:
     profile says the stack does (frameworks/*.yaml `weights`, e.g. Megatron-Core's 16-bit weights with fp32
     masters), else None (the base spec's)."""
     weights = run.model.weights or _profile_value(run, "weights")
-    # a profile's remainder masters (megatron-bridge's perf launcher) are its 16-bit runs'; fp8 keeps them whole
+    # a profile's remainder masters (the NeMo and Megatron-Bridge perf launchers') are its 16-bit runs'; fp8 keeps
+    # them whole (and fp16 weights or a layout without the distributed optimizer do: Optimizer.adamw_bytes)
     return "master" if weights == "remainder" and not run.model.weights and run.precision == "fp8" else weights
 
 

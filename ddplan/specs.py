@@ -585,7 +585,8 @@ class Optimizer(Strict):
     # an fp32 master copy of 16-bit params kept in the optimizer state (Megatron-LM, apex O2, DeepSpeed)
     master_weights: bool = False
     # of that master copy only the 16 bits a bf16 weight lacks (Transformer Engine FusedAdam store_param_remainders,
-    # which Megatron-Core's precision-aware optimizer turns on for bf16 weights: optimizer_config.py@d98e8a64 L192)
+    # which Megatron-Core's precision-aware optimizer turns on for bf16 weights: optimizer_config.py@d98e8a64 L192),
+    # where it can: bf16 weights under the distributed optimizer (adamw_bytes)
     master_remainder: bool = False
     muon_ns_steps: PositiveInt = 5
     source: str = Field(min_length=3)
@@ -596,14 +597,18 @@ class Optimizer(Strict):
             raise ValueError("master_remainder keeps part of an fp32 master copy: it needs master_weights: true")
         return self
 
-    def adamw_bytes(self, param_bytes: int) -> tuple[int, int]:
-        """(bytes of each of AdamW's two moments, bytes of the master copy) an element, for a parameter of
-        param_bytes. The master: 0 without one, 4 (fp32), or 2 with master_remainder (the fp32 master's low 16 bits
-        beside the bf16 weight, an int16 tensor: megatron/core/optimizer/distrib_optimizer.py@d98e8a64 L1007-1010).
+    def adamw_bytes(self, param_dtype: str, distributed_optimizer: bool = True) -> tuple[int, int]:
+        """(bytes of each of AdamW's two moments, bytes of the master copy) an element, for a parameter kept in
+        param_dtype. The master: 0 without one, 4 (fp32), or 2 with master_remainder where Megatron-Core keeps the
+        remainders: bf16 weights (Transformer Engine's store_param_remainders "works only when param type is BF16")
+        under the distributed optimizer (ZeRO-1/2: the precision-aware optimizer needs it, optimizer/__init__.py
+        @d98e8a64 L1057-1060, and Megatron-FSDP keeps its own masters), the low 16 bits of the fp32 master beside the
+        bf16 weight, an int16 tensor (distrib_optimizer.py L1007-1010); elsewhere whole (4).
         e.g. Megatron-Core's defaults, (4, 4): 12 bytes of state a parameter; --use-precision-aware-optimizer
         --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 on bf16 weights, (2, 2): 6 bytes."""
-        moment = param_bytes if self.adamw_state_dtype == "param" else units.dtype_bytes(self.adamw_state_dtype)
-        return moment, (2 if self.master_remainder else 4) if self.master_weights else 0
+        dtype = param_dtype if self.adamw_state_dtype == "param" else self.adamw_state_dtype
+        remainder = self.master_remainder and param_dtype == "bf16" and distributed_optimizer
+        return units.dtype_bytes(dtype), (2 if remainder else 4) if self.master_weights else 0
 
 
 class Budget(Strict):
@@ -792,7 +797,9 @@ def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | Non
     L964-996; DeepSpeed's bf16/fp16 optimizers, ZeRO arXiv 1910.02054 sec. 3.1). With an fp32 compute dtype
     "master" is "fp32". "remainder": as "master", the master copy keeping only the 16 bits a bf16 weight lacks, 2
     bytes (Transformer Engine FusedAdam store_param_remainders, on by default under Megatron-Core's
-    --use-precision-aware-optimizer: optimizer_config.py@d98e8a64 L192; bf16 only). moments: the dtype of AdamW's two
+    --use-precision-aware-optimizer: optimizer_config.py@d98e8a64 L192; kept where it can be, bf16 weights under the
+    distributed optimizer, Optimizer.adamw_bytes; inputs.check_remainder refuses it given for fp16 or fp32 weights).
+    moments: the dtype of AdamW's two
     moments (Optimizer.adamw_state_dtype, MOMENTS), applied after weights. cross_entropy: the loss kernel
     (Recipe.cross_entropy, CROSS_ENTROPY). moe_weighting: where a mixture of experts weights its routed copies
     (Recipe.moe_weighting, MOE_WEIGHTING; a dense model takes it and is unchanged, as a stack's profile applies it to
@@ -825,9 +832,6 @@ def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | Non
     if weights is not None:
         if weights not in WEIGHTS:
             raise ValueError(f"weights must be {' or '.join(WEIGHTS)}, got {weights!r}")
-        if weights == "remainder" and spec.dtypes.compute != "bf16":
-            raise ValueError(f"weights remainder keeps the 16 bits of an fp32 master that a bf16 weight lacks; the "
-                             f"compute dtype is {spec.dtypes.compute}: use weights master")
         master = weights in ("master", "remainder") and spec.dtypes.compute != "fp32"
         kept = spec.dtypes.compute if master else "fp32"
         opt = spec.recipe.optimizer

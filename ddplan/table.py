@@ -157,9 +157,10 @@ def check_fp8_options(spec: ModelSpec, fp8: bool, recipe: str | None, all_gather
     stages asked for (() = the model's native one; None: searched, as plan does). casts=False: the command prices no
     cast (memory), so the recipe is not checked. Also --weights remainder, which keeps 2 bytes of each fp32 master
     only where Megatron-Core lets Transformer Engine's FusedAdam keep the masters: without fp8 or with delayed
-    scaling (optimizer_config.py@d98e8a64 L400-411, use_precision_aware_optimizer_no_fp8_or_ds_fp8), not under
-    Megatron-FSDP, ZeRO-3 (optimizer/__init__.py L570-580), and of bf16 weights, not fp8 ones (--fp8-params; Transformer
-    Engine's FusedAdam docstring: store_param_remainders "works only when param type is BF16")."""
+    scaling (optimizer_config.py@d98e8a64 L400-411, use_precision_aware_optimizer_no_fp8_or_ds_fp8), and of bf16
+    weights, not fp8 ones (--fp8-params; Transformer Engine's FusedAdam docstring: store_param_remainders "works only
+    when param type is BF16"). Rows without the distributed optimizer (ZeRO-0, or Megatron-FSDP's ZeRO-3) keep whole
+    masters row by row (ddplan.specs.Optimizer.adamw_bytes), not refused."""
     if recipe is not None and recipe not in FP8_RECIPES:
         raise UsageError(f"must be one of {', '.join(FP8_RECIPES)}, got {recipe!r}", field="--fp8-recipe")
     if recipe is not None and not fp8:
@@ -170,11 +171,9 @@ def check_fp8_options(spec: ModelSpec, fp8: bool, recipe: str | None, all_gather
             raise UsageError("with fp8 weights (--fp8-params) Transformer Engine's FusedAdam keeps the fp32 masters "
                              "whole: its remainders are of bf16 weights; use --weights master", field="--weights")
         if fp8 and used != "delayed":
-            raise UsageError(f"with fp8 ({used}) Megatron-Core keeps the fp32 masters whole (only delayed scaling "
-                             f"leaves them to Transformer Engine's FusedAdam): use --weights master", field="--weights")
-        if zeros and set(zeros) == {3}:
-            raise UsageError("Megatron-FSDP (ZeRO-3) keeps its own fp32 masters, not Transformer Engine's remainders: "
-                             "use --weights master", field="--weights")
+            raise UsageError(f"with the {used} fp8 recipe Megatron-Core keeps the fp32 masters whole (only delayed "
+                             f"scaling leaves them to Transformer Engine's FusedAdam): use --weights master",
+                             field="--weights")
     if params:
         if not fp8:
             raise UsageError("needs --fp8 (it keeps the fp8 GEMMs' weights in fp8)", field="--fp8-params")

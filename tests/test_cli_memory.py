@@ -13,7 +13,7 @@ import json
 import pytest
 
 
-from cli_helpers import run_ok, fails, csv_rows
+from cli_helpers import csv_rows, fails, run, run_ok
 
 D24_8 = ["memory", "--model", "d24", "--gpus", "8"]
 D24_PEAK = ["memory", "--model", "d24", "--window", "L", "--measured-peak", "105"]
@@ -211,14 +211,27 @@ def test_moments_and_remainder_masters_set_the_optimizer_state(capsys):
     assert got["optimizer_gib"] == pytest.approx(8_030_261_248 * 6 / 8 / 2**30, rel=1e-9)
     master = json.loads(run_ok(capsys, argv + ["--weights", "master"]))["rows"][0]
     assert master["optimizer_gib"] == pytest.approx(2 * got["optimizer_gib"], rel=1e-9)
+    # remainders are kept row by row where Megatron-Core keeps them: bf16 weights under the distributed optimizer;
+    # a ZeRO-3 (Megatron-FSDP) or ZeRO-0 row keeps whole masters, the same alone or in a list (found in review)
+    rows = {r["zero"]: r["optimizer_gib"] for r in json.loads(run_ok(capsys, [*argv[:-2], "--zero", "0,1,3",
+            "--weights", "remainder", "--format", "json"]))["rows"]}
+    n = 8_030_261_248
+    assert rows[1] == pytest.approx(n * 10 / 8 / 2**30, rel=1e-9)
+    assert rows[3] == pytest.approx(n * 12 / 8 / 2**30, rel=1e-9) and rows[0] == pytest.approx(n * 12 / 2**30, rel=1e-9)
+    alone = json.loads(run_ok(capsys, [*argv[:-2], "--zero", "3", "--weights", "remainder", "--format", "json"]))
+    assert alone["rows"][0]["optimizer_gib"] == pytest.approx(rows[3], rel=1e-12)
+    # a profile's remainders (nemo's perf scripts, for bf16) on an fp16 model are kept whole, not refused
+    fp16 = run(capsys, ["memory", "--model", "gpt3-175b", "--hardware", "h100-sxm", "--gpus", "1024", "--tp", "8",
+                        "--pp", "8", "--framework", "nemo"])
+    assert fp16[0] == 0, fp16[2]
     for extra, says in ((["--moments", "fp64"], "'fp64' is not one of 'param', 'fp32', 'bf16', 'fp16', 'fp8'"),
                         (["--weights", "remainder", "--dtype", "fp16"], "compute dtype is fp16"),
                         (["--weights", "remainder", "--fp8", "--fp8-recipe", "current"], "keeps the fp32 masters whole"),
-                        (["--weights", "remainder", "--zero", "3"], "Megatron-FSDP (ZeRO-3) keeps its own"),
                         (["--weights", "remainder", "--fp8", "--fp8-recipe", "delayed", "--fp8-params"],
                          "with fp8 weights (--fp8-params)")):
         code, line = fails(capsys, argv[:-2] + extra)
         assert code == 2 and says in line and ("--moments" if "fp64" in extra else "--weights") in line, extra
+    assert "fp8 recipe" in fails(capsys, argv[:-2] + ["--weights", "remainder", "--fp8", "--fp8-recipe", "current"])[1]
 
 
 def test_a_run_file_s_gradient_and_weight_dtypes_are_checked_where_they_are_written(capsys, tmp_path):

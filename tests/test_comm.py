@@ -433,21 +433,22 @@ def test_tp_comm_with_sequence_parallelism_is_reduce_scatter_plus_all_gather():
 
 
 def test_reduce_scatter_across_nodes_pays_the_ring_s_latency_by_hand():
-    """comm.ring_latency_s: NCCL runs reduce-scatter and all-gather across nodes as a ring (its trees are all-reduce
-    only; PAT supports one GPU a node: NVIDIA/nccl#1473), crossing the network on one hop per node and NVLink on the
-    rest. 256 ranks, 8 a node (32 nodes), alpha 10 us across and 4 us inside: 32 x 10 + (255 - 32) x 4 = 1,212 us;
-    all-reduce takes the tree when shorter, 2 x ceil(log2 256) = 16 steps of 10 us = 160 us; inside a node every step
-    is the node's alpha (7 x 4 us over 8 ranks). The busbw an all-gather of a fixed size reaches then falls as nodes
-    are added, as NVIDIA/nccl#1229 measured on H100 (360, 345, 320, 300, 280, 260 GB/s at 4 to 128 nodes)."""
+    """comm.ring_latency_s, NCCL's cost model (src/graph/tuning.cc@5067397c L411-432). 256 ranks, 8 a node (32
+    nodes), alpha 10 us across and 4 us inside: a reduce-scatter's ring crosses the network on 31 of its 255 steps,
+    31 x 10 + 224 x 4 = 1,206 us; all-reduce's tree, 2 (7 x 4 + log2 32 x 10) = 156 us, is shorter than its ring
+    (2,412); inside a node every step is the node's alpha (7 x 4 us over 8 ranks); one rank a node, PAT: log2 256 x
+    10 / 3.5 + 2.8 x 256 = 739.66 us, shorter than the ring's 255 x 10. The busbw an all-gather of a fixed size
+    reaches then falls as nodes are added, as NVIDIA/nccl#1229 measured on H100 (360, 345, 320, 300, 280, 260 GB/s
+    at 4 to 128 nodes)."""
     tier = Tier("inter_node", 364e9, 10e-6, per_node=8, intra_latency_s=4e-6)
-    assert comm.ring_latency_s("reduce_scatter", 256, tier) == pytest.approx(32 * 10e-6 + 223 * 4e-6, rel=1e-12)
-    assert comm.ring_latency_s("all_gather", 256, tier) == pytest.approx(1212e-6, rel=1e-12)
-    assert comm.ring_latency_s("all_reduce", 256, tier) == pytest.approx(160e-6, rel=1e-12)
+    assert comm.ring_latency_s("reduce_scatter", 256, tier) == pytest.approx(31 * 10e-6 + 224 * 4e-6, rel=1e-12)
+    assert comm.ring_latency_s("all_gather", 256, tier) == pytest.approx(1206e-6, rel=1e-12)
+    assert comm.ring_latency_s("all_reduce", 256, tier) == pytest.approx(156e-6, rel=1e-12)
     assert comm.ring_latency_s("all_gather", 8, Tier("intra_node", 450e9, 4e-6)) == pytest.approx(28e-6, rel=1e-12)
-    # without per_node every hop is a network hop (255 x 10 us); one member a node runs PAT, logarithmic
+    # without per_node every step is a network step (255 x 10 us); one rank a node runs PAT where shorter
     assert comm.ring_latency_s("all_gather", 256, Tier("inter_node", 364e9, 10e-6)) == pytest.approx(2550e-6)
     one = Tier("inter_node", 45e9, 10e-6, per_node=1, intra_latency_s=4e-6)
-    assert comm.ring_latency_s("reduce_scatter", 256, one) == pytest.approx(160e-6, rel=1e-12)
+    assert comm.ring_latency_s("reduce_scatter", 256, one) == pytest.approx(8 * 10e-6 / 3.5 + 2.8e-6 * 256, rel=1e-12)
     size = 2**30  # 1 GiB gathered: busbw = S (n-1)/n / t
     busbw = [size * (n - 1) / n / comm.collective_time_s("all_gather", size, n, tier) for n in (32, 64, 128, 256, 512)]
     assert all(a > b for a, b in zip(busbw, busbw[1:])) and busbw[0] < 364e9

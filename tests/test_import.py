@@ -654,3 +654,33 @@ def test_megatron_bridge_s_settings_ddplan_cannot_price_are_said_or_refused(caps
     path.write_text("_target_: megatron.bridge.training.config.ConfigContainer\nmodel: [1\n", encoding="utf-8")
     code, line = fails(capsys, ["import", str(path), "-o", str(out)])
     assert code == 1 and "not valid YAML" in line
+    # found in review: each misread is now read, or refused naming the dump's field
+    cases = (
+        # an MoE layer pattern that is not every layer: refused, not priced as all-MoE
+        ("  moe_layer_freq: 1\n", "  moe_layer_freq:\n  - 1\n  - 0\n", "model.moe_layer_freq"),
+        # no vocabulary anywhere: refused, not GPT-2's 50,257
+        ("  vocab_size: 128256\n  wgrad", "  vocab_size: null\n  wgrad", "model.vocab_size"),
+        # a field of the wrong kind: named as the dump's field, not the Megatron-LM flag it is read as
+        ("  hidden_size: 2048", "  hidden_size: {width: 2048}", "model.hidden_size"))
+    for old, new, field in cases:
+        assert old in block, old
+        text = block.replace(old, new).replace("  num_moe_experts: null", "  num_moe_experts: 8")
+        if field == "model.vocab_size":
+            text = text.replace("  vocab_size: 128256\ntrain:", "  vocab_size: null\ntrain:")
+        path.write_text(text, encoding="utf-8")
+        code, line = fails(capsys, ["import", str(path), "-o", str(out)])
+        assert code == 1 and f": {field}: " in line and "--" not in line.split(field)[0], line
+    # fp8 moments (Megatron keeps them as uint8), a named mixed-precision recipe, Megatron-FSDP's sharding strategy,
+    # and a torchrun line with several nodes
+    fp8 = (aware.replace("_target_: torch.bfloat16", "_target_: torch.uint8")
+           .replace("mixed_precision:\n  _target_: megatron.bridge.training.mixed_precision.MixedPrecisionConfig",
+                    "mixed_precision: bf16_with_fp8_current_scaling_mixed\nold_mixed_precision:")
+           .replace("  use_megatron_fsdp: false\ndist:", "  use_megatron_fsdp: true\ndist:")
+           .replace("  data_parallel_sharding_strategy: no_shard", "  data_parallel_sharding_strategy: optim_grads"))
+    path.write_text("torchrun --nnodes=4 --nproc_per_node=8 train.py\n" + fp8, encoding="utf-8")
+    code, _, err = run(capsys, ["import", str(path), "-o", str(out)])
+    written = out.read_text(encoding="utf-8")
+    assert code == 0, err
+    assert "moments: fp8" in written and "fp8: true" in written and "fp8_recipe: current" in written
+    assert "zero: 2  # Megatron-FSDP, data_parallel_sharding_strategy optim_grads" in written
+    assert "gpus: 32  # torchrun --nproc_per_node 8 --nnodes 4" in written

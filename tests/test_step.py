@@ -92,12 +92,13 @@ def test_optimizer_step_moves_the_precision_aware_states_bytes():
     """AdamW is memory-bound (ddplan.anatomy.adamw_bytes: read p, g, m, v; write p, m, v) plus the master copy read
     and written. Llama-3-8B on one GPU, bf16 weights, fp32 gradients: 2 x 2 + 4 + 4 x 4 + 2 x 4 = 32 bytes a
     parameter with fp32 moments and masters; bf16 moments and 16-bit master remainders (Megatron-Core's
-    --use-precision-aware-optimizer) 2 x 2 + 4 + 4 x 2 + 2 x 2 = 20. The time less its launch costs scales by 20/32."""
+    --use-precision-aware-optimizer, under the distributed optimizer: ZeRO-1, one rank) 2 x 2 + 4 + 4 x 2 + 2 x 2 = 20.
+    The time less its launch costs scales by 20/32."""
     from ddplan.specs import run_variant
 
     r = rates(_hw("h100-sxm"), "fa3")
     spec = run_variant(_spec("llama-3-8b"), weights="master", grads="fp32")
-    lay = Layout(dp=1, zero=0)
+    lay = Layout(dp=1, zero=1)
     launches = sum(1 for g, n in step.counts_of(spec.architecture).items()
                    if n and g in spec.recipe.optimizer.algorithm) * r.kernel_overhead_s
     full = optimizer_time_s(spec, lay, r) - launches
