@@ -271,7 +271,8 @@ FIELDS: tuple[RunField, ...] = (
        "torch autocast, FSDP mixed precision) or master (16-bit weights, an fp32 master copy in the optimizer: "
        "Megatron-LM, DeepSpeed) or remainder (bf16 weights and, in the optimizer, only the 16 bits of their fp32 "
        "master that bf16 lacks: Transformer Engine's FusedAdam as Megatron-Core's --use-precision-aware-optimizer "
-       "runs it, without fp8 or with delayed fp8); default: the model spec's.", WEIGHTS, MODEL),
+       "runs it, without fp8 or with delayed fp8, on the distributed optimizer's rows, ZeRO-1/2; other rows keep "
+       "whole masters); default: the model spec's.", WEIGHTS, MODEL),
     _f("precision.moments", "Dtype of AdamW's two moments: fp32, bf16, fp16, fp8 (Megatron-Core's "
        "--use-precision-aware-optimizer with --exp-avg-dtype and --exp-avg-sq-dtype) or param (each parameter's "
        "own, torch's default); default: the model spec's (fp32; nanochat: param).", MOMENTS, MODEL),
