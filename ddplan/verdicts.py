@@ -508,6 +508,17 @@ def _fp8_kept(e, framework: str | None) -> str:
     return ""
 
 
+def state_words(spec) -> str:
+    """How the run keeps its weights and optimizer state, in words (--weights, --moments: specs.Optimizer)."""
+    opt = spec.recipe.optimizer
+    kept = "/".join(sorted(set(spec.dtypes.params.values())))
+    master = ("; fp32 masters, as 16-bit remainders on the distributed optimizer's rows (ZeRO-1/2) of bf16 weights"
+              if opt.master_remainder else "; fp32 masters" if opt.master_weights else "")
+    moments = ("each parameter's dtype" if opt.adamw_state_dtype == "param" else opt.adamw_state_dtype)
+    adam = f"; AdamW moments in {moments}" if "adamw" in opt.algorithm.values() else ""
+    return f"weights in {kept}{master}{adam}"
+
+
 def table_assumptions(table) -> list[str]:
     req = table.request
     spec, hw, o, price, budget = req.model, req.hardware, req.overheads, table.price, table.budget
@@ -523,7 +534,7 @@ def table_assumptions(table) -> list[str]:
         f"Model {spec.name}: recipe from {spec.recipe.source}.",
         f"Run: {table.steps:,} steps ({how}) of {table.total_batch_tokens:,} tokens; sequence {spec.recipe.seq_len}; "
         f"compute dtype {spec.dtypes.compute}; {'compiled' if table.compiled else 'eager'}; native data-parallel "
-        f"setup: {spec.recipe.distribution}.",
+        f"setup: {spec.recipe.distribution}; {state_words(spec)}.",
         f"Hardware {hw.name}: dense {spec.dtypes.compute} peak {hw.peak.flops_per_s(spec.dtypes.compute) / 1e12:g} "
         f"TFLOP/s; best GEMM efficiency "
         f"{e.gemm.best.value:.3f} ({e.gemm.best.basis}, range {e.gemm.best.range[0]:.3f}-{e.gemm.best.range[1]:.3f})"

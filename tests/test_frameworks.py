@@ -194,6 +194,10 @@ def test_nemo_s_performance_scripts_reduce_gradients_in_bf16_under_the_distribut
     fp8 = json.loads(run_ok(capsys, [*common, "--framework", "nemo", "--fp8"]))
     assert next(r for r in fp8["rows"] if r["zero"] == 1)["optimizer_gib"] == pytest.approx(12 * n / 8 / 2**30,
                                                                                               rel=1e-9)
+    # the assumptions say so
+    explain = run_ok(capsys, ["table", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--framework",
+                              "nemo", "--explain"])
+    assert "fp32 masters, as 16-bit remainders on the distributed optimizer's rows" in explain
     # Megatron-FSDP keeps whole masters too: --zero 3 alone is priced so, not refused
     fsdp = json.loads(run_ok(capsys, [*common, "--framework", "megatron-bridge", "--zero", "3"]))
     assert fsdp["rows"][0]["optimizer_gib"] == pytest.approx(12 * n / 8 / 2**30, rel=1e-9)
