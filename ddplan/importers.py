@@ -925,6 +925,9 @@ BRIDGE_ARGS = {
 BRIDGE_FIELDS = {"--" + (arg or name).replace("_", "-"): f"{section}.{name}" for section, names in BRIDGE_ARGS.items()
                  for name, _, arg in (n.partition(":") for n in names)}
 BRIDGE_FIELDS.update({"--seq-length": "dataset.sequence_length", "--vocab-size": "model.vocab_size"})
+# fields a dump sets to 0 for "none": left out, as Megatron-LM's own unset
+ZERO_UNSET = {"cpu_offloading_num_layers", "recompute_num_layers", "moe_shared_expert_intermediate_size",
+              "virtual_pipeline_model_parallel_size"}
 # set in a dump, priced otherwise or not at all: said, never silently dropped
 BRIDGE_UNPRICED = {
     ("model", "mtp_num_layers"): "multi-token prediction layers are not priced",
@@ -1002,8 +1005,11 @@ def _bridge(text: str, path: Path, out: Imported) -> None:
     place: sequence parallelism, the overlaps, the distributed optimizer, the gradients' dtype, the loss and recompute
     (a dump says each, so each is written)."""
     cfg = _bridge_config(text, path)
-    sections = {name: cfg.get(name) if isinstance(cfg.get(name), dict) else {} for name in
-                ("model", "train", "ddp", "optimizer", "mixed_precision", "dataset", "comm_overlap", "tokenizer")}
+    names = ("model", "train", "ddp", "optimizer", "mixed_precision", "dataset", "comm_overlap", "tokenizer")
+    for name in names:
+        if cfg.get(name) is not None and not isinstance(cfg[name], dict) and name != "mixed_precision":
+            raise SpecError(f"must be a mapping, got {cfg[name]!r}", file=str(path), field=name)
+    sections = {name: cfg.get(name) if isinstance(cfg.get(name), dict) else {} for name in names}
     if isinstance(cfg.get("mixed_precision"), str):  # a recipe's name, as mixed_precision.py@067f987 names them
         sections["mixed_precision"] = _bridge_precision(cfg["mixed_precision"], path)
     model, ddp, mp, opt = sections["model"], sections["ddp"], sections["mixed_precision"], sections["optimizer"]
@@ -1028,9 +1034,9 @@ def _bridge(text: str, path: Path, out: Imported) -> None:
                         else "model.is_hybrid_model")
     tokens: list[str] = []
 
-    def give(flag: str, value: Any) -> None:
+    def give(flag: str, value: Any, zero_unset: bool = False) -> None:
         value = _bridge_value(value)
-        if value is None or value is False or (type(value) is int and value == 0):  # unset (a 0.0 dropout is given)
+        if value is None or value is False or (zero_unset and value == 0):  # unset
             return
         if value is True:
             tokens.append(flag)
@@ -1055,7 +1061,7 @@ def _bridge(text: str, path: Path, out: Imported) -> None:
         for name in names:
             field, _, arg = name.partition(":")
             if field not in skip:
-                give("--" + (arg or field).replace("_", "-"), sections[section].get(field))
+                give("--" + (arg or field).replace("_", "-"), sections[section].get(field), field in ZERO_UNSET)
     gpus = re.search(r"--nproc[_-]per[_-]node[= ](\d+)", text)
     if gpus:  # a log that keeps its torchrun line
         tokens += ["--nproc_per_node", gpus.group(1)]
@@ -1081,7 +1087,8 @@ def _bridge(text: str, path: Path, out: Imported) -> None:
     data = sections["dataset"]
     seq = data.get("sequence_length") or data.get("seq_length") or model.get("seq_length")
     give("--seq-length", seq)  # the dataset's: what each sample holds (the model's seq_length is its limit)
-    give("--max-position-embeddings", max(int(model.get("seq_length") or seq or 0), int(seq or 0)) or None)
+    limit = model.get("seq_length")  # the model's longest sequence, where it is a number above the dataset's
+    give("--max-position-embeddings", limit if type(limit) is int and type(seq) is int and limit > seq else seq)
     precision = "--bf16" if mp.get("bf16") or model.get("bf16") else "--fp16" if mp.get("fp16") or model.get(
         "fp16") else None
     if precision:
@@ -1097,8 +1104,10 @@ def _bridge(text: str, path: Path, out: Imported) -> None:
         _megatron("", path, out, tokens)
     except SpecError as e:  # say the dump's field, not the Megatron-LM flag it was read as
         where = BRIDGE_FIELDS.get(e.field or "", e.field)
-        raise SpecError(e.message.replace(e.field, where) if e.field else e.message, file=str(path),
-                        field=where) from None
+        message = e.message.replace(e.field, where) if e.field else e.message
+        if message.startswith(f"{where} is not given"):
+            message = "missing or null: the run configuration states the model's dimensions"
+        raise SpecError(message, file=str(path), field=where) from None
     tp = int(model.get("tensor_model_parallel_size") or 1)
     layout = {"sequence_parallel": bool(model.get("sequence_parallel")) and tp > 1,
               "tp_comm_overlap": ("--tp-comm-overlap" in tokens) and tp > 1,

@@ -661,7 +661,10 @@ def test_megatron_bridge_s_settings_ddplan_cannot_price_are_said_or_refused(caps
         # no vocabulary anywhere: refused, not GPT-2's 50,257
         ("  vocab_size: 128256\n  wgrad", "  vocab_size: null\n  wgrad", "model.vocab_size"),
         # a field of the wrong kind: named as the dump's field, not the Megatron-LM flag it is read as
-        ("  hidden_size: 2048", "  hidden_size: {width: 2048}", "model.hidden_size"))
+        ("  hidden_size: 2048", "  hidden_size: {width: 2048}", "model.hidden_size"),
+        # 0 is a value, not "unset", where the field has no such meaning: refused as Megatron-LM would
+        ("  global_batch_size: 512", "  global_batch_size: 0", "train.global_batch_size"),
+        ("train:\n  _target_", "train: 5\nxtrain:\n  _target_", "train"))
     for old, new, field in cases:
         assert old in block, old
         text = block.replace(old, new).replace("  num_moe_experts: null", "  num_moe_experts: 8")
