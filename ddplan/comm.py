@@ -139,8 +139,8 @@ class Tier:
     name: Literal["intra_node", "inter_node"]
     busbw_bytes_per_s: float
     latency_s: float
-    # across nodes: the group's members on each node and the latency of a hop inside a node (a ring crossing k nodes
-    # pays latency_s on k of its hops and intra_latency_s on the rest); 0: every hop at latency_s
+    # across nodes: the group's members on each node and the latency of a hop inside a node (a ring pass over k nodes
+    # pays latency_s on k - 1 of its steps and intra_latency_s on the rest: ring_latency_s); 0: every step at latency_s
     per_node: int = 0
     intra_latency_s: float = 0.0
 
@@ -250,9 +250,7 @@ def ring_latency_s(collective: Collective, n: int, tier: Tier) -> float:
     all-reduce over the same: min(2 x 1,206, 2 (7 x 4 + 5 x 10) = 156) us.
     """
     steps = ring_latency_steps(collective, n)
-    if tier.name != "inter_node":
-        return tier.latency_s * steps
-    if not tier.per_node:
+    if tier.name != "inter_node" or not tier.per_node:
         return tier.latency_s * steps
     nodes = math.ceil(n / tier.per_node)
     passes = 2 if collective == "all_reduce" else 1

@@ -798,9 +798,9 @@ def run_variant(spec: ModelSpec, *, seq_len: int | None = None, dtype: str | Non
     "master" is "fp32". "remainder": as "master", the master copy keeping only the 16 bits a bf16 weight lacks, 2
     bytes (Transformer Engine FusedAdam store_param_remainders, on by default under Megatron-Core's
     --use-precision-aware-optimizer: optimizer_config.py@d98e8a64 L192; kept where it can be, bf16 weights under the
-    distributed optimizer, Optimizer.adamw_bytes; inputs.check_remainder refuses it given for fp16 or fp32 weights).
-    moments: the dtype of AdamW's two
-    moments (Optimizer.adamw_state_dtype, MOMENTS), applied after weights. cross_entropy: the loss kernel
+    distributed optimizer, Optimizer.adamw_bytes; ddplan.inputs.variant refuses it given for fp16 or fp32 weights).
+    moments: the dtype of AdamW's two moments (Optimizer.adamw_state_dtype, MOMENTS), applied after weights.
+    cross_entropy: the loss kernel
     (Recipe.cross_entropy, CROSS_ENTROPY). moe_weighting: where a mixture of experts weights its routed copies
     (Recipe.moe_weighting, MOE_WEIGHTING; a dense model takes it and is unchanged, as a stack's profile applies it to
     any model). fusions: how the block's norms, rotary embedding and SwiGLU run (Recipe.fusions, FUSIONS).
