@@ -71,6 +71,14 @@ LACK_WORDS = {"tp": "tensor parallelism", "pp": "pipeline parallelism", "cp": "c
 REFUSED = ("tied_embeddings_with_pp", "tp_with_ep")  # combinations a stack refuses (the rest it has no code for)
 
 
+def profile_weights(value: str | None, fp8: bool) -> str | None:
+    """How a profile's `weights` item applies to a run: its remainder masters (the NeMo and Megatron-Bridge perf
+    launchers', for their bf16 runs) become whole ones with fp8, which Megatron-Core keeps whole then
+    (optimizer_config.py@d98e8a64 L400-411); fp16 weights and layouts without the distributed optimizer keep whole
+    ones too, row by row (ddplan.specs.Optimizer.adamw_bytes)."""
+    return "master" if value == "remainder" and fp8 else value
+
+
 def needs(tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, tied: bool = False) -> list[str]:
     """The LACKS items a layout of these degrees needs (tied: the model ties its embeddings), in LACKS order."""
     wanted = {"tp": tp > 1, "pp": pp > 1, "cp": cp > 1, "ep": ep > 1, "tied_embeddings_with_pp": tied and pp > 1,

@@ -15,7 +15,7 @@ from ddplan import bounds
 from ddplan.calibration import (StepMeasurement, check_against_hardware, measurement_for, memory_assumptions,
                                 steps_for_model)
 from ddplan.errors import DdplanError, SpecError, UsageError
-from ddplan.frameworks import LACK_WORDS, LACKS
+from ddplan.frameworks import LACK_WORDS, LACKS, profile_weights
 from ddplan.layout import Options
 from ddplan.offload import check_activation_offload, check_offload
 from ddplan.plan import PlanRequest
@@ -385,12 +385,10 @@ def without_profile_fp8(v: dict, stated: Stated) -> dict:
     default when fp8 is off: the stack's way of running fp8, not a request for it; and with fp8 on, a profile's
     remainder masters (NeMo's and Megatron-Bridge's perf launchers, for their bf16 runs) as whole ones, which
     Megatron-Core keeps then (ddplan.table.check_fp8_options)."""
-    if "weights" in stated.profile and v["weights"] == "remainder" and v["fp8"]:
-        # remainders are of 16-bit runs' masters (and kept only for bf16 weights under the distributed optimizer:
-        # ddplan.specs.Optimizer.adamw_bytes prices whole ones elsewhere, row by row)
+    if "weights" in stated.profile and profile_weights(v["weights"], v["fp8"]) != v["weights"]:
         stated.notes.append(f"the {framework_name(v['framework'])} profile's remainder masters are its 16-bit runs' "
                             f"(Megatron-Core keeps whole fp32 masters with fp8): priced with --weights master")
-        v = {**v, "weights": "master"}
+        v = {**v, "weights": profile_weights(v["weights"], v["fp8"])}
     if v["fp8"]:
         return v
     dropped = [name for name in PROFILE_FP8_ONLY - {"fp8_recipe"} if name in stated.profile]

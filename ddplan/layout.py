@@ -15,6 +15,10 @@ from ddplan.specs import ModelSpec
 
 ZERO_STAGES = (0, 1, 2, 3)
 
+# fp8 weights gathered in fp8 asked two ways at once (Layout, ddplan.table.check_fp8_options)
+FP8_WEIGHTS_TWICE = ("--fp8-params (Megatron-Core's fp8 weights) and --fp8-all-gather (torchao's) are two stacks' ways "
+                     "of the same thing: give one")
+
 # The ZeRO stage whose memory a model's native data-parallel setup matches.
 NATIVE_ZERO = {"ddp": 0, "sharded_optimizer": 1, "zero1": 1, "zero2": 2, "fsdp": 3}
 
@@ -139,8 +143,7 @@ class Layout:
             raise LayoutError("fp8 weights gathered in fp8 (Megatron-Core --fp8-param-gather) need the distributed "
                               "optimizer (ZeRO-1 or 2) or Megatron-FSDP (ZeRO-3); got ZeRO-0", field="--fp8-params")
         if self.fp8_params and self.fp8_all_gather:
-            raise LayoutError("--fp8-params (Megatron-FSDP's fp8 weights) and --fp8-all-gather (torchao's) are two "
-                              "stacks' ways of the same thing: give one", field="--fp8-params")
+            raise LayoutError(FP8_WEIGHTS_TWICE, field="--fp8-params")
         if self.offload_optimizer and not self.offloads:
             raise LayoutError(f"ZeRO-Offload moves each rank's optimizer-state partition to the host: it needs ZeRO-1, 2 "
                               f"or 3 (or one data-parallel rank); got ZeRO-{self.zero} over {self.grad_ranks} ranks",
@@ -251,6 +254,13 @@ class Layout:
         """Ranks that hold the same routed experts and reduce their gradients together: the expert pool / ep
         (Megatron-Core's expert-data-parallel group)."""
         return self.expert_pool // self.ep
+
+    @property
+    def distributed_optimizer(self) -> bool:
+        """Whether the optimizer state is sharded as Megatron-Core's distributed optimizer shards it (ZeRO-1/2), not
+        kept whole on each rank (ZeRO-0) or in Megatron-FSDP's own buffers (ZeRO-3): where its precision-aware optimizer
+        keeps fp32 masters as remainders (ddplan.specs.Optimizer.adamw_bytes)."""
+        return self.zero in (1, 2)
 
     @property
     def grad_ranks(self) -> int:

@@ -261,6 +261,13 @@ def fp8_param_bytes(recipe: str, any_layout_fp8_gemms: bool) -> float:
     return 1.0 if any_layout_fp8_gemms and recipe in ("delayed", "current") else FP8_PARAM_BYTES
 
 
+def kept_param_bytes(param_bytes: int, fp8_fraction: float, fp8_bytes: float) -> float:
+    """Bytes a group's parameter element takes, its fp8_fraction of fp8 GEMM weights kept in fp8 at fp8_bytes
+    (Layout.fp8_params; 0 without it) and the rest in its own dtype: e.g. bf16 block matrices all fp8 on Blackwell,
+    2 - (2 - 1) x 1 = 1."""
+    return param_bytes - (param_bytes - fp8_bytes) * fp8_fraction
+
+
 def model_states(spec: ModelSpec, layout: Layout, stage: Stage | None = None,
                  fp8_bytes: float = FP8_PARAM_BYTES) -> dict[str, dict[str, float]]:
     """Parameters, gradients and optimizer state per group, bytes on one GPU of a pipeline stage (`stage`, one of
@@ -295,7 +302,7 @@ def model_states(spec: ModelSpec, layout: Layout, stage: Stage | None = None,
         n = counts[g] * share
         algo = opt.algorithm[g]
         if algo == "adamw":
-            moment, master = opt.adamw_bytes(spec.dtypes.params[g], zero in (1, 2))
+            moment, master = opt.adamw_bytes(spec.dtypes.params[g], layout.distributed_optimizer)
             state = (2 * moment + master) * n
         else:  # Muon: momentum in the param dtype + factored second moment (max(rows, cols) fp32 per matrix)
             mats = muon_matrices(spec, g)
@@ -306,7 +313,7 @@ def model_states(spec: ModelSpec, layout: Layout, stage: Stage | None = None,
             state = state / dp if counts[g] >= 1024 else state  # small AdamW params are all-reduced, not sharded
         elif zero >= 1:
             state /= shard
-        kept = pb - (pb - fp8_bytes) * fp8.get(g, 0.0)  # fp8 weights (and on Hopper their transposes: fp8_params)
+        kept = kept_param_bytes(pb, fp8.get(g, 0.0), fp8_bytes)  # fp8 weights (and on Hopper their transposes)
         out["params"][g] = kept * n / (shard if zero >= 3 else 1)
         out["gradients"][g] = spec.dtypes.grad_bytes(g) * n / (shard if zero >= 2 else 1)
         out["optimizer"][g] = 0.0 if layout.offload_optimizer else state  # on the host (ZeRO-Offload sec. 4.1)
@@ -616,8 +623,8 @@ def comm_buffer_bytes(spec: ModelSpec, layout: Layout, states: dict[str, dict[st
         # each group's elements on this rank's stage, unsharded: its shard over its own shard group (the routed
         # experts' is the expert-data-parallel one)
         fp8 = fp8_weight_fractions(spec) if layout.fp8_all_gather or layout.fp8_params else {}
-        kept = {g: (pb := dtype_bytes(spec.dtypes.params[g])) - (pb - fp8_bytes) * fp8.get(g, 0.0) if layout.fp8_params
-                else dtype_bytes(spec.dtypes.params[g]) for g in states["params"]}  # bytes an element, as model_states
+        kept = {g: kept_param_bytes(dtype_bytes(spec.dtypes.params[g]), fp8.get(g, 0.0) if layout.fp8_params else 0.0,
+                                    fp8_bytes) for g in states["params"]}  # bytes an element, as model_states keeps it
         elements = {g: b / kept[g] * (expert_shard(layout) if g == EXPERT_GROUP else layout.shard_degree)
                     for g, b in states["params"].items()}
         # the fp8 GEMMs' weights arrive at 1 byte an element with torchao's fp8 all-gather, at fp8_bytes with

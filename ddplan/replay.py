@@ -16,6 +16,7 @@ import yaml
 from ddplan import runconfig
 from ddplan.errors import DdplanError, SpecError, UsageError
 from ddplan.files import atomic_write
+from ddplan.frameworks import profile_weights
 from ddplan.registry import load_framework, load_hardware
 from ddplan.runfields import FIELDS, OPTION_FIELDS, PROFILE_FP8_ONLY, RunField
 from ddplan.runs import PublishedRun, RunFacts, run_spec
@@ -71,10 +72,7 @@ def run_weights(run: RunFacts) -> str | None:
     """How a run kept its weights (ddplan.specs.run_variant): as it states (model.weights), else as its framework's
     profile says the stack does (frameworks/*.yaml `weights`, e.g. Megatron-Core's 16-bit weights with fp32
     masters), else None (the base spec's)."""
-    weights = run.model.weights or _profile_value(run, "weights")
-    # a profile's remainder masters (the NeMo and Megatron-Bridge perf launchers') are its 16-bit runs'; fp8 keeps
-    # them whole (and fp16 weights or a layout without the distributed optimizer do: Optimizer.adamw_bytes)
-    return "master" if weights == "remainder" and not run.model.weights and run.precision == "fp8" else weights
+    return run.model.weights or profile_weights(_profile_value(run, "weights"), run.precision == "fp8")
 
 
 def run_option_values(run: RunFacts) -> dict:

@@ -216,7 +216,7 @@ def optimizer_time_s(spec: ModelSpec, layout: Layout, r: Rates) -> float:
         pb = dtype_bytes(dt.params[group])
         if algo == "adamw":
             split = n if policy != "ddp" and (policy != "sharded_optimizer" or counts[group] >= 1024) else 1
-            moment, master = opt.adamw_bytes(dt.params[group], layout.zero in (1, 2))
+            moment, master = opt.adamw_bytes(dt.params[group], layout.distributed_optimizer)
             # the moments, and the master copy (fp32, or its low 16 bits) read and written as well
             moved = adamw_bytes(counts[group], pb, dt.grad_bytes(group), moment) + counts[group] * 2 * master
             total += moved * share / split / bw + r.kernel_overhead_s

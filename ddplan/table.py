@@ -19,8 +19,8 @@ from ddplan.errors import ImpossibleMeasurement, LayoutError, UsageError
 from ddplan.evidence import Thin
 from ddplan.fitting import MEASURED_FLAGS, Fit, fitted
 from ddplan.fp8 import FP8_RECIPES, MX_RECIPES, TE_RECIPES
-from ddplan.layout import (NATIVE_ZERO, Layout, Options, check_layout, cp_attention_problem, data_parallel, layout_for,
-                           split_batch)
+from ddplan.layout import (FP8_WEIGHTS_TWICE, NATIVE_ZERO, Layout, Options, check_layout, cp_attention_problem,
+                           data_parallel, layout_for, split_batch)
 from ddplan.memory import HEADROOM
 from ddplan.gcpause import no_cycle_collection
 from ddplan.offload import check_activation_offload, check_offload
@@ -191,8 +191,7 @@ def check_fp8_options(spec: ModelSpec, fp8: bool, recipe: str | None, all_gather
                              f"the fp8 weights (got ZeRO-{'/'.join(map(str, stages))}): add --zero 1",
                              field="--fp8-params")
         if all_gather:
-            raise UsageError("--fp8-params (Megatron-Core's fp8 weights) and --fp8-all-gather (torchao's) are two "
-                             "stacks' ways of the same thing: give one", field="--fp8-params")
+            raise UsageError(FP8_WEIGHTS_TWICE, field="--fp8-params")
     if not all_gather:
         return
     if not fp8:

@@ -377,10 +377,12 @@ def test_fp8_weights_on_blackwell_keep_no_transpose_by_hand(capsys):
     L292-299): on B200 an fp8 weight of delayed or current scaling is 1 byte, on H100 2 (its transpose for backward);
     MXFP8 keeps two copies, each scaled along its own axis, 2 bytes anywhere (memory.fp8_param_bytes). Llama 3 8B's
     block matrices (every one an fp8 GEMM weight) under ZeRO-1 over 8 with --fp8-params: 2 -> 1 byte each on B200."""
-    from ddplan.memory import fp8_param_bytes
+    from ddplan.memory import fp8_param_bytes, kept_param_bytes
     from ddplan.specs import run_variant
 
     assert [fp8_param_bytes(r, True) for r in ("delayed", "current", "mxfp8")] == [1.0, 1.0, 2.0]
+    # a bf16 group all fp8 weights at 1 byte; a quarter of it: 2 - 1/4 = 1.75; none: its own 2
+    assert [kept_param_bytes(2, f, 1.0) for f in (1.0, 0.25, 0.0)] == [1.0, 1.75, 2.0]
     assert [fp8_param_bytes(r, False) for r in ("delayed", "current")] == [2.0, 2.0]
     spec = run_variant(load_model("llama-3-8b"), dtype="bf16", weights="master")
     lay = Layout(dp=8, zero=1, micro_batch=1, grad_accum=16, fp8_params=True)
