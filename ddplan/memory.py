@@ -247,7 +247,7 @@ def counts_of(arch) -> dict[str, int]:
 FP8_PARAM_BYTES = 2.0
 
 
-def fp8_param_bytes(recipe: str, any_layout_fp8_gemms: bool) -> float:
+def fp8_param_bytes(recipe: str, any_layout_fp8_gemms: bool, zero: int = 1) -> float:
     """Bytes an fp8 GEMM weight kept in fp8 (Layout.fp8_params) takes an element. A per-tensor recipe (delayed,
     current) keeps the fp8 data and, where the GPU's fp8 GEMMs take only the TN layout (Hopper), its transpose for
     backward's GEMMs: 2; where they take any layout (Blackwell: Transformer Engine's is_non_tn_fp8_gemm_supported,
@@ -255,10 +255,11 @@ def fp8_param_bytes(recipe: str, any_layout_fp8_gemms: bool) -> float:
     and serves the column-wise use from the same data (tensor/storage/float8_tensor_storage.py L292-299): 1. MXFP8
     keeps a row-wise and a column-wise copy, each scaled per 32 along its own axis, on any GPU: 2 (the scales, 1/16
     more, not counted). any_layout_fp8_gemms: the hardware spec's `mxfp8` (the GPUs ddplan has with MXFP8 are the
-    compute-capability-10 Blackwells), or Megatron-FSDP (ZeRO-3), whose fp8 weight buffers, sharded and gathered, are
+    compute-capability-10 Blackwells). Under Megatron-FSDP (zero 3) the fp8 weight buffers, sharded and gathered, are
     uint8 with a transpose buffer for MXFP8 only (megatron_fsdp/param_and_grad_buffer.py@d98e8a64 L2630-2642:
-    "Currently, only mxfp8 needs it")."""
-    return 1.0 if any_layout_fp8_gemms and recipe in ("delayed", "current") else FP8_PARAM_BYTES
+    "Currently, only mxfp8 needs it"): as on Blackwell, whatever the GPU."""
+    no_transpose = any_layout_fp8_gemms or zero == 3
+    return 1.0 if no_transpose and recipe in ("delayed", "current") else FP8_PARAM_BYTES
 
 
 def kept_param_bytes(param_bytes: int, fp8_fraction: float, fp8_bytes: float) -> float:

@@ -546,9 +546,8 @@ class Pricer:
         return self._shared[key]
 
     def _fp8_param_bytes(self, layout: Layout) -> float:
-        """Bytes an fp8 weight kept in fp8 takes on this hardware under this layout (ddplan.memory.fp8_param_bytes:
-        no transpose kept on Blackwell, nor under Megatron-FSDP, ZeRO-3, but for MXFP8)."""
-        return fp8_param_bytes(self.fp8_recipe, self.hw.mxfp8 or layout.zero == 3)
+        """Bytes an fp8 weight kept in fp8 takes on this hardware under this layout (ddplan.memory.fp8_param_bytes)."""
+        return fp8_param_bytes(self.fp8_recipe, self.hw.mxfp8, layout.zero)
 
     def _fixed_terms(self, layout: Layout, states: dict[str, dict[str, float]], stage: Stage) -> dict[str, float]:
         """A pipeline stage's memory terms that no micro-batch or recompute policy changes (ddplan.memory.fixed_terms),

@@ -411,8 +411,8 @@ def test_megatron_fsdp_keeps_fp8_weights_in_one_byte_by_hand():
     spec = run_variant(load_model("llama-3-8b"), dtype="bf16", weights="master")
     blocks = param_counts(spec.architecture)["block_matrices"]
     plain, fp8 = (Layout(dp=8, zero=3, micro_batch=1, fp8_params=f) for f in (False, True))
-    one = fp8_param_bytes("current", True)  # Megatron-FSDP: no transpose kept for a per-tensor recipe
-    assert (one, fp8_param_bytes("mxfp8", True)) == (1.0, 2.0)
+    one = fp8_param_bytes("current", False, zero=3)  # Megatron-FSDP on H100: no transpose kept, per-tensor
+    assert (one, fp8_param_bytes("mxfp8", False, zero=3), fp8_param_bytes("current", False, zero=1)) == (1.0, 2.0, 2.0)
     a, b = model_states(spec, plain), model_states(spec, fp8, fp8_bytes=one)
     assert a["params"]["block_matrices"] == pytest.approx(2 * blocks / 8, rel=1e-12)
     assert b["params"]["block_matrices"] == pytest.approx(1 * blocks / 8, rel=1e-12)
