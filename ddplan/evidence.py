@@ -46,10 +46,11 @@ EVIDENCE: dict[str, dict[str, tuple[int, int]]] = {
 # Megatron-LM README's two strong-scaling runs (2026-12-07, seventh session), the thin GPUs' 0.70-1.44 before the
 # MI355X's forward attention was measured (the same day), and 0.71-1.43 (32 runs) before MLPerf's B300 and GB300
 # runs joined the thin GPUs (2026-12-07, eighth session); the thin GPUs' 0.71-1.45 before reduce-scatter and all-gather
-# across nodes paid the ring's latency (comm.ring_latency_s, ninth session)
+# across nodes paid the ring's latency (comm.ring_latency_s, ninth session); 0.71-1.44 before MLPerf's two 512-GPU
+# GB200/GB300 8B runs were placed on the 64-GPU NVLink domains they ran on (runs.Network.gpus_per_node, tenth session)
 UNSEEN_RATIO: dict[str, tuple[float, float, int, int]] = {
     "framework": (0.88, 1.22, 38, 5),
-    "hardware": (0.71, 1.44, 37, 4),
+    "hardware": (0.71, 1.46, 37, 4),
 }
 
 

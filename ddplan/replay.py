@@ -308,16 +308,26 @@ def export_run(run: PublishedRun, folder: Path) -> list[Path]:
 
 
 def run_hardware(run: RunFacts, where: str):
-    """The hardware a run ran on: its spec, with the inter-node network the run states where it differs."""
+    """The hardware a run ran on: its spec, with the nodes and inter-node network the run states where they differ
+    (runs.Network): its NICs, and the GPUs of a node as the job was placed (at most the spec's)."""
     try:
         hw = load_hardware(run.hardware)
     except DdplanError as e:
         raise SpecError(e.message, file=where, field="hardware") from None
-    if run.network is not None:
-        n = run.network
+    n = run.network
+    if n is not None and n.nics_per_node is not None:
         nic = hw.inter_node.nic_gbit_per_s.model_copy(update={"value": n.nic_gbit_per_s, "source": n.why})
         hw = hw.model_copy(update={"inter_node": hw.inter_node.model_copy(
             update={"nics_per_node": n.nics_per_node, "nic_gbit_per_s": nic})})
+    if n is not None and n.gpus_per_node is not None:
+        if n.gpus_per_node > hw.gpus_per_node:
+            raise SpecError(f"{n.gpus_per_node} is more than {hw.name}'s "
+                            f"{hw.gpus_per_node} GPUs a node (allowed: 1 to {hw.gpus_per_node})", file=where,
+                            field="network.gpus_per_node")
+        if n.nics_per_node is None:  # the spec's NICs a GPU, on the smaller node
+            nics = max(1, round(hw.inter_node.nics_per_node * n.gpus_per_node / hw.gpus_per_node))
+            hw = hw.model_copy(update={"inter_node": hw.inter_node.model_copy(update={"nics_per_node": nics})})
+        hw = hw.model_copy(update={"gpus_per_node": n.gpus_per_node})
     return hw
 
 

@@ -137,11 +137,23 @@ class MfuConvention(Strict):
 
 
 class Network(Strict):
-    """The run's inter-node network where it differs from the hardware spec's."""
+    """The run's nodes and inter-node network where they differ from the hardware spec's: NICs (both or neither),
+    and the GPUs of a node as the job was placed (at most the spec's: e.g. 64 on GB200 NVL72 racks allocated in
+    16-tray Slurm segments, MLPerf's SEGMENT=16; the spec's NICs a GPU kept unless stated), each unset one the
+    spec's (ddplan.replay.run_hardware)."""
 
-    nics_per_node: int = Field(gt=0, le=64)
-    nic_gbit_per_s: float = Field(gt=0, le=10_000)
+    nics_per_node: int | None = Field(default=None, gt=0, le=64)
+    nic_gbit_per_s: float | None = Field(default=None, gt=0, le=10_000)
+    gpus_per_node: int | None = Field(default=None, gt=0, le=1024)
     why: str = Field(min_length=3)  # the source's words
+
+    @model_validator(mode="after")
+    def _stated(self) -> Network:
+        if (self.nics_per_node is None) != (self.nic_gbit_per_s is None):
+            raise ValueError("state nics_per_node and nic_gbit_per_s together (or neither)")
+        if self.nics_per_node is None and self.gpus_per_node is None:
+            raise ValueError("states nothing: give nics_per_node and nic_gbit_per_s, or gpus_per_node")
+        return self
 
 
 class RunFacts(Strict):

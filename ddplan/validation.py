@@ -411,13 +411,15 @@ def percentile(xs: Sequence[float], q: float) -> float:
 # checked by tests/test_validation.py; not a fit. With MLPerf's B300 and GB300 runs (2026-12-07, eighth session,
 # 124 runs): 0.75 holds 85.6% per source but 114 runs (91.9%); 0.80 holds 91.4% and 121 (97.6%). With the ring's
 # latency across nodes (comm.ring_latency_s, ninth session) 0.80 holds 89.4% and 120 (96.8%): MLPerf's MI355X 8B run
-# fell just below its band (1.043 s against 1.052-1.970) as the thin GPUs' band, made from the others, moved.
+# fell just below its band (1.043 s against 1.052-1.970) as the thin GPUs' band, made from the others, moved. With
+# MLPerf's 512-GPU GB200/GB300 8B runs on the 64-GPU NVLink domains they ran on (tenth session): 0.75 holds 88.3% per
+# source but 115 runs (92.7%); 0.80 holds 91.4% and 121 (97.6%), median half-width 35.5% (was 33.1%).
 BAND_AIM = 0.85
 BAND_RUNS_AIM = 0.95
 BAND_LEVEL = 0.80
 # leaving each source out at BAND_LEVEL: (runs inside, runs, mean over sources of the share inside); tests fail
 # when it drifts from the shipped dataset
-BAND_COVERAGE = (120, 124, 0.894)
+BAND_COVERAGE = (121, 124, 0.914)
 
 
 def t_coverage(t: float, df: int) -> float:

@@ -499,6 +499,37 @@ def test_network_override_slows_a_multi_node_run(tmp_path):
     assert slow_s > fast_s
 
 
+def test_a_run_placed_on_smaller_nodes_keeps_its_nics_a_gpu(tmp_path):
+    """network.gpus_per_node (MLPerf's GB200 runs on 16-tray Slurm segments: 64 GPUs an NVLink domain): the node
+    shrinks, its NICs with it (72 a 72-GPU rack -> 64, one a GPU, each still 400 Gb/s). 512 GPUs at tp 2, cp 4: the
+    gradients reduce over dp x cp = 256 ranks 2 apart. On 72-GPU racks the last holds 512 - 7 x 72 = 8 GPUs, 4 of a
+    group (the ring's slowest node: 4 NICs); on 64-GPU domains every one holds 32 of it, so the reduce runs faster.
+    More GPUs than the spec's node, or a network stating nothing or half its NICs, is refused naming the field."""
+    from ddplan.layout import group_on_nodes
+    from ddplan.replay import run_hardware
+
+    model = {"base": "llama-3-8b", "name": "Llama 3.1 8B", "seq_len": 8192}
+    lay = {"gpus": 512, "tp": 2, "cp": 4, "zero": 1, "micro_batch": 1, "global_batch_sequences": 64,
+           "attention": "cudnn"}
+    rack = _run(1.0, model=model, hardware="gb200", layout=lay)
+    segment = dict(rack, id="t2", network={"gpus_per_node": 64, "why": "a test"})
+    runs = load_runs(str(_runs_file(tmp_path, [rack, segment]))).runs
+    hw = [run_hardware(r, "t") for r in runs]
+    assert [(h.gpus_per_node, h.inter_node.nics_per_node, h.inter_node.nic_gbit_per_s.value) for h in hw] == [
+        (72, 72, 400), (64, 64, 400)]
+    assert group_on_nodes(256, 2, 72, 512) == (4, True) and group_on_nodes(256, 2, 64, 512) == (32, True)
+    on_racks, on_segments = (V.score(r, "t").predicted_s for r in runs)
+    assert on_segments < on_racks
+    too_big = dict(rack, id="t3", network={"gpus_per_node": 80, "why": "a test"})
+    with pytest.raises(SpecError, match=r"80 is more than gb200.s 72 GPUs a node \(allowed: 1 to 72\)") as e:
+        run_hardware(load_runs(str(_runs_file(tmp_path, [too_big]))).runs[0], "t")
+    assert e.value.field == "network.gpus_per_node"
+    for network, words in (({"why": "a test"}, "states nothing"),
+                           ({"nics_per_node": 4, "why": "a test"}, "together")):
+        with pytest.raises(SpecError, match=words):
+            load_runs(str(_runs_file(tmp_path, [dict(rack, network=network)])))
+
+
 def test_grads_override_halves_the_gradient_reduce_scatter(tmp_path):
     """model.grads param (Megatron's --grad-reduce-in-bf16): the ZeRO reduce-scatter carries bf16 gradients,
     2 bytes an element instead of fp32's 4; the parameter all-gather (bf16 either way) is unchanged."""
