@@ -50,7 +50,13 @@ from ddplan.runs import (MEMORY_PEAKS, MeasuredPeak, PublishedRun, RoutingSweep,
 # (SOURCE_FAMILIES), left out together: leaving either out leaves the A100 unfitted (MIN_FIT_RUNS), and its runs
 # take the thin GPUs' band (unfitted_without). Leaving each source out: 7.8% -> 8.7% median (the README's ten are now
 # priced without their sibling too), 107 -> 113 of 117 inside, 84% -> 90% of a source's runs (docs/validation.md).
-CHECK_ONLY_SOURCES = frozenset({"fms-fsdp", "mlperf-training-amd"})
+# Sea AI Lab's Zero Bubble paper (zero-bubble-pp, 56 runs on 8-32 A100 80GB, added 2026-12-07, tenth session): one
+# campaign's pure-pipeline fp16 runs, more than the A100 fit's other runs together, so folded in they would set that
+# fit alone (0.885 -> 0.873, moving Korthikanti et al.'s rows about a point slower); as a check they test it out of
+# sample (1.9% median). Folded in, leaving the Selene pair out would keep the A100 fitted by them (the pair 16.6% ->
+# 1.6% median out of sample), the band narrower (median half-width 19.6%) but 94.5% of runs inside, under
+# BAND_RUNS_AIM: a source-weighted fit is the next step (docs/validation.md).
+CHECK_ONLY_SOURCES = frozenset({"fms-fsdp", "mlperf-training-amd", "zero-bubble-pp"})
 # Sources that are one campaign's siblings, left out together: a source priced by fits made with its sibling is not
 # out of sample. Korthikanti et al. (2022) and the April 2021 Megatron-LM README are NVIDIA's Megatron-LM team on
 # the same A100 80GB machine (Selene) a year apart, the same code lineage and the same way of measuring (a review
@@ -376,6 +382,15 @@ def by_source(scored: Sequence[Scored], prefix: str = "") -> list[Summary]:
     return [Summary(**{**vars(x), "group": prefix + x.group}) for x in out]
 
 
+def runs_inside_share(scored: Sequence[Scored]) -> float:
+    """The share of the runs inside their band among the sources the fits use (every source but CHECK_ONLY_SOURCES):
+    what BAND_RUNS_AIM is held to. e.g. 9 of 10 fitted runs inside and 5 of 5 check-only runs: 0.9."""
+    fitted = [s for s in scored if s.source not in CHECK_ONLY_SOURCES]
+    if not fitted:
+        raise ValueError("no run from a source the fits use")
+    return sum(s.inside for s in fitted) / len(fitted)
+
+
 def percentile(xs: Sequence[float], q: float) -> float:
     """Linear-interpolated percentile (numpy's default 'linear' method), q in [0, 1]."""
     if not xs or not 0 <= q <= 1:
@@ -414,12 +429,18 @@ def percentile(xs: Sequence[float], q: float) -> float:
 # fell just below its band (1.043 s against 1.052-1.970) as the thin GPUs' band, made from the others, moved. With
 # MLPerf's 512-GPU GB200/GB300 8B runs on the 64-GPU NVLink domains they ran on (tenth session): 0.75 holds 88.3% per
 # source but 115 runs (92.7%); 0.80 holds 91.4% and 121 (97.6%), median half-width 35.5% (was 33.1%).
+# Since the Zero Bubble paper's 56 runs joined as a check (tenth session, 180 runs), the floor counts the runs of the
+# sources the fits use (runs_inside_share), not the check-only ones: those are whole tables added to test the fits,
+# and their row counts are their publications' (56 rows of one paper all inside would have lifted 0.75 to 171 of 180,
+# 95.0%, on the floor exactly, while each still weighs one source in BAND_AIM's share). 0.75 then holds 89.1% per
+# source but 104 of the fitted sources' 112 runs (92.9%); 0.80 holds 92.0% and 109 (97.3%; 177 of all 180), median
+# half-width 26.8%. The rule was restated before the level was chosen on the new data, and keeps the level it had.
 BAND_AIM = 0.85
 BAND_RUNS_AIM = 0.95
 BAND_LEVEL = 0.80
 # leaving each source out at BAND_LEVEL: (runs inside, runs, mean over sources of the share inside); tests fail
 # when it drifts from the shipped dataset
-BAND_COVERAGE = (121, 124, 0.914)
+BAND_COVERAGE = (177, 180, 0.920)
 
 
 def t_coverage(t: float, df: int) -> float:

@@ -166,6 +166,17 @@ def _scored(source, ratio, **kw):
     return V.Scored(**{**base, **kw})
 
 
+def test_runs_inside_share_counts_the_fitted_sources_runs(monkeypatch):
+    """BAND_RUNS_AIM's share leaves the check-only sources' runs out: 9 of 10 runs of fitted sources inside (a ratio
+    of 1.5 lies outside the 0.9-1.1 s spread) and 5 of 5 check-only runs: 0.9, not 14 of 15."""
+    monkeypatch.setattr(V, "CHECK_ONLY_SOURCES", frozenset({"C"}))
+    scored = ([_scored("A", 1.0, id=f"a{i}") for i in range(5)] + [_scored("B", 1.0, id=f"b{i}") for i in range(4)]
+              + [_scored("B", 1.5)] + [_scored("C", 1.0, id=f"c{i}") for i in range(5)])
+    assert V.runs_inside_share(scored) == pytest.approx(0.9)
+    with pytest.raises(ValueError, match="no run from a source the fits use"):
+        V.runs_inside_share(scored[-5:])
+
+
 def test_source_band_by_hand():
     """Three sources, log ratios A: 0, ln 1.1, B: ln 0.9, C: ln 1.3 and ln 1.2. sigma^2 = the within-source sum of
     squares over (5 runs - 3 sources); V = the sample variance of the three means; tau^2 = V less the mean of
@@ -258,11 +269,11 @@ def test_uncalibrated_band_is_the_datasets_out_of_sample_spread(shipped_loso, mo
     assert (sum(s.inside for s in held), len(held)) == V.BAND_COVERAGE[:2]
     assert V.inside_by_source(held) == pytest.approx(V.BAND_COVERAGE[2], abs=0.0005)
     # the level is the lowest on a 0.05 grid whose band holds at least BAND_AIM of a source's runs on average
-    # (issue 35's aim for runs held back from ddplan) and BAND_RUNS_AIM of all runs: BAND_LEVEL reaches both,
-    # BAND_LEVEL - 0.05 not both
+    # (issue 35's aim for runs held back from ddplan) and BAND_RUNS_AIM of the fitted sources' runs
+    # (runs_inside_share): BAND_LEVEL reaches both, BAND_LEVEL - 0.05 not both
     def holds(scored) -> bool:
         return (V.inside_by_source(scored) >= V.BAND_AIM
-                and sum(s.inside for s in scored) >= V.BAND_RUNS_AIM * len(scored))
+                and V.runs_inside_share(scored) >= V.BAND_RUNS_AIM)
 
     assert holds(held)
     monkeypatch.setattr(V.source_band, "__defaults__", (round(V.BAND_LEVEL - 0.05, 2),))
@@ -682,7 +693,7 @@ def test_a_runs_table_command_prices_it_as_validate_does(capsys, scored, tmp_pat
     by_id = {s.id: s for s in scored}
     runs = load_runs().runs
     commands = [(r, table_command(r, tmp_path)) for r in runs]
-    assert all(c is not None for _, c in commands) and len(commands) == len(runs) == 124
+    assert all(c is not None for _, c in commands) and len(commands) == len(runs) == 180
     assert [r.id for r in runs if table_command(r) is None]  # without a folder, those runs have no command
     grads = {r.id: c[c.index("--grads") + 1] for r, c in commands if "--grads" in c}
     # --grad-reduce-in-bf16: model.grads param; with --framework, the spec's gradients stated so that the profile
@@ -708,7 +719,7 @@ def test_a_runs_table_command_as_a_run_configuration_prices_the_same(capsys, tmp
 
     runs = load_runs().runs
     commands = [table_command(r, tmp_path) for r in runs]
-    assert len(commands) == 124 and all(c is not None for c in commands)
+    assert len(commands) == 180 and all(c is not None for c in commands)
     for i, (run, argv) in enumerate(zip(runs, commands)):
         path = tmp_path / f"run-{i}.yaml"
         path.write_text(run_ok(capsys, argv + ["--print-config"]), encoding="utf-8")
