@@ -62,12 +62,18 @@ class Item(Strict):
     dtypes: list[Literal["bf16", "fp16", "fp32"]] = []
 
 
-# what a stack may lack (FrameworkProfile.lacks): a parallel dimension above 1, tied embeddings under a pipeline, or
-# tensor and expert parallelism together
-LACKS = ("tp", "pp", "cp", "ep", "tied_embeddings_with_pp", "tp_with_ep")
+# what a stack may lack (FrameworkProfile.lacks): a parallel dimension above 1, tied embeddings under a pipeline,
+# tensor and expert parallelism together, or a ZeRO stage over more than one data-parallel rank (ddplan's stages:
+# 0 every rank whole, 1 the optimizer state sharded, 2 the gradients too, 3 the parameters too)
+ZERO_LACKS = ("zero0", "zero1", "zero2", "zero3")
+LACKS = ("tp", "pp", "cp", "ep", "tied_embeddings_with_pp", "tp_with_ep", *ZERO_LACKS)
 LACK_WORDS = {"tp": "tensor parallelism", "pp": "pipeline parallelism", "cp": "context parallelism",
               "ep": "expert parallelism", "tied_embeddings_with_pp": "tied embeddings under a pipeline",
-              "tp_with_ep": "tensor and expert parallelism together"}
+              "tp_with_ep": "tensor and expert parallelism together",
+              "zero0": "ZeRO-0 (plain data parallelism: every rank its whole optimizer state)",
+              "zero1": "ZeRO-1 (the optimizer state sharded alone)",
+              "zero2": "ZeRO-2 (the gradients sharded too, the parameters whole)",
+              "zero3": "ZeRO-3 (the parameters sharded too)"}
 REFUSED = ("tied_embeddings_with_pp", "tp_with_ep")  # combinations a stack refuses (the rest it has no code for)
 
 
@@ -79,17 +85,19 @@ def profile_weights(value: str | None, fp8: bool) -> str | None:
     return "master" if value == "remainder" and fp8 else value
 
 
-def needs(tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, tied: bool = False) -> list[str]:
-    """The LACKS items a layout of these degrees needs (tied: the model ties its embeddings), in LACKS order."""
+def needs(tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, tied: bool = False,
+          zero: int | None = None) -> list[str]:
+    """The LACKS items a layout of these degrees needs (tied: the model ties its embeddings; zero: its ZeRO stage
+    over more than one data-parallel rank, None where one rank shards nothing), in LACKS order."""
     wanted = {"tp": tp > 1, "pp": pp > 1, "cp": cp > 1, "ep": ep > 1, "tied_embeddings_with_pp": tied and pp > 1,
-              "tp_with_ep": tp > 1 and ep > 1}
+              "tp_with_ep": tp > 1 and ep > 1, **{k: zero == i for i, k in enumerate(ZERO_LACKS)}}
     return [k for k in LACKS if wanted[k]]
 
 
 def can_run(lacks: frozenset[str], tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1,
-            tied: bool = False) -> bool:
+            tied: bool = False, zero: int | None = None) -> bool:
     """Whether a layout of these degrees needs nothing a stack lacks (`lacks`: names of LACKS, a search's set)."""
-    return not lacks or not lacks.intersection(needs(tp, pp, cp, ep, tied))
+    return not lacks or not lacks.intersection(needs(tp, pp, cp, ep, tied, zero))
 
 
 class Lack(Strict):
@@ -173,9 +181,15 @@ class FrameworkProfile(Strict):
         first = str(item.value) if not item.dtypes or dtype is None or dtype in item.dtypes else None
         return next((a for a in (first, item.elsewhere) if a is not None and a in available), None)
 
-    def lacked(self, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, tied: bool = False) -> list[str]:
-        """The items of `lacks` a layout of these degrees needs (tied: the model ties its embeddings), in LACKS order."""
-        return [k for k in needs(tp, pp, cp, ep, tied) if k in self.lacks]
+    def lacked(self, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, tied: bool = False,
+               zero: int | None = None) -> list[str]:
+        """The items of `lacks` a layout of these degrees needs (tied: the model ties its embeddings; zero: its ZeRO
+        stage over more than one data-parallel rank), in LACKS order."""
+        return [k for k in needs(tp, pp, cp, ep, tied, zero) if k in self.lacks]
+
+    def zero_stages(self) -> tuple[int, ...]:
+        """The ZeRO stages the stack runs over more than one data-parallel rank (those its `lacks` does not name)."""
+        return tuple(i for i, k in enumerate(ZERO_LACKS) if k not in self.lacks)
 
     def lack_words(self, name: str) -> str:
         """One lacked item in words: what, and where the stack says so (its quote is the profile's). e.g. "nanochat

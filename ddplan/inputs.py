@@ -15,7 +15,7 @@ from ddplan import bounds
 from ddplan.calibration import (StepMeasurement, check_against_hardware, measurement_for, memory_assumptions,
                                 steps_for_model)
 from ddplan.errors import DdplanError, SpecError, UsageError
-from ddplan.frameworks import LACK_WORDS, LACKS, profile_weights
+from ddplan.frameworks import LACK_WORDS, LACKS, ZERO_LACKS, profile_weights
 from ddplan.layout import Options
 from ddplan.offload import check_activation_offload, check_offload
 from ddplan.plan import PlanRequest
@@ -530,8 +530,8 @@ def table_request(v: dict, stated: Stated, today):
     spec, hw, cal = load(v["model"], v["hardware"], v["calibration"], v["seq_len"], v["dtype"], grads=v["grads"],
                          weights=v["weights"], moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v),
                          weights_given="weights" not in stated.profile)
-    check_lacks(v["framework"], spec, tp=(*tps, v["measured_tp"] or 1), pp=(*pps, v["measured_pp"] or 1), cp=cps,
-                ep=eps)  # the rows' layouts and a measured run's
+    check_lacks(v["framework"], spec, zero=zeros, tp=(*tps, v["measured_tp"] or 1), pp=(*pps, v["measured_pp"] or 1),
+                cp=cps, ep=eps)  # the rows' layouts and a measured run's
     v["attention"] = profile_attention(v, stated, (hw,), dtype=spec.dtypes.compute)
     v["fp8_params"] = profile_fp8_params(v, stated, spec, fp8_recipe(v, stated), zeros)
     attentions = tuple(a.strip() for a in v["attention"].split(",")) if v["attention"] else ()
@@ -580,8 +580,11 @@ def plan_request(v: dict, stated: Stated, today, every_band: bool = False):
     # the layer policies before full (they re-run some of full's layers), fewer re-run layers first (full:N by N,
     # every:K by K falling); the search prices each policy no lighter fitting one is known to dominate
     recomputes = tuple(sorted(asked, key=_recompute_order))
-    check_lacks(v["framework"], spec, cp=tuple(int_list(v["cp"], "--cp")) if v["cp"] else (),
+    check_lacks(v["framework"], spec, zero=stages if v["zero"] else (),
+                cp=tuple(int_list(v["cp"], "--cp")) if v["cp"] else (),
                 ep=tuple(int_list(v["ep"], "--ep")) if v["ep"] else ())  # the degrees asked to search
+    lacks = lacked(v["framework"], spec, stated, "plan leaves out")
+    stages = tuple(z for z in stages if f"zero{z}" not in lacks)  # the stages the stack runs
     req = PlanRequest(
         model=spec, hardware=hws, gpus=tuple(int_list(v["gpus"], "--gpus", ranges=True)), objective=v["objective"],
         deadline_h=v["deadline"], budget_usd=v["budget"], top=v["top"], calibration=cal,
@@ -594,7 +597,7 @@ def plan_request(v: dict, stated: Stated, today, every_band: bool = False):
         cps=tuple(int_list(v["cp"], "--cp")) if v["cp"] else (), eps=expert_degrees(v["ep"], spec),
         attentions_where_available="attention" in stated.profile,
         options=_options(v, spec, None, stated), framework=framework_name(v["framework"]), band_every_row=every_band,
-        block_recompute=block_recompute(v["framework"]), lacks=lacked(v["framework"], spec, stated, "plan leaves out"))
+        block_recompute=block_recompute(v["framework"]), lacks=lacks)
     return req, spec, hws, cal
 
 
@@ -605,7 +608,8 @@ def lacked(framework: str | None, spec, stated: Stated, command: str) -> frozens
         return frozenset()
     profile = load_framework(framework)
     moe = spec.architecture.moe is not None
-    out = frozenset(profile.lacked(tp=2, pp=2, cp=2, ep=2 if moe else 1, tied=spec.architecture.tied_embeddings))
+    out = frozenset(profile.lacked(tp=2, pp=2, cp=2, ep=2 if moe else 1, tied=spec.architecture.tied_embeddings)
+                    + [k for k in ZERO_LACKS if k in profile.lacks])
     if out:
         names = [n for n in LACKS if n in out]
         where = "; ".join(dict.fromkeys(profile.lacks[n].where for n in names))
@@ -631,14 +635,20 @@ def given_kernels(v: dict) -> dict[str, str | None]:
     return {**{name: v[name] for name in KERNELS}, "moments": v["moments"]}
 
 
-def check_lacks(framework: str | None, spec, **degrees: tuple[int, ...]) -> None:
+def check_lacks(framework: str | None, spec, zero: tuple[int, ...] = (), **degrees: tuple[int, ...]) -> None:
     """Refuse, in one line, a layout the --framework stack cannot run (its profile's `lacks`): degrees by flag name
-    (tp, pp, cp, ep), each the values asked; under a pipeline a tied-embedding model where the stack refuses it."""
+    (tp, pp, cp, ep), each the values asked; under a pipeline a tied-embedding model where the stack refuses it;
+    zero: the ZeRO stages asked (--zero), each one the stack runs."""
     if not framework:
         return
     profile = load_framework(framework)
     if not profile.lacks:
         return
+    for z in zero:
+        for name in profile.lacked(zero=z):
+            runs = ", ".join(map(str, profile.zero_stages()))
+            raise UsageError(f"{profile.lack_words(name)}: choose --zero {runs} (what it runs over more than one "
+                             f"data-parallel rank) or another --framework", field="--zero")
     most = {k: max(v, default=1) for k, v in degrees.items()}
     for name in profile.lacked(**most, tied=spec.architecture.tied_embeddings):
         flag = {"tied_embeddings_with_pp": "--pp", "tp_with_ep": "--ep"}.get(name, f"--{name}")
@@ -707,6 +717,11 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
                          weights=v["weights"], moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v),
                          weights_given="weights" not in stated.profile)
     v["attention"] = profile_attention(v, stated, (hw,), dtype=spec.dtypes.compute)
+    lacks = lacked(v["framework"], spec, stated, "memory's fixes leave out")
+    if "zero" in stated.given:
+        check_lacks(v["framework"], spec, zero=stages)
+    elif (v["gpus"] or 1) > (v["tp"] or 1) * (v["pp"] or 1):  # the stages shown by default: those the stack runs
+        stages = tuple(z for z in stages if f"zero{z}" not in lacks) or stages
     v["fp8_params"] = profile_fp8_params(v, stated, spec, fp8_recipe(v, stated), stages)
     # fp8: what the fp8 GEMMs save is the recipe's (ddplan.fp8.with_fp8_saves); gathering or keeping weights in fp8
     # implies it
@@ -746,7 +761,7 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
     elif measured_zero is not None and measured_zero in stages:  # else the measured step's
         setup = replace(setup, layout=setup.at_zero(measured_zero))
     return MemoryAsk(spec, hw, cal, setup, stages, measured_peak, step, moved, peak_kind,
-                     block_recompute(v["framework"]), lacked(v["framework"], spec, stated, "memory's fixes leave out"))
+                     block_recompute(v["framework"]), lacks)
 
 
 def block_recompute(framework: str | None) -> bool:

@@ -131,7 +131,8 @@ def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3, cer
         if sequences % dp:
             continue
         per_rank = sequences // dp
-        for zero in sorted({z for z in (base.zero, 1, 2, 3) if z >= base.zero} if dp * cp > 1 else {base.zero}):
+        for zero in sorted({z for z in (base.zero, 1, 2, 3) if z >= base.zero and (z == base.zero or can_run(
+                lacks, zero=z))} if dp * cp > 1 else {base.zero}):  # stages the stack runs
             for mb in [m for m in range(min(base.micro_batch, per_rank), 0, -1) if per_rank % m == 0]:
                 eps = [e for e in _expert_degrees(spec, base, tp, dp * cp)
                        if e == base.ep or can_run(lacks, tp=tp, ep=e)]

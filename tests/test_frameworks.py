@@ -65,16 +65,16 @@ def test_the_profile_fills_what_nothing_states_and_a_flag_wins(capsys):
 def test_a_run_file_field_wins_over_the_profile_and_a_run_file_can_name_it(capsys, tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("kind: run\nmodel: llama-3-8b\nhardware: h100-sxm\ngpus: [8]\nframework: torchtitan\n"
-                    "layout: {zero: 2}\n", encoding="utf-8")
+                    "layout: {zero: 0}\n", encoding="utf-8")
     rows = csv_rows(run_ok(capsys, ["table", "--config", str(path), "--format", "csv"]))
-    assert {r["zero"] for r in rows} == {"2"}
+    assert {r["zero"] for r in rows} == {"0"}  # torchtitan's FSDP2 at shard degree 1, not its default 3
     rows = csv_rows(run_ok(capsys, ["table", "--config", str(path), "--framework", "megatron-core", "--format",
                                     "csv"]))
-    assert {r["zero"] for r in rows} == {"2"}  # the file's field over the other profile too
+    assert {r["zero"] for r in rows} == {"0"}  # the file's field over the other profile too
 
 
 def test_what_the_profile_set_and_what_it_leaves_out_are_said(capsys):
-    code, _, err = run(capsys, ["table", *LLAMA, "--framework", "torchtitan", "--zero", "1"])
+    code, _, err = run(capsys, ["table", *LLAMA, "--framework", "torchtitan", "--zero", "0"])
     assert code == 0
     lines = err.splitlines()
     said = next(line for line in lines if line.startswith("table: the torchtitan profile (@b5bcd76, 2026-08-21) sets"))
@@ -145,6 +145,50 @@ def test_print_config_keeps_the_framework_not_what_it_filled(capsys, tmp_path):
 def test_an_unknown_framework_is_one_line(capsys):
     _, err = fails(capsys, ["table", *LLAMA, "--framework", "torchtitn"])
     assert "--framework" in err and "did you mean torchtitan" in err
+
+
+def test_a_zero_stage_a_stack_has_no_setup_for_is_refused_or_not_searched(capsys, tmp_path):
+    """torchtitan's only data-parallel wrapper is FSDP2 (models/llama3/parallelize.py@b5bcd76 L57-78): no ZeRO-1 or 2;
+    nanochat shards its optimizer state on more than one GPU, always (optim.py@92d63d4): ZeRO-1 only; Megatron-LM in
+    2023 (@0609f27) has DDP and the distributed optimizer, no FSDP: 0 and 1. `table` and `memory` refuse a --zero
+    stage the stack has no setup for in one line naming --zero and the stages it runs (exit 2); `plan` searches only
+    those and says what it leaves out; `memory` shows only those by default. Every profile runs its own stage, and
+    every published run with a profile states a stage its stack runs (the llm-foundry MPT-1B run on 512 H100, FSDP1's
+    SHARD_GRAD_OP, is ZeRO-3 kept after forward, not ZeRO-2)."""
+    from ddplan.frameworks import ZERO_LACKS
+    from ddplan.replay import run_zero
+    from ddplan.runs import load_runs
+
+    titan = load_framework("torchtitan")
+    assert titan.zero_stages() == (0, 3) and titan.lacked(zero=1) == ["zero1"] and titan.lacked(zero=3) == []
+    assert load_framework("nanochat").zero_stages() == (1,) and load_framework("megatron-lm").zero_stages() == (0, 1)
+    assert load_framework("megatron-core").zero_stages() == (0, 1, 2, 3)
+    g16 = ["-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "16", "--framework", "torchtitan"]
+    for argv in (["table", *g16, "--zero", "1"], ["memory", *g16, "--zero", "3,2"], ["plan", *g16, "--zero", "1"]):
+        code, err = fails(capsys, argv)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("error: --zero: torchtitan"), err
+        assert "has no ZeRO-" in err and "choose --zero 0, 3 (what it runs" in err
+    rows = csv_rows(run_ok(capsys, ["plan", *g16, "--format", "csv"]))
+    assert rows and {r["zero"] for r in rows} == {"0", "3"}
+    assert {r["zero"] for r in csv_rows(run_ok(capsys, ["plan", *g16[:-2], "--format", "csv"]))} == {"0", "1", "2", "3"}
+    text = " ".join(run(capsys, ["plan", *g16])[2].split())
+    assert "plan leaves out what torchtitan (@b5bcd76) cannot run: ZeRO-1 (the optimizer state sharded alone), " \
+           "ZeRO-2 (the gradients sharded too, the parameters whole) (torchtitan/models/llama3/parallelize.py" in text
+    # a profile that sets no stage (a user's own file): memory shows the stages its stack runs
+    data = yaml.safe_load((ROOT / "frameworks" / "megatron-lm.yaml").read_text(encoding="utf-8"))
+    del data["applies"]["zero"]
+    path = tmp_path / "fw.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    mem = ["memory", "-m", "gpt2-1.5b", "--hardware", "h100-sxm", "--gpus", "8", "--format", "csv"]
+    assert [r["zero"] for r in csv_rows(run_ok(capsys, [*mem, "--framework", str(path)]))] == ["0", "1"]
+    assert [r["zero"] for r in csv_rows(run_ok(capsys, mem))] == ["0", "1", "2", "3"]
+    for name in builtin_names("frameworks"):
+        p = load_framework(name)
+        assert "zero" not in p.applies or f"zero{p.applies['zero'].value}" not in p.lacks, name
+    for r in load_runs().runs:
+        zero, p = run_zero(r), load_framework(r.framework) if r.framework in builtin_names("frameworks") else None
+        if p is not None and zero is not None and r.layout.gpus > r.layout.tp * r.layout.pp:
+            assert ZERO_LACKS[zero] not in p.lacks, r.id
 
 
 @pytest.mark.parametrize("key, value, words", [("zero", 7, "applies.zero.value: Input should be 0, 1, 2 or 3"),
@@ -511,12 +555,13 @@ def test_what_a_stack_cannot_run_is_refused_or_not_searched(capsys):
     text = " ".join((out + err).split())
     assert "+TP: not searched, as nanochat has no tensor parallelism." in text
     assert "plan leaves out what nanochat (@92d63d4) cannot run: tensor parallelism" in text
-    # d64 at device batch 2 on 8 H100 fits only with pp 4 or ZeRO-3: under nanochat the fix is ZeRO-3
+    # d64 at device batch 2 on 8 H100 fits only with pp 4 or ZeRO-3, neither of which nanochat runs (it shards the
+    # optimizer state alone, nanochat/optim.py@92d63d4): under nanochat no fix, and memory says so
     d64 = ["memory", "-m", "d64", "--hardware", "h100-sxm", "--gpus", "8", "--device-batch-size", "2"]
-    fixes = {fw: [x for x in run(capsys, [*d64, *fw])[1].splitlines() if x.startswith("Fastest")]
-             for fw in ((), ("--framework", "nanochat"))}
+    said = {fw: run(capsys, [*d64, *fw])[1] for fw in ((), ("--framework", "nanochat"))}
+    fixes = {fw: [x for x in out.splitlines() if x.startswith("Fastest")] for fw, out in said.items()}
     assert any("pp 4" in x for x in fixes[()])
-    nano = fixes["--framework", "nanochat"]
-    assert nano and not any("tp " in x or "pp " in x for x in nano)
+    assert fixes["--framework", "nanochat"] == []
+    assert "Nothing fits on these 8 GPUs" in said["--framework", "nanochat"]
     assert any(r["pp"] != "1" for r in csv_rows(run_ok(capsys, ["plan", "-m", "llama-3-8b", "--hardware",
                                                               "h100-sxm", "--gpus", "16", "--format", "csv"])))
