@@ -94,6 +94,16 @@ def needs(tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, tied: bool = False
     return [k for k in LACKS if wanted[k]]
 
 
+def fix_recomputes(lacks: frozenset[str]) -> tuple[str, ...]:
+    """The recompute policies memory's fixes try (none, Megatron's selective, full), each the stack offers (`lacks`
+    holds `recompute:<family>` for a searched family its policies are not priced as: inputs.lacked); where it has
+    no Megatron selective but torchtitan's per-op one, that in its place."""
+    out = [rc for rc in ("none", "selective", "full") if f"recompute:{rc}" not in lacks]
+    if "recompute:selective" in lacks and "recompute:per-op" not in lacks:
+        out.insert(1 if out[:1] == ["none"] else 0, "per-op")
+    return tuple(out)
+
+
 def can_run(lacks: frozenset[str], tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1,
             tied: bool = False, zero: int | None = None) -> bool:
     """Whether a layout of these degrees needs nothing a stack lacks (`lacks`: names of LACKS, a search's set)."""
@@ -107,12 +117,29 @@ class Lack(Strict):
     quote: str = Field(min_length=3, max_length=400)
 
 
+# ddplan's recompute policies by family (ddplan.runfields.RECOMPUTE_HINT): a stack's policy is priced as one or more
+# of them (RecomputePolicy.priced_as); full:N and every:K for any N and K, selective for any module list
+RECOMPUTE_FAMILIES = ("none", "selective", "per-op", "full", "full:N", "every:K")
+# the ones a search tries, lightest first (ddplan.plan.PlanRequest.recomputes, memory's fixes): the layer policies
+# need an N or K the stack's configuration sets
+SEARCHED_RECOMPUTES = ("none", "selective", "per-op", "full")
+
+
+def recompute_family(policy: str) -> str:
+    """The family (RECOMPUTE_FAMILIES) of one of ddplan's recompute policies: `selective:mlp` is selective, `full:4`
+    full:N, `every:2` every:K, the rest themselves."""
+    head, colon, _ = policy.partition(":")
+    return {"full": "full:N", "every": "every:K"}.get(head, head) if colon else policy
+
+
 class RecomputePolicy(Strict):
     """A recompute (activation checkpointing) policy as the stack names and defines it."""
 
     name: str = Field(min_length=1)
     saves: str = Field(min_length=3)  # what it keeps for backward, and what it recomputes
     where: str = Field(pattern=WHERE)
+    # the ddplan policies (RECOMPUTE_FAMILIES) it is priced as; none: ddplan cannot price it (a memory budget)
+    priced_as: list[Literal[RECOMPUTE_FAMILIES]] = []
 
 
 class FrameworkProfile(Strict):
@@ -186,6 +213,13 @@ class FrameworkProfile(Strict):
         """The items of `lacks` a layout of these degrees needs (tied: the model ties its embeddings; zero: its ZeRO
         stage over more than one data-parallel rank), in LACKS order."""
         return [k for k in needs(tp, pp, cp, ep, tied, zero) if k in self.lacks]
+
+    def recompute_offered(self) -> tuple[str, ...] | None:
+        """The recompute families (RECOMPUTE_FAMILIES) the stack's policies are priced as, in that order; None where
+        the profile lists no policy (nothing is known: every one is allowed)."""
+        if not self.recompute_policies:
+            return None
+        return tuple(f for f in RECOMPUTE_FAMILIES if any(f in p.priced_as for p in self.recompute_policies))
 
     def zero_stages(self) -> tuple[int, ...]:
         """The ZeRO stages the stack runs over more than one data-parallel rank (those its `lacks` does not name)."""

@@ -15,7 +15,7 @@ from ddplan import bounds
 from ddplan.calibration import (StepMeasurement, check_against_hardware, measurement_for, memory_assumptions,
                                 steps_for_model)
 from ddplan.errors import DdplanError, SpecError, UsageError
-from ddplan.frameworks import LACK_WORDS, LACKS, ZERO_LACKS, profile_weights
+from ddplan.frameworks import LACK_WORDS, LACKS, SEARCHED_RECOMPUTES, ZERO_LACKS, profile_weights, recompute_family
 from ddplan.layout import Options
 from ddplan.offload import check_activation_offload, check_offload
 from ddplan.plan import PlanRequest
@@ -524,6 +524,8 @@ def table_request(v: dict, stated: Stated, today):
     zeros = tuple(int_list(v["zero"], "--zero", allowed=(0, 1, 2, 3))) if v["zero"] else ()
     mbs = tuple(int_list(v["device_batch_size"], "--device-batch-size")) if v["device_batch_size"] else ()
     recomputes = policies(v["recompute"])
+    if "recompute" in stated.given:
+        check_recompute(v["framework"], recomputes, stated)
     windows = tuple(w.strip() for w in v["window"].split(",")) if v["window"] else ()
     for w in windows:
         check_pattern(w, "--window")
@@ -575,7 +577,8 @@ def plan_request(v: dict, stated: Stated, today, every_band: bool = False):
     v = {**v, "attention": profile_attention(v, stated, hws, per_hardware=True, dtype=spec.dtypes.compute)}
     stages = tuple(sorted(set(int_list(v["zero"], "--zero", allowed=(0, 1, 2, 3))))) if v["zero"] else (0, 1, 2, 3)
     v["fp8_params"] = profile_fp8_params(v, stated, spec, fp8_recipe(v, stated), stages)
-    asked = policies(v["recompute"]) if v["recompute"] else PlanRequest.recomputes
+    asked = policies(v["recompute"]) if v["recompute"] else searched_recomputes(v["framework"], stated)
+    check_recompute(v["framework"], asked, stated)
     # lightest first (ddplan.plan.layouts_for): the named ones in their order, a per-module one after selective,
     # the layer policies before full (they re-run some of full's layers), fewer re-run layers first (full:N by N,
     # every:K by K falling); the search prices each policy no lighter fitting one is known to dominate
@@ -608,8 +611,10 @@ def lacked(framework: str | None, spec, stated: Stated, command: str) -> frozens
         return frozenset()
     profile = load_framework(framework)
     moe = spec.architecture.moe is not None
+    offered = profile.recompute_offered()
     out = frozenset(profile.lacked(tp=2, pp=2, cp=2, ep=2 if moe else 1, tied=spec.architecture.tied_embeddings)
-                    + [k for k in ZERO_LACKS if k in profile.lacks])
+                    + [k for k in ZERO_LACKS if k in profile.lacks]
+                    + [f"recompute:{f}" for f in SEARCHED_RECOMPUTES if offered is not None and f not in offered])
     if out:
         names = [n for n in LACKS if n in out]
         where = "; ".join(dict.fromkeys(profile.lacks[n].where for n in names))
@@ -655,6 +660,37 @@ def check_lacks(framework: str | None, spec, zero: tuple[int, ...] = (), **degre
         raise UsageError(f"{profile.lack_words(name)}: no layout with {flag[2:]} above 1"
                          + (" and tp above 1" if name == "tp_with_ep" else "") + " runs on it; choose another "
                          f"--framework to price one", field=flag)
+
+
+def searched_recomputes(framework: str | None, stated: Stated) -> tuple[str, ...]:
+    """The recompute policies plan searches unless told: PlanRequest's (none, Megatron's selective, full), or with
+    --framework those of ddplan.frameworks.SEARCHED_RECOMPUTES its stack offers (torchtitan: none, per-op, full;
+    nanochat: none), said once in stated.notes where they differ."""
+    offered = load_framework(framework).recompute_offered() if framework else None
+    if offered is None:
+        return PlanRequest.recomputes
+    out = tuple(r for r in SEARCHED_RECOMPUTES if r in offered)
+    if out != PlanRequest.recomputes:
+        stated.notes.append(f"plan searches the recompute policies {load_framework(framework).name} offers, as ddplan "
+                            f"prices them: {', '.join(out)}")
+    return out
+
+
+def check_recompute(framework: str | None, asked: tuple[str, ...], stated: Stated) -> None:
+    """Say once (stated.notes) each policy asked that the --framework stack offers nothing priced as at its profile's
+    commit (its recompute_policies and what each is priced as), priced as asked all the same: an older version of the
+    stack may have had it (torchtitan's every:K until 2026-03), or the user's own checkpointing wraps it. A profile
+    that lists no policy says nothing."""
+    if not framework:
+        return
+    profile = load_framework(framework)
+    offered = profile.recompute_offered()
+    for policy in asked:
+        if offered is not None and recompute_family(policy) not in offered:
+            names = ", ".join(f"{p.name} = {' or '.join(p.priced_as)}" for p in profile.recompute_policies
+                              if p.priced_as)
+            stated.notes.append(f"--recompute {policy}: {profile.name} (@{profile.commit[:7]}) has no policy priced "
+                                f"as it (its policies, as ddplan prices them: {names}); priced as asked")
 
 
 def framework_name(given: str | None) -> str | None:
@@ -717,6 +753,8 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
                          weights=v["weights"], moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v),
                          weights_given="weights" not in stated.profile)
     v["attention"] = profile_attention(v, stated, (hw,), dtype=spec.dtypes.compute)
+    if "recompute" in stated.given:
+        check_recompute(v["framework"], policies(v["recompute"]), stated)
     lacks = lacked(v["framework"], spec, stated, "memory's fixes leave out")
     if "zero" in stated.given:
         check_lacks(v["framework"], spec, zero=stages)

@@ -10,7 +10,7 @@ import itertools
 from dataclasses import dataclass, replace
 
 from ddplan.errors import LayoutError, UsageError
-from ddplan.frameworks import can_run
+from ddplan.frameworks import can_run, fix_recomputes
 from ddplan.layout import (NATIVE_ZERO, Layout, Options, check_layout, cp_attention_problem, data_parallel,
                            expert_parallel_degrees, layout_for, split_batch)
 from ddplan.memory import FITS, HEADROOM, PEAK_KINDS, MemoryAssumptions, MemoryBreakdown, predicted_peak_bytes
@@ -136,7 +136,7 @@ def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3, cer
             for mb in [m for m in range(min(base.micro_batch, per_rank), 0, -1) if per_rank % m == 0]:
                 eps = [e for e in _expert_degrees(spec, base, tp, dp * cp)
                        if e == base.ep or can_run(lacks, tp=tp, ep=e)]
-                for rc, impl, ep in itertools.product(("none", "selective", "full"), hw.default_attention_impls(), eps):
+                for rc, impl, ep in itertools.product(fix_recomputes(lacks), hw.default_attention_impls(), eps):
                     try:
                         lay = replace(setup.at_zero(zero), dp=dp, tp=tp, pp=pp, micro_batch=mb,
                                       grad_accum=per_rank // mb, recompute=rc, attention=impl.name, ep=ep,

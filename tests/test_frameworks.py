@@ -191,6 +191,42 @@ def test_a_zero_stage_a_stack_has_no_setup_for_is_refused_or_not_searched(capsys
             assert ZERO_LACKS[zero] not in p.lacks, r.id
 
 
+def test_plan_and_memory_s_fixes_search_the_recompute_a_stack_offers(capsys):
+    """Each profile's recompute policies say what ddplan prices them as (priced_as): torchtitan's selective is its
+    per-op save list (distributed/activation_checkpoint.py@b5bcd76 L31-94), not Megatron's core-attention one;
+    nanochat has none (scripts/base_train.py@92d63d4). `plan` searches, unless told, the stack's among none,
+    selective, per-op and full, and says so where they differ from its own three; memory's fixes try the stack's
+    (per-op in selective's place for torchtitan); a policy given that the stack has none of is priced as asked and
+    said once. Every published run and measured peak with a profile ran a policy its stack offers."""
+    from ddplan.frameworks import fix_recomputes, recompute_family
+    from ddplan.runs import load_peaks, load_runs
+
+    assert load_framework("torchtitan").recompute_offered() == ("none", "per-op", "full")
+    assert load_framework("nanochat").recompute_offered() == ("none",)
+    assert load_framework("megatron-core").recompute_offered() == ("none", "selective", "full", "full:N")
+    assert [recompute_family(p) for p in ("selective:mlp+core_attn", "full:4", "every:2", "per-op")] == [
+        "selective", "full:N", "every:K", "per-op"]
+    assert fix_recomputes(frozenset()) == ("none", "selective", "full")
+    assert fix_recomputes(frozenset({"recompute:selective"})) == ("none", "per-op", "full")
+    assert fix_recomputes(frozenset({"recompute:selective", "recompute:per-op", "recompute:full"})) == ("none",)
+    g16 = ["plan", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "16", "--format", "csv"]
+    assert {r["recompute"] for r in csv_rows(run_ok(capsys, [*g16, "--framework", "torchtitan"]))} == {
+        "none", "per-op", "full"}
+    assert {r["recompute"] for r in csv_rows(run_ok(capsys, g16))} == {"none", "selective", "full"}
+    text = " ".join(run(capsys, ["plan", "-m", "d32", "--hardware", "h100-sxm", "--gpus", "8", "--framework",
+                                 "nanochat"])[2].split())
+    assert "plan searches the recompute policies nanochat offers, as ddplan prices them: none" in text
+    code, _, err = run(capsys, ["table", *LLAMA, "--framework", "torchtitan", "--recompute", "selective"])
+    assert code == 0 and ("warning: --recompute selective: torchtitan (@b5bcd76) has no policy priced as it (its "
+                          "policies, as ddplan prices them: selective = per-op, full = full, none = none); priced as "
+                          "asked") in " ".join(err.split())
+    names = set(builtin_names("frameworks"))
+    for r in [*load_runs().runs, *load_peaks().peaks]:
+        offered = load_framework(r.framework).recompute_offered() if r.framework in names else None
+        if offered is not None and r.layout.recompute:
+            assert recompute_family(r.layout.recompute) in offered, r.id
+
+
 @pytest.mark.parametrize("key, value, words", [("zero", 7, "applies.zero.value: Input should be 0, 1, 2 or 3"),
                                                ("compiled", 3, "applies.compiled.value: must be true or false")])
 def test_a_profile_value_its_field_refuses_is_said_at_load(capsys, tmp_path, key, value, words):
