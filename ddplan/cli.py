@@ -437,7 +437,7 @@ def memory_cmd(
     prov = provenance(model=spec, hardware=hw, calibration=(Path(calibration).name, cal) if cal is not None else None)
     rows = zero_rows(spec, hw, setup, ask.stages)
     asked = next((r for r in rows if r["zero"] == setup.layout.zero), None)
-    step_s, fixes = fixes_for(spec, hw, setup, asked, ask.block_recompute, ask.lacks)
+    step_s, fixes = fixes_for(spec, hw, setup, asked, ask.block_recompute, ask.lacks, ask.recomputes_offered)
     matches = consistent_with(spec, hw, setup, ask.measured_peak, ask.peak_kind) if ask.measured_peak else []
     _warn(stated.inert)  # options given that no layout here can take
     outside = outside_terms(cal, Path(calibration).name if calibration else None)

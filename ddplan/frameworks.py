@@ -94,14 +94,19 @@ def needs(tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, tied: bool = False
     return [k for k in LACKS if wanted[k]]
 
 
-def fix_recomputes(lacks: frozenset[str]) -> tuple[str, ...]:
-    """The recompute policies memory's fixes try (none, Megatron's selective, full), each the stack offers (`lacks`
-    holds `recompute:<family>` for a searched family its policies are not priced as: inputs.lacked); where it has
-    no Megatron selective but torchtitan's per-op one, that in its place."""
-    out = [rc for rc in ("none", "selective", "full") if f"recompute:{rc}" not in lacks]
-    if "recompute:selective" in lacks and "recompute:per-op" not in lacks:
+FIX_RECOMPUTES = ("none", "selective", "full")  # what memory's fixes try where nothing says what the stack offers
+
+
+def fix_recomputes(offered: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The recompute policies memory's fixes try: none, Megatron's selective and full, those of them the stack offers
+    (`offered`: FrameworkProfile.recompute_offered, None where unknown: all three), and where it has per-op but no
+    Megatron selective (torchtitan), per-op in its place; at least none."""
+    if offered is None:
+        return FIX_RECOMPUTES
+    out = [rc for rc in FIX_RECOMPUTES if rc in offered]
+    if "selective" not in offered and "per-op" in offered:
         out.insert(1 if out[:1] == ["none"] else 0, "per-op")
-    return tuple(out)
+    return tuple(out) or ("none",)
 
 
 def can_run(lacks: frozenset[str], tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1,
@@ -118,18 +123,19 @@ class Lack(Strict):
 
 
 # ddplan's recompute policies by family (ddplan.runfields.RECOMPUTE_HINT): a stack's policy is priced as one or more
-# of them (RecomputePolicy.priced_as); full:N and every:K for any N and K, selective for any module list
-RECOMPUTE_FAMILIES = ("none", "selective", "per-op", "full", "full:N", "every:K")
+# of them (RecomputePolicy.priced_as); full:N and every:K for any N and K, selective:MODULES for any module list
+# (Megatron's --recompute-modules, OLMo-core's module globs), selective alone Megatron's default (core attention)
+RECOMPUTE_FAMILIES = ("none", "selective", "selective:MODULES", "per-op", "full", "full:N", "every:K")
 # the ones a search tries, lightest first (ddplan.plan.PlanRequest.recomputes, memory's fixes): the layer policies
 # need an N or K the stack's configuration sets
 SEARCHED_RECOMPUTES = ("none", "selective", "per-op", "full")
 
 
 def recompute_family(policy: str) -> str:
-    """The family (RECOMPUTE_FAMILIES) of one of ddplan's recompute policies: `selective:mlp` is selective, `full:4`
-    full:N, `every:2` every:K, the rest themselves."""
+    """The family (RECOMPUTE_FAMILIES) of one of ddplan's recompute policies: `selective:mlp` is selective:MODULES,
+    `full:4` full:N, `every:2` every:K, the rest themselves."""
     head, colon, _ = policy.partition(":")
-    return {"full": "full:N", "every": "every:K"}.get(head, head) if colon else policy
+    return {"selective": "selective:MODULES", "full": "full:N", "every": "every:K"}.get(head, head) if colon else policy
 
 
 class RecomputePolicy(Strict):
@@ -177,6 +183,11 @@ class FrameworkProfile(Strict):
         priced = sorted(set(self.unpriced) & set(APPLIES))
         if priced:
             raise ValueError(f"unpriced: {', '.join(priced)} is an item ddplan prices: put it under `applies`")
+        if all(k in self.lacks for k in ZERO_LACKS):
+            raise ValueError("lacks: every ZeRO stage (zero0-zero3): a stack runs at least one")
+        zero = self.applies.get("zero")
+        if zero is not None and f"zero{zero.value}" in self.lacks:
+            raise ValueError(f"applies.zero: {zero.value} is a stage its `lacks` names (zero{zero.value})")
         # each value one its run-configuration field takes
         for key, item in self.applies.items():
             for part_name, value in (("value", item.value), ("elsewhere", item.elsewhere)):
@@ -216,10 +227,10 @@ class FrameworkProfile(Strict):
 
     def recompute_offered(self) -> tuple[str, ...] | None:
         """The recompute families (RECOMPUTE_FAMILIES) the stack's policies are priced as, in that order; None where
-        the profile lists no policy (nothing is known: every one is allowed)."""
-        if not self.recompute_policies:
-            return None
-        return tuple(f for f in RECOMPUTE_FAMILIES if any(f in p.priced_as for p in self.recompute_policies))
+        the profile prices none of its policies (none listed, or a profile written before `priced_as`: nothing is
+        known, every one is allowed)."""
+        out = tuple(f for f in RECOMPUTE_FAMILIES if any(f in p.priced_as for p in self.recompute_policies))
+        return out or None
 
     def zero_stages(self) -> tuple[int, ...]:
         """The ZeRO stages the stack runs over more than one data-parallel rank (those its `lacks` does not name)."""

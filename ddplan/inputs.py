@@ -532,8 +532,10 @@ def table_request(v: dict, stated: Stated, today):
     spec, hw, cal = load(v["model"], v["hardware"], v["calibration"], v["seq_len"], v["dtype"], grads=v["grads"],
                          weights=v["weights"], moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v),
                          weights_given="weights" not in stated.profile)
-    check_lacks(v["framework"], spec, zero=zeros, tp=(*tps, v["measured_tp"] or 1), pp=(*pps, v["measured_pp"] or 1),
-                cp=cps, ep=eps)  # the rows' layouts and a measured run's
+    sharded = any(g > t * p for g in gpu_list for t in tps or (1,) for p in pps or (1,))  # a row with dp x cp > 1
+    check_lacks(v["framework"], spec, zero=zeros if sharded else (), zero_by=stated.by("zero"),
+                tp=(*tps, v["measured_tp"] or 1), pp=(*pps, v["measured_pp"] or 1), cp=cps,
+                ep=eps)  # the rows' layouts and a measured run's
     v["attention"] = profile_attention(v, stated, (hw,), dtype=spec.dtypes.compute)
     v["fp8_params"] = profile_fp8_params(v, stated, spec, fp8_recipe(v, stated), zeros)
     attentions = tuple(a.strip() for a in v["attention"].split(",")) if v["attention"] else ()
@@ -583,13 +585,13 @@ def plan_request(v: dict, stated: Stated, today, every_band: bool = False):
     # the layer policies before full (they re-run some of full's layers), fewer re-run layers first (full:N by N,
     # every:K by K falling); the search prices each policy no lighter fitting one is known to dominate
     recomputes = tuple(sorted(asked, key=_recompute_order))
-    check_lacks(v["framework"], spec, zero=stages if v["zero"] else (),
+    gpus = tuple(int_list(v["gpus"], "--gpus", ranges=True))
+    check_lacks(v["framework"], spec, zero=stages if v["zero"] and max(gpus) > 1 else (), zero_by=stated.by("zero"),
                 cp=tuple(int_list(v["cp"], "--cp")) if v["cp"] else (),
                 ep=tuple(int_list(v["ep"], "--ep")) if v["ep"] else ())  # the degrees asked to search
-    lacks = lacked(v["framework"], spec, stated, "plan leaves out")
-    stages = tuple(z for z in stages if f"zero{z}" not in lacks)  # the stages the stack runs
+    lacks = lacked(v["framework"], spec, stated, "plan leaves out")  # ddplan.plan.layouts_for searches none of it
     req = PlanRequest(
-        model=spec, hardware=hws, gpus=tuple(int_list(v["gpus"], "--gpus", ranges=True)), objective=v["objective"],
+        model=spec, hardware=hws, gpus=gpus, objective=v["objective"],
         deadline_h=v["deadline"], budget_usd=v["budget"], top=v["top"], calibration=cal,
         calibration_path=v["calibration"], price=price_given(v["price"], today), overheads=_overheads(v),
         budget=training_budget(spec, v["steps"], v["tokens"], v["param_data_ratio"]), recomputes=recomputes,
@@ -611,10 +613,8 @@ def lacked(framework: str | None, spec, stated: Stated, command: str) -> frozens
         return frozenset()
     profile = load_framework(framework)
     moe = spec.architecture.moe is not None
-    offered = profile.recompute_offered()
     out = frozenset(profile.lacked(tp=2, pp=2, cp=2, ep=2 if moe else 1, tied=spec.architecture.tied_embeddings)
-                    + [k for k in ZERO_LACKS if k in profile.lacks]
-                    + [f"recompute:{f}" for f in SEARCHED_RECOMPUTES if offered is not None and f not in offered])
+                    + [k for k in ZERO_LACKS if k in profile.lacks])
     if out:
         names = [n for n in LACKS if n in out]
         where = "; ".join(dict.fromkeys(profile.lacks[n].where for n in names))
@@ -640,10 +640,12 @@ def given_kernels(v: dict) -> dict[str, str | None]:
     return {**{name: v[name] for name in KERNELS}, "moments": v["moments"]}
 
 
-def check_lacks(framework: str | None, spec, zero: tuple[int, ...] = (), **degrees: tuple[int, ...]) -> None:
+def check_lacks(framework: str | None, spec, zero: tuple[int, ...] = (), zero_by: str = "--zero",
+                **degrees: tuple[int, ...]) -> None:
     """Refuse, in one line, a layout the --framework stack cannot run (its profile's `lacks`): degrees by flag name
     (tp, pp, cp, ep), each the values asked; under a pipeline a tied-embedding model where the stack refuses it;
-    zero: the ZeRO stages asked (--zero), each one the stack runs."""
+    zero: the ZeRO stages asked for layouts with more than one data-parallel rank (one rank shards nothing: pass
+    none), each one the stack runs, named as zero_by says (the flag, or the run file's field)."""
     if not framework:
         return
     profile = load_framework(framework)
@@ -651,9 +653,9 @@ def check_lacks(framework: str | None, spec, zero: tuple[int, ...] = (), **degre
         return
     for z in zero:
         for name in profile.lacked(zero=z):
-            runs = ", ".join(map(str, profile.zero_stages()))
+            runs = " or ".join(map(str, profile.zero_stages()))
             raise UsageError(f"{profile.lack_words(name)}: choose --zero {runs} (what it runs over more than one "
-                             f"data-parallel rank) or another --framework", field="--zero")
+                             f"data-parallel rank) or another --framework", field=zero_by)
     most = {k: max(v, default=1) for k, v in degrees.items()}
     for name in profile.lacked(**most, tied=spec.architecture.tied_embeddings):
         flag = {"tied_embeddings_with_pp": "--pp", "tp_with_ep": "--ep"}.get(name, f"--{name}")
@@ -669,7 +671,7 @@ def searched_recomputes(framework: str | None, stated: Stated) -> tuple[str, ...
     offered = load_framework(framework).recompute_offered() if framework else None
     if offered is None:
         return PlanRequest.recomputes
-    out = tuple(r for r in SEARCHED_RECOMPUTES if r in offered)
+    out = tuple(r for r in SEARCHED_RECOMPUTES if r in offered) or ("none",)
     if out != PlanRequest.recomputes:
         stated.notes.append(f"plan searches the recompute policies {load_framework(framework).name} offers, as ddplan "
                             f"prices them: {', '.join(out)}")
@@ -683,13 +685,14 @@ def check_recompute(framework: str | None, asked: tuple[str, ...], stated: State
     that lists no policy says nothing."""
     if not framework:
         return
+    by = stated.by("recompute")
     profile = load_framework(framework)
     offered = profile.recompute_offered()
     for policy in asked:
         if offered is not None and recompute_family(policy) not in offered:
             names = ", ".join(f"{p.name} = {' or '.join(p.priced_as)}" for p in profile.recompute_policies
                               if p.priced_as)
-            stated.notes.append(f"--recompute {policy}: {profile.name} (@{profile.commit[:7]}) has no policy priced "
+            stated.notes.append(f"{by} {policy}: {profile.name} (@{profile.commit[:7]}) has no policy priced "
                                 f"as it (its policies, as ddplan prices them: {names}); priced as asked")
 
 
@@ -735,6 +738,8 @@ class MemoryAsk:
     # full:N, fewer layers re-run than full recompute
     block_recompute: bool = False
     lacks: frozenset[str] = frozenset()  # what the stack cannot run (its profile's `lacks`): no fix uses it
+    # the recompute families the stack offers (FrameworkProfile.recompute_offered; None: unknown): the fixes' policies
+    recomputes_offered: tuple[str, ...] | None = None
 
 
 def memory_request(v: dict, stated: Stated) -> MemoryAsk:
@@ -756,10 +761,11 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
     if "recompute" in stated.given:
         check_recompute(v["framework"], policies(v["recompute"]), stated)
     lacks = lacked(v["framework"], spec, stated, "memory's fixes leave out")
-    if "zero" in stated.given:
-        check_lacks(v["framework"], spec, zero=stages)
-    elif (v["gpus"] or 1) > (v["tp"] or 1) * (v["pp"] or 1):  # the stages shown by default: those the stack runs
-        stages = tuple(z for z in stages if f"zero{z}" not in lacks) or stages
+    if (v["gpus"] or 1) > (v["tp"] or 1) * (v["pp"] or 1):  # more than one data-parallel rank (one shards nothing)
+        if "zero" in stated.given:
+            check_lacks(v["framework"], spec, zero=stages, zero_by=stated.by("zero"))
+        else:  # the stages shown by default: those the stack runs
+            stages = tuple(z for z in stages if f"zero{z}" not in lacks) or stages
     v["fp8_params"] = profile_fp8_params(v, stated, spec, fp8_recipe(v, stated), stages)
     # fp8: what the fp8 GEMMs save is the recipe's (ddplan.fp8.with_fp8_saves); gathering or keeping weights in fp8
     # implies it
@@ -799,7 +805,8 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
     elif measured_zero is not None and measured_zero in stages:  # else the measured step's
         setup = replace(setup, layout=setup.at_zero(measured_zero))
     return MemoryAsk(spec, hw, cal, setup, stages, measured_peak, step, moved, peak_kind,
-                     block_recompute(v["framework"]), lacks)
+                     block_recompute(v["framework"]), lacks,
+                     load_framework(v["framework"]).recompute_offered() if v["framework"] else None)
 
 
 def block_recompute(framework: str | None) -> bool:

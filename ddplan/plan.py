@@ -177,6 +177,7 @@ def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, 
     runs_on = {cp: [name for name in impls if not cp_attention_problem(
         Layout(cp=cp), hw.attention_impl(name).kind, hw.attention_impl(name).windows, spec)] for cp in cps}
     lacks, tied = req.lacks, a.tied_embeddings
+    stages = [z for z in req.zero_stages if can_run(lacks, zero=z)]  # the ZeRO stages the stack runs
     for tp, cp in [(t, c) for t in _divisors(gpus) for c in cps if t <= tp_cap and a.num_heads % t == 0
                    and a.num_kv_heads % t == 0 and (gpus // t) % c == 0
                    and can_run(lacks, tp=t, cp=c)]:
@@ -188,7 +189,7 @@ def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, 
             per_dp = sequences // dp
             schedules = [("1f1b", 1)] + ([("interleaved", 2)] if pp > 1 and a.num_layers % (2 * pp) == 0 else [])
             mbs = [m for m in _powers_of_two_up_to(min(per_dp, 64)) if per_dp % m == 0]
-            for zero in (req.zero_stages if dp * cp > 1 else (native,)):  # one rank: nothing to shard
+            for zero in (stages if dp * cp > 1 else (native,)):  # one rank: nothing to shard
                 options = req.options.searched(tp, dp * cp, zero, cp, pp)
                 pool = dp * cp * (tp if options["etp"] == 1 else 1)  # Layout.expert_pool
                 # a hybrid shard group holds whole expert-parallel groups

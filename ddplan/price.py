@@ -78,9 +78,10 @@ VALIDATED_RATIO_MOE = (0.83, 2.19)  # the dense low end; 2.185 (Megatron-FSDP Qw
 # weights were cast once a step
 VALIDATED_RATIO_FP8 = (0.73, 1.30)  # 0.730 and 1.296 over the 61 dense fp8 runs of 5 sources, rounded outward
 # (0.74-1.28 before MLPerf's two 512-GPU GB200/GB300 8B runs were placed on the 64-GPU NVLink domains they ran on,
-# runs.Network.gpus_per_node, 2026-12-07, tenth session; 0.73-1.29 before reduce-scatter and all-gather across nodes paid the ring's latency, comm.ring_latency_s, 2026-12-07,
-# ninth session; 0.74-1.27 before MLPerf's B300 and GB300 runs joined, eighth session; 0.73-1.28 before the MI355X's
-# forward attention was measured, 2026-12-07, seventh session)
+# runs.Network.gpus_per_node, 2026-12-07, tenth session; 0.73-1.29 before reduce-scatter and all-gather across
+# nodes paid the ring's latency, comm.ring_latency_s, 2026-12-07, ninth session; 0.74-1.27 before MLPerf's B300 and
+# GB300 runs joined, eighth session; 0.73-1.28 before the MI355X's forward attention was measured, 2026-12-07,
+# seventh session)
 # (0.70-1.33 at the 0.85 level, until 2026-12-07)
 
 

@@ -325,7 +325,11 @@ def run_hardware(run: RunFacts, where: str):
                             f"{hw.gpus_per_node} GPUs a node (allowed: 1 to {hw.gpus_per_node})", file=where,
                             field="network.gpus_per_node")
         if n.nics_per_node is None:  # the spec's NICs a GPU, on the smaller node
-            nics = max(1, round(hw.inter_node.nics_per_node * n.gpus_per_node / hw.gpus_per_node))
+            nics, rest = divmod(hw.inter_node.nics_per_node * n.gpus_per_node, hw.gpus_per_node)
+            if rest or not nics:
+                raise SpecError(f"{hw.name}'s {hw.inter_node.nics_per_node} NICs on {hw.gpus_per_node} GPUs do not "
+                                f"split whole over {n.gpus_per_node}: state network.nics_per_node and "
+                                f"nic_gbit_per_s too", file=where, field="network.gpus_per_node")
             hw = hw.model_copy(update={"inter_node": hw.inter_node.model_copy(update={"nics_per_node": nics})})
         hw = hw.model_copy(update={"gpus_per_node": n.gpus_per_node})
     return hw

@@ -100,7 +100,8 @@ class Fix:
 
 
 def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3, certain: bool = False,
-              block_recompute: bool = False, lacks: frozenset[str] = frozenset()) -> tuple[float, list[Fix]]:
+              block_recompute: bool = False, lacks: frozenset[str] = frozenset(),
+              recomputes: tuple[str, ...] | None = None) -> tuple[float, list[Fix]]:
     """(the asked setup's step time, the cheapest sets of changes that make it fit, fastest first). certain: a
     change must make it fit with the memory model's error on it (ddplan.memory.fit_verdict FITS), as for a
     setup that may not fit; otherwise its central estimate must fit.
@@ -111,7 +112,8 @@ def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3, cer
     Each that fits is priced at its step time. Kept: the fastest fix, then the fastest with one change, with two,
     ... (the smallest sets that fit), `top` in all. The step time of the setup as asked (which does not fit) is the
     reference. block_recompute: where full recompute fits, the fewest layers a chunk re-run whole that fit too
-    (full:N, found by bisection: memory falls as N grows), less compute than full.
+    (full:N, found by bisection: memory falls as N grows), less compute than full. recomputes: the recompute
+    families the stack offers (None: unknown), the policies tried (ddplan.frameworks.fix_recomputes).
     """
     base = setup.layout
     pricer = memory_pricer(spec, hw, setup)
@@ -136,7 +138,7 @@ def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3, cer
             for mb in [m for m in range(min(base.micro_batch, per_rank), 0, -1) if per_rank % m == 0]:
                 eps = [e for e in _expert_degrees(spec, base, tp, dp * cp)
                        if e == base.ep or can_run(lacks, tp=tp, ep=e)]
-                for rc, impl, ep in itertools.product(fix_recomputes(lacks), hw.default_attention_impls(), eps):
+                for rc, impl, ep in itertools.product(fix_recomputes(recomputes), hw.default_attention_impls(), eps):
                     try:
                         lay = replace(setup.at_zero(zero), dp=dp, tp=tp, pp=pp, micro_batch=mb,
                                       grad_accum=per_rank // mb, recompute=rc, attention=impl.name, ep=ep,
@@ -165,16 +167,18 @@ def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3, cer
 
 
 def fixes_for(spec: ModelSpec, hw: HardwareSpec, setup: Setup, asked: dict | None,
-              block_recompute: bool = False, lacks: frozenset[str] = frozenset()) -> tuple[float | None, list[Fix]]:
+              block_recompute: bool = False, lacks: frozenset[str] = frozenset(),
+              recomputes: tuple[str, ...] | None = None) -> tuple[float | None, list[Fix]]:
     """What `ddplan memory` proposes for the setup asked (its zero_rows row, None if its stage was not priced):
     nothing when it fits even with the memory model's error on it; when it fits only as predicted (may not fit),
     the changes that make it certain; otherwise the changes that make its predicted peak fit (what_fits).
     block_recompute: the stack can re-run some layers whole (full:N), tried where full recompute fits. lacks: what
-    the stack cannot run (ddplan.frameworks.LACKS), which no fix uses."""
+    the stack cannot run (ddplan.frameworks.LACKS), which no fix uses; recomputes: the recompute families it offers
+    (None: unknown), which the fixes try (ddplan.frameworks.fix_recomputes)."""
     if asked is not None and asked["verdict"] == FITS:
         return None, []
     return what_fits(spec, hw, setup, certain=asked is not None and asked["fits"], block_recompute=block_recompute,
-                     lacks=lacks)
+                     lacks=lacks, recomputes=recomputes)
 
 
 def fewest_layers(pricer, full: Layout, window: str, certain: bool, layers: int) -> Layout | None:

@@ -20,7 +20,7 @@ from ddplan.roofline import GROUPED_GEMM_STREAMS
 from ddplan.run import LLAMA3_INTERRUPTIONS_PER_GPU_HOUR, eval_cadence
 from ddplan.specs import DROPLESS_IMBALANCE, HardwareSpec, ModelSpec
 from ddplan.units import GiB, hours_band
-from ddplan.validation import BAND_LEVEL, inside_by_source, summarise
+from ddplan.validation import BAND_LEVEL, inside_by_source, median_by_source, summarise
 
 DISTRIBUTION_NAMES = {"sharded_optimizer": "nanochat's sharded optimizer (ZeRO-1 memory)", "ddp": "DDP",
                       "zero1": "ZeRO-1", "zero2": "ZeRO-2", "fsdp": "FSDP (ZeRO-3)"}
@@ -891,7 +891,8 @@ def validation_bottom_line(scored, held=None) -> list[str]:
     out = summarise(held)
     worst = max(held, key=lambda s: abs(s.error))
     return [f"Bottom line: on {len(held)} published runs from {sources} sources, each priced with fits made without "
-            f"its source and its siblings, the step time is off by {100 * out.median_abs_error:.1f}% (median), at most "
+            f"its source and its siblings, the step time is off by {100 * out.median_abs_error:.1f}% (median; "
+            f"{100 * median_by_source(held):.1f}% counting each source once), at most "
             f"{100 * out.max_abs_error:.1f}% ({worst.id}); {100 * out.inside_share:.0f}% of the runs lie inside "
             f"their band ({100 * inside_by_source(held):.0f}% of a source's runs, on average; median half-width "
             f"{100 * out.median_half_width:.0f}%). In sample: "

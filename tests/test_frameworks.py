@@ -167,10 +167,27 @@ def test_a_zero_stage_a_stack_has_no_setup_for_is_refused_or_not_searched(capsys
     for argv in (["table", *g16, "--zero", "1"], ["memory", *g16, "--zero", "3,2"], ["plan", *g16, "--zero", "1"]):
         code, err = fails(capsys, argv)
         assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("error: --zero: torchtitan"), err
-        assert "has no ZeRO-" in err and "choose --zero 0, 3 (what it runs" in err
+        assert "has no ZeRO-" in err and "choose --zero 0 or 3 (what it runs" in err
+    # one data-parallel rank shards nothing: no stage is refused there (nanochat runs ZeRO-0 on one GPU)
+    for argv in (["memory", "-m", "d20", "--hardware", "h100-sxm", "--gpus", "1", "--framework", "nanochat", "--zero",
+                  "0"], ["table", *g16[:-4], "--gpus", "8", "--pp", "8", "--framework", "torchtitan", "--zero", "1"]):
+        assert run(capsys, argv)[0] == 0, argv
+    # a run file's stage is named as its field; a profile that runs a stage it lacks is refused at load
+    runfile = tmp_path / "run.yaml"
+    runfile.write_text("kind: run\nmodel: llama-3-8b\nhardware: h100-sxm\ngpus: [16]\nframework: torchtitan\n"
+                       "layout: {zero: 2}\n", encoding="utf-8")
+    assert fails(capsys, ["table", "--config", str(runfile)])[1].startswith(
+        "error: the run file's layout.zero: torchtitan (@b5bcd76) has no ZeRO-2")
+    bad = yaml.safe_load((ROOT / "frameworks" / "torchtitan.yaml").read_text(encoding="utf-8"))
+    bad["applies"]["zero"]["value"] = 1
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad), encoding="utf-8")
+    assert "applies.zero: 1 is a stage its `lacks` names (zero1)" in fails(
+        capsys, ["table", *g16[:-2], "--framework", str(tmp_path / "bad.yaml")])[1]
     rows = csv_rows(run_ok(capsys, ["plan", *g16, "--format", "csv"]))
     assert rows and {r["zero"] for r in rows} == {"0", "3"}
     assert {r["zero"] for r in csv_rows(run_ok(capsys, ["plan", *g16[:-2], "--format", "csv"]))} == {"0", "1", "2", "3"}
+    for name in ("megatron-core", "megatron-bridge", "nemo"):  # they lack nothing: no empty "cannot run" line
+        assert "cannot run" not in run(capsys, ["plan", *g16[:-1], name])[2]
     text = " ".join(run(capsys, ["plan", *g16])[2].split())
     assert "plan leaves out what torchtitan (@b5bcd76) cannot run: ZeRO-1 (the optimizer state sharded alone), " \
            "ZeRO-2 (the gradients sharded too, the parameters whole) (torchtitan/models/llama3/parallelize.py" in text
@@ -191,7 +208,7 @@ def test_a_zero_stage_a_stack_has_no_setup_for_is_refused_or_not_searched(capsys
             assert ZERO_LACKS[zero] not in p.lacks, r.id
 
 
-def test_plan_and_memory_s_fixes_search_the_recompute_a_stack_offers(capsys):
+def test_plan_and_memory_s_fixes_search_the_recompute_a_stack_offers(capsys, tmp_path):
     """Each profile's recompute policies say what ddplan prices them as (priced_as): torchtitan's selective is its
     per-op save list (distributed/activation_checkpoint.py@b5bcd76 L31-94), not Megatron's core-attention one;
     nanochat has none (scripts/base_train.py@92d63d4). `plan` searches, unless told, the stack's among none,
@@ -203,12 +220,14 @@ def test_plan_and_memory_s_fixes_search_the_recompute_a_stack_offers(capsys):
 
     assert load_framework("torchtitan").recompute_offered() == ("none", "per-op", "full")
     assert load_framework("nanochat").recompute_offered() == ("none",)
-    assert load_framework("megatron-core").recompute_offered() == ("none", "selective", "full", "full:N")
-    assert [recompute_family(p) for p in ("selective:mlp+core_attn", "full:4", "every:2", "per-op")] == [
-        "selective", "full:N", "every:K", "per-op"]
-    assert fix_recomputes(frozenset()) == ("none", "selective", "full")
-    assert fix_recomputes(frozenset({"recompute:selective"})) == ("none", "per-op", "full")
-    assert fix_recomputes(frozenset({"recompute:selective", "recompute:per-op", "recompute:full"})) == ("none",)
+    assert load_framework("megatron-core").recompute_offered() == ("none", "selective", "selective:MODULES", "full",
+                                                                   "full:N")
+    assert load_framework("olmo-core").recompute_offered() == ("none", "selective:MODULES", "per-op", "full",
+                                                               "every:K")  # its module globs, not core attention
+    assert [recompute_family(p) for p in ("selective:mlp+core_attn", "selective", "full:4", "every:2", "per-op")] == [
+        "selective:MODULES", "selective", "full:N", "every:K", "per-op"]
+    assert fix_recomputes(("none", "per-op", "full")) == ("none", "per-op", "full")
+    assert fix_recomputes(("none", "selective", "full", "full:N")) == ("none", "selective", "full")
     g16 = ["plan", "-m", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "16", "--format", "csv"]
     assert {r["recompute"] for r in csv_rows(run_ok(capsys, [*g16, "--framework", "torchtitan"]))} == {
         "none", "per-op", "full"}
@@ -216,6 +235,14 @@ def test_plan_and_memory_s_fixes_search_the_recompute_a_stack_offers(capsys):
     text = " ".join(run(capsys, ["plan", "-m", "d32", "--hardware", "h100-sxm", "--gpus", "8", "--framework",
                                  "nanochat"])[2].split())
     assert "plan searches the recompute policies nanochat offers, as ddplan prices them: none" in text
+    # a profile written before priced_as (its policies unpriced): nothing is known, the defaults search as before
+    old = yaml.safe_load((ROOT / "frameworks" / "megatron-core.yaml").read_text(encoding="utf-8"))
+    for policy in old["recompute_policies"]:
+        del policy["priced_as"]
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(old), encoding="utf-8")
+    assert {r["recompute"] for r in csv_rows(run_ok(capsys, [*g16, "--framework", str(tmp_path / "old.yaml")]))} >= {
+        "none", "selective", "full"}  # and its block method's full:N
+    assert fix_recomputes(None) == ("none", "selective", "full") and fix_recomputes(()) == ("none",)
     code, _, err = run(capsys, ["table", *LLAMA, "--framework", "torchtitan", "--recompute", "selective"])
     assert code == 0 and ("warning: --recompute selective: torchtitan (@b5bcd76) has no policy priced as it (its "
                           "policies, as ddplan prices them: selective = per-op, full = full, none = none); priced as "
