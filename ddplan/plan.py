@@ -372,10 +372,13 @@ def memory_forces(top: dict, pricer: Pricer, req: PlanRequest) -> dict[str, list
     layout, window = top["_priced"].layout, top["window"]
     out: dict[str, list[tuple[str, float]]] = {}
     if layout.recompute != "none":
-        lighter = ["none"] if layout.recompute == "selective" else ["none", "selective"]
+        # the policies searched before it (lightest first: a stack's own, ddplan.inputs.searched_recomputes), else
+        # none and Megatron's selective
+        lighter = (list(req.recomputes[:req.recomputes.index(layout.recompute)]) if layout.recompute in req.recomputes
+                   else [rc for rc in ("none", "selective") if rc in req.recomputes])
         out["recompute"] = [(rc, pricer.memory(replace(layout, recompute=rc), window).total / GiB) for rc in lighter]
     if layout.zero > 0 and layout.grad_ranks > 1:
-        less = [z for z in range(layout.zero) if z in req.zero_stages]
+        less = [z for z in range(layout.zero) if z in req.zero_stages and can_run(req.lacks, zero=z)]
         mems = [(f"ZeRO-{z}", pricer.memory(req.options.at_zero(layout, z), window)) for z in less]
         if mems and not any(m.fits for _, m in mems):
             out["zero"] = [(name, m.total / GiB) for name, m in mems]

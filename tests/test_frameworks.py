@@ -186,6 +186,13 @@ def test_a_zero_stage_a_stack_has_no_setup_for_is_refused_or_not_searched(capsys
     rows = csv_rows(run_ok(capsys, ["plan", *g16, "--format", "csv"]))
     assert rows and {r["zero"] for r in rows} == {"0", "3"}
     assert {r["zero"] for r in csv_rows(run_ok(capsys, ["plan", *g16[:-2], "--format", "csv"]))} == {"0", "1", "2", "3"}
+    # what memory forces on the choice is weighed against what the stack runs: ZeRO-0 (not 1 or 2), per-op's
+    # lighter policy none (not Megatron's selective)
+    forced = " ".join(run(capsys, ["plan", "-m", "llama-3-70b", "--hardware", "h100-sxm", "--gpus", "64",
+                                   "--framework", "torchtitan"])[1].split())
+    assert "Memory forces ZeRO-3: ZeRO-0 would need" in forced and "ZeRO-1 would" not in forced
+    assert "Memory forces recompute per-op: with the same layout, recompute none needs" in forced
+    assert "selective" not in forced.split("Memory forces recompute")[1].split(".")[0]
     for name in ("megatron-core", "megatron-bridge", "nemo"):  # they lack nothing: no empty "cannot run" line
         assert "cannot run" not in run(capsys, ["plan", *g16[:-1], name])[2]
     text = " ".join(run(capsys, ["plan", *g16])[2].split())
