@@ -346,14 +346,17 @@ def summarise(scored: Sequence[Scored], group: str = "all") -> Summary:
 
 
 GROUPINGS: tuple[tuple[str, Callable[[Scored], str]], ...] = (
+    # the fits' sources apart from the checks (CHECK_ONLY_SOURCES): a check table's many runs move the medians of
+    # every group it falls in (the Zero Bubble paper's 56 A100 runs those of A100, fp16 and megatron-lm)
+    ("sources", lambda s: "check-only" if s.source in CHECK_ONLY_SOURCES else "fitted"),
     ("kind", lambda s: "moe" if s.moe else "dense"), ("hardware", lambda s: s.hardware), ("size", lambda s: s.size),
     ("precision", lambda s: s.precision), ("framework", lambda s: s.framework), ("family", lambda s: s.family),
     ("source", lambda s: s.source))
 
 
 def summaries(scored: Sequence[Scored]) -> list[Summary]:
-    """The overall summary, then one per kind (dense, mixture of experts), hardware, model size, precision,
-    training stack, parallelism family and source."""
+    """The overall summary, then one per kind of source (fitted, check-only), kind (dense, mixture of experts),
+    hardware, model size, precision, training stack, parallelism family and source."""
     out = [summarise(scored)]
     for name, key in GROUPINGS:
         groups: dict[str, list[Scored]] = {}

@@ -34,7 +34,7 @@ def step_tables() -> None:
               "| in band, leaving it out | median band half-width, leaving it out |")
         print("|---|---:|---:|---:|---:|---:|---:|")
         for group, h in held.items():
-            if group == "all" or group.startswith(prefixes):
+            if group == "all" or group.startswith(("sources=", *prefixes)):
                 print(f"| {group} | {h.runs} | {100 * inside[group].median_abs_error:.1f}% | "
                       f"{100 * h.median_abs_error:.1f}% | {100 * h.max_abs_error:.1f}% | {100 * h.inside_share:.0f}% | "
                       f"{100 * h.median_half_width:.0f}% |")
