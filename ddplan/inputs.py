@@ -514,8 +514,11 @@ def table_request(v: dict, stated: Stated, today):
     model, the run the calibration measured, as it ran (flags given win); a measured step time is tied to the
     first of each list unless its own flags say otherwise."""
     v = without_profile_fp8(dict(v), stated)
+    zero_by = stated.by("zero")  # where a refused ZeRO stage came from: a flag or the run file's field, else
     if v["model"] is None:
         v["model"], cal, m = calibrated_model(v["calibration"])
+        if "zero" not in stated.given:  # the calibration's measured step
+            zero_by = f"{v['calibration']}'s measured step (zero: {m.zero})"
         names = ("gpus", "tp", "pp", "vp", "zero", "device_batch_size", "total_batch_size", "recompute", "attention",
                  "window", "compiled", "seq_len")
         v.update(as_measured(cal, m, {k: v[k] for k in names}, stated.given))
@@ -533,7 +536,7 @@ def table_request(v: dict, stated: Stated, today):
                          weights=v["weights"], moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v),
                          weights_given="weights" not in stated.profile)
     sharded = any(g > t * p for g in gpu_list for t in tps or (1,) for p in pps or (1,))  # a row with dp x cp > 1
-    check_lacks(v["framework"], spec, zero=zeros if sharded else (), zero_by=stated.by("zero"),
+    check_lacks(v["framework"], spec, zero=zeros if sharded else (), zero_by=zero_by,
                 tp=(*tps, v["measured_tp"] or 1), pp=(*pps, v["measured_pp"] or 1), cp=cps,
                 ep=eps)  # the rows' layouts and a measured run's
     v["attention"] = profile_attention(v, stated, (hw,), dtype=spec.dtypes.compute)

@@ -372,11 +372,12 @@ def memory_forces(top: dict, pricer: Pricer, req: PlanRequest) -> dict[str, list
     layout, window = top["_priced"].layout, top["window"]
     out: dict[str, list[tuple[str, float]]] = {}
     if layout.recompute != "none":
-        # the policies searched before it (lightest first: a stack's own, ddplan.inputs.searched_recomputes), else
-        # none and Megatron's selective
-        lighter = (list(req.recomputes[:req.recomputes.index(layout.recompute)]) if layout.recompute in req.recomputes
-                   else [rc for rc in ("none", "selective") if rc in req.recomputes])
-        out["recompute"] = [(rc, pricer.memory(replace(layout, recompute=rc), window).total / GiB) for rc in lighter]
+        # none and the policies searched (a stack's own: ddplan.inputs.searched_recomputes) that it re-runs more than
+        mems = [(rc, pricer.memory(replace(layout, recompute=rc), window))
+                for rc in dict.fromkeys(("none", *req.recomputes))
+                if rc != layout.recompute and reruns_at_least(layout.recompute, rc)]
+        if mems and not any(m.fits for _, m in mems):
+            out["recompute"] = [(rc, m.total / GiB) for rc, m in mems]
     if layout.zero > 0 and layout.grad_ranks > 1:
         less = [z for z in range(layout.zero) if z in req.zero_stages and can_run(req.lacks, zero=z)]
         mems = [(f"ZeRO-{z}", pricer.memory(req.options.at_zero(layout, z), window)) for z in less]

@@ -64,7 +64,8 @@ def memory(ask, rows: list[dict], fixes: list, step_s: float | None, matches: li
                     fix=(" + ".join(fixes[0].changes), fixes[0].total_gib,
                          fit_verdict(fixes[0].total_gib, rows[0]["limit_gib"], capacity=rows[0]["usable_gib"]))
                     if fixes else None)
-    words = verdicts.memory_verdict(spec, hw, rows, fixes, step_s, setup.layout, setup.headroom)
+    words = verdicts.memory_verdict(spec, hw, rows, fixes, step_s, setup.layout, setup.headroom,
+                                    verdicts.fixes_tried(ask.lacks, ask.recomputes_offered))
     if ask.measured_peak:
         words.append(verdicts.peak_matches(ask.measured_peak, ask.peak_kind, matches, peak_tolerance))
     if ask.moved:

@@ -13,6 +13,7 @@ from ddplan.evidence import widened
 from ddplan.fp8 import fp8_stack_factor
 from ddplan.layout import NATIVE_ZERO, breaks_world_size_rule
 from ddplan import memory
+from ddplan.frameworks import ZERO_LACKS, fix_recomputes
 from ddplan.memory import DOES_NOT_FIT, FITS, MAY_NOT_FIT
 from ddplan.params import active_params, total_params
 from ddplan.price import MFU_CONVENTION, VALIDATED_RATIO_MOE, Flag, PricedLayout, validated_ratio
@@ -611,10 +612,28 @@ def table_assumptions(table) -> list[str]:
 # ddplan memory
 
 
+FIXES_TRIED = "micro-batch, recompute, ZeRO stage, attention, TP inside a node and PP"
+
+
+def fixes_tried(lacks: frozenset[str], recomputes: tuple[str, ...] | None) -> str:
+    """What memory's fixes change (ddplan.sizing.what_fits), in words, of what the stack runs: recompute where it
+    offers more than none (ddplan.frameworks.fix_recomputes), ZeRO stage where it runs more than one, TP and PP
+    where its `lacks` does not name them. e.g. nanochat's: "micro-batch and attention"."""
+    words = ["micro-batch"]
+    if fix_recomputes(recomputes) != ("none",):
+        words.append("recompute")
+    if sum(k not in lacks for k in ZERO_LACKS) > 1:
+        words.append("ZeRO stage")
+    words.append("attention")
+    words += [w for k, w in (("tp", "TP inside a node"), ("pp", "PP")) if k not in lacks]
+    return ", ".join(words[:-1]) + " and " + words[-1]
+
+
 def memory_verdict(spec: ModelSpec, hw: HardwareSpec, rows: list[dict], fixes: list, asked_step_s: float | None,
-                   layout, headroom: float) -> list[str]:
+                   layout, headroom: float, tried: str = FIXES_TRIED) -> list[str]:
     """Plain-words conclusion about the setup asked (its ZeRO stage: `layout.zero`): it fits, with headroom,
-    or the cheapest sets of changes that make it fit, ranked by step time (ddplan.sizing.what_fits)."""
+    or the cheapest sets of changes that make it fit, ranked by step time (ddplan.sizing.what_fits); tried: what
+    the fixes changed, in words (fixes_tried: what the stack runs)."""
     asked = next((r for r in rows if r["zero"] == layout.zero), None)
     name = DISTRIBUTION_NAMES[spec.recipe.distribution]
     native_zero = NATIVE_ZERO[spec.recipe.distribution]
@@ -656,8 +675,7 @@ def memory_verdict(spec: ModelSpec, hw: HardwareSpec, rows: list[dict], fixes: l
             lines.append(f"{lead}: {' + '.join(f.changes)}: {f.total_gib:.1f} GiB, {f.step_s:.3g} s/step{cost}.")
         if not fixes:
             lines.append(f"Nothing {'fits for certain' if certain else 'fits'} on these {layout.num_gpus} GPUs "
-                         f"(micro-batch, recompute, ZeRO stage, attention, TP inside a node and PP tried together): "
-                         f"add GPUs or shorten the sequence.")
+                         f"({tried} tried together): add GPUs or shorten the sequence.")
     if layout is not None and breaks_world_size_rule(layout, spec):
         lines.append(f"{spec.name} needs a power-of-two world size: it cannot run on {layout.num_gpus} GPUs as is.")
     return lines

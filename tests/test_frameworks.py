@@ -178,6 +178,14 @@ def test_a_zero_stage_a_stack_has_no_setup_for_is_refused_or_not_searched(capsys
                        "layout: {zero: 2}\n", encoding="utf-8")
     assert fails(capsys, ["table", "--config", str(runfile)])[1].startswith(
         "error: the run file's layout.zero: torchtitan (@b5bcd76) has no ZeRO-2")
+    # a calibration's measured step, priced as it ran, names the step, not a flag the user never typed
+    cal = tmp_path / "cal.yaml"
+    cal.write_text(yaml.safe_dump({"kind": "calibration", "version": 1, "hardware": "h100-sxm", "step_times": [
+        {"model": "nanochat-d24", "gpus": 8, "zero": 2, "step_time_s": 1.0, "device_batch_size": 16,
+         "total_batch_tokens": 524_288, "attention": "fa3", "window_pattern": "L", "source": "a test"}]}),
+        encoding="utf-8")
+    assert fails(capsys, ["table", "--calibration", str(cal), "--framework", "torchtitan"])[1].startswith(
+        f"error: {cal}'s measured step (zero: 2): torchtitan (@b5bcd76) has no ZeRO-2")
     bad = yaml.safe_load((ROOT / "frameworks" / "torchtitan.yaml").read_text(encoding="utf-8"))
     bad["applies"]["zero"]["value"] = 1
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad), encoding="utf-8")
@@ -254,6 +262,15 @@ def test_plan_and_memory_s_fixes_search_the_recompute_a_stack_offers(capsys, tmp
     assert code == 0 and ("warning: --recompute selective: torchtitan (@b5bcd76) has no policy priced as it (its "
                           "policies, as ddplan prices them: selective = per-op, full = full, none = none); priced as "
                           "asked") in " ".join(err.split())
+    # what memory forces is weighed against none and the lighter policies searched, and said only where none fits:
+    # with --recompute full alone, none needs 352 GiB; a user's own policy that none would fit is not "forced"
+    g70 = ["plan", "-m", "llama-3-70b", "--hardware", "h100-sxm", "--gpus", "64"]
+    text = " ".join(run_ok(capsys, [*g70, "--recompute", "full"]).split())
+    assert "Memory forces recompute full: with the same layout, recompute none needs 352 GiB" in text
+    runfile = tmp_path / "run.yaml"
+    runfile.write_text("kind: run\nmodel: llama-3-8b\nhardware: h100-sxm\ngpus: [8]\nframework: torchtitan\n"
+                       "recompute: [selective]\n", encoding="utf-8")
+    assert "Memory forces recompute" not in run_ok(capsys, ["plan", "--config", str(runfile)])
     names = set(builtin_names("frameworks"))
     for r in [*load_runs().runs, *load_peaks().peaks]:
         offered = load_framework(r.framework).recompute_offered() if r.framework in names else None
@@ -632,6 +649,10 @@ def test_what_a_stack_cannot_run_is_refused_or_not_searched(capsys):
     fixes = {fw: [x for x in out.splitlines() if x.startswith("Fastest")] for fw, out in said.items()}
     assert any("pp 4" in x for x in fixes[()])
     assert fixes["--framework", "nanochat"] == []
-    assert "Nothing fits on these 8 GPUs" in said["--framework", "nanochat"]
+    assert "Nothing fits on these 8 GPUs (micro-batch and attention tried together)" in said["--framework", "nanochat"]
+    from ddplan.verdicts import FIXES_TRIED, fixes_tried
+    assert fixes_tried(frozenset(), None) == FIXES_TRIED
+    assert fixes_tried(frozenset({"pp", "zero1", "zero2"}), ("none", "per-op", "full")) == (
+        "micro-batch, recompute, ZeRO stage, attention and TP inside a node")
     assert any(r["pp"] != "1" for r in csv_rows(run_ok(capsys, ["plan", "-m", "llama-3-8b", "--hardware",
                                                               "h100-sxm", "--gpus", "16", "--format", "csv"])))
