@@ -94,21 +94,6 @@ def needs(tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, tied: bool = False
     return [k for k in LACKS if wanted[k]]
 
 
-FIX_RECOMPUTES = ("none", "selective", "full")  # what memory's fixes try where nothing says what the stack offers
-
-
-def fix_recomputes(offered: tuple[str, ...] | None) -> tuple[str, ...]:
-    """The recompute policies memory's fixes try: none, Megatron's selective and full, those of them the stack offers
-    (`offered`: FrameworkProfile.recompute_offered, None where unknown: all three), and where it has per-op but no
-    Megatron selective (torchtitan), per-op in its place; at least none."""
-    if offered is None:
-        return FIX_RECOMPUTES
-    out = [rc for rc in FIX_RECOMPUTES if rc in offered]
-    if "selective" not in offered and "per-op" in offered:
-        out.insert(1 if out[:1] == ["none"] else 0, "per-op")
-    return tuple(out) or ("none",)
-
-
 def can_run(lacks: frozenset[str], tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1,
             tied: bool = False, zero: int | None = None) -> bool:
     """Whether a layout of these degrees needs nothing a stack lacks (`lacks`: names of LACKS, a search's set)."""
@@ -126,9 +111,19 @@ class Lack(Strict):
 # of them (RecomputePolicy.priced_as); full:N and every:K for any N and K, selective:MODULES for any module list
 # (Megatron's --recompute-modules, OLMo-core's module globs), selective alone Megatron's default (core attention)
 RECOMPUTE_FAMILIES = ("none", "selective", "selective:MODULES", "per-op", "full", "full:N", "every:K")
-# the ones a search tries, lightest first (ddplan.plan.PlanRequest.recomputes, memory's fixes): the layer policies
-# need an N or K the stack's configuration sets
+# the ones a search tries, lightest first (plan's layouts, memory's fixes), of what a stack offers: the layer
+# policies need an N or K the stack's configuration sets; where nothing says what it offers, DEFAULT_RECOMPUTES
 SEARCHED_RECOMPUTES = ("none", "selective", "per-op", "full")
+DEFAULT_RECOMPUTES = ("none", "selective", "full")
+
+
+def searched_recomputes(offered: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The recompute policies plan searches and memory's fixes try, lightest first: DEFAULT_RECOMPUTES where the
+    stack's offer is unknown (`offered`: FrameworkProfile.recompute_offered, None), else those of SEARCHED_RECOMPUTES
+    it offers, at least none. e.g. torchtitan (none, per-op, full, its selective being per-op): none, per-op, full."""
+    if offered is None:
+        return DEFAULT_RECOMPUTES
+    return tuple(r for r in SEARCHED_RECOMPUTES if r in offered) or ("none",)
 
 
 def recompute_family(policy: str) -> str:

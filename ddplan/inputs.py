@@ -15,7 +15,8 @@ from ddplan import bounds
 from ddplan.calibration import (StepMeasurement, check_against_hardware, measurement_for, memory_assumptions,
                                 steps_for_model)
 from ddplan.errors import DdplanError, SpecError, UsageError
-from ddplan.frameworks import LACK_WORDS, LACKS, SEARCHED_RECOMPUTES, ZERO_LACKS, profile_weights, recompute_family
+from ddplan.frameworks import (LACK_WORDS, LACKS, ZERO_LACKS, profile_weights, recompute_family,
+                               searched_recomputes)
 from ddplan.layout import Options
 from ddplan.offload import check_activation_offload, check_offload
 from ddplan.plan import PlanRequest
@@ -582,7 +583,7 @@ def plan_request(v: dict, stated: Stated, today, every_band: bool = False):
     v = {**v, "attention": profile_attention(v, stated, hws, per_hardware=True, dtype=spec.dtypes.compute)}
     stages = tuple(sorted(set(int_list(v["zero"], "--zero", allowed=(0, 1, 2, 3))))) if v["zero"] else (0, 1, 2, 3)
     v["fp8_params"] = profile_fp8_params(v, stated, spec, fp8_recipe(v, stated), stages)
-    asked = policies(v["recompute"]) if v["recompute"] else searched_recomputes(v["framework"], stated)
+    asked = policies(v["recompute"]) if v["recompute"] else stack_recomputes(v["framework"], stated)
     check_recompute(v["framework"], asked, stated)
     # lightest first (ddplan.plan.layouts_for): the named ones in their order, a per-module one after selective,
     # the layer policies before full (they re-run some of full's layers), fewer re-run layers first (full:N by N,
@@ -667,14 +668,11 @@ def check_lacks(framework: str | None, spec, zero: tuple[int, ...] = (), zero_by
                          f"--framework to price one", field=flag)
 
 
-def searched_recomputes(framework: str | None, stated: Stated) -> tuple[str, ...]:
-    """The recompute policies plan searches unless told: PlanRequest's (none, Megatron's selective, full), or with
-    --framework those of ddplan.frameworks.SEARCHED_RECOMPUTES its stack offers (torchtitan: none, per-op, full;
-    nanochat: none), said once in stated.notes where they differ."""
-    offered = load_framework(framework).recompute_offered() if framework else None
-    if offered is None:
-        return PlanRequest.recomputes
-    out = tuple(r for r in SEARCHED_RECOMPUTES if r in offered) or ("none",)
+def stack_recomputes(framework: str | None, stated: Stated) -> tuple[str, ...]:
+    """The recompute policies plan searches unless told (ddplan.frameworks.searched_recomputes: with --framework those
+    its stack offers, torchtitan's none, per-op and full, nanochat's none), said once in stated.notes where they
+    differ from the default."""
+    out = searched_recomputes(load_framework(framework).recompute_offered() if framework else None)
     if out != PlanRequest.recomputes:
         stated.notes.append(f"plan searches the recompute policies {load_framework(framework).name} offers, as ddplan "
                             f"prices them: {', '.join(out)}")

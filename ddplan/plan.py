@@ -17,7 +17,7 @@ from ddplan import run
 from ddplan.calibration import CalibrationSpec, measurement_for
 from ddplan.errors import ImpossibleMeasurement, LayoutError, UsageError
 from ddplan.fitting import fitted
-from ddplan.frameworks import can_run
+from ddplan.frameworks import DEFAULT_RECOMPUTES, can_run
 from ddplan.layout import (NATIVE_ZERO, Layout, Options, check_layout, context_parallel_degrees,
                            cp_attention_problem, expert_parallel_degrees)
 from ddplan.memory import HEADROOM
@@ -59,7 +59,7 @@ class PlanRequest:
     # kernel is missing): each hardware takes the first its spec has, or searches its own implementations
     # (ddplan.inputs.profile_attention)
     attentions_where_available: bool = False
-    recomputes: tuple[str, ...] = ("none", "selective", "full")
+    recomputes: tuple[str, ...] = DEFAULT_RECOMPUTES
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     headroom: float = HEADROOM  # keep this fraction of usable memory free (fragmentation, spikes, other processes)
     options: Options = Options()  # applied to every layout they can apply to (Options.for_layout)
@@ -70,6 +70,11 @@ class PlanRequest:
     framework: str | None = None  # the training stack's profile name: its published runs weigh in the band
     # what the stack cannot run (its profile's `lacks`, ddplan.frameworks.LACKS): not searched
     lacks: frozenset[str] = frozenset()
+
+    @property
+    def stages_run(self) -> tuple[int, ...]:
+        """The ZeRO stages searched over more than one data-parallel rank: those asked that the stack runs."""
+        return tuple(z for z in self.zero_stages if can_run(self.lacks, zero=z))
 
 
 @dataclass
@@ -177,7 +182,7 @@ def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, 
     runs_on = {cp: [name for name in impls if not cp_attention_problem(
         Layout(cp=cp), hw.attention_impl(name).kind, hw.attention_impl(name).windows, spec)] for cp in cps}
     lacks, tied = req.lacks, a.tied_embeddings
-    stages = [z for z in req.zero_stages if can_run(lacks, zero=z)]  # the ZeRO stages the stack runs
+    stages = req.stages_run
     for tp, cp in [(t, c) for t in _divisors(gpus) for c in cps if t <= tp_cap and a.num_heads % t == 0
                    and a.num_kv_heads % t == 0 and (gpus // t) % c == 0
                    and can_run(lacks, tp=t, cp=c)]:
@@ -372,14 +377,14 @@ def memory_forces(top: dict, pricer: Pricer, req: PlanRequest) -> dict[str, list
     layout, window = top["_priced"].layout, top["window"]
     out: dict[str, list[tuple[str, float]]] = {}
     if layout.recompute != "none":
-        # none and the policies searched (a stack's own: ddplan.inputs.searched_recomputes) that it re-runs more than
+        # none and the policies searched (a stack's own, ddplan.frameworks.searched_recomputes) it re-runs more than
         mems = [(rc, pricer.memory(replace(layout, recompute=rc), window))
                 for rc in dict.fromkeys(("none", *req.recomputes))
                 if rc != layout.recompute and reruns_at_least(layout.recompute, rc)]
         if mems and not any(m.fits for _, m in mems):
             out["recompute"] = [(rc, m.total / GiB) for rc, m in mems]
     if layout.zero > 0 and layout.grad_ranks > 1:
-        less = [z for z in range(layout.zero) if z in req.zero_stages and can_run(req.lacks, zero=z)]
+        less = [z for z in req.stages_run if z < layout.zero]
         mems = [(f"ZeRO-{z}", pricer.memory(req.options.at_zero(layout, z), window)) for z in less]
         if mems and not any(m.fits for _, m in mems):
             out["zero"] = [(name, m.total / GiB) for name, m in mems]

@@ -10,7 +10,7 @@ import itertools
 from dataclasses import dataclass, replace
 
 from ddplan.errors import LayoutError, UsageError
-from ddplan.frameworks import can_run, fix_recomputes
+from ddplan.frameworks import can_run, searched_recomputes
 from ddplan.layout import (NATIVE_ZERO, Layout, Options, check_layout, cp_attention_problem, data_parallel,
                            expert_parallel_degrees, layout_for, split_batch)
 from ddplan.memory import FITS, HEADROOM, PEAK_KINDS, MemoryAssumptions, MemoryBreakdown, predicted_peak_bytes
@@ -113,7 +113,7 @@ def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3, cer
     ... (the smallest sets that fit), `top` in all. The step time of the setup as asked (which does not fit) is the
     reference. block_recompute: where full recompute fits, the fewest layers a chunk re-run whole that fit too
     (full:N, found by bisection: memory falls as N grows), less compute than full. recomputes: the recompute
-    families the stack offers (None: unknown), the policies tried (ddplan.frameworks.fix_recomputes).
+    families the stack offers (None: unknown), the policies tried (ddplan.frameworks.searched_recomputes).
     """
     base = setup.layout
     pricer = memory_pricer(spec, hw, setup)
@@ -127,18 +127,19 @@ def what_fits(spec: ModelSpec, hw: HardwareSpec, setup: Setup, top: int = 3, cer
                              if base.pp < p <= a.num_layers and can_run(lacks, pp=p, tied=a.tied_embeddings))})
     degrees = [(tp, pp) for tp in tps for pp in pps
                if base.num_gpus % (tp * pp * cp) == 0 and a.num_heads % tp == 0 and a.num_kv_heads % tp == 0]
+    zeros = sorted({base.zero, *(z for z in (1, 2, 3) if z > base.zero and can_run(lacks, zero=z))})  # the stack's
+    rcs = searched_recomputes(recomputes)
     found: list[Fix] = []
     for tp, pp in degrees:
         dp = base.num_gpus // (tp * pp * cp)
         if sequences % dp:
             continue
         per_rank = sequences // dp
-        for zero in sorted({z for z in (base.zero, 1, 2, 3) if z >= base.zero and (z == base.zero or can_run(
-                lacks, zero=z))} if dp * cp > 1 else {base.zero}):  # stages the stack runs
+        for zero in zeros if dp * cp > 1 else [base.zero]:
             for mb in [m for m in range(min(base.micro_batch, per_rank), 0, -1) if per_rank % m == 0]:
                 eps = [e for e in _expert_degrees(spec, base, tp, dp * cp)
                        if e == base.ep or can_run(lacks, tp=tp, ep=e)]
-                for rc, impl, ep in itertools.product(fix_recomputes(recomputes), hw.default_attention_impls(), eps):
+                for rc, impl, ep in itertools.product(rcs, hw.default_attention_impls(), eps):
                     try:
                         lay = replace(setup.at_zero(zero), dp=dp, tp=tp, pp=pp, micro_batch=mb,
                                       grad_accum=per_rank // mb, recompute=rc, attention=impl.name, ep=ep,
@@ -174,7 +175,7 @@ def fixes_for(spec: ModelSpec, hw: HardwareSpec, setup: Setup, asked: dict | Non
     the changes that make it certain; otherwise the changes that make its predicted peak fit (what_fits).
     block_recompute: the stack can re-run some layers whole (full:N), tried where full recompute fits. lacks: what
     the stack cannot run (ddplan.frameworks.LACKS), which no fix uses; recomputes: the recompute families it offers
-    (None: unknown), which the fixes try (ddplan.frameworks.fix_recomputes)."""
+    (None: unknown), which the fixes try (ddplan.frameworks.searched_recomputes)."""
     if asked is not None and asked["verdict"] == FITS:
         return None, []
     return what_fits(spec, hw, setup, certain=asked is not None and asked["fits"], block_recompute=block_recompute,

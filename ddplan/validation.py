@@ -19,6 +19,7 @@ import functools
 import math
 import statistics
 from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
 from dataclasses import dataclass, replace
 
 from ddplan.errors import DdplanError, SpecError
@@ -366,13 +367,22 @@ def summaries(scored: Sequence[Scored]) -> list[Summary]:
     return out
 
 
+T = TypeVar("T")
+
+
+def per_source(scored: Sequence[Scored], value: Callable[[Scored], T]) -> dict[str, list[T]]:
+    """Each source's runs' values, by source name, in the runs' order."""
+    by: dict[str, list[T]] = collections.defaultdict(list)
+    for s in scored:
+        by[s.source].append(value(s))
+    return by
+
+
 def inside_by_source(scored: Sequence[Scored]) -> float:
     """The share of a source's runs inside their band, averaged over the sources (each source weighing one): how
     often the band holds for a run from a source picked at random, where the share of all runs lets the sources with
     many runs speak for the rest (BAND_COVERAGE's third figure)."""
-    by: dict[str, list[bool]] = collections.defaultdict(list)
-    for s in scored:
-        by[s.source].append(s.inside)
+    by = per_source(scored, lambda s: s.inside)
     if not by:
         raise ValueError("no runs")
     return statistics.fmean(sum(v) / len(v) for v in by.values())
@@ -390,9 +400,7 @@ def median_by_source(scored: Sequence[Scored]) -> float:
     """The median over the sources of each source's median |error| (each source weighing one, as inside_by_source):
     the error a run's median hides where one source holds many runs. e.g. sources A (errors 1%, 3%), B (10%) and
     C (2%, 4%, 30%): medians 2%, 10%, 4%, so 4%."""
-    by: dict[str, list[float]] = collections.defaultdict(list)
-    for s in scored:
-        by[s.source].append(abs(s.error))
+    by = per_source(scored, lambda s: abs(s.error))
     if not by:
         raise ValueError("no scored run")
     return statistics.median(statistics.median(v) for v in by.values())
@@ -514,9 +522,7 @@ def source_band(scored: Sequence[Scored], level: float = BAND_LEVEL) -> tuple[fl
     new source's offset, not ten; and the t on k - 1 degrees of freedom widens the band where few sources stand
     behind it, which a percentile over the dataset's runs does not. None with fewer than two sources: one source
     says nothing of how far the next one falls (its own runs' scatter would give a band far too narrow)."""
-    by: dict[str, list[float]] = collections.defaultdict(list)
-    for s in scored:
-        by[s.source].append(math.log(s.measured_s / s.predicted_s))
+    by = per_source(scored, lambda s: math.log(s.measured_s / s.predicted_s))
     k = len(by)
     if k < 2:
         return None

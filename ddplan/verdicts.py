@@ -13,7 +13,7 @@ from ddplan.evidence import widened
 from ddplan.fp8 import fp8_stack_factor
 from ddplan.layout import NATIVE_ZERO, breaks_world_size_rule
 from ddplan import memory
-from ddplan.frameworks import ZERO_LACKS, fix_recomputes
+from ddplan.frameworks import ZERO_LACKS, searched_recomputes
 from ddplan.memory import DOES_NOT_FIT, FITS, MAY_NOT_FIT
 from ddplan.params import active_params, total_params
 from ddplan.price import MFU_CONVENTION, VALIDATED_RATIO_MOE, Flag, PricedLayout, validated_ratio
@@ -617,10 +617,10 @@ FIXES_TRIED = "micro-batch, recompute, ZeRO stage, attention, TP inside a node a
 
 def fixes_tried(lacks: frozenset[str], recomputes: tuple[str, ...] | None) -> str:
     """What memory's fixes change (ddplan.sizing.what_fits), in words, of what the stack runs: recompute where it
-    offers more than none (ddplan.frameworks.fix_recomputes), ZeRO stage where it runs more than one, TP and PP
+    offers more than none (ddplan.frameworks.searched_recomputes), ZeRO stage where it runs more than one, TP and PP
     where its `lacks` does not name them. e.g. nanochat's: "micro-batch and attention"."""
     words = ["micro-batch"]
-    if fix_recomputes(recomputes) != ("none",):
+    if searched_recomputes(recomputes) != ("none",):
         words.append("recompute")
     if sum(k not in lacks for k in ZERO_LACKS) > 1:
         words.append("ZeRO stage")
