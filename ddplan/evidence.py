@@ -26,12 +26,12 @@ DIMENSIONS = ("framework", "hardware", "precision")
 # stack is evidence about that stack whatever its model)
 EVIDENCE: dict[str, dict[str, tuple[int, int]]] = {
     "framework": {"composer": (18, 1), "fms-fsdp": (8, 1), "megatron-core": (16, 3), "megatron-deepspeed": (1, 1),
-                  "megatron-lm": (80, 4), "nanochat": (1, 1), "nemo": (46, 2), "olmo-core": (10, 1)},
-    "hardware": {"a100-sxm-40gb (16-bit)": (2, 1), "a100-sxm-80gb (16-bit)": (80, 6), "b200 (fp8)": (13, 1),
+                  "megatron-lm": (157, 4), "nanochat": (1, 1), "nemo": (46, 2), "olmo-core": (10, 1)},
+    "hardware": {"a100-sxm-40gb (16-bit)": (2, 1), "a100-sxm-80gb (16-bit)": (157, 6), "b200 (fp8)": (13, 1),
                  "b300 (fp8)": (2, 1), "gb200 (16-bit)": (2, 2), "gb200 (fp8)": (9, 1), "gb300 (fp8)": (3, 1),
                  "h100-sxm (16-bit)": (34, 6),
                  "h100-sxm (fp8)": (27, 4), "h200 (fp8)": (3, 1), "mi300x (16-bit)": (1, 1), "mi355x (fp8)": (4, 1)},
-    "precision": {"bf16": (45, 9), "fp16": (74, 3), "fp8": (61, 5)},
+    "precision": {"bf16": (45, 9), "fp16": (151, 3), "fp8": (61, 5)},
 }
 # dimension -> (low, high, runs, sources): the band of measured / predicted (ddplan.validation.source_band: an 80%
 # prediction interval for a run from a new source, sources as random effects), leaving each source out, over the dense

@@ -93,7 +93,8 @@ def measured_layout(spec: ModelSpec, m: StepMeasurement, where: str = MEASURED_F
         layout = layout_for(spec, gpus=m.gpus, tp=m.tp, pp=m.pp, vp=m.pp_virtual_stages, zero=m.zero,
                             micro_batch=m.device_batch_size,
                             grad_accum=m.total_batch_tokens // seq // (dp * m.device_batch_size),
-                            attention=m.attention, recompute=m.recompute, compiled=m.compiled)
+                            attention=m.attention, recompute=m.recompute, compiled=m.compiled,
+                            schedule=m.pp_schedule)
         # the options where they can apply to what ran (Options.searched: a shard group that does not divide its
         # ranks, or activation offload under its pipeline, is left out, not refused)
         layout = replace(layout, **options.searched(layout.tp, layout.grad_ranks, layout.zero, layout.cp, layout.pp))

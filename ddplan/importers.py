@@ -293,6 +293,49 @@ def _toml(text: str, path: Path) -> dict:
         raise SpecError(f"not valid TOML: {e}", file=str(path)) from None
 
 
+# torch.distributed.pipelining's schedules (get_schedule_class) as ddplan prices them, for the looped ones (more than one
+# stage a rank): Interleaved1F1B is Megatron's interleaving; ZBVZeroBubble the zero-bubble paper's ZB-V ("requires
+# exactly two stages per rank", torch schedules.py ScheduleZBVZeroBubble); the others are priced as the nearest:
+# LoopedBFS and InterleavedZeroBubble (ZB-1p over several chunks) as interleaved 1F1B, DualPipeV (two chunks in a V)
+# as ZB-V; each said
+TITAN_SCHEDULES = {"Interleaved1F1B": ("interleaved", ""), "ZBVZeroBubble": ("zb-v", ""),
+                   "LoopedBFS": ("interleaved", "its breadth-first order is priced as interleaved 1F1B's"),
+                   "InterleavedZeroBubble": ("interleaved", "its weight-gradient passes filling the bubble are not "
+                                             "priced: interleaved 1F1B's bubble, an upper bound"),
+                   "DualPipeV": ("zb-v", "priced as ZB-V (two chunks a stage in a V); its forward-backward overlap is "
+                                 "not priced")}
+
+
+def _titan_schedule(out: Imported, schedule: str, where: str, pp: int, par: dict, layers: int | None,
+                    path: Path) -> None:
+    """A torchtitan looped pipeline schedule as a run file states it: its chunks a stage (vp) and ddplan's schedule
+    (TITAN_SCHEDULES). Its chunks: pipeline_parallel_layers_per_stage's stages, ceil((layers + first_less +
+    last_less) / layers_per_stage) over pp, where given and the model's layers are known (refused in one line where
+    torchtitan refuses them: not a multiple of pp, or under 2 a rank), else torchtitan's default of 2 a rank for a
+    looped schedule (torchtitan/distributed/pipeline_parallel.py@b5bcd76 L219-263, @238fa99 L75-114;
+    first/last_stage_less_layers default 1: config/configs.py@b5bcd76 L197-209)."""
+    kind, caveat = TITAN_SCHEDULES.get(schedule, ("interleaved", "not a schedule ddplan knows: priced as interleaved "
+                                                                 "1F1B"))
+    chunks, why = 2, "torchtitan's default of 2 stages a rank for a looped schedule"
+    per_stage = par.get("pipeline_parallel_layers_per_stage")
+    if per_stage is not None and layers:
+        field = "parallelism.pipeline_parallel_layers_per_stage"
+        if not isinstance(per_stage, int) or isinstance(per_stage, bool) or per_stage < 1:
+            raise SpecError(f"must be a whole number >= 1, got {per_stage!r}", file=str(path), field=field)
+        stages = -(-(layers + par.get("pipeline_parallel_first_stage_less_layers", 1)
+                     + par.get("pipeline_parallel_last_stage_less_layers", 1)) // per_stage)
+        if stages % pp or stages // pp < 2:
+            raise SpecError(f"{per_stage} gives {stages} stages, which torchtitan refuses for {schedule!r} at pp {pp}: "
+                            f"a multiple of pp, at least 2 a rank", file=str(path), field=field)
+        chunks, why = stages // pp, f"pipeline_parallel_layers_per_stage {per_stage}: {stages} stages over pp {pp}"
+    if kind == "zb-v":
+        chunks, why = 2, "two stages a rank (torch ScheduleZBVZeroBubble, ScheduleDualPipeV)"
+    out.set(("layout", "vp"), chunks, why)
+    out.set(("layout", "schedule"), kind, f"{where} {schedule!r}")
+    if caveat:
+        out.warnings.append(f"{where} {schedule!r}: {caveat}")
+
+
 def _torchtitan(text: str, path: Path, out: Imported) -> None:
     """A torchtitan job TOML (JobConfig: [model], [training], [parallelism], [activation_checkpoint], [compile],
     [quantize.linear.float8] or the older [float8])."""
@@ -321,6 +364,7 @@ def _torchtitan(text: str, path: Path, out: Imported) -> None:
         if not isinstance(table, dict):
             raise SpecError(f"must be a table ([{name}]), got {table!r}", file=str(path), field=name)
     name, flavor = get("model", "name", "llama3"), str(get("model", "flavor", "debugmodel"))
+    layers = None  # the model's blocks, where the flavor gives them (a looped schedule's chunks may need them)
     if name == "llama3" and flavor in TITAN_LLAMA3:
         dim, layers, heads, kv, mult, multiple = TITAN_LLAMA3[flavor]
         arch = {"num_layers": layers, "d_model": dim, "num_heads": heads, "num_kv_heads": kv,
@@ -400,7 +444,7 @@ def _torchtitan(text: str, path: Path, out: Imported) -> None:
                 "fsdp_reshard_after_forward 'default' with pipeline parallelism: not resharded")
     schedule, where = parallel("pipeline_parallel_schedule", "1F1B")
     if pp > 1 and schedule not in ("1F1B", "GPipe"):
-        out.warnings.append(f"{where} {schedule!r}: priced as 1F1B (vp 1)")
+        _titan_schedule(out, schedule, where, pp, par, layers, path)
 
     local, local_field = next(((training[k], f"training.{k}") for k in ("local_batch_size", "batch_size")
                                if k in training), (8, "training.local_batch_size"))

@@ -279,7 +279,7 @@ def as_measured(cal, m, values: dict, given: Collection[str], as_text: bool = Tr
 
 
 def stated_measurement(spec, hw, step_time_s: float | None, *, gpus: int, tp: int, pp: int, vp: int,
-                       zero: int | None, micro_batch: int | None, total_batch_tokens: int | None,
+                       schedule: str | None, zero: int | None, micro_batch: int | None, total_batch_tokens: int | None,
                        attention: str | None, window: str | None, compiled: bool | None, recompute: str,
                        others_given: bool) -> StepMeasurement | None:
     """The step a user measured (--measured-step-time, or a run file's measured.step_time_s) as ddplan's
@@ -296,7 +296,7 @@ def stated_measurement(spec, hw, step_time_s: float | None, *, gpus: int, tp: in
         model=spec.name, gpus=gpus, step_time_s=step_time_s,
         device_batch_size=micro_batch or spec.recipe.device_batch_size,
         total_batch_tokens=total_batch_tokens or spec.recipe.total_batch_tokens, tp=tp, pp=pp,
-        pp_virtual_stages=vp, zero=zero, attention=attention or hw.default_attention,
+        pp_virtual_stages=vp, pp_schedule=schedule, zero=zero, attention=attention or hw.default_attention,
         window_pattern=window or spec.architecture.window_pattern,
         compiled=spec.recipe.compiled if compiled is None else compiled, recompute=recompute,
         source="stated with --measured-step-time")
@@ -510,6 +510,14 @@ def inert_options(options: Options, stated: Stated, degrees: Collection[tuple[in
     return out
 
 
+def check_schedule(schedule: str | None, pps: Sequence[int], stated: Stated) -> None:
+    """A pipeline schedule asked of layouts without a pipeline says nothing: refused in one line naming the flag or
+    the run file's field, where no pipeline degree asked is above 1."""
+    if schedule is not None and schedule != "1f1b" and all(p == 1 for p in pps):
+        raise UsageError(f"the {schedule} schedule needs pipeline parallelism: no layout asked has pp > 1 (give --pp)",
+                         field=stated.by("schedule"))
+
+
 def table_request(v: dict, stated: Stated, today):
     """The table a command line (or run file) asks for: (TableRequest, model, hardware, calibration). Without a
     model, the run the calibration measured, as it ran (flags given win); a measured step time is tied to the
@@ -525,6 +533,7 @@ def table_request(v: dict, stated: Stated, today):
         v.update(as_measured(cal, m, {k: v[k] for k in names}, stated.given))
     gpu_list = tuple(int_list(v["gpus"], "--gpus", ranges=True))
     tps, pps, vps, cps, eps = (tuple(int_list(v[k], "--" + k)) for k in ("tp", "pp", "vp", "cp", "ep"))
+    check_schedule(v["schedule"], pps, stated)
     zeros = tuple(int_list(v["zero"], "--zero", allowed=(0, 1, 2, 3))) if v["zero"] else ()
     mbs = tuple(int_list(v["device_batch_size"], "--device-batch-size")) if v["device_batch_size"] else ()
     recomputes = policies(v["recompute"])
@@ -546,7 +555,7 @@ def table_request(v: dict, stated: Stated, today):
     measured_flags = ("measured_gpus", "measured_tp", "measured_pp", "measured_attention", "measured_window")
     measurement = stated_measurement(
         spec, hw, v["measured_step_time"], gpus=v["measured_gpus"] or gpu_list[0], tp=v["measured_tp"] or tps[0],
-        pp=v["measured_pp"] or pps[0], vp=vps[0], zero=zeros[0] if zeros else None,
+        pp=v["measured_pp"] or pps[0], vp=vps[0], schedule=v["schedule"], zero=zeros[0] if zeros else None,
         micro_batch=mbs[0] if mbs else None, total_batch_tokens=v["total_batch_size"],
         attention=v["measured_attention"] or (attentions[0] if attentions else None),
         window=v["measured_window"] or (windows[0] if windows else None), compiled=v["compiled"],
@@ -556,7 +565,8 @@ def table_request(v: dict, stated: Stated, today):
     else:
         batch_from = "the measured step's batch" if v["total_batch_size"] is not None else "the recipe's batch"
     req = TableRequest(
-        model=spec, hardware=hw, gpus=gpu_list, tps=tps, pps=pps, vps=vps, cps=cps, eps=eps, zeros=zeros,
+        model=spec, hardware=hw, gpus=gpu_list, tps=tps, pps=pps, vps=vps, schedule=v["schedule"], cps=cps, eps=eps,
+        zeros=zeros,
         micro_batches=mbs, recomputes=recomputes, attentions=attentions, windows=windows,
         total_batch_tokens=v["total_batch_size"],
         budget=training_budget(spec, v["steps"], v["tokens"], v["param_data_ratio"]),
@@ -754,6 +764,7 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
         v["model"], cal, m = calibrated_model(v["calibration"])
         v.update(as_measured(cal, m, {k: v[k] for k in (*shape, "seq_len")}, stated.given, as_text=False))
     check_ranges(*((v[k], "--" + k.replace("_", "-")) for k in ("gpus", "tp", "pp", "vp", "device_batch_size")))
+    check_schedule(v["schedule"], (v["pp"],), stated)
     stages = tuple(int_list(v["zero"], "--zero", allowed=(0, 1, 2, 3)))
     spec, hw, cal = load(v["model"], v["hardware"], v["calibration"], v["seq_len"], v["dtype"], grads=v["grads"],
                          weights=v["weights"], moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v),
@@ -797,7 +808,7 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
                          micro_batch=v["device_batch_size"], attention=v["attention"],
                          recompute=policies(v["recompute"])[0], compiled=v["compiled"],
                          window_pattern=v["window"], headroom=v["headroom"], options=options,
-                         assumptions=memory_assumptions(cal), fp8=fp8, fp8_recipe=recipe)
+                         assumptions=memory_assumptions(cal), fp8=fp8, fp8_recipe=recipe, schedule=v["schedule"])
     lay = setup.layout
     stated.inert.extend(inert_options(options, stated, {(lay.tp, lay.grad_ranks, z, lay.cp, lay.pp)
                                                         for z in (stages or (lay.zero,))}, "memory", spec, v))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ddplan.anatomy import UNFUSED_KINDS
 from ddplan.errors import LayoutError
-from ddplan.pipeline import stage_layers
+from ddplan.pipeline import SCHEDULES, ZERO_BUBBLE, stage_layers
 from ddplan.runfields import recompute_layers, recompute_policy
 from ddplan.specs import ModelSpec
 
@@ -42,6 +42,22 @@ def context_parallel_degrees(seq_len: int) -> tuple[int, ...]:
     return (1, *(c for c in (2, 4, 8, 16) if seq_len // c >= CP_MIN_TOKENS and seq_len % (2 * c) == 0))
 
 
+# the model chunks a stage runs under each schedule (pipeline.SCHEDULES): the rule on Layout.pp_virtual_stages, in words
+CHUNKS_RULE = {"1f1b": (lambda v: v == 1, "one chunk"), "interleaved": (lambda v: v > 1, "more than one chunk"),
+               "zb_h1": (lambda v: v == 1, "one chunk"), "zb_h2": (lambda v: v == 1, "one chunk"),
+               "zb_v": (lambda v: v == 2, "two chunks (a V: Qi et al., arXiv 2401.10241, sec. 6)")}
+
+
+def schedule_for(schedule: str | None, vp: int) -> tuple[str, int]:
+    """(Layout.pp_schedule, chunks a stage) of a schedule as a run states it (None: 1F1B, interleaved when vp > 1;
+    '-' or '_' alike) and its vp: ZB-V runs two chunks a stage, so vp 1 (unstated) means 2 there.
+    e.g. (None, 1) -> ('1f1b', 1); (None, 4) -> ('interleaved', 4); ('zb-v', 1) -> ('zb_v', 2)."""
+    if schedule is None:
+        return ("interleaved" if vp > 1 else "1f1b"), vp
+    name = schedule.replace("-", "_")
+    return name, (2 if name == "zb_v" and vp == 1 else vp)
+
+
 @dataclass(frozen=True)
 class Layout:
     """Degrees of parallelism and per-GPU work for one training step.
@@ -62,7 +78,7 @@ class Layout:
     attention: str = "sdpa-fused"  # an implementation name from the hardware spec
     recompute: str = "none"
     compiled: bool = False
-    pp_schedule: str = "1f1b"  # "1f1b" or "interleaved"
+    pp_schedule: str = "1f1b"  # ddplan.pipeline.SCHEDULES: 1f1b, interleaved (vp > 1), zb_h1, zb_h2, zb_v (vp 2)
     pp_virtual_stages: int = 1
     tp_overlap: bool = False  # tensor-parallel communication overlapped with GEMMs (Megatron --tp-comm-overlap)
     sequence_parallel: bool = False  # Megatron sequence parallelism over the tp group (needs tp > 1)
@@ -103,11 +119,15 @@ class Layout:
             raise LayoutError("must be >= 1: " + ", ".join(f"{k}={v}" for k, v in bad.items()))
         if self.zero not in ZERO_STAGES:
             raise LayoutError(f"zero stage must be one of {ZERO_STAGES}, got {self.zero}")
-        if self.pp_schedule not in ("1f1b", "interleaved"):
-            raise LayoutError(f"pipeline schedule must be 1f1b or interleaved, got {self.pp_schedule!r}")
-        if (self.pp_schedule == "interleaved") != (self.pp_virtual_stages > 1):
-            raise LayoutError(f"interleaved schedules need pp_virtual_stages > 1 and 1f1b exactly 1; got "
-                              f"{self.pp_schedule} with {self.pp_virtual_stages}")
+        if self.pp_schedule not in SCHEDULES:
+            raise LayoutError(f"pipeline schedule must be one of {', '.join(SCHEDULES)}, got {self.pp_schedule!r}")
+        if not CHUNKS_RULE[self.pp_schedule][0](self.pp_virtual_stages):
+            raise LayoutError(f"the {self.pp_schedule.replace('_', '-')} schedule runs "
+                              f"{CHUNKS_RULE[self.pp_schedule][1]} a pipeline stage; got {self.pp_virtual_stages}",
+                              field="--vp")
+        if self.pp_schedule in ZERO_BUBBLE and self.pp == 1:
+            raise LayoutError(f"the {self.pp_schedule} schedule needs pipeline parallelism (pp > 1), got pp 1",
+                              field="--schedule")
         if self.pp_virtual_stages > 1 and self.pp == 1:
             raise LayoutError(f"interleaving ({self.pp_virtual_stages} chunks per stage) needs pipeline parallelism "
                               f"(pp > 1), got pp 1")
@@ -475,16 +495,18 @@ def zero_stage(spec: ModelSpec, zero: int | None, ranks: int) -> int:
 
 def layout_for(spec: ModelSpec, *, gpus: int, tp: int = 1, pp: int = 1, vp: int = 1, cp: int = 1, ep: int = 1,
                zero: int | None = None, micro_batch: int, grad_accum: int, attention: str, recompute: str = "none",
-               compiled: bool | None = None, options: Options = Options()) -> Layout:
+               compiled: bool | None = None, options: Options = Options(), schedule: str | None = None) -> Layout:
     """The layout of `gpus` GPUs in total: dp = gpus / (tp x pp x cp); the model's native ZeRO stage unless one is
-    given (and always at dp 1, where there is nothing to shard); interleaved when vp > 1; the options
-    where they apply. The one place `table`, `memory` and a measurement turn GPU counts into a layout."""
+    given (and always at dp 1, where there is nothing to shard); the pipeline schedule asked (schedule_for: by
+    default 1F1B, interleaved when vp > 1; none without a pipeline); the options where they apply. The one place
+    `table`, `memory` and a measurement turn GPU counts into a layout."""
     dp = data_parallel(gpus, tp, pp, cp)
     zero = zero_stage(spec, zero, dp * cp)
+    pp_schedule, vp = schedule_for(schedule if pp > 1 else None, vp)
     return Layout(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, micro_batch=micro_batch,
                   grad_accum=grad_accum, attention=attention, recompute=recompute,
                   compiled=spec.recipe.compiled if compiled is None else compiled,
-                  pp_schedule="interleaved" if vp > 1 else "1f1b", pp_virtual_stages=vp, ep=ep,
+                  pp_schedule=pp_schedule, pp_virtual_stages=vp, ep=ep,
                   **options.for_layout(tp, dp * cp, zero, cp, pp))
 
 

@@ -386,12 +386,21 @@ def in_flight_micro_batches(layout: Layout, stage: int = 0) -> float:
     and 2/v fewer on each later one (not 1 + (p-1)/(p v) fewer: ddplan's count until 2026-12-07, eighth session).
     e.g. p 16, v 8, m 384: 143 / 8 = 17.875 on the first stage, 141 / 8 = 17.625 on the second (Megatron's 141 chunk
     forwards there; 16.76 before).
+    Zero-bubble schedules (Qi et al., arXiv 2401.10241): stage i (from 1) holds (p - i + 1) M_B + (i - 1) M_W under
+    ZB-H1 and (2p - 2i + 1) M_B + (2i - 2) M_W under ZB-H2 (sec. 2.3; M_W, what a delayed W keeps, 32 s b h, is
+    under M_B, about 34 s b h with fused attention: Table 1), and every stage p M_B under ZB-V (sec. 6): priced as
+    min(p, m), min(2p - 1, m) and min(p, m) micro-batches on every stage, each W counted as a B (the first stage's
+    exact peak; a later stage's a few percent high).
     Ref: Megatron-Core schedules.py@2a75ac1 get_pp_rank_microbatches (microbatch_group_size_per_vp_stage = p, its
     default); Korthikanti et al., arXiv 2205.05198, sec. 4.2.3; Narayanan et al., arXiv 2104.04473, sec. 2.2.
     """
     p, m = layout.pp, layout.grad_accum
     if p == 1:
         return 1.0
+    if layout.pp_schedule in ("zb_h1", "zb_v"):
+        return float(min(p, m))
+    if layout.pp_schedule == "zb_h2":
+        return float(min(2 * p - 1, m))
     if layout.pp_schedule == "interleaved":
         v = layout.pp_virtual_stages
         return min((p - stage - 1) * 2 + (v - 1) * p + 1, m * v) / v

@@ -1,9 +1,12 @@
-"""Pipeline parallelism: the bubble under its two conventions, and point-to-point activation bytes.
+"""Pipeline parallelism: the bubble under its two conventions, the zero-bubble schedules' bubble, and
+point-to-point activation bytes.
 
 p pipeline stages (devices), m micro-batches per step, v model chunks per device (interleaved
 schedule; v = 1 is GPipe / 1F1B). Two conventions for the same bubble, named in every function:
 - fraction of step: bubble / (ideal + bubble) = (p-1) / (v m + p - 1), always in [0, 1);
 - over ideal (Megatron's): bubble / ideal = (p-1) / (v m), unbounded for small m.
+The zero-bubble schedules (Qi et al., arXiv 2401.10241) split backward into B (the input gradients) and W (the
+weights'), and their bubble is a time in those passes' terms (zero_bubble_time_s).
 """
 
 from __future__ import annotations
@@ -102,6 +105,50 @@ def bubble_time_s(ideal_compute_s: float, p: int, m: int, v: int = 1) -> float:
     if not (ideal_compute_s >= 0 and math.isfinite(ideal_compute_s)):
         raise ValueError(f"ideal_compute_s must be finite and >= 0, got {ideal_compute_s!r}")
     return ideal_compute_s * bubble_over_ideal(p, m, v)
+
+
+# The schedules ddplan prices, as Layout.pp_schedule spells them (a run file's layout.schedule writes '-' for '_'):
+# 1F1B (PipeDream-Flush) and Megatron's interleaved 1F1B, and the zero-bubble paper's handcrafted ZB-H1 and ZB-H2
+# and its ZB-V (Qi et al., arXiv 2401.10241, sec. 2 and 6)
+SCHEDULES = ("1f1b", "interleaved", "zb_h1", "zb_h2", "zb_v")
+ZERO_BUBBLE = ("zb_h1", "zb_h2", "zb_v")
+# the micro-batches whose W passes a schedule can move into the bubble: ZB-H1 keeps 1F1B's p in flight, ZB-H2 2p - 1
+# (Table 2's peak activations); ZB-V is priced as ZB-H2 (see zero_bubble_time_s)
+def _w_slots(schedule: str, p: int) -> int:
+    return p if schedule == "zb_h1" else 2 * p - 1
+
+
+def zero_bubble_time_s(schedule: str, p: int, m: int, pass_s: float, w_s: float) -> float:
+    """Idle time a zero-bubble pipeline schedule adds to a step, seconds, from one stage's times for one micro-batch,
+    pass_s = T_F + T_B + T_W (forward and the whole backward) and w_s = T_W (its weight-gradient GEMMs), and the m
+    micro-batches of the step:
+
+        bubble = (p-1)(T_F + T_B) - (min(m, k) - 1) T_W, at least 0; k = p (ZB-H1), 2p - 1 (ZB-H2, ZB-V)
+
+    With enough micro-batches this is the paper's Table 2 ("Comparison between 1F1B and our handcrafted
+    schedules"): ZB-H1 (p-1)(T_F + T_B - T_W) at 1F1B's peak activations (p M_B), ZB-H2 (p-1)(T_F + T_B - 2 T_W) at
+    (2p - 1) M_B; 1F1B's is (p-1)(T_F + T_B + T_W), bubble_time_s. With m <= p it is Appendix H's "rough analysis
+    ignoring communication": a ZB iteration takes (m + p - 1)(T_F + T_B) + T_W, a bubble of (p-1)(T_F + T_B) - (m-1)
+    T_W, for ZB-1p and ZB-2p alike ("essentially the same" there). Between p and 2p - 1 (ZB-H2) each further
+    micro-batch's W is taken to fill as much again: ddplan's interpolation of the two.
+    ZB-V (sec. 6: two chunks a stage in a V, zero bubble at p M_B when T_F = T_B = T_W) has no closed form in the
+    paper; its bubble rates computed from profiled times (Table 8) lie within 1.3 points of ZB-H2's at every
+    setting (6.2B, p 16: 0.0697 vs 0.0823; 14.6B, p 24: 0.0638 vs 0.0628; 28.3B, p 32: 0.0593 vs 0.0629 at the
+    smallest m), so ddplan prices it as ZB-H2 (an assumption, stated).
+    The paper's automatic schedules are these within its Table 5: ZB-1p's bubble rates equal ZB-H1's at every
+    setting, and ZB-2p's lie below ZB-H2's (0.1-4.3% against 2.6-10.8%): ZB-2p priced as ZB-H2 is an upper bound.
+    Communication is not in these formulas; ddplan adds the stage-to-stage sends to the bubble as for 1F1B.
+    e.g. p 8, m 24, T_F 18.522, T_B 18.086, T_W 9.337 ms (the paper's Table 9, 1.5B): ZB-H1 7 x 27.271 = 190.9 ms,
+    ZB-H2 7 x 17.934 = 125.5 ms (1F1B 7 x 45.945 = 321.6 ms); at m 4, both 7 x 36.608 - 3 x 9.337 = 228.2 ms.
+    Ref: Qi, Wan, Huang & Lin, "Zero Bubble Pipeline Parallelism", arXiv 2401.10241 (ICLR 2024), Tables 2, 5, 8, 9
+    and Appendix H.
+    """
+    if schedule not in ZERO_BUBBLE:
+        raise ValueError(f"not a zero-bubble schedule: {schedule!r} (one of {', '.join(ZERO_BUBBLE)})")
+    _check_pmv(p, m, 1)
+    if not (0 <= w_s <= pass_s < math.inf):
+        raise ValueError(f"need 0 <= w_s <= pass_s, finite; got w_s={w_s!r}, pass_s={pass_s!r}")
+    return max(0.0, (p - 1) * (pass_s - w_s) - (min(m, _w_slots(schedule, p)) - 1) * w_s)
 
 
 def p2p_bytes_per_microbatch(batch: int, seq: int, hidden: int, elem_bytes: float) -> float:

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 # spread is the one that applies; and the interval's Student t on the few sources widens the band where few stand
 # behind it. Checked as a user meets it (the check that chose the level): leaving each source out (with its sibling
 # campaigns, ddplan.validation.SOURCE_FAMILIES) with its band made without it too, 92% of a source's runs fall inside
-# on average, 98% of the 180 runs (ddplan.validation.BAND_COVERAGE); the 5th-95th percentile band it replaced
+# on average, 99% of the 257 runs (ddplan.validation.BAND_COVERAGE); the 5th-95th percentile band it replaced
 # (2026-12-06) held 79% of the 113 that way, and 72% of the runs held back from ddplan. benchmarks/validation.py
 # prints it; tests/test_validation.py fails when it drifts from the dataset and the model. A prediction's band is
 # this range joined with the range its efficiencies span (whichever is wider on each side).

@@ -29,6 +29,7 @@ from ddplan.table import TableRequest, build_table, fp8_params_apply, framework_
 STATED_BY: dict[tuple[str, ...], str] = {
     ("model",): "model.base (with model.architecture)", ("hardware",): "hardware", ("gpus",): "layout.gpus",
     ("layout", "tp"): "layout.tp", ("layout", "pp"): "layout.pp", ("layout", "vp"): "layout.vp",
+    ("layout", "schedule"): "layout.schedule",
     ("layout", "cp"): "layout.cp", ("layout", "ep"): "layout.ep", ("layout", "etp"): "layout.etp",
     ("layout", "zero"): "layout.zero",
     ("precision", "dtype"): "precision", ("precision", "grads"): "model.grads",
@@ -194,6 +195,7 @@ def table_command(run: PublishedRun, folder: Path | None = None) -> list[str] | 
     lay, zero, recipe = run.layout, run_zero(run), run_fp8_recipe(run)
     argv = ["table", "--model", model, "--hardware", hardware, "--gpus", str(lay.gpus),
             "--tp", str(lay.tp), "--pp", str(lay.pp), "--vp", str(lay.vp), "--cp", str(lay.cp), "--ep", str(lay.ep),
+            *(["--schedule", lay.schedule] if lay.schedule else []),
             *(["--zero", str(zero)] if zero is not None else []), *(["--etp", "1"] if lay.etp else []),
             "--device-batch-size", ",".join(map(str, micro_batches(run))), "--total-batch-size",
             str(run.tokens_per_step),
@@ -387,7 +389,7 @@ def price_run(run: RunFacts, where: str, sustained: dict[str, float] | None = No
     fitting_key = ("fitting micro-batches", lay.recompute)
     known = shared.get(fitting_key) if shared is not None and len(candidates) > 1 else None
     req = TableRequest(model=spec, hardware=hw, gpus=(lay.gpus,), tps=(lay.tp,), pps=(lay.pp,), vps=(lay.vp,),
-                       cps=(lay.cp,), eps=(lay.ep,),
+                       schedule=lay.schedule, cps=(lay.cp,), eps=(lay.ep,),
                        zeros=(zero,) if zero is not None else (), micro_batches=known or candidates,
                        recomputes=(lay.recompute,),
                        attentions=(attention,), windows=(lay.window or spec.architecture.window_pattern,),

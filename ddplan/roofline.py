@@ -351,6 +351,31 @@ def _op_time_s(op: Op, anatomy: Anatomy, r: Rates) -> tuple[float, float]:
             roofline_s(op.flops_bwd, op.bytes_bwd * fused, r.vector_flops_per_s, bw) + overhead)
 
 
+def wgrad_share(op: Op, r: Rates) -> float:
+    """The share of an op's backward seconds that computes its weight's gradient (the zero-bubble schedules' W pass):
+    a GEMM's dW against its dX, each at its own shape's rate (_op_time_s: two GEMMs of the same FLOPs), half of it
+    in fp8 where both run at the fp8 rate, and dW at the 16-bit rate under the recipes that keep it there; 0 for
+    every other op (attention, norms, activations, the loss: the paper's B, "backward for input"). A GEMM's fixed
+    costs and any memory-bound floor split as its compute does.
+    e.g. dX and dW at the same rate: 0.5.
+    Ref: Qi et al., arXiv 2401.10241, sec. 2 (Figure 1, Table 1: B and W each hold one of a matmul's two backward
+    matmuls of its forward's FLOPs)."""
+    if op.kind != "gemm":
+        return 0.0
+    m, n, k = op.shape
+    if r.fp8_flops_per_s and fp8_eligible(op, r.fp8_lm_head):
+        if r.fp8_recipe not in FP8_WGRAD_HIGH_PRECISION:
+            return 0.5
+        dx = 1.0 / (r.fp8_flops_per_s * gemm_efficiency(m, n, k, r.gemm_best_fp8, r.gemm_half_dim))
+        dw = 1.0 / (r.peak_flops_per_s * gemm_fraction(k, n, m, r))
+    elif not r.gemm_points:  # on the curve dX and dW have the same three dimensions: the same rate
+        return 0.5
+    else:
+        dx = 1.0 / (r.peak_flops_per_s * gemm_fraction(m, k, n, r))
+        dw = 1.0 / (r.peak_flops_per_s * gemm_fraction(k, n, m, r))
+    return dw / (dx + dw)
+
+
 def pointwise_rate(measured_bytes_per_s: float, measured_compiled: bool, compiled: bool) -> float:
     """Bytes per second (the anatomy's unfused bytes) at which elementwise ops run, from a measured rate.
 
@@ -374,6 +399,7 @@ class MicroBatchTime:
     bwd_s: float
     by_kind_s: dict[str, float]
     recompute_s: float  # part of bwd_s spent re-running forward ops (recompute policy)
+    wgrad_s: float = 0.0  # part of bwd_s computing the weights' gradients (the zero-bubble schedules' W: wgrad_share)
 
     @property
     def total_s(self) -> float:
@@ -394,6 +420,7 @@ class OpTimes:
     by_kind: dict[tuple[str, str], float]  # (part, kind) -> forward + backward
     fwd_by_kind: dict[tuple[str, str], float]  # (part, kind) -> forward
     again_by_kind: dict[tuple[str, str, str], float]  # (part, policy, kind)
+    wgrad: dict[str, float]  # part -> the backward's weight-gradient seconds (wgrad_share)
     # micro_batch_time's results on these sums, by (policy, layer fraction, embeddings, head): pipeline layouts
     # of a search ask for the same few stages thousands of times
     memo: dict = field(default_factory=dict, init=False, compare=False, repr=False)  # a replace() starts empty
@@ -413,6 +440,7 @@ def op_times(anatomy: Anatomy, r: Rates) -> OpTimes:
     by_kind: dict[tuple[str, str], float] = {}
     fwd_by_kind: dict[tuple[str, str], float] = {}
     again_by_kind: dict[tuple[str, str, str], float] = {}
+    wgrad: dict[str, float] = {}
     # every named policy (a search's shares one OpTimes), and the anatomy's own per-module one (full:N: after)
     own = anatomy.recompute not in RECOMPUTE_POLICIES and not anatomy.by_layers
     policies = RECOMPUTE_POLICIES[1:] + ((anatomy.recompute,) if own else ())
@@ -422,6 +450,8 @@ def op_times(anatomy: Anatomy, r: Rates) -> OpTimes:
         f, b = n * f, n * b
         fwd[part] = fwd.get(part, 0.0) + f
         bwd[part] = bwd.get(part, 0.0) + b
+        if op.kind == "gemm":
+            wgrad[part] = wgrad.get(part, 0.0) + b * wgrad_share(op, r)
         by_kind[(part, op.kind)] = by_kind.get((part, op.kind), 0.0) + f + b
         fwd_by_kind[(part, op.kind)] = fwd_by_kind.get((part, op.kind), 0.0) + f
         for policy in policies:
@@ -439,7 +469,7 @@ def op_times(anatomy: Anatomy, r: Rates) -> OpTimes:
                     key = (part, policy, op.kind)
                     again_by_kind[key] = again_by_kind.get(key, 0.0) + f
     return OpTimes(fwd=fwd, bwd=bwd, again=again, by_kind=by_kind, fwd_by_kind=fwd_by_kind,
-                   again_by_kind=again_by_kind)
+                   again_by_kind=again_by_kind, wgrad=wgrad)
 
 
 def micro_batch_time(anatomy: Anatomy, r: Rates, layer_fraction: float = 1.0,
@@ -479,4 +509,6 @@ def _micro_batch_time(parts: OpTimes, policy: str, layer_fraction: float, includ
                                                          parts.again_by_kind.items() if pol == policy]
     for p, kind, v in rerun:
         by_kind[kind] = by_kind.get(kind, 0.0) + shares[p] * v
-    return MicroBatchTime(fwd_s=fwd_s, bwd_s=bwd_s, by_kind_s=by_kind, recompute_s=rec)
+    wgrad = parts.wgrad
+    wgrad_s = layers * wgrad.get("layers", 0.0) + emb * wgrad.get("embeddings", 0.0) + head * wgrad.get("head", 0.0)
+    return MicroBatchTime(fwd_s=fwd_s, bwd_s=bwd_s, by_kind_s=by_kind, recompute_s=rec, wgrad_s=wgrad_s)

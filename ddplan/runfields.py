@@ -100,6 +100,8 @@ def _f(path: str, help: str, kind: Any, panel: str, **more: Any) -> RunField:
 
 TABLE, TABLE_PLAN, ALL = frozenset({"table"}), frozenset({"table", "plan"}), frozenset(COMMANDS)
 TABLE_MEMORY, MEMORY, PLAN = frozenset({"table", "memory"}), frozenset({"memory"}), frozenset({"plan"})
+# pipeline schedules as a run file and --schedule spell them (ddplan.pipeline.SCHEDULES, '_' for '-')
+SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v")
 RECOMPUTE = ("none", "selective", "per-op", "full")  # lightest first (plan searches in this order)
 # Megatron-Core's --recompute-modules (its selective recompute's choices, the ones a dense or MoE GPT block has):
 # `selective:` and the modules joined by '+', e.g. selective:layernorm+moe (selective alone is core_attn, Megatron's
@@ -201,6 +203,12 @@ FIELDS: tuple[RunField, ...] = (
     _f("layout.vp", "Interleaved chunks per pipeline stage (1: 1F1B).", int, LAYOUT,
        range=Range(1, 64, "chunks per pipeline stage"), many=TABLE, default=1, defaults={"table": "1"},
        commands=TABLE_MEMORY),
+    _f("layout.schedule", "Pipeline schedule (pp > 1): 1f1b, interleaved (vp > 1), or a zero-bubble schedule of Qi et "
+       "al. (arXiv 2401.10241), which splits backward into input and weight gradients and fills the bubble with the "
+       "latter: zb-h1 (1F1B's memory; the paper's ZB-1p), zb-h2 (up to 2p - 1 micro-batches' activations; the "
+       "paper's ZB-2p, priced as an upper bound) or zb-v (two chunks a stage in a V, 1F1B's memory; torch "
+       "ScheduleZBVZeroBubble, torchtitan's ZBVZeroBubble). Default: 1f1b, interleaved when vp > 1.",
+       SCHEDULES, LAYOUT, commands=TABLE_MEMORY),
     _f("layout.cp", "Context-parallel degree: each sequence split over cp GPUs (ring attention).",
        int, LAYOUT, range=Range(1, 1024, "context-parallel degree"), many=TABLE_PLAN, default=1,
        defaults={"table": "1", "plan": None},

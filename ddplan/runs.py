@@ -27,7 +27,7 @@ from ddplan.flops import nanochat_flops_per_token
 from ddplan.registry import builtin_dir, load_hardware, load_model
 from ddplan.runconfig import annotation
 from ddplan.runfields import OPTION_FIELDS, recompute_policy
-from ddplan.specfile import read_yaml, validate
+from ddplan.specfile import MAX_DATASET_BYTES, read_yaml, validate
 from ddplan.specs import (Architecture, CrossEntropy, Fp8Recipe, Fp8WeightCasts, Grads, ModelSpec, Moments, Strict,
                           present_param_groups, run_variant)
 
@@ -77,6 +77,8 @@ class _RunDegrees(Strict):
     tp: int = Field(default=1, gt=0, le=1024)
     pp: int = Field(default=1, gt=0, le=1024)
     vp: int = Field(default=1, gt=0, le=1024)  # interleaved chunks per pipeline stage
+    # the pipeline schedule (ddplan.runfields.SCHEDULES); None: 1F1B, interleaved when vp > 1
+    schedule: Literal["1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v"] | None = None
     cp: int = Field(default=1, gt=0, le=1024)  # context parallelism
     ep: int = Field(default=1, gt=0, le=4096)  # expert parallelism (mixture of experts): out of dp x cp
     etp: Literal[1] | None = None  # 1: experts whole (Megatron-Core --expert-tensor-parallel-size 1); None: tp
@@ -332,7 +334,7 @@ def load_runs(path: str | None = None) -> RunSet:
     p = Path(path or shipped_dataset()).expanduser()
     if not p.exists():
         raise SpecError("no such file for --dataset", file=str(p))
-    return validate(RunSet, read_yaml(p), str(p))
+    return validate(RunSet, read_yaml(p, max_bytes=MAX_DATASET_BYTES), str(p))
 
 
 def run_spec(run: RunFacts, where: str, imbalance: float | None = None, weights: str | None = None):

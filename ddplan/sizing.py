@@ -267,7 +267,7 @@ def memory_setup(spec: ModelSpec, hw: HardwareSpec, *, gpus: int, tp: int = 1, p
                  compiled: bool | None = None, window_pattern: str | None = None,
                  headroom: float = HEADROOM, options: Options = Options(),
                  assumptions: MemoryAssumptions = MemoryAssumptions(), fp8: bool = False,
-                 fp8_recipe: str | None = None) -> Setup:
+                 fp8_recipe: str | None = None, schedule: str | None = None) -> Setup:
     """The setup `ddplan memory` asks about: gpus in total (ddplan.layout.layout_for), the recipe's batch split
     by the one rule (ddplan.layout.split_batch), as `table` splits it."""
     attention = attention or hw.default_attention
@@ -277,7 +277,7 @@ def memory_setup(spec: ModelSpec, hw: HardwareSpec, *, gpus: int, tp: int = 1, p
                             asked)
         layout = layout_for(spec, gpus=gpus, tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, micro_batch=split.micro_batch,
                             grad_accum=split.accum, attention=attention, recompute=recompute, compiled=compiled,
-                            options=options)
+                            options=options, schedule=schedule)
         check_layout(layout, spec, world_size_rule=False)
         problem = cp_attention_problem(layout, *attention_mode(hw, attention), spec, window_pattern)
         if problem:

@@ -328,7 +328,13 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
                      float(anatomy.modules is not None and "moe" in anatomy.modules))
         ep_s = accum * stage_moe * (fwd + bwd + fwd * moe_again)
 
-    bubble = pipeline.bubble_time_s(compute + tp_s + cp_s + ep_s, p, accum, layout.pp_virtual_stages) if p > 1 else 0.0
+    if p == 1:
+        bubble = 0.0
+    elif layout.pp_schedule in pipeline.ZERO_BUBBLE:  # W passes fill it: its terms are one micro-batch's on the stage
+        bubble = pipeline.zero_bubble_time_s(layout.pp_schedule, p, accum, (compute + tp_s + cp_s + ep_s) / accum,
+                                             mbt.wgrad_s)
+    else:
+        bubble = pipeline.bubble_time_s(compute + tp_s + cp_s + ep_s, p, accum, layout.pp_virtual_stages)
     if p > 1:  # activations to the next stage and gradients back, per micro-batch, not overlapped
         # neighbouring stages are tp x dp ranks apart (ddplan.layout.placement): once the job spans nodes
         # some boundary crosses them, and each GPU sends to its peer through its own NIC

@@ -52,6 +52,7 @@ class TableRequest:
     tps: tuple[int, ...] = (1,)
     pps: tuple[int, ...] = (1,)
     vps: tuple[int, ...] = (1,)  # interleaved chunks per pipeline stage (1: 1F1B)
+    schedule: str | None = None  # the pipeline schedule (runfields.SCHEDULES; None: 1F1B, interleaved when vp > 1)
     cps: tuple[int, ...] = (1,)  # context-parallel degrees (each sequence split over cp GPUs)
     eps: tuple[int, ...] = (1,)  # expert-parallel degrees (routed experts split over ep of the dp x cp ranks)
     zeros: tuple[int, ...] = ()  # () = the model's native data-parallel setup
@@ -281,7 +282,8 @@ def _build_table(req: TableRequest, progress: Callable[[str, int, int], None] | 
             progress(f"{gpus} GPUs, tp {tp}, pp {pp}, {att}, {win}", i, rows)
         try:
             layout, flags = _layout(pricer, total_batch // seq, gpus, tp, pp, vp, cp, zero, asked_mb, rc, att, win,
-                                    compiled, pinned=bool(req.micro_batches), options=req.options, ep=ep)
+                                    compiled, pinned=bool(req.micro_batches), options=req.options, ep=ep,
+                                    schedule=req.schedule)
         except LayoutError as e:
             skipped.append(f"{gpus} GPUs, tp {tp}, pp {pp}, interleave {vp}" + (f", cp {cp}" if cp > 1 else "")
                            + (f", ep {ep}" if ep > 1 else "") + f": {e.message}")
@@ -309,7 +311,7 @@ def _build_table(req: TableRequest, progress: Callable[[str, int, int], None] | 
 def _layout(pricer: Pricer, sequences: int, gpus: int, tp: int, pp: int, vp: int, cp: int, zero: int, asked_mb: int,
             rc: str,
             attention: str, window: str, compiled: bool, pinned: bool,
-            options: Options = Options(), ep: int = 1) -> tuple[Layout, tuple[Flag, ...]]:
+            options: Options = Options(), ep: int = 1, schedule: str | None = None) -> tuple[Layout, tuple[Flag, ...]]:
     """The layout of one row, its batch split by the one rule (ddplan.layout.split_batch), and what changed.
 
     Unless the micro-batch is pinned, the largest divisor of the sequences per rank that fits in memory
@@ -319,7 +321,7 @@ def _layout(pricer: Pricer, sequences: int, gpus: int, tp: int, pp: int, vp: int
     split = split_batch(sequences, data_parallel(gpus, tp, pp, cp), asked_mb)
     layout = layout_for(spec, gpus=gpus, tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, zero=zero, micro_batch=split.micro_batch,
                         grad_accum=split.accum, attention=attention, recompute=rc, compiled=compiled,
-                        options=options)
+                        options=options, schedule=schedule)
     check_layout(layout, spec, world_size_rule=False)
     impl = pricer.hw.attention_impl(attention)
     problem = cp_attention_problem(layout, impl.kind, impl.windows, spec, window)

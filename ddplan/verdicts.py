@@ -45,7 +45,7 @@ def config_label(p: PricedLayout, native_zero: int | None = None) -> str:
         parts.append(f"tp {lay.tp}" + (" +SP" if lay.sequence_parallel else "")
                      + (" overlapped" if lay.tp_overlap else ""))
     if lay.pp > 1:
-        parts.append(f"pp {lay.pp}" + (f" x{lay.pp_virtual_stages} interleaved" if lay.pp_virtual_stages > 1 else ""))
+        parts.append(f"pp {lay.pp}" + schedule_words(lay))
     if lay.cp > 1:
         parts.append(f"cp {lay.cp}" + (" all-gather" if lay.cp_comm == "all_gather" else ""))
     if lay.ep > 1 or lay.expert_tp != lay.tp:
@@ -744,9 +744,16 @@ def assumptions_shown(assumptions: list[str], explain: bool) -> list[str]:
                        f"(recipe, hardware efficiencies, price, band); --explain prints them."]
 
 
+def schedule_words(lay) -> str:
+    """A pipelined layout's schedule in a row's name: '' for 1F1B, ' x4 interleaved', ' ZB-H1', ' ZB-V'."""
+    if lay.pp_schedule.startswith("zb_"):
+        return " " + lay.pp_schedule.replace("_", "-").upper()
+    return f" x{lay.pp_virtual_stages} interleaved" if lay.pp_virtual_stages > 1 else ""
+
+
 def memory_title(spec: ModelSpec, hw: HardwareSpec, setup) -> str:
     lay = setup.layout
-    vp = f" x{lay.pp_virtual_stages} interleaved" if lay.pp_virtual_stages > 1 else ""
+    vp = schedule_words(lay)
     asked = f" (asked {setup.asked_micro_batch}: it does not divide the sequences per rank)" \
         if setup.asked_micro_batch else ""
     fp8 = fp8_words(setup.fp8, setup.fp8_recipe, spec)

@@ -322,3 +322,23 @@ def test_full_n_recompute_is_a_row_and_a_bad_n_one_line(capsys):
     for bad in ("full:0", "full:x"):
         code, err = fails(capsys, ["table", "-m", "d24", "--gpus", "8", "--recompute", bad])
         assert code == 2 and err.startswith(f"error: --recompute: '{bad}'") and "full:N" in err
+
+
+def test_a_pipeline_schedule_prices_and_is_refused_without_a_pipeline(capsys):
+    """--schedule names the zero-bubble schedules (ddplan.pipeline.zero_bubble_time_s): a row under each is named
+    by it and its bubble under 1F1B's; without pp > 1, or with chunks it cannot run, one line and exit 2."""
+    import json
+
+    base = ["table", "--model", "llama-3-8b", "--hardware", "a100-sxm-80gb", "--gpus", "32", "--tp", "8", "--pp", "4",
+            "--attention", "fa2", "--total-batch-size", "65536", "--format", "json"]
+    bubbles = {}
+    for schedule in ("1f1b", "zb-h1", "zb-h2", "zb-v"):
+        (row,) = json.loads(run_ok(capsys, [*base, "--schedule", schedule]))["rows"]
+        bubbles[schedule] = row["bubble_s"]
+        assert (schedule.upper() in row["config"]) == (schedule != "1f1b"), row["config"]
+    assert bubbles["1f1b"] > bubbles["zb-h1"] > bubbles["zb-h2"] > 0
+    code, line = fails(capsys, ["table", "--model", "llama-3-8b", "--gpus", "8", "--schedule", "zb-h1"])
+    assert code == 2 and line == ("error: --schedule: the zb-h1 schedule needs pipeline parallelism: no layout asked "
+                                  "has pp > 1 (give --pp)")
+    code, line = fails(capsys, [*base[:-2], "--schedule", "zb-v", "--vp", "4"])
+    assert code == 2 and "the zb-v schedule runs two chunks" in line

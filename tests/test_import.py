@@ -687,3 +687,35 @@ def test_megatron_bridge_s_settings_ddplan_cannot_price_are_said_or_refused(caps
     assert "moments: fp8" in written and "fp8: true" in written and "fp8_recipe: current" in written
     assert "zero: 2  # Megatron-FSDP, data_parallel_sharding_strategy optim_grads" in written
     assert "gpus: 32  # torchrun --nproc_per_node 8 --nnodes 4" in written
+
+
+def test_a_torchtitan_pipeline_schedule_is_priced_as_its_stages_run(capsys, tmp_path):
+    """torchtitan's looped schedules run 2 stages a rank unless pipeline_parallel_layers_per_stage says otherwise
+    (torchtitan/distributed/pipeline_parallel.py@b5bcd76 L219-263): Interleaved1F1B at pp 4 is interleaved at vp 2;
+    Llama 3 8B's 32 layers at 1 a stage are ceil((32 + 1 + 1) / 1) = 34 stages, 17 a rank at pp 2, and at pp 4 (34
+    not a multiple of 4) or 17 a stage (2 stages, 1 a rank) refused as torchtitan refuses them. ZBVZeroBubble is
+    ddplan's zb-v (two chunks); InterleavedZeroBubble and DualPipeV are priced as their nearest, each said on stderr;
+    the run file then prices in `ddplan table`, its row named ZB-V."""
+    toml, out = tmp_path / "pp.toml", tmp_path / "run.yaml"
+    head = ('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 16\nseq_len = 1024\n'
+            '[parallelism]\ndata_parallel_shard_degree = 2\n')
+    looped = 'pipeline_parallel_schedule = "Interleaved1F1B"\n'
+    cases = (("pipeline_parallel_degree = 4\n" + looped, "interleaved", 2, ""),
+             ("pipeline_parallel_degree = 2\n" + looped + "pipeline_parallel_layers_per_stage = 1\n", "interleaved", 17,
+              ""),
+             ('pipeline_parallel_degree = 4\npipeline_parallel_schedule = "ZBVZeroBubble"\n', "zb-v", 2, ""),
+             ('pipeline_parallel_degree = 4\npipeline_parallel_schedule = "InterleavedZeroBubble"\n', "interleaved", 2,
+              "interleaved 1F1B's bubble, an upper bound"),
+             ('pipeline_parallel_degree = 4\npipeline_parallel_schedule = "DualPipeV"\n', "zb-v", 2, "priced as ZB-V"))
+    for extra, schedule, vp, said in cases:
+        toml.write_text(head + extra, encoding="utf-8")
+        code, _, err = run(capsys, ["import", str(toml), "-o", str(out)])
+        text = out.read_text(encoding="utf-8")
+        assert code == 0 and f"schedule: {schedule}" in text and f"vp: {vp}" in text, (extra, text, err)
+        assert said in err, (extra, err)
+    assert "ZB-V" in run_ok(capsys, ["table", "--config", str(out)])
+    for degree, per_stage, words in ((4, 1, "34 stages"), (2, 17, "2 stages")):
+        toml.write_text(head + f"pipeline_parallel_degree = {degree}\n" + looped
+                        + f"pipeline_parallel_layers_per_stage = {per_stage}\n", encoding="utf-8")
+        _, line = fails(capsys, ["import", str(toml), "-o", str(out)])
+        assert "parallelism.pipeline_parallel_layers_per_stage" in line and words in line, line

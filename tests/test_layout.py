@@ -83,3 +83,24 @@ def test_with_attention_is_replace_without_the_checks():
     expected = replace(base, attention="sdpa-fused")
     assert other == expected and hash(other) == hash(expected) and other.parallel_key == expected.parallel_key
     assert base.attention == "fa3" and other.parallel_key != base.parallel_key
+
+
+def test_pipeline_schedules_and_their_chunks():
+    """schedule_for reads a run's schedule (None: 1F1B, interleaved with vp > 1; ZB-V two chunks a stage, so an
+    unstated vp is 2 there); Layout refuses a schedule with the wrong chunks or without a pipeline, naming the flag."""
+    from ddplan.layout import schedule_for
+
+    assert schedule_for(None, 1) == ("1f1b", 1) and schedule_for(None, 4) == ("interleaved", 4)
+    assert schedule_for("zb-v", 1) == ("zb_v", 2) and schedule_for("zb-h1", 1) == ("zb_h1", 1)
+    assert Layout(pp=4, pp_schedule="zb_v", pp_virtual_stages=2).pp_virtual_stages == 2
+    for schedule, vp, words in (("zb_v", 1, "two chunks"), ("zb_v", 4, "two chunks"), ("zb_h1", 2, "one chunk"),
+                                ("zb_h2", 3, "one chunk"), ("1f1b", 2, "one chunk"),
+                                ("interleaved", 1, "more than one chunk")):
+        with pytest.raises(LayoutError, match=words) as e:
+            Layout(pp=4, pp_schedule=schedule, pp_virtual_stages=vp)
+        assert e.value.field == "--vp"
+    with pytest.raises(LayoutError, match="needs pipeline parallelism") as e:
+        Layout(pp=1, pp_schedule="zb_h1")
+    assert e.value.field == "--schedule"
+    with pytest.raises(LayoutError, match="must be one of"):
+        Layout(pp=4, pp_schedule="zb_h3")

@@ -716,3 +716,16 @@ def test_fsdp2_keeps_one_units_reduce_scatter_input_through_the_next_backward():
     piped = Layout(dp=4, pp=2, zero=3, micro_batch=1, grad_accum=8)
     assert comm_buffer_bytes(spec, replace(piped, fsdp2=True), model_states(spec, piped)) == comm_buffer_bytes(
         spec, piped, model_states(spec, piped))
+
+
+def test_zero_bubble_in_flight_micro_batches_by_hand():
+    """Qi et al., arXiv 2401.10241, sec. 2.3 and 6: ZB-H1 and ZB-V keep 1F1B's p M_B on a stage, ZB-H2 2p - 1, each
+    at most the step's m: p 4, m 8: 4, 7, 4 (1F1B's first stage 4, its last 1); m 3: 3 each."""
+    def held(schedule: str, m: int, stage: int = 0) -> float:
+        vp = 2 if schedule == "zb_v" else 1
+        return in_flight_micro_batches(Layout(pp=4, grad_accum=m, pp_schedule=schedule, pp_virtual_stages=vp), stage)
+
+    assert (held("zb_h1", 8), held("zb_h2", 8), held("zb_v", 8)) == (4, 7, 4)
+    assert (held("zb_h1", 8, 3), held("zb_h2", 8, 3), held("zb_v", 8, 3)) == (4, 7, 4)  # a W counted as a B
+    assert (held("1f1b", 8), held("1f1b", 8, 3)) == (4, 1)
+    assert (held("zb_h1", 3), held("zb_h2", 3), held("zb_v", 3)) == (3, 3, 3)

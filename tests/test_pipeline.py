@@ -141,3 +141,77 @@ def test_uneven_stages_price_the_busiest_stage(capsys):
         return float(r["compute_s"]) / int(r["accum"])
 
     assert stage_s(6) < stage_s(5) < stage_s(4)
+
+
+# The zero-bubble paper's Table 9 (profiled T_F, T_B, T_W, T_comm in ms, its ZB-2p runs) and Table 5 (the bubble
+# rates its authors computed from them, communication included): 1F1B, ZB-H1, ZB-H2 (arXiv 2401.10241, paper.pdf
+# in sail-sg/zero-bubble-pipeline-parallelism @6574e0ea, pages 8 and 16)
+ZB_TABLE9 = {("1.5B", 8, 24): (18.522, 18.086, 9.337), ("1.5B", 8, 32): (18.513, 18.086, 9.331),
+             ("1.5B", 8, 64): (18.546, 18.097, 9.321), ("6.2B", 8, 24): (29.718, 29.444, 19.927),
+             ("6.2B", 8, 32): (29.802, 29.428, 19.530), ("6.2B", 8, 64): (29.935, 29.621, 19.388),
+             ("14.6B", 16, 48): (11.347, 11.248, 8.132), ("14.6B", 16, 64): (11.307, 11.254, 8.101),
+             ("14.6B", 16, 128): (11.325, 11.308, 8.109), ("28.3B", 32, 96): (10.419, 10.207, 7.715),
+             ("28.3B", 32, 128): (10.408, 10.204, 7.703), ("28.3B", 32, 256): (10.402, 10.248, 7.698)}
+ZB_TABLE5 = {("1.5B", 8, 24): (0.2431, 0.1585, 0.1083), ("1.5B", 8, 32): (0.1985, 0.1242, 0.0837),
+             ("1.5B", 8, 64): (0.1240, 0.0674, 0.0444), ("6.2B", 8, 24): (0.2347, 0.1323, 0.0698),
+             ("6.2B", 8, 32): (0.1898, 0.1045, 0.0559), ("6.2B", 8, 64): (0.1091, 0.0554, 0.0294),
+             ("14.6B", 16, 48): (0.2552, 0.1397, 0.0672), ("14.6B", 16, 64): (0.2082, 0.1088, 0.0516),
+             ("14.6B", 16, 128): (0.1251, 0.0576, 0.0266), ("28.3B", 32, 96): (0.2646, 0.1421, 0.0641),
+             ("28.3B", 32, 128): (0.2168, 0.1106, 0.0490), ("28.3B", 32, 256): (0.1352, 0.0594, 0.0257)}
+
+
+def test_zero_bubble_by_hand():
+    """Table 2's closed forms on Table 9's 1.5B row (p 8, m 24): ZB-H1 7 x (18.522 + 18.086 - 9.337) = 190.897 ms,
+    ZB-H2 7 x (18.522 + 18.086 - 2 x 9.337) = 125.538 ms; ZB-V priced as ZB-H2; at m 4 <= p Appendix H's
+    (p-1)(T_F + T_B) - (m-1) T_W = 7 x 36.608 - 3 x 9.337 = 228.245 ms for both; W never past T_F + T_B: no bubble
+    below 0."""
+    f, b, w = 18.522, 18.086, 9.337
+    z = pipeline.zero_bubble_time_s
+    assert z("zb_h1", 8, 24, f + b + w, w) == pytest.approx(190.897)
+    assert z("zb_h2", 8, 24, f + b + w, w) == pytest.approx(125.538)
+    assert z("zb_v", 8, 24, f + b + w, w) == z("zb_h2", 8, 24, f + b + w, w)
+    assert z("zb_h1", 8, 4, f + b + w, w) == z("zb_h2", 8, 4, f + b + w, w) == pytest.approx(228.245)
+    # between p and 2p - 1 ZB-H2 fills one more W a micro-batch: m 10 is 2 W under m 8's
+    assert z("zb_h2", 8, 8, f + b + w, w) - z("zb_h2", 8, 10, f + b + w, w) == pytest.approx(2 * w)
+    assert z("zb_h1", 8, 8, f + b + w, w) == z("zb_h1", 8, 64, f + b + w, w)  # ZB-H1 fills p - 1 at most
+    assert z("zb_h2", 4, 64, 3.0, 1.0) == 0.0 and z("zb_h2", 4, 64, 3.0, 1.5) == 0.0  # T_F = T_B = T_W: zero bubble
+    assert z("zb_h1", 1, 8, 3.0, 1.0) == 0.0  # one stage: no pipeline
+    # the 1F1B bubble the same terms give: (p-1)(T_F + T_B + T_W), m micro-batches of T_F + T_B + T_W
+    assert pipeline.bubble_time_s(24 * (f + b + w), 8, 24) == pytest.approx(7 * (f + b + w))
+
+
+def test_zero_bubble_against_the_papers_computed_bubble_rates():
+    """Table 5's bubble rates, computed by the paper's authors from Table 9's profiled times with communication:
+    the closed forms (which leave communication to ddplan's stage-to-stage sends) come out under each, by at most 1.4
+    points for ZB-H1 and ZB-H2 (and 2.8 for 1F1B, ddplan's older formula, the same way)."""
+    for key, (f, b, w) in ZB_TABLE9.items():
+        _, p, m = key
+        ideal = m * (f + b + w)
+
+        def rate(bubble: float) -> float:
+            return bubble / (ideal + bubble)
+
+        one_f_one_b, h1, h2 = ZB_TABLE5[key]
+        assert -0.028 <= rate(pipeline.bubble_time_s(ideal, p, m)) - one_f_one_b <= 0, key
+        assert -0.014 <= rate(pipeline.zero_bubble_time_s("zb_h1", p, m, f + b + w, w)) - h1 <= 0, key
+        assert -0.014 <= rate(pipeline.zero_bubble_time_s("zb_h2", p, m, f + b + w, w)) - h2 <= 0, key
+
+
+@given(degree, degree, st.floats(0.0, 1.0), st.sampled_from(pipeline.ZERO_BUBBLE))
+def test_zero_bubble_never_above_1f1b_and_h2_never_above_h1(p, m, w_share, schedule):
+    """Each schedule moves W passes into 1F1B's bubble, never more bubble: 0 <= ZB-H2 <= ZB-H1 <= 1F1B's."""
+    pass_s = 1.0
+    w = w_share * pass_s
+    t = pipeline.zero_bubble_time_s(schedule, p, m, pass_s, w)
+    assert 0.0 <= t <= pipeline.bubble_time_s(m * pass_s, p, m) + 1e-12
+    assert (pipeline.zero_bubble_time_s("zb_h2", p, m, pass_s, w)
+            <= pipeline.zero_bubble_time_s("zb_h1", p, m, pass_s, w) + 1e-12)
+
+
+def test_zero_bubble_rejects_what_it_cannot_price():
+    with pytest.raises(ValueError, match="not a zero-bubble schedule"):
+        pipeline.zero_bubble_time_s("interleaved", 4, 8, 1.0, 0.3)
+    with pytest.raises(ValueError, match="w_s <= pass_s"):
+        pipeline.zero_bubble_time_s("zb_h1", 4, 8, 1.0, 1.5)
+    with pytest.raises(ValueError, match="pipeline degrees"):
+        pipeline.zero_bubble_time_s("zb_h1", 0, 8, 1.0, 0.3)

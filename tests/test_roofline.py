@@ -31,6 +31,7 @@ from ddplan.roofline import (
     pointwise_rate,
     rates,
     roofline_s,
+    wgrad_share,
 )
 
 IMPL_OF_KIND = {"sdpa_math": "sdpa-math", "unfused_math": "megatron-unfused", "fused_sdpa": "sdpa-fused",
@@ -678,3 +679,22 @@ def test_op_times_over_the_merged_repeats_equal_the_walk_over_every_op(model, fp
                 again[(_part(op), policy)] = again.get((_part(op), policy), 0.0) + f
     assert got.fwd == pytest.approx(fwd, rel=1e-12) and got.bwd == pytest.approx(bwd, rel=1e-12)
     assert got.again == pytest.approx(again, rel=1e-12)
+
+
+def test_weight_gradient_share_of_a_backward():
+    """The zero-bubble schedules' W: a GEMM's dW against its dX (roofline.wgrad_share), each at its own shape's rate.
+    On the efficiency curve the two shapes have the same three dimensions, so half; at calibrated GEMM points a dW
+    shape measured at half its dX's rate takes two thirds; attention, norms and the loss have none (the paper's B:
+    Qi et al., arXiv 2401.10241, Table 1)."""
+    from ddplan.roofline import Rates
+
+    r = Rates(peak_flops_per_s=1e15, vector_flops_per_s=1e14, hbm_bytes_per_s=1e12, gemm_best=0.8,
+              gemm_half_dim=128.0, hbm=1.0, attn_fwd=0.5, attn_bwd=0.5, kernel_overhead_s=0.0)
+    an = build_anatomy(load_model("gpt2-124m"), batch=4, attention="fused_sdpa")
+    gemms = [op for op in an.ops if op.kind == "gemm"]
+    others = [op for op in an.ops if op.kind != "gemm"]
+    assert gemms and others and all(wgrad_share(op, r) == 0.0 for op in others)
+    assert all(wgrad_share(op, r) == pytest.approx(0.5) for op in gemms)
+    m, n, k = gemms[0].shape
+    measured = replace(r, gemm_points=((m, k, n, 0.8), (k, n, m, 0.4)), gemm_scale=1.0)
+    assert wgrad_share(gemms[0], measured) == pytest.approx((1 / 0.4) / (1 / 0.8 + 1 / 0.4))

@@ -713,7 +713,7 @@ def test_a_runs_table_command_prices_it_as_validate_does(capsys, scored, tmp_pat
     by_id = {s.id: s for s in scored}
     runs = load_runs().runs
     commands = [(r, table_command(r, tmp_path)) for r in runs]
-    assert all(c is not None for _, c in commands) and len(commands) == len(runs) == 180
+    assert all(c is not None for _, c in commands) and len(commands) == len(runs) == 257
     assert [r.id for r in runs if table_command(r) is None]  # without a folder, those runs have no command
     grads = {r.id: c[c.index("--grads") + 1] for r, c in commands if "--grads" in c}
     # --grad-reduce-in-bf16: model.grads param; with --framework, the spec's gradients stated so that the profile
@@ -739,7 +739,7 @@ def test_a_runs_table_command_as_a_run_configuration_prices_the_same(capsys, tmp
 
     runs = load_runs().runs
     commands = [table_command(r, tmp_path) for r in runs]
-    assert len(commands) == 180 and all(c is not None for c in commands)
+    assert len(commands) == 257 and all(c is not None for c in commands)
     for i, (run, argv) in enumerate(zip(runs, commands)):
         path = tmp_path / f"run-{i}.yaml"
         path.write_text(run_ok(capsys, argv + ["--print-config"]), encoding="utf-8")
