@@ -319,6 +319,9 @@ def load_routing(path: str | None = None) -> RoutingSweep:
 
 
 MEMORY_PEAKS = "memory_peaks.yaml"
+# the Zero Bubble paper's memory figures under five pipeline schedules (not in MEMORY_PEAKS, never in PEAK_RATIO): the
+# check of the micro-batches each schedule holds in flight (see its header)
+ZB_PEAKS = "memory_peaks_zero_bubble.yaml"
 
 
 def load_peaks(path: str | None = None) -> PeakSet:
