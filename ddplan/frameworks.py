@@ -26,7 +26,7 @@ from pydantic import Field, model_validator
 
 from ddplan.errors import SpecError
 from ddplan.runconfig import RunConfig
-from ddplan.runfields import OPTION_FIELDS
+from ddplan.runfields import OPTION_FIELDS, SCHEDULES
 from ddplan.specfile import validate
 from ddplan.specs import KERNELS, Fp8Recipe, Strict
 
@@ -45,6 +45,7 @@ APPLIES: dict[str, tuple[str, ...]] = {
     "weights": ("precision", "weights"),
     **{name: (name,) for name in KERNELS},
 }
+SCHEDULE_NAMES = SCHEDULES  # as a run file spells them: 1f1b, interleaved, zb-h1, zb-h2, zb-v
 COMMIT = r"^[0-9a-f]{40}$"
 WHERE = r"^\S+@[0-9a-f]{7,40}\b"  # path@commit (a short commit is enough beside the profile's full one)
 
@@ -143,6 +144,16 @@ class RecomputePolicy(Strict):
     priced_as: list[Literal[RECOMPUTE_FAMILIES]] = []
 
 
+class PipelineSchedule(Strict):
+    """A pipeline schedule the stack offers, by its own name, and the ddplan schedule it is priced as (a run file's
+    layout.schedule spelling, ddplan.runfields.SCHEDULES; none: ddplan cannot price it, so plan does not search it)."""
+
+    name: str = Field(min_length=1)
+    priced_as: list[Literal[SCHEDULE_NAMES]] = []
+    where: str = Field(pattern=WHERE)
+    quote: str = Field(default="", max_length=400)
+
+
 class FrameworkProfile(Strict):
     kind: Literal["framework"]
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
@@ -154,6 +165,7 @@ class FrameworkProfile(Strict):
     applies: dict[str, Item] = {}
     unpriced: dict[str, Item] = {}
     recompute_policies: list[RecomputePolicy] = []
+    pipeline_schedules: list[PipelineSchedule] = []  # none listed: 1F1B and interleaved, plan's default search
     lacks: dict[Literal[LACKS], Lack] = {}
     # fp8 recipes by the name a user gives (--fp8-recipe, ddplan.specs.Fp8Recipe) -> the recipe this stack runs
     # under that name, e.g. torchtitan's mxfp8 is torchao's MXFP8Linear (mxfp8_torchao), not Transformer Engine's
@@ -225,6 +237,12 @@ class FrameworkProfile(Strict):
         the profile prices none of its policies (none listed, or a profile written before `priced_as`: nothing is
         known, every one is allowed)."""
         out = tuple(f for f in RECOMPUTE_FAMILIES if any(f in p.priced_as for p in self.recompute_policies))
+        return out or None
+
+    def schedules_offered(self) -> tuple[str, ...] | None:
+        """The pipeline schedules (ddplan.runfields.SCHEDULES) the stack's schedules are priced as, in that order;
+        None where the profile lists none (plan then searches its default, 1F1B and interleaved)."""
+        out = tuple(s for s in SCHEDULE_NAMES if any(s in p.priced_as for p in self.pipeline_schedules))
         return out or None
 
     def zero_stages(self) -> tuple[int, ...]:

@@ -510,12 +510,25 @@ def inert_options(options: Options, stated: Stated, degrees: Collection[tuple[in
     return out
 
 
-def check_schedule(schedule: str | None, pps: Sequence[int], stated: Stated) -> None:
+def check_schedule(schedule: str | None, pps: Sequence[int], stated: Stated, framework: str | None = None,
+                   vps: Sequence[int] = (1,)) -> None:
     """A pipeline schedule asked of layouts without a pipeline says nothing: refused in one line naming the flag or
-    the run file's field, where no pipeline degree asked is above 1."""
+    the run file's field, where no pipeline degree asked is above 1. With --framework, a schedule the stack offers
+    nothing priced as (its profile's pipeline_schedules) is said once in stated.notes and priced as asked, as a
+    recompute policy is (check_recompute)."""
     if schedule is not None and schedule != "1f1b" and all(p == 1 for p in pps):
         raise UsageError(f"the {schedule} schedule needs pipeline parallelism: no layout asked has pp > 1 (give --pp)",
                          field=stated.by("schedule"))
+    profile = load_framework(framework) if framework and any(p > 1 for p in pps) else None
+    offered = profile.schedules_offered() if profile else None
+    if offered is None:
+        return
+    asked = {schedule or ("interleaved" if vp > 1 else "1f1b") for vp in vps}
+    for name in sorted(asked - set(offered)):
+        stacks = ", ".join(f"{s.name} = {' or '.join(s.priced_as)}" for s in profile.pipeline_schedules if s.priced_as)
+        by = stated.by("schedule") if schedule else stated.by("vp")
+        stated.notes.append(f"{by}: {profile.name} (@{profile.commit[:7]}) has no pipeline schedule priced as {name} "
+                            f"(its schedules, as ddplan prices them: {stacks}); priced as asked")
 
 
 def table_request(v: dict, stated: Stated, today):
@@ -533,7 +546,7 @@ def table_request(v: dict, stated: Stated, today):
         v.update(as_measured(cal, m, {k: v[k] for k in names}, stated.given))
     gpu_list = tuple(int_list(v["gpus"], "--gpus", ranges=True))
     tps, pps, vps, cps, eps = (tuple(int_list(v[k], "--" + k)) for k in ("tp", "pp", "vp", "cp", "ep"))
-    check_schedule(v["schedule"], pps, stated)
+    check_schedule(v["schedule"], pps, stated, v["framework"], vps)
     zeros = tuple(int_list(v["zero"], "--zero", allowed=(0, 1, 2, 3))) if v["zero"] else ()
     mbs = tuple(int_list(v["device_batch_size"], "--device-batch-size")) if v["device_batch_size"] else ()
     recomputes = policies(v["recompute"])
@@ -616,7 +629,7 @@ def plan_request(v: dict, stated: Stated, today, every_band: bool = False):
         cps=tuple(int_list(v["cp"], "--cp")) if v["cp"] else (), eps=expert_degrees(v["ep"], spec),
         attentions_where_available="attention" in stated.profile,
         options=_options(v, spec, None, stated), framework=framework_name(v["framework"]), band_every_row=every_band,
-        block_recompute=block_recompute(v["framework"]), lacks=lacks)
+        block_recompute=block_recompute(v["framework"]), lacks=lacks, schedules=stack_schedules(v["framework"], stated))
     return req, spec, hws, cal
 
 
@@ -676,6 +689,18 @@ def check_lacks(framework: str | None, spec, zero: tuple[int, ...] = (), zero_by
         raise UsageError(f"{profile.lack_words(name)}: no layout with {flag[2:]} above 1"
                          + (" and tp above 1" if name == "tp_with_ep" else "") + " runs on it; choose another "
                          f"--framework to price one", field=flag)
+
+
+def stack_schedules(framework: str | None, stated: Stated) -> tuple[str, ...]:
+    """The pipeline schedules plan searches at pp > 1: with --framework those its stack offers as ddplan prices them
+    (FrameworkProfile.schedules_offered: torchtitan's 1F1B, interleaved and ZB-V; Megatron-DeepSpeed's 1F1B alone),
+    else 1F1B and interleaved; said once in stated.notes where they differ from that default."""
+    offered = load_framework(framework).schedules_offered() if framework else None
+    out = offered or PlanRequest.schedules
+    if out != PlanRequest.schedules:
+        stated.notes.append(f"plan searches the pipeline schedules {load_framework(framework).name} offers, as ddplan "
+                            f"prices them: {', '.join(out)}")
+    return out
 
 
 def stack_recomputes(framework: str | None, stated: Stated) -> tuple[str, ...]:

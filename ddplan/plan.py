@@ -19,7 +19,7 @@ from ddplan.errors import ImpossibleMeasurement, LayoutError, UsageError
 from ddplan.fitting import fitted
 from ddplan.frameworks import DEFAULT_RECOMPUTES, can_run
 from ddplan.layout import (NATIVE_ZERO, Layout, Options, check_layout, context_parallel_degrees,
-                           cp_attention_problem, expert_parallel_degrees)
+                           cp_attention_problem, expert_parallel_degrees, schedule_for)
 from ddplan.memory import HEADROOM
 from ddplan.gcpause import no_cycle_collection
 from ddplan.offload import check_activation_offload, check_offload
@@ -60,6 +60,9 @@ class PlanRequest:
     # (ddplan.inputs.profile_attention)
     attentions_where_available: bool = False
     recomputes: tuple[str, ...] = DEFAULT_RECOMPUTES
+    # the pipeline schedules searched at pp > 1 (a run file's spelling, ddplan.runfields.SCHEDULES): 1F1B and
+    # interleaved (2 chunks a stage) unless a stack's profile lists its own (FrameworkProfile.schedules_offered)
+    schedules: tuple[str, ...] = ("1f1b", "interleaved")
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     headroom: float = HEADROOM  # keep this fraction of usable memory free (fragmentation, spikes, other processes)
     options: Options = Options()  # applied to every layout they can apply to (Options.for_layout)
@@ -192,7 +195,7 @@ def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, 
             if sequences % dp:
                 continue
             per_dp = sequences // dp
-            schedules = [("1f1b", 1)] + ([("interleaved", 2)] if pp > 1 and a.num_layers % (2 * pp) == 0 else [])
+            schedules = searched_schedules(req.schedules, pp, a.num_layers)
             mbs = [m for m in _powers_of_two_up_to(min(per_dp, 64)) if per_dp % m == 0]
             for zero in (stages if dp * cp > 1 else (native,)):  # one rank: nothing to shard
                 options = req.options.searched(tp, dp * cp, zero, cp, pp)
@@ -213,6 +216,20 @@ def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, 
                             first = checked[sched, ep]
                             yield LayoutGroup(first if first.attention == attention else first.with_attention(attention),
                                               mbs, per_dp, req.recomputes)
+
+
+def searched_schedules(offered: tuple[str, ...], pp: int, num_layers: int) -> list[tuple[str, int]]:
+    """(Layout.pp_schedule, chunks a stage) of each schedule searched at pp stages: 1F1B always (one stage has no
+    schedule: only it), and where pp > 1 each other one offered, the two-chunk ones (interleaved, ZB-V) where 2 pp
+    divides the layers. e.g. (("1f1b", "interleaved", "zb-v"), 4, 32): 1f1b, interleaved x2, zb_v x2."""
+    out = [("1f1b", 1)]
+    if pp == 1:
+        return out
+    for name in offered:
+        schedule, chunks = schedule_for(name, 2 if name == "interleaved" else 1)
+        if schedule != "1f1b" and (chunks == 1 or num_layers % (chunks * pp) == 0):
+            out.append((schedule, chunks))
+    return out
 
 
 def pricer_for(req: PlanRequest, hw: HardwareSpec) -> Pricer:
@@ -237,7 +254,7 @@ def plan_row(p: PricedLayout, native_zero: int, usable_gib: float) -> dict:
     """A priced layout as a plan row: its data plus the family and whether it is the native setup."""
     lay = p.layout
     row = p.row()  # a new dict: the plan's columns go after its own
-    row.update(schedule=lay.pp_schedule if lay.pp > 1 else "-", family=family(lay, native_zero),
+    row.update(schedule=lay.pp_schedule.replace("_", "-") if lay.pp > 1 else "-", family=family(lay, native_zero),
                native=lay.zero == native_zero, usable_gib=usable_gib, _priced=p)
     return row
 

@@ -386,3 +386,29 @@ def test_an_attention_list_over_several_gpus_takes_what_each_has(capsys):
     _, line = fails(capsys, ["plan", "-m", "d26", "--hardware", "h100-sxm,mi300x", "--gpus", "8", "--attention",
                              "fa3,fa9"])
     assert line.startswith("error: --attention: 'fa9' is not available on any of h100-sxm, mi300x; allowed:")
+
+
+def test_plan_searches_the_pipeline_schedules_a_stack_offers(capsys):
+    """ddplan.plan.searched_schedules: 1F1B always, the others at pp > 1, two-chunk ones where 2 pp divides the layers;
+    with --framework the stack's own (FrameworkProfile.schedules_offered): torchtitan's ZBVZeroBubble adds zb-v,
+    Megatron-DeepSpeed's TrainSchedule is 1F1B alone, so its plan has no interleaved row; said on stderr."""
+    import json
+
+    from ddplan.plan import searched_schedules
+
+    assert searched_schedules(("1f1b", "interleaved"), 1, 80) == [("1f1b", 1)]
+    assert searched_schedules(("1f1b", "interleaved", "zb-v"), 4, 80) == [("1f1b", 1), ("interleaved", 2),
+                                                                          ("zb_v", 2)]
+    assert searched_schedules(("1f1b", "interleaved", "zb-v"), 4, 36) == [("1f1b", 1)]  # 36 layers: not 8 chunks
+    assert searched_schedules(("zb-h1",), 4, 36) == [("1f1b", 1), ("zb_h1", 1)]
+    base = ["plan", "--model", "llama-3-70b", "--hardware", "h100-sxm", "--gpus", "64", "--top", "400",
+            "--format", "json"]
+    code, out, err = run(capsys, [*base, "--framework", "torchtitan"])
+    schedules = {r["schedule"] for r in json.loads(out)["rows"]}
+    assert code == 0 and {"1f1b", "interleaved", "zb-v"} <= schedules
+    assert "plan searches the pipeline schedules torchtitan offers, as ddplan prices them: 1f1b, interleaved, zb-v" in err
+    code, out, err = run(capsys, [*base, "--framework", "megatron-deepspeed"])
+    rows = json.loads(out)["rows"]
+    assert code == 0 and "interleaved" not in {r["schedule"] for r in rows} and "1f1b" in {r["schedule"] for r in rows}
+    code, out, _ = run(capsys, base)
+    assert code == 0 and {r["schedule"] for r in json.loads(out)["rows"]} & {"zb-v", "zb-h1", "zb-h2"} == set()

@@ -342,3 +342,19 @@ def test_a_pipeline_schedule_prices_and_is_refused_without_a_pipeline(capsys):
                                   "has pp > 1 (give --pp)")
     code, line = fails(capsys, [*base[:-2], "--schedule", "zb-v", "--vp", "4"])
     assert code == 2 and "the zb-v schedule runs two chunks" in line
+
+
+def test_a_schedule_the_stack_does_not_offer_is_priced_and_said(capsys):
+    """With --framework, a schedule the profile prices none of its pipeline_schedules as is priced as asked and said
+    once (as a recompute policy the stack lacks): Megatron-DeepSpeed's TrainSchedule is 1F1B alone, so --vp 2 is;
+    torchtitan offers ZB-V, not ZB-H1; a profile listing none (Megatron-Core) says nothing."""
+    base = ["table", "--model", "llama-3-70b", "--hardware", "h100-sxm", "--gpus", "64", "--tp", "8", "--pp", "4"]
+    for extra, said in ((["--vp", "2", "--framework", "megatron-deepspeed"],
+                         "warning: --vp: megatron-deepspeed (@497aa1b) has no pipeline schedule priced as interleaved"),
+                        (["--schedule", "zb-h1", "--framework", "torchtitan"],
+                         "warning: --schedule: torchtitan (@b5bcd76) has no pipeline schedule priced as zb-h1")):
+        code, _, err = run(capsys, [*base, *extra])
+        assert code == 0 and said in err, err
+    for extra in (["--schedule", "zb-v", "--framework", "torchtitan"], ["--vp", "2", "--framework", "megatron-core"]):
+        code, _, err = run(capsys, [*base, *extra])
+        assert code == 0 and "no pipeline schedule priced as" not in err, err
