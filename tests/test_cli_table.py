@@ -24,7 +24,7 @@ from ddplan.roofline import rates
 from ddplan.run import RunOverheads
 from ddplan.step import step_time
 
-from cli_helpers import run_ok, fails, csv_rows, f, readable, data_lines
+from cli_helpers import run, run_ok, fails, csv_rows, f, readable, data_lines
 
 
 BARE = ["table", "--model", "d24", "--gpus", "1,8"]
