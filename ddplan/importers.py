@@ -268,7 +268,9 @@ TITAN_READ = {
     "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree", "tensor_parallel_degree",
                     "pipeline_parallel_degree", "context_parallel_degree", "expert_parallel_degree",
                     "expert_tensor_parallel_degree", "enable_async_tensor_parallel", "fsdp_reshard_after_forward",
-                    "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size"},
+                    "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size",
+                    "pipeline_parallel_layers_per_stage", "pipeline_parallel_first_stage_less_layers",
+                    "pipeline_parallel_last_stage_less_layers"},
     "activation_checkpoint": {"mode", "selective_ac_option", "early_stop"},
     "compile": {"enable", "components"},
     "float8": {"enable_fsdp_float8_all_gather", "recipe_name", "precompute_float8_dynamic_scale_for_fsdp",
@@ -314,22 +316,30 @@ def _titan_schedule(out: Imported, schedule: str, where: str, pp: int, par: dict
     torchtitan refuses them: not a multiple of pp, or under 2 a rank), else torchtitan's default of 2 a rank for a
     looped schedule (torchtitan/distributed/pipeline_parallel.py@b5bcd76 L219-263, @238fa99 L75-114;
     first/last_stage_less_layers default 1: config/configs.py@b5bcd76 L197-209)."""
-    kind, caveat = TITAN_SCHEDULES.get(schedule, ("interleaved", "not a schedule ddplan knows: priced as interleaved "
-                                                                 "1F1B"))
+    if schedule not in TITAN_SCHEDULES:
+        raise SpecError(f"{schedule!r} is not a schedule ddplan reads of torch.distributed.pipelining's (1F1B, GPipe, "
+                        f"{', '.join(TITAN_SCHEDULES)})", file=str(path), field=where)
+    kind, caveat = TITAN_SCHEDULES[schedule]
+
+    def whole(key: str, default: int, least: int) -> int:
+        value = par.get(key, default)
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise SpecError(f"must be a whole number >= {least}, got {value!r}", file=str(path),
+                            field=f"parallelism.{key}")
+        return value
+
     chunks, why = 2, "torchtitan's default of 2 stages a rank for a looped schedule"
-    per_stage = par.get("pipeline_parallel_layers_per_stage")
-    if per_stage is not None and layers:
-        field = "parallelism.pipeline_parallel_layers_per_stage"
-        if not isinstance(per_stage, int) or isinstance(per_stage, bool) or per_stage < 1:
-            raise SpecError(f"must be a whole number >= 1, got {per_stage!r}", file=str(path), field=field)
-        stages = -(-(layers + par.get("pipeline_parallel_first_stage_less_layers", 1)
-                     + par.get("pipeline_parallel_last_stage_less_layers", 1)) // per_stage)
-        if stages % pp or stages // pp < 2:
+    if par.get("pipeline_parallel_layers_per_stage") is not None and layers:
+        per_stage = whole("pipeline_parallel_layers_per_stage", 1, 1)
+        stages = -(-(layers + whole("pipeline_parallel_first_stage_less_layers", 1, 0)
+                     + whole("pipeline_parallel_last_stage_less_layers", 1, 0)) // per_stage)
+        if stages % pp or stages // pp < 2 or (kind == "zb-v" and stages // pp != 2):
+            need = "exactly 2 a rank" if kind == "zb-v" else "a multiple of pp, at least 2 a rank"
             raise SpecError(f"{per_stage} gives {stages} stages, which torchtitan refuses for {schedule!r} at pp {pp}: "
-                            f"a multiple of pp, at least 2 a rank", file=str(path), field=field)
+                            f"{need}", file=str(path), field="parallelism.pipeline_parallel_layers_per_stage")
         chunks, why = stages // pp, f"pipeline_parallel_layers_per_stage {per_stage}: {stages} stages over pp {pp}"
-    if kind == "zb-v":
-        chunks, why = 2, "two stages a rank (torch ScheduleZBVZeroBubble, ScheduleDualPipeV)"
+    elif kind == "zb-v":
+        why = "two stages a rank (torch ScheduleZBVZeroBubble, ScheduleDualPipeV)"
     out.set(("layout", "vp"), chunks, why)
     out.set(("layout", "schedule"), kind, f"{where} {schedule!r}")
     if caveat:

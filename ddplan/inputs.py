@@ -160,7 +160,7 @@ def policies(text: str) -> tuple[str, ...]:
 
 def step_values(cal, m) -> dict:
     """What the measured step m (a step of calibration cal) ran, by the name of the flag that sets it."""
-    return dict(gpus=m.gpus, tp=m.tp, pp=m.pp, vp=m.pp_virtual_stages, zero=m.zero,
+    return dict(gpus=m.gpus, tp=m.tp, pp=m.pp, vp=m.pp_virtual_stages, schedule=m.pp_schedule, zero=m.zero,
                 device_batch_size=m.device_batch_size, total_batch_size=m.total_batch_tokens, recompute=m.recompute,
                 attention=m.attention, window=m.window_pattern, compiled=m.compiled, seq_len=cal.seq_len or m.seq_len)
 
@@ -541,8 +541,8 @@ def table_request(v: dict, stated: Stated, today):
         v["model"], cal, m = calibrated_model(v["calibration"])
         if "zero" not in stated.given:  # the calibration's measured step
             zero_by = f"{v['calibration']}'s measured step (zero: {m.zero})"
-        names = ("gpus", "tp", "pp", "vp", "zero", "device_batch_size", "total_batch_size", "recompute", "attention",
-                 "window", "compiled", "seq_len")
+        names = ("gpus", "tp", "pp", "vp", "schedule", "zero", "device_batch_size", "total_batch_size", "recompute",
+                 "attention", "window", "compiled", "seq_len")
         v.update(as_measured(cal, m, {k: v[k] for k in names}, stated.given))
     gpu_list = tuple(int_list(v["gpus"], "--gpus", ranges=True))
     tps, pps, vps, cps, eps = (tuple(int_list(v[k], "--" + k)) for k in ("tp", "pp", "vp", "cp", "ep"))
@@ -783,13 +783,13 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
     as it ran; with a calibration whose step measured its peak, that shape unless a flag moves it (then the peak
     is not compared: a peak says nothing of another shape)."""
     v = without_profile_fp8(dict(v), stated)
-    shape = ("gpus", "tp", "pp", "vp", "device_batch_size", "recompute", "attention", "window", "compiled")
+    shape = ("gpus", "tp", "pp", "vp", "schedule", "device_batch_size", "recompute", "attention", "window", "compiled")
     from_calibration = v["model"] is None
     if from_calibration:  # the run the calibration measured, as it ran
         v["model"], cal, m = calibrated_model(v["calibration"])
         v.update(as_measured(cal, m, {k: v[k] for k in (*shape, "seq_len")}, stated.given, as_text=False))
     check_ranges(*((v[k], "--" + k.replace("_", "-")) for k in ("gpus", "tp", "pp", "vp", "device_batch_size")))
-    check_schedule(v["schedule"], (v["pp"],), stated)
+    check_schedule(v["schedule"], (v["pp"],), stated, v["framework"], (v["vp"],))
     stages = tuple(int_list(v["zero"], "--zero", allowed=(0, 1, 2, 3)))
     spec, hw, cal = load(v["model"], v["hardware"], v["calibration"], v["seq_len"], v["dtype"], grads=v["grads"],
                          weights=v["weights"], moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v),

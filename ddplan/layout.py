@@ -531,7 +531,8 @@ def check_layout(layout: Layout, spec: ModelSpec, total_batch_tokens: int | None
         uneven = [n for n in dict.fromkeys((first, middle, last))
                   if n % v and not (n + 1 == middle and middle % v == 0)]
         if uneven:
-            problems.append(f"{layout.pp_virtual_stages} interleaved chunks must divide every stage's layers "
+            chunks = "ZB-V" if layout.pp_schedule == "zb_v" else "interleaved"
+            problems.append(f"{layout.pp_virtual_stages} {chunks} chunks must divide every stage's layers "
                             f"({first}, {middle}, {last} of num_layers={a.num_layers} over pp={layout.pp})")
     except ValueError as e:
         problems.append(f"pp={layout.pp}: {e}")

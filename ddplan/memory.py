@@ -376,7 +376,7 @@ def _muon_chunk_fraction(spec: ModelSpec, group: str, dp: int) -> float:
     return busiest / total
 
 
-def in_flight_micro_batches(layout: Layout, stage: int = 0) -> float:
+def in_flight_micro_batches(layout: Layout, stage: int = 0, w_share: float = 1.0) -> float:
     """Micro-batches whose activations pipeline stage `stage` (0: the first) holds at once, in micro-batches of the
     whole stage.
 
@@ -386,21 +386,23 @@ def in_flight_micro_batches(layout: Layout, stage: int = 0) -> float:
     and 2/v fewer on each later one (not 1 + (p-1)/(p v) fewer: ddplan's count until 2026-12-07, eighth session).
     e.g. p 16, v 8, m 384: 143 / 8 = 17.875 on the first stage, 141 / 8 = 17.625 on the second (Megatron's 141 chunk
     forwards there; 16.76 before).
-    Zero-bubble schedules (Qi et al., arXiv 2401.10241): stage i (from 1) holds (p - i + 1) M_B + (i - 1) M_W under
-    ZB-H1 and (2p - 2i + 1) M_B + (2i - 2) M_W under ZB-H2 (sec. 2.3; M_W, what a delayed W keeps, 32 s b h, is
-    under M_B, about 34 s b h with fused attention: Table 1), and every stage p M_B under ZB-V (sec. 6): priced as
-    min(p, m), min(2p - 1, m) and min(p, m) micro-batches on every stage, each W counted as a B (the first stage's
-    exact peak; a later stage's a few percent high).
+    Zero-bubble schedules (Qi et al., arXiv 2401.10241, sec. 2.3): stage i (from 1) holds (p - i + 1) M_B + (i - 1)
+    M_W under ZB-H1 and (2p - 2i + 1) M_B + (2i - 2) M_W under ZB-H2, each count at most the step's m; M_W, what a
+    delayed W pass keeps (its GEMMs' inputs and output gradients), is w_share of M_B (w_pass_share: Table 1's
+    32 s b h of 34 s b h + 5 a s^2 b, 0.37-0.43 with the paper's unfused attention).
+    ZB-V holds p M_B on every stage (sec. 6): min(p, m). e.g. ZB-H1, p 4, m 8, w_share 0.4: 4, 3.4, 2.8, 2.2.
     Ref: Megatron-Core schedules.py@2a75ac1 get_pp_rank_microbatches (microbatch_group_size_per_vp_stage = p, its
     default); Korthikanti et al., arXiv 2205.05198, sec. 4.2.3; Narayanan et al., arXiv 2104.04473, sec. 2.2.
     """
     p, m = layout.pp, layout.grad_accum
     if p == 1:
         return 1.0
-    if layout.pp_schedule in ("zb_h1", "zb_v"):
+    if layout.pp_schedule == "zb_v":
         return float(min(p, m))
-    if layout.pp_schedule == "zb_h2":
-        return float(min(2 * p - 1, m))
+    if layout.pp_schedule in ("zb_h1", "zb_h2"):
+        b = min((p - stage) if layout.pp_schedule == "zb_h1" else (2 * p - 2 * stage - 1), m)
+        w = min(stage if layout.pp_schedule == "zb_h1" else 2 * stage, m - b)
+        return b + w * w_share
     if layout.pp_schedule == "interleaved":
         v = layout.pp_virtual_stages
         return min((p - stage - 1) * 2 + (v - 1) * p + 1, m * v) / v
@@ -481,12 +483,38 @@ def stage_activation_bytes(anatomy: Anatomy, layout: Layout, num_layers: int,
     # the head's saves (final norm, logits, loss) for one micro-batch: the last stage runs a micro-batch's backward
     # right after the forward that reaches the loss, in 1F1B and interleaved alike (its other in-flight micro-batches
     # wait in earlier chunks)
+    w_share = w_pass_share(anatomy, layer_bytes) if layout.pp_schedule in ("zb_h1", "zb_h2") else 1.0
     saved = tuple((layer_bytes * s.layers / num_layers + (embedding if s.embedding else 0.0))
-                  * in_flight_micro_batches(layout, stage=s.index) + (head if s.head else 0.0) for s in stages)
+                  * in_flight_micro_batches(layout, stage=s.index, w_share=w_share) + (head if s.head else 0.0)
+                  for s in stages)
     # the working set is the whole model's (the head's logits gradient included) on every stage: conservative
     # (per stage, the head's gradients on the last stage only, is not done: the blocks' ops carry no gradient
     # working set in the anatomy (transient 0), so a stage without the head would have none at all)
     return saved, transient
+
+
+def w_pass_share(anatomy: Anatomy, layer_bytes: float) -> float:
+    """M_W / M_B of the zero-bubble schedules: what a delayed W pass keeps of a micro-batch's layers, each layer GEMM's
+    input and output gradient (m k + m n elements at the input's element size), over the layers' saved bytes
+    (layer_bytes, M_B), at most 1. Under recompute the layers save little and W holds what backward brought back,
+    which the paper does not analyse: taken as 1 (a W counted as a B). e.g. a GPT block with the paper's unfused
+    attention: Table 1's 32 s b h over 34 s b h + 5 a s^2 b is 0.366 for its 1.5B model at s 1024 (h 2304, a 24) and
+    0.432 for its 6.2B-28.3B (head dim 128), as ddplan's own count of the block's saves gives too; Llama 3 8B with fused
+    attention at s 8192: 0.585.
+    Ref: Qi et al., arXiv 2401.10241, sec. 2.3, Table 1 (M_W = 32 s b h, W's inputs and output gradients)."""
+    if anatomy.recompute != "none" or layer_bytes <= 0:
+        return 1.0
+    kept, inputs = 0.0, set()
+    for op, n in anatomy.op_repeats:
+        if op.kind != "gemm" or op.layer is None or not op.saves:
+            continue
+        _, cols, depth = op.shape
+        rows = op.flops_fwd / (2.0 * cols * depth)  # every row of a grouped GEMM, not one expert's
+        x = op.saves[0]  # its input, kept once where GEMMs share it (separate Q, K and V read one norm output)
+        elem = x.bytes / (rows * depth)  # the input's element size (its fp8 copy: 1)
+        kept += n * rows * cols * elem + (n * x.bytes if (x.name, op.layer) not in inputs else 0.0)
+        inputs.add((x.name, op.layer))
+    return min(1.0, kept / layer_bytes)
 
 
 def fixed_terms(spec: ModelSpec, layout: Layout, states: dict[str, dict[str, float]],

@@ -254,7 +254,7 @@ def plan_row(p: PricedLayout, native_zero: int, usable_gib: float) -> dict:
     """A priced layout as a plan row: its data plus the family and whether it is the native setup."""
     lay = p.layout
     row = p.row()  # a new dict: the plan's columns go after its own
-    row.update(schedule=lay.pp_schedule.replace("_", "-") if lay.pp > 1 else "-", family=family(lay, native_zero),
+    row.update(family=family(lay, native_zero),
                native=lay.zero == native_zero, usable_gib=usable_gib, _priced=p)
     return row
 

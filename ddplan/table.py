@@ -285,7 +285,8 @@ def _build_table(req: TableRequest, progress: Callable[[str, int, int], None] | 
                                     compiled, pinned=bool(req.micro_batches), options=req.options, ep=ep,
                                     schedule=req.schedule)
         except LayoutError as e:
-            skipped.append(f"{gpus} GPUs, tp {tp}, pp {pp}, interleave {vp}" + (f", cp {cp}" if cp > 1 else "")
+            skipped.append(f"{gpus} GPUs, tp {tp}, pp {pp}, " + (req.schedule if req.schedule else f"interleave {vp}")
+                           + (f", cp {cp}" if cp > 1 else "")
                            + (f", ep {ep}" if ep > 1 else "") + f": {e.message}")
             continue
         if (layout, win) in seen:  # e.g. --zero 0,3 on one GPU: the same layout twice
@@ -383,7 +384,8 @@ def decide(rows: list[PricedLayout], default_attention: str, pattern: str) -> Ve
 def _shape(r: PricedLayout) -> tuple:
     """A row's layout apart from its kernel choices (attention, window) and the micro-batch that follows."""
     lay = r.layout
-    return (lay.num_gpus, lay.dp, lay.tp, lay.pp, lay.pp_virtual_stages, lay.cp, lay.zero, lay.recompute)
+    return (lay.num_gpus, lay.dp, lay.tp, lay.pp, lay.pp_virtual_stages, lay.pp_schedule, lay.cp, lay.zero,
+            lay.recompute)
 
 
 # A stated step whose fit needs kernels more than this factor above the device's best measured GEMM is refused

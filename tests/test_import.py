@@ -719,3 +719,20 @@ def test_a_torchtitan_pipeline_schedule_is_priced_as_its_stages_run(capsys, tmp_
                         + f"pipeline_parallel_layers_per_stage = {per_stage}\n", encoding="utf-8")
         _, line = fails(capsys, ["import", str(toml), "-o", str(out)])
         assert "parallelism.pipeline_parallel_layers_per_stage" in line and words in line, line
+    # what torchtitan refuses or torch does not name, one line each: ZB-V at other than two stages a rank, a layer
+    # count that is not whole, a schedule name torch has not
+    for extra, words in (('pipeline_parallel_schedule = "ZBVZeroBubble"\npipeline_parallel_layers_per_stage = 3\n',
+                          "exactly 2 a rank"),
+                         (looped + "pipeline_parallel_layers_per_stage = 1\npipeline_parallel_first_stage_less_layers"
+                          ' = "x"\n', "first_stage_less_layers: must be a whole number >= 0"),
+                         (looped + "pipeline_parallel_layers_per_stage = 1\npipeline_parallel_last_stage_less_layers"
+                          " = 1.0\n", "last_stage_less_layers: must be a whole number >= 0"),
+                         ('pipeline_parallel_schedule = "ScheduleFoo"\n', "'ScheduleFoo' is not a schedule ddplan")):
+        toml.write_text(head + "pipeline_parallel_degree = 2\n" + extra, encoding="utf-8")
+        code, line = fails(capsys, ["import", str(toml), "-o", str(out)])
+        assert code in (1, 2) and words in line and "Traceback" not in line, line
+    # the keys that set the chunks are read, not reported unread
+    toml.write_text(head + "pipeline_parallel_degree = 2\n" + looped + "pipeline_parallel_layers_per_stage = 1\n",
+                    encoding="utf-8")
+    code, _, err = run(capsys, ["import", str(toml), "-o", str(out)])
+    assert code == 0 and "not read" not in err and "vp: 17" in out.read_text(encoding="utf-8")

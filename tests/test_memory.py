@@ -719,13 +719,37 @@ def test_fsdp2_keeps_one_units_reduce_scatter_input_through_the_next_backward():
 
 
 def test_zero_bubble_in_flight_micro_batches_by_hand():
-    """Qi et al., arXiv 2401.10241, sec. 2.3 and 6: ZB-H1 and ZB-V keep 1F1B's p M_B on a stage, ZB-H2 2p - 1, each
-    at most the step's m: p 4, m 8: 4, 7, 4 (1F1B's first stage 4, its last 1); m 3: 3 each."""
-    def held(schedule: str, m: int, stage: int = 0) -> float:
+    """Qi et al., arXiv 2401.10241, sec. 2.3 and 6: stage i (from 1) holds (p - i + 1) M_B + (i - 1) M_W under ZB-H1,
+    (2p - 2i + 1) M_B + (2i - 2) M_W under ZB-H2, p M_B under ZB-V, each count at most m. p 4, m 8, M_W 0.4 M_B:
+    ZB-H1 4, 3.4, 2.8, 2.2; ZB-H2 7, 5.8, 4.6, 3.4; ZB-V 4 on each; a W counted as a B (w_share 1) gives ZB-H1 4 and
+    ZB-H2 7 on every stage; m 3: 3 on the first stage under each (1F1B's first stage 4 at m 8, its last 1)."""
+    def held(schedule: str, m: int, stage: int = 0, w: float = 1.0) -> float:
         vp = 2 if schedule == "zb_v" else 1
-        return in_flight_micro_batches(Layout(pp=4, grad_accum=m, pp_schedule=schedule, pp_virtual_stages=vp), stage)
+        layout = Layout(pp=4, grad_accum=m, pp_schedule=schedule, pp_virtual_stages=vp)
+        return in_flight_micro_batches(layout, stage, w_share=w)
 
-    assert (held("zb_h1", 8), held("zb_h2", 8), held("zb_v", 8)) == (4, 7, 4)
-    assert (held("zb_h1", 8, 3), held("zb_h2", 8, 3), held("zb_v", 8, 3)) == (4, 7, 4)  # a W counted as a B
+    assert [held("zb_h1", 8, s, 0.4) for s in range(4)] == pytest.approx([4, 3.4, 2.8, 2.2])
+    assert [held("zb_h2", 8, s, 0.4) for s in range(4)] == pytest.approx([7, 5.8, 4.6, 3.4])
+    assert [held("zb_v", 8, s, 0.4) for s in range(4)] == [4] * 4
+    assert (held("zb_h1", 8, 3), held("zb_h2", 8, 3)) == (4, 7)
     assert (held("1f1b", 8), held("1f1b", 8, 3)) == (4, 1)
     assert (held("zb_h1", 3), held("zb_h2", 3), held("zb_v", 3)) == (3, 3, 3)
+
+
+def test_a_delayed_w_pass_keeps_table_1s_32_s_b_h_of_a_gpt_block():
+    """memory.w_pass_share: a W pass keeps each layer GEMM's input and output gradient; for a GPT-3-style block (QKV
+    h -> 3h, projection h -> h, MLP h -> 4h -> h) that is (4h + 2h + 5h + 5h) = 16 h elements a token, 32 s b h bytes
+    in 16 bits: the paper's Table 1 (Qi et al., arXiv 2401.10241), by hand. Over the block's saves with the
+    unfused attention the paper ran (its 34 s b h + 5 a s^2 b) the share is under a half; under recompute 1."""
+    from ddplan.memory import _held_split, w_pass_share
+
+    spec = load_model("gpt3-22b")
+    a = spec.architecture
+    s, b = 1024, 2
+    an = build_anatomy(spec, batch=b, seq_len=s, attention="unfused_math")
+    layers, _, _ = _held_split(an, Layout(pp=4))
+    share = w_pass_share(an, layers)
+    assert share * layers == pytest.approx(32 * s * b * a.d_model * a.num_layers)
+    assert 0.3 < share < 0.5
+    assert w_pass_share(build_anatomy(spec, batch=b, seq_len=s, attention="unfused_math", recompute="full"),
+                        layers) == 1.0

@@ -185,7 +185,7 @@ def test_the_zero_bubble_papers_memory_figures_check_each_schedules_micro_batche
     1F1B, ZB-1p, ZB-2p and ZB-V; kept out of PEAK_RATIO): priced as `validate --memory --dataset` prices it, within 3%
     (median) and 10% (worst) of the paper's figures taken as allocated 10^9 bytes, each schedule's median within 5%,
     every verdict right. Measured 2026-12-07: 2.0% median, 9.4% worst (ZB-2p at 2 micro-batches, where the delayed W
-    passes hold more than ddplan's 1F1B-like count). ZB-2p's figures sit 1.6-2.0x 1F1B's beside them (Table 4: 59 vs
+    passes hold more than ddplan's count). In Table 4 ZB-2p's figures sit 1.6-2.0x 1F1B's beside them (59 vs
     30 GB at 1.5B): priced with 1F1B's in-flight count they would be far under, so this checks the schedules'
     counts, not only the states."""
     import statistics
@@ -203,5 +203,9 @@ def test_the_zero_bubble_papers_memory_figures_check_each_schedules_micro_batche
         assert mine and statistics.median(mine) <= 0.05, schedule
     summary = V.peak_summary(scored)
     assert summary["false_does_not_fit"] == 0 and summary["false_fits"] == 0
-    by_id = {p.id: p.measured.peak_gb for p in peaks}
-    assert by_id["zb-t4-gpt1.5b-a100-8g-b6-m24-zb2p"] / by_id["zb-t4-gpt1.5b-a100-8g-b6-m24-1f1b"] > 1.9
+    # the same ZB-2p configurations priced as 1F1B read a fifth or more under the paper's figures
+    zb2p = [p for p in peaks if p.id.startswith("zb-t4-") and p.id.endswith("-zb2p")]
+    assert len(zb2p) == 4
+    for p in zb2p:
+        as_1f1b = V.score_peak(p.model_copy(update={"layout": p.layout.model_copy(update={"schedule": None})}), p.id)
+        assert as_1f1b.predicted_gb / as_1f1b.measured_gb - 1 < -0.2, p.id

@@ -546,3 +546,21 @@ def test_a_pricer_takes_a_calibrations_memory_terms_unless_given_its_own():
     assert Pricer(spec, hw, plan, cal).memory(lay, "L").terms["framework"] == 0.5 * GiB
     given = MemoryAssumptions(framework_gib=2.0)
     assert Pricer(spec, hw, plan, cal, assumptions=given).memory(lay, "L").terms["framework"] == 2.0 * GiB
+
+
+def test_a_calibrations_pipeline_schedule_is_the_tables_and_the_memorys(capsys, tmp_path):
+    """A measured step that ran a zero-bubble schedule (StepMeasurement.pp_schedule) is priced as it ran by `table`
+    and `memory` without a model (the calibration's run, ddplan.inputs.step_values): d24's 24 layers over pp 4 as
+    ZB-V, one row, named so, and memory's title names ZB-V too; a flag given wins."""
+    data = {"kind": "calibration", "version": 1, "hardware": "mi300x", "seq_len": 1024, "dtype": "bf16",
+            "step_times": [{"model": "nanochat-d24", "gpus": 8, "step_time_s": 3.3, "device_batch_size": 4,
+                            "total_batch_tokens": 262144, "pp": 4, "pp_virtual_stages": 2, "pp_schedule": "zb-v",
+                            "attention": "sdpa-fused", "window_pattern": "L", "seq_len": 1024, "source": "a test"}]}
+    path = tmp_path / "cal.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    rows = csv_rows(run_ok(capsys, ["table", "--calibration", str(path), "--format", "csv"]))
+    assert [r["config"].split(", ")[1] for r in rows] == ["pp 4 ZB-V"], [r["config"] for r in rows]
+    assert "pp 4 ZB-V" in run_ok(capsys, ["memory", "--calibration", str(path)])
+    rows = csv_rows(run_ok(capsys, ["table", "--calibration", str(path), "--schedule", "zb-h1", "--vp", "1",
+                                    "--format", "csv"]))
+    assert "pp 4 ZB-H1" in {r["config"].split(", ")[1] for r in rows}
