@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ddplan.anatomy import UNFUSED_KINDS
 from ddplan.errors import LayoutError
-from ddplan.pipeline import SCHEDULES, ZERO_BUBBLE, stage_layers
+from ddplan.pipeline import SCHEDULES, ZERO_BUBBLE, stage_layers, v_chunks
 from ddplan.runfields import recompute_layers, recompute_policy
 from ddplan.specs import ModelSpec
 
@@ -523,17 +523,19 @@ def check_layout(layout: Layout, spec: ModelSpec, total_batch_tokens: int | None
         problems.append(f"tp={layout.tp} must divide num_heads={a.num_heads} and num_kv_heads={a.num_kv_heads}")
 
     try:
-        first, middle, last = stage_layers(a.num_layers, layout.pp)
-        v = layout.pp_virtual_stages
-        # an end stage one layer short of the middle ones counts its embedding (first) or its head and loss
-        # (last) as a layer, as Megatron-Core's --account-for-embedding-in-pipeline-split and
-        # --account-for-loss-in-pipeline-split do: Qwen3-235B's 94 layers over pp 32 x vp 3 are 96 units of one
-        uneven = [n for n in dict.fromkeys((first, middle, last))
-                  if n % v and not (n + 1 == middle and middle % v == 0)]
-        if uneven:
-            chunks = "ZB-V" if layout.pp_schedule == "zb_v" else "interleaved"
-            problems.append(f"{layout.pp_virtual_stages} {chunks} chunks must divide every stage's layers "
-                            f"({first}, {middle}, {last} of num_layers={a.num_layers} over pp={layout.pp})")
+        if layout.pp_schedule == "zb_v":  # 2 pp chunks in a V, the end ones possibly empty
+            v_chunks(a.num_layers, layout.pp)
+        else:
+            first, middle, last = stage_layers(a.num_layers, layout.pp)
+            v = layout.pp_virtual_stages
+            # an end stage one layer short of the middle ones counts its embedding (first) or its head and loss
+            # (last) as a layer, as Megatron-Core's --account-for-embedding-in-pipeline-split and
+            # --account-for-loss-in-pipeline-split do: Qwen3-235B's 94 layers over pp 32 x vp 3 are 96 units of one
+            uneven = [n for n in dict.fromkeys((first, middle, last))
+                      if n % v and not (n + 1 == middle and middle % v == 0)]
+            if uneven:
+                problems.append(f"{layout.pp_virtual_stages} interleaved chunks must divide every stage's layers "
+                                f"({first}, {middle}, {last} of num_layers={a.num_layers} over pp={layout.pp})")
     except ValueError as e:
         problems.append(f"pp={layout.pp}: {e}")
     if a.moe is not None and layout.tp > 1 and not layout.sequence_parallel:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from ddplan.anatomy import Anatomy, muon_matrices
 from ddplan.params import param_counts
 from ddplan.fp8 import fp8_weight_fractions
-from ddplan.pipeline import moe_layers_by_stage, stage_layers
+from ddplan.pipeline import moe_layers_by_stage, stage_layers, v_stages
 from ddplan.specs import ModelSpec
 from ddplan.layout import Layout
 from ddplan.units import GiB, MiB, dtype_bytes
@@ -137,7 +137,8 @@ class Stage:
     head: bool
 
 
-_STAGES: dict[tuple[int, int], tuple[object, tuple[Stage, ...]]] = {}  # (id(arch), pp) -> (arch kept alive, stages)
+# (id(arch), pp, ZB-V) -> (arch kept alive, stages)
+_STAGES: dict[tuple[int, int, bool], tuple[object, tuple[Stage, ...]]] = {}
 
 
 def pipeline_stages(layout: Layout, arch) -> tuple[Stage, ...]:
@@ -151,20 +152,44 @@ def pipeline_stages(layout: Layout, arch) -> tuple[Stage, ...]:
     Megatron-Core keeps there: language_module.py@2a75ac1 setup_embeddings_and_output_layer, "maintain duplicated
     embedding weights in post processing stage"). Without a pipeline, one stage with everything. e.g. Llama 3.1
     405B's 126 layers over pp 16: stages 0, 1 and 15 with 7, 8 and 7 layers, so the 8-layer stage no longer pairs
-    with the first stage's embedding table."""
-    known = _STAGES.get((id(arch), layout.pp))
+    with the first stage's embedding table. Under ZB-V the first stage runs both end chunks (ddplan.pipeline.
+    v_stages): it holds the embeddings and the head, and the other stages with the most layers and MoE blocks hold
+    neither."""
+    v = layout.pp_schedule == "zb_v"
+    known = _STAGES.get((id(arch), layout.pp, v))
     if known is not None and known[0] is arch:  # a search asks for a layout group's stages many times
         return known[1]
     if len(_STAGES) >= 256:
         _STAGES.clear()
+    if v:
+        dense = arch.num_layers - arch.moe_layers if arch.moe is not None else None
+        stages = _STAGES[(id(arch), layout.pp, v)] = (arch, _v_stages(arch.num_layers, layout.pp, dense))
+        return stages[1]
     moe = None
     if arch.moe is not None:
         try:
             moe = moe_layers_by_stage(arch, layout.pp)
         except ValueError:  # a split check_layout refuses: every stage the even share's MoE blocks, at most
             moe = [min(_split(arch.num_layers, layout.pp)[1], arch.moe_layers)] * layout.pp
-    stages = _STAGES[(id(arch), layout.pp)] = (arch, _stages(arch.num_layers, layout.pp, moe))
+    stages = _STAGES[(id(arch), layout.pp, v)] = (arch, _stages(arch.num_layers, layout.pp, moe))
     return stages[1]
+
+
+def _v_stages(num_layers: int, pp: int, dense_layers: int | None = None) -> tuple[Stage, ...]:
+    """pipeline_stages under ZB-V: the first stage (both end chunks, the embeddings and the head) and each other
+    stage with a (layers, MoE blocks) no other has more of (ddplan.pipeline.v_stages; dense_layers: a mixture of
+    experts' dense blocks, None for a dense model)."""
+    try:
+        per = v_stages(num_layers, pp, dense_layers)
+    except ValueError:  # a split check_layout refuses: the even share on every stage
+        share = -(-num_layers // pp)
+        per = [(share, 0 if dense_layers is None else min(share, num_layers - dense_layers))] * pp
+    out = [Stage(0, per[0][0], per[0][1], True, True)]
+    for j, (layers, moe) in enumerate(per[1:], start=1):
+        if not any(o.layers >= layers and o.moe_layers >= moe for o in out[1:]):
+            out = [o for o in out if o.index == 0 or not (layers >= o.layers and moe >= o.moe_layers)]
+            out.append(Stage(j, layers, moe, False, False))
+    return tuple(out)
 
 
 def _split(num_layers: int, pp: int) -> tuple[int, int, int]:
@@ -343,7 +368,7 @@ def heaviest_stage(spec: ModelSpec, layout: Layout) -> Stage | None:
     over pp 4: the first, 8 layers and the 0.53B embedding table (the last's head is as large: the first is kept)."""
     if layout.pp == 1:
         return None
-    key = (id(spec), layout.pp, layout.tp, layout.ep, layout.expert_rows_split)
+    key = (id(spec), layout.pp, layout.pp_schedule == "zb_v", layout.tp, layout.ep, layout.expert_rows_split)
     known = _HEAVIEST.get(key)
     if known is not None and known[0] is spec:
         return known[1]
@@ -465,7 +490,8 @@ def activation_bytes(anatomy: Anatomy, layout: Layout, num_layers: int,
     MixedPrecisionPolicy(param_dtype); torchtitan distributed/utils.py@238fa99 L243-264 (maybe_enable_amp: no
     autocast when FSDP is on); ZeRO (arXiv 1910.02054) sec. 5 (16-bit parameters gathered per layer).
     """
-    stages = (stage,) if stage is not None else _stages(num_layers, layout.pp)  # the anatomy's layers are alike
+    stages = (stage,) if stage is not None else (  # the anatomy's layers are alike
+        _v_stages(num_layers, layout.pp) if layout.pp_schedule == "zb_v" else _stages(num_layers, layout.pp))
     saved, transient = stage_activation_bytes(anatomy, layout, num_layers, stages)
     return max(saved), transient
 

@@ -46,6 +46,41 @@ def stage_layers(num_layers: int, p: int) -> tuple[int, int, int]:
     return first, middle, last
 
 
+def v_chunks(num_layers: int, p: int) -> list[int]:
+    """Layers of each of ZB-V's 2p chunks, in model order: ceil(L / 2p) in each middle chunk and the first and last
+    sharing what remains (the first the larger half), as stage_layers splits stages, except that an end chunk may be
+    left none (the embeddings or the head are its work): the zero-bubble paper's 30 layers over 32 chunks are
+    0, 1 x 30, 0, as its fork pads them (Qi et al., arXiv 2401.10241, sec. 5.1: the end stages "possess one fewer
+    transformer layer"). ValueError when the middle chunks alone need more layers than there are.
+    e.g. (32, 4) -> [4] x 8; (31, 4) -> 4, 4 x 6, 3; (30, 16) -> 0, 1 x 30, 0."""
+    if num_layers < 1 or p < 1:
+        raise ValueError(f"need num_layers and p >= 1, got {num_layers}, {p}")
+    n = 2 * p
+    middle = -(-num_layers // n)
+    rest = num_layers - (n - 2) * middle
+    if rest < 0:
+        most = max(q for q in range(1, num_layers + 2) if num_layers >= (2 * q - 2) * -(-num_layers // (2 * q)))
+        raise ValueError(f"{num_layers} layers over {n} ZB-V chunks ({p} stages x 2) leave the end chunks fewer than "
+                         f"none; use pp <= {most}")
+    return [rest - rest // 2] + [middle] * (n - 2) + [rest // 2]
+
+
+def v_stages(num_layers: int, p: int, dense_layers: int | None = None) -> list[tuple[int, int]]:
+    """(layers, mixture-of-experts blocks) on each of p stages under ZB-V: stage d runs chunks d and 2p - 1 - d
+    ("layers 1-2 and layers 15-16 to worker 1", Qi et al., arXiv 2401.10241, sec. 6; torch ScheduleZBVZeroBubble),
+    so the first stage holds both end chunks, the embeddings and the head with them; the MoE blocks are the layers
+    from dense_layers on (None: a dense model). e.g. (32, 4): 8 layers each; (30, 16): 0 on the first, 2 on each
+    other; 48 layers, the first 12 dense, p 4: (12, 6), (12, 6), (12, 12), (12, 12)."""
+    chunks = v_chunks(num_layers, p)
+    starts = [sum(chunks[:c]) for c in range(len(chunks))]
+    dense = num_layers if dense_layers is None else dense_layers
+    out = []
+    for d in range(p):
+        spans = [(starts[c], starts[c] + chunks[c]) for c in (d, 2 * p - 1 - d)]
+        out.append((sum(b - a for a, b in spans), sum(max(0, b - max(a, dense)) for a, b in spans)))
+    return out
+
+
 def moe_layers_by_stage(arch, p: int) -> list[int]:
     """Mixture-of-experts blocks on each of p pipeline stages (stage_layers' split; the dense_layers are the
     first ones, so they sit on the first stages). Dense models: zeros.

@@ -273,7 +273,7 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
     a_layers = max(1, spec.architecture.num_layers)
     a, e = spec.architecture, dtype_bytes(spec.dtypes.compute)
     place = _placed(layout, hw, cache)  # where its tp, cp, ep and pipeline groups sit
-    stage, stage_moe, mbt = _busiest_stage(spec, anatomy, r, parts, p, cache)
+    stage, stage_moe, mbt = _busiest_stage(spec, anatomy, r, parts, p, cache, v=layout.pp_schedule == "zb_v")
     copies = fsdp2_copies_s(spec, layout, r)
     compute = accum * mbt.total_s + copies
 
@@ -381,11 +381,12 @@ def step_time(spec: ModelSpec, hw: HardwareSpec, layout: Layout, anatomy: Anatom
 
 
 def _busiest_stage(spec: ModelSpec, anatomy: Anatomy, r: Rates, parts: OpTimes, p: int,
-                   cache: Cache) -> tuple[int, int, MicroBatchTime]:
+                   cache: Cache, v: bool = False) -> tuple[int, int, MicroBatchTime]:
     """(layers, MoE blocks, micro-batch time) of the pipeline stage that takes longest: the first (its layers +
     embeddings), a middle one (the one with most MoE blocks), or the last (+ head); the whole model at p = 1.
-    Kept in parts.memo by recompute policy and p (every layout with these op times and stages asks the same)."""
-    key = ("busiest stage", anatomy.recompute, p)
+    v: ZB-V's placement (pipeline.v_stages), the first stage holding both end chunks with the embeddings and the head.
+    Kept in parts.memo by recompute policy, p and v (every layout with these op times and stages asks the same)."""
+    key = ("busiest stage", anatomy.recompute, p, v)
     if key in parts.memo:
         return parts.memo[key]
 
@@ -397,6 +398,11 @@ def _busiest_stage(spec: ModelSpec, anatomy: Anatomy, r: Rates, parts: OpTimes, 
     a_layers = max(1, a.num_layers)
     if p == 1:
         busiest = a_layers, a.moe_layers, mb_time(1.0, True, True)
+    elif v:
+        stages = pipeline.v_stages(a_layers, p, a_layers - a.moe_layers if a.moe is not None else None)
+        busiest = max(((n, k, mb_time(n / a_layers, d == 0, d == 0)) for d, (n, k) in
+                       sorted({(d == 0, n, k): (d, (n, k)) for d, (n, k) in enumerate(stages)}.values())),
+                      key=lambda c: c[2].total_s)
     else:
         if ("stages", p) not in cache:  # (layers, MoE blocks) per stage: the middle one with most MoE blocks
             cache[("stages", p)] = pipeline.stage_layers(a_layers, p), pipeline.moe_layers_by_stage(a, p)

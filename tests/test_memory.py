@@ -753,3 +753,19 @@ def test_a_delayed_w_pass_keeps_table_1s_32_s_b_h_of_a_gpt_block():
     assert 0.3 < share < 0.5
     assert w_pass_share(build_anatomy(spec, batch=b, seq_len=s, attention="unfused_math", recompute="full"),
                         layers) == 1.0
+
+
+def test_zb_v_puts_the_embeddings_and_the_head_on_the_first_stage():
+    """Under ZB-V the first stage runs both end chunks (memory.pipeline_stages, pipeline.v_stages): it holds the
+    embeddings and the head, the others neither; Llama 3 8B's 32 layers over pp 4 are 8 on each, so the first stage
+    holds both tables' states and the last none (1F1B: the head on the last)."""
+    from ddplan.memory import pipeline_stages
+
+    spec = load_model("llama-3-8b")
+    v = pipeline_stages(Layout(pp=4, grad_accum=8, pp_schedule="zb_v", pp_virtual_stages=2), spec.architecture)
+    assert [(s.index, s.layers, s.embedding, s.head) for s in v] == [(0, 8, True, True), (1, 8, False, False)]
+    one = pipeline_stages(Layout(pp=4, grad_accum=8), spec.architecture)
+    assert [(s.index, s.embedding, s.head) for s in one] == [(0, True, False), (3, False, True)]
+    states_v = model_states(spec, Layout(pp=4, grad_accum=8, pp_schedule="zb_v", pp_virtual_stages=2), v[0])
+    states_1 = model_states(spec, Layout(pp=4, grad_accum=8), one[0])
+    assert sum(states_v["params"].values()) > sum(states_1["params"].values())

@@ -215,3 +215,20 @@ def test_zero_bubble_rejects_what_it_cannot_price():
         pipeline.zero_bubble_time_s("zb_h1", 4, 8, 1.0, 1.5)
     with pytest.raises(ValueError, match="pipeline degrees"):
         pipeline.zero_bubble_time_s("zb_h1", 0, 8, 1.0, 0.3)
+
+
+def test_zb_v_chunks_and_stages_by_hand():
+    """ZB-V's 2p chunks (pipeline.v_chunks: ceil(L / 2p) in the middle, the ends sharing the rest and possibly empty,
+    as the paper's fork pads 30 layers over 32 chunks: 0, 1 x 30, 0) and each stage's two, d and 2p - 1 - d
+    (pipeline.v_stages: sec. 6, 'layers 1-2 and layers 15-16 to worker 1' of 16 layers on 4 workers)."""
+    assert pipeline.v_chunks(16, 4) == [2] * 8
+    starts = [sum(pipeline.v_chunks(16, 4)[:c]) for c in range(8)]
+    assert (starts[0], starts[7]) == (0, 14)
+    assert pipeline.v_chunks(30, 16) == [0] + [1] * 30 + [0]
+    assert pipeline.v_chunks(31, 4) == [4] + [4] * 6 + [3]
+    assert pipeline.v_stages(30, 16)[:2] == [(0, 0), (2, 0)]
+    # 48 layers, the first 12 dense, p 4: chunks of 6; stage 0 holds layers 0-5 (dense) and 42-47 (MoE)
+    assert pipeline.v_stages(48, 4, 12) == [(12, 6), (12, 6), (12, 12), (12, 12)]
+    assert pipeline.v_chunks(32, 17)[0] == 0
+    with pytest.raises(ValueError, match="use pp <= 17"):
+        pipeline.v_chunks(32, 18)

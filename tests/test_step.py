@@ -638,9 +638,11 @@ def test_unsharded_gradient_sums_by_hand():
 def test_zero_bubble_schedules_move_the_weight_gradients_into_the_bubble():
     """The same layout under 1F1B, ZB-H1, ZB-H2 and ZB-V (pipeline.zero_bubble_time_s): the compute and the sends are
     the same, and the bubbles differ by whole W passes of the busiest stage (p 4, m 8 >= 2p - 1): ZB-H1 takes
-    2 (p-1) W off 1F1B's, ZB-H2 3 (p-1) W, ZB-V as ZB-H2 with its two chunks' sends; W, one micro-batch's
-    weight-gradient GEMMs, is under its backward and over a quarter of it (dW and dX each near half of a GEMM's
-    backward, the GEMMs most of it)."""
+    2 (p-1) W off 1F1B's, ZB-H2 3 (p-1) W; W, one micro-batch's weight-gradient GEMMs, is under its backward and
+    over a quarter of it (dW and dX each near half of a GEMM's backward, the GEMMs most of it). ZB-V places GPT-2's
+    12 layers as 8 chunks of 0, 2 x 6, 0 (pipeline.v_stages): the first stage holds the embeddings and the head
+    (its 38.6M parameters over five layers' worth) and no layer, the others 4 layers, so its busiest stage is
+    lighter than 1F1B's last (3 layers and the head), and so is its bubble."""
     base = gpt2(dp=1, pp=4, grad_accum=8)
     one, h1, h2 = (run_step("gpt2-124m", replace(base, pp_schedule=s)) for s in ("1f1b", "zb_h1", "zb_h2"))
     assert one.compute_s == h1.compute_s == h2.compute_s
@@ -648,6 +650,4 @@ def test_zero_bubble_schedules_move_the_weight_gradients_into_the_bubble():
     assert 0.25 * one.bwd_s < w < one.bwd_s
     assert one.bubble_s - h2.bubble_s == pytest.approx(3 * 3 * w)
     v = run_step("gpt2-124m", replace(base, pp_schedule="zb_v", pp_virtual_stages=2))
-    interleaved = run_step("gpt2-124m", replace(base, pp_schedule="interleaved", pp_virtual_stages=2))
-    sends = interleaved.bubble_s - interleaved.compute_s * 3 / (2 * 8)  # interleaved's bubble is (p-1)/(v m) of compute
-    assert v.bubble_s - sends == pytest.approx(h2.bubble_s - (one.bubble_s - one.compute_s * 3 / 8), rel=1e-9)
+    assert v.compute_s < one.compute_s and 0 < v.bubble_s < h1.bubble_s
