@@ -155,6 +155,7 @@ class Anatomy:
     ep: int = 1  # expert parallelism: this rank holds num_experts / ep of each block's routed experts
     expert_rows: int = 1  # the experts' rows split this many ways over tp (whole experts, etp 1): already applied
     chunks: int = 1  # model chunks (pp x vp) a layer policy (full:N, every:K) counts its layers in (layer_again)
+    elem_bytes: float = 2.0  # an activation element's bytes (the compute dtype's)
 
     @property
     def tokens(self) -> int:
@@ -966,7 +967,7 @@ def build_anatomy(spec: ModelSpec, *, batch: int, seq_len: int | None = None,
     return Anatomy(model=spec.name, batch=batch, seq_len=s, attention=attention, windows=windows,
                    recompute=recompute, compiled=compiled, pre=pre, blocks=tuple(blocks),
                    layer_blocks=tuple(layer_blocks), post=post, optimizer_ops=tuple(optimizer_ops(spec)), tp=tp,
-                   ep=ep, expert_rows=expert_rows)
+                   ep=ep, expert_rows=expert_rows, elem_bytes=bld.e)
 
 
 def _block_kind(a, i: int, window: int, value_layers: frozenset[int]) -> tuple:

@@ -308,6 +308,9 @@ TITAN_SCHEDULES = {"Interleaved1F1B": ("interleaved", ""), "ZBVZeroBubble": ("zb
                                  "not priced")}
 
 
+TITAN_SCHEDULE_NAMES = {name.lower(): name for name in ("1F1B", "GPipe", *TITAN_SCHEDULES)}
+
+
 def _titan_schedule(out: Imported, schedule: str, where: str, pp: int, par: dict, layers: int | None,
                     path: Path) -> None:
     """A torchtitan looped pipeline schedule as a run file states it: its chunks a stage (vp) and ddplan's schedule
@@ -453,6 +456,8 @@ def _torchtitan(text: str, path: Path, out: Imported) -> None:
         out.set(("layout", "reshard_after_forward"), False,
                 "fsdp_reshard_after_forward 'default' with pipeline parallelism: not resharded")
     schedule, where = parallel("pipeline_parallel_schedule", "1F1B")
+    # torch's get_schedule_class matches names whatever their case (older presets wrote "1f1b", "gpipe")
+    schedule = TITAN_SCHEDULE_NAMES.get(str(schedule).lower(), schedule)
     if pp > 1 and schedule not in ("1F1B", "GPipe"):
         _titan_schedule(out, schedule, where, pp, par, layers, path)
 

@@ -31,7 +31,7 @@ HEADROOM = 0.05  # a setup fits when it leaves 5% of usable memory free (assumed
 # judged by the band fitted without them. tests/test_memory_peaks.py fails when it drifts from the dataset.
 PEAK_RATIO = (0.97, 1.21)
 EMBEDDING_GROUPS = ("wte", "wpe", "smear_gate")  # live on the first pipeline stage
-HEAD_GROUPS = ("lm_head",)  # lives on the last pipeline stage
+HEAD_GROUPS = ("lm_head",)  # lives on the last pipeline stage (under ZB-V the first: Stage.head says)
 EXPERT_GROUP = "experts"  # routed experts: split over expert-parallel ranks
 
 
@@ -128,7 +128,8 @@ def limit_bytes(capacity_bytes: float, headroom: float) -> float:
 @dataclass(frozen=True)
 class Stage:
     """One pipeline stage whose memory may be the largest (pipeline_stages): its index, its layers, its mixture-of-
-    experts blocks, and whether it holds the embeddings (the first) and the head (the last)."""
+    experts blocks, and whether it holds the embeddings (the first) and the head (the last; under ZB-V the first
+    holds both: pipeline_stages)."""
 
     index: int
     layers: int
@@ -362,7 +363,8 @@ _HEAVIEST: dict[tuple, tuple[object, Stage | None]] = {}  # (id(spec), pp, tp, e
 def heaviest_stage(spec: ModelSpec, layout: Layout) -> Stage | None:
     """The pipeline stage (of pipeline_stages) whose tensor-parallel rank holds the most parameters: the one whose
     gradients the data-parallel collectives carry longest and whose optimizer step takes longest (ddplan.step prices
-    both on it, not on the most layers with both the embeddings and the head, which no stage holds; its compute is
+    both on it, not on the most layers with both the embeddings and the head, which no stage holds but ZB-V's first,
+    where they are; its compute is
     the slowest stage's, ddplan.step._busiest_stage). None without a pipeline. e.g. Llama 3.1 405B over pp 16: a
     middle stage, 8 layers of 3.19B (25.5B), over the last (7 layers and the 2.1B-parameter head, 24.4B); Llama 3 8B
     over pp 4: the first, 8 layers and the 0.53B embedding table (the last's head is as large: the first is kept)."""
@@ -521,14 +523,15 @@ def stage_activation_bytes(anatomy: Anatomy, layout: Layout, num_layers: int,
 
 def w_pass_share(anatomy: Anatomy, layer_bytes: float) -> float:
     """M_W / M_B of the zero-bubble schedules: what a delayed W pass keeps of a micro-batch's layers, each layer GEMM's
-    input and output gradient (m k + m n elements at the input's element size), over the layers' saved bytes
-    (layer_bytes, M_B), at most 1. Under recompute the layers save little and W holds what backward brought back,
-    which the paper does not analyse: taken as 1 (a W counted as a B). e.g. a GPT block with the paper's unfused
-    attention: Table 1's 32 s b h over 34 s b h + 5 a s^2 b is 0.366 for its 1.5B model at s 1024 (h 2304, a 24) and
-    0.432 for its 6.2B-28.3B (head dim 128), as ddplan's own count of the block's saves gives too; Llama 3 8B with fused
-    attention at s 8192: 0.585.
+    input (once where GEMMs share it, as saved: a sequence-parallel rank's shard, which Megatron gathers again for the
+    weight gradient; an fp8 copy's byte) and its output gradient (every row, this rank's columns, in the compute
+    dtype), over the layers' saved bytes (layer_bytes, M_B). Not capped: under full recompute a block saves its input
+    alone while W keeps what backward brought back, which the paper does not analyse (priced as kept, many times
+    M_B). e.g. a GPT block with the paper's unfused attention: Table 1's 32 s b h over 34 s b h + 5 a s^2 b is
+    0.366 for its 1.5B model at s 1024 (h 2304, a 24) and 0.432 for its 6.2B-28.3B (head dim 128), as ddplan's own
+    count of the block's saves gives too; Llama 3 8B with fused attention at s 8192: 0.585.
     Ref: Qi et al., arXiv 2401.10241, sec. 2.3, Table 1 (M_W = 32 s b h, W's inputs and output gradients)."""
-    if anatomy.recompute != "none" or layer_bytes <= 0:
+    if layer_bytes <= 0:
         return 1.0
     kept, inputs = 0.0, set()
     for op, n in anatomy.op_repeats:
@@ -537,10 +540,9 @@ def w_pass_share(anatomy: Anatomy, layer_bytes: float) -> float:
         _, cols, depth = op.shape
         rows = op.flops_fwd / (2.0 * cols * depth)  # every row of a grouped GEMM, not one expert's
         x = op.saves[0]  # its input, kept once where GEMMs share it (separate Q, K and V read one norm output)
-        elem = x.bytes / (rows * depth)  # the input's element size (its fp8 copy: 1)
-        kept += n * rows * cols * elem + (n * x.bytes if (x.name, op.layer) not in inputs else 0.0)
+        kept += n * rows * cols * anatomy.elem_bytes + (n * x.bytes if (x.name, op.layer) not in inputs else 0.0)
         inputs.add((x.name, op.layer))
-    return min(1.0, kept / layer_bytes)
+    return kept / layer_bytes
 
 
 def fixed_terms(spec: ModelSpec, layout: Layout, states: dict[str, dict[str, float]],

@@ -47,22 +47,28 @@ def stage_layers(num_layers: int, p: int) -> tuple[int, int, int]:
 
 
 def v_chunks(num_layers: int, p: int) -> list[int]:
-    """Layers of each of ZB-V's 2p chunks, in model order: ceil(L / 2p) in each middle chunk and the first and last
-    sharing what remains (the first the larger half), as stage_layers splits stages, except that an end chunk may be
-    left none (the embeddings or the head are its work): the zero-bubble paper's 30 layers over 32 chunks are
-    0, 1 x 30, 0, as its fork pads them (Qi et al., arXiv 2401.10241, sec. 5.1: the end stages "possess one fewer
-    transformer layer"). ValueError when the middle chunks alone need more layers than there are.
-    e.g. (32, 4) -> [4] x 8; (31, 4) -> 4, 4 x 6, 3; (30, 16) -> 0, 1 x 30, 0."""
+    """Layers of each of ZB-V's 2p chunks, in model order: each stage d (chunks d and 2p - 1 - d) holds ceil(L / p)
+    layers but the first, which holds what remains (it also runs the embeddings and the head, as stage_layers'
+    short end stages do), possibly none, as the zero-bubble paper's fork pads its 30 layers over 32 chunks (Qi et
+    al., arXiv 2401.10241, sec. 5.1); a stage's layers split over its two chunks, the first the larger half.
+    ValueError naming the pp values near p that split, when the other stages alone need more layers than there are.
+    e.g. (32, 4) -> [4] x 8; (126, 16) -> 3, 4 x 30, 3; (30, 16) -> 0, 1 x 30, 0; (80, 16): 5 a stage, in chunks of
+    3 and 2."""
     if num_layers < 1 or p < 1:
         raise ValueError(f"need num_layers and p >= 1, got {num_layers}, {p}")
-    n = 2 * p
-    middle = -(-num_layers // n)
-    rest = num_layers - (n - 2) * middle
-    if rest < 0:
-        most = max(q for q in range(1, num_layers + 2) if num_layers >= (2 * q - 2) * -(-num_layers // (2 * q)))
-        raise ValueError(f"{num_layers} layers over {n} ZB-V chunks ({p} stages x 2) leave the end chunks fewer than "
-                         f"none; use pp <= {most}")
-    return [rest - rest // 2] + [middle] * (n - 2) + [rest // 2]
+    per = -(-num_layers // p)
+    first = num_layers - (p - 1) * per
+    if first < 0:
+        fits = [q for q in range(1, num_layers + 2) if num_layers >= (q - 1) * -(-num_layers // q)]
+        below = max(q for q in fits if q < p)
+        raise ValueError(f"{num_layers} layers over pp {p} under ZB-V leave the first stage fewer than none "
+                         f"(ceil({num_layers} / {p}) = {per} on each other stage); the nearest pp below that splits: "
+                         f"{below}")
+    loads = [first] + [per] * (p - 1)
+    out = [0] * (2 * p)
+    for d, n in enumerate(loads):
+        out[d], out[2 * p - 1 - d] = n - n // 2, n // 2
+    return out
 
 
 def v_stages(num_layers: int, p: int, dense_layers: int | None = None) -> list[tuple[int, int]]:

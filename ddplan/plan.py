@@ -21,6 +21,7 @@ from ddplan.frameworks import DEFAULT_RECOMPUTES, can_run
 from ddplan.layout import (NATIVE_ZERO, Layout, Options, check_layout, context_parallel_degrees,
                            cp_attention_problem, expert_parallel_degrees, schedule_for)
 from ddplan.memory import HEADROOM
+from ddplan.pipeline import v_chunks
 from ddplan.gcpause import no_cycle_collection
 from ddplan.offload import check_activation_offload, check_offload
 from ddplan.price import TIE, PricedLayout, Pricer, RunPlan, best_per_pair
@@ -221,13 +222,20 @@ def layouts_for(spec: ModelSpec, hw: HardwareSpec, gpus: int, total_batch: int, 
 def searched_schedules(offered: tuple[str, ...], pp: int, num_layers: int) -> list[tuple[str, int]]:
     """(Layout.pp_schedule, chunks a stage) of each schedule searched at pp stages: 1F1B always (one stage has no
     schedule: only it), and where pp > 1 each other one offered, the two-chunk ones (interleaved, ZB-V) where 2 pp
-    divides the layers. e.g. (("1f1b", "interleaved", "zb-v"), 4, 32): 1f1b, interleaved x2, zb_v x2."""
+    divides the layers, ZB-V where its chunks split them (pipeline.v_chunks, as check_layout has it).
+    e.g. (("1f1b", "interleaved", "zb-v"), 4, 32): 1f1b, interleaved x2, zb_v x2."""
     out = [("1f1b", 1)]
     if pp == 1:
         return out
     for name in offered:
         schedule, chunks = schedule_for(name, 2 if name == "interleaved" else 1)
-        if schedule != "1f1b" and (chunks == 1 or num_layers % (chunks * pp) == 0):
+        if schedule == "zb_v":
+            try:
+                v_chunks(num_layers, pp)
+            except ValueError:
+                continue
+            out.append((schedule, chunks))
+        elif schedule != "1f1b" and (chunks == 1 or num_layers % (chunks * pp) == 0):
             out.append((schedule, chunks))
     return out
 

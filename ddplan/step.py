@@ -384,7 +384,10 @@ def _busiest_stage(spec: ModelSpec, anatomy: Anatomy, r: Rates, parts: OpTimes, 
                    cache: Cache, v: bool = False) -> tuple[int, int, MicroBatchTime]:
     """(layers, MoE blocks, micro-batch time) of the pipeline stage that takes longest: the first (its layers +
     embeddings), a middle one (the one with most MoE blocks), or the last (+ head); the whole model at p = 1.
-    v: ZB-V's placement (pipeline.v_stages), the first stage holding both end chunks with the embeddings and the head.
+    v: ZB-V's placement (pipeline.v_stages), the first stage holding both end chunks with the embeddings and the head;
+    its compute the slowest stage's, its tensor-, context- and expert-parallel exchanges over the most layers and MoE
+    blocks any stage holds (a first stage of no layer and a heavy head is the slowest without exchanging anything:
+    taken together, an upper bound).
     Kept in parts.memo by recompute policy, p and v (every layout with these op times and stages asks the same)."""
     key = ("busiest stage", anatomy.recompute, p, v)
     if key in parts.memo:
@@ -398,11 +401,12 @@ def _busiest_stage(spec: ModelSpec, anatomy: Anatomy, r: Rates, parts: OpTimes, 
     a_layers = max(1, a.num_layers)
     if p == 1:
         busiest = a_layers, a.moe_layers, mb_time(1.0, True, True)
-    elif v:
+    elif v:  # the slowest stage's compute; the layers and MoE blocks its exchanges run over, the most any stage has
         stages = pipeline.v_stages(a_layers, p, a_layers - a.moe_layers if a.moe is not None else None)
-        busiest = max(((n, k, mb_time(n / a_layers, d == 0, d == 0)) for d, (n, k) in
+        slowest = max((mb_time(n / a_layers, d == 0, d == 0) for d, (n, k) in
                        sorted({(d == 0, n, k): (d, (n, k)) for d, (n, k) in enumerate(stages)}.values())),
-                      key=lambda c: c[2].total_s)
+                      key=lambda t: t.total_s)
+        busiest = max(n for n, _ in stages), max(k for _, k in stages), slowest
     else:
         if ("stages", p) not in cache:  # (layers, MoE blocks) per stage: the middle one with most MoE blocks
             cache[("stages", p)] = pipeline.stage_layers(a_layers, p), pipeline.moe_layers_by_stage(a, p)

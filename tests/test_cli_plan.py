@@ -399,8 +399,11 @@ def test_plan_searches_the_pipeline_schedules_a_stack_offers(capsys):
     assert searched_schedules(("1f1b", "interleaved"), 1, 80) == [("1f1b", 1)]
     assert searched_schedules(("1f1b", "interleaved", "zb-v"), 4, 80) == [("1f1b", 1), ("interleaved", 2),
                                                                           ("zb_v", 2)]
-    assert searched_schedules(("1f1b", "interleaved", "zb-v"), 4, 36) == [("1f1b", 1)]  # 36 layers: not 8 chunks
+    assert searched_schedules(("1f1b", "interleaved", "zb-v"), 4, 36) == [("1f1b", 1), ("zb_v", 2)]  # 9 a stage
     assert searched_schedules(("zb-h1",), 4, 36) == [("1f1b", 1), ("zb_h1", 1)]
+    # ZB-V where its chunks split the layers, as check_layout has it (pipeline.v_chunks), not 2 pp dividing them
+    assert searched_schedules(("zb-v",), 16, 126) == [("1f1b", 1), ("zb_v", 2)]
+    assert searched_schedules(("zb-v",), 16, 36) == [("1f1b", 1)]
     base = ["plan", "--model", "llama-3-70b", "--hardware", "h100-sxm", "--gpus", "64", "--top", "400",
             "--format", "json"]
     code, out, err = run(capsys, [*base, "--framework", "torchtitan"])

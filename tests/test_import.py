@@ -731,6 +731,14 @@ def test_a_torchtitan_pipeline_schedule_is_priced_as_its_stages_run(capsys, tmp_
         toml.write_text(head + "pipeline_parallel_degree = 2\n" + extra, encoding="utf-8")
         code, line = fails(capsys, ["import", str(toml), "-o", str(out)])
         assert code in (1, 2) and words in line and "Traceback" not in line, line
+    # torch matches schedule names whatever their case (older presets wrote "1f1b")
+    toml.write_text(head + 'pipeline_parallel_degree = 4\npipeline_parallel_schedule = "zbvzerobubble"\n',
+                    encoding="utf-8")
+    code, _, _ = run(capsys, ["import", str(toml), "-o", str(out)])
+    assert code == 0 and "schedule: zb-v" in out.read_text(encoding="utf-8")
+    toml.write_text(head + 'pipeline_parallel_degree = 4\npipeline_parallel_schedule = "1f1b"\n', encoding="utf-8")
+    code, _, _ = run(capsys, ["import", str(toml), "-o", str(out)])
+    assert code == 0 and "schedule:" not in out.read_text(encoding="utf-8")
     # the keys that set the chunks are read, not reported unread
     toml.write_text(head + "pipeline_parallel_degree = 2\n" + looped + "pipeline_parallel_layers_per_stage = 1\n",
                     encoding="utf-8")

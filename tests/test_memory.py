@@ -734,13 +734,16 @@ def test_zero_bubble_in_flight_micro_batches_by_hand():
     assert (held("zb_h1", 8, 3), held("zb_h2", 8, 3)) == (4, 7)
     assert (held("1f1b", 8), held("1f1b", 8, 3)) == (4, 1)
     assert (held("zb_h1", 3), held("zb_h2", 3), held("zb_v", 3)) == (3, 3, 3)
+    # fewer micro-batches than the stage would hold: the W passes are what m leaves after the whole ones
+    assert held("zb_h1", 3, 2, 0.4) == pytest.approx(2.4) and held("zb_h2", 3, 1, 0.4) == 3
 
 
 def test_a_delayed_w_pass_keeps_table_1s_32_s_b_h_of_a_gpt_block():
     """memory.w_pass_share: a W pass keeps each layer GEMM's input and output gradient; for a GPT-3-style block (QKV
     h -> 3h, projection h -> h, MLP h -> 4h -> h) that is (4h + 2h + 5h + 5h) = 16 h elements a token, 32 s b h bytes
     in 16 bits: the paper's Table 1 (Qi et al., arXiv 2401.10241), by hand. Over the block's saves with the
-    unfused attention the paper ran (its 34 s b h + 5 a s^2 b) the share is under a half; under recompute 1."""
+    unfused attention the paper ran (its 34 s b h + 5 a s^2 b) the share is under a half; under full recompute a
+    block saves its input alone, so what W keeps is many times that (not capped)."""
     from ddplan.memory import _held_split, w_pass_share
 
     spec = load_model("gpt3-22b")
@@ -751,8 +754,10 @@ def test_a_delayed_w_pass_keeps_table_1s_32_s_b_h_of_a_gpt_block():
     share = w_pass_share(an, layers)
     assert share * layers == pytest.approx(32 * s * b * a.d_model * a.num_layers)
     assert 0.3 < share < 0.5
-    assert w_pass_share(build_anatomy(spec, batch=b, seq_len=s, attention="unfused_math", recompute="full"),
-                        layers) == 1.0
+    full = build_anatomy(spec, batch=b, seq_len=s, attention="unfused_math", recompute="full")
+    held_full, _, _ = _held_split(full, Layout(pp=4))
+    assert held_full < layers and w_pass_share(full, held_full) * held_full == pytest.approx(share * layers)
+    assert w_pass_share(full, held_full) > 10
 
 
 def test_zb_v_puts_the_embeddings_and_the_head_on_the_first_stage():
@@ -769,3 +774,25 @@ def test_zb_v_puts_the_embeddings_and_the_head_on_the_first_stage():
     states_v = model_states(spec, Layout(pp=4, grad_accum=8, pp_schedule="zb_v", pp_virtual_stages=2), v[0])
     states_1 = model_states(spec, Layout(pp=4, grad_accum=8), one[0])
     assert sum(states_v["params"].values()) > sum(states_1["params"].values())
+
+
+def test_a_delayed_w_pass_under_tensor_and_sequence_parallelism():
+    """memory.w_pass_share on one tp rank: each GEMM's output gradient is every row of this rank's columns in the
+    compute dtype, its input as saved (a sequence-parallel shard, gathered again for the weight gradient). Llama 3 8B
+    at s 8192, one sequence, by hand per token and layer, 2 bytes each: the column-parallel outputs q, k, v, gate and
+    up, 4096 + 1024 + 1024 + 14336 + 14336 = 34,816 over tp; the row-parallel o and down, 4096 each, whole on every
+    rank (a partial sum's gradient is the whole activation's); the inputs kept once: the two norm outputs (4096 each,
+    whole without sequence parallelism, a shard with it), the attention output (4096) and the SwiGLU product
+    (14336) over tp. tp 1: 69,632; tp 4: 29,696; tp 4 with SP: 23,552."""
+    from ddplan.anatomy import for_tp
+    from ddplan.memory import _held_split, w_pass_share
+
+    spec = load_model("llama-3-8b")
+    s, layers = 8192, spec.architecture.num_layers
+    whole = build_anatomy(spec, batch=1, seq_len=s, attention="flash_package")
+    for tp, sp, per_token in ((1, False, 69632), (4, False, 29696), (4, True, 23552)):
+        an = for_tp(whole, tp, sp) if tp > 1 else whole
+        held, _, _ = _held_split(an, Layout(pp=4, tp=tp, sequence_parallel=sp))
+        norms = 2 * 4096 / (tp if sp else 1)
+        assert 34816 / tp + 2 * 4096 + norms + (4096 + 14336) / tp == per_token
+        assert w_pass_share(an, held) * held == pytest.approx(layers * s * 2 * per_token, rel=1e-9), (tp, sp)

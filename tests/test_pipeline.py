@@ -230,5 +230,12 @@ def test_zb_v_chunks_and_stages_by_hand():
     # 48 layers, the first 12 dense, p 4: chunks of 6; stage 0 holds layers 0-5 (dense) and 42-47 (MoE)
     assert pipeline.v_stages(48, 4, 12) == [(12, 6), (12, 6), (12, 12), (12, 12)]
     assert pipeline.v_chunks(32, 17)[0] == 0
-    with pytest.raises(ValueError, match="use pp <= 17"):
+    with pytest.raises(ValueError, match="the nearest pp below that splits: 17"):
         pipeline.v_chunks(32, 18)
+    # ceil(L / p) on every stage but the first: Llama 3 70B's 80 layers at pp 16 are 5 a stage, in chunks of 3 and 2;
+    # Llama 3.1 405B's 126 at pp 16, 8 a stage and 6 on the first (chunks 3 and 3); 36 at pp 16 does not split (3 on
+    # each other stage is 45), nor at 14 or 15, and 13 does (3 x 12 = 36, none on the first)
+    assert pipeline.v_stages(80, 16) == [(5, 0)] * 16 and pipeline.v_chunks(80, 16)[:2] == [3, 3]
+    assert pipeline.v_stages(126, 16)[:2] == [(6, 0), (8, 0)]
+    with pytest.raises(ValueError, match="the nearest pp below that splits: 13"):
+        pipeline.v_chunks(36, 16)

@@ -640,9 +640,9 @@ def test_zero_bubble_schedules_move_the_weight_gradients_into_the_bubble():
     the same, and the bubbles differ by whole W passes of the busiest stage (p 4, m 8 >= 2p - 1): ZB-H1 takes
     2 (p-1) W off 1F1B's, ZB-H2 3 (p-1) W; W, one micro-batch's weight-gradient GEMMs, is under its backward and
     over a quarter of it (dW and dX each near half of a GEMM's backward, the GEMMs most of it). ZB-V places GPT-2's
-    12 layers as 8 chunks of 0, 2 x 6, 0 (pipeline.v_stages): the first stage holds the embeddings and the head
-    (its 38.6M parameters over five layers' worth) and no layer, the others 4 layers, so its busiest stage is
-    lighter than 1F1B's last (3 layers and the head), and so is its bubble."""
+    12 layers 3 a stage (pipeline.v_stages), the first stage holding the embeddings and the head with its 3: its
+    busiest stage is 1F1B's last (3 layers and the head) and the embeddings' lookup, a little slower; its bubble,
+    ZB-H2's closed form on that stage, under ZB-H1's."""
     base = gpt2(dp=1, pp=4, grad_accum=8)
     one, h1, h2 = (run_step("gpt2-124m", replace(base, pp_schedule=s)) for s in ("1f1b", "zb_h1", "zb_h2"))
     assert one.compute_s == h1.compute_s == h2.compute_s
@@ -650,4 +650,4 @@ def test_zero_bubble_schedules_move_the_weight_gradients_into_the_bubble():
     assert 0.25 * one.bwd_s < w < one.bwd_s
     assert one.bubble_s - h2.bubble_s == pytest.approx(3 * 3 * w)
     v = run_step("gpt2-124m", replace(base, pp_schedule="zb_v", pp_virtual_stages=2))
-    assert v.compute_s < one.compute_s and 0 < v.bubble_s < h1.bubble_s
+    assert one.compute_s < v.compute_s < 1.02 * one.compute_s and 0 < v.bubble_s < h1.bubble_s

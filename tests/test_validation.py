@@ -1203,8 +1203,8 @@ def test_sibling_campaigns_leave_together_and_an_unfitted_gpu_is_thin(shipped_lo
 def test_the_zero_bubble_papers_own_schedules_are_priced_out_of_sample(tmp_path):
     """The Zero Bubble paper's 77 rows of its own schedules (ids ending -zb1p, -zb2p, -zbv; source zero-bubble-pp, a
     check no fit sees) priced at the shipped fits, as `validate --dataset` prices them: within 3% (median) and 10%
-    (worst) of the paper's throughput, every one inside its band, ZB-V (priced as ZB-H2, its post-validation and the
-    V's end stages unpriced) slow on every row. The same rows priced as 1F1B, as ddplan could before
+    (worst) of the paper's throughput, every one inside its band, ZB-V (priced as ZB-H2, its optimizer post-validation
+    unpriced) slow on every row. The same rows priced as 1F1B, as ddplan could before
     (pipeline.zero_bubble_time_s), read over 10% off (median). Measured 2026-12-07: 2.5%, 7.6% worst, ZB-V +2.0% to
     +7.4%; as 1F1B 13.5%."""
     import statistics
