@@ -23,8 +23,8 @@ from ddplan.plan import PlanRequest
 from ddplan.registry import (builtin_names, calibration_hardware, load_calibration, load_framework, load_hardware,
                              load_model)
 from ddplan.run import RunOverheads
-from ddplan.runfields import (BY_PARAM, OPTION_FIELDS, PROFILE_FP8_ONLY, RECOMPUTE, RECOMPUTE_HINT, recompute_layers,
-                              recompute_policy)
+from ddplan.runfields import (BY_PARAM, OPTION_FIELDS, PROFILE_FP8_ONLY, RECOMPUTE, RECOMPUTE_HINT, SCHEDULES,
+                              recompute_layers, recompute_policy)
 from ddplan.sizing import memory_setup
 from ddplan.specs import GRADS, KERNELS, MOMENTS, WEIGHTS, Budget, Price, run_variant
 from ddplan.table import TableRequest, check_fp8, check_fp8_options, fp8_params_apply, framework_options
@@ -629,7 +629,8 @@ def plan_request(v: dict, stated: Stated, today, every_band: bool = False):
         cps=tuple(int_list(v["cp"], "--cp")) if v["cp"] else (), eps=expert_degrees(v["ep"], spec),
         attentions_where_available="attention" in stated.profile,
         options=_options(v, spec, None, stated), framework=framework_name(v["framework"]), band_every_row=every_band,
-        block_recompute=block_recompute(v["framework"]), lacks=lacks, schedules=stack_schedules(v["framework"], stated))
+        block_recompute=block_recompute(v["framework"]), lacks=lacks,
+        schedules=schedule_list(v["schedule"], stated) if v["schedule"] else stack_schedules(v["framework"], stated))
     return req, spec, hws, cal
 
 
@@ -689,6 +690,17 @@ def check_lacks(framework: str | None, spec, zero: tuple[int, ...] = (), zero_by
         raise UsageError(f"{profile.lack_words(name)}: no layout with {flag[2:]} above 1"
                          + (" and tp above 1" if name == "tp_with_ep" else "") + " runs on it; choose another "
                          f"--framework to price one", field=flag)
+
+
+def schedule_list(text: str, stated: Stated) -> tuple[str, ...]:
+    """plan's --schedule: the pipeline schedules to search, comma-separated, each one of ddplan.runfields.SCHEDULES
+    (1F1B is always searched: a layout without a pipeline has no other); one line naming the flag for another."""
+    names = tuple(dict.fromkeys(n.strip() for n in str(text).split(",") if n.strip()))
+    bad = [n for n in names if n not in SCHEDULES]
+    if bad or not names:
+        raise UsageError(f"{', '.join(map(repr, bad)) or repr(text)} is not a schedule: give some of "
+                         f"{', '.join(SCHEDULES)}", field=stated.by("schedule"))
+    return names
 
 
 def stack_schedules(framework: str | None, stated: Stated) -> tuple[str, ...]:

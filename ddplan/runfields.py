@@ -208,7 +208,10 @@ FIELDS: tuple[RunField, ...] = (
        "latter: zb-h1 (1F1B's memory; the paper's ZB-1p), zb-h2 (up to 2p - 1 micro-batches' activations; the "
        "paper's ZB-2p, priced as an upper bound) or zb-v (two chunks a stage in a V, 1F1B's memory; torch "
        "ScheduleZBVZeroBubble, torchtitan's ZBVZeroBubble). Default: 1f1b, interleaved when vp > 1.",
-       SCHEDULES, LAYOUT, commands=TABLE_MEMORY),
+       SCHEDULES, LAYOUT, many=PLAN,
+       helps={"plan": "Pipeline schedules to search at pp > 1, comma-separated, of 1f1b, interleaved (2 chunks a "
+                      "stage), zb-h1, zb-h2 and zb-v (default: 1f1b and interleaved, or those the --framework stack "
+                      "offers)."}),
     _f("layout.cp", "Context-parallel degree: each sequence split over cp GPUs (ring attention).",
        int, LAYOUT, range=Range(1, 1024, "context-parallel degree"), many=TABLE_PLAN, default=1,
        defaults={"table": "1", "plan": None},

@@ -415,3 +415,9 @@ def test_plan_searches_the_pipeline_schedules_a_stack_offers(capsys):
     assert code == 0 and "interleaved" not in {r["schedule"] for r in rows} and "1f1b" in {r["schedule"] for r in rows}
     code, out, _ = run(capsys, base)
     assert code == 0 and {r["schedule"] for r in json.loads(out)["rows"]} & {"zb-v", "zb-h1", "zb-h2"} == set()
+    # --schedule names them: those and 1F1B (a layout without a pipeline has no other), over a profile's
+    code, out, _ = run(capsys, [*base, "--schedule", "zb-h1", "--framework", "torchtitan"])
+    assert code == 0 and {r["schedule"] for r in json.loads(out)["rows"]} == {"-", "1f1b", "zb-h1"}
+    code, line = fails(capsys, [*base, "--schedule", "1f1b,zb-h9"])
+    assert code == 2 and line == ("error: --schedule: 'zb-h9' is not a schedule: give some of 1f1b, interleaved, "
+                                  "zb-h1, zb-h2, zb-v")
