@@ -291,6 +291,18 @@ class Anatomy:
             counts[b] = counts.get(b, 0) + 1
         return tuple(counts.items())
 
+    def reruns(self, policy: str) -> tuple[bool, ...]:
+        """For each of op_repeats, whether `policy` re-runs it (recomputed_under), worked out once per anatomy and
+        policy: every pricing of these ops at other rates (a fit's, a search's) asks the same."""
+        known = self._reruns.get(policy)
+        if known is None:
+            known = self._reruns[policy] = tuple(recomputed_under(op, policy) for op, _ in self.op_repeats)
+        return known
+
+    @functools.cached_property
+    def _reruns(self) -> dict[str, tuple[bool, ...]]:
+        return {}
+
     @functools.cached_property
     def op_repeats(self) -> tuple[tuple[Op, int], ...]:
         """The ops with the blocks' repeats merged: (the first op of a kind, how many ops are like it), in

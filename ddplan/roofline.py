@@ -444,7 +444,8 @@ def op_times(anatomy: Anatomy, r: Rates) -> OpTimes:
     # every named policy (a search's shares one OpTimes), and the anatomy's own per-module one (full:N: after)
     own = anatomy.recompute not in RECOMPUTE_POLICIES and not anatomy.by_layers
     policies = RECOMPUTE_POLICIES[1:] + ((anatomy.recompute,) if own else ())
-    for op, n in anatomy.op_repeats:  # the blocks' repeats priced once (Anatomy.op_repeats)
+    reruns = [(policy, anatomy.reruns(policy)) for policy in policies]
+    for i, (op, n) in enumerate(anatomy.op_repeats):  # the blocks' repeats priced once (Anatomy.op_repeats)
         part = _part(op)
         f, b = op_time_s(op, anatomy, r)
         f, b = n * f, n * b
@@ -454,8 +455,8 @@ def op_times(anatomy: Anatomy, r: Rates) -> OpTimes:
             wgrad[part] = wgrad.get(part, 0.0) + b * wgrad_share(op, r)
         by_kind[(part, op.kind)] = by_kind.get((part, op.kind), 0.0) + f + b
         fwd_by_kind[(part, op.kind)] = fwd_by_kind.get((part, op.kind), 0.0) + f
-        for policy in policies:
-            if recomputed_under(op, policy):
+        for policy, rerun in reruns:
+            if rerun[i]:
                 again[(part, policy)] = again.get((part, policy), 0.0) + f
                 key = (part, policy, op.kind)
                 again_by_kind[key] = again_by_kind.get(key, 0.0) + f
