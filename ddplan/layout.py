@@ -126,8 +126,8 @@ class Layout:
                               f"{CHUNKS_RULE[self.pp_schedule][1]} a pipeline stage; got {self.pp_virtual_stages}",
                               field="--vp")
         if self.pp_schedule in ZERO_BUBBLE and self.pp == 1:
-            raise LayoutError(f"the {self.pp_schedule} schedule needs pipeline parallelism (pp > 1), got pp 1",
-                              field="--schedule")
+            raise LayoutError(f"the {self.pp_schedule.replace('_', '-')} schedule needs pipeline parallelism (pp > 1), "
+                              f"got pp 1", field="--schedule")
         if self.pp_virtual_stages > 1 and self.pp == 1:
             raise LayoutError(f"interleaving ({self.pp_virtual_stages} chunks per stage) needs pipeline parallelism "
                               f"(pp > 1), got pp 1")

@@ -153,9 +153,11 @@ def bubble_time_s(ideal_compute_s: float, p: int, m: int, v: int = 1) -> float:
 # and its ZB-V (Qi et al., arXiv 2401.10241, sec. 2 and 6)
 SCHEDULES = ("1f1b", "interleaved", "zb_h1", "zb_h2", "zb_v")
 ZERO_BUBBLE = ("zb_h1", "zb_h2", "zb_v")
-# the micro-batches whose W passes a schedule can move into the bubble: ZB-H1 keeps 1F1B's p in flight, ZB-H2 2p - 1
-# (Table 2's peak activations); ZB-V is priced as ZB-H2 (see zero_bubble_time_s)
+
+
 def _w_slots(schedule: str, p: int) -> int:
+    """The micro-batches whose W passes a schedule can move into the bubble: ZB-H1 keeps 1F1B's p in flight, ZB-H2
+    2p - 1 (Table 2's peak activations); ZB-V is priced as ZB-H2 (zero_bubble_time_s)."""
     return p if schedule == "zb_h1" else 2 * p - 1
 
 

@@ -403,9 +403,8 @@ def _busiest_stage(spec: ModelSpec, anatomy: Anatomy, r: Rates, parts: OpTimes, 
         busiest = a_layers, a.moe_layers, mb_time(1.0, True, True)
     elif v:  # the slowest stage's compute; the layers and MoE blocks its exchanges run over, the most any stage has
         stages = pipeline.v_stages(a_layers, p, a_layers - a.moe_layers if a.moe is not None else None)
-        slowest = max((mb_time(n / a_layers, d == 0, d == 0) for d, (n, k) in
-                       sorted({(d == 0, n, k): (d, (n, k)) for d, (n, k) in enumerate(stages)}.values())),
-                      key=lambda t: t.total_s)
+        kinds = sorted({(d == 0, n) for d, (n, _) in enumerate(stages)})  # the first's, and each other layer count
+        slowest = max((mb_time(n / a_layers, first, first) for first, n in kinds), key=lambda t: t.total_s)
         busiest = max(n for n, _ in stages), max(k for _, k in stages), slowest
     else:
         if ("stages", p) not in cache:  # (layers, MoE blocks) per stage: the middle one with most MoE blocks
