@@ -651,3 +651,25 @@ def test_zero_bubble_schedules_move_the_weight_gradients_into_the_bubble():
     assert one.bubble_s - h2.bubble_s == pytest.approx(3 * 3 * w)
     v = run_step("gpt2-124m", replace(base, pp_schedule="zb_v", pp_virtual_stages=2))
     assert one.compute_s < v.compute_s < 1.02 * one.compute_s and 0 < v.bubble_s < h1.bubble_s
+
+
+def test_zb_v_exchanges_run_over_the_stage_with_the_most_moe_blocks():
+    """A mixture of experts whose first 12 of 48 blocks are dense (moe.dense_layers 12) over pp 4 under ZB-V
+    (pipeline.v_stages: (12, 6), (12, 6), (12, 12), (12, 12)): its expert-parallel exchange runs over 12 MoE blocks a
+    micro-batch, as under 1F1B's last stages (0, 12, 12, 12), not the first stage's 6, whichever stage ties on time."""
+    from ddplan.registry import load_model
+
+    base = load_model("qwen3-30b-a3b")
+    a = base.architecture
+    spec = base.model_copy(update={"architecture": a.model_copy(update={"moe": a.moe.model_copy(
+        update={"dense_layers": 12})})})
+    assert spec.architecture.num_layers == 48 and spec.architecture.moe_layers == 36
+    hw = load_hardware("h100-sxm")
+
+    def ep_s(schedule: str, vp: int) -> float:
+        lay = Layout(dp=8, pp=4, ep=8, zero=1, micro_batch=1, grad_accum=8, attention="fa3", pp_schedule=schedule,
+                     pp_virtual_stages=vp)
+        an = build_anatomy(spec, batch=1, attention="flash_package", ep=8)
+        return step_time(spec, hw, lay, an, rates(hw, "fa3")).ep_comm_s
+
+    assert ep_s("zb_v", 2) == pytest.approx(ep_s("1f1b", 1)) and ep_s("zb_v", 2) > 0
