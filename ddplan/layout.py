@@ -50,12 +50,14 @@ CHUNKS_RULE = {"1f1b": (lambda v: v == 1, "one chunk"), "interleaved": (lambda v
 
 def schedule_for(schedule: str | None, vp: int) -> tuple[str, int]:
     """(Layout.pp_schedule, chunks a stage) of a schedule as a run states it (None: 1F1B, interleaved when vp > 1;
-    '-' or '_' alike) and its vp: ZB-V runs two chunks a stage, so vp 1 (unstated) means 2 there.
-    e.g. (None, 1) -> ('1f1b', 1); (None, 4) -> ('interleaved', 4); ('zb-v', 1) -> ('zb_v', 2)."""
+    '-' or '_' alike) and its vp: ZB-V runs two chunks a stage and interleaving at least two, so vp 1 (unstated)
+    means 2 there (torchtitan's default for a looped schedule).
+    e.g. (None, 1) -> ('1f1b', 1); (None, 4) -> ('interleaved', 4); ('zb-v', 1) -> ('zb_v', 2);
+    ('interleaved', 1) -> ('interleaved', 2)."""
     if schedule is None:
         return ("interleaved" if vp > 1 else "1f1b"), vp
     name = schedule.replace("-", "_")
-    return name, (2 if name == "zb_v" and vp == 1 else vp)
+    return name, (2 if name in ("zb_v", "interleaved") and vp == 1 else vp)
 
 
 @dataclass(frozen=True)

@@ -203,7 +203,8 @@ FIELDS: tuple[RunField, ...] = (
     _f("layout.vp", "Interleaved chunks per pipeline stage (1: 1F1B).", int, LAYOUT,
        range=Range(1, 64, "chunks per pipeline stage"), many=TABLE, default=1, defaults={"table": "1"},
        commands=TABLE_MEMORY),
-    _f("layout.schedule", "Pipeline schedule (pp > 1): 1f1b, interleaved (vp > 1), or a zero-bubble schedule of Qi et "
+    _f("layout.schedule", "Pipeline schedule (pp > 1): 1f1b, interleaved (--vp chunks a stage, 2 unless given), or a "
+       "zero-bubble schedule of Qi et "
        "al. (arXiv 2401.10241), which splits backward into input and weight gradients and fills the bubble with the "
        "latter: zb-h1 (1F1B's memory; the paper's ZB-1p), zb-h2 (up to 2p - 1 micro-batches' activations; the "
        "paper's ZB-2p, priced as an upper bound) or zb-v (two chunks a stage in a V, 1F1B's memory; torch "

@@ -92,6 +92,7 @@ def test_pipeline_schedules_and_their_chunks():
 
     assert schedule_for(None, 1) == ("1f1b", 1) and schedule_for(None, 4) == ("interleaved", 4)
     assert schedule_for("zb-v", 1) == ("zb_v", 2) and schedule_for("zb-h1", 1) == ("zb_h1", 1)
+    assert schedule_for("interleaved", 1) == ("interleaved", 2) and schedule_for("interleaved", 4) == ("interleaved", 4)
     assert Layout(pp=4, pp_schedule="zb_v", pp_virtual_stages=2).pp_virtual_stages == 2
     for schedule, vp, words in (("zb_v", 1, "two chunks"), ("zb_v", 4, "two chunks"), ("zb_h1", 2, "one chunk"),
                                 ("zb_h2", 3, "one chunk"), ("1f1b", 2, "one chunk"),
