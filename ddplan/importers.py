@@ -646,7 +646,8 @@ MEGATRON_NOT_COST = re.compile(
     r"position-embedding|swiglu|normalization|untie|disable-bias|group-query|num-query-groups|attention-backend|"
     r"use-flash-attn|fp8-amax|fp8-margin|fp8-interval|recompute-method|recompute-num-layers|recompute-modules|"
     r"te-rng-tracker|moe-aux-loss-coeff|moe-z-loss|qk-layernorm|moe-router-topk|"
-    r"moe-ffn-hidden-size|moe-layer-freq|num-experts|distributed-backend|async-save|use-persistent-ckpt-worker)")
+    r"moe-ffn-hidden-size|moe-layer-freq|num-experts|distributed-backend|async-save|use-persistent-ckpt-worker|"
+    r"zero-bubble-pipeline-timers|zero-bubble-adaptive-memory)")
 
 
 def _shell_args(text: str) -> tuple[list[str], dict[str, str]]:
@@ -776,6 +777,34 @@ def _int(value: Any, path: Path, flag: str) -> int:
     return n
 
 
+def _zero_bubble_args(arg, pp: int, out: Imported) -> None:
+    """The Zero Bubble fork of Megatron-LM's schedule flags (sail-sg/zero-bubble-pipeline-parallelism
+    megatron/arguments.py@6574e0ea L192-216, L1118-1145) as ddplan's schedule: --zero-bubble-v-schedule is ZB-V (two
+    chunks a stage, "args.virtual_pipeline_model_parallel_size = 2"); --enable-zero-bubble is the paper's ZB-1p or
+    ZB-2p by --zero-bubble-max-pending-backward ("when number of stages are 8, setting to 16 will use zb2p and
+    setting to 8 will use zb1p"): at least 2 pp is zb-h2, else zb-h1; "auto" (its default, an adaptive memory limit)
+    is priced as zb-h1 (the larger bubble) and said. --enable-optimizer-post-validation is read and changes nothing:
+    ddplan prices no synchronisation before the optimizer step, the one it removes."""
+    arg("--enable-optimizer-post-validation")
+    if arg("--zero-bubble-v-schedule"):  # it turns --enable-zero-bubble on, and its own memory limit
+        arg("--enable-zero-bubble"), arg("--zero-bubble-max-pending-backward")
+        out.set(("layout", "schedule"), "zb-v", "--zero-bubble-v-schedule")
+        out.set(("layout", "vp"), 2, "ZB-V: two chunks a stage")
+        return
+    if not arg("--enable-zero-bubble") or pp < 2:
+        arg("--zero-bubble-max-pending-backward")
+        return
+    pending = str(arg("--zero-bubble-max-pending-backward", "auto"))
+    if pending.isdigit():
+        schedule = "zb-h2" if int(pending) >= 2 * pp else "zb-h1"
+        out.set(("layout", "schedule"), schedule, f"--enable-zero-bubble, --zero-bubble-max-pending-backward {pending} "
+                                                  f"at pp {pp} (ZB-{'2p' if schedule == 'zb-h2' else '1p'})")
+    else:
+        out.set(("layout", "schedule"), "zb-h1", "--enable-zero-bubble with an adaptive memory limit")
+        out.warnings.append(f"--zero-bubble-max-pending-backward {pending}: an adaptive memory limit, priced as ZB-1p "
+                            f"(zb-h1, the larger bubble of the two)")
+
+
 def _megatron(text: str, path: Path, out: Imported, tokens: list[str] | None = None) -> None:
     """Megatron-LM's pretrain_gpt.py arguments, in a launch script, an argument file, or a YAML map of them
     (MODEL_ARGS: {--num-layers: 32, --bf16: true, ...}, as its functional tests' model_config.yaml); or `tokens`, the
@@ -843,6 +872,7 @@ def _megatron(text: str, path: Path, out: Imported, tokens: list[str] | None = N
         vp = layers // (pp * per_vp)
     if vp:
         out.set(("layout", "vp"), vp)
+    _zero_bubble_args(arg, pp, out)
     for flag, key in (("--sequence-parallel", "sequence_parallel"), ("--tp-comm-overlap", "tp_comm_overlap"),
                       ("--overlap-param-gather", "overlap_param_gather")):
         if arg(flag) and key != "overlap_param_gather" and tp == 1:

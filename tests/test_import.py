@@ -744,3 +744,25 @@ def test_a_torchtitan_pipeline_schedule_is_priced_as_its_stages_run(capsys, tmp_
                     encoding="utf-8")
     code, _, err = run(capsys, ["import", str(toml), "-o", str(out)])
     assert code == 0 and "not read" not in err and "vp: 17" in out.read_text(encoding="utf-8")
+
+
+def test_the_zero_bubble_forks_flags_are_its_schedules(capsys, tmp_path):
+    """The Zero Bubble fork of Megatron-LM (sail-sg/zero-bubble-pipeline-parallelism megatron/arguments.py@6574e0ea):
+    --zero-bubble-v-schedule is zb-v at two chunks; --enable-zero-bubble with --zero-bubble-max-pending-backward 2p or
+    more is ZB-2p (zb-h2), p is ZB-1p (zb-h1), "auto" zb-h1 with a warning; every schedule flag is read (its timers
+    are listed as not a step's cost)."""
+
+    base = ("python pretrain_gpt.py --num-layers 32 --hidden-size 4096 --num-attention-heads 32 --seq-length 1024 "
+            "--max-position-embeddings 2048 --pipeline-model-parallel-size 8 --micro-batch-size 3 "
+            "--global-batch-size 72 --fp16 --zero-bubble-pipeline-timers-start-iter 100 ")
+    src, out = tmp_path / "zb.sh", tmp_path / "run.yaml"
+    for extra, schedule, said in (("--zero-bubble-v-schedule", "zb-v", ""),
+                                  ("--enable-zero-bubble --zero-bubble-max-pending-backward 16", "zb-h2", ""),
+                                  ("--enable-zero-bubble --zero-bubble-max-pending-backward 8", "zb-h1", ""),
+                                  ("--enable-zero-bubble", "zb-h1", "an adaptive memory limit, priced as ZB-1p")):
+        src.write_text(base + extra + "\n", encoding="utf-8")
+        code, _, err = run(capsys, ["import", str(src), "-o", str(out), "--gpus", "8"])
+        text = out.read_text(encoding="utf-8")
+        assert code == 0 and f"schedule: {schedule}" in text and said in err, (extra, text, err)
+        unread = [line for line in (text + err).splitlines() if "not read" in line and "zero-bubble" in line]
+        assert ("vp: 2" in text) == (schedule == "zb-v") and not [u for u in unread if "timers" not in u], unread
