@@ -136,6 +136,7 @@ class Scored:
     attention_share: float = 0.0  # the attention kernels' share of the predicted step
     precision: str = "bf16"  # the run's GEMM precision (bf16, fp16, fp8)
     framework: str = "-"  # the run's training stack (PublishedRun.framework), "-" where not stated
+    schedule: str = "-"  # the pipeline schedule priced (runfields.SCHEDULES), "-" without a pipeline
     # the band's ends from the efficiencies' ranges alone (PricedLayout.spread_s), before the validated band: what
     # leave-one-source-out joins with the band made without the run's source (_evidence_left_out)
     spread_low_s: float | None = None
@@ -160,7 +161,7 @@ class Scored:
                 "precision": self.precision,
                 "model": self.model,
                 "params": self.params, "params_reported": self.params_reported, "gpus": self.gpus,
-                "family": self.family, "size": self.size, "assumed": self.assumed, "measured_s": self.measured_s,
+                "family": self.family, "schedule": self.schedule, "size": self.size, "assumed": self.assumed, "measured_s": self.measured_s,
                 "predicted_s": self.predicted_s, "low_s": self.low_s, "high_s": self.high_s,
                 "error_pct": 100 * self.error, "inside_band": self.inside,
                 "band_low_pct": 100 * (self.low_s / self.measured_s - 1),
@@ -215,6 +216,7 @@ def score(run: PublishedRun, where: str, sustained: dict[str, float] | None = No
             params / run.model.params_reported - 1) > 0.005 else ()), moe=spec.architecture.moe is not None,
         attention_share=row.step.by_kind_s.get("attention", 0.0) / row.step_s, precision=run.precision,
         framework=run.framework or "-",
+        schedule=row.layout.pp_schedule.replace("_", "-") if row.layout.pp > 1 else "-",
         spread_low_s=row.spread_s[0] if row.spread_s else None,
         spread_high_s=row.spread_s[1] if row.spread_s else None)
 
@@ -352,17 +354,22 @@ GROUPINGS: tuple[tuple[str, Callable[[Scored], str]], ...] = (
     ("sources", lambda s: "check-only" if s.source in CHECK_ONLY_SOURCES else "fitted"),
     ("kind", lambda s: "moe" if s.moe else "dense"), ("hardware", lambda s: s.hardware), ("size", lambda s: s.size),
     ("precision", lambda s: s.precision), ("framework", lambda s: s.framework), ("family", lambda s: s.family),
+    # the pipelined runs by schedule (the zero-bubble paper's own schedules among them); the others have none
+    ("schedule", lambda s: None if s.schedule == "-" else s.schedule),
     ("source", lambda s: s.source))
 
 
 def summaries(scored: Sequence[Scored]) -> list[Summary]:
     """The overall summary, then one per kind of source (fitted, check-only), kind (dense, mixture of experts),
-    hardware, model size, precision, training stack, parallelism family and source."""
+    hardware, model size, precision, training stack, parallelism family, pipeline schedule (pipelined runs only) and
+    source."""
     out = [summarise(scored)]
     for name, key in GROUPINGS:
         groups: dict[str, list[Scored]] = {}
         for s in scored:
-            groups.setdefault(key(s), []).append(s)
+            k = key(s)
+            if k is not None:
+                groups.setdefault(k, []).append(s)
         out += [summarise(v, f"{name}={k}") for k, v in sorted(groups.items())]
     return out
 
