@@ -40,6 +40,7 @@ from pydantic import Field
 
 from ddplan.errors import SpecError
 from ddplan.memory import MemoryAssumptions
+from ddplan.runfields import SCHEDULES
 from ddplan.specs import Strict
 from ddplan.units import GiB
 
@@ -107,7 +108,7 @@ class StepMeasurement(Strict):
     pp: int = Field(default=1, ge=1, le=1024)
     pp_virtual_stages: int = Field(default=1, ge=1, le=64)  # interleaved chunks per pipeline stage
     # the pipeline schedule (ddplan.runfields.SCHEDULES); None: 1F1B, interleaved with more than one chunk
-    pp_schedule: Literal["1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v"] | None = None
+    pp_schedule: Literal[SCHEDULES] | None = None
     zero: Literal[0, 1, 2, 3] | None = None  # None: the model's native data-parallel setup
     attention: str
     window_pattern: str | None = Field(default=None, pattern=r"^[SL]+$")

@@ -45,7 +45,6 @@ APPLIES: dict[str, tuple[str, ...]] = {
     "weights": ("precision", "weights"),
     **{name: (name,) for name in KERNELS},
 }
-SCHEDULE_NAMES = SCHEDULES  # as a run file spells them: 1f1b, interleaved, zb-h1, zb-h2, zb-v
 COMMIT = r"^[0-9a-f]{40}$"
 WHERE = r"^\S+@[0-9a-f]{7,40}\b"  # path@commit (a short commit is enough beside the profile's full one)
 
@@ -149,7 +148,7 @@ class PipelineSchedule(Strict):
     layout.schedule spelling, ddplan.runfields.SCHEDULES; none: ddplan cannot price it, so plan does not search it)."""
 
     name: str = Field(min_length=1)
-    priced_as: list[Literal[SCHEDULE_NAMES]] = []
+    priced_as: list[Literal[SCHEDULES]] = []
     where: str = Field(pattern=WHERE)
     quote: str = Field(default="", max_length=400)
 
@@ -242,7 +241,7 @@ class FrameworkProfile(Strict):
     def schedules_offered(self) -> tuple[str, ...] | None:
         """The pipeline schedules (ddplan.runfields.SCHEDULES) the stack's schedules are priced as, in that order;
         None where the profile lists none (plan then searches its default, 1F1B and interleaved)."""
-        out = tuple(s for s in SCHEDULE_NAMES if any(s in p.priced_as for p in self.pipeline_schedules))
+        out = tuple(s for s in SCHEDULES if any(s in p.priced_as for p in self.pipeline_schedules))
         return out or None
 
     def zero_stages(self) -> tuple[int, ...]:

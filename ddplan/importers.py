@@ -787,7 +787,8 @@ def _zero_bubble_args(arg, pp: int, out: Imported) -> None:
     ddplan prices no synchronisation before the optimizer step, the one it removes."""
     arg("--enable-optimizer-post-validation")
     if arg("--zero-bubble-v-schedule"):  # it turns --enable-zero-bubble on, and its own memory limit
-        arg("--enable-zero-bubble"), arg("--zero-bubble-max-pending-backward")
+        arg("--enable-zero-bubble")
+        arg("--zero-bubble-max-pending-backward")
         out.set(("layout", "schedule"), "zb-v", "--zero-bubble-v-schedule")
         out.set(("layout", "vp"), 2, "ZB-V: two chunks a stage")
         return

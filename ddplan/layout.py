@@ -123,13 +123,13 @@ class Layout:
             raise LayoutError(f"zero stage must be one of {ZERO_STAGES}, got {self.zero}")
         if self.pp_schedule not in SCHEDULES:
             raise LayoutError(f"pipeline schedule must be one of {', '.join(SCHEDULES)}, got {self.pp_schedule!r}")
-        if not CHUNKS_RULE[self.pp_schedule][0](self.pp_virtual_stages):
-            raise LayoutError(f"the {self.pp_schedule.replace('_', '-')} schedule runs "
-                              f"{CHUNKS_RULE[self.pp_schedule][1]} a pipeline stage; got {self.pp_virtual_stages}",
+        runs, chunks = CHUNKS_RULE[self.pp_schedule]
+        name = self.pp_schedule.replace("_", "-")  # as --schedule spells it
+        if not runs(self.pp_virtual_stages):
+            raise LayoutError(f"the {name} schedule runs {chunks} a pipeline stage; got {self.pp_virtual_stages}",
                               field="--vp")
         if self.pp_schedule in ZERO_BUBBLE and self.pp == 1:
-            raise LayoutError(f"the {self.pp_schedule.replace('_', '-')} schedule needs pipeline parallelism (pp > 1), "
-                              f"got pp 1", field="--schedule")
+            raise LayoutError(f"the {name} schedule needs pipeline parallelism (pp > 1), got pp 1", field="--schedule")
         if self.pp_virtual_stages > 1 and self.pp == 1:
             raise LayoutError(f"interleaving ({self.pp_virtual_stages} chunks per stage) needs pipeline parallelism "
                               f"(pp > 1), got pp 1")
@@ -200,6 +200,11 @@ class Layout:
             h = hash(_ALL_FIELDS(self))
             object.__setattr__(self, "_hash", h)
         return h
+
+    @property
+    def schedule(self) -> str:
+        """The pipeline schedule as a run file and --schedule spell it (zb-v for zb_v), "-" without a pipeline."""
+        return self.pp_schedule.replace("_", "-") if self.pp > 1 else "-"
 
     @property
     def parallel_key(self) -> tuple:

@@ -228,16 +228,20 @@ def searched_schedules(offered: tuple[str, ...], pp: int, num_layers: int) -> li
     if pp == 1:
         return out
     for name in offered:
-        schedule, chunks = schedule_for(name, 2 if name == "interleaved" else 1)
-        if schedule == "zb_v":
-            try:
-                v_chunks(num_layers, pp)
-            except ValueError:
-                continue
-            out.append((schedule, chunks))
-        elif schedule != "1f1b" and (chunks == 1 or num_layers % (chunks * pp) == 0):
+        schedule, chunks = schedule_for(name, 1)
+        if schedule != "1f1b" and (_v_splits(num_layers, pp) if schedule == "zb_v" else
+                                   chunks == 1 or num_layers % (chunks * pp) == 0):
             out.append((schedule, chunks))
     return out
+
+
+def _v_splits(num_layers: int, pp: int) -> bool:
+    """Whether ZB-V's chunks split num_layers over pp stages (pipeline.v_chunks, as check_layout asks)."""
+    try:
+        v_chunks(num_layers, pp)
+    except ValueError:
+        return False
+    return True
 
 
 def pricer_for(req: PlanRequest, hw: HardwareSpec) -> Pricer:

@@ -200,7 +200,7 @@ class PricedLayout:
         low, high = mem.band
         return {
             "hardware": self.hardware, "gpus": lay.num_gpus, "dp": lay.dp, "tp": lay.tp, "pp": lay.pp,
-            "vp": lay.pp_virtual_stages, "schedule": lay.pp_schedule.replace("_", "-") if lay.pp > 1 else "-",
+            "vp": lay.pp_virtual_stages, "schedule": lay.schedule,
             "cp": lay.cp, "ep": lay.ep, "etp": lay.expert_tp, "tp_overlap": lay.tp_overlap,
             "sp": lay.sequence_parallel, "zero": lay.zero, "micro_batch": lay.micro_batch, "accum": lay.grad_accum,
             "attention": lay.attention, "window": self.window, "recompute": lay.recompute,

@@ -26,7 +26,7 @@ from ddplan.errors import DdplanError, SpecError
 from ddplan.flops import nanochat_flops_per_token
 from ddplan.registry import builtin_dir, load_hardware, load_model
 from ddplan.runconfig import annotation
-from ddplan.runfields import OPTION_FIELDS, recompute_policy
+from ddplan.runfields import OPTION_FIELDS, SCHEDULES, recompute_policy
 from ddplan.specfile import MAX_DATASET_BYTES, read_yaml, validate
 from ddplan.specs import (Architecture, CrossEntropy, Fp8Recipe, Fp8WeightCasts, Grads, ModelSpec, Moments, Strict,
                           present_param_groups, run_variant)
@@ -78,7 +78,7 @@ class _RunDegrees(Strict):
     pp: int = Field(default=1, gt=0, le=1024)
     vp: int = Field(default=1, gt=0, le=1024)  # interleaved chunks per pipeline stage
     # the pipeline schedule (ddplan.runfields.SCHEDULES); None: 1F1B, interleaved when vp > 1
-    schedule: Literal["1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v"] | None = None
+    schedule: Literal[SCHEDULES] | None = None
     cp: int = Field(default=1, gt=0, le=1024)  # context parallelism
     ep: int = Field(default=1, gt=0, le=4096)  # expert parallelism (mixture of experts): out of dp x cp
     etp: Literal[1] | None = None  # 1: experts whole (Megatron-Core --expert-tensor-parallel-size 1); None: tp

@@ -216,7 +216,7 @@ def score(run: PublishedRun, where: str, sustained: dict[str, float] | None = No
             params / run.model.params_reported - 1) > 0.005 else ()), moe=spec.architecture.moe is not None,
         attention_share=row.step.by_kind_s.get("attention", 0.0) / row.step_s, precision=run.precision,
         framework=run.framework or "-",
-        schedule=row.layout.pp_schedule.replace("_", "-") if row.layout.pp > 1 else "-",
+        schedule=row.layout.schedule,
         spread_low_s=row.spread_s[0] if row.spread_s else None,
         spread_high_s=row.spread_s[1] if row.spread_s else None)
 

@@ -747,7 +747,7 @@ def assumptions_shown(assumptions: list[str], explain: bool) -> list[str]:
 def schedule_words(lay) -> str:
     """A pipelined layout's schedule in a row's name: '' for 1F1B, ' x4 interleaved', ' ZB-H1', ' ZB-V'."""
     if lay.pp_schedule.startswith("zb_"):
-        return " " + lay.pp_schedule.replace("_", "-").upper()
+        return " " + lay.schedule.upper()
     return f" x{lay.pp_virtual_stages} interleaved" if lay.pp_virtual_stages > 1 else ""
 
 

@@ -105,3 +105,12 @@ def test_pipeline_schedules_and_their_chunks():
     assert e.value.field == "--schedule"
     with pytest.raises(LayoutError, match="must be one of"):
         Layout(pp=4, pp_schedule="zb_h3")
+
+
+def test_one_list_of_schedules_in_both_spellings():
+    """The run file's schedule names (runfields.SCHEDULES, 'zb-v') are Layout's (pipeline.SCHEDULES, 'zb_v'), in
+    order, and Layout.schedule spells a layout's back ('-' without a pipeline)."""
+    from ddplan import pipeline, runfields
+
+    assert tuple(s.replace("-", "_") for s in runfields.SCHEDULES) == pipeline.SCHEDULES
+    assert Layout(pp=4, pp_schedule="zb_v", pp_virtual_stages=2).schedule == "zb-v" and Layout().schedule == "-"
