@@ -58,7 +58,11 @@ from ddplan.runs import (MEMORY_PEAKS, MeasuredPeak, PublishedRun, RoutingSweep,
 # 16.6% -> 1.6% median out of sample, Korthikanti et al. 25.7% -> 6.8%), the band narrower (median half-width 19.7%)
 # but 94.4% of runs inside, under BAND_RUNS_AIM: a fit that lets a big table inform it without setting it is the next
 # step (docs/validation.md).
-CHECK_ONLY_SOURCES = frozenset({"fms-fsdp", "mlperf-training-amd", "zero-bubble-pp"})
+# AWS's torchtitan runs (aws-torchtitan, 6 runs on 32 H100, added 2026-12-07, twelfth session): the dataset's first of
+# torchtitan, the stack ddplan's users run most and whose own benchmarks are held back from it; one campaign's
+# Llama 3 8B on one machine, eager to compile to float8, each read from a blog table or a log line whose stack is
+# rebuilt from torchtitan's code of the day (each run's `assumed`): a check of the fits, not a basis for them.
+CHECK_ONLY_SOURCES = frozenset({"aws-torchtitan", "fms-fsdp", "mlperf-training-amd", "zero-bubble-pp"})
 # Sources that are one campaign's siblings, left out together: a source priced by fits made with its sibling is not
 # out of sample. Korthikanti et al. (2022) and the April 2021 Megatron-LM README are NVIDIA's Megatron-LM team on
 # the same A100 80GB machine (Selene) a year apart, the same code lineage and the same way of measuring (a review
@@ -471,13 +475,15 @@ def percentile(xs: Sequence[float], q: float) -> float:
 # The paper's 77 rows of its own schedules (ZB-1p, ZB-2p, ZB-V, priced since the eleventh session: pipeline.
 # zero_bubble_time_s) joined the same check-only source: 254 of 257 runs inside, the per-source share and the fitted
 # sources' runs unchanged (the level's rule does not move), median half-width 20.9% (26.8%): the fall is those rows'
-# narrow A100 band, not a better prediction anywhere else.
+# narrow A100 band, not a better prediction anywhere else. With AWS's six torchtitan runs as a check (twelfth session,
+# 263 runs): 0.75 holds 87.9% per source but 91.1% of the fitted sources' runs; 0.80 holds 90.5% and 95.5% (257 of
+# all 263), median half-width 20.4%: the level stays.
 BAND_AIM = 0.85
 BAND_RUNS_AIM = 0.95
 BAND_LEVEL = 0.80
 # leaving each source out at BAND_LEVEL: (runs inside, runs, mean over sources of the share inside); tests fail
 # when it drifts from the shipped dataset
-BAND_COVERAGE = (254, 257, 0.920)
+BAND_COVERAGE = (257, 263, 0.905)
 
 
 def t_coverage(t: float, df: int) -> float:
