@@ -322,6 +322,9 @@ MEMORY_PEAKS = "memory_peaks.yaml"
 # the Zero Bubble paper's memory figures under five pipeline schedules (not in MEMORY_PEAKS, never in PEAK_RATIO): the
 # check of the micro-batches each schedule holds in flight (see its header)
 ZB_PEAKS = "memory_peaks_zero_bubble.yaml"
+# AWS's torchtitan test case's two reserved peaks (not in MEMORY_PEAKS, never in PEAK_RATIO): ddplan's largest memory
+# miss, 48% under, mostly the caching allocator's (see its header)
+TORCHTITAN_PEAKS = "memory_peaks_torchtitan.yaml"
 
 
 def load_peaks(path: str | None = None) -> PeakSet:
