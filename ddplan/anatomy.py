@@ -836,12 +836,58 @@ def attention_pairs(seq_len: int, window: int, kind: AttentionKind, windows: Win
 # --------------------------------------------------------------------------------------------
 
 
+def _fp32_cast_bytes(e: int) -> int:
+    """Bytes per element of a cast between a compute dtype of e bytes and float32 (read one, write the other); none
+    in float32 itself, where .float() and type_as return their input."""
+    return e + 4 if e != 4 else 0
+
+
+def decomposed_rmsnorm_bytes(e: int, learnable: bool = True) -> tuple[float, float]:
+    """Bytes an RMSNorm moves per element, forward and backward, written as torch ops in float32 and run eagerly, each
+    op its own kernel (per-row statistics left out), for a compute dtype of e bytes (c: a cast to or from float32,
+    e + 4, none in float32).
+    Forward: x.float() (c), pow(2) (8), mean over the row (4), x * rsqrt(...) (8), type_as(x) (c), then * weight
+    (2e): 2c + 20 + 2e. Backward, as autograd runs those ops: the weight's product (grad x weight 2e, grad x normed
+    3e and its sum over tokens e), the cast back to float32 (c), x * rstd's two gradients (grad x rstd 8; grad x x 12
+    and its sum over the row 4), the mean's expanded gradient (4), pow's (x.pow(1) 8, times 2 8, times the gradient
+    12), the two gradients of x added (12) and the cast back (c): 2c + 68 + 6e. Without a weight: 2e and 6e less.
+    e.g. bf16: 36 and 92 bytes, against 4 and 6 for one fused kernel (a fused norm's one read and write).
+    Ref: torchtitan/models/norms.py@989718967 L39-64 (RMSNorm._norm, forward), the same as Meta's Llama reference
+    model; torch's autograd formulas (tools/autograd/derivatives.yaml: pow_backward, mul, mean, _to_copy), checked by
+    logging every aten op's reads and writes in a torch dispatch mode (tests/test_anatomy.py)."""
+    c = _fp32_cast_bytes(e)
+    weight_fwd, weight_bwd = (2 * e, 6 * e) if learnable else (0, 0)
+    return 2 * c + 20 + weight_fwd, 2 * c + 68 + weight_bwd
+
+
+def decomposed_rope_bytes(e: int) -> tuple[float, float]:
+    """Bytes a rotary embedding moves per element of q or k, forward and backward, in complex float32 as torch ops
+    run eagerly: x.float() (c, as decomposed_rmsnorm_bytes), the complex product with the frequency table (8),
+    type_as(x) (c); backward the same three in reverse (the product's gradient times the table's conjugate): 2c + 8
+    each way, e.g. bf16: 20 (one fused kernel: 4). The table's own reads, once per token and pair for all heads, are
+    left out (0.5 byte an element at 8 heads). The reshapes and view_as_complex / view_as_real are views.
+    Ref: torchtitan/models/llama/model.py@989718967 L95-120 (apply_rotary_emb), as Meta's Llama reference model."""
+    c = _fp32_cast_bytes(e)
+    return 2 * c + 8, 2 * c + 8
+
+
+def decomposed_swiglu_bytes(e: int) -> tuple[float, float]:
+    """Bytes SwiGLU's elementwise part, silu(g) * u, moves per element of g when silu and the product run as two
+    kernels: forward silu (2e) and the product (3e), 5e; backward the product's two gradients (3e each) and
+    silu's (3e), 9e. e.g. bf16: 10 and 18 (one kernel: 6 and 10).
+    Ref: torchtitan/models/llama/model.py@989718967 FeedForward.forward, w2(F.silu(w1(x)) * w3(x))."""
+    return 5 * e, 9 * e
+
+
 class _Builder:
     """Accumulates ops for one model and micro-batch; one method per kind of operation."""
 
-    def __init__(self, spec: ModelSpec, batch: int, seq_len: int, ep: int = 1, expert_rows: int = 1):
+    def __init__(self, spec: ModelSpec, batch: int, seq_len: int, ep: int = 1, expert_rows: int = 1,
+                 compiled: bool = False):
         self.spec, self.a, self.ep, self.expert_rows = spec, spec.architecture, ep, expert_rows
         self.fused = spec.recipe.fusions == "transformer-engine"  # fused norms, RoPE and SwiGLU (Recipe.fusions)
+        # each torch op its own kernel (Recipe.fusions "decomposed"), eager only: compiled, Inductor fuses the chain
+        self.decomposed = spec.recipe.fusions == "decomposed" and not compiled
         self.b, self.s, self.t = batch, seq_len, batch * seq_len
         self.e = dtype_bytes(spec.dtypes.compute)  # activation element size
         self.ops: list[Op] = []
@@ -898,14 +944,18 @@ class _Builder:
     def pointwise(self, name: str, layer: int | None, numel: int, *, reads: int, writes: int = 1,
                   saves: tuple[Saved, ...] = (), flops_per_element: float = 1.0, bwd_reads: int | None = None,
                   bwd_writes: int | None = None, elem_bytes: int | None = None, kind: OpKind = "elementwise",
-                  core: bool = False, transient: float = 0.0) -> None:
+                  core: bool = False, transient: float = 0.0,
+                  moved: tuple[float, float] | None = None) -> None:
+        """An elementwise op on numel elements: reads and writes that many tensors of elem_bytes each way (or
+        `moved`, the bytes per element forward and backward, where its kernels move other amounts)."""
         e = self.e if elem_bytes is None else elem_bytes
         bwd_reads = reads + 1 if bwd_reads is None else bwd_reads
         bwd_writes = reads if bwd_writes is None else bwd_writes
+        fwd, bwd = moved if moved is not None else ((reads + writes) * e, (bwd_reads + bwd_writes) * e)
         self.ops.append(Op(
             name=name, kind=kind, layer=layer, shape=(numel,),
             flops_fwd=flops_per_element * numel, flops_bwd=2 * flops_per_element * numel,
-            bytes_fwd=(reads + writes) * numel * e, bytes_bwd=(bwd_reads + bwd_writes) * numel * e,
+            bytes_fwd=fwd * numel, bytes_bwd=bwd * numel,
             saves=saves, attention_core=core, transient_bytes=transient,
         ))
 
@@ -922,8 +972,14 @@ class _Builder:
             # x * rstd * weight: the weight's gradient needs the normalised x, a tensor of its own (a fused norm,
             # Transformer Engine's, re-makes it from x and rstd)
             saves = (*saves, Saved(f"{name}.normed", t * w * self.e, "pointwise", tp_sharded=core))
+        moved = None
+        if self.decomposed and a.norm == "rmsnorm":
+            # in float32 op by op: pow and x * rstd keep x.float() where a fused norm keeps x (its extra bytes)
+            moved = decomposed_rmsnorm_bytes(self.e, learnable)
+            if self.e < 4:
+                saves = (*saves, Saved(f"{name}.x_fp32", t * w * (4 - self.e), "pointwise", tp_sharded=core))
         self.pointwise(name, layer, t * w, reads=1, saves=saves, flops_per_element=4.0,
-                       bwd_reads=2, bwd_writes=1, kind="reduction", core=core)
+                       bwd_reads=2, bwd_writes=1, kind="reduction", core=core, moved=moved)
 
 
 def build_anatomy(spec: ModelSpec, *, batch: int, seq_len: int | None = None,
@@ -956,7 +1012,7 @@ def build_anatomy(spec: ModelSpec, *, batch: int, seq_len: int | None = None,
     if window_pattern is not None:
         spec = spec.model_copy(update={"architecture": spec.architecture.model_copy(
             update={"window_pattern": window_pattern})})
-    bld = _Builder(spec, batch, s, ep, expert_rows)
+    bld = _Builder(spec, batch, s, ep, expert_rows, compiled)
     _embeddings(bld)
     pre, bld.ops = tuple(bld.ops), []
     blocks: list[tuple[Op, ...]] = []
@@ -1219,10 +1275,11 @@ def _block(bld: _Builder, i: int, window: int, kind: AttentionKind, windows: Win
         # nanochat's rotary: y1 = x1 cos + x2 sin, y2 = x1 (-sin) + x2 cos; -sin is made per call and saved (a
         # fused RoPE, Transformer Engine's FusedRoPEFunc, keeps only the shared frequency table)
         half = bld.s * hd // 2 * e
-        sins = () if bld.fused else (Saved(f"{p}.rope_q_sin", half, "pointwise", tp_sharded=False),
-                                     Saved(f"{p}.rope_k_sin", half, "pointwise", tp_sharded=False))
+        # (decomposed: the complex product keeps only the shared frequency table, a model buffer)
+        sins = () if bld.fused or bld.decomposed else (Saved(f"{p}.rope_q_sin", half, "pointwise", tp_sharded=False),
+                                                       Saved(f"{p}.rope_k_sin", half, "pointwise", tp_sharded=False))
         bld.pointwise(f"{p}.attn.rope", i, t * (q_w + kv_w), reads=1, flops_per_element=3.0, bwd_reads=1,
-                      saves=sins)
+                      saves=sins, moved=decomposed_rope_bytes(e) if bld.decomposed else None)
     if a.qk_norm:
         # per-head norms: one statistic per (token, head)
         bld.norm(f"{p}.attn.q_norm", i, f"{p}.q_rope", learnable=a.norm_learnable, tag="pointwise", core=True,
@@ -1283,7 +1340,8 @@ def _mlp(bld: _Builder, i: int, p: str, f: int, x: str, group: str, *, rows: flo
         # weighted one with the probabilities) keeps g and u only
         silu = () if weighted or bld.fused else (Saved(f"{p}.silu_g", t * f * e, "pointwise"),)
         bld.pointwise(f"{p}.act", i, t * f, reads=2, flops_per_element=6.0 if weighted else 5.0,
-                      saves=(Saved(f"{p}.g", t * f * e), Saved(f"{p}.u", t * f * e), *silu, *probs))
+                      saves=(Saved(f"{p}.g", t * f * e), Saved(f"{p}.u", t * f * e), *silu, *probs),
+                      moved=decomposed_swiglu_bytes(e) if bld.decomposed and not weighted else None)
     else:
         bld.gemm(f"{p}.c_fc", i, c, f, x, group, x_saved_tag=x_tag, m=t, experts=experts)
         # relu^2: relu saves its output and square saves its input, the same tensor; gelu saves its input

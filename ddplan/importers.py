@@ -261,7 +261,7 @@ def titan_ffn(dim: int, multiplier: float, multiple_of: int) -> int:
 
 
 TITAN_READ = {
-    "model": {"name", "flavor", "converters"},
+    "model": {"name", "flavor", "converters", "norm_type"},
     "training": {"local_batch_size", "batch_size", "global_batch_size", "seq_len", "steps", "mixed_precision_param",
                  "mixed_precision_reduce", "compile", "data_parallel_replicate_degree", "data_parallel_shard_degree",
                  "tensor_parallel_degree"},
@@ -282,6 +282,28 @@ TITAN_READ = {
 }
 TITAN_NOT_COST = ("job", "profiling", "metrics", "optimizer", "lr_scheduler", "checkpoint", "validation",
                   "comm", "fault_tolerance", "memory_estimation", "dataloader")
+
+
+def _titan_norm(out: Imported, norm_type: Any, path: Path) -> None:
+    """[model] norm_type, which torchtitan read until 5078e92 (2025-04-17): "rmsnorm" was its own RMSNorm in torch
+    ops, float32, one kernel an op, until nn.RMSNorm replaced it (3b39d7a, 2025-03-19; on the torches of that spring
+    torch's composite rms_norm, op by op too), with the rotary embedding in complex float32 throughout: fusions
+    decomposed (ddplan.anatomy.decomposed_rmsnorm_bytes). "fused_rmsnorm" (until 37c4b81, 2025-02-06) was one Triton
+    kernel each way: eager's cost. The LayerNorm types are not the Llama block ddplan prices: said. Absent (a later TOML): the profile's."""
+    if norm_type is None:
+        return
+    if norm_type == "rmsnorm":
+        out.set("fusions", "decomposed", "model.norm_type 'rmsnorm': torchtitan's RMSNorm in float32 torch ops "
+                "(models/norms.py@989718967 L39-64) and complex RoPE, each op a kernel when not compiled")
+    elif norm_type == "fused_rmsnorm":
+        out.set("fusions", "eager", "model.norm_type 'fused_rmsnorm': one Triton kernel each way "
+                "(torchtitan/models/norms.py@eef8bb2b1 FusedRMSNorm)")
+    elif norm_type in ("layernorm", "np_layernorm"):
+        out.warnings.append(f"model.norm_type {norm_type!r}: priced as the flavor's RMSNorm (ddplan prices the Llama "
+                            f"block with RMSNorm; torch's fused LayerNorm moves the same bytes)")
+    else:
+        raise SpecError(f"must be one of rmsnorm, fused_rmsnorm, layernorm, np_layernorm, got {norm_type!r}",
+                        file=str(path), field="model.norm_type")
 
 
 def _toml(text: str, path: Path) -> dict:
@@ -389,6 +411,7 @@ def _torchtitan(text: str, path: Path, out: Imported) -> None:
         # its own (8B_flex): stated, so the profile's flex does not stand in for it
         out.set("attention", "sdpa-fused", f"flavor {flavor!r}: attn_type 'sdpa' (torchtitan/models/llama3/model/"
                 "args.py@238fa99 L45; the _flex flavors were FlexAttention)")
+        _titan_norm(out, get("model", "norm_type"), path)
     elif not out.model_given:
         raise SpecError(f"[model] name {name!r}, flavor {flavor!r}: import reads llama3 flavors "
                         f"{', '.join(TITAN_LLAMA3)}; for another model give import --model NAME (a built-in, a "

@@ -39,7 +39,7 @@ STATED_BY: dict[tuple[str, ...], str] = {
     ("recompute",): "layout.recompute", ("attention",): "layout.attention", ("window",): "layout.window",
     ("seq_len",): "model.seq_len", ("framework",): "framework",
     ("cross_entropy",): "cross_entropy (else its framework profile's)",
-    ("moe_weighting",): "framework (its profile's)", ("fusions",): "framework (its profile's)",
+    ("moe_weighting",): "framework (its profile's)", ("fusions",): "fusions (else its framework profile's)",
     ("fp8_weight_casts",): "fp8_weight_casts (else its framework profile's)",
     ("compiled",): "layout.compiled",
     ("moe_imbalance",): "model.routing",
@@ -129,12 +129,15 @@ def run_kernels(run: RunFacts) -> dict[str, str]:
     """The kernel fields (ddplan.specs.KERNELS: the loss, the MoE weighting, the block's fusions, the fp8 weight casts)
     a run ran where its framework profile sets them (Megatron-Core's vocab-parallel loss, weighted SwiGLU,
     Transformer Engine modules and fp8 weights cast once a step; llm-foundry's fused loss), the loss the run states
-    over its profile's (RunFacts.cross_entropy, RunFacts.fp8_weight_casts); the base spec's for the rest."""
+    over its profile's (RunFacts.cross_entropy, RunFacts.fp8_weight_casts, RunFacts.fusions); the base spec's for the
+    rest."""
     kernels = {name: value for name in KERNELS if (value := _profile_value(run, name)) is not None}
     if run.cross_entropy is not None:
         kernels["cross_entropy"] = run.cross_entropy
     if run.fp8_weight_casts is not None:
         kernels["fp8_weight_casts"] = run.fp8_weight_casts
+    if run.fusions is not None:
+        kernels["fusions"] = run.fusions
     return kernels
 
 

@@ -350,9 +350,11 @@ FIELDS: tuple[RunField, ...] = (
        "the probabilities: Megatron-Core since April 2025); default: the model spec's (combine).",
        ("combine", "activation"), MODEL),
     _f("fusions", "How a block's norms, rotary embedding and SwiGLU run: eager (torch's ops: a learnable RMSNorm keeps "
-       "its normalised input too, SwiGLU keeps silu(g)) or transformer-engine (Megatron-Core's Transformer Engine "
-       "layer spec: fused norms, RoPE and SwiGLU keep their inputs only); default: the model spec's (eager).",
-       ("eager", "transformer-engine"), MODEL),
+       "its normalised input too, SwiGLU keeps silu(g)), transformer-engine (Megatron-Core's Transformer Engine "
+       "layer spec: fused norms, RoPE and SwiGLU keep their inputs only) or decomposed (each torch op its own kernel "
+       "when not compiled, as the Llama reference code writes them: RMSNorm in float32, RoPE in complex float32; "
+       "torchtitan before 2025-03-19); default: the model spec's (eager).",
+       ("eager", "transformer-engine", "decomposed"), MODEL),
     _f("fp8_weight_casts", "With --fp8, how often a GEMM's weight is cast to fp8: micro-batch (every micro-batch: "
        "torchao, nanochat, Composer's Transformer Engine) or step (once a step, the copy cached for its other "
        "micro-batches: Megatron-Core's Transformer Engine modules; with the delayed and current recipes only); "

@@ -28,7 +28,7 @@ from ddplan.registry import builtin_dir, load_hardware, load_model
 from ddplan.runconfig import annotation
 from ddplan.runfields import OPTION_FIELDS, SCHEDULES, recompute_policy
 from ddplan.specfile import MAX_DATASET_BYTES, read_yaml, validate
-from ddplan.specs import (Architecture, CrossEntropy, Fp8Recipe, Fp8WeightCasts, Grads, ModelSpec, Moments, Strict,
+from ddplan.specs import (Architecture, CrossEntropy, Fp8Recipe, Fp8WeightCasts, Fusions, Grads, ModelSpec, Moments, Strict,
                           present_param_groups, run_variant)
 
 Precision = Literal["bf16", "fp16", "fp8"]
@@ -180,6 +180,9 @@ class RunFacts(Strict):
     # profile's or it has none (ddplan.specs.FP8_WEIGHT_CASTS; e.g. Megatron-LM's legacy model passing Transformer
     # Engine is_first_microbatch: once a step); None: the profile's, else the model spec's
     fp8_weight_casts: Fp8WeightCasts | None = None
+    # how the block's norms, rotary embedding and SwiGLU ran where it differs from its framework profile's
+    # (ddplan.specs.FUSIONS; e.g. torchtitan before nn.RMSNorm: decomposed); None: the profile's, else the model spec's
+    fusions: Fusions | None = None
     network: Network | None = None
     layout: RunLayout
     assumed: list[str] = []  # what the source does not state and this entry assumes

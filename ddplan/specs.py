@@ -167,7 +167,7 @@ CrossEntropy = Literal["eager", "vocab-parallel", "fused", "te", "chunked"]
 # where a mixture of experts multiplies each routed copy by its routing probability (Recipe.moe_weighting)
 MoeWeighting = Literal["combine", "activation"]
 # how a block's norms, rotary embedding and SwiGLU run (Recipe.fusions)
-Fusions = Literal["eager", "transformer-engine"]
+Fusions = Literal["eager", "transformer-engine", "decomposed"]
 # how gradients are kept and reduced (Dtypes.grads): in each parameter's dtype, in fp32 (Megatron's main_grad), or
 # reduced in the compute dtype and kept in the parameter's (FSDP MixedPrecision reduce_dtype=bf16 over fp32 weights)
 Grads = Literal["param", "fp32", "compute"]
@@ -685,7 +685,10 @@ class Recipe(Strict):
     # Engine layer spec runs them (transformer_config.py@d98e8a64 L1314 transformer_impl "transformer_engine"):
     # TE's norms keep their input and statistics only, the fused RoPE nothing a token, the fused SwiGLU its input
     # only (fused_bias_swiglu.py SwiGLUFunction save_for_backward(input); --no-bias-swiglu-fusion and
-    # --no-rope-fusion are off by default, arguments.py L2895-2905)
+    # --no-rope-fusion are off by default, arguments.py L2895-2905); "decomposed" as the Llama reference code writes
+    # them in torch, each tensor op its own kernel when not compiled (torchtitan before nn.RMSNorm, 3b39d7a
+    # 2025-03-19: RMSNorm in float32 over six kernels, the rotary embedding in complex float32, silu and the product
+    # apart; ddplan.anatomy.decomposed_rmsnorm_bytes); compiled, Inductor fuses them and they cost what eager's do
     fusions: Fusions = "eager"
     evaluation: Evaluation | None = None
     source: str = Field(min_length=3)

@@ -18,6 +18,9 @@ from ddplan.anatomy import (
     adamw_bytes,
     attention_pairs,
     build_anatomy,
+    decomposed_rmsnorm_bytes,
+    decomposed_rope_bytes,
+    decomposed_swiglu_bytes,
     for_tp,
     megatron_unfused_saved_bytes,
     with_recompute,
@@ -1123,3 +1126,134 @@ def test_full_n_counts_the_layers_of_uneven_pipeline_stages():
     an = with_recompute(build_anatomy(spec, batch=1, seq_len=512), "full:1", chunks=4)
     assert [layer for layer in range(30) if an.layer_again(layer)] == [0, 7, 15, 23]
     assert an.full_share == 4 / 30
+
+
+# ---- fusions "decomposed": each torch op its own kernel (torchtitan before nn.RMSNorm)
+
+def test_decomposed_kernels_bytes_by_hand():
+    """Bytes per element, forward and backward, of torchtitan's float32 RMSNorm, complex RoPE and two-kernel SwiGLU
+    run eagerly (ddplan.anatomy.decomposed_*_bytes), by hand in bf16 (e = 2, a cast to or from float32 6 bytes):
+    RMSNorm forward 6 + 8 + 4 + 8 + 6 + 4 = 36, backward 12 + 6 + 24 + 4 + 28 + 12 + 6 = 92 (without its weight 32
+    and 80); RoPE 6 + 8 + 6 = 20 each way; SwiGLU 4 + 6 = 10 and 6 + 6 + 6 = 18. In float32 the casts are no-ops:
+    RMSNorm 28 and 92, RoPE 8."""
+    assert decomposed_rmsnorm_bytes(2) == (36, 92) and decomposed_rmsnorm_bytes(2, learnable=False) == (32, 80)
+    assert decomposed_rmsnorm_bytes(4) == (28, 92)
+    assert decomposed_rope_bytes(2) == (20, 20) and decomposed_rope_bytes(4) == (8, 8)
+    assert decomposed_swiglu_bytes(2) == (10, 18)
+
+
+def _aten_bytes(fn, inputs, grad):
+    """Bytes every aten op reads and writes in fn's forward and in its backward (torch dispatch mode; a view or an
+    in-place op on its input moves none; a broadcast input counts its storage, not its expanded size)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    def nbytes(t):
+        return min(t.numel() * t.element_size(), t.untyped_storage().nbytes())
+
+    class Log(TorchDispatchMode):
+        total = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            ins = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+            outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
+            if outs and all(o.untyped_storage().data_ptr() in {a.untyped_storage().data_ptr() for a in ins}
+                            for o in outs):
+                return out
+            self.total += sum(map(nbytes, ins)) + sum(map(nbytes, outs))
+            return out
+
+    with Log() as fwd:
+        y = fn(*inputs)
+    with Log() as bwd:
+        y.backward(grad)
+    return fwd.total, bwd.total
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_decomposed_kernels_bytes_are_what_torchs_ops_move(dtype):
+    """The decomposed kernels' bytes are what torch's own aten ops read and write, forward and backward, in the code
+    torchtitan ran (norms.py and model.py @989718967): each formula within the per-row, per-token and per-weight
+    terms it leaves out (under 1% here: 4,096 rows of 1,024; the RoPE table once per token for 8 heads, 0.5 and 1.5
+    bytes an element in bf16)."""
+    torch = pytest.importorskip("torch")
+    dt = getattr(torch, dtype)
+    e = torch.tensor([], dtype=dt).element_size()
+    rows, d = 4096, 1024
+    weight = torch.nn.Parameter(torch.ones(d, dtype=dt))  # FSDP2's param_dtype: the weight in the compute dtype
+
+    def rmsnorm(x):  # torchtitan RMSNorm.forward, models/norms.py@989718967
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).type_as(x) * weight
+
+    x = torch.randn(rows, d, dtype=dt, requires_grad=True)
+    fwd, bwd = _aten_bytes(rmsnorm, (x,), torch.randn(rows, d, dtype=dt))
+    want = decomposed_rmsnorm_bytes(e)
+    assert fwd / x.numel() == pytest.approx(want[0], rel=0.01) and bwd / x.numel() == pytest.approx(want[1], rel=0.01)
+
+    s, h, hd = 512, 8, 128
+    freqs = torch.polar(torch.ones(s, hd // 2), torch.randn(s, hd // 2)).view(1, s, 1, hd // 2)
+
+    def rope(q):  # apply_rotary_emb, models/llama/model.py@989718967
+        q_ = torch.view_as_complex(q.float().reshape(*q.shape[:-1], -1, 2))
+        return torch.view_as_real(q_ * freqs).flatten(3).type_as(q)
+
+    q = torch.randn(1, s, h, hd, dtype=dt, requires_grad=True)
+    fwd, bwd = _aten_bytes(rope, (q,), torch.randn(1, s, h, hd, dtype=dt))
+    table = 4 / h  # the complex table, read once a token for all heads (and its conjugate made in backward)
+    assert fwd / q.numel() == pytest.approx(decomposed_rope_bytes(e)[0] + table, rel=0.01)
+    assert bwd / q.numel() == pytest.approx(decomposed_rope_bytes(e)[1] + 3 * table, rel=0.01)
+
+    g = torch.randn(rows, d, dtype=dt, requires_grad=True)
+    u = torch.randn(rows, d, dtype=dt, requires_grad=True)
+    fwd, bwd = _aten_bytes(lambda g, u: torch.nn.functional.silu(g) * u, (g, u), torch.randn(rows, d, dtype=dt))
+    assert (fwd / g.numel(), bwd / g.numel()) == pytest.approx(decomposed_swiglu_bytes(e), rel=0.01)
+
+
+def test_decomposed_block_moves_those_bytes_eager_and_what_eager_does_compiled():
+    """A Llama block with fusions "decomposed": uncompiled, each norm, the rotary embedding and SwiGLU move the
+    decomposed kernels' bytes (t x d x 36 forward for a norm in bf16; 4 for eager's one kernel) and the norm keeps
+    x.float() where eager keeps x (2 more bytes an element, saved as pointwise); compiled, Inductor fuses the chain
+    and the anatomy is eager's, op for op."""
+    def bf16() -> ModelSpec:
+        return _tiny("llama-3-8b", 128, compute="bf16", params="bf16", num_layers=2, d_model=128, num_heads=4,
+                     num_kv_heads=2, head_dim=32, vocab_size=512, max_seq_len=128, mlp_hidden_dim=384)
+
+    spec = run_variant(bf16(), fusions="decomposed")
+    eager = build_anatomy(bf16(), batch=BATCH)
+    mine = build_anatomy(spec, batch=BATCH)
+    t, d, f = BATCH * 128, 128, 384
+    q_kv = 4 * 32 + 2 * 32
+    ops = {op.name: op for op in mine.ops}
+    base = {op.name: op for op in eager.ops}
+    assert (ops["h0.norm1"].bytes_fwd, ops["h0.norm1"].bytes_bwd) == (36 * t * d, 92 * t * d)
+    assert (base["h0.norm1"].bytes_fwd, base["h0.norm1"].bytes_bwd) == (4 * t * d, 6 * t * d)
+    assert (ops["h0.attn.rope"].bytes_fwd, ops["h0.attn.rope"].bytes_bwd) == (20 * t * q_kv, 20 * t * q_kv)
+    assert (ops["h0.mlp.act"].bytes_fwd, ops["h0.mlp.act"].bytes_bwd) == (10 * t * f, 18 * t * f)
+    extra = [s for s in ops["h0.norm1"].saves if s.name.endswith("x_fp32")]
+    assert [(s.bytes, s.tag) for s in extra] == [(2 * t * d, "pointwise")]
+    compiled = build_anatomy(spec, batch=BATCH, compiled=True)
+    assert compiled.ops == build_anatomy(bf16(), batch=BATCH, compiled=True).ops
+
+
+def test_decomposed_rmsnorm_keeps_what_the_anatomy_says():
+    """torchtitan's float32 RMSNorm in bf16 keeps x.float() (pow and x * rstd share it), the normalised bf16 output
+    (for the weight's gradient) and rstd: 4 + 2 bytes an element and a float a row, as the anatomy's decomposed norm
+    counts them (its input x, 2, plus x_fp32's extra 2, plus normed, 2). Measured with saved_tensors_hooks."""
+    torch = pytest.importorskip("torch")
+    rows, d = 4096, 1024
+    weight = torch.nn.Parameter(torch.ones(d, dtype=torch.bfloat16))
+    x = torch.randn(rows, d, dtype=torch.bfloat16, requires_grad=True)
+    kept: dict[int, int] = {}
+
+    def pack(t):
+        kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        xf = x.float()
+        (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).type_as(x) * weight
+    kept.pop(weight.untyped_storage().data_ptr())
+    assert sum(kept.values()) == (4 + 2) * rows * d + 4 * rows
