@@ -866,7 +866,7 @@ def decomposed_rope_bytes(e: int) -> tuple[float, float]:
     type_as(x) (c); backward the same three in reverse (the product's gradient times the table's conjugate): 2c + 8
     each way, e.g. bf16: 20 (one fused kernel: 4). The table's own reads, once per token and pair for all heads, are
     left out (0.5 byte an element at 8 heads). The reshapes and view_as_complex / view_as_real are views.
-    Ref: torchtitan/models/llama/model.py@989718967 L95-120 (apply_rotary_emb), as Meta's Llama reference model."""
+    Ref: torchtitan/models/llama/model.py@989718967 L89-115 (apply_rotary_emb), as Meta's Llama reference model."""
     c = _fp32_cast_bytes(e)
     return 2 * c + 8, 2 * c + 8
 

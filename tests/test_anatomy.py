@@ -1143,8 +1143,9 @@ def test_decomposed_kernels_bytes_by_hand():
 
 
 def _aten_bytes(fn, inputs, grad):
-    """Bytes every aten op reads and writes in fn's forward and in its backward (torch dispatch mode; a view or an
-    in-place op on its input moves none; a broadcast input counts its storage, not its expanded size)."""
+    """Bytes every aten op reads and writes in fn's forward and in its backward (torch dispatch mode; a view moves
+    none; a broadcast input counts its storage, not its expanded size). An in-place op is skipped too, though it
+    moves bytes: none of the code measured here has one."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
@@ -1188,10 +1189,15 @@ def test_decomposed_kernels_bytes_are_what_torchs_ops_move(dtype):
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).type_as(x) * weight
 
+    def weightless(x):  # the same norm without its weight (learnable=False)
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).type_as(x)
+
     x = torch.randn(rows, d, dtype=dt, requires_grad=True)
-    fwd, bwd = _aten_bytes(rmsnorm, (x,), torch.randn(rows, d, dtype=dt))
-    want = decomposed_rmsnorm_bytes(e)
-    assert fwd / x.numel() == pytest.approx(want[0], rel=0.01) and bwd / x.numel() == pytest.approx(want[1], rel=0.01)
+    for fn, learnable in ((rmsnorm, True), (weightless, False)):
+        fwd, bwd = _aten_bytes(fn, (x,), torch.randn(rows, d, dtype=dt))
+        want = decomposed_rmsnorm_bytes(e, learnable)
+        assert (fwd / x.numel(), bwd / x.numel()) == pytest.approx(want, rel=0.01), learnable
 
     s, h, hd = 512, 8, 128
     freqs = torch.polar(torch.ones(s, hd // 2), torch.randn(s, hd // 2)).view(1, s, 1, hd // 2)
@@ -1240,9 +1246,16 @@ def test_decomposed_block_moves_those_bytes_eager_and_what_eager_does_compiled()
 
 def test_decomposed_rmsnorm_keeps_what_the_anatomy_says():
     """torchtitan's float32 RMSNorm in bf16 keeps x.float() (pow and x * rstd share it), the normalised bf16 output
-    (for the weight's gradient) and rstd: 4 + 2 bytes an element and a float a row, as the anatomy's decomposed norm
-    counts them (its input x, 2, plus x_fp32's extra 2, plus normed, 2). Measured with saved_tensors_hooks."""
+    (for the weight's gradient) and rstd: 4 + 2 bytes an element and a float a row (measured with
+    saved_tensors_hooks), what the anatomy's decomposed norm keeps: its input x (2), x_fp32's extra (2), normed
+    (2) and the statistics (4 a row)."""
     torch = pytest.importorskip("torch")
+    spec = run_variant(_tiny("llama-3-8b", 128, compute="bf16", params="bf16", num_layers=2, d_model=128,
+                             num_heads=4, num_kv_heads=2, head_dim=32, vocab_size=512, max_seq_len=128,
+                             mlp_hidden_dim=384), fusions="decomposed")
+    (norm,) = [op for op in build_anatomy(spec, batch=BATCH).ops if op.name == "h0.norm1"]
+    t, width = BATCH * 128, 128
+    per_element = (sum(s.bytes for s in norm.saves) - 4 * t) / (t * width)
     rows, d = 4096, 1024
     weight = torch.nn.Parameter(torch.ones(d, dtype=torch.bfloat16))
     x = torch.randn(rows, d, dtype=torch.bfloat16, requires_grad=True)
@@ -1257,3 +1270,4 @@ def test_decomposed_rmsnorm_keeps_what_the_anatomy_says():
         (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).type_as(x) * weight
     kept.pop(weight.untyped_storage().data_ptr())
     assert sum(kept.values()) == (4 + 2) * rows * d + 4 * rows
+    assert per_element == (sum(kept.values()) - 4 * rows) / (rows * d) == 6
