@@ -706,7 +706,8 @@ def test_tp_comm_overlap_hides_tensor_parallel_communication(capsys):
     assert float(over["step_s"]) < float(plain["step_s"]) - 0.841 * 1.0
 
 
-def test_a_runs_table_command_prices_it_as_validate_does(capsys, scored, tmp_path):
+@pytest.mark.parametrize("part", range(2))  # half the runs each, so that xdist's workers share them
+def test_a_runs_table_command_prices_it_as_validate_does(capsys, scored, tmp_path, part):
     """Every dataset run gets a `ddplan table` command (replay.table_command; a model with architecture overrides
     or a network of its own as spec files it writes); run through the CLI it gives the step validate scores."""
     from ddplan.replay import micro_batches, table_command
@@ -721,7 +722,7 @@ def test_a_runs_table_command_prices_it_as_validate_does(capsys, scored, tmp_pat
     # fills only what validate prices
     assert grads["megatron-fsdp-qwen3-30b-a3b-gb200-8g"] == "param"
     assert {r.id for r, c in commands if "--framework" in c} <= set(grads)
-    for r, argv in commands:
+    for r, argv in commands[part::2]:
         rows = csv_rows(run_ok(capsys, argv + ["--format", "csv"]))  # one per micro-batch tried
         fit = [x for x in rows if x["fits"] == "True"]  # scored: the fastest that fits (replay.fastest_fitting)
         row = min(fit, key=lambda x: float(x["step_s"])) if fit else min(rows, key=lambda x: int(x["micro_batch"]))
@@ -732,15 +733,18 @@ def test_a_runs_table_command_prices_it_as_validate_does(capsys, scored, tmp_pat
             (by_id[r.id].low_s, by_id[r.id].high_s), rel=1e-12), r.id
 
 
-def test_a_runs_table_command_as_a_run_configuration_prices_the_same(capsys, tmp_path):
+@pytest.mark.parametrize("part", range(4))  # a quarter of the runs each, so that xdist's workers share them
+def test_a_runs_table_command_as_a_run_configuration_prices_the_same(capsys, tmp_path, part):
     """Issue 34: each dataset run, written as a run configuration (--print-config of its flags, and `validate
     --export-run`'s file, replay.export_run) and priced with --config, gives the same row as its flags (so the same
     step validate scores: the test above)."""
     from ddplan.replay import export_run, table_command
 
     runs = load_runs().runs
+    assert len(runs) == 263
+    runs = runs[part::4]
     commands = [table_command(r, tmp_path) for r in runs]
-    assert len(commands) == 263 and all(c is not None for c in commands)
+    assert all(c is not None for c in commands)
     for i, (run, argv) in enumerate(zip(runs, commands)):
         path = tmp_path / f"run-{i}.yaml"
         path.write_text(run_ok(capsys, argv + ["--print-config"]), encoding="utf-8")
