@@ -839,6 +839,8 @@ def attention_pairs(seq_len: int, window: int, kind: AttentionKind, windows: Win
 def _fp32_cast_bytes(e: int) -> int:
     """Bytes per element of a cast between a compute dtype of e bytes and float32 (read one, write the other); none
     in float32 itself, where .float() and type_as return their input."""
+    if e <= 0:
+        raise ValueError(f"an element's bytes must be positive, got {e}")
     return e + 4 if e != 4 else 0
 
 

@@ -1140,6 +1140,8 @@ def test_decomposed_kernels_bytes_by_hand():
     assert decomposed_rmsnorm_bytes(4) == (28, 92)
     assert decomposed_rope_bytes(2) == (20, 20) and decomposed_rope_bytes(4) == (8, 8)
     assert decomposed_swiglu_bytes(2) == (10, 18)
+    with pytest.raises(ValueError, match="must be positive, got 0"):
+        decomposed_rmsnorm_bytes(0)
 
 
 def _aten_bytes(fn, inputs, grad):
