@@ -888,8 +888,10 @@ class _Builder:
                  compiled: bool = False):
         self.spec, self.a, self.ep, self.expert_rows = spec, spec.architecture, ep, expert_rows
         self.fused = spec.recipe.fusions == "transformer-engine"  # fused norms, RoPE and SwiGLU (Recipe.fusions)
-        # each torch op its own kernel (Recipe.fusions "decomposed"), eager only: compiled, Inductor fuses the chain
-        self.decomposed = spec.recipe.fusions == "decomposed" and not compiled
+        # each torch op its own kernel (Recipe.fusions "decomposed"; "fused-norm": all but the norm), eager only:
+        # compiled, Inductor fuses the chain
+        self.decomposed = spec.recipe.fusions in ("decomposed", "fused-norm") and not compiled
+        self.decomposed_norm = spec.recipe.fusions == "decomposed" and not compiled
         self.b, self.s, self.t = batch, seq_len, batch * seq_len
         self.e = dtype_bytes(spec.dtypes.compute)  # activation element size
         self.ops: list[Op] = []
@@ -975,7 +977,7 @@ class _Builder:
             # Transformer Engine's, re-makes it from x and rstd)
             saves = (*saves, Saved(f"{name}.normed", t * w * self.e, "pointwise", tp_sharded=core))
         moved = None
-        if self.decomposed and a.norm == "rmsnorm":
+        if self.decomposed_norm and a.norm == "rmsnorm":
             # in float32 op by op: pow and x * rstd keep x.float() where a fused norm keeps x (its extra bytes)
             moved = decomposed_rmsnorm_bytes(self.e, learnable)
             if self.e < 4:

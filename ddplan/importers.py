@@ -289,9 +289,8 @@ def _titan_norm(out: Imported, norm_type: Any, path: Path) -> None:
     ops, float32, one kernel an op, until nn.RMSNorm replaced it (3b39d7a, 2025-03-19; on the torches of that spring
     torch's composite rms_norm, op by op too), with the rotary embedding in complex float32 throughout: fusions
     decomposed (ddplan.anatomy.decomposed_rmsnorm_bytes). "fused_rmsnorm" (until 37c4b81, 2025-02-06) was one Triton
-    kernel each way: eager's cost for the norm, said for the rotary embedding and SwiGLU, which still ran op by op
-    (one `fusions` value covers all three). The LayerNorm types are not the Llama block ddplan prices: said. Read
-    lowercased, as build_norm did. Absent (a later TOML): the profile's."""
+    kernel each way, the rotary embedding and SwiGLU still op by op: fused-norm. The LayerNorm types are not the Llama
+    block ddplan prices: said. Read lowercased, as build_norm did. Absent (a later TOML): the profile's."""
     if norm_type is None:
         return
     if isinstance(norm_type, str):
@@ -300,11 +299,8 @@ def _titan_norm(out: Imported, norm_type: Any, path: Path) -> None:
         out.set("fusions", "decomposed", "model.norm_type 'rmsnorm': torchtitan's RMSNorm in float32 torch ops "
                 "(models/norms.py@989718967 L39-64) and complex RoPE, each op a kernel when not compiled")
     elif norm_type == "fused_rmsnorm":
-        out.set("fusions", "eager", "model.norm_type 'fused_rmsnorm': one Triton kernel each way "
-                "(torchtitan/models/norms.py@eef8bb2b1 FusedRMSNorm)")
-        out.warnings.append("model.norm_type 'fused_rmsnorm': the norm priced as its one fused kernel, and with it the "
-                            "complex-float32 rotary embedding and SwiGLU, which torchtitan still ran op by op when not "
-                            "compiled (about 4% of an eager Llama 3 8B step under per-op checkpointing, unpriced)")
+        out.set("fusions", "fused-norm", "model.norm_type 'fused_rmsnorm': one Triton kernel each way "
+                "(torchtitan/models/norms.py@eef8bb2b1 FusedRMSNorm); the complex RoPE and SwiGLU op by op")
     elif norm_type in ("layernorm", "np_layernorm"):
         out.warnings.append(f"model.norm_type {norm_type!r}: priced as the flavor's RMSNorm (ddplan prices the Llama "
                             f"block with RMSNorm; torch's fused LayerNorm moves the same bytes)")

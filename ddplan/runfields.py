@@ -351,10 +351,11 @@ FIELDS: tuple[RunField, ...] = (
        ("combine", "activation"), MODEL),
     _f("fusions", "How a block's norms, rotary embedding and SwiGLU run: eager (torch's ops: a learnable RMSNorm keeps "
        "its normalised input too, SwiGLU keeps silu(g)), transformer-engine (Megatron-Core's Transformer Engine "
-       "layer spec: fused norms, RoPE and SwiGLU keep their inputs only) or decomposed (each torch op its own kernel "
+       "layer spec: fused norms, RoPE and SwiGLU keep their inputs only), decomposed (each torch op its own kernel "
        "when not compiled, as the Llama reference code writes them: RMSNorm in float32, RoPE in complex float32; "
-       "torchtitan before 2025-03-19); default: the model spec's (eager).",
-       ("eager", "transformer-engine", "decomposed"), MODEL),
+       "torchtitan before 2025-03-19) or fused-norm (the same but torch's fused RMSNorm kernel: torchtitan since); "
+       "default: the model spec's (eager).",
+       ("eager", "transformer-engine", "decomposed", "fused-norm"), MODEL),
     _f("fp8_weight_casts", "With --fp8, how often a GEMM's weight is cast to fp8: micro-batch (every micro-batch: "
        "torchao, nanochat, Composer's Transformer Engine) or step (once a step, the copy cached for its other "
        "micro-batches: Megatron-Core's Transformer Engine modules; with the delayed and current recipes only); "

@@ -167,7 +167,7 @@ CrossEntropy = Literal["eager", "vocab-parallel", "fused", "te", "chunked"]
 # where a mixture of experts multiplies each routed copy by its routing probability (Recipe.moe_weighting)
 MoeWeighting = Literal["combine", "activation"]
 # how a block's norms, rotary embedding and SwiGLU run (Recipe.fusions)
-Fusions = Literal["eager", "transformer-engine", "decomposed"]
+Fusions = Literal["eager", "transformer-engine", "decomposed", "fused-norm"]
 # how gradients are kept and reduced (Dtypes.grads): in each parameter's dtype, in fp32 (Megatron's main_grad), or
 # reduced in the compute dtype and kept in the parameter's (FSDP MixedPrecision reduce_dtype=bf16 over fp32 weights)
 Grads = Literal["param", "fp32", "compute"]
@@ -688,7 +688,9 @@ class Recipe(Strict):
     # --no-rope-fusion are off by default, arguments.py L2895-2905); "decomposed" as the Llama reference code writes
     # them in torch, each tensor op its own kernel when not compiled (torchtitan before nn.RMSNorm, 3b39d7a
     # 2025-03-19: RMSNorm in float32 over six kernels, the rotary embedding in complex float32, silu and the product
-    # apart; ddplan.anatomy.decomposed_rmsnorm_bytes); compiled, Inductor fuses them and they cost what eager's do
+    # apart; ddplan.anatomy.decomposed_rmsnorm_bytes); "fused-norm" the same with torch's fused RMSNorm kernel
+    # (nn.RMSNorm on a torch with aten._fused_rms_norm: torchtitan since 3b39d7a), the rotary embedding and SwiGLU
+    # still op by op; compiled, Inductor fuses them and they cost what eager's do
     fusions: Fusions = "eager"
     evaluation: Evaluation | None = None
     source: str = Field(min_length=3)
