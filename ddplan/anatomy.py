@@ -892,6 +892,8 @@ class _Builder:
         # compiled, Inductor fuses the chain
         self.decomposed = spec.recipe.fusions in ("decomposed", "fused-norm") and not compiled
         self.decomposed_norm = spec.recipe.fusions == "decomposed" and not compiled
+        # torch's fused RMSNorm (fusions "fused-norm") keeps its input and statistics only, as a TE norm does
+        self.torch_fused_norm = spec.recipe.fusions == "fused-norm"
         self.b, self.s, self.t = batch, seq_len, batch * seq_len
         self.e = dtype_bytes(spec.dtypes.compute)  # activation element size
         self.ops: list[Op] = []
@@ -972,9 +974,10 @@ class _Builder:
         stats = 2 if a.norm == "layernorm" else 1
         saves = (Saved(x, t * w * self.e, tag, tp_sharded=core),
                  Saved(f"{name}.stats", t * rows_per_token * stats * 4, "keep", tp_sharded=core))
-        if learnable and a.norm == "rmsnorm" and not self.fused:
+        if learnable and a.norm == "rmsnorm" and not self.fused and not self.torch_fused_norm:
             # x * rstd * weight: the weight's gradient needs the normalised x, a tensor of its own (a fused norm,
-            # Transformer Engine's, re-makes it from x and rstd)
+            # Transformer Engine's or torch's aten._fused_rms_norm, re-makes it from x and rstd: its autograd entry
+            # saves input, rstd and weight, tools/autograd/derivatives.yaml _fused_rms_norm)
             saves = (*saves, Saved(f"{name}.normed", t * w * self.e, "pointwise", tp_sharded=core))
         moved = None
         if self.decomposed_norm and a.norm == "rmsnorm":

@@ -1246,7 +1246,10 @@ def test_decomposed_block_moves_those_bytes_eager_and_what_eager_does_compiled()
     assert compiled.ops == build_anatomy(bf16(), batch=BATCH, compiled=True).ops
     # fused-norm (torchtitan on torch's fused RMSNorm): the norm as eager's one kernel, the rest op by op
     fused_norm = {op.name: op for op in build_anatomy(run_variant(bf16(), fusions="fused-norm"), batch=BATCH).ops}
-    assert fused_norm["h0.norm1"] == base["h0.norm1"]
+    assert (fused_norm["h0.norm1"].bytes_fwd, fused_norm["h0.norm1"].bytes_bwd) == (4 * t * d, 6 * t * d)
+    # and keeps what torch's fused kernel saves, its input and statistics, not the normalised output eager keeps
+    assert [s.name for s in fused_norm["h0.norm1"].saves] == [s.name for s in base["h0.norm1"].saves
+                                                                if not s.name.endswith(".normed")]
     assert (fused_norm["h0.attn.rope"].bytes_fwd, fused_norm["h0.mlp.act"].bytes_bwd) == (20 * t * q_kv, 18 * t * f)
 
 
