@@ -64,16 +64,17 @@ class Item(Strict):
 
 # what a stack may lack (FrameworkProfile.lacks): a parallel dimension above 1, tied embeddings under a pipeline,
 # tensor and expert parallelism together, or a ZeRO stage over more than one data-parallel rank (ddplan's stages:
-# 0 every rank whole, 1 the optimizer state sharded, 2 the gradients too, 3 the parameters too)
+# 0 every rank whole, 1 the optimizer state sharded, 2 the gradients too, 3 the parameters too); or whole-model
+# torch.compile (Megatron's stacks: the table's verdict then suggests no compile)
 ZERO_LACKS = ("zero0", "zero1", "zero2", "zero3")
-LACKS = ("tp", "pp", "cp", "ep", "tied_embeddings_with_pp", "tp_with_ep", *ZERO_LACKS)
+LACKS = ("tp", "pp", "cp", "ep", "tied_embeddings_with_pp", "tp_with_ep", *ZERO_LACKS, "compile")
 LACK_WORDS = {"tp": "tensor parallelism", "pp": "pipeline parallelism", "cp": "context parallelism",
               "ep": "expert parallelism", "tied_embeddings_with_pp": "tied embeddings under a pipeline",
               "tp_with_ep": "tensor and expert parallelism together",
               "zero0": "ZeRO-0 (plain data parallelism: every rank its whole optimizer state)",
               "zero1": "ZeRO-1 (the optimizer state sharded alone)",
               "zero2": "ZeRO-2 (the gradients sharded too, the parameters whole)",
-              "zero3": "ZeRO-3 (the parameters sharded too)"}
+              "zero3": "ZeRO-3 (the parameters sharded too)", "compile": "whole-model torch.compile"}
 REFUSED = ("tied_embeddings_with_pp", "tp_with_ep")  # combinations a stack refuses (the rest it has no code for)
 
 
@@ -91,7 +92,7 @@ def needs(tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, tied: bool = False
     over more than one data-parallel rank, None where one rank shards nothing), in LACKS order."""
     wanted = {"tp": tp > 1, "pp": pp > 1, "cp": cp > 1, "ep": ep > 1, "tied_embeddings_with_pp": tied and pp > 1,
               "tp_with_ep": tp > 1 and ep > 1, **{k: zero == i for i, k in enumerate(ZERO_LACKS)}}
-    return [k for k in LACKS if wanted[k]]
+    return [k for k in LACKS if wanted.get(k, False)]  # compile is no layout's degree: never needed here
 
 
 def can_run(lacks: frozenset[str], tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1,
@@ -191,6 +192,9 @@ class FrameworkProfile(Strict):
             raise ValueError(f"unpriced: {', '.join(priced)} is an item ddplan prices: put it under `applies`")
         if all(k in self.lacks for k in ZERO_LACKS):
             raise ValueError("lacks: every ZeRO stage (zero0-zero3): a stack runs at least one")
+        compiled = self.applies.get("compiled")
+        if compiled is not None and compiled.value is True and "compile" in self.lacks:
+            raise ValueError("applies.compiled: true, and `lacks` names compile")
         zero = self.applies.get("zero")
         if zero is not None and f"zero{zero.value}" in self.lacks:
             raise ValueError(f"applies.zero: {zero.value} is a stage its `lacks` names (zero{zero.value})")

@@ -587,7 +587,8 @@ def table_request(v: dict, stated: Stated, today):
         compiled=v["compiled"], measurement=measurement, knob=v["fit"], calibration=cal,
         calibration_path=v["calibration"], fp8=v["fp8"], fp8_recipe=fp8_recipe(v, stated),
         headroom=v["headroom"], options=_options(v, spec, tp_to_check(max(tps), stated), stated),
-        framework=framework_name(v["framework"]))
+        framework=framework_name(v["framework"]),
+        compile_offered=not v["framework"] or "compile" not in load_framework(v["framework"]).lacks)
     return req, spec, hw, cal
 
 

@@ -398,6 +398,7 @@ def price_run(run: RunFacts, where: str, sustained: dict[str, float] | None = No
                        attentions=(attention,), windows=(lay.window or spec.architecture.window_pattern,),
                        total_batch_tokens=run.tokens_per_step, compiled=lay.compiled, fp8=run.precision == "fp8",
                        framework=run_framework(run), evidence=evidence, bands=bands,
+                       compile_offered=False,  # a published run is priced as it ran; no verdict reads a twin
                        fp8_recipe=run_fp8_recipe(run), fp8_stack_kept=(sustained or {}).get(FP8_STACK_FIT),
                        options=framework_options(run_fp8_params(run, spec), lay.etp or 0).for_model(spec))
     try:

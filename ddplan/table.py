@@ -75,6 +75,7 @@ class TableRequest:
     headroom: float = HEADROOM
     options: Options = Options()  # sequence parallelism, TP overlap, hybrid sharding, ... where they apply
     framework: str | None = None  # the training stack's profile name: its published runs weigh in the band
+    compile_offered: bool = True  # False: the stack has no whole-model torch.compile (its profile's lacks.compile)
     evidence: bool = True  # False: the base band, not widened where the evidence is thin (validation re-widens it)
     bands: bool = True  # False: each row's value only, its band collapsed to it (what a fit's cost reads)
     fp8_stack_kept: float | None = None  # a re-fit of ddplan.fp8.FP8_STACK_KEPT (validation's); None: the shipped one
@@ -87,6 +88,7 @@ class Verdict:
     baseline: PricedLayout | None = None
     best_kernel: PricedLayout | None = None  # the fastest attention at the baseline's layout and window
     best_window: PricedLayout | None = None  # faster still with another window pattern: a model change
+    compiled: PricedLayout | None = None  # an uncompiled baseline's layout torch.compile'd (where the stack can)
     more_gpus: PricedLayout | None = None  # the baseline's kernel on the most GPUs
     fastest: PricedLayout | None = None
     cheapest: PricedLayout | None = None
@@ -306,6 +308,12 @@ def _build_table(req: TableRequest, progress: Callable[[str, int, int], None] | 
         table.notes.append(Flag("per_node", (("provider", price.provider), ("gpus_per_node", hw.gpus_per_node),
                                              ("gpus", ", ".join(map(str, small))))))
     table.verdict = decide(table.rows, hw.default_attention, pattern)
+    base = table.verdict.baseline
+    if base is not None and not base.layout.compiled and req.compile_offered and base.basis == "model":
+        # the same layout compiled: what Inductor's fusion of the elementwise ops would gain (verdicts words it)
+        twin = pricer.price(replace(base.layout, compiled=True), base.window, bands=req.bands)
+        if twin.runnable:
+            table.verdict = replace(table.verdict, compiled=twin)
     return table
 
 

@@ -358,3 +358,32 @@ def test_a_schedule_the_stack_does_not_offer_is_priced_and_said(capsys):
     for extra in (["--schedule", "zb-v", "--framework", "torchtitan"], ["--vp", "2", "--framework", "megatron-core"]):
         code, _, err = run(capsys, [*base, *extra])
         assert code == 0 and "no pipeline schedule priced as" not in err, err
+
+
+def test_an_uncompiled_baseline_is_told_what_torch_compile_gains(capsys, tmp_path):
+    """The verdict prices the baseline's layout torch.compile'd and says what it gains when that is 5% or more:
+    torchtitan's eager Llama 3 8B (its profile: compile off, RoPE and SwiGLU op by op) gains what a --compile table
+    of the same layout says, to the rounding of the sentence. Not said where the baseline is compiled already, nor
+    for a stack that has no whole-model torch.compile (its profile's lacks.compile: Megatron's, NeMo), nor a
+    profile that would run compile and lack it at once (refused at load)."""
+    argv = ["table", "-m", "llama-3-8b", "--hardware", "h100", "--gpus", "8", "--framework", "torchtitan"]
+    text = " ".join(run_ok(capsys, argv).split())
+    said = re.search(r"Compile it: torch\.compile of the baseline's layout cuts wall-clock by (\d+)%", text)
+    assert said, text
+    (eager,) = csv_rows(run_ok(capsys, argv + ["--format", "csv"]))
+    (compiled,) = csv_rows(run_ok(capsys, argv + ["--compile", "--format", "csv"]))
+    assert eager["config"].replace(", compiled", "") == compiled["config"].replace(", compiled", "")
+    gain = 100 * (1 - float(compiled["wall_clock_h"]) / float(eager["wall_clock_h"]))
+    assert int(said.group(1)) == round(gain) and gain >= 5
+    assert "Compile it" not in run_ok(capsys, argv + ["--compile"])
+    megatron = ["table", "-m", "llama-3-8b", "--hardware", "h100", "--gpus", "8", "--framework", "megatron-core",
+                "--fusions", "decomposed"]
+    assert "Compile it" not in run_ok(capsys, megatron)
+    from ddplan.registry import builtin_dir
+
+    profile = yaml.safe_load((builtin_dir("frameworks") / "megatron-core.yaml").read_text(encoding="utf-8"))
+    profile["applies"]["compiled"]["value"] = True
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(profile), encoding="utf-8")
+    code, err = fails(capsys, ["table", "-m", "llama-3-8b", "--hardware", "h100", "--gpus", "8", "--framework",
+                               str(tmp_path / "bad.yaml")])
+    assert "applies.compiled: true, and `lacks` names compile" in err and "Traceback" not in err
