@@ -14,7 +14,8 @@ policy it cannot state, CUDA graphs); a command that takes the profile says each
 the figure leaves out (the frameworks issue, #35, prices them one by one).
 `lacks`: the parallelism the stack cannot run (LACKS: nanochat has no tensor or pipeline parallelism; torchtitan
 refuses tied embeddings under a pipeline): `table` and `memory` refuse a layout that needs it, `plan` and
-`memory`'s fixes do not search it (FrameworkProfile.lacked).
+`memory`'s fixes do not search it (FrameworkProfile.lacked); or whole-model torch.compile (Megatron's stacks), which
+`table`'s verdict then does not suggest.
 """
 
 from __future__ import annotations
