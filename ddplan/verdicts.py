@@ -429,6 +429,19 @@ def table_verdict(table) -> list[str]:
     return out
 
 
+FUSIONS_WORDS = {  # how an uncompiled block's norms, rotary embedding and SwiGLU run (ddplan.specs.Recipe.fusions)
+    "eager": "each norm, rotary embedding and SwiGLU one kernel",
+    "transformer-engine": "Transformer Engine's fused norms, RoPE and SwiGLU",
+    "decomposed": "norms in float32, rotary embedding in complex float32 and SwiGLU op by op, each op a kernel",
+    "fused-norm": "norms one fused kernel; rotary embedding in complex float32 and SwiGLU op by op",
+}
+
+
+def fusions_words(fusions: str) -> str:
+    """The block's elementwise kernels in words, for the assumptions (--fusions)."""
+    return f" ({FUSIONS_WORDS[fusions]}: --fusions {fusions})"
+
+
 def _hours(h: float) -> str:
     """Hours, with days beside them once a run is longer than two days, years (of 365 days) from one year."""
     if h >= 24 * 365:
@@ -540,7 +553,8 @@ def table_assumptions(table) -> list[str]:
     out = [
         f"Model {spec.name}: recipe from {spec.recipe.source}.",
         f"Run: {table.steps:,} steps ({how}) of {table.total_batch_tokens:,} tokens; sequence {spec.recipe.seq_len}; "
-        f"compute dtype {spec.dtypes.compute}; {'compiled' if table.compiled else 'eager'}; native data-parallel "
+        f"compute dtype {spec.dtypes.compute}; {'compiled' if table.compiled else 'eager'}"
+        f"{'' if table.compiled else fusions_words(spec.recipe.fusions)}; native data-parallel "
         f"setup: {spec.recipe.distribution}; {state_words(spec)}.",
         f"Hardware {hw.name}: dense {spec.dtypes.compute} peak {hw.peak.flops_per_s(spec.dtypes.compute) / 1e12:g} "
         f"TFLOP/s; best GEMM efficiency "

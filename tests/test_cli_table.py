@@ -387,3 +387,14 @@ def test_an_uncompiled_baseline_is_told_what_torch_compile_gains(capsys, tmp_pat
     code, err = fails(capsys, ["table", "-m", "llama-3-8b", "--hardware", "h100", "--gpus", "8", "--framework",
                                str(tmp_path / "bad.yaml")])
     assert "applies.compiled: true, and `lacks` names compile" in err and "Traceback" not in err
+
+
+def test_explain_says_how_an_uncompiled_blocks_elementwise_ops_run(capsys):
+    """--explain's Run line names the --fusions an uncompiled table is priced with, in words (the torchtitan
+    profile's fused-norm; decomposed as asked); a compiled one says compiled only."""
+    argv = ["table", "-m", "llama-3-8b", "--hardware", "h100", "--gpus", "8", "--framework", "torchtitan", "--explain"]
+    run_line = lambda extra: next(line for line in run_ok(capsys, argv + extra).splitlines() if line.startswith("Run:"))
+    assert ("eager (norms one fused kernel; rotary embedding in complex float32 and SwiGLU op by op: --fusions "
+            "fused-norm)") in run_line([])
+    assert "--fusions decomposed)" in run_line(["--fusions", "decomposed"])
+    assert "; compiled; " in run_line(["--compile"]) and "--fusions" not in run_line(["--compile"])
