@@ -559,7 +559,7 @@ def table_request(v: dict, stated: Stated, today):
                          weights=v["weights"], moe_imbalance=v["moe_imbalance"], kernels=given_kernels(v),
                          weights_given="weights" not in stated.profile)
     sharded = any(g > t * p for g in gpu_list for t in tps or (1,) for p in pps or (1,))  # a row with dp x cp > 1
-    check_lacks(v["framework"], spec, zero=zeros if sharded else (), zero_by=zero_by,
+    check_lacks(v["framework"], spec, zero=zeros if sharded else (), zero_by=zero_by, compiled=v["compiled"],
                 tp=(*tps, v["measured_tp"] or 1), pp=(*pps, v["measured_pp"] or 1), cp=cps,
                 ep=eps)  # the rows' layouts and a measured run's
     v["attention"] = profile_attention(v, stated, (hw,), dtype=spec.dtypes.compute)
@@ -670,16 +670,20 @@ def given_kernels(v: dict) -> dict[str, str | None]:
 
 
 def check_lacks(framework: str | None, spec, zero: tuple[int, ...] = (), zero_by: str = "--zero",
-                **degrees: tuple[int, ...]) -> None:
+                compiled: bool | None = None, **degrees: tuple[int, ...]) -> None:
     """Refuse, in one line, a layout the --framework stack cannot run (its profile's `lacks`): degrees by flag name
     (tp, pp, cp, ep), each the values asked; under a pipeline a tied-embedding model where the stack refuses it;
     zero: the ZeRO stages asked for layouts with more than one data-parallel rank (one rank shards nothing: pass
-    none), each one the stack runs, named as zero_by says (the flag, or the run file's field)."""
+    none), each one the stack runs, named as zero_by says (the flag, or the run file's field); compiled: --compile
+    asked, on a stack without whole-model torch.compile."""
     if not framework:
         return
     profile = load_framework(framework)
     if not profile.lacks:
         return
+    if compiled and "compile" in profile.lacks:
+        raise UsageError(f"{profile.lack_words('compile')}: drop --compile or choose another --framework to price "
+                         f"one", field="--compile")
     for z in zero:
         for name in profile.lacked(zero=z):
             runs = " or ".join(map(str, profile.zero_stages()))
@@ -810,6 +814,7 @@ def memory_request(v: dict, stated: Stated) -> MemoryAsk:
     v["attention"] = profile_attention(v, stated, (hw,), dtype=spec.dtypes.compute)
     if "recompute" in stated.given:
         check_recompute(v["framework"], policies(v["recompute"]), stated)
+    check_lacks(v["framework"], spec, compiled=v["compiled"])
     lacks = lacked(v["framework"], spec, stated, "memory's fixes leave out")
     if (v["gpus"] or 1) > (v["tp"] or 1) * (v["pp"] or 1):  # more than one data-parallel rank (one shards nothing)
         if "zero" in stated.given:

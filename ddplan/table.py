@@ -314,6 +314,13 @@ def _build_table(req: TableRequest, progress: Callable[[str, int, int], None] | 
         twin = pricer.price(replace(base.layout, compiled=True), base.window, bands=req.bands)
         if twin.runnable:
             table.verdict = replace(table.verdict, compiled=twin)
+    elif (base is None and not compiled and req.compile_offered and "memory" in table.verdict.blocked
+          and table.fit is None):
+        # nothing fits eager: the fastest row that fits compiled, if any (compiled keeps fewer activations)
+        twins = [pricer.price(replace(r.layout, compiled=True), r.window, bands=req.bands) for r in table.rows]
+        fitting = [t for t in twins if t.runnable]
+        if fitting:
+            table.verdict = replace(table.verdict, compiled=min(fitting, key=lambda t: t.wall_clock_h))
     return table
 
 

@@ -359,7 +359,13 @@ def table_verdict(table) -> list[str]:
         why = {"world_size": f"{spec.name} needs a power-of-two world size",
                "memory": "some rows do not fit in memory (see `ddplan memory`)",
                "implausible": "some rows are implausible"}
-        return out + ["No row can run as given: " + "; ".join(why[k] for k in v.blocked or ()) + "."]
+        out.append("No row can run as given: " + "; ".join(why[k] for k in v.blocked or ()) + ".")
+        if v.compiled is not None:  # compiled, a row fits: the fix to try first
+            tc = v.compiled
+            out.append(f"Compile it: torch.compile lets {config_label(tc, native)} fit "
+                       f"({tc.memory.total / GiB:.0f} GiB a GPU): {_hours(tc.wall_clock_h)}, ${tc.cost_usd:,.0f} "
+                       f"(`--compile`).")
+        return out
     out.insert(0, table_answer(table))
     base = v.baseline
     out.append(f"Baseline: {label(base)}: {base.step_s:.4g} s/step, MFU {base.mfu_pct:.1f}%, "
@@ -404,10 +410,12 @@ def table_verdict(table) -> list[str]:
         out.append("Then add GPUs: " + gpus)
     tc = v.compiled
     if tc is not None and tc.wall_clock_h < 0.95 * base.wall_clock_h:
-        out.append(f"Compile it: torch.compile of the baseline's layout cuts wall-clock by "
+        out.append(f"Compile it: torch.compile of the baseline's layout, at the same micro-batch, cuts wall-clock by "
                    f"{100 * (1 - tc.wall_clock_h / base.wall_clock_h):.0f}% ({_hours(tc.wall_clock_h)}, "
-                   f"${tc.cost_usd:,.0f}): Inductor fuses the block's elementwise ops (priced at half their eager "
-                   f"bytes, an assumption: ddplan.roofline.COMPILED_POINTWISE_FRACTION) and keeps fewer of them.")
+                   f"${tc.cost_usd:,.0f}): Inductor fuses each chain of the block's elementwise ops into one kernel "
+                   f"and halves their traffic (an assumption: ddplan.roofline.COMPILED_POINTWISE_FRACTION); it needs "
+                   f"{tc.memory.total / GiB:.0f} GiB a GPU against {base.memory.total / GiB:.0f}, and what it frees "
+                   f"may take a larger micro-batch (`--compile`).")
     bw = v.best_window
     if bw is not None and bw.wall_clock_h < 0.95 * (bk or base).wall_clock_h:
         ref = bk if kernel is not None else base
@@ -432,8 +440,8 @@ def table_verdict(table) -> list[str]:
 FUSIONS_WORDS = {  # how an uncompiled block's norms, rotary embedding and SwiGLU run (ddplan.specs.Recipe.fusions)
     "eager": "each norm, rotary embedding and SwiGLU one kernel",
     "transformer-engine": "Transformer Engine's fused norms, RoPE and SwiGLU",
-    "decomposed": "norms in float32, rotary embedding in complex float32 and SwiGLU op by op, each op a kernel",
-    "fused-norm": "norms one fused kernel; rotary embedding in complex float32 and SwiGLU op by op",
+    "decomposed": "norms and rotary embedding in float32 torch ops and SwiGLU op by op, each op a kernel",
+    "fused-norm": "norms one fused kernel; rotary embedding in float32 torch ops and SwiGLU op by op",
 }
 
 
