@@ -16,7 +16,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddplan.specs import CROSS_ENTROPY, GRADS, MOMENTS, WEIGHTS
+from ddplan.specs import CROSS_ENTROPY, FP8_WEIGHT_CASTS, FUSIONS, GRADS, MOE_WEIGHTING, MOMENTS, WEIGHTS
 
 COMMANDS = ("table", "memory", "plan")
 # --help's panels, in their order (issue 38: table --help listed 52 options in one run); the output options
@@ -348,19 +348,19 @@ FIELDS: tuple[RunField, ...] = (
        "(on the experts' outputs at the un-permute, which saves them: HF transformers, Megatron-Core before "
        "Megatron-LM !2668) or activation (inside the experts' fused weighted SwiGLU, which saves only its input and "
        "the probabilities: Megatron-Core since April 2025); default: the model spec's (combine).",
-       ("combine", "activation"), MODEL),
+       MOE_WEIGHTING, MODEL),
     _f("fusions", "How a block's norms, rotary embedding and SwiGLU run: eager (torch's ops: a learnable RMSNorm keeps "
        "its normalised input too, SwiGLU keeps silu(g)), transformer-engine (Megatron-Core's Transformer Engine "
        "layer spec: fused norms, RoPE and SwiGLU keep their inputs only), decomposed (each torch op its own kernel "
        "when not compiled, as the Llama reference code writes them: RMSNorm in float32, RoPE in complex float32; "
        "torchtitan before 2025-03-19) or fused-norm (the same but torch's fused RMSNorm kernel: torchtitan since); "
        "default: the model spec's (eager).",
-       ("eager", "transformer-engine", "decomposed", "fused-norm"), MODEL),
+       FUSIONS, MODEL),
     _f("fp8_weight_casts", "With --fp8, how often a GEMM's weight is cast to fp8: micro-batch (every micro-batch: "
        "torchao, nanochat, Composer's Transformer Engine) or step (once a step, the copy cached for its other "
        "micro-batches: Megatron-Core's Transformer Engine modules; with the delayed and current recipes only); "
        "default: the model spec's (micro-batch).",
-       ("micro-batch", "step"), MODEL),
+       FP8_WEIGHT_CASTS, MODEL),
     _f("seq_len", "Sequence length in tokens (default: the recipe's; at most the model's max_seq_len).", int, MODEL,
        range=Range(1, 10**8, "tokens")),
     _f("compiled", "torch.compile'd model (changes what is saved for backward; default: the recipe's).", bool,

@@ -409,3 +409,7 @@ def test_explain_says_how_an_uncompiled_blocks_elementwise_ops_run(capsys):
             "fused-norm)") in run_line([])
     assert "--fusions decomposed)" in run_line(["--fusions", "decomposed"])
     assert "; compiled; " in run_line(["--compile"]) and "--fusions" not in run_line(["--compile"])
+    from ddplan.specs import FUSIONS
+    from ddplan.verdicts import FUSIONS_WORDS
+
+    assert set(FUSIONS_WORDS) == set(FUSIONS)  # every value has its words
