@@ -264,6 +264,21 @@ def ring_latency_s(collective: Collective, n: int, tier: Tier) -> float:
     return ring
 
 
+def split_time_s(time_s: Callable[[str, float, int], float], collective: Collective, size_bytes: float, n: int,
+                 calls: int) -> float:
+    """Seconds of size_bytes sent as `calls` equal collectives, one after another on one stream (a framework's
+    buckets or units): calls x time_s(collective, size_bytes / calls, n). Each call pays its own latency
+    (ring_latency_s; NCCL's cost model prices a call, src/graph/tuning.cc@5067397c L388-432), the bytes cost the same
+    in total: with the tier model, calls x alpha-term + size_bytes x bus_factor / busbw.
+    e.g. 1 GB in 32 calls over 256 ranks with 1,206 us of latency a call at 300 GB/s busbw: 32 x 1,206 us +
+    1e9 x 255/256 / 300e9 s = 38.6 + 3.3 = 41.9 ms, against 4.5 ms as one call."""
+    if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
+        raise ValueError(f"calls must be an integer >= 1, got {calls!r}")
+    if size_bytes <= 0:
+        return 0.0
+    return calls * time_s(collective, size_bytes / calls, n)
+
+
 def interpolate_time_s(points: Sequence[tuple[float, float]], size_bytes: float) -> float:
     """Calibrated collective time, seconds, at buffer S bytes, from measured (S_i bytes, t_i s) points.
 
@@ -405,7 +420,48 @@ def ddp_exposed_s(grad_bytes: float, bucket_bytes: float, n: int, tier: Timer, o
         return 0.0
     total = tier.time_s("all_reduce", grad_bytes, n)
     last = tier.time_s("all_reduce", min(bucket_bytes, grad_bytes), n)
-    return max(total - overlap_window_s, last)
+    return bucketed_exposed_s(total, last, overlap_window_s)
+
+
+def bucketed_exposed_s(total_s: float, last_bucket_s: float, overlap_window_s: float) -> float:
+    """Seconds of a bucketed gradient reduce left after backward: what outlasts the window it runs beside, and at least
+    the last bucket's, launched when backward ends: max(total - window, last bucket) (ddp_exposed_s).
+    e.g. 30 ms of buckets beside a 25 ms backward, 2 ms the last: 5 ms; beside 100 ms: 2 ms."""
+    _check_nonneg(total_s=total_s, last_bucket_s=last_bucket_s, overlap_window_s=overlap_window_s)
+    return max(total_s - overlap_window_s, last_bucket_s)
+
+
+MEGATRON_BUCKET_FLOOR = 40_000_000  # parameters: Megatron-Core's smallest default bucket
+MEGATRON_BUCKET_PER_RANK = 1_000_000  # parameters a data-parallel rank: its default grows with dp x cp
+
+
+def grad_buckets(rule: str, params: float, ranks: int, chunks: int = 1) -> tuple[int, float]:
+    """(collectives, parameters in the last one) of a ZeRO 0-2 rank's gradient reduce as Megatron-Core's DDP buckets
+    it (a layout's grad_bucket rule). The first model chunk's parameters (params / chunks) go in buckets of B, each
+    later chunk in one bucket of its own, bucketing being off after the first chunk (Megatron-LM
+    megatron/training/training.py@d98e8a6 L2504-2515; NeMo nemo/lightning/megatron_parallel.py@8cfedd7 L633-639):
+    calls = ceil(params / chunks / B) + chunks - 1; the last bucket, the first chunk's last to fill, whose reduce
+    starts when backward ends: min(B, params / chunks).
+    B: "megatron", max(40,000,000, 1,000,000 x ranks) parameters (resolve_ddp_bucket_size, training.py@d98e8a6
+    L2179-2194; ranks = dp x cp); digits, that many (--ddp-bucket-size; NeMo's MegatronCommOverlapCallback,
+    megatron_comm_overlap.py@8cfedd7 L185-186, sets 134,217,728); "chunk": the whole chunk (bucketing off for every
+    chunk, as under overlap_param_gather_with_optimizer_step, training.py@d98e8a6 L2508-2510).
+    e.g. 8.03e9 parameters over 256 ranks, "megatron": B = 2.56e8, 32 calls, the last 2.56e8; "chunk", 8 chunks of a
+    1e9 stage: 8 calls, the last 1.25e8; 4e9 parameters, "768000000": 6 calls, the last 7.68e8."""
+    _check_n(ranks)
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+        raise ValueError(f"chunks must be an integer >= 1, got {chunks!r}")
+    _check_pos(params=params)
+    first = params / chunks
+    if rule == "megatron":
+        size = float(max(MEGATRON_BUCKET_FLOOR, MEGATRON_BUCKET_PER_RANK * ranks))
+    elif rule == "chunk":
+        size = first
+    elif rule.isdigit() and int(rule) >= 1:
+        size = float(rule)
+    else:
+        raise ValueError(f"a gradient-bucket rule is megatron, chunk or a number of parameters; got {rule!r}")
+    return max(1, math.ceil(first / size - 1e-9)) + chunks - 1, min(size, first)
 
 
 # --------------------------------------------------------------------------------------------

@@ -911,6 +911,7 @@ def _megatron(text: str, path: Path, out: Imported, tokens: list[str] | None = N
     read.add("--overlap-grad-reduce")
     if arg("--overlap-grad-reduce"):  # else the megatron-core profile's: reduced after backward (its default)
         out.set(("layout", "overlap_grad_reduce"), True)
+        _megatron_buckets(arg, num, out)
     if arg("--use-megatron-fsdp") or arg("--use-custom-fsdp"):
         out.set(("layout", "zero"), 3, "Megatron-FSDP")
     elif arg("--use-distributed-optimizer"):
@@ -1033,9 +1034,10 @@ BRIDGE_ARGS = {
               "cpu_offloading", "cpu_offloading_num_layers", "cpu_offloading_activations", "cpu_offloading_weights",
               "cross_entropy_loss_fusion", "cross_entropy_fusion_impl"),
     "train": ("micro_batch_size", "global_batch_size", "train_iters"),
-    "ddp": ("use_distributed_optimizer", "use_megatron_fsdp", "overlap_grad_reduce", "overlap_param_gather"),
+    "ddp": ("use_distributed_optimizer", "use_megatron_fsdp", "overlap_grad_reduce", "overlap_param_gather",
+            "bucket_size:ddp_bucket_size", "num_buckets:ddp_num_buckets"),
     "optimizer": ("optimizer", "use_precision_aware_optimizer", "exp_avg_dtype", "exp_avg_sq_dtype",
-                  "main_grads_dtype", "main_params_dtype"),
+                  "main_grads_dtype", "main_params_dtype", "overlap_param_gather_with_optimizer_step"),
     "mixed_precision": ("fp8:fp8_format", "fp8_recipe", "fp8_param_gather"),
 }
 # each Megatron-LM flag a dump's field is read as, back to the field (errors name the field)
@@ -1254,6 +1256,20 @@ def _bridge(text: str, path: Path, out: Imported) -> None:
     for (section, name), why in BRIDGE_UNPRICED.items():
         if sections[section].get(name) not in (None, False, 0, [], ""):
             out.warnings.append(f"{section}.{name}: {why}")
+
+
+def _megatron_buckets(arg, num, out: Imported) -> None:
+    """The gradient buckets Megatron-LM's arguments state (layout.grad_bucket), under --overlap-grad-reduce: one a model
+    chunk with --overlap-param-gather-with-optimizer-step, which turns bucketing off (training.py@d98e8a6
+    L2508-2510), else --ddp-bucket-size's parameters, else --ddp-num-buckets' share of them left to the megatron-core
+    profile's default (said); none of them: the profile's."""
+    if arg("--overlap-param-gather-with-optimizer-step"):
+        out.set(("layout", "grad_bucket"), "chunk", "--overlap-param-gather-with-optimizer-step turns bucketing off")
+    elif num("--ddp-bucket-size"):
+        out.set(("layout", "grad_bucket"), str(num("--ddp-bucket-size")))
+    elif num("--ddp-num-buckets"):
+        out.ignored.append(f"--ddp-num-buckets {num('--ddp-num-buckets')} (a bucket count: priced at the profile's "
+                           "bucket size; state --grad-bucket with the parameters a bucket)")
 
 
 def _megatron_moe(arg, num, path: Path) -> tuple[int, int, int, int] | bool:

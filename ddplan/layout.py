@@ -100,6 +100,9 @@ class Layout:
     # ZeRO 0-2: gradients reduced bucket by bucket beside backward (torch DDP, Megatron-Core --overlap-grad-reduce);
     # False: after the last backward, exposed (Megatron-LM's default); ZeRO-3 always reduces beside backward
     overlap_grad_reduce: bool = True
+    # ZeRO 0-2 reducing beside backward: how the gradients are bucketed (ddplan.comm.grad_buckets: "megatron",
+    # "chunk" or the parameters a bucket as digits); "group": one collective a parameter group, torch DDP's last bucket
+    grad_bucket: str = "group"
     cp_comm: str = "ring"  # with cp: "ring" (p2p KV exchange overlapped with attention) or "all_gather"
     ep: int = 1  # expert parallelism: routed experts split over ep of the dp x cp ranks (Megatron-Core)
     etp: int = 0  # expert tensor parallelism: 0 = tp (the experts split over tp like the dense MLP), or 1
@@ -177,6 +180,14 @@ class Layout:
             raise LayoutError(f"activation offload to the host runs without pipeline parallelism (Megatron-Core refuses "
                               f"cpu_offloading with pp > 1: transformer_config.py@d98e8a6 L1891); got pp {self.pp}",
                               field="--offload-activations")
+        if self.grad_bucket != "group" and (self.zero == 3 or not self.overlap_grad_reduce):
+            raise LayoutError(f"gradient buckets (--grad-bucket {self.grad_bucket}) are how ZeRO 0-2 reduces beside "
+                              f"backward (--overlap-grad-reduce); got ZeRO-{self.zero}"
+                              + ("" if self.zero == 3 else " reducing after backward"), field="--grad-bucket")
+        if self.grad_bucket not in ("group", "megatron", "chunk") and not (self.grad_bucket.isdigit()
+                                                                           and int(self.grad_bucket) >= 1):
+            raise LayoutError(f"a gradient-bucket rule is group, megatron, chunk or a number of parameters; got "
+                              f"{self.grad_bucket!r}", field="--grad-bucket")
         if self.cp_comm not in ("ring", "all_gather"):
             raise LayoutError(f"context-parallel communication must be ring or all_gather, got {self.cp_comm!r}")
         try:
@@ -419,6 +430,7 @@ class Options:
     recompute_early_stop: bool = True  # False: checkpointed regions re-run whole (Layout.recompute_early_stop)
     overlap_param_gather: bool = False  # ZeRO-1/2: Megatron-Core --overlap-param-gather
     overlap_grad_reduce: bool = True  # ZeRO 0-2: False, the gradient reduce after backward (Megatron-LM's default)
+    grad_bucket: str = "group"  # ZeRO 0-2 reducing beside backward: how the gradients are bucketed (Layout.grad_bucket)
     cp_comm: str = "ring"  # context parallelism's exchange: ring (p2p, overlapped) or all_gather
     expert_tp: int = 0  # 1: experts whole, ep over the tp ranks too (--expert-tensor-parallel-size 1); 0: tp
     fp8_all_gather: bool = False  # ZeRO-3 with fp8 GEMMs: their weights gathered in fp8 (torchao)
@@ -441,6 +453,7 @@ class Options:
                 "recompute_early_stop": self.recompute_early_stop,
                 "overlap_param_gather": self.overlap_param_gather and zero in (1, 2),
                 "overlap_grad_reduce": self.overlap_grad_reduce or zero == 3 or ranks == 1,  # nothing to reduce
+                "grad_bucket": self.grad_bucket if zero != 3 and ranks > 1 and self.overlap_grad_reduce else "group",
                 "cp_comm": self.cp_comm if cp > 1 else "ring",
                 "etp": 1 if self.expert_tp == 1 and tp > 1 else 0,
                 "fp8_all_gather": self.fp8_all_gather and zero == 3,

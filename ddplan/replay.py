@@ -351,11 +351,12 @@ def fp8_fit_key(hardware: str) -> str:
 
 def with_sustained(hw, fraction: float, source: str, field: str = "sustained"):
     """The hardware spec with its GEMM sustained fraction (field "sustained", 16-bit, or "sustained_fp8")
-    replaced by a point value (no range)."""
+    replaced by a point value (no range), fitted (validation's re-fits; a GPU a left-out source leaves with too few
+    runs takes the others' geometric mean and the thin GPUs' band, which holds its GEMM's range too)."""
     if field not in ("sustained", "sustained_fp8"):
         raise ValueError(f"field must be sustained or sustained_fp8, got {field!r}")
     g = hw.efficiency.gemm
-    kept = Efficiency(value=fraction, basis="assumed", source=source)
+    kept = Efficiency(value=fraction, basis="fitted", source=source)
     return hw.model_copy(update={"efficiency": hw.efficiency.model_copy(
         update={"gemm": g.model_copy(update={field: kept})})})
 

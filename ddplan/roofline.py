@@ -121,6 +121,18 @@ def pick(eff: Efficiency, scenario: Scenario) -> float:
     return lo if scenario == "low" else hi
 
 
+def best_gemm(best: Efficiency, sustained: Efficiency | None, scenario: Scenario) -> float:
+    """The best GEMM efficiency a scenario takes: its end of the range (pick), or its value wherever the fraction
+    training keeps of it (`sustained`) is fitted to measured runs. That fraction was fitted at the best rate's value,
+    so it already holds what real shapes and real training lose against the best-shape MAMF (the range's low end,
+    0.8 x, says "real training shapes"); taking both ends would count that loss twice. The fit's own uncertainty is
+    the out-of-sample spread of measured / predicted (ddplan validate), which the band takes. e.g. A100 (best 0.869,
+    low 0.695, sustained fitted): the low scenario takes 0.869; B200 (sustained assumed): 0.8 x its value."""
+    if sustained is not None and sustained.basis == "fitted":
+        return best.value
+    return pick(best, scenario)
+
+
 def rates(hw: HardwareSpec, attention: str, scenario: Scenario = "value", dtype: str = "bf16",
           fp8: bool = False, fp8_recipe: str = "tensorwise", fp8_lm_head: bool = False,
           fp8_stack: float = 1.0) -> Rates:
@@ -145,7 +157,7 @@ def rates(hw: HardwareSpec, attention: str, scenario: Scenario = "value", dtype:
         peak_flops_per_s=hw.peak.flops_per_s(dtype),
         vector_flops_per_s=hw.peak.fp32_vector_tflops.value * 1e12,
         hbm_bytes_per_s=hw.memory.hbm_bytes_per_s,
-        gemm_best=pick(e.gemm.best, scenario) * kept,
+        gemm_best=best_gemm(e.gemm.best, e.gemm.sustained, scenario) * kept,
         gemm_half_dim=e.gemm.half_dim.value,
         hbm=pick(e.hbm, scenario),
         attn_fwd=pick(impl.efficiency_fwd, scenario),
@@ -153,7 +165,7 @@ def rates(hw: HardwareSpec, attention: str, scenario: Scenario = "value", dtype:
         kernel_overhead_s=e.kernel_overhead_us.value * US,
         gemm_overhead_s=e.gemm.fixed_us.value * US if e.gemm.fixed_us else None,
         fp8_flops_per_s=hw.peak.flops_per_s("fp8") if fp8 else None,
-        gemm_best_fp8=pick(fp8_best, scenario) * kept_fp8,
+        gemm_best_fp8=best_gemm(fp8_best, e.gemm.sustained_fp8 or e.gemm.sustained, scenario) * kept_fp8,
         fp8_recipe=fp8_recipe,
         fp8_lm_head=fp8_lm_head,
         attn_seq_curve=impl.kind in FUSED_KINDS,

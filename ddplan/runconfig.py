@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, create_model, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, create_model, model_validator
 
 from ddplan.runfields import FIELDS, RunField
 from ddplan.specs import Strict
@@ -42,13 +42,18 @@ SECTION_DOCS = {
 }
 
 
+def _digits(value: Any) -> Any:
+    """An integer as its digits (a YAML number where a field parses text), anything else as it is."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
 def annotation(f: RunField) -> Any:
     """The type a run file's value of field f must have: its kind within its range, or a list of them where a
     command takes several (--gpus also as the flag's ranges, '1,8-64')."""
     if isinstance(f.kind, tuple):
         one: Any = Literal[f.kind]
-    elif f.check is not None:
-        one = Annotated[f.kind, AfterValidator(f.check)]
+    elif f.check is not None:  # a number where a text is parsed (grad_bucket: 134217728) is read as its digits
+        one = Annotated[f.kind, BeforeValidator(_digits), AfterValidator(f.check)]
     elif f.range is None or f.kind not in (int, float):
         one = f.kind
     else:

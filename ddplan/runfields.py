@@ -170,6 +170,25 @@ def recompute_policy(policy: str) -> str:
     if modules == {"core_attn"}:
         return "selective"
     return "selective:" + "+".join(m for m in RECOMPUTE_MODULES if m in modules)
+# A gradient-bucket rule (layout.grad_bucket): "group" ddplan's generic reduce, "megatron" Megatron-Core's default
+# size, "chunk" one bucket a model chunk, or a whole number of parameters a bucket
+GRAD_BUCKET_HINT = ("group (one collective a parameter group, the last 25 MiB exposed: torch DDP's bucket), megatron "
+                    "(Megatron-Core's default, max(40M, 1M x dp x cp) parameters), chunk (one bucket a model chunk: "
+                    "--overlap-param-gather-with-optimizer-step), or a number of parameters a bucket (e.g. 134217728, "
+                    "NeMo's comm-overlap callback)")
+
+
+def grad_bucket_rule(rule: str | int) -> str:
+    """A gradient-bucket rule in its one spelling: "group", "megatron", "chunk" or the parameters a bucket as digits
+    (an integer in a YAML file as well; 1_000 as 1000). Raises ValueError for anything else, naming what is allowed."""
+    text = str(rule).strip().replace("_", "") if not isinstance(rule, bool) else ""
+    if text in ("group", "megatron", "chunk"):
+        return text
+    if text.isdigit() and int(text) >= 1:
+        return str(int(text))
+    raise ValueError(f"{rule!r} is not a gradient-bucket rule; allowed: {GRAD_BUCKET_HINT}")
+
+
 ZERO_STAGES = (0, 1, 2, 3)
 
 # in the run file's order (--print-config and `ddplan import` write them so); --help groups them by panel
@@ -259,6 +278,14 @@ FIELDS: tuple[RunField, ...] = (
        "DDP, Megatron-Core --overlap-grad-reduce, NeMo); --no-overlap-grad-reduce: after it, exposed (Megatron-LM's "
        "default). ZeRO-3 always overlaps.", bool, LAYOUT, default=True, option="overlap_grad_reduce",
        commands=ALL),
+    _f("layout.grad_bucket", "ZeRO 0-2 with --overlap-grad-reduce: how the gradients are bucketed, each bucket "
+       "one collective paying its own latency, the last exposed after backward and the first parameter gather "
+       "before forward: megatron (Megatron-Core's default, max(40M, 1M x dp x cp) parameters a bucket), chunk (one "
+       "bucket a model chunk, as Megatron-Core runs under --overlap-param-gather-with-optimizer-step: nothing "
+       "overlaps with vp 1), the parameters a bucket (NeMo's comm-overlap callback: 134217728; chunks after the "
+       "first one bucket each, as Megatron-Core runs them), or group (the default: one collective a parameter "
+       "group, the last 25 MiB exposed, torch DDP's bucket).", str, LAYOUT, default="group", check=grad_bucket_rule,
+       option="grad_bucket"),
     _f("layout.offload_optimizer", "ZeRO-1/2/3: optimizer states and fp32 masters in host memory, Adam on the CPU, "
        "gradients and parameters over the host link (ZeRO-Offload, without its delayed update); needs the hardware "
        "spec's host figures.", bool, LAYOUT, default=False, option="offload_optimizer"),

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from ddplan import comm, pipeline
 from ddplan.anatomy import Anatomy, adamw_bytes, muon_matrices, unsharded_grad_sum_bytes
 from ddplan.layout import NATIVE_ZERO, Layout, Placement, placement
-from ddplan.memory import (EXPERT_GROUP, _stage_share, counts_of, expert_shard, heaviest_stage, offloaded_bytes,
-                           state_share)
+from ddplan.memory import (EMBEDDING_GROUPS, EXPERT_GROUP, HEAD_GROUPS, _stage_share, counts_of, expert_shard,
+                           heaviest_stage, offloaded_bytes, state_share)
 from ddplan.offload import activation_offload_exposed_s, offload_time_s
 from ddplan.comm import CommPoints, GroupTimer
 from ddplan.fp8 import fp8_weight_fractions
@@ -72,7 +72,13 @@ def dp_policy(spec: ModelSpec, layout: Layout) -> str:
 
 
 def grad_sync_buffers(spec: ModelSpec, layout: Layout, experts: bool = False) -> list[tuple[str, float]]:
-    """(collective, bytes) of one gradient synchronisation, per GPU's share of the model.
+    """(collective, bytes) of one gradient synchronisation, per GPU's share of the model (group_sync_buffers without
+    the groups)."""
+    return [(c, size) for _, c, size in group_sync_buffers(spec, layout, experts)]
+
+
+def group_sync_buffers(spec: ModelSpec, layout: Layout, experts: bool = False) -> list[tuple[str, str, float]]:
+    """(parameter group, collective, bytes) of one gradient synchronisation, per GPU's share of the model.
 
     nanochat (sharded_optimizer): per Muon shape group, a reduce-scatter of the K stacked gradients
     zero-padded to ceil(K/N) N matrices; AdamW params of >= 1024 elements reduce-scatter, smaller ones
@@ -87,7 +93,7 @@ def grad_sync_buffers(spec: ModelSpec, layout: Layout, experts: bool = False) ->
     counts, dt, opt = counts_of(spec.architecture), spec.dtypes, spec.recipe.optimizer
     policy, n = dp_policy(spec, layout), (layout.expert_ranks if experts else layout.grad_ranks)
     fp8 = fp8_weight_fractions(spec) if layout.fp8_all_gather or layout.fp8_params else {}
-    out: list[tuple[str, float]] = []
+    out: list[tuple[str, str, float]] = []
     stage = heaviest_stage(spec, layout)
     for group, algo in opt.algorithm.items():
         if not counts[group] or (group == EXPERT_GROUP) != experts:
@@ -101,21 +107,22 @@ def grad_sync_buffers(spec: ModelSpec, layout: Layout, experts: bool = False) ->
         if policy == "sharded_optimizer" and algo == "muon":
             stacks = Counter(muon_matrices(spec, group))
             padded = sum(r * c * math.ceil(k / n) * n for (r, c), k in stacks.items())
-            out += [("reduce_scatter", padded * gb * share), ("all_gather", padded * pb * share)]
+            out += [(group, "reduce_scatter", padded * gb * share), (group, "all_gather", padded * pb * share)]
         elif policy == "sharded_optimizer":
             if counts[group] >= 1024:
-                out += [("reduce_scatter", counts[group] * gb * share), ("all_gather", counts[group] * pb * share)]
+                out += [(group, "reduce_scatter", counts[group] * gb * share),
+                        (group, "all_gather", counts[group] * pb * share)]
             else:
-                out.append(("all_reduce", counts[group] * gb * share))
+                out.append((group, "all_reduce", counts[group] * gb * share))
         elif policy == "ddp":
-            out.append(("all_reduce", counts[group] * gb * share))
+            out.append((group, "all_reduce", counts[group] * gb * share))
         else:  # ZeRO / FSDP gather the parameters in the compute dtype (mixed precision), not the masters
             cb = dtype_bytes(dt.compute)
             if fp8:  # fp8 GEMMs' weights at 1 byte (torchao enable_fsdp_float8_all_gather; Megatron's fp8 params)
                 cb -= (cb - 1) * fp8[group]
-            out += [("reduce_scatter", counts[group] * gb * share), ("all_gather", counts[group] * cb * share)]
+            out += [(group, "reduce_scatter", counts[group] * gb * share), (group, "all_gather", counts[group] * cb * share)]
             if algo == "muon":  # Newton-Schulz needs whole matrices: gather the reduced gradient shards back
-                out.append(("all_gather", counts[group] * kb * share))
+                out.append((group, "all_gather", counts[group] * kb * share))
     return out
 
 
@@ -497,7 +504,15 @@ def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, m
         # the routed experts' gradients reduce over their own group (Layout.expert_ranks, etp x ep ranks apart)
         timer = _Cached(GroupTimer(hw, place.dp_per_node, efficiency, points), cache)
         n_e, timer_e = layout.expert_ranks, _Cached(GroupTimer(hw, place.edp_per_node, efficiency, points), cache)
-        size, size_e = sum(s for _, s in buffers), sum(s for _, s in expert)
+        size, size_e = sum(s for _, _, s in buffers), sum(s for _, _, s in expert)
+        if layout.grad_bucket != "group":  # the stack's buckets: a collective each (_bucketed_s)
+            (total, last), (total_e, last_e) = (_bucketed_s(spec, layout, b, "all_reduce", t, m, n)
+                                                for b, t, m in ((buffers, timer, n), (expert, timer_e, n_e)))
+            exposed = comm.bucketed_exposed_s(total, last, bwd_s)
+            if size_e:  # after the other buckets, under what is left of backward
+                exposed += comm.bucketed_exposed_s(total_e, last_e, max(0.0, bwd_s - total))
+            return (total + total_e, exposed, 0.0, 0.0, _beside(total + total_e, exposed, bwd_s),
+                    max(0.0, total + total_e - bwd_s))
         total, total_e = timer.time_s("all_reduce", size, n), timer_e.time_s("all_reduce", size_e, n_e)
         if not layout.overlap_grad_reduce:  # after the last backward (Megatron-LM's default): nothing to hide under
             return total + total_e, total + total_e, 0.0, 0.0, 0.0, 0.0
@@ -507,7 +522,8 @@ def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, m
         return (total + total_e, exposed, 0.0, 0.0, _beside(total + total_e, exposed, bwd_s),
                 max(0.0, total + total_e - bwd_s))
     key = ("dp collectives", policy, layout.dp, layout.tp, layout.pp, layout.cp, layout.ep, layout.etp,
-           layout.shard_group, layout.fp8_all_gather, layout.fp8_params, hw.gpus_per_node, efficiency)  # what they depend on
+           layout.shard_group, layout.fp8_all_gather, layout.fp8_params, layout.grad_bucket, layout.pp_virtual_stages,
+           hw.gpus_per_node, efficiency)  # what they depend on
     times = cache.get(key)
     if times is None:
         times = cache[key] = _dp_collectives(spec, hw, layout, policy, place, efficiency, points, cache)
@@ -556,19 +572,42 @@ def _dp_collectives(spec: ModelSpec, hw: HardwareSpec, layout: Layout, policy: s
     depend on the layout's degrees and sharding only (dp_comm_s keeps them by those)."""
     buffers, expert = (_buffers(spec, layout, policy, experts, cache) for experts in (False, True))
     if policy == "fsdp":
-        return (*_fsdp_collectives(buffers, expert, hw, layout, place, efficiency, points, cache), 0.0)
+        return (*_fsdp_collectives(spec, buffers, expert, hw, layout, place, efficiency, points, cache), 0.0)
     n = layout.grad_ranks
     # the routed experts' gradients reduce over their own group (Layout.expert_ranks, etp x ep ranks apart)
     timer = _Cached(GroupTimer(hw, place.dp_per_node, efficiency, points), cache)
     n_e, timer_e = layout.expert_ranks, _Cached(GroupTimer(hw, place.edp_per_node, efficiency, points), cache)
-    rs, ag, ar = (sum(timer.time_s(c, s, n) for c, s in buffers if c == kind)
-                  + sum(timer_e.time_s(c, s, n_e) for c, s in expert if c == kind)
+    rs, ag, ar = (sum(timer.time_s(c, s, n) for _, c, s in buffers if c == kind)
+                  + sum(timer_e.time_s(c, s, n_e) for _, c, s in expert if c == kind)
                   for kind in ("reduce_scatter", "all_gather", "all_reduce"))
     if policy == "sharded_optimizer":
         return rs, ag, ar, 0.0
-    last = timer.time_s("reduce_scatter", min(DDP_BUCKET_BYTES, sum(s for c, s in buffers if c == "reduce_scatter")),
+    if layout.grad_bucket != "group":  # the stack's buckets: a reduce-scatter and a gather each (_bucketed_s)
+        (rs, last), (rs_e, _) = (_bucketed_s(spec, layout, b, "reduce_scatter", t, m, n)
+                                 for b, t, m in ((buffers, timer, n), (expert, timer_e, n_e)))
+        ag = sum(_bucketed_s(spec, layout, b, "all_gather", t, m, n, gradients=g)[0]
+                 for b, t, m, g in ((buffers, timer, n, buffers), (expert, timer_e, n_e, expert)))
+        return rs + rs_e, ag, ar, last
+    last = timer.time_s("reduce_scatter", min(DDP_BUCKET_BYTES, sum(s for _, c, s in buffers if c == "reduce_scatter")),
                         n)
     return rs, ag, ar, last
+
+
+def _bucketed_s(spec: ModelSpec, layout: Layout, buffers: list[tuple[str, str, float]], collective: str,
+                timer: "_Cached", n: int, ranks: int, gradients: list[tuple[str, str, float]] | None = None
+                ) -> tuple[float, float]:
+    """(all, last bucket) seconds of one kind of ZeRO 0-2 collective over a rank's buffers bucketed by the layout's
+    rule (comm.grad_buckets over its gradients' parameters, `ranks` its dp x cp; the parameter gathers follow the
+    gradients' buckets, `gradients` the buffers those are counted from): every bucket one call paying its latency
+    (comm.split_time_s), the last one's time alone besides. Nothing to reduce: (0, 0)."""
+    reduce = "all_reduce" if collective == "all_reduce" else "reduce_scatter"
+    params = sum(size / spec.dtypes.reduce_bytes(g) for g, c, size in (gradients or buffers) if c == reduce)
+    total = sum(size for _, c, size in buffers if c == collective)
+    if not params or not total or n <= 1:
+        return 0.0, 0.0
+    calls, last = comm.grad_buckets(layout.grad_bucket, params, ranks, layout.pp_virtual_stages)
+    return (comm.split_time_s(timer.time_s, collective, total, n, calls),
+            timer.time_s(collective, total * last / params, n))
 
 
 def _placed(layout: Layout, hw: HardwareSpec, cache: Cache) -> Placement:
@@ -581,40 +620,64 @@ def _placed(layout: Layout, hw: HardwareSpec, cache: Cache) -> Placement:
     return place
 
 
-def _buffers(spec: ModelSpec, layout: Layout, policy: str, experts: bool, cache: Cache) -> list[tuple[str, float]]:
-    """grad_sync_buffers, kept in the caller's cache (by what they depend on)."""
+def _buffers(spec: ModelSpec, layout: Layout, policy: str, experts: bool, cache: Cache) -> list[tuple[str, str, float]]:
+    """group_sync_buffers, kept in the caller's cache (by what they depend on)."""
     key = ("buffers", policy, layout.grad_ranks, layout.tp, layout.pp, layout.ep if experts else 1,
            layout.etp if experts else 0, experts, layout.fp8_all_gather, layout.fp8_params)
     if key not in cache:
-        cache[key] = grad_sync_buffers(spec, layout, experts)
+        cache[key] = group_sync_buffers(spec, layout, experts)
     return cache[key]
 
 
-def _fsdp_collectives(buffers: list[tuple[str, float]], expert: list[tuple[str, float]], hw: HardwareSpec,
-                      layout: Layout, place: Placement, efficiency: str, points: CommPoints | None,
+def fsdp_units(spec: ModelSpec, layout: Layout, experts: bool = False) -> int:
+    """The wrapped units of a ZeRO-3 / FSDP rank's blocks: its stage's transformer blocks (with experts=True, its
+    mixture-of-experts blocks), each one fully_shard / FSDP unit, gathered and reduced in one collective of its own
+    (torchtitan parallelize.py, Composer's and fms-fsdp's auto-wrap per block, OLMo-core; torch FSDP2
+    FSDPParamGroup: one all-gather and one reduce-scatter a group). e.g. Llama 3 8B (32 blocks) at pp 4: 8."""
+    arch = spec.architecture
+    layers = arch.moe_layers if experts and arch.moe is not None else arch.num_layers
+    return max(1, math.ceil(layers / layout.pp))
+
+
+def _unit_calls_s(timer: "_Cached", collective: str, buffers: list[tuple[str, str, float]], n: int,
+                  units: int, divide: int = 1) -> float:
+    """Seconds of one kind of ZeRO-3 collective over a rank's buffers: the blocks' groups in `units` calls, one a
+    unit (comm.split_time_s: each call pays its latency), the embedding and head groups one call each (the root
+    unit's); the bytes over `divide` (the hybrid replicas' all-reduce carries a 1 / shard share)."""
+    blocks = sum(size for g, c, size in buffers if c == collective and g not in EMBEDDING_GROUPS + HEAD_GROUPS)
+    rest = sum(timer.time_s(collective, size / divide, n)
+               for g, c, size in buffers if c == collective and g in EMBEDDING_GROUPS + HEAD_GROUPS)
+    return rest + comm.split_time_s(timer.time_s, collective, blocks / divide, n, units)
+
+
+def _fsdp_collectives(spec: ModelSpec, buffers: list[tuple[str, str, float]], expert: list[tuple[str, str, float]],
+                      hw: HardwareSpec, layout: Layout, place: Placement, efficiency: str, points: CommPoints | None,
                       cache: Cache) -> tuple[float, float, float]:
     """(rs, ag, ar) seconds of one micro-batch's ZeRO-3 / FSDP collectives: its gradient reduce-scatter, one
     pass's parameter all-gather and the hybrid replicas' all-reduce (0 without hybrid sharding).
 
     The gathers and reduce-scatters run over the shard group (all of dp, or the hybrid shard group,
-    its members placed as ddplan.layout.placement says); hybrid sharding adds an all-reduce of each
-    gradient shard across the dp / shard replicas (ar: one all-reduce; _fsdp_comm_s runs it every micro-batch,
-    torch FSDP2's default set_requires_all_reduce(True), or once a step). The routed experts' buffers (expert) gather and reduce over shard / ep ranks,
-    placed as the expert-data-parallel group.
+    its members placed as ddplan.layout.placement says), one call a unit (fsdp_units; the embeddings and head in
+    the root's calls: _unit_calls_s); hybrid sharding adds an all-reduce of each unit's gradient shard across the
+    dp / shard replicas (ar: one all-reduce a unit; _fsdp_comm_s runs it every micro-batch, torch FSDP2's default
+    set_requires_all_reduce(True), or once a step). The routed experts' buffers (expert) gather and reduce over
+    shard / ep ranks, placed as the expert-data-parallel group, one call a mixture-of-experts block.
     """
     s = layout.shard_degree
+    units, units_e = fsdp_units(spec, layout), fsdp_units(spec, layout, experts=True)
     shard = _Cached(GroupTimer(hw, place.shard_per_node, efficiency, points), cache)
     s_e, shard_e = expert_shard(layout), _Cached(GroupTimer(hw, place.edp_per_node, efficiency, points), cache)
-    rs, ag = (sum(shard.time_s(c, size, s) for c, size in buffers if c == kind)
-              + sum(shard_e.time_s(c, size, s_e) for c, size in expert if c == kind)
+    rs, ag = (_unit_calls_s(shard, kind, buffers, s, units) + _unit_calls_s(shard_e, kind, expert, s_e, units_e)
               for kind in ("reduce_scatter", "all_gather"))
     replicas = layout.grad_ranks // s
     ar = 0.0
     if replicas > 1:  # each replica group holds one rank per shard group: a stride of tp x shard ranks
         per_node = max(1, min(replicas, hw.gpus_per_node // (layout.tp * s)))
         across = _Cached(GroupTimer(hw, per_node, efficiency, points), cache)
-        ar = across.time_s("all_reduce", sum(size for c, size in buffers if c == "reduce_scatter") / s
-                           + sum(size for c, size in expert if c == "reduce_scatter") / s_e, replicas)
+        reduced = [(g, "all_reduce", size) for g, c, size in buffers if c == "reduce_scatter"]
+        reduced_e = [(g, "all_reduce", size) for g, c, size in expert if c == "reduce_scatter"]
+        ar = (_unit_calls_s(across, "all_reduce", reduced, replicas, units, divide=s)
+              + _unit_calls_s(across, "all_reduce", reduced_e, replicas, units_e, divide=s_e))
     return rs, ag, ar
 
 

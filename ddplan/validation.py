@@ -478,13 +478,20 @@ def percentile(xs: Sequence[float], q: float) -> float:
 # narrow A100 band, not a better prediction anywhere else. With AWS's six torchtitan runs as a check (twelfth session,
 # 263 runs): 0.75 holds 87.9% per source but 91.1% of the fitted sources' runs; 0.80 holds 90.5% and 95.5% (257 of
 # all 263), median half-width 20.9% (20.4% before its eager rows were priced op by op, fusions "decomposed"): the
-# level stays.
+# level stays. With ZeRO-3's collectives a unit each and ZeRO 0-2's a stack's bucket each (each paying its latency:
+# ddplan.comm.split_time_s, grad_buckets; MLPerf's runs with the buckets their configs set) and the band no longer
+# taking the best GEMM's "real training shapes" low end beside a fitted fraction, which already holds that loss
+# (ddplan.roofline.best_gemm; thirteenth session, 263 runs): 0.75 holds 83.5% per source, under BAND_AIM; 0.80 holds
+# 88.4% and 95.5% of the fitted sources' runs (107 of 112; 256 of all 263), median half-width 17.5% (20.9%): the
+# level stays. Removing the double count alone (twelfth session's trial, before the buckets) gave 94.6% at 0.80 and
+# 0.85 alike. The five fitted runs outside now: Megatron-FSDP's Qwen3-30B-A3B (2.2 x the prediction), MLPerf's two
+# NVIDIA GPT-3 175B runs of v4.1 (0.73 and 0.75 x) and OLMo-core's 32B pair (1.23 and 1.40 x).
 BAND_AIM = 0.85
 BAND_RUNS_AIM = 0.95
 BAND_LEVEL = 0.80
 # leaving each source out at BAND_LEVEL: (runs inside, runs, mean over sources of the share inside); tests fail
 # when it drifts from the shipped dataset
-BAND_COVERAGE = (257, 263, 0.905)
+BAND_COVERAGE = (256, 263, 0.883)
 
 
 def t_coverage(t: float, df: int) -> float:

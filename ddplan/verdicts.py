@@ -89,6 +89,16 @@ def moe_line(spec) -> str:
             f"band, {VALIDATED_RATIO_MOE[0]:g}x-{VALIDATED_RATIO_MOE[1]:g}x, spans every one.")
 
 
+def grad_bucket_words(rule: str) -> str:
+    """A gradient-bucket rule (Layout.grad_bucket, not "group") in a row's words. e.g. "megatron" -> "Megatron-Core's
+    grad buckets"; "chunk" -> "one grad bucket a chunk"; "134217728" -> "grad buckets of 134M params"."""
+    if rule == "megatron":
+        return "Megatron-Core's grad buckets"
+    if rule == "chunk":
+        return "one grad bucket a chunk"
+    return f"grad buckets of {int(rule) / 1e6:.3g}M params"
+
+
 def dp_option_words(lay) -> list[str]:
     """The data-parallel options a layout runs with, in words (none when it runs the defaults)."""
     out = []
@@ -103,6 +113,8 @@ def dp_option_words(lay) -> list[str]:
         out.append("param gather overlapped")
     if not lay.overlap_grad_reduce:
         out.append("grad reduce after backward")
+    if lay.grad_bucket != "group":
+        out.append(grad_bucket_words(lay.grad_bucket))
     if lay.offload_activations:
         out.append(f"{lay.offload_activations} layers' activations offloaded")
     return out

@@ -41,7 +41,7 @@ OTHERS: dict[str, list] = {
     "fsdp2": [True], "recompute_early_stop": [False],
     "overlap_param_gather": [True], "overlap_grad_reduce": [False], "cp_comm": ["all_gather"], "ep": [2, 4],
     "etp": [1], "fp8_all_gather": [True], "offload_optimizer": [True], "fp8_params": [True],
-    "offload_activations": [4],
+    "offload_activations": [4], "grad_bucket": ["megatron", "chunk", "134217728"],
 }
 
 

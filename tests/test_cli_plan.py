@@ -304,7 +304,8 @@ def test_a_choice_off_the_pareto_front_is_said_and_the_layout_that_beats_it_name
     assert f"ZeRO-{beaten[0]['zero']}" in line and " less" in line and "-$" not in line and " -" not in line
     assert "(the choice)" not in text and "(-0)" not in text and "(+0)" not in text
     assert "in cost (the ranking's)" in line  # the tie is on the ranking's key (--objective cost)
-    on = run_ok(capsys, ["plan", "--model", "d24", "--gpus", "1-16"])  # the choice on the front: marked there
+    # the choice on the front: marked there (d24 on 1-16 MI300X sits on the tie rule's edge: ZeRO-3 1.9-2.3% ahead)
+    on = run_ok(capsys, ["plan", "--model", "d24", "--gpus", "1-32"])
     front = on.split("Pareto front (time vs cost):", 1)[1]
     assert front.count("(the choice)") == 1 and "off the front" not in on
 

@@ -452,3 +452,44 @@ def test_reduce_scatter_across_nodes_pays_the_ring_s_latency_by_hand():
     size = 2**30  # 1 GiB gathered: busbw = S (n-1)/n / t
     busbw = [size * (n - 1) / n / comm.collective_time_s("all_gather", size, n, tier) for n in (32, 64, 128, 256, 512)]
     assert all(a > b for a, b in zip(busbw, busbw[1:])) and busbw[0] < 364e9
+
+
+def test_split_time_s_pays_one_latency_a_call_by_hand():
+    """comm.split_time_s: 1 GB in 32 equal calls over 256 ranks (8 a node, alpha 10 us across and 4 us inside: 1,206
+    us a reduce-scatter, test above) at 300 GB/s busbw: 32 x 1,206 us + 1e9 x 255/256 / 300e9 s = 41.91 ms, against
+    1,206 us + 3.32 ms as one call; nothing sent costs nothing; calls must be a positive integer."""
+    tier = Tier("inter_node", 300e9, 10e-6, per_node=8, intra_latency_s=4e-6)
+    one = comm.collective_time_s("reduce_scatter", 1e9, 256, tier)
+    split = comm.split_time_s(tier.time_s, "reduce_scatter", 1e9, 256, 32)
+    assert one == pytest.approx(1206e-6 + 1e9 * 255 / 256 / 300e9, rel=1e-12)
+    assert split == pytest.approx(32 * 1206e-6 + 1e9 * 255 / 256 / 300e9, rel=1e-12)
+    assert comm.split_time_s(tier.time_s, "reduce_scatter", 1e9, 256, 1) == pytest.approx(one, rel=1e-12)
+    assert comm.split_time_s(tier.time_s, "all_gather", 0.0, 256, 32) == 0.0
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="calls"):
+            comm.split_time_s(tier.time_s, "all_gather", 1e9, 256, bad)
+
+
+def test_grad_buckets_as_megatron_core_buckets_by_hand():
+    """comm.grad_buckets (Megatron-Core's DDP buckets, training.py@d98e8a6 L2179-2194, L2504-2515): the first chunk in
+    buckets of B, each later chunk one bucket. "megatron" at dp x cp 256: B = max(4e7, 256 x 1e6) = 2.56e8, so 8.03e9
+    parameters take ceil(31.37) = 32 calls, the last 2.56e8; at 8 ranks the 4e7 floor: 201 calls. 4e9 in buckets of
+    7.68e8: 6 calls (5.2 rounded up), the last 7.68e8. "chunk" with 8 chunks of a 1e9 stage: 8 calls, the last 1.25e8;
+    buckets of 1e8 over the same 8 chunks: ceil(1.25) = 2 for the first + 7 = 9 calls, the last 1e8."""
+    assert comm.grad_buckets("megatron", 8.03e9, 256) == (32, 2.56e8)
+    assert comm.grad_buckets("megatron", 8.03e9, 8) == (201, 4e7)
+    assert comm.grad_buckets("768000000", 4e9, 64) == (6, 7.68e8)
+    assert comm.grad_buckets("chunk", 1e9, 64, chunks=8) == (8, 1.25e8)
+    assert comm.grad_buckets("100000000", 1e9, 64, chunks=8) == (9, 1e8)
+    assert comm.grad_buckets("chunk", 1e9, 64) == (1, 1e9)
+    for rule, params, ranks, chunks in (("bogus", 1e9, 8, 1), ("", 1e9, 8, 1), ("megatron", 0.0, 8, 1),
+                                        ("megatron", 1e9, 0, 1), ("megatron", 1e9, 8, 0)):
+        with pytest.raises(ValueError):
+            comm.grad_buckets(rule, params, ranks, chunks)
+
+
+def test_bucketed_exposed_s_by_hand():
+    """What outlasts the backward beside it, at least the last bucket: 30 ms beside 25 ms, last 2 ms: 5 ms; beside
+    100 ms: 2 ms."""
+    assert comm.bucketed_exposed_s(30e-3, 2e-3, 25e-3) == pytest.approx(5e-3)
+    assert comm.bucketed_exposed_s(30e-3, 2e-3, 100e-3) == pytest.approx(2e-3)

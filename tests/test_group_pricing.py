@@ -31,7 +31,7 @@ def test_parallel_key_is_every_field_but_the_batch_and_recompute():
               "shard_group": 2, "reshard_after_forward": False, "overlap_param_gather": True, "cp_comm": "all_gather",
               "ep": 2, "etp": 1, "fp8_all_gather": True, "offload_optimizer": True, "fp8_params": True,
               "offload_activations": 4, "overlap_grad_reduce": False,
-              "replica_reduce_once": True, "fsdp2": True, "recompute_early_stop": False}
+              "replica_reduce_once": True, "fsdp2": True, "recompute_early_stop": False, "grad_bucket": "megatron"}
     names = {f.name for f in dataclasses.fields(Layout)} - {"micro_batch", "grad_accum", "recompute"}
     assert set(others) == names
     for name, value in others.items():

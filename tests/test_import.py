@@ -452,6 +452,27 @@ def test_megatron_s_overlap_grad_reduce_is_stated_and_its_absence_is_the_profile
     assert load_framework("megatron-core").applies["overlap_grad_reduce"].value is False
 
 
+def test_megatron_s_gradient_buckets_are_stated_where_its_arguments_set_them(capsys, tmp_path):
+    """Under --overlap-grad-reduce: --overlap-param-gather-with-optimizer-step turns bucketing off (one bucket a model
+    chunk: grad_bucket chunk, training.py@d98e8a6 L2508-2510), --ddp-bucket-size N states N parameters a bucket, and
+    neither leaves the megatron-core profile's default (max(40M, 1M x dp x cp)); without the overlap nothing is
+    bucketed and nothing is written. The file it writes then prices (table reads it back)."""
+    from ddplan.registry import load_framework
+
+    args, out = tmp_path / "args.sh", tmp_path / "run.yaml"
+    base = ("--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 512 --nproc_per_node 8 --bf16 "
+            "--use-distributed-optimizer --global-batch-size 64")
+    for extra, written in ((" --overlap-grad-reduce --overlap-param-gather-with-optimizer-step", "grad_bucket: chunk"),
+                           (" --overlap-grad-reduce --ddp-bucket-size 134217728", "grad_bucket: '134217728'"),
+                           (" --overlap-grad-reduce", None), (" --ddp-bucket-size 134217728", None)):
+        args.write_text(base + extra + "\n", encoding="utf-8")
+        run_ok(capsys, ["import", str(args), "-o", str(out), "--from", "megatron"])
+        text = out.read_text(encoding="utf-8")
+        assert (written in text) if written else "grad_bucket" not in text, extra
+        run_ok(capsys, ["table", "--config", str(out)])
+    assert load_framework("megatron-core").applies["grad_bucket"].value == "megatron"
+
+
 def test_megatron_s_default_attention_backend_is_transformer_engine_s_kernel(capsys, tmp_path):
     """Megatron-Core's attention_backend auto (its default) or fused lets Transformer Engine pick cuDNN's fused
     attention (transformer_config.py@d98e8a6 L151-155): imported as the hardware's nearest priced kernel, assumed
@@ -614,7 +635,7 @@ def test_megatron_bridge_s_task_configuration_prices_as_the_same_run_stated_by_f
     heads, 8 query groups of kv_channels 64, ffn 8192, gated silu, no biases, tied embeddings of vocab 128,256 not
     padded: should_pad_vocab false), the dataset's sequence of 1024 (the model's seq_length 131,072 is its limit), 8
     GPUs (the torchrun line), tp/pp/cp 1 without sequence parallelism or TP overlap, the distributed optimizer with the
-    reduce and the gather overlapped, bf16 with ddp.grad_reduce_in_fp32 true (fp32 gradients), micro-batch 1, global
+    reduce and the gather overlapped in buckets of 40,000,000 parameters (ddp.bucket_size, resolved), bf16 with ddp.grad_reduce_in_fp32 true (fp32 gradients), micro-batch 1, global
     512, 10 iterations, no recompute (granularity null: the modules list is not read), the native fused loss
     (Megatron-Core's vocab-parallel cross entropy), whole fp32 masters (use_precision_aware_optimizer false). Every one
     of these is written, so none is the megatron-bridge profile's perf-launcher default (sequence parallelism, bf16
@@ -634,6 +655,7 @@ def test_megatron_bridge_s_task_configuration_prices_as_the_same_run_stated_by_f
         "attention_bias": False, "mlp_bias": False}), encoding="utf-8")
     flags = ["--model", str(model), "--framework", "megatron-bridge", "--hardware", "h100-sxm", "--gpus", "8",
              "--tp", "1", "--pp", "1", "--cp", "1", "--zero", "1", "--overlap-grad-reduce", "--overlap-param-gather",
+             "--grad-bucket", "40000000",
              "--no-sequence-parallel", "--no-tp-comm-overlap", "--device-batch-size", "1", "--total-batch-size",
              str(512 * 1024), "--seq-len", "1024", "--steps", "10", "--dtype", "bf16", "--grads", "fp32",
              "--weights", "master", "--recompute", "none", "--cross-entropy", "vocab-parallel"]

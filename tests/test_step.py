@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from ddplan import comm, step
 from ddplan.anatomy import build_anatomy, for_tp, muon_flops
-from ddplan.layout import NATIVE_ZERO, Layout, check_layout
+from ddplan.layout import NATIVE_ZERO, Layout, check_layout, placement
 from ddplan.registry import load_hardware, load_model
 from ddplan.roofline import Rates, rates
 from ddplan.specs import run_variant
@@ -495,6 +495,63 @@ def test_step_fsdp_llama_exposes_at_least_the_first_gather_per_micro_batch():
     first = 2 * ag / spec.architecture.num_layers
     assert s.dp_comm_exposed_s >= 64 * first * (1 - 1e-12)
     assert s.dp_comm_exposed_s <= s.dp_comm_total_s
+
+
+def test_fsdp_gathers_and_reduces_a_unit_a_call_by_hand():
+    """ZeRO-3 / FSDP issues one all-gather and one reduce-scatter a wrapped unit (step.fsdp_units: a transformer
+    block; torch FSDP2's FSDPParamGroup, torchtitan's fully_shard per block), each paying its latency
+    (comm.split_time_s); the embeddings and the head are the root's calls. Llama 3 8B on 8 MI300X, accumulating 4:
+    every micro-batch gathers twice (forward, backward) and reduce-scatters once, so the step's total is
+    4 x (2 x ag + rs), ag = 32 block calls of a 32nd of the blocks' bytes + the embedding's call + the head's."""
+    spec = _spec("llama-3-8b")
+    lay = Layout(dp=8, zero=3, micro_batch=1, grad_accum=4, attention="sdpa-fused", compiled=True)
+    assert step.fsdp_units(spec, lay) == 32 and step.fsdp_units(spec, replace(lay, pp=4, dp=2)) == 8
+    hw = _hw()
+    groups = step.group_sync_buffers(spec, lay)
+
+    def t(c, size):
+        return comm.collective_time_s(c, size, 8, comm.tier_for(hw, c, 8))
+
+    def kind(c):
+        blocks = sum(size for g, k, size in groups if k == c and g not in ("wte", "lm_head"))
+        return 32 * t(c, blocks / 32) + sum(t(c, size) for g, k, size in groups if k == c and g in ("wte", "lm_head"))
+
+    assert {g for g, _, _ in groups} == {"wte", "lm_head", "block_matrices", "norms"}
+    s = run_step("llama-3-8b", lay)
+    assert s.dp_comm_total_s == pytest.approx(4 * (2 * kind("all_gather") + kind("reduce_scatter")), rel=1e-12)
+    # 34 calls (32 blocks, the embedding, the head) against one a group (4): 30 more ring latencies, nothing else
+    ag_a_group = sum(t("all_gather", size) for g, k, size in groups if k == "all_gather")
+    alpha = comm.ring_latency_s("all_gather", 8, comm.tier_for(hw, "all_gather", 8))
+    assert kind("all_gather") - ag_a_group == pytest.approx(30 * alpha, rel=1e-9)
+
+
+def test_zero1_gradient_buckets_each_pay_a_latency_and_one_bucket_overlaps_nothing():
+    """ZeRO-1 with the stack's buckets (Layout.grad_bucket): the reduce-scatter and the gather each run as
+    comm.grad_buckets' calls (comm.split_time_s: a latency each, the bytes the same); one bucket a chunk ("chunk",
+    Megatron-Core under --overlap-param-gather-with-optimizer-step) at vp 1 overlaps nothing: the whole reduce is
+    exposed after backward and the whole gather before forward, however the gather is overlapped. Llama 3 8B on 16
+    MI300X (two nodes), accumulating 4."""
+    spec = _spec("llama-3-8b")
+    base = Layout(dp=16, zero=1, micro_batch=1, grad_accum=4, attention="sdpa-fused", compiled=True,
+                  overlap_param_gather=True)
+    hw = _hw()
+    groups = step.group_sync_buffers(spec, base)
+    params = sum(size / spec.dtypes.reduce_bytes(g) for g, c, size in groups if c == "reduce_scatter")
+    calls, last = comm.grad_buckets("megatron", params, 16)
+    assert calls == math.ceil(params / 4e7) and last == 4e7
+    timer = comm.GroupTimer(hw, placement(base, hw.gpus_per_node).dp_per_node)
+
+    def total(c, k):
+        return comm.split_time_s(timer.time_s, c, sum(size for _, kind, size in groups if kind == c), 16, k)
+
+    bucketed = run_step("llama-3-8b", replace(base, grad_bucket="megatron"))
+    assert bucketed.dp_comm_total_s == pytest.approx(total("reduce_scatter", calls) + total("all_gather", calls),
+                                                     rel=1e-12)
+    chunk = run_step("llama-3-8b", replace(base, grad_bucket="chunk"))
+    whole = total("reduce_scatter", 1) + total("all_gather", 1)
+    assert chunk.dp_comm_total_s == pytest.approx(whole, rel=1e-12)
+    assert chunk.dp_comm_exposed_s == pytest.approx(whole, rel=1e-12)
+    assert bucketed.dp_comm_exposed_s < chunk.dp_comm_exposed_s
 
 
 def test_step_zero2_reduce_scatters_every_micro_batch():
