@@ -486,37 +486,41 @@ def param_gather_exposed_s(ag_s: float, first_bucket_s: float, forward_s: float 
 
 
 def zero1_comm_s(rs_s: float, ag_s: float, last_bucket_s: float, backward_s: float,
-                 forward_s: float | None = None) -> tuple[float, float]:
+                 forward_s: float | None = None, first_gather_s: float | None = None) -> tuple[float, float]:
     """(total, exposed) seconds of ZeRO-1 communication per optimizer step.
 
     Gradients are reduce-scattered in buckets during the last micro-batch's backward (the earlier
     ones accumulate locally under no_sync); the updated parameter shards are all-gathered after the
     optimizer step, exposed unless overlapped with the next forward (param_gather_exposed_s; forward_s
-    given): exposed = max(rs - backward, last bucket) + param_gather_exposed_s(ag, last bucket, forward).
+    given): exposed = max(rs - backward, last bucket) + param_gather_exposed_s(ag, first gather, forward), the first
+    gather the last bucket's reduce time unless first_gather_s (its own gather's) is given.
     e.g. rs 30 ms, ag 20 ms, bucket 1 ms, backward 100 ms: total 50 ms, exposed 1 + 20 = 21 ms; with the
     gather overlapped under a 50 ms forward: 1 + 1 = 2 ms.
     Ref: Rajbhandari et al., arXiv 1910.02054, sec. 5.1; DeepSpeed stage 1 (reduce in backward).
     """
     _check_nonneg(rs_s=rs_s, ag_s=ag_s, last_bucket_s=last_bucket_s, backward_s=backward_s)
-    gather = param_gather_exposed_s(ag_s, min(last_bucket_s, ag_s), forward_s)
+    first = last_bucket_s if first_gather_s is None else first_gather_s
+    gather = param_gather_exposed_s(ag_s, min(first, ag_s), forward_s)
     return rs_s + ag_s, max(rs_s - backward_s, last_bucket_s) + gather
 
 
 def zero2_comm_s(rs_s: float, ag_s: float, last_bucket_s: float, backward_s: float,
-                 accum: int, forward_s: float | None = None) -> tuple[float, float]:
+                 accum: int, forward_s: float | None = None, first_gather_s: float | None = None) -> tuple[float, float]:
     """(total, exposed) seconds of ZeRO-2 communication per optimizer step.
 
     Gradient shards are kept, not whole gradients, so every micro-batch's backward reduce-scatters
     (overlapped except the last bucket); the parameter all-gather after the step is exposed unless
     overlapped with the next forward (param_gather_exposed_s):
-    total = accum x rs + ag; exposed = accum x max(rs - backward, last bucket) + param_gather_exposed_s.
+    total = accum x rs + ag; exposed = accum x max(rs - backward, last bucket) + param_gather_exposed_s (its first
+    gather as zero1_comm_s's).
     e.g. rs 30 ms, ag 20 ms, bucket 1 ms, backward 100 ms, accum 4: total 140 ms, exposed 24 ms.
     Ref: Rajbhandari et al., arXiv 1910.02054, sec. 5.2.
     """
     _check_nonneg(rs_s=rs_s, ag_s=ag_s, last_bucket_s=last_bucket_s, backward_s=backward_s)
     if accum < 1:
         raise ValueError(f"accum must be >= 1, got {accum}")
-    gather = param_gather_exposed_s(ag_s, min(last_bucket_s, ag_s), forward_s)
+    first = last_bucket_s if first_gather_s is None else first_gather_s
+    gather = param_gather_exposed_s(ag_s, min(first, ag_s), forward_s)
     return accum * rs_s + ag_s, accum * max(rs_s - backward_s, last_bucket_s) + gather
 
 

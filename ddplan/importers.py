@@ -911,7 +911,8 @@ def _megatron(text: str, path: Path, out: Imported, tokens: list[str] | None = N
     read.add("--overlap-grad-reduce")
     if arg("--overlap-grad-reduce"):  # else the megatron-core profile's: reduced after backward (its default)
         out.set(("layout", "overlap_grad_reduce"), True)
-        _megatron_buckets(arg, num, out)
+        if not (arg("--use-megatron-fsdp") or arg("--use-custom-fsdp")):  # Megatron-FSDP reduces a unit at a time
+            _megatron_buckets(arg, num, out)
     if arg("--use-megatron-fsdp") or arg("--use-custom-fsdp"):
         out.set(("layout", "zero"), 3, "Megatron-FSDP")
     elif arg("--use-distributed-optimizer"):
@@ -1235,6 +1236,11 @@ def _bridge(text: str, path: Path, out: Imported) -> None:
     for key, value in layout.items():
         out.fields.setdefault(("layout", key), value)
     out.fields.setdefault(("layout", "zero"), 0)  # no distributed optimizer, no Megatron-FSDP: plain DDP
+    if (ddp.get("overlap_grad_reduce") and not ddp.get("use_megatron_fsdp") and ddp.get("bucket_size") is None
+            and not cfg.get("comm_overlap") and ("layout", "grad_bucket") not in out.fields):
+        # no bucket size and no CommOverlapConfig to set one: Megatron-Core's own default (dist_utils.py@2a75ac1
+        # L315-316), not the profile's perf-recipe 134217728
+        out.set(("layout", "grad_bucket"), "megatron", "ddp.bucket_size null, comm_overlap null")
     strategy = ddp.get("data_parallel_sharding_strategy")
     if ddp.get("use_megatron_fsdp") and strategy in MFSDP_ZERO:  # what Megatron-FSDP shards
         out.set(("layout", "zero"), MFSDP_ZERO[strategy], f"Megatron-FSDP, data_parallel_sharding_strategy {strategy}")

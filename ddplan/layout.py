@@ -431,6 +431,9 @@ class Options:
     overlap_param_gather: bool = False  # ZeRO-1/2: Megatron-Core --overlap-param-gather
     overlap_grad_reduce: bool = True  # ZeRO 0-2: False, the gradient reduce after backward (Megatron-LM's default)
     grad_bucket: str = "group"  # ZeRO 0-2 reducing beside backward: how the gradients are bucketed (Layout.grad_bucket)
+    # the ZeRO stage at which the model reduces its own way, in no buckets (nanochat's sharded optimizer at ZeRO-1:
+    # for_model sets it); -1: none
+    own_reduce_zero: int = -1
     cp_comm: str = "ring"  # context parallelism's exchange: ring (p2p, overlapped) or all_gather
     expert_tp: int = 0  # 1: experts whole, ep over the tp ranks too (--expert-tensor-parallel-size 1); 0: tp
     fp8_all_gather: bool = False  # ZeRO-3 with fp8 GEMMs: their weights gathered in fp8 (torchao)
@@ -453,7 +456,8 @@ class Options:
                 "recompute_early_stop": self.recompute_early_stop,
                 "overlap_param_gather": self.overlap_param_gather and zero in (1, 2),
                 "overlap_grad_reduce": self.overlap_grad_reduce or zero == 3 or ranks == 1,  # nothing to reduce
-                "grad_bucket": self.grad_bucket if zero != 3 and ranks > 1 and self.overlap_grad_reduce else "group",
+                "grad_bucket": (self.grad_bucket if zero not in (3, self.own_reduce_zero) and ranks > 1
+                                and self.overlap_grad_reduce else "group"),
                 "cp_comm": self.cp_comm if cp > 1 else "ring",
                 "etp": 1 if self.expert_tp == 1 and tp > 1 else 0,
                 "fp8_all_gather": self.fp8_all_gather and zero == 3,
@@ -463,12 +467,17 @@ class Options:
 
     def for_model(self, spec: ModelSpec) -> "Options":
         """These options for a model: a mixture-of-experts model runs tp > 1 with sequence parallelism, which
-        Megatron-Core requires with expert layers (its MoE README, "Parallelism"), so it is on for it."""
-        if spec.architecture.moe is not None and not self.sequence_parallel:
-            from dataclasses import replace
+        Megatron-Core requires with expert layers (its MoE README, "Parallelism"), so it is on for it; a model whose
+        native setup reduces its own way (nanochat's sharded optimizer, per shape group after backward) takes no
+        gradient buckets at that stage (own_reduce_zero)."""
+        from dataclasses import replace
 
-            return replace(self, sequence_parallel=True)
-        return self
+        out = self
+        if spec.architecture.moe is not None and not self.sequence_parallel:
+            out = replace(out, sequence_parallel=True)
+        if spec.recipe.distribution == "sharded_optimizer":
+            out = replace(out, own_reduce_zero=NATIVE_ZERO["sharded_optimizer"])
+        return out
 
     def searched(self, tp: int, ranks: int, zero: int, cp: int = 1, pp: int = 1) -> dict:
         """for_layout for a search (plan): a shard group that does not divide the ranks gives plain ZeRO-3; activation

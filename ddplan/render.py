@@ -183,7 +183,8 @@ def table_data(table) -> list[dict]:
 DECISION_COLUMNS_NOTE = (
     "Columns: step_s = compute_s (attention included: attn_s) + exposed comm_s (data-, tensor-, context- and expert-parallel, "
     "with what the hidden part costs the compute beside it) + optim_s + bubble_s (pipeline, with its sends) + "
-    "activation offload's copies where any; band = every efficiency at the slow and fast ends of its range, "
+    "activation offload's copies where any; band = every efficiency at the slow and fast ends of its range (but a "
+    "fitted GPU's best GEMM rate, at its value), "
     "and uncalibrated at least the out-of-sample spread of measured/predicted on ddplan's published runs "
     "(`ddplan validate --leave-one-source-out`); "
     "basis: measured | fitted (derived from a measurement) | model (assumptions only); '!' = flagged, see the "

@@ -342,6 +342,10 @@ def run_hardware(run: RunFacts, where: str):
 
 FP8_FIT = ":fp8"  # a re-fit's key suffix: "h100-sxm:fp8" holds the fraction fp8 training keeps (sustained_fp8)
 FP8_STACK_FIT = "fp8 stacks"  # a re-fit's key of what other stacks keep of it (ddplan.fp8.FP8_STACK_KEPT)
+# a re-fit key's suffix marking its fraction a fallback, not fitted on the GPU's own runs ("b200:assumed",
+# "h100-sxm:fp8:assumed": a GPU left with too few runs, the fp8 fraction falling back to the 16-bit one); such a
+# fraction keeps the best GEMM rate's range in the band, as a shipped assumed one does (ddplan.roofline.best_gemm)
+ASSUMED_FIT = ":assumed"
 
 
 def fp8_fit_key(hardware: str) -> str:
@@ -349,14 +353,13 @@ def fp8_fit_key(hardware: str) -> str:
     return hardware + FP8_FIT
 
 
-def with_sustained(hw, fraction: float, source: str, field: str = "sustained"):
+def with_sustained(hw, fraction: float, source: str, field: str = "sustained", basis: str = "fitted"):
     """The hardware spec with its GEMM sustained fraction (field "sustained", 16-bit, or "sustained_fp8")
-    replaced by a point value (no range), fitted (validation's re-fits; a GPU a left-out source leaves with too few
-    runs takes the others' geometric mean and the thin GPUs' band, which holds its GEMM's range too)."""
+    replaced by a point value (no range): fitted (validation's re-fits), or assumed (a fallback, ASSUMED_FIT)."""
     if field not in ("sustained", "sustained_fp8"):
         raise ValueError(f"field must be sustained or sustained_fp8, got {field!r}")
     g = hw.efficiency.gemm
-    kept = Efficiency(value=fraction, basis="fitted", source=source)
+    kept = Efficiency(value=fraction, basis=basis, source=source)
     return hw.model_copy(update={"efficiency": hw.efficiency.model_copy(
         update={"gemm": g.model_copy(update={field: kept})})})
 
@@ -373,10 +376,10 @@ def price_run(run: RunFacts, where: str, sustained: dict[str, float] | None = No
     base uncalibrated band, not widened where the evidence is thin (leave-one-source-out widens it by tables made
     without the run's source); bands=False: the row's value only, its band collapsed to it (a fit's cost)."""
     hw = run_hardware(run, where)
-    if sustained and hw.name in sustained:
-        hw = with_sustained(hw, sustained[hw.name], "re-fitted by ddplan.validation")
-    if sustained and fp8_fit_key(hw.name) in sustained:
-        hw = with_sustained(hw, sustained[fp8_fit_key(hw.name)], "re-fitted by ddplan.validation", "sustained_fp8")
+    for key, field in ((hw.name, "sustained"), (fp8_fit_key(hw.name), "sustained_fp8")):
+        if sustained and key in sustained:
+            basis = "assumed" if sustained.get(key + ASSUMED_FIT) else "fitted"
+            hw = with_sustained(hw, sustained[key], "re-fitted by ddplan.validation", field, basis)
     # the spec moves with neither the rates nor the recompute policy: a caller's cache (shared) keeps it
     spec = shared.get("run spec") if shared is not None else None
     if spec is None:

@@ -126,8 +126,10 @@ def best_gemm(best: Efficiency, sustained: Efficiency | None, scenario: Scenario
     training keeps of it (`sustained`) is fitted to measured runs. That fraction was fitted at the best rate's value,
     so it already holds what real shapes and real training lose against the best-shape MAMF (the range's low end,
     0.8 x, says "real training shapes"); taking both ends would count that loss twice. The fit's own uncertainty is
-    the out-of-sample spread of measured / predicted (ddplan validate), which the band takes. e.g. A100 (best 0.869,
-    low 0.695, sustained fitted): the low scenario takes 0.869; B200 (sustained assumed): 0.8 x its value."""
+    the out-of-sample spread of measured / predicted (ddplan validate), which the band takes. An assumed fraction (a GPU
+    without runs to fit: the fitted GPUs' geometric mean) keeps the range: how this GPU's real shapes fare against its
+    own MAMF is unmeasured, and the fitted GPUs' spread is not its own. e.g. A100 (best 0.869, low 0.695, sustained
+    fitted): the low scenario takes 0.869; B200 (sustained assumed): 0.8 x its value."""
     if sustained is not None and sustained.basis == "fitted":
         return best.value
     return pick(best, scenario)

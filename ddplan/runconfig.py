@@ -43,8 +43,9 @@ SECTION_DOCS = {
 
 
 def _digits(value: Any) -> Any:
-    """An integer as its digits (a YAML number where a field parses text), anything else as it is."""
-    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    """A number as its text (a YAML number where a field parses text: its grammar then says what is allowed),
+    anything else as it is."""
+    return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
 
 
 def annotation(f: RunField) -> Any:
@@ -52,7 +53,7 @@ def annotation(f: RunField) -> Any:
     command takes several (--gpus also as the flag's ranges, '1,8-64')."""
     if isinstance(f.kind, tuple):
         one: Any = Literal[f.kind]
-    elif f.check is not None:  # a number where a text is parsed (grad_bucket: 134217728) is read as its digits
+    elif f.check is not None:  # a number where a text is parsed (grad_bucket: 134217728) is read as its text
         one = Annotated[f.kind, BeforeValidator(_digits), AfterValidator(f.check)]
     elif f.range is None or f.kind not in (int, float):
         one = f.kind

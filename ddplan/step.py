@@ -527,9 +527,9 @@ def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, m
     times = cache.get(key)
     if times is None:
         times = cache[key] = _dp_collectives(spec, hw, layout, policy, place, efficiency, points, cache)
-    rs, ag, ar, last = times
+    rs, ag, ar, last, first_gather = times
     if policy == "fsdp" and layout.pp > 1:  # torch.distributed.pipelining's FSDP2: gathered and reduced once a step
-        units = max(1, math.ceil(spec.architecture.num_layers / layout.pp))
+        units = fsdp_units(spec, layout)
         total, exposed = comm.fsdp_pipelined_comm_s(rs, ag, mb_s - bwd_s, bwd_s, layout.grad_accum, units,
                                                     reshard=layout.reshard_after_forward, replica_all_reduce_s=ar)
         # the reduce-scatter and all-reduce after the last backward outlast the stage's compute; the gathers do not
@@ -548,9 +548,9 @@ def dp_comm_s(spec: ModelSpec, hw: HardwareSpec, layout: Layout, bwd_s: float, m
     # the reduce-scatters run beside backward, or after it (not overlap_grad_reduce: no backward to hide under)
     bwd_s = bwd_s if layout.overlap_grad_reduce else 0.0
     if policy == "zero1":
-        total, exposed = comm.zero1_comm_s(rs, ag, last, bwd_s, forward)
+        total, exposed = comm.zero1_comm_s(rs, ag, last, bwd_s, forward, first_gather)
     else:
-        total, exposed = comm.zero2_comm_s(rs, ag, last, bwd_s, layout.grad_accum, forward)
+        total, exposed = comm.zero2_comm_s(rs, ag, last, bwd_s, layout.grad_accum, forward, first_gather)
     # the reduce-scatters run beside backward, the gathers (when overlapped) beside the next forward
     window = accum * bwd_s + (forward or 0.0)
     outlasting = accum * max(0.0, rs - bwd_s) + (max(0.0, ag - forward) if forward is not None else 0.0)
@@ -566,13 +566,13 @@ def _beside(total: float, exposed: float, window: float) -> float:
 
 def _dp_collectives(spec: ModelSpec, hw: HardwareSpec, layout: Layout, policy: str, place: Placement,
                     efficiency: str, points: CommPoints | None, cache: Cache) -> tuple[float, float, float, float]:
-    """(rs, ag, ar, last) seconds of a sharded policy's collectives (dp_comm_s, every policy but DDP): the gradient
+    """(rs, ag, ar, last, first gather) seconds of a sharded policy's collectives (dp_comm_s, every policy but DDP): the gradient
     reduce-scatters, parameter all-gathers and all-reduces of one synchronisation (FSDP: of one micro-batch, ar the
     hybrid replicas' all-reduce, _fsdp_collectives) and ZeRO-1/2's last reduce-scatter bucket (0 otherwise). They
     depend on the layout's degrees and sharding only (dp_comm_s keeps them by those)."""
     buffers, expert = (_buffers(spec, layout, policy, experts, cache) for experts in (False, True))
     if policy == "fsdp":
-        return (*_fsdp_collectives(spec, buffers, expert, hw, layout, place, efficiency, points, cache), 0.0)
+        return (*_fsdp_collectives(spec, buffers, expert, hw, layout, place, efficiency, points, cache), 0.0, 0.0)
     n = layout.grad_ranks
     # the routed experts' gradients reduce over their own group (Layout.expert_ranks, etp x ep ranks apart)
     timer = _Cached(GroupTimer(hw, place.dp_per_node, efficiency, points), cache)
@@ -581,31 +581,39 @@ def _dp_collectives(spec: ModelSpec, hw: HardwareSpec, layout: Layout, policy: s
                   + sum(timer_e.time_s(c, s, n_e) for _, c, s in expert if c == kind)
                   for kind in ("reduce_scatter", "all_gather", "all_reduce"))
     if policy == "sharded_optimizer":
-        return rs, ag, ar, 0.0
+        return rs, ag, ar, 0.0, 0.0
     if layout.grad_bucket != "group":  # the stack's buckets: a reduce-scatter and a gather each (_bucketed_s)
         (rs, last), (rs_e, _) = (_bucketed_s(spec, layout, b, "reduce_scatter", t, m, n)
                                  for b, t, m in ((buffers, timer, n), (expert, timer_e, n_e)))
-        ag = sum(_bucketed_s(spec, layout, b, "all_gather", t, m, n, gradients=g)[0]
-                 for b, t, m, g in ((buffers, timer, n, buffers), (expert, timer_e, n_e, expert)))
-        return rs + rs_e, ag, ar, last
+        (ag, first), (ag_e, _) = (_bucketed_s(spec, layout, b, "all_gather", t, m, n)
+                                  for b, t, m in ((buffers, timer, n), (expert, timer_e, n_e)))
+        return rs + rs_e, ag + ag_e, ar, last, first
     last = timer.time_s("reduce_scatter", min(DDP_BUCKET_BYTES, sum(s for _, c, s in buffers if c == "reduce_scatter")),
                         n)
-    return rs, ag, ar, last
+    return rs, ag, ar, last, last
 
 
 def _bucketed_s(spec: ModelSpec, layout: Layout, buffers: list[tuple[str, str, float]], collective: str,
-                timer: "_Cached", n: int, ranks: int, gradients: list[tuple[str, str, float]] | None = None
-                ) -> tuple[float, float]:
-    """(all, last bucket) seconds of one kind of ZeRO 0-2 collective over a rank's buffers bucketed by the layout's
-    rule (comm.grad_buckets over its gradients' parameters, `ranks` its dp x cp; the parameter gathers follow the
-    gradients' buckets, `gradients` the buffers those are counted from): every bucket one call paying its latency
-    (comm.split_time_s), the last one's time alone besides. Nothing to reduce: (0, 0)."""
+                timer: "_Cached", n: int, ranks: int) -> tuple[float, float]:
+    """(all, last bucket) seconds of one kind of ZeRO 0-2 collective over a rank's buffers in the stack's buckets
+    (comm.grad_buckets over its gradients' parameters, `ranks` its dp x cp; the parameter gathers follow the same
+    buckets): every bucket one call paying its latency (comm.split_time_s), and the last bucket's time alone, the one
+    backward fills last and forward gathers first. Megatron-Core closes a bucket at the first parameter at or past
+    its size, walking them in backward's order (param_and_grad_buffer.py@d98e8a6 L980-990), so the last holds
+    the whole input embedding: at least the embedding's parameters (Llama 3.1 8B: 525M at tp 1, against 134M
+    buckets). On a pipeline stage after the first Megatron-Core turns bucketing off (distributed_data_parallel.py
+    @d98e8a6 L160-171): one bucket a chunk where the priced stage is such a one. Nothing to reduce: (0, 0)."""
     reduce = "all_reduce" if collective == "all_reduce" else "reduce_scatter"
-    params = sum(size / spec.dtypes.reduce_bytes(g) for g, c, size in (gradients or buffers) if c == reduce)
+    params = sum(size / spec.dtypes.reduce_bytes(g) for g, c, size in buffers if c == reduce)
     total = sum(size for _, c, size in buffers if c == collective)
     if not params or not total or n <= 1:
         return 0.0, 0.0
-    calls, last = comm.grad_buckets(layout.grad_bucket, params, ranks, layout.pp_virtual_stages)
+    stage = heaviest_stage(spec, layout)
+    rule = "chunk" if stage is not None and stage.index > 0 else layout.grad_bucket
+    calls, last = comm.grad_buckets(rule, params, ranks, layout.pp_virtual_stages)
+    embedding = sum(size / spec.dtypes.reduce_bytes(g) for g, c, size in buffers
+                    if c == reduce and g in EMBEDDING_GROUPS)
+    last = min(params / layout.pp_virtual_stages, max(last, embedding))
     return (comm.split_time_s(timer.time_s, collective, total, n, calls),
             timer.time_s(collective, total * last / params, n))
 
@@ -634,9 +642,10 @@ def fsdp_units(spec: ModelSpec, layout: Layout, experts: bool = False) -> int:
     mixture-of-experts blocks), each one fully_shard / FSDP unit, gathered and reduced in one collective of its own
     (torchtitan parallelize.py, Composer's and fms-fsdp's auto-wrap per block, OLMo-core; torch FSDP2
     FSDPParamGroup: one all-gather and one reduce-scatter a group). e.g. Llama 3 8B (32 blocks) at pp 4: 8."""
-    arch = spec.architecture
-    layers = arch.moe_layers if experts and arch.moe is not None else arch.num_layers
-    return max(1, math.ceil(layers / layout.pp))
+    arch, stage = spec.architecture, heaviest_stage(spec, layout)
+    if stage is not None:  # the stage the buffers are priced on
+        return max(1, stage.moe_layers if experts else stage.layers)
+    return max(1, arch.moe_layers if experts and arch.moe is not None else arch.num_layers)
 
 
 def _unit_calls_s(timer: "_Cached", collective: str, buffers: list[tuple[str, str, float]], n: int,

@@ -32,7 +32,7 @@ from ddplan.params import param_counts
 from ddplan.price import VALIDATED_RATIO, VALIDATED_RATIO_FP8, VALIDATED_RATIO_MOE, base_band
 from ddplan.registry import builtin_dir, builtin_names, load_hardware
 from ddplan.fp8 import FP8_TUNED_STACKS
-from ddplan.replay import FP8_STACK_FIT, fp8_fit_key, price_run, run_framework
+from ddplan.replay import ASSUMED_FIT, FP8_STACK_FIT, fp8_fit_key, price_run, run_framework
 from ddplan.runs import (MEMORY_PEAKS, MeasuredPeak, PublishedRun, RoutingSweep, RunSet, load_peaks, load_routing,
                          load_runs, run_spec, shipped_dataset)
 
@@ -268,14 +268,15 @@ class Scorer:
             given = sustained or {}
             fp8 = run.precision == "fp8"
             own = (given.get(name), given.get(fp8_fit_key(name)) if fp8 else None,
-                   given.get(FP8_STACK_FIT) if fp8 and not tuned_fp8(run) else None)
+                   given.get(FP8_STACK_FIT) if fp8 and not tuned_fp8(run) else None,
+                   given.get(name + ASSUMED_FIT), given.get(fp8_fit_key(name) + ASSUMED_FIT) if fp8 else None)
         except DdplanError:  # an unknown hardware: score() says so, naming the run
-            own = (None, None, None)
+            own = (None,) * 5
         run_key = self._key(run)
         if imbalance is not None and not self._imbalanced(run, run_key, where):
             imbalance = None  # priced the same at any imbalance: one price, one cache
         shared = self._shared.setdefault((self._parts_key(run, run_key), imbalance), {})
-        return (run_key, own, imbalance), (sustained if own != (None, None, None) else None), shared
+        return (run_key, own, imbalance), (sustained if own != (None,) * 5 else None), shared
 
     def predicted_s(self, run: PublishedRun, where: str, sustained: dict[str, float] | None = None,
                     imbalance: float | None = None) -> float:
@@ -855,6 +856,7 @@ def leave_one_source_out(runs: RunSet, where: str, hardware: Iterable[str],
         for hw in thin:
             assumed = round(math.exp(statistics.fmean(map(math.log, made))), 3) if made else _spec_sustained(hw)
             refit.update(dict.fromkeys(FIT_GROUPS.get(hw, (hw,)), assumed))
+            refit.update(dict.fromkeys((n + ASSUMED_FIT for n in FIT_GROUPS.get(hw, (hw,))), 1.0))
         pooled = False  # some hardware's fp8 fraction fitted on every stack's runs (no tuned run left on it)
         for hw in dict.fromkeys(fp8_leaders):
             names = FIT_GROUPS.get(hw, (hw,))
@@ -868,8 +870,9 @@ def leave_one_source_out(runs: RunSet, where: str, hardware: Iterable[str],
                                                     stacks=stacks)
                     kept, pooled = fits[basis], pooled or stacks == "all"
                     break
-            else:
+            else:  # no fp8 fit: the 16-bit fraction, a fallback as a spec without an fp8 fit takes it
                 kept = held16.get(hw, _spec_sustained(hw))
+                refit.update(dict.fromkeys((fp8_fit_key(n) + ASSUMED_FIT for n in names), 1.0))
             refit.update(dict.fromkeys(map(fp8_fit_key, names), kept))
         # what the other stacks keep of it: re-fitted on their runs left, at the fractions above; 1 (no difference
         # known) where fewer than MIN_FIT_RUNS are left or a fraction was fitted on every stack's runs already

@@ -603,6 +603,9 @@ def table_assumptions(table) -> list[str]:
         *([moe_line(spec)] if spec.architecture.moe else []),
         *([_fp8_line(req, spec, e)] if req.fp8 else []),
         "Band (low-high): every efficiency at the fast and slow ends of its range in the hardware spec"
+        + (" (but the best GEMM rate, at its value: the fraction training keeps of it was fitted at that value, and "
+           "holds what real shapes lose: ddplan.roofline.best_gemm)"
+           if e.gemm.sustained is not None and e.gemm.sustained.basis == "fitted" else "")
         + ("" if table.fit is not None or (req.calibration is not None and
                                             req.calibration.held_out_error_pct is not None) else
            f", widened to {validated_ratio(spec, req.fp8)[0]:g}-{validated_ratio(spec, req.fp8)[1]:g} x the prediction: "

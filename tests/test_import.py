@@ -464,7 +464,9 @@ def test_megatron_s_gradient_buckets_are_stated_where_its_arguments_set_them(cap
             "--use-distributed-optimizer --global-batch-size 64")
     for extra, written in ((" --overlap-grad-reduce --overlap-param-gather-with-optimizer-step", "grad_bucket: chunk"),
                            (" --overlap-grad-reduce --ddp-bucket-size 134217728", "grad_bucket: '134217728'"),
-                           (" --overlap-grad-reduce", None), (" --ddp-bucket-size 134217728", None)):
+                           (" --overlap-grad-reduce", None), (" --ddp-bucket-size 134217728", None),
+                           # Megatron-FSDP (ZeRO-3) reduces a unit at a time: its bucket size is not ZeRO 0-2's
+                           (" --overlap-grad-reduce --use-megatron-fsdp --ddp-bucket-size 134217728", None)):
         args.write_text(base + extra + "\n", encoding="utf-8")
         run_ok(capsys, ["import", str(args), "-o", str(out), "--from", "megatron"])
         text = out.read_text(encoding="utf-8")
@@ -670,6 +672,13 @@ def test_megatron_bridge_s_task_configuration_prices_as_the_same_run_stated_by_f
     run_ok(capsys, ["import", str(tmp_path / "run_config.yaml"), "-o", str(out), "--hardware", "h100-sxm",
                     "--gpus", "8"])
     assert csv_rows(run_ok(capsys, ["table", "--config", str(out), *attention, "--format", "csv"])) == stated
+    # a dump that leaves the bucket unresolved, with no CommOverlapConfig to set one: Megatron-Core's own default
+    # (dist_utils.py@2a75ac1 L315-316), not the profile's perf-recipe 134217728
+    (tmp_path / "run_config.yaml").write_text(block.replace("  bucket_size: 40000000", "  bucket_size: null"),
+                                              encoding="utf-8")
+    run_ok(capsys, ["import", str(tmp_path / "run_config.yaml"), "-o", str(out), "--hardware", "h100-sxm",
+                    "--gpus", "8"])
+    assert "grad_bucket: megatron" in out.read_text(encoding="utf-8")
 
 
 def test_megatron_bridge_s_settings_ddplan_cannot_price_are_said_or_refused(capsys, tmp_path):

@@ -201,6 +201,9 @@ def test_options_apply_only_where_they_can():
     assert replace(buckets, overlap_grad_reduce=False).for_layout(tp=1, ranks=8, zero=1)["grad_bucket"] == "group"
     with pytest.raises(LayoutError, match="gradient buckets"):
         Layout(dp=8, zero=3, grad_bucket="megatron")
+    # nanochat's sharded optimizer (its native ZeRO-1) reduces its own way, per shape group: no buckets there
+    nano = buckets.for_model(load_model("d24"))
+    assert [nano.for_layout(tp=1, ranks=8, zero=z)["grad_bucket"] for z in (1, 2)] == ["group", "megatron"]
     # a search keeps activation offload to the layouts without a pipeline (Megatron-Core refuses it with pp > 1)
     assert o.searched(tp=2, ranks=8, zero=1, pp=1)["offload_activations"] == 12
     assert o.searched(tp=2, ranks=8, zero=1, pp=2)["offload_activations"] == 0

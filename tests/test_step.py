@@ -554,6 +554,31 @@ def test_zero1_gradient_buckets_each_pay_a_latency_and_one_bucket_overlaps_nothi
     assert bucketed.dp_comm_exposed_s < chunk.dp_comm_exposed_s
 
 
+def test_the_last_gradient_bucket_holds_the_embedding_and_later_stages_are_unbucketed():
+    """Megatron-Core closes a bucket at the first parameter at or past its size, walking them in backward's order
+    (param_and_grad_buffer.py@d98e8a6 L980-990): the last bucket, reduced when backward ends and gathered first, holds
+    the whole input embedding. Llama 3 8B on 16 MI300X, ZeRO-1, 40M-parameter buckets: the last reduce-scatter is the
+    embedding table's (525M parameters), not 40M's; the first gather is the table's too. And on a pipeline stage after
+    the first Megatron-Core turns bucketing off (distributed_data_parallel.py@d98e8a6 L160-171): Llama 3.1 405B at pp
+    16 is priced on a middle stage, whose buckets are one a chunk whatever the rule."""
+    spec, hw = _spec("llama-3-8b"), _hw()
+    lay = Layout(dp=16, zero=1, micro_batch=1, grad_accum=4, attention="sdpa-fused", compiled=True,
+                 grad_bucket="megatron")
+    place = placement(lay, hw.gpus_per_node)
+    rs, ag, ar, last, first = step._dp_collectives(spec, hw, lay, "zero1", place, "value", None, {})
+    timer = comm.GroupTimer(hw, place.dp_per_node)
+    wte = {c: size for g, c, size in step.group_sync_buffers(spec, lay) if g == "wte"}
+    assert last == pytest.approx(timer.time_s("reduce_scatter", wte["reduce_scatter"], 16), rel=1e-12)
+    assert first == pytest.approx(timer.time_s("all_gather", wte["all_gather"], 16), rel=1e-12)
+    big = load_model("llama-3.1-405b")
+    mid = Layout(dp=2, tp=8, pp=16, zero=1, micro_batch=1, grad_accum=16, attention="sdpa-fused")
+    assert step.heaviest_stage(big, mid).index > 0
+    place = placement(mid, hw.gpus_per_node)
+    rules = [step._dp_collectives(big, hw, replace(mid, grad_bucket=r), "zero1", place, "value", None, {})
+             for r in ("megatron", "chunk")]
+    assert rules[0] == rules[1]
+
+
 def test_step_zero2_reduce_scatters_every_micro_batch():
     z1 = run_step("gpt2-124m", gpt2(dp=8, zero=1, grad_accum=8))
     z2 = run_step("gpt2-124m", gpt2(dp=8, zero=2, grad_accum=8))
