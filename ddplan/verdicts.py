@@ -114,7 +114,9 @@ def dp_option_words(lay) -> list[str]:
     if not lay.overlap_grad_reduce:
         out.append("grad reduce after backward")
     if lay.grad_bucket != "group":
-        out.append(grad_bucket_words(lay.grad_bucket))
+        out.append(grad_bucket_words(lay.grad_bucket)
+                   + (" (reduce and gather exposed)" if lay.grad_bucket == "chunk" and lay.pp_virtual_stages == 1
+                      else ""))
     if lay.offload_activations:
         out.append(f"{lay.offload_activations} layers' activations offloaded")
     return out

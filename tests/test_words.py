@@ -65,3 +65,19 @@ def test_hours_band_by_hand():
     assert hours_band(0.3501, 0.4952) == "0.35-0.495 h"
     assert hours_band(3.12, 5.4) == "3.1-5.4 h"
     assert hours_band(23771.6, 35161.2) == "23,772-35,161 h"
+
+
+def test_gradient_buckets_in_a_row_s_words():
+    """verdicts.grad_bucket_words: each rule as a row names it; one bucket a chunk without interleaving overlaps
+    nothing, which the row says (its reduce waits for the whole backward, its gather blocks the next forward)."""
+    from ddplan.layout import Layout
+    from ddplan.verdicts import dp_option_words, grad_bucket_words
+
+    assert grad_bucket_words("megatron") == "Megatron-Core's grad buckets"
+    assert grad_bucket_words("134217728") == "grad buckets of 134M params"
+    assert grad_bucket_words("chunk") == "one grad bucket a chunk"
+    assert dp_option_words(Layout(dp=8, zero=1)) == []
+    assert dp_option_words(Layout(dp=8, zero=1, grad_bucket="chunk")) == [
+        "one grad bucket a chunk (reduce and gather exposed)"]
+    assert dp_option_words(Layout(dp=2, pp=4, pp_virtual_stages=2, pp_schedule="interleaved", zero=1,
+                                  grad_bucket="chunk")) == ["one grad bucket a chunk"]
