@@ -42,7 +42,7 @@ SECTION_DOCS = {
 }
 
 
-def _digits(value: Any) -> Any:
+def _as_text(value: Any) -> Any:
     """A number as its text (a YAML number where a field parses text: its grammar then says what is allowed),
     anything else as it is."""
     return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
@@ -54,7 +54,7 @@ def annotation(f: RunField) -> Any:
     if isinstance(f.kind, tuple):
         one: Any = Literal[f.kind]
     elif f.check is not None:  # a number where a text is parsed (grad_bucket: 134217728) is read as its text
-        one = Annotated[f.kind, BeforeValidator(_digits), AfterValidator(f.check)]
+        one = Annotated[f.kind, BeforeValidator(_as_text), AfterValidator(f.check)]
     elif f.range is None or f.kind not in (int, float):
         one = f.kind
     else:

@@ -565,11 +565,13 @@ def _beside(total: float, exposed: float, window: float) -> float:
 
 
 def _dp_collectives(spec: ModelSpec, hw: HardwareSpec, layout: Layout, policy: str, place: Placement,
-                    efficiency: str, points: CommPoints | None, cache: Cache) -> tuple[float, float, float, float]:
-    """(rs, ag, ar, last, first gather) seconds of a sharded policy's collectives (dp_comm_s, every policy but DDP): the gradient
-    reduce-scatters, parameter all-gathers and all-reduces of one synchronisation (FSDP: of one micro-batch, ar the
-    hybrid replicas' all-reduce, _fsdp_collectives) and ZeRO-1/2's last reduce-scatter bucket (0 otherwise). They
-    depend on the layout's degrees and sharding only (dp_comm_s keeps them by those)."""
+                    efficiency: str, points: CommPoints | None, cache: Cache
+                    ) -> tuple[float, float, float, float, float]:
+    """(rs, ag, ar, last, first) seconds of a sharded policy's collectives (dp_comm_s, every policy but DDP): the
+    gradient reduce-scatters, parameter all-gathers and all-reduces of one synchronisation (FSDP: of one micro-batch,
+    ar the hybrid replicas' all-reduce, _fsdp_collectives), ZeRO-1/2's last reduce-scatter bucket and its first
+    gather bucket (0 otherwise; the last bucket's reduce time under the generic "group" rule). They depend on the
+    layout's degrees, sharding and buckets only (dp_comm_s keeps them by those)."""
     buffers, expert = (_buffers(spec, layout, policy, experts, cache) for experts in (False, True))
     if policy == "fsdp":
         return (*_fsdp_collectives(spec, buffers, expert, hw, layout, place, efficiency, points, cache), 0.0, 0.0)
