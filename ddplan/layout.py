@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from ddplan.anatomy import UNFUSED_KINDS
 from ddplan.errors import LayoutError
 from ddplan.pipeline import SCHEDULES, ZERO_BUBBLE, stage_layers, v_chunks
-from ddplan.runfields import recompute_layers, recompute_policy
+from ddplan.runfields import grad_bucket_rule, recompute_layers, recompute_policy
 from ddplan.specs import ModelSpec
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -184,10 +184,11 @@ class Layout:
             raise LayoutError(f"gradient buckets (--grad-bucket {self.grad_bucket}) are how ZeRO 0-2 reduces beside "
                               f"backward (--overlap-grad-reduce); got ZeRO-{self.zero}"
                               + ("" if self.zero == 3 else " reducing after backward"), field="--grad-bucket")
-        if self.grad_bucket not in ("group", "megatron", "chunk") and not (self.grad_bucket.isdigit()
-                                                                           and int(self.grad_bucket) >= 1):
-            raise LayoutError(f"a gradient-bucket rule is group, megatron, chunk or a number of parameters; got "
-                              f"{self.grad_bucket!r}", field="--grad-bucket")
+        try:
+            if grad_bucket_rule(self.grad_bucket) != self.grad_bucket:
+                raise ValueError(f"{self.grad_bucket!r}: spell it {grad_bucket_rule(self.grad_bucket)!r}")
+        except ValueError as e:
+            raise LayoutError(str(e), field="--grad-bucket") from None
         if self.cp_comm not in ("ring", "all_gather"):
             raise LayoutError(f"context-parallel communication must be ring or all_gather, got {self.cp_comm!r}")
         try:
