@@ -179,13 +179,14 @@ GRAD_BUCKET_HINT = ("group (one collective a parameter group, the last 25 MiB ex
 
 
 def grad_bucket_rule(rule: str | int) -> str:
-    """A gradient-bucket rule in its one spelling: "group", "megatron", "chunk" or the parameters a bucket as digits
-    (an integer in a YAML file as well; 1_000 as 1000). Raises ValueError for anything else, naming what is allowed."""
-    text = str(rule).strip().replace("_", "") if not isinstance(rule, bool) else ""
+    """A gradient-bucket rule, as it is spelled: "group", "megatron", "chunk" or the parameters a bucket as digits
+    without leading zeros (an integer in a YAML file as well). Raises ValueError for anything else, naming what is
+    allowed."""
+    text = "" if isinstance(rule, bool) else str(rule)
     if text in ("group", "megatron", "chunk"):
         return text
-    if text.isdigit() and int(text) >= 1:
-        return str(int(text))
+    if text.isdigit() and not text.startswith("0"):
+        return text
     raise ValueError(f"{rule!r} is not a gradient-bucket rule; allowed: {GRAD_BUCKET_HINT}")
 
 
